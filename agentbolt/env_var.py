@@ -1,0 +1,73 @@
+"""Environment variables understood by agentbolt and helpers to read them."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from typing import Optional
+
+__all__ = ["LightningEnvVar", "resolve_bool_env_var", "resolve_int_env_var", "resolve_str_env_var"]
+
+_TRUTHY = {"1", "true", "yes", "on"}
+_FALSY = {"0", "false", "no", "off"}
+
+
+class LightningEnvVar(Enum):
+    """Names of the environment variables that configure execution strategies and emitters."""
+
+    AGL_EMITTER_DEBUG = "AGL_EMITTER_DEBUG"
+    AGL_MANAGED_STORE = "AGL_MANAGED_STORE"
+    AGL_CURRENT_ROLE = "AGL_CURRENT_ROLE"
+    AGL_SERVER_HOST = "AGL_SERVER_HOST"
+    AGL_SERVER_PORT = "AGL_SERVER_PORT"
+
+
+def _raw(env_var: LightningEnvVar | str) -> Optional[str]:
+    name = env_var.value if isinstance(env_var, LightningEnvVar) else env_var
+    return os.environ.get(name)
+
+
+def _name(env_var: LightningEnvVar | str) -> str:
+    return env_var.value if isinstance(env_var, LightningEnvVar) else env_var
+
+
+def resolve_bool_env_var(
+    env_var: LightningEnvVar | str, override: Optional[bool] = None, fallback: Optional[bool] = None
+) -> Optional[bool]:
+    """``override`` if given, else the variable parsed as a boolean, else ``fallback``."""
+    if override is not None:
+        return override
+    raw = _raw(env_var)
+    if raw is None:
+        return fallback
+    value = raw.strip().lower()
+    if value in _TRUTHY:
+        return True
+    if value in _FALSY:
+        return False
+    raise ValueError(f"{_name(env_var)} must be a boolean (one of {sorted(_TRUTHY | _FALSY)}), got {raw!r}")
+
+
+def resolve_int_env_var(
+    env_var: LightningEnvVar | str, override: Optional[int] = None, fallback: Optional[int] = None
+) -> Optional[int]:
+    """``override`` if given, else the variable parsed as an integer, else ``fallback``."""
+    if override is not None:
+        return override
+    raw = _raw(env_var)
+    if raw is None:
+        return fallback
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{_name(env_var)} must be an integer") from None
+
+
+def resolve_str_env_var(
+    env_var: LightningEnvVar | str, override: Optional[str] = None, fallback: Optional[str] = None
+) -> Optional[str]:
+    """``override`` if given, else the variable's raw value, else ``fallback``."""
+    if override is not None:
+        return override
+    raw = _raw(env_var)
+    return fallback if raw is None else raw

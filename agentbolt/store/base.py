@@ -1,0 +1,332 @@
+"""The LightningStore interface: the single source of truth between algorithms and runners."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypedDict, Union
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    NamedResources,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    TaskInput,
+    Worker,
+    WorkerStatus,
+)
+
+__all__ = [
+    "UNSET",
+    "Unset",
+    "LightningStore",
+    "LightningStoreCapabilities",
+    "LightningStoreStatistics",
+    "is_queuing",
+    "is_running",
+    "is_finished",
+]
+
+
+class _UnsetType:
+    """Sentinel meaning "leave this field unchanged" (distinct from an explicit ``None``)."""
+
+    __slots__ = ()
+    _instance: "_UnsetType | None" = None
+
+    def __new__(cls) -> "_UnsetType":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _UnsetType()
+Unset = _UnsetType
+
+QUEUING_STATUSES: Tuple[RolloutStatus, ...] = ("queuing", "requeuing")
+RUNNING_STATUSES: Tuple[RolloutStatus, ...] = ("preparing", "running")
+FINISHED_STATUSES: Tuple[RolloutStatus, ...] = ("failed", "succeeded", "cancelled")
+
+
+def is_queuing(rollout: Rollout) -> bool:
+    """Whether the rollout waits in the queue (``queuing`` or ``requeuing``)."""
+    return rollout.status in QUEUING_STATUSES
+
+
+def is_running(rollout: Rollout) -> bool:
+    """Whether the rollout is being executed (``preparing`` or ``running``)."""
+    return rollout.status in RUNNING_STATUSES
+
+
+def is_finished(rollout: Rollout) -> bool:
+    """Whether the rollout reached a terminal status."""
+    return rollout.status in FINISHED_STATUSES
+
+
+class LightningStoreCapabilities(TypedDict, total=False):
+    """What a store implementation supports."""
+
+    thread_safe: bool
+    async_safe: bool
+    zero_copy: bool
+    otlp_traces: bool
+
+
+class LightningStoreStatistics(TypedDict, total=False):
+    """Counters reported by :meth:`LightningStore.statistics`."""
+
+    name: str
+    total_rollouts: int
+    total_attempts: int
+    total_spans: int
+    total_resources: int
+    total_workers: int
+    uptime: float
+    total_span_bytes: int
+    eviction_threshold_bytes: int
+    safe_threshold_bytes: int
+    memory_capacity_bytes: int
+
+
+class LightningStore:
+    """Stores rollouts, attempts, spans, resources and workers, and implements the rollout lifecycle.
+
+    Every data method is a coroutine. Implementations: :class:`~agentbolt.store.memory.InMemoryLightningStore`,
+    :class:`~agentbolt.store.sqlite.SqliteLightningStore` (durable), and
+    :class:`~agentbolt.store.client_server.LightningStoreClient` (HTTP).
+    """
+
+    @property
+    def capabilities(self) -> LightningStoreCapabilities:
+        """Capabilities of this store; all False by default."""
+        return LightningStoreCapabilities(thread_safe=False, async_safe=False, zero_copy=False, otlp_traces=False)
+
+    async def statistics(self) -> LightningStoreStatistics:
+        """Counters describing the store's content."""
+        return LightningStoreStatistics(name=type(self).__name__)
+
+    def otlp_traces_endpoint(self) -> str:
+        """URL of the OTLP/HTTP traces endpoint accepting spans for this store."""
+        raise NotImplementedError()
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        worker_id: Optional[str] = None,
+    ) -> AttemptedRollout:
+        """Create a rollout in ``preparing`` with its first attempt, without queuing it."""
+        raise NotImplementedError()
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Rollout:
+        """Create a rollout in ``queuing`` and append it to the FIFO queue."""
+        raise NotImplementedError()
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """Enqueue several rollouts at once, in order."""
+        raise NotImplementedError()
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        """Claim the next queued rollout (non-blocking); ``None`` when the queue is empty."""
+        raise NotImplementedError()
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: Optional[str] = None
+    ) -> Sequence[AttemptedRollout]:
+        """Claim up to ``limit`` queued rollouts."""
+        raise NotImplementedError()
+
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        """Create a new attempt for an existing rollout."""
+        raise NotImplementedError()
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        """Store a span; ``None`` when a span with the same id already exists."""
+        raise NotImplementedError()
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Store several spans; returns those actually inserted."""
+        raise NotImplementedError()
+
+    async def add_otel_span(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        readable_span: ReadableSpan,
+        sequence_id: int | None = None,
+    ) -> Optional[Span]:
+        """Convert and store an OpenTelemetry span, allocating a sequence id when none is given."""
+        raise NotImplementedError()
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Optional[Sequence[RolloutStatus]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
+    ) -> Sequence[Union[Rollout, AttemptedRollout]]:
+        """Rollouts matching the filters (``status`` / ``rollout_ids`` are deprecated aliases)."""
+        raise NotImplementedError()
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Attempt]:
+        """Attempts of one rollout."""
+        raise NotImplementedError()
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
+        """One rollout (with its latest attempt attached when it has one), or ``None``."""
+        raise NotImplementedError()
+
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        """The attempt with the highest sequence id, or ``None``."""
+        raise NotImplementedError()
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[ResourcesUpdate]:
+        """Resource snapshots matching the filters."""
+        raise NotImplementedError()
+
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        """One resource snapshot, or ``None``."""
+        raise NotImplementedError()
+
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        """The most recently added or updated resource snapshot."""
+        raise NotImplementedError()
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        """Allocate the next span sequence id of a rollout."""
+        raise NotImplementedError()
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        """Allocate one sequence id per ``(rollout_id, attempt_id)`` pair, in order."""
+        raise NotImplementedError()
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """The rollouts among ``rollout_ids`` that are finished by the deadline, in input order."""
+        raise NotImplementedError()
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+    ) -> Sequence[Span]:
+        """Spans of a rollout (all attempts, one attempt, or ``"latest"``)."""
+        raise NotImplementedError()
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        """Store a new resource snapshot (version 1) and make it the latest."""
+        raise NotImplementedError()
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        """Replace a snapshot's resources (bumping its version) or create it; it becomes the latest."""
+        raise NotImplementedError()
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: Optional[RolloutMode] | Unset = UNSET,
+        resources_id: Optional[str] | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Rollout:
+        """Write the given fields of a rollout."""
+        raise NotImplementedError()
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Attempt:
+        """Write the given fields of an attempt; the rollout follows its latest attempt's status."""
+        raise NotImplementedError()
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Worker]:
+        """Workers matching the filters."""
+        raise NotImplementedError()
+
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        """One worker, or ``None``."""
+        raise NotImplementedError()
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
+        """Record a heartbeat from a worker (creating it when new)."""
+        raise NotImplementedError()

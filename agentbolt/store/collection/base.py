@@ -1,0 +1,389 @@
+"""The storage interface the store lifecycle is written against: collections, a queue and a key-value map.
+
+Backends (memory, SQLite, ...) implement only these primitives; every lifecycle rule lives once in
+:class:`agentbolt.store.collection_based.CollectionBasedLightningStore`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+)
+
+from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
+
+if TYPE_CHECKING:
+    from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
+    from agentbolt.utils.metrics import MetricsBackend
+
+__all__ = [
+    "AtomicLabels",
+    "AtomicMode",
+    "Collection",
+    "Queue",
+    "KeyValue",
+    "FilterOptions",
+    "SortOptions",
+    "PaginatedResult",
+    "LightningCollections",
+    "DuplicatedPrimaryKeyError",
+    "TrackedCollection",
+    "normalize_filter_options",
+    "merge_must_filters",
+    "resolve_sort_options",
+    "ensure_numeric",
+    "resolve_error_type",
+    "FILTER_OPERATORS",
+]
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+R = TypeVar("R")
+
+AtomicMode = Literal["r", "w", "rw"]
+AtomicLabels = Literal[
+    "rollouts", "attempts", "spans", "resources", "workers", "rollout_queue", "span_sequence_ids", "generic"
+]
+FILTER_OPERATORS: Tuple[str, ...] = ("exact", "within", "contains")
+
+
+class DuplicatedPrimaryKeyError(ValueError):
+    """Inserting an item whose primary key already exists."""
+
+
+def resolve_error_type(exc: Optional[BaseException]) -> str:
+    """Label of an outcome for metrics: ``"OK"`` or the exception's class name."""
+    return "OK" if exc is None else type(exc).__name__
+
+
+def ensure_numeric(value: Any, *, description: str) -> float | int:
+    """Reject non-numeric values (booleans included) with a ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{description} must be numeric, got {type(value).__name__}")
+    return value
+
+
+def merge_must_filters(target: Dict[str, FilterField], definition: Any) -> None:
+    """Merge one ``_must`` mapping (or a sequence of them) into ``target``; a repeated operator is an error."""
+    if definition is None:
+        return
+    if isinstance(definition, Mapping):
+        entries: Sequence[Mapping[str, Any]] = [definition]
+    elif isinstance(definition, Sequence) and not isinstance(definition, (str, bytes)):
+        entries = list(definition)
+    else:
+        raise ValueError(f"_must must be a mapping or a sequence of mappings, got {type(definition).__name__}")
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise ValueError("_must entries must be mappings of field -> operators")
+        for field, ops in entry.items():
+            if not isinstance(ops, Mapping):
+                raise ValueError(f"Filter for field {field!r} must be a mapping of operators")
+            current = target.setdefault(field, {})
+            for op, value in ops.items():
+                if op not in FILTER_OPERATORS:
+                    raise ValueError(f"Unknown filter operator {op!r} for field {field!r}")
+                if op in current:
+                    raise ValueError(f"Duplicate operator {op!r} for field {field!r} in _must filters")
+                current[op] = value  # type: ignore[literal-required]
+
+
+def normalize_filter_options(
+    filter: Optional[FilterOptions],
+) -> Tuple[Optional[Dict[str, FilterField]], Optional[Dict[str, FilterField]], Literal["and", "or"]]:
+    """Split filter options into (field filters, must filters, aggregate), validating operators.
+
+    Operators whose expected value is ``None`` are dropped; empty groups become ``None``.
+    """
+    if not filter:
+        return None, None, "and"
+    aggregate = filter.get("_aggregate", "and")
+    if aggregate not in ("and", "or"):
+        raise ValueError(f"Unsupported filter aggregate {aggregate!r}; use 'and' or 'or'")
+    must: Dict[str, FilterField] = {}
+    merge_must_filters(must, filter.get("_must"))
+    filters: Dict[str, FilterField] = {}
+    for field, ops in filter.items():
+        if field in ("_aggregate", "_must"):
+            continue
+        if not isinstance(ops, Mapping):
+            raise ValueError(f"Filter for field {field!r} must be a mapping of operators")
+        kept: Dict[str, Any] = {}
+        for op, value in ops.items():
+            if op not in FILTER_OPERATORS:
+                raise ValueError(f"Unknown filter operator {op!r} for field {field!r}")
+            if value is not None:
+                kept[op] = value
+        if kept:
+            filters[field] = kept  # type: ignore[assignment]
+    cleaned_must: Dict[str, FilterField] = {}
+    for field, ops in must.items():
+        kept_must = {op: value for op, value in ops.items() if value is not None}
+        if kept_must:
+            cleaned_must[field] = kept_must  # type: ignore[assignment]
+    return (filters or None), (cleaned_must or None), aggregate  # type: ignore[return-value]
+
+
+def resolve_sort_options(sort: Optional[SortOptions]) -> Tuple[Optional[str], Literal["asc", "desc"]]:
+    """``(field name or None, order)`` from sort options."""
+    if not sort:
+        return None, "asc"
+    name = sort.get("name")
+    if not name:
+        raise ValueError("Sort options must include a 'name' field")
+    order = sort.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise ValueError(f"Invalid sort order {order!r}; use 'asc' or 'desc'")
+    return name, order
+
+
+class TrackedCollection:
+    """Mixin recording per-operation counters and latencies when a metrics tracker is attached."""
+
+    def __init__(self, tracker: "MetricsBackend | None" = None) -> None:
+        self._tracker = tracker
+
+    @property
+    def tracker(self) -> "MetricsBackend | None":
+        """The metrics backend, if any."""
+        return self._tracker
+
+    @property
+    def collection_name(self) -> str:
+        """Name used in metric labels."""
+        raise NotImplementedError()
+
+    @property
+    def extra_tracking_labels(self) -> Dict[str, str]:
+        """Extra labels attached to every metric of this collection."""
+        return {}
+
+    @asynccontextmanager
+    async def tracking_context(self, operation: str, collection: str) -> AsyncIterator[None]:
+        """Record ``agl.collections.total`` / ``agl.collections.latency`` around an operation."""
+        if self._tracker is None:
+            yield
+            return
+        start = time.perf_counter()
+        error: Optional[BaseException] = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            from agentbolt.store.collection_based import current_store_method_labels
+
+            labels = {
+                **current_store_method_labels(),
+                "operation": operation,
+                "collection": collection,
+                "status": resolve_error_type(error),
+                **self.extra_tracking_labels,
+            }
+            await self._tracker.inc_counter("agl.collections.total", labels=labels)
+            await self._tracker.observe_histogram(
+                "agl.collections.latency", time.perf_counter() - start, labels=labels
+            )
+
+
+class Collection(TrackedCollection, Generic[T]):
+    """A table of pydantic items keyed by a (composite) primary key."""
+
+    def primary_keys(self) -> Sequence[str]:
+        """Field names forming the primary key."""
+        raise NotImplementedError()
+
+    def item_type(self) -> Type[T]:
+        """The pydantic model stored."""
+        raise NotImplementedError()
+
+    async def size(self) -> int:
+        """Number of items."""
+        raise NotImplementedError()
+
+    async def query(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[T]:
+        """Items matching ``filter``, sorted, paginated (``limit=-1`` means no limit)."""
+        raise NotImplementedError()
+
+    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[T]:
+        """The first matching item (by ``sort`` when given), or ``None``."""
+        raise NotImplementedError()
+
+    async def insert(self, items: Sequence[T]) -> None:
+        """Insert new items; a duplicated primary key raises :class:`DuplicatedPrimaryKeyError`."""
+        raise NotImplementedError()
+
+    async def update(self, items: Sequence[T], update_fields: Optional[Sequence[str]] = None) -> Sequence[T]:
+        """Update existing items (whole, or only ``update_fields``); a missing item raises ``ValueError``."""
+        raise NotImplementedError()
+
+    async def upsert(self, items: Sequence[T], update_fields: Optional[Sequence[str]] = None) -> Sequence[T]:
+        """Insert or update. ``update_fields=None`` replaces; a list updates those fields; ``[]`` is get-or-insert."""
+        raise NotImplementedError()
+
+    async def delete(self, items: Sequence[T]) -> None:
+        """Delete existing items; a missing item raises ``ValueError``."""
+        raise NotImplementedError()
+
+
+class Queue(TrackedCollection, Generic[T]):
+    """A FIFO queue."""
+
+    def item_type(self) -> Type[T]:
+        """Type of the queued items."""
+        raise NotImplementedError()
+
+    async def has(self, item: T) -> bool:
+        """Whether ``item`` is queued."""
+        raise NotImplementedError()
+
+    async def enqueue(self, items: Sequence[T]) -> Sequence[T]:
+        """Append items at the tail."""
+        raise NotImplementedError()
+
+    async def dequeue(self, limit: int = 1) -> Sequence[T]:
+        """Pop up to ``limit`` items from the head."""
+        raise NotImplementedError()
+
+    async def peek(self, limit: int = 1) -> Sequence[T]:
+        """Up to ``limit`` items from the head, without removing them."""
+        raise NotImplementedError()
+
+    async def size(self) -> int:
+        """Number of queued items."""
+        raise NotImplementedError()
+
+
+class KeyValue(TrackedCollection, Generic[K, V]):
+    """A key-value map with atomic numeric helpers."""
+
+    async def has(self, key: K) -> bool:
+        """Whether ``key`` exists."""
+        raise NotImplementedError()
+
+    async def get(self, key: K, default: Optional[V] = None) -> Optional[V]:
+        """Value of ``key`` or ``default``."""
+        raise NotImplementedError()
+
+    async def set(self, key: K, value: V) -> None:
+        """Set ``key`` to ``value``."""
+        raise NotImplementedError()
+
+    async def inc(self, key: K, amount: V) -> V:
+        """Add ``amount`` (a missing key counts as 0) and return the new value."""
+        raise NotImplementedError()
+
+    async def chmax(self, key: K, value: V) -> V:
+        """Store ``max(current, value)`` and return it."""
+        raise NotImplementedError()
+
+    async def pop(self, key: K, default: Optional[V] = None) -> Optional[V]:
+        """Remove ``key`` and return its value (or ``default``)."""
+        raise NotImplementedError()
+
+    async def size(self) -> int:
+        """Number of keys."""
+        raise NotImplementedError()
+
+
+class LightningCollections(TrackedCollection):
+    """The set of collections a store needs, with atomic sections.
+
+    Within ``atomic(mode="rw")`` the operations of one section are isolated from other sections touching the same
+    labels; durable backends commit the section as one transaction.
+    """
+
+    def __init__(self, tracker: "MetricsBackend | None" = None, extra_labels: Optional[Sequence[str]] = None) -> None:
+        super().__init__(tracker=tracker)
+        self._extra_labels = list(extra_labels or [])
+        if tracker is not None:
+            label_names = ["store_pubmeth", "operation", "collection", "store_privmeth", "status", *self._extra_labels]
+            tracker.register_histogram("agl.collections.latency", label_names, group_level=2)
+            tracker.register_counter("agl.collections.total", label_names, group_level=2)
+
+    @property
+    def rollouts(self) -> Collection["Rollout"]:
+        """Rollouts, keyed by ``rollout_id``."""
+        raise NotImplementedError()
+
+    @property
+    def attempts(self) -> Collection["Attempt"]:
+        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
+        raise NotImplementedError()
+
+    @property
+    def spans(self) -> Collection["Span"]:
+        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
+        raise NotImplementedError()
+
+    @property
+    def resources(self) -> Collection["ResourcesUpdate"]:
+        """Resource snapshots, keyed by ``resources_id``."""
+        raise NotImplementedError()
+
+    @property
+    def workers(self) -> Collection["Worker"]:
+        """Workers, keyed by ``worker_id``."""
+        raise NotImplementedError()
+
+    @property
+    def rollout_queue(self) -> Queue[str]:
+        """FIFO of rollout ids waiting to be dequeued."""
+        raise NotImplementedError()
+
+    @property
+    def span_sequence_ids(self) -> KeyValue[str, int]:
+        """Per-rollout span sequence counters."""
+        raise NotImplementedError()
+
+    def atomic(
+        self,
+        *,
+        mode: AtomicMode = "rw",
+        snapshot: bool = False,
+        commit: bool = False,
+        labels: Optional[Sequence[AtomicLabels]] = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Async context manager yielding collections usable as one atomic section."""
+        raise NotImplementedError()
+
+    async def execute(
+        self,
+        callback: Callable[["LightningCollections"], Awaitable[R]],
+        *,
+        mode: AtomicMode = "rw",
+        snapshot: bool = False,
+        commit: bool = False,
+        labels: Optional[Sequence[AtomicLabels]] = None,
+        **kwargs: Any,
+    ) -> R:
+        """Run ``callback(collections)`` inside :meth:`atomic`."""
+        async with self.atomic(mode=mode, snapshot=snapshot, commit=commit, labels=labels, **kwargs) as collections:
+            return await callback(collections)
+
+

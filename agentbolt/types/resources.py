@@ -1,0 +1,126 @@
+"""Resources handed to agents: LLM endpoints and prompt templates, versioned by the store."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from typing import TYPE_CHECKING, Annotated, Any, Dict, Literal, Optional, Union
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from .core import AttemptedRollout
+
+__all__ = ["Resource", "LLM", "ProxyLLM", "PromptTemplate", "ResourceUnion", "NamedResources", "ResourcesUpdate"]
+
+logger = logging.getLogger("agentbolt.types.resources")
+
+# Set while agentbolt itself reads ProxyLLM.endpoint, so only user code reading it directly is warned.
+_ALLOWED_ENDPOINT_READERS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agentbolt_proxy_llm_endpoint_reader", default=False
+)
+
+
+class Resource(BaseModel):
+    """Base class of everything the algorithm can hand to agents."""
+
+    resource_type: Any
+
+
+class LLM(Resource):
+    """An OpenAI-compatible LLM endpoint."""
+
+    resource_type: Literal["llm"] = "llm"
+    endpoint: str
+    model: str
+    api_key: Optional[str] = None
+    sampling_parameters: Dict[str, Any] = Field(default_factory=dict)
+
+    def get_base_url(self, *args: Any, **kwargs: Any) -> str:
+        """The base URL to give an OpenAI client."""
+        return self.endpoint
+
+
+class ProxyLLM(LLM):
+    """An LLM behind the agentbolt gateway: calls are bound to a rollout and attempt through the URL."""
+
+    resource_type: Literal["proxy_llm"] = "proxy_llm"  # type: ignore[assignment]
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "endpoint" and not _ALLOWED_ENDPOINT_READERS.get():
+            logger.warning(
+                "ProxyLLM.endpoint was read directly; use get_base_url(rollout_id, attempt_id) so calls are "
+                "attributed to the rollout."
+            )
+        return super().__getattribute__(name)
+
+    def get_base_url(self, rollout_id: Optional[str], attempt_id: Optional[str]) -> str:  # type: ignore[override]
+        """Endpoint with ``/rollout/{rollout_id}/attempt/{attempt_id}`` inserted before a trailing ``/v1``."""
+        token = _ALLOWED_ENDPOINT_READERS.set(True)
+        try:
+            endpoint = self.endpoint
+        finally:
+            _ALLOWED_ENDPOINT_READERS.reset(token)
+        if rollout_id is None and attempt_id is None:
+            return endpoint
+        if not isinstance(rollout_id, str) or not isinstance(attempt_id, str):
+            raise ValueError("rollout_id and attempt_id must both be strings (or both None)")
+        base = endpoint[:-1] if endpoint.endswith("/") else endpoint
+        has_v1 = base.endswith("/v1")
+        if has_v1:
+            base = base[: -len("/v1")]
+        base = f"{base}/rollout/{rollout_id}/attempt/{attempt_id}"
+        return f"{base}/v1" if has_v1 else base
+
+    def with_attempted_rollout(self, rollout: "AttemptedRollout") -> LLM:
+        """A plain :class:`LLM` whose endpoint is bound to this rollout's current attempt."""
+        return LLM(
+            endpoint=self.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
+            model=self.model,
+            api_key=self.api_key,
+            sampling_parameters=dict(self.sampling_parameters),
+        )
+
+    def model_dump(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        token = _ALLOWED_ENDPOINT_READERS.set(True)
+        try:
+            return super().model_dump(*args, **kwargs)
+        finally:
+            _ALLOWED_ENDPOINT_READERS.reset(token)
+
+    def model_dump_json(self, *args: Any, **kwargs: Any) -> str:
+        token = _ALLOWED_ENDPOINT_READERS.set(True)
+        try:
+            return super().model_dump_json(*args, **kwargs)
+        finally:
+            _ALLOWED_ENDPOINT_READERS.reset(token)
+
+
+class PromptTemplate(Resource):
+    """A prompt template; ``format`` fills it (the ``f-string`` engine uses :meth:`str.format`)."""
+
+    resource_type: Literal["prompt_template"] = "prompt_template"
+    template: str
+    engine: Literal["jinja", "f-string", "poml"]
+
+    def format(self, **kwargs: Any) -> str:
+        """Fill the template with ``kwargs``."""
+        if self.engine == "f-string":
+            return self.template.format(**kwargs)
+        raise NotImplementedError(f"Formatting prompt templates with the {self.engine!r} engine is not supported.")
+
+
+ResourceUnion = Annotated[Union[LLM, ProxyLLM, PromptTemplate], Field(discriminator="resource_type")]
+NamedResources = Dict[str, ResourceUnion]
+"""Resources by name, e.g. ``{"main_llm": LLM(...), "system_prompt": PromptTemplate(...)}``."""
+
+
+class ResourcesUpdate(BaseModel):
+    """A versioned snapshot of named resources stored in the LightningStore."""
+
+    resources_id: str
+    create_time: float
+    update_time: float
+    version: int
+    resources: NamedResources
+
