@@ -39,9 +39,9 @@ class _UnsetType:
     """Sentinel meaning "leave this field unchanged" (distinct from an explicit ``None``)."""
 
     __slots__ = ()
-    _instance: "_UnsetType | None" = None
+    _instance: _UnsetType | None = None
 
-    def __new__(cls) -> "_UnsetType":
+    def __new__(cls) -> _UnsetType:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance

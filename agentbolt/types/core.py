@@ -172,7 +172,7 @@ class AttemptedRollout(Rollout):
     attempt: Attempt
 
     @model_validator(mode="after")
-    def _check_attempt_matches(self) -> "AttemptedRollout":
+    def _check_attempt_matches(self) -> AttemptedRollout:
         if self.attempt.rollout_id != self.rollout_id:
             raise ValueError(
                 f"Attempt rollout_id {self.attempt.rollout_id!r} does not match rollout_id {self.rollout_id!r}"
@@ -238,22 +238,26 @@ class Dataset(Protocol, Generic[T_co]):
 class Hook(ParallelWorkerBase):
     """Callbacks around each rollout a runner executes. All methods are no-ops by default."""
 
-    async def on_trace_start(self, *, agent: "LitAgent[Any]", runner: "Runner[Any]", tracer: "Tracer", rollout: Rollout) -> None:
+    async def on_trace_start(
+        self, *, agent: LitAgent[Any], runner: Runner[Any], tracer: Tracer, rollout: Rollout
+    ) -> None:
         """After the tracer context is entered, before the rollout runs."""
 
-    async def on_trace_end(self, *, agent: "LitAgent[Any]", runner: "Runner[Any]", tracer: "Tracer", rollout: Rollout) -> None:
+    async def on_trace_end(
+        self, *, agent: LitAgent[Any], runner: Runner[Any], tracer: Tracer, rollout: Rollout
+    ) -> None:
         """After the rollout ran, before the tracer context exits."""
 
-    async def on_rollout_start(self, *, agent: "LitAgent[Any]", runner: "Runner[Any]", rollout: Rollout) -> None:
+    async def on_rollout_start(self, *, agent: LitAgent[Any], runner: Runner[Any], rollout: Rollout) -> None:
         """Before an attempt begins."""
 
     async def on_rollout_end(
         self,
         *,
-        agent: "LitAgent[Any]",
-        runner: "Runner[Any]",
+        agent: LitAgent[Any],
+        runner: Runner[Any],
         rollout: Rollout,
-        spans: Union[List["ReadableSpan"], List["Span"]],
+        spans: Union[List[ReadableSpan], List[Span]],
     ) -> None:
         """After the attempt finished, with the spans it produced."""
 
@@ -272,7 +276,9 @@ class FilterField(TypedDict, total=False):
     contains: str
 
 
-FilterOptions = Mapping[str, Union[FilterField, Literal["and", "or"], Mapping[str, FilterField], Sequence[Mapping[str, FilterField]]]]
+FilterOptions = Mapping[
+    str, Union[FilterField, Literal["and", "or"], Mapping[str, FilterField], Sequence[Mapping[str, FilterField]]]
+]
 """Field -> operators, plus ``_aggregate`` ("and"/"or") and ``_must`` (conditions that always apply)."""
 
 

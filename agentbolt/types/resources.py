@@ -72,7 +72,7 @@ class ProxyLLM(LLM):
         base = f"{base}/rollout/{rollout_id}/attempt/{attempt_id}"
         return f"{base}/v1" if has_v1 else base
 
-    def with_attempted_rollout(self, rollout: "AttemptedRollout") -> LLM:
+    def with_attempted_rollout(self, rollout: AttemptedRollout) -> LLM:
         """A plain :class:`LLM` whose endpoint is bound to this rollout's current attempt."""
         return LLM(
             endpoint=self.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
@@ -123,4 +123,3 @@ class ResourcesUpdate(BaseModel):
     update_time: float
     version: int
     resources: NamedResources
-

@@ -86,7 +86,7 @@ class SpanContext(BaseModel):
     trace_state: TraceState
 
     @classmethod
-    def from_opentelemetry(cls, src: Any) -> "SpanContext":
+    def from_opentelemetry(cls, src: Any) -> SpanContext:
         """Convert an OpenTelemetry ``SpanContext``."""
         return cls(
             trace_id=_format_trace_id(src.trace_id),
@@ -105,7 +105,7 @@ class TraceStatus(BaseModel):
     description: Optional[str] = None
 
     @classmethod
-    def from_opentelemetry(cls, src: Any) -> "TraceStatus":
+    def from_opentelemetry(cls, src: Any) -> TraceStatus:
         """Convert an OpenTelemetry ``Status``."""
         return cls(status_code=src.status_code.name, description=src.description)
 
@@ -120,7 +120,7 @@ class Event(BaseModel):
     timestamp: Optional[float] = None
 
     @classmethod
-    def from_opentelemetry(cls, src: Any) -> "Event":
+    def from_opentelemetry(cls, src: Any) -> Event:
         """Convert an OpenTelemetry ``Event``."""
         return cls(name=src.name, attributes=dict(src.attributes or {}), timestamp=convert_timestamp(src.timestamp))
 
@@ -134,7 +134,7 @@ class Link(BaseModel):
     attributes: Optional[Attributes] = None
 
     @classmethod
-    def from_opentelemetry(cls, src: Any) -> "Link":
+    def from_opentelemetry(cls, src: Any) -> Link:
         """Convert an OpenTelemetry ``Link``."""
         return cls(
             context=SpanContext.from_opentelemetry(src.context),
@@ -149,7 +149,7 @@ class OtelResource(BaseModel):
     schema_url: str
 
     @classmethod
-    def from_opentelemetry(cls, src: Any) -> "OtelResource":
+    def from_opentelemetry(cls, src: Any) -> OtelResource:
         """Convert an OpenTelemetry ``Resource``."""
         return cls(attributes=dict(src.attributes or {}), schema_url=src.schema_url or "")
 
@@ -199,7 +199,7 @@ class Span(BaseModel):
     resource: OtelResource
 
     @classmethod
-    def from_opentelemetry(cls, src: "ReadableSpan", rollout_id: str, attempt_id: str, sequence_id: int) -> "Span":
+    def from_opentelemetry(cls, src: ReadableSpan, rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
         """Convert a finished OpenTelemetry span."""
         context = src.get_span_context() if hasattr(src, "get_span_context") else src.context
         parent = src.parent
@@ -276,7 +276,7 @@ class Span(BaseModel):
         end_time: Optional[float] = None,
         resource: Optional[OtelResource] = None,
         status: Optional[TraceStatus] = None,
-    ) -> "Span":
+    ) -> Span:
         """Build a synthetic span; missing trace/span ids are random."""
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
@@ -314,7 +314,7 @@ class Span(BaseModel):
         rollout_id: Optional[str] = None,
         attempt_id: Optional[str] = None,
         sequence_id: Optional[int] = None,
-    ) -> "Span":
+    ) -> Span:
         """Build a span from emitter core fields."""
         return cls.from_attributes(
             attributes=core.attributes,
@@ -346,5 +346,3 @@ class SpanAttributeNames(str, Enum):
 
     MESSAGE = "message"
     OBJECT = "object"
-
-

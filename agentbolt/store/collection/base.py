@@ -16,7 +16,6 @@ from typing import (
     Callable,
     Dict,
     Generic,
-    List,
     Literal,
     Mapping,
     Optional,
@@ -29,8 +28,9 @@ from typing import (
 from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
 
 if TYPE_CHECKING:
-    from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
     from agentbolt.utils.metrics import MetricsBackend
+
+    from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
 
 __all__ = [
     "AtomicLabels",
@@ -157,11 +157,11 @@ def resolve_sort_options(sort: Optional[SortOptions]) -> Tuple[Optional[str], Li
 class TrackedCollection:
     """Mixin recording per-operation counters and latencies when a metrics tracker is attached."""
 
-    def __init__(self, tracker: "MetricsBackend | None" = None) -> None:
+    def __init__(self, tracker: MetricsBackend | None = None) -> None:
         self._tracker = tracker
 
     @property
-    def tracker(self) -> "MetricsBackend | None":
+    def tracker(self) -> MetricsBackend | None:
         """The metrics backend, if any."""
         return self._tracker
 
@@ -199,9 +199,7 @@ class TrackedCollection:
                 **self.extra_tracking_labels,
             }
             await self._tracker.inc_counter("agl.collections.total", labels=labels)
-            await self._tracker.observe_histogram(
-                "agl.collections.latency", time.perf_counter() - start, labels=labels
-            )
+            await self._tracker.observe_histogram("agl.collections.latency", time.perf_counter() - start, labels=labels)
 
 
 class Collection(TrackedCollection, Generic[T]):
@@ -317,7 +315,7 @@ class LightningCollections(TrackedCollection):
     labels; durable backends commit the section as one transaction.
     """
 
-    def __init__(self, tracker: "MetricsBackend | None" = None, extra_labels: Optional[Sequence[str]] = None) -> None:
+    def __init__(self, tracker: MetricsBackend | None = None, extra_labels: Optional[Sequence[str]] = None) -> None:
         super().__init__(tracker=tracker)
         self._extra_labels = list(extra_labels or [])
         if tracker is not None:
@@ -326,27 +324,27 @@ class LightningCollections(TrackedCollection):
             tracker.register_counter("agl.collections.total", label_names, group_level=2)
 
     @property
-    def rollouts(self) -> Collection["Rollout"]:
+    def rollouts(self) -> Collection[Rollout]:
         """Rollouts, keyed by ``rollout_id``."""
         raise NotImplementedError()
 
     @property
-    def attempts(self) -> Collection["Attempt"]:
+    def attempts(self) -> Collection[Attempt]:
         """Attempts, keyed by ``(rollout_id, attempt_id)``."""
         raise NotImplementedError()
 
     @property
-    def spans(self) -> Collection["Span"]:
+    def spans(self) -> Collection[Span]:
         """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
         raise NotImplementedError()
 
     @property
-    def resources(self) -> Collection["ResourcesUpdate"]:
+    def resources(self) -> Collection[ResourcesUpdate]:
         """Resource snapshots, keyed by ``resources_id``."""
         raise NotImplementedError()
 
     @property
-    def workers(self) -> Collection["Worker"]:
+    def workers(self) -> Collection[Worker]:
         """Workers, keyed by ``worker_id``."""
         raise NotImplementedError()
 
@@ -374,7 +372,7 @@ class LightningCollections(TrackedCollection):
 
     async def execute(
         self,
-        callback: Callable[["LightningCollections"], Awaitable[R]],
+        callback: Callable[[LightningCollections], Awaitable[R]],
         *,
         mode: AtomicMode = "rw",
         snapshot: bool = False,
@@ -385,5 +383,3 @@ class LightningCollections(TrackedCollection):
         """Run ``callback(collections)`` inside :meth:`atomic`."""
         async with self.atomic(mode=mode, snapshot=snapshot, commit=commit, labels=labels, **kwargs) as collections:
             return await callback(collections)
-
-
