@@ -68,3 +68,39 @@ class LinkPydanticModel(BaseModel):
 
     key_match: str
     value_match: str
+
+
+# --- LLM gateway span format -------------------------------------------------------------------------------------
+# The agentbolt LLM gateway writes exactly one span per proxied LLM call (streaming included) to the store of the
+# rollout / attempt named in its URL. ``agentbolt.adapter.LlmProxyTraceToTriplet`` reads these spans; the full layout
+# is documented in ``agentbolt/adapter/triplet.py``.
+
+AGL_LLM_CALL = "agentbolt.llm_call"
+"""Name of the span the gateway records for one LLM call."""
+
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+"""Model requested by the client."""
+GEN_AI_REQUEST_FUNCTIONS = "gen_ai.request.functions"
+"""Prefix of the tools offered to the model: ``gen_ai.request.functions.<i>.name/description/parameters``."""
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+"""Id of the completion returned by the backend; also the de-duplication key of LLM calls."""
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+"""Model that actually answered."""
+GEN_AI_PROMPT = "gen_ai.prompt"
+"""Prefix of the request messages: ``gen_ai.prompt.<i>.role/content/tool_call_id/tool_calls...``."""
+GEN_AI_COMPLETION = "gen_ai.completion"
+"""Prefix of the choices: ``gen_ai.completion.<i>.role/content/finish_reason/tool_calls...``."""
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+"""Number of prompt tokens."""
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+"""Number of generated tokens."""
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+"""Token ids of the prompt as the backend tokenized it (list of int)."""
+RESPONSE_TOKEN_IDS = "response_token_ids"
+"""Token ids of the first choice (list of int)."""
+RESPONSE_LOGPROBS = "response_logprobs"
+"""Log-probability of each response token (list of float, same length as ``response_token_ids``), when available."""
+LLM_AGENT_NAME = "agentbolt.llm.agent_name"
+"""Name of the agent that made the call (optional); used to train selected agents of a multi-agent system."""
+LLM_AGENT_NAME_HEADER = "x-agentbolt-agent-name"
+"""HTTP request header from which the gateway copies :data:`LLM_AGENT_NAME`."""
