@@ -1,0 +1,518 @@
+"""Counters and histograms with pluggable backends: console (rolling window), Prometheus, or several at once.
+
+Components record metrics through a :class:`MetricsBackend` without knowing where they go. Metrics must be
+registered (name, label names, buckets) before they are recorded; recording validates the labels.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "MetricsBackend",
+    "ConsoleMetricsBackend",
+    "PrometheusMetricsBackend",
+    "MultiMetricsBackend",
+    "setup_multiprocess_prometheus",
+    "get_prometheus_registry",
+    "shutdown_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+LabelKey = Tuple[Tuple[str, str], ...]
+DEFAULT_BUCKETS: Tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def _normalize_label_names(label_names: Optional[Sequence[str]]) -> Tuple[str, ...]:
+    """Label names as a tuple (``None`` -> empty); order and duplicates are kept."""
+    return tuple(label_names) if label_names is not None else ()
+
+
+def _validate_labels(
+    kind: str, metric_name: str, labels: Optional[Dict[str, str]], expected_names: Sequence[str]
+) -> LabelKey:
+    """Label values of a recording, in the registered order.
+
+    Args:
+        kind: ``"counter"`` or ``"histogram"`` (used in the error message).
+        metric_name: The metric.
+        labels: The labels passed by the caller.
+        expected_names: The registered label names.
+
+    Returns:
+        ``((name, value), ...)`` in registered order (extra labels are ignored).
+
+    Raises:
+        ValueError: A registered label is missing.
+    """
+    given = labels or {}
+    result: List[Tuple[str, str]] = []
+    for name in expected_names:
+        if name not in given:
+            raise ValueError(f"Label '{name}' is required for {kind.capitalize()} '{metric_name}'.")
+        result.append((name, str(given[name])))
+    return tuple(result)
+
+
+@dataclass(frozen=True)
+class _MetricSpec:
+    kind: str
+    label_names: Tuple[str, ...]
+    buckets: Optional[Tuple[float, ...]]
+    group_level: Optional[int]
+
+
+class MetricsBackend:
+    """Base backend: keeps the metric registry and validates recordings.
+
+    Subclasses implement :meth:`_on_register` (optional) and the two async recording methods.
+    """
+
+    def __init__(self) -> None:
+        self._specs: Dict[str, _MetricSpec] = {}
+        self._registry_lock = threading.Lock()
+
+    def has_prometheus(self) -> bool:
+        """Whether this backend exports to Prometheus."""
+        return False
+
+    def _register(self, name: str, spec: _MetricSpec) -> bool:
+        """Record a metric spec; False when an identical one exists. Conflicts raise ``ValueError``."""
+        with self._registry_lock:
+            existing = self._specs.get(name)
+            if existing is not None:
+                if (existing.kind, existing.label_names, existing.buckets) != (
+                    spec.kind,
+                    spec.label_names,
+                    spec.buckets,
+                ):
+                    raise ValueError(
+                        f"Metric '{name}' is already registered as a {existing.kind} with labels "
+                        f"{list(existing.label_names)}; cannot re-register it as a {spec.kind} with labels "
+                        f"{list(spec.label_names)}."
+                    )
+                return False
+            self._specs[name] = spec
+            return True
+
+    def _spec(self, kind: str, name: str) -> _MetricSpec:
+        spec = self._specs.get(name)
+        if spec is None or spec.kind != kind:
+            raise ValueError(f"{kind.capitalize()} '{name}' is not registered.")
+        return spec
+
+    def register_counter(
+        self, name: str, label_names: Optional[Sequence[str]] = None, group_level: Optional[int] = None
+    ) -> None:
+        """Declare a counter.
+
+        Args:
+            name: Metric name (dots allowed).
+            label_names: Labels every recording must provide.
+            group_level: Console grouping: aggregate over labels past the first ``group_level``.
+
+        Raises:
+            ValueError: The name is registered with a different kind or labels.
+        """
+        spec = _MetricSpec("counter", _normalize_label_names(label_names), None, group_level)
+        if self._register(name, spec):
+            self._on_register(name, spec)
+
+    def register_histogram(
+        self,
+        name: str,
+        label_names: Optional[Sequence[str]] = None,
+        buckets: Optional[Sequence[float]] = None,
+        group_level: Optional[int] = None,
+    ) -> None:
+        """Declare a histogram.
+
+        Args:
+            name: Metric name (dots allowed).
+            label_names: Labels every recording must provide.
+            buckets: Bucket upper bounds (default ``(0.1, 0.2, 0.5, 1.0, 2.0)``).
+            group_level: Console grouping: aggregate over labels past the first ``group_level``.
+
+        Raises:
+            ValueError: The name is registered with a different kind, labels or buckets.
+        """
+        spec = _MetricSpec(
+            "histogram",
+            _normalize_label_names(label_names),
+            tuple(buckets) if buckets is not None else DEFAULT_BUCKETS,
+            group_level,
+        )
+        if self._register(name, spec):
+            self._on_register(name, spec)
+
+    def _on_register(self, name: str, spec: _MetricSpec) -> None:
+        """Hook for backends that create objects per metric."""
+
+    async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
+        """Increase a counter.
+
+        Raises:
+            ValueError: Unregistered counter or missing label.
+        """
+        raise NotImplementedError()
+
+    async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
+        """Record one histogram observation.
+
+        Raises:
+            ValueError: Unregistered histogram or missing label.
+        """
+        raise NotImplementedError()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Console
+
+
+@dataclass
+class _Series:
+    timestamps: Deque[float] = field(default_factory=deque)
+    values: Deque[float] = field(default_factory=deque)
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in [0, 1]) of sorted values."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
+
+
+def _format_duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f}ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.2f}µs"
+    return f"{seconds * 1e9:.2f}ns"
+
+
+def _format_labels(labels: LabelKey) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f"{k}={v}" for k, v in labels) + "}"
+
+
+class ConsoleMetricsBackend(MetricsBackend):
+    """Logs rolling-window rates (counters) and percentiles (histograms) as one INFO line at most every interval.
+
+    Args:
+        window_seconds: Events older than this are forgotten (``None`` keeps everything).
+        log_interval_seconds: Minimum time between two log lines; the first event always logs.
+        group_level: Aggregate series over labels past the first ``group_level`` (overrides per-metric levels;
+            ``None`` defers to the metric, and a level below 1 merges all labels).
+    """
+
+    def __init__(
+        self,
+        window_seconds: Optional[float] = 60.0,
+        log_interval_seconds: float = 10.0,
+        group_level: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.window_seconds = window_seconds
+        self.log_interval_seconds = log_interval_seconds
+        self.group_level = group_level
+        self._counter_state: Dict[Tuple[str, LabelKey], _Series] = {}
+        self._hist_state: Dict[Tuple[str, LabelKey], _Series] = {}
+        self._last_log_time: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def _prune(self, series: _Series, now: float) -> None:
+        if self.window_seconds is None:
+            return
+        cutoff = now - self.window_seconds
+        while series.timestamps and series.timestamps[0] < cutoff:
+            series.timestamps.popleft()
+            series.values.popleft()
+
+    def _record(self, state: Dict[Tuple[str, LabelKey], _Series], key: Tuple[str, LabelKey], value: float) -> None:
+        now = time.time()
+        with self._lock:
+            series = state.setdefault(key, _Series())
+            series.timestamps.append(now)
+            series.values.append(value)
+            self._prune(series, now)
+            due = self._last_log_time is None or now - self._last_log_time >= self.log_interval_seconds
+            if not due:
+                return
+            self._last_log_time = now
+            counters, histograms = self._snapshot(now)
+        self._log_snapshot(counters, histograms, now)
+
+    def _snapshot(self, now: float) -> Tuple[Dict[Tuple[str, LabelKey], _Series], Dict[Tuple[str, LabelKey], _Series]]:
+        def group(state: Dict[Tuple[str, LabelKey], _Series]) -> Dict[Tuple[str, LabelKey], _Series]:
+            grouped: Dict[Tuple[str, LabelKey], _Series] = {}
+            for (name, labels), series in state.items():
+                self._prune(series, now)
+                if not series.timestamps:
+                    continue
+                spec = self._specs.get(name)
+                level = self.group_level if self.group_level is not None else (spec.group_level if spec else None)
+                key = (name, self._truncate_labels_for_logging(labels, level))
+                target = grouped.setdefault(key, _Series())
+                target.timestamps.extend(series.timestamps)
+                target.values.extend(series.values)
+            return grouped
+
+        return group(self._counter_state), group(self._hist_state)
+
+    @staticmethod
+    def _truncate_labels_for_logging(labels: LabelKey, group_level: Optional[int]) -> LabelKey:
+        """Labels kept when grouping: the first ``group_level`` ones (none if the level is None or < 1)."""
+        if group_level is None or group_level < 1:
+            return ()
+        return labels[:group_level]
+
+    def _log_counter(
+        self, name: str, labels: LabelKey, timestamps: Sequence[float], amounts: Sequence[float], snapshot_time: float
+    ) -> Optional[str]:
+        """``name{labels}=<rate>/s`` over the window, or None without events."""
+        if not timestamps:
+            return None
+        start = min(timestamps)
+        if self.window_seconds is not None:
+            start = max(start, snapshot_time - self.window_seconds)
+        min_duration = self.log_interval_seconds if self.log_interval_seconds > 0 else 1e-3
+        rate = sum(amounts) / max(snapshot_time - start, min_duration)
+        return f"{name}{_format_labels(labels)}={rate:.2f}/s"
+
+    def _log_histogram(
+        self,
+        name: str,
+        labels: LabelKey,
+        values: Sequence[float],
+        buckets: Optional[Sequence[float]],
+        snapshot_time: float,
+    ) -> Optional[str]:
+        """``name{labels}=p50,p95,p99``, or None without observations."""
+        if not values:
+            return None
+        ordered = sorted(values)
+        parts = ",".join(_format_duration(_percentile(ordered, q)) for q in (0.5, 0.95, 0.99))
+        return f"{name}{_format_labels(labels)}={parts}"
+
+    def _log_snapshot(
+        self,
+        counter_snaps: Dict[Tuple[str, LabelKey], _Series],
+        hist_snaps: Dict[Tuple[str, LabelKey], _Series],
+        snapshot_time: float,
+    ) -> None:
+        entries: List[str] = []
+        for (name, labels), series in counter_snaps.items():
+            entry = self._log_counter(name, labels, list(series.timestamps), list(series.values), snapshot_time)
+            if entry:
+                entries.append(entry)
+        for (name, labels), series in hist_snaps.items():
+            spec = self._specs.get(name)
+            entry = self._log_histogram(
+                name, labels, list(series.values), spec.buckets if spec else None, snapshot_time
+            )
+            if entry:
+                entries.append(entry)
+        if entries:
+            self._log("  ".join(sorted(entries)))
+
+    def _log(self, message: str) -> None:
+        logger.info(message)
+
+    async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
+        """Count ``amount`` for the series identified by ``labels``."""
+        spec = self._spec("counter", name)
+        key = _validate_labels("counter", name, labels, spec.label_names)
+        self._record(self._counter_state, (name, key), float(amount))
+
+    async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
+        """Record ``value`` for the series identified by ``labels``."""
+        spec = self._spec("histogram", name)
+        key = _validate_labels("histogram", name, labels, spec.label_names)
+        self._record(self._hist_state, (name, key), float(value))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Prometheus
+
+
+def _import_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ImportError(
+            "PrometheusMetricsBackend needs the 'prometheus-client' package: pip install 'agentbolt[prometheus]'"
+        ) from exc
+    return prometheus_client
+
+
+def setup_multiprocess_prometheus() -> str:
+    """Make sure ``PROMETHEUS_MULTIPROC_DIR`` points to an existing directory (a fresh temp dir if unset).
+
+    Returns:
+        The directory.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        directory = tempfile.mkdtemp(prefix="agentbolt-prometheus-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+def get_prometheus_registry() -> Any:
+    """The registry to expose: a multiprocess collector registry when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+    prometheus_client = _import_prometheus()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return prometheus_client.REGISTRY
+
+
+def shutdown_metrics(server: Any = None, worker: Any = None, *args: Any, **kwargs: Any) -> None:
+    """Clean up after a worker process exits (gunicorn ``child_exit`` hook signature).
+
+    In multiprocess mode, marks the worker's Prometheus files dead so gauges stop counting it.
+    """
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    try:
+        from prometheus_client import multiprocess
+    except ImportError:
+        return
+    pid = getattr(worker, "pid", None) or os.getpid()
+    multiprocess.mark_process_dead(pid)
+
+
+class PrometheusMetricsBackend(MetricsBackend):
+    """Exports metrics through ``prometheus_client`` (names get ``.`` replaced by ``_``).
+
+    Args:
+        registry: The ``prometheus_client`` registry to register metrics in (default: the global registry).
+
+    Raises:
+        ImportError: ``prometheus_client`` is not installed.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        super().__init__()
+        self._prometheus = _import_prometheus()
+        self._registry = registry if registry is not None else self._prometheus.REGISTRY
+        self._metrics: Dict[str, Any] = {}
+        self._normalized: Dict[str, str] = {}
+
+    def has_prometheus(self) -> bool:
+        """Always True."""
+        return True
+
+    @staticmethod
+    def _normalize_name(name: str) -> str:
+        return name.replace(".", "_")
+
+    def _register(self, name: str, spec: _MetricSpec) -> bool:
+        normalized = self._normalize_name(name)
+        owner = self._normalized.get(normalized)
+        if owner is not None and owner != name:
+            raise ValueError(f"Metric '{name}' conflicts with '{owner}': both map to Prometheus name '{normalized}'.")
+        created = super()._register(name, spec)
+        self._normalized[normalized] = name
+        return created
+
+    def _on_register(self, name: str, spec: _MetricSpec) -> None:
+        normalized = self._normalize_name(name)
+        if spec.kind == "counter":
+            metric = self._prometheus.Counter(normalized, name, labelnames=spec.label_names, registry=self._registry)
+        else:
+            metric = self._prometheus.Histogram(
+                normalized,
+                name,
+                labelnames=spec.label_names,
+                buckets=spec.buckets or DEFAULT_BUCKETS,
+                registry=self._registry,
+            )
+        self._metrics[name] = metric
+
+    def _child(self, kind: str, name: str, labels: Optional[Dict[str, str]]) -> Any:
+        spec = self._spec(kind, name)
+        key = _validate_labels(kind, name, labels, spec.label_names)
+        metric = self._metrics[name]
+        return metric.labels(*(value for _, value in key)) if key else metric
+
+    async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
+        """Increase the Prometheus counter."""
+        self._child("counter", name, labels).inc(amount)
+
+    async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
+        """Observe a value on the Prometheus histogram."""
+        self._child("histogram", name, labels).observe(value)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fan-out
+
+
+class MultiMetricsBackend(MetricsBackend):
+    """Sends every registration and recording to several backends.
+
+    Args:
+        backends: The backends (at least one).
+
+    Raises:
+        ValueError: ``backends`` is empty.
+    """
+
+    def __init__(self, backends: Sequence[MetricsBackend]) -> None:
+        super().__init__()
+        if not backends:
+            raise ValueError("MultiMetricsBackend needs at least one backend.")
+        self.backends: List[MetricsBackend] = list(backends)
+
+    def has_prometheus(self) -> bool:
+        """True when any backend exports to Prometheus."""
+        return any(backend.has_prometheus() for backend in self.backends)
+
+    def register_counter(
+        self, name: str, label_names: Optional[Sequence[str]] = None, group_level: Optional[int] = None
+    ) -> None:
+        """Register the counter on every backend."""
+        for backend in self.backends:
+            backend.register_counter(name, label_names=label_names, group_level=group_level)
+
+    def register_histogram(
+        self,
+        name: str,
+        label_names: Optional[Sequence[str]] = None,
+        buckets: Optional[Sequence[float]] = None,
+        group_level: Optional[int] = None,
+    ) -> None:
+        """Register the histogram on every backend."""
+        for backend in self.backends:
+            backend.register_histogram(name, label_names=label_names, buckets=buckets, group_level=group_level)
+
+    async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
+        """Increase the counter on every backend."""
+        for backend in self.backends:
+            await backend.inc_counter(name, amount=amount, labels=labels)
+
+    async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
+        """Record the observation on every backend."""
+        for backend in self.backends:
+            await backend.observe_histogram(name, value, labels=labels)
