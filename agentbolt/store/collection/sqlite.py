@@ -1,0 +1,1358 @@
+"""Collections stored in one SQLite database file: durable, WAL mode, group commit, never on the event loop.
+
+Layout of the database:
+
+* ``schema_version``: one row holding the schema version; a file written by a newer (unknown) schema is refused.
+* one table per collection (``rollouts``, ``attempts``, ``spans``, ``resources``, ``workers``). Each row holds the
+  item as JSON in ``data`` plus a copy of the filterable / sortable fields in indexed columns, and an integer
+  ``ord`` (the rowid) recording insertion order. A unique index enforces the primary key.
+* ``rollout_queue``: FIFO of rollout ids; positions only grow, so the order survives restarts.
+* ``span_sequence_ids``: per-rollout span sequence counters (never reissued, also after a restart).
+
+Threads and transactions:
+
+* One writer thread owns the only writing connection. An atomic read-write section (``atomic(mode="rw")``) holds
+  the write gate for its whole duration and runs inside a SAVEPOINT of the current transaction, so a section that
+  raises is rolled back entirely. When a section ends while other sections wait for the gate, its commit is
+  deferred and the next section joins the same transaction (group commit); the last section of a group commits
+  and only then are all the sections of the group acknowledged. A write is never acknowledged before its commit.
+* Reads outside write sections run on a small pool of reader threads, each with its own connection; in WAL mode
+  they see the last committed state and never block the writer.
+
+Durability: WAL mode with ``synchronous=NORMAL`` (the default) keeps every committed transaction across a crash or
+kill of the process; only an operating-system crash or power loss may lose the last commits. ``synchronous="FULL"``
+syncs the WAL on every commit (group commit amortises the cost) and survives power loss too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Deque,
+    Dict,
+    Generic,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    cast,
+)
+
+import orjson
+from pydantic import BaseModel
+
+from agentbolt.store.collection import memory
+from agentbolt.store.collection.base import (
+    AtomicLabels,
+    AtomicMode,
+    Collection,
+    DuplicatedPrimaryKeyError,
+    KeyValue,
+    LightningCollections,
+    Queue,
+    ensure_numeric,
+    normalize_filter_options,
+    resolve_sort_options,
+)
+from agentbolt.types import (
+    Attempt,
+    FilterField,
+    FilterOptions,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    SortOptions,
+    Span,
+    Worker,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SqliteStoreError",
+    "SqliteDatabaseLockedError",
+    "SqliteDatabaseCorruptError",
+    "SqliteSchemaVersionError",
+    "SqliteCollection",
+    "SqliteQueue",
+    "SqliteKeyValue",
+    "SqliteLightningCollections",
+]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Version of the database layout written by this module."""
+
+SynchronousMode = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+K = TypeVar("K")
+V = TypeVar("V")
+
+_MAX_GROUP_SIZE = 64
+"""Most sections sharing one commit."""
+_MAX_SQL_PARAMS = 900
+"""Above this many values, ``within`` filters pass the values as one JSON array."""
+
+
+class SqliteStoreError(RuntimeError):
+    """A SQLite store file cannot be used. ``path`` names the file."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{message} (database file: {path})")
+        self.path = path
+
+
+class SqliteDatabaseLockedError(SqliteStoreError):
+    """Another connection or process holds a lock on the database beyond the busy timeout."""
+
+
+class SqliteDatabaseCorruptError(SqliteStoreError):
+    """The file is not a SQLite database, is corrupt, or is not an agentbolt store."""
+
+
+class SqliteSchemaVersionError(SqliteStoreError):
+    """The database was written with a schema version this version of agentbolt does not know."""
+
+
+def _translate_error(exc: BaseException, path: str) -> BaseException:
+    """Turn low-level SQLite errors about the file into typed errors naming the file."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:
+            return SqliteDatabaseLockedError(path, f"Database is locked by another connection or process: {exc}")
+        if "unable to open" in text or "disk i/o" in text or "readonly" in text:
+            return SqliteStoreError(path, f"Cannot use the database file: {exc}")
+        return exc
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
+    ):
+        return SqliteDatabaseCorruptError(path, f"Not a valid SQLite database or corrupt file: {exc}")
+    return exc
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Table layout
+
+
+@dataclass(frozen=True)
+class _Column:
+    name: str
+    sql_type: Literal["TEXT", "INTEGER", "REAL"]
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class _TableSpec:
+    table: str
+    item_type: Type[BaseModel]
+    primary_keys: Tuple[str, ...]
+    columns: Tuple[_Column, ...]
+    """Indexed copies of item fields; the primary-key fields come first."""
+    indexes: Tuple[Tuple[str, ...], ...] = ()
+
+    def column(self, name: str) -> Optional[_Column]:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        return None
+
+
+def _text(name: str, nullable: bool = True) -> _Column:
+    return _Column(name, "TEXT", nullable)
+
+
+def _real(name: str) -> _Column:
+    return _Column(name, "REAL", True)
+
+
+_ROLLOUTS = _TableSpec(
+    "rollouts",
+    Rollout,
+    ("rollout_id",),
+    (
+        _text("rollout_id", False),
+        _text("status", False),
+        _text("mode"),
+        _text("resources_id"),
+        _real("start_time"),
+        _real("end_time"),
+    ),
+    (("status",),),
+)
+_ATTEMPTS = _TableSpec(
+    "attempts",
+    Attempt,
+    ("rollout_id", "attempt_id"),
+    (
+        _text("rollout_id", False),
+        _text("attempt_id", False),
+        _Column("sequence_id", "INTEGER", False),
+        _text("status", False),
+        _text("worker_id"),
+        _real("start_time"),
+        _real("end_time"),
+        _real("last_heartbeat_time"),
+    ),
+    (("status",),),
+)
+_SPANS = _TableSpec(
+    "spans",
+    Span,
+    ("rollout_id", "attempt_id", "span_id"),
+    (
+        _text("rollout_id", False),
+        _text("attempt_id", False),
+        _text("span_id", False),
+        _Column("sequence_id", "INTEGER", False),
+        _text("trace_id", False),
+        _text("parent_id"),
+        _text("name", False),
+        _real("start_time"),
+        _real("end_time"),
+    ),
+    (("rollout_id", "sequence_id"),),
+)
+_RESOURCES = _TableSpec(
+    "resources",
+    ResourcesUpdate,
+    ("resources_id",),
+    (
+        _text("resources_id", False),
+        _real("create_time"),
+        _real("update_time"),
+        _Column("version", "INTEGER", False),
+    ),
+    (("update_time",),),
+)
+_WORKERS = _TableSpec(
+    "workers",
+    Worker,
+    ("worker_id",),
+    (
+        _text("worker_id", False),
+        _text("status", False),
+        _real("last_heartbeat_time"),
+        _real("last_dequeue_time"),
+        _real("last_busy_time"),
+        _real("last_idle_time"),
+        _text("current_rollout_id"),
+        _text("current_attempt_id"),
+    ),
+)
+_TABLES: Tuple[_TableSpec, ...] = (_ROLLOUTS, _ATTEMPTS, _SPANS, _RESOURCES, _WORKERS)
+
+
+def _schema_statements() -> List[str]:
+    statements = [
+        "CREATE TABLE schema_version (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL, "
+        "created_at REAL NOT NULL)",
+        "CREATE TABLE rollout_queue (pos INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)",
+        "CREATE INDEX rollout_queue_item ON rollout_queue(item)",
+        "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ]
+    for spec in _TABLES:
+        columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+        statements.append(f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)")
+        statements.append(f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})")
+        for index in spec.indexes:
+            statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table}({', '.join(index)})")
+    return statements
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Connections, threads and the write gate
+
+
+def _connect(path: str, busy_timeout: float, cache_kib: int, synchronous: SynchronousMode) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise SqliteStoreError(path, f"Cannot switch the database to WAL mode (journal_mode={mode!r})")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.execute("PRAGMA mmap_size=0")
+        conn.execute(f"PRAGMA journal_size_limit={64 * 1024 * 1024}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class _Section:
+    """An atomic section of one task: either a write section (holding the gate) or a plain read scope."""
+
+    __slots__ = ("database", "writes")
+
+    def __init__(self, database: _Database, writes: bool) -> None:
+        self.database = database
+        self.writes = writes
+
+
+_current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.ContextVar(
+    "agentbolt_sqlite_section", default=None
+)
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: Optional[BaseException]) -> None:
+    """Complete ``future`` from any thread (nothing to do when its loop is gone or it was cancelled)."""
+
+    def complete() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    with suppress(RuntimeError):
+        loop.call_soon_threadsafe(complete)
+
+
+class _Database:
+    """The database file: one writer thread/connection, a pool of reader threads, the write gate."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: SynchronousMode,
+        busy_timeout: float,
+        cache_size_mb: float,
+        reader_threads: int,
+    ) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
+        self._reader_cache_kib = max(256, int(cache_size_mb * 1024 / 4))
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbolt-sqlite-writer")
+        self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="agentbolt-sqlite-reader")
+        self._reader_local = threading.local()
+        self._reader_conns: List[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
+        self._closed = False
+        # Write gate state, guarded by ``_gate_lock``.
+        self._gate_lock = threading.Lock()
+        self._gate_owned = False
+        self._gate_waiters: Deque[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._group: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._in_transaction = False  # only touched by the gate owner
+        self.commits = 0
+        self.sections = 0
+        try:
+            self._conn: sqlite3.Connection = self._writer.submit(self._open, cache_size_mb).result()
+        except BaseException:
+            self._writer.shutdown(wait=True)
+            self._readers.shutdown(wait=True)
+            raise
+
+    # -- opening -----------------------------------------------------------------------------------------------
+
+    def _open(self, cache_size_mb: float) -> sqlite3.Connection:
+        if os.path.isdir(self.path):
+            raise SqliteStoreError(self.path, "Path is a directory, not a database file")
+        try:
+            conn = _connect(self.path, self._busy_timeout, max(256, int(cache_size_mb * 1024)), self._synchronous)
+        except SqliteStoreError:
+            raise
+        except sqlite3.Error as exc:
+            raise _translate_error(exc, self.path) from exc
+        try:
+            self._ensure_schema(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _translate_error(exc, self.path) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "schema_version" not in tables:
+                if tables - {"sqlite_sequence"}:
+                    raise SqliteDatabaseCorruptError(
+                        self.path, "The SQLite file is not an agentbolt store (no schema_version table)"
+                    )
+                for statement in _schema_statements():
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (id, version, created_at) VALUES (1, ?, ?)",
+                    (SCHEMA_VERSION, time.time()),
+                )
+                logger.info("Created agentbolt store schema v%d in %s", SCHEMA_VERSION, self.path)
+            else:
+                row = conn.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+                if row is None:
+                    raise SqliteDatabaseCorruptError(self.path, "The schema_version table is empty")
+                version = int(row[0])
+                if version != SCHEMA_VERSION:
+                    newer = "a newer" if version > SCHEMA_VERSION else "an unknown older"
+                    raise SqliteSchemaVersionError(
+                        self.path,
+                        f"The store was written with {newer} schema version {version}; this version of agentbolt "
+                        f"reads schema version {SCHEMA_VERSION} only",
+                    )
+                missing = {spec.table for spec in _TABLES} - tables
+                if missing:
+                    raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- running work ------------------------------------------------------------------------------------------
+
+    def _guard(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            translated = _translate_error(exc, self.path)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    async def write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the writer thread (the caller must own the gate)."""
+        self._check_open()
+        return await asyncio.wrap_future(self._writer.submit(self._guard, fn, self._conn))
+
+    def _reader_conn(self) -> sqlite3.Connection:
+        conn = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path, self._busy_timeout, self._reader_cache_kib, self._synchronous)
+            conn.execute("PRAGMA query_only=ON")
+            self._reader_local.conn = conn
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    def _read_job(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            conn = self._reader_conn()
+        except sqlite3.Error as exc:
+            raise _translate_error(exc, self.path) from exc
+        return self._guard(fn, conn)
+
+    async def read_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on a reader thread; it sees the last committed state."""
+        self._check_open()
+        return await asyncio.wrap_future(self._readers.submit(self._read_job, fn))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SqliteStoreError(self.path, "The store is closed")
+
+    # -- the write gate and group commit -------------------------------------------------------------------------
+
+    async def _acquire_gate(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._gate_lock:
+            if not self._gate_owned:
+                self._gate_owned = True
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._gate_waiters.append((loop, future))
+        try:
+            await future
+        except BaseException:
+            with self._gate_lock:
+                granted = future.done() and not future.cancelled() and future.exception() is None
+                if not granted:
+                    with suppress(ValueError):
+                        self._gate_waiters.remove((loop, future))
+            if granted:
+                await self._finish_section(None)
+            raise
+
+    def _hand_over_locked(self) -> None:
+        """Give the gate to the next waiter, or free it. Caller holds ``_gate_lock``."""
+        while self._gate_waiters:
+            loop, future = self._gate_waiters.popleft()
+
+            def grant(future: asyncio.Future[None] = future) -> None:
+                if future.done():  # the waiter gave up meanwhile: pass the gate on
+                    with self._gate_lock:
+                        self._hand_over_locked()
+                else:
+                    future.set_result(None)
+
+            try:
+                loop.call_soon_threadsafe(grant)
+            except RuntimeError:  # the waiter's event loop is closed
+                continue
+            return
+        self._gate_owned = False
+
+    async def _finish_section(self, error: Optional[BaseException]) -> None:
+        """End the owner's section: join the next section's commit, or commit the group now."""
+        loop = asyncio.get_running_loop()
+        with self._gate_lock:
+            defer = self._in_transaction and bool(self._gate_waiters) and len(self._group) < _MAX_GROUP_SIZE - 1
+            if defer:
+                ack: asyncio.Future[None] = loop.create_future()
+                self._group.append((loop, ack))
+                self._hand_over_locked()
+        if defer:
+            await ack
+            return
+        commit_error: Optional[BaseException] = None
+        if self._in_transaction:
+            try:
+                await asyncio.shield(self._commit())
+            except BaseException as exc:
+                commit_error = exc
+        with self._gate_lock:
+            group, self._group = self._group, []
+            for waiter_loop, waiter in group:
+                _resolve(waiter_loop, waiter, commit_error)
+            self._hand_over_locked()
+        if commit_error is not None:
+            raise commit_error
+
+    async def _commit(self) -> None:
+        def commit(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        try:
+            await self.write_call(commit)
+            self.commits += 1
+        finally:
+            self._in_transaction = False
+
+    @asynccontextmanager
+    async def write_section(self) -> AsyncIterator[None]:
+        """Hold the write gate for the body; its writes are committed (possibly grouped) before this returns."""
+        self._check_open()
+        await self._acquire_gate()
+        begin_transaction = not self._in_transaction
+
+        def begin(conn: sqlite3.Connection) -> None:
+            if begin_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("SAVEPOINT section")
+            except BaseException:
+                if begin_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        try:
+            await asyncio.shield(self.write_call(begin))
+        except BaseException:
+            await self._finish_section(None)
+            raise
+        self._in_transaction = True
+        self.sections += 1
+        token = _current_section.set(_Section(self, writes=True))
+        try:
+            yield
+        except BaseException as exc:
+            _current_section.reset(token)
+            try:
+                await asyncio.shield(self.write_call(_rollback_savepoint))
+            except BaseException as rollback_error:  # the transaction cannot be trusted any more
+                logger.error("Rolling back a failed section of %s failed: %s", self.path, rollback_error)
+                await asyncio.shield(self._abort_transaction())
+            await self._finish_section(exc)
+            raise
+        _current_section.reset(token)
+        try:
+            await asyncio.shield(self.write_call(_release_savepoint))
+        except BaseException:
+            await asyncio.shield(self._abort_transaction())
+            await self._finish_section(None)
+            raise
+        await self._finish_section(None)
+
+    async def _abort_transaction(self) -> None:
+        def abort(conn: sqlite3.Connection) -> None:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+        try:
+            await self.write_call(abort)
+        finally:
+            self._in_transaction = False
+            error = SqliteStoreError(self.path, "The transaction was rolled back after an error")
+            with self._gate_lock:
+                group, self._group = self._group, []
+            for loop, future in group:
+                _resolve(loop, future, error)
+
+    async def close(self) -> None:
+        """Wait for running sections, then close every connection."""
+        if self._closed:
+            return
+        await self._acquire_gate()
+        try:
+            if self._in_transaction:
+                await self._commit()
+        finally:
+            self._closed = True
+            error = SqliteStoreError(self.path, "The store is closed")
+            with self._gate_lock:
+                waiters, self._gate_waiters = list(self._gate_waiters), deque()
+                self._gate_owned = False
+            for loop, future in waiters:
+                _resolve(loop, future, error)
+            await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
+
+    def _shutdown(self) -> None:
+        self._readers.shutdown(wait=True)
+        with self._reader_lock:
+            conns, self._reader_conns = self._reader_conns, []
+        for conn in conns:
+            conn.close()
+        self._writer.submit(self._conn.close).result()
+        self._writer.shutdown(wait=True)
+
+    def close_sync(self) -> None:
+        """Close without an event loop (nothing must be running)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._in_transaction:
+            self._writer.submit(lambda: self._conn.execute("COMMIT")).result()
+        self._shutdown()
+
+
+def _rollback_savepoint(conn: sqlite3.Connection) -> None:
+    conn.execute("ROLLBACK TO section")
+    conn.execute("RELEASE section")
+
+
+def _release_savepoint(conn: sqlite3.Connection) -> None:
+    conn.execute("RELEASE section")
+
+
+def _atomically(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run a multi-statement write as one unit inside the current transaction."""
+    conn.execute("SAVEPOINT op")
+    try:
+        result = fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK TO op")
+        conn.execute("RELEASE op")
+        raise
+    conn.execute("RELEASE op")
+    return result
+
+
+class _Backed:
+    """Routes a collection's work to the right connection for the calling task."""
+
+    def __init__(self, database: _Database) -> None:
+        self._db = database
+
+    def _in_write_section(self) -> bool:
+        section = _current_section.get()
+        return section is not None and section.writes and section.database is self._db
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._in_write_section():
+            return await self._db.write_call(fn)
+        return await self._db.read_call(fn)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._in_write_section():
+            return await self._db.write_call(fn)
+        async with self._db.write_section():
+            return await self._db.write_call(fn)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Filters and sorting
+
+
+def _memory_predicate() -> Callable[..., bool]:
+    """The in-memory filter predicate: the single definition of filter semantics, used for what SQL can't express."""
+    return memory._item_matches_filters  # looked up on each call, like the in-memory collections do
+
+
+_SCALARS = (str, int, float)
+
+
+def _same_kind(column: _Column, value: Any) -> bool:
+    """Whether SQL compares ``value`` with the column exactly like Python's ``==`` (no type coercion)."""
+    if column.sql_type == "TEXT":
+        return isinstance(value, str)
+    return isinstance(value, (int, float))
+
+
+def _compile_condition(column: _Column, op: str, value: Any) -> Optional[Tuple[str, List[Any]]]:
+    """SQL for one ``field op value`` condition with the in-memory semantics, or None when SQL can't express it."""
+    name = column.name
+    if op == "exact":
+        return (f"{name} = ?", [value]) if _same_kind(column, value) else None
+    if op == "within":
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            return None
+        values = list(value)
+        if not all(_same_kind(column, v) for v in values):
+            return None
+        if not values:
+            return "0", []
+        if len(values) > _MAX_SQL_PARAMS:
+            return f"{name} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
+        return f"{name} IN ({', '.join('?' * len(values))})", values
+    if op == "contains":
+        if column.sql_type == "TEXT" and isinstance(value, str):
+            return f"instr({name}, ?) > 0", [value]
+        return None
+    return None
+
+
+@dataclass
+class _Plan:
+    where: str
+    params: List[Any]
+    exact: bool
+    """True when ``where`` expresses the whole filter; otherwise rows still go through the Python predicate."""
+
+
+def _compile_filter(
+    spec: _TableSpec,
+    filters: Optional[Dict[str, FilterField]],
+    must: Optional[Dict[str, FilterField]],
+    aggregate: Literal["and", "or"],
+) -> _Plan:
+    must_terms: List[str] = []
+    params: List[Any] = []
+    exact = True
+    for field, ops in (must or {}).items():
+        for op, value in ops.items():
+            column = spec.column(field)
+            compiled = _compile_condition(column, op, value) if column else None
+            if compiled is None:
+                exact = False
+                continue
+            must_terms.append(compiled[0])
+            params.extend(compiled[1])
+    terms: List[str] = []
+    term_params: List[Any] = []
+    filters_exact = True
+    for field, ops in (filters or {}).items():
+        for op, value in ops.items():
+            column = spec.column(field)
+            compiled = _compile_condition(column, op, value) if column else None
+            if compiled is None:
+                filters_exact = False
+                continue
+            terms.append(compiled[0])
+            term_params.extend(compiled[1])
+    if filters_exact:
+        if terms:
+            joiner = " AND " if aggregate == "and" else " OR "
+            must_terms.append("(" + joiner.join(terms) + ")")
+            params.extend(term_params)
+    else:
+        exact = False
+        if aggregate == "and" and terms:  # the compiled part still narrows the scan
+            must_terms.append("(" + " AND ".join(terms) + ")")
+            params.extend(term_params)
+    return _Plan(" AND ".join(must_terms) if must_terms else "1", params, exact)
+
+
+def _order_clause(spec: _TableSpec, sort_name: Optional[str], order: str) -> Optional[str]:
+    """SQL ORDER BY with the in-memory rules, or None when the field has no column.
+
+    Ties keep insertion order in both directions (Python's stable sort); ``*_time`` NULLs sort after every value
+    (before, descending); other nullable columns are strings whose NULL sorts as ``""``.
+    """
+    if sort_name is None:
+        return "ord"
+    memory.sort_key_function(spec.item_type, sort_name)  # same validation (unknown field -> ValueError)
+    column = spec.column(sort_name)
+    if column is None:
+        return None
+    direction = "DESC" if order == "desc" else "ASC"
+    if not column.nullable:
+        return f"{column.name} {direction}, ord"
+    if sort_name.endswith("_time"):
+        return f"({column.name} IS NULL) {direction}, {column.name} {direction}, ord"
+    assert column.sql_type == "TEXT", "nullable non-time columns are strings"
+    return f"COALESCE({column.name}, '') {direction}, ord"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collections
+
+
+def _format_key(names: Sequence[str], values: Sequence[Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
+
+
+class SqliteCollection(_Backed, Collection[M], Generic[M]):
+    """A collection of pydantic items stored as JSON rows with indexed field columns."""
+
+    def __init__(self, database: _Database, spec: _TableSpec, tracker: Any = None) -> None:
+        _Backed.__init__(self, database)
+        Collection.__init__(self, tracker=tracker)
+        self._spec = spec
+        names = [c.name for c in spec.columns]
+        self._insert_sql = (
+            f"INSERT INTO {spec.table} ({', '.join(names)}, data) VALUES ({', '.join('?' * (len(names) + 1))})"
+        )
+        assignments = ", ".join(f"{n} = excluded.{n}" for n in [*names, "data"] if n not in spec.primary_keys)
+        self._upsert_sql = f"{self._insert_sql} ON CONFLICT({', '.join(spec.primary_keys)}) DO UPDATE SET {assignments}"
+        self._pk_where = " AND ".join(f"{k} = ?" for k in spec.primary_keys)
+        self._update_sql = (
+            f"UPDATE {spec.table} SET "
+            + ", ".join(f"{n} = ?" for n in [*names, "data"] if n not in spec.primary_keys)
+            + f" WHERE {self._pk_where}"
+        )
+        self._non_pk = [n for n in names if n not in spec.primary_keys]
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return self._spec.table
+
+    def primary_keys(self) -> Sequence[str]:
+        """Primary-key field names."""
+        return list(self._spec.primary_keys)
+
+    def item_type(self) -> Type[M]:
+        """The stored pydantic model."""
+        return cast(Type[M], self._spec.item_type)
+
+    # -- encoding -------------------------------------------------------------------------------------------------
+
+    def _check_items(self, items: Sequence[M]) -> None:
+        for item in items:
+            if not isinstance(item, self._spec.item_type):
+                raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
+
+    def _key(self, item: M) -> Tuple[Any, ...]:
+        return tuple(getattr(item, k) for k in self._spec.primary_keys)
+
+    def _row(self, item: M) -> List[Any]:
+        values: List[Any] = [getattr(item, c.name) for c in self._spec.columns]
+        values.append(item.model_dump_json())
+        return values
+
+    def _decode(self, data: str) -> M:
+        return cast(M, self._spec.item_type.model_validate_json(data))
+
+    def _missing(self, key: Sequence[Any]) -> ValueError:
+        return ValueError(memory.missing_item_message(dict(zip(self._spec.primary_keys, key, strict=True))))
+
+    def _fetch(self, conn: sqlite3.Connection, key: Sequence[Any]) -> Optional[M]:
+        row = conn.execute(f"SELECT data FROM {self._spec.table} WHERE {self._pk_where}", tuple(key)).fetchone()
+        return None if row is None else self._decode(row[0])
+
+    # -- reads ----------------------------------------------------------------------------------------------------
+
+    async def size(self) -> int:
+        """Number of items."""
+        async with self.tracking_context("size", self.collection_name):
+            return await self._read(
+                lambda conn: int(conn.execute(f"SELECT COUNT(*) FROM {self._spec.table}").fetchone()[0])
+            )
+
+    def _run_query(
+        self,
+        conn: sqlite3.Connection,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+    ) -> Tuple[List[M], int]:
+        filters, must, aggregate = normalize_filter_options(filter)
+        sort_name, order = resolve_sort_options(sort)
+        plan = _compile_filter(self._spec, filters, must, aggregate)
+        order_sql = _order_clause(self._spec, sort_name, order)
+        table = self._spec.table
+        memory.paginate([], limit, offset)  # same validation of limit/offset
+        if plan.exact and order_sql is not None:
+            sql = f"SELECT data FROM {table} WHERE {plan.where} ORDER BY {order_sql}"
+            params = list(plan.params)
+            if limit >= 0 or offset > 0:
+                sql += " LIMIT ? OFFSET ?"
+                params += [limit, offset]
+            items = [self._decode(row[0]) for row in conn.execute(sql, params)]
+            if limit < 0 and offset == 0:
+                return items, len(items)
+            total = int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {plan.where}", plan.params).fetchone()[0])
+            return items, total
+        # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
+        rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
+        items = [self._decode(row[0]) for row in rows]
+        if not plan.exact:
+            matches = _memory_predicate()
+            items = [item for item in items if matches(item, filters, aggregate, must)]
+        if sort_name is not None:
+            items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
+        return memory.paginate(items, limit, offset), len(items)
+
+    async def query(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[M]:
+        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
+        async with self.tracking_context("query", self.collection_name):
+            items, total = await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset))
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+
+    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
+        """First match by ``sort`` (insertion order without), or None."""
+        async with self.tracking_context("get", self.collection_name):
+            items, _ = await self._read(lambda conn: self._run_query(conn, filter, sort, 1, 0))
+            return items[0] if items else None
+
+    # -- writes ---------------------------------------------------------------------------------------------------
+
+    async def insert(self, items: Sequence[M]) -> None:
+        """Insert new items; any duplicated primary key raises :class:`DuplicatedPrimaryKeyError`, inserting none."""
+        self._check_items(items)
+        if not items:
+            return
+        seen: set[Tuple[Any, ...]] = set()
+        for item in items:
+            key = self._key(item)
+            if key in seen:
+                raise DuplicatedPrimaryKeyError(
+                    f"Duplicated primary key(s) in the inserted items: {_format_key(self._spec.primary_keys, key)}"
+                )
+            seen.add(key)
+        rows = [self._row(item) for item in items]
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                _atomically(conn, lambda c: c.executemany(self._insert_sql, rows))
+            except sqlite3.IntegrityError as exc:
+                for item in items:
+                    key = self._key(item)
+                    if self._fetch(conn, key) is not None:
+                        raise DuplicatedPrimaryKeyError(
+                            f"Item already exists with primary key(s): {_format_key(self._spec.primary_keys, key)}"
+                        ) from exc
+                raise
+
+        async with self.tracking_context("insert", self.collection_name):
+            await self._write(job)
+
+    def _check_update_fields(self, update_fields: Optional[Sequence[str]]) -> None:
+        for name in update_fields or ():
+            if name not in self._spec.item_type.model_fields:
+                raise ValueError(f"Unknown field {name!r} for {self._spec.item_type.__name__}")
+
+    @staticmethod
+    def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
+        return existing.model_copy(update={name: getattr(item, name) for name in update_fields})
+
+    async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
+        """Update existing items (whole or ``update_fields`` only); a missing one raises ``ValueError``, updating none."""
+        self._check_items(items)
+        self._check_update_fields(update_fields)
+
+        def job(conn: sqlite3.Connection) -> List[M]:
+            def apply(c: sqlite3.Connection) -> List[M]:
+                results: List[M] = []
+                for item in items:
+                    key = self._key(item)
+                    if update_fields is None:
+                        new = item
+                    else:
+                        existing = self._fetch(c, key)
+                        if existing is None:
+                            raise self._missing(key)
+                        new = self._merge(existing, item, update_fields)
+                    row = self._row(new)
+                    values = [
+                        v
+                        for c_, v in zip(self._spec.columns, row[:-1], strict=True)
+                        if c_.name not in self._spec.primary_keys
+                    ]
+                    cursor = c.execute(self._update_sql, [*values, row[-1], *key])
+                    if cursor.rowcount == 0:
+                        raise self._missing(key)
+                    results.append(new)
+                return results
+
+            return _atomically(conn, apply)
+
+        async with self.tracking_context("update", self.collection_name):
+            return await self._write(job)
+
+    async def upsert(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
+        """Insert or update: ``None`` replaces, a list updates those fields, ``[]`` gets or inserts."""
+        self._check_items(items)
+        self._check_update_fields(update_fields)
+
+        def job(conn: sqlite3.Connection) -> List[M]:
+            def apply(c: sqlite3.Connection) -> List[M]:
+                results: List[M] = []
+                for item in items:
+                    if update_fields is None:
+                        c.execute(self._upsert_sql, self._row(item))
+                        results.append(item)
+                        continue
+                    existing = self._fetch(c, self._key(item))
+                    if existing is None:
+                        c.execute(self._insert_sql, self._row(item))
+                        results.append(item)
+                    elif not update_fields:
+                        results.append(existing)
+                    else:
+                        new = self._merge(existing, item, update_fields)
+                        c.execute(self._upsert_sql, self._row(new))
+                        results.append(new)
+                return results
+
+            return _atomically(conn, apply)
+
+        async with self.tracking_context("upsert", self.collection_name):
+            return await self._write(job)
+
+    async def delete(self, items: Sequence[M]) -> None:
+        """Delete existing items; a missing one raises ``ValueError``, deleting none."""
+        self._check_items(items)
+
+        def job(conn: sqlite3.Connection) -> None:
+            def apply(c: sqlite3.Connection) -> None:
+                for item in items:
+                    key = self._key(item)
+                    if c.execute(f"DELETE FROM {self._spec.table} WHERE {self._pk_where}", key).rowcount == 0:
+                        raise self._missing(key)
+
+            _atomically(conn, apply)
+
+        async with self.tracking_context("delete", self.collection_name):
+            await self._write(job)
+
+
+class SqliteQueue(_Backed, Queue[T], Generic[T]):
+    """A FIFO queue in a table whose positions only grow, so the order survives restarts."""
+
+    def __init__(self, database: _Database, item_type: Type[T], table: str = "rollout_queue", tracker: Any = None):
+        _Backed.__init__(self, database)
+        Queue.__init__(self, tracker=tracker)
+        self._item_type = item_type
+        self._table = table
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return self._table
+
+    def item_type(self) -> Type[T]:
+        """Type of the queued items."""
+        return self._item_type
+
+    def _encode(self, item: T) -> str:
+        if not isinstance(item, self._item_type):
+            raise TypeError(f"{self._table} holds {self._item_type.__name__}, got {type(item).__name__}")
+        return orjson.dumps(item).decode()
+
+    async def has(self, item: T) -> bool:
+        """Whether ``item`` is queued."""
+        encoded = self._encode(item)
+        async with self.tracking_context("has", self._table):
+            return await self._read(
+                lambda conn: (
+                    conn.execute(f"SELECT 1 FROM {self._table} WHERE item = ? LIMIT 1", (encoded,)).fetchone()
+                    is not None
+                )
+            )
+
+    async def enqueue(self, items: Sequence[T]) -> Sequence[T]:
+        """Append items at the tail."""
+        encoded = [(self._encode(item),) for item in items]
+        if not encoded:
+            return list(items)
+        async with self.tracking_context("enqueue", self._table):
+            await self._write(
+                lambda conn: _atomically(
+                    conn, lambda c: c.executemany(f"INSERT INTO {self._table} (item) VALUES (?)", encoded)
+                )
+            )
+        return list(items)
+
+    def _head(self, conn: sqlite3.Connection, limit: int) -> List[Tuple[int, str]]:
+        return conn.execute(f"SELECT pos, item FROM {self._table} ORDER BY pos LIMIT ?", (limit,)).fetchall()
+
+    async def dequeue(self, limit: int = 1) -> Sequence[T]:
+        """Pop up to ``limit`` items from the head."""
+        if limit <= 0:
+            return []
+
+        def job(conn: sqlite3.Connection) -> List[T]:
+            rows = self._head(conn, limit)
+            if rows:
+                conn.execute(f"DELETE FROM {self._table} WHERE pos <= ?", (rows[-1][0],))
+            return [orjson.loads(item) for _, item in rows]
+
+        async with self.tracking_context("dequeue", self._table):
+            return await self._write(job)
+
+    async def peek(self, limit: int = 1) -> Sequence[T]:
+        """Up to ``limit`` items from the head, not removed."""
+        if limit <= 0:
+            return []
+        async with self.tracking_context("peek", self._table):
+            return await self._read(lambda conn: [orjson.loads(item) for _, item in self._head(conn, limit)])
+
+    async def size(self) -> int:
+        """Number of queued items."""
+        async with self.tracking_context("size", self._table):
+            return await self._read(lambda conn: int(conn.execute(f"SELECT COUNT(*) FROM {self._table}").fetchone()[0]))
+
+
+class SqliteKeyValue(_Backed, KeyValue[K, V], Generic[K, V]):
+    """A key-value map whose values are stored as JSON; read-modify-write helpers run as one statement group."""
+
+    def __init__(self, database: _Database, table: str = "span_sequence_ids", tracker: Any = None):
+        _Backed.__init__(self, database)
+        KeyValue.__init__(self, tracker=tracker)
+        self._table = table
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return self._table
+
+    def _load(self, conn: sqlite3.Connection, key: K) -> Tuple[bool, Any]:
+        row = conn.execute(f"SELECT value FROM {self._table} WHERE key = ?", (key,)).fetchone()
+        return (False, None) if row is None else (True, orjson.loads(row[0]))
+
+    def _store(self, conn: sqlite3.Connection, key: K, value: Any) -> None:
+        conn.execute(
+            f"INSERT INTO {self._table} (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, orjson.dumps(value).decode()),
+        )
+
+    async def has(self, key: K) -> bool:
+        """Whether ``key`` exists."""
+        async with self.tracking_context("has", self._table):
+            return await self._read(lambda conn: self._load(conn, key)[0])
+
+    async def get(self, key: K, default: Optional[V] = None) -> Optional[V]:
+        """Value of ``key`` or ``default``."""
+        async with self.tracking_context("get", self._table):
+            found, value = await self._read(lambda conn: self._load(conn, key))
+            return value if found else default
+
+    async def set(self, key: K, value: V) -> None:
+        """Set ``key`` to ``value``."""
+        async with self.tracking_context("set", self._table):
+            await self._write(lambda conn: self._store(conn, key, value))
+
+    async def inc(self, key: K, amount: V) -> V:
+        """Add ``amount`` (a missing key counts as 0) and return the new value."""
+        ensure_numeric(amount, description="amount")
+
+        def job(conn: sqlite3.Connection) -> V:
+            found, current = self._load(conn, key)
+            new = (ensure_numeric(current, description=f"value of {key!r}") if found else 0) + amount  # type: ignore[operator]
+            self._store(conn, key, new)
+            return cast(V, new)
+
+        async with self.tracking_context("inc", self._table):
+            return await self._write(job)
+
+    async def chmax(self, key: K, value: V) -> V:
+        """Store ``max(current, value)`` and return it."""
+        ensure_numeric(value, description="value")
+
+        def job(conn: sqlite3.Connection) -> V:
+            found, current = self._load(conn, key)
+            if found and ensure_numeric(current, description=f"value of {key!r}") >= value:  # type: ignore[operator]
+                return cast(V, current)
+            self._store(conn, key, value)
+            return value
+
+        async with self.tracking_context("chmax", self._table):
+            return await self._write(job)
+
+    async def pop(self, key: K, default: Optional[V] = None) -> Optional[V]:
+        """Remove ``key`` and return its value (or ``default``)."""
+
+        def job(conn: sqlite3.Connection) -> Optional[V]:
+            found, value = self._load(conn, key)
+            if not found:
+                return default
+            conn.execute(f"DELETE FROM {self._table} WHERE key = ?", (key,))
+            return cast(V, value)
+
+        async with self.tracking_context("pop", self._table):
+            return await self._write(job)
+
+    async def size(self) -> int:
+        """Number of keys."""
+        async with self.tracking_context("size", self._table):
+            return await self._read(lambda conn: int(conn.execute(f"SELECT COUNT(*) FROM {self._table}").fetchone()[0]))
+
+
+class SqliteLightningCollections(LightningCollections):
+    """All store collections in one SQLite file (see the module docstring for threads, durability, group commit).
+
+    Args:
+        path: Database file; created with the current schema when missing or empty.
+        synchronous: SQLite ``synchronous`` pragma. ``"NORMAL"`` (default) keeps every acknowledged write across a
+            process crash or kill; ``"FULL"`` also across an operating-system crash or power loss.
+        busy_timeout: Seconds to wait for a lock held by another connection before raising
+            :class:`SqliteDatabaseLockedError`.
+        cache_size_mb: Page cache of the writer connection; each reader gets a quarter of it.
+        reader_threads: Number of reader threads (each with its own connection).
+        tracker: Optional metrics backend.
+
+    Raises:
+        SqliteDatabaseLockedError: The file is locked by someone else beyond ``busy_timeout``.
+        SqliteDatabaseCorruptError: The file is not a SQLite database, is corrupt, or is not an agentbolt store.
+        SqliteSchemaVersionError: The file uses a schema version this version does not know.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: SynchronousMode = "NORMAL",
+        busy_timeout: float = 5.0,
+        cache_size_mb: float = 64.0,
+        reader_threads: int = 4,
+        tracker: Any = None,
+    ) -> None:
+        super().__init__(tracker=tracker)
+        mode = str(synchronous).upper()
+        if mode not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be one of OFF, NORMAL, FULL, EXTRA; got {synchronous!r}")
+        if busy_timeout < 0:
+            raise ValueError("busy_timeout must be >= 0")
+        if reader_threads < 1:
+            raise ValueError("reader_threads must be >= 1")
+        self.path = os.fspath(path)
+        self._db = _Database(
+            self.path,
+            synchronous=cast(SynchronousMode, mode),
+            busy_timeout=busy_timeout,
+            cache_size_mb=cache_size_mb,
+            reader_threads=reader_threads,
+        )
+        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, _ROLLOUTS, tracker)
+        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, _ATTEMPTS, tracker)
+        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, _SPANS, tracker)
+        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, _RESOURCES, tracker)
+        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, _WORKERS, tracker)
+        self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
+        self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
+
+    @property
+    def collection_name(self) -> str:
+        """Name used in metric labels."""
+        return "router"
+
+    @property
+    def rollouts(self) -> SqliteCollection[Rollout]:
+        """Rollouts, keyed by ``rollout_id``."""
+        return self._rollouts
+
+    @property
+    def attempts(self) -> SqliteCollection[Attempt]:
+        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
+        return self._attempts
+
+    @property
+    def spans(self) -> SqliteCollection[Span]:
+        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
+        return self._spans
+
+    @property
+    def resources(self) -> SqliteCollection[ResourcesUpdate]:
+        """Resource snapshots, keyed by ``resources_id``."""
+        return self._resources
+
+    @property
+    def workers(self) -> SqliteCollection[Worker]:
+        """Workers, keyed by ``worker_id``."""
+        return self._workers
+
+    @property
+    def rollout_queue(self) -> SqliteQueue[str]:
+        """FIFO of rollout ids waiting to be dequeued."""
+        return self._queue
+
+    @property
+    def span_sequence_ids(self) -> SqliteKeyValue[str, int]:
+        """Per-rollout span sequence counters."""
+        return self._sequence_ids
+
+    @property
+    def commit_count(self) -> int:
+        """Transactions committed since opening (lower than :attr:`section_count` when commits were grouped)."""
+        return self._db.commits
+
+    @property
+    def section_count(self) -> int:
+        """Write sections run since opening (explicit ``atomic`` sections and single writes)."""
+        return self._db.sections
+
+    @asynccontextmanager
+    async def atomic(
+        self,
+        *,
+        mode: AtomicMode = "rw",
+        snapshot: bool = False,
+        commit: bool = False,
+        labels: Optional[Sequence[AtomicLabels]] = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[SqliteLightningCollections]:
+        """One atomic section.
+
+        ``"w"``/``"rw"`` sections (and ``"r"`` with ``snapshot=True``) run in one SQLite transaction, isolated from
+        every other section and rolled back if the body raises; this returns only once the writes are committed.
+        Plain ``"r"`` sections read the last committed state without taking the write gate. Nested sections join
+        the enclosing one. ``labels`` and ``commit`` need no special handling: one transaction covers every table.
+        """
+        current = _current_section.get()
+        writes = mode != "r" or snapshot
+        if current is not None and current.database is self._db and (current.writes or not writes):
+            yield self
+            return
+        if not writes:
+            token = _current_section.set(_Section(self._db, writes=False))
+            try:
+                yield self
+            finally:
+                _current_section.reset(token)
+            return
+        async with self._db.write_section():
+            yield self
+
+    async def close(self) -> None:
+        """Commit what is pending and close every connection."""
+        await self._db.close()
+
+    def close_sync(self) -> None:
+        """Close from synchronous code when no event loop runs the store any more."""
+        self._db.close_sync()

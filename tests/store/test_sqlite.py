@@ -1,0 +1,536 @@
+"""SQLite collections and store: schema, durability across reopen, group commit, bad files, parity with memory."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from agentbolt.store.collection.memory import InMemoryLightningCollections
+from agentbolt.store.collection.sqlite import (
+    SCHEMA_VERSION,
+    SqliteDatabaseCorruptError,
+    SqliteDatabaseLockedError,
+    SqliteLightningCollections,
+    SqliteSchemaVersionError,
+)
+from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
+from agentbolt.types.tracer import OtelResource, TraceStatus
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def make_span(rollout_id: str, attempt_id: str, span_id: str, sequence_id: int, **fields: Any) -> Span:
+    values: Dict[str, Any] = dict(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id=fields.pop("trace_id", "t" * 32),
+        span_id=span_id,
+        parent_id=fields.pop("parent_id", None),
+        name=fields.pop("name", "llm"),
+        status=TraceStatus(status_code="OK"),
+        attributes=fields.pop("attributes", {"k": 1}),
+        events=[],
+        links=[],
+        start_time=fields.pop("start_time", 1.0),
+        end_time=fields.pop("end_time", 2.0),
+        context=None,
+        parent=None,
+        resource=OtelResource(attributes={}, schema_url=""),
+    )
+    values.update(fields)
+    return Span(**values)
+
+
+@pytest.fixture
+async def sqlite_collections(tmp_path: Path):
+    collections = SqliteLightningCollections(tmp_path / "store.db")
+    yield collections
+    await collections.close()
+
+
+def rows(path: Path, sql: str, params: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+    """Read committed data with an independent connection (what another process would see)."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# schema and files
+
+
+async def test_new_file_gets_schema_version_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    collections = SqliteLightningCollections(path)
+    await collections.close()
+    assert rows(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert rows(path, "PRAGMA journal_mode") == [("wal",)]
+    tables = {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"rollouts", "attempts", "spans", "resources", "workers", "rollout_queue", "span_sequence_ids"} <= tables
+    indexes = {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"spans_pk", "spans_rollout_id_sequence_id", "attempts_pk"} <= indexes
+
+
+async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    collections = SqliteLightningCollections(path)
+    await collections.rollout_queue.enqueue(["ro-1"])
+    await collections.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(SqliteSchemaVersionError, match=r"newer schema version") as info:
+        SqliteLightningCollections(path)
+    assert str(path) in str(info.value)
+    assert rows(path, "SELECT item FROM rollout_queue") == [('"ro-1"',)]
+
+
+async def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (x TEXT)")
+    conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SqliteDatabaseCorruptError, match="not an agentbolt store"):
+        SqliteLightningCollections(path)
+    assert rows(path, "SELECT x FROM notes") == [("keep me",)]
+
+
+async def test_non_sqlite_file_gives_clear_error_and_is_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    content = b"this is not a database at all\n" * 200
+    path.write_bytes(content)
+    with pytest.raises(SqliteDatabaseCorruptError) as info:
+        SqliteLightningCollections(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == content
+
+
+async def test_corrupt_pages_surface_as_typed_error(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.db"
+    collections = SqliteLightningCollections(path)
+    await collections.spans.insert(
+        [make_span("ro-1", "at-1", f"s{i}", i, attributes={"x": "y" * 500}) for i in range(400)]
+    )
+    await collections.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for offset in range(3 * page, len(data) - page, page):  # keep the schema pages, smash the rest
+        data[offset : offset + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    with pytest.raises(SqliteDatabaseCorruptError) as info:
+        reopened = SqliteLightningCollections(path)
+        try:
+            await reopened.spans.query(filter={"rollout_id": {"exact": "ro-1"}})
+        finally:
+            await reopened.close()
+    assert str(path) in str(info.value)
+
+
+async def test_locked_file_gives_clear_error_without_changes(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    collections = SqliteLightningCollections(path)
+    await collections.rollout_queue.enqueue(["ro-a", "ro-b"])
+    await collections.close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sqlite3, sys, time
+                conn = sqlite3.connect({str(path)!r}, isolation_level=None)
+                conn.execute("BEGIN EXCLUSIVE")
+                print("locked", flush=True)
+                sys.stdin.readline()
+                """
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SqliteDatabaseLockedError) as info:
+            SqliteLightningCollections(path, busy_timeout=0.2)
+        assert str(path) in str(info.value)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    reopened = SqliteLightningCollections(path)
+    try:
+        assert await reopened.rollout_queue.peek(10) == ["ro-a", "ro-b"]
+    finally:
+        await reopened.close()
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteLightningCollections(tmp_path / "a.db", synchronous="SOMETIMES")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reader_threads"):
+        SqliteLightningCollections(tmp_path / "a.db", reader_threads=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# transactions
+
+
+async def test_concurrent_sections_are_grouped_and_acknowledged_only_after_commit(tmp_path: Path) -> None:
+    path = tmp_path / "group.db"
+    collections = SqliteLightningCollections(path)
+    seen_committed: List[bool] = []
+
+    async def section(i: int) -> None:
+        async with collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as c:
+            await c.rollouts.insert([Rollout(rollout_id=f"ro-{i:03d}", input=i, start_time=float(i))])
+            await c.rollout_queue.enqueue([f"ro-{i:03d}"])
+            await c.span_sequence_ids.inc("counter", 1)
+        # Acknowledged: an independent connection must already see it.
+        seen_committed.append(
+            rows(path, "SELECT COUNT(*) FROM rollouts WHERE rollout_id = ?", (f"ro-{i:03d}",)) == [(1,)]
+        )
+
+    try:
+        await asyncio.gather(*(section(i) for i in range(60)))
+        assert seen_committed == [True] * 60
+        assert collections.section_count == 60
+        assert 1 <= collections.commit_count < 60  # grouped
+        assert await collections.span_sequence_ids.get("counter") == 60
+        assert await collections.rollout_queue.size() == 60
+    finally:
+        await collections.close()
+
+
+async def test_failed_section_is_rolled_back_while_its_group_commits(
+    sqlite_collections: SqliteLightningCollections,
+) -> None:
+    c = sqlite_collections
+
+    async def good(i: int) -> None:
+        async with c.atomic() as cols:
+            await cols.rollout_queue.enqueue([f"good-{i}"])
+
+    async def bad() -> None:
+        async with c.atomic() as cols:
+            await cols.rollout_queue.enqueue(["bad"])
+            await cols.span_sequence_ids.set("bad", 1)
+            raise RuntimeError("boom")
+
+    results = await asyncio.gather(good(0), bad(), good(1), return_exceptions=True)
+    assert isinstance(results[1], RuntimeError)
+    assert await c.rollout_queue.peek(10) == ["good-0", "good-1"]
+    assert not await c.span_sequence_ids.has("bad")
+
+
+async def test_duplicate_insert_inserts_nothing(sqlite_collections: SqliteLightningCollections) -> None:
+    from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+
+    c = sqlite_collections
+    await c.rollouts.insert([Rollout(rollout_id="ro-1", input=1, start_time=1.0)])
+    with pytest.raises(DuplicatedPrimaryKeyError):
+        await c.rollouts.insert(
+            [Rollout(rollout_id="ro-2", input=2, start_time=2.0), Rollout(rollout_id="ro-1", input=3, start_time=3.0)]
+        )
+    with pytest.raises(DuplicatedPrimaryKeyError):
+        await c.rollouts.insert(
+            [Rollout(rollout_id="ro-3", input=2, start_time=2.0), Rollout(rollout_id="ro-3", input=3, start_time=3.0)]
+        )
+    assert [r.rollout_id for r in await c.rollouts.query()] == ["ro-1"]
+    with pytest.raises(ValueError, match=r"Item does not exist with primary key\(s\): rollout_id='ro-9'"):
+        await c.rollouts.update(
+            [Rollout(rollout_id="ro-1", input=5, start_time=1.0), Rollout(rollout_id="ro-9", input=0, start_time=0.0)]
+        )
+    assert (await c.rollouts.get({"rollout_id": {"exact": "ro-1"}})).input == 1  # type: ignore[union-attr]
+    with pytest.raises(TypeError):
+        await c.rollouts.insert([Worker(worker_id="w")])  # type: ignore[list-item]
+
+
+async def test_reopen_keeps_queue_order_counters_and_items(tmp_path: Path) -> None:
+    path = tmp_path / "reopen.db"
+    first = SqliteLightningCollections(path)
+    await first.rollout_queue.enqueue(["ro-c", "ro-a", "ro-b"])
+    assert await first.rollout_queue.dequeue() == ["ro-c"]
+    await first.span_sequence_ids.chmax("ro-a", 7)
+    assert await first.span_sequence_ids.inc("ro-a", 1) == 8
+    await first.workers.upsert([Worker(worker_id="w1", status="busy")])
+    await first.close()
+
+    second = SqliteLightningCollections(path)
+    try:
+        await second.rollout_queue.enqueue(["ro-d"])
+        assert await second.rollout_queue.peek(10) == ["ro-a", "ro-b", "ro-d"]
+        assert await second.span_sequence_ids.inc("ro-a", 1) == 9
+        assert await second.span_sequence_ids.chmax("ro-a", 3) == 9
+        worker = await second.workers.get({"worker_id": {"exact": "w1"}})
+        assert worker is not None and worker.status == "busy"
+    finally:
+        await second.close()
+
+
+async def test_closed_store_rejects_calls(tmp_path: Path) -> None:
+    collections = SqliteLightningCollections(tmp_path / "closed.db")
+    await collections.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await collections.rollouts.size()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# parity with the in-memory collections
+
+
+def _dataset(seed: int) -> Dict[str, List[Any]]:
+    rng = random.Random(seed)
+    statuses = ["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
+    rollouts = [
+        Rollout(
+            rollout_id=f"ro-{rng.randrange(16**4):04x}{i}",
+            input={"n": i},
+            start_time=float(rng.choice([1, 2, 3, 4])),
+            end_time=rng.choice([None, 5.0, 6.0]),
+            mode=rng.choice([None, "train", "val"]),
+            resources_id=rng.choice([None, "rs-1", "rs-2"]),
+            status=rng.choice(statuses),  # type: ignore[arg-type]
+        )
+        for i in range(40)
+    ]
+    attempts = [
+        Attempt(
+            rollout_id=r.rollout_id,
+            attempt_id=f"at-{j}{rng.randrange(100)}",
+            sequence_id=j + 1,
+            start_time=float(rng.choice([1, 2, 3])),
+            status=rng.choice(["preparing", "running", "failed", "succeeded", "timeout"]),  # type: ignore[arg-type]
+            worker_id=rng.choice([None, "w-1", "w-2"]),
+            last_heartbeat_time=rng.choice([None, 1.5, 2.5]),
+        )
+        for r in rollouts[:25]
+        for j in range(rng.randrange(1, 4))
+    ]
+    spans = [
+        make_span(
+            a.rollout_id,
+            a.attempt_id,
+            f"sp-{k}",
+            rng.randrange(1, 6),
+            name=rng.choice(["llm", "tool", "reward", "agentbolt.reward"]),
+            parent_id=rng.choice([None, "sp-0", "sp-1"]),
+            trace_id=rng.choice(["t" * 32, "a" * 32]),
+            start_time=rng.choice([None, 1.0, 2.0]),
+            attributes={"k": rng.randrange(3)},
+        )
+        for a in attempts
+        for k in range(rng.randrange(0, 5))
+    ]
+    workers = [
+        Worker(
+            worker_id=f"w-{i}",
+            status=rng.choice(["idle", "busy", "unknown"]),  # type: ignore[arg-type]
+            last_idle_time=rng.choice([None, 3.0, 1.0]),
+            current_rollout_id=rng.choice([None, "ro-x"]),
+        )
+        for i in range(12)
+    ]
+    resources = [
+        ResourcesUpdate(
+            resources_id=f"rs-{i}",
+            create_time=1.0,
+            update_time=float(rng.randrange(4)),
+            version=rng.randrange(1, 3),
+            resources={},
+        )
+        for i in range(8)
+    ]
+    return {"rollouts": rollouts, "attempts": attempts, "spans": spans, "workers": workers, "resources": resources}
+
+
+PARITY_QUERIES: Dict[str, List[Dict[str, Any]]] = {
+    "rollouts": [
+        {},
+        {"filter": {"status": {"within": ["running", "queuing"]}}},
+        {"filter": {"status": {"within": []}}},
+        {"filter": {"status": {"exact": "failed"}, "rollout_id": {"contains": "a"}, "_aggregate": "or"}},
+        {
+            "filter": {"rollout_id": {"contains": "1", "within": ["x"]}, "_aggregate": "or"},
+            "sort": {"name": "start_time", "order": "desc"},
+        },
+        {"filter": {"rollout_id": {"contains": "1"}, "_must": {"status": {"within": ["running", "failed"]}}}},
+        {"sort": {"name": "end_time", "order": "asc"}, "limit": 7, "offset": 3},
+        {"sort": {"name": "end_time", "order": "desc"}},
+        {"sort": {"name": "mode", "order": "asc"}},
+        {"sort": {"name": "resources_id", "order": "desc"}, "limit": 0},
+        {"sort": {"name": "status", "order": "asc"}, "offset": 38},
+        {"filter": {"mode": {"exact": "train"}}, "sort": {"name": "rollout_id", "order": "asc"}},
+        {"filter": {"input": {"exact": {"n": 3}}}},  # not a column: evaluated in Python
+        {"filter": {"status": {"exact": 1}}},  # type mismatch: same answer as Python
+        {"sort": {"name": "input", "order": "asc"}},  # no column: sorted in Python
+        {"sort": {"name": "nope", "order": "asc"}},  # unknown field -> ValueError
+        {"limit": -2},  # invalid -> ValueError
+        {"offset": -1},
+    ],
+    "attempts": [
+        {"filter": {"rollout_id": {"exact": "ro-x"}}},
+        {"sort": {"name": "sequence_id", "order": "desc"}},
+        {"filter": {"worker_id": {"within": ["w-1", None]}}, "sort": {"name": "worker_id", "order": "asc"}},
+        {
+            "filter": {"status": {"within": ["failed", "timeout"]}, "worker_id": {"exact": "w-2"}},
+            "sort": {"name": "last_heartbeat_time", "order": "asc"},
+        },
+        {"filter": {"sequence_id": {"exact": 2.0}}},
+        {"filter": {"sequence_id": {"within": [1, True]}}, "sort": {"name": "start_time", "order": "desc"}, "limit": 5},
+    ],
+    "spans": [
+        {"sort": {"name": "sequence_id", "order": "asc"}},
+        {
+            "filter": {"name": {"contains": "reward"}, "parent_id": {"exact": "sp-0"}, "_aggregate": "or"},
+            "sort": {"name": "sequence_id", "order": "desc"},
+        },
+        {"filter": {"parent_id": {"contains": "sp"}, "trace_id": {"exact": "a" * 32}}},
+        {"sort": {"name": "parent_id", "order": "asc"}},
+        {"sort": {"name": "start_time", "order": "desc"}, "limit": 10, "offset": 5},
+        {"filter": {"attributes": {"contains": "k"}}},
+        {"filter": {"name": {"contains": ""}}},
+        {"filter": {"name": {"contains": 3}}},
+    ],
+    "workers": [
+        {
+            "filter": {"status": {"within": ["idle", "busy"]}, "worker_id": {"contains": "1"}, "_aggregate": "or"},
+            "sort": {"name": "last_idle_time", "order": "desc"},
+        },
+        {"sort": {"name": "current_rollout_id", "order": "desc"}},
+    ],
+    "resources": [
+        {"sort": {"name": "update_time", "order": "desc"}},
+        {"filter": {"resources_id": {"exact": "rs-3", "contains": "rs"}}},
+        {"sort": {"name": "version", "order": "asc"}, "limit": 3},
+    ],
+}
+
+
+async def _outcome(collection: Any, query: Dict[str, Any], use_get: bool) -> Any:
+    try:
+        if use_get:
+            item = await collection.get(query.get("filter"), query.get("sort"))
+            return None if item is None else item.model_dump()
+        result = await collection.query(
+            query.get("filter"), query.get("sort"), query.get("limit", -1), query.get("offset", 0)
+        )
+        return (result.total, [item.model_dump() for item in result])
+    except (ValueError, TypeError) as exc:
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_query_parity_with_memory_collections(tmp_path: Path, seed: int) -> None:
+    data = _dataset(seed)
+    memory = InMemoryLightningCollections()
+    sqlite = SqliteLightningCollections(tmp_path / "parity.db")
+    try:
+        for name, items in data.items():
+            for target in (memory, sqlite):
+                collection = getattr(target, name)
+                await collection.insert(items[: len(items) // 2])
+                await collection.insert(items[len(items) // 2 :])
+        # Updates and replacements keep each item's position in insertion order.
+        for target in (memory, sqlite):
+            changed = data["rollouts"][3].model_copy(update={"status": "cancelled"})
+            await target.rollouts.upsert([changed])
+            await target.rollouts.update([data["rollouts"][5]], update_fields=["status"])
+            await target.workers.delete([data["workers"][0]])
+        checked = 0
+        for name, queries in PARITY_QUERIES.items():
+            for query in queries:
+                for use_get in (False, True):
+                    expected = await _outcome(getattr(memory, name), query, use_get)
+                    actual = await _outcome(getattr(sqlite, name), query, use_get)
+                    assert actual == expected, (name, query, use_get)
+                    checked += 1
+        assert checked == 2 * sum(len(q) for q in PARITY_QUERIES.values())
+    finally:
+        await sqlite.close()
+
+
+async def test_upsert_modes_match_memory(tmp_path: Path) -> None:
+    memory = InMemoryLightningCollections()
+    sqlite = SqliteLightningCollections(tmp_path / "upsert.db")
+    try:
+        outcomes: List[List[Any]] = []
+        for target in (memory, sqlite):
+            w = target.workers
+            got: List[Any] = []
+            got.append([x.model_dump() for x in await w.upsert([Worker(worker_id="a", status="idle")])])
+            got.append(
+                [
+                    x.model_dump()
+                    for x in await w.upsert(
+                        [Worker(worker_id="a", status="busy", last_idle_time=4.0)], update_fields=["status"]
+                    )
+                ]
+            )
+            got.append(
+                [
+                    x.model_dump()
+                    for x in await w.upsert([Worker(worker_id="a"), Worker(worker_id="b")], update_fields=[])
+                ]
+            )
+            got.append(
+                [
+                    x.model_dump()
+                    for x in await w.update(
+                        [Worker(worker_id="b", last_busy_time=2.0)], update_fields=["last_busy_time"]
+                    )
+                ]
+            )
+            try:
+                await w.update([Worker(worker_id="a")], update_fields=["bogus"])
+            except ValueError as exc:
+                got.append(type(exc).__name__)
+            got.append([x.model_dump() for x in await w.query()])
+            kv = target.span_sequence_ids
+            got.append(
+                [
+                    await kv.inc("r", 2),
+                    await kv.chmax("r", 1),
+                    await kv.chmax("r", 10),
+                    await kv.pop("r"),
+                    await kv.pop("r", -1),
+                ]
+            )
+            try:
+                await kv.inc("r", True)  # type: ignore[arg-type]
+            except TypeError as exc:
+                got.append(type(exc).__name__)
+            q = target.rollout_queue
+            await q.enqueue(["x", "y", "x"])
+            got.append([await q.has("x"), await q.dequeue(0), await q.dequeue(2), await q.peek(5), await q.size()])
+            try:
+                await q.has(3)  # type: ignore[arg-type]
+            except TypeError as exc:
+                got.append(type(exc).__name__)
+            outcomes.append(got)
+        assert outcomes[0] == outcomes[1]
+    finally:
+        await sqlite.close()
+
+
+async def test_large_within_filter(sqlite_collections: SqliteLightningCollections) -> None:
+    ids = [f"ro-{i}" for i in range(1500)]
+    await sqlite_collections.rollouts.insert([Rollout(rollout_id=i, input=None, start_time=0.0) for i in ids[::3]])
+    result = await sqlite_collections.rollouts.query(filter={"rollout_id": {"within": ids}})
+    assert result.total == 500
