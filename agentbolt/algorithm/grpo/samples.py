@@ -1,0 +1,187 @@
+"""Turn the triplets of finished rollouts into token-level training samples.
+
+Every LLM call of a trained agent becomes one :class:`TokenSample` holding the exact token ids that were sent to and
+returned by the engine, so a multi-turn rollout yields several samples, each scored in its own context. Credit
+assignment decides which scalar reward each sample is trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional, Sequence
+
+from agentbolt.types import Triplet
+
+__all__ = ["SampleStats", "TokenSample", "assign_credit", "parse_logprobs", "triplets_to_samples"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenSample:
+    """One LLM call to train on.
+
+    Attributes:
+        prompt_ids: Token ids of the prompt exactly as the engine saw it (chat template applied).
+        response_ids: Token ids the engine sampled.
+        logprobs: Behaviour log-probability of each response token (untempered log-softmax at sampling time), or
+            None when the engine did not return them; the trainer then recomputes them.
+        reward: Scalar reward this sample is trained on (after credit assignment).
+        group_id: Samples with the same group id come from rollouts of the same task; advantages are relative to it.
+        rollout_id: Rollout the call belongs to.
+        agent_name: Agent that made the call, when the trace names it.
+        advantage: Filled in by :func:`agentbolt.algorithm.grpo.advantages.assign_advantages`.
+    """
+
+    prompt_ids: List[int]
+    response_ids: List[int]
+    logprobs: Optional[List[float]]
+    reward: float
+    group_id: str
+    rollout_id: str
+    agent_name: Optional[str] = None
+    advantage: float = 0.0
+    metadata: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus response length."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class SampleStats:
+    """Counters of what :func:`triplets_to_samples` skipped."""
+
+    calls: int = 0
+    """LLM calls seen in the triplets."""
+    other_agents: int = 0
+    """Calls skipped because their agent does not match ``agent_match``."""
+    missing_tokens: int = 0
+    """Calls skipped because the trace has no prompt or response token ids."""
+    too_long: int = 0
+    """Calls skipped because prompt + response exceed ``max_sequence_length``."""
+    missing_logprobs: int = 0
+    """Kept calls whose behaviour log-probs are missing or malformed (recomputed by the trainer)."""
+
+    def add(self, other: SampleStats) -> None:
+        """Accumulate another counter set into this one."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:
+    """Read per-token log-probs from a triplet's ``response["logprobs"]``.
+
+    Accepts a list of floats or OpenAI-style entries (``{"token": ..., "logprob": x, ...}``), optionally wrapped in a
+    ``{"content": [...]}`` dict. Returns None when the value is absent, malformed, not finite, or does not have one
+    entry per response token.
+    """
+    if isinstance(raw, dict):
+        raw = raw.get("content")
+    if not isinstance(raw, (list, tuple)) or len(raw) != expected_length:
+        return None
+    values: List[float] = []
+    for entry in raw:
+        value = entry.get("logprob") if isinstance(entry, dict) else entry
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        values.append(float(value))
+    return values
+
+
+def _token_ids(part: Any) -> List[int]:
+    ids = part.get("token_ids") if isinstance(part, dict) else None
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return []
+    return list(ids)
+
+
+def _agent_name(triplet: Triplet) -> Optional[str]:
+    name = triplet.metadata.get("agent_name")
+    return name if isinstance(name, str) else None
+
+
+def assign_credit(
+    triplets: Sequence[Triplet], final_reward: float, credit: Literal["final", "per_call"]
+) -> List[float]:
+    """Reward of each call of one rollout.
+
+    Args:
+        triplets: The rollout's calls in order.
+        final_reward: The rollout's final reward.
+        credit: ``"final"`` gives every call ``final_reward``; ``"per_call"`` gives a call the reward matched to it in
+            the trace and falls back to ``final_reward`` for calls without one.
+    """
+    if credit == "final":
+        return [final_reward] * len(triplets)
+    return [final_reward if t.reward is None else float(t.reward) for t in triplets]
+
+
+def triplets_to_samples(
+    triplets: Sequence[Triplet],
+    *,
+    rollout_id: str,
+    group_id: str,
+    final_reward: float,
+    credit: Literal["final", "per_call"] = "final",
+    agent_match: Optional[str] = None,
+    max_sequence_length: Optional[int] = None,
+) -> tuple[List[TokenSample], SampleStats]:
+    """Samples of one finished rollout.
+
+    Args:
+        triplets: The adapter's output for the rollout, in call order.
+        rollout_id: Rollout id, recorded on each sample.
+        group_id: Id shared by all rollouts of the same task.
+        final_reward: The rollout's final reward.
+        credit: Credit rule, see :func:`assign_credit`.
+        agent_match: Regex over agent names; calls of other agents are skipped. A call without an agent name is
+            kept only when ``agent_match`` is None.
+        max_sequence_length: Calls longer than this (prompt + response) are skipped.
+
+    Returns:
+        The samples and counters of skipped calls.
+    """
+    stats = SampleStats(calls=len(triplets))
+    pattern = re.compile(agent_match) if agent_match is not None else None
+    rewards = assign_credit(triplets, final_reward, credit)
+    samples: List[TokenSample] = []
+    for triplet, reward in zip(triplets, rewards, strict=True):
+        agent = _agent_name(triplet)
+        if pattern is not None and (agent is None or not pattern.search(agent)):
+            stats.other_agents += 1
+            continue
+        prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
+        if not prompt_ids or not response_ids:
+            stats.missing_tokens += 1
+            continue
+        if max_sequence_length is not None and len(prompt_ids) + len(response_ids) > max_sequence_length:
+            stats.too_long += 1
+            continue
+        raw_logprobs = triplet.response.get("logprobs") if isinstance(triplet.response, dict) else None
+        logprobs = parse_logprobs(raw_logprobs, len(response_ids))
+        if logprobs is None:
+            stats.missing_logprobs += 1
+        samples.append(
+            TokenSample(
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                logprobs=logprobs,
+                reward=reward,
+                group_id=group_id,
+                rollout_id=rollout_id,
+                agent_name=agent,
+            )
+        )
+    if stats.missing_tokens:
+        logger.warning(
+            "Rollout %s: %d LLM call(s) without token ids were skipped; serve the model through an engine that "
+            "returns prompt and response token ids.",
+            rollout_id,
+            stats.missing_tokens,
+        )
+    return samples, stats

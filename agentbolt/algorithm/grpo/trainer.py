@@ -1,0 +1,422 @@
+"""The torch policy trainer behind GRPO.
+
+:class:`PolicyTrainer` owns the policy (optionally wrapped with PEFT LoRA), the frozen reference used for the KL
+term, an AdamW optimizer over the trainable parameters only, a learning-rate schedule counted in optimizer steps,
+and everything needed to checkpoint and resume exactly (weights or adapter, optimizer, scheduler, step counters and
+every RNG state).
+
+Batches are left-padded with explicit position ids, so each response ends at the last position and the model only
+projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
+(``eval()``) unless ``lora_dropout > 0``, so the training forward is the same function the engine sampled with and the
+importance ratio is exactly 1 before the first update.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
+
+import torch
+
+from agentbolt.algorithm.grpo.config import GRPOConfig
+from agentbolt.algorithm.grpo.loss import entropy_from_logits, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.samples import TokenSample
+
+__all__ = ["PolicyTrainer", "ResponseBatch", "collate", "latest_checkpoint", "lr_multiplier"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECKPOINT_PREFIX = "step_"
+
+
+@dataclass
+class ResponseBatch:
+    """A left-padded batch and its response-aligned views.
+
+    ``targets``, ``response_mask`` and the log-prob tensors have shape ``[B, R]`` with ``R`` the longest response:
+    column ``j`` is the token predicted by the logits at input position ``L - R - 1 + j``, so each response occupies
+    the last ``len(response)`` columns of its row.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    response_mask: torch.Tensor
+
+    @property
+    def response_width(self) -> int:
+        """``R``, the number of response-aligned columns."""
+        return int(self.targets.shape[1])
+
+
+def collate(samples: Sequence[TokenSample], pad_token_id: int = 0) -> ResponseBatch:
+    """Left-pad prompt+response sequences and build the response mask.
+
+    The mask is 1 exactly on the sampled response tokens; prompt tokens and padding are 0.
+    """
+    if not samples:
+        raise ValueError("cannot collate an empty list of samples")
+    length = max(s.num_tokens for s in samples)
+    width = max(len(s.response_ids) for s in samples)
+    batch = len(samples)
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)
+    response_mask = torch.zeros((batch, width), dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        tokens = sample.prompt_ids + sample.response_ids
+        input_ids[row, length - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, length - len(tokens) :] = 1
+        response_mask[row, width - len(sample.response_ids) :] = True
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    targets = input_ids[:, length - width :]
+    return ResponseBatch(input_ids, attention_mask, position_ids, targets, response_mask)
+
+
+def right_aligned(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """Stack 1-D float tensors right-aligned into ``[len(rows), width]`` (zeros on the left)."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, width - len(row) :] = row
+    return out
+
+
+def lr_multiplier(optimizer_step: int, config: GRPOConfig) -> float:
+    """Learning-rate factor after ``optimizer_step`` optimizer steps: linear warmup, then the configured decay."""
+    warmup = config.warmup_steps
+    if warmup and optimizer_step < warmup:
+        return (optimizer_step + 1) / (warmup + 1)
+    if config.lr_scheduler == "constant":
+        return 1.0
+    total = config.estimated_optimizer_steps()
+    progress = min(1.0, (optimizer_step - warmup) / max(1, total - warmup))
+    floor = config.min_lr_ratio
+    if config.lr_scheduler == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
+    """The complete checkpoint with the highest step in ``checkpoint_dir`` (None if there is none)."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
+    found = []
+    for child in root.iterdir():
+        suffix = child.name[len(CHECKPOINT_PREFIX) :]
+        if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / "trainer_state.json").exists():
+            found.append((int(suffix), child))
+    return max(found)[1] if found else None
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class PolicyTrainer:
+    """GRPO policy optimisation on a causal LM.
+
+    Args:
+        model: A transformers causal LM (a ``PeftModel`` is used as is). With ``finetune="lora"`` it is wrapped with
+            fresh LoRA adapters; with ``"full"`` all its weights train.
+        config: Optimisation options (see :class:`GRPOConfig`).
+        pad_token_id: Id used for padding (masked out, any valid id works).
+    """
+
+    def __init__(self, model: Any, config: GRPOConfig, *, pad_token_id: int = 0) -> None:
+        self.config = config
+        self.pad_token_id = pad_token_id
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        model = model.to(_DTYPES[config.dtype])
+        self.ref_model: Optional[Any] = None
+        if config.finetune == "lora":
+            self.model = self._with_lora(model)
+        else:
+            self.model = model
+            for param in self.model.parameters():
+                param.requires_grad_(True)
+            if config.kl_coef > 0:
+                import copy
+
+                self.ref_model = copy.deepcopy(model).eval()
+                for param in self.ref_model.parameters():
+                    param.requires_grad_(False)
+        self.model.eval()
+        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.trainable_parameters:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters,
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(step, config))
+        self.global_step = 0
+        self.optimizer_steps = 0
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self._unwrapped_forward()).parameters
+
+    # ------------------------------------------------------------------------------------------------ model set-up
+    def _with_lora(self, model: Any) -> Any:
+        try:
+            from peft import LoraConfig, PeftModel, get_peft_model
+        except ImportError as exc:  # pragma: no cover - peft is part of the train extra
+            raise ImportError("LoRA training needs peft: pip install 'agentbolt[train]'") from exc
+        if isinstance(model, PeftModel):
+            return model
+        lora = LoraConfig(
+            r=self.config.lora_r,
+            lora_alpha=self.config.lora_alpha,
+            lora_dropout=self.config.lora_dropout,
+            target_modules=self.config.lora_target_modules,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+
+    def _unwrapped_forward(self) -> Any:
+        model = self.model
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        return model.forward
+
+    @property
+    def uses_lora(self) -> bool:
+        """True when the trained parameters are LoRA adapters."""
+        return self.config.finetune == "lora"
+
+    # ---------------------------------------------------------------------------------------------------- forwards
+    def _response_logits(self, model: Any, batch: ResponseBatch) -> torch.Tensor:
+        """Logits ``[B, R, V]`` predicting the response-aligned targets."""
+        width = batch.response_width
+        kwargs: Dict[str, Any] = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+            "use_cache": False,
+        }
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = width + 1
+        logits = model(**kwargs).logits
+        return logits[:, -(width + 1) : -1, :]
+
+    def _reference_context(self) -> ContextManager[Any]:
+        return self.model.disable_adapter() if self.uses_lora else nullcontext()
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[TokenSample], *, reference: bool = False) -> List[torch.Tensor]:
+        """Log-prob of every response token under the current policy (or the frozen reference).
+
+        Returns:
+            One float32 tensor of length ``len(sample.response_ids)`` per sample.
+        """
+        model = self.ref_model if (reference and self.ref_model is not None) else self.model
+        context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
+        out: List[torch.Tensor] = []
+        with context:
+            for chunk in _chunks(samples, self.config.micro_batch_size):
+                batch = collate(chunk, self.pad_token_id)
+                logp = token_logprobs(self._response_logits(model, batch), batch.targets)
+                for row, sample in enumerate(chunk):
+                    out.append(logp[row, batch.response_width - len(sample.response_ids) :].clone())
+        return out
+
+    # -------------------------------------------------------------------------------------------------- update
+    def train_step(self, samples: Sequence[TokenSample]) -> Dict[str, float]:
+        """One GRPO update on samples whose ``advantage`` is set.
+
+        Behaviour log-probs are taken from the samples (recomputed where missing or when ``recompute_logprobs``);
+        reference log-probs are computed once when ``kl_coef > 0``. Then ``ppo_epochs`` passes over shuffled
+        minibatches, one optimizer step per minibatch, gradients accumulated over micro-batches.
+
+        Returns:
+            Metrics: ``loss``, ``pg_loss``, ``kl``, ``clip_fraction``, ``entropy``, ``ratio_mean``,
+            ``first_minibatch_ratio_max_dev`` (max |ratio - 1| in the first minibatch of the first epoch: 0 up to
+            float error when behaviour log-probs match the training forward), ``grad_norm``, ``lr``,
+            ``optimizer_steps``, ``samples``, ``response_tokens``, ``update_tokens``, ``update_seconds``,
+            ``tokens_per_second``.
+        """
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        config = self.config
+        started = time.perf_counter()
+        to_recompute = [i for i, s in enumerate(samples) if config.recompute_logprobs or s.logprobs is None]
+        old: List[Optional[torch.Tensor]] = [
+            None if s.logprobs is None else torch.tensor(s.logprobs, dtype=torch.float32) for s in samples
+        ]
+        if to_recompute:
+            fresh = self.compute_logprobs([samples[i] for i in to_recompute])
+            for i, logp in zip(to_recompute, fresh, strict=True):
+                old[i] = logp
+        ref = self.compute_logprobs(samples, reference=True) if config.kl_coef > 0 else None
+
+        training_mode = config.lora_dropout > 0
+        self.model.train(training_mode)
+        totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0}
+        grad_norms: List[float] = []
+        first_dev = 0.0
+        minibatch = config.minibatch_size or len(samples)
+        try:
+            for epoch in range(config.ppo_epochs):
+                order = torch.randperm(len(samples), generator=self.generator).tolist()
+                for mb_index, mb in enumerate(_chunks(order, minibatch)):
+                    normalizer = float(sum(len(samples[i].response_ids) for i in mb))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for micro in _chunks(mb, config.micro_batch_size):
+                        chunk = [samples[i] for i in micro]
+                        batch = collate(chunk, self.pad_token_id)
+                        logits = self._response_logits(self.model, batch)
+                        logp = token_logprobs(logits, batch.targets)
+                        width = batch.response_width
+                        parts = policy_loss(
+                            logp,
+                            right_aligned([old[i] for i in micro], width),  # type: ignore[misc]
+                            torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32),
+                            batch.response_mask,
+                            clip_low=config.clip_low,
+                            clip_high=config.clip_high,
+                            normalizer=normalizer,
+                            ref_logp=None if ref is None else right_aligned([ref[i] for i in micro], width),
+                            kl_coef=config.kl_coef,
+                        )
+                        parts.loss.backward()
+                        with torch.no_grad():
+                            entropy = entropy_from_logits(logits.detach())
+                            totals["entropy"] += float((entropy * batch.response_mask).sum())
+                            if epoch == 0 and mb_index == 0:
+                                old_aligned = right_aligned([old[i] for i in micro], width)  # type: ignore[misc]
+                                dev = (torch.exp(logp.detach() - old_aligned) - 1.0).abs()[batch.response_mask]
+                                first_dev = max(first_dev, float(dev.max()) if dev.numel() else 0.0)
+                        totals["loss"] += float(parts.loss.detach()) * normalizer
+                        totals["pg"] += parts.pg_sum
+                        totals["kl"] += parts.kl_sum
+                        totals["ratio"] += parts.ratio_sum
+                        totals["clipped"] += parts.clipped_tokens
+                        totals["tokens"] += parts.tokens
+                    grad_norms.append(self._clip_and_step())
+        finally:
+            self.model.eval()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        elapsed = time.perf_counter() - started
+        tokens = max(totals["tokens"], 1.0)
+        update_tokens = float(sum(s.num_tokens for s in samples) * config.ppo_epochs)
+        return {
+            "loss": totals["loss"] / tokens,
+            "pg_loss": totals["pg"] / tokens,
+            "kl": totals["kl"] / tokens,
+            "clip_fraction": totals["clipped"] / tokens,
+            "entropy": totals["entropy"] / tokens,
+            "ratio_mean": totals["ratio"] / tokens,
+            "first_minibatch_ratio_max_dev": first_dev,
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": self.scheduler.get_last_lr()[0],
+            "optimizer_steps": float(self.optimizer_steps),
+            "samples": float(len(samples)),
+            "response_tokens": float(sum(len(s.response_ids) for s in samples)),
+            "update_tokens": update_tokens,
+            "update_seconds": elapsed,
+            "tokens_per_second": update_tokens / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def _clip_and_step(self) -> float:
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in self.trainable_parameters if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(norm)
+
+    # ---------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(
+        self, checkpoint_dir: str | os.PathLike[str], extra_state: Optional[Dict[str, Any]] = None
+    ) -> Path:
+        """Write ``checkpoint_dir/step_{global_step:06d}`` atomically and return its path.
+
+        Contents: ``adapter/`` (PEFT format, loadable by vLLM ``--lora-modules``) or ``model.safetensors``,
+        ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (counters plus ``extra_state``).
+        """
+        from safetensors.torch import save_model
+
+        root = Path(checkpoint_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{CHECKPOINT_PREFIX}{self.global_step:06d}"
+        staging = root / f".{final.name}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        if self.uses_lora:
+            self.model.save_pretrained(str(staging / "adapter"))
+        else:
+            save_model(self.model, str(staging / "model.safetensors"))
+        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+        torch.save(
+            {"python": random.getstate(), "torch": torch.get_rng_state(), "generator": self.generator.get_state()},
+            staging / "rng.pt",
+        )
+        state = {
+            "global_step": self.global_step,
+            "optimizer_steps": self.optimizer_steps,
+            "finetune": self.config.finetune,
+            "extra": extra_state or {},
+        }
+        (staging / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        logger.info("Saved checkpoint %s", final)
+        return final
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Dict[str, Any]:
+        """Restore weights, optimizer, scheduler, counters and RNG states from a checkpoint directory.
+
+        Returns:
+            The ``extra_state`` saved with the checkpoint.
+        """
+        from safetensors.torch import load_file, load_model
+
+        path = Path(path)
+        state_file = path / "trainer_state.json"
+        if not state_file.exists():
+            raise FileNotFoundError(f"{path} is not a checkpoint (no trainer_state.json)")
+        state = json.loads(state_file.read_text())
+        if state.get("finetune") != self.config.finetune:
+            raise ValueError(f"checkpoint {path} was saved with finetune={state.get('finetune')!r}")
+        if self.uses_lora:
+            from peft import set_peft_model_state_dict
+
+            weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+            result = set_peft_model_state_dict(self.model, weights)
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"adapter in {path} does not fit the model: {result.unexpected_keys[:3]}")
+        else:
+            load_model(self.model, str(path / "model.safetensors"))
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        self.generator.set_state(rng["generator"])
+        self.global_step = int(state["global_step"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
+        return dict(state.get("extra") or {})

@@ -1,0 +1,197 @@
+"""Credit assignment, group advantages, the clipped loss, k3 KL and config validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from agentbolt.algorithm.grpo.advantages import assign_advantages, group_advantages
+from agentbolt.algorithm.grpo.config import GRPOConfig
+from agentbolt.algorithm.grpo.loss import entropy_from_logits, k3_kl, masked_mean, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.samples import TokenSample, parse_logprobs, triplets_to_samples
+from agentbolt.types import Triplet
+
+
+def _triplet(prompt, response, *, reward=None, agent=None, logprobs=None) -> Triplet:
+    resp = {"token_ids": response}
+    if logprobs is not None:
+        resp["logprobs"] = logprobs
+    return Triplet(prompt={"token_ids": prompt}, response=resp, reward=reward, metadata={"agent_name": agent})
+
+
+# ---------------------------------------------------------------------------------------------------- advantages
+def test_group_advantages_ordinary_and_all_equal_groups() -> None:
+    values = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 3.0, 1.0]
+    groups = ["a", "a", "a", "a", "b", "b", "b", "b", "c", "c"]
+    advantages, n_groups, n_zero = group_advantages(values, groups, mode="std", eps=1e-6)
+    assert (n_groups, n_zero) == (3, 1)
+    # group a: mean 0.5, population std 0.5
+    assert advantages[:4] == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    assert advantages[4:8] == [None] * 4
+    assert advantages[8:] == pytest.approx([1.0, -1.0], abs=1e-5)
+    mean_only, _, _ = group_advantages(values, groups, mode="mean")
+    assert mean_only[:4] == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert mean_only[8:] == pytest.approx([1.0, -1.0])
+    assert sum(a for a in advantages if a is not None) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_group_advantages_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="3 values but 2 group ids"):
+        group_advantages([1.0, 2.0, 3.0], ["a", "b"])
+
+
+def _sample(rollout: str, group: str, reward: float) -> TokenSample:
+    return TokenSample([1], [2], None, reward, group, rollout)
+
+
+def test_final_credit_counts_each_rollout_once_and_skips_all_equal_groups() -> None:
+    # Rollout r1 made three calls, r2 one: the group statistics must not be weighted by call count.
+    samples = [_sample("r1", "t1", 1.0)] * 3 + [_sample("r2", "t1", 0.0)]
+    samples = [TokenSample(s.prompt_ids, s.response_ids, None, s.reward, s.group_id, s.rollout_id) for s in samples]
+    samples += [_sample("r3", "t2", 1.0), _sample("r4", "t2", 1.0)]
+    kept, stats = assign_advantages(samples, credit="final", mode="std", eps=0.0)
+    assert [s.advantage for s in kept] == pytest.approx([1.0, 1.0, 1.0, -1.0])
+    assert (stats.groups, stats.zero_variance_groups, stats.kept_samples, stats.skipped_samples) == (2, 1, 4, 2)
+
+
+def test_per_call_credit_normalises_calls() -> None:
+    samples = [_sample("r1", "t", 1.0), _sample("r1", "t", 0.0), _sample("r2", "t", 0.0), _sample("r2", "t", 0.0)]
+    kept, stats = assign_advantages(samples, credit="per_call", mode="mean")
+    assert [s.advantage for s in kept] == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    assert stats.zero_variance_groups == 0
+
+
+# ------------------------------------------------------------------------------------------------------- samples
+def test_every_call_of_the_trained_agent_becomes_a_sample() -> None:
+    triplets = [
+        _triplet([1, 2], [3], agent="planner", logprobs=[{"token": "a", "logprob": -0.5}]),
+        _triplet([1, 2, 3, 4], [5, 6], agent="executor", logprobs=[-0.1, -0.2]),
+        _triplet([1, 2, 3, 4, 5, 6], [7, 8], agent="planner", reward=0.25, logprobs={"content": [-0.3, -0.4]}),
+        _triplet([], [9], agent="planner"),
+    ]
+    samples, stats = triplets_to_samples(
+        triplets, rollout_id="ro", group_id="task", final_reward=1.0, agent_match="^plan"
+    )
+    assert [s.prompt_ids for s in samples] == [[1, 2], [1, 2, 3, 4, 5, 6]]
+    assert [s.logprobs for s in samples] == [[-0.5], [-0.3, -0.4]]
+    assert [s.reward for s in samples] == [1.0, 1.0]
+    assert (stats.calls, stats.other_agents, stats.missing_tokens) == (4, 1, 1)
+
+    per_call, _ = triplets_to_samples(triplets, rollout_id="ro", group_id="task", final_reward=1.0, credit="per_call")
+    assert [s.reward for s in per_call] == [1.0, 1.0, 0.25]
+    assert all(s.group_id == "task" and s.rollout_id == "ro" for s in per_call)
+
+
+def test_long_calls_are_dropped_not_truncated() -> None:
+    samples, stats = triplets_to_samples(
+        [_triplet([1] * 5, [2] * 3), _triplet([1] * 2, [2] * 2)],
+        rollout_id="r",
+        group_id="g",
+        final_reward=0.0,
+        max_sequence_length=6,
+    )
+    assert [s.num_tokens for s in samples] == [4]
+    assert stats.too_long == 1
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [None, [-0.1], [-0.1, "x"], [-0.1, float("nan")], [{"token": "a"}, {"logprob": -1.0}], [True, -1.0], "bad"],
+)
+def test_malformed_logprobs_are_treated_as_missing(raw) -> None:
+    assert parse_logprobs(raw, 2) is None
+
+
+def test_missing_logprobs_are_counted() -> None:
+    _, stats = triplets_to_samples(
+        [_triplet([1], [2, 3], logprobs=[-1.0])], rollout_id="r", group_id="g", final_reward=0.0
+    )
+    assert stats.missing_logprobs == 1
+
+
+# ---------------------------------------------------------------------------------------------------------- loss
+def test_clipped_objective_per_token() -> None:
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 2.0]]))
+    mask = torch.tensor([[True, True, True, False]])
+    positive = policy_loss(logp, old, torch.tensor([2.0]), mask, clip_low=0.2, clip_high=0.3, normalizer=3)
+    # A>0: min(r*A, clip(r)*A) -> [1.3*2, 0.5*2, 1.1*2]; token-mean over the 3 masked tokens.
+    assert float(positive.loss) == pytest.approx(-(2.6 + 1.0 + 2.2) / 3, rel=1e-6)
+    assert positive.clipped_tokens == 1 and positive.tokens == 3
+    negative = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_low=0.2, clip_high=0.3, normalizer=3)
+    # A<0: min(-r, -clip(r)) -> [-1.5, -0.8, -1.1]
+    assert float(negative.loss) == pytest.approx((1.5 + 0.8 + 1.1) / 3, rel=1e-6)
+    assert negative.clipped_tokens == 1
+
+
+def test_clipped_tokens_get_no_gradient() -> None:
+    logp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)
+    parts = policy_loss(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+        clip_low=0.2,
+        clip_high=0.2,
+        normalizer=2,
+    )
+    parts.loss.backward()
+    assert logp.grad[0, 0] == 0  # ratio 1.5 > 1.2 with A > 0: clipped
+    assert logp.grad[0, 1] == pytest.approx(-1.1 / 2)
+
+
+def test_k3_kl_and_its_use_in_the_loss() -> None:
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    assert torch.allclose(k3_kl(logp, logp), torch.zeros(1, 3))
+    ref = torch.tensor([[-1.5, -1.0, -0.5]])
+    kl = k3_kl(logp, ref)
+    assert (kl >= 0).all()
+    assert float(kl[0, 0]) == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    base = policy_loss(logp, logp, torch.tensor([0.0]), mask, clip_low=0.2, clip_high=0.2, normalizer=3)
+    with_kl = policy_loss(
+        logp, logp, torch.tensor([0.0]), mask, clip_low=0.2, clip_high=0.2, normalizer=3, ref_logp=ref, kl_coef=0.1
+    )
+    assert float(with_kl.loss - base.loss) == pytest.approx(0.1 * float(kl.sum()) / 3, rel=1e-6)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, logp, torch.tensor([0.0]), mask, clip_low=0.2, clip_high=0.2, normalizer=3, kl_coef=0.1)
+
+
+def test_logprobs_entropy_and_masked_mean() -> None:
+    logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
+    targets = torch.tensor([[2, 1]])
+    expected = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(token_logprobs(logits, targets), expected)
+    assert float(entropy_from_logits(logits)[0, 1]) == pytest.approx(math.log(3))
+    assert float(masked_mean(torch.tensor([1.0, 5.0, 3.0]), torch.tensor([True, False, True]))) == 2.0
+    assert float(masked_mean(torch.tensor([1.0]), torch.tensor([False]))) == 0.0
+
+
+# -------------------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"group_size": 1},
+        {"clip_low": 1.0},
+        {"lora_dropout": -0.1},
+        {"advantage_mode": "median"},
+        {"lora_target_modules": []},
+        {"adam_betas": (0.9, 1.0)},
+        {"tensorboard": True},
+        {"unknown_option": 1},
+        {"dtype": "int8"},
+    ],
+)
+def test_config_rejects_bad_values(bad) -> None:
+    with pytest.raises(ValidationError):
+        GRPOConfig(**bad)
+
+
+def test_config_estimates_the_decay_length() -> None:
+    config = GRPOConfig(batch_size=4, group_size=4, minibatch_size=8, ppo_epochs=2, max_steps=10)
+    assert config.samples_per_step == 16
+    assert config.estimated_optimizer_steps() == 10 * 2 * 2
+    assert GRPOConfig(total_optimizer_steps=7).estimated_optimizer_steps() == 7
