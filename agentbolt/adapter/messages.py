@@ -1,0 +1,284 @@
+"""Turn traced LLM calls into OpenAI chat conversations (messages plus tool definitions).
+
+Each LLM-call span carrying ``gen_ai.*`` attributes becomes one :class:`OpenAIMessages` entry: the request messages,
+the assistant's reply (with the tool calls it made) and the tools that were offered. The result can be written as
+JSONL for supervised fine-tuning or fed to prompt optimization. The ``openai`` package is only needed for the type
+annotations; nothing here imports it at run time.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Mapping, Optional, Sequence, Set, TypedDict, Union
+
+from agentbolt.semconv import GEN_AI_COMPLETION, GEN_AI_PROMPT, GEN_AI_RESPONSE_ID
+from agentbolt.types import Span
+from agentbolt.utils.otel import filter_and_unflatten_attributes
+
+from .base import TraceAdapter
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+
+__all__ = [
+    "OpenAIMessages",
+    "group_genai_dict",
+    "convert_to_openai_messages",
+    "get_tool_calls",
+    "TraceToMessages",
+]
+
+_GEN_AI_REQUEST = "gen_ai.request"
+_GEN_AI_RESPONSE = "gen_ai.response"
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+class OpenAIMessages(TypedDict):
+    """One conversation: OpenAI chat messages and the function tools that were available (None if none)."""
+
+    messages: List[ChatCompletionMessageParam]
+    tools: Optional[List[ChatCompletionFunctionToolParam]]
+
+
+def _sparse_lists(value: Any) -> Any:
+    """Turn dicts whose keys are all digits into lists ordered by index (recursively)."""
+    if isinstance(value, list):
+        return [_sparse_lists(v) for v in value]
+    if isinstance(value, dict):
+        converted = {k: _sparse_lists(v) for k, v in value.items()}
+        if converted and all(str(k).isdigit() for k in converted):
+            return [converted[k] for k in sorted(converted, key=lambda k: int(k))]
+        return converted
+    return value
+
+
+def group_genai_dict(data: Mapping[str, Any], prefix: str) -> Union[Dict[str, Any], List[Any]]:
+    """Nest the dotted keys under ``prefix.``: ``{"p.0.role": "user"}`` with prefix ``"p"`` -> ``[{"role": "user"}]``.
+
+    Levels whose keys are all numbers become lists ordered by index (gaps allowed).
+
+    Args:
+        data: Flat attributes.
+        prefix: The key prefix (without the trailing dot).
+
+    Returns:
+        The nested dict or list; ``{}`` when no key is under the prefix.
+    """
+    dotted = prefix + "."
+    nested = {key: value for key, value in data.items() if key.startswith(dotted)}
+    if not nested:
+        return {}
+    return _sparse_lists(filter_and_unflatten_attributes(nested, prefix))
+
+
+def _decode_json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _as_list(value: Any) -> List[Any]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict) and not value:
+        return []
+    return [value]
+
+
+def _tool_call(raw: Any) -> Dict[str, Any]:
+    """An OpenAI function tool call from ``{id, type?, function: {name, arguments}}`` or ``{id, name, arguments}``."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"A tool call must be a dict, got {type(raw).__name__}: {raw!r}")
+    function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"A tool call must have a function name: {raw!r}")
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    call_id = raw.get("id")
+    return {
+        "id": call_id if isinstance(call_id, str) else "",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _content(value: Any) -> Any:
+    """Message content: text, or a list of content parts (also when recorded as a JSON string)."""
+    if value is None or isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        if value.startswith("["):
+            decoded = _decode_json(value)
+            if isinstance(decoded, list) and all(isinstance(p, dict) and "type" in p for p in decoded):
+                return decoded
+        return value
+    if isinstance(value, dict):  # content parts flattened with numeric keys
+        return _sparse_lists(value) if all(str(k).isdigit() for k in value) else json.dumps(value)
+    return str(value)
+
+
+def _message(raw: Any, *, default_role: Optional[str] = None) -> Dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"A chat message must be a dict, got {type(raw).__name__}: {raw!r}")
+    role = raw.get("role", default_role)
+    if role not in _ROLES:
+        raise ValueError(f"Invalid chat message role {role!r}; expected one of {sorted(_ROLES)}.")
+    message: Dict[str, Any] = {"role": role, "content": _content(raw.get("content"))}
+    if role == "tool":
+        call_id = raw.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise ValueError(f"A tool message needs a tool_call_id: {raw!r}")
+        message["tool_call_id"] = call_id
+        if message["content"] is None:
+            message["content"] = ""
+    elif role in ("system", "developer", "user") and message["content"] is None:
+        message["content"] = ""
+    name = raw.get("name")
+    if isinstance(name, str) and name and role in ("system", "developer", "user", "assistant", "function"):
+        message["name"] = name
+    if role == "assistant" and raw.get("tool_calls"):
+        message["tool_calls"] = [_tool_call(call) for call in _as_list(raw["tool_calls"])]
+    return message
+
+
+def _function_tool(raw: Any) -> Dict[str, Any]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ValueError(f"A function definition must be a dict with a name: {raw!r}")
+    function: Dict[str, Any] = {"name": raw["name"]}
+    if isinstance(raw.get("description"), str):
+        function["description"] = raw["description"]
+    if raw.get("parameters") is not None:
+        parameters = _decode_json(raw["parameters"])
+        if not isinstance(parameters, dict):
+            raise ValueError(f"The parameters of function {raw['name']!r} must be a JSON object: {parameters!r}")
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def convert_to_openai_messages(list_of_raw: Sequence[Mapping[str, Any]]) -> Generator[OpenAIMessages, None, None]:
+    """Build conversations from grouped ``gen_ai`` data.
+
+    Args:
+        list_of_raw: One dict per LLM call with ``prompt`` (list of messages), ``completion`` (list of choices),
+            ``request`` (dict; ``functions`` lists the tools offered), ``response`` (dict) and optionally
+            ``tool_calls`` (tool calls recorded as child spans, attached to the reply that has none of its own).
+
+    Yields:
+        One :class:`OpenAIMessages` per call.
+
+    Raises:
+        ValueError: On malformed messages, tool calls or function definitions.
+    """
+    for raw in list_of_raw:
+        messages = [_message(m) for m in raw.get("prompt") or []]
+        replies = [_message(c, default_role="assistant") for c in raw.get("completion") or []]
+        child_calls = list(raw.get("tool_calls") or [])
+        if child_calls:
+            target = next((r for r in reversed(replies) if r["role"] == "assistant"), None)
+            if target is None:
+                target = {"role": "assistant", "content": None}
+                replies.append(target)
+            target.setdefault("tool_calls", [_tool_call(call) for call in child_calls])
+        functions = (raw.get("request") or {}).get("functions")
+        tools = [_function_tool(f) for f in _as_list(functions)] if functions else None
+        yield OpenAIMessages(messages=messages + replies, tools=tools)  # type: ignore[typeddict-item]
+
+
+def get_tool_calls(completion: Span, all_spans: Sequence[Span], /) -> List[Dict[str, Any]]:
+    """Tool calls recorded as direct child spans of an LLM-call span (``tool.name``, ``tool.parameters``,
+    ``tool.call.id``, ``tool.call.type``).
+
+    Args:
+        completion: The LLM-call span.
+        all_spans: All spans of the trace.
+
+    Returns:
+        OpenAI-style tool calls ``{"id", "type", "function": {"name", "arguments"}}`` in span order.
+    """
+    calls: List[Dict[str, Any]] = []
+    for span in all_spans:
+        if span.parent_id != completion.span_id or span is completion:
+            continue
+        tool = group_genai_dict(span.attributes, "tool")
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        call = tool.get("call") if isinstance(tool.get("call"), dict) else {}
+        calls.append(
+            {
+                "id": call.get("id") if isinstance(call.get("id"), str) else "",
+                "type": call.get("type") if isinstance(call.get("type"), str) else "function",
+                "function": {"name": tool["name"], "arguments": tool.get("parameters", "")},
+            }
+        )
+    return calls
+
+
+def _has_genai_data(attributes: Mapping[str, Any]) -> bool:
+    prefixes = tuple(p + "." for p in (GEN_AI_PROMPT, GEN_AI_COMPLETION, _GEN_AI_REQUEST, _GEN_AI_RESPONSE))
+    return any(key.startswith(prefixes) for key in attributes)
+
+
+class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
+    """One OpenAI conversation per traced LLM call, ready for SFT datasets or prompt optimization.
+
+    Works with any span carrying ``gen_ai.prompt`` / ``gen_ai.completion`` attributes: the tracer's
+    ``openai.chat.completion`` spans as well as the LLM gateway's ``agentbolt.llm_call`` spans. When the same call was
+    recorded twice (same ``gen_ai.response.id``), it is kept once.
+    """
+
+    def adapt(self, source: Sequence[Span], /) -> List[OpenAIMessages]:
+        """Convert the spans of one rollout.
+
+        Args:
+            source: The spans (store order).
+
+        Returns:
+            The conversations in span order.
+
+        Raises:
+            ValueError: If a span's ``gen_ai`` data has the wrong shape (prompt/completion not lists, request/response
+                not dicts) or holds malformed messages.
+        """
+        raw_calls: List[Dict[str, Any]] = []
+        seen: Set[str] = set()
+        for span in source:
+            attrs = span.attributes
+            if not _has_genai_data(attrs):
+                continue
+            response_id = attrs.get(GEN_AI_RESPONSE_ID)
+            if isinstance(response_id, str) and response_id:
+                if response_id in seen:
+                    continue
+                seen.add(response_id)
+            prompt = group_genai_dict(attrs, GEN_AI_PROMPT) or []
+            completion = group_genai_dict(attrs, GEN_AI_COMPLETION) or []
+            request = group_genai_dict(attrs, _GEN_AI_REQUEST)
+            response = group_genai_dict(attrs, _GEN_AI_RESPONSE)
+            for label, value, expected in (
+                ("gen_ai.prompt", prompt, list),
+                ("gen_ai.completion", completion, list),
+                ("gen_ai.request", request, dict),
+                ("gen_ai.response", response, dict),
+            ):
+                if not isinstance(value, expected):
+                    raise ValueError(
+                        f"Span {span.span_id} ({span.name}): {label} must be a {expected.__name__}, "
+                        f"got {type(value).__name__}."
+                    )
+            if not prompt and not completion:
+                continue
+            raw_calls.append(
+                {
+                    "prompt": prompt,
+                    "completion": completion,
+                    "request": request,
+                    "response": response,
+                    "tool_calls": get_tool_calls(span, source),
+                }
+            )
+        return list(convert_to_openai_messages(raw_calls))

@@ -1,0 +1,904 @@
+"""Turn traces into ``(prompt, response, reward)`` triplets for reinforcement learning.
+
+Two adapters live here:
+
+* :class:`TracerTraceToTriplet` reads the spans recorded by the agent-side tracer. It rebuilds the span tree
+  (:class:`TraceTree`), optionally repairs broken parent links, finds the LLM-call spans (optionally only those of
+  selected agents), and assigns rewards to them.
+* :class:`LlmProxyTraceToTriplet` reads the spans recorded by an LLM gateway, which carry token ids straight from
+  the inference backend (no re-tokenization).
+
+LLM gateway span format
+-----------------------
+The agentbolt gateway records exactly one span per LLM call (streaming included) and stores it under the rollout and
+attempt named in the request URL (``/rollout/{rollout_id}/attempt/{attempt_id}/v1/...``), with a sequence id
+allocated when the request arrives. The key names are constants in :mod:`agentbolt.semconv`.
+
+=============================================  ====================================================================
+span name                                      ``agentbolt.llm_call`` (:data:`~agentbolt.semconv.AGL_LLM_CALL`)
+``gen_ai.request.model``                       model requested by the client
+``gen_ai.request.functions.<i>.*``             tools offered (``name``, ``description``, ``parameters`` as JSON)
+``gen_ai.response.id``                         completion id (de-duplication key)
+``gen_ai.response.model``                      model that answered
+``gen_ai.prompt.<i>.*``                        request messages (``role``, ``content``, ``tool_call_id``,
+                                               ``tool_calls.<j>.id/type/function.name/function.arguments``)
+``gen_ai.completion.<i>.*``                    choices (``role``, ``content``, ``finish_reason``, ``tool_calls...``)
+``gen_ai.usage.input_tokens`` / ``output_tokens``  token counts
+``prompt_token_ids``                           list[int], the prompt as the backend tokenized it
+``response_token_ids``                         list[int], tokens of the first choice
+``response_logprobs``                          list[float], one per response token (when the backend returns them)
+``agentbolt.llm.agent_name``                   optional; the calling agent (copied from the
+                                               ``x-agentbolt-agent-name`` request header)
+=============================================  ====================================================================
+
+:class:`LlmProxyTraceToTriplet` also reads the layouts of the reference's LiteLLM-based proxy
+(``raw_gen_ai_request`` spans with ``llm.hosted_vllm.*`` attributes, ``litellm_request`` spans).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import re
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+
+from pydantic import BaseModel
+
+from agentbolt.semconv import (
+    AGL_LLM_CALL,
+    AGL_OPERATION,
+    AGL_REWARD,
+    AGL_VIRTUAL,
+    GEN_AI_COMPLETION,
+    GEN_AI_PROMPT,
+    GEN_AI_RESPONSE_ID,
+    LLM_AGENT_NAME,
+    PROMPT_TOKEN_IDS,
+    RESPONSE_LOGPROBS,
+    RESPONSE_TOKEN_IDS,
+    LightningSpanAttributes,
+)
+from agentbolt.types import Span, Triplet
+
+from .base import TraceToTripletBase
+from .messages import group_genai_dict
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+
+__all__ = [
+    "RewardMatchPolicy",
+    "Transition",
+    "TraceTree",
+    "TracerTraceToTriplet",
+    "LlmProxyTraceToTriplet",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LLM_CALL_MATCH = r"openai\.chat\.completion"
+VIRTUAL_ROOT_ID = "virtual-root"
+
+_OPERATION_NAME = LightningSpanAttributes.OPERATION_NAME.value
+_OPERATION_INPUT = LightningSpanAttributes.OPERATION_INPUT.value
+_OPERATION_OUTPUT = LightningSpanAttributes.OPERATION_OUTPUT.value
+
+_PROMPT_TOKEN_KEYS = (PROMPT_TOKEN_IDS, f"{_OPERATION_OUTPUT}.prompt_token_ids")
+_RESPONSE_TOKEN_KEYS = (
+    RESPONSE_TOKEN_IDS,
+    f"{_OPERATION_OUTPUT}.response_token_ids.0",
+    f"{_OPERATION_OUTPUT}.choices.0.token_ids",
+    f"{_OPERATION_OUTPUT}.choices.0.provider_specific_fields.token_ids",
+)
+_RESPONSE_ID_KEYS = (GEN_AI_RESPONSE_ID, f"{_OPERATION_OUTPUT}.id")
+_LOGPROBS_CONTENT = "logprobs.content"
+
+
+class RewardMatchPolicy(str, Enum):
+    """How reward spans are assigned to LLM calls."""
+
+    FIRST_SIBLING = "first_sibling"
+    """A reward goes to the latest finished LLM call among its siblings in the span tree."""
+    FIRST_OCCURRENCE = "first_occurrence"
+    """A reward goes to the latest LLM call (anywhere in the trace) that finished before the reward started."""
+
+
+class Transition(BaseModel):
+    """One token-level transition: state (prompt tokens), action (response tokens) and reward."""
+
+    state: List[int]
+    action: List[int]
+    response_id: Optional[str]
+    agent_name: str
+    reward: Optional[float]
+
+
+# -- attribute helpers ----------------------------------------------------------------------------------------------
+
+
+def _as_token_ids(value: Any) -> Optional[List[int]]:
+    """``value`` as a list of ints (lists, tuples, or their string repr), else None."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            return None
+    if isinstance(value, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return list(value)
+    return None
+
+
+def _first_token_ids(attributes: Dict[str, Any], keys: Iterable[str]) -> Optional[List[int]]:
+    for key in keys:
+        ids = _as_token_ids(attributes.get(key))
+        if ids is not None:
+            return ids
+    return None
+
+
+def _first_str(attributes: Dict[str, Any], keys: Iterable[str]) -> Optional[str]:
+    for key in keys:
+        value = attributes.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _unflatten_first(attributes: Dict[str, Any], prefixes: Iterable[str]) -> Any:
+    """The nested value under the first prefix that has dotted keys below it, else None."""
+    for prefix in prefixes:
+        value = group_genai_dict(attributes, prefix)
+        if value:
+            return value
+    return None
+
+
+def _response_id(span: Span) -> Optional[str]:
+    return _first_str(span.attributes, _RESPONSE_ID_KEYS)
+
+
+def _as_float_list(value: Any) -> Optional[List[float]]:
+    if isinstance(value, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        return [float(x) for x in value]
+    return None
+
+
+def _response_logprobs(span: Span) -> Optional[List[Any]]:
+    """Logprobs of the response: the parsed ``logprobs.content`` JSON (OpenAI's per-token entries) when present,
+    else the gateway's ``response_logprobs`` floats."""
+    raw = span.attributes.get(_LOGPROBS_CONTENT)
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            logger.warning("Span %s has an invalid %r attribute (not JSON); logprobs omitted.", span.span_id, raw[:80])
+        else:
+            if isinstance(parsed, list):
+                return parsed
+            logger.warning("Span %s: %r is not a JSON list; logprobs omitted.", span.span_id, _LOGPROBS_CONTENT)
+    return _as_float_list(span.attributes.get(RESPONSE_LOGPROBS))
+
+
+def span_reward_value(span: Span) -> Optional[float]:
+    """The primary reward recorded on ``span``, or None when it is not a reward span.
+
+    Uses :func:`agentbolt.emitter.reward.get_reward_value`, and also reads the output of a legacy
+    ``agentlightning.operation`` span named ``agentlightning.reward``.
+    """
+    from agentbolt.emitter.reward import get_reward_value
+
+    value = get_reward_value(span)
+    if value is None and _is_reward_operation(span):
+        output = span.attributes.get(_OPERATION_OUTPUT)
+        if isinstance(output, (int, float)) and not isinstance(output, bool):
+            value = float(output)
+    return value
+
+
+def _is_reward_operation(span: Span) -> bool:
+    return span.name == AGL_OPERATION and span.attributes.get(_OPERATION_NAME) == AGL_REWARD
+
+
+def _message_image_urls(message: Any) -> List[str]:
+    if not isinstance(message, dict):
+        return []
+    content = message.get("content")
+    if isinstance(content, str):
+        try:
+            content = json.loads(content)
+        except json.JSONDecodeError:
+            return []
+    if isinstance(content, dict):  # parts flattened into numeric keys
+        content = [content[k] for k in sorted(content, key=_index_key)]
+    if not isinstance(content, list):
+        return []
+    urls: List[str] = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if isinstance(url, str):
+                urls.append(url)
+    return urls
+
+
+def _index_key(key: Any) -> Tuple[int, Union[int, str]]:
+    text = str(key)
+    return (0, int(text)) if text.isdigit() else (1, text)
+
+
+def _time_or(value: Optional[float], default: float) -> float:
+    return default if value is None else value
+
+
+# -- trace tree -----------------------------------------------------------------------------------------------------
+
+
+class TraceTree:
+    """A span and its children: the tree structure of one rollout's trace.
+
+    Args:
+        id: The node id (the span id, or ``"virtual-root"`` for a synthetic root).
+        span: The span at this node.
+        children: Child nodes, in chronological / input order.
+    """
+
+    def __init__(self, id: str, span: Span, children: Optional[List[TraceTree]] = None) -> None:
+        self.id = id
+        self.span = span
+        self.children: List[TraceTree] = children if children is not None else []
+
+    def __repr__(self) -> str:
+        return f"TraceTree(id={self.id!r}, name={self.span.name!r}, children={len(self.children)})"
+
+    @property
+    def start_time(self) -> Optional[float]:
+        """Start time of the span (seconds since the epoch), if known."""
+        return self.span.start_time
+
+    @property
+    def end_time(self) -> Optional[float]:
+        """End time of the span (seconds since the epoch), if known."""
+        return self.span.end_time
+
+    # -- structure -----------------------------------------------------------------------------------------------
+
+    def find_id(self, id: str) -> Optional[TraceTree]:
+        """The node with this id in the subtree, or None."""
+        for node in self.traverse():
+            if node.id == id:
+                return node
+        return None
+
+    def add_child(self, child: TraceTree) -> None:
+        """Append a child node."""
+        self.children.append(child)
+
+    def traverse(self) -> List[TraceTree]:
+        """All nodes of the subtree in pre-order (depth first, parents before children)."""
+        nodes: List[TraceTree] = []
+        stack: List[TraceTree] = [self]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(reversed(node.children))
+        return nodes
+
+    def names_tuple(self) -> Tuple[str, List[Any]]:
+        """``(name, [children's tuples])``; agent spans get an ``" [agent]"`` suffix. Handy in tests and logs."""
+        name = self.span.name
+        if self.agent_name() is not None:
+            name += " [agent]"
+        return (name, [child.names_tuple() for child in self.children])
+
+    def to_json(self) -> Dict[str, Any]:
+        """The subtree as JSON-compatible dicts: ``{"id", "span", "children"}``."""
+        return {
+            "id": self.id,
+            "span": self.span.model_dump(),
+            "children": [child.to_json() for child in self.children],
+        }
+
+    def visualize(self, filename: str, interested_span_match: Optional[str] = None) -> None:
+        """Render the tree to ``<filename>.png`` with graphviz.
+
+        Args:
+            filename: Output path without extension.
+            interested_span_match: Regex; only spans whose name matches (and their ancestors) are drawn.
+
+        Raises:
+            ImportError: If the ``graphviz`` Python package is not installed (the ``dot`` program is needed too).
+        """
+        try:
+            import graphviz
+        except ImportError as exc:
+            raise ImportError(
+                "TraceTree.visualize needs the `graphviz` Python package and the Graphviz `dot` program: "
+                "pip install graphviz (and install Graphviz from your package manager)."
+            ) from exc
+
+        pattern = re.compile(interested_span_match) if interested_span_match is not None else None
+        keep: Set[str] = set()
+
+        def mark(node: TraceTree) -> bool:
+            interesting = pattern is None or bool(pattern.search(node.span.name))
+            for child in node.children:
+                interesting = mark(child) or interesting
+            if interesting:
+                keep.add(node.id)
+            return interesting
+
+        mark(self)
+        graph = graphviz.Digraph(comment="Trace tree")
+        for node in self.traverse():
+            if node.id not in keep:
+                continue
+            label = node.span.name
+            agent = node.agent_name()
+            if agent is not None:
+                label += f"\n[agent: {agent}]"
+            graph.node(node.id, label)
+            for child in node.children:
+                if child.id in keep:
+                    graph.edge(node.id, child.id)
+        graph.render(filename, format="png", cleanup=True)
+
+    @classmethod
+    def from_spans(cls, spans: List[Span]) -> TraceTree:
+        """Build the tree of ``spans`` from their parent ids.
+
+        Spans whose parent is missing hang under a virtual node standing for that parent; several roots hang under
+        a synthetic ``"virtual-root"`` node. Children keep the input order.
+
+        Args:
+            spans: The spans of one rollout (any order).
+
+        Returns:
+            The root node.
+
+        Raises:
+            ValueError: If ``spans`` is empty or no span is a root (cyclic parent links).
+        """
+        if not spans:
+            raise ValueError("No spans provided to create TraceTree.")
+        nodes: Dict[str, TraceTree] = {}
+        ordered: List[TraceTree] = []
+        for span in spans:
+            if span.span_id in nodes:
+                logger.warning("Duplicate span id %s in trace; keeping the first occurrence.", span.span_id)
+                continue
+            node = cls(span.span_id, span)
+            nodes[span.span_id] = node
+            ordered.append(node)
+
+        # Parents that are referenced but missing become virtual nodes spanning their children.
+        orphans: Dict[str, List[TraceTree]] = {}
+        for node in ordered:
+            parent_id = node.span.parent_id
+            if parent_id is not None and parent_id != node.id and parent_id not in nodes:
+                orphans.setdefault(parent_id, []).append(node)
+        for parent_id, children in orphans.items():
+            first = children[0].span
+            starts = [c.start_time for c in children if c.start_time is not None]
+            ends = [c.end_time for c in children if c.end_time is not None]
+            virtual = Span.from_attributes(
+                attributes={},
+                span_id=parent_id,
+                name=AGL_VIRTUAL,
+                rollout_id=first.rollout_id,
+                attempt_id=first.attempt_id,
+                sequence_id=first.sequence_id,
+                trace_id=first.trace_id,
+                start_time=min(starts) if starts else None,
+                end_time=max(ends) if ends else None,
+            )
+            node = cls(parent_id, virtual)
+            nodes[parent_id] = node
+            ordered.append(node)
+
+        roots: List[TraceTree] = []
+        for node in ordered:
+            parent_id = node.span.parent_id
+            if parent_id is None or parent_id == node.id:
+                roots.append(node)
+            else:
+                nodes[parent_id].add_child(node)
+        if not roots:
+            raise ValueError("No root span found: the spans' parent links form a cycle.")
+        if len(roots) == 1:
+            return roots[0]
+        starts = [r.start_time for r in roots if r.start_time is not None]
+        ends = [r.end_time for r in roots if r.end_time is not None]
+        first = roots[0].span
+        root_span = Span.from_attributes(
+            attributes={},
+            span_id=VIRTUAL_ROOT_ID,
+            name=VIRTUAL_ROOT_ID,
+            rollout_id=first.rollout_id,
+            attempt_id=first.attempt_id,
+            sequence_id=first.sequence_id,
+            trace_id=first.trace_id,
+            start_time=min(starts) if starts else None,
+            end_time=max(ends) if ends else None,
+        )
+        return cls(VIRTUAL_ROOT_ID, root_span, roots)
+
+    def repair_hierarchy(self) -> None:
+        """Re-attach top-level spans to the span that encloses them in time.
+
+        Spans recorded in another thread, process or service often lose their parent link and end up as roots.
+        Starting from the first node with more than one child, each direct child is moved under the tightest other
+        node (outside its own subtree) whose time range contains it with a positive total slack.
+        """
+        node = self
+        while len(node.children) == 1:
+            node = node.children[0]
+        for child in list(node.children):
+            if child.start_time is None or child.end_time is None:
+                continue
+            own_subtree = {n.id for n in child.traverse()}
+            best: Optional[TraceTree] = None
+            best_slack = float("inf")
+            for candidate in node.traverse():
+                if candidate is node or candidate.id in own_subtree:
+                    continue
+                start, end = candidate.start_time, candidate.end_time
+                if start is None or end is None or start > child.start_time or end < child.end_time:
+                    continue
+                slack = (child.start_time - start) + (end - child.end_time)
+                if 0 < slack < best_slack:
+                    best, best_slack = candidate, slack
+            if best is not None:
+                node.children.remove(child)
+                best._insert_chronologically(child)
+
+    def _insert_chronologically(self, child: TraceTree) -> None:
+        start = _time_or(child.start_time, float("inf"))
+        index = len(self.children)
+        while index > 0 and _time_or(self.children[index - 1].start_time, float("-inf")) > start:
+            index -= 1
+        self.children.insert(index, child)
+
+    # -- semantics -----------------------------------------------------------------------------------------------
+
+    def agent_name(self) -> Optional[str]:
+        """The agent this span represents, if it is an agent span (as recorded by common agent frameworks)."""
+        attrs = self.span.attributes
+
+        def text(key: str) -> Optional[str]:
+            value = attrs.get(key)
+            return value if isinstance(value, str) and value else None
+
+        name = text("agent.name")
+        if name is not None:
+            return name
+        if attrs.get("agentops.span.kind") == "agent" and text("operation.name") is not None:
+            return text("operation.name")
+        for key in ("recipient_agent_type", "langchain.chain.type", "executor.id"):
+            name = text(key)
+            if name is not None:
+                return name
+        if attrs.get("type") == "agent" and text(f"{_OPERATION_INPUT}.name") is not None:
+            return text(f"{_OPERATION_INPUT}.name")
+        prefix = "langchain.Chain."
+        if self.span.name.startswith(prefix) and len(self.span.name) > len(prefix):
+            return self.span.name[len(prefix) :]
+        return None
+
+    def maybe_reward_dict(self) -> Dict[str, Any]:
+        """``{"type": "reward", "value": v}`` when this is a reward span, else ``{}``."""
+        value = span_reward_value(self.span)
+        return {"type": "reward", "value": value} if value is not None else {}
+
+    def is_reward_span(self) -> bool:
+        """Whether this span records a reward."""
+        return _is_reward_operation(self.span) or bool(self.maybe_reward_dict())
+
+    def response_id(self) -> Optional[str]:
+        """The response id of an LLM-call span, if recorded."""
+        return _response_id(self.span)
+
+    def find_llm_calls(
+        self,
+        *,
+        llm_call_match: str,
+        agent_match: Optional[str],
+        within_matching_subtree: Optional[str] = None,
+        within_reward: Optional[bool] = None,
+        within_llm_call: Optional[bool] = None,
+        existing_llm_call_response_ids: Optional[Set[str]] = None,
+    ) -> List[Tuple[TraceTree, str]]:
+        """LLM-call nodes of the subtree (depth-first order) with the name of the agent that made each call.
+
+        Args:
+            llm_call_match: Regex (``re.search``) on span names identifying LLM calls.
+            agent_match: Regex on agent names; only calls made inside a matching agent's subtree are kept. An LLM
+                span carrying ``agentbolt.llm.agent_name`` is attributed to that agent instead. None keeps all calls.
+            within_matching_subtree: Name of the enclosing matching agent (``""`` for "no agent, but everything
+                matches"); None when outside any matching agent.
+            within_reward: None disables the check; otherwise calls nested under a reward span are skipped.
+            within_llm_call: None disables de-duplication; otherwise calls are de-duplicated by response id and a
+                nested call without a response id under an accepted call is skipped.
+            existing_llm_call_response_ids: Response ids already accepted (shared across the recursion).
+
+        Returns:
+            ``(node, agent_name)`` pairs.
+        """
+        if agent_match is None and within_matching_subtree is None:
+            within_matching_subtree = ""
+        if within_llm_call is not None and existing_llm_call_response_ids is None:
+            existing_llm_call_response_ids = set()
+
+        agent = self.agent_name()
+        if agent is not None:
+            within_matching_subtree = agent if agent_match is None or re.search(agent_match, agent) else None
+        if within_reward is not None and self.is_reward_span():
+            within_reward = True
+
+        results: List[Tuple[TraceTree, str]] = []
+        if not within_reward and re.search(llm_call_match, self.span.name):
+            call_agent = within_matching_subtree
+            own_agent = self.span.attributes.get(LLM_AGENT_NAME)
+            if isinstance(own_agent, str) and own_agent:
+                call_agent = own_agent if agent_match is None or re.search(agent_match, own_agent) else None
+            if call_agent is not None:
+                accepted = True
+                if existing_llm_call_response_ids is not None:
+                    response_id = self.response_id()
+                    if response_id is None:
+                        accepted = not within_llm_call
+                    elif response_id in existing_llm_call_response_ids:
+                        accepted = False
+                    else:
+                        existing_llm_call_response_ids.add(response_id)
+                if accepted:
+                    results.append((self, call_agent))
+                    if within_llm_call is not None:
+                        within_llm_call = True
+
+        for child in self.children:
+            results.extend(
+                child.find_llm_calls(
+                    llm_call_match=llm_call_match,
+                    agent_match=agent_match,
+                    within_matching_subtree=within_matching_subtree,
+                    within_reward=within_reward,
+                    within_llm_call=within_llm_call,
+                    existing_llm_call_response_ids=existing_llm_call_response_ids,
+                )
+            )
+        return results
+
+    def match_rewards(self, reward_match: str, llm_calls: List[TraceTree]) -> Dict[str, Optional[float]]:
+        """Assign each reward span of the tree to at most one LLM call.
+
+        A reward goes to the LLM call that ended most recently at or before the reward's start and has no reward
+        yet; rewards are taken in chronological order. With ``first_sibling`` only siblings of the reward compete.
+
+        Args:
+            reward_match: A :class:`RewardMatchPolicy` value.
+            llm_calls: The LLM-call nodes that may receive rewards.
+
+        Returns:
+            LLM-call node id -> reward (None for calls that received none).
+        """
+        policy = RewardMatchPolicy(reward_match)
+        call_ids = {call.id for call in llm_calls}
+        assigned: Dict[str, Optional[float]] = {call.id: None for call in llm_calls}
+        if policy == RewardMatchPolicy.FIRST_OCCURRENCE:
+            groups = [self.traverse()]
+        else:
+            groups = [node.children for node in self.traverse()]
+        for group in groups:
+            calls = [n for n in group if n.id in call_ids and n.end_time is not None]
+            rewards = []
+            for n in group:
+                value = n.maybe_reward_dict().get("value")
+                if value is not None and n.id not in call_ids:
+                    rewards.append((n, value))
+            rewards.sort(key=lambda item: _time_or(item[0].start_time, float("inf")))
+            for reward_node, value in rewards:
+                reward_start = _time_or(reward_node.start_time, float("inf"))
+                candidates = [
+                    c for c in calls if assigned[c.id] is None and c.end_time is not None and c.end_time <= reward_start
+                ]
+                if candidates:
+                    target = max(candidates, key=lambda c: (c.end_time, _time_or(c.start_time, 0.0)))
+                    assigned[target.id] = value
+        return assigned
+
+    @staticmethod
+    def extract_prompt_image_urls(prompt_raw_content: Any) -> List[str]:
+        """Image URLs in the prompt's messages (``image_url`` content parts).
+
+        Args:
+            prompt_raw_content: A list of messages, or a dict of messages keyed by index (or a single message).
+
+        Returns:
+            The URLs in message order; malformed entries are skipped.
+        """
+        if isinstance(prompt_raw_content, dict):
+            if prompt_raw_content and all(str(k).isdigit() for k in prompt_raw_content):
+                messages = [prompt_raw_content[k] for k in sorted(prompt_raw_content, key=_index_key)]
+            else:
+                messages = [prompt_raw_content]
+        elif isinstance(prompt_raw_content, list):
+            messages = prompt_raw_content
+        else:
+            return []
+        urls: List[str] = []
+        for message in messages:
+            urls.extend(_message_image_urls(message))
+        return urls
+
+    def span_to_triplet(self, span: Span, agent_name: str) -> Triplet:
+        """Convert one LLM-call span into a triplet (reward left empty).
+
+        Args:
+            span: The LLM-call span.
+            agent_name: The agent that made the call (``""`` if unknown).
+
+        Returns:
+            ``Triplet(prompt={"token_ids", "raw_content", "image_urls"}, response={"token_ids", "raw_content"[,
+            "logprobs"]}, metadata={"request", "response", "response_id", "agent_name"})``.
+        """
+        attrs = dict(span.attributes)
+        prompt_ids = _first_token_ids(attrs, _PROMPT_TOKEN_KEYS) or []
+        response_ids = _first_token_ids(attrs, _RESPONSE_TOKEN_KEYS) or []
+        prompt_raw = _unflatten_first(attrs, (GEN_AI_PROMPT, f"{_OPERATION_INPUT}.messages"))
+        response_raw = _unflatten_first(attrs, (GEN_AI_COMPLETION, f"{_OPERATION_OUTPUT}.choices"))
+
+        request = _unflatten_first(attrs, ("gen_ai.request", _OPERATION_INPUT))
+        if isinstance(request, dict):
+            request.pop("messages", None)
+        response_meta = _unflatten_first(attrs, ("gen_ai.response", _OPERATION_OUTPUT))
+        if isinstance(response_meta, dict):
+            for key in ("choices", "prompt_token_ids", "response_token_ids"):
+                response_meta.pop(key, None)
+
+        response: Dict[str, Any] = {"token_ids": response_ids, "raw_content": response_raw}
+        logprobs = _response_logprobs(span)
+        if logprobs is not None:
+            response["logprobs"] = logprobs
+        return Triplet(
+            prompt={
+                "token_ids": prompt_ids,
+                "raw_content": prompt_raw,
+                "image_urls": self.extract_prompt_image_urls(prompt_raw),
+            },
+            response=response,
+            reward=None,
+            metadata={
+                "request": request if request is not None else {},
+                "response": response_meta if response_meta is not None else {},
+                "response_id": _response_id(span),
+                "agent_name": agent_name,
+            },
+        )
+
+    def to_trajectory(
+        self,
+        llm_call_match: str = DEFAULT_LLM_CALL_MATCH,
+        agent_match: Optional[str] = None,
+        exclude_llm_call_in_reward: bool = True,
+        dedup_llm_call: bool = True,
+        reward_match: RewardMatchPolicy = RewardMatchPolicy.FIRST_OCCURRENCE,
+        final_reward: Optional[float] = None,
+        _skip_empty_token_spans: bool = False,
+    ) -> List[Triplet]:
+        """The triplets of the tree's LLM calls, in depth-first order, with rewards assigned.
+
+        Args:
+            llm_call_match: Regex on span names identifying LLM calls.
+            agent_match: Regex selecting the agents whose calls are kept (None keeps all).
+            exclude_llm_call_in_reward: Skip LLM calls made inside reward spans (e.g. an LLM judge).
+            dedup_llm_call: Keep one call per response id (instrumentations at several levels may record the same
+                call).
+            reward_match: How rewards are assigned to calls.
+            final_reward: If given, overrides the reward of the last triplet.
+            _skip_empty_token_spans: Drop calls without prompt or response token ids.
+
+        Returns:
+            The triplets.
+        """
+        calls = self.find_llm_calls(
+            llm_call_match=llm_call_match,
+            agent_match=agent_match,
+            within_reward=False if exclude_llm_call_in_reward else None,
+            within_llm_call=False if dedup_llm_call else None,
+        )
+        pairs = [(node, self.span_to_triplet(node.span, agent)) for node, agent in calls]
+        if _skip_empty_token_spans:
+            pairs = [(n, t) for n, t in pairs if t.prompt["token_ids"] and t.response["token_ids"]]
+        rewards = self.match_rewards(reward_match, [node for node, _ in pairs])
+        triplets: List[Triplet] = []
+        for node, triplet in pairs:
+            triplet.reward = rewards.get(node.id)
+            triplets.append(triplet)
+        if final_reward is not None and triplets:
+            triplets[-1].reward = final_reward
+        return triplets
+
+
+# -- adapters -------------------------------------------------------------------------------------------------------
+
+
+def _to_spans(source: Sequence[Union[Span, ReadableSpan]]) -> List[Span]:
+    return [s if isinstance(s, Span) else Span.from_opentelemetry(s, "dummy", "dummy", 0) for s in source]
+
+
+class TracerTraceToTriplet(TraceToTripletBase):
+    """Triplets from the agent-side tracer's spans: one per LLM call, rewards from reward spans.
+
+    Args:
+        repair_hierarchy: Re-attach spans that lost their parent to the span enclosing them in time.
+        llm_call_match: Regex on span names identifying LLM calls.
+        agent_match: Regex on agent names; only calls made by matching agents are kept (None keeps all). This
+            selects which agents of a multi-agent system are trained.
+        exclude_llm_call_in_reward: Skip LLM calls made inside reward computations.
+        reward_match: How reward spans are assigned to LLM calls.
+        _skip_empty_token_spans: Drop calls without prompt or response token ids.
+    """
+
+    def __init__(
+        self,
+        repair_hierarchy: bool = True,
+        llm_call_match: str = DEFAULT_LLM_CALL_MATCH,
+        agent_match: Optional[str] = None,
+        exclude_llm_call_in_reward: bool = True,
+        reward_match: RewardMatchPolicy = RewardMatchPolicy.FIRST_OCCURRENCE,
+        _skip_empty_token_spans: bool = False,
+    ) -> None:
+        self.repair_hierarchy = repair_hierarchy
+        self.llm_call_match = llm_call_match
+        self.agent_match = agent_match
+        self.exclude_llm_call_in_reward = exclude_llm_call_in_reward
+        self.reward_match = RewardMatchPolicy(reward_match)
+        self._skip_empty_token_spans = _skip_empty_token_spans
+        for pattern in (llm_call_match, agent_match):
+            if pattern is not None:
+                re.compile(pattern)  # fail early on an invalid regex
+
+    def _tree(self, source: Sequence[Union[Span, ReadableSpan]]) -> TraceTree:
+        tree = TraceTree.from_spans(_to_spans(source))
+        if self.repair_hierarchy:
+            tree.repair_hierarchy()
+        return tree
+
+    def adapt(self, source: Sequence[Union[Span, ReadableSpan]], /) -> List[Triplet]:  # type: ignore[override]
+        """Convert the spans of one rollout (store spans or OpenTelemetry spans) into triplets.
+
+        Args:
+            source: The spans; an empty trace gives no triplets.
+
+        Returns:
+            The triplets in call order.
+        """
+        if not source:
+            return []
+        return self._tree(source).to_trajectory(
+            llm_call_match=self.llm_call_match,
+            agent_match=self.agent_match,
+            exclude_llm_call_in_reward=self.exclude_llm_call_in_reward,
+            reward_match=self.reward_match,
+            _skip_empty_token_spans=self._skip_empty_token_spans,
+        )
+
+    def visualize(
+        self,
+        source: Sequence[Union[Span, ReadableSpan]],
+        /,
+        filename: str = "trace_tree",
+        interested_span_match: Optional[str] = None,
+    ) -> TraceTree:
+        """Build (and repair) the tree of ``source``, render it to ``<filename>.png`` and return it."""
+        tree = self._tree(source)
+        tree.visualize(filename, interested_span_match=interested_span_match)
+        return tree
+
+
+_GATEWAY_SPAN_MATCH = r"^(raw_gen_ai_request|litellm_request|" + re.escape(AGL_LLM_CALL) + r")$"
+_VLLM = "llm.hosted_vllm"
+
+
+def _literal(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                return None
+    return value
+
+
+def _gateway_token_ids(span: Span) -> Tuple[Optional[List[int]], Optional[List[int]]]:
+    attrs = span.attributes
+    if span.name == "raw_gen_ai_request":
+        prompt = _as_token_ids(attrs.get(f"{_VLLM}.prompt_token_ids"))
+        response: Optional[List[int]] = None
+        nested = _literal(attrs.get(f"{_VLLM}.response_token_ids"))
+        if isinstance(nested, (list, tuple)) and nested:
+            response = _as_token_ids(nested[0])
+        if response is None:
+            choices = _literal(attrs.get(f"{_VLLM}.choices"))
+            if isinstance(choices, (list, tuple)) and choices and isinstance(choices[0], dict):
+                response = _as_token_ids(choices[0].get("token_ids"))
+        return prompt, response
+    return _as_token_ids(attrs.get(PROMPT_TOKEN_IDS)), _as_token_ids(attrs.get(RESPONSE_TOKEN_IDS))
+
+
+class LlmProxyTraceToTriplet(TraceToTripletBase):
+    """Triplets from LLM-gateway spans, with token ids (and logprobs) exactly as the backend produced them.
+
+    Reads agentbolt gateway spans (``agentbolt.llm_call``, see the module docs) and the reference LiteLLM proxy's
+    ``raw_gen_ai_request`` / ``litellm_request`` spans. Calls are ordered by sequence id and de-duplicated by
+    response id; each reward span goes to the latest earlier call without a reward.
+
+    Args:
+        agent_match: Regex on agent names; only matching agents' calls are kept (None keeps all). A call's agent is
+            the span's ``agentbolt.llm.agent_name`` or, when absent, the nearest enclosing agent span of the
+            rollout's tracer spans (by parent link, or by time when the gateway span has no parent).
+    """
+
+    def __init__(self, agent_match: Optional[str] = None) -> None:
+        self.agent_match = agent_match
+        if agent_match is not None:
+            re.compile(agent_match)
+
+    def adapt(self, source: Sequence[Span], /) -> List[Triplet]:
+        """Convert the spans of one rollout into triplets, in call order.
+
+        Args:
+            source: The rollout's spans (gateway spans, plus tracer spans for rewards and agent structure).
+
+        Returns:
+            One triplet per LLM call that has both prompt and response token ids.
+        """
+        if not source:
+            return []
+        spans = sorted(source, key=lambda s: (s.sequence_id, _time_or(s.start_time, 0.0)))
+        tree = TraceTree.from_spans(spans)
+        tree.repair_hierarchy()
+        call_agents = {
+            node.id: agent
+            for node, agent in tree.find_llm_calls(llm_call_match=_GATEWAY_SPAN_MATCH, agent_match=self.agent_match)
+        }
+
+        items: List[Tuple[Span, Triplet]] = []
+        seen_ids: Set[str] = set()
+        rewards: List[Tuple[Span, float]] = []
+        for span in spans:
+            if span.span_id in call_agents:
+                prompt_ids, response_ids = _gateway_token_ids(span)
+                if prompt_ids is None or response_ids is None:
+                    continue
+                request_id = _first_str(span.attributes, (GEN_AI_RESPONSE_ID, f"{_VLLM}.id"))
+                if request_id is not None:
+                    if request_id in seen_ids:
+                        continue
+                    seen_ids.add(request_id)
+                response: Dict[str, Any] = {"token_ids": response_ids}
+                logprobs = _as_float_list(span.attributes.get(RESPONSE_LOGPROBS))
+                if logprobs is not None:
+                    response["logprobs"] = logprobs
+                triplet = Triplet(
+                    prompt={"token_ids": prompt_ids},
+                    response=response,
+                    metadata={"response_id": request_id, "agent_name": call_agents[span.span_id]},
+                )
+                items.append((span, triplet))
+                continue
+            value = span_reward_value(span)
+            if value is not None:
+                rewards.append((span, value))
+
+        for reward_span, value in rewards:
+            for span, triplet in reversed(items):
+                if span.sequence_id < reward_span.sequence_id and triplet.reward is None:
+                    triplet.reward = value
+                    break
+        return [triplet for _, triplet in items]
