@@ -1,0 +1,231 @@
+"""Decorators turning plain functions into :class:`~agentbolt.litagent.LitAgent` instances.
+
+The decorated function receives the task as its first argument; the other arguments are injected by parameter
+name, each resolved from the rollout's resources by type:
+
+* ``llm``: the first :class:`~agentbolt.types.LLM` resource (a :class:`~agentbolt.types.ProxyLLM` counts, and is
+  bound to the rollout's attempt unless ``strip_proxy=False``);
+* ``prompt_template``: the first :class:`~agentbolt.types.PromptTemplate` resource;
+* ``rollout``: the :class:`~agentbolt.types.Rollout` being executed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Dict, List, Optional, TypeVar, Union, overload
+
+from agentbolt.types import LLM, AttemptedRollout, NamedResources, PromptTemplate, ProxyLLM, Rollout, RolloutRawResult
+
+from .litagent import LitAgent
+
+__all__ = ["FunctionalLitAgent", "llm_rollout", "prompt_rollout", "rollout"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RolloutFunc = Callable[..., Any]
+
+
+def _parameter_names(func: Callable[..., Any]) -> List[str]:
+    return list(inspect.signature(func).parameters)
+
+
+class FunctionalLitAgent(LitAgent[T]):
+    """A :class:`LitAgent` backed by a rollout function (sync or async).
+
+    Args:
+        rollout_func: The function; its first parameter receives the task, the parameters named ``llm``,
+            ``prompt_template`` and ``rollout`` receive the matching resources / the rollout.
+        strip_proxy: Convert a :class:`~agentbolt.types.ProxyLLM` into a plain LLM bound to the current attempt.
+    """
+
+    def __init__(self, rollout_func: RolloutFunc, *, strip_proxy: bool = True) -> None:
+        super().__init__()
+        self._rollout_func = rollout_func
+        self._strip_proxy = strip_proxy
+        self._is_async = inspect.iscoroutinefunction(rollout_func)
+        self._parameters = set(_parameter_names(rollout_func))
+        functools.update_wrapper(self, rollout_func)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function directly."""
+        return self._rollout_func(*args, **kwargs)
+
+    def is_async(self) -> bool:
+        """Whether the wrapped function is a coroutine function."""
+        return self._is_async
+
+    def _accepts_rollout(self) -> bool:
+        return "rollout" in self._parameters
+
+    def _accepts_llm(self) -> bool:
+        return "llm" in self._parameters
+
+    def _accepts_prompt_template(self) -> bool:
+        return "prompt_template" in self._parameters
+
+    def _get_llm(self, resources: NamedResources, rollout: Rollout) -> LLM:
+        llms = [(name, res) for name, res in resources.items() if isinstance(res, LLM)]
+        if not llms:
+            raise ValueError("No LLM resource found in the provided resources.")
+        if len(llms) > 1:
+            logger.warning(
+                "Multiple LLM resources found (%s); using the first one, %r.", [name for name, _ in llms], llms[0][0]
+            )
+        llm = llms[0][1]
+        if self._strip_proxy and isinstance(llm, ProxyLLM):
+            if not isinstance(rollout, AttemptedRollout):
+                raise ValueError(
+                    "A ProxyLLM can only be bound to an AttemptedRollout (a rollout with its current attempt); "
+                    f"got {type(rollout).__name__}."
+                )
+            llm = llm.with_attempted_rollout(rollout)
+        return llm
+
+    @staticmethod
+    def _get_prompt_template(resources: NamedResources) -> PromptTemplate:
+        templates = [res for res in resources.values() if isinstance(res, PromptTemplate)]
+        if not templates:
+            raise ValueError("No prompt template resource found in the provided resources.")
+        if len(templates) > 1:
+            logger.warning("Multiple prompt template resources found; using the first one.")
+        return templates[0]
+
+    def _build_kwargs(self, resources: NamedResources, rollout: Rollout) -> Dict[str, Any]:
+        kwargs: Dict[str, Any] = {}
+        if self._accepts_rollout():
+            kwargs["rollout"] = rollout
+        if self._accepts_llm():
+            kwargs["llm"] = self._get_llm(resources, rollout)
+        if self._accepts_prompt_template():
+            kwargs["prompt_template"] = self._get_prompt_template(resources)
+        return kwargs
+
+    def rollout(self, task: T, resources: NamedResources, rollout: Rollout) -> RolloutRawResult:
+        """Call the (synchronous) wrapped function with the injected arguments.
+
+        Raises:
+            RuntimeError: If the wrapped function is a coroutine function.
+        """
+        if self._is_async:
+            raise RuntimeError(f"{self._rollout_func.__name__} is async; call rollout_async() instead.")
+        return self._rollout_func(task, **self._build_kwargs(resources, rollout))
+
+    async def rollout_async(self, task: T, resources: NamedResources, rollout: Rollout) -> RolloutRawResult:
+        """Await the (coroutine) wrapped function with the injected arguments.
+
+        Raises:
+            RuntimeError: If the wrapped function is synchronous.
+        """
+        if not self._is_async:
+            raise RuntimeError(f"{self._rollout_func.__name__} is synchronous; call rollout() instead.")
+        return await self._rollout_func(task, **self._build_kwargs(resources, rollout))
+
+
+def _validate_rollout_func(func: RolloutFunc, resource_param: str) -> None:
+    names = _parameter_names(func)
+    if len(names) < 2:
+        raise ValueError(
+            f"{func.__name__} must take at least two parameters, `task` and `{resource_param}`; got {names}."
+        )
+    if names[0] != "task":
+        raise ValueError(f"The first parameter of {func.__name__} must be named `task`, got `{names[0]}`.")
+    if resource_param not in names:
+        raise ValueError(f"{func.__name__} must have a parameter named `{resource_param}`; got {names}.")
+
+
+def _validate_llm_rollout_func(func: RolloutFunc) -> None:
+    _validate_rollout_func(func, "llm")
+
+
+def _validate_prompt_rollout_func(func: RolloutFunc) -> None:
+    _validate_rollout_func(func, "prompt_template")
+
+
+@overload
+def llm_rollout(func: RolloutFunc, *, strip_proxy: bool = True) -> FunctionalLitAgent[Any]: ...
+
+
+@overload
+def llm_rollout(func: None = None, *, strip_proxy: bool = True) -> Callable[[RolloutFunc], FunctionalLitAgent[Any]]: ...
+
+
+def llm_rollout(
+    func: Optional[RolloutFunc] = None, *, strip_proxy: bool = True
+) -> Union[FunctionalLitAgent[Any], Callable[[RolloutFunc], FunctionalLitAgent[Any]]]:
+    """Make an agent from ``def f(task, llm[, rollout])`` (sync or async); usable bare or with arguments.
+
+    Args:
+        func: The rollout function (when used as a bare decorator).
+        strip_proxy: Bind a :class:`~agentbolt.types.ProxyLLM` to the current attempt before injecting it.
+
+    Returns:
+        The agent, or a decorator producing it.
+
+    Raises:
+        ValueError: If the function does not take ``task`` first and an ``llm`` parameter.
+    """
+
+    def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
+        _validate_llm_rollout_func(f)
+        return FunctionalLitAgent(f, strip_proxy=strip_proxy)
+
+    return decorator if func is None else decorator(func)
+
+
+@overload
+def prompt_rollout(func: RolloutFunc) -> FunctionalLitAgent[Any]: ...
+
+
+@overload
+def prompt_rollout(func: None = None) -> Callable[[RolloutFunc], FunctionalLitAgent[Any]]: ...
+
+
+def prompt_rollout(
+    func: Optional[RolloutFunc] = None,
+) -> Union[FunctionalLitAgent[Any], Callable[[RolloutFunc], FunctionalLitAgent[Any]]]:
+    """Make an agent from ``def f(task, prompt_template[, rollout])`` (sync or async); usable bare or called.
+
+    Args:
+        func: The rollout function (when used as a bare decorator).
+
+    Returns:
+        The agent, or a decorator producing it.
+
+    Raises:
+        ValueError: If the function does not take ``task`` first and a ``prompt_template`` parameter.
+    """
+
+    def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
+        _validate_prompt_rollout_func(f)
+        return FunctionalLitAgent(f, strip_proxy=False)
+
+    return decorator if func is None else decorator(func)
+
+
+def rollout(func: RolloutFunc) -> FunctionalLitAgent[Any]:
+    """Make an agent from a function taking ``task`` plus ``llm`` and/or ``prompt_template``.
+
+    Args:
+        func: The rollout function, sync or async.
+
+    Returns:
+        The agent.
+
+    Raises:
+        NotImplementedError: If the signature matches neither supported pattern.
+    """
+    try:
+        return llm_rollout(func)
+    except ValueError:
+        pass
+    try:
+        return prompt_rollout(func)
+    except ValueError:
+        pass
+    raise NotImplementedError(
+        f"Cannot make an agent from {getattr(func, '__name__', func)!r}: expected a signature like "
+        "`def agent(task, llm, [rollout])` or `def agent(task, prompt_template, [rollout])` (sync or async)."
+    )
