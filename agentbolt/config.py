@@ -1,0 +1,223 @@
+"""Build a command line from the ``__init__`` signatures of component classes.
+
+``lightning_cli(Trainer, MyAgent)`` adds one option per constructor parameter (``--trainer.n-runners``,
+``--myagent.model`` ...), parses ``sys.argv`` and returns the instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import sys
+from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_args, get_origin, get_type_hints
+
+__all__ = ["lightning_cli"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_NULL_WORDS = {"none", "null", "~", "nil"}
+_TRUE_WORDS = {"yes", "true", "t", "y", "1"}
+_FALSE_WORDS = {"no", "false", "f", "n", "0"}
+
+
+def nullable_str(value: str) -> Optional[str]:
+    """``None`` for ``none``/``null``/``~``/``nil`` (any case), else the string."""
+    return None if value.strip().lower() in _NULL_WORDS else value
+
+
+def nullable_int(value: str) -> Optional[int]:
+    """``None`` for null words, else an int.
+
+    Raises:
+        argparse.ArgumentTypeError: Not an integer.
+    """
+    if value.strip().lower() in _NULL_WORDS:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {value!r}") from None
+
+
+def nullable_float(value: str) -> Optional[float]:
+    """``None`` for null words, else a float.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a number.
+    """
+    if value.strip().lower() in _NULL_WORDS:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+
+
+def _str_to_bool(value: Union[str, bool]) -> bool:
+    """Parse a boolean command-line value (yes/true/t/y/1, no/false/f/n/0).
+
+    Raises:
+        argparse.ArgumentTypeError: Not a boolean word.
+    """
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower()
+    if lowered in _TRUE_WORDS:
+        return True
+    if lowered in _FALSE_WORDS:
+        return False
+    raise argparse.ArgumentTypeError(f"Boolean value expected, got {value!r}.")
+
+
+def _get_param_type_details(annotation: Any) -> Tuple[Any, bool, bool]:
+    """Split an annotation into ``(core_type, is_optional, is_list)``; ``Optional[T]`` is unwrapped first."""
+    core = annotation
+    is_optional = False
+    if get_origin(annotation) is Union or type(annotation).__name__ == "UnionType":
+        args = get_args(annotation)
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1 and len(non_none) < len(args):
+            core = non_none[0]
+            is_optional = True
+    is_list = core is list or get_origin(core) in (list, List)
+    return core, is_optional, is_list
+
+
+def _determine_argparse_type(annotation: Any) -> Any:
+    """The argparse ``type`` callable for an annotation."""
+    core, is_optional, _ = _get_param_type_details(annotation)
+    if is_optional:
+        nullable = {str: nullable_str, int: nullable_int, float: nullable_float}.get(core)
+        if nullable is not None:
+            return nullable
+    if core is bool:
+        return _str_to_bool
+    if core in (int, float, str):
+        return core
+    return str
+
+
+def _determine_argparse_type_and_nargs(core_type: Any, is_list: bool) -> Dict[str, Any]:
+    """argparse keyword arguments for the value type (``nargs="*"`` for lists)."""
+    if is_list:
+        item_args = get_args(core_type)
+        item_type = _determine_argparse_type(item_args[0]) if item_args else str
+        return {"nargs": "*", "type": item_type}
+    return {"type": _determine_argparse_type(core_type)}
+
+
+def _type_display_name(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return "Any"
+    core, is_optional, _ = _get_param_type_details(annotation)
+    name = getattr(core, "__name__", None) or str(core)
+    return f"Optional[{name}]" if is_optional else name
+
+
+def _build_help_string(cls_name: str, param_name: str, core_type: Any, is_optional: bool, is_list: bool) -> str:
+    """Help text of one option: class, parameter and inferred type."""
+    if core_type is inspect.Parameter.empty:
+        type_name = "Any"
+    elif is_list:
+        item_args = get_args(core_type)
+        type_name = f"List[{_type_display_name(item_args[0])}]" if item_args else "List[str]"
+    else:
+        type_name = getattr(core_type, "__name__", None) or str(core_type)
+    if is_optional:
+        type_name = f"Optional[{type_name}]"
+    return f"For {cls_name}: '{param_name}'. Inferred type: {type_name}."
+
+
+def _add_argument_for_parameter(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    param_name: str,
+    param_obj: inspect.Parameter,
+    dest_name: str,
+    resolved_param_annotation: Any = None,
+) -> None:
+    """Add the ``--{class}.{param}`` option for one constructor parameter."""
+    annotation = resolved_param_annotation if resolved_param_annotation is not None else param_obj.annotation
+    core, is_optional, is_list = (
+        _get_param_type_details(annotation)
+        if annotation is not inspect.Parameter.empty
+        else (inspect.Parameter.empty, False, False)
+    )
+    kwargs: Dict[str, Any] = {"dest": dest_name}
+    if annotation is not inspect.Parameter.empty:
+        kwargs.update(_determine_argparse_type_and_nargs(core, is_list))
+        if is_optional and not is_list and core in (str, int, float):
+            kwargs["type"] = _determine_argparse_type(annotation)
+    if param_obj.default is not inspect.Parameter.empty:
+        kwargs["default"] = param_obj.default
+    elif is_optional:
+        kwargs["default"] = None
+    else:
+        kwargs["required"] = True
+    kwargs["help"] = _build_help_string(cls.__name__, param_name, core, is_optional, is_list)
+    option = f"--{cls.__name__.lower()}.{param_name.replace('_', '-')}"
+    parser.add_argument(option, **kwargs)
+
+
+def _add_arguments_for_class(
+    parser: argparse.ArgumentParser, cls: type, class_arg_configs_maps: Dict[type, Dict[str, str]]
+) -> None:
+    """Add options for every ``__init__`` parameter of ``cls``; records ``param -> dest`` in the map."""
+    signature = inspect.signature(cls.__init__)
+    try:
+        hints = get_type_hints(cls.__init__)
+    except Exception as exc:
+        logger.warning("Cannot resolve type hints of %s.__init__ (%s); using raw annotations.", cls.__name__, exc)
+        hints = {}
+    mapping: Dict[str, str] = {}
+    for name, param in signature.parameters.items():
+        if name == "self" or param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        dest = f"{cls.__name__.lower()}_{name}"
+        _add_argument_for_parameter(parser, cls, name, param, dest, hints.get(name))
+        mapping[name] = dest
+    class_arg_configs_maps[cls] = mapping
+
+
+def _create_argument_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        description="CLI configurator for application components.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+
+
+def _instantiate_classes(
+    parsed_args: argparse.Namespace, classes: Tuple[type, ...], class_arg_configs_maps: Dict[type, Dict[str, str]]
+) -> Tuple[Any, ...]:
+    """Instantiate each class with its parsed options."""
+    instances: List[Any] = []
+    for cls in classes:
+        kwargs = {param: getattr(parsed_args, dest) for param, dest in class_arg_configs_maps.get(cls, {}).items()}
+        try:
+            instances.append(cls(**kwargs))
+        except Exception:
+            logger.exception("Failed to instantiate %s with %s", cls.__name__, kwargs)
+            raise
+    return tuple(instances)
+
+
+def lightning_cli(*classes: Type[Any]) -> Any:
+    """Parse ``sys.argv`` into instances of the given classes.
+
+    Args:
+        *classes: The component classes.
+
+    Returns:
+        The instance for one class, a tuple of instances for several, ``()`` for none.
+    """
+    parser = _create_argument_parser()
+    maps: Dict[type, Dict[str, str]] = {}
+    for cls in classes:
+        _add_arguments_for_class(parser, cls, maps)
+    parsed = parser.parse_args(sys.argv[1:])
+    instances = _instantiate_classes(parsed, tuple(classes), maps)
+    if len(instances) == 1:
+        return instances[0]
+    return instances

@@ -1,0 +1,163 @@
+"""Rewards: emit them as annotation spans and find them again in a trace."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union
+
+from pydantic import TypeAdapter
+
+from agentbolt.emitter.annotation import emit_annotation
+from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPydanticModel
+from agentbolt.types.tracer import SpanCoreFields, SpanLike
+from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
+
+__all__ = [
+    "reward",
+    "emit_reward",
+    "get_reward_value",
+    "get_rewards_from_span",
+    "is_reward_span",
+    "find_reward_spans",
+    "find_final_reward",
+]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_REWARD_PREFIX = LightningSpanAttributes.REWARD.value
+_REWARD_LIST: TypeAdapter[List[RewardPydanticModel]] = TypeAdapter(List[RewardPydanticModel])
+_LEGACY_OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
+
+
+def _as_number(value: Any, what: str, error: type[Exception]) -> float:
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    raise error(f"{what} must be a number (int, float or bool), got {type(value).__name__}: {value!r}")
+
+
+def emit_reward(
+    reward: Union[float, Dict[str, Any]],
+    *,
+    primary_key: Optional[str] = None,
+    attributes: Optional[Dict[str, Any]] = None,
+    propagate: bool = True,
+) -> SpanCoreFields:
+    """Record a reward as an ``agentlightning.annotation`` span with ``agentlightning.reward.<i>.name/value``.
+
+    Args:
+        reward: One number, or several named dimensions (``{"accuracy": 1.0, "length": 0.2}``).
+        primary_key: With several dimensions, the one that is the reward (stored first).
+        attributes: Extra span attributes.
+        propagate: Send the span to the active tracer; False only builds the core fields.
+
+    Returns:
+        The span's core fields.
+
+    Raises:
+        TypeError: A scalar reward is not a number.
+        ValueError: A dimension is not a number, or ``primary_key`` is missing / not a dimension.
+        RuntimeError: No active tracer (with ``propagate=True``).
+    """
+    if isinstance(reward, dict):
+        values = {name: _as_number(value, f"Reward dimension {name!r}", ValueError) for name, value in reward.items()}
+        if primary_key is None:
+            raise ValueError("primary_key is required when the reward is a dict of dimensions.")
+        if primary_key not in values:
+            raise ValueError(f"primary_key {primary_key!r} is not one of the reward dimensions {list(values)}.")
+        order = [primary_key, *(name for name in values if name != primary_key)]
+        dimensions = [{"name": name, "value": values[name]} for name in order]
+    else:
+        dimensions = [{"name": "primary", "value": _as_number(reward, "Reward", TypeError)}]
+    return emit_annotation({_REWARD_PREFIX: dimensions, **(attributes or {})}, propagate=propagate)
+
+
+def get_rewards_from_span(span: SpanLike) -> List[RewardPydanticModel]:
+    """All reward dimensions stored on a span (primary first); empty when it has none."""
+    attributes = span.attributes or {}
+    if not filter_attributes(attributes, _REWARD_PREFIX):
+        return []
+    return _REWARD_LIST.validate_python(filter_and_unflatten_attributes(attributes, _REWARD_PREFIX))
+
+
+def _legacy_agentops_reward(attributes: Any) -> Optional[float]:
+    for key in _LEGACY_OUTPUT_KEYS:
+        raw = attributes.get(key)
+        if raw is None:
+            continue
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                continue
+        if isinstance(raw, dict) and raw.get("type") == "reward":
+            logger.warning("Reading a reward in the legacy AgentOps format; emit rewards with emit_reward().")
+            value = raw.get("value")
+            return None if value is None else float(value)
+    return None
+
+
+def get_reward_value(span: SpanLike) -> Optional[float]:
+    """The primary reward of a span, or None when the span carries no reward.
+
+    Understands the current format (``agentlightning.reward.0.value``) and two legacy ones (AgentOps
+    ``{"type": "reward", "value": v}`` outputs, and annotation spans with a ``reward`` attribute).
+    """
+    rewards = get_rewards_from_span(span)
+    if rewards:
+        return rewards[0].value
+    attributes = span.attributes or {}
+    legacy = _legacy_agentops_reward(attributes)
+    if legacy is not None:
+        return legacy
+    if span.name == AGL_ANNOTATION and "reward" in attributes:
+        value = attributes["reward"]
+        return float(value) if isinstance(value, (int, float)) else None
+    return None
+
+
+def is_reward_span(span: SpanLike) -> bool:
+    """Whether the span carries a reward."""
+    return get_reward_value(span) is not None
+
+
+def find_reward_spans(spans: Sequence[SpanLike]) -> List[SpanLike]:
+    """The spans that carry a reward, in order."""
+    return [span for span in spans if is_reward_span(span)]
+
+
+def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
+    """The reward of the last span that has one, or None."""
+    for span in reversed(spans):
+        value = get_reward_value(span)
+        if value is not None:
+            return value
+    return None
+
+
+def reward(fn: F) -> F:
+    """Deprecated decorator: emit the (numeric) return value of ``fn`` as a reward. Use :func:`emit_reward`."""
+    warnings.warn("@reward is deprecated; call emit_reward() with the value instead.", DeprecationWarning, stacklevel=2)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = await fn(*args, **kwargs)
+            emit_reward(result)
+            return result
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        emit_reward(result)
+        return result
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,171 @@
+"""The default tracer: OpenTelemetry plus automatic instrumentation of LLM SDKs.
+
+The name ``AgentOpsTracer`` is kept for compatibility with Agent Lightning, where this tracer was powered by
+AgentOps. Here it is powered by agentbolt's own instrumentation (:mod:`agentbolt.instrumentation`) and needs no
+AgentOps installation or account. Each trace context is wrapped in a root span named after the trace, so the
+spans of one rollout attempt form a single tree.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, List, Optional
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Status, StatusCode
+
+from agentbolt.instrumentation import instrument_all, uninstrument_all
+from agentbolt.semconv import LightningResourceAttributes
+from agentbolt.tracer.base import with_active_tracer_context, with_active_tracer_context_sync
+from agentbolt.tracer.otel import DEFAULT_MAX_BUFFERED_SPANS, STORE_WRITE_TIMEOUT_SECONDS, OtelTracer
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
+
+__all__ = ["AgentOpsTracer"]
+
+logger = logging.getLogger(__name__)
+
+ROOT_SPAN_KIND_ATTRIBUTE = "agentbolt.trace.root"
+
+
+class AgentOpsTracer(OtelTracer):
+    """OpenTelemetry tracer that instruments the OpenAI SDK while workers run.
+
+    Args:
+        agentops_managed: Accepted for compatibility; AgentOps is not used.
+        instrument_managed: Instrument SDKs in :meth:`init_worker` and undo it in :meth:`teardown_worker`.
+            When False, call :func:`agentbolt.instrumentation.instrument_all` yourself.
+        daemon: Accepted for compatibility; there is no background AgentOps service to run.
+        max_buffered_spans: See :class:`~agentbolt.tracer.otel.LightningSpanProcessor`.
+        write_timeout: See :class:`~agentbolt.tracer.otel.LightningSpanProcessor`.
+    """
+
+    def __init__(
+        self,
+        *,
+        agentops_managed: bool = True,
+        instrument_managed: bool = True,
+        daemon: bool = True,
+        max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+        write_timeout: float = STORE_WRITE_TIMEOUT_SECONDS,
+    ) -> None:
+        super().__init__(max_buffered_spans=max_buffered_spans, write_timeout=write_timeout)
+        self.agentops_managed = agentops_managed
+        self.instrument_managed = instrument_managed
+        self.daemon = daemon
+        if not instrument_managed:
+            logger.warning(
+                "instrument_managed=False: LLM SDK calls are traced only after you call "
+                "agentbolt.instrumentation.instrument_all()."
+            )
+
+    def instrument(self, worker_id: int) -> None:
+        """Instrument the supported SDKs (OpenAI)."""
+        instrument_all()
+
+    def uninstrument(self, worker_id: int) -> None:
+        """Remove the SDK instrumentation."""
+        uninstrument_all()
+
+    def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
+        """Install the tracer provider and instrument SDKs (when managed)."""
+        super().init_worker(worker_id, store)
+        if self.instrument_managed:
+            self.instrument(worker_id)
+
+    def teardown_worker(self, worker_id: int) -> None:
+        """Flush spans and remove the instrumentation (when managed)."""
+        super().teardown_worker(worker_id)
+        if self.instrument_managed:
+            self.uninstrument(worker_id)
+
+    def _resolve_store(
+        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> Optional[LightningStore]:
+        effective = self._effective_store(store)
+        given = [effective is not None, rollout_id is not None, attempt_id is not None]
+        if any(given) and not all(given):
+            raise ValueError(
+                "store, rollout_id and attempt_id must be either all provided or all None "
+                f"(store given: {given[0]}, rollout_id: {rollout_id!r}, attempt_id: {attempt_id!r})"
+            )
+        return effective
+
+    @contextmanager
+    def _root(
+        self,
+        name: Optional[str],
+        store: Optional[LightningStore],
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+    ) -> Iterator[trace_api.Tracer]:
+        with self._collect(store, rollout_id, attempt_id) as tracer:
+            attributes = {ROOT_SPAN_KIND_ATTRIBUTE: True}
+            if rollout_id is not None and attempt_id is not None:
+                attributes[LightningResourceAttributes.ROLLOUT_ID.value] = rollout_id
+                attributes[LightningResourceAttributes.ATTEMPT_ID.value] = attempt_id
+            with tracer.start_as_current_span(
+                name or rollout_id or "agentbolt.trace",
+                attributes=attributes,
+                record_exception=True,
+                set_status_on_exception=True,
+            ) as root:
+                yield tracer
+                root.set_status(Status(StatusCode.OK))
+
+    @with_active_tracer_context
+    @asynccontextmanager
+    async def trace_context(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> AsyncIterator[trace_api.Tracer]:
+        """Collect the spans of the block under one root span and write them to the store.
+
+        Args:
+            name: Name of the root span (default: the rollout id).
+            store: Deprecated; the store given to :meth:`init_worker` is used by default.
+            rollout_id: Rollout the spans belong to.
+            attempt_id: Attempt the spans belong to.
+
+        Raises:
+            RuntimeError: ``init_worker`` was not called.
+            ValueError: The store and the two ids are not all given (or all absent).
+        """
+        effective = self._resolve_store(store, rollout_id, attempt_id)
+        with self._root(name, effective, rollout_id, attempt_id) as tracer:
+            yield tracer
+
+    @with_active_tracer_context_sync
+    @contextmanager
+    def _trace_context_sync(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> Iterator[trace_api.Tracer]:
+        effective = self._resolve_store(store, rollout_id, attempt_id)
+        with self._root(name, effective, rollout_id, attempt_id) as tracer:
+            yield tracer
+
+    def get_langchain_handler(self, tags: Optional[List[str]] = None) -> Any:
+        """A LangChain callback handler that records chains, LLM calls and tools as spans of this tracer.
+
+        Args:
+            tags: Tags added to every span of the handler.
+
+        Raises:
+            ImportError: ``langchain-core`` is not installed.
+        """
+        from agentbolt.tracer.langchain import LangchainCallbackHandler
+
+        return LangchainCallbackHandler(tags=tags)
+
+    get_langchain_callback_handler = get_langchain_handler

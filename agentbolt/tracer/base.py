@@ -1,0 +1,234 @@
+"""The tracer interface and the process-wide active tracer.
+
+A tracer collects the spans of one rollout attempt while the agent runs inside ``async with
+tracer.trace_context(...)``. During that block the tracer is the *active tracer*, which emitters
+(:mod:`agentbolt.emitter`) use to record rewards, messages and operations.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from contextlib import asynccontextmanager, contextmanager
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncContextManager,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    ContextManager,
+    Iterator,
+    List,
+    Optional,
+    TypeVar,
+)
+
+from agentbolt.types import ParallelWorkerBase
+from agentbolt.types.tracer import Attributes, Span, SpanCoreFields, SpanRecordingContext, TraceStatus
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
+
+__all__ = [
+    "Tracer",
+    "get_active_tracer",
+    "set_active_tracer",
+    "clear_active_tracer",
+    "with_active_tracer_context",
+    "with_active_tracer_context_sync",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TracerT = TypeVar("TracerT", bound="Tracer")
+
+_active_tracer: Optional[Tracer] = None
+_active_lock = threading.Lock()
+
+
+def set_active_tracer(tracer: Tracer) -> None:
+    """Make ``tracer`` the process-wide active tracer.
+
+    Raises:
+        ValueError: Another tracer is already active.
+    """
+    global _active_tracer
+    with _active_lock:
+        if _active_tracer is not None:
+            raise ValueError(
+                f"An active tracer ({type(_active_tracer).__name__}) is already set; "
+                "nested or concurrent trace contexts in one process are not supported."
+            )
+        _active_tracer = tracer
+
+
+def get_active_tracer() -> Optional[Tracer]:
+    """The tracer whose trace context is currently open, if any."""
+    return _active_tracer
+
+
+def clear_active_tracer() -> None:
+    """Forget the active tracer."""
+    global _active_tracer
+    with _active_lock:
+        _active_tracer = None
+
+
+def with_active_tracer_context(
+    func: Callable[..., AsyncContextManager[T]],
+) -> Callable[..., AsyncContextManager[T]]:
+    """Decorate a tracer method returning an async context manager so the tracer is active inside it.
+
+    Entering sets the tracer active (failing if another one is), leaving (or a failed enter) clears it.
+    """
+
+    @functools.wraps(func)
+    @asynccontextmanager
+    async def wrapper(self: Tracer, *args: Any, **kwargs: Any) -> AsyncIterator[T]:
+        set_active_tracer(self)
+        try:
+            async with func(self, *args, **kwargs) as value:
+                yield value
+        finally:
+            clear_active_tracer()
+
+    return wrapper
+
+
+def with_active_tracer_context_sync(func: Callable[..., ContextManager[T]]) -> Callable[..., ContextManager[T]]:
+    """Synchronous counterpart of :func:`with_active_tracer_context`."""
+
+    @functools.wraps(func)
+    @contextmanager
+    def wrapper(self: Tracer, *args: Any, **kwargs: Any) -> Iterator[T]:
+        set_active_tracer(self)
+        try:
+            with func(self, *args, **kwargs) as value:
+                yield value
+        finally:
+            clear_active_tracer()
+
+    return wrapper
+
+
+class Tracer(ParallelWorkerBase):
+    """Base class of tracers.
+
+    Lifecycle: ``init()`` once, ``init_worker(worker_id, store)`` in each worker, then any number of
+    ``trace_context(...)`` blocks, then ``teardown_worker`` / ``teardown``.
+    """
+
+    _store: Optional[LightningStore] = None
+
+    def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
+        """Prepare the tracer in a worker.
+
+        Args:
+            worker_id: The worker's index.
+            store: Store that receives spans of traced rollouts.
+        """
+        super().init_worker(worker_id)
+        self._store = store
+
+    def trace_context(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> AsyncContextManager[Any]:
+        """Async context in which spans are collected (and stored when rollout/attempt ids are given).
+
+        Args:
+            name: Name of the trace (often the rollout id).
+            store: Deprecated; pass the store to :meth:`init_worker`.
+            rollout_id: Rollout the spans belong to.
+            attempt_id: Attempt the spans belong to.
+        """
+        raise NotImplementedError()
+
+    def _trace_context_sync(
+        self, name: Optional[str] = None, *, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
+    ) -> ContextManager[Any]:
+        """Synchronous trace context (legacy API)."""
+        raise NotImplementedError()
+
+    def get_last_trace(self) -> List[Span]:
+        """Spans collected by the most recent trace context."""
+        raise NotImplementedError()
+
+    def trace_run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``func`` inside a synchronous trace context named after it."""
+        with self._trace_context_sync(name=func.__name__):
+            return func(*args, **kwargs)
+
+    async def trace_run_async(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await ``func`` inside a trace context named after it."""
+        async with self.trace_context(name=func.__name__):
+            return await func(*args, **kwargs)
+
+    def create_span(
+        self,
+        name: str,
+        attributes: Optional[Attributes] = None,
+        timestamp: Optional[float] = None,
+        status: Optional[TraceStatus] = None,
+    ) -> SpanCoreFields:
+        """Record an instantaneous span (fire and forget).
+
+        Args:
+            name: Span name.
+            attributes: Span attributes (already flat and sanitised).
+            timestamp: Time of the span in seconds since the epoch (default: now).
+            status: Span status (default OK).
+
+        Returns:
+            The recorded core fields.
+        """
+        raise NotImplementedError()
+
+    def operation_context(
+        self,
+        name: str,
+        attributes: Optional[Attributes] = None,
+        start_time: Optional[float] = None,
+        end_time: Optional[float] = None,
+    ) -> ContextManager[SpanRecordingContext]:
+        """Context manager recording a span around a block of code.
+
+        Args:
+            name: Span name.
+            attributes: Initial attributes.
+            start_time: Explicit start time in seconds (default: now).
+            end_time: Explicit end time in seconds (default: when the block exits).
+        """
+        raise NotImplementedError()
+
+    def get_langchain_handler(self) -> Any:
+        """A LangChain callback handler feeding this tracer, or None when the tracer has none."""
+        logger.warning("%s does not provide a LangChain callback handler.", type(self).__name__)
+        return None
+
+    @contextmanager
+    def lifespan(self: TracerT, store: Optional[LightningStore] = None) -> Iterator[TracerT]:
+        """Run ``init`` and ``init_worker(0, store)``, undoing whichever succeeded on exit.
+
+        Args:
+            store: Store passed to :meth:`init_worker`.
+        """
+        initialized = worker_initialized = False
+        try:
+            self.init()
+            initialized = True
+            self.init_worker(0, store)
+            worker_initialized = True
+            yield self
+        finally:
+            if worker_initialized:
+                self.teardown_worker(0)
+            if initialized:
+                self.teardown()

@@ -1,0 +1,701 @@
+"""OpenTelemetry-based tracer and the span processor that writes finished spans to the LightningStore.
+
+Delivery guarantee of :class:`LightningSpanProcessor`: a span that ends while a rollout context is open is written
+with ``store.add_otel_span`` (the store issues its sequence id, so ids follow the order in which spans ended). If
+the store is unreachable the span is kept in a bounded in-memory buffer and retried in the background, in order,
+until the store is back; the agent is blocked at most once per outage (``write_timeout``). Spans are only given up
+when the buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits
+before the store came back; each case is logged as a warning with counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import warnings
+from collections import deque
+from contextlib import asynccontextmanager, contextmanager
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Deque,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import Status
+from opentelemetry.trace import StatusCode as OtelStatusCode
+
+from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
+from agentbolt.types.tracer import (
+    Attributes,
+    Span,
+    SpanCoreFields,
+    StatusCode,
+    TraceStatus,
+    convert_timestamp,
+)
+from agentbolt.utils.otel import format_exception_attributes
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
+
+__all__ = [
+    "OtelTracer",
+    "LightningSpanProcessor",
+    "OtelSpanRecordingContext",
+    "to_otel_status_code",
+    "STORE_WRITE_TIMEOUT_SECONDS",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STORE_WRITE_TIMEOUT_SECONDS = 10.0
+"""How long the agent waits for one span write before the span is buffered and retried in the background."""
+
+STORE_CALL_TIMEOUT_SECONDS = 60.0
+"""Upper bound of a single background store call (a hung call is abandoned and retried)."""
+
+DEFAULT_MAX_BUFFERED_SPANS = 10_000
+
+DEFAULT_IGNORED_SCOPES: Tuple[str, ...] = ("fastapi",)
+"""Instrumentation scopes whose spans are not part of an agent's trace.
+
+FastAPI traces every request it serves into the global tracer provider. Servers that run in the agent's process
+(the store server in shared-memory mode, the LLM gateway, local inference servers) would otherwise add their
+request spans to the rollout, and the store server would trace its own span writes in a feedback loop.
+"""
+_TRACER_NAME = "agentbolt"
+
+
+def to_otel_status_code(status_code: StatusCode) -> OtelStatusCode:
+    """OpenTelemetry status code for ``"UNSET"`` / ``"OK"`` / ``"ERROR"``."""
+    return OtelStatusCode[status_code]
+
+
+def _is_permanent_error(exc: BaseException) -> bool:
+    """Whether retrying a failed store write cannot help (the store rejected the span itself)."""
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int):
+        status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return 400 <= status < 500 and status not in (408, 429)
+    return isinstance(exc, (ValueError, TypeError, KeyError))
+
+
+class _PendingWrite:
+    """A span waiting to be written, with the store and ids it belongs to."""
+
+    __slots__ = ("attempt_id", "attempted", "done", "rollout_id", "span", "store", "stored")
+
+    def __init__(self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan) -> None:
+        self.store = store
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.span = span
+        self.attempted = threading.Event()  # first write attempt finished (or an outage began): stop waiting
+        self.done = threading.Event()  # written or given up
+        self.stored: Optional[Span] = None
+
+
+class LightningSpanProcessor(SpanProcessor):
+    """Collects finished spans and writes those of the current rollout attempt to the store.
+
+    Args:
+        disable_store_submission: Only collect spans locally (used when spans reach the store another way).
+        max_buffered_spans: Spans kept while the store is unreachable; beyond that new spans are given up.
+        write_timeout: Seconds a span's owner waits for its write before continuing (the write goes on).
+        retry_initial_delay: First delay between retries of a failing write (doubles up to ``retry_max_delay``).
+        retry_max_delay: Longest delay between retries.
+        ignored_scopes: Instrumentation scopes whose spans are dropped (see :data:`DEFAULT_IGNORED_SCOPES`).
+    """
+
+    def __init__(
+        self,
+        disable_store_submission: bool = False,
+        *,
+        max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+        write_timeout: float = STORE_WRITE_TIMEOUT_SECONDS,
+        retry_initial_delay: float = 0.2,
+        retry_max_delay: float = 5.0,
+        ignored_scopes: Sequence[str] = DEFAULT_IGNORED_SCOPES,
+    ) -> None:
+        if max_buffered_spans < 1:
+            raise ValueError("max_buffered_spans must be at least 1")
+        self._disable_store_submission = disable_store_submission
+        self._max_buffered_spans = max_buffered_spans
+        self._write_timeout = write_timeout
+        self._retry_initial_delay = retry_initial_delay
+        self._retry_max_delay = retry_max_delay
+        self._ignored_scopes = frozenset(ignored_scopes)
+
+        self._spans: List[Span] = []
+        self._store: Optional[LightningStore] = None
+        self._rollout_id: Optional[str] = None
+        self._attempt_id: Optional[str] = None
+        self._local_sequence_id = 0
+        self._collecting = False
+        self._lock = threading.Lock()
+
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread: Optional[threading.Thread] = None
+        self._loop_pid: Optional[int] = None
+        self._wakeup: Optional[asyncio.Event] = None
+        self._background: set[asyncio.Future[Any]] = set()
+        self._pending: Deque[_PendingWrite] = deque()
+        self._degraded = False
+        self._buffered_during_outage = 0
+        self._given_up = 0
+
+    # ---- properties ----
+
+    @property
+    def store(self) -> Optional[LightningStore]:
+        """Store of the current rollout context."""
+        return self._store
+
+    @property
+    def rollout_id(self) -> Optional[str]:
+        """Rollout of the current context."""
+        return self._rollout_id
+
+    @property
+    def attempt_id(self) -> Optional[str]:
+        """Attempt of the current context."""
+        return self._attempt_id
+
+    @property
+    def disable_store_submission(self) -> bool:
+        """Whether spans are only collected locally."""
+        return self._disable_store_submission
+
+    @disable_store_submission.setter
+    def disable_store_submission(self, value: bool) -> None:
+        self._disable_store_submission = value
+
+    @property
+    def pending_count(self) -> int:
+        """Spans buffered and not yet written to the store."""
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def given_up_count(self) -> int:
+        """Spans that could not be written and were given up (see the module docstring)."""
+        return self._given_up
+
+    # ---- contexts ----
+
+    def __enter__(self) -> LightningSpanProcessor:
+        with self._lock:
+            self._spans = []
+            self._local_sequence_id = 0
+            self._collecting = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._store = None
+            self._rollout_id = None
+            self._attempt_id = None
+            self._collecting = False
+
+    @contextmanager
+    def with_context(self, store: LightningStore, rollout_id: str, attempt_id: str) -> Iterator[LightningSpanProcessor]:
+        """Collect spans and write them to ``store`` for the given attempt while the context is open.
+
+        On exit, waits (up to ``write_timeout``) for the attempt's buffered spans to reach the store.
+        """
+        with self:
+            self._store = store
+            self._rollout_id = rollout_id
+            self._attempt_id = attempt_id
+            try:
+                yield self
+            finally:
+                if not self.force_flush(int(self._write_timeout * 1000)):
+                    logger.warning(
+                        "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
+                        "and are retried in the background.",
+                        rollout_id,
+                        attempt_id,
+                        self.pending_count,
+                    )
+
+    # ---- span processing ----
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        """Nothing to do when a span starts."""
+
+    def _local_span(self, span: ReadableSpan, rollout_id: Optional[str], attempt_id: Optional[str]) -> Span:
+        with self._lock:
+            sequence_id = self._local_sequence_id
+            self._local_sequence_id += 1
+        return Span.from_opentelemetry(span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", sequence_id)
+
+    def _append(self, span: Span) -> None:
+        with self._lock:
+            self._spans.append(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Write (or buffer) a finished span; never raises."""
+        try:
+            self._on_end(span)
+        except Exception:
+            logger.exception("Failed to process span %r", getattr(span, "name", span))
+
+    def _on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is None or not context.trace_flags.sampled:
+            return
+        scope = span.instrumentation_scope
+        if scope is not None and scope.name in self._ignored_scopes:
+            return
+        store, rollout_id, attempt_id = self._store, self._rollout_id, self._attempt_id
+        if self._disable_store_submission or store is None or rollout_id is None or attempt_id is None:
+            if self._collecting:
+                self._append(self._local_span(span, rollout_id, attempt_id))
+            return
+        item = _PendingWrite(store, rollout_id, attempt_id, span)
+        with self._lock:
+            if len(self._pending) >= self._max_buffered_spans:
+                self._given_up += 1
+                full = True
+            else:
+                self._pending.append(item)
+                full = False
+            degraded = self._degraded
+            if degraded and not full:
+                self._buffered_during_outage += 1
+        if full:
+            logger.warning(
+                "Span buffer full (%d spans waiting for the store): giving up span %r of rollout %s "
+                "(%d span(s) given up so far).",
+                self._max_buffered_spans,
+                span.name,
+                rollout_id,
+                self._given_up,
+            )
+            self._append(self._local_span(span, rollout_id, attempt_id))
+            return
+        self._kick()
+        # During an outage the agent does not wait: later spans queue behind the first failing one.
+        if not degraded and item.attempted.wait(self._write_timeout) and item.stored is not None:
+            self._append(item.stored)
+        else:
+            self._append(self._local_span(span, rollout_id, attempt_id))
+
+    # ---- background writer ----
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            alive = self._loop_thread is not None and self._loop_thread.is_alive()
+            if self._loop is not None and alive and self._loop_pid == os.getpid():
+                return self._loop
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                self._wakeup = asyncio.Event()
+                self._background.add(loop.create_task(self._drain()))
+                ready.set()
+                loop.run_forever()
+
+            thread = threading.Thread(target=run, name="otel-loop", daemon=True)
+            self._loop, self._loop_thread, self._loop_pid = loop, thread, os.getpid()
+            thread.start()
+        ready.wait()
+        return loop
+
+    def _kick(self) -> None:
+        loop = self._ensure_loop()
+        wakeup = self._wakeup
+        assert wakeup is not None
+        loop.call_soon_threadsafe(wakeup.set)
+
+    async def _drain(self) -> None:
+        assert self._wakeup is not None
+        delay = self._retry_initial_delay
+        while True:
+            with self._lock:
+                item = self._pending[0] if self._pending else None
+            if item is None:
+                self._wakeup.clear()
+                with self._lock:
+                    empty = not self._pending
+                if empty:
+                    await self._wakeup.wait()
+                continue
+            try:
+                stored = await asyncio.wait_for(
+                    item.store.add_otel_span(item.rollout_id, item.attempt_id, item.span),
+                    STORE_CALL_TIMEOUT_SECONDS,
+                )
+            except Exception as exc:
+                if _is_permanent_error(exc):
+                    self._complete(item, None)
+                    self._given_up += 1
+                    logger.warning(
+                        "The store rejected span %r of rollout %s (%s: %s); giving it up (%d span(s) given up so far).",
+                        item.span.name,
+                        item.rollout_id,
+                        type(exc).__name__,
+                        exc,
+                        self._given_up,
+                    )
+                    continue
+                self._enter_outage(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max_delay)
+                continue
+            delay = self._retry_initial_delay
+            self._complete(item, stored)
+
+    def _complete(self, item: _PendingWrite, stored: Optional[Span]) -> None:
+        with self._lock:
+            if self._pending and self._pending[0] is item:
+                self._pending.popleft()
+            remaining = len(self._pending)
+            recovered = self._degraded and remaining == 0
+            if recovered:
+                self._degraded = False
+        item.stored = stored
+        item.attempted.set()
+        item.done.set()
+        if recovered:
+            logger.warning(
+                "Store reachable again: %d buffered span(s) written after the outage.", self._buffered_during_outage
+            )
+            self._buffered_during_outage = 0
+
+    def _enter_outage(self, exc: BaseException) -> None:
+        with self._lock:
+            first = not self._degraded
+            self._degraded = True
+            waiting = len(self._pending)
+            if first:
+                self._buffered_during_outage = waiting
+            for item in self._pending:
+                item.attempted.set()
+        if first:
+            logger.warning(
+                "Cannot write spans to the store (%s: %s); buffering them (%d waiting, at most %d) and retrying.",
+                type(exc).__name__,
+                exc,
+                waiting,
+                self._max_buffered_spans,
+            )
+
+    def _await_in_loop(self, coro: Awaitable[T], timeout: Optional[float] = None) -> Optional[T]:
+        """Run a coroutine on the private loop and return its result.
+
+        Called from the loop thread itself, the coroutine is scheduled without waiting and None is returned.
+        """
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._loop_thread:
+            task = asyncio.ensure_future(coro, loop=loop)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return None
+        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    # ---- results and lifecycle ----
+
+    def spans(self) -> List[Span]:
+        """Spans collected in the current (or last) context, in the order they ended."""
+        with self._lock:
+            return list(self._spans)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until every buffered span is written (or given up).
+
+        Returns:
+            True when nothing is left in the buffer, False on timeout.
+        """
+        if threading.current_thread() is self._loop_thread:
+            return not self._pending
+        deadline = time.monotonic() + timeout_millis / 1000
+        while True:
+            with self._lock:
+                last = self._pending[-1] if self._pending else None
+            if last is None:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            last.done.wait(remaining)
+
+    def shutdown(self) -> None:
+        """Flush (bounded by ``write_timeout``), report what could not be written, and stop the writer thread."""
+        if self._loop is None:
+            return
+        if not self.force_flush(int(self._write_timeout * 1000)):
+            with self._lock:
+                lost = len(self._pending)
+                self._pending.clear()
+            self._given_up += lost
+            logger.warning("Shutting down with %d span(s) never written to the store; they are lost.", lost)
+        loop, thread = self._loop, self._loop_thread
+        self._loop = None
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+
+
+class OtelSpanRecordingContext:
+    """Handle on an OpenTelemetry span opened by :meth:`OtelTracer.operation_context`."""
+
+    def __init__(self, span: trace_api.Span) -> None:
+        self._span = span
+
+    def record_exception(self, exception: BaseException) -> None:
+        """Record the exception and mark the span failed."""
+        self._span.record_exception(exception)
+        self._span.set_status(Status(OtelStatusCode.ERROR, str(exception)))
+
+    def record_attributes(self, attributes: Attributes) -> None:
+        """Add or overwrite attributes."""
+        self._span.set_attributes(attributes)
+
+    def record_status(self, status_code: StatusCode, description: Optional[str] = None) -> None:
+        """Set the span status (the description is kept for errors only, as OpenTelemetry does)."""
+        self._span.set_status(Status(to_otel_status_code(status_code), description if status_code == "ERROR" else None))
+
+    def get_otel_span(self) -> trace_api.Span:
+        """The underlying OpenTelemetry span."""
+        return self._span
+
+    def get_recorded_span(self) -> SpanCoreFields:
+        """The span's core fields (``end_time`` is None while it is open)."""
+        span: Any = self._span
+        status = span.status
+        return SpanCoreFields(
+            name=span.name,
+            status=TraceStatus(status_code=status.status_code.name, description=status.description),
+            attributes=dict(span.attributes or {}),
+            start_time=convert_timestamp(span.start_time),
+            end_time=convert_timestamp(span.end_time),
+        )
+
+
+def _set_global_tracer_provider(provider: TracerProvider) -> None:
+    existing = getattr(trace_api, "_TRACER_PROVIDER", None)
+    if existing is not None and existing is not provider:
+        logger.warning("Replacing the global OpenTelemetry tracer provider %r with the tracer's own.", existing)
+    # set_tracer_provider() refuses to replace a provider; tracers own the global provider of their worker.
+    trace_api._TRACER_PROVIDER = provider  # type: ignore[attr-defined]
+
+
+class OtelTracer(Tracer):
+    """Tracer built on the OpenTelemetry SDK: spans of the process are collected and written to the store.
+
+    ``init_worker`` installs a fresh SDK ``TracerProvider`` as the global provider, with a
+    :class:`LightningSpanProcessor`. Spans created by any OpenTelemetry instrumentation while a trace context
+    is open belong to that context's rollout attempt.
+
+    Args:
+        max_buffered_spans: See :class:`LightningSpanProcessor`.
+        write_timeout: See :class:`LightningSpanProcessor`.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+        write_timeout: float = STORE_WRITE_TIMEOUT_SECONDS,
+    ) -> None:
+        super().__init__()
+        self._max_buffered_spans = max_buffered_spans
+        self._write_timeout = write_timeout
+        self._tracer_provider: Optional[TracerProvider] = None
+        self._lightning_span_processor: Optional[LightningSpanProcessor] = None
+
+    def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
+        """Install the tracer provider and span processor (once per tracer) and remember the store."""
+        super().init_worker(worker_id, store)
+        if self._tracer_provider is None:
+            self._initialize_tracer_provider()
+
+    def _initialize_tracer_provider(self) -> None:
+        provider = TracerProvider()
+        processor = LightningSpanProcessor(
+            max_buffered_spans=self._max_buffered_spans, write_timeout=self._write_timeout
+        )
+        provider.add_span_processor(processor)
+        _set_global_tracer_provider(provider)
+        self._tracer_provider = provider
+        self._lightning_span_processor = processor
+
+    def teardown_worker(self, worker_id: int) -> None:
+        """Flush buffered spans (bounded); the provider stays installed."""
+        super().teardown_worker(worker_id)
+        if self._lightning_span_processor is not None:
+            self._lightning_span_processor.force_flush(int(self._write_timeout * 1000))
+
+    def _require_initialized(self) -> tuple[TracerProvider, LightningSpanProcessor]:
+        if self._tracer_provider is None or self._lightning_span_processor is None:
+            raise RuntimeError(f"{type(self).__name__} is not initialized: call init_worker() first.")
+        return self._tracer_provider, self._lightning_span_processor
+
+    def get_otel_tracer(self) -> trace_api.Tracer:
+        """The OpenTelemetry tracer of this tracer's provider.
+
+        Raises:
+            RuntimeError: ``init_worker`` was not called.
+        """
+        provider, _ = self._require_initialized()
+        return provider.get_tracer(_TRACER_NAME)
+
+    @staticmethod
+    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
+        if (rollout_id is None) != (attempt_id is None):
+            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
+
+    @contextmanager
+    def _collect(
+        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> Iterator[trace_api.Tracer]:
+        """Open the span processor's context (store-bound when ids are given) and yield an OTel tracer."""
+        _, processor = self._require_initialized()
+        self._check_ids(rollout_id, attempt_id)
+        if rollout_id is not None and attempt_id is not None:
+            if store is None:
+                raise ValueError("A store is required to trace a rollout: pass it to init_worker().")
+            with processor.with_context(store, rollout_id, attempt_id):
+                yield self.get_otel_tracer()
+        else:
+            with processor:
+                yield self.get_otel_tracer()
+
+    def _effective_store(self, store: Optional[LightningStore]) -> Optional[LightningStore]:
+        if store is not None:
+            warnings.warn(
+                "Passing store to trace_context() is deprecated; pass it to init_worker() instead.",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            return store
+        return self._store
+
+    @with_active_tracer_context
+    @asynccontextmanager
+    async def trace_context(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> AsyncIterator[trace_api.Tracer]:
+        """Collect spans (and write them to the store when both ids are given) inside the block.
+
+        Args:
+            name: Name of the trace (unused by this tracer).
+            store: Deprecated; the store given to :meth:`init_worker` is used by default.
+            rollout_id: Rollout the spans belong to.
+            attempt_id: Attempt the spans belong to.
+
+        Yields:
+            An OpenTelemetry tracer for creating spans manually.
+
+        Raises:
+            RuntimeError: ``init_worker`` was not called.
+            ValueError: Only one of the ids is given, or ids without a store.
+        """
+        with self._collect(self._effective_store(store), rollout_id, attempt_id) as tracer:
+            yield tracer
+
+    @with_active_tracer_context_sync
+    @contextmanager
+    def _trace_context_sync(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> Iterator[trace_api.Tracer]:
+        with self._collect(self._effective_store(store), rollout_id, attempt_id) as tracer:
+            yield tracer
+
+    def get_last_trace(self) -> List[Span]:
+        """Spans collected by the current or most recent trace context."""
+        _, processor = self._require_initialized()
+        return processor.spans()
+
+    def create_span(
+        self,
+        name: str,
+        attributes: Optional[Attributes] = None,
+        timestamp: Optional[float] = None,
+        status: Optional[TraceStatus] = None,
+    ) -> SpanCoreFields:
+        """Record an instantaneous span (child of the current span, if any).
+
+        Raises:
+            RuntimeError: ``init_worker`` was not called.
+        """
+        tracer = self.get_otel_tracer()
+        moment = timestamp if timestamp is not None else time.time()
+        nanos = int(moment * 1e9)
+        span = tracer.start_span(name, attributes=attributes, start_time=nanos)
+        status = status or TraceStatus(status_code="OK")
+        OtelSpanRecordingContext(span).record_status(status.status_code, status.description)
+        span.end(end_time=nanos)
+        return SpanCoreFields(
+            name=name,
+            status=status,
+            attributes=dict(getattr(span, "attributes", None) or attributes or {}),
+            start_time=moment,
+            end_time=moment,
+        )
+
+    def operation_context(
+        self,
+        name: str,
+        attributes: Optional[Attributes] = None,
+        start_time: Optional[float] = None,
+        end_time: Optional[float] = None,
+    ) -> Any:
+        """Record a span around a block, as the current span (exceptions are recorded and re-raised).
+
+        ``end_time`` is ignored: the span ends when the block exits.
+        """
+        if end_time is not None:
+            logger.warning("OtelTracer.operation_context ignores end_time; the span ends when the block exits.")
+        return self._operation(name, attributes, start_time)
+
+    @contextmanager
+    def _operation(
+        self, name: str, attributes: Optional[Attributes], start_time: Optional[float]
+    ) -> Iterator[OtelSpanRecordingContext]:
+        tracer = self.get_otel_tracer()
+        with tracer.start_as_current_span(
+            name,
+            attributes=attributes,
+            start_time=int(start_time * 1e9) if start_time is not None else None,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            recording = OtelSpanRecordingContext(span)
+            try:
+                yield recording
+            except BaseException as exc:
+                recording.record_exception(exc)
+                recording.record_attributes(format_exception_attributes(exc))
+                raise
