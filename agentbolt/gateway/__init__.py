@@ -1,0 +1,21 @@
+"""The agentbolt LLM gateway: an OpenAI-compatible proxy that records every call as a span with token ids.
+
+:class:`agentbolt.llm_proxy.LLMProxy` is the public facade; this package holds the parts: routing
+(:mod:`~agentbolt.gateway.routing`), the pooled upstream client (:mod:`~agentbolt.gateway.upstream`), the FastAPI app
+(:mod:`~agentbolt.gateway.app`), span building (:mod:`~agentbolt.gateway.recording`) and the batched span writer
+(:mod:`~agentbolt.gateway.writer`).
+"""
+
+from agentbolt.gateway.app import Gateway, GatewaySettings, create_app
+from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.upstream import GatewayError
+
+__all__ = [
+    "Deployment",
+    "Gateway",
+    "GatewayError",
+    "GatewaySettings",
+    "ModelRouter",
+    "UnknownModelError",
+    "create_app",
+]

@@ -1,0 +1,379 @@
+"""The gateway's FastAPI application: OpenAI-compatible routes that forward to backends and record each call.
+
+Routes (each also under ``/v1`` and under ``/rollout/{rollout_id}/attempt/{attempt_id}[/v1]``):
+``POST /chat/completions``, ``POST /completions``, ``GET /models``; plus ``GET /health``.
+
+The hot path parses the request JSON once (orjson), picks a deployment, rewrites ``model`` (and adds the token-id
+extensions for backends that support them), and relays the answer: complete bodies as they are, streams event by
+event as they arrive. Everything needed to build the span is handed to :class:`~agentbolt.gateway.writer.SpanWriter`,
+which builds and stores spans in batches on a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
+
+import httpx
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from agentbolt.gateway.recording import CallRecord
+from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
+from agentbolt.gateway.writer import SpanWriter
+from agentbolt.semconv import LLM_AGENT_NAME_HEADER
+from agentbolt.store.base import LightningStore
+
+__all__ = ["GatewaySettings", "Gateway", "create_app"]
+
+logger = logging.getLogger("agentbolt.gateway.app")
+
+_JSON = "application/json"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_PREFIXES = ("", "/v1", "/rollout/{rollout_id}/attempt/{attempt_id}", "/rollout/{rollout_id}/attempt/{attempt_id}/v1")
+
+
+@dataclass
+class GatewaySettings:
+    """Behaviour switches of the gateway.
+
+    Attributes:
+        num_retries: Extra attempts after a 429, a 5xx or a connection error.
+        timeout: Default seconds allowed for connecting to a backend and for each wait for data.
+        return_token_ids: Ask token-id capable backends for prompt and response token ids.
+        logprobs: Ask token-id capable backends for the log-probability of each generated token.
+        record_spans: Write one span per call bound to a rollout to the store.
+        rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
+        log_messages: Log request and response bodies at DEBUG level.
+        max_queued_spans: Calls waiting to be written beyond this are dropped (with a warning).
+    """
+
+    num_retries: int = 0
+    timeout: float = 600.0
+    return_token_ids: bool = True
+    logprobs: bool = True
+    record_spans: bool = True
+    rollout_routes: bool = True
+    log_messages: bool = False
+    max_queued_spans: int = 10000
+
+
+class Gateway:
+    """State of one gateway: routing table, settings, store, and (while serving) the upstream client and writer.
+
+    Args:
+        model_list: LiteLLM-style ``model_list`` entries.
+        store: Where spans go; ``None`` disables recording.
+        settings: Behaviour switches.
+    """
+
+    def __init__(
+        self,
+        model_list: Sequence[Mapping[str, Any]],
+        store: Optional[LightningStore] = None,
+        settings: Optional[GatewaySettings] = None,
+    ) -> None:
+        self.router = ModelRouter(model_list)
+        self.store = store
+        self.settings = settings or GatewaySettings()
+        self.upstream: Optional[UpstreamClient] = None
+        self.writer: Optional[SpanWriter] = None
+        self._users = 0
+
+    def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the routing table; requests already in flight keep their deployment."""
+        self.router = ModelRouter(model_list)
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Gateway]:
+        """Open the upstream connection pool and the span writer for the duration of serving.
+
+        Re-entrant: when both an ASGI lifespan and a launcher context wrap the same server, only the outermost
+        opens and closes the resources.
+        """
+        self._users += 1
+        if self._users == 1:
+            self.upstream = UpstreamClient(num_retries=self.settings.num_retries, timeout=self.settings.timeout)
+            if self.store is not None and self.settings.record_spans:
+                self.writer = SpanWriter(self.store, max_queued=self.settings.max_queued_spans)
+                self.writer.start()
+        try:
+            yield self
+        finally:
+            self._users -= 1
+            if self._users == 0:
+                if self.writer is not None:
+                    await self.writer.close()
+                    self.writer = None
+                if self.upstream is not None:
+                    await self.upstream.aclose()
+                    self.upstream = None
+
+    def prepare_payload(self, body: Dict[str, Any], deployment: Deployment, endpoint: str) -> bytes:
+        """Request body for ``deployment``: upstream model name and, where supported, token ids and logprobs."""
+        payload = dict(body)
+        payload["model"] = deployment.upstream_model
+        if deployment.token_ids:
+            if self.settings.return_token_ids:
+                payload["return_token_ids"] = True
+            if self.settings.logprobs and not payload.get("logprobs"):
+                # Chat completions take a boolean; legacy completions take the number of alternatives.
+                payload["logprobs"] = True if endpoint == "chat/completions" else 1
+        return orjson.dumps(payload)
+
+    def health(self) -> Dict[str, Any]:
+        """Gateway status: configured models and span-writer counters; backends are not contacted."""
+        report: Dict[str, Any] = {"status": "ok", "models": self.router.model_names}
+        if self.writer is not None:
+            report["spans"] = self.writer.stats()
+        return report
+
+
+def _error_response(error: GatewayError, **extra: Any) -> Response:
+    return Response(error.to_body(**extra), status_code=error.status_code, media_type=_JSON)
+
+
+def _complete_events(buffer: bytes) -> int:
+    """Length of the prefix of ``buffer`` made of complete server-sent events."""
+    lf = buffer.rfind(b"\n\n")
+    crlf = buffer.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+class _Handler:
+    """Request handling bound to one :class:`Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def _submit(self, call: Optional[CallRecord]) -> None:
+        writer = self.gateway.writer
+        if call is not None and writer is not None:
+            writer.submit(call)
+
+    async def _await_sequence_id(self, call: Optional[CallRecord]) -> None:
+        """Wait for the sequence id requested at request start, so calls made after this answer sort after it."""
+        if call is None or call.sequence_id is None:
+            return
+        with contextlib.suppress(Exception):  # failures are logged by the writer, which drops the span
+            await asyncio.shield(call.sequence_id)
+
+    def _start_call(
+        self,
+        request: Request,
+        endpoint: str,
+        body: Dict[str, Any],
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+    ) -> Optional[CallRecord]:
+        gateway = self.gateway
+        if rollout_id is None or attempt_id is None or gateway.writer is None or gateway.store is None:
+            return None
+        # The sequence id is taken when the request starts; the store call overlaps with the upstream call.
+        sequence_id = asyncio.ensure_future(gateway.store.get_next_span_sequence_id(rollout_id, attempt_id))
+        return CallRecord(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            sequence_id=sequence_id,
+            endpoint=endpoint,
+            request=body,
+            start_time=time.time(),
+            agent_name=request.headers.get(LLM_AGENT_NAME_HEADER),
+        )
+
+    async def models(self, request: Request) -> Response:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "agentbolt"}
+            for name in self.gateway.router.model_names
+        ]
+        return Response(orjson.dumps({"object": "list", "data": data}), media_type=_JSON)
+
+    async def health(self, request: Request) -> Response:
+        return Response(orjson.dumps(self.gateway.health()), media_type=_JSON)
+
+    async def completion(
+        self, request: Request, endpoint: str, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
+    ) -> Response:
+        gateway = self.gateway
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
+        if not isinstance(body, dict):
+            return _error_response(GatewayError(400, "Request body must be a JSON object", "invalid_request_error"))
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return _error_response(
+                GatewayError(400, "The request must name a model in the 'model' field", "invalid_request_error")
+            )
+        try:
+            candidates = gateway.router.candidates(model)
+        except UnknownModelError as exc:
+            return _error_response(GatewayError(404, str(exc), "model_not_found"), available_models=exc.available)
+        upstream_client = gateway.upstream
+        if upstream_client is None:
+            return _error_response(GatewayError(503, "The gateway is not serving yet", "gateway_not_ready"))
+        if gateway.settings.log_messages:
+            logger.debug("Request to %s: %s", endpoint, raw[:4000])
+
+        call = self._start_call(request, endpoint, body, rollout_id, attempt_id)
+        payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
+        try:
+            upstream = await upstream_client.send(candidates, endpoint, payloads)
+        except GatewayError as exc:
+            if call is not None:
+                call.fail(exc.status_code, exc.message, exc.error_type)
+            self._submit(call)
+            await self._await_sequence_id(call)
+            return _error_response(exc)
+        if call is not None:
+            call.deployment = upstream.deployment
+        content_type = upstream.response.headers.get("content-type", "")
+        if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in content_type:
+            await self._await_sequence_id(call)
+            return StreamingResponse(
+                self._relay(upstream, call),
+                status_code=upstream.status_code,
+                media_type="text/event-stream",
+                headers=_SSE_HEADERS,
+            )
+        return await self._complete(upstream, call)
+
+    async def _complete(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> Response:
+        """Read a whole upstream body, check it, record it, and answer with it unchanged."""
+        deployment = upstream.deployment
+        try:
+            data = await upstream.response.aread()
+        except httpx.TimeoutException as exc:
+            error = GatewayError(
+                504, f"Upstream {deployment.api_base} timed out while sending its answer", "upstream_timeout"
+            )
+            return await self._fail(call, error, exc)
+        except httpx.HTTPError as exc:
+            error = GatewayError(
+                502, f"Upstream {deployment.api_base} dropped the connection while answering: {exc!r}", "upstream_error"
+            )
+            return await self._fail(call, error, exc)
+        finally:
+            await upstream.aclose()
+        status = upstream.status_code
+        if status >= 400:
+            # Client errors (bad parameters, context too long...) are passed through as the backend wrote them.
+            if call is not None:
+                call.fail(status, upstream_error_message(data), "upstream_client_error")
+            self._submit(call)
+            await self._await_sequence_id(call)
+            media = upstream.response.headers.get("content-type", _JSON)
+            return Response(data, status_code=status, media_type=media)
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            error = GatewayError(
+                502,
+                f"Upstream {deployment.api_base} returned malformed JSON (HTTP {status}): "
+                f"{data[:200].decode('utf-8', errors='replace')!r}",
+                "upstream_malformed_response",
+            )
+            return await self._fail(call, error, None)
+        if not isinstance(parsed, dict):
+            error = GatewayError(
+                502,
+                f"Upstream {deployment.api_base} returned JSON that is not an object",
+                "upstream_malformed_response",
+            )
+            return await self._fail(call, error, None)
+        if self.gateway.settings.log_messages:
+            logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
+        if call is not None:
+            call.succeed(status, parsed)
+        self._submit(call)
+        await self._await_sequence_id(call)
+        return Response(data, status_code=status, media_type=_JSON)
+
+    async def _fail(self, call: Optional[CallRecord], error: GatewayError, exc: Optional[BaseException]) -> Response:
+        logger.warning("%s", error.message)
+        if call is not None:
+            call.fail(error.status_code, error.message, error.error_type)
+        self._submit(call)
+        await self._await_sequence_id(call)
+        return _error_response(error)
+
+    async def _relay(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> AsyncIterator[bytes]:
+        """Forward complete server-sent events as they arrive; keep a copy for the span."""
+        deployment = upstream.deployment
+        received: List[bytes] = []
+        pending = b""
+        error: Optional[GatewayError] = None
+        try:
+            try:
+                async for chunk in upstream.response.aiter_raw():
+                    received.append(chunk)
+                    pending += chunk
+                    cut = _complete_events(pending)
+                    if cut:
+                        out, pending = pending[:cut], pending[cut:]
+                        yield out
+                if pending:
+                    yield pending
+            except httpx.TimeoutException:
+                error = GatewayError(
+                    504,
+                    f"Upstream {deployment.api_base} stopped sending stream data within the timeout",
+                    "upstream_timeout",
+                )
+            except httpx.HTTPError as exc:
+                error = GatewayError(
+                    502, f"Upstream {deployment.api_base} dropped the stream connection: {exc!r}", "upstream_error"
+                )
+            if error is not None:
+                logger.warning("%s", error.message)
+                yield b"data: " + error.to_body() + b"\n\n"
+        except BaseException:
+            # The client went away (or the server is shutting down) before the stream ended.
+            if error is None:
+                error = GatewayError(499, "The client closed the connection before the stream ended", "client_closed")
+            raise
+        finally:
+            if call is not None:
+                call.stream_finished(b"".join(received), error)
+            self._submit(call)
+            with contextlib.suppress(BaseException):
+                await upstream.aclose()
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    """Build the FastAPI application serving ``gateway``.
+
+    The app's lifespan opens the gateway's resources; launchers that disable lifespans enter
+    :meth:`Gateway.serving` themselves.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with gateway.serving():
+            yield
+
+    app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+    handler = _Handler(gateway)
+
+    async def chat(request: Request, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> Response:
+        return await handler.completion(request, "chat/completions", rollout_id, attempt_id)
+
+    async def text(request: Request, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> Response:
+        return await handler.completion(request, "completions", rollout_id, attempt_id)
+
+    prefixes = _PREFIXES if gateway.settings.rollout_routes else _PREFIXES[:2]
+    for prefix in prefixes:
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], include_in_schema=False)
+        app.add_api_route(f"{prefix}/completions", text, methods=["POST"], include_in_schema=False)
+        app.add_api_route(f"{prefix}/models", handler.models, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/health", handler.health, methods=["GET"], include_in_schema=False)
+    return app

@@ -1,0 +1,147 @@
+"""Error paths of the gateway against a scripted fake backend: timeouts, retries, bad bodies, dropped streams."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from agentbolt.types import AttemptedRollout
+
+from .conftest import ProxyFactory, wait_for_spans
+from .fake_backend import FakeBackend
+
+
+def _url(proxy: object, rollout: AttemptedRollout) -> str:
+    return proxy.as_resource(rollout.rollout_id, rollout.attempt.attempt_id, model="echo").endpoint  # type: ignore[attr-defined]
+
+
+async def test_unknown_model_is_404_listing_models(make_proxy: ProxyFactory) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert "'nope'" in error["message"] and "echo" in error["message"]
+    assert error["available_models"][:2] == ["echo", "slow"]
+    assert error["type"] == "model_not_found"
+
+
+async def test_bad_request_bodies_are_400(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        url = f"{proxy.endpoint}/v1/chat/completions"
+        not_json = await client.post(url, content=b"{oops", headers={"content-type": "application/json"})
+        not_object = await client.post(url, json=[1, 2])
+        no_model = await client.post(url, json={"messages": []})
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
+    assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]
+    assert no_model.status_code == 400 and "'model'" in no_model.json()["error"]["message"]
+    assert backend.requests == []
+
+
+async def test_slow_backend_times_out_with_504_and_span_records_it(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    config = {"litellm_settings": {"request_timeout": 0.2}}
+    async with make_proxy(litellm_config=config) as proxy, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{_url(proxy, rollout)}/v1/chat/completions",
+            json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert response.status_code == 504
+    assert "timed out after 0.2 s" in response.json()["error"]["message"]
+    assert len(spans) == 1
+    assert spans[0].status.status_code == "ERROR"
+    assert spans[0].attributes["error.type"] == "upstream_timeout"
+    assert spans[0].attributes["gen_ai.request.model"] == "slow"
+
+
+async def test_500s_are_retried_then_502(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy(num_retries=2) as proxy, httpx.AsyncClient() as client:
+        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "fail500", "messages": []})
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "HTTP 500" in message and "3 attempt(s)" in message and "engine crashed" in message
+    assert backend.count("fail500") == 3
+
+
+async def test_transient_503s_are_retried_to_success(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy(num_retries=2) as proxy, httpx.AsyncClient() as client:
+        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "flaky", "messages": []})
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello there"
+    assert backend.count("flaky") == 3
+
+
+async def test_rate_limit_is_retried_then_429(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy(num_retries=1) as proxy, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions", json={"model": "ratelimit", "messages": []}
+        )
+    assert response.status_code == 429
+    assert "slow down" in response.json()["error"]["message"]
+    assert backend.count("ratelimit") == 2
+
+
+async def test_client_errors_pass_through_unretried(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy(num_retries=3) as proxy:
+        client = openai.AsyncOpenAI(base_url=f"{proxy.endpoint}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="max_tokens is too large"):
+            await client.chat.completions.create(model="badrequest", messages=[{"role": "user", "content": "x"}])
+        await client.close()
+    assert backend.count("badrequest") == 1
+
+
+async def test_malformed_upstream_json_is_502(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{_url(proxy, rollout)}/v1/chat/completions", json={"model": "malformed", "messages": []}
+        )
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert response.status_code == 502
+    assert "malformed JSON" in response.json()["error"]["message"]
+    assert spans[0].status.status_code == "ERROR"
+    assert spans[0].attributes["error.type"] == "upstream_malformed_response"
+
+
+async def test_stream_dropped_midway_gives_error_event_and_failed_span(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy:
+        client = openai.AsyncOpenAI(base_url=_url(proxy, rollout), api_key="unused", max_retries=0)
+        received = []
+        with pytest.raises(openai.APIError, match="dropped the stream"):
+            stream = await client.chat.completions.create(
+                model="drop", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            async for chunk in stream:
+                received.append(chunk.choices[0].delta.content)
+        await client.close()
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert received == ["", "Hel"]  # the events before the drop arrived unchanged
+    span = spans[0]
+    assert span.status.status_code == "ERROR"
+    assert "dropped the stream" in (span.status.description or "")
+    assert span.attributes["gen_ai.completion.0.content"] == "Hel"
+    assert span.attributes["response_token_ids"] == [7]
+
+
+async def test_unreachable_backend_is_502(make_proxy: ProxyFactory) -> None:
+    dead = [{"model_name": "dead", "litellm_params": {"model": "openai/x", "api_base": "http://127.0.0.1:9/v1"}}]
+    async with make_proxy(model_list=dead, num_retries=1) as proxy, httpx.AsyncClient() as client:
+        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "dead", "messages": []})
+    assert response.status_code == 502
+    assert "unreachable after 2 attempt(s)" in response.json()["error"]["message"]
+
+
+async def test_health_does_not_contact_backends(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        for _ in range(20):
+            health = await client.get(f"{proxy.endpoint}/health")
+            assert health.status_code == 200
+        models = await client.get(f"{proxy.endpoint}/v1/models")
+    assert health.json()["status"] == "ok"
+    assert [m["id"] for m in models.json()["data"]][:3] == ["echo", "slow", "fail500"]
+    assert backend.requests == []
