@@ -1,0 +1,130 @@
+"""The algorithm interface: what drives training from the store's side."""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
+
+from agentbolt.types import Dataset, NamedResources
+
+if TYPE_CHECKING:
+    from agentbolt.adapter import TraceAdapter
+    from agentbolt.llm_proxy import LLMProxy
+    from agentbolt.store.base import LightningStore
+    from agentbolt.trainer import Trainer
+
+__all__ = ["Algorithm"]
+
+
+class Algorithm:
+    """Base class of training algorithms.
+
+    An algorithm enqueues rollouts into the store, publishes resources (prompt templates, LLM endpoints) for the
+    runners, reads back spans (through its adapter) and improves the resources. The trainer wires in the store,
+    adapter, LLM proxy and initial resources before calling :meth:`run`. ``run`` may be a coroutine or a plain method.
+    """
+
+    _trainer_ref: Optional[weakref.ReferenceType[Any]] = None
+    _llm_proxy_ref: Optional[weakref.ReferenceType[Any]] = None
+    _adapter_ref: Optional[weakref.ReferenceType[Any]] = None
+    _store: Optional[LightningStore] = None
+    _initial_resources: Optional[NamedResources] = None
+
+    def is_async(self) -> bool:
+        """Whether :meth:`run` is a coroutine function."""
+        return inspect.iscoroutinefunction(self.run)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Same as :meth:`run`."""
+        return self.run(*args, **kwargs)
+
+    def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> Any:
+        """Train on ``train_dataset``, validating on ``val_dataset``.
+
+        Args:
+            train_dataset: Task inputs used for training.
+            val_dataset: Task inputs used for validation.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement run().")
+
+    def get_client(self) -> Any:
+        """Deprecated (v0.1 server client); algorithms talk to the store instead."""
+        raise NotImplementedError("get_client() is no longer supported; use get_store().")
+
+    # -- weakly held collaborators -------------------------------------------------------------------------------
+
+    def set_trainer(self, trainer: Trainer) -> None:
+        """Remember the trainer driving this algorithm (weakly referenced)."""
+        self._trainer_ref = weakref.ref(trainer)
+
+    def get_trainer(self) -> Trainer:
+        """The trainer driving this algorithm.
+
+        Raises:
+            ValueError: If no trainer was set or it has been garbage-collected.
+        """
+        if self._trainer_ref is None:
+            raise ValueError("Trainer has not been set for this agent.")
+        trainer = self._trainer_ref()
+        if trainer is None:
+            raise ValueError("Trainer reference is no longer valid (the trainer was garbage-collected).")
+        return trainer
+
+    def set_llm_proxy(self, llm_proxy: Optional[LLMProxy]) -> None:
+        """Remember the LLM proxy serving the trained model (weakly referenced); None clears it."""
+        self._llm_proxy_ref = weakref.ref(llm_proxy) if llm_proxy is not None else None
+
+    def get_llm_proxy(self) -> Optional[LLMProxy]:
+        """The LLM proxy, or None when none was set.
+
+        Raises:
+            ValueError: If the proxy has been garbage-collected.
+        """
+        if self._llm_proxy_ref is None:
+            return None
+        proxy = self._llm_proxy_ref()
+        if proxy is None:
+            raise ValueError("LLM proxy reference is no longer valid (the proxy was garbage-collected).")
+        return proxy
+
+    def set_adapter(self, adapter: TraceAdapter[Any]) -> None:
+        """Remember the adapter turning spans into training data (weakly referenced)."""
+        self._adapter_ref = weakref.ref(adapter)
+
+    def get_adapter(self) -> TraceAdapter[Any]:
+        """The adapter.
+
+        Raises:
+            ValueError: If no adapter was set or it has been garbage-collected.
+        """
+        if self._adapter_ref is None:
+            raise ValueError("Adapter has not been set for this algorithm.")
+        adapter = self._adapter_ref()
+        if adapter is None:
+            raise ValueError("Adapter reference is no longer valid (the adapter was garbage-collected).")
+        return adapter
+
+    # -- strongly held state -------------------------------------------------------------------------------------
+
+    def set_store(self, store: LightningStore) -> None:
+        """Set the store this algorithm works against."""
+        self._store = store
+
+    def get_store(self) -> LightningStore:
+        """The store.
+
+        Raises:
+            ValueError: If no store was set.
+        """
+        if self._store is None:
+            raise ValueError("Store has not been set for this algorithm.")
+        return self._store
+
+    def set_initial_resources(self, resources: NamedResources) -> None:
+        """Set the resources the first rollouts use."""
+        self._initial_resources = resources
+
+    def get_initial_resources(self) -> Optional[NamedResources]:
+        """The initial resources, or None."""
+        return self._initial_resources
