@@ -1,0 +1,1254 @@
+"""The rollout lifecycle, written once over the collections interface.
+
+:class:`CollectionBasedLightningStore` implements every :class:`~agentbolt.store.base.LightningStore` method on top
+of a :class:`~agentbolt.store.collection.base.LightningCollections`. Backends (memory, SQLite, ...) only provide
+storage. Each multi-step mutation runs inside one ``collections.atomic(mode="rw")`` section, so a durable backend
+commits it as one transaction; all lifecycle state (queue, counters, latest resources) lives in the collections,
+so a store rebuilt over existing data resumes where it stopped, watchdog included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import threading
+import time
+import warnings
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from agentbolt.store.base import (
+    FINISHED_STATUSES,
+    QUEUING_STATUSES,
+    UNSET,
+    LightningStore,
+    LightningStoreCapabilities,
+    LightningStoreStatistics,
+    Unset,
+    is_finished,
+    is_queuing,
+)
+from agentbolt.store.collection.base import DuplicatedPrimaryKeyError, LightningCollections, resolve_error_type
+from agentbolt.store.collection.memory import missing_item_message
+from agentbolt.store.utils import LATENCY_BUCKETS, rollout_status_from_attempt, scan_unhealthy_rollouts
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    FilterOptions,
+    NamedResources,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    SortOptions,
+    Span,
+    TaskInput,
+    Worker,
+    WorkerStatus,
+)
+from agentbolt.utils.id import generate_id
+
+__all__ = [
+    "CollectionBasedLightningStore",
+    "tracked",
+    "healthcheck_before",
+    "get_current_store_methods",
+    "current_store_method_labels",
+]
+
+logger = logging.getLogger("agentbolt.store.collection_based")
+
+T_collections = TypeVar("T_collections", bound=LightningCollections)
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+_current_public_method: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "agentbolt_store_public_method", default=None
+)
+_current_private_method: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "agentbolt_store_private_method", default=None
+)
+_in_healthcheck: contextvars.ContextVar[bool] = contextvars.ContextVar("agentbolt_store_in_healthcheck", default=False)
+
+_ACTIVE_ATTEMPT_STATUSES: Tuple[AttemptStatus, ...] = ("preparing", "running")
+_HEALTH_CHECKED_ROLLOUT_STATUSES: List[RolloutStatus] = ["preparing", "running"]
+_LATEST_FIRST: SortOptions = {"name": "sequence_id", "order": "desc"}
+
+RolloutChanges = List[Tuple[Rollout, Sequence[str]]]
+"""Rollouts written in an atomic section with the fields that changed, handed to ``_post_update_rollout``."""
+
+
+def get_current_store_methods() -> Tuple[Optional[str], Optional[str]]:
+    """``(public, private)`` names of the store methods currently executing in this context."""
+    return _current_public_method.get(), _current_private_method.get()
+
+
+def current_store_method_labels() -> Dict[str, str]:
+    """Metric labels naming the store methods currently executing (``"unknown"`` outside a store method)."""
+    public, private = get_current_store_methods()
+    return {"store_pubmeth": public or "unknown", "store_privmeth": private or "unknown"}
+
+
+def tracked(name: str) -> Callable[[F], F]:
+    """Mark a store method: names it for metric labels and, with a tracker, records its latency and outcome.
+
+    Names starting with ``_`` are private methods (label ``store_privmeth``), others public (``store_pubmeth``).
+    """
+    variable = _current_private_method if name.startswith("_") else _current_public_method
+
+    def decorator(func: F) -> F:
+        @functools.wraps(func)
+        async def wrapper(self: CollectionBasedLightningStore[Any], *args: Any, **kwargs: Any) -> Any:
+            token = variable.set(name)
+            try:
+                tracker = self._tracker
+                if tracker is None:
+                    return await func(self, *args, **kwargs)
+                start = time.perf_counter()
+                error: Optional[BaseException] = None
+                try:
+                    return await func(self, *args, **kwargs)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    labels = {
+                        "method": name,
+                        "store_pubmeth": _current_public_method.get() or "unknown",
+                        "status": resolve_error_type(error),
+                    }
+                    await tracker.inc_counter("agl.store.total", labels=labels)
+                    await tracker.observe_histogram("agl.store.latency", time.perf_counter() - start, labels=labels)
+            finally:
+                variable.reset(token)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def healthcheck_before(func: F) -> F:
+    """Run the watchdog (debounced, not re-entrant) before the decorated store method."""
+
+    @functools.wraps(func)
+    async def wrapper(self: CollectionBasedLightningStore[Any], *args: Any, **kwargs: Any) -> Any:
+        await self._healthcheck()
+        return await func(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _filter_with(logic: Literal["and", "or"], **fields: Dict[str, Any]) -> FilterOptions:
+    filter_options: Dict[str, Any] = {name: ops for name, ops in fields.items() if ops}
+    filter_options["_aggregate"] = logic
+    return filter_options
+
+
+def _sort_with(sort_by: Optional[str], sort_order: Literal["asc", "desc"]) -> Optional[SortOptions]:
+    if sort_order not in ("asc", "desc"):
+        raise ValueError(f"Invalid sort order {sort_order!r}; use 'asc' or 'desc'")
+    return None if sort_by is None else {"name": sort_by, "order": sort_order}
+
+
+def _rollout_key(rollout_id: str) -> FilterOptions:
+    return {"_must": {"rollout_id": {"exact": rollout_id}}}
+
+
+def _attempt_key(rollout_id: str, attempt_id: str) -> FilterOptions:
+    return {"_must": {"rollout_id": {"exact": rollout_id}, "attempt_id": {"exact": attempt_id}}}
+
+
+def _validated_copy(model: Any, updates: Dict[str, Any]) -> Any:
+    """A copy of ``model`` with ``updates`` applied and validated (clear errors for bad user input)."""
+    if not updates:
+        return model
+    return type(model).model_validate({**dict(model), **updates})
+
+
+def _attach(rollout: Rollout, attempt: Optional[Attempt]) -> Union[Rollout, AttemptedRollout]:
+    if attempt is None:
+        return rollout
+    return AttemptedRollout(**dict(rollout), attempt=attempt)
+
+
+class _Waiter:
+    """One coroutine waiting for rollouts to finish; woken from any thread."""
+
+    __slots__ = ("event", "loop")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the waiter's loop is closed
+            self.loop.call_soon_threadsafe(self.event.set)
+
+
+class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
+    """A :class:`LightningStore` whose lifecycle rules run over a set of collections.
+
+    Args:
+        collections: Storage backend.
+        read_snapshot: Run read-only queries in snapshot sections (consistent multi-collection reads).
+        tracker: Optional metrics backend recording per-method latency and rollout outcomes.
+        scan_debounce_seconds: Minimum interval between two watchdog scans; ``<= 0`` scans before every
+            health-checked call.
+
+    Note:
+        ``cancelled`` is final with respect to attempts: a late attempt update does not change a cancelled
+        rollout's status (an explicit ``update_rollout`` still can).
+    """
+
+    _wait_poll_interval: float = 1.0
+    """Longest sleep of ``wait_for_rollouts`` between two checks (notifications usually wake it earlier)."""
+
+    _cache_latest_resources: bool = False
+    """Whether the latest resources id is cached in-process (only for stores that own their data exclusively)."""
+
+    def __init__(
+        self,
+        collections: T_collections,
+        *,
+        read_snapshot: bool = False,
+        tracker: Any = None,
+        scan_debounce_seconds: float = 10.0,
+    ) -> None:
+        super().__init__()
+        self.collections: T_collections = collections
+        self._read_snapshot = read_snapshot
+        self._tracker = tracker
+        self._scan_debounce_seconds = float(scan_debounce_seconds)
+        self._last_scan_entry: Optional[float] = None
+        self._scan_lock = threading.Lock()
+        self._start_time = time.time()
+        self._latest_resources_id: Optional[str] | Unset = UNSET
+        self._waiters: Dict[str, Set[_Waiter]] = {}
+        self._waiters_lock = threading.Lock()
+        if tracker is not None:
+            store_labels = ["method", "store_pubmeth", "status"]
+            tracker.register_histogram("agl.store.latency", store_labels, buckets=LATENCY_BUCKETS, group_level=1)
+            tracker.register_counter("agl.store.total", store_labels, group_level=1)
+            tracker.register_counter("agl.rollouts.total", ["status", "mode"], group_level=1)
+            tracker.register_histogram("agl.rollouts.duration", ["status", "mode"], group_level=1)
+
+    @property
+    def capabilities(self) -> LightningStoreCapabilities:
+        """No capability is claimed by the generic implementation."""
+        return LightningStoreCapabilities()
+
+    # =================================================================================================================
+    # Watchdog
+    # =================================================================================================================
+
+    async def _healthcheck(self) -> None:
+        if _in_healthcheck.get():
+            return
+        token = _in_healthcheck.set(True)
+        try:
+            if await self._should_scan_for_unhealthy_rollouts():
+                await self._scan_for_unhealthy_rollouts()
+        finally:
+            _in_healthcheck.reset(token)
+
+    async def _should_scan_for_unhealthy_rollouts(self) -> bool:
+        """Whether a scan may start now (debounced); records the entry time when it returns True."""
+        now = time.time()
+        with self._scan_lock:
+            if (
+                self._scan_debounce_seconds > 0
+                and self._last_scan_entry is not None
+                and now - self._last_scan_entry < self._scan_debounce_seconds
+            ):
+                return False
+            self._last_scan_entry = now
+            return True
+
+    async def _health_checked_rollouts(
+        self, collections: LightningCollections, rollout_ids: Optional[Sequence[str]] = None
+    ) -> List[AttemptedRollout]:
+        """Active rollouts with a health policy, with their latest attempt when that attempt is active."""
+        filter_options: Dict[str, Any] = {"status": {"within": _HEALTH_CHECKED_ROLLOUT_STATUSES}}
+        if rollout_ids is not None:
+            filter_options["rollout_id"] = {"within": list(rollout_ids)}
+        rollouts = [
+            rollout
+            for rollout in await collections.rollouts.query(filter=filter_options)
+            if rollout.config.timeout_seconds is not None or rollout.config.unresponsive_seconds is not None
+        ]
+        if not rollouts:
+            return []
+        latest = await self._latest_attempts(collections, [r.rollout_id for r in rollouts])
+        return [
+            AttemptedRollout(**dict(rollout), attempt=latest[rollout.rollout_id])
+            for rollout in rollouts
+            if rollout.rollout_id in latest and latest[rollout.rollout_id].status in _ACTIVE_ATTEMPT_STATUSES
+        ]
+
+    @tracked("_scan_for_unhealthy_rollouts")
+    async def _scan_for_unhealthy_rollouts(self) -> None:
+        """Mark attempts that timed out or went silent, exactly as ``update_attempt(status=...)`` would."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            candidates = await self._health_checked_rollouts(collections)
+        verdicts = await scan_unhealthy_rollouts(candidates)
+        if not verdicts:
+            return
+        changes: RolloutChanges = []
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "attempts", "workers", "rollout_queue"]
+        ) as collections:
+            # Re-judge on fresh data: a span may have arrived since the read above.
+            fresh = await self._health_checked_rollouts(collections, [rid for rid, _ in verdicts])
+            for (rollout_id, attempt_id), status in (await scan_unhealthy_rollouts(fresh)).items():
+                rollout = next(r for r in fresh if r.rollout_id == rollout_id)
+                logger.info("Attempt %s of rollout %s is %s", attempt_id, rollout_id, status)
+                base_rollout = Rollout(**{k: v for k, v in dict(rollout).items() if k != "attempt"})
+                await self._apply_attempt_update(
+                    collections, base_rollout, rollout.attempt, {"status": status}, time.time(), changes
+                )
+        await self._post_update_rollout(changes)
+
+    # =================================================================================================================
+    # Lifecycle rules (run inside an atomic section; each rule is written once)
+    # =================================================================================================================
+
+    async def _latest_resources_id_in(self, collections: LightningCollections) -> Optional[str]:
+        if self._cache_latest_resources and not isinstance(self._latest_resources_id, Unset):
+            return self._latest_resources_id
+        latest = await collections.resources.get(sort={"name": "update_time", "order": "desc"})
+        latest_id = None if latest is None else latest.resources_id
+        if self._cache_latest_resources:
+            self._latest_resources_id = latest_id
+        return latest_id
+
+    async def _new_rollout(
+        self,
+        collections: LightningCollections,
+        input: TaskInput,
+        mode: Optional[RolloutMode],
+        resources_id: Optional[str],
+        config: Optional[RolloutConfig],
+        metadata: Optional[Dict[str, Any]],
+        status: RolloutStatus,
+        now: float,
+    ) -> Rollout:
+        if resources_id is None:
+            resources_id = await self._latest_resources_id_in(collections)
+        return Rollout(
+            rollout_id="ro-" + generate_id(12),
+            input=input,
+            start_time=now,
+            mode=mode,
+            resources_id=resources_id,
+            status=status,
+            config=RolloutConfig() if config is None else RolloutConfig.model_validate(config).model_copy(deep=True),
+            metadata={} if metadata is None else dict(metadata),
+        )
+
+    async def _get_rollout(self, collections: LightningCollections, rollout_id: str) -> Rollout:
+        rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+        if rollout is None:
+            raise ValueError(f"Rollout {rollout_id} not found")
+        return rollout
+
+    async def _latest_attempt(self, collections: LightningCollections, rollout_id: str) -> Optional[Attempt]:
+        return await collections.attempts.get(filter=_rollout_key(rollout_id), sort=_LATEST_FIRST)
+
+    async def _latest_attempts(
+        self, collections: LightningCollections, rollout_ids: Sequence[str]
+    ) -> Dict[str, Attempt]:
+        """Latest attempt of each rollout that has one (one query for all rollouts)."""
+        if not rollout_ids:
+            return {}
+        if len(rollout_ids) == 1:
+            attempt = await self._latest_attempt(collections, rollout_ids[0])
+            return {} if attempt is None else {attempt.rollout_id: attempt}
+        latest: Dict[str, Attempt] = {}
+        for attempt in await collections.attempts.query(
+            filter={"_must": {"rollout_id": {"within": list(rollout_ids)}}}
+        ):
+            current = latest.get(attempt.rollout_id)
+            if current is None or attempt.sequence_id > current.sequence_id:
+                latest[attempt.rollout_id] = attempt
+        return latest
+
+    async def _write_rollout(
+        self,
+        collections: LightningCollections,
+        rollout: Rollout,
+        updates: Dict[str, Any],
+        now: float,
+        changes: RolloutChanges,
+        *,
+        validate: bool = False,
+    ) -> Rollout:
+        """Write rollout fields. A terminal status stamps ``end_time``; a queuing status re-enqueues (once)."""
+        status = updates.get("status")
+        if status in FINISHED_STATUSES:
+            updates = {**updates, "end_time": now}
+        updated = _validated_copy(rollout, updates) if validate else rollout.model_copy(update=updates)
+        await collections.rollouts.update([updated])
+        if status in QUEUING_STATUSES and not await collections.rollout_queue.has(updated.rollout_id):
+            await collections.rollout_queue.enqueue([updated.rollout_id])
+        changes.append((updated, tuple(updates)))
+        return updated
+
+    async def _create_attempt(
+        self,
+        collections: LightningCollections,
+        rollout: Rollout,
+        worker_id: Optional[str],
+        now: float,
+        changes: RolloutChanges,
+    ) -> AttemptedRollout:
+        """A new ``preparing`` attempt (sequence = attempts so far + 1); the rollout becomes ``preparing``."""
+        existing = await collections.attempts.query(filter=_rollout_key(rollout.rollout_id), limit=0)
+        attempt = Attempt(
+            rollout_id=rollout.rollout_id,
+            attempt_id="at-" + generate_id(8),
+            sequence_id=existing.total + 1,
+            start_time=now,
+            status="preparing",
+            worker_id=worker_id,
+        )
+        await collections.attempts.insert([attempt])
+        if rollout.status != "preparing":
+            rollout = await self._write_rollout(collections, rollout, {"status": "preparing"}, now, changes)
+        return AttemptedRollout(**dict(rollout), attempt=attempt)
+
+    async def _apply_attempt_update(
+        self,
+        collections: LightningCollections,
+        rollout: Rollout,
+        attempt: Attempt,
+        updates: Dict[str, Any],
+        now: float,
+        changes: RolloutChanges,
+    ) -> Attempt:
+        """Write attempt fields and propagate a status change to the rollout and the worker.
+
+        Used by ``update_attempt`` and by the watchdog. ``failed``/``succeeded`` stamp ``end_time``. When the
+        attempt is the rollout's latest, the rollout takes the status derived by
+        :func:`~agentbolt.store.utils.rollout_status_from_attempt` (a cancelled rollout stays cancelled).
+        """
+        status = updates.get("status")
+        if status in ("failed", "succeeded"):
+            updates = {**updates, "end_time": now}
+        updated = _validated_copy(attempt, updates)
+        await collections.attempts.update([updated])
+        if "status" in updates:
+            latest = await self._latest_attempt(collections, rollout.rollout_id)
+            if latest is not None and latest.attempt_id == updated.attempt_id and rollout.status != "cancelled":
+                new_status = await rollout_status_from_attempt(updated, rollout.config)
+                if new_status != rollout.status:
+                    await self._write_rollout(collections, rollout, {"status": new_status}, now, changes)
+        if updates.get("worker_id") or ("status" in updates and updated.worker_id):
+            await self._sync_workers_with_attempts([updated], collections=collections, now=now)
+        return updated
+
+    async def _sync_workers_with_attempts(
+        self,
+        attempts: Sequence[Attempt],
+        dequeue: bool = False,
+        *,
+        collections: Optional[LightningCollections] = None,
+        now: Optional[float] = None,
+    ) -> None:
+        """Bring the workers of ``attempts`` in line with the attempts' statuses.
+
+        Finished attempts leave their worker ``idle``; timed-out or unresponsive ones leave it ``unknown``; active
+        ones make it ``busy`` on that attempt. Only these fields are written (heartbeat data is preserved).
+        """
+        if collections is None:
+            async with self.collections.atomic(mode="rw", labels=["workers"]) as owned:
+                await self._sync_workers_with_attempts(attempts, dequeue, collections=owned, now=now)
+            return
+        now = time.time() if now is None else now
+        for attempt in attempts:
+            if not attempt.worker_id:
+                continue
+            fields: Dict[str, Any]
+            if attempt.status in ("succeeded", "failed", "timeout", "unresponsive"):
+                fields = {
+                    "status": "idle" if attempt.status in ("succeeded", "failed") else "unknown",
+                    "last_idle_time": now,
+                    "current_rollout_id": None,
+                    "current_attempt_id": None,
+                }
+            else:
+                fields = {
+                    "status": "busy",
+                    "last_busy_time": now,
+                    "current_rollout_id": attempt.rollout_id,
+                    "current_attempt_id": attempt.attempt_id,
+                }
+                if dequeue:
+                    fields["last_dequeue_time"] = now
+            await collections.workers.upsert(
+                [Worker(worker_id=attempt.worker_id, **fields)], update_fields=list(fields)
+            )
+
+    async def _mark_worker_idle_after_empty_dequeue(
+        self, collections: LightningCollections, worker_id: str, now: float
+    ) -> None:
+        worker = await collections.workers.get(filter={"_must": {"worker_id": {"exact": worker_id}}})
+        fields: Dict[str, Any] = {"last_dequeue_time": now}
+        if worker is None or worker.status != "idle":
+            fields.update(status="idle", last_idle_time=now)
+        await collections.workers.upsert([Worker(worker_id=worker_id, **fields)], update_fields=list(fields))
+
+    async def _ensure_spans_available(self, rollout_id: str) -> None:
+        """Hook raising when a rollout's spans can no longer be served (e.g. evicted); no-op by default."""
+
+    async def _post_add_spans(self, spans: Sequence[Span], rollout_id: str, attempt_id: str) -> None:
+        """Hook called after spans of one attempt were committed (no-op by default)."""
+
+    async def _post_update_rollout(
+        self, rollouts: Sequence[Tuple[Rollout, Sequence[str]]], skip_enqueue: bool = False
+    ) -> None:
+        """Hook called after rollout writes were committed: wakes waiters and records outcome metrics.
+
+        Re-enqueueing already happened inside the atomic section; ``skip_enqueue`` is accepted for compatibility.
+        """
+        finished = [rollout for rollout, fields in rollouts if is_finished(rollout)]
+        if not finished:
+            return
+        self._notify_finished([rollout.rollout_id for rollout in finished])
+        if self._tracker is None:
+            return
+        for rollout, fields in rollouts:
+            if is_finished(rollout) and "end_time" in fields and rollout.end_time is not None:
+                labels = {"status": rollout.status, "mode": rollout.mode or "unknown"}
+                await self._tracker.inc_counter("agl.rollouts.total", labels=labels)
+                await self._tracker.observe_histogram(
+                    "agl.rollouts.duration", rollout.end_time - rollout.start_time, labels=labels
+                )
+
+    # =================================================================================================================
+    # Rollouts: creation, queue, attempts
+    # =================================================================================================================
+
+    @tracked("start_rollout")
+    @healthcheck_before
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        worker_id: Optional[str] = None,
+    ) -> AttemptedRollout:
+        """Create a rollout in ``preparing`` with its first attempt, without queuing it."""
+        now = time.time()
+        async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
+            rollout = await self._new_rollout(
+                collections, input, mode, resources_id, config, metadata, "preparing", now
+            )
+            attempt = Attempt(
+                rollout_id=rollout.rollout_id,
+                attempt_id="at-" + generate_id(8),
+                sequence_id=1,
+                start_time=now,
+                status="preparing",
+                worker_id=worker_id,
+            )
+            await collections.rollouts.insert([rollout])
+            await collections.attempts.insert([attempt])
+            if worker_id:
+                await self._sync_workers_with_attempts([attempt], collections=collections, now=now)
+        return AttemptedRollout(**dict(rollout), attempt=attempt)
+
+    async def _enqueue(self, requests: Sequence[EnqueueRolloutRequest]) -> List[Rollout]:
+        now = time.time()
+        async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
+            rollouts = [
+                await self._new_rollout(
+                    collections,
+                    request.input,
+                    request.mode,
+                    request.resources_id,
+                    request.config,
+                    request.metadata,
+                    "queuing",
+                    now,
+                )
+                for request in requests
+            ]
+            if rollouts:
+                await collections.rollouts.insert(rollouts)
+                await collections.rollout_queue.enqueue([rollout.rollout_id for rollout in rollouts])
+        return rollouts
+
+    @tracked("enqueue_rollout")
+    @healthcheck_before
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Rollout:
+        """Create a rollout in ``queuing`` and append it to the FIFO queue."""
+        request = EnqueueRolloutRequest.model_construct(
+            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata
+        )
+        return (await self._enqueue([request]))[0]
+
+    @tracked("enqueue_many_rollouts")
+    @healthcheck_before
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """Enqueue several rollouts in one atomic section; results follow the input order."""
+        requests = [EnqueueRolloutRequest.model_validate(request) for request in rollouts]
+        return await self._enqueue(requests)
+
+    async def _dequeue(self, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
+        now = time.time()
+        claimed: List[AttemptedRollout] = []
+        changes: RolloutChanges = []
+        async with self.collections.atomic(
+            mode="rw", labels=["rollout_queue", "rollouts", "attempts", "workers"]
+        ) as collections:
+            while len(claimed) < limit:
+                rollout_ids = await collections.rollout_queue.dequeue(limit - len(claimed))
+                if not rollout_ids:
+                    break
+                for rollout_id in rollout_ids:
+                    rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+                    if rollout is None or not is_queuing(rollout):
+                        logger.warning(
+                            "Skipping queued rollout %s: it is %s",
+                            rollout_id,
+                            "gone" if rollout is None else rollout.status,
+                        )
+                        continue
+                    claimed.append(await self._create_attempt(collections, rollout, worker_id, now, changes))
+            if worker_id:
+                if claimed:
+                    await self._sync_workers_with_attempts(
+                        [claimed[-1].attempt], dequeue=True, collections=collections, now=now
+                    )
+                else:
+                    await self._mark_worker_idle_after_empty_dequeue(collections, worker_id, now)
+        await self._post_update_rollout(changes)
+        return claimed
+
+    @tracked("dequeue_rollout")
+    @healthcheck_before
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        """Claim the oldest queued rollout with a new attempt; ``None`` when the queue is empty."""
+        claimed = await self._dequeue(1, worker_id)
+        return claimed[0] if claimed else None
+
+    @tracked("dequeue_many_rollouts")
+    @healthcheck_before
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: Optional[str] = None
+    ) -> Sequence[AttemptedRollout]:
+        """Claim up to ``limit`` queued rollouts, oldest first."""
+        if limit <= 0:
+            return []
+        return await self._dequeue(limit, worker_id)
+
+    @tracked("start_attempt")
+    @healthcheck_before
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        """Create a new attempt for an existing rollout (``max_attempts`` is not enforced here)."""
+        now = time.time()
+        changes: RolloutChanges = []
+        async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
+            rollout = await self._get_rollout(collections, rollout_id)
+            attempted = await self._create_attempt(collections, rollout, worker_id, now, changes)
+            if worker_id:
+                await self._sync_workers_with_attempts([attempted.attempt], collections=collections, now=now)
+        await self._post_update_rollout(changes)
+        return attempted
+
+    # =================================================================================================================
+    # Spans and sequence ids
+    # =================================================================================================================
+
+    async def _add_spans(self, spans: Sequence[Span]) -> List[Span]:
+        groups: Dict[Tuple[str, str], List[Span]] = {}
+        for span in spans:
+            if not isinstance(span, Span):
+                raise TypeError(f"Expected Span, got {type(span).__name__}")
+            groups.setdefault((span.rollout_id, span.attempt_id), []).append(span)
+        now = time.time()
+        inserted: Dict[Tuple[str, str], List[Span]] = {}
+        changes: RolloutChanges = []
+        async with self.collections.atomic(
+            mode="rw", labels=["span_sequence_ids", "rollouts", "attempts", "spans"]
+        ) as collections:
+            targets: Dict[Tuple[str, str], Tuple[Rollout, Attempt]] = {}
+            for rollout_id, attempt_id in groups:  # validate everything before writing anything
+                rollout = await self._get_rollout(collections, rollout_id)
+                attempt = await collections.attempts.get(filter=_attempt_key(rollout_id, attempt_id))
+                if attempt is None:
+                    raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
+                targets[(rollout_id, attempt_id)] = (rollout, attempt)
+            for key, group in groups.items():
+                rollout, attempt = targets[key]
+                await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
+                added: List[Span] = []
+                for span in group:
+                    try:
+                        await collections.spans.insert([span])
+                    except DuplicatedPrimaryKeyError:
+                        logger.debug("Span %s of %s/%s already stored; skipped", span.span_id, *key)
+                        continue
+                    added.append(span)
+                if added:
+                    inserted[key] = added
+                    await self._record_heartbeat(collections, rollout, attempt, now, changes)
+        await self._post_update_rollout(changes)
+        for (rollout_id, attempt_id), added in inserted.items():
+            await self._post_add_spans(added, rollout_id, attempt_id)
+        return [span for group in inserted.values() for span in group]
+
+    async def _record_heartbeat(
+        self,
+        collections: LightningCollections,
+        rollout: Rollout,
+        attempt: Attempt,
+        now: float,
+        changes: RolloutChanges,
+    ) -> None:
+        """A span is a sign of life: the attempt (and, if latest, a preparing/requeuing rollout) becomes running."""
+        updates: Dict[str, Any] = {"last_heartbeat_time": now}
+        if attempt.status in ("preparing", "unresponsive"):
+            updates["status"] = "running"
+        await collections.attempts.update([attempt.model_copy(update=updates)])
+        if rollout.status in ("preparing", "requeuing"):
+            latest = await self._latest_attempt(collections, rollout.rollout_id)
+            if latest is not None and latest.attempt_id == attempt.attempt_id:
+                await self._write_rollout(collections, rollout, {"status": "running"}, now, changes)
+
+    @tracked("add_span")
+    async def add_span(self, span: Span) -> Optional[Span]:
+        """Store a span and record it as a heartbeat; ``None`` when it is already stored.
+
+        Raises:
+            ValueError: When the rollout or the attempt does not exist.
+        """
+        added = await self._add_spans([span])
+        return added[0] if added else None
+
+    @tracked("add_many_spans")
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Store several spans in one atomic section; returns those actually inserted."""
+        return await self._add_spans(spans)
+
+    @tracked("add_otel_span")
+    async def add_otel_span(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        readable_span: ReadableSpan,
+        sequence_id: int | None = None,
+    ) -> Optional[Span]:
+        """Convert an OpenTelemetry span and store it, allocating a sequence id when none is given."""
+        if sequence_id is None:
+            sequence_id = (await self._allocate_sequence_ids([(rollout_id, attempt_id)]))[0]
+        span = Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id)
+        added = await self._add_spans([span])
+        return added[0] if added else None
+
+    async def _allocate_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> List[int]:
+        async with self.collections.atomic(mode="rw", labels=["span_sequence_ids"]) as collections:
+            return [await collections.span_sequence_ids.inc(rollout_id, 1) for rollout_id, _ in rollout_attempt_ids]
+
+    @tracked("get_next_span_sequence_id")
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        """Next sequence id of the rollout (one counter per rollout, starting at 1, never reissued)."""
+        return (await self._allocate_sequence_ids([(rollout_id, attempt_id)]))[0]
+
+    @tracked("get_many_span_sequence_ids")
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        """One sequence id per ``(rollout_id, attempt_id)``, allocated in request order."""
+        return await self._allocate_sequence_ids(rollout_attempt_ids)
+
+    @tracked("query_spans")
+    @healthcheck_before
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+    ) -> PaginatedResult[Span]:
+        """Spans of a rollout: all attempts (``None``), one attempt, or the ``"latest"`` one.
+
+        The optional id/name filters combine with ``filter_logic``; an unknown rollout gives an empty result.
+        """
+        await self._ensure_spans_available(rollout_id)
+        filter_options: Dict[str, Any] = dict(
+            _filter_with(
+                filter_logic,
+                trace_id={"exact": trace_id, "contains": trace_id_contains},
+                span_id={"exact": span_id, "contains": span_id_contains},
+                parent_id={"exact": parent_id, "contains": parent_id_contains},
+                name={"exact": name, "contains": name_contains},
+            )
+        )
+        must: Dict[str, Any] = {"rollout_id": {"exact": rollout_id}}
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            if attempt_id == "latest":
+                latest = await self._latest_attempt(collections, rollout_id)
+                if latest is None:
+                    return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
+                attempt_id = latest.attempt_id
+            if attempt_id is not None:
+                must["attempt_id"] = {"exact": attempt_id}
+            filter_options["_must"] = must
+            return await collections.spans.query(
+                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
+            )
+
+    # =================================================================================================================
+    # Queries
+    # =================================================================================================================
+
+    @tracked("query_rollouts")
+    @healthcheck_before
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Optional[Sequence[RolloutStatus]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
+    ) -> PaginatedResult[Union[Rollout, AttemptedRollout]]:
+        """Rollouts matching the filters, each with its latest attempt attached when it has one.
+
+        ``status`` and ``rollout_ids`` are deprecated aliases of ``status_in`` and ``rollout_id_in``.
+        """
+        if status is not None or rollout_ids is not None:
+            warnings.warn(
+                "query_rollouts(status=..., rollout_ids=...) is deprecated; use status_in and rollout_id_in",
+                DeprecationWarning,
+                stacklevel=4,  # the caller of the public method (past the tracked/healthcheck wrappers)
+            )
+        status_in = status_in if status_in is not None else status
+        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+        filter_options = _filter_with(
+            filter_logic,
+            status={"within": None if status_in is None else list(status_in)},
+            rollout_id={
+                "within": None if rollout_id_in is None else list(rollout_id_in),
+                "contains": rollout_id_contains,
+            },
+        )
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            page = await collections.rollouts.query(
+                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
+            )
+            latest = await self._latest_attempts(collections, [rollout.rollout_id for rollout in page])
+        return PaginatedResult(
+            items=[_attach(rollout, latest.get(rollout.rollout_id)) for rollout in page],
+            limit=page.limit,
+            offset=page.offset,
+            total=page.total,
+        )
+
+    @tracked("get_rollout_by_id")
+    @healthcheck_before
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
+        """One rollout with its latest attempt attached when it has one; ``None`` when unknown."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+            if rollout is None:
+                return None
+            return _attach(rollout, await self._latest_attempt(collections, rollout_id))
+
+    @tracked("query_attempts")
+    @healthcheck_before
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[Attempt]:
+        """Attempts of one rollout (empty for an unknown rollout)."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.attempts.query(
+                filter=_rollout_key(rollout_id), sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
+            )
+
+    @tracked("get_latest_attempt")
+    @healthcheck_before
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        """The attempt with the highest sequence id, or ``None``."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await self._latest_attempt(collections, rollout_id)
+
+    # =================================================================================================================
+    # Resources
+    # =================================================================================================================
+
+    async def _write_resources(self, resources_id: Optional[str], resources: NamedResources) -> ResourcesUpdate:
+        resources = dict(resources)
+        async with self.collections.atomic(mode="rw", labels=["resources"]) as collections:
+            latest_id = await self._latest_resources_id_in(collections)
+            latest = (
+                None
+                if latest_id is None
+                else await collections.resources.get(filter={"_must": {"resources_id": {"exact": latest_id}}})
+            )
+            # "Latest" is the snapshot with the greatest update_time: keep update times strictly increasing.
+            now = time.time()
+            if latest is not None and latest.update_time >= now:
+                now = latest.update_time + 1e-6
+            existing = (
+                None
+                if resources_id is None
+                else await collections.resources.get(filter={"_must": {"resources_id": {"exact": resources_id}}})
+            )
+            if existing is None:
+                update = ResourcesUpdate(
+                    resources_id=resources_id or "rs-" + generate_id(12),
+                    create_time=now,
+                    update_time=now,
+                    version=1,
+                    resources=resources,
+                )
+                await collections.resources.insert([update])
+            else:
+                update = ResourcesUpdate(
+                    resources_id=existing.resources_id,
+                    create_time=existing.create_time,
+                    update_time=now,
+                    version=existing.version + 1,
+                    resources=resources,
+                )
+                await collections.resources.update([update])
+            if self._cache_latest_resources:
+                self._latest_resources_id = update.resources_id
+        return update
+
+    @tracked("add_resources")
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        """Store a new resource snapshot (version 1); it becomes the latest."""
+        return await self._write_resources(None, resources)
+
+    @tracked("update_resources")
+    @healthcheck_before
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        """Replace a snapshot's resources and bump its version, or create it; it becomes the latest."""
+        return await self._write_resources(resources_id, resources)
+
+    @tracked("query_resources")
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[ResourcesUpdate]:
+        """Resource snapshots matching both filters."""
+        filter_options = _filter_with("and", resources_id={"exact": resources_id, "contains": resources_id_contains})
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.resources.query(
+                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
+            )
+
+    @tracked("get_resources_by_id")
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        """One resource snapshot, or ``None``."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.resources.get(filter={"_must": {"resources_id": {"exact": resources_id}}})
+
+    @tracked("get_latest_resources")
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        """The most recently added or updated snapshot, or ``None``."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            latest_id = await self._latest_resources_id_in(collections)
+            if latest_id is None:
+                return None
+            return await collections.resources.get(filter={"_must": {"resources_id": {"exact": latest_id}}})
+
+    # =================================================================================================================
+    # Updates
+    # =================================================================================================================
+
+    @tracked("update_rollout")
+    @healthcheck_before
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: Optional[RolloutMode] | Unset = UNSET,
+        resources_id: Optional[str] | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Rollout:
+        """Write the given fields (``UNSET`` ones are left alone; ``None`` is written).
+
+        A terminal status stamps ``end_time``; ``queuing``/``requeuing`` re-enqueue the rollout unless queued.
+
+        Raises:
+            ValueError: Unknown rollout or invalid field values (nothing is written).
+        """
+        updates: Dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("input", input),
+                ("mode", mode),
+                ("resources_id", resources_id),
+                ("status", status),
+                ("config", config),
+                ("metadata", metadata),
+            )
+            if not isinstance(value, Unset)
+        }
+        if isinstance(updates.get("config"), RolloutConfig):
+            updates["config"] = updates["config"].model_copy(deep=True)
+        if isinstance(updates.get("metadata"), dict):
+            updates["metadata"] = dict(updates["metadata"])
+        now = time.time()
+        changes: RolloutChanges = []
+        async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
+            rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+            if rollout is None:
+                raise ValueError(missing_item_message({"rollout_id": rollout_id}))
+            updated = await self._write_rollout(collections, rollout, updates, now, changes, validate=True)
+        await self._post_update_rollout(changes)
+        return updated
+
+    @tracked("update_attempt")
+    @healthcheck_before
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Attempt:
+        """Write the given fields of an attempt (``"latest"`` targets the highest sequence id).
+
+        A status change on the latest attempt drives the rollout (success, retry or failure per its config) and the
+        worker.
+
+        Raises:
+            ValueError: Unknown rollout / attempt, or invalid field values (nothing is written).
+        """
+        updates: Dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("status", status),
+                ("worker_id", worker_id),
+                ("last_heartbeat_time", last_heartbeat_time),
+                ("metadata", metadata),
+            )
+            if not isinstance(value, Unset)
+        }
+        if isinstance(updates.get("metadata"), dict):
+            updates["metadata"] = dict(updates["metadata"])
+        now = time.time()
+        changes: RolloutChanges = []
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "attempts", "workers", "rollout_queue"]
+        ) as collections:
+            rollout = await self._get_rollout(collections, rollout_id)
+            latest = await self._latest_attempt(collections, rollout_id)
+            if latest is None:
+                raise ValueError(f"No attempts found for rollout {rollout_id}")
+            attempt = (
+                latest
+                if attempt_id == "latest" or attempt_id == latest.attempt_id
+                else await collections.attempts.get(filter=_attempt_key(rollout_id, attempt_id))
+            )
+            if attempt is None:
+                raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
+            _validated_copy(attempt, updates)  # reject bad values before anything is written
+            updated = await self._apply_attempt_update(collections, rollout, attempt, updates, now, changes)
+        await self._post_update_rollout(changes)
+        return updated
+
+    # =================================================================================================================
+    # Workers
+    # =================================================================================================================
+
+    @tracked("query_workers")
+    @healthcheck_before
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[Worker]:
+        """Workers matching the filters."""
+        filter_options = _filter_with(
+            filter_logic,
+            status={"within": None if status_in is None else list(status_in)},
+            worker_id={"contains": worker_id_contains},
+        )
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.workers.query(
+                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
+            )
+
+    @tracked("get_worker_by_id")
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        """One worker, or ``None``."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.workers.get(filter={"_must": {"worker_id": {"exact": worker_id}}})
+
+    @tracked("update_worker")
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
+        """Record a heartbeat (creating the worker as ``unknown`` when new); never changes the status."""
+        fields: Dict[str, Any] = {"last_heartbeat_time": time.time()}
+        if not isinstance(heartbeat_stats, Unset):
+            if not isinstance(heartbeat_stats, dict):
+                raise TypeError(f"heartbeat_stats must be a dict, got {type(heartbeat_stats).__name__}")
+            fields["heartbeat_stats"] = dict(heartbeat_stats)
+        async with self.collections.atomic(mode="rw", labels=["workers"]) as collections:
+            (worker,) = await collections.workers.upsert(
+                [Worker(worker_id=worker_id, **fields)], update_fields=list(fields)
+            )
+        return worker
+
+    # =================================================================================================================
+    # Waiting
+    # =================================================================================================================
+
+    def _notify_finished(self, rollout_ids: Sequence[str]) -> None:
+        with self._waiters_lock:
+            waiters = {waiter for rollout_id in rollout_ids for waiter in self._waiters.get(rollout_id, ())}
+        for waiter in waiters:
+            waiter.wake()
+
+    def _register_waiter(self, waiter: _Waiter, rollout_ids: Sequence[str]) -> None:
+        with self._waiters_lock:
+            for rollout_id in rollout_ids:
+                self._waiters.setdefault(rollout_id, set()).add(waiter)
+
+    def _unregister_waiter(self, waiter: _Waiter, rollout_ids: Sequence[str]) -> None:
+        with self._waiters_lock:
+            for rollout_id in rollout_ids:
+                registered = self._waiters.get(rollout_id)
+                if registered is not None:
+                    registered.discard(waiter)
+                    if not registered:
+                        del self._waiters[rollout_id]
+
+    async def _wait_until_finished(self, rollout_ids: Sequence[str], timeout: Optional[float]) -> Dict[str, Rollout]:
+        """Finished rollouts among ``rollout_ids`` once all known ones finished or the deadline passed.
+
+        Woken by completion notifications from this process; also re-checks at least every
+        ``_wait_poll_interval`` seconds (changes made by other processes, watchdog verdicts). Cancellable.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + max(timeout, 0.0)
+        unique_ids = list(dict.fromkeys(rollout_ids))
+        waiter = _Waiter()
+        self._register_waiter(waiter, unique_ids)
+        try:
+            first = True
+            while True:
+                if not first:
+                    await self._healthcheck()
+                first = False
+                waiter.event.clear()
+                async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+                    known = await collections.rollouts.query(filter={"_must": {"rollout_id": {"within": unique_ids}}})
+                finished = {rollout.rollout_id: rollout for rollout in known if is_finished(rollout)}
+                if len(finished) == len(known):
+                    return finished
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return finished
+                slice_seconds = (
+                    self._wait_poll_interval if remaining is None else min(self._wait_poll_interval, remaining)
+                )
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter.event.wait(), timeout=max(slice_seconds, 0.01))
+        finally:
+            self._unregister_waiter(waiter, unique_ids)
+
+    async def wait_for_rollout(self, rollout_id: str, timeout: Optional[float] = None) -> Optional[Rollout]:
+        """The rollout once finished; ``None`` if unknown or still unfinished at the deadline."""
+        return (await self._wait_until_finished([rollout_id], timeout)).get(rollout_id)
+
+    @tracked("wait_for_rollouts")
+    @healthcheck_before
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """The rollouts among ``rollout_ids`` finished by the deadline, in input order; unknown ids are omitted.
+
+        ``timeout=None`` waits until every known rollout finished (cancel the task to stop waiting);
+        ``timeout <= 0`` checks once. Never modifies rollouts.
+        """
+        finished = await self._wait_until_finished(rollout_ids, timeout)
+        return [finished[rollout_id] for rollout_id in rollout_ids if rollout_id in finished]
+
+    # =================================================================================================================
+    # Statistics
+    # =================================================================================================================
+
+    @tracked("statistics")
+    async def statistics(self) -> LightningStoreStatistics:
+        """Counts of stored items and uptime."""
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return LightningStoreStatistics(
+                name=type(self).__name__,
+                total_rollouts=await collections.rollouts.size(),
+                total_attempts=await collections.attempts.size(),
+                total_spans=await collections.spans.size(),
+                total_resources=await collections.resources.size(),
+                total_workers=await collections.workers.size(),
+                uptime=time.time() - self._start_time,
+            )
