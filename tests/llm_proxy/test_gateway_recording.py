@@ -33,8 +33,9 @@ def _client(proxy: LLMProxy, rollout: AttemptedRollout) -> openai.AsyncOpenAI:
 async def test_token_id_backends_get_extensions_and_openai_ones_do_not(
     make_proxy: ProxyFactory, backend: FakeBackend
 ) -> None:
-    model_list = model_list_for(backend)[:1] + [
-        {"model_name": "plain", "litellm_params": {"model": "openai/echo", "api_base": backend.base_url}}
+    model_list = [
+        *model_list_for(backend)[:1],
+        {"model_name": "plain", "litellm_params": {"model": "openai/echo", "api_base": backend.base_url}},
     ]
     async with make_proxy(model_list=model_list) as proxy, httpx.AsyncClient() as client:
         for model in ("echo", "plain"):
@@ -43,7 +44,13 @@ async def test_token_id_backends_get_extensions_and_openai_ones_do_not(
             )
             assert response.status_code == 200
     vllm_body, plain_body = backend.requests
-    assert vllm_body == {"model": "echo", "messages": [], "temperature": 0.5, "return_token_ids": True, "logprobs": True}
+    assert vllm_body == {
+        "model": "echo",
+        "messages": [],
+        "temperature": 0.5,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
     assert plain_body == {"model": "echo", "messages": [], "temperature": 0.5}
 
 
@@ -214,6 +221,8 @@ async def test_deployments_sharing_a_name_take_turns(make_proxy: ProxyFactory, b
     backend.flaky_failures = 0
     async with make_proxy(model_list=model_list) as proxy, httpx.AsyncClient() as client:
         for _ in range(4):
-            response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "pool", "messages": []})
+            response = await client.post(
+                f"{proxy.endpoint}/v1/chat/completions", json={"model": "pool", "messages": []}
+            )
             assert response.status_code == 200
     assert backend.count("echo") == 2 and backend.count("flaky") == 2
