@@ -1,0 +1,221 @@
+"""``agentbolt store``: serve a LightningStore over HTTP.
+
+SQLite is the default backend, so the data outlives the process; the command prints where it lives.
+SIGINT / SIGTERM shut the server down cleanly: in-flight requests finish, then the store is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from agentbolt.cli.errors import CliError
+
+__all__ = ["HELP", "DEFAULT_DB_FILE", "main", "store_command"]
+
+logger = logging.getLogger(__name__)
+
+HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
+DEFAULT_DB_FILE = "agentbolt-store.db"
+API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
+
+
+class Backend(str, Enum):
+    """Store backends available from the command line."""
+
+    sqlite = "sqlite"
+    memory = "memory"
+
+
+class LogLevel(str, Enum):
+    """Logging levels."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class Tracker(str, Enum):
+    """Metrics backends."""
+
+    console = "console"
+    prometheus = "prometheus"
+
+
+def store_command(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; use 0.0.0.0 to accept remote clients."),
+    port: int = typer.Option(4747, min=1, max=65535, help="Port to listen on."),
+    backend: Backend = typer.Option(Backend.sqlite, case_sensitive=False, help="Where the data lives."),
+    path: Optional[Path] = typer.Option(
+        None, help=f"SQLite database file (created when missing). Default: ./{DEFAULT_DB_FILE}."
+    ),
+    log_level: LogLevel = typer.Option(LogLevel.INFO, case_sensitive=False, help="Logging level."),
+    api_key: Optional[str] = typer.Option(
+        None, envvar=API_KEY_ENV_VAR, show_envvar=True, help="Require this bearer token on every request."
+    ),
+    cors_origin: Optional[List[str]] = typer.Option(None, help="Allow this CORS origin (repeatable; '*' for any)."),
+    tracker: Optional[List[Tracker]] = typer.Option(None, case_sensitive=False, help="Record HTTP/store metrics."),
+    n_workers: int = typer.Option(1, min=1, help="Server processes (more than one needs a zero-copy backend)."),
+) -> int:
+    """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
+    from agentbolt.logging import setup as setup_logging
+
+    setup_logging(log_level.value)
+    if backend is Backend.memory and path is not None:
+        raise CliError("--path only applies to --backend sqlite")
+    db_path = _resolve_db_path(path) if backend is Backend.sqlite else None
+    _check_port_free(host, port)
+    return asyncio.run(
+        _serve(
+            host=host,
+            port=port,
+            db_path=db_path,
+            api_key=api_key or None,
+            cors_origins=list(cors_origin or []),
+            trackers=[t.value for t in (tracker or [])],
+            n_workers=n_workers,
+        )
+    )
+
+
+def _resolve_db_path(path: Optional[Path]) -> Path:
+    """Absolute database path, checked to be usable (directory exists, file readable and writable)."""
+    resolved = (path if path is not None else Path(DEFAULT_DB_FILE)).expanduser().absolute()
+    if resolved.is_dir():
+        raise CliError(f"--path {resolved} is a directory; give a database file")
+    if not resolved.parent.is_dir():
+        raise CliError(f"--path {resolved}: directory {resolved.parent} does not exist")
+    if resolved.exists():
+        if not os.access(resolved, os.R_OK | os.W_OK):
+            raise CliError(f"--path {resolved} is not readable and writable")
+    elif not os.access(resolved.parent, os.W_OK):
+        raise CliError(f"--path {resolved}: directory {resolved.parent} is not writable")
+    return resolved
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail early, before any data file is touched, when the address is taken."""
+    from agentbolt.utils.server_launcher import bind_socket
+
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _make_tracker(names: List[str], n_workers: int) -> Any:
+    if not names:
+        return None
+    from agentbolt.utils import metrics
+
+    backends: List[Any] = []
+    for name in dict.fromkeys(names):
+        if name == "prometheus":
+            if n_workers > 1:
+                metrics.setup_multiprocess_prometheus()
+            try:
+                backends.append(metrics.PrometheusMetricsBackend())
+            except ImportError as exc:
+                raise CliError(f"--tracker prometheus needs prometheus-client ({exc})") from exc
+        else:
+            backends.append(metrics.ConsoleMetricsBackend())
+    return backends[0] if len(backends) == 1 else metrics.MultiMetricsBackend(backends)
+
+
+def _open_store(db_path: Optional[Path], tracker: Any) -> Any:
+    if db_path is None:
+        from agentbolt.store.memory import InMemoryLightningStore
+
+        return InMemoryLightningStore(thread_safe=True, tracker=tracker)
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    try:
+        return SqliteLightningStore(db_path, tracker=tracker)
+    except Exception as exc:
+        raise CliError(f"cannot open the store at {db_path}: {exc}") from exc
+
+
+async def _close_store(store: Any) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        await close()
+
+
+async def _serve(
+    *,
+    host: str,
+    port: int,
+    db_path: Optional[Path],
+    api_key: Optional[str],
+    cors_origins: List[str],
+    trackers: List[str],
+    n_workers: int,
+) -> int:
+    from agentbolt.store.client_server import LightningStoreServer
+
+    tracker = _make_tracker(trackers, n_workers)
+    store = _open_store(db_path, tracker)
+    try:
+        try:
+            server = LightningStoreServer(
+                store,
+                host=host,
+                port=port,
+                cors_allow_origins=cors_origins or None,
+                launch_mode="mp" if n_workers > 1 else "asyncio",
+                n_workers=n_workers,
+                tracker=tracker,
+                api_key=api_key,
+            )
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        try:
+            await server.start()
+        except RuntimeError as exc:
+            if isinstance(exc.__cause__, OSError):
+                raise CliError(f"cannot listen on {host}:{port}: {exc.__cause__.strerror or exc.__cause__}") from exc
+            raise CliError(str(exc), exit_code=1) from exc
+        where = f"{db_path} (sqlite)" if db_path is not None else "in memory (lost when the server stops)"
+        print(f"agentbolt store: serving {server.endpoint}/v1/agl", flush=True)
+        print(f"agentbolt store: data in {where}", flush=True)
+        if api_key:
+            print("agentbolt store: bearer token required", flush=True)
+        await _wait_for_shutdown(server)
+        print("agentbolt store: shutting down", flush=True)
+        await server.stop()
+    finally:
+        await _close_store(store)
+    print("agentbolt store: stopped", flush=True)
+    return 0
+
+
+async def _wait_for_shutdown(server: Any) -> None:
+    """Block until SIGINT/SIGTERM arrives or the server stops on its own."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set() and server.is_running():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``agentbolt store`` with ``argv`` (default ``sys.argv[1:]``) as its arguments; returns the exit code."""
+    from agentbolt.cli.app import run
+
+    return run(["store", *(argv if argv is not None else sys.argv[1:])])

@@ -1,0 +1,1984 @@
+"""The LightningStore over HTTP: a FastAPI server wrapping any store, and an aiohttp client.
+
+Routes live under ``/v1/agl`` (see ``docs/store.md``, section "HTTP API"). The server answers bad input with
+4xx JSON bodies ``{"detail": ..., "error_type": ...}`` and never lets it touch stored data; the client turns them
+into :class:`LightningStoreHTTPError` exceptions (subclasses of :class:`aiohttp.ClientResponseError`, and of
+:class:`ValueError` / :class:`TypeError` / ... mirroring the exception the store raised).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
+
+import aiohttp
+import orjson
+import pydantic_core
+from fastapi import APIRouter, Body, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from opentelemetry.sdk.trace import ReadableSpan
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from typing_extensions import Annotated
+
+from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, LightningStoreStatistics, Unset
+from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    NamedResources,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    TaskInput,
+    Worker,
+    WorkerStatus,
+)
+from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs
+
+if TYPE_CHECKING:
+    from agentbolt.utils.metrics import MetricsBackend
+
+__all__ = [
+    "API_V1_PREFIX",
+    "API_AGL_PREFIX",
+    "API_V1_AGL_PREFIX",
+    "API_KEY_ENV_VAR",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "LightningStoreServer",
+    "LightningStoreClient",
+    "LightningStoreHTTPError",
+    "RolloutRequest",
+    "DequeueRolloutRequest",
+    "StartAttemptRequest",
+    "EnqueueManyRolloutsRequest",
+    "DequeueManyRolloutsRequest",
+    "QueryRolloutsRequest",
+    "WaitForRolloutsRequest",
+    "NextSequenceIdRequest",
+    "NextSequenceIdResponse",
+    "ManySequenceIdsRequest",
+    "ManySequenceIdsResponse",
+    "AddManySpansRequest",
+    "AddManySpansResponse",
+    "UpdateRolloutRequest",
+    "UpdateAttemptRequest",
+    "UpdateWorkerRequest",
+    "QueryAttemptsRequest",
+    "QueryResourcesRequest",
+    "QuerySpansRequest",
+    "QueryWorkersRequest",
+]
+
+server_logger = logging.getLogger("agentbolt.store.server")
+client_logger = logging.getLogger("agentbolt.store.client")
+
+API_V1_PREFIX = "/v1"
+API_AGL_PREFIX = "/agl"
+API_V1_AGL_PREFIX = API_V1_PREFIX + API_AGL_PREFIX
+API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
+"""Environment variable holding the bearer token, read by both the server and the client."""
+DEFAULT_PORT = 4747
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request / response models
+
+
+class RolloutRequest(BaseModel):
+    """Body of ``POST /rollouts`` (start_rollout)."""
+
+    input: TaskInput
+    mode: Optional[RolloutMode] = None
+    resources_id: Optional[str] = None
+    config: Optional[RolloutConfig] = None
+    metadata: Optional[Dict[str, Any]] = None
+    worker_id: Optional[str] = None
+
+
+class DequeueRolloutRequest(BaseModel):
+    """Body of a single dequeue."""
+
+    worker_id: Optional[str] = None
+
+
+class StartAttemptRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}/attempts``."""
+
+    worker_id: Optional[str] = None
+
+
+class EnqueueManyRolloutsRequest(BaseModel):
+    """Body of ``POST /queues/rollouts/enqueue``."""
+
+    rollouts: List[EnqueueRolloutRequest]
+
+
+class DequeueManyRolloutsRequest(BaseModel):
+    """Body of ``POST /queues/rollouts/dequeue``."""
+
+    limit: int = 1
+    worker_id: Optional[str] = None
+
+
+class _PaginationFields(BaseModel):
+    limit: int = -1
+    offset: int = 0
+    sort_by: Optional[str] = None
+    sort_order: str = "asc"
+
+
+class QueryRolloutsRequest(_PaginationFields):
+    """Filters of ``GET /rollouts`` and ``POST /rollouts/search``."""
+
+    status_in: Optional[List[RolloutStatus]] = None
+    rollout_id_in: Optional[List[str]] = None
+    rollout_id_contains: Optional[str] = None
+    filter_logic: str = "and"
+
+
+class WaitForRolloutsRequest(BaseModel):
+    """Body of ``POST /waits/rollouts``."""
+
+    rollout_ids: List[str]
+    timeout: Optional[float] = None
+
+
+class NextSequenceIdRequest(BaseModel):
+    """Body of ``POST /spans/next``."""
+
+    rollout_id: str
+    attempt_id: str
+
+
+class NextSequenceIdResponse(BaseModel):
+    """Answer of ``POST /spans/next``."""
+
+    sequence_id: int
+
+
+class ManySequenceIdsRequest(BaseModel):
+    """Body of ``POST /spans/next/batch`` (extension): one sequence id per pair, in order."""
+
+    rollout_attempt_ids: List[Tuple[str, str]]
+
+
+class ManySequenceIdsResponse(BaseModel):
+    """Answer of ``POST /spans/next/batch``."""
+
+    sequence_ids: List[int]
+
+
+class AddManySpansRequest(BaseModel):
+    """Body of ``POST /spans/batch`` (extension)."""
+
+    spans: List[Span]
+
+
+class AddManySpansResponse(BaseModel):
+    """Answer of ``POST /spans/batch``: positions (in the request) of the spans actually inserted."""
+
+    inserted: List[int]
+
+
+class UpdateRolloutRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}``; only the fields present are written."""
+
+    input: Optional[TaskInput] = None
+    mode: Optional[RolloutMode] = None
+    resources_id: Optional[str] = None
+    status: Optional[RolloutStatus] = None
+    config: Optional[RolloutConfig] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateAttemptRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}/attempts/{attempt_id}``; only the fields present are written."""
+
+    status: Optional[AttemptStatus] = None
+    worker_id: Optional[str] = None
+    last_heartbeat_time: Optional[float] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateWorkerRequest(BaseModel):
+    """Body of ``POST /workers/{worker_id}``."""
+
+    heartbeat_stats: Optional[Dict[str, Any]] = None
+
+
+class QueryAttemptsRequest(_PaginationFields):
+    """Options of ``GET /rollouts/{id}/attempts`` and ``POST /rollouts/{id}/attempts/search``."""
+
+    sort_by: Optional[str] = "sequence_id"
+
+
+class QueryResourcesRequest(_PaginationFields):
+    """Filters of ``GET /resources``."""
+
+    resources_id: Optional[str] = None
+    resources_id_contains: Optional[str] = None
+
+
+class QuerySpansRequest(_PaginationFields):
+    """Filters of ``GET /spans`` and ``POST /spans/search``."""
+
+    rollout_id: str
+    attempt_id: Optional[str] = None
+    trace_id: Optional[str] = None
+    trace_id_contains: Optional[str] = None
+    span_id: Optional[str] = None
+    span_id_contains: Optional[str] = None
+    parent_id: Optional[str] = None
+    parent_id_contains: Optional[str] = None
+    name: Optional[str] = None
+    name_contains: Optional[str] = None
+    filter_logic: str = "and"
+    sort_by: Optional[str] = "sequence_id"
+
+
+class QueryWorkersRequest(_PaginationFields):
+    """Filters of ``GET /workers`` and ``POST /workers/search``."""
+
+    status_in: Optional[List[WorkerStatus]] = None
+    worker_id_contains: Optional[str] = None
+    filter_logic: str = "and"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Error mapping (one rule, shared by every route)
+
+_NOT_FOUND_MARKERS = ("not found", "does not exist", "no attempts found", "unknown")
+_BUILTIN_KINDS = ("ValueError", "TypeError", "KeyError", "LookupError", "RuntimeError", "NotImplementedError")
+
+
+def _error_kind(exc: BaseException) -> str:
+    """Name of the first builtin exception class in ``exc``'s ancestry (e.g. ``ValueError``)."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "builtins":
+            return cls.__name__
+    return "Exception"
+
+
+def _status_for_exception(exc: BaseException) -> int:
+    """HTTP status of an exception raised by the store while serving a request."""
+    if isinstance(exc, ValidationError):
+        return 422
+    if isinstance(exc, DuplicatedPrimaryKeyError):
+        return 409
+    if isinstance(exc, (ValueError, LookupError)):
+        message = str(exc).lower()
+        return 404 if isinstance(exc, LookupError) or any(m in message for m in _NOT_FOUND_MARKERS) else 400
+    if isinstance(exc, NotImplementedError):
+        return 501
+    if isinstance(exc, RuntimeError):
+        return 409
+    return 500
+
+
+def _json_response(content: Any, status_code: int = 200) -> Response:
+    return Response(content=pydantic_core.to_json(content), status_code=status_code, media_type="application/json")
+
+
+def _error_response(status_code: int, detail: Any, error_type: str, error_kind: str) -> Response:
+    return Response(
+        content=orjson.dumps({"detail": detail, "error_type": error_type, "error_kind": error_kind}),
+        status_code=status_code,
+        media_type="application/json",
+    )
+
+
+def _exception_response(exc: Exception) -> Response:
+    status_code = _status_for_exception(exc)
+    if status_code >= 500:
+        server_logger.exception("Store call failed")
+    else:
+        server_logger.debug("Store call rejected with %d: %s", status_code, exc)
+    if isinstance(exc, ValidationError):
+        detail: Any = orjson.loads(exc.json(include_url=False, include_context=False))
+    else:
+        detail = str(exc) or type(exc).__name__
+    return _error_response(status_code, detail, type(exc).__name__, _error_kind(exc))
+
+
+class _StoreRoute(APIRoute):
+    """Route that turns exceptions raised by the store into JSON error responses."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError):
+                raise
+            except Exception as exc:
+                return _exception_response(exc)
+
+        return guarded
+
+
+def _bad_request(message: str) -> HTTPException:
+    return HTTPException(status_code=400, detail=message)
+
+
+def _validate_pagination(request: _PaginationFields, model: Type[BaseModel]) -> None:
+    """Reject bad sort/pagination options with 400."""
+    if request.sort_by is not None and request.sort_by not in model.model_fields:
+        allowed = ", ".join(model.model_fields)
+        raise _bad_request(f"Invalid sort_by: {request.sort_by}, allowed fields are: {allowed}")
+    if request.sort_order not in ("asc", "desc"):
+        raise _bad_request(f"Invalid sort_order: {request.sort_order}, must be 'asc' or 'desc'")
+    if request.limit == 0 or request.limit < -1:
+        raise _bad_request("Limit must be greater than 0 or -1 for no limit")
+    if request.offset < 0:
+        raise _bad_request("Offset must be greater than or equal to 0")
+    filter_logic = getattr(request, "filter_logic", "and")
+    if filter_logic not in ("and", "or"):
+        raise _bad_request(f"Invalid filter_logic: {filter_logic}, must be 'and' or 'or'")
+
+
+def _reject_nulls(request: BaseModel, fields: Sequence[str]) -> None:
+    for field in fields:
+        if field in request.model_fields_set and getattr(request, field) is None:
+            raise _bad_request(f"{field} is invalid; it cannot be a null value.")
+
+
+def _paginated(result: Sequence[Any], limit: int, offset: int) -> Dict[str, Any]:
+    if isinstance(result, PaginatedResult):
+        return {"items": list(result.items), "limit": result.limit, "offset": result.offset, "total": result.total}
+    items = list(result)
+    return {"items": items, "limit": limit, "offset": offset, "total": len(items)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ASGI middlewares
+
+
+_PUBLIC_PATHS = frozenset({"/health", API_V1_AGL_PREFIX + "/health"})
+
+
+class _GuardMiddleware:
+    """Bearer-token check and request-size limit, as a lean ASGI middleware."""
+
+    def __init__(self, app: Any, api_key: Optional[str], max_request_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        content_length: Optional[bytes] = None
+        authorization: Optional[bytes] = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                content_length = value
+            elif key == b"authorization":
+                authorization = value
+        if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in _PUBLIC_PATHS:
+            token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.api_key):
+                await _send_json(
+                    send, 401, {"detail": "Missing or invalid API key."}, [(b"www-authenticate", b"Bearer")]
+                )
+                return
+        if content_length is not None:
+            try:
+                length = int(content_length)
+            except ValueError:
+                await _send_json(send, 400, {"detail": "Invalid Content-Length header."})
+                return
+            if length > self.max_request_bytes:
+                await _send_json(send, 413, _too_large_body(self.max_request_bytes))
+                return
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        # Body without a declared length (chunked): read it up to the limit before handing it on.
+        chunks: List[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                await _send_json(send, 413, _too_large_body(self.max_request_bytes))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large_body(limit: int) -> Dict[str, Any]:
+    return {"detail": f"Request body too large: the limit is {limit} bytes.", "error_type": "RequestTooLarge"}
+
+
+async def _send_json(
+    send: Any, status: int, payload: Dict[str, Any], extra_headers: Optional[List[Tuple[bytes, bytes]]] = None
+) -> None:
+    body = orjson.dumps(payload)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _templated_path(path: str) -> str:
+    """Path label for metrics: ids replaced by their parameter names."""
+    parts = path.split("/")
+    names = {
+        "rollouts": "{rollout_id}",
+        "attempts": "{attempt_id}",
+        "resources": "{resources_id}",
+        "workers": "{worker_id}",
+    }
+    literal = {"search", "latest", "enqueue", "dequeue", "batch", "next"}
+    for i in range(1, len(parts)):
+        if parts[i - 1] in names and parts[i] and parts[i] not in literal:
+            if parts[i - 1] == "rollouts" and i >= 2 and parts[i - 2] == "queues":
+                continue
+            parts[i] = names[parts[i - 1]]
+    return "/".join(parts)
+
+
+class _MetricsMiddleware:
+    """Records ``agl.http.total`` and ``agl.http.latency`` per templated path, method and status."""
+
+    def __init__(self, app: Any, tracker: MetricsBackend) -> None:
+        self.app = app
+        self.tracker = tracker
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = "499"
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            status = "499"
+            raise
+        except Exception as exc:
+            status = type(exc).__name__
+            raise
+        finally:
+            labels = {"path": _templated_path(scope["path"]), "method": scope["method"], "status": status}
+            elapsed = time.perf_counter() - start
+            try:
+                await self.tracker.inc_counter("agl.http.total", labels=labels)
+                await self.tracker.observe_histogram("agl.http.latency", elapsed, labels=labels)
+            except Exception:
+                server_logger.debug("Failed to record HTTP metrics", exc_info=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Server
+
+
+class _ThreadLockAsync:
+    """A ``threading.Lock`` usable from coroutines without blocking the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    async def __aenter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            await asyncio.get_running_loop().run_in_executor(None, self._lock.acquire)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+
+def _normalize_origins(origins: Union[Sequence[str], str, None]) -> List[str]:
+    if origins is None:
+        return []
+    values = [origins] if isinstance(origins, str) else list(origins)
+    cleaned = [o.strip() for o in values if o and o.strip()]
+    return ["*"] if "*" in cleaned else cleaned
+
+
+class LightningStoreServer(LightningStore):
+    """Serve a :class:`LightningStore` over HTTP, and act as that store in the creating process.
+
+    In the process that created it, calling a store method on the server calls the wrapped store directly; in
+    other processes (after pickling) calls go over HTTP through a :class:`LightningStoreClient`.
+
+    Args:
+        store: The store to serve; must be async-safe.
+        host: Interface to bind (default ``127.0.0.1``).
+        port: Port (default 4747).
+        cors_allow_origins: Origins allowed by CORS (``"*"`` for any); ``None`` disables CORS.
+        launch_mode: ``"thread"`` (default), ``"asyncio"`` or ``"mp"`` (the store must be zero-copy).
+        launcher_args: Full launcher options; exclusive with ``host``, ``port`` and ``launch_mode``.
+        n_workers: Server processes (``mp`` mode).
+        tracker: Metrics backend recording HTTP metrics (and exposing Prometheus when it supports it).
+        api_key: Bearer token required on every route except health checks; defaults to ``$AGENTBOLT_API_KEY``.
+        max_request_bytes: Largest accepted request body; larger ones get 413.
+
+    Raises:
+        ValueError: Conflicting launcher options, or a store lacking the needed capabilities.
+    """
+
+    def __init__(
+        self,
+        store: LightningStore,
+        host: Optional[str] = None,
+        port: Optional[int] = None,
+        cors_allow_origins: Union[Sequence[str], str, None] = None,
+        launch_mode: LaunchMode = "thread",
+        launcher_args: Optional[PythonServerLauncherArgs] = None,
+        n_workers: int = 1,
+        tracker: Optional[MetricsBackend] = None,
+        *,
+        api_key: Optional[str] = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ) -> None:
+        if launcher_args is not None:
+            if host is not None or port is not None or launch_mode != "thread":
+                raise ValueError("launcher_args cannot be combined with host, port or launch_mode.")
+        else:
+            if port is None:
+                server_logger.warning("No port given for the store server; using %d.", DEFAULT_PORT)
+                port = DEFAULT_PORT
+            launcher_args = PythonServerLauncherArgs(
+                host=host,
+                port=port,
+                launch_mode=launch_mode,
+                healthcheck_url=API_V1_AGL_PREFIX + "/health",
+                n_workers=n_workers,
+            )
+        if max_request_bytes <= 0:
+            raise ValueError("max_request_bytes must be positive")
+        capabilities = store.capabilities
+        if not capabilities.get("async_safe", False):
+            raise ValueError("The store is not async-safe; wrap it (e.g. LightningStoreThreaded) before serving it.")
+        if launcher_args.launch_mode == "mp" and not capabilities.get("zero_copy", False):
+            raise ValueError(
+                "The store does not support zero-copy. Serving it from other processes (launch_mode='mp') "
+                "would give each process its own copy; use launch_mode='thread' or 'asyncio'."
+            )
+        if launcher_args.launch_mode == "thread" and not capabilities.get("thread_safe", False):
+            server_logger.warning(
+                "The store is not thread-safe; store calls are serialized with a lock in thread launch mode."
+            )
+        self.store: Optional[LightningStore] = store
+        self.launcher_args = launcher_args
+        self.tracker = tracker
+        self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
+        self._max_request_bytes = max_request_bytes
+        self._cors_origins = _normalize_origins(cors_allow_origins)
+        self._owner_pid = os.getpid()
+        self._zero_copy = bool(capabilities.get("zero_copy", False))
+        needs_lock = launcher_args.launch_mode == "thread" and not capabilities.get("thread_safe", False)
+        self._lock: Optional[_ThreadLockAsync] = _ThreadLockAsync() if needs_lock else None
+        self._client: Optional[LightningStoreClient] = None
+        self.app: Optional[FastAPI] = self._build_app()
+        self.server_launcher: Optional[PythonServerLauncher] = PythonServerLauncher(self.app, launcher_args)
+        self._endpoint = self.server_launcher.access_endpoint
+
+    # -- pickling / lifecycle -----------------------------------------------------------------------------------
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {
+            "launcher_args": self.launcher_args,
+            "_owner_pid": self._owner_pid,
+            "_endpoint": self._endpoint,
+            "_api_key": self._api_key,
+            "_zero_copy": self._zero_copy,
+        }
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.store = None
+        self.app = None
+        self.server_launcher = None
+        self.tracker = None
+        self._lock = None
+        self._client = None
+        self._cors_origins = []
+        self._max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
+
+    @property
+    def capabilities(self) -> LightningStoreCapabilities:
+        """All capabilities: the server serializes access and accepts OTLP traces."""
+        return LightningStoreCapabilities(thread_safe=True, async_safe=True, zero_copy=True, otlp_traces=True)
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL of the server, e.g. ``http://127.0.0.1:4747``."""
+        return self._endpoint
+
+    def otlp_traces_endpoint(self) -> str:
+        """OTLP/HTTP traces URL of this server."""
+        return f"{self._endpoint}/v1/traces"
+
+    def _require_launcher(self) -> PythonServerLauncher:
+        if self.server_launcher is None:
+            raise RuntimeError("This server object was unpickled; only the creating process can start or stop it.")
+        return self.server_launcher
+
+    async def start(self) -> None:
+        """Start serving (returns once healthy).
+
+        Raises:
+            RuntimeError: The server could not start (e.g. port in use).
+        """
+        await self._require_launcher().start()
+
+    async def run_forever(self) -> None:
+        """Serve until cancelled or stopped."""
+        await self._require_launcher().run_forever()
+
+    async def stop(self) -> None:
+        """Stop serving; in-flight requests finish first."""
+        await self._require_launcher().stop()
+        if self._client is not None:
+            await self._client.close()
+
+    def is_running(self) -> bool:
+        """Whether the server is serving."""
+        return self.server_launcher is not None and self.server_launcher.is_running()
+
+    # -- store access -------------------------------------------------------------------------------------------
+
+    async def _call_store(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped store (server side), under the lock when the store needs one."""
+        assert self.store is not None
+        method = getattr(self.store, method_name)
+        if self._lock is None or method_name == "wait_for_rollouts":
+            return await method(*args, **kwargs)
+        async with self._lock:
+            return await method(*args, **kwargs)
+
+    async def _delegate(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Public store API: the wrapped store when available in this process, otherwise HTTP."""
+        if self.store is not None and (self._zero_copy or os.getpid() == self._owner_pid):
+            return await self._call_store(method_name, *args, **kwargs)
+        if self._client is None:
+            self._client = LightningStoreClient(self._endpoint, api_key=self._api_key)
+        return await getattr(self._client, method_name)(*args, **kwargs)
+
+    # -- app ----------------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="LightningStore Server", version="0.3.1")
+        router = APIRouter(prefix=API_V1_AGL_PREFIX, route_class=_StoreRoute)
+        self._add_routes(router)
+        app.include_router(router)
+        self._add_otlp_routes(app)
+
+        @app.get("/health", include_in_schema=False)
+        async def root_health() -> Response:
+            return _json_response({"status": "ok"})
+
+        if self.tracker is not None:
+            self._setup_metrics(app, self.tracker)
+        app.add_middleware(_GuardMiddleware, api_key=self._api_key, max_request_bytes=self._max_request_bytes)
+        if self._cors_origins:
+            from starlette.middleware.cors import CORSMiddleware
+
+            app.add_middleware(
+                CORSMiddleware,
+                allow_origins=self._cors_origins,
+                allow_methods=["*"],
+                allow_headers=["*"],
+                allow_credentials=True,
+                expose_headers=["*"],
+            )
+        return app
+
+    def _setup_metrics(self, app: FastAPI, tracker: MetricsBackend) -> None:
+        tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
+        tracker.register_histogram("agl.http.latency", ["path", "method", "status"], group_level=2)
+        app.add_middleware(_MetricsMiddleware, tracker=tracker)
+        if tracker.has_prometheus():
+            from prometheus_client import make_asgi_app
+
+            try:
+                from agentbolt.utils.metrics import get_prometheus_registry
+
+                registry = get_prometheus_registry()
+            except ImportError:
+                from prometheus_client import REGISTRY as registry
+            app.mount(API_V1_PREFIX + "/prometheus", make_asgi_app(registry=registry))
+
+    def _add_otlp_routes(self, app: FastAPI) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        from agentbolt.utils.otlp import handle_otlp_export, spans_from_proto
+
+        async def ingest(message: Any) -> None:
+            async def issue(pairs: Sequence[Tuple[str, str]]) -> Sequence[int]:
+                return await self._call_store("get_many_span_sequence_ids", pairs)
+
+            spans = await spans_from_proto(message, issue)
+            if spans:
+                await self._call_store("add_many_spans", spans)
+
+        router = APIRouter(prefix=API_V1_PREFIX, route_class=_StoreRoute)
+
+        @router.post("/traces", tags=["otlp"])
+        async def otlp_traces(request: Request) -> Response:
+            """OTLP/HTTP protobuf trace export."""
+            return await handle_otlp_export(
+                request, ExportTraceServiceRequest, ExportTraceServiceResponse, ingest, "traces"
+            )
+
+        async def not_implemented(request: Request) -> Response:
+            return _error_response(501, f"{request.url.path} is not supported by this server.", "NotImplemented", "")
+
+        for path in ("/metrics", "/logs", "/development/profiles"):
+            router.add_api_route(path, not_implemented, methods=["POST"], include_in_schema=False)
+        app.include_router(router)
+
+    def _add_routes(self, r: APIRouter) -> None:
+        call = self._call_store
+
+        @r.get("/health")
+        async def health() -> Response:
+            return _json_response({"status": "ok"})
+
+        # -- queue
+        @r.post("/queues/rollouts/enqueue", status_code=201)
+        async def enqueue(request: EnqueueManyRolloutsRequest) -> Response:
+            if not request.rollouts:
+                return _json_response([], 201)
+            if len(request.rollouts) == 1:
+                one = request.rollouts[0]
+                rollout = await call("enqueue_rollout", one.input, one.mode, one.resources_id, one.config, one.metadata)
+                return _json_response([rollout], 201)
+            return _json_response(list(await call("enqueue_many_rollouts", request.rollouts)), 201)
+
+        @r.post("/queues/rollouts/dequeue")
+        async def dequeue(request: Optional[DequeueManyRolloutsRequest] = None) -> Response:
+            request = request or DequeueManyRolloutsRequest()
+            if request.limit <= 0:
+                return _json_response([])
+            if request.limit == 1:
+                claimed = await call("dequeue_rollout", worker_id=request.worker_id)
+                return _json_response([claimed] if claimed is not None else [])
+            return _json_response(
+                list(await call("dequeue_many_rollouts", limit=request.limit, worker_id=request.worker_id))
+            )
+
+        # -- rollouts
+        @r.post("/rollouts", status_code=201)
+        async def start_rollout(request: RolloutRequest) -> Response:
+            result = await call(
+                "start_rollout",
+                request.input,
+                request.mode,
+                request.resources_id,
+                request.config,
+                request.metadata,
+                request.worker_id,
+            )
+            return _json_response(result, 201)
+
+        async def query_rollouts(request: QueryRolloutsRequest) -> Response:
+            _validate_pagination(request, Rollout)
+            result = await call(
+                "query_rollouts",
+                status_in=request.status_in,
+                rollout_id_in=request.rollout_id_in,
+                rollout_id_contains=request.rollout_id_contains,
+                filter_logic=request.filter_logic,
+                sort_by=request.sort_by,
+                sort_order=request.sort_order,
+                limit=request.limit,
+                offset=request.offset,
+            )
+            return _json_response(_paginated(result, request.limit, request.offset))
+
+        @r.get("/rollouts")
+        async def get_rollouts(request: Annotated[QueryRolloutsRequest, Query()]) -> Response:
+            return await query_rollouts(request)
+
+        @r.post("/rollouts/search")
+        async def search_rollouts(request: Optional[QueryRolloutsRequest] = None) -> Response:
+            return await query_rollouts(request or QueryRolloutsRequest())
+
+        @r.get("/rollouts/{rollout_id}")
+        async def get_rollout(rollout_id: str) -> Response:
+            return _json_response(await call("get_rollout_by_id", rollout_id))
+
+        @r.post("/rollouts/{rollout_id}")
+        async def update_rollout(rollout_id: str, request: UpdateRolloutRequest) -> Response:
+            _reject_nulls(request, ("status", "config"))
+            fields = {name: getattr(request, name) for name in request.model_fields_set}
+            return _json_response(await call("update_rollout", rollout_id, **fields))
+
+        # -- attempts
+        @r.post("/rollouts/{rollout_id}/attempts", status_code=201)
+        async def start_attempt(rollout_id: str, request: Optional[StartAttemptRequest] = None) -> Response:
+            worker_id = request.worker_id if request is not None else None
+            return _json_response(await call("start_attempt", rollout_id, worker_id), 201)
+
+        async def query_attempts(rollout_id: str, request: QueryAttemptsRequest) -> Response:
+            _validate_pagination(request, Attempt)
+            result = await call(
+                "query_attempts",
+                rollout_id,
+                sort_by=request.sort_by,
+                sort_order=request.sort_order,
+                limit=request.limit,
+                offset=request.offset,
+            )
+            return _json_response(_paginated(result, request.limit, request.offset))
+
+        @r.get("/rollouts/{rollout_id}/attempts")
+        async def get_attempts(rollout_id: str, request: Annotated[QueryAttemptsRequest, Query()]) -> Response:
+            return await query_attempts(rollout_id, request)
+
+        @r.post("/rollouts/{rollout_id}/attempts/search")
+        async def search_attempts(rollout_id: str, request: Optional[QueryAttemptsRequest] = None) -> Response:
+            return await query_attempts(rollout_id, request or QueryAttemptsRequest())
+
+        @r.get("/rollouts/{rollout_id}/attempts/latest")
+        async def latest_attempt(rollout_id: str) -> Response:
+            return _json_response(await call("get_latest_attempt", rollout_id))
+
+        @r.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
+        async def update_attempt(rollout_id: str, attempt_id: str, request: UpdateAttemptRequest) -> Response:
+            _reject_nulls(request, ("status", "worker_id", "last_heartbeat_time"))
+            fields = {name: getattr(request, name) for name in request.model_fields_set}
+            return _json_response(await call("update_attempt", rollout_id, attempt_id, **fields))
+
+        # -- workers
+        async def query_workers(request: QueryWorkersRequest) -> Response:
+            _validate_pagination(request, Worker)
+            result = await call(
+                "query_workers",
+                status_in=request.status_in,
+                worker_id_contains=request.worker_id_contains,
+                filter_logic=request.filter_logic,
+                sort_by=request.sort_by,
+                sort_order=request.sort_order,
+                limit=request.limit,
+                offset=request.offset,
+            )
+            return _json_response(_paginated(result, request.limit, request.offset))
+
+        @r.get("/workers")
+        async def get_workers(request: Annotated[QueryWorkersRequest, Query()]) -> Response:
+            return await query_workers(request)
+
+        @r.post("/workers/search")
+        async def search_workers(request: Optional[QueryWorkersRequest] = None) -> Response:
+            return await query_workers(request or QueryWorkersRequest())
+
+        @r.get("/workers/{worker_id}")
+        async def get_worker(worker_id: str) -> Response:
+            return _json_response(await call("get_worker_by_id", worker_id))
+
+        @r.post("/workers/{worker_id}")
+        async def update_worker(worker_id: str, request: Optional[UpdateWorkerRequest] = None) -> Response:
+            if request is None or "heartbeat_stats" not in request.model_fields_set:
+                return _json_response(await call("update_worker", worker_id))
+            _reject_nulls(request, ("heartbeat_stats",))
+            return _json_response(await call("update_worker", worker_id, request.heartbeat_stats))
+
+        @r.get("/statistics")
+        async def statistics() -> Response:
+            return _json_response(dict(await call("statistics")))
+
+        # -- resources
+        @r.get("/resources")
+        async def get_resources(request: Annotated[QueryResourcesRequest, Query()]) -> Response:
+            _validate_pagination(request, ResourcesUpdate)
+            result = await call(
+                "query_resources",
+                resources_id=request.resources_id,
+                resources_id_contains=request.resources_id_contains,
+                sort_by=request.sort_by,
+                sort_order=request.sort_order,
+                limit=request.limit,
+                offset=request.offset,
+            )
+            return _json_response(_paginated(result, request.limit, request.offset))
+
+        @r.post("/resources", status_code=201)
+        async def add_resources(resources: Annotated[NamedResources, Body()]) -> Response:
+            return _json_response(await call("add_resources", resources), 201)
+
+        @r.get("/resources/latest")
+        async def latest_resources() -> Response:
+            return _json_response(await call("get_latest_resources"))
+
+        @r.post("/resources/{resources_id}")
+        async def update_resources(resources_id: str, resources: Annotated[NamedResources, Body()]) -> Response:
+            return _json_response(await call("update_resources", resources_id, resources))
+
+        @r.get("/resources/{resources_id}")
+        async def get_resources_by_id(resources_id: str) -> Response:
+            return _json_response(await call("get_resources_by_id", resources_id))
+
+        # -- spans
+        @r.post("/spans", status_code=201)
+        async def add_span(span: Span) -> Response:
+            return _json_response(await call("add_span", span), 201)
+
+        @r.post(
+            "/spans/batch",
+            status_code=201,
+            response_model=AddManySpansResponse,
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AddManySpansRequest"}}},
+                }
+            },
+        )
+        async def add_many_spans(request: Request) -> Response:
+            # Parsed straight from bytes by pydantic-core: this route carries bulk span traffic.
+            try:
+                batch = AddManySpansRequest.model_validate_json(await request.body())
+            except ValidationError as exc:
+                raise RequestValidationError(exc.errors(include_url=False)) from exc
+            inserted = await call("add_many_spans", batch.spans)
+            positions = {(s.rollout_id, s.attempt_id, s.span_id): i for i, s in enumerate(batch.spans)}
+            indices = [positions[(s.rollout_id, s.attempt_id, s.span_id)] for s in inserted]
+            return _json_response({"inserted": indices}, 201)
+
+        async def query_spans(request: QuerySpansRequest) -> Response:
+            _validate_pagination(request, Span)
+            result = await call(
+                "query_spans",
+                request.rollout_id,
+                request.attempt_id,
+                trace_id=request.trace_id,
+                trace_id_contains=request.trace_id_contains,
+                span_id=request.span_id,
+                span_id_contains=request.span_id_contains,
+                parent_id=request.parent_id,
+                parent_id_contains=request.parent_id_contains,
+                name=request.name,
+                name_contains=request.name_contains,
+                filter_logic=request.filter_logic,
+                limit=request.limit,
+                offset=request.offset,
+                sort_by=request.sort_by,
+                sort_order=request.sort_order,
+            )
+            return _json_response(_paginated(result, request.limit, request.offset))
+
+        @r.get("/spans")
+        async def get_spans(request: Annotated[QuerySpansRequest, Query()]) -> Response:
+            return await query_spans(request)
+
+        @r.post("/spans/search")
+        async def search_spans(request: QuerySpansRequest) -> Response:
+            return await query_spans(request)
+
+        @r.post("/spans/next", response_model=NextSequenceIdResponse)
+        async def next_sequence_id(request: NextSequenceIdRequest) -> Response:
+            sequence_id = await call("get_next_span_sequence_id", request.rollout_id, request.attempt_id)
+            return _json_response({"sequence_id": sequence_id})
+
+        @r.post("/spans/next/batch", response_model=ManySequenceIdsResponse)
+        async def next_sequence_ids(request: ManySequenceIdsRequest) -> Response:
+            ids = await call("get_many_span_sequence_ids", request.rollout_attempt_ids)
+            return _json_response({"sequence_ids": list(ids)})
+
+        @r.post("/waits/rollouts")
+        async def wait_for_rollouts(request: WaitForRolloutsRequest) -> Response:
+            result = await call("wait_for_rollouts", rollout_ids=request.rollout_ids, timeout=request.timeout)
+            return _json_response(list(result))
+
+    # -- LightningStore API (delegated) ------------------------------------------------------------------------
+
+    async def statistics(self) -> LightningStoreStatistics:
+        """Statistics of the wrapped store."""
+        return await self._delegate("statistics")
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        worker_id: Optional[str] = None,
+    ) -> AttemptedRollout:
+        """See :meth:`LightningStore.start_rollout`."""
+        return await self._delegate("start_rollout", input, mode, resources_id, config, metadata, worker_id)
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Rollout:
+        """See :meth:`LightningStore.enqueue_rollout`."""
+        return await self._delegate("enqueue_rollout", input, mode, resources_id, config, metadata)
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """See :meth:`LightningStore.enqueue_many_rollouts`."""
+        return await self._delegate("enqueue_many_rollouts", rollouts)
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        """See :meth:`LightningStore.dequeue_rollout`."""
+        return await self._delegate("dequeue_rollout", worker_id)
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: Optional[str] = None
+    ) -> Sequence[AttemptedRollout]:
+        """See :meth:`LightningStore.dequeue_many_rollouts`."""
+        return await self._delegate("dequeue_many_rollouts", limit=limit, worker_id=worker_id)
+
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        """See :meth:`LightningStore.start_attempt`."""
+        return await self._delegate("start_attempt", rollout_id, worker_id)
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        """See :meth:`LightningStore.add_span`."""
+        return await self._delegate("add_span", span)
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_many_spans`."""
+        return await self._delegate("add_many_spans", spans)
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
+    ) -> Optional[Span]:
+        """See :meth:`LightningStore.add_otel_span`."""
+        return await self._delegate("add_otel_span", rollout_id, attempt_id, readable_span, sequence_id)
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Optional[Sequence[RolloutStatus]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
+    ) -> Sequence[Union[Rollout, AttemptedRollout]]:
+        """See :meth:`LightningStore.query_rollouts`."""
+        return await self._delegate(
+            "query_rollouts",
+            status_in=status_in,
+            rollout_id_in=rollout_id_in,
+            rollout_id_contains=rollout_id_contains,
+            filter_logic=filter_logic,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+            status=status,
+            rollout_ids=rollout_ids,
+        )
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Attempt]:
+        """See :meth:`LightningStore.query_attempts`."""
+        return await self._delegate(
+            "query_attempts", rollout_id, sort_by=sort_by, sort_order=sort_order, limit=limit, offset=offset
+        )
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
+        """See :meth:`LightningStore.get_rollout_by_id`."""
+        return await self._delegate("get_rollout_by_id", rollout_id)
+
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        """See :meth:`LightningStore.get_latest_attempt`."""
+        return await self._delegate("get_latest_attempt", rollout_id)
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[ResourcesUpdate]:
+        """See :meth:`LightningStore.query_resources`."""
+        return await self._delegate(
+            "query_resources",
+            resources_id=resources_id,
+            resources_id_contains=resources_id_contains,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+        )
+
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        """See :meth:`LightningStore.get_resources_by_id`."""
+        return await self._delegate("get_resources_by_id", resources_id)
+
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        """See :meth:`LightningStore.get_latest_resources`."""
+        return await self._delegate("get_latest_resources")
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        """See :meth:`LightningStore.get_next_span_sequence_id`."""
+        return await self._delegate("get_next_span_sequence_id", rollout_id, attempt_id)
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        """See :meth:`LightningStore.get_many_span_sequence_ids`."""
+        return await self._delegate("get_many_span_sequence_ids", rollout_attempt_ids)
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """See :meth:`LightningStore.wait_for_rollouts`."""
+        return await self._delegate("wait_for_rollouts", rollout_ids=rollout_ids, timeout=timeout)
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+    ) -> Sequence[Span]:
+        """See :meth:`LightningStore.query_spans`."""
+        return await self._delegate(
+            "query_spans",
+            rollout_id,
+            attempt_id,
+            trace_id=trace_id,
+            trace_id_contains=trace_id_contains,
+            span_id=span_id,
+            span_id_contains=span_id_contains,
+            parent_id=parent_id,
+            parent_id_contains=parent_id_contains,
+            name=name,
+            name_contains=name_contains,
+            filter_logic=filter_logic,
+            limit=limit,
+            offset=offset,
+            sort_by=sort_by,
+            sort_order=sort_order,
+        )
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        """See :meth:`LightningStore.add_resources`."""
+        return await self._delegate("add_resources", resources)
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        """See :meth:`LightningStore.update_resources`."""
+        return await self._delegate("update_resources", resources_id, resources)
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: Optional[RolloutMode] | Unset = UNSET,
+        resources_id: Optional[str] | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Rollout:
+        """See :meth:`LightningStore.update_rollout`."""
+        return await self._delegate("update_rollout", rollout_id, input, mode, resources_id, status, config, metadata)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Attempt:
+        """See :meth:`LightningStore.update_attempt`."""
+        return await self._delegate(
+            "update_attempt", rollout_id, attempt_id, status, worker_id, last_heartbeat_time, metadata
+        )
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Worker]:
+        """See :meth:`LightningStore.query_workers`."""
+        return await self._delegate(
+            "query_workers",
+            status_in=status_in,
+            worker_id_contains=worker_id_contains,
+            filter_logic=filter_logic,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+        )
+
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        """See :meth:`LightningStore.get_worker_by_id`."""
+        return await self._delegate("get_worker_by_id", worker_id)
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
+        """See :meth:`LightningStore.update_worker`."""
+        return await self._delegate("update_worker", worker_id, heartbeat_stats)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client
+
+
+class LightningStoreHTTPError(aiohttp.ClientResponseError):
+    """An error answered by a LightningStore server.
+
+    Attributes:
+        status: HTTP status code.
+        message: The server's error message (``detail``).
+        error_type: Name of the exception class raised on the server, when known.
+    """
+
+    def __init__(self, *args: Any, error_type: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.error_type = error_type
+
+
+class LightningStoreValueError(LightningStoreHTTPError, ValueError):
+    """The server rejected the request with a :class:`ValueError` (unknown id, invalid operation, bad input)."""
+
+
+class LightningStoreTypeError(LightningStoreHTTPError, TypeError):
+    """The server rejected the request with a :class:`TypeError`."""
+
+
+class LightningStoreLookupError(LightningStoreHTTPError, LookupError):
+    """The server could not find something the request refers to."""
+
+
+class LightningStoreRuntimeError(LightningStoreHTTPError, RuntimeError):
+    """The store could not perform the operation in its current state."""
+
+
+class LightningStoreNotImplementedError(LightningStoreHTTPError, NotImplementedError):
+    """The server does not implement the operation."""
+
+
+_ERROR_CLASSES: Dict[str, Type[LightningStoreHTTPError]] = {
+    "ValueError": LightningStoreValueError,
+    "TypeError": LightningStoreTypeError,
+    "KeyError": LightningStoreLookupError,
+    "LookupError": LightningStoreLookupError,
+    "RuntimeError": LightningStoreRuntimeError,
+    "NotImplementedError": LightningStoreNotImplementedError,
+}
+_RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
+_AUTH_STATUSES = frozenset({401, 403})
+
+
+def _error_class(status: int, error_kind: Optional[str]) -> Type[LightningStoreHTTPError]:
+    if error_kind in _ERROR_CLASSES:
+        return _ERROR_CLASSES[error_kind]
+    if status in (400, 404, 409, 413, 422):
+        return LightningStoreValueError
+    if status == 501:
+        return LightningStoreNotImplementedError
+    return LightningStoreHTTPError
+
+
+def _detail_message(detail: Any) -> str:
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                loc = ".".join(str(x) for x in item.get("loc", ()))
+                parts.append(f"{loc}: {item.get('msg', item)}" if loc else str(item.get("msg", item)))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail)
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    return isinstance(exc, aiohttp.ClientResponseError) and exc.status in _AUTH_STATUSES
+
+
+class LightningStoreClient(LightningStore):
+    """A :class:`LightningStore` living in a :class:`LightningStoreServer`, reached over HTTP.
+
+    One aiohttp session (keep-alive connection pool) per event loop. Calls that fail on connection errors or
+    server errors (5xx, 408) are retried after the delays in ``retry_delays`` as long as the server's health
+    endpoint answers; calls that are not idempotent are retried only when the connection could not be opened.
+    Errors answered by the server raise :class:`LightningStoreHTTPError` (an :class:`aiohttp.ClientResponseError`)
+    carrying the server's message.
+
+    Args:
+        server_address: Base URL of the server, e.g. ``http://127.0.0.1:4747``.
+        retry_delays: Seconds to wait before each retry.
+        health_retry_delays: Delays between health probes after a failure (empty: do not probe).
+        request_timeout: Total seconds allowed per request.
+        connection_timeout: Seconds allowed to open a connection.
+        api_key: Bearer token; defaults to ``$AGENTBOLT_API_KEY``.
+    """
+
+    def __init__(
+        self,
+        server_address: str,
+        *,
+        retry_delays: Sequence[float] = (1.0, 2.0, 5.0),
+        health_retry_delays: Sequence[float] = (0.1, 0.2, 0.5),
+        request_timeout: float = 30.0,
+        connection_timeout: float = 5.0,
+        api_key: Optional[str] = None,
+    ) -> None:
+        self.server_address_root = server_address.rstrip("/")
+        self.server_address = self.server_address_root + API_V1_AGL_PREFIX
+        self._retry_delays = tuple(retry_delays)
+        self._health_retry_delays = tuple(health_retry_delays)
+        self._request_timeout = request_timeout
+        self._connection_timeout = connection_timeout
+        self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._dequeue_succeeded = False
+        self._dequeue_failure_logged = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sessions"] = None
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sessions = weakref.WeakKeyDictionary()
+
+    @property
+    def capabilities(self) -> LightningStoreCapabilities:
+        """All capabilities (the server provides them)."""
+        return LightningStoreCapabilities(thread_safe=True, async_safe=True, zero_copy=True, otlp_traces=True)
+
+    def otlp_traces_endpoint(self) -> str:
+        """OTLP/HTTP traces URL of the server."""
+        return f"{self.server_address_root}/v1/traces"
+
+    # -- transport ----------------------------------------------------------------------------------------------
+
+    def _headers(self) -> Dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
+            connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
+            session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
+            self._sessions[loop] = session
+        return session
+
+    async def close(self) -> None:
+        """Close the HTTP session of the current event loop (sessions of other loops are dropped)."""
+        try:
+            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        sessions = list(self._sessions.items())
+        self._sessions = weakref.WeakKeyDictionary()
+        for session_loop, session in sessions:
+            if session_loop is loop and not session.closed:
+                await session.close()
+
+    async def _send(
+        self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float]
+    ) -> Any:
+        session = await self._get_session()
+        kwargs: Dict[str, Any] = {}
+        if body is not None:
+            kwargs["data"] = body
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        if params is not None:
+            kwargs["params"] = params
+        if timeout is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=self._connection_timeout)
+        async with session.request(method, self.server_address + path, **kwargs) as response:
+            payload = await response.read()
+            if response.status >= 400:
+                raise self._error_from_response(response, payload)
+            return orjson.loads(payload) if payload else None
+
+    def _error_from_response(self, response: aiohttp.ClientResponse, payload: bytes) -> LightningStoreHTTPError:
+        detail: Any = None
+        error_type: Optional[str] = None
+        error_kind: Optional[str] = None
+        try:
+            parsed = orjson.loads(payload)
+            if isinstance(parsed, dict):
+                detail = parsed.get("detail")
+                error_type = parsed.get("error_type")
+                error_kind = parsed.get("error_kind")
+        except orjson.JSONDecodeError:
+            detail = payload.decode("utf-8", "replace")[:500]
+        message = _detail_message(detail) if detail is not None else (response.reason or f"HTTP {response.status}")
+        cls = _error_class(response.status, error_kind)
+        return cls(
+            response.request_info,
+            response.history,
+            status=response.status,
+            message=message,
+            headers=response.headers,
+            error_type=error_type,
+        )
+
+    async def _probe_health(self) -> bool:
+        """Whether the server's health endpoint answers, probing once per health delay plus a final time."""
+        if not self._health_retry_delays:
+            return True
+        session = await self._get_session()
+        timeout = aiohttp.ClientTimeout(total=self._connection_timeout)
+        for delay in (*self._health_retry_delays, None):
+            try:
+                async with session.get(self.server_address + "/health", timeout=timeout) as response:
+                    if response.status == 200:
+                        return True
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+            if delay is not None:
+                await asyncio.sleep(delay)
+        return False
+
+    async def _request_json(
+        self,
+        method: Literal["get", "post"],
+        path: str,
+        *,
+        json: Any = None,
+        params: Optional[Any] = None,
+        idempotent: bool = True,
+        timeout: Optional[float] = None,
+        retry: bool = True,
+    ) -> Any:
+        """Send a request and return the decoded JSON answer, retrying per the client's policy.
+
+        Args:
+            method: HTTP method.
+            path: Path under ``/v1/agl``.
+            json: Body; serialized with pydantic-core (models allowed). ``None`` sends no body.
+            params: Query parameters.
+            idempotent: Whether resending after an ambiguous failure is harmless.
+            timeout: Total timeout override for this request.
+            retry: Whether to retry at all.
+
+        Raises:
+            LightningStoreHTTPError: The server answered with an error.
+            aiohttp.ClientError: The server could not be reached.
+        """
+        body = pydantic_core.to_json(json) if json is not None else None
+        delays = self._retry_delays if retry else ()
+        attempt = 0
+        while True:
+            try:
+                return await self._send(method.upper(), path, body, params, timeout)
+            except LightningStoreHTTPError as exc:
+                if exc.status not in _RETRYABLE_STATUSES or attempt >= len(delays):
+                    raise
+                client_logger.warning("%s %s failed with %d: %s", method.upper(), path, exc.status, exc.message)
+                failure: BaseException = exc
+            except aiohttp.ClientConnectorError as exc:
+                # The connection was never opened: resending cannot duplicate anything.
+                if attempt >= len(delays):
+                    raise
+                client_logger.info("Cannot connect to %s (%s)", self.server_address_root, exc)
+                failure = exc
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError) as exc:
+                if not idempotent or attempt >= len(delays):
+                    raise
+                client_logger.warning("%s %s failed: %r", method.upper(), path, exc)
+                failure = exc
+            if not await self._probe_health():
+                client_logger.warning(
+                    "Server %s is not healthy; giving up %s %s", self.server_address_root, method, path
+                )
+                raise failure
+            await asyncio.sleep(delays[attempt])
+            attempt += 1
+            client_logger.info("Retrying %s %s (retry %d of %d)", method.upper(), path, attempt, len(delays))
+
+    # -- LightningStore API -------------------------------------------------------------------------------------
+
+    async def statistics(self) -> LightningStoreStatistics:
+        """Statistics of the server's store."""
+        return LightningStoreStatistics(**await self._request_json("get", "/statistics"))  # type: ignore[typeddict-item]
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        worker_id: Optional[str] = None,
+    ) -> AttemptedRollout:
+        """See :meth:`LightningStore.start_rollout`."""
+        request = RolloutRequest(
+            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata, worker_id=worker_id
+        )
+        data = await self._request_json("post", "/rollouts", json=request, idempotent=False)
+        return AttemptedRollout.model_validate(data)
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: Optional[RolloutMode] = None,
+        resources_id: Optional[str] = None,
+        config: Optional[RolloutConfig] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+    ) -> Rollout:
+        """See :meth:`LightningStore.enqueue_rollout`."""
+        request = EnqueueRolloutRequest(
+            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata
+        )
+        rollouts = await self.enqueue_many_rollouts([request])
+        if not rollouts:
+            raise RuntimeError("The server returned no rollout for enqueue_rollout.")
+        return rollouts[0]
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """See :meth:`LightningStore.enqueue_many_rollouts`."""
+        if not rollouts:
+            return []
+        data = await self._request_json(
+            "post", "/queues/rollouts/enqueue", json={"rollouts": list(rollouts)}, idempotent=False
+        )
+        return [Rollout.model_validate(item) for item in data]
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        """See :meth:`LightningStore.dequeue_rollout`; failures (other than auth) yield ``None``."""
+        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
+        return claimed[0] if claimed else None
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: Optional[str] = None
+    ) -> Sequence[AttemptedRollout]:
+        """See :meth:`LightningStore.dequeue_many_rollouts`; never retried, failures (other than auth) yield ``[]``."""
+        if limit <= 0:
+            return []
+        body: Dict[str, Any] = {"limit": limit}
+        if worker_id is not None:
+            body["worker_id"] = worker_id
+        try:
+            data = await self._request_json("post", "/queues/rollouts/dequeue", json=body, retry=False)
+        except Exception as exc:
+            if _is_auth_error(exc):
+                raise
+            if self._dequeue_succeeded and not self._dequeue_failure_logged:
+                client_logger.warning("Dequeue from %s failed: %r", self.server_address_root, exc)
+                self._dequeue_failure_logged = True
+            else:
+                client_logger.debug("Dequeue from %s failed: %r", self.server_address_root, exc)
+            return []
+        self._dequeue_succeeded = True
+        return [AttemptedRollout.model_validate(item) for item in data]
+
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        """See :meth:`LightningStore.start_attempt`."""
+        body = {"worker_id": worker_id} if worker_id is not None else None
+        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts", json=body, idempotent=False)
+        return AttemptedRollout.model_validate(data)
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        """See :meth:`LightningStore.add_span`."""
+        data = await self._request_json("post", "/spans", json=span)
+        return Span.model_validate(data) if data is not None else None
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_many_spans`; one request for the whole batch."""
+        spans = list(spans)
+        if not spans:
+            return []
+        data = await self._request_json("post", "/spans/batch", json={"spans": spans})
+        return [spans[i] for i in data["inserted"]]
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
+    ) -> Optional[Span]:
+        """See :meth:`LightningStore.add_otel_span`."""
+        if sequence_id is None:
+            sequence_id = await self.get_next_span_sequence_id(rollout_id, attempt_id)
+        span = Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id)
+        return await self.add_span(span)
+
+    @staticmethod
+    def _parse_rollout(item: Dict[str, Any]) -> Union[Rollout, AttemptedRollout]:
+        if item.get("attempt") is not None:
+            return AttemptedRollout.model_validate(item)
+        return Rollout.model_validate(item)
+
+    @staticmethod
+    def _page(data: Dict[str, Any], parse: Callable[[Any], T]) -> PaginatedResult[T]:
+        return PaginatedResult(
+            items=[parse(item) for item in data["items"]],
+            limit=data["limit"],
+            offset=data["offset"],
+            total=data["total"],
+        )
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Optional[Sequence[RolloutStatus]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
+    ) -> Sequence[Union[Rollout, AttemptedRollout]]:
+        """See :meth:`LightningStore.query_rollouts`."""
+        if status is not None or rollout_ids is not None:
+            warnings.warn(
+                "query_rollouts(status=..., rollout_ids=...) is deprecated; use status_in / rollout_id_in.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        status_in = status_in if status_in is not None else status
+        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+        body: Dict[str, Any] = {
+            "filter_logic": filter_logic,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        for key, value in (
+            ("status_in", status_in),
+            ("rollout_id_in", rollout_id_in),
+            ("rollout_id_contains", rollout_id_contains),
+            ("sort_by", sort_by),
+        ):
+            if value is not None:
+                body[key] = list(value) if isinstance(value, (list, tuple)) else value
+        data = await self._request_json("post", "/rollouts/search", json=body)
+        return self._page(data, self._parse_rollout)
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Attempt]:
+        """See :meth:`LightningStore.query_attempts`."""
+        body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
+        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/search", json=body)
+        return self._page(data, Attempt.model_validate)
+
+    async def _get_optional(self, path: str, parse: Callable[[Any], T]) -> Optional[T]:
+        """GET returning ``None`` for a ``null`` answer or (logged) failures other than auth errors."""
+        try:
+            data = await self._request_json("get", path)
+        except Exception as exc:
+            if _is_auth_error(exc):
+                raise
+            client_logger.error("GET %s failed: %r", path, exc)
+            return None
+        return parse(data) if data is not None else None
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
+        """See :meth:`LightningStore.get_rollout_by_id`."""
+        return await self._get_optional(f"/rollouts/{rollout_id}", self._parse_rollout)
+
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        """See :meth:`LightningStore.get_latest_attempt`."""
+        return await self._get_optional(f"/rollouts/{rollout_id}/attempts/latest", Attempt.model_validate)
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[ResourcesUpdate]:
+        """See :meth:`LightningStore.query_resources`."""
+        params: Dict[str, Any] = {"sort_order": sort_order, "limit": str(limit), "offset": str(offset)}
+        for key, value in (
+            ("resources_id", resources_id),
+            ("resources_id_contains", resources_id_contains),
+            ("sort_by", sort_by),
+        ):
+            if value is not None:
+                params[key] = value
+        data = await self._request_json("get", "/resources", params=params)
+        return self._page(data, ResourcesUpdate.model_validate)
+
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        """See :meth:`LightningStore.get_resources_by_id`."""
+        return await self._get_optional(f"/resources/{resources_id}", ResourcesUpdate.model_validate)
+
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        """See :meth:`LightningStore.get_latest_resources`."""
+        return await self._get_optional("/resources/latest", ResourcesUpdate.model_validate)
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        """See :meth:`LightningStore.get_next_span_sequence_id`."""
+        data = await self._request_json(
+            "post", "/spans/next", json={"rollout_id": rollout_id, "attempt_id": attempt_id}
+        )
+        return int(data["sequence_id"])
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        """See :meth:`LightningStore.get_many_span_sequence_ids`; one request for all pairs."""
+        pairs = [[rollout_id, attempt_id] for rollout_id, attempt_id in rollout_attempt_ids]
+        if not pairs:
+            return []
+        data = await self._request_json("post", "/spans/next/batch", json={"rollout_attempt_ids": pairs})
+        return [int(x) for x in data["sequence_ids"]]
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """See :meth:`LightningStore.wait_for_rollouts`.
+
+        Long waits are split into server-side waits of at most 10 seconds each, so no single request outlives
+        the request timeout.
+        """
+        slice_seconds = 10.0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        finished: Dict[str, Rollout] = {}
+        pending = list(dict.fromkeys(rollout_ids))
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = slice_seconds if remaining is None else min(slice_seconds, remaining)
+            data = await self._request_json(
+                "post",
+                "/waits/rollouts",
+                json={"rollout_ids": pending, "timeout": wait},
+                timeout=wait + self._request_timeout,
+            )
+            for item in data:
+                rollout = self._parse_rollout(item)
+                finished[rollout.rollout_id] = rollout
+            pending = [rid for rid in pending if rid not in finished]
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+        return [finished[rid] for rid in rollout_ids if rid in finished]
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: Literal["asc", "desc"] = "asc",
+    ) -> Sequence[Span]:
+        """See :meth:`LightningStore.query_spans`."""
+        body: Dict[str, Any] = {
+            "rollout_id": rollout_id,
+            "filter_logic": filter_logic,
+            "limit": limit,
+            "offset": offset,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+        }
+        for key, value in (
+            ("attempt_id", attempt_id),
+            ("trace_id", trace_id),
+            ("trace_id_contains", trace_id_contains),
+            ("span_id", span_id),
+            ("span_id_contains", span_id_contains),
+            ("parent_id", parent_id),
+            ("parent_id_contains", parent_id_contains),
+            ("name", name),
+            ("name_contains", name_contains),
+        ):
+            if value is not None:
+                body[key] = value
+        data = await self._request_json("post", "/spans/search", json=body)
+        return self._page(data, Span.model_validate)
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        """See :meth:`LightningStore.add_resources`."""
+        data = await self._request_json("post", "/resources", json=resources, idempotent=False)
+        return ResourcesUpdate.model_validate(data)
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        """See :meth:`LightningStore.update_resources`."""
+        data = await self._request_json("post", f"/resources/{resources_id}", json=resources, idempotent=False)
+        return ResourcesUpdate.model_validate(data)
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: Optional[RolloutMode] | Unset = UNSET,
+        resources_id: Optional[str] | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Rollout:
+        """See :meth:`LightningStore.update_rollout`; only the given fields are sent."""
+        fields = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "status": status,
+            "config": config,
+            "metadata": metadata,
+        }
+        body = {key: value for key, value in fields.items() if not isinstance(value, Unset)}
+        data = await self._request_json("post", f"/rollouts/{rollout_id}", json=body)
+        return self._parse_rollout(data)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
+    ) -> Attempt:
+        """See :meth:`LightningStore.update_attempt`; only the given fields are sent."""
+        fields = {
+            "status": status,
+            "worker_id": worker_id,
+            "last_heartbeat_time": last_heartbeat_time,
+            "metadata": metadata,
+        }
+        body = {key: value for key, value in fields.items() if not isinstance(value, Unset)}
+        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/{attempt_id}", json=body)
+        return Attempt.model_validate(data)
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: Literal["and", "or"] = "and",
+        sort_by: Optional[str] = None,
+        sort_order: Literal["asc", "desc"] = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Worker]:
+        """See :meth:`LightningStore.query_workers`."""
+        body: Dict[str, Any] = {
+            "filter_logic": filter_logic,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        if status_in is not None:
+            body["status_in"] = list(status_in)
+        if worker_id_contains is not None:
+            body["worker_id_contains"] = worker_id_contains
+        if sort_by is not None:
+            body["sort_by"] = sort_by
+        data = await self._request_json("post", "/workers/search", json=body)
+        return self._page(data, Worker.model_validate)
+
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        """See :meth:`LightningStore.get_worker_by_id`."""
+        return await self._get_optional(f"/workers/{worker_id}", Worker.model_validate)
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
+        """See :meth:`LightningStore.update_worker`."""
+        body = None if isinstance(heartbeat_stats, Unset) else {"heartbeat_stats": heartbeat_stats}
+        data = await self._request_json("post", f"/workers/{worker_id}", json=body)
+        return Worker.model_validate(data)

@@ -1,0 +1,657 @@
+"""Run an ASGI app with uvicorn in the current event loop, in a thread, or in forked processes.
+
+The launcher binds the listening socket itself before serving, so a port that is already in use surfaces as a
+clear :class:`RuntimeError` in the caller instead of uvicorn exiting the process. uvicorn's own signal handling is
+disabled: whoever owns the process (the CLI, a forked child) decides what SIGINT/SIGTERM do.
+
+Our servers bind ``127.0.0.1`` unless a host is given (the reference binds ``0.0.0.0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, List, Literal, Optional, Union
+
+import uvicorn
+
+__all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode"]
+
+logger = logging.getLogger(__name__)
+
+LaunchMode = Literal["asyncio", "thread", "mp"]
+"""Where the server runs: in the caller's event loop, in a daemon thread with its own loop, or in forked processes."""
+
+DEFAULT_HOST = "127.0.0.1"
+
+ServeContext = Union[AsyncContextManager[Any], Callable[[], AsyncContextManager[Any]]]
+"""An async context manager entered around serving, or a factory of one (a factory allows restarts)."""
+
+
+@dataclass
+class PythonServerLauncherArgs:
+    """How to launch a server.
+
+    Attributes:
+        port: Port to listen on; ``None`` picks a free port when the launcher is created.
+        host: Interface to bind; ``None`` means ``127.0.0.1``.
+        access_host: Host clients should use; derived from ``host`` when ``None``.
+        launch_mode: ``"asyncio"``, ``"thread"`` or ``"mp"``.
+        n_workers: Number of worker processes (``mp`` mode only; more than one needs gunicorn).
+        healthcheck_url: Path polled after start-up until it answers 200 (``None`` skips the check).
+        log_level: Level of uvicorn's loggers.
+        access_log: Whether uvicorn logs every request.
+        startup_timeout: Seconds allowed for the server to start and become healthy.
+        kill_unhealthy_server: Stop a server that started but never became healthy.
+        thread_join_timeout: Seconds to wait for the server thread on stop.
+        process_join_timeout: Seconds to wait for server processes on stop before killing them.
+        timeout_keep_alive: Seconds an idle keep-alive connection stays open.
+    """
+
+    port: Optional[int] = None
+    host: Optional[str] = None
+    access_host: Optional[str] = None
+    launch_mode: LaunchMode = "asyncio"
+    n_workers: int = 1
+    healthcheck_url: Optional[str] = None
+    log_level: int = logging.INFO
+    access_log: bool = False
+    startup_timeout: float = 60.0
+    kill_unhealthy_server: bool = True
+    thread_join_timeout: float = 10.0
+    process_join_timeout: float = 10.0
+    timeout_keep_alive: int = 30
+
+
+@dataclass
+class ChildEvent:
+    """Start-up report sent by a server thread or process to the launcher."""
+
+    kind: Literal["ready", "error"]
+    exc_type: Optional[str] = None
+    message: Optional[str] = None
+    traceback: Optional[str] = None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn server that leaves signal handling to the owner of the process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def pick_free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that is currently free on ``host`` (the OS picks it by binding port 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket, raising :class:`OSError` when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP (not 0) so asyncio enables TCP_NODELAY on accepted connections; without it, responses written
+    # in two parts wait ~40 ms for the peer's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _default_outbound_ip() -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("10.255.255.255", 1))
+            return str(sock.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _resolve_access_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return _default_outbound_ip()
+    return host
+
+
+@contextlib.asynccontextmanager
+async def noop_context() -> AsyncIterator[None]:
+    """An async context manager that does nothing."""
+    yield
+
+
+def _open_context(serve_context: Optional[ServeContext]) -> AsyncContextManager[Any]:
+    if serve_context is None:
+        return noop_context()
+    if hasattr(serve_context, "__aenter__"):
+        return serve_context  # type: ignore[return-value]
+    return serve_context()  # type: ignore[operator]
+
+
+async def shutdown_uvicorn_server(server: uvicorn.Server, task: asyncio.Task[Any], timeout: float = 5.0) -> None:
+    """Ask a uvicorn server to exit, letting in-flight requests finish, and wait for its task.
+
+    After ``timeout`` seconds the server is forced to exit; the task is cancelled as a last resort.
+    """
+    server.should_exit = True
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        logger.warning("Server did not shut down within %.1f seconds; forcing exit.", timeout)
+        server.force_exit = True
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return
+    with contextlib.suppress(asyncio.CancelledError):
+        exc = task.exception()
+        if exc is not None:
+            logger.error("Server task ended with an error: %r", exc)
+
+
+async def _poll_health(url: str, deadline: float) -> bool:
+    """GET ``url`` until it answers 200 or ``deadline`` (monotonic) passes."""
+    import aiohttp
+
+    delay = 0.02
+    timeout = aiohttp.ClientTimeout(total=5.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while True:
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return True
+                    logger.debug("Health check %s answered %d", url, response.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                logger.debug("Health check %s failed: %r", url, exc)
+            if time.monotonic() + delay > deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+async def run_uvicorn_asyncio(
+    uvicorn_server: uvicorn.Server,
+    serve_context: Optional[ServeContext] = None,
+    timeout: float = 60.0,
+    health_url: Optional[str] = None,
+    wait_for_serve: bool = True,
+    kill_unhealthy_server: bool = True,
+    *,
+    sockets: Optional[List[socket.socket]] = None,
+) -> asyncio.Task[None]:
+    """Serve in the running event loop and wait until the server is up (and healthy when ``health_url`` is given).
+
+    Args:
+        uvicorn_server: The server to run.
+        serve_context: Async context manager (or factory) entered around serving.
+        timeout: Seconds allowed for start-up and the health check together.
+        health_url: URL polled until it answers 200.
+        wait_for_serve: Await the end of serving before returning; otherwise return the serving task once up.
+        kill_unhealthy_server: Shut down a server that never became healthy.
+        sockets: Pre-bound listening sockets to serve on.
+
+    Returns:
+        The task serving requests.
+
+    Raises:
+        RuntimeError: The server did not start or did not become healthy in time, or serving failed.
+    """
+
+    async def serve() -> None:
+        async with _open_context(serve_context):
+            await uvicorn_server.serve(sockets=sockets)
+
+    serve_task: asyncio.Task[None] = asyncio.ensure_future(serve())
+    deadline = time.monotonic() + timeout
+    try:
+        while not uvicorn_server.started:
+            if serve_task.done():
+                exc = serve_task.exception()
+                raise RuntimeError(f"Server failed to start: {exc!r}") from exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Server did not start up within {timeout:g} seconds.")
+            await asyncio.sleep(0.01)
+        if health_url is not None and not await _poll_health(health_url, deadline):
+            if kill_unhealthy_server:
+                await shutdown_uvicorn_server(uvicorn_server, serve_task)
+                raise RuntimeError(
+                    f"Server at {health_url} is not healthy after {timeout:g} seconds. It has been killed."
+                )
+            logger.error("Server at %s is not healthy after %g seconds; leaving it running.", health_url, timeout)
+    except BaseException:
+        if not serve_task.done():
+            await shutdown_uvicorn_server(uvicorn_server, serve_task)
+        raise
+    if wait_for_serve:
+        try:
+            await serve_task
+        except Exception as exc:
+            raise RuntimeError("Uvicorn server failed to serve") from exc
+    return serve_task
+
+
+def _error_event(exc: BaseException) -> ChildEvent:
+    return ChildEvent(
+        kind="error",
+        exc_type=type(exc).__name__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+def run_uvicorn_thread(
+    uvicorn_server: uvicorn.Server,
+    serve_context: Optional[ServeContext],
+    event_queue: queue.Queue[ChildEvent],
+    stop_event: threading.Event,
+    timeout: float = 60.0,
+    health_url: Optional[str] = None,
+    *,
+    sockets: Optional[List[socket.socket]] = None,
+) -> None:
+    """Thread body: serve with a private event loop until ``stop_event`` is set, reporting start-up on the queue."""
+
+    async def main() -> None:
+        try:
+            task = await run_uvicorn_asyncio(
+                uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
+            )
+        except BaseException as exc:
+            event_queue.put(_error_event(exc))
+            return
+        event_queue.put(ChildEvent(kind="ready"))
+        while not stop_event.is_set() and not task.done():
+            await asyncio.sleep(0.05)
+        await shutdown_uvicorn_server(uvicorn_server, task)
+
+    asyncio.run(main())
+
+
+def run_uvicorn_subprocess(
+    uvicorn_server: uvicorn.Server,
+    serve_context: Optional[ServeContext],
+    event_queue: Any,
+    timeout: float = 60.0,
+    health_url: Optional[str] = None,
+    *,
+    sockets: Optional[List[socket.socket]] = None,
+) -> None:
+    """Process body: serve until SIGTERM or SIGINT, reporting start-up on the (multiprocessing) queue."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            task = await run_uvicorn_asyncio(
+                uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
+            )
+        except BaseException as exc:
+            event_queue.put(_error_event(exc))
+            return
+        event_queue.put(ChildEvent(kind="ready"))
+        stop_task = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        stop_task.cancel()
+        await shutdown_uvicorn_server(uvicorn_server, task)
+
+    asyncio.run(main())
+
+
+def _make_gunicorn_app(app: Any, options: dict[str, Any]) -> Any:
+    try:
+        from gunicorn.app.base import BaseApplication
+    except ImportError as exc:
+        raise RuntimeError(
+            "Serving with n_workers > 1 needs gunicorn, which is not installed (pip install gunicorn); "
+            "use n_workers=1 otherwise."
+        ) from exc
+
+    class GunicornApp(BaseApplication):  # type: ignore[misc]
+        """gunicorn application serving a preloaded ASGI app with uvicorn workers."""
+
+        def __init__(self, app: Any, options: dict[str, Any]) -> None:
+            self.options = options
+            self.application = app
+            super().__init__()
+
+        def load_config(self) -> None:
+            for key, value in self.options.items():
+                if key in self.cfg.settings and value is not None:
+                    self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            return self.application
+
+    return GunicornApp(app, options)
+
+
+def run_gunicorn(gunicorn_app: Any, event_queue: Any, health_url: Optional[str], timeout: float) -> None:
+    """Process body: run a gunicorn arbiter; a watchdog thread reports readiness once the health URL answers."""
+
+    def watchdog() -> None:
+        if health_url is None:
+            event_queue.put(ChildEvent(kind="ready"))
+            return
+        healthy = asyncio.run(_poll_health(health_url, time.monotonic() + timeout))
+        if healthy:
+            event_queue.put(ChildEvent(kind="ready"))
+        else:
+            event_queue.put(ChildEvent(kind="error", exc_type="RuntimeError", message="gunicorn server is not healthy"))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    gunicorn_app.run()
+
+
+class PythonServerLauncher:
+    """Start, stop and restart an ASGI app served by uvicorn.
+
+    Args:
+        app: The ASGI application.
+        args: Launch options.
+        serve_context: Async context manager (or factory of one) entered around serving, in the serving loop.
+    """
+
+    def __init__(self, app: Any, args: PythonServerLauncherArgs, serve_context: Optional[ServeContext] = None) -> None:
+        if args.launch_mode not in ("asyncio", "thread", "mp"):
+            raise ValueError(f"Unknown launch mode {args.launch_mode!r}; expected 'asyncio', 'thread' or 'mp'.")
+        if args.n_workers < 1:
+            raise ValueError("n_workers must be at least 1")
+        if args.n_workers > 1 and args.launch_mode != "mp":
+            raise ValueError("n_workers > 1 requires launch_mode='mp'")
+        self.app = app
+        self.args = args
+        self.serve_context = serve_context
+        self._host = args.host or DEFAULT_HOST
+        self._port = args.port if args.port is not None else pick_free_port(self._host)
+        self._access_host = args.access_host or _resolve_access_host(self._host)
+        self._init_runtime_state()
+
+    def _init_runtime_state(self) -> None:
+        self._server: Optional[uvicorn.Server] = None
+        self._serve_task: Optional[asyncio.Task[None]] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop_event: Optional[threading.Event] = None
+        self._process: Optional[Any] = None
+        self._socket: Optional[socket.socket] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "args": self.args,
+            "serve_context": self.serve_context,
+            "_host": self._host,
+            "_port": self._port,
+            "_access_host": self._access_host,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime_state()
+
+    @property
+    def host(self) -> str:
+        """The bound interface."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The listening port."""
+        return self._port
+
+    @property
+    def access_host(self) -> str:
+        """The host clients should connect to."""
+        return self._access_host
+
+    @property
+    def endpoint(self) -> str:
+        """``http://{host}:{port}``."""
+        return f"http://{_url_host(self._host)}:{self._port}"
+
+    @property
+    def access_endpoint(self) -> str:
+        """``http://{access_host}:{port}``: the URL clients should use."""
+        return f"http://{_url_host(self._access_host)}:{self._port}"
+
+    @property
+    def health_url(self) -> Optional[str]:
+        """Full health-check URL, or ``None`` when no health check is configured."""
+        path = self.args.healthcheck_url
+        if path is None:
+            return None
+        if not path.startswith("/"):
+            path = "/" + path
+        return self.access_endpoint + path
+
+    def is_running(self) -> bool:
+        """Whether the server is currently serving."""
+        if self._serve_task is not None:
+            return not self._serve_task.done()
+        if self._thread is not None:
+            return self._thread.is_alive()
+        if self._process is not None:
+            return bool(self._process.is_alive())
+        return False
+
+    def _make_server(self) -> uvicorn.Server:
+        config = uvicorn.Config(
+            self.app,
+            host=self._host,
+            port=self._port,
+            log_level=self.args.log_level,
+            access_log=self.args.access_log,
+            timeout_keep_alive=self.args.timeout_keep_alive,
+            timeout_graceful_shutdown=max(1, int(self.args.thread_join_timeout / 2)),
+            lifespan="off",
+            log_config=None,
+        )
+        return _Server(config)
+
+    def _bind(self) -> socket.socket:
+        try:
+            return bind_socket(self._host, self._port)
+        except OSError as exc:
+            raise RuntimeError(
+                f"Server did not start up within {self.args.startup_timeout:g} seconds: "
+                f"cannot listen on {self._host}:{self._port} ({exc.strerror or exc})."
+            ) from exc
+
+    async def start(self) -> None:
+        """Start serving and return once the server is up and healthy.
+
+        Raises:
+            RuntimeError: Already running, the port is taken, or the server failed to start or become healthy.
+        """
+        if self.is_running():
+            raise RuntimeError("Server is already running.")
+        self._init_runtime_state()
+        self._socket = self._bind()
+        try:
+            mode = self.args.launch_mode
+            if mode == "asyncio":
+                await self._start_asyncio()
+            elif mode == "thread":
+                await self._start_thread()
+            else:
+                await self._start_mp()
+        except BaseException:
+            self._close_socket()
+            raise
+        logger.info("Server listening on %s (%s mode).", self.access_endpoint, self.args.launch_mode)
+
+    async def _start_asyncio(self) -> None:
+        assert self._socket is not None
+        self._server = self._make_server()
+        self._serve_task = await run_uvicorn_asyncio(
+            self._server,
+            self.serve_context,
+            timeout=self.args.startup_timeout,
+            health_url=self.health_url,
+            wait_for_serve=False,
+            kill_unhealthy_server=self.args.kill_unhealthy_server,
+            sockets=[self._socket],
+        )
+
+    async def _start_thread(self) -> None:
+        assert self._socket is not None
+        self._server = self._make_server()
+        events: queue.Queue[ChildEvent] = queue.Queue()
+        self._stop_event = threading.Event()
+        self._thread = threading.Thread(
+            target=run_uvicorn_thread,
+            args=(self._server, self.serve_context, events, self._stop_event, self.args.startup_timeout),
+            kwargs={"health_url": self.health_url, "sockets": [self._socket]},
+            name=f"agentbolt-server-{self._port}",
+            daemon=True,
+        )
+        self._thread.start()
+        event = await self._wait_event(events.get, self.args.startup_timeout * 2)
+        if event.kind != "ready":
+            await asyncio.to_thread(self._thread.join, self.args.thread_join_timeout)
+            self._thread = None
+            raise RuntimeError(event.message or "Server failed to start.")
+
+    async def _start_mp(self) -> None:
+        assert self._socket is not None
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError as exc:
+            raise RuntimeError("launch_mode='mp' needs the 'fork' start method, unavailable here.") from exc
+        events = ctx.Queue()
+        if self.args.n_workers > 1:
+            # The socket is bound by gunicorn itself in this case.
+            self._close_socket()
+            app = _make_gunicorn_app(
+                self.app,
+                {
+                    "bind": f"{_url_host(self._host)}:{self._port}",
+                    "workers": self.args.n_workers,
+                    "worker_class": "uvicorn.workers.UvicornWorker",
+                    "preload_app": True,
+                    "graceful_timeout": self.args.process_join_timeout / 2,
+                    "keepalive": self.args.timeout_keep_alive,
+                    "loglevel": logging.getLevelName(self.args.log_level).lower(),
+                },
+            )
+            target: Callable[..., None] = run_gunicorn
+            proc_args: tuple[Any, ...] = (app, events, self.health_url, self.args.startup_timeout)
+            kwargs: dict[str, Any] = {}
+        else:
+            target = run_uvicorn_subprocess
+            proc_args = (self._make_server(), self.serve_context, events, self.args.startup_timeout)
+            kwargs = {"health_url": self.health_url, "sockets": [self._socket]}
+        self._process = ctx.Process(target=target, args=proc_args, kwargs=kwargs, daemon=False)
+        self._process.start()
+        # The child owns the listening socket now.
+        self._close_socket()
+        try:
+            event = await self._wait_event(events.get, self.args.startup_timeout * 2)
+        except RuntimeError:
+            await self._stop_process()
+            raise
+        if event.kind != "ready":
+            await self._stop_process()
+            raise RuntimeError(event.message or "Server process failed to start.")
+
+    async def _wait_event(self, get: Callable[..., ChildEvent], timeout: float) -> ChildEvent:
+        def wait() -> ChildEvent:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    return get(timeout=0.1)
+                except queue.Empty:
+                    if not self.is_running():
+                        return ChildEvent(kind="error", message="Server exited during start-up.")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"Server did not start up within {timeout:g} seconds.") from None
+
+        return await asyncio.to_thread(wait)
+
+    def _close_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    async def stop(self) -> None:
+        """Stop serving: in-flight requests finish, then the server exits.
+
+        Raises:
+            RuntimeError: A server thread or process did not exit in time.
+        """
+        try:
+            if self._serve_task is not None and self._server is not None:
+                await shutdown_uvicorn_server(self._server, self._serve_task, timeout=self.args.thread_join_timeout)
+            elif self._thread is not None and self._stop_event is not None:
+                self._stop_event.set()
+                await asyncio.to_thread(self._thread.join, self.args.thread_join_timeout)
+                if self._thread.is_alive():
+                    raise RuntimeError(f"Server thread did not stop within {self.args.thread_join_timeout:g} seconds.")
+            elif self._process is not None:
+                await self._stop_process()
+        finally:
+            self._close_socket()
+            self._serve_task = None
+            self._thread = None
+            self._process = None
+
+    async def _stop_process(self) -> None:
+        proc = self._process
+        if proc is None:
+            return
+        if proc.is_alive():
+            proc.terminate()
+            await asyncio.to_thread(proc.join, self.args.process_join_timeout)
+            if proc.is_alive():
+                logger.warning("Server process %s ignored SIGTERM; killing it.", proc.pid)
+                proc.kill()
+                await asyncio.to_thread(proc.join, self.args.process_join_timeout)
+                if proc.is_alive():
+                    raise RuntimeError(f"Server process {proc.pid} could not be stopped.")
+        else:
+            proc.join(0)
+
+    async def reload(self) -> None:
+        """Stop (if running) and start again on the same port."""
+        if self.is_running():
+            await self.stop()
+        await self.start()
+
+    async def run_forever(self) -> None:
+        """Start, then block until the server exits; on cancellation stop it and re-raise."""
+        await self.start()
+        try:
+            while self.is_running():
+                if self._serve_task is not None:
+                    await asyncio.wait({self._serve_task})
+                else:
+                    await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            await self.stop()
+            raise
+        await self.stop()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
