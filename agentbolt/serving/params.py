@@ -1,0 +1,145 @@
+"""Engine-level request parameters and outputs (plain dataclasses, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional, Tuple
+
+__all__ = [
+    "EngineError",
+    "ContextOverflowError",
+    "SamplingParams",
+    "SequenceDelta",
+    "SequenceOutput",
+    "GenerationOutput",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(ValueError):
+    """A generation request is invalid (served as HTTP 400)."""
+
+
+class ContextOverflowError(EngineError):
+    """Prompt plus requested tokens do not fit in the model's context (served as HTTP 400)."""
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    Attributes:
+        max_tokens: Maximum generated tokens per choice; ``None`` means up to the end of the context.
+        temperature: Softmax temperature; ``0`` means greedy decoding.
+        top_p: Nucleus sampling mass (``1`` disables it).
+        n: Number of choices sampled for the prompt.
+        stop: Stop strings; the returned text is cut before the first match (the token ids keep the token that
+            completed it).
+        stop_token_ids: Extra token ids that end a choice (the model's EOS ids always do unless ``ignore_eos``).
+        seed: Seed of the sampler; choice ``i`` uses ``seed + i``. Results are reproducible for the same batch
+            composition (padding changes floating point rounding, most visibly in bf16).
+        logprobs: Return the log-probability of every sampled token.
+        top_logprobs: Also return this many most likely alternatives per position (0-20).
+        ignore_eos: Keep generating after EOS (until ``max_tokens``).
+    """
+
+    max_tokens: Optional[int] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: List[str] = field(default_factory=list)
+    stop_token_ids: List[int] = field(default_factory=list)
+    seed: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Check ranges.
+
+        Raises:
+            EngineError: With a message naming the offending parameter.
+        """
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise EngineError(f"temperature must be between 0 and 100, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 1 <= self.n <= 128:
+            raise EngineError(f"n must be between 1 and 128, got {self.n}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise EngineError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise EngineError("stop must be a non-empty string or a list of non-empty strings")
+        if len(self.stop) > 16:
+            raise EngineError("at most 16 stop strings are supported")
+
+
+@dataclass
+class SequenceDelta:
+    """What one choice produced in one decoding step (the unit of streaming).
+
+    Attributes:
+        index: Choice index within the request.
+        token_ids: New token ids (one per step).
+        text: Newly released text (may be empty while a stop string or a multi-byte character is pending).
+        logprobs: Log-probabilities of ``token_ids`` (when requested).
+        top_logprobs: Per new token, the most likely ``(token_id, logprob)`` pairs (when requested).
+        finish_reason: Set on the last delta of the choice.
+    """
+
+    index: int
+    token_ids: List[int]
+    text: str
+    logprobs: Optional[List[float]] = None
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    finish_reason: Optional[FinishReason] = None
+
+
+@dataclass
+class SequenceOutput:
+    """A finished choice.
+
+    Attributes:
+        index: Choice index.
+        token_ids: All generated token ids, including a final EOS / stop token.
+        text: Generated text without special tokens, cut before a matched stop string.
+        logprobs: Log-probabilities of ``token_ids`` under the untempered model distribution (when requested).
+        top_logprobs: Per position, the most likely ``(token_id, logprob)`` pairs (when requested).
+        finish_reason: ``stop`` (EOS, stop token or stop string), ``length`` or ``abort``.
+    """
+
+    index: int
+    token_ids: List[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: Optional[List[float]] = None
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    finish_reason: Optional[FinishReason] = None
+
+    def add(self, delta: SequenceDelta) -> None:
+        """Append a streaming delta to this output."""
+        self.token_ids.extend(delta.token_ids)
+        self.text += delta.text
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+
+@dataclass
+class GenerationOutput:
+    """The result of one request.
+
+    Attributes:
+        prompt_token_ids: Token ids the model was conditioned on.
+        choices: One output per sampled choice, ordered by index.
+        weight_version: Engine weight version the request was admitted under (see ``TransformersEngine``).
+    """
+
+    prompt_token_ids: List[int]
+    choices: List[SequenceOutput]
+    weight_version: int = 0

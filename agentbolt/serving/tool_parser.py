@@ -1,0 +1,133 @@
+"""Parse ``<tool_call>{json}</tool_call>`` blocks out of model output, whole or while streaming.
+
+The block holds ``{"name": ..., "arguments": {...}}`` (the convention of our ChatML template and of
+Hermes/Qwen-style models). Text outside the blocks is the assistant's content. A block whose body is not a JSON
+object with a string ``name`` stays content, so nothing the model wrote is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from agentbolt.utils.id import generate_id
+
+__all__ = ["ParsedToolCall", "ToolCallParser", "parse_tool_calls", "TOOL_CALL_OPEN", "TOOL_CALL_CLOSE"]
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+@dataclass
+class ParsedToolCall:
+    """One function call.
+
+    Attributes:
+        id: Call id (``call_`` + 24 hex chars).
+        name: Function name.
+        arguments: Arguments as a JSON string (the OpenAI wire format).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self, index: Optional[int] = None) -> dict:
+        """The OpenAI ``tool_calls`` entry (with ``index`` for streaming deltas)."""
+        entry: dict = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            entry["index"] = index
+        return entry
+
+
+def _parse_block(body: str) -> Optional[ParsedToolCall]:
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return None
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):
+        text = arguments
+    else:
+        text = json.dumps(arguments, ensure_ascii=False)
+    return ParsedToolCall(id=f"call_{generate_id(24)}", name=payload["name"], arguments=text)
+
+
+class ToolCallParser:
+    """Incremental parser: feed text as it is generated, get content to release and completed calls.
+
+    Content that might be the start of ``<tool_call>`` is held back until it is decided.
+    """
+
+    def __init__(self) -> None:
+        self._pending = ""
+        self._inside = False
+
+    def feed(self, text: str) -> Tuple[str, List[ParsedToolCall]]:
+        """Consume new text.
+
+        Returns:
+            Content safe to release now, and the tool calls completed by this text.
+        """
+        self._pending += text
+        content: List[str] = []
+        calls: List[ParsedToolCall] = []
+        while True:
+            if self._inside:
+                end = self._pending.find(TOOL_CALL_CLOSE)
+                if end < 0:
+                    break
+                body = self._pending[:end]
+                call = _parse_block(body.strip())
+                if call is None:
+                    content.append(TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE)
+                else:
+                    calls.append(call)
+                self._pending = self._pending[end + len(TOOL_CALL_CLOSE) :]
+                self._inside = False
+                continue
+            start = self._pending.find(TOOL_CALL_OPEN)
+            if start >= 0:
+                content.append(self._pending[:start])
+                self._pending = self._pending[start + len(TOOL_CALL_OPEN) :]
+                self._inside = True
+                continue
+            keep = 0
+            for size in range(min(len(TOOL_CALL_OPEN) - 1, len(self._pending)), 0, -1):
+                if TOOL_CALL_OPEN.startswith(self._pending[-size:]):
+                    keep = size
+                    break
+            content.append(self._pending[: len(self._pending) - keep])
+            self._pending = self._pending[len(self._pending) - keep :]
+            break
+        return "".join(content), calls
+
+    def finish(self) -> Tuple[str, List[ParsedToolCall]]:
+        """Flush at the end of generation; an unterminated block is parsed if its JSON is complete."""
+        pending, inside = self._pending, self._inside
+        self._pending, self._inside = "", False
+        if not inside:
+            return pending, []
+        call = _parse_block(pending.strip())
+        if call is None:
+            return TOOL_CALL_OPEN + pending, []
+        return "", [call]
+
+
+def parse_tool_calls(text: str) -> Tuple[Optional[str], List[ParsedToolCall]]:
+    """Split a complete generation into content and tool calls.
+
+    Returns:
+        The content (``None`` if only whitespace remains once calls are removed and there are calls) and the calls.
+    """
+    parser = ToolCallParser()
+    content, calls = parser.feed(text)
+    rest, more = parser.finish()
+    content += rest
+    calls += more
+    if calls and not content.strip():
+        return None, calls
+    return (content.strip() if calls else content), calls

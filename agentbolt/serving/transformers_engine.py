@@ -1,0 +1,747 @@
+"""In-process inference engine on Hugging Face transformers with continuous batching.
+
+One scheduler thread owns the model while generating. Each loop iteration it
+
+1. admits waiting requests (up to ``max_batch_size`` running sequences): their prompts are prefilled together,
+   left padded, and their key/value caches are merged into the running batch (also left padded);
+2. runs one decoding step for every running sequence;
+3. samples the next token of each sequence with its own generator, records its log-probability, checks EOS,
+   stop tokens, stop strings and length, releases text to the request, and drops finished sequences from the
+   batch (and the padding columns nobody needs any more).
+
+Log-probabilities are those of the *untempered* model distribution: ``log_softmax(logits)`` of the exact logits
+the token was sampled from, before temperature and top-p are applied (vLLM's default). A trainer recomputing
+``log_softmax(model(x).logits)`` for the sampled ids gets the same numbers up to dtype rounding.
+
+Sharing the model with a trainer: :meth:`TransformersEngine.from_model` wraps an existing model object, so
+weights updated in place are used by the next decoding step without a copy. Run every in-place update inside
+:meth:`TransformersEngine.weights_update`; it waits for the current step to end, blocks new steps while held,
+and increments :attr:`TransformersEngine.weight_version`. LoRA adapters (PEFT) are loaded, unloaded and
+selected per request; a running batch only contains sequences of one adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Union
+
+from agentbolt.serving.params import (
+    ContextOverflowError,
+    EngineError,
+    GenerationOutput,
+    SamplingParams,
+    SequenceDelta,
+    SequenceOutput,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TransformersEngine", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16"}
+_DTYPES.update({"fp16": "float16", "half": "float16", "float": "float32"})
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """Map a dtype name (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``) to a torch dtype.
+
+    Raises:
+        EngineError: Unknown name.
+    """
+    import torch
+
+    key = _DTYPES.get(name.lower())
+    if key is None:
+        raise EngineError(f"unknown dtype {name!r}; use one of bfloat16, float32, float16")
+    return getattr(torch, key)
+
+
+class _Request:
+    """A submitted request and its channel back to the caller."""
+
+    def __init__(
+        self,
+        prompt: List[int],
+        params: SamplingParams,
+        adapter: Optional[str],
+        emit: Callable[[List[SequenceDelta]], None],
+        fail: Callable[[BaseException], None],
+    ) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.adapter = adapter
+        self.emit = emit
+        self.fail = fail
+        self.cancelled = False
+        self.remaining = params.n
+        self.weight_version = 0
+
+
+@dataclass
+class _Sequence:
+    request: _Request
+    index: int
+    max_tokens: int
+    generator: torch.Generator
+    token_ids: List[int] = field(default_factory=list)
+    text: str = ""
+    released: int = 0
+    finished: bool = False
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if stop.startswith(text[-size:]):
+                longest = size
+                break
+    return longest
+
+
+class TransformersEngine:
+    """Continuous-batching text generation on a transformers causal LM (see the module docstring).
+
+    Args:
+        model: Model directory, registry name or hub id (resolved with :func:`agentbolt.models.resolve_model`).
+        dtype: Compute dtype; ``bfloat16`` (default) is the faster choice on recent CPUs and on GPUs.
+        device: ``cpu``, ``cuda``, ``cuda:1``...; default CUDA when available, else CPU.
+        threads: ``torch.set_num_threads`` value (CPU); default leaves torch's choice.
+        max_batch_size: Maximum sequences decoded together (a request with ``n`` choices counts ``n``).
+        max_model_len: Context length; default the model's ``max_position_embeddings``.
+        served_name: Name reported by ``/v1/models`` (default: the ``model`` argument).
+    """
+
+    def __init__(
+        self,
+        model: Union[str, os.PathLike[str]],
+        *,
+        dtype: str = "bfloat16",
+        device: Optional[str] = None,
+        threads: Optional[int] = None,
+        max_batch_size: int = 8,
+        max_model_len: Optional[int] = None,
+        served_name: Optional[str] = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise EngineError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if threads is not None and threads < 1:
+            raise EngineError(f"threads must be at least 1, got {threads}")
+        self.model_ref = os.fspath(model)
+        self.served_name = served_name or self.model_ref
+        self.dtype_name = dtype
+        self.device_name = device
+        self.threads = threads
+        self.max_batch_size = max_batch_size
+        self._max_model_len_override = max_model_len
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.max_model_len = 0
+        self.weight_version = 0
+        self.default_adapter: Optional[str] = None
+        self.adapters: Dict[str, str] = {}
+        self._eos_ids: set[int] = set()
+        self._waiting: Deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._pausers = 0
+        self._stepping = False
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._batch: Optional[Dict[str, Any]] = None
+        self._batch_adapter: Optional[str] = None
+        self._loaded = threading.Event()
+        self._wrapped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        *,
+        served_name: str = "model",
+        max_batch_size: int = 8,
+        max_model_len: Optional[int] = None,
+        threads: Optional[int] = None,
+    ) -> TransformersEngine:
+        """Wrap an already loaded model (e.g. the one a trainer optimises) without copying it.
+
+        Args:
+            model: A transformers causal LM or a PEFT model around one.
+            tokenizer: Its tokenizer.
+            served_name: Model name reported to clients.
+            max_batch_size: See the class.
+            max_model_len: See the class.
+            threads: See the class.
+
+        Returns:
+            A started engine.
+        """
+        engine = cls(
+            served_name,
+            served_name=served_name,
+            max_batch_size=max_batch_size,
+            max_model_len=max_model_len,
+            threads=threads,
+        )
+        engine._attach(model, tokenizer)
+        engine.start()
+        return engine
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is loaded and requests are accepted."""
+        return self._loaded.is_set()
+
+    def load(self) -> None:
+        """Load model and tokenizer (blocking; called by :meth:`start` if needed)."""
+        if self.loaded:
+            return
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from agentbolt.models import resolve_model
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        resolved = resolve_model(self.model_ref)
+        if resolved.source == "gguf":
+            raise EngineError(
+                "the transformers engine needs a model directory; serve .gguf files with --engine llamacpp"
+            )
+        device = self.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(self.dtype_name)
+        started = time.monotonic()
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)
+        model.eval()
+        logger.info("Loaded %s (%s, %s) in %.1f s", resolved.path, dtype, device, time.monotonic() - started)
+        self._attach(model, tokenizer)
+
+    def _attach(self, model: Any, tokenizer: Any) -> None:
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        self.model = model
+        self.tokenizer = tokenizer
+        config = model.config
+        context = getattr(config, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048)
+        self.max_model_len = min(self._max_model_len_override or context, context)
+        eos: set[int] = set()
+        generation_config = getattr(model, "generation_config", None)
+        for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+            if isinstance(source, int):
+                eos.add(source)
+            elif source:
+                eos.update(int(x) for x in source)
+        self._eos_ids = eos
+        if getattr(model, "peft_config", None):
+            self.adapters.update({name: "" for name in model.peft_config})
+        self._loaded.set()
+
+    def start(self) -> None:
+        """Load the model if needed and start the scheduler thread (idempotent)."""
+        self.load()
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="agentbolt-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the scheduler; pending and running requests fail with ``EngineError("engine stopped")``."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # ------------------------------------------------------------------ weights and adapters
+
+    @contextlib.contextmanager
+    def weights_update(self) -> Iterator[Any]:
+        """Hold generation between two decoding steps while the caller changes weights in place.
+
+        Yields:
+            The model object.
+        """
+        with self._cond:
+            self._pausers += 1
+            while self._stepping:
+                self._cond.wait()
+        try:
+            yield self.model
+        finally:
+            with self._cond:
+                self._pausers -= 1
+                self.weight_version += 1
+                self._cond.notify_all()
+
+    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> None:
+        """Copy new weights into the live model between decoding steps (bumps :attr:`weight_version`)."""
+        with self.weights_update() as model:
+            model.load_state_dict(state_dict, strict=strict)
+
+    def load_adapter(self, name: str, path: Union[str, os.PathLike[str]]) -> None:
+        """Load a PEFT LoRA adapter from ``path``; requests select it by using ``name`` as the model.
+
+        Raises:
+            EngineError: Name taken, clashes with the served model, or the adapter cannot be loaded.
+        """
+        if not name or name == self.served_name:
+            raise EngineError(f"invalid adapter name {name!r}")
+        if name in self.adapters:
+            raise EngineError(f"adapter {name!r} is already loaded")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise EngineError(f"{os.fspath(path)!r} is not a PEFT adapter directory (no adapter_config.json)")
+        try:
+            from peft import PeftModel
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise EngineError("LoRA adapters need peft: pip install 'agentbolt[train]'") from None
+        with self.weights_update():
+            try:
+                if isinstance(self.model, PeftModel):
+                    self.model.load_adapter(os.fspath(path), adapter_name=name)
+                else:
+                    self.model = PeftModel.from_pretrained(self.model, os.fspath(path), adapter_name=name)
+                    self._wrapped = True
+                self.model.eval()
+            except Exception as exc:
+                raise EngineError(f"cannot load adapter {name!r} from {os.fspath(path)!r}: {exc}") from exc
+            self.adapters[name] = os.fspath(path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Remove a loaded adapter (waits until no running sequence uses it).
+
+        Raises:
+            EngineError: Unknown adapter.
+        """
+        if name not in self.adapters:
+            raise EngineError(f"adapter {name!r} is not loaded")
+        with self._cond:
+            self._pausers += 1
+            while self._stepping or (self._batch is not None and self._batch_adapter == name):
+                self._pausers -= 1
+                self._cond.wait(0.05)
+                self._pausers += 1
+        try:
+            self.model.delete_adapter(name)
+            del self.adapters[name]
+            if not self.adapters and self._wrapped:
+                self.model = self.model.unload()  # back to the plain base model, LoRA layers removed
+                self._wrapped = False
+            if self.default_adapter == name:
+                self.default_adapter = None
+        finally:
+            with self._cond:
+                self._pausers -= 1
+                self.weight_version += 1
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ requests
+
+    def encode_chat(
+        self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None, **template_kwargs: Any
+    ) -> List[int]:
+        """Render messages (and tools) with the model's chat template and tokenize them.
+
+        Raises:
+            EngineError: The model has no chat template or the template rejects the conversation.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise EngineError("this model has no chat template; use /v1/completions")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **template_kwargs
+            )
+        except Exception as exc:  # jinja errors: bad roles, missing fields...
+            raise EngineError(f"chat template failed: {exc}") from exc
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def encode(self, text: str) -> List[int]:
+        """Tokenize a completion prompt (with the tokenizer's usual special tokens, e.g. BOS)."""
+        return list(self.tokenizer(text).input_ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize without special tokens."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def check_request(self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None) -> None:
+        """Validate a request without submitting it.
+
+        Raises:
+            EngineError: Invalid parameters, token ids or adapter, or the model is not loaded.
+            ContextOverflowError: Prompt plus ``max_tokens`` exceed the context length.
+        """
+        if not self.loaded:
+            raise EngineError("model is still loading")
+        params.validate()
+        if not prompt:
+            raise EngineError("prompt is empty")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if adapter is not None and adapter not in self.adapters:
+            raise EngineError(f"adapter {adapter!r} is not loaded")
+        budget = self.max_model_len - len(prompt)
+        if budget < 1 or (params.max_tokens is not None and params.max_tokens > budget):
+            requested = len(prompt) + (params.max_tokens or 1)
+            raise ContextOverflowError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{requested} tokens ({len(prompt)} in the messages, {params.max_tokens or 1} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+
+    def _submit(self, request: _Request) -> None:
+        self.check_request(request.prompt, request.params, request.adapter)
+        if self._thread is None:
+            raise EngineError("engine is not started")
+        with self._cond:
+            self._waiting.append(request)
+            self._cond.notify_all()
+
+    def _resolve_adapter(self, adapter: Optional[str]) -> Optional[str]:
+        return adapter if adapter is not None else self.default_adapter
+
+    async def stream(
+        self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None
+    ) -> AsyncGenerator[List[SequenceDelta], None]:
+        """Generate asynchronously, yielding the deltas of every decoding step as they are produced.
+
+        Cancelling the iteration (e.g. a client disconnect) drops the request from the batch.
+
+        Args:
+            prompt: Prompt token ids.
+            params: Sampling parameters.
+            adapter: LoRA adapter name (default: :attr:`default_adapter`).
+
+        Raises:
+            EngineError: Invalid request (before anything is yielded).
+        """
+        loop = asyncio.get_running_loop()
+        channel: asyncio.Queue[Union[List[SequenceDelta], BaseException]] = asyncio.Queue()
+        request = _Request(
+            list(prompt),
+            params,
+            self._resolve_adapter(adapter),
+            emit=lambda deltas: loop.call_soon_threadsafe(channel.put_nowait, deltas),
+            fail=lambda exc: loop.call_soon_threadsafe(channel.put_nowait, exc),
+        )
+        self._submit(request)
+        remaining = params.n
+        try:
+            while remaining:
+                item = await channel.get()
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= sum(1 for delta in item if delta.finish_reason is not None)
+                yield item
+        finally:
+            request.cancelled = True
+
+    async def generate(
+        self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None
+    ) -> GenerationOutput:
+        """Generate asynchronously and return the finished choices."""
+        outputs = [SequenceOutput(index=i) for i in range(params.n)]
+        version = self.weight_version
+        async for deltas in self.stream(prompt, params, adapter):
+            for delta in deltas:
+                outputs[delta.index].add(delta)
+        return GenerationOutput(prompt_token_ids=list(prompt), choices=outputs, weight_version=version)
+
+    def generate_sync(
+        self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None, timeout: Optional[float] = None
+    ) -> GenerationOutput:
+        """Blocking :meth:`generate` for callers without an event loop (e.g. a trainer thread)."""
+        channel: queue.Queue[Union[List[SequenceDelta], BaseException]] = queue.Queue()
+        request = _Request(list(prompt), params, self._resolve_adapter(adapter), channel.put, channel.put)
+        version = self.weight_version
+        self._submit(request)
+        outputs = [SequenceOutput(index=i) for i in range(params.n)]
+        remaining = params.n
+        try:
+            while remaining:
+                item = channel.get(timeout=timeout)
+                if isinstance(item, BaseException):
+                    raise item
+                for delta in item:
+                    outputs[delta.index].add(delta)
+                    remaining -= delta.finish_reason is not None
+        finally:
+            request.cancelled = True
+        return GenerationOutput(prompt_token_ids=list(prompt), choices=outputs, weight_version=version)
+
+    # ------------------------------------------------------------------ scheduler
+
+    def _loop(self) -> None:
+        import torch
+
+        while True:
+            with self._cond:
+                while not self._stopping and (self._pausers or (self._batch is None and not self._waiting)):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                self._stepping = True
+                admitted = self._take_admissible()
+            try:
+                with torch.inference_mode():
+                    self._step(admitted)
+            except Exception as exc:  # a failing forward must not kill the server
+                logger.exception("Generation step failed")
+                self._fail_all(admitted, exc)
+            finally:
+                with self._cond:
+                    self._stepping = False
+                    self._cond.notify_all()
+        self._fail_all([], EngineError("engine stopped"))
+        with self._cond:
+            pending, self._waiting = list(self._waiting), deque()
+        for request in pending:
+            request.fail(EngineError("engine stopped"))
+
+    def _take_admissible(self) -> List[_Request]:
+        """Pop waiting requests that fit in the batch and share its adapter (called under the lock)."""
+        running = len(self._batch["seqs"]) if self._batch is not None else 0
+        adapter = self._batch_adapter if self._batch is not None else None
+        taken: List[_Request] = []
+        kept: Deque[_Request] = deque()
+        while self._waiting:
+            request = self._waiting.popleft()
+            if request.cancelled:
+                continue
+            if running == 0 and not taken:
+                adapter = request.adapter
+            fits = running + request.params.n <= self.max_batch_size or (running == 0 and not taken)
+            if fits and request.adapter == adapter and not kept:
+                taken.append(request)
+                running += request.params.n
+            else:
+                kept.append(request)
+        self._waiting = kept
+        return taken
+
+    def _fail_all(self, admitted: List[_Request], exc: BaseException) -> None:
+        failed = {id(r): r for r in admitted}
+        if self._batch is not None:
+            failed.update({id(s.request): s.request for s in self._batch["seqs"]})
+        self._batch = None
+        for request in failed.values():
+            request.fail(exc)
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
+        adapter = self._batch_adapter
+        if self.adapters:
+            if adapter is None:
+                with self.model.disable_adapter():
+                    return self.model(
+                        input_ids=input_ids,
+                        attention_mask=mask,
+                        position_ids=positions,
+                        past_key_values=cache,
+                        use_cache=True,
+                        logits_to_keep=1,
+                    )
+            self.model.set_adapter(adapter)
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+    def _prefill(self, requests: List[_Request]) -> Dict[str, Any]:
+        import torch
+        from transformers import DynamicCache
+
+        device = self.model.device
+        width = max(len(r.prompt) for r in requests)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt)
+            mask[row, width - len(request.prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self._forward(ids, mask, positions, cache).logits[:, -1, :]
+        # One row per choice: n > 1 shares the prompt's prefill.
+        index = torch.tensor([row for row, r in enumerate(requests) for _ in range(r.params.n)], device=device)
+        seqs: List[_Sequence] = []
+        for request in requests:
+            request.weight_version = self.weight_version
+            budget = self.max_model_len - len(request.prompt)
+            max_tokens = min(request.params.max_tokens or budget, budget)
+            for choice in range(request.params.n):
+                generator = torch.Generator(device="cpu")
+                seed = request.params.seed + choice if request.params.seed is not None else random.getrandbits(62)
+                generator.manual_seed(seed)
+                seqs.append(_Sequence(request, choice, max_tokens, generator))
+        if len(index) != len(requests):
+            self._select_rows(cache, index)
+        return {
+            "seqs": seqs,
+            "cache": cache,
+            "mask": mask.index_select(0, index),
+            "positions": positions[:, -1].index_select(0, index) + 1,
+            "logits": logits.index_select(0, index),
+        }
+
+    @staticmethod
+    def _select_rows(cache: Any, index: torch.Tensor) -> None:
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+
+    @staticmethod
+    def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+        import torch
+
+        missing = width - tensor.shape[dim]
+        if missing == 0:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = missing
+        return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=dim)
+
+    def _merge(self, running: Dict[str, Any], new: Dict[str, Any]) -> Dict[str, Any]:
+        """Concatenate two batches along the batch dimension, left padding the shorter one."""
+        import torch
+
+        width = max(running["mask"].shape[1], new["mask"].shape[1])
+        for mine, theirs in zip(running["cache"].layers, new["cache"].layers, strict=True):
+            mine.keys = torch.cat([self._left_pad(mine.keys, width, 2), self._left_pad(theirs.keys, width, 2)])
+            mine.values = torch.cat([self._left_pad(mine.values, width, 2), self._left_pad(theirs.values, width, 2)])
+        return {
+            "seqs": running["seqs"] + new["seqs"],
+            "cache": running["cache"],
+            "mask": torch.cat([self._left_pad(running["mask"], width, 1), self._left_pad(new["mask"], width, 1)]),
+            "positions": torch.cat([running["positions"], new["positions"]]),
+            "logits": torch.cat([running["logits"], new["logits"]]),
+        }
+
+    def _decode(self, batch: Dict[str, Any]) -> None:
+        """Run one decoding step for every running sequence, leaving next-token logits in the batch."""
+        import torch
+
+        last = torch.tensor([[s.token_ids[-1]] for s in batch["seqs"]], device=batch["mask"].device)
+        mask = torch.cat([batch["mask"], torch.ones_like(batch["mask"][:, :1])], dim=1)
+        batch["logits"] = self._forward(last, mask, batch["positions"].unsqueeze(1), batch["cache"]).logits[:, -1, :]
+        batch["mask"] = mask
+        batch["positions"] = batch["positions"] + 1
+
+    def _step(self, admitted: List[_Request]) -> None:
+        import torch
+
+        if self._batch is not None:
+            self._decode(self._batch)
+        if admitted:
+            if self._batch is None:
+                self._batch_adapter = admitted[0].adapter
+            new = self._prefill(admitted)
+            self._batch = new if self._batch is None else self._merge(self._batch, new)
+        batch = self._batch
+        if batch is None:
+            return
+        logits, batch["logits"] = batch["logits"], None
+        self._sample_and_emit(batch["seqs"], logits.float())
+        keep = [i for i, s in enumerate(batch["seqs"]) if not s.finished and not s.request.cancelled]
+        if not keep:
+            self._batch = None
+            return
+        if len(keep) < len(batch["seqs"]):
+            index = torch.tensor(keep, device=batch["mask"].device)
+            batch["seqs"] = [batch["seqs"][i] for i in keep]
+            batch["mask"] = batch["mask"].index_select(0, index)
+            batch["positions"] = batch["positions"].index_select(0, index)
+            self._select_rows(batch["cache"], index)
+            # Drop leading columns that are padding for every remaining sequence.
+            start = int(batch["mask"].any(dim=0).nonzero()[0])
+            if start:
+                batch["mask"] = batch["mask"][:, start:]
+                for layer in batch["cache"].layers:
+                    layer.keys = layer.keys[:, :, start:]
+                    layer.values = layer.values[:, :, start:]
+
+    def _sample_and_emit(self, seqs: List[_Sequence], logits: torch.Tensor) -> None:
+        import torch
+
+        logprobs = torch.log_softmax(logits, dim=-1)
+        want_top = max(s.request.params.top_logprobs for s in seqs)
+        top = torch.topk(logprobs, want_top, dim=-1) if want_top else None
+        chosen: List[int] = []
+        for row, seq in enumerate(seqs):
+            params = seq.request.params
+            if params.temperature == 0:
+                chosen.append(int(torch.argmax(logits[row])))
+                continue
+            probs = torch.softmax(logits[row] / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                sorted_probs[sorted_probs.cumsum(0) - sorted_probs > params.top_p] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            chosen.append(int(torch.multinomial(probs.cpu(), 1, generator=seq.generator)))
+        picked = torch.tensor(chosen, device=logits.device).unsqueeze(1)
+        chosen_logprobs = logprobs.gather(1, picked).squeeze(1).tolist()
+        grouped: Dict[int, tuple[_Request, List[SequenceDelta]]] = {}
+        for row, seq in enumerate(seqs):
+            if seq.request.cancelled:
+                continue
+            delta = self._advance(seq, chosen[row])
+            params = seq.request.params
+            if params.logprobs:
+                delta.logprobs = [chosen_logprobs[row]]
+                if params.top_logprobs and top is not None:
+                    pairs = list(zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True))
+                    delta.top_logprobs = [pairs[: params.top_logprobs]]
+            grouped.setdefault(id(seq.request), (seq.request, []))[1].append(delta)
+        for request, deltas in grouped.values():
+            request.emit(deltas)
+
+    def _advance(self, seq: _Sequence, token: int) -> SequenceDelta:
+        """Append ``token`` to ``seq``, apply the stop rules, and return the text it releases."""
+        params = seq.request.params
+        seq.token_ids.append(token)
+        finish: Optional[str] = None
+        if (token in self._eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            finish = "stop"
+        seq.text = self.decode(seq.token_ids)
+        if params.stop:
+            window_start = max(0, seq.released - max(len(s) for s in params.stop))
+            hits = [i for i in (seq.text.find(s, window_start) for s in params.stop) if i >= 0]
+            if hits:
+                seq.text = seq.text[: min(hits)]
+                finish = "stop"
+        if finish is None and len(seq.token_ids) >= seq.max_tokens:
+            finish = "length"
+        if finish is None:
+            end = len(seq.text) - _held_back(seq.text, params.stop)
+            if seq.text.endswith("\ufffd"):  # an incomplete multi-byte character
+                end = min(end, len(seq.text) - 1)
+        else:
+            end = len(seq.text)
+            seq.finished = True
+        released = seq.text[seq.released : max(end, seq.released)]
+        seq.released = max(end, seq.released)
+        return SequenceDelta(index=seq.index, token_ids=[token], text=released, finish_reason=finish)  # type: ignore[arg-type]

@@ -1,0 +1,68 @@
+"""Tool-call extraction from generated text, whole and streamed in arbitrary pieces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentbolt.serving.tool_parser import ToolCallParser, parse_tool_calls
+
+TEXT = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>'
+)
+
+
+def test_whole_text() -> None:
+    content, calls = parse_tool_calls(TEXT)
+    assert content == "Let me check."
+    assert [c.name for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[0].arguments) == {"city": "Paris"}
+    assert calls[1].arguments == '{"a": 1}'
+    assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
+    assert calls[0].to_openai(index=0) == {
+        "id": calls[0].id,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        "index": 0,
+    }
+
+
+def test_plain_text_is_untouched() -> None:
+    assert parse_tool_calls("no calls here < tool") == ("no calls here < tool", [])
+
+
+@pytest.mark.parametrize("body", ["not json", '{"arguments": {}}', "[1, 2]"])
+def test_invalid_block_stays_content(body: str) -> None:
+    text = f"a<tool_call>{body}</tool_call>b"
+    assert parse_tool_calls(text) == (text, [])
+
+
+def test_unterminated_block_with_complete_json_is_a_call() -> None:
+    content, calls = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {}}')
+    assert content is None and calls[0].name == "f" and calls[0].arguments == "{}"
+    assert parse_tool_calls('x<tool_call>{"name": "f", "argu') == ('x<tool_call>{"name": "f", "argu', [])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_streaming_in_pieces_matches_whole(size: int) -> None:
+    parser = ToolCallParser()
+    content, names = "", []
+    for start in range(0, len(TEXT), size):
+        text, calls = parser.feed(TEXT[start : start + size])
+        assert "<tool" not in text and "tool_call>" not in text
+        content += text
+        names += [c.name for c in calls]
+    rest, more = parser.finish()
+    content += rest
+    names += [c.name for c in more]
+    assert content.strip() == "Let me check."
+    assert names == ["get_weather", "add"]
+
+
+def test_streaming_releases_text_that_cannot_start_a_call() -> None:
+    parser = ToolCallParser()
+    assert parser.feed("hello <to") == ("hello ", [])
+    assert parser.feed("day") == ("<today", [])
+    assert parser.finish() == ("", [])
