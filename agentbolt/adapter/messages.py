@@ -92,7 +92,8 @@ def _tool_call(raw: Any) -> Dict[str, Any]:
     """An OpenAI function tool call from ``{id, type?, function: {name, arguments}}`` or ``{id, name, arguments}``."""
     if not isinstance(raw, dict):
         raise ValueError(f"A tool call must be a dict, got {type(raw).__name__}: {raw!r}")
-    function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+    nested = raw.get("function")
+    function: Dict[str, Any] = nested if isinstance(nested, dict) else raw
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"A tool call must have a function name: {raw!r}")
@@ -207,7 +208,8 @@ def get_tool_calls(completion: Span, all_spans: Sequence[Span], /) -> List[Dict[
         tool = group_genai_dict(span.attributes, "tool")
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             continue
-        call = tool.get("call") if isinstance(tool.get("call"), dict) else {}
+        raw_call = tool.get("call")
+        call: Dict[str, Any] = raw_call if isinstance(raw_call, dict) else {}
         calls.append(
             {
                 "id": call.get("id") if isinstance(call.get("id"), str) else "",
