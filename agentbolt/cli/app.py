@@ -16,7 +16,7 @@ try:  # recent typer versions vendor click
 except ImportError:  # pragma: no cover - older typer relies on click itself
     from click import exceptions as _click_exceptions  # type: ignore[no-redef]
 
-from agentbolt.cli import store
+from agentbolt.cli import proxy, store
 from agentbolt.cli.errors import CliError
 
 __all__ = ["app", "run"]
@@ -36,6 +36,7 @@ def _root() -> None:
 
 
 app.command("store", help=store.HELP)(store.store_command)
+app.command("proxy", help=proxy.HELP)(proxy.proxy_command)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
