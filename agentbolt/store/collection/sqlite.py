@@ -34,12 +34,13 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import (
     Any,
     AsyncIterator,
+    Awaitable,
     Callable,
     Deque,
     Dict,
@@ -84,6 +85,7 @@ from agentbolt.types import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SynchronousMode",
     "SqliteStoreError",
     "SqliteDatabaseLockedError",
     "SqliteDatabaseCorruptError",
@@ -313,23 +315,13 @@ _current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.Conte
 )
 
 
-def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: Optional[BaseException]) -> None:
-    """Complete ``future`` from any thread (nothing to do when its loop is gone or it was cancelled)."""
-
-    def complete() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
-
-    with suppress(RuntimeError):
-        loop.call_soon_threadsafe(complete)
-
-
 class _Database:
-    """The database file: one writer thread/connection, a pool of reader threads, the write gate."""
+    """The database file: a writer thread running a private event loop, reader threads, the write gate.
+
+    The writer thread owns the only writing connection. Write work submitted from any other event loop costs one
+    hand-off to the writer thread; coroutines running *on* the writer loop (see :meth:`run_on_writer`) call
+    SQLite directly, so a whole store operation costs a single hand-off.
+    """
 
     def __init__(
         self,
@@ -344,7 +336,6 @@ class _Database:
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous
         self._reader_cache_kib = max(256, int(cache_size_mb * 1024 / 4))
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbolt-sqlite-writer")
         self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="agentbolt-sqlite-reader")
         self._reader_local = threading.local()
         self._reader_conns: List[sqlite3.Connection] = []
@@ -358,12 +349,55 @@ class _Database:
         self._in_transaction = False  # only touched by the gate owner
         self.commits = 0
         self.sections = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_writer_loop, name="agentbolt-sqlite-writer", daemon=True)
+        self._thread.start()
         try:
-            self._conn: sqlite3.Connection = self._writer.submit(self._open, cache_size_mb).result()
+            self._conn: sqlite3.Connection = self._call_blocking(lambda: self._open(cache_size_mb))
         except BaseException:
-            self._writer.shutdown(wait=True)
+            self._stop_writer_loop()
             self._readers.shutdown(wait=True)
             raise
+
+    # -- the writer thread -------------------------------------------------------------------------------------
+
+    def _run_writer_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _stop_writer_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def _call_blocking(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the writer thread and wait for it (for synchronous callers only)."""
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        return done.result()
+
+    def on_writer_loop(self) -> bool:
+        """Whether the caller runs on the writer thread's event loop."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    async def run_on_writer(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` on the writer loop, where SQLite calls need no thread hand-off."""
+        if self.on_writer_loop():
+            return await fn(*args, **kwargs)
+        self._check_open()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop))
 
     # -- opening -----------------------------------------------------------------------------------------------
 
@@ -434,9 +468,33 @@ class _Database:
             raise translated from exc
 
     async def write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on the writer thread (the caller must own the gate)."""
+        """Run ``fn(connection)`` on the writer connection (the caller must own the gate).
+
+        On the writer loop this is a direct call; from other loops the work is handed to the writer thread. Work
+        handed over always runs, in submission order, even if the awaiting task is cancelled.
+        """
         self._check_open()
-        return await asyncio.wrap_future(self._writer.submit(self._guard, fn, self._conn))
+        if self.on_writer_loop():
+            return self._guard(fn, self._conn)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                value = self._guard(fn, self._conn)
+            except BaseException as exc:
+                _settle(loop, result, error=exc)
+            else:
+                _settle(loop, result, value=value)
+
+        self._loop.call_soon_threadsafe(run)
+        return await result
+
+    async def _protected_write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Like :meth:`write_call`, but the caller's cancellation cannot interrupt bookkeeping statements."""
+        if self.on_writer_loop():
+            return await self.write_call(fn)  # completes without suspending
+        return await asyncio.shield(self.write_call(fn))
 
     def _reader_conn(self) -> sqlite3.Connection:
         conn = getattr(self._reader_local, "conn", None)
@@ -508,6 +566,13 @@ class _Database:
     async def _finish_section(self, error: Optional[BaseException]) -> None:
         """End the owner's section: join the next section's commit, or commit the group now."""
         loop = asyncio.get_running_loop()
+        cancelled = False
+        if self._in_transaction and loop is self._loop:
+            # Let store operations that are ready to run reach the gate, so that they join this commit.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                cancelled = True  # finish the hand-over first
         with self._gate_lock:
             defer = self._in_transaction and bool(self._gate_waiters) and len(self._group) < _MAX_GROUP_SIZE - 1
             if defer:
@@ -515,36 +580,28 @@ class _Database:
                 self._group.append((loop, ack))
                 self._hand_over_locked()
         if defer:
+            if cancelled:
+                raise asyncio.CancelledError()
             await ack
             return
         commit_error: Optional[BaseException] = None
         if self._in_transaction:
             try:
-                await asyncio.shield(self._commit())
+                await self._protected_write_call(_commit)
+                self.commits += 1
             except BaseException as exc:
                 commit_error = exc
+            finally:
+                self._in_transaction = False
         with self._gate_lock:
             group, self._group = self._group, []
             for waiter_loop, waiter in group:
-                _resolve(waiter_loop, waiter, commit_error)
+                _settle(waiter_loop, waiter, error=commit_error)
             self._hand_over_locked()
         if commit_error is not None:
             raise commit_error
-
-    async def _commit(self) -> None:
-        def commit(conn: sqlite3.Connection) -> None:
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-
-        try:
-            await self.write_call(commit)
-            self.commits += 1
-        finally:
-            self._in_transaction = False
+        if cancelled:
+            raise asyncio.CancelledError()
 
     @asynccontextmanager
     async def write_section(self) -> AsyncIterator[None]:
@@ -564,7 +621,7 @@ class _Database:
                 raise
 
         try:
-            await asyncio.shield(self.write_call(begin))
+            await self._protected_write_call(begin)
         except BaseException:
             await self._finish_section(None)
             raise
@@ -576,17 +633,17 @@ class _Database:
         except BaseException as exc:
             _current_section.reset(token)
             try:
-                await asyncio.shield(self.write_call(_rollback_savepoint))
+                await self._protected_write_call(_rollback_savepoint)
             except BaseException as rollback_error:  # the transaction cannot be trusted any more
                 logger.error("Rolling back a failed section of %s failed: %s", self.path, rollback_error)
-                await asyncio.shield(self._abort_transaction())
+                await self._abort_transaction()
             await self._finish_section(exc)
             raise
         _current_section.reset(token)
         try:
-            await asyncio.shield(self.write_call(_release_savepoint))
+            await self._protected_write_call(_release_savepoint)
         except BaseException:
-            await asyncio.shield(self._abort_transaction())
+            await self._abort_transaction()
             await self._finish_section(None)
             raise
         await self._finish_section(None)
@@ -597,23 +654,26 @@ class _Database:
                 conn.execute("ROLLBACK")
 
         try:
-            await self.write_call(abort)
+            await self._protected_write_call(abort)
         finally:
             self._in_transaction = False
             error = SqliteStoreError(self.path, "The transaction was rolled back after an error")
             with self._gate_lock:
                 group, self._group = self._group, []
             for loop, future in group:
-                _resolve(loop, future, error)
+                _settle(loop, future, error=error)
 
     async def close(self) -> None:
-        """Wait for running sections, then close every connection."""
+        """Wait for running sections, commit, then close every connection and stop the threads."""
         if self._closed:
             return
+        if self.on_writer_loop():
+            raise RuntimeError("The store cannot be closed from its own writer thread")
         await self._acquire_gate()
         try:
             if self._in_transaction:
-                await self._commit()
+                await self.write_call(_commit)
+                self._in_transaction = False
         finally:
             self._closed = True
             error = SqliteStoreError(self.path, "The store is closed")
@@ -621,7 +681,7 @@ class _Database:
                 waiters, self._gate_waiters = list(self._gate_waiters), deque()
                 self._gate_owned = False
             for loop, future in waiters:
-                _resolve(loop, future, error)
+                _settle(loop, future, error=error)
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     def _shutdown(self) -> None:
@@ -630,17 +690,55 @@ class _Database:
             conns, self._reader_conns = self._reader_conns, []
         for conn in conns:
             conn.close()
-        self._writer.submit(self._conn.close).result()
-        self._writer.shutdown(wait=True)
+        self._call_blocking(self._conn.close)
+        self._stop_writer_loop()
 
     def close_sync(self) -> None:
-        """Close without an event loop (nothing must be running)."""
+        """Close without an event loop (nothing may be running on the store any more)."""
         if self._closed:
             return
         self._closed = True
         if self._in_transaction:
-            self._writer.submit(lambda: self._conn.execute("COMMIT")).result()
+            self._call_blocking(lambda: _commit(self._conn))
         self._shutdown()
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    *,
+    value: Any = None,
+    error: Optional[BaseException] = None,
+) -> None:
+    """Complete ``future`` (of ``loop``) from any thread; nothing happens if it was cancelled or its loop is gone."""
+
+    def complete() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    if loop.is_closed():
+        return
+    try:
+        if asyncio.get_running_loop() is loop:
+            complete()
+            return
+    except RuntimeError:
+        pass
+    with suppress(RuntimeError):  # the loop closed meanwhile
+        loop.call_soon_threadsafe(complete)
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _rollback_savepoint(conn: sqlite3.Connection) -> None:
@@ -949,7 +1047,10 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
 
         def job(conn: sqlite3.Connection) -> None:
             try:
-                _atomically(conn, lambda c: c.executemany(self._insert_sql, rows))
+                if len(rows) == 1:  # one statement is atomic by itself
+                    conn.execute(self._insert_sql, rows[0])
+                else:
+                    _atomically(conn, lambda c: c.executemany(self._insert_sql, rows))
             except sqlite3.IntegrityError as exc:
                 for item in items:
                     key = self._key(item)
@@ -1348,6 +1449,14 @@ class SqliteLightningCollections(LightningCollections):
             return
         async with self._db.write_section():
             yield self
+
+    async def run_on_writer(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` on the writer thread's event loop.
+
+        Coroutines running there reach SQLite without any thread hand-off, so a multi-step operation costs one
+        hand-off in total. Use it for whole write operations; the caller's event loop is never blocked.
+        """
+        return await self._db.run_on_writer(fn, *args, **kwargs)
 
     async def close(self) -> None:
         """Commit what is pending and close every connection."""

@@ -1,0 +1,548 @@
+#!/usr/bin/env python
+"""LightningStore benchmark: throughput and latency of the store operations, in process and over HTTP.
+
+Prints ONE JSON object on stdout::
+
+    {"results": [{"backend", "transport", "op", "concurrency", "ops_per_s", "p50_ms", "p99_ms", ...}, ...],
+     "machine": {...}}
+
+Backends: ``memory`` (InMemoryLightningStore) and ``sqlite`` (SqliteLightningStore on a temporary file).
+Transports: ``inprocess`` (the store object) and ``http`` (a real LightningStoreServer started as a separate process
+on 127.0.0.1, reached with the real LightningStoreClient). Each op runs at concurrency 1 and 16 (asyncio tasks).
+``add_many_spans`` sends batches of 100 spans and reports spans/s (``"unit": "spans/s"``). ``wait_for_rollouts``
+has a row for already-finished rollouts and a ``wait_wakeup`` row: the latency from the call that finishes a
+rollout to the return of a waiter blocked on it (over HTTP the client polls with 0.1 s waits, as the client
+refuses longer blocking waits).
+
+``--million-spans`` instead fills a SQLite store with 1,000,000 spans (5,000 rollouts x 200 spans of 20
+attributes), starts the server on it, and reports the server's RSS and the latency of ``query_spans`` for one
+rollout (200 spans), over HTTP and in process.
+
+Usage::
+
+    python benchmarks/store_bench.py [--quick] [--backends memory sqlite] [--transports inprocess http]
+    python benchmarks/store_bench.py --million-spans [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import random
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agentbolt.store.base import LightningStore  # noqa: E402
+from agentbolt.types import Span  # noqa: E402
+from agentbolt.types.tracer import OtelResource, SpanContext, TraceStatus  # noqa: E402
+
+OPS = [
+    "enqueue_rollout",
+    "dequeue_rollout",
+    "start_rollout",
+    "add_span",
+    "add_many_spans",
+    "query_spans",
+    "wait_for_rollouts",
+    "wait_wakeup",
+]
+SPAN_ATTRIBUTES = 20
+BATCH = 100
+QUERY_SPANS = 200
+
+# The server process. It prefers the project's CLI entry point when it offers the sqlite backend.
+SERVER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from agentbolt.store.client_server import LightningStoreServer
+
+    backend, path, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if backend == "sqlite":
+        from agentbolt.store.sqlite import SqliteLightningStore
+        store = SqliteLightningStore(path)
+    else:
+        from agentbolt.store.memory import InMemoryLightningStore
+        store = InMemoryLightningStore(thread_safe=True)
+    server = LightningStoreServer(store, host="127.0.0.1", port=port, launch_mode="asyncio")
+    asyncio.run(server.run_forever())
+    """
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli_supports_sqlite() -> bool:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "agentbolt", "store", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "sqlite" in out.stdout and "--path" in out.stdout
+
+
+def server_command(backend: str, path: str, port: int, use_cli: bool) -> List[str]:
+    if use_cli:
+        cmd = [sys.executable, "-m", "agentbolt", "store", "--backend", backend, "--host", "127.0.0.1"]
+        cmd += ["--port", str(port), "--log-level", "WARNING"]
+        if backend == "sqlite":
+            cmd += ["--path", path]
+        return cmd
+    return [sys.executable, "-c", SERVER_SCRIPT, backend, path, str(port)]
+
+
+async def wait_healthy(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"store server exited with code {proc.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(f"{endpoint}/v1/agl/health") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError("store server did not become healthy")
+
+
+@contextlib.asynccontextmanager
+async def http_server(backend: str, path: str, use_cli: bool) -> Any:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        server_command(backend, path, port, use_cli),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        await wait_healthy(endpoint, proc)
+        yield endpoint, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def make_span(rollout_id: str, attempt_id: str, index: int, sequence_id: int) -> Span:
+    span_id = f"{index:016x}"
+    trace_id = f"{abs(hash(rollout_id)) % (1 << 64):032x}"
+    attributes: Dict[str, Any] = {f"attr.{i}": f"value {i} of span {index}" for i in range(SPAN_ATTRIBUTES - 4)}
+    attributes.update({"gen_ai.usage.input_tokens": 128, "gen_ai.usage.output_tokens": 64, "score": 0.5, "ok": True})
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=None,
+        name="openai.chat.completion",
+        status=TraceStatus(status_code="OK"),
+        attributes=attributes,
+        events=[],
+        links=[],
+        start_time=time.time(),
+        end_time=time.time() + 0.01,
+        context=SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False, trace_state={}),
+        parent=None,
+        resource=OtelResource(attributes={"service.name": "bench"}, schema_url=""),
+    )
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def row(
+    backend: str,
+    transport: str,
+    op: str,
+    concurrency: int,
+    count: int,
+    elapsed: float,
+    latencies: List[float],
+    **extra: Any,
+) -> Dict[str, Any]:
+    latencies = sorted(latencies)
+    result: Dict[str, Any] = {
+        "backend": backend,
+        "transport": transport,
+        "op": op,
+        "concurrency": concurrency,
+        "ops_per_s": round(count / elapsed, 1) if elapsed > 0 and count else None,
+        "p50_ms": round(percentile(latencies, 0.50) * 1000, 3),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
+        "samples": len(latencies),
+    }
+    result.update(extra)
+    return result
+
+
+async def run_concurrently(
+    concurrency: int, count: int, op: Callable[[int, int], Awaitable[None]]
+) -> Tuple[float, List[float]]:
+    """Run ``count`` calls of ``op(worker, i)`` spread over ``concurrency`` tasks; (wall seconds, latencies)."""
+    latencies: List[float] = []
+    counter = iter(range(count))
+
+    async def worker(w: int) -> None:
+        for i in counter:
+            start = time.perf_counter()
+            await op(w, i)
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return time.perf_counter() - start, latencies
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# operations
+
+
+async def bench_op(
+    store: LightningStore, op: str, concurrency: int, count: int
+) -> Tuple[int, float, List[float], Dict[str, Any]]:
+    """(operations counted for ops_per_s, wall seconds, per-call latencies, extra row fields)."""
+    from agentbolt.types import EnqueueRolloutRequest
+
+    if op == "enqueue_rollout":
+
+        async def enqueue(w: int, i: int) -> None:
+            await store.enqueue_rollout({"task": i, "question": "What is 2 + 2?"}, mode="train")
+
+        elapsed, lat = await run_concurrently(concurrency, count, enqueue)
+        return count, elapsed, lat, {}
+
+    if op == "dequeue_rollout":
+        for part in chunks(range(count), 100):
+            await store.enqueue_many_rollouts([EnqueueRolloutRequest(input={"task": i}) for i in part])
+
+        async def dequeue(w: int, i: int) -> None:
+            claimed = await store.dequeue_rollout(worker_id=f"worker-{w}")
+            assert claimed is not None, "queue ran dry"
+
+        elapsed, lat = await run_concurrently(concurrency, count, dequeue)
+        return count, elapsed, lat, {}
+
+    if op == "start_rollout":
+
+        async def start(w: int, i: int) -> None:
+            await store.start_rollout({"task": i})
+
+        elapsed, lat = await run_concurrently(concurrency, count, start)
+        return count, elapsed, lat, {}
+
+    if op in ("add_span", "add_many_spans"):
+        per_call = 1 if op == "add_span" else BATCH
+        rollouts = [await store.start_rollout({"task": w}) for w in range(concurrency)]
+        batches: List[List[Span]] = []
+        for i in range(count):  # call i writes to rollout i % concurrency
+            rollout = rollouts[i % concurrency]
+            base = i * per_call
+            batches.append(
+                [
+                    make_span(rollout.rollout_id, rollout.attempt.attempt_id, base + k, base + k + 1)
+                    for k in range(per_call)
+                ]
+            )
+
+        async def add(w: int, i: int) -> None:
+            if per_call == 1:
+                assert await store.add_span(batches[i][0]) is not None
+            else:
+                assert len(await store.add_many_spans(batches[i])) == per_call
+
+        elapsed, lat = await run_concurrently(concurrency, count, add)
+        extra = {"unit": "spans/s", "batch_size": BATCH} if per_call > 1 else {}
+        return count * per_call, elapsed, lat, extra
+
+    if op == "query_spans":
+        rollout = await store.start_rollout({"task": "query"})
+        spans_of_rollout = [
+            make_span(rollout.rollout_id, rollout.attempt.attempt_id, k, k + 1) for k in range(QUERY_SPANS)
+        ]
+        await store.add_many_spans(spans_of_rollout)
+
+        async def query(w: int, i: int) -> None:
+            result = await store.query_spans(rollout.rollout_id)
+            assert len(result) == QUERY_SPANS
+
+        elapsed, lat = await run_concurrently(concurrency, count, query)
+        return count, elapsed, lat, {"spans_per_query": QUERY_SPANS}
+
+    if op == "wait_for_rollouts":
+        finished: List[str] = []
+        for _ in range(min(count, 200)):
+            rollout = await store.start_rollout({"task": "done"})
+            await store.update_rollout(rollout.rollout_id, status="succeeded")
+            finished.append(rollout.rollout_id)
+
+        async def wait(w: int, i: int) -> None:
+            result = await store.wait_for_rollouts(rollout_ids=[finished[i % len(finished)]], timeout=0)
+            assert len(result) == 1
+
+        elapsed, lat = await run_concurrently(concurrency, count, wait)
+        return count, elapsed, lat, {"note": "rollouts already finished"}
+
+    raise ValueError(op)
+
+
+async def bench_wakeup(store: LightningStore, trials: int, http: bool) -> List[float]:
+    """Latency from the update finishing a rollout to the return of a waiter blocked on it."""
+    latencies: List[float] = []
+    for _ in range(trials):
+        rollout = await store.start_rollout({"task": "wake"})
+        done = asyncio.get_running_loop().create_future()
+
+        async def waiter(rollout_id: str = rollout.rollout_id, done: asyncio.Future[float] = done) -> None:
+            while True:
+                result = await store.wait_for_rollouts(rollout_ids=[rollout_id], timeout=0.1 if http else 30.0)
+                if result:
+                    done.set_result(time.perf_counter())
+                    return
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0.05)  # let the waiter block
+        start = time.perf_counter()
+        await store.update_rollout(rollout.rollout_id, status="succeeded")
+        latencies.append(await done - start)
+        await task
+    return latencies
+
+
+async def bench_target(
+    store: LightningStore, backend: str, transport: str, ops: Sequence[str], concurrencies: Sequence[int], count: int
+) -> List[Dict[str, Any]]:
+    results = []
+    for op in ops:
+        if op == "wait_wakeup":
+            trials = max(10, count // 20)
+            lat = await bench_wakeup(store, trials, http=transport == "http")
+            results.append(
+                row(backend, transport, op, 1, 0, 0.0, lat, note="finish-to-waiter latency; ops_per_s not applicable")
+            )
+            log(results[-1])
+            continue
+        for concurrency in concurrencies:
+            gc.collect()
+            n, elapsed, lat, extra = await bench_op(store, op, concurrency, count)
+            results.append(row(backend, transport, op, concurrency, n, elapsed, lat, **extra))
+            log(results[-1])
+    return results
+
+
+def log(message: Any) -> None:
+    print(json.dumps(message) if not isinstance(message, str) else message, file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def inprocess_store(backend: str, path: str) -> Any:
+    if backend == "sqlite":
+        from agentbolt.store.sqlite import SqliteLightningStore
+
+        store: Any = SqliteLightningStore(path)
+        try:
+            yield store
+        finally:
+            await store.close()
+    else:
+        from agentbolt.store.memory import InMemoryLightningStore
+
+        yield InMemoryLightningStore()
+
+
+@contextlib.asynccontextmanager
+async def http_client(endpoint: str) -> Any:
+    from agentbolt.store.client_server import LightningStoreClient
+
+    client = LightningStoreClient(endpoint)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# machine
+
+
+def machine_info() -> Dict[str, Any]:
+    cpu_model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the one-million-spans mode
+
+
+async def million_spans(db: Path, total_spans: int, queries: int, use_cli: bool) -> Dict[str, Any]:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    per_rollout = QUERY_SPANS
+    report: Dict[str, Any] = {"db": str(db), "spans_target": total_spans}
+    store = SqliteLightningStore(db)
+    try:
+        existing = (await store.statistics()).get("total_spans", 0)
+        rollout_ids: List[str] = [r.rollout_id for r in await store.query_rollouts()]
+        fill_start = time.perf_counter()
+        added = 0
+        while existing + added < total_spans:
+            rollout = await store.start_rollout({"task": len(rollout_ids)})
+            spans = [make_span(rollout.rollout_id, rollout.attempt.attempt_id, k, k + 1) for k in range(per_rollout)]
+            await store.add_many_spans(spans)
+            rollout_ids.append(rollout.rollout_id)
+            added += per_rollout
+            if len(rollout_ids) % 500 == 0:
+                log(f"filled {existing + added} spans")
+        fill_seconds = time.perf_counter() - fill_start
+        report["fill"] = {"spans_added": added, "seconds": round(fill_seconds, 1)}
+        if added:
+            report["fill"]["spans_per_s"] = round(added / fill_seconds, 1)
+        report["spans"] = (await store.statistics()).get("total_spans")
+        # In process, on the full database.
+        sample = random.Random(0).sample(rollout_ids, min(queries, len(rollout_ids)))
+        lat: List[float] = []
+        for rollout_id in sample:
+            start = time.perf_counter()
+            result = await store.query_spans(rollout_id)
+            lat.append(time.perf_counter() - start)
+            assert len(result) == per_rollout
+        report["inprocess_query_spans"] = row("sqlite", "inprocess", "query_spans", 1, len(lat), sum(lat), lat)
+    finally:
+        await store.close()
+    report["db_bytes"] = db.stat().st_size
+    async with http_server("sqlite", str(db), use_cli) as (endpoint, proc):
+        server = psutil.Process(proc.pid)
+        report["server_rss_mb_idle"] = round(server.memory_info().rss / 2**20, 1)
+        peak = 0
+        lat = []
+        async with http_client(endpoint) as client:
+            sample = random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids)))
+            for rollout_id in sample:
+                start = time.perf_counter()
+                result = await client.query_spans(rollout_id)
+                lat.append(time.perf_counter() - start)
+                assert len(result) == per_rollout
+                peak = max(peak, server.memory_info().rss)
+            stats = await client.statistics()
+            peak = max(peak, server.memory_info().rss)
+        report["server_rss_mb_peak"] = round(peak / 2**20, 1)
+        report["server_total_spans"] = stats.get("total_spans")
+        report["http_query_spans"] = row("sqlite", "http", "query_spans", 1, len(lat), sum(lat), lat)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
+    machine = machine_info()
+    use_cli = (not args.script_server) and cli_supports_sqlite()
+    machine["server_entry_point"] = "python -m agentbolt store" if use_cli else "LightningStoreServer script"
+    if args.million_spans:
+        db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="agentbolt-bench-")) / "million.db"
+        report = await million_spans(db, args.spans, args.queries, use_cli)
+        return {"million_spans": report, "machine": machine}
+    count = args.count or (200 if args.quick else 2000)
+    results: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="agentbolt-bench-") as tmp:
+        for backend in args.backends:
+            for transport in args.transports:
+                path = os.path.join(tmp, f"{backend}-{transport}.db")
+                log(f"== {backend} / {transport}")
+                if transport == "inprocess":
+                    async with inprocess_store(backend, path) as store:
+                        results += await bench_target(store, backend, transport, args.ops, args.concurrency, count)
+                else:
+                    async with http_server(backend, path, use_cli) as (endpoint, _), http_client(endpoint) as client:
+                        results += await bench_target(client, backend, transport, args.ops, args.concurrency, count)
+    machine["count_per_row"] = count
+    return {"results": results, "machine": machine}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="200 calls per row instead of 2000")
+    parser.add_argument("--count", type=int, default=0, help="calls per row (overrides --quick)")
+    parser.add_argument("--backends", nargs="+", default=["memory", "sqlite"], choices=["memory", "sqlite"])
+    parser.add_argument("--transports", nargs="+", default=["inprocess", "http"], choices=["inprocess", "http"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    parser.add_argument(
+        "--script-server", action="store_true", help="serve with a LightningStoreServer script, not the CLI"
+    )
+    parser.add_argument("--million-spans", action="store_true", help="fill a sqlite store with 1M spans and query it")
+    parser.add_argument("--spans", type=int, default=1_000_000, help="spans for --million-spans")
+    parser.add_argument("--queries", type=int, default=500, help="queries for --million-spans")
+    parser.add_argument("--db", help="database file for --million-spans (reused if it already holds spans)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    # The benchmark process holds long-lived objects (modules, prepared spans); keep them out of GC scans so the
+    # client side does not add collector pauses to the measured latencies.
+    gc.collect()
+    gc.freeze()
+    report = asyncio.run(main_async(args))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
