@@ -320,6 +320,7 @@ def _finish(span: trace_api.Span, response: _Response) -> None:
         span.set_attributes(response.attributes())
     except Exception:  # attribute extraction must never break the caller
         logger.exception("Failed to record the chat completion response on the span")
+    span.set_status(Status(StatusCode.OK))
     span.end()
 
 

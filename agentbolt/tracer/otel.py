@@ -452,9 +452,21 @@ class LightningSpanProcessor(SpanProcessor):
             logger.warning("Shutting down with %d span(s) never written to the store; they are lost.", lost)
         loop, thread = self._loop, self._loop_thread
         self._loop = None
-        if loop is not None and thread is not None and thread.is_alive():
+        if loop is None or thread is None or not thread.is_alive():
+            return
+
+        async def cancel_background() -> None:
+            for task in list(self._background):
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_background(), loop).result(timeout=5)
+        finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
+            if not thread.is_alive():
+                loop.close()
 
 
 class OtelSpanRecordingContext:

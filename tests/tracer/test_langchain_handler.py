@@ -1,0 +1,77 @@
+"""The LangChain callback handler records real LangChain runs (runnables, tools, a chat model) as spans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("langchain_core")
+
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import tool
+
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.tracer import AgentOpsTracer
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look something up."""
+    return f"result for {query}"
+
+
+async def test_chain_tool_and_model_become_nested_spans() -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0, store)
+    handler = tracer.get_langchain_handler(tags=["unit"])
+    # FakeListChatModel ships with langchain-core: a deterministic chat model, so no hosted model is needed.
+    model = FakeListChatModel(responses=["the answer"])
+
+    def agent(question: str) -> str:
+        # Runs started inside a runnable inherit its callbacks.
+        found = lookup.invoke({"query": question})
+        return f"{found} / {model.invoke(question).content}"
+
+    chain = RunnableLambda(lambda q: q.strip()) | RunnableLambda(agent)
+    async with tracer.trace_context("lc", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+        output = chain.invoke("  cats ", config={"callbacks": [handler], "run_name": "agent_chain"})
+    assert output == "result for cats / the answer"
+    spans = {span.name: span for span in await store.query_spans(rollout.rollout_id)}
+    root = spans["lc"]
+    chain_span = spans["langchain.Chain.agent_chain"]
+    assert chain_span.parent_id == root.span_id
+    assert chain_span.attributes["lc_name"] == "agent_chain"
+    assert chain_span.attributes["agentlightning.tag.0"] == "unit"
+    assert chain_span.attributes["langchain.chain.outputs"] == output
+    tool_span = spans["tool.lookup"]
+    assert tool_span.attributes["tool.name"] == "lookup"
+    assert json.loads(str(tool_span.attributes["tool.parameters"])) == {"query": "cats"}
+    assert tool_span.attributes["tool.output"] == "result for cats"
+    llm_span = next(span for name, span in spans.items() if name.startswith("langchain.llm."))
+    assert llm_span.attributes["gen_ai.prompt.0.content"] == "cats"
+    assert llm_span.attributes["gen_ai.completion.0.content"] == "the answer"
+    # Child runs of the chain are nested under the chain's span.
+    assert tool_span.parent_id is not None and llm_span.parent_id is not None
+    assert {tool_span.parent_id, llm_span.parent_id} <= {span.span_id for span in spans.values()}
+
+
+async def test_failing_tool_is_recorded_as_error() -> None:
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0)
+    handler = tracer.get_langchain_handler()
+
+    @tool
+    def broken(x: int) -> int:
+        """Always fails."""
+        raise ValueError("tool failed")
+
+    async with tracer.trace_context("lc"):
+        with pytest.raises(ValueError):
+            broken.invoke({"x": 1}, config={"callbacks": [handler]})
+    (tool_span,) = [span for span in tracer.get_last_trace() if span.name == "tool.broken"]
+    assert tool_span.status.status_code == "ERROR"
+    assert tool_span.status.description == "tool failed"

@@ -1,0 +1,250 @@
+"""The default tracer records real OpenAI SDK calls (against the local fake API) into a real in-memory store."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Dict, Iterator, List, Sequence, Tuple
+
+import openai
+import pytest
+from fake_openai import FakeOpenAIServer, tokenize
+
+from agentbolt.adapter import TracerTraceToTriplet
+from agentbolt.emitter import emit_reward, find_final_reward
+from agentbolt.instrumentation.openai import SPAN_NAME, is_openai_instrumented
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.tracer import AgentOpsTracer, get_active_tracer
+from agentbolt.types import AttemptedRollout, Span
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as running:
+        yield running
+
+
+@pytest.fixture
+async def traced(
+    server: FakeOpenAIServer,
+) -> AsyncIterator[Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]]:
+    server.config.token_ids = True
+    server.config.fail_next = 0
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={"task": "test"})
+    tracer = AgentOpsTracer()
+    with tracer.lifespan(store):
+        yield tracer, store, rollout
+    assert not is_openai_instrumented()
+
+
+async def run_traced(
+    tracer: AgentOpsTracer, store: InMemoryLightningStore, rollout: AttemptedRollout, body: Any
+) -> List[Span]:
+    async with tracer.trace_context(
+        rollout.rollout_id, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
+    ):
+        result = body()
+        if hasattr(result, "__await__"):
+            await result
+    return list(await store.query_spans(rollout.rollout_id))
+
+
+def llm_spans(spans: Sequence[Span]) -> List[Span]:
+    return [span for span in spans if span.name == SPAN_NAME]
+
+
+def prompt_ids(messages: List[Dict[str, str]]) -> List[int]:
+    return tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages))
+
+
+async def test_sync_completion_is_recorded_with_token_ids(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+
+    def call() -> None:
+        client.chat.completions.create(model="fake-model", messages=messages, temperature=0.5, max_tokens=16)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    (span,) = llm_spans(spans)
+    attrs = span.attributes
+    assert attrs["gen_ai.system"] == "openai"
+    assert attrs["gen_ai.request.model"] == "fake-model"
+    assert attrs["gen_ai.request.temperature"] == 0.5
+    assert attrs["gen_ai.request.max_tokens"] == 16
+    assert attrs["gen_ai.prompt.0.role"] == "system"
+    assert attrs["gen_ai.prompt.1.content"] == "hello"
+    assert attrs["gen_ai.completion.0.role"] == "assistant"
+    assert attrs["gen_ai.completion.0.content"] == "Echo: hello"
+    assert attrs["gen_ai.completion.0.finish_reason"] == "stop"
+    assert str(attrs["gen_ai.response.id"]).startswith("chatcmpl-")
+    assert attrs["gen_ai.response.model"] == "fake-model"
+    assert list(attrs["prompt_token_ids"]) == prompt_ids(messages)
+    assert list(attrs["response_token_ids"]) == tokenize("Echo: hello")
+    assert attrs["gen_ai.usage.prompt_tokens"] == len(prompt_ids(messages))
+    assert attrs["gen_ai.usage.completion_tokens"] == len("Echo: hello")
+    assert span.status.status_code == "OK"
+    assert span.rollout_id == rollout.rollout_id and span.attempt_id == rollout.attempt.attempt_id
+
+
+async def test_async_completion_with_logprobs(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+    async def call() -> None:
+        await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "abc"}], logprobs=True
+        )
+
+    spans = await run_traced(tracer, store, rollout, call)
+    (span,) = llm_spans(spans)
+    logprobs = json.loads(str(span.attributes["logprobs.content"]))
+    assert [entry["token"] for entry in logprobs] == list("Echo: abc")
+    assert list(span.attributes["response_logprobs"]) == pytest.approx([entry["logprob"] for entry in logprobs])
+
+
+async def test_streaming_completion_accumulates_content_and_ids(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    received: List[str] = []
+
+    def call() -> None:
+        stream = client.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "stream this please"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if chunk.choices:
+                received.append(chunk.choices[0].delta.content or "")
+
+    spans = await run_traced(tracer, store, rollout, call)
+    assert "".join(received) == "Echo: stream this please"
+    (span,) = llm_spans(spans)
+    attrs = span.attributes
+    assert attrs["gen_ai.request.streaming"] is True
+    assert attrs["gen_ai.completion.0.content"] == "Echo: stream this please"
+    assert attrs["gen_ai.completion.0.finish_reason"] == "stop"
+    assert list(attrs["response_token_ids"]) == tokenize("Echo: stream this please")
+    assert list(attrs["prompt_token_ids"]) == prompt_ids([{"role": "user", "content": "stream this please"}])
+    assert attrs["gen_ai.usage.total_tokens"] > 0
+
+
+async def test_async_streaming_tool_call(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+    async def call() -> None:
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "weather"}], tools=TOOLS, stream=True
+        )
+        async with stream:
+            async for _ in stream:
+                pass
+
+    spans = await run_traced(tracer, store, rollout, call)
+    (span,) = llm_spans(spans)
+    attrs = span.attributes
+    assert attrs["gen_ai.request.functions.0.name"] == "search"
+    assert attrs["gen_ai.request.functions.0.description"] == "Search the web"
+    assert json.loads(str(attrs["gen_ai.request.functions.0.parameters"]))["type"] == "object"
+    assert attrs["gen_ai.completion.0.finish_reason"] == "tool_calls"
+    assert attrs["gen_ai.completion.0.tool_calls.0.name"] == "search"
+    assert json.loads(str(attrs["gen_ai.completion.0.tool_calls.0.arguments"])) == {"query": "weather"}
+    assert str(attrs["gen_ai.completion.0.tool_calls.0.id"]).startswith("call_")
+    assert list(attrs["response_token_ids"]) == tokenize(json.dumps({"query": "weather"}))
+
+
+async def test_tool_call_round_trip_records_tool_messages(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+
+    def call() -> None:
+        messages: List[Any] = [{"role": "user", "content": "find cats"}]
+        first = client.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS)
+        tool_call = first.choices[0].message.tool_calls[0]
+        messages.append(first.choices[0].message)
+        messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": "cats found"})
+        client.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    first, second = llm_spans(spans)
+    call_id = first.attributes["gen_ai.completion.0.tool_calls.0.id"]
+    assert second.attributes["gen_ai.prompt.1.role"] == "assistant"
+    assert second.attributes["gen_ai.prompt.1.tool_calls.0.id"] == call_id
+    assert second.attributes["gen_ai.prompt.1.tool_calls.0.name"] == "search"
+    assert second.attributes["gen_ai.prompt.2.role"] == "tool"
+    assert second.attributes["gen_ai.prompt.2.tool_call_id"] == call_id
+    assert second.attributes["gen_ai.completion.0.content"] == "Echo: find cats"
+
+
+async def test_failed_call_is_recorded_as_error(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    server.config.fail_next = 1
+    client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+
+    def call() -> None:
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
+
+    spans = await run_traced(tracer, store, rollout, call)
+    (span,) = llm_spans(spans)
+    assert span.status.status_code == "ERROR"
+    assert span.attributes["error.type"] == "InternalServerError"
+    assert any(event.name == "exception" for event in span.events)
+
+
+async def test_spans_have_increasing_sequence_ids_and_feed_the_adapter(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+    async def call() -> None:
+        assert get_active_tracer() is tracer
+        for question in ("one", "two"):
+            await client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": question}])
+        emit_reward(1.0)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    assert get_active_tracer() is None
+    sequence_ids = [span.sequence_id for span in spans]
+    assert sequence_ids == sorted(sequence_ids) and len(set(sequence_ids)) == len(spans)
+    names = [span.name for span in sorted(spans, key=lambda s: s.sequence_id)]
+    assert names == [SPAN_NAME, SPAN_NAME, "agentlightning.annotation", rollout.rollout_id]
+    root = spans[-1]
+    assert all(span.parent_id == root.span_id for span in spans[:-1])
+    assert find_final_reward(spans) == 1.0
+    triplets = TracerTraceToTriplet().adapt(spans)
+    assert [t.response["token_ids"] for t in triplets] == [tokenize("Echo: one"), tokenize("Echo: two")]
+    assert triplets[-1].reward == 1.0
+
+
+async def test_calls_outside_a_trace_context_are_not_stored(traced: Any, server: FakeOpenAIServer) -> None:
+    _, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "untraced"}])
+    assert list(await store.query_spans(rollout.rollout_id)) == []
+
+
+def test_uninstrumented_sdk_is_untouched(server: FakeOpenAIServer) -> None:
+    from openai.resources.chat.completions import Completions
+
+    from agentbolt.instrumentation import instrument_all, uninstrument_all
+
+    original = Completions.create
+    instrument_all()
+    instrument_all()  # idempotent
+    assert Completions.create is not original
+    uninstrument_all()
+    assert Completions.create is original

@@ -1,0 +1,188 @@
+"""LightningSpanProcessor: store-issued sequence ids, and no span lost while the store is unreachable."""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator, List, Optional
+
+import pytest
+from fake_openai import free_port
+from opentelemetry.sdk.trace import ReadableSpan
+
+from agentbolt.emitter import emit_message
+from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.tracer import OtelTracer
+from agentbolt.tracer.otel import LightningSpanProcessor
+from agentbolt.types import Span
+
+
+async def start_server(store: InMemoryLightningStore, port: int) -> LightningStoreServer:
+    server = LightningStoreServer(store, host="127.0.0.1", port=port)
+    await server.start()
+    return server
+
+
+@pytest.fixture
+async def inner() -> AsyncIterator[InMemoryLightningStore]:
+    yield InMemoryLightningStore(thread_safe=True)
+
+
+async def stored_names(store: InMemoryLightningStore, rollout_id: str) -> List[str]:
+    spans = await store.query_spans(rollout_id, sort_by="sequence_id")
+    return [span.name for span in spans]
+
+
+async def test_store_outage_delays_but_loses_no_span(inner: InMemoryLightningStore) -> None:
+    port = free_port()
+    server = await start_server(inner, port)
+    # Fail fast instead of the client's own retries, so the processor's buffering is what is exercised.
+    client = LightningStoreClient(server.endpoint, retry_delays=(), health_retry_delays=())
+    rollout = await client.start_rollout(input={"task": "outage"})
+    tracer = OtelTracer(write_timeout=2.0)
+    tracer.init_worker(0, client)
+    processor = tracer._lightning_span_processor
+    assert processor is not None
+    try:
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+            emit_message("before")
+            await server.stop()
+            for i in range(5):
+                emit_message(f"during-{i}")
+            assert processor.pending_count >= 5
+            server = await start_server(inner, port)
+            emit_message("after")
+        assert processor.force_flush(30_000)
+        assert processor.pending_count == 0 and processor.given_up_count == 0
+        spans = await inner.query_spans(rollout.rollout_id, sort_by="sequence_id")
+        bodies = [span.attributes["agentlightning.message.body"] for span in spans]
+        assert bodies == ["before", *(f"during-{i}" for i in range(5)), "after"]
+        sequence_ids = [span.sequence_id for span in spans]
+        assert sequence_ids == sorted(set(sequence_ids))
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_full_buffer_gives_up_new_spans_with_a_warning(
+    inner: InMemoryLightningStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    rollout = await inner.start_rollout(input={"task": "overflow"})
+    port = free_port()
+    # Nothing listens on the port yet: every write fails until the server starts.
+    client = LightningStoreClient(f"http://127.0.0.1:{port}", retry_delays=(), health_retry_delays=())
+    tracer = OtelTracer(max_buffered_spans=2, write_timeout=1.0)
+    tracer.init_worker(0, client)
+    processor = tracer._lightning_span_processor
+    assert processor is not None
+    server: Optional[LightningStoreServer] = None
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="agentbolt.tracer.otel"),
+            processor.with_context(client, rollout.rollout_id, rollout.attempt.attempt_id),
+        ):
+            tracer_otel = tracer.get_otel_tracer()
+            for i in range(5):
+                tracer_otel.start_span(f"span-{i}").end()
+            assert processor.given_up_count == 3
+            server = await start_server(inner, port)
+        assert "giving up span" in caplog.text and "3 span(s) given up so far" in caplog.text
+        assert "Cannot write spans to the store" in caplog.text
+        assert processor.force_flush(30_000)
+        assert await stored_names(inner, rollout.rollout_id) == ["span-0", "span-1"]
+        # The buffered spans were still collected locally for get_last_trace().
+        assert [span.name for span in processor.spans()] == [f"span-{i}" for i in range(5)]
+    finally:
+        await client.close()
+        if server is not None:
+            await server.stop()
+
+
+class RejectingStore(InMemoryLightningStore):
+    """A real in-memory store that refuses spans named ``bad`` (as a store rejects invalid input)."""
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: Optional[int] = None
+    ) -> Optional[Span]:
+        if readable_span.name == "bad":
+            raise ValueError("span rejected")
+        return await super().add_otel_span(rollout_id, attempt_id, readable_span, sequence_id)
+
+
+async def test_rejected_span_is_given_up_and_later_spans_are_written(caplog: pytest.LogCaptureFixture) -> None:
+    store = RejectingStore()
+    rollout = await store.start_rollout(input={"task": "reject"})
+    tracer = OtelTracer()
+    tracer.init_worker(0, store)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.tracer.otel"):
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
+            for name in ("good-1", "bad", "good-2"):
+                otel.start_span(name).end()
+    assert await stored_names(store, rollout.rollout_id) == ["good-1", "good-2"]
+    assert "rejected span 'bad'" in caplog.text
+    assert [span.name for span in tracer.get_last_trace()] == ["good-1", "bad", "good-2"]
+
+
+async def test_sequence_ids_are_issued_by_the_store(inner: InMemoryLightningStore) -> None:
+    rollout = await inner.start_rollout(input={"task": "seq"})
+    # Another writer takes sequence ids of the same rollout in between.
+    await inner.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
+    tracer = OtelTracer()
+    tracer.init_worker(0, inner)
+    async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
+        otel.start_span("a").end()
+        await inner.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
+        otel.start_span("b").end()
+    spans = tracer.get_last_trace()
+    assert [span.sequence_id for span in spans] == [2, 4]
+    assert [span.sequence_id for span in await inner.query_spans(rollout.rollout_id)] == [2, 4]
+
+
+def test_local_collection_without_store() -> None:
+    tracer = OtelTracer()
+    tracer.init_worker(0)
+    otel = tracer.get_otel_tracer()
+    otel.start_span("outside").end()  # no context open: not collected
+    with tracer._trace_context_sync() as inside, inside.start_as_current_span("parent"):
+        inside.start_span("child").end()
+    spans = tracer.get_last_trace()
+    assert [span.name for span in spans] == ["child", "parent"]
+    assert [span.sequence_id for span in spans] == [0, 1]
+    assert {span.rollout_id for span in spans} == {"rollout-dummy"}
+    assert spans[0].parent_id == spans[1].span_id
+
+
+def test_processor_flush_and_submission_flag() -> None:
+    processor = LightningSpanProcessor(disable_store_submission=True)
+    assert processor.disable_store_submission
+    processor.disable_store_submission = False
+    assert processor.force_flush(10)
+    with pytest.raises(ValueError, match="max_buffered_spans"):
+        LightningSpanProcessor(max_buffered_spans=0)
+    processor.shutdown()
+
+
+def test_trace_context_argument_errors() -> None:
+    tracer = OtelTracer()
+    with pytest.raises(RuntimeError, match="init_worker"):
+        tracer.get_last_trace()
+    tracer.init_worker(0)
+    with pytest.raises(ValueError, match="all provided or all None"), tracer._trace_context_sync(rollout_id="r"):
+        pass
+    with (
+        pytest.raises(ValueError, match="store is required"),
+        tracer._trace_context_sync(rollout_id="r", attempt_id="a"),
+    ):
+        pass
+
+
+async def test_deprecated_store_argument_warns(inner: InMemoryLightningStore) -> None:
+    rollout = await inner.start_rollout(input={})
+    tracer = OtelTracer()
+    tracer.init_worker(0)
+    with pytest.warns(DeprecationWarning, match="init_worker"):
+        async with tracer.trace_context(
+            store=inner, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
+        ) as otel:
+            otel.start_span("x").end()
+    assert await stored_names(inner, rollout.rollout_id) == ["x"]
