@@ -18,6 +18,7 @@ import threading
 import time
 import warnings
 from typing import (
+    TYPE_CHECKING,
     Any,
     Awaitable,
     Callable,
@@ -69,6 +70,9 @@ from agentbolt.types import (
     WorkerStatus,
 )
 from agentbolt.utils.id import generate_id
+
+if TYPE_CHECKING:
+    from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = [
     "CollectionBasedLightningStore",
@@ -232,7 +236,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         collections: T_collections,
         *,
         read_snapshot: bool = False,
-        tracker: Any = None,
+        tracker: Optional[MetricsBackend] = None,
         scan_debounce_seconds: float = 10.0,
     ) -> None:
         super().__init__()
@@ -539,7 +543,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             return
         for rollout, fields in rollouts:
             if is_finished(rollout) and "end_time" in fields and rollout.end_time is not None:
-                labels = {"status": rollout.status, "mode": rollout.mode or "unknown"}
+                labels: Dict[str, str] = {"status": rollout.status, "mode": rollout.mode or "unknown"}
                 await self._tracker.inc_counter("agl.rollouts.total", labels=labels)
                 await self._tracker.observe_histogram(
                     "agl.rollouts.duration", rollout.end_time - rollout.start_time, labels=labels

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 from pydantic import BaseModel
 
@@ -13,6 +13,9 @@ from agentbolt.store.base import LightningStoreCapabilities, LightningStoreStati
 from agentbolt.store.collection.memory import InMemoryLightningCollections
 from agentbolt.store.collection_based import CollectionBasedLightningStore, tracked
 from agentbolt.types import Span
+
+if TYPE_CHECKING:
+    from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = ["InMemoryLightningStore", "estimate_model_size"]
 
@@ -26,7 +29,7 @@ _DEFAULT_SAFE_FRACTION_OF_EVICTION = 0.8
 def _detect_total_memory_bytes() -> int:
     """Total RAM of the machine (8 GiB when it cannot be determined)."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return int(psutil.virtual_memory().total)
     except Exception:  # psutil missing or unsupported platform
@@ -108,7 +111,7 @@ class InMemoryLightningStore(CollectionBasedLightningStore[InMemoryLightningColl
         eviction_memory_threshold: Union[float, int, None] = None,
         safe_memory_threshold: Union[float, int, None] = None,
         span_size_estimator: Optional[Callable[[Span], int]] = None,
-        tracker: Any = None,
+        tracker: Optional[MetricsBackend] = None,
         scan_debounce_seconds: float = 10.0,
     ) -> None:
         super().__init__(
@@ -196,10 +199,8 @@ class InMemoryLightningStore(CollectionBasedLightningStore[InMemoryLightningColl
     async def statistics(self) -> LightningStoreStatistics:
         """Counts, uptime and the memory budget figures."""
         stats = await super().statistics()
-        stats.update(
-            total_span_bytes=self._total_span_bytes,
-            eviction_threshold_bytes=self._eviction_threshold_bytes,
-            safe_threshold_bytes=self._safe_threshold_bytes,
-            memory_capacity_bytes=self._memory_capacity_bytes,
-        )
+        stats["total_span_bytes"] = self._total_span_bytes
+        stats["eviction_threshold_bytes"] = self._eviction_threshold_bytes
+        stats["safe_threshold_bytes"] = self._safe_threshold_bytes
+        stats["memory_capacity_bytes"] = self._memory_capacity_bytes
         return stats

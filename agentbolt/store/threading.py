@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Awaitable, Callable, List, Optional
+from typing import Any, List, Optional
 
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.collection.memory import _ThreadSafeAsyncLock
@@ -12,7 +12,7 @@ from agentbolt.types import Rollout
 __all__ = ["LightningStoreThreaded"]
 
 
-def _delegate_locked(name: str) -> Callable[..., Awaitable[Any]]:
+def _delegate_locked(name: str) -> Any:
     """A method forwarding its arguments unchanged to ``self.store.<name>`` while holding the facade's lock."""
 
     @functools.wraps(getattr(LightningStore, name))

@@ -605,3 +605,40 @@ async def test_statistics_counts(store: LightningStore) -> None:
     assert stats["total_workers"] == 1
     assert stats["uptime"] >= 0
     assert isinstance(stats["name"], str)
+
+
+async def test_add_otel_span_converts_and_allocates_sequence_ids(store: LightningStore) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    started = await store.start_rollout("x")
+    rid, aid = started.rollout_id, started.attempt.attempt_id
+    tracer = TracerProvider().get_tracer("agentbolt-tests")
+    with tracer.start_as_current_span("outer") as outer:
+        outer.set_attribute("answer", 42)
+        with tracer.start_as_current_span("inner") as inner:
+            pass
+    first = await store.add_otel_span(rid, aid, inner)  # type: ignore[arg-type]
+    second = await store.add_otel_span(rid, aid, outer, sequence_id=7)  # type: ignore[arg-type]
+    assert first is not None and second is not None
+    assert first.sequence_id == 1 and first.name == "inner" and first.parent_id == second.span_id
+    assert second.sequence_id == 7 and second.attributes == {"answer": 42}
+    assert await store.get_next_span_sequence_id(rid, aid) == 8
+    assert await store.add_otel_span(rid, aid, outer, sequence_id=9) is None  # same span id: duplicate
+    assert [s.name for s in await store.query_spans(rid)] == ["inner", "outer"]
+    rollout = await store.get_rollout_by_id(rid)
+    assert rollout is not None and rollout.status == "running"
+
+
+def test_store_package_import_is_light() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agentbolt.store as s; "
+        "assert s.InMemoryLightningStore and s.LightningStoreThreaded and s.CollectionBasedLightningStore; "
+        "heavy = [m for m in ('fastapi', 'uvicorn', 'aiohttp', 'torch', 'transformers') if m in sys.modules]; "
+        "print(heavy); "
+        "print(s.LightningStoreClient.__name__, s.LightningStoreServer.__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == ["[]", "LightningStoreClient LightningStoreServer"]

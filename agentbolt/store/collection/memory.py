@@ -645,12 +645,11 @@ class DictBasedKeyValue(KeyValue[K, V]):
     async def inc(self, key: K, amount: V) -> V:
         ensure_numeric(amount, description="Increment amount")
         current = self._data.get(key)
-        if current is None:
-            value = amount
-        else:
+        value: Any = amount
+        if current is not None:
             value = ensure_numeric(current, description=f"Value of {key!r}") + amount  # type: ignore[operator]
-        self._data[key] = value  # type: ignore[assignment]
-        return value  # type: ignore[return-value]
+        self._data[key] = value
+        return value  # type: ignore[no-any-return]
 
     @_tracked_operation("chmax")
     async def chmax(self, key: K, value: V) -> V:
