@@ -534,3 +534,117 @@ async def test_large_within_filter(sqlite_collections: SqliteLightningCollection
     await sqlite_collections.rollouts.insert([Rollout(rollout_id=i, input=None, start_time=0.0) for i in ids[::3]])
     result = await sqlite_collections.rollouts.query(filter={"rollout_id": {"within": ids}})
     assert result.total == 500
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the store
+
+
+async def test_store_capabilities_and_statistics(tmp_path: Path) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    store = SqliteLightningStore(tmp_path / "caps.db")
+    try:
+        assert store.capabilities == {"thread_safe": True, "async_safe": True, "zero_copy": False, "otlp_traces": False}
+        rollout = await store.start_rollout({"q": 1})
+        await store.add_span(make_span(rollout.rollout_id, rollout.attempt.attempt_id, "s1", 1))
+        stats = await store.statistics()
+        assert stats["name"] == "SqliteLightningStore"
+        assert (stats["total_rollouts"], stats["total_attempts"], stats["total_spans"]) == (1, 1, 1)
+    finally:
+        await store.close()
+
+
+async def test_store_reopen_resumes_queue_attempts_watchdog_resources_and_counters(tmp_path: Path) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+    from agentbolt.types import RolloutConfig
+
+    path = tmp_path / "resume.db"
+    store = SqliteLightningStore(path, scan_debounce_seconds=0)
+    watched_config = RolloutConfig(unresponsive_seconds=0.2, max_attempts=2, retry_condition=["unresponsive"])
+    await store.add_resources({})
+    latest = await store.update_resources("rs-latest", {})
+    first = await store.enqueue_rollout({"n": 1})
+    watched = await store.enqueue_rollout({"n": 2}, config=watched_config)
+    queued = [await store.enqueue_rollout({"n": n}) for n in range(3, 6)]
+    assert (await store.dequeue_rollout(worker_id="w1")).rollout_id == first.rollout_id  # type: ignore[union-attr]
+    running = await store.dequeue_rollout(worker_id="w2")
+    assert running is not None and running.rollout_id == watched.rollout_id
+    sequence_ids = await store.get_many_span_sequence_ids([(running.rollout_id, running.attempt.attempt_id)] * 3)
+    await store.add_span(make_span(running.rollout_id, running.attempt.attempt_id, "s1", sequence_ids[-1]))
+    assert (await store.get_latest_attempt(running.rollout_id)).status == "running"  # type: ignore[union-attr]
+    await store.close()
+
+    await asyncio.sleep(0.3)  # the running attempt goes silent for longer than unresponsive_seconds
+    store = SqliteLightningStore(path, scan_debounce_seconds=0)
+    try:
+        assert (await store.get_latest_resources()).resources_id == latest.resources_id  # type: ignore[union-attr]
+        # The watchdog resumed from the stored heartbeat: unresponsive, then requeued behind the waiting rollouts.
+        attempt = await store.get_latest_attempt(watched.rollout_id)
+        assert attempt is not None and attempt.status == "unresponsive"
+        assert (await store.get_rollout_by_id(watched.rollout_id)).status == "requeuing"  # type: ignore[union-attr]
+        claimed = [await store.dequeue_rollout() for _ in range(5)]
+        assert [c.rollout_id if c else None for c in claimed] == [
+            *(r.rollout_id for r in queued),
+            watched.rollout_id,
+            None,
+        ]
+        assert claimed[3] is not None and claimed[3].attempt.sequence_id == 2
+        # Sequence ids are never reissued.
+        assert await store.get_next_span_sequence_id(watched.rollout_id, "any") == sequence_ids[-1] + 1
+    finally:
+        await store.close()
+
+
+async def test_store_is_usable_from_several_threads_and_loops(tmp_path: Path) -> None:
+    import threading
+
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    store = SqliteLightningStore(tmp_path / "threads.db")
+    errors: List[BaseException] = []
+
+    def worker(k: int) -> None:
+        async def run() -> None:
+            for i in range(20):
+                rollout = await store.start_rollout({"thread": k, "i": i})
+                await store.add_span(make_span(rollout.rollout_id, rollout.attempt.attempt_id, "s", 1))
+                await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    await asyncio.gather(*(store.enqueue_rollout({"main": i}) for i in range(20)))
+    for thread in threads:
+        await asyncio.to_thread(thread.join)
+    try:
+        assert errors == []
+        succeeded = await store.query_rollouts(status_in=["succeeded"])
+        assert len(succeeded) == 60
+        assert len(await store.query_rollouts(status_in=["queuing"])) == 20
+    finally:
+        await store.close()
+
+
+async def test_store_acknowledges_only_committed_writes(tmp_path: Path) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    path = tmp_path / "ack.db"
+    store = SqliteLightningStore(path)
+    try:
+
+        async def enqueue(i: int) -> None:
+            rollout = await store.enqueue_rollout({"i": i})
+            assert rows(path, "SELECT status FROM rollouts WHERE rollout_id = ?", (rollout.rollout_id,)) == [
+                ("queuing",)
+            ]
+
+        await asyncio.gather(*(enqueue(i) for i in range(40)))
+        assert store.collections.commit_count <= store.collections.section_count
+    finally:
+        await store.close()
