@@ -1399,6 +1399,9 @@ class LightningStoreClient(LightningStore):
         api_key: Bearer token; defaults to ``$AGENTBOLT_API_KEY``.
     """
 
+    wait_slice_seconds: float = 10.0
+    """Longest server-side wait of one ``wait_for_rollouts`` request."""
+
     def __init__(
         self,
         server_address: str,
@@ -1828,13 +1831,14 @@ class LightningStoreClient(LightningStore):
         Long waits are split into server-side waits of at most 10 seconds each, so no single request outlives
         the request timeout.
         """
-        slice_seconds = 10.0
+        slice_seconds = self.wait_slice_seconds
         deadline = None if timeout is None else time.monotonic() + timeout
         finished: Dict[str, Rollout] = {}
         pending = list(dict.fromkeys(rollout_ids))
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = slice_seconds if remaining is None else min(slice_seconds, remaining)
+            started = time.monotonic()
             data = await self._request_json(
                 "post",
                 "/waits/rollouts",
@@ -1845,7 +1849,10 @@ class LightningStoreClient(LightningStore):
                 rollout = self._parse_rollout(item)
                 finished[rollout.rollout_id] = rollout
             pending = [rid for rid in pending if rid not in finished]
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
+            # A server-side wait that ends before its slice means every known rollout finished (unknown ids
+            # are never waited for); only a slice that ran out calls for another one.
+            returned_early = time.monotonic() - started < wait * 0.9
+            if not pending or returned_early or (deadline is not None and time.monotonic() >= deadline):
                 break
         return [finished[rid] for rid in rollout_ids if rid in finished]
 

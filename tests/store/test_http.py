@@ -1,0 +1,582 @@
+"""The store's HTTP API: routes, search forms, validation, errors, auth, CORS, limits, and the client's behaviour.
+
+Every test runs a real LightningStoreServer on a free 127.0.0.1 port over a real SQLite file (or the in-memory
+store) and talks to it with raw HTTP requests or the LightningStoreClient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from pathlib import Path
+from typing import Any, AsyncIterator, Dict
+
+import aiohttp
+import pytest
+
+from agentbolt.store.client_server import (
+    API_KEY_ENV_VAR,
+    LightningStoreClient,
+    LightningStoreHTTPError,
+    LightningStoreServer,
+)
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.store.sqlite import SqliteLightningStore
+from agentbolt.types import LLM, AttemptedRollout, Rollout
+
+from .conftest import free_port, make_span
+
+PREFIX = "/v1/agl"
+
+
+class Served:
+    """A running server, its store, a client and a raw HTTP session."""
+
+    def __init__(self, server: LightningStoreServer, store: Any, client: LightningStoreClient, http: Any) -> None:
+        self.server = server
+        self.store = store
+        self.client = client
+        self.http: aiohttp.ClientSession = http
+        self.base = server.endpoint
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        async with self.http.request(method, self.base + path, **kwargs) as response:
+            body = await response.read()
+            content_type = response.headers.get("content-type", "")
+            return response.status, (await response.json() if "json" in content_type and body else body)
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    async with serve(SqliteLightningStore(tmp_path / "store.db")) as running:
+        yield running
+
+
+class serve:
+    """Async context manager running a server (asyncio launch mode) around ``store``."""
+
+    def __init__(self, store: Any, **server_kwargs: Any) -> None:
+        self.store = store
+        self.server_kwargs = server_kwargs
+        self.client_kwargs: Dict[str, Any] = {"retry_delays": (), "health_retry_delays": ()}
+        if "api_key" in server_kwargs:
+            self.client_kwargs["api_key"] = server_kwargs["api_key"]
+
+    async def __aenter__(self) -> Served:
+        self.server = LightningStoreServer(
+            self.store, "127.0.0.1", free_port(), launch_mode="asyncio", **self.server_kwargs
+        )
+        await self.server.start()
+        self.client = LightningStoreClient(self.server.endpoint, **self.client_kwargs)
+        self.http = aiohttp.ClientSession()
+        return Served(self.server, self.store, self.client, self.http)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.http.close()
+        await self.client.close()
+        await self.server.stop()
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            await close()
+
+
+async def snapshot(store: Any) -> Dict[str, Any]:
+    """Everything stored, for before/after comparisons."""
+    rollouts = await store.query_rollouts()
+    spans = {r.rollout_id: [s.model_dump() for s in await store.query_spans(r.rollout_id)] for r in rollouts}
+    attempts = {r.rollout_id: [a.model_dump() for a in await store.query_attempts(r.rollout_id)] for r in rollouts}
+    stats = dict(await store.statistics())
+    stats.pop("uptime", None)
+    return {
+        "rollouts": [r.model_dump() for r in rollouts],
+        "attempts": attempts,
+        "spans": spans,
+        "resources": [r.model_dump() for r in await store.query_resources()],
+        "workers": [w.model_dump() for w in await store.query_workers()],
+        "stats": stats,
+    }
+
+
+async def populate(store: Any) -> AttemptedRollout:
+    """One running rollout with two spans, a queued rollout, resources and a worker."""
+    await store.add_resources({"llm": LLM(endpoint="http://llm/v1", model="m")})
+    await store.enqueue_rollout({"task": 1})
+    await store.enqueue_rollout({"task": 2})
+    claimed = await store.dequeue_rollout(worker_id="w1")
+    assert claimed is not None
+    for i, span_id in enumerate(["s1", "s2"], start=1):
+        await store.add_span(make_span(claimed.rollout_id, claimed.attempt.attempt_id, i, span_id))
+    await store.update_worker("w1", {"cpu": 0.5})
+    return claimed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Routes
+
+
+async def test_health_and_openapi(served: Served) -> None:
+    assert await served.request("GET", PREFIX + "/health") == (200, {"status": "ok"})
+    assert await served.request("GET", "/health") == (200, {"status": "ok"})
+    status, schema = await served.request("GET", "/openapi.json")
+    assert status == 200
+    assert schema["info"]["title"] == "LightningStore Server"
+    for path in (
+        "/rollouts/search",
+        "/queues/rollouts/enqueue",
+        "/spans/batch",
+        "/spans/next/batch",
+        "/waits/rollouts",
+    ):
+        assert PREFIX + path in schema["paths"]
+
+
+async def test_rollout_routes_round_trip(served: Served) -> None:
+    status, created = await served.request(
+        "POST", PREFIX + "/queues/rollouts/enqueue", json={"rollouts": [{"input": {"q": 1}, "mode": "train"}]}
+    )
+    assert status == 201 and created[0]["status"] == "queuing" and created[0]["mode"] == "train"
+    status, many = await served.request(
+        "POST", PREFIX + "/queues/rollouts/enqueue", json={"rollouts": [{"input": 2}, {"input": 3}]}
+    )
+    assert status == 201 and [r["input"] for r in many] == [2, 3]
+    assert await served.request("POST", PREFIX + "/queues/rollouts/enqueue", json={"rollouts": []}) == (201, [])
+
+    status, claimed = await served.request("POST", PREFIX + "/queues/rollouts/dequeue")
+    assert status == 200 and claimed[0]["rollout_id"] == created[0]["rollout_id"]
+    assert claimed[0]["attempt"]["sequence_id"] == 1
+    status, claimed = await served.request("POST", PREFIX + "/queues/rollouts/dequeue", json={"limit": 5})
+    assert [r["input"] for r in claimed] == [2, 3]
+    assert await served.request("POST", PREFIX + "/queues/rollouts/dequeue", json={"limit": 0}) == (200, [])
+
+    status, started = await served.request("POST", PREFIX + "/rollouts", json={"input": "x", "worker_id": "w9"})
+    assert status == 201 and started["status"] == "preparing" and started["attempt"]["worker_id"] == "w9"
+    rollout_id = started["rollout_id"]
+    status, second = await served.request("POST", f"{PREFIX}/rollouts/{rollout_id}/attempts")
+    assert status == 201 and second["attempt"]["sequence_id"] == 2
+
+    status, latest = await served.request("GET", f"{PREFIX}/rollouts/{rollout_id}/attempts/latest")
+    assert status == 200 and latest["attempt_id"] == second["attempt"]["attempt_id"]
+    status, updated = await served.request(
+        "POST", f"{PREFIX}/rollouts/{rollout_id}/attempts/latest", json={"status": "succeeded"}
+    )
+    assert status == 200 and updated["status"] == "succeeded"
+    status, rollout = await served.request("GET", f"{PREFIX}/rollouts/{rollout_id}")
+    assert status == 200 and rollout["status"] == "succeeded" and rollout["attempt"]["status"] == "succeeded"
+    assert await served.request("GET", f"{PREFIX}/rollouts/ro-unknown") == (200, None)
+
+    status, updated = await served.request(
+        "POST", f"{PREFIX}/rollouts/{rollout_id}", json={"metadata": {"tag": "a"}, "mode": None}
+    )
+    assert status == 200 and updated["metadata"] == {"tag": "a"} and updated["mode"] is None
+    assert updated["input"] == "x"  # absent fields are left alone
+
+    status, waited = await served.request(
+        "POST", PREFIX + "/waits/rollouts", json={"rollout_ids": [rollout_id, "ro-unknown"], "timeout": 0}
+    )
+    assert status == 200 and [r["rollout_id"] for r in waited] == [rollout_id]
+
+
+async def test_search_forms_get_and_post_agree(served: Served) -> None:
+    rollout = await populate(served.store)
+    cases = [
+        ("/rollouts", {"status_in": ["queuing", "preparing"], "sort_by": "rollout_id", "limit": "1", "offset": "1"}),
+        ("/rollouts", {"rollout_id_contains": "ro-", "filter_logic": "or"}),
+        ("/workers", {"status_in": ["busy"], "worker_id_contains": "w"}),
+    ]
+    for path, params in cases:
+        query = [(k, v) for k, values in params.items() for v in (values if isinstance(values, list) else [values])]
+        status_get, got = await served.request("GET", PREFIX + path, params=query)
+        body = {k: (int(v) if k in ("limit", "offset") else v) for k, v in params.items()}
+        status_post, posted = await served.request("POST", PREFIX + path + "/search", json=body)
+        assert status_get == status_post == 200, (got, posted)
+        assert got == posted
+    status, page = await served.request(
+        "GET", PREFIX + "/rollouts", params=[("status_in", "queuing"), ("status_in", "running"), ("limit", "1")]
+    )
+    assert page["total"] == 2 and len(page["items"]) == 1 and page["limit"] == 1
+
+    status_get, spans_get = await served.request(
+        "GET", PREFIX + "/spans", params={"rollout_id": rollout.rollout_id, "name_contains": "llm", "limit": "1"}
+    )
+    status_post, spans_post = await served.request(
+        "POST", PREFIX + "/spans/search", json={"rollout_id": rollout.rollout_id, "name_contains": "llm", "limit": 1}
+    )
+    assert status_get == status_post == 200 and spans_get == spans_post
+    assert spans_get["total"] == 2 and spans_get["items"][0]["span_id"] == "s1"
+
+    status_get, attempts_get = await served.request("GET", f"{PREFIX}/rollouts/{rollout.rollout_id}/attempts")
+    status_post, attempts_post = await served.request("POST", f"{PREFIX}/rollouts/{rollout.rollout_id}/attempts/search")
+    assert status_get == status_post == 200 and attempts_get == attempts_post and attempts_get["total"] == 1
+
+    status, resources = await served.request("GET", PREFIX + "/resources", params={"resources_id_contains": "rs-"})
+    assert status == 200 and resources["total"] == 1
+
+
+async def test_literal_routes_win_over_ids(served: Served) -> None:
+    rollout_id = (await populate(served.store)).rollout_id
+    before = await snapshot(served.store)
+    status, found = await served.request("POST", PREFIX + "/rollouts/search", json={})
+    assert status == 200 and found["total"] == 2
+    status, found = await served.request("POST", f"{PREFIX}/rollouts/{rollout_id}/attempts/search", json={})
+    assert status == 200 and found["total"] == 1
+    status, latest = await served.request("GET", f"{PREFIX}/rollouts/{rollout_id}/attempts/latest")
+    assert status == 200 and latest["sequence_id"] == 1
+    status, latest = await served.request("GET", PREFIX + "/resources/latest")
+    assert status == 200 and latest["resources"]["llm"]["model"] == "m"
+    status, found = await served.request("POST", PREFIX + "/workers/search", json={})
+    assert status == 200 and found["items"][0]["worker_id"] == "w1"
+    status, found = await served.request("POST", PREFIX + "/spans/search", json={"rollout_id": rollout_id})
+    assert status == 200 and found["total"] == 2
+    status, next_id = await served.request(
+        "POST", PREFIX + "/spans/next", json={"rollout_id": rollout_id, "attempt_id": latest["resources_id"]}
+    )
+    assert status == 200 and next_id == {"sequence_id": 3}
+    after = await snapshot(served.store)
+    assert after == before  # no route above was mistaken for an update
+
+
+async def test_batch_extensions(served: Served) -> None:
+    claimed = await populate(served.store)
+    rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
+    ids = await served.client.get_many_span_sequence_ids([(rid, aid), (rid, aid), (rid, aid)])
+    assert list(ids) == [3, 4, 5]
+    spans = [make_span(rid, aid, seq, f"b{seq}") for seq in ids]
+    duplicate = make_span(rid, aid, 6, "s1")  # same span id as an existing span
+    inserted = await served.client.add_many_spans([spans[0], duplicate, spans[1], spans[2]])
+    assert [s.span_id for s in inserted] == ["b3", "b4", "b5"]
+    assert [s.span_id for s in await served.store.query_spans(rid)] == ["s1", "s2", "b3", "b4", "b5"]
+    assert await served.client.add_many_spans([]) == []
+    assert await served.client.get_many_span_sequence_ids([]) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input: clear 4xx, stored data untouched
+
+
+PAGINATION_ERRORS = [
+    ({"sort_by": "nope"}, "Invalid sort_by: nope, allowed fields are: "),
+    ({"sort_order": "up"}, "Invalid sort_order"),
+    ({"limit": 0}, "Limit must be greater than 0 or -1 for no limit"),
+    ({"limit": -5}, "Limit must be greater than 0 or -1 for no limit"),
+    ({"offset": -1}, "Offset must be greater than or equal to 0"),
+    ({"filter_logic": "xor"}, "Invalid filter_logic"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), PAGINATION_ERRORS)
+async def test_pagination_validation(served: Served, options: Dict[str, Any], message: str) -> None:
+    claimed = await populate(served.store)
+    before = await snapshot(served.store)
+    rid = claimed.rollout_id
+    targets = [("/rollouts", {}), ("/workers", {}), ("/spans", {"rollout_id": rid})]
+    if "filter_logic" not in options:
+        targets += [(f"/rollouts/{rid}/attempts", {}), ("/resources", {})]
+    for path, base in targets:
+        body = {**base, **options}
+        if path != "/resources":
+            status, answer = await served.request("POST", PREFIX + path + "/search", json=body)
+            assert status == 400, (path, answer)
+            assert answer["detail"].startswith(message)
+        status, answer = await served.request("GET", PREFIX + path, params={k: str(v) for k, v in body.items()})
+        assert status == 400, (path, answer)
+        assert answer["detail"].startswith(message)
+    assert await snapshot(served.store) == before
+
+
+async def test_sort_by_error_lists_model_fields(served: Served) -> None:
+    status, answer = await served.request("POST", PREFIX + "/rollouts/search", json={"sort_by": "bogus"})
+    assert status == 400
+    assert answer["detail"] == "Invalid sort_by: bogus, allowed fields are: " + ", ".join(Rollout.model_fields)
+
+
+async def test_null_fields_are_rejected(served: Served) -> None:
+    claimed = await populate(served.store)
+    rid = claimed.rollout_id
+    before = await snapshot(served.store)
+    cases = [
+        (f"/rollouts/{rid}", {"status": None}, "status"),
+        (f"/rollouts/{rid}", {"config": None, "metadata": {"x": 1}}, "config"),
+        (f"/rollouts/{rid}/attempts/latest", {"status": None}, "status"),
+        (f"/rollouts/{rid}/attempts/latest", {"worker_id": None}, "worker_id"),
+        (f"/rollouts/{rid}/attempts/latest", {"last_heartbeat_time": None}, "last_heartbeat_time"),
+        ("/workers/w1", {"heartbeat_stats": None}, "heartbeat_stats"),
+    ]
+    for path, body, field in cases:
+        status, answer = await served.request("POST", PREFIX + path, json=body)
+        assert status == 400, (path, answer)
+        assert answer["detail"] == f"{field} is invalid; it cannot be a null value."
+    assert await snapshot(served.store) == before
+
+
+BAD_REQUESTS = [
+    # (method, path, kwargs, expected status)
+    ("POST", "/queues/rollouts/enqueue", {"data": b"{not json", "headers": {"content-type": "application/json"}}, 422),
+    ("POST", "/queues/rollouts/enqueue", {"json": {}}, 422),
+    ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": "many"}}, 422),
+    ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": [{"input": 1, "mode": "bogus"}]}}, 422),
+    ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": [{"input": 1, "config": {"max_attempts": 0}}]}}, 422),
+    ("POST", "/queues/rollouts/dequeue", {"json": {"limit": "three"}}, 422),
+    ("POST", "/rollouts", {"json": {"mode": "train"}}, 422),
+    ("POST", "/rollouts/{rid}", {"json": {"status": "exploded"}}, 422),
+    ("POST", "/rollouts/{rid}/attempts/latest", {"json": {"last_heartbeat_time": "yesterday"}}, 422),
+    ("POST", "/resources", {"json": {"llm": {"resource_type": "llm"}}}, 422),
+    ("POST", "/resources", {"json": ["not", "a", "mapping"]}, 422),
+    ("POST", "/spans", {"json": {"rollout_id": "x"}}, 422),
+    ("POST", "/spans/batch", {"json": {"spans": [{"rollout_id": "x"}]}}, 422),
+    ("POST", "/spans/batch", {"data": b"[[[", "headers": {"content-type": "application/json"}}, 422),
+    ("POST", "/spans/next", {"json": {"rollout_id": "x"}}, 422),
+    ("POST", "/waits/rollouts", {"json": {"rollout_ids": "ro-1"}}, 422),
+    ("POST", "/workers/search", {"json": {"status_in": ["sleepy"]}}, 422),
+    ("GET", "/rollouts", {"params": {"limit": "many"}}, 422),
+    ("GET", "/spans", {}, 422),
+    # unknown ids and invalid operations
+    ("POST", "/rollouts/ro-missing/attempts", {}, 404),
+    ("POST", "/rollouts/ro-missing", {"json": {"status": "failed"}}, 404),
+    ("POST", "/rollouts/ro-missing/attempts/latest", {"json": {"status": "failed"}}, 404),
+    ("POST", "/rollouts/{rid}/attempts/at-missing", {"json": {"status": "failed"}}, 404),
+    ("POST", "/spans", {"json": "SPAN:ro-missing"}, 404),
+    ("POST", "/spans/batch", {"json": "BATCH:ro-missing"}, 404),
+    # other OTLP signals
+    ("POST", "/v1/metrics", {"data": b""}, 501),
+    ("POST", "/v1/logs", {"data": b""}, 501),
+]
+
+
+async def test_bad_requests_get_clear_errors_and_leave_data_intact(served: Served) -> None:
+    claimed = await populate(served.store)
+    rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
+    before = await snapshot(served.store)
+    for method, path, kwargs, expected in BAD_REQUESTS:
+        kwargs = dict(kwargs)
+        if kwargs.get("json") == "SPAN:ro-missing":
+            kwargs["json"] = make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")
+        elif kwargs.get("json") == "BATCH:ro-missing":
+            kwargs["json"] = {"spans": [make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")]}
+        url = path.replace("{rid}", rid) if path.startswith("/v1/") else PREFIX + path.replace("{rid}", rid)
+        status, answer = await served.request(method, url, **kwargs)
+        assert status == expected, (method, path, status, answer)
+        assert isinstance(answer, dict) and answer["detail"], (method, path, answer)
+    assert await snapshot(served.store) == before
+
+
+async def test_request_size_limit(tmp_path: Path) -> None:
+    async with serve(SqliteLightningStore(tmp_path / "s.db"), max_request_bytes=4096) as running:
+        before = await snapshot(running.store)
+        big = {"rollouts": [{"input": "x" * 5000}]}
+        status, answer = await running.request("POST", PREFIX + "/queues/rollouts/enqueue", json=big)
+        assert status == 413 and "too large" in answer["detail"]
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for _ in range(10):
+                yield b" " * 1000
+
+        status, answer = await running.request(
+            "POST", PREFIX + "/queues/rollouts/enqueue", data=chunked(), headers={"content-type": "application/json"}
+        )
+        assert status == 413
+        assert await snapshot(running.store) == before
+
+        async def small_chunked() -> AsyncIterator[bytes]:
+            yield b'{"rollouts": [{"input": '
+            yield b'"ok"}]}'
+
+        status, created = await running.request(
+            "POST",
+            PREFIX + "/queues/rollouts/enqueue",
+            data=small_chunked(),
+            headers={"content-type": "application/json"},
+        )
+        assert status == 201 and created[0]["input"] == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Auth and CORS
+
+
+async def test_bearer_token(tmp_path: Path) -> None:
+    async with serve(SqliteLightningStore(tmp_path / "s.db"), api_key="s3cret") as running:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, answer = await running.request("GET", PREFIX + "/statistics", headers=headers)
+            assert status == 401 and "API key" in answer["detail"]
+        status, _ = await running.request(
+            "POST", PREFIX + "/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]}
+        )
+        assert status == 401
+        assert (await running.request("GET", PREFIX + "/health"))[0] == 200
+        status, stats = await running.request("GET", PREFIX + "/statistics", headers={"Authorization": "Bearer s3cret"})
+        assert status == 200 and stats["total_rollouts"] == 0
+
+        # The configured client authenticates; one without the token gets a 401 it cannot mistake for "not found".
+        assert (await running.client.enqueue_rollout(1)).status == "queuing"
+        anonymous = LightningStoreClient(running.base, retry_delays=(), health_retry_delays=(), api_key="")
+        try:
+            with pytest.raises(LightningStoreHTTPError) as info:
+                await anonymous.get_rollout_by_id("ro-x")
+            assert info.value.status == 401
+            with pytest.raises(LightningStoreHTTPError):
+                await anonymous.dequeue_rollout()
+        finally:
+            await anonymous.close()
+        assert (await running.store.statistics())["total_rollouts"] == 1
+
+
+async def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV_VAR, "from-env")
+    async with serve(SqliteLightningStore(tmp_path / "s.db")) as running:
+        assert (await running.request("GET", PREFIX + "/statistics"))[0] == 401
+        assert (await running.client.statistics())["total_rollouts"] == 0  # the client read the variable too
+
+
+async def test_cors(tmp_path: Path) -> None:
+    async with serve(SqliteLightningStore(tmp_path / "s.db"), cors_allow_origins=["http://ui.test", " "]) as running:
+        async with running.http.options(
+            running.base + PREFIX + "/rollouts/search",
+            headers={"Origin": "http://ui.test", "Access-Control-Request-Method": "POST"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["access-control-allow-origin"] == "http://ui.test"
+            assert response.headers["access-control-allow-credentials"] == "true"
+        async with running.http.get(running.base + PREFIX + "/health", headers={"Origin": "http://ui.test"}) as resp:
+            assert resp.headers["access-control-allow-origin"] == "http://ui.test"
+        async with running.http.get(running.base + PREFIX + "/health", headers={"Origin": "http://evil.test"}) as resp:
+            assert "access-control-allow-origin" not in resp.headers
+    async with serve(SqliteLightningStore(tmp_path / "t.db")) as running:
+        status, _ = await running.request("GET", PREFIX + "/health", headers={"Origin": "http://ui.test"})
+        assert status == 200
+        async with running.http.get(running.base + PREFIX + "/health", headers={"Origin": "http://ui.test"}) as resp:
+            assert "access-control-allow-origin" not in resp.headers
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Client behaviour
+
+
+async def test_client_surfaces_server_message(served: Served) -> None:
+    with pytest.raises(ValueError, match="Rollout ro-missing not found") as info:
+        await served.client.update_attempt("ro-missing", "latest", status="failed")
+    assert isinstance(info.value, aiohttp.ClientResponseError)
+    assert info.value.status == 404
+    assert info.value.message == "Rollout ro-missing not found"
+    with pytest.raises(LightningStoreHTTPError) as info:
+        await served.client.query_rollouts(limit=0)
+    assert info.value.status == 400 and "Limit must be greater than 0" in info.value.message
+    assert await served.client.get_rollout_by_id("ro-missing") is None
+
+
+async def test_client_retries_until_a_late_server_is_up(tmp_path: Path) -> None:
+    port = free_port()
+    store = SqliteLightningStore(tmp_path / "s.db")
+    server = LightningStoreServer(store, "127.0.0.1", port, launch_mode="asyncio")
+    client = LightningStoreClient(
+        f"http://127.0.0.1:{port}", retry_delays=(0.2, 0.2, 0.2), health_retry_delays=(0.2,) * 15
+    )
+    try:
+        request = asyncio.ensure_future(client.enqueue_rollout({"late": True}))
+        await asyncio.sleep(0.3)
+        assert not request.done()  # still retrying: nothing listens yet
+        await server.start()
+        rollout = await asyncio.wait_for(request, timeout=30)
+        assert rollout.input == {"late": True}
+        assert [r.rollout_id for r in await store.query_rollouts()] == [rollout.rollout_id]
+    finally:
+        await client.close()
+        await server.stop()
+        await store.close()
+
+
+async def test_client_gives_up_when_no_server_answers() -> None:
+    client = LightningStoreClient(f"http://127.0.0.1:{free_port()}", retry_delays=(0.01,), health_retry_delays=(0.01,))
+    try:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await client.statistics()
+        assert await client.dequeue_rollout() is None  # dequeue never raises on transport errors
+        assert await client.get_latest_resources() is None
+    finally:
+        await client.close()
+
+
+async def test_client_long_wait_spans_server_slices(served: Served) -> None:
+    served.client.wait_slice_seconds = 0.1
+    rollout = await served.client.start_rollout({"x": 1})
+
+    async def finish_later() -> None:
+        await asyncio.sleep(0.5)
+        await served.client.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+
+    finisher = asyncio.ensure_future(finish_later())
+    done = await served.client.wait_for_rollouts(rollout_ids=[rollout.rollout_id, "ro-missing"], timeout=20)
+    await finisher
+    assert [r.rollout_id for r in done] == [rollout.rollout_id]
+    assert done[0].status == "succeeded"
+    # A deadline shorter than the work returns what finished so far.
+    other = await served.client.start_rollout({"x": 2})
+    assert await served.client.wait_for_rollouts(rollout_ids=[other.rollout_id], timeout=0.3) == []
+
+
+async def test_client_and_server_pickle(served: Served) -> None:
+    await served.client.enqueue_rollout("before")
+    client: LightningStoreClient = pickle.loads(pickle.dumps(served.client))
+    try:
+        assert (await client.statistics())["total_rollouts"] == 1
+    finally:
+        await client.close()
+    copy: LightningStoreServer = pickle.loads(pickle.dumps(served.server))
+    assert copy.store is None and copy.app is None
+    assert copy.endpoint == served.server.endpoint
+    # Without the wrapped store, the copy reaches the original server over HTTP.
+    rollout = await copy.enqueue_rollout("through the copy")
+    assert (await served.store.get_rollout_by_id(rollout.rollout_id)) is not None
+    with pytest.raises(RuntimeError, match="unpickled"):
+        await copy.start()
+    if copy._client is not None:
+        await copy._client.close()
+
+
+async def test_server_delegates_in_process_and_reports_endpoints(served: Served) -> None:
+    rollout = await served.server.enqueue_rollout({"direct": True})
+    assert (await served.client.get_rollout_by_id(rollout.rollout_id)) == rollout
+    assert served.server.otlp_traces_endpoint() == served.server.endpoint + "/v1/traces"
+    assert served.client.otlp_traces_endpoint() == served.server.endpoint + "/v1/traces"
+    assert all(served.server.capabilities.values()) and all(served.client.capabilities.values())
+
+
+async def test_server_constructor_checks() -> None:
+    class NotAsyncSafe(InMemoryLightningStore):
+        @property
+        def capabilities(self) -> Any:
+            return {"async_safe": False}
+
+    with pytest.raises(ValueError, match="not async-safe"):
+        LightningStoreServer(NotAsyncSafe(), "127.0.0.1", free_port())
+    with pytest.raises(ValueError, match=r"^The store does not support zero-copy\."):
+        LightningStoreServer(InMemoryLightningStore(), "127.0.0.1", free_port(), launch_mode="mp")
+    from agentbolt.utils.server_launcher import PythonServerLauncherArgs
+
+    with pytest.raises(ValueError, match="launcher_args"):
+        LightningStoreServer(InMemoryLightningStore(), port=1234, launcher_args=PythonServerLauncherArgs(port=1))
+
+
+async def test_thread_mode_serves_a_non_thread_safe_store() -> None:
+    store = InMemoryLightningStore()  # asyncio locks only: the server serializes access from its thread
+    server = LightningStoreServer(store, "127.0.0.1", free_port(), launch_mode="thread")
+    await server.start()
+    client = LightningStoreClient(server.endpoint, retry_delays=(), health_retry_delays=())
+    try:
+        created = await asyncio.gather(*(client.enqueue_rollout(i) for i in range(20)))
+        direct = await asyncio.gather(*(server.enqueue_rollout(100 + i) for i in range(20)))
+        claimed = await client.dequeue_many_rollouts(limit=100)
+        assert len(claimed) == 40
+        assert {r.rollout_id for r in claimed} == {r.rollout_id for r in [*created, *direct]}
+    finally:
+        await client.close()
+        await server.stop()
+    assert not server.is_running()
+
+
+async def test_port_in_use_is_a_clear_error(served: Served) -> None:
+    port = int(served.server.endpoint.rsplit(":", 1)[1])
+    other = LightningStoreServer(InMemoryLightningStore(), "127.0.0.1", port, launch_mode="asyncio")
+    with pytest.raises(RuntimeError, match="did not start up within") as info:
+        await other.start()
+    assert isinstance(info.value.__cause__, OSError)
+    assert (await served.client.statistics())["name"] == "SqliteLightningStore"
