@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 
-import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
 from agentbolt.gateway.writer import SpanWriter
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER
@@ -84,6 +84,7 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.upstream: Optional[UpstreamClient] = None
         self.writer: Optional[SpanWriter] = None
+        self.sequences: Optional[SequenceAllocator] = None
         self._users = 0
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
@@ -103,6 +104,7 @@ class Gateway:
             if self.store is not None and self.settings.record_spans:
                 self.writer = SpanWriter(self.store, max_queued=self.settings.max_queued_spans)
                 self.writer.start()
+                self.sequences = SequenceAllocator(self.store)
         try:
             yield self
         finally:
@@ -111,6 +113,7 @@ class Gateway:
                 if self.writer is not None:
                     await self.writer.close()
                     self.writer = None
+                    self.sequences = None
                 if self.upstream is not None:
                     await self.upstream.aclose()
                     self.upstream = None
@@ -173,10 +176,10 @@ class _Handler:
         attempt_id: Optional[str],
     ) -> Optional[CallRecord]:
         gateway = self.gateway
-        if rollout_id is None or attempt_id is None or gateway.writer is None or gateway.store is None:
+        if rollout_id is None or attempt_id is None or gateway.sequences is None:
             return None
         # The sequence id is taken when the request starts; the store call overlaps with the upstream call.
-        sequence_id = asyncio.ensure_future(gateway.store.get_next_span_sequence_id(rollout_id, attempt_id))
+        sequence_id = gateway.sequences.allocate(rollout_id, attempt_id)
         return CallRecord(
             rollout_id=rollout_id,
             attempt_id=attempt_id,
@@ -235,8 +238,7 @@ class _Handler:
             return _error_response(exc)
         if call is not None:
             call.deployment = upstream.deployment
-        content_type = upstream.response.headers.get("content-type", "")
-        if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in content_type:
+        if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in upstream.content_type:
             await self._await_sequence_id(call)
             return StreamingResponse(
                 self._relay(upstream, call),
@@ -250,19 +252,11 @@ class _Handler:
         """Read a whole upstream body, check it, record it, and answer with it unchanged."""
         deployment = upstream.deployment
         try:
-            data = await upstream.response.aread()
-        except httpx.TimeoutException as exc:
-            error = GatewayError(
-                504, f"Upstream {deployment.api_base} timed out while sending its answer", "upstream_timeout"
-            )
-            return await self._fail(call, error, exc)
-        except httpx.HTTPError as exc:
-            error = GatewayError(
-                502, f"Upstream {deployment.api_base} dropped the connection while answering: {exc!r}", "upstream_error"
-            )
-            return await self._fail(call, error, exc)
+            data = await upstream.read()
+        except GatewayError as error:
+            return await self._fail(call, error)
         finally:
-            await upstream.aclose()
+            upstream.close()
         status = upstream.status_code
         if status >= 400:
             # Client errors (bad parameters, context too long...) are passed through as the backend wrote them.
@@ -270,25 +264,19 @@ class _Handler:
                 call.fail(status, upstream_error_message(data), "upstream_client_error")
             self._submit(call)
             await self._await_sequence_id(call)
-            media = upstream.response.headers.get("content-type", _JSON)
-            return Response(data, status_code=status, media_type=media)
+            return Response(data, status_code=status, media_type=upstream.content_type or _JSON)
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
-            error = GatewayError(
-                502,
-                f"Upstream {deployment.api_base} returned malformed JSON (HTTP {status}): "
-                f"{data[:200].decode('utf-8', errors='replace')!r}",
-                "upstream_malformed_response",
-            )
-            return await self._fail(call, error, None)
+            parsed = None
         if not isinstance(parsed, dict):
             error = GatewayError(
                 502,
-                f"Upstream {deployment.api_base} returned JSON that is not an object",
+                f"Upstream {deployment.api_base} returned malformed JSON (HTTP {status}, expected an object): "
+                f"{data[:200].decode('utf-8', errors='replace')!r}",
                 "upstream_malformed_response",
             )
-            return await self._fail(call, error, None)
+            return await self._fail(call, error)
         if self.gateway.settings.log_messages:
             logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
         if call is not None:
@@ -297,7 +285,7 @@ class _Handler:
         await self._await_sequence_id(call)
         return Response(data, status_code=status, media_type=_JSON)
 
-    async def _fail(self, call: Optional[CallRecord], error: GatewayError, exc: Optional[BaseException]) -> Response:
+    async def _fail(self, call: Optional[CallRecord], error: GatewayError) -> Response:
         logger.warning("%s", error.message)
         if call is not None:
             call.fail(error.status_code, error.message, error.error_type)
@@ -307,13 +295,12 @@ class _Handler:
 
     async def _relay(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> AsyncIterator[bytes]:
         """Forward complete server-sent events as they arrive; keep a copy for the span."""
-        deployment = upstream.deployment
         received: List[bytes] = []
         pending = b""
         error: Optional[GatewayError] = None
         try:
             try:
-                async for chunk in upstream.response.aiter_raw():
+                async for chunk in upstream.iter_chunks():
                     received.append(chunk)
                     pending += chunk
                     cut = _complete_events(pending)
@@ -322,17 +309,9 @@ class _Handler:
                         yield out
                 if pending:
                     yield pending
-            except httpx.TimeoutException:
-                error = GatewayError(
-                    504,
-                    f"Upstream {deployment.api_base} stopped sending stream data within the timeout",
-                    "upstream_timeout",
-                )
-            except httpx.HTTPError as exc:
-                error = GatewayError(
-                    502, f"Upstream {deployment.api_base} dropped the stream connection: {exc!r}", "upstream_error"
-                )
-            if error is not None:
+            except GatewayError as exc:
+                # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
+                error = exc
                 logger.warning("%s", error.message)
                 yield b"data: " + error.to_body() + b"\n\n"
         except BaseException:
@@ -344,8 +323,7 @@ class _Handler:
             if call is not None:
                 call.stream_finished(b"".join(received), error)
             self._submit(call)
-            with contextlib.suppress(BaseException):
-                await upstream.aclose()
+            upstream.close()
 
 
 def create_app(gateway: Gateway) -> FastAPI:
