@@ -1,0 +1,232 @@
+"""Run the algorithm and the runners in separate processes talking to the store over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, Iterable, List, Literal, Optional, Tuple
+
+from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_int_env_var, resolve_str_env_var
+from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+
+from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
+from .events import ExecutionEvent, MultiprocessingEvent
+
+__all__ = ["ClientServerExecutionStrategy"]
+
+logger = logging.getLogger("agentbolt.execution.client_server")
+
+Role = Literal["algorithm", "runner", "both"]
+
+
+class ClientServerExecutionStrategy(ExecutionStrategy):
+    """The algorithm process serves the store over HTTP; runner processes connect as clients (alias ``"cs"``).
+
+    Roles and addresses come from the arguments or from ``AGL_CURRENT_ROLE``, ``AGL_SERVER_HOST``,
+    ``AGL_SERVER_PORT`` and ``AGL_MANAGED_STORE``, so the same script can run as the algorithm on one machine and as
+    runners on others. Shutdown escalates: stop event, then SIGINT, then terminate, then kill.
+
+    Args:
+        role: ``"algorithm"``, ``"runner"`` or ``"both"`` (default from ``AGL_CURRENT_ROLE``, else ``"both"``).
+        server_host: Host of the store server (default ``AGL_SERVER_HOST`` or ``"localhost"``).
+        server_port: Port of the store server (default ``AGL_SERVER_PORT`` or 4747).
+        n_runners: Number of runner processes.
+        graceful_timeout: Seconds runner processes get to exit after the stop event.
+        terminate_timeout: Seconds to wait after each escalation step.
+        main_process: Which side runs in the current process when ``role == "both"``.
+        managed_store: Serve the given store (algorithm side) / connect a client (runner side). When False the store
+            passed to :meth:`execute` is used as it is on both sides.
+        allowed_exit_codes: Exit codes of child processes that count as success.
+    """
+
+    alias = "cs"
+
+    def __init__(
+        self,
+        role: Optional[Role] = None,
+        server_host: Optional[str] = None,
+        server_port: Optional[int] = None,
+        n_runners: int = 1,
+        graceful_timeout: float = 10.0,
+        terminate_timeout: float = 10.0,
+        main_process: Literal["algorithm", "runner"] = "algorithm",
+        managed_store: Optional[bool] = None,
+        allowed_exit_codes: Iterable[int] = (0, -15),
+    ) -> None:
+        resolved_role = resolve_str_env_var(LightningEnvVar.AGL_CURRENT_ROLE, override=role, fallback="both")
+        if resolved_role not in ("algorithm", "runner", "both"):
+            raise ValueError(f"role must be 'algorithm', 'runner' or 'both', got {resolved_role!r}")
+        if main_process not in ("algorithm", "runner"):
+            raise ValueError(f"main_process must be 'algorithm' or 'runner', got {main_process!r}")
+        if main_process == "runner" and (resolved_role != "both" or n_runners != 1):
+            raise ValueError("main_process='runner' requires role='both' and n_runners == 1")
+        if n_runners < 1:
+            raise ValueError("n_runners must be at least 1")
+        self.role: Role = resolved_role  # type: ignore[assignment]
+        self.server_host: str = resolve_str_env_var(
+            LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback="localhost"
+        )  # type: ignore[assignment]
+        self.server_port: int = resolve_int_env_var(
+            LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747
+        )  # type: ignore[assignment]
+        self.n_runners = n_runners
+        self.graceful_timeout = graceful_timeout
+        self.terminate_timeout = terminate_timeout
+        self.main_process = main_process
+        self.managed_store = bool(
+            resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
+        )
+        self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
+
+    # ------------------------------------------------------------------ bundles in the current process
+
+    async def _execute_algorithm(self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent) -> None:
+        server: Optional[LightningStoreServer] = None
+        try:
+            if self.managed_store:
+                server = LightningStoreServer(store, host=self.server_host, port=self.server_port)
+                await server.start()
+                logger.info("Store served at %s", server.endpoint)
+                store = server
+            await algorithm(store, stop_evt)
+        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
+            stop_evt.set()
+            raise
+        finally:
+            if server is not None:
+                await server.stop()
+
+    async def _execute_runner(self, runner: RunnerBundle, worker_id: int, store: Any, stop_evt: ExecutionEvent) -> None:
+        client: Optional[LightningStoreClient] = None
+        try:
+            if self.managed_store:
+                client = LightningStoreClient(f"http://{self.server_host}:{self.server_port}")
+                store = client
+            await runner(store, worker_id, stop_evt)
+        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
+            stop_evt.set()
+            raise
+        finally:
+            if client is not None:
+                await client.close()
+
+    # ------------------------------------------------------------------ child process entry points
+
+    def _runner_process_main(self, runner: RunnerBundle, worker_id: int, store: Any, stop_evt: ExecutionEvent) -> None:
+        asyncio.run(self._execute_runner(runner, worker_id, store, stop_evt))
+
+    def _algorithm_process_main(self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent) -> None:
+        asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
+
+    def _spawn_runners(
+        self, runner: RunnerBundle, store: Any, stop_evt: ExecutionEvent, *, ctx: BaseContext
+    ) -> List[BaseProcess]:
+        processes: List[BaseProcess] = []
+        for worker_id in range(self.n_runners):
+            process = ctx.Process(  # type: ignore[attr-defined]
+                target=self._runner_process_main,
+                args=(runner, worker_id, store, stop_evt),
+                name=f"runner-{worker_id}",
+            )
+            process.start()
+            processes.append(process)
+        return processes
+
+    def _spawn_algorithm_process(
+        self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, *, ctx: BaseContext
+    ) -> BaseProcess:
+        process = ctx.Process(  # type: ignore[attr-defined]
+            target=self._algorithm_process_main, args=(algorithm, store, stop_evt), name="algorithm"
+        )
+        process.start()
+        return process
+
+    # ------------------------------------------------------------------ orchestration
+
+    def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
+        """Run this process's role; spawn and supervise the other processes; always clean them up."""
+        ctx = multiprocessing.get_context()
+        stop_evt = MultiprocessingEvent(ctx=ctx)
+        processes: List[BaseProcess] = []
+        failed = False
+        try:
+            if self.role == "algorithm":
+                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
+            elif self.role == "runner":
+                if self.n_runners == 1:
+                    asyncio.run(self._execute_runner(runner, 0, store, stop_evt))
+                else:
+                    processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx)
+                    for process in processes:
+                        process.join()
+            elif self.main_process == "algorithm":
+                processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx)
+                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
+                stop_evt.set()
+            else:
+                processes = [self._spawn_algorithm_process(algorithm, store, stop_evt, ctx=ctx)]
+                asyncio.run(self._execute_runner(runner, 0, store, stop_evt))
+                processes[0].join()
+        except KeyboardInterrupt:
+            failed = True
+            logger.warning("Interrupted; stopping every process")
+            stop_evt.set()
+        except BaseException:
+            failed = True
+            stop_evt.set()
+            raise
+        finally:
+            self._shutdown_processes(processes, stop_evt)
+            self._check_process_exitcodes(processes, warn_only=failed)
+
+    def _shutdown_processes(self, processes: List[BaseProcess], stop_evt: ExecutionEvent) -> None:
+        """Stop children: event, then SIGINT, terminate and kill, each followed by a bounded wait."""
+        stop_evt.set()
+        if not processes:
+            return
+        alive = self._join_until_deadline(processes, self.graceful_timeout)
+        for action in ("sigint", "terminate", "kill"):
+            if not alive:
+                return
+            logger.warning("Sending %s to %s", action, ", ".join(p.name for p in alive))
+            self._signal_processes(alive, action)
+            alive = self._join_until_deadline(alive, self.terminate_timeout)
+        if alive:
+            logger.error("Processes still alive after kill: %s", ", ".join(p.name for p in alive))
+
+    @staticmethod
+    def _join_until_deadline(processes: List[BaseProcess], timeout: float) -> List[BaseProcess]:
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        return [p for p in processes if p.is_alive()]
+
+    @staticmethod
+    def _signal_processes(processes: List[BaseProcess], action: Literal["sigint", "terminate", "kill"]) -> None:
+        for process in processes:
+            try:
+                if action == "sigint" and process.pid is not None:
+                    os.kill(process.pid, signal.SIGINT)
+                elif action == "terminate":
+                    process.terminate()
+                elif action == "kill":
+                    process.kill()
+            except (ProcessLookupError, OSError) as exc:
+                logger.debug("Could not %s %s: %s", action, process.name, exc)
+
+    def _check_process_exitcodes(self, processes: List[BaseProcess], warn_only: bool = False) -> None:
+        allowed = set(self.allowed_exit_codes)
+        bad = [(p.name, p.exitcode) for p in processes if p.exitcode is not None and p.exitcode not in allowed]
+        if not bad:
+            return
+        message = "Subprocesses failed with unexpected exit codes: " + ", ".join(f"{n}={c}" for n, c in bad)
+        if warn_only:
+            logger.warning(message)
+        else:
+            raise RuntimeError(message)

@@ -1,0 +1,150 @@
+"""Run the algorithm and the runners as threads of one process, sharing one store object."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Coroutine, List, Literal, Optional, TypeVar
+
+from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
+
+from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
+from .events import ExecutionEvent, ThreadingEvent
+
+__all__ = ["SharedMemoryExecutionStrategy"]
+
+logger = logging.getLogger("agentbolt.execution.shared_memory")
+
+T = TypeVar("T")
+
+
+class SharedMemoryExecutionStrategy(ExecutionStrategy):
+    """Algorithm and runners as threads sharing one store (alias ``"shm"``).
+
+    Args:
+        n_runners: Number of runner threads.
+        main_thread: Which side runs on the main thread. ``"runner"`` requires exactly one runner.
+        join_timeout: Seconds to wait for each thread when shutting down.
+        graceful_delay: Seconds a bundle gets to return by itself after the stop event before it is cancelled.
+        poll_interval: Seconds between checks of the stop event.
+        managed_store: Wrap the store in :class:`~agentbolt.store.threading.LightningStoreThreaded`
+            (default from ``AGL_MANAGED_STORE``, else True).
+    """
+
+    alias = "shm"
+
+    def __init__(
+        self,
+        n_runners: int = 1,
+        main_thread: Literal["algorithm", "runner"] = "runner",
+        join_timeout: float = 15.0,
+        graceful_delay: float = 5.0,
+        poll_interval: float = 0.05,
+        managed_store: Optional[bool] = None,
+    ) -> None:
+        if main_thread not in ("algorithm", "runner"):
+            raise ValueError(f"main_thread must be 'algorithm' or 'runner', got {main_thread!r}")
+        if main_thread == "runner" and n_runners != 1:
+            raise ValueError("main_thread='runner' requires n_runners == 1")
+        if n_runners < 1:
+            raise ValueError("n_runners must be at least 1")
+        self.n_runners = n_runners
+        self.main_thread = main_thread
+        self.join_timeout = join_timeout
+        self.graceful_delay = graceful_delay
+        self.poll_interval = poll_interval
+        self.managed_store = bool(
+            resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
+        )
+
+    async def _run_until_completed_or_canceled(
+        self, coro: Coroutine[Any, Any, T], stop_evt: ExecutionEvent
+    ) -> Optional[T]:
+        """Run ``coro``; once ``stop_evt`` is set, give it ``graceful_delay`` seconds, then cancel it."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while not task.done():
+                if stop_evt.is_set():
+                    done, _ = await asyncio.wait({task}, timeout=self.graceful_delay)
+                    if not done:
+                        task.cancel()
+                    break
+                await asyncio.wait({task}, timeout=self.poll_interval)
+            try:
+                return await task
+            except asyncio.CancelledError:
+                return None
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _run_algorithm(
+        self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, thread_exceptions: List[BaseException]
+    ) -> None:
+        try:
+            asyncio.run(self._run_until_completed_or_canceled(algorithm(store, stop_evt), stop_evt))
+        except BaseException as exc:
+            logger.exception("Algorithm failed")
+            thread_exceptions.append(exc)
+        finally:
+            stop_evt.set()
+
+    def _run_runner(
+        self,
+        runner: RunnerBundle,
+        store: Any,
+        worker_id: int,
+        stop_evt: ExecutionEvent,
+        thread_exceptions: List[BaseException],
+    ) -> None:
+        try:
+            asyncio.run(self._run_until_completed_or_canceled(runner(store, worker_id, stop_evt), stop_evt))
+        except BaseException as exc:
+            logger.exception("Runner %d failed", worker_id)
+            thread_exceptions.append(exc)
+            stop_evt.set()
+
+    def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
+        """Run the bundles in threads; re-raise the first exception any of them raised."""
+        if self.managed_store:
+            from agentbolt.store.threading import LightningStoreThreaded
+
+            store = LightningStoreThreaded(store)
+        stop_evt = ThreadingEvent()
+        thread_exceptions: List[BaseException] = []
+        threads: List[threading.Thread] = []
+        try:
+            if self.main_thread == "algorithm":
+                for worker_id in range(self.n_runners):
+                    thread = threading.Thread(
+                        target=self._run_runner,
+                        args=(runner, store, worker_id, stop_evt, thread_exceptions),
+                        name=f"runner-{worker_id}",
+                        daemon=True,
+                    )
+                    thread.start()
+                    threads.append(thread)
+                self._run_algorithm(algorithm, store, stop_evt, thread_exceptions)
+            else:
+                thread = threading.Thread(
+                    target=self._run_algorithm,
+                    args=(algorithm, store, stop_evt, thread_exceptions),
+                    name="algorithm",
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
+                self._run_runner(runner, store, 0, stop_evt, thread_exceptions)
+                stop_evt.set()
+        except KeyboardInterrupt:
+            logger.warning("Interrupted; stopping the algorithm and the runners")
+            stop_evt.set()
+        finally:
+            stop_evt.set()
+            for thread in threads:
+                thread.join(self.join_timeout)
+                if thread.is_alive():
+                    logger.warning("Thread %s did not stop within %.1f s", thread.name, self.join_timeout)
+        if thread_exceptions:
+            raise thread_exceptions[0]

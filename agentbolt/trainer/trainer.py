@@ -1,0 +1,341 @@
+"""The Trainer: wires the store, the algorithm, the runners, the tracer, the adapter and the LLM gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import logging
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
+
+from agentbolt.types import Dataset, Hook, NamedResources
+
+from .init_utils import build_component
+from .legacy import TrainerLegacy
+from .registry import ExecutionStrategyRegistry
+
+if TYPE_CHECKING:
+    from agentbolt.adapter import TraceAdapter
+    from agentbolt.algorithm import Algorithm
+    from agentbolt.execution import ExecutionEvent, ExecutionStrategy
+    from agentbolt.litagent import LitAgent
+    from agentbolt.llm_proxy import LLMProxy
+    from agentbolt.runner import Runner
+    from agentbolt.store.base import LightningStore
+    from agentbolt.tracer import Tracer
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger("agentbolt.trainer")
+
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def _sqlite_path_from_spec(spec: Any) -> Optional[str]:
+    """A SQLite file named by ``"sqlite:///path"``, a ``Path``, or a string ending in .db/.sqlite/.sqlite3."""
+    if isinstance(spec, Path):
+        return str(spec)
+    if isinstance(spec, str):
+        if spec.startswith("sqlite:///"):
+            return spec[len("sqlite:///") :]
+        if spec.endswith(_SQLITE_SUFFIXES):
+            return spec
+    return None
+
+
+class Trainer(TrainerLegacy):
+    """Runs an algorithm against an agent: ``fit`` for training, ``dev`` for a quick dry run.
+
+    Every component accepts an instance, a class, a zero-argument factory, an import path, a
+    ``{"type": ..., **kwargs}`` dict, or ``None`` for the default.
+
+    Args:
+        dev: Deprecated; use :meth:`dev`.
+        n_runners: Number of runner workers (default 1).
+        max_rollouts: Stop each runner after this many rollouts.
+        initial_resources: Resources given to the algorithm before it starts (e.g. the LLM and prompt).
+        tracer: Default :class:`~agentbolt.tracer.AgentOpsTracer` (OpenAI SDK instrumentation).
+        adapter: Default :class:`~agentbolt.adapter.TracerTraceToTriplet`; a dict without ``type`` configures it.
+        store: Default :class:`~agentbolt.store.InMemoryLightningStore`. ``"sqlite:///PATH"``, a ``Path`` or a
+            string ending in ``.db`` / ``.sqlite`` opens a durable :class:`~agentbolt.store.sqlite.SqliteLightningStore`.
+        runner: Default :class:`~agentbolt.runner.LitAgentRunner`.
+        strategy: ``"cs"`` (client-server, default), ``"shm"`` (threads), an instance or a dict.
+        port: Port of the store server for the client-server strategy.
+        algorithm: The algorithm to run (optional for ``fit``; ``dev`` defaults to ``Baseline``).
+        llm_proxy: An :class:`~agentbolt.llm_proxy.LLMProxy` (or spec) the algorithm can start and update.
+        n_workers: Deprecated alias of ``n_runners``.
+        max_tasks: Deprecated alias of ``max_rollouts``.
+        daemon: Run worker processes as daemons.
+        triplet_exporter: Deprecated alias of ``adapter``.
+        hooks: One :class:`~agentbolt.types.Hook` or a sequence of them, called around every rollout.
+    """
+
+    def __init__(
+        self,
+        *,
+        dev: bool = False,
+        n_runners: Optional[int] = None,
+        max_rollouts: Optional[int] = None,
+        initial_resources: Optional[NamedResources] = None,
+        tracer: Any = None,
+        adapter: Any = None,
+        store: Any = None,
+        runner: Any = None,
+        strategy: Any = None,
+        port: Optional[int] = None,
+        algorithm: Any = None,
+        llm_proxy: Any = None,
+        n_workers: Optional[int] = None,
+        max_tasks: Optional[int] = None,
+        daemon: bool = True,
+        triplet_exporter: Any = None,
+        hooks: Union[Hook, Sequence[Hook], None] = None,
+    ) -> None:
+        super().__init__()
+        if dev:
+            warnings.warn(
+                "Trainer(dev=True) is deprecated; call Trainer.dev(...) instead.", DeprecationWarning, stacklevel=2
+            )
+        self._dev = dev
+        if n_workers is not None:
+            warnings.warn("n_workers is deprecated; use n_runners.", DeprecationWarning, stacklevel=2)
+            if n_runners is None:
+                n_runners = n_workers
+        if max_tasks is not None:
+            warnings.warn("max_tasks is deprecated; use max_rollouts.", DeprecationWarning, stacklevel=2)
+            if max_rollouts is None:
+                max_rollouts = max_tasks
+        if not daemon:
+            warnings.warn("daemon=False: worker processes may outlive the trainer.", stacklevel=2)
+        self.n_runners: int = n_runners if n_runners is not None else 1
+        self.n_workers: int = self.n_runners
+        self.max_rollouts = max_rollouts
+        self.max_tasks = max_rollouts
+        self.daemon = daemon
+        self.initial_resources = initial_resources
+        self.port = port
+        self.worker_id: Optional[int] = None
+
+        self.tracer: Tracer = self._make_tracer(tracer)
+        if adapter is not None and triplet_exporter is not None:
+            warnings.warn("Both adapter and triplet_exporter given; using adapter.", stacklevel=2)
+        elif triplet_exporter is not None:
+            warnings.warn("triplet_exporter is deprecated; use adapter.", DeprecationWarning, stacklevel=2)
+            adapter = triplet_exporter
+        self.adapter: TraceAdapter[Any] = self._make_adapter(adapter)
+        self.triplet_exporter = self.adapter
+        self.algorithm: Optional[Algorithm] = self._make_algorithm(algorithm)
+        self.strategy: ExecutionStrategy = self._make_strategy(strategy)
+        strategy_runners = getattr(self.strategy, "n_runners", None)
+        if isinstance(strategy_runners, int) and not isinstance(strategy_runners, bool) and strategy_runners > 0:
+            self.n_runners = self.n_workers = strategy_runners
+        self.store: LightningStore = self._make_store(store)
+        self.runner: Runner[Any] = self._make_runner(runner)
+        self.llm_proxy: Optional[LLMProxy] = self._make_llm_proxy(llm_proxy)
+        if hooks is None:
+            self.hooks: Tuple[Hook, ...] = ()
+        elif isinstance(hooks, Hook):
+            self.hooks = (hooks,)
+        else:
+            self.hooks = tuple(hooks)
+
+    # ------------------------------------------------------------------ component construction
+
+    def _make_tracer(self, spec: Any) -> Tracer:
+        from agentbolt.tracer import AgentOpsTracer, Tracer
+
+        return build_component(  # type: ignore[return-value]
+            spec,
+            expected_type=Tracer,
+            spec_name="tracer",
+            default_factory=lambda: AgentOpsTracer(agentops_managed=True, instrument_managed=True, daemon=self.daemon),
+        )
+
+    def _make_adapter(self, spec: Any) -> TraceAdapter[Any]:
+        from agentbolt.adapter import TraceAdapter, TracerTraceToTriplet
+
+        return build_component(  # type: ignore[return-value]
+            spec,
+            expected_type=TraceAdapter,
+            spec_name="adapter",
+            default_factory=TracerTraceToTriplet,
+            dict_requires_type=False,
+            dict_default_cls=TracerTraceToTriplet,
+        )
+
+    def _make_algorithm(self, spec: Any) -> Optional[Algorithm]:
+        from agentbolt.algorithm import Algorithm
+
+        return build_component(spec, expected_type=Algorithm, spec_name="algorithm", allow_none=True)
+
+    def _make_strategy(self, spec: Any) -> ExecutionStrategy:
+        from agentbolt.execution import ClientServerExecutionStrategy, ExecutionStrategy
+
+        if isinstance(spec, ExecutionStrategy):
+            if self.port is not None and isinstance(spec, ClientServerExecutionStrategy):
+                spec.server_port = self.port
+            return spec
+        defaults: Dict[str, Any] = {"n_runners": self.n_runners}
+        if self.port is not None:
+            defaults["server_port"] = self.port
+        return build_component(  # type: ignore[return-value]
+            spec,
+            expected_type=ExecutionStrategy,
+            spec_name="strategy",
+            default_factory=lambda: ClientServerExecutionStrategy(**defaults),
+            optional_defaults=defaults,
+            registry=ExecutionStrategyRegistry,
+        )
+
+    def _make_store(self, spec: Any) -> LightningStore:
+        from agentbolt.execution import ClientServerExecutionStrategy
+        from agentbolt.store.base import LightningStore
+        from agentbolt.store.memory import InMemoryLightningStore
+
+        sqlite_path = _sqlite_path_from_spec(spec)
+        if sqlite_path is not None:
+            from agentbolt.store.sqlite import SqliteLightningStore
+
+            logger.info("Using the durable SQLite store at %s", Path(sqlite_path).resolve())
+            return SqliteLightningStore(sqlite_path)
+        return build_component(  # type: ignore[return-value]
+            spec,
+            expected_type=LightningStore,
+            spec_name="store",
+            default_factory=lambda: InMemoryLightningStore(
+                thread_safe=isinstance(self.strategy, ClientServerExecutionStrategy)
+            ),
+        )
+
+    def _make_runner(self, spec: Any) -> Runner[Any]:
+        from agentbolt.runner import LitAgentRunner, Runner
+
+        defaults: Dict[str, Any] = {"tracer": self.tracer}
+        if self.max_rollouts is not None:
+            defaults["max_rollouts"] = self.max_rollouts
+        return build_component(  # type: ignore[return-value]
+            spec,
+            expected_type=Runner,
+            spec_name="runner",
+            default_factory=lambda: LitAgentRunner(**defaults),
+            optional_defaults=defaults,
+        )
+
+    def _make_llm_proxy(self, spec: Any) -> Optional[LLMProxy]:
+        if spec is None:
+            return None
+        from agentbolt.llm_proxy import LLMProxy
+
+        if isinstance(spec, dict):
+            spec = {"store": self.store, **spec} if "type" in spec else {"type": LLMProxy, "store": self.store, **spec}
+        return build_component(
+            spec,
+            expected_type=LLMProxy,
+            spec_name="llm_proxy",
+            allow_none=True,
+            optional_defaults={"store": self.store},
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def fit(
+        self,
+        agent: LitAgent[Any],
+        train_dataset: Optional[Union[Dataset[Any], str]] = None,
+        *,
+        val_dataset: Optional[Dataset[Any]] = None,
+    ) -> None:
+        """Train ``agent`` with the configured algorithm on ``train_dataset`` (validating on ``val_dataset``)."""
+        if isinstance(train_dataset, str):
+            warnings.warn(
+                "Passing a server URL to fit() uses the deprecated v0.1 protocol (fit_v0).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return self.fit_v0(agent, train_dataset, val_data=val_dataset)
+        self._run(agent, train_dataset, val_dataset, self.algorithm)
+        return None
+
+    def dev(
+        self,
+        agent: LitAgent[Any],
+        train_dataset: Optional[Dataset[Any]] = None,
+        *,
+        val_dataset: Optional[Dataset[Any]] = None,
+    ) -> None:
+        """Dry-run ``agent`` on the datasets with a fast algorithm (``Baseline`` by default), logging what happens."""
+        from agentbolt.algorithm import Baseline, FastAlgorithm
+
+        algorithm = self.algorithm if self.algorithm is not None else Baseline()
+        if not isinstance(algorithm, FastAlgorithm):
+            raise TypeError(
+                f"Trainer.dev() needs a FastAlgorithm (such as Baseline); got {type(algorithm).__name__}. "
+                "Use Trainer.fit() for training algorithms."
+            )
+        self._run(agent, train_dataset, val_dataset, algorithm)
+
+    def _run(
+        self,
+        agent: LitAgent[Any],
+        train_dataset: Optional[Dataset[Any]],
+        val_dataset: Optional[Dataset[Any]],
+        algorithm: Optional[Algorithm],
+    ) -> None:
+        agent.set_trainer(self)
+        algorithm_bundle = functools.partial(
+            self._algorithm_bundle, train_dataset=train_dataset, val_dataset=val_dataset, algorithm=algorithm
+        )
+        runner_bundle = functools.partial(self._runner_bundle, agent=agent)
+        self.strategy.execute(algorithm_bundle, runner_bundle, self.store)
+
+    async def _algorithm_bundle(
+        self,
+        store: LightningStore,
+        event: ExecutionEvent,
+        train_dataset: Optional[Dataset[Any]],
+        val_dataset: Optional[Dataset[Any]],
+        algorithm: Optional[Algorithm],
+    ) -> None:
+        if algorithm is None:
+            while not event.is_set():
+                await asyncio.sleep(0.1)
+            return
+        algorithm.set_trainer(self)
+        algorithm.set_store(store)
+        algorithm.set_adapter(self.adapter)
+        if self.initial_resources is not None:
+            algorithm.set_initial_resources(self.initial_resources)
+        if self.llm_proxy is not None:
+            self.llm_proxy.set_store(store)
+            algorithm.set_llm_proxy(self.llm_proxy)
+        if algorithm.is_async():
+            await algorithm.run(train_dataset=train_dataset, val_dataset=val_dataset)  # type: ignore[misc]
+        else:
+            algorithm.run(train_dataset=train_dataset, val_dataset=val_dataset)
+
+    async def _runner_bundle(
+        self, store: LightningStore, worker_id: int, event: ExecutionEvent, agent: LitAgent[Any]
+    ) -> None:
+        # Threads of the shared-memory strategy must not share one runner's per-worker state.
+        runner = self.runner if worker_id == 0 else copy.copy(self.runner)
+        runner_initialized = False
+        worker_initialized = False
+        try:
+            runner.init(agent=agent, hooks=list(self.hooks))
+            runner_initialized = True
+            runner.init_worker(worker_id, store)
+            worker_initialized = True
+            await runner.iter(event=event)
+        finally:
+            if worker_initialized:
+                try:
+                    runner.teardown_worker(worker_id)
+                except Exception:
+                    logger.exception("Error while tearing down runner worker %d", worker_id)
+            if runner_initialized:
+                try:
+                    runner.teardown()
+                except Exception:
+                    logger.exception("Error while tearing down the runner")
