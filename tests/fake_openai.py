@@ -260,3 +260,21 @@ class FakeOpenAIServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def main() -> None:
+    """Serve the fake API in the foreground: ``python tests/fake_openai.py --port 8000 [--token-ids]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible chat completions server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--token-ids", action="store_true", help="Always return vLLM-style token ids.")
+    parser.add_argument("--delay", type=float, default=0.0, help="Seconds to wait before answering.")
+    args = parser.parse_args()
+    config = FakeOpenAIConfig(delay=args.delay, token_ids=args.token_ids)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -103,7 +103,7 @@ def _text(value: Any) -> Optional[str]:
 
 
 def _int_list(value: Any) -> Optional[List[int]]:
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if type(value) is list and value and all(type(v) is int for v in value):
         return value
     return None
 
@@ -315,9 +315,34 @@ def _fail(span: trace_api.Span, exc: BaseException) -> None:
     span.end()
 
 
+_NUMBER_LISTS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+
+
+def _set_attributes(span: trace_api.Span, attributes: Dict[str, Any]) -> None:
+    """Set attributes, attaching the (long, already validated) number lists without per-element checks.
+
+    OpenTelemetry validates list attributes element by element, which costs about a millisecond per thousand
+    token ids; our token-id and logprob lists are built as lists of int / float above, so they are stored as
+    tuples directly in the SDK span's attribute container (falling back to the public API elsewhere).
+    """
+    lists = {key: attributes.pop(key) for key in _NUMBER_LISTS if key in attributes}
+    span.set_attributes(attributes)
+    if not lists:
+        return
+    container = getattr(span, "_attributes", None)
+    setter = getattr(container, "_setitem_locked", None)
+    lock = getattr(container, "_lock", None)
+    if setter is None or lock is None or getattr(container, "_immutable", True) or not span.is_recording():
+        span.set_attributes(lists)
+        return
+    with lock:
+        for key, values in lists.items():
+            setter(key, tuple(values))
+
+
 def _finish(span: trace_api.Span, response: _Response) -> None:
     try:
-        span.set_attributes(response.attributes())
+        _set_attributes(span, response.attributes())
     except Exception:  # attribute extraction must never break the caller
         logger.exception("Failed to record the chat completion response on the span")
     span.set_status(Status(StatusCode.OK))
@@ -348,7 +373,7 @@ class _TracedStream:
             return
         self._ended = True
         if exc is not None:
-            self._span.set_attributes(self._response.attributes())
+            _set_attributes(self._span, self._response.attributes())
             _fail(self._span, exc)
         else:
             _finish(self._span, self._response)

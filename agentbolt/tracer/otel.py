@@ -1,9 +1,10 @@
 """OpenTelemetry-based tracer and the span processor that writes finished spans to the LightningStore.
 
 Delivery guarantee of :class:`LightningSpanProcessor`: a span that ends while a rollout context is open is written
-with ``store.add_otel_span`` (the store issues its sequence id, so ids follow the order in which spans ended). If
-the store is unreachable the span is kept in a bounded in-memory buffer and retried in the background, in order,
-until the store is back; the agent is blocked at most once per outage (``write_timeout``). Spans are only given up
+with ``store.add_otel_span`` (the store issues its sequence id, so ids follow the order in which spans ended). The
+write happens on a background thread, so the agent never waits for the store while it runs; leaving the trace
+context waits (up to ``write_timeout``) until the attempt's spans are stored. If the store is unreachable, spans
+stay in a bounded in-memory buffer and are retried, in order, until the store is back. Spans are only given up
 when the buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits
 before the store came back; each case is logged as a warning with counts.
 """
@@ -30,10 +31,11 @@ from typing import (
     Sequence,
     Tuple,
     TypeVar,
+    Union,
 )
 
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.trace import Status
 from opentelemetry.trace import StatusCode as OtelStatusCode
 
@@ -64,7 +66,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STORE_WRITE_TIMEOUT_SECONDS = 10.0
-"""How long the agent waits for one span write before the span is buffered and retried in the background."""
+"""How long leaving a trace context waits for the context's spans to reach the store (they are retried after)."""
 
 STORE_CALL_TIMEOUT_SECONDS = 60.0
 """Upper bound of a single background store call (a hung call is abandoned and retried)."""
@@ -99,16 +101,24 @@ def _is_permanent_error(exc: BaseException) -> bool:
 class _PendingWrite:
     """A span waiting to be written, with the store and ids it belongs to."""
 
-    __slots__ = ("attempt_id", "attempted", "done", "rollout_id", "span", "store", "stored")
+    __slots__ = ("attempt_id", "done", "local_sequence_id", "rollout_id", "span", "store", "stored")
 
-    def __init__(self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan) -> None:
+    def __init__(
+        self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan, local_sequence_id: int
+    ) -> None:
         self.store = store
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.span = span
-        self.attempted = threading.Event()  # first write attempt finished (or an outage began): stop waiting
+        self.local_sequence_id = local_sequence_id
         self.done = threading.Event()  # written or given up
         self.stored: Optional[Span] = None
+
+    def result(self) -> Span:
+        """The stored span, or a local conversion while (or if) it is not stored."""
+        if self.stored is not None:
+            return self.stored
+        return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, self.local_sequence_id)
 
 
 class LightningSpanProcessor(SpanProcessor):
@@ -117,7 +127,7 @@ class LightningSpanProcessor(SpanProcessor):
     Args:
         disable_store_submission: Only collect spans locally (used when spans reach the store another way).
         max_buffered_spans: Spans kept while the store is unreachable; beyond that new spans are given up.
-        write_timeout: Seconds a span's owner waits for its write before continuing (the write goes on).
+        write_timeout: Seconds leaving a store-bound context waits for its spans to be written (writes go on after).
         retry_initial_delay: First delay between retries of a failing write (doubles up to ``retry_max_delay``).
         retry_max_delay: Longest delay between retries.
         ignored_scopes: Instrumentation scopes whose spans are dropped (see :data:`DEFAULT_IGNORED_SCOPES`).
@@ -142,7 +152,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._retry_max_delay = retry_max_delay
         self._ignored_scopes = frozenset(ignored_scopes)
 
-        self._spans: List[Span] = []
+        self._spans: List[Union[Span, _PendingWrite]] = []
         self._store: Optional[LightningStore] = None
         self._rollout_id: Optional[str] = None
         self._attempt_id: Optional[str] = None
@@ -240,18 +250,18 @@ class LightningSpanProcessor(SpanProcessor):
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do when a span starts."""
 
-    def _local_span(self, span: ReadableSpan, rollout_id: Optional[str], attempt_id: Optional[str]) -> Span:
+    def _next_local_sequence_id(self) -> int:
         with self._lock:
             sequence_id = self._local_sequence_id
             self._local_sequence_id += 1
-        return Span.from_opentelemetry(span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", sequence_id)
+        return sequence_id
 
-    def _append(self, span: Span) -> None:
+    def _append(self, entry: Union[Span, _PendingWrite]) -> None:
         with self._lock:
-            self._spans.append(span)
+            self._spans.append(entry)
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Write (or buffer) a finished span; never raises."""
+        """Queue a finished span for writing (or collect it locally); never blocks on the store, never raises."""
         try:
             self._on_end(span)
         except Exception:
@@ -267,20 +277,23 @@ class LightningSpanProcessor(SpanProcessor):
         store, rollout_id, attempt_id = self._store, self._rollout_id, self._attempt_id
         if self._disable_store_submission or store is None or rollout_id is None or attempt_id is None:
             if self._collecting:
-                self._append(self._local_span(span, rollout_id, attempt_id))
+                local = Span.from_opentelemetry(
+                    span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", self._next_local_sequence_id()
+                )
+                self._append(local)
             return
-        item = _PendingWrite(store, rollout_id, attempt_id, span)
+        item = _PendingWrite(store, rollout_id, attempt_id, span, self._next_local_sequence_id())
+        self._append(item)
         with self._lock:
-            if len(self._pending) >= self._max_buffered_spans:
+            full = len(self._pending) >= self._max_buffered_spans
+            if full:
                 self._given_up += 1
-                full = True
             else:
                 self._pending.append(item)
-                full = False
-            degraded = self._degraded
-            if degraded and not full:
-                self._buffered_during_outage += 1
+                if self._degraded:
+                    self._buffered_during_outage += 1
         if full:
+            item.done.set()
             logger.warning(
                 "Span buffer full (%d spans waiting for the store): giving up span %r of rollout %s "
                 "(%d span(s) given up so far).",
@@ -289,14 +302,8 @@ class LightningSpanProcessor(SpanProcessor):
                 rollout_id,
                 self._given_up,
             )
-            self._append(self._local_span(span, rollout_id, attempt_id))
             return
         self._kick()
-        # During an outage the agent does not wait: later spans queue behind the first failing one.
-        if not degraded and item.attempted.wait(self._write_timeout) and item.stored is not None:
-            self._append(item.stored)
-        else:
-            self._append(self._local_span(span, rollout_id, attempt_id))
 
     # ---- background writer ----
 
@@ -374,7 +381,6 @@ class LightningSpanProcessor(SpanProcessor):
             if recovered:
                 self._degraded = False
         item.stored = stored
-        item.attempted.set()
         item.done.set()
         if recovered:
             logger.warning(
@@ -389,8 +395,6 @@ class LightningSpanProcessor(SpanProcessor):
             waiting = len(self._pending)
             if first:
                 self._buffered_during_outage = waiting
-            for item in self._pending:
-                item.attempted.set()
         if first:
             logger.warning(
                 "Cannot write spans to the store (%s: %s); buffering them (%d waiting, at most %d) and retrying.",
@@ -417,9 +421,14 @@ class LightningSpanProcessor(SpanProcessor):
     # ---- results and lifecycle ----
 
     def spans(self) -> List[Span]:
-        """Spans collected in the current (or last) context, in the order they ended."""
+        """Spans collected in the current (or last) context, in the order they ended.
+
+        Spans already written are returned as stored (with their store-issued sequence ids); spans still waiting
+        for the store are converted locally.
+        """
         with self._lock:
-            return list(self._spans)
+            entries = list(self._spans)
+        return [entry if isinstance(entry, Span) else entry.result() for entry in entries]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until every buffered span is written (or given up).
@@ -544,7 +553,14 @@ class OtelTracer(Tracer):
             self._initialize_tracer_provider()
 
     def _initialize_tracer_provider(self) -> None:
-        provider = TracerProvider()
+        # A chat span carries several attributes per message: OpenTelemetry's default limit (128 attributes per
+        # span) would silently drop the end of long conversations. Unlimited unless configured by env var.
+        limits = (
+            SpanLimits()
+            if "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in os.environ
+            else SpanLimits(max_span_attributes=SpanLimits.UNSET)
+        )
+        provider = TracerProvider(span_limits=limits)
         processor = LightningSpanProcessor(
             max_buffered_spans=self._max_buffered_spans, write_timeout=self._write_timeout
         )

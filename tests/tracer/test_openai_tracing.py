@@ -248,3 +248,17 @@ def test_uninstrumented_sdk_is_untouched(server: FakeOpenAIServer) -> None:
     assert Completions.create is not original
     uninstrument_all()
     assert Completions.create is original
+
+
+async def test_long_conversation_keeps_every_message(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(101)]
+
+    def call() -> None:
+        client.chat.completions.create(model="fake-model", messages=messages)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    (span,) = llm_spans(spans)
+    assert span.attributes["gen_ai.prompt.100.content"] == "message 100"
+    assert len(span.attributes["prompt_token_ids"]) == len(prompt_ids(messages))

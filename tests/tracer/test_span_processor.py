@@ -131,11 +131,11 @@ async def test_sequence_ids_are_issued_by_the_store(inner: InMemoryLightningStor
     tracer.init_worker(0, inner)
     async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
         otel.start_span("a").end()
-        await inner.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
         otel.start_span("b").end()
+    # Leaving the context waited for the writes: the collected spans are the stored ones.
     spans = tracer.get_last_trace()
-    assert [span.sequence_id for span in spans] == [2, 4]
-    assert [span.sequence_id for span in await inner.query_spans(rollout.rollout_id)] == [2, 4]
+    assert [(span.name, span.sequence_id) for span in spans] == [("a", 2), ("b", 3)]
+    assert [span.sequence_id for span in await inner.query_spans(rollout.rollout_id)] == [2, 3]
 
 
 def test_local_collection_without_store() -> None:

@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""Agent runtime benchmark.
+
+Part 1 — tracing overhead: latency of an OpenAI chat completion made with the real ``openai`` SDK against a local
+OpenAI-compatible server (``tests/fake_openai.py``, started as a separate process, answering with vLLM-style token
+ids), traced vs untraced. Traced calls run inside ``AgentOpsTracer.trace_context`` of a rollout, so each one
+creates its span, records the request/response attributes and token ids, and writes the span to the store before
+returning (the span processor writes synchronously). Untraced calls go through the SDK's original ``create``.
+Traced and untraced calls alternate (the order within each pair alternates too) so both see the same machine
+load. The overhead is the difference of the percentiles.
+
+Prints ONE JSON object on stdout::
+
+    {"tracing_overhead_p50_ms": ..., "tracing_overhead_p99_ms": ..., "paired_overhead_p50_ms": ...,
+     "traced_p50_ms": ..., "untraced_p50_ms": ..., "traced_p99_ms": ..., "untraced_p99_ms": ...,
+     "calls": N, "stream": bool, "store": "memory"|"http", "spans_stored": N, "machine": {...}}
+
+Usage::
+
+    python benchmarks/runtime_bench.py [--calls 300] [--warmup 30] [--stream] [--store memory|http]
+
+``--store http`` writes spans to an in-memory store served by ``agentbolt store --backend memory`` in a separate
+process (through LightningStoreClient) instead of an in-process InMemoryLightningStore.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def background_process(args: List[str], health_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server process until the block exits; waits for ``health_url`` to answer 200."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{args} exited: {process.stderr.read().decode() if process.stderr else ''}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(health_url, timeout=1) as response:
+                if response.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{args} did not become healthy")
+            time.sleep(0.1)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def machine_info() -> Dict[str, Any]:
+    from agentbolt.utils.system_snapshot import system_snapshot
+
+    snapshot = system_snapshot()
+    cpu_model = snapshot["cpu_name"]
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_model": cpu_model,
+        "cpu_threads": snapshot["cpu_threads"],
+        "mem_total_gb": snapshot["mem_total_gb"],
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[str, Any]:
+    import openai
+    from openai.resources.chat.completions import Completions
+
+    from agentbolt.tracer import AgentOpsTracer
+
+    tracer = AgentOpsTracer()
+    tracer.init_worker(0, store)
+    client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    completions = client.chat.completions
+    original_create = Completions.create.__agentbolt_original__  # the SDK method before instrumentation
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France? Answer in one word."},
+    ]
+
+    def call(create: Callable[..., Any]) -> float:
+        start = time.perf_counter()
+        if args.stream:
+            stream = create(completions, model="fake-model", messages=messages, stream=True)
+            for _ in stream:
+                pass
+        else:
+            create(completions, model="fake-model", messages=messages)
+        return (time.perf_counter() - start) * 1000
+
+    traced_create = Completions.create
+    rollout = await store.start_rollout(input={"benchmark": "tracing"})
+    traced: List[float] = []
+    untraced: List[float] = []
+    async with tracer.trace_context("bench", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+        for _ in range(args.warmup):
+            call(traced_create)
+            call(original_create)
+        for i in range(args.calls):
+            pair: List[Tuple[List[float], Callable[..., Any]]] = [(traced, traced_create), (untraced, original_create)]
+            if i % 2:
+                pair.reverse()
+            for sink, create in pair:
+                sink.append(call(create))
+    tracer.teardown_worker(0)
+    spans = await store.query_spans(rollout.rollout_id)
+    paired = [t - u for t, u in zip(traced, untraced, strict=True)]
+    return {
+        "tracing_overhead_p50_ms": round(percentile(traced, 0.5) - percentile(untraced, 0.5), 4),
+        "tracing_overhead_p99_ms": round(percentile(traced, 0.99) - percentile(untraced, 0.99), 4),
+        "paired_overhead_p50_ms": round(statistics.median(paired), 4),
+        "traced_p50_ms": round(percentile(traced, 0.5), 4),
+        "untraced_p50_ms": round(percentile(untraced, 0.5), 4),
+        "traced_p99_ms": round(percentile(traced, 0.99), 4),
+        "untraced_p99_ms": round(percentile(untraced, 0.99), 4),
+        "calls": args.calls,
+        "stream": args.stream,
+        "store": args.store,
+        "spans_stored": len(spans),
+    }
+
+
+async def run(args: argparse.Namespace) -> Dict[str, Any]:
+    port = free_port()
+    fake = [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port), "--token-ids"]
+    with background_process(fake, f"http://127.0.0.1:{port}/v1/models"):
+        base_url = f"http://127.0.0.1:{port}/v1"
+        if args.store == "memory":
+            from agentbolt.store.memory import InMemoryLightningStore
+
+            return await measure(args, base_url, InMemoryLightningStore())
+        from agentbolt.store.client_server import LightningStoreClient
+
+        store_port = free_port()
+        command = [sys.executable, "-m", "agentbolt", "store", "--backend", "memory", "--port", str(store_port)]
+        with background_process(command, f"http://127.0.0.1:{store_port}/v1/agl/health"):
+            client = LightningStoreClient(f"http://127.0.0.1:{store_port}")
+            try:
+                return await measure(args, base_url, client)
+            finally:
+                await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300, help="Traced and untraced calls each (default 300).")
+    parser.add_argument("--warmup", type=int, default=30, help="Warm-up pairs, not measured.")
+    parser.add_argument("--stream", action="store_true", help="Use stream=True and consume the stream.")
+    parser.add_argument("--store", choices=["memory", "http"], default="memory")
+    args = parser.parse_args()
+    if args.calls < 2:
+        parser.error("--calls must be at least 2")
+    result = asyncio.run(run(args))
+    result["machine"] = machine_info()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
