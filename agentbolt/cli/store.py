@@ -7,10 +7,8 @@ SIGINT / SIGTERM shut the server down cleanly: in-flight requests finish, then t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -19,6 +17,8 @@ from typing import Any, List, Optional
 import typer
 
 from agentbolt.cli.errors import CliError
+from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
+from agentbolt.cli.lifecycle import wait_for_shutdown as _wait_for_shutdown  # noqa: F401 - used by other commands
 
 __all__ = ["HELP", "DEFAULT_DB_FILE", "main", "store_command"]
 
@@ -165,53 +165,40 @@ async def _serve(
 
     tracker = _make_tracker(trackers, n_workers)
     store = _open_store(db_path, tracker)
-    try:
+    async with shutdown_signals() as stop:
         try:
-            server = LightningStoreServer(
-                store,
-                host=host,
-                port=port,
-                cors_allow_origins=cors_origins or None,
-                launch_mode="mp" if n_workers > 1 else "asyncio",
-                n_workers=n_workers,
-                tracker=tracker,
-                api_key=api_key,
-            )
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
-        try:
-            await server.start()
-        except RuntimeError as exc:
-            if isinstance(exc.__cause__, OSError):
-                raise CliError(f"cannot listen on {host}:{port}: {exc.__cause__.strerror or exc.__cause__}") from exc
-            raise CliError(str(exc), exit_code=1) from exc
-        where = f"{db_path} (sqlite)" if db_path is not None else "in memory (lost when the server stops)"
-        print(f"agentbolt store: serving {server.endpoint}/v1/agl", flush=True)
-        print(f"agentbolt store: data in {where}", flush=True)
-        if api_key:
-            print("agentbolt store: bearer token required", flush=True)
-        await _wait_for_shutdown(server)
-        print("agentbolt store: shutting down", flush=True)
-        await server.stop()
-    finally:
-        await _close_store(store)
+            try:
+                server = LightningStoreServer(
+                    store,
+                    host=host,
+                    port=port,
+                    cors_allow_origins=cors_origins or None,
+                    launch_mode="mp" if n_workers > 1 else "asyncio",
+                    n_workers=n_workers,
+                    tracker=tracker,
+                    api_key=api_key,
+                )
+            except ValueError as exc:
+                raise CliError(str(exc)) from exc
+            try:
+                await server.start()
+            except RuntimeError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, OSError):
+                    raise CliError(f"cannot listen on {host}:{port}: {cause.strerror or cause}") from exc
+                raise CliError(str(exc), exit_code=1) from exc
+            where = f"{db_path} (sqlite)" if db_path is not None else "in memory (lost when the server stops)"
+            print(f"agentbolt store: data in {where}", flush=True)
+            if api_key:
+                print("agentbolt store: bearer token required", flush=True)
+            print(f"agentbolt store: serving {server.endpoint}/v1/agl", flush=True)
+            await wait_until_stopped(stop, server)
+            print("agentbolt store: shutting down", flush=True)
+            await server.stop()
+        finally:
+            await _close_store(store)
     print("agentbolt store: stopped", flush=True)
     return 0
-
-
-async def _wait_for_shutdown(server: Any) -> None:
-    """Block until SIGINT/SIGTERM arrives or the server stops on its own."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        while not stop.is_set() and server.is_running():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=0.5)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
