@@ -168,7 +168,7 @@ async def run(args: argparse.Namespace) -> Dict[str, Any]:
         if args.store == "memory":
             from agentbolt.store.memory import InMemoryLightningStore
 
-            return await measure(args, base_url, InMemoryLightningStore())
+            return await measure(args, base_url, InMemoryLightningStore(thread_safe=True))
         from agentbolt.store.client_server import LightningStoreClient
 
         store_port = free_port()

@@ -98,6 +98,9 @@ def _is_permanent_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError, KeyError))
 
 
+_warned_store_types: set[type] = set()
+
+
 class _PendingWrite:
     """A span waiting to be written, with the store and ids it belongs to."""
 
@@ -227,8 +230,18 @@ class LightningSpanProcessor(SpanProcessor):
     def with_context(self, store: LightningStore, rollout_id: str, attempt_id: str) -> Iterator[LightningSpanProcessor]:
         """Collect spans and write them to ``store`` for the given attempt while the context is open.
 
-        On exit, waits (up to ``write_timeout``) for the attempt's buffered spans to reach the store.
+        On exit, waits (up to ``write_timeout``) for the attempt's buffered spans to reach the store. Spans are
+        written from a background thread, so the store must be thread-safe (``LightningStoreThreaded``,
+        ``InMemoryLightningStore(thread_safe=True)``, the SQLite store or the HTTP client); a warning is logged
+        otherwise.
         """
+        if not store.capabilities.get("thread_safe", False) and type(store) not in _warned_store_types:
+            _warned_store_types.add(type(store))
+            logger.warning(
+                "%s is not thread-safe but spans are written to it from a background thread; wrap it in "
+                "LightningStoreThreaded (or create it thread-safe).",
+                type(store).__name__,
+            )
         with self:
             self._store = store
             self._rollout_id = rollout_id

@@ -23,7 +23,7 @@ def lookup(query: str) -> str:
 
 
 async def test_chain_tool_and_model_become_nested_spans() -> None:
-    store = InMemoryLightningStore()
+    store = InMemoryLightningStore(thread_safe=True)
     rollout = await store.start_rollout(input={})
     tracer = AgentOpsTracer(instrument_managed=False)
     tracer.init_worker(0, store)

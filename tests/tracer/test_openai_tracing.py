@@ -40,7 +40,7 @@ async def traced(
 ) -> AsyncIterator[Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]]:
     server.config.token_ids = True
     server.config.fail_next = 0
-    store = InMemoryLightningStore()
+    store = InMemoryLightningStore(thread_safe=True)
     rollout = await store.start_rollout(input={"task": "test"})
     tracer = AgentOpsTracer()
     with tracer.lifespan(store):

@@ -13,6 +13,7 @@ from agentbolt.emitter import emit_message
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.tracer import OtelTracer
+from agentbolt.tracer import otel as otel_module
 from agentbolt.tracer.otel import LightningSpanProcessor
 from agentbolt.types import Span
 
@@ -110,7 +111,7 @@ class RejectingStore(InMemoryLightningStore):
 
 
 async def test_rejected_span_is_given_up_and_later_spans_are_written(caplog: pytest.LogCaptureFixture) -> None:
-    store = RejectingStore()
+    store = RejectingStore(thread_safe=True)
     rollout = await store.start_rollout(input={"task": "reject"})
     tracer = OtelTracer()
     tracer.init_worker(0, store)
@@ -186,3 +187,18 @@ async def test_deprecated_store_argument_warns(inner: InMemoryLightningStore) ->
         ) as otel:
             otel.start_span("x").end()
     assert await stored_names(inner, rollout.rollout_id) == ["x"]
+
+
+async def test_non_thread_safe_store_is_flagged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(otel_module, "_warned_store_types", set())  # the warning is logged once per store type
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    tracer = OtelTracer()
+    tracer.init_worker(0, store)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.tracer.otel"):
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
+            otel.start_span("x").end()
+    assert "InMemoryLightningStore is not thread-safe" in caplog.text
+    assert await stored_names(store, rollout.rollout_id) == ["x"]

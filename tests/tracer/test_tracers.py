@@ -78,7 +78,7 @@ class RecordingTracer(Tracer):
 
 
 def test_lifespan_undoes_only_what_succeeded() -> None:
-    store = InMemoryLightningStore()
+    store = InMemoryLightningStore(thread_safe=True)
     ok = RecordingTracer()
     with ok.lifespan(store) as entered:
         assert entered is ok and ok._store is store and ok.worker_id == 0
@@ -139,7 +139,7 @@ def test_otel_create_span_and_operation_context() -> None:
 
 
 async def test_agentops_tracer_requires_store_and_ids_together() -> None:
-    store = InMemoryLightningStore()
+    store = InMemoryLightningStore(thread_safe=True)
     tracer = AgentOpsTracer(instrument_managed=False)
     tracer.init_worker(0, store)
     with pytest.raises(ValueError, match="all provided or all None"):
