@@ -262,3 +262,44 @@ async def test_long_conversation_keeps_every_message(traced: Any, server: FakeOp
     (span,) = llm_spans(spans)
     assert span.attributes["gen_ai.prompt.100.content"] == "message 100"
     assert len(span.attributes["prompt_token_ids"]) == len(prompt_ids(messages))
+
+
+async def test_sdk_helpers_stream_parse_and_raw_response(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "user", "content": "helpers"}]
+    texts: List[str] = []
+
+    def call() -> None:
+        with client.chat.completions.stream(model="fake-model", messages=messages) as stream:
+            for _ in stream:
+                pass
+            texts.append(stream.get_final_completion().choices[0].message.content or "")
+        texts.append(client.chat.completions.parse(model="fake-model", messages=messages).choices[0].message.content)
+        raw = client.chat.completions.with_raw_response.create(model="fake-model", messages=messages)
+        texts.append(raw.parse().choices[0].message.content or "")
+
+    spans = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert texts == ["Echo: helpers"] * 3
+    assert len(spans) == 3
+    assert [span.attributes["gen_ai.request.streaming"] for span in spans] == [True, False, False]
+    assert spans[0].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
+    assert spans[1].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
+    assert spans[2].attributes["gen_ai.prompt.0.content"] == "helpers"  # raw responses: request side only
+
+
+async def test_stream_closed_early_still_ends_the_span(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+
+    def call() -> None:
+        stream = client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "a b c d e"}], stream=True
+        )
+        next(stream)
+        next(stream)
+        stream.close()
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert span.attributes["gen_ai.completion.0.content"] == "Echo:"
+    assert span.end_time is not None
