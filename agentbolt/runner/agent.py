@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Literal, Optio
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from agentbolt.semconv import AGL_EXCEPTION
+from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
 from agentbolt.types import (
     AttemptedRollout,
@@ -22,7 +24,9 @@ from agentbolt.types import (
     RolloutRawResult,
     Span,
     SpanCoreFields,
+    TraceStatus,
 )
+from agentbolt.utils.otel import format_exception_attributes
 from agentbolt.utils.system_snapshot import system_snapshot
 
 from .base import Runner
@@ -197,15 +201,11 @@ class LitAgentRunner(Runner[T_task]):
 
     async def _record_exception(self, rollout: AttemptedRollout, exc: BaseException) -> None:
         """Store an ``agentlightning.exception`` span describing why the attempt failed."""
-        from agentbolt.emitter import emit_exception
-
-        try:
-            core = emit_exception(exc, propagate=False)
-        except Exception:  # pragma: no cover - emit_exception only fails on non-exceptions
-            logger.exception("Could not build the exception span")
-            return
-        if core is None:
-            return
+        core = DummyTracer().create_span(
+            name=AGL_EXCEPTION,
+            attributes=format_exception_attributes(exc),
+            status=TraceStatus(status_code="ERROR", description=str(exc)),
+        )
         await self._store_core_spans(rollout, [core])
 
     async def _store_core_spans(self, rollout: AttemptedRollout, cores: Sequence[SpanCoreFields]) -> List[Span]:
