@@ -1,0 +1,180 @@
+"""PythonServerLauncher: asyncio, thread and forked-process modes, health checks, port conflicts, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import pickle
+import socket
+from typing import Any, AsyncIterator, Dict, List
+
+import aiohttp
+import pytest
+
+from agentbolt.utils.server_launcher import (
+    LaunchMode,
+    PythonServerLauncher,
+    PythonServerLauncherArgs,
+    pick_free_port,
+)
+
+
+async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+    """A minimal ASGI app (module-level, hence picklable): /health, /pid, /unhealthy, /slow."""
+    assert scope["type"] == "http"
+    path = scope["path"]
+    status, body = 200, b"ok"
+    if path == "/pid":
+        body = str(os.getpid()).encode()
+    elif path == "/unhealthy":
+        status, body = 503, b"no"
+    elif path == "/slow":
+        await asyncio.sleep(0.5)
+        body = b"slow done"
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return response.status, await response.text()
+
+
+def args(mode: LaunchMode, **kwargs: Any) -> PythonServerLauncherArgs:
+    return PythonServerLauncherArgs(launch_mode=mode, healthcheck_url="/health", startup_timeout=20, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["asyncio", "thread", "mp"])
+async def test_start_serve_stop_restart(mode: LaunchMode) -> None:
+    launcher = PythonServerLauncher(app, args(mode))
+    assert launcher.host == "127.0.0.1" and launcher.access_endpoint == f"http://127.0.0.1:{launcher.port}"
+    assert launcher.health_url == launcher.access_endpoint + "/health"
+    await launcher.start()
+    try:
+        assert launcher.is_running()
+        status, pid = await get(launcher.access_endpoint + "/pid")
+        assert status == 200
+        assert (int(pid) != os.getpid()) == (mode == "mp")
+        with pytest.raises(RuntimeError, match="already running"):
+            await launcher.start()
+        await launcher.reload()
+        assert launcher.is_running()
+        assert (await get(launcher.access_endpoint + "/health"))[0] == 200
+    finally:
+        await launcher.stop()
+    assert not launcher.is_running()
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await get(launcher.access_endpoint + "/health")
+
+
+@pytest.mark.parametrize("mode", ["asyncio", "thread", "mp"])
+async def test_port_in_use(mode: LaunchMode) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        launcher = PythonServerLauncher(app, args(mode, port=taken.getsockname()[1]))
+        with pytest.raises(RuntimeError, match="did not start up within") as info:
+            await launcher.start()
+        assert isinstance(info.value.__cause__, OSError)
+    assert not launcher.is_running()
+
+
+@pytest.mark.parametrize("mode", ["asyncio", "thread"])
+async def test_unhealthy_server_is_killed(mode: LaunchMode) -> None:
+    launcher = PythonServerLauncher(
+        app, PythonServerLauncherArgs(launch_mode=mode, healthcheck_url="unhealthy", startup_timeout=1.0)
+    )
+    assert launcher.health_url is not None and launcher.health_url.endswith("/unhealthy")
+    with pytest.raises(RuntimeError, match=r"is not healthy.*It has been killed"):
+        await launcher.start()
+    assert not launcher.is_running()
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await get(launcher.access_endpoint + "/health")
+
+
+async def test_unhealthy_server_can_be_kept() -> None:
+    launcher = PythonServerLauncher(
+        app,
+        PythonServerLauncherArgs(healthcheck_url="/unhealthy", startup_timeout=0.5, kill_unhealthy_server=False),
+    )
+    await launcher.start()
+    try:
+        assert launcher.is_running()
+        assert (await get(launcher.access_endpoint + "/pid"))[0] == 200
+    finally:
+        await launcher.stop()
+
+
+async def test_in_flight_request_finishes_on_stop() -> None:
+    launcher = PythonServerLauncher(app, args("thread"))
+    await launcher.start()
+    slow = asyncio.ensure_future(get(launcher.access_endpoint + "/slow"))
+    await asyncio.sleep(0.2)
+    await launcher.stop()
+    assert await slow == (200, "slow done")
+
+
+async def test_serve_context_wraps_serving() -> None:
+    events: List[str] = []
+
+    @contextlib.asynccontextmanager
+    async def context() -> AsyncIterator[None]:
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    launcher = PythonServerLauncher(app, args("asyncio"), serve_context=context)
+    await launcher.start()
+    await launcher.reload()  # a factory can be entered again
+    await launcher.stop()
+    assert events == ["enter", "exit", "enter", "exit"]
+
+
+async def test_run_forever_stops_on_cancel() -> None:
+    launcher = PythonServerLauncher(app, args("thread"))
+    task = asyncio.ensure_future(launcher.run_forever())
+    for _ in range(200):
+        if launcher.is_running():
+            break
+        await asyncio.sleep(0.05)
+    assert (await get(launcher.access_endpoint + "/health"))[0] == 200
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not launcher.is_running()
+
+
+async def test_pickled_launcher_keeps_its_address() -> None:
+    launcher = PythonServerLauncher(app, args("asyncio", port=pick_free_port()))
+    copy: PythonServerLauncher = pickle.loads(pickle.dumps(launcher))
+    assert (copy.host, copy.port, copy.access_endpoint) == (launcher.host, launcher.port, launcher.access_endpoint)
+    assert not copy.is_running()
+    await copy.start()
+    try:
+        assert (await get(launcher.access_endpoint + "/health"))[0] == 200
+    finally:
+        await copy.stop()
+
+
+def test_argument_checks() -> None:
+    with pytest.raises(ValueError, match="launch mode"):
+        PythonServerLauncher(app, PythonServerLauncherArgs(launch_mode="fork"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="launch_mode='mp'"):
+        PythonServerLauncher(app, PythonServerLauncherArgs(n_workers=2))
+    wildcard = PythonServerLauncher(app, PythonServerLauncherArgs(host="0.0.0.0", port=1234))
+    assert wildcard.endpoint == "http://0.0.0.0:1234"
+    assert wildcard.access_host != "0.0.0.0"
+    explicit = PythonServerLauncher(app, PythonServerLauncherArgs(host="0.0.0.0", port=1, access_host="box.local"))
+    assert explicit.access_endpoint == "http://box.local:1"
+    assert PythonServerLauncher(app, PythonServerLauncherArgs(port=1)).health_url is None
+
+
+async def test_several_workers_need_gunicorn() -> None:
+    if importlib.util.find_spec("gunicorn") is not None:
+        pytest.skip("gunicorn is installed; this test covers the error raised without it")
+    launcher = PythonServerLauncher(app, args("mp", n_workers=2))
+    with pytest.raises(RuntimeError, match="needs gunicorn"):
+        await launcher.start()
+    assert not launcher.is_running()
