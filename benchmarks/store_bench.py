@@ -352,9 +352,22 @@ async def bench_wakeup(store: LightningStore, trials: int, http: bool) -> List[f
     return latencies
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 async def bench_target(
-    store: LightningStore, backend: str, transport: str, ops: Sequence[str], concurrencies: Sequence[int], count: int
+    store: LightningStore,
+    backend: str,
+    transport: str,
+    ops: Sequence[str],
+    concurrencies: Sequence[int],
+    count: int,
+    server: Optional[psutil.Process] = None,
 ) -> List[Dict[str, Any]]:
+    """Rows for one store; ``server_cpu_ms_per_call`` is the CPU time the serving process spent per call."""
+    serving = server or psutil.Process()
     results = []
     for op in ops:
         if op == "wait_wakeup":
@@ -367,7 +380,9 @@ async def bench_target(
             continue
         for concurrency in concurrencies:
             gc.collect()
+            cpu_before = cpu_seconds(serving)
             n, elapsed, lat, extra = await bench_op(store, op, concurrency, count)
+            extra["server_cpu_ms_per_call"] = round((cpu_seconds(serving) - cpu_before) / len(lat) * 1000, 3)
             results.append(row(backend, transport, op, concurrency, n, elapsed, lat, **extra))
             log(results[-1])
     return results
@@ -509,8 +524,11 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
                     async with inprocess_store(backend, path) as store:
                         results += await bench_target(store, backend, transport, args.ops, args.concurrency, count)
                 else:
-                    async with http_server(backend, path, use_cli) as (endpoint, _), http_client(endpoint) as client:
-                        results += await bench_target(client, backend, transport, args.ops, args.concurrency, count)
+                    async with http_server(backend, path, use_cli) as (endpoint, proc), http_client(endpoint) as client:
+                        server = psutil.Process(proc.pid)
+                        results += await bench_target(
+                            client, backend, transport, args.ops, args.concurrency, count, server
+                        )
     machine["count_per_row"] = count
     return {"results": results, "machine": machine}
 

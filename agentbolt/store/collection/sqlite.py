@@ -608,17 +608,12 @@ class _Database:
         """Hold the write gate for the body; its writes are committed (possibly grouped) before this returns."""
         self._check_open()
         await self._acquire_gate()
-        begin_transaction = not self._in_transaction
+        # A section opening the transaction is undone by rolling the transaction back; a section joining the
+        # transaction of a pending group commit runs inside a savepoint, so that its failure spares the others.
+        opens_transaction = not self._in_transaction
 
         def begin(conn: sqlite3.Connection) -> None:
-            if begin_transaction:
-                conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute("SAVEPOINT section")
-            except BaseException:
-                if begin_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            conn.execute("BEGIN IMMEDIATE" if opens_transaction else "SAVEPOINT section")
 
         try:
             await self._protected_write_call(begin)
@@ -633,19 +628,22 @@ class _Database:
         except BaseException as exc:
             _current_section.reset(token)
             try:
-                await self._protected_write_call(_rollback_savepoint)
+                await self._protected_write_call(_rollback_transaction if opens_transaction else _rollback_savepoint)
+                if opens_transaction:
+                    self._in_transaction = False
             except BaseException as rollback_error:  # the transaction cannot be trusted any more
                 logger.error("Rolling back a failed section of %s failed: %s", self.path, rollback_error)
                 await self._abort_transaction()
             await self._finish_section(exc)
             raise
         _current_section.reset(token)
-        try:
-            await self._protected_write_call(_release_savepoint)
-        except BaseException:
-            await self._abort_transaction()
-            await self._finish_section(None)
-            raise
+        if not opens_transaction:
+            try:
+                await self._protected_write_call(_release_savepoint)
+            except BaseException:
+                await self._abort_transaction()
+                await self._finish_section(None)
+                raise
         await self._finish_section(None)
 
     async def _abort_transaction(self) -> None:
@@ -741,6 +739,11 @@ def _commit(conn: sqlite3.Connection) -> None:
         raise
 
 
+def _rollback_transaction(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 def _rollback_savepoint(conn: sqlite3.Connection) -> None:
     conn.execute("ROLLBACK TO section")
     conn.execute("RELEASE section")
@@ -750,8 +753,13 @@ def _release_savepoint(conn: sqlite3.Connection) -> None:
     conn.execute("RELEASE section")
 
 
-def _atomically(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run a multi-statement write as one unit inside the current transaction."""
+def _atomically(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], statements: int) -> T:
+    """Run a write of ``statements`` statements as one unit inside the current transaction.
+
+    A single statement is atomic by itself and needs no savepoint.
+    """
+    if statements <= 1:
+        return fn(conn)
     conn.execute("SAVEPOINT op")
     try:
         result = fn(conn)
@@ -1047,10 +1055,10 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
 
         def job(conn: sqlite3.Connection) -> None:
             try:
-                if len(rows) == 1:  # one statement is atomic by itself
+                if len(rows) == 1:
                     conn.execute(self._insert_sql, rows[0])
                 else:
-                    _atomically(conn, lambda c: c.executemany(self._insert_sql, rows))
+                    _atomically(conn, lambda c: c.executemany(self._insert_sql, rows), len(rows))
             except sqlite3.IntegrityError as exc:
                 for item in items:
                     key = self._key(item)
@@ -1101,7 +1109,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                     results.append(new)
                 return results
 
-            return _atomically(conn, apply)
+            return _atomically(conn, apply, len(items))
 
         async with self.tracking_context("update", self.collection_name):
             return await self._write(job)
@@ -1131,7 +1139,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                         results.append(new)
                 return results
 
-            return _atomically(conn, apply)
+            return _atomically(conn, apply, len(items))
 
         async with self.tracking_context("upsert", self.collection_name):
             return await self._write(job)
@@ -1147,7 +1155,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                     if c.execute(f"DELETE FROM {self._spec.table} WHERE {self._pk_where}", key).rowcount == 0:
                         raise self._missing(key)
 
-            _atomically(conn, apply)
+            _atomically(conn, apply, len(items))
 
         async with self.tracking_context("delete", self.collection_name):
             await self._write(job)
@@ -1195,7 +1203,7 @@ class SqliteQueue(_Backed, Queue[T], Generic[T]):
         async with self.tracking_context("enqueue", self._table):
             await self._write(
                 lambda conn: _atomically(
-                    conn, lambda c: c.executemany(f"INSERT INTO {self._table} (item) VALUES (?)", encoded)
+                    conn, lambda c: c.executemany(f"INSERT INTO {self._table} (item) VALUES (?)", encoded), len(encoded)
                 )
             )
         return list(items)
