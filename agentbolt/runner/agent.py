@@ -68,6 +68,8 @@ class LitAgentRunner(Runner[T_task]):
         heartbeat_include_gpu: bool = False,
     ) -> None:
         super().__init__()
+        if heartbeat_launch_mode not in ("asyncio", "thread"):
+            raise ValueError(f"heartbeat_launch_mode must be 'thread' or 'asyncio', got {heartbeat_launch_mode!r}")
         self._tracer = tracer
         self._max_rollouts = max_rollouts
         self._poll_interval = poll_interval

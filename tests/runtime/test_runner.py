@@ -1,0 +1,234 @@
+"""LitAgentRunner on its own: step, iter, hooks, result post-processing, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+
+import agentbolt as agl
+from agentbolt.emitter import find_final_reward
+from agentbolt.execution import ThreadingEvent
+from agentbolt.runner import LitAgentRunner
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.tracer import OtelTracer
+from agentbolt.types import Span, SpanCoreFields, TraceStatus
+
+PROMPT = {"prompt": agl.PromptTemplate(template="Say {word}", engine="f-string")}
+
+
+class RecordingHook(agl.Hook):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: List[str] = []
+
+    async def on_rollout_start(self, *, agent: Any, runner: Any, rollout: Any) -> None:
+        self.calls.append("on_rollout_start")
+
+    async def on_trace_start(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        self.calls.append("on_trace_start")
+
+    async def on_trace_end(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        self.calls.append("on_trace_end")
+
+    async def on_rollout_end(self, *, agent: Any, runner: Any, rollout: Any, spans: Any) -> None:
+        self.calls.append(f"on_rollout_end:{len(spans)}")
+
+
+class BrokenHook(agl.Hook):
+    async def on_rollout_start(self, *, agent: Any, runner: Any, rollout: Any) -> None:
+        raise RuntimeError("hook failure must not break the rollout")
+
+
+async def _step(agent: Any, *, hooks: Any = None, input: Any = None, mode: Any = "train") -> Any:
+    store = InMemoryLightningStore()
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), heartbeat_interval=0)
+    with runner.run_context(agent=agent, store=store, hooks=hooks):
+        rollout = await runner.step(input or {"word": "hi"}, resources=PROMPT, mode=mode)
+    spans = list(await store.query_spans(rollout.rollout_id))
+    return store, rollout, spans
+
+
+async def test_float_result_becomes_reward_span_and_hooks_run_in_order() -> None:
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        with agl.operation(name="inner"):
+            pass
+        return 0.75
+
+    hook = RecordingHook()
+    _, rollout, spans = await _step(agent, hooks=[BrokenHook(), hook])
+    assert rollout.status == "succeeded"
+    assert find_final_reward(spans) == 0.75
+    assert any(s.name == "agentlightning.operation" for s in spans)
+    assert hook.calls[:3] == ["on_rollout_start", "on_trace_start", "on_trace_end"]
+    assert hook.calls[3].startswith("on_rollout_end:")
+    assert int(hook.calls[3].split(":")[1]) >= 1
+
+
+async def test_bool_and_int_results_are_rewards() -> None:
+    @agl.rollout
+    def agent_bool(task: Any, prompt_template: agl.PromptTemplate) -> bool:
+        return True
+
+    @agl.rollout
+    def agent_int(task: Any, prompt_template: agl.PromptTemplate) -> int:
+        return 0
+
+    _, _, spans = await _step(agent_bool)
+    assert find_final_reward(spans) == 1.0
+    _, _, spans = await _step(agent_int)
+    assert find_final_reward(spans) == 0.0
+
+
+async def test_none_result_keeps_traced_spans() -> None:
+    @agl.rollout
+    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> None:
+        agl.emit_reward(0.5)
+        agl.emit_message("done")
+
+    _, rollout, spans = await _step(agent, mode="val")
+    assert rollout.status == "succeeded" and rollout.mode == "val"
+    assert find_final_reward(spans) == 0.5
+    assert [s.sequence_id for s in spans] == sorted(s.sequence_id for s in spans)
+
+
+async def test_core_field_and_span_results_are_stored() -> None:
+    core = SpanCoreFields(
+        name="custom", status=TraceStatus(status_code="OK"), attributes={"k": 1}, start_time=1.0, end_time=2.0
+    )
+
+    @agl.rollout
+    def core_agent(task: Any, prompt_template: agl.PromptTemplate) -> List[SpanCoreFields]:
+        return [core, core]
+
+    _, _, spans = await _step(core_agent)
+    assert [s.name for s in spans].count("custom") == 2
+
+    def span_agent_factory(store_holder: List[Any]) -> Any:
+        @agl.rollout
+        def span_agent(task: Any, prompt_template: agl.PromptTemplate, rollout: agl.AttemptedRollout) -> List[Span]:
+            return [
+                Span.from_attributes(
+                    attributes={"x": 1},
+                    rollout_id=rollout.rollout_id,
+                    attempt_id=rollout.attempt.attempt_id,
+                    sequence_id=100,
+                    name="explicit",
+                )
+            ]
+
+        return span_agent
+
+    _, _, spans = await _step(span_agent_factory([]))
+    assert [s.name for s in spans] == ["explicit"]
+
+
+async def test_invalid_results_fail_the_attempt() -> None:
+    @agl.rollout
+    def bad_type(task: Any, prompt_template: agl.PromptTemplate) -> Any:
+        return "not a reward"
+
+    @agl.rollout
+    def bad_list(task: Any, prompt_template: agl.PromptTemplate) -> Any:
+        return [1, 2]
+
+    for agent, error in ((bad_type, TypeError), (bad_list, ValueError)):
+        with pytest.raises(error):
+            await _step(agent)
+
+
+async def test_readable_span_results_are_converted() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("external"):
+        pass
+    external: List[ReadableSpan] = list(exporter.get_finished_spans())
+
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> List[ReadableSpan]:
+        return external
+
+    _, _, spans = await _step(agent)
+    assert "external" in [s.name for s in spans]
+
+
+async def test_missing_resources_leave_rollout_untouched() -> None:
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        return 1.0
+
+    store = InMemoryLightningStore()
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), heartbeat_interval=0)
+    with runner.run_context(agent=agent, store=store):
+        attempted = await store.start_rollout(input={"word": "x"}, resources_id="rs-missing")
+        with pytest.raises(RuntimeError, match="No resources"):
+            await runner._step_impl(attempted, raise_on_exception=True)
+        assert await runner._step_impl(attempted) == attempted.rollout_id
+        attempt = await store.get_latest_attempt(attempted.rollout_id)
+        assert attempt is not None and attempt.status == "preparing"
+
+
+async def test_iter_serves_queue_until_max_rollouts_with_heartbeats() -> None:
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        return float(task["i"])
+
+    store = InMemoryLightningStore()
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    for i in range(3):
+        await store.enqueue_rollout(input={"i": i}, mode="train", resources_id=resources_id)
+    runner: LitAgentRunner[Any] = LitAgentRunner(
+        OtelTracer(), max_rollouts=3, poll_interval=0.05, heartbeat_interval=0.05, heartbeat_launch_mode="asyncio"
+    )
+    runner.init(agent=agent)
+    runner.init_worker(3, store)
+    try:
+        await asyncio.wait_for(runner.iter(event=ThreadingEvent()), timeout=30)
+    finally:
+        runner.teardown_worker(3)
+        runner.teardown()
+    rollouts = await store.query_rollouts()
+    assert [r.status for r in rollouts] == ["succeeded"] * 3
+    worker = await store.get_worker_by_id("Worker-3")
+    assert worker is not None and worker.heartbeat_stats is not None and "cpu_usage_pct" in worker.heartbeat_stats
+
+
+async def test_iter_returns_when_event_is_set() -> None:
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        return 1.0
+
+    store = InMemoryLightningStore()
+    event = ThreadingEvent()
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), poll_interval=0.05, heartbeat_interval=0.05)
+    runner.init(agent=agent)
+    runner.init_worker(0, store)
+    try:
+        task = asyncio.create_task(runner.iter(event=event))
+        await asyncio.sleep(0.3)
+        event.set()
+        await asyncio.wait_for(task, timeout=5)
+    finally:
+        runner.teardown_worker(0)
+        runner.teardown()
+
+
+def test_runner_accessors_and_errors() -> None:
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer())
+    assert runner.get_worker_id() == "Worker-Unknown"
+    with pytest.raises(ValueError):
+        runner.get_agent()
+    with pytest.raises(ValueError):
+        runner.get_store()
+    with pytest.raises(RuntimeError):
+        runner.run()
+    with pytest.raises(ValueError, match="heartbeat_launch_mode"):
+        LitAgentRunner(OtelTracer(), heartbeat_launch_mode="bogus")  # type: ignore[arg-type]
