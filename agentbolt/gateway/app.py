@@ -342,16 +342,20 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.state.gateway = gateway
     handler = _Handler(gateway)
 
-    async def chat(request: Request, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> Response:
-        return await handler.completion(request, "chat/completions", rollout_id, attempt_id)
+    # Plain Starlette routes: the handlers read the request themselves, so FastAPI's per-request dependency
+    # resolution is not needed on the hot path.
+    async def chat(request: Request) -> Response:
+        params = request.path_params
+        return await handler.completion(request, "chat/completions", params.get("rollout_id"), params.get("attempt_id"))
 
-    async def text(request: Request, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> Response:
-        return await handler.completion(request, "completions", rollout_id, attempt_id)
+    async def text(request: Request) -> Response:
+        params = request.path_params
+        return await handler.completion(request, "completions", params.get("rollout_id"), params.get("attempt_id"))
 
     prefixes = _PREFIXES if gateway.settings.rollout_routes else _PREFIXES[:2]
     for prefix in prefixes:
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], include_in_schema=False)
-        app.add_api_route(f"{prefix}/completions", text, methods=["POST"], include_in_schema=False)
-        app.add_api_route(f"{prefix}/models", handler.models, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/health", handler.health, methods=["GET"], include_in_schema=False)
+        app.add_route(f"{prefix}/chat/completions", chat, methods=["POST"], include_in_schema=False)
+        app.add_route(f"{prefix}/completions", text, methods=["POST"], include_in_schema=False)
+        app.add_route(f"{prefix}/models", handler.models, methods=["GET"], include_in_schema=False)
+    app.add_route("/health", handler.health, methods=["GET"], include_in_schema=False)
     return app

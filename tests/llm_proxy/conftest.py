@@ -15,7 +15,7 @@ from agentbolt.types import AttemptedRollout, Span
 
 from .fake_backend import FakeBackend, running_backend
 
-BEHAVIOURS = ["echo", "slow", "fail500", "flaky", "ratelimit", "badrequest", "malformed", "drop"]
+BEHAVIOURS = ["echo", "slow", "fail500", "flaky", "ratelimit", "badrequest", "malformed", "drop", "gated"]
 
 
 def model_list_for(backend: FakeBackend, provider: str = "hosted_vllm") -> List[Dict[str, Any]]:

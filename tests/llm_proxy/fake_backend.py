@@ -12,12 +12,14 @@ per chunk). The behaviour is chosen by the model name the gateway forwards:
 ``badrequest``  HTTP 400 with an OpenAI error body
 ``malformed``   HTTP 200 with a body that is not JSON
 ``drop``        streams two events, then drops the connection (non-streaming: drops before answering)
+``gated``       streams the first event, then waits until ``gate`` is set (at most 10 s) before the rest
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from typing import Any, AsyncIterator, Dict, List
 
@@ -53,6 +55,8 @@ class FakeBackend:
         self.requests: List[Dict[str, Any]] = []
         self.slow_seconds = slow_seconds
         self.flaky_failures = flaky_failures
+        self.gate = threading.Event()
+        self.gate_timed_out = False
         self.app = FastAPI()
         self.app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
         self.app.add_api_route("/v1/completions", self._chat, methods=["POST"])
@@ -157,6 +161,8 @@ class FakeBackend:
         for i, (piece, token) in enumerate(zip(RESPONSE_PIECES, RESPONSE_TOKENS, strict=True)):
             if body.get("model") == "drop" and i == 1:
                 raise ConnectionAbortedError("dropping the stream on purpose")
+            if body.get("model") == "gated" and i == 0:
+                self.gate_timed_out = not await asyncio.to_thread(self.gate.wait, 10.0)
             choice: Dict[str, Any] = {"index": 0, "finish_reason": None}
             if tool_call:
                 delta: Dict[str, Any] = {"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}

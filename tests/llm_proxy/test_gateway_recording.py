@@ -226,3 +226,25 @@ async def test_deployments_sharing_a_name_take_turns(make_proxy: ProxyFactory, b
             )
             assert response.status_code == 200
     assert backend.count("echo") == 2 and backend.count("flaky") == 2
+
+
+async def test_stream_events_reach_the_client_before_the_backend_finishes(
+    make_proxy: ProxyFactory, backend: FakeBackend, store: InMemoryLightningStore, rollout: AttemptedRollout
+) -> None:
+    # The backend sends its first event, then waits for the gate: a gateway that buffered the stream would only
+    # deliver that event after the gate timed out.
+    async with make_proxy() as proxy:
+        client = _client(proxy, rollout)
+        stream = await client.chat.completions.create(
+            model="gated", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        chunks = stream.__aiter__()
+        first = await chunks.__anext__()
+        backend.gate.set()
+        rest = [chunk async for chunk in chunks]
+        await client.close()
+        [span] = await wait_for_spans(store, rollout.rollout_id, 1)
+    assert not backend.gate_timed_out
+    assert first.choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in rest) == "Hello there"
+    assert span.attributes["response_token_ids"] == RESPONSE_TOKENS
