@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import typer
 
 from agentbolt.cli.errors import CliError
-from agentbolt.cli.store import _wait_for_shutdown as wait_for_shutdown
+from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
 
@@ -133,23 +133,26 @@ async def _serve(
     except ValueError as exc:
         raise CliError(f"--config: {exc}") from exc
     store = _open_store(store_spec)
-    try:
-        await _check_store_reachable(store)
-        proxy.set_store(store)
+    # Signals are handled over the whole run, shutdown included, so a second Ctrl-C cannot cut the flush of
+    # queued spans or the closing of the store.
+    async with shutdown_signals() as stop:
         try:
-            await proxy.start()
-        except RuntimeError as exc:
-            raise CliError(f"cannot start the proxy on {host}:{port}: {exc}", exit_code=1) from exc
-        models = ", ".join(dict.fromkeys(entry["model_name"] for entry in model_list)) or "(none)"
-        print(f"agentbolt proxy: serving {proxy.endpoint}/v1 (models: {models})", flush=True)
-        print(f"agentbolt proxy: recording calls under /rollout/<id>/attempt/<id>/v1 into {store_spec}", flush=True)
-        await wait_for_shutdown(proxy)
-        print("agentbolt proxy: shutting down", flush=True)
-        await proxy.stop()
-    finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            await close()
+            await _check_store_reachable(store)
+            proxy.set_store(store)
+            try:
+                await proxy.start()
+            except RuntimeError as exc:
+                raise CliError(f"cannot start the proxy on {host}:{port}: {exc}", exit_code=1) from exc
+            models = ", ".join(dict.fromkeys(entry["model_name"] for entry in model_list)) or "(none)"
+            print(f"agentbolt proxy: recording calls under /rollout/<id>/attempt/<id>/v1 into {store_spec}", flush=True)
+            print(f"agentbolt proxy: serving {proxy.endpoint}/v1 (models: {models})", flush=True)
+            await wait_until_stopped(stop, proxy)
+            print("agentbolt proxy: shutting down", flush=True)
+            await proxy.stop()
+        finally:
+            close = getattr(store, "close", None)
+            if close is not None:
+                await close()
     print("agentbolt proxy: stopped", flush=True)
     return 0
 
