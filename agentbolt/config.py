@@ -165,9 +165,10 @@ def _add_arguments_for_class(
     parser: argparse.ArgumentParser, cls: type, class_arg_configs_maps: Dict[type, Dict[str, str]]
 ) -> None:
     """Add options for every ``__init__`` parameter of ``cls``; records ``param -> dest`` in the map."""
-    signature = inspect.signature(cls.__init__)
+    init = cls.__init__  # type: ignore[misc]
+    signature = inspect.signature(init)
     try:
-        hints = get_type_hints(cls.__init__)
+        hints = get_type_hints(init)
     except Exception as exc:
         logger.warning("Cannot resolve type hints of %s.__init__ (%s); using raw annotations.", cls.__name__, exc)
         hints = {}

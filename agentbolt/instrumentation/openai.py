@@ -359,8 +359,8 @@ def _start_span(kwargs: Dict[str, Any]) -> trace_api.Span:
     return span
 
 
-class _TracedStream:
-    """Transparent wrapper of ``openai.Stream`` that records the accumulated response when the stream ends."""
+class _StreamRecorder:
+    """Accumulates a streamed response and ends its span exactly once."""
 
     def __init__(self, stream: Any, span: trace_api.Span) -> None:
         self._stream = stream
@@ -377,6 +377,15 @@ class _TracedStream:
             _fail(self._span, exc)
         else:
             _finish(self._span, self._response)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_stream":
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+class _TracedStream(_StreamRecorder):
+    """Transparent wrapper of ``openai.Stream`` that records the accumulated response when the stream ends."""
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -406,22 +415,9 @@ class _TracedStream:
         finally:
             self._end()
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "_stream":
-            raise AttributeError(name)
-        return getattr(self._stream, name)
 
-
-class _AsyncTracedStream:
+class _AsyncTracedStream(_StreamRecorder):
     """Transparent wrapper of ``openai.AsyncStream`` (see :class:`_TracedStream`)."""
-
-    def __init__(self, stream: Any, span: trace_api.Span) -> None:
-        self._stream = stream
-        self._span = span
-        self._response = _Response()
-        self._ended = False
-
-    _end = _TracedStream._end
 
     def __aiter__(self) -> _AsyncTracedStream:
         return self
@@ -454,11 +450,6 @@ class _AsyncTracedStream:
     async def aclose(self) -> None:
         """Alias of :meth:`close`."""
         await self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_stream":
-            raise AttributeError(name)
-        return getattr(self._stream, name)
 
 
 def _is_stream(result: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
@@ -102,7 +102,7 @@ class AgentOpsTracer(OtelTracer):
         attempt_id: Optional[str],
     ) -> Iterator[trace_api.Tracer]:
         with self._collect(store, rollout_id, attempt_id) as tracer:
-            attributes = {ROOT_SPAN_KIND_ATTRIBUTE: True}
+            attributes: Dict[str, Any] = {ROOT_SPAN_KIND_ATTRIBUTE: True}
             if rollout_id is not None and attempt_id is not None:
                 attributes[LightningResourceAttributes.ROLLOUT_ID.value] = rollout_id
                 attributes[LightningResourceAttributes.ATTEMPT_ID.value] = attempt_id

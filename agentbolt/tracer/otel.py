@@ -23,7 +23,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     AsyncIterator,
-    Awaitable,
+    Coroutine,
     Deque,
     Iterator,
     List,
@@ -417,7 +417,7 @@ class LightningSpanProcessor(SpanProcessor):
                 self._max_buffered_spans,
             )
 
-    def _await_in_loop(self, coro: Awaitable[T], timeout: Optional[float] = None) -> Optional[T]:
+    def _await_in_loop(self, coro: Coroutine[Any, Any, T], timeout: Optional[float] = None) -> Optional[T]:
         """Run a coroutine on the private loop and return its result.
 
         Called from the loop thread itself, the coroutine is scheduled without waiting and None is returned.
@@ -428,8 +428,7 @@ class LightningSpanProcessor(SpanProcessor):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return None
-        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
-        return future.result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
     # ---- results and lifecycle ----
 
