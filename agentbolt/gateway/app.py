@@ -52,6 +52,8 @@ class GatewaySettings:
         rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
         log_messages: Log request and response bodies at DEBUG level.
         max_queued_spans: Calls waiting to be written beyond this are dropped (with a warning).
+        sequence_wait: Longest time an answer is held back waiting for the store's sequence id; past it the answer
+            is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
     """
 
     num_retries: int = 0
@@ -62,6 +64,7 @@ class GatewaySettings:
     rollout_routes: bool = True
     log_messages: bool = False
     max_queued_spans: int = 10000
+    sequence_wait: float = 3.0
 
 
 class Gateway:
@@ -162,10 +165,18 @@ class _Handler:
 
     async def _await_sequence_id(self, call: Optional[CallRecord]) -> None:
         """Wait for the sequence id requested at request start, so calls made after this answer sort after it."""
-        if call is None or call.sequence_id is None:
+        if call is None or call.sequence_id is None or call.sequence_id.done():
             return
-        with contextlib.suppress(Exception):  # failures are logged by the writer, which drops the span
-            await asyncio.shield(call.sequence_id)
+        try:
+            await asyncio.wait_for(asyncio.shield(call.sequence_id), self.gateway.settings.sequence_wait)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "The store did not issue a sequence id within %g s (rollout %s); answering without waiting.",
+                self.gateway.settings.sequence_wait,
+                call.rollout_id,
+            )
+        except Exception:  # failures are logged by the writer, which drops the span
+            pass
 
     def _start_call(
         self,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
 
+from agentbolt.gateway import Gateway, GatewaySettings, create_app
+from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.types import AttemptedRollout
+from agentbolt.utils.server_launcher import PythonServerLauncher, PythonServerLauncherArgs
 
-from .conftest import ProxyFactory, wait_for_spans
+from .conftest import ProxyFactory, model_list_for, wait_for_spans
 from .fake_backend import FakeBackend
 
 
@@ -145,3 +150,40 @@ async def test_health_does_not_contact_backends(make_proxy: ProxyFactory, backen
     assert health.json()["status"] == "ok"
     assert [m["id"] for m in models.json()["data"]][:3] == ["echo", "slow", "fail500"]
     assert backend.requests == []
+
+
+async def test_a_hanging_store_does_not_stall_answers(backend: FakeBackend) -> None:
+    # A store server that accepts connections but never answers (a real socket, not a mock).
+    writers: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.read(-1)
+
+    hanging = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hanging.sockets[0].getsockname()[1]
+    store = LightningStoreClient(f"http://127.0.0.1:{port}", retry_delays=(), health_retry_delays=())
+    gateway = Gateway(model_list_for(backend)[:1], store, GatewaySettings(sequence_wait=0.2))
+    launcher = PythonServerLauncher(
+        create_app(gateway), PythonServerLauncherArgs(launch_mode="asyncio"), serve_context=gateway.serving
+    )
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{launcher.access_endpoint}/rollout/ro-1/attempt/at-1/v1/chat/completions",
+                json={"model": "echo", "messages": []},
+            )
+            assert response.status_code == 200
+            for writer in writers:  # now the store drops its connections: the sequence id fails, the span is lost
+                writer.close()
+            for _ in range(100):
+                spans = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
+                if spans["failed"]:
+                    break
+                await asyncio.sleep(0.05)
+        assert spans == {"queued": 0, "written": 0, "dropped": 0, "failed": 1}
+    finally:
+        await launcher.stop()
+        hanging.close()
+        await store.close()
