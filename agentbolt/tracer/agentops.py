@@ -94,26 +94,21 @@ class AgentOpsTracer(OtelTracer):
         return effective
 
     @contextmanager
-    def _root(
-        self,
-        name: Optional[str],
-        store: Optional[LightningStore],
-        rollout_id: Optional[str],
-        attempt_id: Optional[str],
+    def _root_span(
+        self, tracer: trace_api.Tracer, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> Iterator[trace_api.Tracer]:
-        with self._collect(store, rollout_id, attempt_id) as tracer:
-            attributes: Dict[str, Any] = {ROOT_SPAN_KIND_ATTRIBUTE: True}
-            if rollout_id is not None and attempt_id is not None:
-                attributes[LightningResourceAttributes.ROLLOUT_ID.value] = rollout_id
-                attributes[LightningResourceAttributes.ATTEMPT_ID.value] = attempt_id
-            with tracer.start_as_current_span(
-                name or rollout_id or "agentbolt.trace",
-                attributes=attributes,
-                record_exception=True,
-                set_status_on_exception=True,
-            ) as root:
-                yield tracer
-                root.set_status(Status(StatusCode.OK))
+        attributes: Dict[str, Any] = {ROOT_SPAN_KIND_ATTRIBUTE: True}
+        if rollout_id is not None and attempt_id is not None:
+            attributes[LightningResourceAttributes.ROLLOUT_ID.value] = rollout_id
+            attributes[LightningResourceAttributes.ATTEMPT_ID.value] = attempt_id
+        with tracer.start_as_current_span(
+            name or rollout_id or "agentbolt.trace",
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as root:
+            yield tracer
+            root.set_status(Status(StatusCode.OK))
 
     @with_active_tracer_context
     @asynccontextmanager
@@ -138,8 +133,13 @@ class AgentOpsTracer(OtelTracer):
             ValueError: The store and the two ids are not all given (or all absent).
         """
         effective = self._resolve_store(store, rollout_id, attempt_id)
-        with self._root(name, effective, rollout_id, attempt_id) as tracer:
-            yield tracer
+        _, processor = self._require_initialized()
+        with self._collect(effective, rollout_id, attempt_id, flush_timeout=0) as tracer:
+            try:
+                with self._root_span(tracer, name, rollout_id, attempt_id):
+                    yield tracer
+            finally:
+                await processor.flush_async()
 
     @with_active_tracer_context_sync
     @contextmanager
@@ -152,7 +152,10 @@ class AgentOpsTracer(OtelTracer):
         attempt_id: Optional[str] = None,
     ) -> Iterator[trace_api.Tracer]:
         effective = self._resolve_store(store, rollout_id, attempt_id)
-        with self._root(name, effective, rollout_id, attempt_id) as tracer:
+        with (
+            self._collect(effective, rollout_id, attempt_id) as tracer,
+            self._root_span(tracer, name, rollout_id, attempt_id),
+        ):
             yield tracer
 
     def get_langchain_handler(self, tags: Optional[List[str]] = None) -> Any:

@@ -227,13 +227,20 @@ class LightningSpanProcessor(SpanProcessor):
             self._collecting = False
 
     @contextmanager
-    def with_context(self, store: LightningStore, rollout_id: str, attempt_id: str) -> Iterator[LightningSpanProcessor]:
+    def with_context(
+        self,
+        store: LightningStore,
+        rollout_id: str,
+        attempt_id: str,
+        *,
+        flush_timeout: Optional[float] = None,
+    ) -> Iterator[LightningSpanProcessor]:
         """Collect spans and write them to ``store`` for the given attempt while the context is open.
 
-        On exit, waits (up to ``write_timeout``) for the attempt's buffered spans to reach the store. Spans are
-        written from a background thread, so the store must be thread-safe (``LightningStoreThreaded``,
-        ``InMemoryLightningStore(thread_safe=True)``, the SQLite store or the HTTP client); a warning is logged
-        otherwise.
+        On exit, waits (up to ``flush_timeout``, default ``write_timeout``) for the spans still queued to reach
+        the store; what is left stays buffered and is retried. Spans are written from a background thread, so the
+        store must be thread-safe (``LightningStoreThreaded``, ``InMemoryLightningStore(thread_safe=True)``, the
+        SQLite store or the HTTP client); a warning is logged otherwise.
         """
         if not store.capabilities.get("thread_safe", False) and type(store) not in _warned_store_types:
             _warned_store_types.add(type(store))
@@ -242,6 +249,7 @@ class LightningSpanProcessor(SpanProcessor):
                 "LightningStoreThreaded (or create it thread-safe).",
                 type(store).__name__,
             )
+        timeout = self._write_timeout if flush_timeout is None else flush_timeout
         with self:
             self._store = store
             self._rollout_id = rollout_id
@@ -249,7 +257,7 @@ class LightningSpanProcessor(SpanProcessor):
             try:
                 yield self
             finally:
-                if not self.force_flush(int(self._write_timeout * 1000)):
+                if not self.force_flush(int(timeout * 1000)):
                     logger.warning(
                         "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
                         "and are retried in the background.",
@@ -257,6 +265,17 @@ class LightningSpanProcessor(SpanProcessor):
                         attempt_id,
                         self.pending_count,
                     )
+
+    async def flush_async(self, timeout: Optional[float] = None) -> bool:
+        """:meth:`force_flush` without blocking the event loop (waits in a worker thread).
+
+        Args:
+            timeout: Seconds to wait (default ``write_timeout``).
+        """
+        seconds = self._write_timeout if timeout is None else timeout
+        if not self.pending_count:
+            return True
+        return await asyncio.to_thread(self.force_flush, int(seconds * 1000))
 
     # ---- span processing ----
 
@@ -608,15 +627,23 @@ class OtelTracer(Tracer):
 
     @contextmanager
     def _collect(
-        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+        self,
+        store: Optional[LightningStore],
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+        flush_timeout: Optional[float] = None,
     ) -> Iterator[trace_api.Tracer]:
-        """Open the span processor's context (store-bound when ids are given) and yield an OTel tracer."""
+        """Open the span processor's context (store-bound when ids are given) and yield an OTel tracer.
+
+        ``flush_timeout`` bounds the blocking wait for queued spans on exit; async callers pass 0 after awaiting
+        :meth:`LightningSpanProcessor.flush_async` themselves.
+        """
         _, processor = self._require_initialized()
         self._check_ids(rollout_id, attempt_id)
         if rollout_id is not None and attempt_id is not None:
             if store is None:
                 raise ValueError("A store is required to trace a rollout: pass it to init_worker().")
-            with processor.with_context(store, rollout_id, attempt_id):
+            with processor.with_context(store, rollout_id, attempt_id, flush_timeout=flush_timeout):
                 yield self.get_otel_tracer()
         else:
             with processor:
@@ -657,8 +684,12 @@ class OtelTracer(Tracer):
             RuntimeError: ``init_worker`` was not called.
             ValueError: Only one of the ids is given, or ids without a store.
         """
-        with self._collect(self._effective_store(store), rollout_id, attempt_id) as tracer:
-            yield tracer
+        _, processor = self._require_initialized()
+        with self._collect(self._effective_store(store), rollout_id, attempt_id, flush_timeout=0) as tracer:
+            try:
+                yield tracer
+            finally:
+                await processor.flush_async()
 
     @with_active_tracer_context_sync
     @contextmanager
