@@ -202,3 +202,25 @@ async def test_non_thread_safe_store_is_flagged(
             otel.start_span("x").end()
     assert "InMemoryLightningStore is not thread-safe" in caplog.text
     assert await stored_names(store, rollout.rollout_id) == ["x"]
+
+
+async def test_shutdown_reports_spans_that_never_reached_the_store(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing ever listens on this port: the store stays unreachable.
+    client = LightningStoreClient(f"http://127.0.0.1:{free_port()}", retry_delays=(), health_retry_delays=())
+    processor = LightningSpanProcessor(write_timeout=0.3)
+    tracer = OtelTracer()
+    tracer.init_worker(0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentbolt.tracer.otel"):
+            with processor.with_context(client, "ro-x", "at-x"):
+                span = tracer.get_otel_tracer().start_span("orphan")
+                span.end()
+                processor.on_end(span)  # type: ignore[arg-type]
+            assert processor.pending_count == 1
+            assert "ended with 1 span(s) not yet in the store" in caplog.text
+            processor.shutdown()
+        assert "Shutting down with 1 span(s) never written to the store" in caplog.text
+        assert processor.given_up_count == 1
+        assert [s.name for s in processor.spans()] == ["orphan"]
+    finally:
+        await client.close()
