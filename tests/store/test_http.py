@@ -7,7 +7,9 @@ store) and talks to it with raw HTTP requests or the LightningStoreClient.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict
 
@@ -128,6 +130,11 @@ async def test_health_and_openapi(served: Served) -> None:
         "/waits/rollouts",
     ):
         assert PREFIX + path in schema["paths"]
+    body = schema["paths"][PREFIX + "/spans/batch"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/AddManySpansRequest"}
+    # Every reference in the document resolves to a component.
+    refs = set(re.findall(r'"\$ref": ?"#/components/schemas/([^"]+)"', json.dumps(schema)))
+    assert {"Span", "AddManySpansRequest", "NamedResourcesBody"} <= refs <= set(schema["components"]["schemas"])
 
 
 async def test_rollout_routes_round_trip(served: Served) -> None:
