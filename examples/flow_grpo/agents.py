@@ -1,0 +1,233 @@
+"""The solver's roles: one OpenAI-SDK call each, tagged with the role's name, parsed into the role's schema.
+
+Every call carries its role name twice, so that an adapter's ``agent_match="planner"`` selects exactly the
+planner's calls whichever way the trace was recorded:
+
+* the ``x-agentbolt-agent-name`` request header, which the agentbolt LLM gateway copies into its span
+  (``agentbolt.llm.agent_name``) — for :class:`~agentbolt.adapter.LlmProxyTraceToTriplet`;
+* an enclosing operation span with ``agent.name`` = the role, when a tracer is active — for
+  :class:`~agentbolt.adapter.TracerTraceToTriplet`, whose OpenAI instrumentation records the call inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, TypeVar
+
+from pydantic import BaseModel
+
+from agentbolt.semconv import LLM_AGENT_NAME_HEADER
+from agentbolt.tracer.base import get_active_tracer
+from examples.flow_grpo import prompts
+from examples.flow_grpo.parsing import ParseResult, parse_output
+from examples.flow_grpo.schemas import FinalAnswer, NextStep, QueryAnalysis, ToolCommand, Verification
+from examples.flow_grpo.tools.base import ToolMetadata, normalize_tool_name
+
+if TYPE_CHECKING:
+    import openai
+
+    from agentbolt.types import LLM, Rollout
+
+__all__ = [
+    "ANALYZER",
+    "EXECUTOR",
+    "GENERALIST",
+    "PLANNER",
+    "ROLES",
+    "SOLUTION_GENERATOR",
+    "VERIFIER",
+    "RoleLLM",
+    "RoleOutput",
+    "analyze_query",
+    "generate_command",
+    "generate_solution",
+    "is_stop_action",
+    "plan_next_step",
+    "verify",
+]
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+ANALYZER = "query_analyzer"
+PLANNER = "planner"
+EXECUTOR = "executor"
+VERIFIER = "verifier"
+SOLUTION_GENERATOR = "solution_generator"
+GENERALIST = "generalist"
+ROLES = (ANALYZER, PLANNER, EXECUTOR, VERIFIER, SOLUTION_GENERATOR, GENERALIST)
+"""Role (agent) names as they appear in traces; only ``planner`` is trained."""
+
+
+class RoleLLM:
+    """An OpenAI-compatible endpoint used by one or more roles.
+
+    Args:
+        client: OpenAI SDK client (owned: closed by :meth:`close`).
+        model: Model name sent in requests.
+        sampling_parameters: Extra request parameters (temperature, top_p, max_tokens...); they override the roles'
+            defaults.
+    """
+
+    def __init__(self, client: openai.OpenAI, model: str, sampling_parameters: Optional[Dict[str, Any]] = None):
+        self.client = client
+        self.model = model
+        self.sampling_parameters = dict(sampling_parameters or {})
+
+    @classmethod
+    def from_endpoint(
+        cls,
+        base_url: str,
+        model: str,
+        *,
+        api_key: Optional[str] = None,
+        sampling_parameters: Optional[Dict[str, Any]] = None,
+        timeout: float = 300.0,
+    ) -> RoleLLM:
+        """A client for ``base_url`` (an OpenAI-compatible ``.../v1`` URL)."""
+        import openai
+
+        client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout, max_retries=1)
+        return cls(client, model, sampling_parameters)
+
+    @classmethod
+    def from_resource(cls, llm: LLM, rollout: Optional[Rollout] = None, *, timeout: float = 300.0) -> RoleLLM:
+        """A client for an ``agl.LLM`` resource; a ``ProxyLLM`` is bound to the rollout's current attempt."""
+        from agentbolt.types import AttemptedRollout, ProxyLLM
+
+        if isinstance(llm, ProxyLLM):
+            if not isinstance(rollout, AttemptedRollout):
+                raise ValueError("a ProxyLLM resource needs the attempted rollout to build its URL")
+            base_url = llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)
+        else:
+            base_url = llm.endpoint
+        return cls.from_endpoint(
+            base_url, llm.model, api_key=llm.api_key, sampling_parameters=llm.sampling_parameters, timeout=timeout
+        )
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.client.close()
+
+    def chat(self, role: str, system: str, user: str, *, max_tokens: int, temperature: float = 0.0) -> str:
+        """One chat completion by ``role``; returns the answer text (empty when the model said nothing).
+
+        Raises:
+            openai.OpenAIError: The endpoint failed (the rollout fails; the runner decides about retries).
+        """
+        messages: List[Dict[str, str]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        params: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, **self.sampling_parameters}
+        with _agent_span(role):
+            response = self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                extra_headers={LLM_AGENT_NAME_HEADER: role},
+                **params,
+            )
+        content = response.choices[0].message.content if response.choices else None
+        return content or ""
+
+
+@contextlib.contextmanager
+def _agent_span(role: str) -> Iterator[None]:
+    """An operation span naming the agent while a tracer is active (nothing otherwise, e.g. in ``solve``)."""
+    if get_active_tracer() is None:
+        yield
+        return
+    from agentbolt.emitter import operation
+
+    with operation(name=role, **{"agent.name": role}):
+        yield
+
+
+@dataclass
+class RoleOutput:
+    """A role's parsed answer and the raw text it came from."""
+
+    role: str
+    raw: str
+    parsed: ParseResult[Any]
+
+    @property
+    def value(self) -> Any:
+        """The validated model (or the role's fallback)."""
+        return self.parsed.value
+
+
+def _ask(llm: RoleLLM, role: str, system: str, user: str, schema: Type[M], fallback: M, max_tokens: int) -> RoleOutput:
+    raw = llm.chat(role, system, user, max_tokens=max_tokens)
+    parsed = parse_output(raw, schema, fallback)
+    if not parsed.ok:
+        logger.debug("%s answer did not parse (%s): %r", role, parsed.error, raw[:200])
+    return RoleOutput(role, raw, parsed)
+
+
+def analyze_query(llm: RoleLLM, question: str, tools: str, max_tokens: int = 96) -> RoleOutput:
+    """Query analyzer. Fallback: the question itself as summary, no tool preference."""
+    fallback = QueryAnalysis(summary=question, tools=[])
+    return _ask(
+        llm,
+        ANALYZER,
+        prompts.ANALYZER_SYSTEM,
+        prompts.analyzer_user(question, tools),
+        QueryAnalysis,
+        fallback,
+        max_tokens,
+    )
+
+
+def plan_next_step(
+    llm: RoleLLM,
+    question: str,
+    tools: str,
+    analysis: str,
+    memory: str,
+    turn: int,
+    max_turns: int,
+    max_tokens: int = 128,
+) -> RoleOutput:
+    """Planner (trained). Fallback: an empty step, which the solver records as an invalid action."""
+    fallback = NextStep(sub_goal="", tool_name="")
+    user = prompts.planner_user(question, analysis, memory, turn, max_turns)
+    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens)
+
+
+def generate_command(
+    llm: RoleLLM, question: str, tool: ToolMetadata, sub_goal: str, context: str, max_tokens: int = 96
+) -> RoleOutput:
+    """Executor. Fallback: the sub-goal itself as the tool input."""
+    fallback = ToolCommand(tool_input=sub_goal)
+    user = prompts.executor_user(question, tool, sub_goal, context)
+    return _ask(llm, EXECUTOR, prompts.EXECUTOR_SYSTEM, user, ToolCommand, fallback, max_tokens)
+
+
+def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 64) -> RoleOutput:
+    """Verifier. Fallback: continue (``stop`` false)."""
+    fallback = Verification(analysis="", stop=False)
+    return _ask(
+        llm,
+        VERIFIER,
+        prompts.VERIFIER_SYSTEM,
+        prompts.verifier_user(question, memory),
+        Verification,
+        fallback,
+        max_tokens,
+    )
+
+
+def generate_solution(llm: RoleLLM, question: str, memory: str, max_tokens: int = 48) -> RoleOutput:
+    """Solution generator. Fallback: the raw answer's first non-empty line (the model ignored the JSON format)."""
+    raw = llm.chat(
+        SOLUTION_GENERATOR, prompts.SOLUTION_SYSTEM, prompts.solution_user(question, memory), max_tokens=max_tokens
+    )
+    first_line = next((line.strip() for line in raw.splitlines() if line.strip()), "")
+    parsed = parse_output(raw, FinalAnswer, FinalAnswer(answer=first_line[:200]))
+    return RoleOutput(SOLUTION_GENERATOR, raw, parsed)
+
+
+def is_stop_action(step: NextStep) -> bool:
+    """Whether the planner chose the stop action; only the structured ``tool_name`` field decides."""
+    return normalize_tool_name(step.tool_name) == normalize_tool_name(prompts.STOP_ACTION)

@@ -1,0 +1,273 @@
+"""The multi-agent solver and its agentbolt ``LitAgent``.
+
+One solve: the query analyzer reads the question once; then, for at most ``max_turns`` turns, the **planner** picks
+a tool and a sub-goal (or the stop action), the executor writes the tool's input, the tool runs, its result goes
+into the rollout's memory and the verifier decides (structured ``stop`` field) whether the memory answers the
+question; finally the solution generator writes the answer. Only the planner uses the ``planner_llm`` resource (the
+model being trained, normally through the LLM gateway); every other role and the generalist tool use ``fixed_llm``.
+
+Flow-GRPO credit: the rollout's binary reward is emitted once per planner call, after all of them, so that trace
+adapters with ``agent_match="planner"`` (which give each reward to the latest earlier kept call without one) attach
+the trajectory reward to *every* planner turn. The final reward of the rollout is that same value.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from agentbolt.litagent import LitAgent
+from agentbolt.tracer.base import get_active_tracer
+from agentbolt.types import NamedResources, Rollout, RolloutRawResult
+from examples.flow_grpo import agents
+from examples.flow_grpo.agents import RoleLLM, RoleOutput, is_stop_action
+from examples.flow_grpo.memory import Memory
+from examples.flow_grpo.reward import RewardFunction, RuleReward
+from examples.flow_grpo.schemas import NextStep, QueryAnalysis
+from examples.flow_grpo.tools import SearchTool, Toolbox, default_toolbox
+
+__all__ = ["FlowGRPOAgent", "FlowSolver", "SolveResult", "SolverConfig", "TurnRecord"]
+
+logger = logging.getLogger(__name__)
+
+EventCallback = Callable[[str, Dict[str, Any]], None]
+"""Receives ``(event, data)`` as the solve progresses: ``analysis``, ``plan``, ``command``, ``tool``,
+``verification``, ``answer``."""
+
+
+@dataclass
+class SolverConfig:
+    """Knobs of the solve loop.
+
+    Attributes:
+        max_turns: Planner turns at most (each: plan, command, tool, verification).
+        planner_max_tokens: Planner answer budget (the others are fixed, see :mod:`examples.flow_grpo.agents`).
+        python_timeout: Wall-clock limit of one Python tool call (seconds).
+        memory_result_chars: Budget of each tool result kept in memory.
+    """
+
+    max_turns: int = 4
+    planner_max_tokens: int = 128
+    python_timeout: float = 10.0
+    memory_result_chars: int = 400
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+
+
+@dataclass
+class TurnRecord:
+    """What happened in one planner turn."""
+
+    turn: int
+    plan: NextStep
+    plan_valid: bool
+    planner_raw: str
+    tool_name: Optional[str] = None
+    tool_input: Optional[str] = None
+    observation: Optional[str] = None
+    stop: bool = False
+
+
+@dataclass
+class SolveResult:
+    """Outcome of :meth:`FlowSolver.solve`.
+
+    Attributes:
+        answer: The solution generator's final answer.
+        stop_reason: ``"planner"`` (stop action), ``"verifier"`` (stop field) or ``"max_turns"``.
+        planner_calls: Number of planner calls (the number of trainable turns).
+    """
+
+    question: str
+    analysis: QueryAnalysis
+    turns: List[TurnRecord]
+    answer: str
+    stop_reason: str
+    memory: Memory = field(repr=False, default_factory=Memory)
+
+    @property
+    def planner_calls(self) -> int:
+        """Planner calls made."""
+        return len(self.turns)
+
+
+class FlowSolver:
+    """The multi-agent solve loop (see the module docstring).
+
+    Args:
+        config: Loop settings.
+        search: The search tool (shared across solves: its BM25 index is built once); default: shipped corpus.
+    """
+
+    def __init__(self, config: Optional[SolverConfig] = None, search: Optional[SearchTool] = None) -> None:
+        self.config = config or SolverConfig()
+        self.search = search or SearchTool()
+
+    def toolbox(self, fixed: RoleLLM) -> Toolbox:
+        """The tools of one solve (the generalist answers with ``fixed``)."""
+        return default_toolbox(fixed, search=self.search, python_timeout=self.config.python_timeout)
+
+    def solve(
+        self, question: str, planner: RoleLLM, fixed: RoleLLM, on_event: Optional[EventCallback] = None
+    ) -> SolveResult:
+        """Solve ``question`` with ``planner`` for the planner role and ``fixed`` for all the others.
+
+        Raises:
+            openai.OpenAIError: An LLM endpoint failed (tool failures never raise: they become observations).
+        """
+        emit = on_event or (lambda _event, _data: None)
+        config = self.config
+        toolbox = self.toolbox(fixed)
+        tools_text = toolbox.describe()
+        memory = Memory(max_result_chars=config.memory_result_chars)
+
+        analysis_out = agents.analyze_query(fixed, question, tools_text)
+        analysis: QueryAnalysis = analysis_out.value
+        analysis_text = analysis.summary + (f" Useful tools: {', '.join(analysis.tools)}." if analysis.tools else "")
+        emit("analysis", {"summary": analysis.summary, "tools": analysis.tools, "parsed": analysis_out.parsed.ok})
+
+        turns: List[TurnRecord] = []
+        stop_reason = "max_turns"
+        for turn in range(1, config.max_turns + 1):
+            plan_out = agents.plan_next_step(
+                planner,
+                question,
+                tools_text,
+                analysis_text,
+                memory.render(),
+                turn,
+                config.max_turns,
+                max_tokens=config.planner_max_tokens,
+            )
+            record = self._plan_record(turn, plan_out)
+            turns.append(record)
+            emit("plan", {"turn": turn, **record.plan.model_dump(), "valid": record.plan_valid})
+            if record.plan_valid and is_stop_action(record.plan):
+                record.stop = True
+                stop_reason = "planner"
+                break
+            self._act(record, question, toolbox, fixed, memory, emit)
+            verification = agents.verify(fixed, question, memory.render())
+            record.stop = bool(verification.parsed.ok and verification.value.stop)
+            emit(
+                "verification",
+                {
+                    "turn": turn,
+                    "analysis": verification.value.analysis,
+                    "stop": record.stop,
+                    "parsed": verification.parsed.ok,
+                },
+            )
+            if record.stop:
+                stop_reason = "verifier"
+                break
+
+        final = agents.generate_solution(fixed, question, memory.render())
+        answer = final.value.answer
+        emit("answer", {"answer": answer, "stop_reason": stop_reason, "parsed": final.parsed.ok})
+        return SolveResult(question, analysis, turns, answer, stop_reason, memory)
+
+    @staticmethod
+    def _plan_record(turn: int, plan_out: RoleOutput) -> TurnRecord:
+        plan: NextStep = plan_out.value
+        valid = plan_out.parsed.ok and bool(plan.tool_name)
+        return TurnRecord(turn=turn, plan=plan, plan_valid=valid, planner_raw=plan_out.raw)
+
+    @staticmethod
+    def _act(
+        record: TurnRecord, question: str, toolbox: Toolbox, fixed: RoleLLM, memory: Memory, emit: EventCallback
+    ) -> None:
+        """Executor + tool for a turn; invalid plans and unknown tools become error observations in memory."""
+        plan = record.plan
+        tool = toolbox.get(plan.tool_name) if record.plan_valid else None
+        if not record.plan_valid:
+            observation = 'Error: the planner\'s answer was not a valid JSON step with a "tool_name".'
+            record.tool_name, record.tool_input = "(invalid step)", ""
+        elif tool is None:
+            observation = toolbox.execute(plan.tool_name, "").output
+            record.tool_name, record.tool_input = plan.tool_name, ""
+        else:
+            command = agents.generate_command(fixed, question, tool.metadata, plan.sub_goal, plan.context)
+            record.tool_name, record.tool_input = tool.name, command.value.tool_input
+            emit(
+                "command",
+                {"turn": record.turn, "tool": tool.name, "input": record.tool_input, "parsed": command.parsed.ok},
+            )
+            observation = tool.execute(record.tool_input).output
+        action = memory.add(record.tool_name or "", plan.sub_goal, record.tool_input or "", observation)
+        record.observation = action.result
+        emit("tool", {"turn": record.turn, "tool": record.tool_name, "result": action.result})
+
+
+class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
+    """The solver as an agentbolt agent: one rollout solves one task and scores its answer.
+
+    Tasks use the dataset schema (``question``, ``source``, ``extra_info.ground_truth``...). The planner calls the
+    ``planner_resource`` LLM (falling back to ``main_llm``, the resource name agentbolt's GRPO publishes); every
+    other role calls ``fixed_resource``.
+
+    Args:
+        solver: The solve loop (default settings when None).
+        reward: Scores the answer (default: :class:`~examples.flow_grpo.reward.RuleReward`).
+        planner_resource: Resource name of the trained model.
+        fixed_resource: Resource name of the fixed model.
+    """
+
+    def __init__(
+        self,
+        solver: Optional[FlowSolver] = None,
+        reward: Optional[RewardFunction] = None,
+        planner_resource: str = "planner_llm",
+        fixed_resource: str = "fixed_llm",
+    ) -> None:
+        super().__init__()
+        self.solver = solver or FlowSolver()
+        self.reward: RewardFunction = reward or RuleReward()
+        self.planner_resource = planner_resource
+        self.fixed_resource = fixed_resource
+
+    def _resource(self, resources: NamedResources, names: List[str]) -> Any:
+        for name in names:
+            if name in resources:
+                return resources[name]
+        raise ValueError(f"missing LLM resource: expected one of {names}, got {sorted(resources)}")
+
+    def rollout(self, task: Dict[str, Any], resources: NamedResources, rollout: Rollout) -> RolloutRawResult:
+        """Solve the task, then emit the reward once per planner turn (see the module docstring).
+
+        Returns:
+            None under a tracer (the reward spans carry the result), else the reward.
+
+        Raises:
+            ValueError: The task has no question or a resource is missing.
+        """
+        if not isinstance(task, Mapping) or not isinstance(task.get("question"), str):
+            raise ValueError("a task must be a mapping with a 'question' string")
+        planner_llm = self._resource(resources, [self.planner_resource, "main_llm"])
+        fixed_llm = self._resource(resources, [self.fixed_resource])
+        planner = RoleLLM.from_resource(planner_llm, rollout)
+        fixed = RoleLLM.from_resource(fixed_llm, rollout)
+        try:
+            result = self.solver.solve(task["question"], planner, fixed)
+        finally:
+            planner.close()
+            fixed.close()
+        reward = float(self.reward(task, result.answer))
+        logger.info(
+            "Rollout %s: %d planner turn(s), stop=%s, answer=%r, reward=%.1f",
+            rollout.rollout_id,
+            result.planner_calls,
+            result.stop_reason,
+            result.answer,
+            reward,
+        )
+        if get_active_tracer() is None:
+            return reward
+        from agentbolt.emitter import emit_reward
+
+        for _ in range(max(1, result.planner_calls)):
+            emit_reward(reward)
+        return None

@@ -1,0 +1,161 @@
+"""Offline search: BM25 over the local corpus shipped with the example (stands in for Wikipedia/web search)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple, Union
+
+from examples.flow_grpo.tools.base import Tool, ToolMetadata, ToolResult
+
+__all__ = ["BM25Index", "Document", "SearchTool", "load_corpus", "tokenize"]
+
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "how",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "the",
+        "this",
+        "that",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "why",
+        "with",
+    ]
+)
+
+
+def tokenize(text: str) -> List[str]:
+    """Lower-cased alphanumeric tokens without common English stop words."""
+    return [token for token in re.findall(r"[a-z0-9]+", text.lower()) if token not in _STOPWORDS]
+
+
+@dataclass(frozen=True)
+class Document:
+    """A corpus entry."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+def load_corpus(path: Union[str, Path] = DEFAULT_CORPUS) -> List[Document]:
+    """Read a JSONL corpus with ``id``, ``title`` and ``text`` fields.
+
+    Raises:
+        ValueError: A line is not a JSON object with those fields (the message names the line).
+    """
+    documents = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            documents.append(Document(str(record["id"]), str(record["title"]), str(record["text"])))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: not a corpus record ({exc})") from None
+    return documents
+
+
+class BM25Index:
+    """Okapi BM25 ranking (Robertson/Sparck Jones idf with the usual +1 smoothing so it stays positive).
+
+    Args:
+        documents: The corpus; title and text are indexed together.
+        k1: Term-frequency saturation.
+        b: Length normalisation.
+    """
+
+    def __init__(self, documents: Sequence[Document], k1: float = 1.5, b: float = 0.75) -> None:
+        self.documents = list(documents)
+        self.k1 = k1
+        self.b = b
+        self._frequencies = [Counter(tokenize(f"{d.title} {d.text}")) for d in self.documents]
+        self._lengths = [sum(f.values()) for f in self._frequencies]
+        self._average = sum(self._lengths) / len(self._lengths) if self._lengths else 0.0
+        document_frequency: Counter[str] = Counter()
+        for frequencies in self._frequencies:
+            document_frequency.update(frequencies.keys())
+        n = len(self.documents)
+        self._idf: Dict[str, float] = {
+            term: math.log(1 + (n - df + 0.5) / (df + 0.5)) for term, df in document_frequency.items()
+        }
+
+    def search(self, query: str, k: int = 3) -> List[Tuple[Document, float]]:
+        """The ``k`` best documents with a positive score, best first (ties keep corpus order)."""
+        terms = tokenize(query)
+        scored = []
+        for index, frequencies in enumerate(self._frequencies):
+            score = 0.0
+            norm = self.k1 * (1 - self.b + self.b * self._lengths[index] / (self._average or 1.0))
+            for term in terms:
+                tf = frequencies.get(term, 0)
+                if tf:
+                    score += self._idf[term] * tf * (self.k1 + 1) / (tf + norm)
+            if score > 0:
+                scored.append((score, index))
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        return [(self.documents[index], score) for score, index in scored[:k]]
+
+
+class SearchTool(Tool):
+    """Searches the local corpus and returns the best passages.
+
+    Args:
+        corpus: Path of a JSONL corpus, or documents; defaults to the corpus shipped with the example.
+        k: Passages returned per query.
+    """
+
+    metadata = ToolMetadata(
+        name="search",
+        description="Searches an encyclopedia of facts (history, science, geography) and returns short passages.",
+        input_description="A few keywords, e.g. a name and what you want to know.",
+        example_input="Eiffel Tower completed year",
+    )
+
+    def __init__(self, corpus: Union[str, Path, Sequence[Document], None] = None, k: int = 2) -> None:
+        documents = corpus if isinstance(corpus, Sequence) and not isinstance(corpus, str) else None
+        self.index = BM25Index(documents if documents is not None else load_corpus(corpus or DEFAULT_CORPUS))
+        self.k = k
+
+    def run(self, tool_input: str) -> ToolResult:
+        """Return the top passages, or say that nothing matched."""
+        hits = self.index.search(tool_input, k=self.k)
+        if not hits:
+            return ToolResult(f"No passage matches {tool_input.strip()!r}.", ok=False)
+        return ToolResult("\n".join(f"[{doc.title}] {doc.text}" for doc, _ in hits))
