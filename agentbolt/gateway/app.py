@@ -264,8 +264,8 @@ class _Handler:
         deployment = upstream.deployment
         try:
             data = await upstream.read()
-        except GatewayError as error:
-            return await self._fail(call, error)
+        except GatewayError as exc:
+            return await self._fail(call, exc)
         finally:
             upstream.close()
         status = upstream.status_code

@@ -240,6 +240,7 @@ def _response_logprobs(choice: Dict[str, Any]) -> Optional[List[float]]:
     if not isinstance(logprobs, dict):
         return None
     content = logprobs.get("content")
+    values: Any
     if isinstance(content, list):  # chat: [{"token", "logprob", ...}, ...]
         values = [entry.get("logprob") for entry in content if isinstance(entry, dict)]
     else:  # completions: {"token_logprobs": [...]}
