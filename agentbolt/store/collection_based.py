@@ -24,6 +24,7 @@ from typing import (
     Callable,
     Dict,
     Generic,
+    Iterator,
     List,
     Literal,
     Optional,
@@ -78,6 +79,7 @@ __all__ = [
     "CollectionBasedLightningStore",
     "tracked",
     "healthcheck_before",
+    "healthcheck_suppressed",
     "get_current_store_methods",
     "current_store_method_labels",
 ]
@@ -150,6 +152,19 @@ def tracked(name: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+@contextlib.contextmanager
+def healthcheck_suppressed() -> Iterator[None]:
+    """Within this context (task-local), store calls skip the watchdog scan.
+
+    Used by facades that run the scan themselves under their own lock before an unlocked call.
+    """
+    token = _in_healthcheck.set(True)
+    try:
+        yield
+    finally:
+        _in_healthcheck.reset(token)
 
 
 def healthcheck_before(func: F) -> F:
@@ -269,12 +284,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _healthcheck(self) -> None:
         if _in_healthcheck.get():
             return
-        token = _in_healthcheck.set(True)
-        try:
+        with healthcheck_suppressed():
             if await self._should_scan_for_unhealthy_rollouts():
                 await self._scan_for_unhealthy_rollouts()
-        finally:
-            _in_healthcheck.reset(token)
 
     async def _should_scan_for_unhealthy_rollouts(self) -> bool:
         """Whether a scan may start now (debounced); records the entry time when it returns True."""

@@ -7,6 +7,7 @@ from typing import Any, List, Optional
 
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.collection.memory import _ThreadSafeAsyncLock
+from agentbolt.store.collection_based import healthcheck_suppressed
 from agentbolt.types import Rollout
 
 __all__ = ["LightningStoreThreaded"]
@@ -27,7 +28,7 @@ class LightningStoreThreaded(LightningStore):
     """Wrap a store so that calls from any thread (and any event loop) run one at a time.
 
     The lock never blocks an event loop: waiting coroutines yield while another thread holds it.
-    ``wait_for_rollouts`` is delegated without the lock so that long waits do not stall other calls.
+    ``wait_for_rollouts`` waits without the lock so that long waits do not stall other calls.
 
     Args:
         store: The store to protect.
@@ -48,8 +49,17 @@ class LightningStoreThreaded(LightningStore):
         return self.store.otlp_traces_endpoint()
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
-        """Delegated without the lock."""
-        return await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=timeout)
+        """Delegated without the lock, so that long waits do not stall other calls.
+
+        The wrapped store's watchdog may write, so it runs first under the lock (with an immediate check); the
+        unlocked wait itself then only reads.
+        """
+        async with self._lock:
+            finished = await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0)
+        if timeout is not None and timeout <= 0:
+            return finished
+        with healthcheck_suppressed():
+            return await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=timeout)
 
     statistics = _delegate_locked("statistics")
     start_rollout = _delegate_locked("start_rollout")

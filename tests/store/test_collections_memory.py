@@ -189,6 +189,15 @@ async def test_sorting_rules(table: ListBasedCollection[Item]) -> None:
     assert keys(await table.query(sort={"name": "label", "order": "asc"})) == ["b/1", "a/1", "a/2", "c/9"]
     with pytest.raises(ValueError, match="sort field"):
         await table.query(sort={"name": "missing", "order": "asc"})
+    mixed = ListBasedCollection(
+        [Rollout(rollout_id="r1", input=1, start_time=0.0), Rollout(rollout_id="r2", input="a", start_time=0.0)],
+        Rollout,
+        ["rollout_id"],
+    )
+    with pytest.raises(ValueError, match="not comparable"):
+        await mixed.query(sort={"name": "input", "order": "asc"})
+    with pytest.raises(ValueError, match="not comparable"):
+        await mixed.get(sort={"name": "input", "order": "desc"})
     with pytest.raises(ValueError, match="name"):
         await table.query(sort={"order": "asc"})  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match="order"):

@@ -14,7 +14,7 @@ import threading
 import types
 import weakref
 from collections import deque
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -215,6 +215,15 @@ def sort_key_function(item_type: Type[Any], field: str) -> Callable[[Any], Any]:
         return (0, 0) if value is None else (1, value)
 
     return generic_key
+
+
+@contextmanager
+def _comparable(field: Optional[str]) -> Iterator[None]:
+    """Turn a comparison failure while sorting into a clear ``ValueError``."""
+    try:
+        yield
+    except TypeError as exc:
+        raise ValueError(f"Cannot sort by {field!r}: its values are not comparable ({exc})") from None
 
 
 def missing_item_message(keys: Mapping[str, Any]) -> str:
@@ -423,7 +432,8 @@ class ListBasedCollection(Collection[T]):
         key = sort_key_function(self._item_type, sort_name) if sort_name else None
         items = list(self._iter_items(None, filters, must_filters, logic))
         if key is not None:
-            items.sort(key=key, reverse=sort_order == "desc")
+            with _comparable(sort_name):
+                items.sort(key=key, reverse=sort_order == "desc")
         return items
 
     # -- Collection API ----------------------------------------------------------------------------------------------
@@ -459,7 +469,8 @@ class ListBasedCollection(Collection[T]):
         else:
             key = sort_key_function(self._item_type, sort_name)
             chooser = max if sort_order == "desc" else min
-            found = chooser(matching, key=key, default=None)
+            with _comparable(sort_name):
+                found = chooser(matching, key=key, default=None)
         return None if found is None else found.model_copy()  # type: ignore[attr-defined]
 
     @_tracked_operation("insert")
