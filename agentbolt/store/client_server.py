@@ -599,7 +599,10 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 async def _parse_body(request: Request, model: Type[BodyT], *, optional: bool = False) -> BodyT:
-    """Validate the JSON body straight from bytes (pydantic-core); invalid bodies become 422 errors.
+    """Decode (orjson) and validate the JSON body; invalid bodies become 422 errors.
+
+    Decoding with orjson and validating Python objects is several times faster than pydantic's own JSON mode
+    for spans, whose attribute values are a union of many types.
 
     Args:
         request: The request.
@@ -610,9 +613,17 @@ async def _parse_body(request: Request, model: Type[BodyT], *, optional: bool = 
     if optional and not body.strip():
         return model()
     try:
-        return model.model_validate_json(body)
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        error = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}
+        raise RequestValidationError([error], body=body) from exc
+    try:
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_context=False), body=body) from exc
+        errors = exc.errors(include_url=False, include_context=False)
+        for error in errors:
+            error["loc"] = ("body", *error["loc"])
+        raise RequestValidationError(errors, body=data) from exc
 
 
 def _normalize_origins(origins: Union[Sequence[str], str, None]) -> List[str]:
