@@ -205,6 +205,12 @@ def _validated_copy(model: Any, updates: Dict[str, Any]) -> Any:
     return type(model).model_validate({**dict(model), **updates})
 
 
+def _check_worker_id(worker_id: Optional[str]) -> None:
+    """Reject a bad worker id before any write (a dequeue must not pop rollouts it then cannot claim)."""
+    if worker_id is not None and not isinstance(worker_id, str):
+        raise TypeError(f"worker_id must be a string, got {type(worker_id).__name__}")
+
+
 def _attach(rollout: Rollout, attempt: Optional[Attempt]) -> Union[Rollout, AttemptedRollout]:
     if attempt is None:
         return rollout
@@ -577,6 +583,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         worker_id: Optional[str] = None,
     ) -> AttemptedRollout:
         """Create a rollout in ``preparing`` with its first attempt, without queuing it."""
+        _check_worker_id(worker_id)
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
             rollout = await self._new_rollout(
@@ -641,6 +648,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         return await self._enqueue(requests)
 
     async def _dequeue(self, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
+        _check_worker_id(worker_id)
         now = time.time()
         claimed: List[AttemptedRollout] = []
         changes: RolloutChanges = []
@@ -692,6 +700,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
         """Create a new attempt for an existing rollout (``max_attempts`` is not enforced here)."""
+        _check_worker_id(worker_id)
         now = time.time()
         changes: RolloutChanges = []
         async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
@@ -707,6 +716,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     # =================================================================================================================
 
     async def _add_spans(self, spans: Sequence[Span]) -> List[Span]:
+        if not spans:
+            return []
         groups: Dict[Tuple[str, str], List[Span]] = {}
         for span in spans:
             if not isinstance(span, Span):

@@ -6,6 +6,8 @@ import asyncio
 import re
 import warnings
 
+import pytest
+
 from agentbolt.store.base import LightningStore
 from agentbolt.types import (
     LLM,
@@ -93,6 +95,18 @@ async def test_dequeue_creates_preparing_attempt(store: LightningStore) -> None:
     assert isinstance(stored, AttemptedRollout)
     assert stored.status == "preparing"
     assert stored.attempt == attempt
+
+
+async def test_bad_worker_id_leaves_queue_intact(store: LightningStore) -> None:
+    rollout = await store.enqueue_rollout("x")
+    with raises_store_error(store, TypeError, "worker_id", http_status=()):
+        await store.start_attempt(rollout.rollout_id, worker_id=123)  # type: ignore[arg-type]
+    if not is_http(store):  # the HTTP client swallows dequeue errors by contract
+        with pytest.raises(TypeError, match="worker_id"):
+            await store.dequeue_rollout(worker_id=123)  # type: ignore[arg-type]
+    claimed = await claim(store)
+    assert claimed.rollout_id == rollout.rollout_id and claimed.attempt.sequence_id == 1
+    assert await store.add_many_spans([]) == []
 
 
 async def test_dequeue_many_with_limit_zero_or_negative_is_empty(store: LightningStore) -> None:
