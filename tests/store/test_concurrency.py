@@ -196,3 +196,22 @@ async def test_wait_is_woken_from_another_thread() -> None:
     assert await store.wait_for_rollout("ro-unknown") is None
     pending = await store.enqueue_rollout("y")
     assert await store.wait_for_rollout(pending.rollout_id, timeout=0) is None
+
+
+async def test_threaded_facade_delegates_with_same_signatures() -> None:
+    import inspect
+
+    from agentbolt.store.base import LightningStore as Base
+
+    inner = InMemoryLightningStore()
+    facade = LightningStoreThreaded(inner)
+    assert facade.store is inner
+    assert facade.capabilities == {"thread_safe": True, "async_safe": True, "zero_copy": False, "otlp_traces": False}
+    for name in ("update_rollout", "update_attempt", "query_spans", "dequeue_many_rollouts", "add_otel_span"):
+        assert inspect.signature(getattr(LightningStoreThreaded, name)) == inspect.signature(getattr(Base, name))
+    # Positional arguments reach the wrapped store unchanged.
+    rollout = await facade.enqueue_rollout("x", "val")
+    updated = await facade.update_rollout(rollout.rollout_id, "y", "train")
+    assert (updated.input, updated.mode) == ("y", "train")
+    stats = await facade.statistics()
+    assert stats["name"] == "InMemoryLightningStore" and stats["total_rollouts"] == 1
