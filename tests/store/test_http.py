@@ -587,3 +587,47 @@ async def test_port_in_use_is_a_clear_error(served: Served) -> None:
         await other.start()
     assert isinstance(info.value.__cause__, OSError)
     assert (await served.client.statistics())["name"] == "SqliteLightningStore"
+
+
+async def test_client_retries_server_errors(tmp_path: Path) -> None:
+    class FlakyStatistics(InMemoryLightningStore):
+        """Fails its first ``statistics`` call with an unexpected error (a stand-in for a transient server bug)."""
+
+        failures = 1
+
+        async def statistics(self) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise ZeroDivisionError("transient")
+            return await super().statistics()
+
+    async with serve(FlakyStatistics()) as running:
+        status, answer = await running.request("GET", PREFIX + "/statistics")
+        assert status == 500 and answer == {
+            "detail": "transient",
+            "error_type": "ZeroDivisionError",
+            "error_kind": "ZeroDivisionError",
+        }
+        running.store.failures = 1
+        client = LightningStoreClient(running.base, retry_delays=(0.01,), health_retry_delays=(0.01,))
+        try:
+            assert (await client.statistics())["name"] == "FlakyStatistics"  # the retry succeeded
+            running.store.failures = 2
+            with pytest.raises(LightningStoreHTTPError) as info:
+                await client.statistics()
+            assert info.value.status == 500 and info.value.message == "transient"
+        finally:
+            await client.close()
+
+
+async def test_http_metrics_and_prometheus_endpoint(tmp_path: Path) -> None:
+    from agentbolt.utils.metrics import PrometheusMetricsBackend
+
+    async with serve(SqliteLightningStore(tmp_path / "s.db"), tracker=PrometheusMetricsBackend()) as running:
+        rollout = await running.client.enqueue_rollout(1)
+        await running.client.get_rollout_by_id(rollout.rollout_id)
+        status, text = await running.request("GET", "/v1/prometheus/")
+        assert status == 200
+        text = text.decode() if isinstance(text, bytes) else text
+        assert 'path="/v1/agl/rollouts/{rollout_id}"' in text
+        assert 'path="/v1/agl/queues/rollouts/enqueue"' in text and "agl_http_total" in text
