@@ -767,8 +767,9 @@ class LightningStoreServer(LightningStore):
         await self._require_launcher().run_forever()
 
     async def stop(self) -> None:
-        """Stop serving; in-flight requests finish first."""
-        await self._require_launcher().stop()
+        """Stop serving; in-flight requests finish first. On an unpickled copy, only its HTTP client is closed."""
+        if self.server_launcher is not None:
+            await self.server_launcher.stop()
         if self._client is not None:
             await self._client.close()
 

@@ -165,6 +165,7 @@ async def test_memory_backend_and_api_key_from_environment() -> None:
         (["--path", "/nonexistent-dir/x.db"], "directory /nonexistent-dir does not exist"),
         (["--backend", "memory", "--path", "x.db"], "--path only applies to --backend sqlite"),
         (["--frobnicate"], "No such option"),
+        (["--backend", "memory", "--n-workers", "2", "--port", str(free_port())], "does not support zero-copy"),
     ],
 )
 def test_bad_arguments_exit_2(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -535,8 +535,8 @@ async def test_client_and_server_pickle(served: Served) -> None:
     assert (await served.store.get_rollout_by_id(rollout.rollout_id)) is not None
     with pytest.raises(RuntimeError, match="unpickled"):
         await copy.start()
-    if copy._client is not None:
-        await copy._client.close()
+    await copy.stop()  # closes the copy's client only
+    assert served.server.is_running()
 
 
 async def test_server_delegates_in_process_and_reports_endpoints(served: Served) -> None:
