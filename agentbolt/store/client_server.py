@@ -549,6 +549,18 @@ class _ThreadLockAsync:
         self._lock.release()
 
 
+def _new_app(**kwargs: Any) -> FastAPI:
+    """A FastAPI app without FastAPI's own OpenTelemetry instrumentation (where the installed version has it).
+
+    The store must not trace its own requests: in a process whose tracer exports spans to this very store, that
+    would feed the store with spans about storing spans.
+    """
+    try:
+        return FastAPI(telemetry={"tracing": False, "metrics": False, "logs": False}, **kwargs)
+    except TypeError:  # FastAPI versions without built-in telemetry
+        return FastAPI(**kwargs)
+
+
 class _PrefixedRoutes:
     """Route decorators of an app with a path prefix (like an included router, without its extra matching pass).
 
@@ -799,7 +811,7 @@ class LightningStoreServer(LightningStore):
     # -- app ----------------------------------------------------------------------------------------------------
 
     def _build_app(self) -> FastAPI:
-        app = FastAPI(title="LightningStore Server", version="0.3.1")
+        app = _new_app(title="LightningStore Server", version="0.3.1")
         # Routes are added to the app's own router (not an included one): requests are then matched in a
         # single pass over the routes, which matters at thousands of requests per second.
         app.router.route_class = _StoreRoute
