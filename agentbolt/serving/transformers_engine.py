@@ -701,7 +701,9 @@ class TransformersEngine:
                 sorted_probs, order = torch.sort(probs, descending=True)
                 sorted_probs[sorted_probs.cumsum(0) - sorted_probs > params.top_p] = 0.0
                 probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            chosen.append(int(torch.multinomial(probs.cpu(), 1, generator=seq.generator)))
+            # Exponential race (argmax of p / E, E ~ Exp(1)) samples from p like multinomial, several times faster.
+            noise = torch.empty(probs.shape, dtype=probs.dtype).exponential_(1.0, generator=seq.generator)
+            chosen.append(int(torch.argmax(probs.cpu() / noise)))
         picked = torch.tensor(chosen, device=logits.device).unsqueeze(1)
         chosen_logprobs = logprobs.gather(1, picked).squeeze(1).tolist()
         grouped: Dict[int, tuple[_Request, List[SequenceDelta]]] = {}

@@ -1,0 +1,100 @@
+"""``agentbolt serve``: a real server subprocess on the tiny model, launcher commands, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentbolt.cli.app import run
+from agentbolt.serving.launchers import llamacpp_command, vllm_command
+from agentbolt.serving.server import find_free_port
+
+
+def test_serve_subprocess_answers_and_stops_on_sigint(tiny_model_dir: Path) -> None:
+    port = find_free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt", "serve", str(tiny_model_dir), "--port", str(port), "--dtype", "float32"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "return_token_ids": True}
+        data = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60).json()
+        assert data["model"] == str(tiny_model_dir) and data["prompt_token_ids"] and data["choices"][0]["token_ids"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert f"serving '{tiny_model_dir}' at http://127.0.0.1:{port}/v1" in stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["serve", "./no-such-model"], "neither a registry name"),
+        (["serve", "--dtype", "int4"], "unknown dtype 'int4'"),
+        (["serve", "--engine", "llamacpp", "./no-such-model"], "llama.cpp needs a GGUF file"),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_port_in_use_is_reported(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert run(["serve", str(tiny_model_dir), "--port", str(busy.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+# vLLM needs a CUDA GPU and llama.cpp is an optional extra that is not installed here: only the command lines
+# they would be started with can be checked on these machines.
+def test_vllm_command(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    command = vllm_command(
+        "org/model", port=9000, dtype="bf16", max_batch_size=32, served_name="policy", max_model_len=4096
+    )
+    assert command.argv == [
+        "vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", "9000", "--dtype", "bfloat16",
+        "--max-num-seqs", "32", "--enable-lora", "--max-lora-rank", "64", "--served-model-name", "policy",
+        "--max-model-len", "4096",
+    ]  # fmt: skip
+    assert command.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert run(["serve", str(tiny_model_dir), "--engine", "vllm", "--dry-run", "--extra-arg", "--enforce-eager"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {tiny_model_dir} ")
+    assert line.endswith("--enforce-eager")
+
+
+def test_llamacpp_command_uses_the_packaged_gguf(capsys: pytest.CaptureFixture[str]) -> None:
+    command = llamacpp_command("/m/x.gguf", threads=2, served_name="s", max_model_len=2048)
+    assert command.argv[1:] == [
+        "-m", "llama_cpp.server", "--model", "/m/x.gguf", "--host", "127.0.0.1", "--port", "8000",
+        "--n_threads", "2", "--model_alias", "s", "--n_ctx", "2048",
+    ]  # fmt: skip
+    assert run(["serve", "--engine", "llamacpp", "--dry-run", "--port", "8123"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in line and "--port 8123" in line
+    assert os.path.isfile(line.split("--model ")[1].split(" ")[0])
