@@ -7,6 +7,7 @@ servers with the equivalent options (``--dry-run`` prints their command instead)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from enum import Enum
@@ -132,10 +133,8 @@ def _serve_transformers(
     server = InferenceServer(engine, host=host, port=port, log_level="warning")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")
     _progress(f"serving {name!r} at http://{host}:{port}/v1 (OpenAI-compatible)")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, after shutting down
         server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a graceful shutdown
-        pass
     _progress("stopped")
     return 0
 
