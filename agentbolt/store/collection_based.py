@@ -603,21 +603,13 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 await self._sync_workers_with_attempts([attempt], collections=collections, now=now)
         return AttemptedRollout(**dict(rollout), attempt=attempt)
 
-    async def _enqueue(self, requests: Sequence[EnqueueRolloutRequest]) -> List[Rollout]:
+    async def _enqueue(self, requests: Sequence[Tuple[Any, ...]]) -> List[Rollout]:
+        """Create queued rollouts from ``(input, mode, resources_id, config, metadata)`` tuples, in order."""
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
             rollouts = [
-                await self._new_rollout(
-                    collections,
-                    request.input,
-                    request.mode,
-                    request.resources_id,
-                    request.config,
-                    request.metadata,
-                    "queuing",
-                    now,
-                )
-                for request in requests
+                await self._new_rollout(collections, task, mode, resources_id, config, metadata, "queuing", now)
+                for task, mode, resources_id, config, metadata in requests
             ]
             if rollouts:
                 await collections.rollouts.insert(rollouts)
@@ -635,17 +627,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         metadata: Optional[Dict[str, Any]] = None,
     ) -> Rollout:
         """Create a rollout in ``queuing`` and append it to the FIFO queue."""
-        request = EnqueueRolloutRequest.model_construct(
-            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata
-        )
-        return (await self._enqueue([request]))[0]
+        return (await self._enqueue([(input, mode, resources_id, config, metadata)]))[0]
 
     @tracked("enqueue_many_rollouts")
     @healthcheck_before
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         """Enqueue several rollouts in one atomic section; results follow the input order."""
         requests = [EnqueueRolloutRequest.model_validate(request) for request in rollouts]
-        return await self._enqueue(requests)
+        return await self._enqueue([(r.input, r.mode, r.resources_id, r.config, r.metadata) for r in requests])
 
     async def _dequeue(self, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
         _check_worker_id(worker_id)

@@ -194,9 +194,9 @@ async def test_sorting_rules(table: ListBasedCollection[Item]) -> None:
         Rollout,
         ["rollout_id"],
     )
-    with pytest.raises(ValueError, match="not comparable"):
+    with pytest.raises(TypeError, match="not comparable"):
         await mixed.query(sort={"name": "input", "order": "asc"})
-    with pytest.raises(ValueError, match="not comparable"):
+    with pytest.raises(TypeError, match="not comparable"):
         await mixed.get(sort={"name": "input", "order": "desc"})
     with pytest.raises(ValueError, match="name"):
         await table.query(sort={"order": "asc"})  # type: ignore[typeddict-item]

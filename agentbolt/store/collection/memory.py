@@ -14,11 +14,10 @@ import threading
 import types
 import weakref
 from collections import deque
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from typing import (
     TYPE_CHECKING,
     Any,
-    AsyncIterator,
     Awaitable,
     Callable,
     Deque,
@@ -74,6 +73,7 @@ __all__ = [
     "DictBasedKeyValue",
     "InMemoryLightningCollections",
     "missing_item_message",
+    "sort_items",
     "sort_key_function",
 ]
 
@@ -219,11 +219,23 @@ def sort_key_function(item_type: Type[Any], field: str) -> Callable[[Any], Any]:
 
 @contextmanager
 def _comparable(field: Optional[str]) -> Iterator[None]:
-    """Turn a comparison failure while sorting into a clear ``ValueError``."""
+    """Give a comparison failure while sorting a message naming the field."""
     try:
         yield
     except TypeError as exc:
-        raise ValueError(f"Cannot sort by {field!r}: its values are not comparable ({exc})") from None
+        raise TypeError(f"Cannot sort by {field!r}: its values are not comparable ({exc})") from None
+
+
+def sort_items(items: List[T], item_type: Type[Any], field: str, order: Literal["asc", "desc"]) -> None:
+    """Sort ``items`` in place by ``field`` with the shared rules of :func:`sort_key_function` (stable).
+
+    Raises:
+        ValueError: ``field`` is not a field of ``item_type``.
+        TypeError: The field's values cannot be compared with each other.
+    """
+    key = sort_key_function(item_type, field)
+    with _comparable(field):
+        items.sort(key=key, reverse=order == "desc")
 
 
 def missing_item_message(keys: Mapping[str, Any]) -> str:
@@ -429,11 +441,11 @@ class ListBasedCollection(Collection[T]):
     def _matching(self, filter: Optional[FilterOptions], sort: Optional[SortOptions]) -> List[T]:
         filters, must_filters, logic = normalize_filter_options(filter)
         sort_name, sort_order = resolve_sort_options(sort)
-        key = sort_key_function(self._item_type, sort_name) if sort_name else None
+        if sort_name is not None:
+            sort_key_function(self._item_type, sort_name)  # reject unknown fields even when nothing matches
         items = list(self._iter_items(None, filters, must_filters, logic))
-        if key is not None:
-            with _comparable(sort_name):
-                items.sort(key=key, reverse=sort_order == "desc")
+        if sort_name is not None:
+            sort_items(items, self._item_type, sort_name, sort_order)
         return items
 
     # -- Collection API ----------------------------------------------------------------------------------------------
@@ -694,16 +706,19 @@ class _LoopAwareAsyncLock:
     def __init__(self) -> None:
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         self._guard = threading.Lock()
+        self._last: Tuple[Optional[asyncio.AbstractEventLoop], Optional[asyncio.Lock]] = (None, None)
 
     def _lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            with self._guard:
-                lock = self._locks.get(loop)
-                if lock is None:
-                    lock = asyncio.Lock()
-                    self._locks[loop] = lock
+        last_loop, last_lock = self._last  # fast path: the loop that used the lock last
+        if last_loop is loop and last_lock is not None:
+            return last_lock
+        with self._guard:
+            lock = self._locks.get(loop)
+            if lock is None:
+                lock = asyncio.Lock()
+                self._locks[loop] = lock
+            self._last = (loop, lock)
         return lock
 
     async def acquire(self) -> None:
@@ -788,6 +803,35 @@ class _ThreadSafeAsyncLock:
 AsyncLock = Union[_LoopAwareAsyncLock, _ThreadSafeAsyncLock]
 
 
+class _AtomicSection:
+    """Async context manager of one atomic section: acquires the given locks in order, yields the collections."""
+
+    __slots__ = ("_acquired", "_collections", "_locks")
+
+    def __init__(self, collections: InMemoryLightningCollections, locks: Sequence[AsyncLock]) -> None:
+        self._collections = collections
+        self._locks = locks
+        self._acquired = 0
+
+    async def __aenter__(self) -> InMemoryLightningCollections:
+        try:
+            for lock in self._locks:
+                await lock.acquire()
+                self._acquired += 1
+        except BaseException:
+            self._release()
+            raise
+        return self._collections
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._acquired:
+            self._acquired -= 1
+            self._locks[self._acquired].release()
+
+
 class InMemoryLightningCollections(LightningCollections):
     """Every store collection held in process memory, with one lock per atomic label.
 
@@ -802,6 +846,7 @@ class InMemoryLightningCollections(LightningCollections):
             raise ValueError(f"lock_type must be 'thread' or 'asyncio', got {lock_type!r}")
         self._lock_type = lock_type
         self._locks = self._make_locks()
+        self._lock_orders: Dict[Tuple[str, ...], Tuple[AsyncLock, ...]] = {}
         self._rollouts = ListBasedCollection([], Rollout, ["rollout_id"], id="rollouts", tracker=tracker)
         self._attempts = ListBasedCollection([], Attempt, ["rollout_id", "attempt_id"], id="attempts", tracker=tracker)
         self._spans = ListBasedCollection(
@@ -821,11 +866,13 @@ class InMemoryLightningCollections(LightningCollections):
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_locks", None)
+        state.pop("_lock_orders", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._locks = self._make_locks()
+        self._lock_orders = {}
 
     @property
     def collection_name(self) -> str:
@@ -859,8 +906,7 @@ class InMemoryLightningCollections(LightningCollections):
     def span_sequence_ids(self) -> DictBasedKeyValue[str, int]:
         return self._span_sequence_ids
 
-    @asynccontextmanager
-    async def atomic(
+    def atomic(
         self,
         *,
         mode: AtomicMode = "rw",
@@ -868,28 +914,24 @@ class InMemoryLightningCollections(LightningCollections):
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
         **kwargs: Any,
-    ) -> AsyncIterator[InMemoryLightningCollections]:
+    ) -> _AtomicSection:
         """Hold the locks of ``labels`` (all when empty) in sorted order; plain reads take no lock.
 
         There is no rollback: a section that raises after mutating keeps its mutations, so callers validate
         before writing.
         """
         if mode == "r" and not snapshot:
-            yield self
-            return
-        names = sorted(set(labels)) if labels else sorted(ALL_LABELS)
-        acquired: List[AsyncLock] = []
-        try:
-            for name in names:
-                lock = self._locks.get(name)
-                if lock is None:
-                    raise ValueError(f"Unknown atomic label {name!r}")
-                await lock.acquire()
-                acquired.append(lock)
-            yield self
-        finally:
-            for lock in reversed(acquired):
-                lock.release()
+            return _AtomicSection(self, ())
+        key = tuple(labels) if labels else ()
+        locks = self._lock_orders.get(key)
+        if locks is None:
+            names = sorted(set(key)) if key else sorted(ALL_LABELS)
+            unknown = [name for name in names if name not in self._locks]
+            if unknown:
+                raise ValueError(f"Unknown atomic label(s) {unknown}; use one of {list(ALL_LABELS)}")
+            locks = tuple(self._locks[name] for name in names)
+            self._lock_orders[key] = locks
+        return _AtomicSection(self, locks)
 
     async def evict_spans_for_rollout(self, rollout_id: str) -> int:
         """Delete every span of a rollout; returns the number of spans removed."""
