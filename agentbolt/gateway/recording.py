@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import orjson
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from agentbolt.gateway.routing import Deployment
 from agentbolt.semconv import (
@@ -33,7 +34,7 @@ from agentbolt.semconv import (
     RESPONSE_TOKEN_IDS,
     LightningResourceAttributes,
 )
-from agentbolt.types import OtelResource, Span, TraceStatus
+from agentbolt.types import OtelResource, Span, SpanContext, TraceStatus
 
 __all__ = ["CallRecord", "assemble_stream", "call_attributes", "build_span"]
 
@@ -42,6 +43,7 @@ logger = logging.getLogger("agentbolt.gateway.recording")
 # Request parameters copied to ``gen_ai.request.<name>`` when present.
 _REQUEST_PARAMS = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "seed", "stream", "stop")
 _SERVICE_NAME = "agentbolt.gateway"
+_ID_GENERATOR = RandomIdGenerator()
 
 
 @dataclass
@@ -338,14 +340,27 @@ def build_span(call: CallRecord, sequence_id: int) -> Span:
         },
         schema_url="",
     )
-    return Span.from_attributes(
-        attributes=attributes,
+    trace_id, span_id = (
+        format(_ID_GENERATOR.generate_trace_id(), "032x"),
+        format(_ID_GENERATOR.generate_span_id(), "016x"),
+    )
+    # The attributes are built above with plain str/int/float/bool values and homogeneous lists, so the span is
+    # assembled without re-validating them (validating the token-id lists is most of the cost of a span).
+    return Span.model_construct(
         rollout_id=call.rollout_id,
         attempt_id=call.attempt_id,
         sequence_id=sequence_id,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=None,
         name=AGL_LLM_CALL,
+        status=status,
+        attributes=attributes,
+        events=[],
+        links=[],
         start_time=call.start_time,
         end_time=call.end_time,
+        context=SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False, trace_state={}),
+        parent=None,
         resource=resource,
-        status=status,
     )
