@@ -107,6 +107,8 @@ class LLMProxy:
             :data:`MIDDLEWARE_ALIASES`).
         callbacks: Feature aliases, default ``["return_token_ids", "logprobs", "opentelemetry"]`` (see
             :data:`CALLBACK_ALIASES`).
+        api_key: Require ``Authorization: Bearer <api_key>`` on every route but ``/health`` (for non-local use);
+            :meth:`as_resource` hands the key to agents.
 
     Raises:
         ValueError: Conflicting launcher settings, an unknown alias, or a malformed ``model_list``.
@@ -125,6 +127,8 @@ class LLMProxy:
         launcher_args: Optional[PythonServerLauncherArgs] = None,
         middlewares: Optional[Sequence[str]] = None,
         callbacks: Optional[Sequence[str]] = None,
+        *,
+        api_key: Optional[str] = None,
     ) -> None:
         from agentbolt.gateway.app import Gateway, create_app
 
@@ -142,6 +146,7 @@ class LLMProxy:
         self.litellm_config["litellm_settings"] = litellm_settings
         self.middlewares = _resolve_aliases(middlewares, DEFAULT_MIDDLEWARES, MIDDLEWARE_ALIASES, "middleware")
         self.callbacks = _resolve_aliases(callbacks, DEFAULT_CALLBACKS, CALLBACK_ALIASES, "callback")
+        self.api_key = api_key
         self.server_launcher_args = launcher_args or PythonServerLauncherArgs(
             port=port,
             host=host,
@@ -173,6 +178,7 @@ class LLMProxy:
             record_spans="opentelemetry" in self.callbacks,
             rollout_routes="rollout_attempt" in self.middlewares,
             log_messages="message_inspection" in self.middlewares,
+            api_key=self.api_key,
         )
 
     # -- configuration ---------------------------------------------------------------------------------------------
@@ -306,11 +312,12 @@ class LLMProxy:
         resolved = self._resolve_model(model)
         params = dict(sampling_parameters or {})
         if rollout_id is None and attempt_id is None:
-            return ProxyLLM(endpoint=self.endpoint, model=resolved, sampling_parameters=params)
+            return ProxyLLM(endpoint=self.endpoint, model=resolved, api_key=self.api_key, sampling_parameters=params)
         if rollout_id is None or attempt_id is None:
             raise ValueError("Pass both rollout_id and attempt_id, or neither.")
         return LLM(
             endpoint=f"{self.endpoint}/rollout/{rollout_id}/attempt/{attempt_id}",
             model=resolved,
+            api_key=self.api_key,
             sampling_parameters=params,
         )

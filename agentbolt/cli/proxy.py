@@ -26,7 +26,7 @@ from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
 
 HELP = "Run the LLM gateway: an OpenAI-compatible proxy that records every call (with token ids) in a store."
-API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
+PROXY_API_KEY_ENV_VAR = "AGENTBOLT_PROXY_API_KEY"
 
 
 def load_config(path: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
@@ -99,6 +99,9 @@ def proxy_command(
         None, min=0.001, help="Seconds allowed to connect and for each wait for backend data (default 600)."
     ),
     log_level: str = typer.Option("INFO", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
+    api_key: Optional[str] = typer.Option(
+        None, envvar=PROXY_API_KEY_ENV_VAR, show_envvar=True, help="Require this bearer token from agents."
+    ),
 ) -> int:
     """Serve the LLM gateway until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -114,11 +117,16 @@ def proxy_command(
     if timeout is not None:
         settings["request_timeout"] = timeout
     litellm_config["litellm_settings"] = settings
-    return asyncio.run(_serve(model_list, litellm_config, store, host, port))
+    return asyncio.run(_serve(model_list, litellm_config, store, host, port, api_key or None))
 
 
 async def _serve(
-    model_list: List[Dict[str, Any]], litellm_config: Dict[str, Any], store_spec: str, host: str, port: int
+    model_list: List[Dict[str, Any]],
+    litellm_config: Dict[str, Any],
+    store_spec: str,
+    host: str,
+    port: int,
+    api_key: Optional[str],
 ) -> int:
     from agentbolt.llm_proxy import LLMProxy
 
@@ -129,6 +137,7 @@ async def _serve(
             model_list=model_list,  # type: ignore[arg-type]
             litellm_config=litellm_config,
             launch_mode="asyncio",
+            api_key=api_key,
         )
     except ValueError as exc:
         raise CliError(f"--config: {exc}") from exc

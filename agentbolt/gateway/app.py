@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class GatewaySettings:
         record_spans: Write one span per call bound to a rollout to the store.
         rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
         log_messages: Log request and response bodies at DEBUG level.
+        api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``.
         max_queued_spans: Calls waiting to be written beyond this are dropped (with a warning).
         sequence_wait: Longest time an answer is held back waiting for the store's sequence id; past it the answer
             is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
@@ -63,6 +65,7 @@ class GatewaySettings:
     record_spans: bool = True
     rollout_routes: bool = True
     log_messages: bool = False
+    api_key: Optional[str] = None
     max_queued_spans: int = 10000
     sequence_wait: float = 3.0
 
@@ -201,7 +204,22 @@ class _Handler:
             agent_name=request.headers.get(LLM_AGENT_NAME_HEADER),
         )
 
+    def _unauthorized(self, request: Request) -> Optional[Response]:
+        """A 401 answer when an API key is configured and the request does not carry it."""
+        key = self.gateway.settings.api_key
+        if key is None:
+            return None
+        given = request.headers.get("authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return None
+        return _error_response(
+            GatewayError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
+        )
+
     async def models(self, request: Request) -> Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "agentbolt"}
             for name in self.gateway.router.model_names
@@ -214,6 +232,9 @@ class _Handler:
     async def completion(
         self, request: Request, endpoint: str, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
     ) -> Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         gateway = self.gateway
         raw = await request.body()
         try:

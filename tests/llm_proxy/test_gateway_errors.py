@@ -187,3 +187,19 @@ async def test_a_hanging_store_does_not_stall_answers(backend: FakeBackend) -> N
         await launcher.stop()
         hanging.close()
         await store.close()
+
+
+async def test_api_key_is_required_when_configured(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
+    async with make_proxy(api_key="s3cret") as proxy, httpx.AsyncClient() as client:
+        body = {"model": "echo", "messages": []}
+        missing = await client.post(f"{proxy.endpoint}/v1/chat/completions", json=body)
+        wrong = await client.get(f"{proxy.endpoint}/v1/models", headers={"authorization": "Bearer nope"})
+        health = await client.get(f"{proxy.endpoint}/health")
+        resource = proxy.as_resource(model="echo")
+        sdk = openai.AsyncOpenAI(base_url=f"{resource.get_base_url(None, None)}/v1", api_key=resource.api_key)  # type: ignore[call-arg]
+        completion = await sdk.chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}])
+        await sdk.close()
+    assert missing.status_code == 401 and "API key" in missing.json()["error"]["message"]
+    assert wrong.status_code == 401 and health.status_code == 200
+    assert completion.choices[0].message.content == "Hello there"
+    assert backend.count("echo") == 1
