@@ -7,11 +7,15 @@ ids), traced vs untraced. Traced calls run inside ``AgentOpsTracer.trace_context
 creates its span, records the request/response attributes and token ids, and writes the span to the store before
 returning (the span processor writes synchronously). Untraced calls go through the SDK's original ``create``.
 Traced and untraced calls alternate (the order within each pair alternates too) so both see the same machine
-load. The overhead is the difference of the percentiles.
+load. The overhead is the difference of the percentiles (``paired_overhead_p50_ms`` is the median of the
+per-pair differences). ``tracing_cpu_ms_per_call`` is the extra CPU time of the client process per traced call
+(span creation, attributes, conversion and the store write on the background thread), measured over separate
+blocks of traced and untraced calls: it is much less affected by other load on the machine than latency.
 
 Prints ONE JSON object on stdout::
 
     {"tracing_overhead_p50_ms": ..., "tracing_overhead_p99_ms": ..., "paired_overhead_p50_ms": ...,
+     "tracing_cpu_ms_per_call": ..., "traced_cpu_ms_per_call": ..., "untraced_cpu_ms_per_call": ...,
      "traced_p50_ms": ..., "untraced_p50_ms": ..., "traced_p99_ms": ..., "untraced_p99_ms": ...,
      "calls": N, "stream": bool, "store": "memory"|"http", "spans_stored": N, "machine": {...}}
 
@@ -142,6 +146,19 @@ async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[s
                 pair.reverse()
             for sink, create in pair:
                 sink.append(call(create))
+        # CPU time of this process per call (the API server runs in another process), measured in separate
+        # blocks so that the background span writes are charged to the traced block; less sensitive than wall
+        # time to other load on the machine.
+        processor = tracer._lightning_span_processor
+        assert processor is not None
+        cpu_per_call: Dict[str, float] = {}
+        for label, create in (("traced", traced_create), ("untraced", original_create)):
+            processor.force_flush()
+            start_cpu = time.process_time()
+            for _ in range(args.calls):
+                call(create)
+            processor.force_flush()
+            cpu_per_call[label] = (time.process_time() - start_cpu) * 1000 / args.calls
     tracer.teardown_worker(0)
     spans = await store.query_spans(rollout.rollout_id)
     paired = [t - u for t, u in zip(traced, untraced, strict=True)]
@@ -149,6 +166,9 @@ async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[s
         "tracing_overhead_p50_ms": round(percentile(traced, 0.5) - percentile(untraced, 0.5), 4),
         "tracing_overhead_p99_ms": round(percentile(traced, 0.99) - percentile(untraced, 0.99), 4),
         "paired_overhead_p50_ms": round(statistics.median(paired), 4),
+        "tracing_cpu_ms_per_call": round(cpu_per_call["traced"] - cpu_per_call["untraced"], 4),
+        "traced_cpu_ms_per_call": round(cpu_per_call["traced"], 4),
+        "untraced_cpu_ms_per_call": round(cpu_per_call["untraced"], 4),
         "traced_p50_ms": round(percentile(traced, 0.5), 4),
         "untraced_p50_ms": round(percentile(untraced, 0.5), 4),
         "traced_p99_ms": round(percentile(traced, 0.99), 4),
