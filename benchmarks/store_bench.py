@@ -241,10 +241,10 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 # operations
 
 
-async def bench_op(
+async def prepare_op(
     store: LightningStore, op: str, concurrency: int, count: int
-) -> Tuple[int, float, List[float], Dict[str, Any]]:
-    """(operations counted for ops_per_s, wall seconds, per-call latencies, extra row fields)."""
+) -> Tuple[Callable[[int, int], Awaitable[None]], int, Dict[str, Any]]:
+    """Set up the data ``op`` needs (untimed); returns (the call to time, items per call, extra row fields)."""
     from agentbolt.types import EnqueueRolloutRequest
 
     if op == "enqueue_rollout":
@@ -252,8 +252,7 @@ async def bench_op(
         async def enqueue(w: int, i: int) -> None:
             await store.enqueue_rollout({"task": i, "question": "What is 2 + 2?"}, mode="train")
 
-        elapsed, lat = await run_concurrently(concurrency, count, enqueue)
-        return count, elapsed, lat, {}
+        return enqueue, 1, {}
 
     if op == "dequeue_rollout":
         for part in chunks(range(count), 100):
@@ -263,16 +262,14 @@ async def bench_op(
             claimed = await store.dequeue_rollout(worker_id=f"worker-{w}")
             assert claimed is not None, "queue ran dry"
 
-        elapsed, lat = await run_concurrently(concurrency, count, dequeue)
-        return count, elapsed, lat, {}
+        return dequeue, 1, {}
 
     if op == "start_rollout":
 
         async def start(w: int, i: int) -> None:
             await store.start_rollout({"task": i})
 
-        elapsed, lat = await run_concurrently(concurrency, count, start)
-        return count, elapsed, lat, {}
+        return start, 1, {}
 
     if op in ("add_span", "add_many_spans"):
         per_call = 1 if op == "add_span" else BATCH
@@ -294,9 +291,7 @@ async def bench_op(
             else:
                 assert len(await store.add_many_spans(batches[i])) == per_call
 
-        elapsed, lat = await run_concurrently(concurrency, count, add)
-        extra = {"unit": "spans/s", "batch_size": BATCH} if per_call > 1 else {}
-        return count * per_call, elapsed, lat, extra
+        return add, per_call, ({"unit": "spans/s", "batch_size": BATCH} if per_call > 1 else {})
 
     if op == "query_spans":
         rollout = await store.start_rollout({"task": "query"})
@@ -309,8 +304,7 @@ async def bench_op(
             result = await store.query_spans(rollout.rollout_id)
             assert len(result) == QUERY_SPANS
 
-        elapsed, lat = await run_concurrently(concurrency, count, query)
-        return count, elapsed, lat, {"spans_per_query": QUERY_SPANS}
+        return query, 1, {"spans_per_query": QUERY_SPANS}
 
     if op == "wait_for_rollouts":
         finished: List[str] = []
@@ -323,8 +317,7 @@ async def bench_op(
             result = await store.wait_for_rollouts(rollout_ids=[finished[i % len(finished)]], timeout=0)
             assert len(result) == 1
 
-        elapsed, lat = await run_concurrently(concurrency, count, wait)
-        return count, elapsed, lat, {"note": "rollouts already finished"}
+        return wait, 1, {"note": "rollouts already finished"}
 
     raise ValueError(op)
 
@@ -379,11 +372,12 @@ async def bench_target(
             log(results[-1])
             continue
         for concurrency in concurrencies:
+            call, per_call, extra = await prepare_op(store, op, concurrency, count)
             gc.collect()
             cpu_before = cpu_seconds(serving)
-            n, elapsed, lat, extra = await bench_op(store, op, concurrency, count)
+            elapsed, lat = await run_concurrently(concurrency, count, call)
             extra["server_cpu_ms_per_call"] = round((cpu_seconds(serving) - cpu_before) / len(lat) * 1000, 3)
-            results.append(row(backend, transport, op, concurrency, n, elapsed, lat, **extra))
+            results.append(row(backend, transport, op, concurrency, count * per_call, elapsed, lat, **extra))
             log(results[-1])
     return results
 
