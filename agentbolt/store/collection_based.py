@@ -364,9 +364,29 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             self._latest_resources_id = latest_id
         return latest_id
 
-    async def _new_rollout(
+    async def _new_rollouts(
         self,
         collections: LightningCollections,
+        requests: Sequence[Tuple[Any, ...]],
+        status: RolloutStatus,
+        now: float,
+    ) -> List[Rollout]:
+        """Rollouts from ``(input, mode, resources_id, config, metadata)`` tuples.
+
+        A missing ``resources_id`` means the latest resources (looked up once per call).
+        """
+        latest: Optional[str] | Unset = UNSET
+        rollouts: List[Rollout] = []
+        for task, mode, resources_id, config, metadata in requests:
+            if resources_id is None:
+                if isinstance(latest, Unset):
+                    latest = await self._latest_resources_id_in(collections)
+                resources_id = latest
+            rollouts.append(self._new_rollout(task, mode, resources_id, config, metadata, status, now))
+        return rollouts
+
+    @staticmethod
+    def _new_rollout(
         input: TaskInput,
         mode: Optional[RolloutMode],
         resources_id: Optional[str],
@@ -375,8 +395,6 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         status: RolloutStatus,
         now: float,
     ) -> Rollout:
-        if resources_id is None:
-            resources_id = await self._latest_resources_id_in(collections)
         return Rollout(
             rollout_id="ro-" + generate_id(12),
             input=input,
@@ -586,8 +604,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         _check_worker_id(worker_id)
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
-            rollout = await self._new_rollout(
-                collections, input, mode, resources_id, config, metadata, "preparing", now
+            (rollout,) = await self._new_rollouts(
+                collections, [(input, mode, resources_id, config, metadata)], "preparing", now
             )
             attempt = Attempt(
                 rollout_id=rollout.rollout_id,
@@ -607,10 +625,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         """Create queued rollouts from ``(input, mode, resources_id, config, metadata)`` tuples, in order."""
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
-            rollouts = [
-                await self._new_rollout(collections, task, mode, resources_id, config, metadata, "queuing", now)
-                for task, mode, resources_id, config, metadata in requests
-            ]
+            rollouts = await self._new_rollouts(collections, requests, "queuing", now)
             if rollouts:
                 await collections.rollouts.insert(rollouts)
                 await collections.rollout_queue.enqueue([rollout.rollout_id for rollout in rollouts])

@@ -63,6 +63,10 @@ async def test_enqueue_resolves_latest_resources(store: LightningStore) -> None:
     assert (await store.enqueue_rollout(3, resources_id=first.resources_id)).resources_id == first.resources_id
     started = await store.start_rollout(4)
     assert started.resources_id == second.resources_id
+    batch = await store.enqueue_many_rollouts(
+        [EnqueueRolloutRequest(input=5), EnqueueRolloutRequest(input=6, resources_id=first.resources_id)]
+    )
+    assert [r.resources_id for r in batch] == [second.resources_id, first.resources_id]
 
 
 async def test_enqueue_many_keeps_order_and_dequeue_is_fifo(store: LightningStore) -> None:
