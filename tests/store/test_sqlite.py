@@ -181,6 +181,18 @@ async def test_locked_file_gives_clear_error_without_changes(tmp_path: Path) -> 
         await reopened.close()
 
 
+async def test_synchronous_full_is_applied(tmp_path: Path) -> None:
+    collections = SqliteLightningCollections(tmp_path / "full.db", synchronous="FULL")
+    try:
+        async with collections.atomic():  # reads inside a write section use the writing connection
+            level = await collections.rollouts._read(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert level == 2  # FULL
+        await collections.rollout_queue.enqueue(["ro-1"])
+        assert await collections.rollout_queue.peek() == ["ro-1"]
+    finally:
+        await collections.close()
+
+
 def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="synchronous"):
         SqliteLightningCollections(tmp_path / "a.db", synchronous="SOMETIMES")  # type: ignore[arg-type]
