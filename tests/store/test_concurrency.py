@@ -215,3 +215,51 @@ async def test_threaded_facade_delegates_with_same_signatures() -> None:
     assert (updated.input, updated.mode) == ("y", "train")
     stats = await facade.statistics()
     assert stats["name"] == "InMemoryLightningStore" and stats["total_rollouts"] == 1
+
+
+async def test_unlocked_readers_survive_writers_in_other_threads() -> None:
+    store = InMemoryLightningStore(thread_safe=True, scan_debounce_seconds=0)
+    seeded = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=i) for i in range(50)])
+    ids = [r.rollout_id for r in seeded]
+    errors: List[BaseException] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        async def run() -> None:
+            for round_index in range(100):
+                claimed = await store.dequeue_rollout(worker_id="writer")
+                if claimed is not None:
+                    await store.start_attempt(claimed.rollout_id)
+                    await store.update_rollout(claimed.rollout_id, status="requeuing")
+                await store.enqueue_rollout(round_index)
+                await store.update_worker(f"w-{round_index % 7}")
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def reader() -> None:
+        async def run() -> None:
+            while not stop.is_set():
+                await store.query_rollouts(rollout_id_in=ids[:25], sort_by="start_time")
+                await store.query_rollouts(status_in=["preparing", "queuing"])
+                await store.query_workers(worker_id_contains="w-")
+                for rollout_id in ids[:5]:
+                    await store.query_attempts(rollout_id)
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader), threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        await asyncio.to_thread(thread.join)
+    assert errors == []
+    stats = await store.statistics()
+    assert stats["total_rollouts"] == 150

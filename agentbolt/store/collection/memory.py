@@ -408,18 +408,28 @@ class ListBasedCollection(Collection[T]):
             keys: List[Tuple[Any, ...]] = [()]
             for name in self._primary_keys:
                 keys = [(*key, value) for key in keys for value in constraints[name]]
-            found = [key for key in keys if key in self._items]
-            found.sort(key=self._ordinals.__getitem__)
-            return [self._items[key] for key in found]
+            return self._in_insertion_order(keys)
         first = self._primary_keys[0]
         if first in constraints and len(self._primary_keys) > 1:
             values = constraints[first]
             if len(values) == 1:
                 return list(self._groups.get(values[0], {}).values())
-            keys = [key for value in values for key in self._groups.get(value, {})]
-            keys.sort(key=self._ordinals.__getitem__)
-            return [self._items[key] for key in keys]
+            return self._in_insertion_order([key for value in values for key in list(self._groups.get(value, {}))])
         return list(self._items.values())
+
+    def _in_insertion_order(self, keys: Iterable[Tuple[Any, ...]]) -> List[T]:
+        """Stored items of ``keys`` (missing ones skipped), in insertion order.
+
+        Only single dict operations are used, so unlocked readers stay safe while another thread writes.
+        """
+        found = []
+        for key in keys:
+            item = self._items.get(key)
+            ordinal = self._ordinals.get(key)
+            if item is not None and ordinal is not None:
+                found.append((ordinal, item))
+        found.sort(key=lambda pair: pair[0])
+        return [item for _, item in found]
 
     def _iter_items(
         self,
