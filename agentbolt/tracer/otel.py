@@ -387,7 +387,8 @@ class LightningSpanProcessor(SpanProcessor):
             except Exception as exc:
                 if _is_permanent_error(exc):
                     self._complete(item, None)
-                    self._given_up += 1
+                    with self._lock:
+                        self._given_up += 1
                     logger.warning(
                         "The store rejected span %r of rollout %s (%s: %s); giving it up (%d span(s) given up so far).",
                         item.span.name,
@@ -488,7 +489,7 @@ class LightningSpanProcessor(SpanProcessor):
             with self._lock:
                 lost = len(self._pending)
                 self._pending.clear()
-            self._given_up += lost
+                self._given_up += lost
             logger.warning("Shutting down with %d span(s) never written to the store; they are lost.", lost)
         loop, thread = self._loop, self._loop_thread
         self._loop = None
