@@ -269,6 +269,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         self._scan_lock = threading.Lock()
         self._start_time = time.time()
         self._latest_resources_id: Optional[str] | Unset = UNSET
+        self._latest_resources_lock = threading.Lock()
         self._waiters: Dict[str, Set[_Waiter]] = {}
         self._waiters_lock = threading.Lock()
         if tracker is not None:
@@ -356,12 +357,15 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     # =================================================================================================================
 
     async def _latest_resources_id_in(self, collections: LightningCollections) -> Optional[str]:
-        if self._cache_latest_resources and not isinstance(self._latest_resources_id, Unset):
-            return self._latest_resources_id
+        cached = self._latest_resources_id
+        if self._cache_latest_resources and not isinstance(cached, Unset):
+            return cached
         latest = await collections.resources.get(sort={"name": "update_time", "order": "desc"})
         latest_id = None if latest is None else latest.resources_id
         if self._cache_latest_resources:
-            self._latest_resources_id = latest_id
+            with self._latest_resources_lock:  # a concurrent write may have set a newer id meanwhile
+                if isinstance(self._latest_resources_id, Unset):
+                    self._latest_resources_id = latest_id
         return latest_id
 
     async def _new_rollouts(
@@ -997,7 +1001,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 )
                 await collections.resources.update([update])
             if self._cache_latest_resources:
-                self._latest_resources_id = update.resources_id
+                with self._latest_resources_lock:
+                    self._latest_resources_id = update.resources_id
         return update
 
     @tracked("add_resources")

@@ -141,3 +141,16 @@ def test_capabilities() -> None:
         "otlp_traces": False,
     }
     assert InMemoryLightningStore(thread_safe=True).capabilities["thread_safe"] is True
+
+
+async def test_latest_resources_id_is_cached_after_first_use() -> None:
+    from agentbolt.store.base import UNSET
+    from agentbolt.types import PromptTemplate
+
+    store = InMemoryLightningStore()
+    assert store._latest_resources_id is UNSET
+    assert (await store.enqueue_rollout(1)).resources_id is None
+    assert store._latest_resources_id is None
+    added = await store.add_resources({"p": PromptTemplate(template="t", engine="f-string")})
+    assert store._latest_resources_id == added.resources_id
+    assert (await store.enqueue_rollout(2)).resources_id == added.resources_id
