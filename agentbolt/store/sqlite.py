@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Optional
 
 from agentbolt.store.base import LightningStoreCapabilities
 from agentbolt.store.collection.sqlite import (
@@ -122,7 +122,7 @@ _WRITER_OPERATIONS = (
 """Operations that write: each runs as a whole on the database's writer thread (see ``run_on_writer``)."""
 
 
-def _run_on_writer(name: str) -> Callable[..., Awaitable[Any]]:
+def _run_on_writer(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     implementation = getattr(CollectionBasedLightningStore, name)
 
     @functools.wraps(implementation)

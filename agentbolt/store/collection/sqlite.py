@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import (
     Any,
     AsyncIterator,
-    Awaitable,
     Callable,
+    Coroutine,
     Deque,
     Dict,
     Generic,
@@ -392,7 +392,7 @@ class _Database:
         except RuntimeError:
             return False
 
-    async def run_on_writer(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def run_on_writer(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn(*args, **kwargs)`` on the writer loop, where SQLite calls need no thread hand-off."""
         if self.on_writer_loop():
             return await fn(*args, **kwargs)
@@ -1458,7 +1458,7 @@ class SqliteLightningCollections(LightningCollections):
         async with self._db.write_section():
             yield self
 
-    async def run_on_writer(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def run_on_writer(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn(*args, **kwargs)`` on the writer thread's event loop.
 
         Coroutines running there reach SQLite without any thread hand-off, so a multi-step operation costs one
