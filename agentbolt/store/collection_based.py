@@ -310,8 +310,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     async def _health_checked_rollouts(
         self, collections: LightningCollections, rollout_ids: Optional[Sequence[str]] = None
-    ) -> List[AttemptedRollout]:
-        """Active rollouts with a health policy, with their latest attempt when that attempt is active."""
+    ) -> Dict[str, Tuple[Rollout, Attempt]]:
+        """Active rollouts with a health policy whose latest attempt is active, by rollout id."""
         filter_options: Dict[str, Any] = {"status": {"within": _HEALTH_CHECKED_ROLLOUT_STATUSES}}
         if rollout_ids is not None:
             filter_options["rollout_id"] = {"within": list(rollout_ids)}
@@ -320,21 +320,23 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             for rollout in await collections.rollouts.query(filter=filter_options)
             if rollout.config.timeout_seconds is not None or rollout.config.unresponsive_seconds is not None
         ]
-        if not rollouts:
-            return []
         latest = await self._latest_attempts(collections, [r.rollout_id for r in rollouts])
-        return [
-            AttemptedRollout(**dict(rollout), attempt=latest[rollout.rollout_id])
+        return {
+            rollout.rollout_id: (rollout, latest[rollout.rollout_id])
             for rollout in rollouts
             if rollout.rollout_id in latest and latest[rollout.rollout_id].status in _ACTIVE_ATTEMPT_STATUSES
-        ]
+        }
+
+    @staticmethod
+    async def _judge(candidates: Dict[str, Tuple[Rollout, Attempt]]) -> Dict[Tuple[str, str], AttemptStatus]:
+        attempted = [AttemptedRollout(**dict(rollout), attempt=attempt) for rollout, attempt in candidates.values()]
+        return dict(await scan_unhealthy_rollouts(attempted))
 
     @tracked("_scan_for_unhealthy_rollouts")
     async def _scan_for_unhealthy_rollouts(self) -> None:
         """Mark attempts that timed out or went silent, exactly as ``update_attempt(status=...)`` would."""
         async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            candidates = await self._health_checked_rollouts(collections)
-        verdicts = await scan_unhealthy_rollouts(candidates)
+            verdicts = await self._judge(await self._health_checked_rollouts(collections))
         if not verdicts:
             return
         changes: RolloutChanges = []
@@ -342,13 +344,12 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             mode="rw", labels=["rollouts", "attempts", "workers", "rollout_queue"]
         ) as collections:
             # Re-judge on fresh data: a span may have arrived since the read above.
-            fresh = await self._health_checked_rollouts(collections, [rid for rid, _ in verdicts])
-            for (rollout_id, attempt_id), status in (await scan_unhealthy_rollouts(fresh)).items():
-                rollout = next(r for r in fresh if r.rollout_id == rollout_id)
+            fresh = await self._health_checked_rollouts(collections, [rollout_id for rollout_id, _ in verdicts])
+            for (rollout_id, attempt_id), status in (await self._judge(fresh)).items():
+                rollout, attempt = fresh[rollout_id]
                 logger.info("Attempt %s of rollout %s is %s", attempt_id, rollout_id, status)
-                base_rollout = Rollout(**{k: v for k, v in dict(rollout).items() if k != "attempt"})
                 await self._apply_attempt_update(
-                    collections, base_rollout, rollout.attempt, {"status": status}, time.time(), changes
+                    collections, rollout, attempt, {"status": status}, time.time(), changes
                 )
         await self._post_update_rollout(changes)
 
