@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from multiprocessing.context import BaseContext
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 __all__ = ["ExecutionEvent", "ThreadingEvent", "MultiprocessingEvent"]
 
@@ -22,51 +22,43 @@ class ExecutionEvent(Protocol):
     def wait(self, timeout: Optional[float] = None) -> bool: ...
 
 
-class ThreadingEvent:
-    """Event shared by threads of one process."""
+class _DelegatingEvent:
+    """Forwards the event protocol to a wrapped ``threading`` or ``multiprocessing`` event."""
 
     __slots__ = ("_event",)
+
+    _event: Any
+
+    def set(self) -> None:
+        """Raise the flag."""
+        self._event.set()
+
+    def clear(self) -> None:
+        """Lower the flag."""
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        """Whether the flag is raised."""
+        return bool(self._event.is_set())
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the flag is raised or ``timeout`` passes; returns the flag."""
+        return bool(self._event.wait(timeout))
+
+
+class ThreadingEvent(_DelegatingEvent):
+    """Event shared by threads of one process."""
+
+    __slots__ = ()
 
     def __init__(self) -> None:
         self._event = threading.Event()
 
-    def set(self) -> None:
-        """Raise the flag."""
-        self._event.set()
 
-    def clear(self) -> None:
-        """Lower the flag."""
-        self._event.clear()
-
-    def is_set(self) -> bool:
-        """Whether the flag is raised."""
-        return self._event.is_set()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Block until the flag is raised or ``timeout`` passes; returns the flag."""
-        return self._event.wait(timeout)
-
-
-class MultiprocessingEvent:
+class MultiprocessingEvent(_DelegatingEvent):
     """Event shared by processes (pass it to children at spawn time)."""
 
-    __slots__ = ("_event",)
+    __slots__ = ()
 
     def __init__(self, *, ctx: Optional[BaseContext] = None) -> None:
         self._event = (ctx or multiprocessing).Event()  # type: ignore[attr-defined]
-
-    def set(self) -> None:
-        """Raise the flag."""
-        self._event.set()
-
-    def clear(self) -> None:
-        """Lower the flag."""
-        self._event.clear()
-
-    def is_set(self) -> bool:
-        """Whether the flag is raised."""
-        return self._event.is_set()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Block until the flag is raised or ``timeout`` passes; returns the flag."""
-        return self._event.wait(timeout)
