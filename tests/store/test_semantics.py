@@ -660,3 +660,22 @@ def test_store_package_import_is_light() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines() == ["[]", "LightningStoreClient LightningStoreServer"]
+
+
+async def test_generic_store_over_memory_collections_with_snapshot_reads() -> None:
+    from agentbolt.store.collection import InMemoryLightningCollections
+    from agentbolt.store.collection_based import CollectionBasedLightningStore
+
+    store = CollectionBasedLightningStore(InMemoryLightningCollections("thread"), read_snapshot=True)
+    assert store.capabilities == {}
+    rollout = await store.enqueue_rollout("x", config=RETRY_ON_FAILURE)
+    claimed = await claim(store, worker_id="w")
+    await send_span(store, rollout.rollout_id, claimed.attempt.attempt_id)
+    await store.update_attempt(rollout.rollout_id, "latest", status="failed")
+    retry = await claim(store)
+    assert retry.attempt.sequence_id == 2
+    await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+    done = await store.wait_for_rollout(rollout.rollout_id, timeout=0)
+    assert done is not None and done.status == "succeeded"
+    stats = await store.statistics()
+    assert stats["name"] == "CollectionBasedLightningStore" and stats["total_attempts"] == 2
