@@ -8,13 +8,16 @@ Three processes besides this one, as a user would run them:
 
 At concurrency 1, requests go round-robin to the backend directly, to the gateway bound to a rollout (each call
 recorded as a span with token ids: ``proxy_*``) and to the gateway without a rollout (nothing recorded:
-``proxy_untraced_*``); ``added_*`` is the difference of the percentiles with the direct ones. Then the backend and
-the traced gateway are driven at concurrency 32 for throughput. The script checks that every traced call was
-recorded in the store.
+``proxy_untraced_*``); ``added_*`` is the difference of the percentiles with the direct ones. The same is repeated
+(200 requests) with a backend that takes ``--backend-delay-ms`` to answer, like a (very fast) model: the store's
+sequence-id round trip, which runs alongside the upstream call, is then hidden behind it. Then the backend and the
+traced gateway are driven at concurrency 32 for throughput. The script checks that every traced call was recorded
+in the store.
 
 Usage::
 
     python benchmarks/gateway_bench.py [--requests 1000] [--concurrency 32] [--throughput-requests 3000]
+        [--backend-delay-ms 20]
 
 Prints one JSON object.
 """
@@ -107,12 +110,18 @@ class _BackendProtocol(asyncio.Protocol):
             response["choices"][0]["token_ids"] = [12366, 13]
         payload = json.dumps(response).encode()
         assert self.transport is not None
-        self.transport.write(
+        message = (
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(payload)).encode()
             + b"\r\n\r\n"
             + payload
         )
+        # A model named "<name>-delay-<ms>" answers after that many milliseconds (a stand-in for generation time).
+        _, _, delay_ms = str(request.get("model", "")).partition("-delay-")
+        if delay_ms.isdigit():
+            asyncio.get_running_loop().call_later(int(delay_ms) / 1000, self.transport.write, message)
+        else:
+            self.transport.write(message)
 
 
 def serve_backend(port: int) -> None:
@@ -172,11 +181,11 @@ def _timed_post(connection: http.client.HTTPConnection, path: str, body: bytes) 
 
 
 def measure_latency(
-    backend_port: int, proxy_port: int, traced_path: str, requests: int, warmup: int
+    backend_port: int, proxy_port: int, traced_path: str, requests: int, warmup: int, model: str = "bench"
 ) -> Dict[str, float]:
     """Round-robin over three keep-alive connections (concurrency 1): the backend directly, the gateway with
     tracing (URL bound to a rollout), and the gateway without tracing (plain ``/v1`` URL)."""
-    body = json.dumps(REQUEST).encode()
+    body = json.dumps({**REQUEST, "model": model}).encode()
     targets = {
         "direct": (backend_port, "/v1/chat/completions"),
         "proxy": (proxy_port, traced_path),
@@ -256,6 +265,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100, help="Unmeasured requests per target first.")
     parser.add_argument("--concurrency", type=int, default=32, help="Clients in the throughput phase.")
     parser.add_argument("--throughput-requests", type=int, default=3000, help="Requests per target, throughput phase.")
+    parser.add_argument(
+        "--backend-delay-ms", type=int, default=20, help="Backend answer delay of the second latency phase."
+    )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_backend:
@@ -264,6 +276,7 @@ def main() -> None:
     if args.requests < 200:
         parser.error("--requests must be at least 200")
 
+    load_before = os.getloadavg()
     backend_port, store_port, proxy_port = _free_port(), _free_port(), _free_port()
     agentbolt = [sys.executable, "-c", "import sys; from agentbolt.cli import main; sys.exit(main())"]
     processes: List[subprocess.Popen[bytes]] = []
@@ -286,12 +299,13 @@ def main() -> None:
                     {
                         "model_list": [
                             {
-                                "model_name": "bench",
+                                "model_name": name,
                                 "litellm_params": {
-                                    "model": "hosted_vllm/bench",
+                                    "model": f"hosted_vllm/{name}",
                                     "api_base": f"http://127.0.0.1:{backend_port}/v1",
                                 },
                             }
+                            for name in ("bench", f"bench-delay-{args.backend_delay_ms}")
                         ]
                     }
                 )
@@ -304,13 +318,16 @@ def main() -> None:
             rollout_id, attempt_id = asyncio.run(_store_setup(store_url))
             proxy_path = f"/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
             latency = measure_latency(backend_port, proxy_port, proxy_path, args.requests, args.warmup)
+            delayed = measure_latency(
+                backend_port, proxy_port, proxy_path, 200, 20, model=f"bench-delay-{args.backend_delay_ms}"
+            )
             direct_rps = asyncio.run(
                 measure_throughput(backend_port, "/v1/chat/completions", args.throughput_requests, args.concurrency)
             )
             proxy_rps = asyncio.run(
                 measure_throughput(proxy_port, proxy_path, args.throughput_requests, args.concurrency)
             )
-            expected = args.warmup + args.requests + args.throughput_requests  # traced calls only
+            expected = args.warmup + args.requests + 220 + args.throughput_requests  # traced calls only
             recorded = asyncio.run(_count_spans(store_url, rollout_id, expected))
         finally:
             for process in reversed(processes):
@@ -323,6 +340,7 @@ def main() -> None:
 
     result = {
         **latency,
+        f"with_{args.backend_delay_ms}ms_backend": delayed,
         "concurrency": args.concurrency,
         "direct_throughput_rps": round(direct_rps, 1),
         "proxy_throughput_rps": round(proxy_rps, 1),
@@ -335,6 +353,8 @@ def main() -> None:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "loadavg_1min_before": round(load_before[0], 2),
+            "loadavg_1min_after": round(os.getloadavg()[0], 2),
         },
     }
     print(json.dumps(result, indent=2))
