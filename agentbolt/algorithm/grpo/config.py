@@ -59,7 +59,9 @@ class GRPOConfig(BaseModel):
     rollout_timeout: Optional[float] = Field(
         default=None, gt=0, description="Seconds to wait for the rollouts of a step; late ones count as failed."
     )
-    poll_interval: float = Field(default=0.05, gt=0, description="Seconds between store polls while waiting.")
+    serve_max_batch_size: int = Field(
+        default=16, ge=1, description="Sequences the in-process engine decodes together while rolling out."
+    )
     sampling_parameters: Dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 1.0},
         description="Sampling parameters published with the ``main_llm`` resource for training rollouts.",
@@ -136,6 +138,9 @@ class GRPOConfig(BaseModel):
 
     # --- validation, checkpoints, logging ------------------------------------------------------------------------
     val_before_train: bool = Field(default=True, description="Validate on val_dataset before the first step.")
+    val_success_reward: float = Field(
+        default=1.0, description="A validation rollout counts as correct when its final reward is at least this."
+    )
     val_interval: int = Field(default=0, ge=0, description="Validate every N training steps (0: never mid-run).")
     checkpoint_dir: Optional[str] = Field(default=None, description="Directory of checkpoints (None: none saved).")
     checkpoint_interval: int = Field(

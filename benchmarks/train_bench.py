@@ -1,0 +1,175 @@
+"""GRPO update throughput and overhead against a bare torch training step.
+
+For one fixed batch (``--batch`` samples of ``--prompt`` prompt tokens and ``--response`` response tokens) this
+times:
+
+* ``grpo``: one :meth:`PolicyTrainer.train_step` (behaviour log-probs given, as the engine returns them; one
+  minibatch, one epoch), i.e. collate + forward + clipped loss + backward + grad clipping + AdamW + LR schedule;
+* ``grpo_kl``: the same with ``kl_coef > 0`` (adds a no-grad reference forward with the adapters disabled);
+* ``bare``: the minimal torch step over the same tokens on the same LoRA model: one forward keeping the response
+  logits, mean token NLL of the response, backward, AdamW step.
+
+and prints JSON with the update tokens/s and ``overhead_ratio = grpo / bare`` (target <= 1.25). Times are medians of
+``--repeats`` runs after one warm-up run.
+
+Usage:
+    .venv/bin/python benchmarks/train_bench.py                 # embedded SmolLM2-135M, LoRA r=8, bf16, 2 threads
+    .venv/bin/python benchmarks/train_bench.py --model tiny    # tiny random Llama (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+
+
+def _load(model: str, dtype: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if model == "tiny":
+        from agentbolt.models.tiny import create_tiny_model
+
+        path = create_tiny_model(tempfile.mkdtemp(prefix="tiny-llama-"))
+    else:
+        from agentbolt.models import DEFAULT_MODEL, resolve_model
+
+        path = resolve_model(DEFAULT_MODEL if model == "embedded" else model).path
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+
+def _samples(args: argparse.Namespace, vocab: int) -> List[Any]:
+    from agentbolt.algorithm.grpo.samples import TokenSample
+
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(args.batch):
+        tokens = torch.randint(3, vocab, (args.prompt + args.response,), generator=generator).tolist()
+        samples.append(
+            TokenSample(
+                prompt_ids=tokens[: args.prompt],
+                response_ids=tokens[args.prompt :],
+                logprobs=None,
+                reward=float(i % 2),
+                group_id="g",
+                rollout_id=f"r{i}",
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    return samples
+
+
+def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _trainer(args: argparse.Namespace, kl_coef: float) -> Any:
+    from agentbolt.algorithm.grpo.config import GRPOConfig
+    from agentbolt.algorithm.grpo.trainer import PolicyTrainer
+
+    config = GRPOConfig(
+        lora_r=args.lora_r,
+        lora_alpha=2.0 * args.lora_r,
+        dtype=args.dtype,
+        threads=args.threads,
+        micro_batch_size=args.batch,
+        kl_coef=kl_coef,
+        learning_rate=1e-6,
+    )
+    return PolicyTrainer(_load(args.model, args.dtype), config)
+
+
+def _bare_step(trainer: Any, samples: List[Any]) -> Callable[[], None]:
+    """The minimal equivalent torch step on the trainer's own model and parameters."""
+    from agentbolt.algorithm.grpo.trainer import collate
+
+    batch = collate(samples)
+    width = batch.response_width
+    optimizer = torch.optim.AdamW(trainer.trainable_parameters, lr=1e-6)
+    model = trainer.model
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=width + 1,
+        ).logits[:, -(width + 1) : -1, :]
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1)
+        )
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="embedded", help="'embedded', 'tiny', or a model directory")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=192)
+    parser.add_argument("--response", type=int, default=64)
+    parser.add_argument("--lora-r", type=int, default=8)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    results: Dict[str, Any] = {}
+    for name, kl_coef in (("grpo", 0.0), ("grpo_kl", 1e-3)):
+        trainer = _trainer(args, kl_coef)
+        samples = _samples(args, trainer.model.get_input_embeddings().num_embeddings)
+        for sample, logp in zip(samples, trainer.compute_logprobs(samples), strict=True):
+            sample.logprobs = logp.tolist()  # as returned by the engine: not part of the update
+        results[name] = _median_seconds(lambda t=trainer, s=samples: t.train_step(s), args.repeats)
+        if name == "grpo":
+            results["bare"] = _median_seconds(_bare_step(trainer, samples), args.repeats)
+        del trainer
+
+    tokens = args.batch * (args.prompt + args.response)
+    print(
+        json.dumps(
+            {
+                "benchmark": "grpo_update",
+                "model": args.model,
+                "finetune": f"lora r={args.lora_r}",
+                "dtype": args.dtype,
+                "threads": args.threads,
+                "batch": {"samples": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response},
+                "tokens_per_step": tokens,
+                "grpo_step_seconds": round(results["grpo"], 4),
+                "grpo_kl_step_seconds": round(results["grpo_kl"], 4),
+                "bare_step_seconds": round(results["bare"], 4),
+                "update_tokens_per_second": round(tokens / results["grpo"], 1),
+                "overhead_ratio": round(results["grpo"] / results["bare"], 3),
+                "overhead_ratio_with_kl": round(results["grpo_kl"] / results["bare"], 3),
+                "target_overhead_ratio": 1.25,
+                "machine": {
+                    "cpus": torch.get_num_threads(),
+                    "platform": platform.platform(),
+                    "torch": torch.__version__,
+                },
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
