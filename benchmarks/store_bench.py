@@ -11,8 +11,7 @@ Transports: ``inprocess`` (the store object) and ``http`` (a real LightningStore
 on 127.0.0.1, reached with the real LightningStoreClient). Each op runs at concurrency 1 and 16 (asyncio tasks).
 ``add_many_spans`` sends batches of 100 spans and reports spans/s (``"unit": "spans/s"``). ``wait_for_rollouts``
 has a row for already-finished rollouts and a ``wait_wakeup`` row: the latency from the call that finishes a
-rollout to the return of a waiter blocked on it (over HTTP the client polls with 0.1 s waits, as the client
-refuses longer blocking waits).
+rollout to the return of a waiter blocked on it in a ``wait_for_rollouts`` call with a long timeout.
 
 ``--million-spans`` instead fills a SQLite store with 1,000,000 spans (5,000 rollouts x 200 spans of 20
 attributes), starts the server on it, and reports the server's RSS and the latency of ``query_spans`` for one
@@ -322,7 +321,7 @@ async def prepare_op(
     raise ValueError(op)
 
 
-async def bench_wakeup(store: LightningStore, trials: int, http: bool) -> List[float]:
+async def bench_wakeup(store: LightningStore, trials: int) -> List[float]:
     """Latency from the update finishing a rollout to the return of a waiter blocked on it."""
     latencies: List[float] = []
     for _ in range(trials):
@@ -331,7 +330,7 @@ async def bench_wakeup(store: LightningStore, trials: int, http: bool) -> List[f
 
         async def waiter(rollout_id: str = rollout.rollout_id, done: asyncio.Future[float] = done) -> None:
             while True:
-                result = await store.wait_for_rollouts(rollout_ids=[rollout_id], timeout=0.1 if http else 30.0)
+                result = await store.wait_for_rollouts(rollout_ids=[rollout_id], timeout=30.0)
                 if result:
                     done.set_result(time.perf_counter())
                     return
@@ -365,7 +364,7 @@ async def bench_target(
     for op in ops:
         if op == "wait_wakeup":
             trials = max(10, count // 20)
-            lat = await bench_wakeup(store, trials, http=transport == "http")
+            lat = await bench_wakeup(store, trials)
             results.append(
                 row(backend, transport, op, 1, 0, 0.0, lat, note="finish-to-waiter latency; ops_per_s not applicable")
             )
