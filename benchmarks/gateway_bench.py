@@ -1,18 +1,20 @@
 """Latency the LLM gateway adds, and its throughput, with tracing to a SQLite store on.
 
-Three processes besides this one, as a user would run them:
+Processes, as a user would run them: a fast fake OpenAI-compatible backend in its own process (it stands in for
+the model; the gateway is what is measured), the gateway in its own process (``agentbolt proxy``), and a SQLite
+store in one of two placements, each measured in turn:
 
-* a fast fake OpenAI-compatible backend (it stands in for the model; the gateway is what is measured),
-* ``agentbolt store --path <tmp>/bench.db`` (SQLite store server),
-* ``agentbolt proxy --config <models.yaml> --store http://127.0.0.1:<store port>`` (the gateway).
+* ``in_gateway`` (top-level keys): ``agentbolt proxy --store <tmp>/bench.db``, the gateway owns the SQLite file;
+* ``store_server`` (under ``"store_server"``): ``agentbolt store --path <tmp>/bench.db`` in a third process and
+  ``agentbolt proxy --store http://127.0.0.1:<port>``, so sequence ids and spans go over HTTP.
 
 At concurrency 1, requests go round-robin to the backend directly, to the gateway bound to a rollout (each call
 recorded as a span with token ids: ``proxy_*``) and to the gateway without a rollout (nothing recorded:
 ``proxy_untraced_*``); ``added_*`` is the difference of the percentiles with the direct ones. The same is repeated
 (200 requests) with a backend that takes ``--backend-delay-ms`` to answer, like a (very fast) model: the store's
 sequence-id round trip, which runs alongside the upstream call, is then hidden behind it. Then the backend and the
-traced gateway are driven at concurrency 32 for throughput. The script checks that every traced call was recorded
-in the store.
+traced gateway are driven at concurrency 32 for throughput. After stopping the gateway, the script counts the spans
+in the store (``spans_recorded`` must equal ``proxy_calls``).
 
 Usage::
 
@@ -235,28 +237,111 @@ async def measure_throughput(port: int, path: str, total: int, concurrency: int)
         return total / (time.perf_counter() - start)
 
 
-async def _store_setup(store_url: str) -> Tuple[str, str]:
-    from agentbolt.store.client_server import LightningStoreClient
+async def _open_store(spec: str) -> Any:
+    if spec.startswith("http"):
+        from agentbolt.store.client_server import LightningStoreClient
 
-    client = LightningStoreClient(store_url)
-    rollout = await client.start_rollout(input={"benchmark": "gateway"})
-    await client.close()
+        return LightningStoreClient(spec)
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    return SqliteLightningStore(spec)
+
+
+async def _new_rollout(spec: str) -> Tuple[str, str]:
+    store = await _open_store(spec)
+    rollout = await store.start_rollout(input={"benchmark": "gateway"})
+    await store.close()
     return rollout.rollout_id, rollout.attempt.attempt_id
 
 
-async def _count_spans(store_url: str, rollout_id: str, expected: int, timeout: float = 60.0) -> int:
-    from agentbolt.store.client_server import LightningStoreClient
+async def _count_spans(spec: str, rollout_id: str) -> int:
+    store = await _open_store(spec)
+    count = len(await store.query_spans(rollout_id))
+    await store.close()
+    return count
 
-    client = LightningStoreClient(store_url)
-    deadline = time.monotonic() + timeout
+
+def _stop(processes: List[subprocess.Popen[bytes]]) -> None:
+    for process in reversed(processes):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in reversed(processes):
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    processes.clear()
+
+
+def run_setup(args: argparse.Namespace, tmp: str, backend_port: int, store_placement: str) -> Dict[str, Any]:
+    """Measure the gateway with its SQLite store in its own process (``"in_gateway"``) or behind
+    ``agentbolt store`` (``"store_server"``)."""
+    agentbolt = [sys.executable, "-c", "import sys; from agentbolt.cli import main; sys.exit(main())"]
+    quiet: Dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    db = f"{tmp}/{store_placement}.db"
+    processes: List[subprocess.Popen[bytes]] = []
     try:
-        while True:
-            spans = await client.query_spans(rollout_id)
-            if len(spans) >= expected or time.monotonic() > deadline:
-                return len(spans)
-            await asyncio.sleep(0.2)
+        if store_placement == "store_server":
+            store_port = _free_port()
+            server = subprocess.Popen(
+                [*agentbolt, "store", "--path", db, "--port", str(store_port), "--log-level", "WARNING"], **quiet
+            )
+            processes.append(server)
+            _wait_http(store_port, "/v1/agl/health", server)
+            spec = f"http://127.0.0.1:{store_port}"
+        else:
+            spec = db
+        rollout_id, attempt_id = asyncio.run(_new_rollout(spec))  # before the gateway opens a SQLite file
+        config = Path(tmp) / "models.yaml"
+        entries = [
+            {
+                "model_name": name,
+                "litellm_params": {"model": f"hosted_vllm/{name}", "api_base": f"http://127.0.0.1:{backend_port}/v1"},
+            }
+            for name in ("bench", f"bench-delay-{args.backend_delay_ms}")
+        ]
+        config.write_text(json.dumps({"model_list": entries}))
+        proxy_port = _free_port()
+        proxy = subprocess.Popen(
+            [
+                *agentbolt,
+                "proxy",
+                "--config",
+                str(config),
+                "--store",
+                spec,
+                "--port",
+                str(proxy_port),
+                "--log-level",
+                "WARNING",
+            ],
+            **quiet,
+        )
+        processes.append(proxy)
+        _wait_http(proxy_port, "/health", proxy)
+
+        path = f"/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
+        result: Dict[str, Any] = measure_latency(backend_port, proxy_port, path, args.requests, args.warmup)
+        result[f"with_{args.backend_delay_ms}ms_backend"] = measure_latency(
+            backend_port, proxy_port, path, 200, 20, model=f"bench-delay-{args.backend_delay_ms}"
+        )
+        result["direct_throughput_rps"] = round(
+            asyncio.run(
+                measure_throughput(backend_port, "/v1/chat/completions", args.throughput_requests, args.concurrency)
+            ),
+            1,
+        )
+        result["proxy_throughput_rps"] = round(
+            asyncio.run(measure_throughput(proxy_port, path, args.throughput_requests, args.concurrency)), 1
+        )
+        result["proxy_calls"] = args.warmup + args.requests + 220 + args.throughput_requests  # traced calls only
+        # Stopping the gateway writes every queued span; then count them in the store.
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=60)
+        result["spans_recorded"] = asyncio.run(_count_spans(spec, rollout_id))
     finally:
-        await client.close()
+        _stop(processes)
+    return result
 
 
 def main() -> None:
@@ -277,77 +362,29 @@ def main() -> None:
         parser.error("--requests must be at least 200")
 
     load_before = os.getloadavg()
-    backend_port, store_port, proxy_port = _free_port(), _free_port(), _free_port()
-    agentbolt = [sys.executable, "-c", "import sys; from agentbolt.cli import main; sys.exit(main())"]
-    processes: List[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
-        try:
-            quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-            backend = subprocess.Popen([sys.executable, __file__, "--serve-backend", str(backend_port)], **quiet)
-            processes.append(backend)
-            store = subprocess.Popen(
-                [*agentbolt, "store", "--path", f"{tmp}/bench.db", "--port", str(store_port), "--log-level", "WARNING"],
-                **quiet,
-            )
-            processes.append(store)
-            _wait_http(backend_port, "/", backend)
-            _wait_http(store_port, "/v1/agl/health", store)
-            store_url = f"http://127.0.0.1:{store_port}"
-            config = Path(tmp) / "models.yaml"
-            config.write_text(
-                json.dumps(
-                    {
-                        "model_list": [
-                            {
-                                "model_name": name,
-                                "litellm_params": {
-                                    "model": f"hosted_vllm/{name}",
-                                    "api_base": f"http://127.0.0.1:{backend_port}/v1",
-                                },
-                            }
-                            for name in ("bench", f"bench-delay-{args.backend_delay_ms}")
-                        ]
-                    }
-                )
-            )
-            proxy_cmd = [*agentbolt, "proxy", "--config", str(config), "--store", store_url, "--port", str(proxy_port)]
-            proxy = subprocess.Popen([*proxy_cmd, "--log-level", "WARNING"], **quiet)
-            processes.append(proxy)
-            _wait_http(proxy_port, "/health", proxy)
-
-            rollout_id, attempt_id = asyncio.run(_store_setup(store_url))
-            proxy_path = f"/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
-            latency = measure_latency(backend_port, proxy_port, proxy_path, args.requests, args.warmup)
-            delayed = measure_latency(
-                backend_port, proxy_port, proxy_path, 200, 20, model=f"bench-delay-{args.backend_delay_ms}"
-            )
-            direct_rps = asyncio.run(
-                measure_throughput(backend_port, "/v1/chat/completions", args.throughput_requests, args.concurrency)
-            )
-            proxy_rps = asyncio.run(
-                measure_throughput(proxy_port, proxy_path, args.throughput_requests, args.concurrency)
-            )
-            expected = args.warmup + args.requests + 220 + args.throughput_requests  # traced calls only
-            recorded = asyncio.run(_count_spans(store_url, rollout_id, expected))
-        finally:
-            for process in reversed(processes):
-                process.send_signal(signal.SIGTERM)
-            for process in reversed(processes):
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+    backend_port = _free_port()
+    backend = subprocess.Popen(
+        [sys.executable, __file__, "--serve-backend", str(backend_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_http(backend_port, "/", backend)
+        with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
+            in_gateway = run_setup(args, tmp, backend_port, "in_gateway")
+            store_server = run_setup(args, tmp, backend_port, "store_server")
+    finally:
+        _stop([backend])
 
     result = {
-        **latency,
-        f"with_{args.backend_delay_ms}ms_backend": delayed,
+        **in_gateway,
+        "store": "SQLite file opened by the gateway process (agentbolt proxy --store bench.db)",
+        "store_server": {
+            **store_server,
+            "store": "SQLite behind 'agentbolt store' in its own process (agentbolt proxy --store http://...)",
+        },
         "concurrency": args.concurrency,
-        "direct_throughput_rps": round(direct_rps, 1),
-        "proxy_throughput_rps": round(proxy_rps, 1),
         "requests_concurrency_1": args.requests,
-        "proxy_calls": expected,
-        "spans_recorded": recorded,
-        "store": "agentbolt store (SQLite) in its own process; gateway writes spans over HTTP",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
