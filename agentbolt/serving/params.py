@@ -137,7 +137,7 @@ class GenerationOutput:
     Attributes:
         prompt_token_ids: Token ids the model was conditioned on.
         choices: One output per sampled choice, ordered by index.
-        weight_version: Engine weight version the request was admitted under (see ``TransformersEngine``).
+        weight_version: Engine weight version when the request was submitted (see ``TransformersEngine``).
     """
 
     prompt_token_ids: List[int]
