@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List
@@ -138,8 +139,10 @@ def main() -> None:
         for sample, logp in zip(samples, trainer.compute_logprobs(samples), strict=True):
             sample.logprobs = logp.tolist()  # as returned by the engine: not part of the update
         results[name] = _median_seconds(lambda t=trainer, s=samples: t.train_step(s), args.repeats)
+        print(f"{name}: {results[name]:.3f} s", file=sys.stderr, flush=True)
         if name == "grpo":
             results["bare"] = _median_seconds(_bare_step(trainer, samples), args.repeats)
+            print(f"bare: {results['bare']:.3f} s", file=sys.stderr, flush=True)
         del trainer
 
     tokens = args.batch * (args.prompt + args.response)

@@ -434,7 +434,8 @@ class GRPO(Algorithm):
                 tasks = [train[i] for i in sampler.next_batch()]
                 record = await self._train_step(store, server, trainer, tasks, resources_id, step)
                 resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                if val and config.val_interval and (step % config.val_interval == 0 or step == config.max_steps):
+                periodic = config.val_interval > 0 and step % config.val_interval == 0
+                if val and (periodic or step == config.max_steps):
                     record.update(await self._validate(store, proxy, server, val, step))
                     resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
                 self._record(metrics, step, record)
