@@ -134,6 +134,8 @@ class LightningSpanProcessor(SpanProcessor):
         retry_initial_delay: First delay between retries of a failing write (doubles up to ``retry_max_delay``).
         retry_max_delay: Longest delay between retries.
         ignored_scopes: Instrumentation scopes whose spans are dropped (see :data:`DEFAULT_IGNORED_SCOPES`).
+        max_batch_size: Most spans written in one store call when several are waiting (after an outage, or when
+            spans end faster than the store takes them).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class LightningSpanProcessor(SpanProcessor):
         retry_initial_delay: float = 0.2,
         retry_max_delay: float = 5.0,
         ignored_scopes: Sequence[str] = DEFAULT_IGNORED_SCOPES,
+        max_batch_size: int = 256,
     ) -> None:
         if max_buffered_spans < 1:
             raise ValueError("max_buffered_spans must be at least 1")
@@ -154,6 +157,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._retry_initial_delay = retry_initial_delay
         self._retry_max_delay = retry_max_delay
         self._ignored_scopes = frozenset(ignored_scopes)
+        self._max_batch_size = max(1, max_batch_size)
 
         self._spans: List[Union[Span, _PendingWrite]] = []
         self._store: Optional[LightningStore] = None
@@ -170,6 +174,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._background: set[asyncio.Future[Any]] = set()
         self._pending: Deque[_PendingWrite] = deque()
         self._degraded = False
+        self._isolate_remaining = 0
         self._buffered_during_outage = 0
         self._given_up = 0
 
@@ -366,13 +371,41 @@ class LightningSpanProcessor(SpanProcessor):
         assert wakeup is not None
         loop.call_soon_threadsafe(wakeup.set)
 
+    def _next_batch(self) -> List[_PendingWrite]:
+        """The oldest pending spans bound for the same store (one span after a batch was rejected)."""
+        with self._lock:
+            if not self._pending:
+                return []
+            head = self._pending[0]
+            limit = 1 if self._isolate_remaining > 0 else self._max_batch_size
+            batch: List[_PendingWrite] = []
+            for item in self._pending:
+                if len(batch) >= limit or item.store is not head.store:
+                    break
+                batch.append(item)
+            return batch
+
+    @staticmethod
+    async def _write(batch: List[_PendingWrite]) -> List[Optional[Span]]:
+        """Write a batch in order: sequence ids are allocated by the store in one call, spans added in one call."""
+        store = batch[0].store
+        if len(batch) == 1:
+            item = batch[0]
+            return [await store.add_otel_span(item.rollout_id, item.attempt_id, item.span)]
+        sequence_ids = await store.get_many_span_sequence_ids([(item.rollout_id, item.attempt_id) for item in batch])
+        spans = [
+            Span.from_opentelemetry(item.span, item.rollout_id, item.attempt_id, sequence_id)
+            for item, sequence_id in zip(batch, sequence_ids, strict=True)
+        ]
+        added = {(span.rollout_id, span.span_id): span for span in await store.add_many_spans(spans)}
+        return [added.get((span.rollout_id, span.span_id)) for span in spans]
+
     async def _drain(self) -> None:
         assert self._wakeup is not None
         delay = self._retry_initial_delay
         while True:
-            with self._lock:
-                item = self._pending[0] if self._pending else None
-            if item is None:
+            batch = self._next_batch()
+            if not batch:
                 self._wakeup.clear()
                 with self._lock:
                     empty = not self._pending
@@ -380,30 +413,32 @@ class LightningSpanProcessor(SpanProcessor):
                     await self._wakeup.wait()
                 continue
             try:
-                stored = await asyncio.wait_for(
-                    item.store.add_otel_span(item.rollout_id, item.attempt_id, item.span),
-                    STORE_CALL_TIMEOUT_SECONDS,
-                )
+                results = await asyncio.wait_for(self._write(batch), STORE_CALL_TIMEOUT_SECONDS)
             except Exception as exc:
-                if _is_permanent_error(exc):
-                    self._complete(item, None)
+                if not _is_permanent_error(exc):
+                    self._enter_outage(exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._retry_max_delay)
+                elif len(batch) > 1:
+                    self._isolate_remaining = len(batch)  # write these one by one to find the rejected span
+                else:
+                    self._isolate_remaining = max(0, self._isolate_remaining - 1)
+                    self._complete(batch[0], None)
                     with self._lock:
                         self._given_up += 1
                     logger.warning(
                         "The store rejected span %r of rollout %s (%s: %s); giving it up (%d span(s) given up so far).",
-                        item.span.name,
-                        item.rollout_id,
+                        batch[0].span.name,
+                        batch[0].rollout_id,
                         type(exc).__name__,
                         exc,
                         self._given_up,
                     )
-                    continue
-                self._enter_outage(exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._retry_max_delay)
                 continue
             delay = self._retry_initial_delay
-            self._complete(item, stored)
+            self._isolate_remaining = max(0, self._isolate_remaining - len(batch))
+            for item, stored in zip(batch, results, strict=True):
+                self._complete(item, stored)
 
     def _complete(self, item: _PendingWrite, stored: Optional[Span]) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, List, Optional, Sequence
 
 import pytest
 from fake_openai import free_port
@@ -108,6 +108,11 @@ class RejectingStore(InMemoryLightningStore):
         if readable_span.name == "bad":
             raise ValueError("span rejected")
         return await super().add_otel_span(rollout_id, attempt_id, readable_span, sequence_id)
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        if any(span.name == "bad" for span in spans):
+            raise ValueError("span rejected")
+        return await super().add_many_spans(spans)
 
 
 async def test_rejected_span_is_given_up_and_later_spans_are_written(caplog: pytest.LogCaptureFixture) -> None:
