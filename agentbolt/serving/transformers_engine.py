@@ -560,7 +560,8 @@ class TransformersEngine:
                         use_cache=True,
                         logits_to_keep=1,
                     )
-            self.model.set_adapter(adapter)
+            if self.model.active_adapter != adapter:
+                self.model.set_adapter(adapter)
         return self.model(
             input_ids=input_ids,
             attention_mask=mask,
