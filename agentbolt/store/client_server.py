@@ -305,6 +305,10 @@ def _status_for_exception(exc: BaseException) -> int:
     if isinstance(exc, (ValueError, LookupError)):
         message = str(exc).lower()
         return 404 if isinstance(exc, LookupError) or any(m in message for m in _NOT_FOUND_MARKERS) else 400
+    if isinstance(exc, (TypeError, OverflowError)):
+        # Raised on values the request chose: sorting by a field whose values cannot be compared, a number too
+        # large for the database...
+        return 400
     if isinstance(exc, NotImplementedError):
         return 501
     if isinstance(exc, RuntimeError):

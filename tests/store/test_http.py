@@ -343,6 +343,10 @@ BAD_REQUESTS = [
     ("POST", "/rollouts/{rid}/attempts/at-missing", {"json": {"status": "failed"}}, 404),
     ("POST", "/spans", {"json": "SPAN:ro-missing"}, 404),
     ("POST", "/spans/batch", {"json": "BATCH:ro-missing"}, 404),
+    # values the store cannot handle: non-comparable sort keys, numbers beyond the database's range
+    ("POST", "/rollouts/search", {"json": {"sort_by": "input"}}, 400),
+    ("GET", "/rollouts", {"params": {"limit": str(10**30)}}, 400),
+    ("POST", "/spans", {"json": "SPAN:huge-sequence"}, 400),
     # other OTLP signals
     ("POST", "/v1/metrics", {"data": b""}, 501),
     ("POST", "/v1/logs", {"data": b""}, 501),
@@ -357,6 +361,8 @@ async def test_bad_requests_get_clear_errors_and_leave_data_intact(served: Serve
         kwargs = dict(kwargs)
         if kwargs.get("json") == "SPAN:ro-missing":
             kwargs["json"] = make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")
+        elif kwargs.get("json") == "SPAN:huge-sequence":
+            kwargs["json"] = make_span(rid, aid, 2**63, "zz").model_dump(mode="json")
         elif kwargs.get("json") == "BATCH:ro-missing":
             kwargs["json"] = {"spans": [make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")]}
         url = path.replace("{rid}", rid) if path.startswith("/v1/") else PREFIX + path.replace("{rid}", rid)
