@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List
 
 import httpx
+import pytest
 import yaml
 
 from agentbolt.store.sqlite import SqliteLightningStore
@@ -89,3 +90,60 @@ def test_proxy_command_argument_errors(tmp_path: Path) -> None:
     port = pick_free_port()
     unreachable = _run(["--config", str(good), "--store", f"http://127.0.0.1:{port}", "--port", str(pick_free_port())])
     assert unreachable.returncode == 1 and "no store answers" in unreachable.stderr
+
+
+@pytest.mark.slow
+async def test_proxy_command_in_front_of_agentbolt_serve(tmp_path: Path) -> None:
+    """End to end with both commands as real processes: token ids recorded by the proxy equal the engine's."""
+    pytest.importorskip("transformers")
+    from agentbolt.models.tiny import create_tiny_model
+
+    model_dir = create_tiny_model(tmp_path / "tiny", seed=0)
+    serve_port, proxy_port = pick_free_port(), pick_free_port()
+    serve_cmd = [sys.executable, "-c", "import sys; from agentbolt.cli import main; sys.exit(main())", "serve"]
+    serve = subprocess.Popen(
+        [*serve_cmd, str(model_dir), "--port", str(serve_port), "--dtype", "float32", "--served-name", "tiny"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    db = tmp_path / "store.db"
+    store = SqliteLightningStore(db)
+    rollout = await store.start_rollout(input={"q": 1})
+    await store.close()
+    config = tmp_path / "models.yaml"
+    entry = {
+        "model_name": "tiny",
+        "litellm_params": {"model": "agentbolt/tiny", "api_base": f"http://127.0.0.1:{serve_port}/v1"},
+    }
+    config.write_text(yaml.safe_dump([entry]))
+    proxy = subprocess.Popen(
+        [*CLI, "--config", str(config), "--store", str(db), "--port", str(proxy_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "temperature": 0.0, "max_tokens": 6}
+    try:
+        await _wait_healthy(f"http://127.0.0.1:{serve_port}", serve, timeout=180)
+        await _wait_healthy(f"http://127.0.0.1:{proxy_port}", proxy)
+        async with httpx.AsyncClient(timeout=60) as client:
+            truth = (
+                await client.post(
+                    f"http://127.0.0.1:{serve_port}/v1/chat/completions", json={**body, "return_token_ids": True}
+                )
+            ).json()
+            bound = f"http://127.0.0.1:{proxy_port}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
+            proxied = await client.post(f"{bound}/v1/chat/completions", json=body)
+        assert proxied.status_code == 200
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.communicate(timeout=30)
+        serve.send_signal(signal.SIGTERM)
+        serve.communicate(timeout=30)
+    store = SqliteLightningStore(db)
+    [span] = await store.query_spans(rollout.rollout_id)
+    await store.close()
+    assert span.attributes["prompt_token_ids"] == truth["prompt_token_ids"]
+    assert span.attributes["response_token_ids"] == truth["choices"][0]["token_ids"]
+    assert len(span.attributes["response_logprobs"]) == len(truth["choices"][0]["token_ids"])
