@@ -188,9 +188,8 @@ class LLMProxy:
         return self.store
 
     def set_store(self, store: LightningStore) -> None:
-        """Replace the store; takes effect for an in-process server at once, for ``mp`` on the next (re)start."""
+        """Replace the store; a running server keeps writing to the previous one until :meth:`restart`."""
         self.store = store
-        self._gateway.store = store
 
     def update_model_list(self, model_list: List[ModelConfig]) -> None:
         """Replace the routing table.
