@@ -19,8 +19,8 @@ import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
-    Awaitable,
     Callable,
+    Coroutine,
     Dict,
     List,
     Literal,
@@ -344,7 +344,7 @@ def _exception_response(exc: Exception) -> Response:
 class _StoreRoute(APIRoute):
     """Route that turns exceptions raised by the store into JSON error responses."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:
@@ -631,14 +631,14 @@ async def _parse_body(request: Request, model: Type[BodyT], *, optional: bool = 
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        error = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}
-        raise RequestValidationError([error], body=body) from exc
+        invalid = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}
+        raise RequestValidationError([invalid], body=body) from exc
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
-        for error in errors:
-            error["loc"] = ("body", *error["loc"])
+        errors = [
+            {**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False, include_context=False)
+        ]
         raise RequestValidationError(errors, body=data) from exc
 
 
