@@ -229,3 +229,16 @@ async def test_shutdown_reports_spans_that_never_reached_the_store(caplog: pytes
         assert [s.name for s in processor.spans()] == ["orphan"]
     finally:
         await client.close()
+
+
+async def test_burst_of_spans_is_stored_in_order(inner: InMemoryLightningStore) -> None:
+    rollout = await inner.start_rollout(input={"task": "burst"})
+    tracer = OtelTracer()
+    tracer.init_worker(0, inner)
+    async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
+        for i in range(300):
+            otel.start_span(f"s{i}").end()
+    spans = await inner.query_spans(rollout.rollout_id, sort_by="sequence_id")
+    assert [span.name for span in spans] == [f"s{i}" for i in range(300)]
+    assert [span.sequence_id for span in spans] == list(range(1, 301))
+    assert [span.sequence_id for span in tracer.get_last_trace()] == list(range(1, 301))
