@@ -350,6 +350,12 @@ def _finish(span: trace_api.Span, response: _Response) -> None:
 
 
 def _start_span(kwargs: Dict[str, Any]) -> trace_api.Span:
+    # The SDK accepts any iterable: materialise one-shot iterables so that recording them does not consume what
+    # the SDK is about to send (``kwargs`` is the call's own dict, passed on to the SDK afterwards).
+    for key in ("messages", "tools", "functions"):
+        value = kwargs.get(key)
+        if isinstance(value, Iterator):
+            kwargs[key] = list(value)
     span = _get_tracer().start_span(SPAN_NAME, kind=SpanKind.CLIENT)
     if span.is_recording():
         try:

@@ -303,3 +303,17 @@ async def test_stream_closed_early_still_ends_the_span(traced: Any, server: Fake
     (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
     assert span.attributes["gen_ai.completion.0.content"] == "Echo:"
     assert span.end_time is not None
+
+
+async def test_messages_given_as_a_generator_are_sent_and_recorded(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    replies: List[str] = []
+
+    def call() -> None:
+        messages = (m for m in [{"role": "user", "content": "from a generator"}])
+        replies.append(client.chat.completions.create(model="fake-model", messages=messages).choices[0].message.content)
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert replies == ["Echo: from a generator"]
+    assert span.attributes["gen_ai.prompt.0.content"] == "from a generator"
