@@ -1,0 +1,194 @@
+"""Full Flow-GRPO rollouts through the real stack: inference server, LLM gateway, store, runner, tracer, adapters.
+
+Both LLM resources are gateway resources (``planner`` and ``fixed`` model names on the same tiny model), so every
+role's call is recorded twice: by the gateway (tagged from the ``x-agentbolt-agent-name`` header) and by the
+tracer's OpenAI instrumentation (inside the role's agent span). ``agent_match="planner"`` must select exactly the
+planner's calls from either record, each carrying the trajectory reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Sequence
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import agentbolt as agl
+from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet
+from agentbolt.emitter import find_final_reward
+from agentbolt.models.tiny import create_tiny_model
+from agentbolt.semconv import LLM_AGENT_NAME
+from agentbolt.serving.server import InferenceServer
+from agentbolt.serving.transformers_engine import TransformersEngine
+from agentbolt.store.sqlite import SqliteLightningStore
+from agentbolt.types import Span
+from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
+
+FAST_RUNNER = {"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, "heartbeat_interval": 1.0}
+TASK: Dict[str, Any] = {
+    "id": 0,
+    "question": "What is 12 * 12?",
+    "result": "144",
+    "source": "arithmetic",
+    "extra_info": {"ground_truth": ["144"], "idx": 0},
+}
+# Greedy decoding; the random model's answers are noise, so a small budget keeps the test fast.
+SAMPLING = {"temperature": 0.0, "max_tokens": 16}
+# One JSON object valid for every role: analyzer, planner (the generalist tool), executor, verifier (continue),
+# solution generator (the right answer).
+UNIVERSAL = (
+    '{"summary": "math", "sub_goal": "12*12", "tool_name": "generalist", "tool_input": "12*12", '
+    '"stop": false, "answer": "144"}'
+)
+
+
+@contextlib.contextmanager
+def _serve(model_dir: Path) -> Iterator[InferenceServer]:
+    server = InferenceServer(TransformersEngine(model_dir, dtype="float32", served_name="tiny"), port=0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def random_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServer]:
+    with _serve(create_tiny_model(tmp_path_factory.mktemp("tiny-random"), seed=0)) as server:
+        yield server
+
+
+def build_answering_model(path: Path, answer: str) -> Path:
+    """A tiny Llama that answers ``answer`` to any chat prompt under greedy decoding.
+
+    A randomly initialised model never writes valid JSON, so the executor and the tools would never run. This one
+    has ``answer`` as one added token and weights set by hand: attention and MLP outputs are zero, so the next token
+    depends only on the current one; the generation prompt's last token leads to the answer token, which leads to
+    end-of-turn. It is still served, tokenized and recorded like any model.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    create_tiny_model(path, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.add_tokens([answer])
+    answer_id = tokenizer.convert_tokens_to_ids(answer)
+    generation_prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    last_prompt_id = tokenizer(generation_prompt, add_special_tokens=False).input_ids[-1]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embeddings.zero_()
+        head.zero_()
+        embeddings[last_prompt_id, 0] = 1.0
+        embeddings[answer_id, 1] = 1.0
+        head[answer_id, 0] = 10.0
+        head[tokenizer.eos_token_id, 1] = 10.0
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _run_rollout(server: InferenceServer, tmp_path: Path, max_turns: int) -> List[Span]:
+    store = SqliteLightningStore(str(tmp_path / "store.db"))
+    model_list = [
+        {"model_name": name, "litellm_params": {"model": "agentbolt/tiny", "api_base": server.base_url}}
+        for name in ("planner", "fixed")
+    ]
+    proxy = agl.LLMProxy(model_list=model_list, store=store, launch_mode="thread")
+    asyncio.run(proxy.start())
+    try:
+        trainer = agl.Trainer(
+            n_runners=1,
+            strategy="shm",
+            store=store,
+            runner=FAST_RUNNER,
+            algorithm=agl.Baseline(polling_interval=0.1, span_verbosity="none"),
+            initial_resources={
+                "planner_llm": proxy.as_resource(model="planner", sampling_parameters=SAMPLING),
+                "fixed_llm": proxy.as_resource(model="fixed", sampling_parameters=SAMPLING),
+            },
+        )
+        trainer.dev(FlowGRPOAgent(solver=FlowSolver(SolverConfig(max_turns=max_turns))), [TASK])
+    finally:
+        asyncio.run(proxy.stop())
+
+    async def collect() -> List[Span]:
+        try:
+            [rollout] = await store.query_rollouts()
+            assert rollout.status == "succeeded"
+            return list(await store.query_spans(rollout.rollout_id, "latest"))
+        finally:
+            await store.close()
+
+    return asyncio.run(collect())
+
+
+def _roles_by_record(spans: Sequence[Span]) -> Dict[str, List[str]]:
+    gateway = [s.attributes.get(LLM_AGENT_NAME) for s in spans if s.name == "agentbolt.llm_call"]
+    agent_spans = [s.attributes.get("agent.name") for s in spans if s.attributes.get("agent.name")]
+    return {"gateway": [str(r) for r in gateway], "agent_spans": [str(r) for r in agent_spans]}
+
+
+def _check_planner_triplets(spans: Sequence[Span], planner_calls: int, reward: float) -> None:
+    assert find_final_reward(spans) == reward
+    for adapter in (LlmProxyTraceToTriplet(agent_match="planner"), TracerTraceToTriplet(agent_match="planner")):
+        triplets = adapter.adapt(spans)
+        assert len(triplets) == planner_calls, type(adapter).__name__
+        for triplet in triplets:
+            assert triplet.metadata["agent_name"] == "planner"
+            assert triplet.reward == reward
+            assert triplet.prompt["token_ids"] and triplet.response["token_ids"]
+    # Without agent_match every role's call is a triplet.
+    assert len(LlmProxyTraceToTriplet().adapt(spans)) == sum(s.name == "agentbolt.llm_call" for s in spans)
+
+
+def test_rollout_with_a_random_tiny_model_trains_only_planner_turns(
+    random_server: InferenceServer, tmp_path: Path
+) -> None:
+    # A random model never writes a valid step: each of the 2 turns records an invalid planner call, then the
+    # verifier; the executor never runs. The answer is noise, so the reward is 0 on every planner turn.
+    spans = _run_rollout(random_server, tmp_path, max_turns=2)
+    roles = _roles_by_record(spans)
+    expected = ["query_analyzer", "planner", "verifier", "planner", "verifier", "solution_generator"]
+    assert roles["gateway"] == expected
+    assert roles["agent_spans"] == expected
+    assert sum(s.name == "openai.chat.completion" for s in spans) == len(expected)
+    _check_planner_triplets(spans, planner_calls=2, reward=0.0)
+
+
+def test_rollout_with_an_answering_tiny_model_runs_every_role_and_rewards_each_planner_turn(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    model_dir = build_answering_model(tmp_path_factory.mktemp("tiny-answering"), UNIVERSAL)
+    with _serve(model_dir) as server:
+        spans = _run_rollout(server, tmp_path, max_turns=2)
+    turn = ["planner", "executor", "generalist", "verifier"]
+    expected = ["query_analyzer", *turn, *turn, "solution_generator"]
+    roles = _roles_by_record(spans)
+    assert roles["gateway"] == expected
+    assert roles["agent_spans"] == expected
+    _check_planner_triplets(spans, planner_calls=2, reward=1.0)
