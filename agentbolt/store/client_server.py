@@ -12,7 +12,6 @@ import asyncio
 import hmac
 import logging
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -539,20 +538,6 @@ class _MetricsMiddleware:
 # Server
 
 
-class _ThreadLockAsync:
-    """A ``threading.Lock`` usable from coroutines without blocking the event loop."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    async def __aenter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            await asyncio.get_running_loop().run_in_executor(None, self._lock.acquire)
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self._lock.release()
-
-
 def _new_app(**kwargs: Any) -> FastAPI:
     """A FastAPI app without FastAPI's own OpenTelemetry instrumentation (where the installed version has it).
 
@@ -710,10 +695,9 @@ class LightningStoreServer(LightningStore):
                 "The store does not support zero-copy. Serving it from other processes (launch_mode='mp') "
                 "would give each process its own copy; use launch_mode='thread' or 'asyncio'."
             )
-        if launcher_args.launch_mode == "thread" and not capabilities.get("thread_safe", False):
-            server_logger.warning(
-                "The store is not thread-safe; store calls are serialized with a lock in thread launch mode."
-            )
+        # A store that is not thread-safe, served from the server thread, is only ever used from that thread's
+        # event loop: calls made in the creating thread are handed over to it.
+        self._single_loop = launcher_args.launch_mode == "thread" and not capabilities.get("thread_safe", False)
         self.store: Optional[LightningStore] = store
         self.launcher_args = launcher_args
         self.tracker = tracker
@@ -722,8 +706,6 @@ class LightningStoreServer(LightningStore):
         self._cors_origins = _normalize_origins(cors_allow_origins)
         self._owner_pid = os.getpid()
         self._zero_copy = bool(capabilities.get("zero_copy", False))
-        needs_lock = launcher_args.launch_mode == "thread" and not capabilities.get("thread_safe", False)
-        self._lock: Optional[_ThreadLockAsync] = _ThreadLockAsync() if needs_lock else None
         self._client: Optional[LightningStoreClient] = None
         self.app: Optional[FastAPI] = self._build_app()
         self.server_launcher: Optional[PythonServerLauncher] = PythonServerLauncher(self.app, launcher_args)
@@ -746,7 +728,7 @@ class LightningStoreServer(LightningStore):
         self.app = None
         self.server_launcher = None
         self.tracker = None
-        self._lock = None
+        self._single_loop = False
         self._client = None
         self._cors_origins = []
         self._max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
@@ -796,17 +778,17 @@ class LightningStoreServer(LightningStore):
     # -- store access -------------------------------------------------------------------------------------------
 
     async def _call_store(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call the wrapped store (server side), under the lock when the store needs one."""
+        """Call the wrapped store from the serving event loop."""
         assert self.store is not None
-        method = getattr(self.store, method_name)
-        if self._lock is None or method_name == "wait_for_rollouts":
-            return await method(*args, **kwargs)
-        async with self._lock:
-            return await method(*args, **kwargs)
+        return await getattr(self.store, method_name)(*args, **kwargs)
 
     async def _delegate(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Public store API: the wrapped store when available in this process, otherwise HTTP."""
         if self.store is not None and (self._zero_copy or os.getpid() == self._owner_pid):
+            loop = self.server_launcher.serving_loop if self._single_loop and self.server_launcher else None
+            if loop is not None and loop is not asyncio.get_running_loop() and loop.is_running():
+                future = asyncio.run_coroutine_threadsafe(self._call_store(method_name, *args, **kwargs), loop)
+                return await asyncio.wrap_future(future)
             return await self._call_store(method_name, *args, **kwargs)
         if self._client is None:
             self._client = LightningStoreClient(self._endpoint, api_key=self._api_key)

@@ -267,10 +267,16 @@ def run_uvicorn_thread(
     health_url: Optional[str] = None,
     *,
     sockets: Optional[List[socket.socket]] = None,
+    on_loop: Optional[Callable[[asyncio.AbstractEventLoop], None]] = None,
 ) -> None:
-    """Thread body: serve with a private event loop until ``stop_event`` is set, reporting start-up on the queue."""
+    """Thread body: serve with a private event loop until ``stop_event`` is set, reporting start-up on the queue.
+
+    ``on_loop`` receives the thread's event loop before serving starts.
+    """
 
     async def main() -> None:
+        if on_loop is not None:
+            on_loop(asyncio.get_running_loop())
         try:
             task = await run_uvicorn_asyncio(
                 uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
@@ -395,6 +401,7 @@ class PythonServerLauncher:
         self._stop_event: Optional[threading.Event] = None
         self._process: Optional[Any] = None
         self._socket: Optional[socket.socket] = None
+        self._serving_loop: Optional[asyncio.AbstractEventLoop] = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -444,6 +451,11 @@ class PythonServerLauncher:
         if not path.startswith("/"):
             path = "/" + path
         return self.access_endpoint + path
+
+    @property
+    def serving_loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """Event loop serving requests in this process (asyncio and thread modes), or ``None``."""
+        return self._serving_loop
 
     def is_running(self) -> bool:
         """Whether the server is currently serving."""
@@ -504,6 +516,7 @@ class PythonServerLauncher:
     async def _start_asyncio(self) -> None:
         assert self._socket is not None
         self._server = self._make_server()
+        self._serving_loop = asyncio.get_running_loop()
         self._serve_task = await run_uvicorn_asyncio(
             self._server,
             self.serve_context,
@@ -522,7 +535,7 @@ class PythonServerLauncher:
         self._thread = threading.Thread(
             target=run_uvicorn_thread,
             args=(self._server, self.serve_context, events, self._stop_event, self.args.startup_timeout),
-            kwargs={"health_url": self.health_url, "sockets": [self._socket]},
+            kwargs={"health_url": self.health_url, "sockets": [self._socket], "on_loop": self._set_serving_loop},
             name=f"agentbolt-server-{self._port}",
             daemon=True,
         )
@@ -532,6 +545,9 @@ class PythonServerLauncher:
             await asyncio.to_thread(self._thread.join, self.args.thread_join_timeout)
             self._thread = None
             raise RuntimeError(event.message or "Server failed to start.")
+
+    def _set_serving_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._serving_loop = loop
 
     async def _start_mp(self) -> None:
         assert self._socket is not None
@@ -615,6 +631,7 @@ class PythonServerLauncher:
             self._serve_task = None
             self._thread = None
             self._process = None
+            self._serving_loop = None
 
     async def _stop_process(self) -> None:
         proc = self._process

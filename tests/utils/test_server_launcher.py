@@ -84,7 +84,7 @@ async def test_port_in_use(mode: LaunchMode) -> None:
 @pytest.mark.parametrize("mode", ["asyncio", "thread"])
 async def test_unhealthy_server_is_killed(mode: LaunchMode) -> None:
     launcher = PythonServerLauncher(
-        app, PythonServerLauncherArgs(launch_mode=mode, healthcheck_url="unhealthy", startup_timeout=1.0)
+        app, PythonServerLauncherArgs(launch_mode=mode, healthcheck_url="unhealthy", startup_timeout=2.0)
     )
     assert launcher.health_url is not None and launcher.health_url.endswith("/unhealthy")
     with pytest.raises(RuntimeError, match=r"is not healthy.*It has been killed"):
@@ -97,7 +97,7 @@ async def test_unhealthy_server_is_killed(mode: LaunchMode) -> None:
 async def test_unhealthy_server_can_be_kept() -> None:
     launcher = PythonServerLauncher(
         app,
-        PythonServerLauncherArgs(healthcheck_url="/unhealthy", startup_timeout=0.5, kill_unhealthy_server=False),
+        PythonServerLauncherArgs(healthcheck_url="/unhealthy", startup_timeout=2.0, kill_unhealthy_server=False),
     )
     await launcher.start()
     try:
