@@ -1525,6 +1525,8 @@ class LightningStoreClient(LightningStore):
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
+            for stale in [other for other in self._sessions if other.is_closed()]:
+                del self._sessions[stale]  # sessions of finished event loops cannot be used any more
             timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
             connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
             session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
