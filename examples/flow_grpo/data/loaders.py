@@ -111,7 +111,7 @@ def read_table(path: PathLike) -> List[Dict[str, Any]]:
 
 def _field(row: Mapping[str, Any], names: Sequence[str], path: PathLike, index: int) -> Any:
     for name in names:
-        if name in row:
+        if row.get(name) is not None:  # parquet rows carry every column, null where absent
             return row[name]
     raise ValueError(f"{path}: row {index} has none of the fields {list(names)}")
 

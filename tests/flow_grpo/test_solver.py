@@ -1,0 +1,140 @@
+"""The solve loop with scripted roles: stop by planner or verifier, invalid steps, unknown tools, memory limits."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+import agentbolt as agl
+from examples.flow_grpo import FlowGRPOAgent, FlowSolver, RoleLLM, SolverConfig
+from examples.flow_grpo.memory import Memory, truncate
+
+from .scripted_llm import ScriptedLLM
+
+ANALYSIS = '{"summary": "square then look up", "tools": ["calculator", "search"]}'
+
+
+def _solve(
+    script: Dict[str, List[str]], question: str, max_turns: int = 3
+) -> Tuple[Any, ScriptedLLM, List[Tuple[str, Dict[str, Any]]]]:
+    events: List[Tuple[str, Dict[str, Any]]] = []
+    with ScriptedLLM({"query_analyzer": [ANALYSIS], **script}) as llm:
+        planner = RoleLLM.from_endpoint(llm.base_url, "planner-model")
+        fixed = RoleLLM.from_endpoint(llm.base_url, "fixed-model")
+        result = FlowSolver(SolverConfig(max_turns=max_turns)).solve(
+            question, planner, fixed, lambda e, d: events.append((e, d))
+        )
+    return result, llm, events
+
+
+def test_multi_tool_solve_stopped_by_the_planner() -> None:
+    script = {
+        "planner": [
+            '{"justification": "math first", "context": "", "sub_goal": "compute 12 squared", "tool_name": "calculator"}',
+            '{"justification": "need history", "context": "year 144", "sub_goal": "event in 144", "tool_name": "search"}',
+            '{"justification": "answered", "context": "", "sub_goal": "", "tool_name": "finish"}',
+        ],
+        "executor": ['{"tool_input": "12 ** 2"}', '{"tool_input": "year 144 excommunicated"}'],
+        "verifier": ['{"analysis": "we cannot stop yet", "stop": false}'],
+        "solution_generator": ['{"answer": "Marcion of Sinope"}'],
+    }
+    result, llm, events = _solve(script, "Calculate 12 squared, then find a major historical event in that year")
+    assert result.stop_reason == "planner" and result.planner_calls == 3
+    assert result.answer == "Marcion of Sinope"
+    assert [t.tool_name for t in result.turns[:2]] == ["calculator", "search"]
+    assert result.turns[0].observation == "12 ** 2 = 144"
+    assert "Marcion of Sinope" in (result.turns[1].observation or "")
+    assert llm.roles() == ["query_analyzer", *["planner", "executor", "verifier"] * 2, "planner", "solution_generator"]
+    assert [e for e, _ in events] == ["analysis", *["plan", "command", "tool", "verification"] * 2, "plan", "answer"]
+    # The planner uses its own endpoint/model; every other role the fixed one.
+    models = {role: body["model"] for role, body in llm.requests}
+    assert models["planner"] == "planner-model" and {models[r] for r in models if r != "planner"} == {"fixed-model"}
+    # Memory of earlier steps reaches the later prompts.
+    last_planner_prompt = [b for r, b in llm.requests if r == "planner"][-1]["messages"][1]["content"]
+    assert "Step 1: tool=calculator" in last_planner_prompt and "result=12 ** 2 = 144" in last_planner_prompt
+
+
+def test_verifier_stop_field_ends_the_loop() -> None:
+    script = {
+        "planner": ['{"sub_goal": "12*12", "tool_name": "python"}'],
+        "executor": ['{"tool_input": "print(12*12)"}'],
+        "verifier": ['{"analysis": "done", "stop": true}'],
+        "solution_generator": ['{"answer": "144"}'],
+    }
+    result, _, _ = _solve(script, "What is 12 * 12?")
+    assert (result.stop_reason, result.planner_calls, result.answer) == ("verifier", 1, "144")
+    assert result.turns[0].observation == "144"
+
+
+def test_invalid_steps_and_unknown_tools_become_observations_and_use_turns() -> None:
+    script = {
+        "planner": ["I think we should search.", '{"sub_goal": "look it up", "tool_name": "wikipedia"}'],
+        "verifier": ["STOP STOP STOP"],  # unparsable: the fallback continues
+        "solution_generator": ["Ottawa, I believe"],  # not JSON: the first line is the answer
+    }
+    result, llm, _ = _solve(script, "What is the capital of Canada?", max_turns=3)
+    assert result.stop_reason == "max_turns" and result.planner_calls == 3
+    assert "executor" not in llm.roles()
+    assert not result.turns[0].plan_valid and "not a valid JSON step" in (result.turns[0].observation or "")
+    assert result.turns[1].plan_valid and "unknown tool 'wikipedia'" in (result.turns[1].observation or "")
+    assert result.answer == "Ottawa, I believe"
+
+
+def test_executor_fallback_uses_the_sub_goal_and_tool_errors_are_observations() -> None:
+    script = {
+        "planner": ['{"sub_goal": "1/0", "tool_name": "calculator"}'],
+        "executor": ["no json here"],
+        "verifier": ['{"stop": true}'],
+        "solution_generator": ['{"answer": "undefined"}'],
+    }
+    result, _, _ = _solve(script, "What is 1/0?")
+    assert result.turns[0].tool_input == "1/0"
+    assert result.turns[0].observation == "Error: division by zero"
+
+
+def test_memory_truncates_results_and_shows_recent_steps() -> None:
+    memory = Memory(max_result_chars=50, max_actions_in_prompt=2)
+    for i in range(3):
+        memory.add("python", f"goal {i}", "print(1)", "x" * 1000 + f"END{i}")
+    assert all(len(a.result) <= 50 and a.result.endswith(f"END{a.step - 1}") for a in memory.actions)
+    rendered = memory.render()
+    assert rendered.startswith("(1 earlier step(s) omitted)") and "Step 1:" not in rendered and "Step 3:" in rendered
+    assert truncate("short", 10) == "short"
+    with pytest.raises(ValueError):
+        truncate("x", 2)
+    with pytest.raises(ValueError, match="max_turns"):
+        SolverConfig(max_turns=0)
+
+
+def test_planner_prompt_lists_every_tool_with_metadata_the_stop_action_and_an_example() -> None:
+    script = {"planner": ['{"sub_goal": "", "tool_name": "finish"}'], "solution_generator": ['{"answer": "x"}']}
+    _, llm, _ = _solve(script, "q?")
+    system = next(b for r, b in llm.requests if r == "planner")["messages"][0]["content"]
+    for name in ("python", "calculator", "search", "generalist", "finish"):
+        assert f"- {name}:" in system
+    assert '"tool_name": "calculator"' in system and "Example" in system
+
+
+def test_agent_outside_a_runner_returns_the_reward_and_checks_its_inputs() -> None:
+    script = {
+        "planner": ['{"sub_goal": "12*12", "tool_name": "calculator"}'],
+        "executor": ['{"tool_input": "12*12"}'],
+        "verifier": ['{"stop": true}'],
+        "solution_generator": ['{"answer": "144"}'],
+    }
+    task = {"question": "What is 12 * 12?", "source": "arithmetic", "extra_info": {"ground_truth": ["144"]}}
+    rollout = agl.Rollout(rollout_id="ro-1", input=task, start_time=0.0)
+    with ScriptedLLM({"query_analyzer": [ANALYSIS], **script}) as llm:
+        resources = {
+            "main_llm": agl.LLM(endpoint=llm.base_url, model="p"),
+            "fixed_llm": agl.LLM(endpoint=llm.base_url, model="f"),
+        }
+        agent = FlowGRPOAgent(solver=FlowSolver(SolverConfig(max_turns=2)))
+        assert agent.rollout(task, resources, rollout) == 1.0  # planner_llm absent: main_llm is used
+        with pytest.raises(ValueError, match="fixed_llm"):
+            agent.rollout(task, {"planner_llm": resources["main_llm"]}, rollout)
+        with pytest.raises(ValueError, match="question"):
+            agent.rollout({"prompt": "x"}, resources, rollout)
+        with pytest.raises(ValueError, match="attempted rollout"):
+            agent.rollout(task, {**resources, "planner_llm": agl.ProxyLLM(endpoint=llm.base_url, model="p")}, rollout)

@@ -1,0 +1,114 @@
+"""Calculator, BM25 search over the shipped corpus, the toolbox, and the generalist on a scripted endpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from examples.flow_grpo.agents import RoleLLM
+from examples.flow_grpo.tools import (
+    BM25Index,
+    CalculatorTool,
+    Document,
+    GeneralistTool,
+    SearchTool,
+    Toolbox,
+    default_toolbox,
+    evaluate_expression,
+    load_corpus,
+)
+
+from .scripted_llm import FAIL, ScriptedLLM
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("12 ** 2", 144),
+        ("(17 + 25) * 3", 126),
+        ("2^10", 1024),
+        ("sqrt(144)", 12.0),
+        ("factorial(5) / 4", 30.0),
+        ("-3 + 10 // 3", 0),
+    ],
+)
+def test_calculator_evaluates(expression: str, value: float) -> None:
+    assert evaluate_expression(expression) == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("__import__('os').system('true')", "unsupported"),
+        ("open('x')", "unsupported"),
+        ("9 ** 9 ** 9", "too large"),
+        ("(2 ** 5000) ** 5000", "too large"),
+        ("factorial(100000)", "too large"),
+        ("1 +", "not a valid expression"),
+        ("", "empty"),
+    ],
+)
+def test_calculator_rejects_unsafe_or_malformed_input(expression: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        evaluate_expression(expression)
+
+
+def test_calculator_tool_turns_errors_into_observations() -> None:
+    tool = CalculatorTool()
+    assert tool.execute("12 * 12").output == "12 * 12 = 144"
+    result = tool.execute("1 / 0")
+    assert not result.ok and result.output == "Error: division by zero"
+
+
+def test_bm25_ranks_the_passage_with_the_rare_terms_first() -> None:
+    docs = [
+        Document("1", "Tower", "The tower is tall. The tower is old."),
+        Document("2", "Eiffel", "The Eiffel tower was completed in 1889."),
+        Document("3", "River", "A river flows."),
+    ]
+    hits = BM25Index(docs).search("Eiffel tower completed", k=3)
+    assert [doc.doc_id for doc, _ in hits] == ["2", "1"]
+    assert hits[0][1] > hits[1][1] > 0
+    assert BM25Index(docs).search("volcano") == []
+
+
+@pytest.mark.parametrize(
+    ("query", "title"),
+    [
+        ("Eiffel Tower completed year", "Eiffel Tower"),
+        ("theologian excommunicated year 144", "Marcion of Sinope"),
+        ("capital of Australia", "Canberra"),
+        ("first FIFA World Cup host country", "FIFA World Cup 1930"),
+    ],
+)
+def test_search_finds_the_shipped_fact_passages(query: str, title: str) -> None:
+    output = SearchTool().execute(query).output
+    assert output.startswith(f"[{title}]")
+
+
+def test_search_without_match_and_bad_corpus(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = SearchTool().execute("zzzz qqqq")
+    assert not result.ok and "No passage" in result.output
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"id": 1, "title": "a", "text": "b"}\n{"title": "no id"}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2"):
+        load_corpus(bad)
+
+
+def test_toolbox_matches_names_tolerantly_and_reports_unknown_tools() -> None:
+    with ScriptedLLM({"generalist": ["Jupiter."]}) as llm:
+        box = default_toolbox(RoleLLM.from_endpoint(llm.base_url, "m"))
+        assert box.names == ["python", "calculator", "search", "generalist"]
+        assert box.get("Calculator") is box.get("CALCULATOR ")
+        assert box.execute("Generalist", "Largest planet?").output == "Jupiter."
+    unknown = box.execute("wikipedia_search", "x")
+    assert not unknown.ok and "unknown tool 'wikipedia_search'" in unknown.output and "calculator" in unknown.output
+    for line in box.describe().splitlines():
+        assert line.startswith("- ") and "Input:" in line
+    with pytest.raises(ValueError, match="duplicate"):
+        Toolbox([CalculatorTool(), CalculatorTool()])
+
+
+def test_generalist_endpoint_failure_is_an_observation() -> None:
+    with ScriptedLLM({"generalist": [FAIL]}) as llm:
+        result = GeneralistTool(RoleLLM.from_endpoint(llm.base_url, "m")).execute("What is up?")
+    assert not result.ok and result.output.startswith("Error: InternalServerError")
