@@ -1,0 +1,200 @@
+"""Run the Flow-GRPO solver on one question and print every step.
+
+Examples::
+
+    # Embedded SmolLM2-135M for every role, served in-process (no API key, CPU):
+    python -m examples.flow_grpo.solve "Calculate 12 squared, then find a major historical event in that year"
+
+    # The planner from a GRPO checkpoint (a LoRA adapter on the same base model); other roles use the base model:
+    python -m examples.flow_grpo.solve --checkpoint checkpoints/step_000100 "What is (17 + 25) * 3?"
+
+    # Any OpenAI-compatible endpoints (vLLM, agentbolt serve, a hosted API):
+    python -m examples.flow_grpo.solve --planner-url http://127.0.0.1:8000/v1 --planner-model planner \\
+        --fixed-url http://127.0.0.1:8001/v1 --fixed-model Qwen/Qwen2.5-7B-Instruct "Who painted the Mona Lisa?"
+
+``--checkpoint`` accepts a checkpoint written by agentbolt's GRPO (``step_*`` with ``adapter/`` or
+``model.safetensors``), a directory of such checkpoints (the latest is used), or a PEFT adapter directory. The
+prompts, tools and tool names are the ones used in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from examples.flow_grpo.agents import RoleLLM
+from examples.flow_grpo.solver import FlowSolver, SolverConfig
+
+__all__ = ["main", "resolve_checkpoint"]
+
+_STEP_PREFIX = "step_"
+
+
+class CheckpointError(ValueError):
+    """The ``--checkpoint`` path is not something the solver can load."""
+
+
+def resolve_checkpoint(path: Path) -> Tuple[str, Path]:
+    """``("adapter", adapter_dir)`` or ``("full", weights_file)`` for a checkpoint path.
+
+    Raises:
+        CheckpointError: Nothing loadable at ``path``.
+    """
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if (path / "adapter" / "adapter_config.json").is_file():
+        return "adapter", path / "adapter"
+    if (path / "adapter_config.json").is_file():
+        return "adapter", path
+    if (path / "model.safetensors").is_file() and (path / "trainer_state.json").is_file():
+        return "full", path / "model.safetensors"
+    steps = (
+        sorted(
+            (
+                p
+                for p in path.iterdir()
+                if p.is_dir() and p.name.startswith(_STEP_PREFIX) and (p / "trainer_state.json").is_file()
+            ),
+            key=lambda p: p.name,
+        )
+        if path.is_dir()
+        else []
+    )
+    if steps:
+        return resolve_checkpoint(steps[-1])
+    raise CheckpointError(
+        f"{path} is neither a GRPO checkpoint (adapter/ or model.safetensors with trainer_state.json), "
+        "a directory of step_* checkpoints, nor a PEFT adapter directory"
+    )
+
+
+def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.flow_grpo.solve", description="Solve one question with the multi-agent solver."
+    )
+    parser.add_argument("question", help="The question to solve.")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="Base model served locally for every role.")
+    parser.add_argument("--checkpoint", type=Path, help="Planner checkpoint (see the module help).")
+    parser.add_argument("--planner-url", help="OpenAI-compatible base URL of the planner (instead of a local model).")
+    parser.add_argument("--planner-model", help="Model name at --planner-url.")
+    parser.add_argument("--fixed-url", help="Base URL of the fixed model for the other roles (default: --planner-url).")
+    parser.add_argument("--fixed-model", help="Model name at --fixed-url (default: --planner-model).")
+    parser.add_argument("--api-key", default=None, help="API key for the endpoints.")
+    parser.add_argument("--max-turns", type=int, default=4, help="Planner turns at most (default 4).")
+    parser.add_argument("--temperature", type=float, default=0.0, help="Planner sampling temperature (default 0).")
+    parser.add_argument("--dtype", default="bfloat16", help="Local engine dtype (default bfloat16).")
+    parser.add_argument("--threads", type=int, default=None, help="Local engine CPU threads.")
+    parser.add_argument("--json", action="store_true", help="Print the result as one JSON object at the end.")
+    args = parser.parse_args(argv)
+    if args.max_turns < 1:
+        parser.error("--max-turns must be at least 1")
+    if (args.planner_url is None) != (args.planner_model is None):
+        parser.error("--planner-url and --planner-model go together")
+    if args.planner_url is None and (args.fixed_url or args.fixed_model):
+        parser.error("--fixed-url/--fixed-model need --planner-url (the local mode serves one base model)")
+    if args.planner_url is not None and args.checkpoint is not None:
+        parser.error("--checkpoint loads into the local engine; serve it yourself when using --planner-url")
+    if args.checkpoint is not None:
+        try:
+            args.checkpoint_kind, args.checkpoint_path = resolve_checkpoint(args.checkpoint)
+        except CheckpointError as exc:
+            parser.error(str(exc))
+    return args
+
+
+@contextlib.contextmanager
+def _local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, str]]:
+    """Serve the base model (and the planner checkpoint) in-process; yield (planner url, model, fixed url, model)."""
+    from agentbolt.serving.server import InferenceServer
+    from agentbolt.serving.transformers_engine import TransformersEngine
+
+    servers: List[InferenceServer] = []
+    try:
+        base = InferenceServer(
+            TransformersEngine(args.model, dtype=args.dtype, threads=args.threads, served_name="base"), port=0
+        )
+        base.start()
+        servers.append(base)
+        planner_url, planner_model = base.base_url, "base"
+        kind = getattr(args, "checkpoint_kind", None)
+        if kind == "adapter":
+            base.engine.load_adapter("planner", args.checkpoint_path)
+            planner_model = "planner"
+        elif kind == "full":
+            from safetensors.torch import load_file
+
+            planner = InferenceServer(
+                TransformersEngine(args.model, dtype=args.dtype, threads=args.threads, served_name="planner"), port=0
+            )
+            planner.start()
+            servers.append(planner)
+            planner.engine.load_state_dict(load_file(str(args.checkpoint_path)))
+            planner_url, planner_model = planner.base_url, "planner"
+        yield planner_url, planner_model, base.base_url, "base"
+    finally:
+        for server in reversed(servers):
+            server.stop()
+
+
+def _printer(event: str, data: Dict[str, Any]) -> None:
+    turn = data.get("turn")
+    if event == "analysis":
+        tools = ", ".join(data["tools"]) or "-"
+        print(f"== Query analysis\n   {data['summary']}\n   useful tools: {tools}")
+    elif event == "plan":
+        print(f"\n== Step {turn}: plan ({'valid' if data['valid'] else 'invalid answer'})")
+        print(f"   tool: {data['tool_name'] or '-'}\n   sub-goal: {data['sub_goal'] or '-'}")
+        if data["justification"]:
+            print(f"   why: {data['justification']}")
+    elif event == "command":
+        print(f"== Step {turn}: command for {data['tool']}\n   {data['input']}")
+    elif event == "tool":
+        print(f"== Step {turn}: {data['tool']} output\n   " + str(data["result"]).replace("\n", "\n   "))
+    elif event == "verification":
+        verdict = "STOP" if data["stop"] else "CONTINUE"
+        print(f"== Step {turn}: verification: {verdict}" + (f"\n   {data['analysis']}" if data["analysis"] else ""))
+    elif event == "answer":
+        print(f"\n== Final answer ({data['stop_reason']})\n   {data['answer']}")
+    sys.stdout.flush()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Command-line entry point; returns the exit status (2 for bad arguments, via argparse)."""
+    args = _parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.planner_url is not None:
+            endpoints = (
+                args.planner_url,
+                args.planner_model,
+                args.fixed_url or args.planner_url,
+                args.fixed_model or args.planner_model,
+            )
+        else:
+            print(f"Loading {args.model} ...", file=sys.stderr)
+            endpoints = stack.enter_context(_local_endpoints(args))
+        planner_url, planner_model, fixed_url, fixed_model = endpoints
+        planner = RoleLLM.from_endpoint(
+            planner_url, planner_model, api_key=args.api_key, sampling_parameters={"temperature": args.temperature}
+        )
+        fixed = RoleLLM.from_endpoint(fixed_url, fixed_model, api_key=args.api_key)
+        stack.callback(planner.close)
+        stack.callback(fixed.close)
+        result = FlowSolver(SolverConfig(max_turns=args.max_turns)).solve(args.question, planner, fixed, _printer)
+    if args.json:
+        summary = {
+            "question": result.question,
+            "answer": result.answer,
+            "stop_reason": result.stop_reason,
+            "planner_calls": result.planner_calls,
+            "steps": result.memory.to_list(),
+        }
+        print(json.dumps(summary, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
