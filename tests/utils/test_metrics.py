@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from typing import List
 
 import pytest
@@ -125,14 +127,17 @@ async def test_multi_backend_fans_out() -> None:
     assert not MultiMetricsBackend([console]).has_prometheus()
 
 
-def test_multiprocess_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+def test_multiprocess_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     assert get_prometheus_registry() is not None
     directory = setup_multiprocess_prometheus()
     try:
-        assert metrics.os.path.isdir(directory)
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == directory and os.path.isdir(directory)
+        assert setup_multiprocess_prometheus() == directory  # an existing setting is kept
         registry = get_prometheus_registry()
         assert isinstance(registry, CollectorRegistry)
         metrics.shutdown_metrics()
     finally:
-        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        # Set by the function itself (not through monkeypatch): remove it so later tests run single-process.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(directory, ignore_errors=True)
