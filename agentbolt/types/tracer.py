@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Protocol, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -32,6 +32,61 @@ __all__ = [
 
 AttributeValue = Union[str, bool, int, float, Sequence[str], Sequence[bool], Sequence[int], Sequence[float]]
 Attributes = Dict[str, AttributeValue]
+
+_PRIMITIVES = (str, bool, int, float)
+
+
+def _validate_attributes(value: Any) -> Dict[str, Any]:
+    """Check span attributes: string keys; primitive values or lists of primitives (tuples become lists).
+
+    Hand-written because pydantic's validation of the ``AttributeValue`` union costs milliseconds for a span carrying
+    thousands of token ids, and every span crosses this check when it is stored or read over HTTP.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"attributes must be a mapping, got {type(value).__name__}")
+    result = value
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ValueError(f"attribute keys must be strings, got {key!r}")
+        if isinstance(item, _PRIMITIVES):
+            continue
+        if isinstance(item, (list, tuple)) and all(isinstance(element, _PRIMITIVES) for element in item):
+            if isinstance(item, tuple):
+                if result is value:
+                    result = dict(value)
+                result[key] = list(item)
+            continue
+        raise ValueError(
+            f"attribute {key!r} must be a string, bool, int, float or a list of them, got {type(item).__name__}"
+        )
+    return result
+
+
+_ATTRIBUTES_JSON_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "boolean"},
+            {"type": "integer"},
+            {"type": "number"},
+            {"type": "array", "items": {"anyOf": [{"type": t} for t in ("string", "boolean", "integer", "number")]}},
+        ]
+    },
+}
+
+
+def _serialize_attributes(value: Dict[str, Any]) -> Dict[str, Any]:
+    return value
+
+
+ValidatedAttributes = Annotated[
+    Attributes,
+    PlainValidator(_validate_attributes),
+    PlainSerializer(_serialize_attributes, return_type=Any),
+    WithJsonSchema(_ATTRIBUTES_JSON_SCHEMA),
+]
+"""``Attributes`` as model fields declare them: validated by :func:`_validate_attributes`."""
 TraceState = Dict[str, str]
 StatusCode = Literal["UNSET", "OK", "ERROR"]
 SpanLike = Union["ReadableSpan", "Span"]
@@ -116,7 +171,7 @@ class Event(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    attributes: Attributes
+    attributes: ValidatedAttributes
     timestamp: Optional[float] = None
 
     @classmethod
@@ -131,7 +186,7 @@ class Link(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     context: SpanContext
-    attributes: Optional[Attributes] = None
+    attributes: Optional[ValidatedAttributes] = None
 
     @classmethod
     def from_opentelemetry(cls, src: Any) -> Link:
@@ -145,7 +200,7 @@ class Link(BaseModel):
 class OtelResource(BaseModel):
     """The OpenTelemetry resource (process-level attributes) a span came from."""
 
-    attributes: Attributes
+    attributes: ValidatedAttributes
     schema_url: str
 
     @classmethod
@@ -159,7 +214,7 @@ class SpanCoreFields(BaseModel):
 
     name: str
     status: TraceStatus
-    attributes: Attributes
+    attributes: ValidatedAttributes
     start_time: Optional[float]
     end_time: Optional[float]
 
@@ -189,7 +244,7 @@ class Span(BaseModel):
     parent_id: Optional[str]
     name: str
     status: TraceStatus
-    attributes: Attributes
+    attributes: ValidatedAttributes
     events: List[Event]
     links: List[Link]
     start_time: Optional[float]

@@ -140,3 +140,12 @@ def test_unset_is_a_picklable_singleton() -> None:
     assert isinstance(UNSET, Unset)
     assert pickle.loads(pickle.dumps(UNSET)) is UNSET
     assert Unset() is UNSET
+
+
+def test_span_attributes_are_checked_and_tuples_become_lists() -> None:
+    span = Span.from_attributes(attributes={"ids": (1, 2, 3), "s": "x", "f": 1.5, "b": True, "mixed": [1, 2.5]})
+    assert span.attributes["ids"] == [1, 2, 3]
+    for bad in ({"nested": {"a": 1}}, {"none": None}, {"list_of_dicts": [{"a": 1}]}, {1: "x"}):
+        with pytest.raises(ValidationError):
+            Span.from_attributes(attributes=bad)  # type: ignore[arg-type]
+    assert Span.model_validate_json(span.model_dump_json()) == span
