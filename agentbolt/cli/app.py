@@ -16,7 +16,7 @@ try:  # recent typer versions vendor click
 except ImportError:  # pragma: no cover - older typer relies on click itself
     from click import exceptions as _click_exceptions  # type: ignore[no-redef]
 
-from agentbolt.cli import models, proxy, serve, store
+from agentbolt.cli import demo, models, proxy, serve, store
 from agentbolt.cli.errors import CliError
 
 __all__ = ["app", "run"]
@@ -39,6 +39,7 @@ app.command("store", help=store.HELP)(store.store_command)
 app.command("proxy", help=proxy.HELP)(proxy.proxy_command)
 app.command("serve", help=serve.HELP)(serve.serve_command)
 app.add_typer(models.app, name="models", help=models.HELP)
+app.command("demo", help=demo.HELP)(demo.demo_command)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,243 @@
+"""The orchestration behind ``agentbolt demo``: train the embedded model to use a calculator, end to end.
+
+One call of :func:`run_demo` pulls the embedded model (cached after the first time), opens a SQLite store, and
+runs :class:`~agentbolt.algorithm.grpo.GRPO` under an :class:`agentbolt.Trainer` with several runner threads. GRPO
+serves the policy with the in-process transformers engine behind the LLM gateway; the runners execute the
+:class:`~agentbolt.demo.agent.CalculatorAgent` (plain OpenAI-SDK code) against the gateway, which records token ids
+and log-probs into the store; GRPO reads them back, updates LoRA adapters, and measures held-out accuracy before
+and after training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from agentbolt.demo.agent import CalculatorAgent, RewardConfig
+from agentbolt.demo.task import make_splits
+
+__all__ = ["DemoConfig", "DemoResult", "run_demo", "step_time_split"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoConfig:
+    """Everything the demo run uses; the defaults are the measured configuration (docs/first-agent.md).
+
+    Attributes:
+        output_dir: Where the run directory is created.
+        model: Model to train (registry name or local Hugging Face directory).
+        steps: GRPO training steps.
+        n_train: Training questions generated.
+        n_val: Held-out validation questions.
+        seed: Seed of the data, of sampling and of the trainer.
+        batch_size: Questions per step.
+        group_size: Rollouts per question (one GRPO group).
+        learning_rate: Peak LoRA learning rate.
+        lora_r: LoRA rank.
+        temperature: Sampling temperature of training rollouts (validation is greedy).
+        max_tokens: Completion budget of each LLM call.
+        runners: Runner threads executing rollouts concurrently (the engine batches their calls).
+        threads: torch threads.
+        dtype: Weights dtype of the policy (shared by the engine and the trainer).
+        tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
+        format_credit: Training reward for the ``ANSWER: <n>`` format when the answer is wrong.
+        console: Show GRPO's per-step progress.
+    """
+
+    output_dir: Path = field(default_factory=lambda: Path("agentbolt-demo"))
+    model: str = "smollm2-135m-instruct"
+    steps: int = 12
+    n_train: int = 256
+    n_val: int = 48
+    seed: int = 0
+    batch_size: int = 4
+    group_size: int = 8
+    learning_rate: float = 5e-4
+    lora_r: int = 16
+    temperature: float = 1.0
+    max_tokens: int = 40
+    runners: int = 16
+    threads: Optional[int] = None
+    dtype: str = "bfloat16"
+    tool_credit: float = 0.1
+    format_credit: float = 0.1
+    console: bool = True
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> DemoConfig:
+        """A reduced run (fewer steps and validation questions) for a first look or a test."""
+        values: Dict[str, Any] = {"steps": 6, "n_val": 24}
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class DemoResult:
+    """What a demo run produced.
+
+    Attributes:
+        model: The trained model.
+        baseline_val_accuracy: Held-out accuracy before training.
+        final_val_accuracy: Held-out accuracy after the last step.
+        steps: Training steps run.
+        wall_seconds: Wall time of the whole run (model load, validations, training).
+        train_rollouts: Training rollouts executed.
+        rollout_seconds: Time spent generating training rollouts, summed over steps.
+        update_seconds: Time spent in policy updates, summed over steps.
+        run_dir: The run directory.
+        metrics_path: Per-step metrics (JSON lines).
+        curve_path: Reward / accuracy curve (PNG), if it was written.
+        checkpoint_dir: Directory of the final checkpoint (a PEFT adapter under ``adapter/``).
+        store_path: The SQLite store with every rollout, span and token id.
+    """
+
+    model: str
+    baseline_val_accuracy: float
+    final_val_accuracy: float
+    steps: int
+    wall_seconds: float
+    train_rollouts: int
+    rollout_seconds: float
+    update_seconds: float
+    run_dir: str
+    metrics_path: str
+    curve_path: Optional[str]
+    checkpoint_dir: Optional[str]
+    store_path: str
+
+    def summary(self) -> Dict[str, Any]:
+        """The ``--summary-json`` document."""
+        return asdict(self)
+
+
+def step_time_split(metrics_path: str | Path) -> Dict[str, float]:
+    """Sum GRPO's per-step timings from a ``metrics.jsonl``: rollout generation vs policy update.
+
+    Returns:
+        ``{"steps", "rollout_seconds", "update_seconds", "step_seconds", "rollout_fraction"}`` over training steps
+        (step 0, the validation before training, has no timings and is ignored).
+    """
+    totals = {"steps": 0.0, "rollout_seconds": 0.0, "update_seconds": 0.0, "step_seconds": 0.0}
+    for line in Path(metrics_path).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("time/step_seconds") is None:
+            continue
+        totals["steps"] += 1
+        for key in ("rollout_seconds", "update_seconds", "step_seconds"):
+            totals[key] += float(record.get(f"time/{key}") or 0.0)
+    busy = totals["rollout_seconds"] + totals["update_seconds"]
+    totals["rollout_fraction"] = totals["rollout_seconds"] / busy if busy else math.nan
+    return totals
+
+
+def _new_run_dir(output_dir: Path) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = output_dir / f"run-{stamp}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = output_dir / f"run-{stamp}-{suffix}"
+    run_dir.mkdir()
+    return run_dir
+
+
+def _val_accuracies(history: List[Dict[str, float]]) -> List[float]:
+    return [record["val/accuracy"] for record in history if "val/accuracy" in record]
+
+
+def run_demo(config: DemoConfig) -> DemoResult:
+    """Run the demo: baseline validation, GRPO training, final validation.
+
+    Args:
+        config: The run's settings.
+
+    Returns:
+        Accuracies, timings and where the outputs are.
+
+    Raises:
+        agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
+        RuntimeError: Validation did not run (no accuracy to report).
+    """
+    import agentbolt as agl
+    from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.models import resolve_model
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    started = time.perf_counter()
+    model_path = str(resolve_model(config.model).path)
+    run_dir = _new_run_dir(Path(config.output_dir))
+    log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
+    train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
+    (run_dir / "data.json").write_text(json.dumps({"train": train, "val": val}, indent=1), encoding="utf-8")
+    (run_dir / "config.json").write_text(json.dumps(asdict(config), default=str, indent=1), encoding="utf-8")
+    logger.info("Demo run directory %s (%d train / %d held-out questions)", run_dir, len(train), len(val))
+
+    algorithm = GRPO(
+        model=model_path,
+        served_model_name=config.model,
+        dtype=config.dtype,  # type: ignore[arg-type]
+        threads=config.threads,
+        lora_r=config.lora_r,
+        lora_alpha=2.0 * config.lora_r,
+        batch_size=config.batch_size,
+        group_size=config.group_size,
+        max_steps=config.steps,
+        serve_max_batch_size=max(config.runners, 1),
+        sampling_parameters={"temperature": config.temperature, "max_tokens": config.max_tokens},
+        val_sampling_parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
+        learning_rate=config.learning_rate,
+        micro_batch_size=8,
+        seed=config.seed,
+        val_before_train=True,
+        val_interval=0,
+        log_dir=str(log_dir),
+        checkpoint_dir=str(checkpoint_dir),
+        resume=False,
+        console=config.console,
+        rollout_timeout=1800.0,
+    )
+    agent = CalculatorAgent(
+        reward=RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit),
+        max_tokens=config.max_tokens,
+    )
+    store = SqliteLightningStore(store_path)
+    tracer = agl.OtelTracer()
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=store,
+        tracer=tracer,
+        strategy=agl.SharedMemoryExecutionStrategy(n_runners=config.runners, main_thread="algorithm"),
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+    )
+    trainer.fit(agent, train_dataset=train, val_dataset=val)
+
+    accuracies = _val_accuracies(algorithm.history)
+    if len(accuracies) < (2 if config.steps > 0 else 1):
+        raise RuntimeError("the demo did not complete its validations; see the log for the failure")
+    train_records = [r for r in algorithm.history if "train/reward_mean" in r]
+    split = step_time_split(log_dir / "metrics.jsonl")
+    curve = log_dir / "reward_curve.png"
+    checkpoints = sorted(checkpoint_dir.glob("step_*")) if checkpoint_dir.exists() else []
+    return DemoResult(
+        model=config.model,
+        baseline_val_accuracy=accuracies[0],
+        final_val_accuracy=accuracies[-1],
+        steps=len(train_records),
+        wall_seconds=time.perf_counter() - started,
+        train_rollouts=int(sum(r.get("rollouts/total", 0.0) for r in train_records)),
+        rollout_seconds=split["rollout_seconds"],
+        update_seconds=split["update_seconds"],
+        run_dir=str(run_dir),
+        metrics_path=str(log_dir / "metrics.jsonl"),
+        curve_path=str(curve) if curve.exists() else None,
+        checkpoint_dir=str(checkpoints[-1]) if checkpoints else None,
+        store_path=str(store_path),
+    )

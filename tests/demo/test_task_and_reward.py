@@ -1,0 +1,172 @@
+"""The demo's data, calculator, answer parsing and reward, and the agent's conversation against a real server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from agentbolt.demo.agent import CalculatorError, Episode, RewardConfig, calculate, run_episode, score
+from agentbolt.demo.run import step_time_split
+from agentbolt.demo.task import make_splits, parse_answer
+
+
+def test_splits_are_deterministic_disjoint_and_correct() -> None:
+    train, val = make_splits(200, 50, seed=3)
+    assert (train, val) == make_splits(200, 50, seed=3)
+    assert make_splits(200, 50, seed=4) != (train, val)
+    assert len(train) == 200 and len(val) == 50
+    expressions = [t["expression"] for t in train + val]
+    assert len(set(expressions)) == len(expressions)
+    for task in train + val:
+        assert task["expression"] in task["question"] and "ANSWER: <number>" in task["question"]
+        assert int(calculate(task["expression"])) == task["answer"]
+    assert {t["id"] for t in val} == {f"val-{i}" for i in range(50)}
+    # The validation split does not depend on the training split's size.
+    assert make_splits(10, 50, seed=3)[1] == val
+
+
+def test_split_sizes_are_validated() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        make_splits(-1, 5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ANSWER: 444", 444),
+        ("The result is 444.\nANSWER:  -12", -12),
+        ("ANSWER: 1 then ANSWER: 2", 2),
+        ("answer: 444", None),
+        ("444", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_answer(text: Any, expected: Any) -> None:
+    assert parse_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"), [("37 * 12", "444"), ("(2 + 3) * -4", "-20"), ("7 / 2", "3.5"), ("3 x 4", "12")]
+)
+def test_calculator(expression: str, expected: str) -> None:
+    assert calculate(expression) == expected
+
+
+@pytest.mark.parametrize("expression", ["__import__('os')", "2 ** 8", "1 / 0", "abc", "9" * 20, "", "[1]"])
+def test_calculator_rejects_non_arithmetic(expression: str) -> None:
+    with pytest.raises(CalculatorError):
+        calculate(expression)
+
+
+def test_reward_is_strict_for_correct_answers_and_credits_format_below_one() -> None:
+    task = make_splits(0, 1)[1][0]
+    right = Episode(tool_calls=[task["expression"]], tool_results=[str(task["answer"])], answer=task["answer"])
+    wrong_format_only = Episode(answer=task["answer"] + 1)
+    tool_only = Episode(tool_calls=["1 + 1"], tool_results=["2"])
+    broken_tool = Episode(tool_calls=[""], tool_results=["error: missing 'expression'"])
+    credit = RewardConfig(tool_credit=0.2, format_credit=0.1)
+    assert score(right, task) == score(right, task, credit) == 1.0
+    assert score(wrong_format_only, task) == 0.0 and score(wrong_format_only, task, credit) == pytest.approx(0.1)
+    assert score(tool_only, task, credit) == pytest.approx(0.2)
+    assert score(broken_tool, task, credit) == 0.0
+    both = Episode(tool_calls=["1"], tool_results=["1"], answer=task["answer"] + 1)
+    assert score(both, task, RewardConfig(tool_credit=0.6, format_credit=0.6)) < 1.0
+
+
+def test_step_time_split_sums_training_steps(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "val/accuracy": 0.1},
+        {"step": 1, "time/rollout_seconds": 3.0, "time/update_seconds": 1.0, "time/step_seconds": 4.5},
+        {"step": 2, "time/rollout_seconds": 5.0, "time/update_seconds": 1.0, "time/step_seconds": 6.5},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    split = step_time_split(path)
+    assert split["steps"] == 2 and split["rollout_seconds"] == 8.0 and split["update_seconds"] == 2.0
+    assert split["step_seconds"] == 11.0 and split["rollout_fraction"] == pytest.approx(0.8)
+
+
+class _ScriptedChat(BaseHTTPRequestHandler):
+    """A real HTTP endpoint speaking the OpenAI chat API with scripted replies.
+
+    It stands in for a model only to pin down the agent's conversation protocol; the model-backed path is covered
+    by the end-to-end demo test.
+    """
+
+    replies: List[Dict[str, Any]] = []
+    requests: List[Dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        message = type(self).replies[len(type(self).requests) - 1]
+        payload = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", **message},
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                }
+            ],
+        }
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def scripted_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedChat)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_agent_runs_the_tool_and_reads_the_answer(scripted_server: str) -> None:
+    from openai import AsyncOpenAI
+
+    task = make_splits(0, 1)[1][0]
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": ""}}
+    call["function"]["arguments"] = json.dumps({"expression": task["expression"]})
+    _ScriptedChat.replies = [{"content": "", "tool_calls": [call]}, {"content": f"ANSWER: {task['answer']}"}]
+    _ScriptedChat.requests = []
+    async with AsyncOpenAI(base_url=scripted_server, api_key="unused", max_retries=0) as client:
+        episode = await run_episode(client, "m", task, sampling_parameters={"temperature": 0.5})
+    assert episode.tool_calls == [task["expression"]] and episode.tool_results == [str(task["answer"])]
+    assert episode.answer == task["answer"] and episode.turns == 2 and score(episode, task) == 1.0
+    first, second = _ScriptedChat.requests
+    assert first["tools"][0]["function"]["name"] == "calculator" and first["temperature"] == 0.5
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": str(task["answer"])}
+
+
+async def test_agent_reports_bad_tool_calls_to_the_model(scripted_server: str) -> None:
+    from openai import AsyncOpenAI
+
+    task = make_splits(0, 1)[1][0]
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": "{not json"}}
+    _ScriptedChat.replies = [{"content": "", "tool_calls": [call]}, {"content": "I cannot."}]
+    _ScriptedChat.requests = []
+    async with AsyncOpenAI(base_url=scripted_server, api_key="unused", max_retries=0) as client:
+        episode = await run_episode(client, "m", task)
+    assert episode.tool_results == ["error: arguments are not JSON"] and episode.answer is None
+    assert score(episode, task, RewardConfig(tool_credit=0.5)) == 0.0
+    assert _ScriptedChat.requests[1]["messages"][-1]["content"] == "error: arguments are not JSON"
