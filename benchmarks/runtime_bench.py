@@ -22,6 +22,17 @@ Prints ONE JSON object on stdout::
 Usage::
 
     python benchmarks/runtime_bench.py [--calls 300] [--warmup 30] [--stream] [--store memory|http]
+        [--part all|tracing|rollouts] [--runners 1 4 8] [--rollouts 200]
+
+Part 2 — rollout throughput: ``Trainer.fit`` with the client-server strategy (the algorithm process serves a
+SQLite store over HTTP, runner processes connect as clients), the default tracer, and a trivial agent making two
+chat completions against the same local server and returning a reward. The algorithm enqueues ``--rollouts``
+rollouts at once and waits for all of them; ``rollouts_per_s`` is rollouts divided by the time from the first
+enqueue to the last finished rollout, for each ``--runners`` count. Adds to the JSON::
+
+    {"rollouts_per_s": {"1": ..., "4": ..., "8": ...}, "rollouts": N, ...}
+
+``--part tracing`` or ``--part rollouts`` runs one part only.
 
 ``--store http`` writes spans to an in-memory store served by ``agentbolt store --backend memory`` in a separate
 process (through LightningStoreClient) instead of an in-process InMemoryLightningStore.
@@ -180,25 +191,94 @@ async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[s
     }
 
 
-async def run(args: argparse.Namespace) -> Dict[str, Any]:
+BENCH_MODEL = "fake-model"
+
+
+def _two_call_agent() -> Any:
+    import openai
+
+    import agentbolt as agl
+
+    @agl.rollout
+    def two_call_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="bench", max_retries=0)
+        for _ in range(2):
+            client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}])
+        return 1.0
+
+    return two_call_agent
+
+
+def measure_rollouts(base_url: str, n_runners: int, n_rollouts: int, workdir: Path) -> float:
+    """Rollouts per second of Trainer.fit (client-server strategy, SQLite store) with ``n_runners`` runners."""
+    import agentbolt as agl
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    class EnqueueAll(agl.Algorithm):
+        elapsed = 0.0
+
+        async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
+            store = self.get_store()
+            resources = await store.add_resources({"main_llm": agl.LLM(endpoint=base_url, model=BENCH_MODEL)})
+            requests = [
+                agl.EnqueueRolloutRequest(input=task, mode="train", resources_id=resources.resources_id)
+                for task in train_dataset
+            ]
+            start = time.perf_counter()
+            rollouts = await store.enqueue_many_rollouts(requests)
+            ids = [r.rollout_id for r in rollouts]
+            while len(await store.wait_for_rollouts(rollout_ids=ids, timeout=0)) < len(ids):
+                await asyncio.sleep(0.02)
+            type(self).elapsed = time.perf_counter() - start
+
+    algorithm = EnqueueAll()
+    store = SqliteLightningStore(str(workdir / f"runners-{n_runners}.db"))
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=store,
+        strategy={"type": "cs", "n_runners": n_runners, "server_port": free_port(), "server_host": "127.0.0.1"},
+        runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.05},
+    )
+    trainer.fit(_two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts)])
+    asyncio.run(store.close())
+    return n_rollouts / EnqueueAll.elapsed
+
+
+async def measure_tracing(args: argparse.Namespace, base_url: str) -> Dict[str, Any]:
+    if args.store == "memory":
+        from agentbolt.store.memory import InMemoryLightningStore
+
+        return await measure(args, base_url, InMemoryLightningStore(thread_safe=True))
+    from agentbolt.store.client_server import LightningStoreClient
+
+    store_port = free_port()
+    command = [sys.executable, "-m", "agentbolt", "store", "--backend", "memory", "--port", str(store_port)]
+    with background_process(command, f"http://127.0.0.1:{store_port}/v1/agl/health"):
+        client = LightningStoreClient(f"http://127.0.0.1:{store_port}")
+        try:
+            return await measure(args, base_url, client)
+        finally:
+            await client.close()
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    import tempfile
+
     port = free_port()
     fake = [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port), "--token-ids"]
+    result: Dict[str, Any] = {}
     with background_process(fake, f"http://127.0.0.1:{port}/v1/models"):
         base_url = f"http://127.0.0.1:{port}/v1"
-        if args.store == "memory":
-            from agentbolt.store.memory import InMemoryLightningStore
-
-            return await measure(args, base_url, InMemoryLightningStore(thread_safe=True))
-        from agentbolt.store.client_server import LightningStoreClient
-
-        store_port = free_port()
-        command = [sys.executable, "-m", "agentbolt", "store", "--backend", "memory", "--port", str(store_port)]
-        with background_process(command, f"http://127.0.0.1:{store_port}/v1/agl/health"):
-            client = LightningStoreClient(f"http://127.0.0.1:{store_port}")
-            try:
-                return await measure(args, base_url, client)
-            finally:
-                await client.close()
+        if args.part in ("all", "tracing"):
+            result.update(asyncio.run(measure_tracing(args, base_url)))
+        if args.part in ("all", "rollouts"):
+            with tempfile.TemporaryDirectory() as workdir:
+                result["rollouts_per_s"] = {
+                    str(n): round(measure_rollouts(base_url, n, args.rollouts, Path(workdir)), 1) for n in args.runners
+                }
+            result["rollouts"] = args.rollouts
+            result["rollout_agent"] = "2 chat completions + reward; client-server strategy; SQLite store"
+    return result
 
 
 def main() -> None:
@@ -207,10 +287,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30, help="Warm-up pairs, not measured.")
     parser.add_argument("--stream", action="store_true", help="Use stream=True and consume the stream.")
     parser.add_argument("--store", choices=["memory", "http"], default="memory")
+    parser.add_argument("--part", choices=["all", "tracing", "rollouts"], default="all")
+    parser.add_argument("--runners", type=int, nargs="+", default=[1, 4, 8], help="Runner counts (default 1 4 8).")
+    parser.add_argument("--rollouts", type=int, default=200, help="Rollouts per runner count (default 200).")
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
-    result = asyncio.run(run(args))
+    if args.rollouts < 1 or any(n < 1 for n in args.runners):
+        parser.error("--rollouts and --runners must be positive")
+    result = run(args)
     result["machine"] = machine_info()
     print(json.dumps(result, indent=2))
 
