@@ -319,11 +319,14 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
     return Response(content=pydantic_core.to_json(content), status_code=status_code, media_type="application/json")
 
 
+def _error_body(detail: Any, error_type: str, error_kind: str) -> bytes:
+    """The JSON body of every error: the message, the exception class, and its builtin base class."""
+    return orjson.dumps({"detail": detail, "error_type": error_type, "error_kind": error_kind})
+
+
 def _error_response(status_code: int, detail: Any, error_type: str, error_kind: str) -> Response:
     return Response(
-        content=orjson.dumps({"detail": detail, "error_type": error_type, "error_kind": error_kind}),
-        status_code=status_code,
-        media_type="application/json",
+        content=_error_body(detail, error_type, error_kind), status_code=status_code, media_type="application/json"
     )
 
 
@@ -338,6 +341,20 @@ def _exception_response(exc: Exception) -> Response:
     else:
         detail = str(exc) or type(exc).__name__
     return _error_response(status_code, detail, type(exc).__name__, _error_kind(exc))
+
+
+async def _http_exception_response(request: Request, exc: HTTPException) -> Response:
+    """Errors raised by the routes themselves (bad options, unknown paths) in the common error format."""
+    response = _error_response(exc.status_code, exc.detail, "HTTPException", "ValueError")
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def _validation_error_response(request: Request, exc: RequestValidationError) -> Response:
+    """422 for malformed or mistyped input, in the common error format (``detail`` lists the problems)."""
+    errors = [{key: error[key] for key in ("type", "loc", "msg") if key in error} for error in exc.errors()]
+    return _error_response(422, errors, "RequestValidationError", "ValueError")
 
 
 class _StoreRoute(APIRoute):
@@ -419,18 +436,18 @@ class _GuardMiddleware:
         if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in _PUBLIC_PATHS:
             token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.api_key):
-                await _send_json(
-                    send, 401, {"detail": "Missing or invalid API key."}, [(b"www-authenticate", b"Bearer")]
+                await _send_error(
+                    send, 401, "Missing or invalid API key.", "Unauthorized", "", [(b"www-authenticate", b"Bearer")]
                 )
                 return
         if content_length is not None:
             try:
                 length = int(content_length)
             except ValueError:
-                await _send_json(send, 400, {"detail": "Invalid Content-Length header."})
+                await _send_error(send, 400, "Invalid Content-Length header.", "BadRequest", "ValueError")
                 return
             if length > self.max_request_bytes:
-                await _send_json(send, 413, _too_large_body(self.max_request_bytes))
+                await _send_error(send, 413, *_too_large(self.max_request_bytes))
                 return
             await self.app(scope, receive, send)
             return
@@ -447,7 +464,7 @@ class _GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_request_bytes:
-                await _send_json(send, 413, _too_large_body(self.max_request_bytes))
+                await _send_error(send, 413, *_too_large(self.max_request_bytes))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -465,14 +482,20 @@ class _GuardMiddleware:
         await self.app(scope, replay, send)
 
 
-def _too_large_body(limit: int) -> Dict[str, Any]:
-    return {"detail": f"Request body too large: the limit is {limit} bytes.", "error_type": "RequestTooLarge"}
+def _too_large(limit: int) -> Tuple[str, str, str]:
+    return f"Request body too large: the limit is {limit} bytes.", "RequestTooLarge", "ValueError"
 
 
-async def _send_json(
-    send: Any, status: int, payload: Dict[str, Any], extra_headers: Optional[List[Tuple[bytes, bytes]]] = None
+async def _send_error(
+    send: Any,
+    status: int,
+    detail: str,
+    error_type: str,
+    error_kind: str,
+    extra_headers: Optional[List[Tuple[bytes, bytes]]] = None,
 ) -> None:
-    body = orjson.dumps(payload)
+    """Send an error response from ASGI middleware, in the common error format."""
+    body = _error_body(detail, error_type, error_kind)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
     await send({"type": "http.response.body", "body": body})
@@ -801,6 +824,8 @@ class LightningStoreServer(LightningStore):
         # Routes are added to the app's own router (not an included one): requests are then matched in a
         # single pass over the routes, which matters at thousands of requests per second.
         app.router.route_class = _StoreRoute
+        app.add_exception_handler(HTTPException, _http_exception_response)  # type: ignore[arg-type]
+        app.add_exception_handler(RequestValidationError, _validation_error_response)  # type: ignore[arg-type]
         self._add_routes(_PrefixedRoutes(app, API_V1_AGL_PREFIX, _install_body_docs(app)))
         self._add_otlp_routes(app)
 

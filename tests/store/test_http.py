@@ -369,6 +369,7 @@ async def test_bad_requests_get_clear_errors_and_leave_data_intact(served: Serve
         status, answer = await served.request(method, url, **kwargs)
         assert status == expected, (method, path, status, answer)
         assert isinstance(answer, dict) and answer["detail"], (method, path, answer)
+        assert answer["error_type"] and "error_kind" in answer, (method, path, answer)
     assert await snapshot(served.store) == before
 
 
@@ -377,7 +378,7 @@ async def test_request_size_limit(tmp_path: Path) -> None:
         before = await snapshot(running.store)
         big = {"rollouts": [{"input": "x" * 5000}]}
         status, answer = await running.request("POST", PREFIX + "/queues/rollouts/enqueue", json=big)
-        assert status == 413 and "too large" in answer["detail"]
+        assert status == 413 and "too large" in answer["detail"] and answer["error_type"] == "RequestTooLarge"
 
         async def chunked() -> AsyncIterator[bytes]:
             for _ in range(10):
@@ -410,7 +411,7 @@ async def test_bearer_token(tmp_path: Path) -> None:
     async with serve(SqliteLightningStore(tmp_path / "s.db"), api_key="s3cret") as running:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             status, answer = await running.request("GET", PREFIX + "/statistics", headers=headers)
-            assert status == 401 and "API key" in answer["detail"]
+            assert status == 401 and "API key" in answer["detail"] and answer["error_type"] == "Unauthorized"
         status, _ = await running.request(
             "POST", PREFIX + "/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]}
         )
