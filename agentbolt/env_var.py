@@ -8,6 +8,9 @@ from typing import Optional
 
 __all__ = ["LightningEnvVar", "resolve_bool_env_var", "resolve_int_env_var", "resolve_str_env_var"]
 
+API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
+"""Bearer token protecting a store server; read by the server, its clients and the store's OTLP exporter."""
+
 _TRUTHY = {"1", "true", "yes", "on"}
 _FALSY = {"0", "false", "no", "off"}
 

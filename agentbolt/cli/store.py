@@ -20,6 +20,7 @@ import typer
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 from agentbolt.cli.lifecycle import wait_for_shutdown as _wait_for_shutdown  # noqa: F401 - used by other commands
+from agentbolt.env_var import API_KEY_ENV_VAR
 
 __all__ = ["HELP", "DEFAULT_DB_FILE", "main", "store_command"]
 
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
 DEFAULT_DB_FILE = "agentbolt-store.db"
-API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
 
 
 class Backend(str, Enum):

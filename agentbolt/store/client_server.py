@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from typing_extensions import Annotated
 
+from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, LightningStoreStatistics, Unset
 from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
 from agentbolt.types import (
@@ -105,8 +106,6 @@ client_logger = logging.getLogger("agentbolt.store.client")
 API_V1_PREFIX = "/v1"
 API_AGL_PREFIX = "/agl"
 API_V1_AGL_PREFIX = API_V1_PREFIX + API_AGL_PREFIX
-API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
-"""Environment variable holding the bearer token, read by both the server and the client."""
 DEFAULT_PORT = 4747
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 

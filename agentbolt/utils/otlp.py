@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import zlib
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
@@ -19,6 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.semconv import LightningResourceAttributes
 from agentbolt.types import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 
@@ -298,9 +300,13 @@ class LightningStoreOTLPExporter(OTLPSpanExporter):
 
     While enabled, every exported span's resource carries the rollout and attempt ids so the store can bind it.
     While disabled, exports are dropped (reported as successful) because there is nothing to bind spans to.
+    Without explicit ``headers``, the store's bearer token is taken from ``$AGENTBOLT_API_KEY`` when set.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        api_key = os.environ.get(API_KEY_ENV_VAR)
+        if api_key and "headers" not in kwargs:
+            kwargs["headers"] = {"Authorization": f"Bearer {api_key}"}
         super().__init__(*args, **kwargs)
         self._default_endpoint: str = self._endpoint
         self._rollout_id: Optional[str] = None

@@ -262,3 +262,30 @@ async def test_client_otlp_endpoint_accepts_spans(running: Tuple[LightningStoreS
         assert [s.name for s in await client.query_spans(claimed.rollout_id)] == ["via client url"]
     finally:
         await client.close()
+
+
+async def test_lightning_exporter_sends_the_token_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTBOLT_API_KEY", "otlp-token")
+    store = SqliteLightningStore(tmp_path / "store.db")
+    server = LightningStoreServer(store, "127.0.0.1", free_port(), launch_mode="thread")
+    await server.start()
+    try:
+        claimed = await _claimed(server)
+        exporter = LightningStoreOTLPExporter()
+        exporter.enable_store_otlp(server.otlp_traces_endpoint(), claimed.rollout_id, claimed.attempt.attempt_id)
+        await asyncio.to_thread(_emit, exporter, Resource.create({}), lambda tracer: tracer.start_span("auth").end())
+        assert [s.name for s in await store.query_spans(claimed.rollout_id)] == ["auth"]
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                server.otlp_traces_endpoint(),
+                data=ExportTraceServiceRequest().SerializeToString(),
+                headers={"Content-Type": PROTOBUF_CT},
+            ) as response,
+        ):
+            assert response.status == 401  # the route is protected like the others
+    finally:
+        await server.stop()
+        await store.close()
