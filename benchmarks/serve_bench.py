@@ -27,7 +27,9 @@ import httpx
 
 def _prompts(count: int) -> List[List[Dict[str, str]]]:
     topics = ["the sea", "a robot", "autumn", "a lighthouse", "bread", "the moon", "a library", "rain"]
-    return [[{"role": "user", "content": f"Write a short story about {topics[i % len(topics)]}."}] for i in range(count)]
+    return [
+        [{"role": "user", "content": f"Write a short story about {topics[i % len(topics)]}."}] for i in range(count)
+    ]
 
 
 async def _one(client: httpx.AsyncClient, messages: List[Dict[str, str]], max_tokens: int) -> Dict[str, float]:

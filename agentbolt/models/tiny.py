@@ -108,7 +108,7 @@ def create_tiny_model(
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(

@@ -167,7 +167,7 @@ class _Handler:
         for choice in output.choices:
             completion_tokens += len(choice.token_ids)
             message: Dict[str, Any] = {"role": "assistant", "content": choice.text}
-            finish = choice.finish_reason
+            finish: Optional[str] = choice.finish_reason
             if body.tools_enabled():
                 content, calls = parse_tool_calls(choice.text)
                 message["content"] = content
@@ -257,8 +257,9 @@ class _Handler:
         parsers: Optional[List[ToolCallParser]],
         call_counts: List[int],
     ) -> Dict[str, Any]:
-        text, calls = delta.text, []
-        finish = delta.finish_reason
+        text = delta.text
+        calls: List[ParsedToolCall] = []
+        finish: Optional[str] = delta.finish_reason
         if parsers is not None:
             parser = parsers[delta.index]
             text, calls = parser.feed(delta.text)

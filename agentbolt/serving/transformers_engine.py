@@ -77,8 +77,8 @@ class _Request:
         prompt: List[int],
         params: SamplingParams,
         adapter: Optional[str],
-        emit: Callable[[List[SequenceDelta]], None],
-        fail: Callable[[BaseException], None],
+        emit: Callable[[List[SequenceDelta]], object],
+        fail: Callable[[BaseException], object],
     ) -> None:
         self.prompt = prompt
         self.params = params
@@ -228,7 +228,7 @@ class TransformersEngine:
         dtype = resolve_dtype(self.dtype_name)
         started = time.monotonic()
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)  # type: ignore[arg-type]
         model.eval()
         logger.info("Loaded %s (%s, %s) in %.1f s", resolved.path, dtype, device, time.monotonic() - started)
         self._attach(model, tokenizer)
@@ -241,7 +241,7 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         config = model.config
-        context = getattr(config, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048)
+        context = int(getattr(config, "max_position_embeddings", 0) or getattr(tokenizer, "model_max_length", 2048))
         self.max_model_len = min(self._max_model_len_override or context, context)
         eos: set[int] = set()
         generation_config = getattr(model, "generation_config", None)
