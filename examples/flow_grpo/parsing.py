@@ -44,6 +44,7 @@ _KEY_ALIASES: Dict[str, str] = {
 }
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)(?:```|$)", re.DOTALL)
 _KEY_LINE = re.compile(r"^\s*(?:\d+[.)]\s*)?[*_#\s]*([A-Za-z][A-Za-z _-]{0,30}?)[*_\s]*[:=]\s*(.*?)\s*$")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _LITERALS = {"true": "true", "false": "false", "null": "null", "True": "true", "False": "false", "None": "null"}
 
 
@@ -177,6 +178,14 @@ def repair_json(text: str) -> str:
                     end += 1
                 out.append(json.dumps(text[index:end].strip()))
                 index = end
+        elif char.isdigit() or char in "-+.(":
+            # A number, or an unquoted expression such as 12*12 (quoted unless it is a JSON number).
+            end = index
+            while end < length and text[end] not in ",}]\n":
+                end += 1
+            token = text[index:end].strip()
+            out.append(token if _JSON_NUMBER.fullmatch(token) else json.dumps(token))
+            index = end
         else:
             out.append(char)
             index += 1

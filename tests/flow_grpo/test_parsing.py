@@ -87,6 +87,12 @@ def test_repair_json_closes_what_was_left_open() -> None:
     assert repair_json("{'a': [1, 2,], b: None, c: \"x") == '{"a": [1, 2], "b": null, "c": "x"}'
 
 
+def test_unquoted_expressions_become_strings_and_numbers_stay_numbers() -> None:
+    assert repair_json('{"tool_input": 12*12, "n": -3.5e2}') == '{"tool_input": "12*12", "n": -3.5e2}'
+    command = parse_output('{"tool_input": (17 + 25) * 3}', ToolCommand, ToolCommand(tool_input=""))
+    assert command.ok and command.value.tool_input == "(17 + 25) * 3"
+
+
 @pytest.mark.parametrize(
     ("tool_name", "stop"), [("finish", True), (" Finish ", True), ("FINISH", True), ("search", False), ("", False)]
 )
