@@ -5,7 +5,8 @@ Each call starts a fresh ``python -I`` child in its own process group and tempor
 * a wall-clock timeout: on expiry the whole process group is killed (SIGKILL), so ``while True: pass`` and
   forked children cannot outlive the call;
 * rlimits set in the child before the interpreter starts (``preexec_fn``): CPU seconds, address space (memory),
-  size of written files, no core dumps;
+  size of written files, no core dumps (the hook only calls ``setrlimit``, which takes no locks, so it is safe in
+  the runner's multi-threaded process);
 * no network for ordinary code: the child's bootstrap replaces ``socket.socket`` and the name-resolution functions
   with ones that raise ``PermissionError`` before running the code;
 * one namespace: the code runs with a single dict as globals and locals, so functions see top-level imports and
