@@ -28,9 +28,8 @@ from typing import (
 from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
 
 if TYPE_CHECKING:
-    from agentbolt.utils.metrics import MetricsBackend
-
     from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
+    from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = [
     "AtomicLabels",
