@@ -71,7 +71,9 @@ def store_command(
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
 
-    setup_logging(log_level.value)
+    debug = log_level is LogLevel.DEBUG
+    # At DEBUG, every request is logged (uvicorn's access log, through agentbolt's handlers).
+    setup_logging(log_level.value, apply_to=["uvicorn.access"] if debug else None)
     if backend is Backend.memory and path is not None:
         raise CliError("--path only applies to --backend sqlite")
     db_path = _resolve_db_path(path) if backend is Backend.sqlite else None
@@ -85,6 +87,7 @@ def store_command(
             cors_origins=list(cors_origin or []),
             trackers=[t.value for t in (tracker or [])],
             n_workers=n_workers,
+            access_log=debug,
         )
     )
 
@@ -161,21 +164,29 @@ async def _serve(
     cors_origins: List[str],
     trackers: List[str],
     n_workers: int,
+    access_log: bool,
 ) -> int:
-    from agentbolt.store.client_server import LightningStoreServer
+    from agentbolt.store.client_server import API_V1_AGL_PREFIX, LightningStoreServer
+    from agentbolt.utils.server_launcher import PythonServerLauncherArgs
 
     tracker = _make_tracker(trackers, n_workers)
     store = _open_store(db_path, tracker)
     async with shutdown_signals() as stop:
         try:
             try:
-                server = LightningStoreServer(
-                    store,
+                launcher_args = PythonServerLauncherArgs(
                     host=host,
                     port=port,
-                    cors_allow_origins=cors_origins or None,
                     launch_mode="mp" if n_workers > 1 else "asyncio",
                     n_workers=n_workers,
+                    healthcheck_url=API_V1_AGL_PREFIX + "/health",
+                    access_log=access_log,
+                    log_level=logging.DEBUG if access_log else logging.WARNING,
+                )
+                server = LightningStoreServer(
+                    store,
+                    cors_allow_origins=cors_origins or None,
+                    launcher_args=launcher_args,
                     tracker=tracker,
                     api_key=api_key,
                 )
