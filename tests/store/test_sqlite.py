@@ -296,6 +296,24 @@ async def test_reopen_keeps_queue_order_counters_and_items(tmp_path: Path) -> No
         await second.close()
 
 
+async def test_close_acknowledges_sections_waiting_for_a_group_commit(tmp_path: Path) -> None:
+    path = tmp_path / "closing.db"
+    collections = SqliteLightningCollections(path)
+
+    async def section(i: int) -> None:
+        async with collections.atomic() as c:
+            await c.rollout_queue.enqueue([f"ro-{i:02d}"])
+
+    sections = [asyncio.create_task(section(i)) for i in range(20)]
+    await asyncio.sleep(0)  # every section is queued at the write gate before close() is
+    await asyncio.wait_for(asyncio.gather(collections.close(), *sections), timeout=60)
+    reopened = SqliteLightningCollections(path)
+    try:
+        assert await reopened.rollout_queue.peek(50) == [f"ro-{i:02d}" for i in range(20)]
+    finally:
+        await reopened.close()
+
+
 async def test_closed_store_rejects_calls(tmp_path: Path) -> None:
     collections = SqliteLightningCollections(tmp_path / "closed.db")
     await collections.close()

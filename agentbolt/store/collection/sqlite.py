@@ -584,6 +584,19 @@ class _Database:
                 raise asyncio.CancelledError()
             await ack
             return
+        commit_error = await self._commit_group()
+        with self._gate_lock:
+            self._hand_over_locked()
+        if commit_error is not None:
+            raise commit_error
+        if cancelled:
+            raise asyncio.CancelledError()
+
+    async def _commit_group(self) -> Optional[BaseException]:
+        """Commit the open transaction (the gate owner's call) and acknowledge the sections waiting for it.
+
+        Returns the commit error, which the waiting sections also receive.
+        """
         commit_error: Optional[BaseException] = None
         if self._in_transaction:
             try:
@@ -595,13 +608,9 @@ class _Database:
                 self._in_transaction = False
         with self._gate_lock:
             group, self._group = self._group, []
-            for waiter_loop, waiter in group:
-                _settle(waiter_loop, waiter, error=commit_error)
-            self._hand_over_locked()
-        if commit_error is not None:
-            raise commit_error
-        if cancelled:
-            raise asyncio.CancelledError()
+        for waiter_loop, waiter in group:
+            _settle(waiter_loop, waiter, error=commit_error)
+        return commit_error
 
     @asynccontextmanager
     async def write_section(self) -> AsyncIterator[None]:
@@ -669,9 +678,9 @@ class _Database:
             raise RuntimeError("The store cannot be closed from its own writer thread")
         await self._acquire_gate()
         try:
-            if self._in_transaction:
-                await self.write_call(_commit)
-                self._in_transaction = False
+            commit_error = await self._commit_group()  # sections waiting for a group commit get their answer
+            if commit_error is not None:
+                logger.error("Committing the last writes to %s failed: %s", self.path, commit_error)
         finally:
             self._closed = True
             error = SqliteStoreError(self.path, "The store is closed")
