@@ -30,7 +30,7 @@ from agentbolt.algorithm.base import Algorithm
 from agentbolt.algorithm.grpo.advantages import assign_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
-from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout
+from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, Span
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.grpo.trainer import PolicyTrainer
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 POLICY_RESOURCE = "main_llm"
 _WAIT_SLICE = 5.0
+SPAN_SETTLE_SECONDS = 2.0
 
 
 class PolicyServer(Protocol):
@@ -274,13 +275,33 @@ class GRPO(Algorithm):
             reward: Optional[float] = None
             triplets: List[Any] = []
             if done.status == "succeeded":
-                spans = list(await store.query_spans(rollout.rollout_id, "latest"))
+                spans = await self._settled_spans(store, rollout.rollout_id)
                 reward = find_final_reward(spans)
                 triplets = list(adapter.adapt(spans)) if spans else []
             outcomes.append(
                 RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], done.status, reward, triplets)
             )
         return outcomes
+
+    async def _settled_spans(self, store: LightningStore, rollout_id: str) -> List[Span]:
+        """The latest attempt's spans, once every span whose sequence id the store issued has arrived.
+
+        Spans are written asynchronously (the gateway writes its call spans off the hot path), so a rollout can be
+        reported finished while the span of its last LLM call is still on its way. The store issues sequence ids
+        1, 2, 3... per rollout, so a gap below the highest stored id means a span is still in flight: wait for it,
+        at most ``SPAN_SETTLE_SECONDS``.
+        """
+        deadline = time.monotonic() + SPAN_SETTLE_SECONDS
+        while True:
+            spans = list(await store.query_spans(rollout_id))
+            ids = {span.sequence_id for span in spans}
+            if not ids or len(ids) >= max(ids) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        if ids and len(ids) < max(ids):
+            logger.warning("Rollout %s: spans %s never arrived.", rollout_id, sorted(set(range(1, max(ids) + 1)) - ids))
+        latest = await store.get_latest_attempt(rollout_id)
+        return [span for span in spans if latest is None or span.attempt_id == latest.attempt_id]
 
     async def _wait(self, store: LightningStore, rollout_ids: List[str]) -> Dict[str, Rollout]:
         deadline = None if self.config.rollout_timeout is None else time.monotonic() + self.config.rollout_timeout

@@ -22,7 +22,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LossParts", "entropy_from_logits", "k3_kl", "masked_mean", "policy_loss", "token_logprobs"]
+__all__ = [
+    "LossParts",
+    "entropy_from_logits",
+    "k3_kl",
+    "logprobs_and_entropy",
+    "masked_mean",
+    "policy_loss",
+    "token_logprobs",
+]
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -35,6 +43,22 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` (differentiable) and the entropy (detached) from one pass of ``exp`` over the vocabulary.
+
+    The training forward needs both; sharing the exponentials makes the entropy metric almost free.
+    """
+    logits = logits.float()
+    shift = logits.detach().amax(dim=-1, keepdim=True)
+    exp = torch.exp(logits - shift)
+    total = exp.sum(dim=-1)
+    log_z = shift.squeeze(-1) + torch.log(total)
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = log_z - (exp * logits).sum(dim=-1) / total
+    return picked - log_z, entropy.detach()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

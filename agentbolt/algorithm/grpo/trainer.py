@@ -29,7 +29,7 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from agentbolt.algorithm.grpo.config import GRPOConfig
-from agentbolt.algorithm.grpo.loss import entropy_from_logits, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = ["PolicyTrainer", "ResponseBatch", "collate", "latest_checkpoint", "lr_multiplier"]
@@ -283,7 +283,8 @@ class PolicyTrainer:
                         chunk = [samples[i] for i in micro]
                         batch = collate(chunk, self.pad_token_id)
                         logits = self._response_logits(self.model, batch)
-                        logp = token_logprobs(logits, batch.targets)
+                        logp, entropy = logprobs_and_entropy(logits, batch.targets)
+                        del logits
                         width = batch.response_width
                         parts = policy_loss(
                             logp,
@@ -298,7 +299,6 @@ class PolicyTrainer:
                         )
                         parts.loss.backward()
                         with torch.no_grad():
-                            entropy = entropy_from_logits(logits.detach())
                             totals["entropy"] += float((entropy * batch.response_mask).sum())
                             if epoch == 0 and mb_index == 0:
                                 old_aligned = right_aligned([old[i] for i in micro], width)  # type: ignore[misc]

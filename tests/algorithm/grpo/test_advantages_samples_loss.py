@@ -10,7 +10,14 @@ from pydantic import ValidationError
 
 from agentbolt.algorithm.grpo.advantages import assign_advantages, group_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
-from agentbolt.algorithm.grpo.loss import entropy_from_logits, k3_kl, masked_mean, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.loss import (
+    entropy_from_logits,
+    k3_kl,
+    logprobs_and_entropy,
+    masked_mean,
+    policy_loss,
+    token_logprobs,
+)
 from agentbolt.algorithm.grpo.samples import TokenSample, parse_logprobs, triplets_to_samples
 from agentbolt.types import Triplet
 
@@ -167,6 +174,15 @@ def test_logprobs_entropy_and_masked_mean() -> None:
     assert torch.allclose(token_logprobs(logits, targets), expected)
     assert float(entropy_from_logits(logits)[0, 1]) == pytest.approx(math.log(3))
     assert float(masked_mean(torch.tensor([1.0, 5.0, 3.0]), torch.tensor([True, False, True]))) == 2.0
+    # The fused version gives the same values and the same gradient, with large logits too.
+    big = (torch.randn(2, 3, 50) * 30).requires_grad_(True)
+    ids = torch.randint(0, 50, (2, 3))
+    fused_logp, fused_entropy = logprobs_and_entropy(big, ids)
+    assert torch.allclose(fused_logp, token_logprobs(big, ids), atol=1e-5)
+    assert torch.allclose(fused_entropy, entropy_from_logits(big.detach()), atol=1e-5)
+    (grad_fused,) = torch.autograd.grad(fused_logp.sum(), big)
+    (grad_plain,) = torch.autograd.grad(token_logprobs(big, ids).sum(), big)
+    assert torch.allclose(grad_fused, grad_plain, atol=1e-6)
     assert float(masked_mean(torch.tensor([1.0]), torch.tensor([False]))) == 0.0
 
 

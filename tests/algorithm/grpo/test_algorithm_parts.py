@@ -32,9 +32,19 @@ class TokensFromAttributes(agl.TraceAdapter):
         ]
 
 
+def _call_span(rid: str, aid: str) -> Span:
+    attributes = {"prompt_ids": [1, 2], "response_ids": [3], "agent": "planner"}
+    return Span.from_attributes(rollout_id=rid, attempt_id=aid, sequence_id=1, name="call", attributes=attributes)
+
+
 async def _play_runner(store: agl.LightningStore, n: int) -> None:
-    """Act as a worker for the first ``n`` queued rollouts: the store calls a runner makes."""
+    """Act as a worker for the first ``n`` queued rollouts: the store calls a runner makes.
+
+    ``slow_gateway`` rollouts finish before the span of their LLM call is stored, as when the gateway writes it
+    in the background.
+    """
     handled = 0
+    background = []
     while handled < n:
         attempted = await store.dequeue_rollout(worker_id="w")
         if attempted is None:
@@ -42,16 +52,8 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
             continue
         rid, aid, kind = attempted.rollout_id, attempted.attempt.attempt_id, attempted.input["kind"]
         if kind in ("ok", "no_reward"):
-            await store.add_span(
-                Span.from_attributes(
-                    rollout_id=rid,
-                    attempt_id=aid,
-                    sequence_id=1,
-                    name="call",
-                    attributes={"prompt_ids": [1, 2], "response_ids": [3], "agent": "planner"},
-                )
-            )
-        if kind == "ok":
+            await store.add_span(_call_span(rid, aid))
+        if kind in ("ok", "slow_gateway"):
             await store.add_span(
                 Span.from_attributes(
                     rollout_id=rid,
@@ -62,26 +64,38 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
                 )
             )
         await store.update_attempt(rid, aid, status="failed" if kind == "fail" else "succeeded")
+        if kind == "slow_gateway":
+
+            async def late_write(rid: str = rid, aid: str = aid) -> None:
+                await asyncio.sleep(1.5)  # after the 1 s wait for the late rollout is over
+                await store.add_span(_call_span(rid, aid))
+
+            background.append(asyncio.create_task(late_write()))
         handled += 1
+    await asyncio.gather(*background)
 
 
 async def test_rollout_outcomes_failed_late_and_rewardless_are_dropped_and_counted() -> None:
     store = agl.InMemoryLightningStore()
     algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=1.0, agent_match="plan")
     algorithm.set_store(store)
-    tasks = [({"kind": kind}, f"g{i}") for i, kind in enumerate(["ok", "fail", "no_reward"])]
-    tasks.append(({"kind": "never"}, "g3"))  # nobody runs it: late
-    runner = asyncio.create_task(_play_runner(store, 3))
+    kinds = ["ok", "fail", "no_reward", "slow_gateway"]
+    tasks = [({"kind": kind}, f"g{i}") for i, kind in enumerate(kinds)]
+    tasks.append(({"kind": "never"}, "g4"))  # nobody runs it: late
+    runner = asyncio.create_task(_play_runner(store, 4))
     outcomes = await algorithm._run_rollouts(store, tasks, mode="train", resources_id=None)  # type: ignore[arg-type]
     await runner
-    assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded", "late"]
-    assert [o.reward for o in outcomes] == [0.75, None, None, None]
-    assert [o.usable for o in outcomes] == [True, False, False, False]
-    late = await store.get_rollout_by_id(outcomes[3].rollout_id)
+    assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded", "succeeded", "late"]
+    assert [o.reward for o in outcomes] == [0.75, None, None, 0.75, None]
+    assert [o.usable for o in outcomes] == [True, False, False, True, False]
+    late = await store.get_rollout_by_id(outcomes[4].rollout_id)
     assert late is not None and late.status == "cancelled"
     samples, stats = algorithm._samples(outcomes)
-    assert [(s.prompt_ids, s.response_ids, s.reward, s.group_id) for s in samples] == [([1, 2], [3], 0.75, "g0")]
-    assert stats.calls == 1
+    assert [(s.prompt_ids, s.response_ids, s.reward, s.group_id) for s in samples] == [
+        ([1, 2], [3], 0.75, "g0"),
+        ([1, 2], [3], 0.75, "g3"),  # the call span that arrived after the rollout finished was waited for
+    ]
+    assert stats.calls == 2
 
 
 def test_task_sampler_covers_each_epoch_and_resumes_identically() -> None:
