@@ -304,7 +304,7 @@ class Span(BaseModel):
             parent_id=_format_span_id(parent.span_id) if parent is not None else None,
             name=src.name,
             status=TraceStatus.from_opentelemetry(src.status),
-            attributes=dict(src.attributes or {}),
+            attributes=dict(src.attributes or {}),  # type: ignore[arg-type]  # OTel's AnyValue is checked on validation
             events=[Event.from_opentelemetry(e) for e in src.events],
             links=[Link.from_opentelemetry(link) for link in src.links],
             start_time=convert_timestamp(src.start_time),
