@@ -15,6 +15,13 @@ OpenTelemetry GenAI attributes plus the keys agentbolt's adapters read:
 Streaming responses are wrapped: chunks pass through unchanged while content, tool-call fragments, usage, token
 ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails.
 
+While instrumented, the SDK's default HTTP clients also share one TLS context per trust configuration. Building
+one parses the system CA bundle (~20 ms of CPU), and the SDK builds a fresh one for every ``OpenAI()`` /
+``AsyncOpenAI()`` client; agents commonly create a client per rollout, which made TLS setup the largest CPU cost
+of a short rollout. The shared context is built by the HTTP library itself with the same settings (``trust_env``,
+``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), so what is trusted does not change. Clients given their own ``verify``,
+``cert``, ``http2`` or ``transport`` keep building their own.
+
 We patch the SDK ourselves instead of using ``opentelemetry-instrumentation-openai-v2`` or the Traceloop package:
 the former records message content as log events rather than the flattened span attributes the adapters need,
 the latter's attribute layout changes between releases, neither records token ids or per-token logprobs (needed
@@ -26,7 +33,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import ssl
+import sys
 import threading
+from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from opentelemetry import trace as trace_api
@@ -52,6 +63,8 @@ _REQUEST_PARAMS = {
 
 _lock = threading.Lock()
 _originals: Dict[Tuple[type, str], Callable[..., Any]] = {}
+_ssl_lock = threading.Lock()
+_ssl_contexts: Dict[Tuple[Any, ...], ssl.SSLContext] = {}
 _tracer_cache: Optional[Tuple[Any, trace_api.Tracer]] = None
 
 
@@ -504,15 +517,61 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
     return create
 
 
+def _shared_ssl_context(library: ModuleType, trust_env: bool) -> ssl.SSLContext:
+    """One default TLS context per HTTP library and trust configuration, built by the library itself."""
+    environment = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if trust_env else (None, None)
+    key = (library.__name__, trust_env, *environment)
+    with _ssl_lock:
+        context = _ssl_contexts.get(key)
+        if context is None:
+            context = library.create_ssl_context(verify=True, trust_env=trust_env)
+            _ssl_contexts[key] = context
+    return context
+
+
+def _http_library(client_class: type) -> Optional[ModuleType]:
+    """The HTTP library (``httpx`` or ``httpx2``) a client class derives from, if it can build TLS contexts."""
+    for cls in client_class.__mro__[1:]:
+        library = sys.modules.get(cls.__module__.split(".", 1)[0])
+        if library is not None and callable(getattr(library, "create_ssl_context", None)):
+            return library
+    return None
+
+
+def _wrap_http_client_init(library: ModuleType) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrapper factory for the ``__init__`` of the SDK's default HTTP clients: reuse a shared TLS context."""
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def init(self: Any, **kwargs: Any) -> None:
+            custom = any(kwargs.get(name) is not None for name in ("verify", "cert", "transport"))
+            if not custom and not kwargs.get("http2"):
+                kwargs["verify"] = _shared_ssl_context(library, bool(kwargs.get("trust_env", True)))
+            original(self, **kwargs)
+
+        init.__agentbolt_original__ = original  # type: ignore[attr-defined]
+        return init
+
+    return wrap
+
+
 def _targets() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     from openai.resources.chat.completions import AsyncCompletions, Completions
 
-    return [
+    targets: List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
         (Completions, "create", _wrap_sync),
         (Completions, "parse", _wrap_sync),
         (AsyncCompletions, "create", _wrap_async),
         (AsyncCompletions, "parse", _wrap_async),
     ]
+    from openai import _base_client
+
+    for name in ("_DefaultHttpxClient", "_DefaultAsyncHttpxClient"):
+        cls = getattr(_base_client, name, None)
+        library = _http_library(cls) if isinstance(cls, type) else None
+        if cls is not None and library is not None:
+            targets.append((cls, "__init__", _wrap_http_client_init(library)))
+    return targets
 
 
 def instrument_openai() -> None:

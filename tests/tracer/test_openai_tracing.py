@@ -317,3 +317,33 @@ async def test_messages_given_as_a_generator_are_sent_and_recorded(traced: Any, 
     (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
     assert replies == ["Echo: from a generator"]
     assert span.attributes["gen_ai.prompt.0.content"] == "from a generator"
+
+
+def _tls_context(client: Any) -> Any:
+    return client._client._transport._pool._ssl_context
+
+
+async def test_instrumented_clients_share_one_tls_context(traced: Any, server: FakeOpenAIServer) -> None:
+    # Building a TLS context parses the CA bundle; clients created per rollout reuse one while instrumented.
+    first = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    second = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    assert _tls_context(first) is _tls_context(second)
+    assert _tls_context(first).verify_mode.name == "CERT_REQUIRED"
+    custom = openai.DefaultHttpxClient(verify=False)
+    assert _tls_context(openai.OpenAI(base_url=server.base_url, api_key="test", http_client=custom)) is not (
+        _tls_context(first)
+    )
+    tracer, store, rollout = traced
+    spans = await run_traced(
+        tracer,
+        store,
+        rollout,
+        lambda: first.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]),
+    )
+    assert [span.name for span in spans if span.name == SPAN_NAME] == [SPAN_NAME]
+
+
+def test_uninstrumented_clients_build_their_own_tls_context(server: FakeOpenAIServer) -> None:
+    first = openai.OpenAI(base_url=server.base_url, api_key="test")
+    second = openai.OpenAI(base_url=server.base_url, api_key="test")
+    assert _tls_context(first) is not _tls_context(second)
