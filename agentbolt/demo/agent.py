@@ -23,6 +23,7 @@ __all__ = [
     "CalculatorAgent",
     "CalculatorError",
     "Episode",
+    "FEW_SHOT",
     "RewardConfig",
     "SYSTEM_PROMPT",
     "calculate",
@@ -51,6 +52,32 @@ CALCULATOR_TOOL: Dict[str, Any] = {
     },
 }
 """The OpenAI function-tool schema of the calculator."""
+
+
+def _demonstration(call_id: str, a: int, op: str, b: int, result: int) -> List[Dict[str, Any]]:
+    expression = f"{a} {op} {b}"
+    arguments = json.dumps({"expression": expression})
+    return [
+        {
+            "role": "user",
+            "content": f"What is {expression}? Use the calculator tool, then reply with 'ANSWER: <number>'.",
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": str(result)},
+        {"role": "assistant", "content": f"ANSWER: {result}"},
+    ]
+
+
+FEW_SHOT: List[Dict[str, Any]] = _demonstration("call_demo_1", 11, "*", 13, 143) + _demonstration(
+    "call_demo_2", 250, "+", 375, 625
+)
+"""Two worked conversations shown before the question (a 135M model does not call tools from a description alone)."""
 
 _BINARY: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -175,6 +202,7 @@ async def run_episode(
     *,
     sampling_parameters: Optional[Dict[str, Any]] = None,
     system_prompt: Optional[str] = SYSTEM_PROMPT,
+    few_shot: bool = True,
     max_turns: int = 2,
     max_tokens: int = 48,
 ) -> Episode:
@@ -186,6 +214,7 @@ async def run_episode(
         task: The question.
         sampling_parameters: Extra ``chat.completions.create`` arguments (temperature, ...).
         system_prompt: System message (None: the model's default).
+        few_shot: Show the worked conversations of :data:`FEW_SHOT` before the question.
         max_turns: LLM calls at most; the last one may still only answer.
         max_tokens: Completion budget of each call.
 
@@ -195,6 +224,8 @@ async def run_episode(
     messages: List[Dict[str, Any]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
+    if few_shot:
+        messages.extend(FEW_SHOT)
     messages.append({"role": "user", "content": task["question"]})
     episode = Episode()
     params = dict(sampling_parameters or {})
@@ -237,6 +268,7 @@ class CalculatorAgent(LitAgent[ArithmeticTask]):
     Args:
         reward: Format-credit settings used for training rollouts (validation is always strict).
         system_prompt: System message.
+        few_shot: Show worked conversations before the question.
         max_turns: LLM calls per episode at most.
         max_tokens: Completion budget per call.
     """
@@ -246,12 +278,14 @@ class CalculatorAgent(LitAgent[ArithmeticTask]):
         *,
         reward: RewardConfig = RewardConfig(),
         system_prompt: Optional[str] = SYSTEM_PROMPT,
+        few_shot: bool = True,
         max_turns: int = 2,
         max_tokens: int = 48,
     ) -> None:
         super().__init__()
         self.reward = reward
         self.system_prompt = system_prompt
+        self.few_shot = few_shot
         self.max_turns = max_turns
         self.max_tokens = max_tokens
 
@@ -271,6 +305,7 @@ class CalculatorAgent(LitAgent[ArithmeticTask]):
                 task,
                 sampling_parameters=llm.sampling_parameters,
                 system_prompt=self.system_prompt,
+                few_shot=self.few_shot,
                 max_turns=self.max_turns,
                 max_tokens=self.max_tokens,
             )

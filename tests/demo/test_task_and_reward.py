@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from agentbolt.demo.agent import CalculatorError, Episode, RewardConfig, calculate, run_episode, score
+from agentbolt.demo.agent import FEW_SHOT, CalculatorError, Episode, RewardConfig, calculate, run_episode, score
 from agentbolt.demo.run import step_time_split
 from agentbolt.demo.task import make_splits, parse_answer
 
@@ -77,6 +77,20 @@ def test_reward_is_strict_for_correct_answers_and_credits_format_below_one() -> 
     assert score(broken_tool, task, credit) == 0.0
     both = Episode(tool_calls=["1"], tool_results=["1"], answer=task["answer"] + 1)
     assert score(both, task, RewardConfig(tool_credit=0.6, format_credit=0.6)) < 1.0
+
+
+def test_few_shot_demonstrations_are_consistent() -> None:
+    calls = [m for m in FEW_SHOT if m.get("tool_calls")]
+    results = [m for m in FEW_SHOT if m["role"] == "tool"]
+    answers = [parse_answer(m["content"]) for m in FEW_SHOT if m["role"] == "assistant" and not m.get("tool_calls")]
+    assert len(calls) == len(results) == len(answers) == 2
+    for call, result, answer in zip(calls, results, answers, strict=True):
+        expression = json.loads(call["tool_calls"][0]["function"]["arguments"])["expression"]
+        assert calculate(expression) == result["content"] == str(answer)
+        assert result["tool_call_id"] == call["tool_calls"][0]["id"]
+    # The demonstrations never reuse a generated question.
+    train, val = make_splits(500, 100)
+    assert not {"11 * 13", "250 + 375"} & {t["expression"] for t in train + val}
 
 
 def test_step_time_split_sums_training_steps(tmp_path: Path) -> None:
@@ -154,7 +168,9 @@ async def test_agent_runs_the_tool_and_reads_the_answer(scripted_server: str) ->
     assert episode.answer == task["answer"] and episode.turns == 2 and score(episode, task) == 1.0
     first, second = _ScriptedChat.requests
     assert first["tools"][0]["function"]["name"] == "calculator" and first["temperature"] == 0.5
-    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    roles = [m["role"] for m in second["messages"]]
+    assert roles == ["system"] + [m["role"] for m in FEW_SHOT] + ["user", "assistant", "tool"]
+    assert second["messages"][-3]["content"] == task["question"]
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": str(task["answer"])}
 
 
