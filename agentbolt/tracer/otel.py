@@ -1,9 +1,11 @@
 """OpenTelemetry-based tracer and the span processor that writes finished spans to the LightningStore.
 
 Delivery guarantee of :class:`LightningSpanProcessor`: a span that ends while a rollout context is open is written
-with ``store.add_otel_span`` (the store issues its sequence id, so ids follow the order in which spans ended). The
-write happens on a background thread, so the agent never waits for the store while it runs; leaving the trace
-context waits (up to ``write_timeout``) until the attempt's spans are stored. If the store is unreachable, spans
+to the store, which issues its sequence id (ids follow the order in which spans ended). Writes happen on a
+background thread, so the agent never waits for the store while it runs. Spans are written in batches: a span is
+written at the latest ``write_delay`` seconds after it ended (sooner when a batch fills up), and leaving the trace
+context writes what is left at once and waits (up to ``write_timeout``) until the attempt's spans are stored. A
+short rollout thus costs one batched write instead of two store calls per span. If the store is unreachable, spans
 stay in a bounded in-memory buffer and are retried, in order, until the store is back. Spans are only given up
 when the buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits
 before the store came back; each case is logged as a warning with counts.
@@ -18,7 +20,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -68,6 +70,9 @@ T = TypeVar("T")
 STORE_WRITE_TIMEOUT_SECONDS = 10.0
 """How long leaving a trace context waits for the context's spans to reach the store (they are retried after)."""
 
+STORE_WRITE_DELAY_SECONDS = 1.0
+"""Longest time a finished span waits to be batched with later ones before it is written."""
+
 STORE_CALL_TIMEOUT_SECONDS = 60.0
 """Upper bound of a single background store call (a hung call is abandoned and retried)."""
 
@@ -104,7 +109,7 @@ _warned_store_types: set[type] = set()
 class _PendingWrite:
     """A span waiting to be written, with the store and ids it belongs to."""
 
-    __slots__ = ("attempt_id", "done", "local_sequence_id", "rollout_id", "span", "store", "stored")
+    __slots__ = ("attempt_id", "done", "ended_at", "local_sequence_id", "rollout_id", "span", "store", "stored")
 
     def __init__(
         self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan, local_sequence_id: int
@@ -114,6 +119,7 @@ class _PendingWrite:
         self.attempt_id = attempt_id
         self.span = span
         self.local_sequence_id = local_sequence_id
+        self.ended_at = time.monotonic()
         self.done = threading.Event()  # written or given up
         self.stored: Optional[Span] = None
 
@@ -134,8 +140,9 @@ class LightningSpanProcessor(SpanProcessor):
         retry_initial_delay: First delay between retries of a failing write (doubles up to ``retry_max_delay``).
         retry_max_delay: Longest delay between retries.
         ignored_scopes: Instrumentation scopes whose spans are dropped (see :data:`DEFAULT_IGNORED_SCOPES`).
-        max_batch_size: Most spans written in one store call when several are waiting (after an outage, or when
-            spans end faster than the store takes them).
+        max_batch_size: Most spans written in one batch; a full batch is written without waiting.
+        write_delay: Longest time a finished span waits to be batched with later spans before it is written;
+            flushing (leaving a trace context, :meth:`force_flush`) writes at once. 0 writes every span at once.
     """
 
     def __init__(
@@ -148,9 +155,12 @@ class LightningSpanProcessor(SpanProcessor):
         retry_max_delay: float = 5.0,
         ignored_scopes: Sequence[str] = DEFAULT_IGNORED_SCOPES,
         max_batch_size: int = 256,
+        write_delay: float = STORE_WRITE_DELAY_SECONDS,
     ) -> None:
         if max_buffered_spans < 1:
             raise ValueError("max_buffered_spans must be at least 1")
+        if write_delay < 0:
+            raise ValueError("write_delay must not be negative")
         self._disable_store_submission = disable_store_submission
         self._max_buffered_spans = max_buffered_spans
         self._write_timeout = write_timeout
@@ -158,6 +168,8 @@ class LightningSpanProcessor(SpanProcessor):
         self._retry_max_delay = retry_max_delay
         self._ignored_scopes = frozenset(ignored_scopes)
         self._max_batch_size = max(1, max_batch_size)
+        self._write_delay = write_delay
+        self._flush_requested = False
 
         self._spans: List[Union[Span, _PendingWrite]] = []
         self._store: Optional[LightningStore] = None
@@ -329,6 +341,15 @@ class LightningSpanProcessor(SpanProcessor):
                 self._pending.append(item)
                 if self._degraded:
                     self._buffered_during_outage += 1
+            # The writer needs waking for a first span (to time its delay) or a full batch; otherwise it is busy
+            # or already waiting for the delay of an older span.
+            waiting = len(self._pending)
+            wake = (
+                waiting == 1
+                or waiting % self._max_batch_size == 0
+                or waiting >= self._max_buffered_spans
+                or not self._write_delay
+            )
         if full:
             item.done.set()
             logger.warning(
@@ -340,7 +361,8 @@ class LightningSpanProcessor(SpanProcessor):
                 self._given_up,
             )
             return
-        self._kick()
+        if wake:
+            self._kick()
 
     # ---- background writer ----
 
@@ -400,6 +422,15 @@ class LightningSpanProcessor(SpanProcessor):
         added = {(span.rollout_id, span.span_id): span for span in await store.add_many_spans(spans)}
         return [added.get((span.rollout_id, span.span_id)) for span in spans]
 
+    def _batch_wait(self, batch: List[_PendingWrite]) -> float:
+        """Seconds to wait for more spans before writing ``batch`` (0: write now)."""
+        with self._lock:
+            if self._flush_requested or self._degraded or self._isolate_remaining or not self._write_delay:
+                return 0.0
+            if len(batch) >= self._max_batch_size or len(self._pending) >= self._max_buffered_spans:
+                return 0.0
+        return max(0.0, batch[0].ended_at + self._write_delay - time.monotonic())
+
     async def _drain(self) -> None:
         assert self._wakeup is not None
         delay = self._retry_initial_delay
@@ -411,6 +442,12 @@ class LightningSpanProcessor(SpanProcessor):
                     empty = not self._pending
                 if empty:
                     await self._wakeup.wait()
+                continue
+            wait = self._batch_wait(batch)
+            if wait > 0:
+                self._wakeup.clear()
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
                 continue
             try:
                 results = await asyncio.wait_for(self._write(batch), STORE_CALL_TIMEOUT_SECONDS)
@@ -445,6 +482,8 @@ class LightningSpanProcessor(SpanProcessor):
             if self._pending and self._pending[0] is item:
                 self._pending.popleft()
             remaining = len(self._pending)
+            if remaining == 0:
+                self._flush_requested = False
             recovered = self._degraded and remaining == 0
             if recovered:
                 self._degraded = False
@@ -506,11 +545,17 @@ class LightningSpanProcessor(SpanProcessor):
         if threading.current_thread() is self._loop_thread:
             return not self._pending
         deadline = time.monotonic() + timeout_millis / 1000
+        requested = False
         while True:
             with self._lock:
                 last = self._pending[-1] if self._pending else None
             if last is None:
                 return True
+            if not requested:
+                requested = True
+                with self._lock:
+                    self._flush_requested = True
+                self._kick()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

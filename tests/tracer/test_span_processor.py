@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import AsyncIterator, List, Optional, Sequence
 
@@ -242,3 +243,60 @@ async def test_burst_of_spans_is_stored_in_order(inner: InMemoryLightningStore) 
     assert [span.name for span in spans] == [f"s{i}" for i in range(300)]
     assert [span.sequence_id for span in spans] == list(range(1, 301))
     assert [span.sequence_id for span in tracer.get_last_trace()] == list(range(1, 301))
+
+
+class CountingStore(InMemoryLightningStore):
+    """A real in-memory store that counts the span writes it receives."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_safe=True)
+        self.writes: List[int] = []
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: Optional[int] = None
+    ) -> Optional[Span]:
+        self.writes.append(1)
+        return await super().add_otel_span(rollout_id, attempt_id, readable_span, sequence_id)
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        self.writes.append(len(spans))
+        return await super().add_many_spans(spans)
+
+
+async def test_spans_of_a_short_context_are_written_in_one_batch() -> None:
+    store = CountingStore()
+    rollout = await store.start_rollout(input={"task": "batch"})
+    tracer = OtelTracer()
+    tracer.init_worker(0, store)
+    async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id) as otel:
+        for i in range(3):
+            otel.start_span(f"s{i}").end()
+    assert store.writes == [3]
+    spans = await store.query_spans(rollout.rollout_id, sort_by="sequence_id")
+    assert [(span.name, span.sequence_id) for span in spans] == [("s0", 1), ("s1", 2), ("s2", 3)]
+
+
+async def test_span_is_written_after_the_write_delay_without_a_flush() -> None:
+    store = CountingStore()
+    rollout = await store.start_rollout(input={"task": "delay"})
+    processor = LightningSpanProcessor(write_delay=0.05)
+    tracer = OtelTracer()
+    tracer.init_worker(0)
+    try:
+        with processor.with_context(store, rollout.rollout_id, rollout.attempt.attempt_id):
+            span = tracer.get_otel_tracer().start_span("live")
+            span.end()
+            processor.on_end(span)  # type: ignore[arg-type]
+            # No flush: the writer sends the span once the delay is over, while the context is still open.
+            for _ in range(1000):
+                if processor.pending_count == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert [s.name for s in await store.query_spans(rollout.rollout_id)] == ["live"]
+    finally:
+        processor.shutdown()
+
+
+def test_negative_write_delay_is_rejected() -> None:
+    with pytest.raises(ValueError, match="write_delay"):
+        LightningSpanProcessor(write_delay=-1)
