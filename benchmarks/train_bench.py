@@ -10,7 +10,7 @@ times:
   logits, mean token NLL of the response, backward, AdamW step.
 
 and prints JSON with the update tokens/s and ``overhead_ratio = grpo / bare`` (target <= 1.25). Times are medians of
-``--repeats`` runs after one warm-up run.
+``--repeats`` runs after one warm-up run; the GRPO and bare runs alternate so load changes affect both.
 
 Usage:
     .venv/bin/python benchmarks/train_bench.py                 # embedded SmolLM2-135M, LoRA r=8, bf16, 2 threads
@@ -20,7 +20,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -66,14 +68,22 @@ def _samples(args: argparse.Namespace, vocab: int) -> List[Any]:
     return samples
 
 
-def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+def _timed(fn: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _interleaved_medians(fns: Dict[str, Callable[[], None]], repeats: int) -> Dict[str, float]:
+    """Median time of each function after one warm-up, runs interleaved so load changes hit all alike."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(_timed(fn))
+            print(f"{name}: {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _trainer(args: argparse.Namespace, kl_coef: float) -> Any:
@@ -132,18 +142,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    results: Dict[str, Any] = {}
-    for name, kl_coef in (("grpo", 0.0), ("grpo_kl", 1e-3)):
+    results: Dict[str, float] = {}
+    for kl_coef in (0.0, 1e-3):
         trainer = _trainer(args, kl_coef)
         samples = _samples(args, trainer.model.get_input_embeddings().num_embeddings)
         for sample, logp in zip(samples, trainer.compute_logprobs(samples), strict=True):
             sample.logprobs = logp.tolist()  # as returned by the engine: not part of the update
-        results[name] = _median_seconds(lambda t=trainer, s=samples: t.train_step(s), args.repeats)
-        print(f"{name}: {results[name]:.3f} s", file=sys.stderr, flush=True)
-        if name == "grpo":
-            results["bare"] = _median_seconds(_bare_step(trainer, samples), args.repeats)
-            print(f"bare: {results['bare']:.3f} s", file=sys.stderr, flush=True)
-        del trainer
+        step = functools.partial(trainer.train_step, samples)
+        fns: Dict[str, Callable[[], None]] = {"grpo_kl" if kl_coef else "grpo": step}
+        if not kl_coef:
+            fns["bare"] = _bare_step(trainer, samples)
+        results.update(_interleaved_medians(fns, args.repeats))
+        del trainer, fns, step
 
     tokens = args.batch * (args.prompt + args.response)
     print(
@@ -164,7 +174,9 @@ def main() -> None:
                 "overhead_ratio_with_kl": round(results["grpo_kl"] / results["bare"], 3),
                 "target_overhead_ratio": 1.25,
                 "machine": {
-                    "cpus": torch.get_num_threads(),
+                    "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(),
+                    "load_average_1m": round(os.getloadavg()[0], 2),
                     "platform": platform.platform(),
                     "torch": torch.__version__,
                 },
