@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from contextlib import AbstractContextManager
@@ -217,23 +218,31 @@ class GRPO(Algorithm):
             proxy = LLMProxy(store=store, launch_mode=mode, host="127.0.0.1")
         else:
             proxy.set_store(store)
-        proxy.update_model_list(
-            [
-                {
-                    "model_name": server.model_name,
-                    "litellm_params": {"model": f"agentbolt/{server.model_name}", "api_base": server.base_url},
-                }
-            ]
-        )
+        changed = self._route(proxy, server)
         if not proxy.is_running():
             await proxy.start()
-        elif proxy.server_launcher_args.launch_mode == "mp":
-            await proxy.restart()
+        elif changed and proxy.server_launcher_args.launch_mode == "mp":
+            await proxy.restart()  # a server in another process only reads the model list when it starts
         return proxy, owned
+
+    @staticmethod
+    def _route(proxy: LLMProxy, server: PolicyServer) -> bool:
+        """Point the gateway's model list at the served policy; True when it changed."""
+        entry = {
+            "model_name": server.model_name,
+            "litellm_params": {"model": f"agentbolt/{server.model_name}", "api_base": server.base_url},
+        }
+        if proxy.model_list == [entry]:
+            return False
+        proxy.update_model_list([entry])  # type: ignore[list-item]
+        return True
 
     async def _publish(
         self, store: LightningStore, proxy: LLMProxy, server: PolicyServer, sampling_parameters: Dict[str, Any]
     ) -> str:
+        """Store a new resource snapshot whose ``main_llm`` routes to the current policy weights."""
+        if self._route(proxy, server) and proxy.is_running() and proxy.server_launcher_args.launch_mode == "mp":
+            await proxy.restart()  # a server in another process only reads the model list when it starts
         resources: NamedResources = dict(self.get_initial_resources() or {})
         llm: LLM = proxy.as_resource(model=server.model_name, sampling_parameters=dict(sampling_parameters))
         resources[POLICY_RESOURCE] = llm
@@ -479,12 +488,30 @@ class GRPO(Algorithm):
         metrics.log(step, record)
 
     def _start_server(self, trainer: PolicyTrainer, tokenizer: Any) -> PolicyServer:
+        config = self.config
+        if config.policy_server_url is not None:
+            import tempfile
+
+            from agentbolt.algorithm.grpo.serving import RemoteAdapterPolicyServer
+
+            adapter_dir = config.adapter_dir or (
+                os.path.join(config.checkpoint_dir, "adapters")
+                if config.checkpoint_dir
+                else tempfile.mkdtemp(prefix="agentbolt-adapters-")
+            )
+            return RemoteAdapterPolicyServer(
+                trainer,
+                base_url=config.policy_server_url,
+                adapter_dir=adapter_dir,
+                name_prefix=self._served_name().replace("/", "-"),
+                api_key=config.policy_server_api_key,
+            )
         from agentbolt.algorithm.grpo.serving import InProcessPolicyServer
 
         return InProcessPolicyServer(
             trainer,
             tokenizer,
             model_name=self._served_name(),
-            threads=self.config.threads,
-            max_batch_size=self.config.serve_max_batch_size,
+            threads=config.threads,
+            max_batch_size=config.serve_max_batch_size,
         )

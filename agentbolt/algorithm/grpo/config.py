@@ -52,6 +52,19 @@ class GRPOConfig(BaseModel):
     )
     threads: Optional[int] = Field(default=None, ge=1, description="torch intra-op threads (None keeps torch's).")
 
+    policy_server_url: Optional[str] = Field(
+        default=None,
+        description="Serve rollouts from this external vLLM (--enable-lora) or `agentbolt serve` server of the same "
+        "base model (OpenAI base URL ending in /v1) instead of in process; each update is published as a new LoRA "
+        "adapter. Needs finetune='lora'.",
+    )
+    policy_server_api_key: Optional[str] = Field(default=None, description="Bearer token of policy_server_url.")
+    adapter_dir: Optional[str] = Field(
+        default=None,
+        description="Where adapters for policy_server_url are saved (default: checkpoint_dir/adapters, else a "
+        "temporary directory); the server must be able to read it.",
+    )
+
     # --- rollouts ------------------------------------------------------------------------------------------------
     batch_size: int = Field(default=8, ge=1, description="Tasks per training step.")
     group_size: int = Field(default=4, ge=2, description="Rollouts per task; advantages are relative to this group.")
@@ -172,6 +185,8 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
+        if self.policy_server_url is not None and self.finetune != "lora":
+            raise ValueError("policy_server_url publishes LoRA adapters: it needs finetune='lora'")
         if self.tensorboard and self.log_dir is None:
             raise ValueError("tensorboard=True needs a log_dir")
         return self

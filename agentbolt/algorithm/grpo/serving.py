@@ -1,20 +1,26 @@
-"""Serve the policy being trained from the trainer's own model object.
+"""Serve the policy being trained.
 
-On CPU the cheapest weight sync is none at all: the transformers engine generates with the very ``PeftModel`` (or
-full model) the trainer updates in place. Updates run inside :meth:`TransformersEngine.weights_update`, which
-holds generation between two decoding steps, so a request never sees half-updated weights.
+* :class:`InProcessPolicyServer` (default): on CPU the cheapest weight sync is none at all: the transformers engine
+  generates with the very ``PeftModel`` (or full model) the trainer updates in place. Updates run inside
+  :meth:`TransformersEngine.weights_update`, which holds generation between two decoding steps, so a request never
+  sees half-updated weights.
+* :class:`RemoteAdapterPolicyServer`: an external vLLM (``--enable-lora``) or ``agentbolt serve`` server of the
+  base model. After each update the adapter is saved and loaded under a new name with the vLLM-compatible
+  ``POST /v1/load_lora_adapter`` route (the previous one is unloaded), and rollouts request that name.
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
+import os
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.grpo.trainer import PolicyTrainer
 
-__all__ = ["InProcessPolicyServer"]
+__all__ = ["InProcessPolicyServer", "RemoteAdapterPolicyServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +70,75 @@ class InProcessPolicyServer:
     def stop(self) -> None:
         """Stop the HTTP server and the engine."""
         self.server.stop()
+
+
+class RemoteAdapterPolicyServer:
+    """Publish each new LoRA adapter to a running vLLM / ``agentbolt serve`` server of the base model.
+
+    The server must serve the same base model with LoRA enabled and be able to read ``adapter_dir`` (same machine or
+    shared file system). The adapter before the first update (an identity: LoRA ``B`` starts at zero) is loaded at
+    construction, so every rollout runs through an adapter whose weights the trainer knows.
+
+    Args:
+        trainer: The policy trainer (must train LoRA adapters).
+        base_url: OpenAI-compatible base URL of the server, ending in ``/v1``.
+        adapter_dir: Where adapters are saved for the server to load.
+        name_prefix: Adapters are named ``{name_prefix}-v{N}``.
+        api_key: Bearer token of the server, if it needs one.
+        timeout: Seconds allowed for each load / unload request.
+
+    Raises:
+        ValueError: The trainer does full fine-tuning.
+        RuntimeError: The server refused the adapter.
+    """
+
+    def __init__(
+        self,
+        trainer: PolicyTrainer,
+        *,
+        base_url: str,
+        adapter_dir: str | os.PathLike[str],
+        name_prefix: str = "policy",
+        api_key: Optional[str] = None,
+        timeout: float = 120.0,
+    ) -> None:
+        import httpx
+
+        if not trainer.uses_lora:
+            raise ValueError("a remote policy server is updated by loading LoRA adapters: use finetune='lora'")
+        self.base_url = base_url.rstrip("/")
+        self.adapter_dir = Path(adapter_dir)
+        self.name_prefix = name_prefix
+        self.model_name = ""
+        self._version = 0
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.Client(timeout=timeout, headers=headers)
+        self.after_update(trainer)
+
+    def _post(self, route: str, body: dict[str, Any]) -> None:
+        response = self._client.post(f"{self.base_url}/{route}", json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{route} failed with HTTP {response.status_code}: {response.text[:500]}")
+
+    def weights_update(self) -> AbstractContextManager[Any]:
+        """Nothing to hold: the server keeps serving the previous adapter until the new one is loaded."""
+        return nullcontext()
+
+    def after_update(self, trainer: PolicyTrainer) -> None:
+        """Save the current adapter, load it under a new name, and unload the previous one."""
+        name = f"{self.name_prefix}-v{self._version}"
+        path = (self.adapter_dir / name).resolve()
+        trainer.model.save_pretrained(str(path))
+        self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        previous, self.model_name = self.model_name, name
+        self._version += 1
+        if previous:
+            try:
+                self._post("unload_lora_adapter", {"lora_name": previous})
+            except Exception:  # the new adapter is live; a stale one only costs server memory
+                logger.warning("Could not unload adapter %s", previous, exc_info=True)
+        logger.info("Policy adapter %s loaded by %s", name, self.base_url)
+
+    def stop(self) -> None:
+        """Close the HTTP client (the external server keeps running)."""
+        self._client.close()
