@@ -174,6 +174,22 @@ class LightningStore:
         """Store several spans; returns those actually inserted."""
         raise NotImplementedError()
 
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Issue a sequence id for each span (in order, per rollout attempt) and store the spans (extension).
+
+        The sequence ids the given spans carry are replaced. Returns the spans actually inserted, with their issued
+        ids. Stores reached over a network answer this in one round trip instead of two.
+        """
+        spans = list(spans)
+        if not spans:
+            return []
+        sequence_ids = await self.get_many_span_sequence_ids([(span.rollout_id, span.attempt_id) for span in spans])
+        numbered = [
+            span.model_copy(update={"sequence_id": sequence_id})
+            for span, sequence_id in zip(spans, sequence_ids, strict=True)
+        ]
+        return await self.add_many_spans(numbered)
+
     async def add_otel_span(
         self,
         rollout_id: str,

@@ -211,6 +211,14 @@ class AddManySpansResponse(BaseModel):
     inserted: List[int]
 
 
+class AddSequencedSpansResponse(BaseModel):
+    """Answer of ``POST /spans/batch/sequenced``: positions (in the request) of the spans actually inserted, and the
+    sequence id issued to each of them."""
+
+    inserted: List[int]
+    sequence_ids: List[int]
+
+
 class NamedResourcesBody(RootModel[NamedResources]):
     """Body of ``POST /resources`` and ``POST /resources/{resources_id}``: resources by name."""
 
@@ -913,6 +921,20 @@ class LightningStoreServer(LightningStore):
             indices = [positions[(s.rollout_id, s.attempt_id, s.span_id)] for s in inserted]
             return _json_response({"inserted": indices}, 201)
 
+        @r.post(
+            "/spans/batch/sequenced",
+            body=AddManySpansRequest,
+            status_code=201,
+            response_model=AddSequencedSpansResponse,
+        )
+        async def add_spans_with_new_sequence_ids(request: Request) -> Response:
+            """Extension: issue sequence ids for the spans (replacing theirs) and store them, in one round trip."""
+            batch = await _parse_body(request, AddManySpansRequest)
+            inserted = await call("add_spans_with_new_sequence_ids", batch.spans)
+            positions = {(s.rollout_id, s.attempt_id, s.span_id): i for i, s in enumerate(batch.spans)}
+            indices = [positions[(s.rollout_id, s.attempt_id, s.span_id)] for s in inserted]
+            return _json_response({"inserted": indices, "sequence_ids": [s.sequence_id for s in inserted]}, 201)
+
         async def query_spans(query: QuerySpansRequest) -> Response:
             _validate_pagination(query, Span)
             result = await call(
@@ -1197,6 +1219,10 @@ class LightningStoreServer(LightningStore):
     ) -> Optional[Span]:
         """See :meth:`LightningStore.add_otel_span`."""
         return await self._delegate("add_otel_span", rollout_id, attempt_id, readable_span, sequence_id)
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_spans_with_new_sequence_ids`."""
+        return await self._delegate("add_spans_with_new_sequence_ids", spans)
 
     async def query_rollouts(
         self,
@@ -1778,6 +1804,20 @@ class LightningStoreClient(LightningStore):
             return []
         data = await self._request_json("post", "/spans/batch", json={"spans": spans})
         return [spans[i] for i in data["inserted"]]
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_spans_with_new_sequence_ids`; one request for the whole batch.
+
+        Safe to resend: the store skips spans it already holds (same attempt and span id).
+        """
+        spans = list(spans)
+        if not spans:
+            return []
+        data = await self._request_json("post", "/spans/batch/sequenced", json={"spans": spans})
+        return [
+            spans[i].model_copy(update={"sequence_id": sequence_id})
+            for i, sequence_id in zip(data["inserted"], data["sequence_ids"], strict=True)
+        ]
 
     async def add_otel_span(
         self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
