@@ -442,7 +442,6 @@ class GRPO(Algorithm):
                 if sampler is not None:
                     sampler.load_state(extra.get("sampler", {}))
         start_step = trainer.global_step
-        server = await asyncio.to_thread(self._start_server, trainer, tokenizer)
         metrics = TrainingLogger(
             log_dir=config.log_dir,
             total_steps=config.max_steps,
@@ -452,6 +451,11 @@ class GRPO(Algorithm):
             wandb_project=config.wandb_project,
             run_config=config.model_dump(),
         )
+        try:
+            server = await asyncio.to_thread(self._start_server, trainer, tokenizer)
+        except BaseException:
+            metrics.close()
+            raise
         proxy: Optional[LLMProxy] = None
         owned_proxy = False
         try:
