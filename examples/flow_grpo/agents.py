@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, TypeVar
 
@@ -218,13 +219,28 @@ def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 64) -> Ro
     )
 
 
+def _loose_answer(raw: str) -> str:
+    """Best guess at the answer in text that ignored the JSON format.
+
+    The first line with letters or digits, without JSON punctuation and without a leading ``key:`` label
+    (``The answer is: Canberra.`` -> ``Canberra.``, ``"result": 144,`` -> ``144``).
+    """
+    for line in raw.splitlines():
+        text = line.strip().strip("{}[],\"'` ")
+        label = re.match(r"^[\"']?[A-Za-z_][A-Za-z_ ]{0,29}[\"']?\s*:\s*(.+)$", text)
+        if label:
+            text = label.group(1).strip().strip(",\"'` ")
+        if re.search(r"[A-Za-z0-9]", text):
+            return text[:200]
+    return ""
+
+
 def generate_solution(llm: RoleLLM, question: str, memory: str, max_tokens: int = 48) -> RoleOutput:
-    """Solution generator. Fallback: the raw answer's first non-empty line (the model ignored the JSON format)."""
+    """Solution generator. Fallback: the answer read loosely from the raw text (see :func:`_loose_answer`)."""
     raw = llm.chat(
         SOLUTION_GENERATOR, prompts.SOLUTION_SYSTEM, prompts.solution_user(question, memory), max_tokens=max_tokens
     )
-    first_line = next((line.strip() for line in raw.splitlines() if line.strip()), "")
-    parsed = parse_output(raw, FinalAnswer, FinalAnswer(answer=first_line[:200]))
+    parsed = parse_output(raw, FinalAnswer, FinalAnswer(answer=_loose_answer(raw)))
     return RoleOutput(SOLUTION_GENERATOR, raw, parsed)
 
 

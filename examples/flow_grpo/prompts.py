@@ -41,11 +41,16 @@ PLANNER_SYSTEM = (
     f"- {STOP_ACTION}: stop; the previous steps already answer the question.\n"
     "Reply with one JSON object only, in this format:\n"
     '{{"justification": "...", "context": "...", "sub_goal": "...", "tool_name": "..."}}\n'
-    "Example:\n"
-    "Question: What is 12 squared plus 5?\n"
+    "Example 1:\n"
+    "Question: Who discovered penicillin?\n"
     "Previous steps: none yet\n"
-    '{{"justification": "Exact arithmetic is needed.", "context": "", "sub_goal": "Compute 12**2 + 5", '
-    '"tool_name": "calculator"}}'
+    '{{"justification": "A fact is needed.", "context": "", "sub_goal": "Find who discovered penicillin", '
+    '"tool_name": "search"}}\n'
+    "Example 2:\n"
+    "Question: How many legs do 7 spiders have?\n"
+    "Previous steps: Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56\n"
+    '{{"justification": "Step 1 gives the answer.", "context": "56", "sub_goal": "", "tool_name": "'
+    f'{STOP_ACTION}"}}}}'
 )
 
 EXECUTOR_SYSTEM = (
@@ -55,7 +60,7 @@ EXECUTOR_SYSTEM = (
 
 VERIFIER_SYSTEM = (
     "You check whether the steps so far contain the answer to the question. Set stop to true only when the "
-    "results already give the answer; otherwise set it to false.\n"
+    "results of the steps already give the complete answer to every part of the question; otherwise false.\n"
     'Reply with JSON only: {"analysis": "...", "stop": true}'
 )
 

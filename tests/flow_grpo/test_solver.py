@@ -8,6 +8,7 @@ import pytest
 
 import agentbolt as agl
 from examples.flow_grpo import FlowGRPOAgent, FlowSolver, RoleLLM, SolverConfig
+from examples.flow_grpo.agents import generate_solution
 from examples.flow_grpo.memory import Memory, truncate
 
 from .scripted_llm import ScriptedLLM
@@ -113,7 +114,23 @@ def test_planner_prompt_lists_every_tool_with_metadata_the_stop_action_and_an_ex
     system = next(b for r, b in llm.requests if r == "planner")["messages"][0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    assert '"tool_name": "calculator"' in system and "Example" in system
+    # Two worked examples: a tool call and the stop action.
+    assert '"tool_name": "search"}' in system and '"tool_name": "finish"}' in system
+
+
+@pytest.mark.parametrize(
+    ("raw", "answer"),
+    [
+        ("The answer is: Canberra.", "Canberra."),
+        ('{\n  "result": 144,\n}', "144"),
+        ("Ottawa, I believe", "Ottawa, I believe"),
+        ("{", ""),
+    ],
+)
+def test_solution_generator_fallback_reads_the_answer_loosely(raw: str, answer: str) -> None:
+    with ScriptedLLM({"solution_generator": [raw]}) as llm:
+        out = generate_solution(RoleLLM.from_endpoint(llm.base_url, "m"), "q?", "none yet")
+    assert not out.parsed.ok and out.value.answer == answer
 
 
 def test_agent_outside_a_runner_returns_the_reward_and_checks_its_inputs() -> None:
