@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo demo lint format bench clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,9 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "" -p no:cacheprovider
+
+test-demo: $(STAMP)
+	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/demo
 
 demo: $(STAMP)
 	$(VENV)/bin/agentbolt demo

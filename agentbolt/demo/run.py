@@ -43,7 +43,7 @@ class DemoConfig:
         lora_r: LoRA rank.
         temperature: Sampling temperature of training rollouts (validation is greedy).
         max_tokens: Completion budget of each LLM call.
-        runners: Runner threads executing rollouts concurrently (the engine batches their calls).
+        runners: Runner processes executing rollouts concurrently (the engine batches their calls).
         threads: torch threads.
         dtype: Weights dtype of the policy (shared by the engine and the trainer).
         tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
@@ -63,7 +63,7 @@ class DemoConfig:
     lora_r: int = 16
     temperature: float = 1.0
     max_tokens: int = 40
-    runners: int = 16
+    runners: int = 8
     threads: Optional[int] = None
     dtype: str = "bfloat16"
     tool_credit: float = 0.1
@@ -169,6 +169,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
+    from agentbolt.serving.server import find_free_port
     from agentbolt.store.sqlite import SqliteLightningStore
 
     started = time.perf_counter()
@@ -214,7 +215,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
         algorithm=algorithm,
         store=store,
         tracer=tracer,
-        strategy=agl.SharedMemoryExecutionStrategy(n_runners=config.runners, main_thread="algorithm"),
+        # One process per runner: a tracer records one rollout at a time per process, and separate processes let
+        # the runners' rollouts overlap so the engine decodes them as one batch.
+        strategy=agl.ClientServerExecutionStrategy(
+            n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
+        ),
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
     )
     trainer.fit(agent, train_dataset=train, val_dataset=val)
