@@ -211,17 +211,15 @@ class LitAgentRunner(Runner[T_task]):
         await self._store_core_spans(rollout, [core])
 
     async def _store_core_spans(self, rollout: AttemptedRollout, cores: Sequence[SpanCoreFields]) -> List[Span]:
-        store = self.get_store()
-        ids = [(rollout.rollout_id, rollout.attempt.attempt_id)] * len(cores)
-        sequence_ids = await store.get_many_span_sequence_ids(ids)
+        # The store issues the sequence ids (the placeholder 0 is replaced) and stores the spans in one call.
         spans = [
             Span.from_core_fields(
-                core, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, sequence_id=sequence_id
+                core, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, sequence_id=0
             )
-            for core, sequence_id in zip(cores, sequence_ids, strict=True)
+            for core in cores
         ]
         try:
-            return list(await store.add_many_spans(spans))
+            return list(await self.get_store().add_spans_with_new_sequence_ids(spans))
         except Exception:
             logger.exception("[Rollout %s] Could not store %d spans", rollout.rollout_id, len(spans))
             return []

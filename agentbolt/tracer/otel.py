@@ -409,17 +409,10 @@ class LightningSpanProcessor(SpanProcessor):
 
     @staticmethod
     async def _write(batch: List[_PendingWrite]) -> List[Optional[Span]]:
-        """Write a batch in order: sequence ids are allocated by the store in one call, spans added in one call."""
-        store = batch[0].store
-        if len(batch) == 1:
-            item = batch[0]
-            return [await store.add_otel_span(item.rollout_id, item.attempt_id, item.span)]
-        sequence_ids = await store.get_many_span_sequence_ids([(item.rollout_id, item.attempt_id) for item in batch])
-        spans = [
-            Span.from_opentelemetry(item.span, item.rollout_id, item.attempt_id, sequence_id)
-            for item, sequence_id in zip(batch, sequence_ids, strict=True)
-        ]
-        added = {(span.rollout_id, span.span_id): span for span in await store.add_many_spans(spans)}
+        """Write a batch in one store call that issues the sequence ids in order and stores the spans."""
+        spans = [item.result() for item in batch]
+        stored = await batch[0].store.add_spans_with_new_sequence_ids(spans)
+        added = {(span.rollout_id, span.span_id): span for span in stored}
         return [added.get((span.rollout_id, span.span_id)) for span in spans]
 
     def _batch_wait(self, batch: List[_PendingWrite]) -> float:
