@@ -52,7 +52,8 @@ class LitAgentRunner(Runner[T_task]):
         max_rollouts: Stop :meth:`iter` after this many rollouts (None: until the stop event).
         poll_interval: Seconds between polls of an empty queue (with jitter).
         heartbeat_interval: Seconds between worker heartbeats (<= 0 disables them).
-        interval_jitter: Maximum random jitter added to or removed from the intervals, in seconds.
+        interval_jitter: Maximum random jitter added to or removed from the intervals, in seconds (at most half of
+            the interval).
         heartbeat_launch_mode: ``"thread"`` (a background thread schedules heartbeats) or ``"asyncio"`` (a task).
         heartbeat_include_gpu: Include GPU statistics in heartbeats.
     """
@@ -282,7 +283,13 @@ class LitAgentRunner(Runner[T_task]):
     # ------------------------------------------------------------------ heartbeats
 
     def _jittered(self, interval: float) -> float:
-        return max(0.01, interval + random.uniform(-self._interval_jitter, self._interval_jitter))
+        """``interval`` plus or minus the jitter, which is capped at half the interval.
+
+        Without the cap a short poll interval (say 0.05 s with the default 0.5 s jitter) would mostly come out as
+        the minimum, and idle runners would poll the store far more often than asked.
+        """
+        jitter = min(self._interval_jitter, interval / 2)
+        return max(0.01, interval + random.uniform(-jitter, jitter))
 
     async def _emit_heartbeat(self, store: LightningStore) -> None:
         """Send one heartbeat with a system snapshot; bounded by the heartbeat interval, never raises."""

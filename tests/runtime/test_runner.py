@@ -232,3 +232,11 @@ def test_runner_accessors_and_errors() -> None:
         runner.run()
     with pytest.raises(ValueError, match="heartbeat_launch_mode"):
         LitAgentRunner(OtelTracer(), heartbeat_launch_mode="bogus")  # type: ignore[arg-type]
+
+
+def test_poll_jitter_is_capped_at_half_the_interval() -> None:
+    # A short poll interval keeps its order of magnitude: idle runners must not poll at the 10 ms floor.
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), poll_interval=0.05, interval_jitter=0.5)
+    samples = [runner._jittered(0.05) for _ in range(500)]
+    assert all(0.025 <= value <= 0.075 for value in samples)
+    assert max(runner._jittered(10.0) for _ in range(500)) > 10.0
