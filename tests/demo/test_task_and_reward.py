@@ -186,3 +186,12 @@ async def test_agent_reports_bad_tool_calls_to_the_model(scripted_server: str) -
     assert episode.tool_results == ["error: arguments are not JSON"] and episode.answer is None
     assert score(episode, task, RewardConfig(tool_credit=0.5)) == 0.0
     assert _ScriptedChat.requests[1]["messages"][-1]["content"] == "error: arguments are not JSON"
+
+
+def test_cli_rejects_bad_arguments_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentbolt.cli.app import run
+
+    assert run(["demo", "--steps", "-1"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    assert run(["demo", "--help"]) == 0
+    assert "--summary-json" in capsys.readouterr().out
