@@ -4,8 +4,8 @@
 Part 1 — tracing overhead: latency of an OpenAI chat completion made with the real ``openai`` SDK against a local
 OpenAI-compatible server (``tests/fake_openai.py``, started as a separate process, answering with vLLM-style token
 ids), traced vs untraced. Traced calls run inside ``AgentOpsTracer.trace_context`` of a rollout, so each one
-creates its span, records the request/response attributes and token ids, and writes the span to the store before
-returning (the span processor writes synchronously). Untraced calls go through the SDK's original ``create``.
+creates its span and records the request/response attributes and token ids; the span processor's background
+thread writes the spans to the store in batches. Untraced calls go through the SDK's original ``create``.
 Traced and untraced calls alternate (the order within each pair alternates too) so both see the same machine
 load. The overhead is the difference of the percentiles (``paired_overhead_p50_ms`` is the median of the
 per-pair differences). ``tracing_cpu_ms_per_call`` is the extra CPU time of the client process per traced call
@@ -26,11 +26,17 @@ Usage::
 
 Part 2 — rollout throughput: ``Trainer.fit`` with the client-server strategy (the algorithm process serves a
 SQLite store over HTTP, runner processes connect as clients), the default tracer, and a trivial agent making two
-chat completions against the same local server and returning a reward. The algorithm enqueues ``--rollouts``
-rollouts at once and waits for all of them; ``rollouts_per_s`` is rollouts divided by the time from the first
-enqueue to the last finished rollout, for each ``--runners`` count. Adds to the JSON::
+chat completions against the same local server (a new ``openai.OpenAI`` client per rollout, as agents commonly do)
+and returning a reward. The algorithm enqueues ``--rollouts`` rollouts at once and waits for them with
+``wait_for_rollouts`` on the ones still running; ``rollouts_per_s`` is rollouts divided by the time from the first
+enqueue to the last finished rollout, for each ``--runners`` count. ``cpu_ms_per_rollout`` is the CPU time (user +
+system, from psutil) spent over the same window per rollout by the trainer process (algorithm and store server),
+by the runner processes, and by the fake OpenAI server, and their total: on a shared machine it says far more
+than wall-clock rates, which depend on how much of the CPUs other jobs leave. Adds to the JSON::
 
-    {"rollouts_per_s": {"1": ..., "4": ..., "8": ...}, "rollouts": N, ...}
+    {"rollouts_per_s": {"1": ..., "4": ..., "8": ...},
+     "cpu_ms_per_rollout": {"1": {"trainer": ..., "runners": ..., "backend": ..., "total": ...}, ...},
+     "rollouts": N, ...}
 
 ``--part tracing`` or ``--part rollouts`` runs one part only.
 
@@ -209,13 +215,35 @@ def _two_call_agent() -> Any:
     return two_call_agent
 
 
-def measure_rollouts(base_url: str, n_runners: int, n_rollouts: int, workdir: Path) -> float:
-    """Rollouts per second of Trainer.fit (client-server strategy, SQLite store) with ``n_runners`` runners."""
+def cpu_seconds(processes: List[Any]) -> float:
+    """User + system CPU seconds used so far by ``processes`` (psutil handles); gone processes count 0."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def measure_rollouts(
+    base_url: str, n_runners: int, n_rollouts: int, workdir: Path, backend_pid: int
+) -> Tuple[float, Dict[str, float]]:
+    """Trainer.fit (client-server strategy, SQLite store) with ``n_runners`` runners.
+
+    Returns:
+        Rollouts per second, and CPU milliseconds per rollout over the same window: of the trainer process (algorithm
+        and store server), of its runner processes, and of the fake OpenAI server.
+    """
+    import psutil
+
     import agentbolt as agl
     from agentbolt.store.sqlite import SqliteLightningStore
 
     class EnqueueAll(agl.Algorithm):
         elapsed = 0.0
+        cpu: Dict[str, float] = {}
 
         async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
             store = self.get_store()
@@ -224,12 +252,20 @@ def measure_rollouts(base_url: str, n_runners: int, n_rollouts: int, workdir: Pa
                 agl.EnqueueRolloutRequest(input=task, mode="train", resources_id=resources.resources_id)
                 for task in train_dataset
             ]
+            me = psutil.Process()
+            groups = {"trainer": [me], "runners": me.children(recursive=True), "backend": [psutil.Process(backend_pid)]}
+            start_cpu = {name: cpu_seconds(processes) for name, processes in groups.items()}
             start = time.perf_counter()
             rollouts = await store.enqueue_many_rollouts(requests)
-            ids = [r.rollout_id for r in rollouts]
-            while len(await store.wait_for_rollouts(rollout_ids=ids, timeout=0)) < len(ids):
-                await asyncio.sleep(0.02)
+            pending = [r.rollout_id for r in rollouts]
+            # Ask only about the rollouts still running; the store answers as soon as they all finished or the
+            # slice is over, so this loop neither sleeps past the last rollout nor polls an idle store.
+            while pending:
+                finished = await store.wait_for_rollouts(rollout_ids=pending, timeout=0.5)
+                done = {rollout.rollout_id for rollout in finished}
+                pending = [rollout_id for rollout_id in pending if rollout_id not in done]
             type(self).elapsed = time.perf_counter() - start
+            type(self).cpu = {name: cpu_seconds(processes) - start_cpu[name] for name, processes in groups.items()}
 
     algorithm = EnqueueAll()
     store = SqliteLightningStore(str(workdir / f"runners-{n_runners}.db"))
@@ -241,7 +277,9 @@ def measure_rollouts(base_url: str, n_runners: int, n_rollouts: int, workdir: Pa
     )
     trainer.fit(_two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts)])
     asyncio.run(store.close())
-    return n_rollouts / EnqueueAll.elapsed
+    cpu_ms = {name: round(seconds * 1000 / n_rollouts, 2) for name, seconds in EnqueueAll.cpu.items()}
+    cpu_ms["total"] = round(sum(EnqueueAll.cpu.values()) * 1000 / n_rollouts, 2)
+    return n_rollouts / EnqueueAll.elapsed, cpu_ms
 
 
 async def measure_tracing(args: argparse.Namespace, base_url: str) -> Dict[str, Any]:
@@ -267,15 +305,17 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     port = free_port()
     fake = [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port), "--token-ids"]
     result: Dict[str, Any] = {}
-    with background_process(fake, f"http://127.0.0.1:{port}/v1/models"):
+    with background_process(fake, f"http://127.0.0.1:{port}/v1/models") as backend:
         base_url = f"http://127.0.0.1:{port}/v1"
         if args.part in ("all", "tracing"):
             result.update(asyncio.run(measure_tracing(args, base_url)))
         if args.part in ("all", "rollouts"):
             with tempfile.TemporaryDirectory() as workdir:
-                result["rollouts_per_s"] = {
-                    str(n): round(measure_rollouts(base_url, n, args.rollouts, Path(workdir)), 1) for n in args.runners
+                figures = {
+                    n: measure_rollouts(base_url, n, args.rollouts, Path(workdir), backend.pid) for n in args.runners
                 }
+            result["rollouts_per_s"] = {str(n): round(rate, 1) for n, (rate, _) in figures.items()}
+            result["cpu_ms_per_rollout"] = {str(n): cpu for n, (_, cpu) in figures.items()}
             result["rollouts"] = args.rollouts
             result["rollout_agent"] = "2 chat completions + reward; client-server strategy; SQLite store"
     return result
