@@ -102,9 +102,11 @@ def main() -> None:
     parser.add_argument("--compare-generate", action="store_true", help="Also time plain batched model.generate.")
     args = parser.parse_args()
 
+    from agentbolt.serving.transformers_engine import TransformersEngine, configure_openmp
+
+    configure_openmp()  # as `agentbolt serve` does, before torch is imported
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
-    from agentbolt.serving.transformers_engine import TransformersEngine
 
     model_dir = resolve_model(args.model, progress=lambda message: print(message, file=os.sys.stderr)).path
     engine = TransformersEngine(
@@ -133,6 +135,7 @@ def main() -> None:
         "levels": levels,
         "plain_generate": reference,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
     }
     print(json.dumps(report, indent=2))

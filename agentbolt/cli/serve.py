@@ -57,6 +57,10 @@ def serve_command(
     from agentbolt.serving.params import EngineError
 
     setup_logging(log_level.upper())
+    if engine is Engine.transformers:
+        from agentbolt.serving.transformers_engine import configure_openmp
+
+        configure_openmp()  # before anything imports torch
     name = served_name or model
     try:
         if engine is Engine.transformers:
