@@ -1,0 +1,532 @@
+"""Train the Flow-GRPO planner with agentbolt's GRPO: ``python -m examples.flow_grpo.train --config cpu``.
+
+Only the planner's LLM calls are trained (``agent_match="planner"``); every planner turn of a trajectory is trained
+on that trajectory's final reward (``credit="final"``), and advantages are normalized within the group of rollouts
+of the same question (``group_size`` rollouts per question). The other roles (query analyzer, executor, verifier,
+solution generator, generalist tool) call a fixed model that never changes:
+
+* ``cpu`` (``configs/cpu.yaml``): the embedded SmolLM2-135M-Instruct in every role. The planner is the model GRPO
+  serves in process (base + LoRA adapter, through the LLM gateway, which records token ids); the fixed roles call
+  the same base model without adapter, served by ``agentbolt serve`` in a child process.
+* ``gpu`` (``configs/gpu.yaml``): a 1.5B planner with LoRA on a vLLM server (each update is loaded as a new adapter)
+  and a 7B fixed model on a second vLLM server. Documented in ``docs/flow-grpo-training.md``; not runnable on a
+  machine without a GPU.
+
+Examples::
+
+    python -m examples.flow_grpo.train --config cpu --summary-json runs/flow-grpo/summary.json
+    python -m examples.flow_grpo.train --config cpu --steps 2 --output-dir /tmp/flow-smoke
+    python -m examples.flow_grpo.train --config my-run.yaml --model /path/to/hf-model-dir
+
+The run directory (``--output-dir``) receives ``config.json``, ``store.sqlite`` (every rollout, span and token id),
+``logs/metrics.jsonl`` and ``logs/reward_curve.png``, ``checkpoints/step_*`` (the planner's LoRA adapter, loadable
+with ``python -m examples.flow_grpo.solve --checkpoint DIR/checkpoints``) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import yaml  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from examples.flow_grpo.data import load_offline_dataset, load_tasks
+
+__all__ = [
+    "CONFIG_DIR",
+    "DataSection",
+    "FixedModelSection",
+    "FlowTrainConfig",
+    "SolverSection",
+    "TrainSummary",
+    "build_grpo_config",
+    "load_config",
+    "load_split",
+    "main",
+    "run_training",
+]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""Where the named configurations (``cpu.yaml``, ``gpu.yaml``) live."""
+
+OWNED_GRPO_KEYS = frozenset({"model", "served_model_name", "log_dir", "checkpoint_dir", "resume", "console"})
+"""GRPO options this script sets itself (from the top-level config and the run directory)."""
+
+
+class FixedModelSection(BaseModel):
+    """The fixed model behind the analyzer, executor, verifier, solution generator and generalist tool.
+
+    Attributes:
+        url: OpenAI-compatible base URL (ending in ``/v1``) of an already running server; None serves the planner's
+            base model (without adapter) with ``agentbolt serve`` in a child process.
+        model: Model name to request at ``url`` (required with ``url``).
+        api_key: Bearer token of ``url``.
+        max_batch_size: Sequences the local fixed server decodes together.
+        startup_timeout: Seconds to wait for the local fixed server to answer ``/health``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Optional[str] = None
+    model: Optional[str] = None
+    api_key: Optional[str] = None
+    max_batch_size: int = Field(default=8, ge=1)
+    startup_timeout: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _url_needs_model(self) -> FixedModelSection:
+        if self.url is not None and not self.model:
+            raise ValueError("fixed.url needs fixed.model (the model name to request there)")
+        return self
+
+
+class SolverSection(BaseModel):
+    """Settings of the solve loop (see :class:`examples.flow_grpo.solver.SolverConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(default=3, ge=1)
+    planner_max_tokens: int = Field(default=128, ge=8)
+    python_timeout: float = Field(default=10.0, gt=0)
+    memory_result_chars: int = Field(default=400, ge=40)
+
+
+class DataSection(BaseModel):
+    """Training and held-out tasks.
+
+    Attributes:
+        train: ``"train"`` / ``"val"`` (the shipped offline dataset) or a JSONL/parquet file in the task schema.
+        val: Same, for held-out validation.
+        sources: Keep only tasks whose ``source`` is listed (None: all).
+        train_limit: Use at most this many training tasks (None: all).
+        val_limit: Use at most this many held-out tasks (None: all).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    train: str = "train"
+    val: str = "val"
+    sources: Optional[List[str]] = None
+    train_limit: Optional[int] = Field(default=None, ge=1)
+    val_limit: Optional[int] = Field(default=None, ge=1)
+
+
+class FlowTrainConfig(BaseModel):
+    """One training configuration (a YAML file under ``configs/`` or anywhere).
+
+    Attributes:
+        name: Short name shown in the summary.
+        description: What the configuration is for.
+        model: The planner's base model (registry name, local Hugging Face directory or hub id).
+        runnable_here: False for configurations that need hardware this machine lacks (the GPU one); the script
+            still runs them, after a warning.
+        dtype: Weights dtype of the trained planner and of the local fixed server.
+        threads: torch threads of the local engines (None: torch's choice).
+        runners: Runner processes executing rollouts concurrently.
+        fixed: The fixed model.
+        solver: The solve loop.
+        data: The tasks.
+        grpo: :class:`agentbolt.algorithm.grpo.GRPOConfig` options, except those the script sets itself
+            (:data:`OWNED_GRPO_KEYS`). ``agent_match`` defaults to ``"planner"`` and ``credit`` to ``"final"``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    model: str
+    runnable_here: bool = True
+    dtype: str = "bfloat16"
+    threads: Optional[int] = Field(default=None, ge=1)
+    runners: int = Field(default=4, ge=1)
+    fixed: FixedModelSection = Field(default_factory=FixedModelSection)
+    solver: SolverSection = Field(default_factory=SolverSection)
+    data: DataSection = Field(default_factory=DataSection)
+    grpo: Dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("grpo")
+    @classmethod
+    def _valid_grpo(cls, value: Dict[str, Any]) -> Dict[str, Any]:
+        owned = sorted(OWNED_GRPO_KEYS & set(value))
+        if owned:
+            raise ValueError(f"grpo.{owned[0]} is set by the training script; remove it from the config")
+        from agentbolt.algorithm.grpo.config import GRPOConfig
+
+        GRPOConfig(**{"agent_match": "planner", "credit": "final", **value})  # raises on unknown or bad options
+        return value
+
+
+def load_config(name_or_path: str | os.PathLike[str], overrides: Optional[Dict[str, Any]] = None) -> FlowTrainConfig:
+    """Read a configuration: ``"cpu"``/``"gpu"`` (shipped under ``configs/``) or a YAML file path.
+
+    Args:
+        name_or_path: Configuration name or file.
+        overrides: Top-level fields replaced after reading (``{"model": ...}``); a ``grpo`` dict is merged into
+            the file's ``grpo`` section.
+
+    Raises:
+        FileNotFoundError: No such configuration.
+        ValueError: The file is not a YAML mapping, or a field is invalid (the message names it).
+    """
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+        raise FileNotFoundError(f"no configuration {str(name_or_path)!r} (named ones: {known}; or give a YAML path)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of options at the top level")
+    for key, value in (overrides or {}).items():
+        if key == "grpo":
+            raw["grpo"] = {**(raw.get("grpo") or {}), **value}
+        else:
+            raw[key] = value
+    try:
+        return FlowTrainConfig(**raw)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid configuration:\n{exc}") from None
+
+
+def build_grpo_config(config: FlowTrainConfig, model_path: str, run_dir: Path, console: bool = True) -> Any:
+    """The :class:`~agentbolt.algorithm.grpo.GRPOConfig` of a run: the file's options plus the ones owned here."""
+    from agentbolt.algorithm.grpo.config import GRPOConfig
+
+    options: Dict[str, Any] = {"agent_match": "planner", "credit": "final", "dtype": config.dtype}
+    if config.threads is not None:
+        options["threads"] = config.threads
+    options.update(config.grpo)
+    options.update(
+        model=model_path,
+        served_model_name="planner",
+        log_dir=str(run_dir / "logs"),
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume=False,
+        console=console,
+    )
+    return GRPOConfig(**options)
+
+
+def load_split(spec: str, sources: Optional[Sequence[str]], limit: Optional[int]) -> List[Dict[str, Any]]:
+    """Tasks of one split: a shipped split name or a file, filtered by source, cut to ``limit``.
+
+    Raises:
+        ValueError: No task left.
+    """
+    tasks = load_offline_dataset(spec) if spec in ("train", "val") else load_tasks(spec)
+    if sources is not None:
+        tasks = [t for t in tasks if t.get("source") in set(sources)]
+    if limit is not None:
+        tasks = tasks[:limit]
+    if not tasks:
+        raise ValueError(f"no task in {spec!r} (sources={sources})")
+    return [dict(t) for t in tasks]
+
+
+class TrainSummary(BaseModel):
+    """What a run produced (the ``--summary-json`` document).
+
+    Attributes:
+        baseline_val_success: Held-out success rate before training (fraction of questions answered correctly).
+        final_val_success: Held-out success rate after the last step.
+        steps: Training steps run.
+        wall_seconds: Wall time of the whole run (model loads, validations, training).
+    """
+
+    config: str
+    model: str
+    baseline_val_success: float
+    final_val_success: float
+    steps: int
+    wall_seconds: float
+    val_questions: int
+    train_rollouts: int
+    train_reward_first: Optional[float]
+    train_reward_last: Optional[float]
+    planner_samples: int
+    other_role_calls_excluded: int
+    rollout_seconds: float
+    update_seconds: float
+    run_dir: str
+    checkpoint: Optional[str]
+    metrics: str
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    health = url.rsplit("/v1", 1)[0] + "/health"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the fixed model server exited with status {process.returncode}; see its log")
+        try:
+            with urllib.request.urlopen(health, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the fixed model server did not become healthy within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def fixed_endpoint(
+    config: FlowTrainConfig, model_path: str, log_path: Path
+) -> Iterator[Tuple[str, str, Optional[str]]]:
+    """``(base_url, model, api_key)`` of the fixed model, serving it in a child process when no URL is configured.
+
+    The local server is ``python -m agentbolt serve`` on the planner's base model, named ``fixed``; a separate
+    process keeps its threads out of the runner processes the trainer forks.
+    """
+    fixed = config.fixed
+    if fixed.url is not None:
+        yield fixed.url, str(fixed.model), fixed.api_key
+        return
+    from agentbolt.serving.server import find_free_port
+
+    port = find_free_port("127.0.0.1")
+    argv = [sys.executable, "-m", "agentbolt", "serve", model_path, "--port", str(port), "--served-name", "fixed"]
+    argv += ["--dtype", config.dtype, "--max-batch-size", str(fixed.max_batch_size)]
+    if config.threads is not None:
+        argv += ["--threads", str(config.threads)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_healthy(url, process, fixed.startup_timeout)
+        logger.info("Fixed model %s served at %s (pid %d)", model_path, url, process.pid)
+        yield url, "fixed", None
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def fixed_gateway(store: Any, url: str, model: str, api_key: Optional[str]) -> Iterator[Any]:
+    """The fixed model behind an LLM gateway of its own, recording its calls in ``store``; yields the resource.
+
+    The fixed roles' calls are then in the trace with their token ids like the planner's, and it is
+    ``agent_match="planner"`` that keeps them out of training (GRPO's own gateway routes only the policy).
+    """
+    import agentbolt as agl
+
+    params: Dict[str, Any] = {"model": f"hosted_vllm/{model}", "api_base": url}
+    if api_key:
+        params["api_key"] = api_key
+    proxy = agl.LLMProxy(
+        model_list=[{"model_name": model, "litellm_params": params}],  # type: ignore[list-item]
+        store=store,
+        launch_mode="thread",
+        host="127.0.0.1",
+    )
+    asyncio.run(proxy.start())
+    try:
+        yield proxy.as_resource(model=model, sampling_parameters={})
+    finally:
+        asyncio.run(proxy.stop())
+
+
+def _summarize(
+    config: FlowTrainConfig, history: List[Dict[str, float]], run_dir: Path, started: float, val_questions: int
+) -> TrainSummary:
+    accuracies = [r["val/accuracy"] for r in history if "val/accuracy" in r]
+    if not accuracies:
+        raise RuntimeError("validation did not run; see the log for the failure")
+    train = [r for r in history if "train/reward_mean" in r]
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    return TrainSummary(
+        config=config.name,
+        model=config.model,
+        baseline_val_success=accuracies[0],
+        final_val_success=accuracies[-1],
+        steps=len(train),
+        wall_seconds=time.perf_counter() - started,
+        val_questions=val_questions,
+        train_rollouts=int(sum(r.get("rollouts/total", 0.0) for r in train)),
+        train_reward_first=train[0]["train/reward_mean"] if train else None,
+        train_reward_last=train[-1]["train/reward_mean"] if train else None,
+        planner_samples=int(sum(r.get("samples/calls", 0.0) - r.get("samples/other_agents", 0.0) for r in train)),
+        other_role_calls_excluded=int(sum(r.get("samples/other_agents", 0.0) for r in train)),
+        rollout_seconds=sum(r.get("time/rollout_seconds", 0.0) for r in train),
+        update_seconds=sum(r.get("time/update_seconds", 0.0) for r in train),
+        run_dir=str(run_dir),
+        checkpoint=str(checkpoints[-1]) if checkpoints else None,
+        metrics=str(run_dir / "logs" / "metrics.jsonl"),
+    )
+
+
+def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -> TrainSummary:
+    """Validate, train the planner with GRPO, validate again; write ``summary.json`` into ``run_dir``.
+
+    Raises:
+        FileExistsError: ``run_dir`` already holds a run.
+        agentbolt.models.ModelNotAvailableError: The planner model cannot be found.
+        RuntimeError: The fixed model server did not start, or validation did not run.
+    """
+    import agentbolt as agl
+    from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.models import resolve_model
+    from agentbolt.serving.server import find_free_port
+    from agentbolt.store.sqlite import SqliteLightningStore
+    from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
+
+    started = time.perf_counter()
+    if (run_dir / "store.sqlite").exists() or (run_dir / "checkpoints").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; choose another --output-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train = load_split(config.data.train, config.data.sources, config.data.train_limit)
+    val = load_split(config.data.val, config.data.sources, config.data.val_limit)
+    model_path = str(resolve_model(config.model).path)
+    grpo_config = build_grpo_config(config, model_path, run_dir, console=console)
+    (run_dir / "config.json").write_text(
+        json.dumps({"flow": config.model_dump(), "grpo": grpo_config.model_dump()}, indent=1, default=str),
+        encoding="utf-8",
+    )
+    logger.info("Flow-GRPO run %s: %d training / %d held-out tasks", run_dir, len(train), len(val))
+
+    solver = FlowSolver(
+        SolverConfig(
+            max_turns=config.solver.max_turns,
+            planner_max_tokens=config.solver.planner_max_tokens,
+            python_timeout=config.solver.python_timeout,
+            memory_result_chars=config.solver.memory_result_chars,
+        )
+    )
+    store = SqliteLightningStore(str(run_dir / "store.sqlite"))
+    with contextlib.ExitStack() as stack:
+        url, name, api_key = stack.enter_context(
+            fixed_endpoint(config, model_path, run_dir / "logs" / "fixed-server.log")
+        )
+        fixed_llm = stack.enter_context(fixed_gateway(store, url, name, api_key))
+        algorithm = GRPO(grpo_config)
+        tracer = agl.OtelTracer()
+        trainer = agl.Trainer(
+            algorithm=algorithm,
+            store=store,
+            tracer=tracer,
+            # One process per runner: a tracer records one rollout at a time per process, and separate processes
+            # let rollouts overlap so each engine decodes them as one batch.
+            strategy=agl.ClientServerExecutionStrategy(
+                n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
+            ),
+            runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+            initial_resources={"fixed_llm": fixed_llm},
+        )
+        trainer.fit(FlowGRPOAgent(solver=solver), train_dataset=train, val_dataset=val)
+    summary = _summarize(config, algorithm.history, run_dir, started, len(val))
+    (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.flow_grpo.train",
+        description="Train the Flow-GRPO planner with GRPO (only planner calls; trajectory reward on every turn).",
+    )
+    parser.add_argument("--config", default="cpu", help="'cpu', 'gpu' or a YAML file (default: cpu).")
+    parser.add_argument("--steps", type=int, default=None, help="Training steps (overrides grpo.max_steps).")
+    parser.add_argument("--summary-json", type=Path, default=None, help="Also write the run summary here.")
+    parser.add_argument("--output-dir", type=Path, default=None, help="Run directory (default: runs/flow-grpo/...).")
+    parser.add_argument("--model", default=None, help="Planner base model (overrides the config's).")
+    parser.add_argument("--val-limit", type=int, default=None, help="Held-out questions used (default: config).")
+    parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: config).")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Show library logs.")
+    args = parser.parse_args(argv)
+    for name in ("steps", "val_limit", "runners"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "steps" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'steps' else '>= 1'}")
+    return args
+
+
+def _overrides(args: argparse.Namespace) -> Dict[str, Any]:
+    overrides: Dict[str, Any] = {}
+    if args.model is not None:
+        overrides["model"] = args.model
+    if args.runners is not None:
+        overrides["runners"] = args.runners
+    if args.steps is not None:
+        overrides["grpo"] = {"max_steps": args.steps}
+    return overrides
+
+
+def _print_summary(summary: TrainSummary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    gain = 100.0 * (summary.final_val_success - summary.baseline_val_success)
+    table = Table(title=f"Flow-GRPO training ({summary.config})", show_header=False)
+    table.add_row("planner model", summary.model)
+    table.add_row("held-out success before", f"{100 * summary.baseline_val_success:.1f}% of {summary.val_questions}")
+    table.add_row("held-out success after", f"{100 * summary.final_val_success:.1f}% ({gain:+.1f} points)")
+    reward = (
+        f"{summary.train_reward_first:.2f} -> {summary.train_reward_last:.2f}"
+        if summary.train_reward_first is not None and summary.train_reward_last is not None
+        else "-"
+    )
+    table.add_row("training", f"{summary.steps} steps, {summary.train_rollouts} rollouts, train reward {reward}")
+    table.add_row(
+        "samples",
+        f"{summary.planner_samples} planner turns trained on; {summary.other_role_calls_excluded} other calls excluded",
+    )
+    table.add_row(
+        "wall time",
+        f"{summary.wall_seconds:.0f} s (rollouts {summary.rollout_seconds:.0f} s, updates {summary.update_seconds:.0f} s)",
+    )
+    table.add_row("checkpoint", summary.checkpoint or "(none)")
+    table.add_row("run directory", summary.run_dir)
+    Console().print(table)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Command-line entry point; returns the exit status (2 for bad arguments or configuration)."""
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config, _overrides(args))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.val_limit is not None:
+        config.data.val_limit = args.val_limit
+    if not config.runnable_here:
+        print(f"warning: configuration {config.name!r} is not meant for this machine: {config.description}")
+    run_dir = args.output_dir or Path("runs") / "flow-grpo" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        summary = run_training(config, run_dir, console=not args.quiet)
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.summary_json is not None:
+        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        args.summary_json.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    _print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
