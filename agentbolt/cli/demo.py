@@ -20,7 +20,7 @@ HELP = (
 
 
 def demo_command(
-    steps: Optional[int] = typer.Option(None, "--steps", min=0, help="GRPO training steps (default: 12; --quick: 6)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=0, help="GRPO training steps (default: 4; --quick: 2)."),
     summary_json: Optional[Path] = typer.Option(
         None, "--summary-json", help="Also write the run summary (accuracies, steps, wall time) to this JSON file."
     ),
@@ -34,7 +34,9 @@ def demo_command(
     """Pull the embedded model, start the store, engine, gateway and runners, train, and print the summary."""
     from rich.console import Console
 
-    from agentbolt.demo.run import DemoConfig, run_demo
+    from agentbolt.demo.run import DemoConfig, passive_openmp, run_demo
+
+    passive_openmp()
     from agentbolt.models import ModelNotAvailableError
 
     logging.basicConfig(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from agentbolt.demo.agent import CalculatorAgent, RewardConfig
 from agentbolt.demo.task import make_splits
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo", "step_time_split"]
+__all__ = ["DemoConfig", "DemoResult", "passive_openmp", "run_demo", "step_time_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +54,13 @@ class DemoConfig:
 
     output_dir: Path = field(default_factory=lambda: Path("agentbolt-demo"))
     model: str = "smollm2-135m-instruct"
-    steps: int = 12
+    steps: int = 4
     n_train: int = 256
     n_val: int = 48
     seed: int = 0
     batch_size: int = 4
     group_size: int = 8
-    learning_rate: float = 5e-4
+    learning_rate: float = 1e-3
     lora_r: int = 16
     temperature: float = 1.0
     max_tokens: int = 40
@@ -73,7 +74,7 @@ class DemoConfig:
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
         """A reduced run (fewer steps and validation questions) for a first look or a test."""
-        values: Dict[str, Any] = {"steps": 6, "n_val": 24}
+        values: Dict[str, Any] = {"steps": 2, "n_val": 24}
         values.update(overrides)
         return cls(**values)
 
@@ -137,6 +138,15 @@ def step_time_split(metrics_path: str | Path) -> Dict[str, float]:
     return totals
 
 
+def passive_openmp() -> None:
+    """Let idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE`` unless set).
+
+    The engine, the trainer and the runner processes share the CPUs; spinning threads steal them from each other.
+    It only takes effect when called before torch is imported.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def _new_run_dir(output_dir: Path) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -166,6 +176,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
         RuntimeError: Validation did not run (no accuracy to report).
     """
+    passive_openmp()
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
