@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Literal, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Literal, Optional, Sequence, TypeVar, Union, cast
 
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -262,14 +262,16 @@ class LitAgentRunner(Runner[T_task]):
                 )
             stored_otel: List[Span] = []
             for item in raw_result:
-                added = await store.add_otel_span(rollout.rollout_id, rollout.attempt.attempt_id, item)
+                added = await store.add_otel_span(
+                    rollout.rollout_id, rollout.attempt.attempt_id, cast(ReadableSpan, item)
+                )
                 if added is not None:
                     stored_otel.append(added)
             return stored_otel
         if all(isinstance(item, Span) for item in raw_result):
             stored: List[Span] = []
             for item in raw_result:
-                added_span = await store.add_span(item)
+                added_span = await store.add_span(cast(Span, item))
                 if added_span is not None:
                     stored.append(added_span)
             return stored
