@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from pydantic import BaseModel
 
@@ -113,13 +113,33 @@ class RoleLLM:
         """Close the HTTP client."""
         self.client.close()
 
-    def chat(self, role: str, system: str, user: str, *, max_tokens: int, temperature: float = 0.0) -> str:
+    def chat(
+        self,
+        role: str,
+        system: str,
+        user: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        examples: Sequence[Tuple[str, str]] = (),
+    ) -> str:
         """One chat completion by ``role``; returns the answer text (empty when the model said nothing).
+
+        Args:
+            role: Agent name recorded with the call.
+            system: System prompt.
+            user: The user message.
+            max_tokens: Answer budget (the resource's sampling parameters may override it).
+            temperature: Default temperature (idem).
+            examples: Worked examples, sent as (user, assistant) turns before ``user``.
 
         Raises:
             openai.OpenAIError: The endpoint failed (the rollout fails; the runner decides about retries).
         """
-        messages: List[Dict[str, str]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        messages: List[Dict[str, str]] = [{"role": "system", "content": system}]
+        for example_user, example_answer in examples:
+            messages += [{"role": "user", "content": example_user}, {"role": "assistant", "content": example_answer}]
+        messages.append({"role": "user", "content": user})
         params: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, **self.sampling_parameters}
         with _agent_span(role):
             response = self.client.chat.completions.create(
@@ -158,8 +178,17 @@ class RoleOutput:
         return self.parsed.value
 
 
-def _ask(llm: RoleLLM, role: str, system: str, user: str, schema: Type[M], fallback: M, max_tokens: int) -> RoleOutput:
-    raw = llm.chat(role, system, user, max_tokens=max_tokens)
+def _ask(
+    llm: RoleLLM,
+    role: str,
+    system: str,
+    user: str,
+    schema: Type[M],
+    fallback: M,
+    max_tokens: int,
+    examples: Sequence[Tuple[str, str]] = (),
+) -> RoleOutput:
+    raw = llm.chat(role, system, user, max_tokens=max_tokens, examples=examples)
     parsed = parse_output(raw, schema, fallback)
     if not parsed.ok:
         logger.debug("%s answer did not parse (%s): %r", role, parsed.error, raw[:200])
@@ -193,7 +222,8 @@ def plan_next_step(
     """Planner (trained). Fallback: an empty step, which the solver records as an invalid action."""
     fallback = NextStep(sub_goal="", tool_name="")
     user = prompts.planner_user(question, analysis, memory, turn, max_turns)
-    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens)
+    examples = prompts.planner_examples(max_turns)
+    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, examples)
 
 
 def generate_command(
@@ -238,7 +268,11 @@ def _loose_answer(raw: str) -> str:
 def generate_solution(llm: RoleLLM, question: str, memory: str, max_tokens: int = 48) -> RoleOutput:
     """Solution generator. Fallback: the answer read loosely from the raw text (see :func:`_loose_answer`)."""
     raw = llm.chat(
-        SOLUTION_GENERATOR, prompts.SOLUTION_SYSTEM, prompts.solution_user(question, memory), max_tokens=max_tokens
+        SOLUTION_GENERATOR,
+        prompts.SOLUTION_SYSTEM,
+        prompts.solution_user(question, memory),
+        max_tokens=max_tokens,
+        examples=prompts.solution_examples(),
     )
     parsed = parse_output(raw, FinalAnswer, FinalAnswer(answer=_loose_answer(raw)))
     return RoleOutput(SOLUTION_GENERATOR, raw, parsed)

@@ -1,11 +1,14 @@
 """Prompts of the solver's roles.
 
 One set of prompts serves training and inference, so the planner is trained on exactly the prompts it sees when
-deployed. They are short (a 135M model plays every role on CPU), ask for one flat JSON object, show its exact
-format, and the planner's carries a worked example and the tool list with one line of metadata per tool.
+deployed. They are short (a 135M model plays every role on CPU), ask for one flat JSON object and show its exact
+format; the planner's lists the tools with one line of metadata each, and the planner and solution generator get
+worked examples as earlier chat turns.
 """
 
 from __future__ import annotations
+
+from typing import List, Tuple
 
 from examples.flow_grpo.tools.base import ToolMetadata
 
@@ -19,8 +22,10 @@ __all__ = [
     "VERIFIER_SYSTEM",
     "analyzer_user",
     "executor_user",
+    "planner_examples",
     "planner_system",
     "planner_user",
+    "solution_examples",
     "solution_user",
     "verifier_user",
 ]
@@ -35,22 +40,12 @@ ANALYZER_SYSTEM = (
 
 PLANNER_SYSTEM = (
     "You are the planner of a problem-solving agent. Pick the single best tool for the next step and a concrete "
-    "sub-goal for it. When the previous steps already contain the answer, use the tool name "
+    "sub-goal for it. Only when the previous steps already contain the answer, use the tool name "
     f'"{STOP_ACTION}".\n'
     "Tools:\n{tools}\n"
     f"- {STOP_ACTION}: stop; the previous steps already answer the question.\n"
     "Reply with one JSON object only, in this format:\n"
-    '{{"justification": "...", "context": "...", "sub_goal": "...", "tool_name": "..."}}\n'
-    "Example 1:\n"
-    "Question: Who discovered penicillin?\n"
-    "Previous steps: none yet\n"
-    '{{"justification": "A fact is needed.", "context": "", "sub_goal": "Find who discovered penicillin", '
-    '"tool_name": "search"}}\n'
-    "Example 2:\n"
-    "Question: How many legs do 7 spiders have?\n"
-    "Previous steps: Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56\n"
-    '{{"justification": "Step 1 gives the answer.", "context": "56", "sub_goal": "", "tool_name": "'
-    f'{STOP_ACTION}"}}}}'
+    '{{"justification": "...", "context": "...", "sub_goal": "...", "tool_name": "..."}}'
 )
 
 EXECUTOR_SYSTEM = (
@@ -89,6 +84,35 @@ def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns
         f"Question: {question}\nAnalysis: {analysis}\nPrevious steps:\n{memory}\n"
         f"Step {turn} of {max_turns}. Next step JSON:"
     )
+
+
+def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
+    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: the stop
+    action after a step that answered, then a first-turn tool call (last, since small models lean on the most recent
+    example). Small models follow demonstrated turns much better than described formats."""
+    return [
+        (
+            planner_user(
+                "How many legs do 7 spiders have?",
+                "Needs a multiplication.",
+                "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56",
+                2,
+                max_turns,
+            ),
+            f'{{"justification": "Step 1 gives the answer.", "context": "56", "sub_goal": "", "tool_name": "{STOP_ACTION}"}}',
+        ),
+        (
+            planner_user("Who discovered penicillin?", "Asks for a person.", "none yet", 1, max_turns),
+            '{"justification": "No step yet; a fact is needed.", "context": "", '
+            '"sub_goal": "Find who discovered penicillin", "tool_name": "search"}',
+        ),
+    ]
+
+
+def solution_examples() -> List[Tuple[str, str]]:
+    """One worked example for the solution generator (value only, as JSON)."""
+    memory = "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56"
+    return [(solution_user("How many legs do 7 spiders have?", memory), '{"answer": "56"}')]
 
 
 def executor_user(question: str, tool: ToolMetadata, sub_goal: str, context: str) -> str:

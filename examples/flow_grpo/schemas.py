@@ -35,7 +35,7 @@ class NextStep(BaseModel):
 
     justification: str = Field(default="", description="Why this tool now.")
     context: str = Field(default="", description="Facts from earlier steps the tool needs.")
-    sub_goal: str = Field(description="What the tool call must achieve.")
+    sub_goal: str = Field(default="", description="What the tool call must achieve (empty with the stop action).")
     tool_name: str = Field(description="A tool name, or the stop action.")
 
     @field_validator("justification", "context", "sub_goal", "tool_name", mode="before")

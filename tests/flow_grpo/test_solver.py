@@ -52,7 +52,7 @@ def test_multi_tool_solve_stopped_by_the_planner() -> None:
     models = {role: body["model"] for role, body in llm.requests}
     assert models["planner"] == "planner-model" and {models[r] for r in models if r != "planner"} == {"fixed-model"}
     # Memory of earlier steps reaches the later prompts.
-    last_planner_prompt = [b for r, b in llm.requests if r == "planner"][-1]["messages"][1]["content"]
+    last_planner_prompt = [b for r, b in llm.requests if r == "planner"][-1]["messages"][-1]["content"]
     assert "Step 1: tool=calculator" in last_planner_prompt and "result=12 ** 2 = 144" in last_planner_prompt
 
 
@@ -108,14 +108,18 @@ def test_memory_truncates_results_and_shows_recent_steps() -> None:
         SolverConfig(max_turns=0)
 
 
-def test_planner_prompt_lists_every_tool_with_metadata_the_stop_action_and_an_example() -> None:
-    script = {"planner": ['{"sub_goal": "", "tool_name": "finish"}'], "solution_generator": ['{"answer": "x"}']}
-    _, llm, _ = _solve(script, "q?")
-    system = next(b for r, b in llm.requests if r == "planner")["messages"][0]["content"]
+def test_planner_prompt_lists_every_tool_with_metadata_and_shows_worked_turns() -> None:
+    script = {"planner": ['{"tool_name": "finish"}'], "solution_generator": ['{"answer": "x"}']}
+    result, llm, _ = _solve(script, "q?")
+    assert result.stop_reason == "planner"  # a stop needs no sub-goal
+    messages = next(b for r, b in llm.requests if r == "planner")["messages"]
+    system = messages[0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    # Two worked examples: a tool call and the stop action.
-    assert '"tool_name": "search"}' in system and '"tool_name": "finish"}' in system
+    # Two worked examples as earlier turns in the real format (the stop action, then a tool call), then the task.
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert '"tool_name": "finish"}' in messages[2]["content"] and '"tool_name": "search"}' in messages[4]["content"]
+    assert messages[5]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Next step JSON:")
 
 
 @pytest.mark.parametrize(
