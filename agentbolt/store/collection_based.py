@@ -1234,6 +1234,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         unique_ids = list(dict.fromkeys(rollout_ids))
         waiter = _Waiter()
         self._register_waiter(waiter, unique_ids)
+        finished: Dict[str, Rollout] = {}
+        # Only rollouts not yet seen finished are re-read, so each wake-up costs O(still running), not O(all).
+        pending = unique_ids
         try:
             first = True
             while True:
@@ -1242,9 +1245,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 first = False
                 waiter.event.clear()
                 async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-                    known = await collections.rollouts.query(filter={"_must": {"rollout_id": {"within": unique_ids}}})
-                finished = {rollout.rollout_id: rollout for rollout in known if is_finished(rollout)}
-                if len(finished) == len(known):
+                    known = await collections.rollouts.query(filter={"_must": {"rollout_id": {"within": pending}}})
+                finished.update((rollout.rollout_id, rollout) for rollout in known if is_finished(rollout))
+                pending = [rollout.rollout_id for rollout in known if not is_finished(rollout)]
+                if not pending:
                     return finished
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
