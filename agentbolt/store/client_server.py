@@ -9,6 +9,7 @@ into :class:`LightningStoreHTTPError` exceptions (subclasses of :class:`aiohttp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -1584,7 +1585,11 @@ class LightningStoreClient(LightningStore):
         return session
 
     async def close(self) -> None:
-        """Close the HTTP session of the current event loop (sessions of other loops are dropped)."""
+        """Close the HTTP sessions this client opened, on every event loop that used it.
+
+        A session belongs to the loop that created it: it is closed there when that loop still runs (e.g. the span
+        writer's thread), and released without I/O when that loop is gone.
+        """
         try:
             loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
         except RuntimeError:
@@ -1592,8 +1597,22 @@ class LightningStoreClient(LightningStore):
         sessions = list(self._sessions.items())
         self._sessions = weakref.WeakKeyDictionary()
         for session_loop, session in sessions:
-            if session_loop is loop and not session.closed:
+            if session.closed:
+                continue
+            if session_loop is loop:
                 await session.close()
+            elif session_loop.is_running() and not session_loop.is_closed():
+                future = asyncio.run_coroutine_threadsafe(session.close(), session_loop)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(future), timeout=5.0)
+                except Exception as exc:  # the other loop is stopping or too busy; the process may be exiting
+                    client_logger.debug("Could not close the session of another event loop: %r", exc)
+            else:
+                connector = session.connector
+                session.detach()
+                if connector is not None:
+                    with contextlib.suppress(Exception):
+                        connector.close()
 
     async def _send(
         self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float]
