@@ -160,7 +160,8 @@ def _agent_span(role: str) -> Iterator[None]:
         return
     from agentbolt.emitter import operation
 
-    with operation(name=role, **{"agent.name": role}):
+    attributes: Dict[str, Any] = {"agent.name": role}  # the key trace adapters read agent names from
+    with operation(name=role, **attributes):
         yield
 
 

@@ -290,6 +290,7 @@ def generate(seed: int = SEED) -> Tuple[List[Dict[str, str]], List[TaskRecord]]:
         question, value = _arithmetic(rng)
         add(question, (str(value),), "arithmetic")
     dated = [fact for fact in FACTS if fact.year is not None and fact.event is not None]
+    years: Dict[str, int] = {fact.title: fact.year for fact in dated if fact.year is not None}
     for fact in FACTS:
         for question, answers in fact.questions:
             add(question, answers, "fact")
@@ -304,13 +305,12 @@ def generate(seed: int = SEED) -> Tuple[List[Dict[str, str]], List[TaskRecord]]:
             add(f"{prompt} {fact.lookup[0]}", fact.lookup[1], "fact")
     for fact in dated:
         offset = rng.randint(5, 60)
-        add(f"Find the year when {fact.event}, then add {offset} to it.", (str(fact.year + offset),), "mixed")
+        add(f"Find the year when {fact.event}, then add {offset} to it.", (str(years[fact.title] + offset),), "mixed")
     for _ in range(30):
         first, second = rng.sample(dated, 2)
-        assert first.year is not None and second.year is not None
         add(
             f"How many years passed between the year when {first.event} and the year when {second.event}?",
-            (str(abs(first.year - second.year)),),
+            (str(abs(years[first.title] - years[second.title])),),
             "mixed",
         )
     return corpus_records(), tasks

@@ -149,8 +149,11 @@ class SearchTool(Tool):
     )
 
     def __init__(self, corpus: Union[str, Path, Sequence[Document], None] = None, k: int = 2) -> None:
-        documents = corpus if isinstance(corpus, Sequence) and not isinstance(corpus, str) else None
-        self.index = BM25Index(documents if documents is not None else load_corpus(corpus or DEFAULT_CORPUS))
+        if corpus is None or isinstance(corpus, (str, Path)):
+            documents = load_corpus(corpus or DEFAULT_CORPUS)
+        else:
+            documents = list(corpus)
+        self.index = BM25Index(documents)
         self.k = k
 
     def run(self, tool_input: str) -> ToolResult:
