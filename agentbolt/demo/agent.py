@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from agentbolt.demo.task import ArithmeticTask, parse_answer
 from agentbolt.litagent import LitAgent
-from agentbolt.types import LLM, NamedResources, Rollout
+from agentbolt.types import LLM, AttemptedRollout, NamedResources, Rollout
 
 __all__ = [
     "CALCULATOR_TOOL",
@@ -114,7 +114,7 @@ def calculate(expression: str) -> str:
     def evaluate(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return evaluate(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return bounded(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             value = evaluate(node.operand)
@@ -295,9 +295,8 @@ class CalculatorAgent(LitAgent[ArithmeticTask]):
         llm = next((r for r in resources.values() if isinstance(r, LLM)), None)
         if llm is None:
             raise ValueError("the demo agent needs an LLM resource")
-        base_url = llm.get_base_url(
-            rollout.rollout_id, getattr(rollout, "attempt", None) and rollout.attempt.attempt_id
-        )
+        attempt_id = rollout.attempt.attempt_id if isinstance(rollout, AttemptedRollout) else None
+        base_url = llm.get_base_url(rollout.rollout_id, attempt_id)
         async with AsyncOpenAI(base_url=base_url, api_key=llm.api_key or "unused", max_retries=0) as client:
             return await run_episode(
                 client,
