@@ -75,11 +75,15 @@ def demo_command(
         "wall time",
         f"{result.wall_seconds:.0f} s (rollouts {result.rollout_seconds:.0f} s, updates {result.update_seconds:.0f} s)",
     )
-    table.add_row("curve", result.curve_path or "(not written: matplotlib missing)")
-    table.add_row("checkpoint", result.checkpoint_dir or "(none)")
-    table.add_row("metrics", result.metrics_path)
-    table.add_row("store", result.store_path)
-    if summary_json is not None:
-        table.add_row("summary", str(summary_json))
     console.print(table)
+    outputs = [
+        ("reward curve", result.curve_path or "(not written: matplotlib is missing)"),
+        ("checkpoint", result.checkpoint_dir or "(none)"),
+        ("metrics", result.metrics_path),
+        ("store", result.store_path),
+    ]
+    if summary_json is not None:
+        outputs.append(("summary", str(summary_json)))
+    for name, path in outputs:
+        console.print(f"{name + ':':14} {path}", soft_wrap=True, highlight=False)
     return 0
