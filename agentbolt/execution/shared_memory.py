@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Coroutine, List, Literal, Optional, TypeVar
+from typing import Any, Awaitable, List, Literal, Optional, TypeVar
 
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
 
@@ -58,9 +58,7 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
             resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
         )
 
-    async def _run_until_completed_or_canceled(
-        self, coro: Coroutine[Any, Any, T], stop_evt: ExecutionEvent
-    ) -> Optional[T]:
+    async def _run_until_completed_or_canceled(self, coro: Awaitable[T], stop_evt: ExecutionEvent) -> Optional[T]:
         """Run ``coro``; once ``stop_evt`` is set, give it ``graceful_delay`` seconds, then cancel it."""
         task = asyncio.ensure_future(coro)
         try:
