@@ -31,12 +31,13 @@ from agentbolt.algorithm.base import Algorithm
 from agentbolt.algorithm.grpo.advantages import assign_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
-from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, Span
+from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.grpo.trainer import PolicyTrainer
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
+    from agentbolt.utils.server_launcher import LaunchMode
 
 __all__ = ["GRPO", "PolicyServer", "RolloutOutcome", "TaskSampler"]
 
@@ -212,7 +213,7 @@ class GRPO(Algorithm):
         owned = proxy is None
         if proxy is None:
             capabilities = store.capabilities
-            mode = (
+            mode: LaunchMode = (
                 "thread" if capabilities.get("thread_safe") else "asyncio" if capabilities.get("async_safe") else "mp"
             )
             proxy = LLMProxy(store=store, launch_mode=mode, host="127.0.0.1")
@@ -255,7 +256,7 @@ class GRPO(Algorithm):
         store: LightningStore,
         tasks: Sequence[Tuple[Any, str]],
         *,
-        mode: str,
+        mode: RolloutMode,
         resources_id: str,
     ) -> List[RolloutOutcome]:
         """Enqueue ``(task, group_id)`` pairs, wait for them and collect rewards and triplets."""
@@ -415,7 +416,7 @@ class GRPO(Algorithm):
         return record
 
     # ------------------------------------------------------------------------------------------------------ run
-    async def run(
+    async def run(  # type: ignore[override]  # datasets must be sized sequences here
         self, train_dataset: Optional[Sequence[Any]] = None, val_dataset: Optional[Sequence[Any]] = None
     ) -> None:
         """Train on ``train_dataset`` for ``max_steps`` steps, validating on ``val_dataset``.

@@ -184,7 +184,7 @@ class PolicyTrainer:
             return model
         lora = LoraConfig(
             r=self.config.lora_r,
-            lora_alpha=self.config.lora_alpha,
+            lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]  # peft accepts float scaling
             lora_dropout=self.config.lora_dropout,
             target_modules=self.config.lora_target_modules,
             task_type="CAUSAL_LM",
@@ -327,7 +327,7 @@ class PolicyTrainer:
             "ratio_mean": totals["ratio"] / tokens,
             "first_minibatch_ratio_max_dev": first_dev,
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": float(self.scheduler.get_last_lr()[0]),
             "optimizer_steps": float(self.optimizer_steps),
             "samples": float(len(samples)),
             "response_tokens": float(sum(len(s.response_ids) for s in samples)),
@@ -406,8 +406,9 @@ class PolicyTrainer:
 
             weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
             result = set_peft_model_state_dict(self.model, weights)
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"adapter in {path} does not fit the model: {result.unexpected_keys[:3]}")
+            unexpected = getattr(result, "unexpected_keys", None)
+            if unexpected:
+                raise ValueError(f"adapter in {path} does not fit the model: {unexpected[:3]}")
         else:
             load_model(self.model, str(path / "model.safetensors"))
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
