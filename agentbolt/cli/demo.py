@@ -34,9 +34,10 @@ def demo_command(
     """Pull the embedded model, start the store, engine, gateway and runners, train, and print the summary."""
     from rich.console import Console
 
-    from agentbolt.demo.run import DemoConfig, passive_openmp, run_demo
+    from agentbolt.demo.run import DemoConfig, run_demo
+    from agentbolt.serving.transformers_engine import configure_openmp
 
-    passive_openmp()
+    configure_openmp()
     from agentbolt.models import ModelNotAvailableError
 
     logging.basicConfig(

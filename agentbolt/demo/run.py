@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Any, Dict, List, Optional
 
 from agentbolt.demo.agent import CalculatorAgent, RewardConfig
 from agentbolt.demo.task import make_splits
+from agentbolt.serving.transformers_engine import configure_openmp
 
-__all__ = ["DemoConfig", "DemoResult", "passive_openmp", "run_demo", "step_time_split"]
+__all__ = ["DemoConfig", "DemoResult", "run_demo", "step_time_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,15 +138,6 @@ def step_time_split(metrics_path: str | Path) -> Dict[str, float]:
     return totals
 
 
-def passive_openmp() -> None:
-    """Let idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE`` unless set).
-
-    The engine, the trainer and the runner processes share the CPUs; spinning threads steal them from each other.
-    It only takes effect when called before torch is imported.
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def _new_run_dir(output_dir: Path) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -176,7 +167,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
         RuntimeError: Validation did not run (no accuracy to report).
     """
-    passive_openmp()
+    configure_openmp()
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model

@@ -13,6 +13,11 @@ __all__ = ["GRPO", "GRPOConfig", "PolicyTrainer"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("GRPO", "PolicyTrainer"):
+        # Before torch loads: idle OpenMP threads must sleep, since engine, trainer and runners share the CPUs.
+        from agentbolt.serving.transformers_engine import configure_openmp
+
+        configure_openmp()
     if name == "GRPO":
         from agentbolt.algorithm.grpo.algorithm import GRPO
 
