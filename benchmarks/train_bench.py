@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -139,6 +139,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--demo-metrics",
+        help="metrics.jsonl of an 'agentbolt demo' run: adds its per-step split between rollouts and updates",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -156,6 +160,11 @@ def main() -> None:
         del trainer, fns, step
 
     tokens = args.batch * (args.prompt + args.response)
+    demo_split: Optional[Dict[str, float]] = None
+    if args.demo_metrics:
+        from agentbolt.demo import step_time_split
+
+        demo_split = {key: round(value, 3) for key, value in step_time_split(args.demo_metrics).items()}
     print(
         json.dumps(
             {
@@ -173,6 +182,7 @@ def main() -> None:
                 "overhead_ratio": round(results["grpo"] / results["bare"], 3),
                 "overhead_ratio_with_kl": round(results["grpo_kl"] / results["bare"], 3),
                 "target_overhead_ratio": 1.25,
+                "demo_step_split": demo_split,
                 "machine": {
                     "cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(),
