@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -500,6 +501,23 @@ def _print_summary(summary: TrainSummary) -> None:
     Console().print(table)
 
 
+def _exit_cleanly_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C in this process, so the fixed model server and the gateways are stopped.
+
+    Forked runner processes inherit the handler; there it restores the default action and re-raises the signal, so
+    they still end with the status the execution strategy expects.
+    """
+    main_pid = os.getpid()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if os.getpid() == main_pid:
+            sys.exit(128 + signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Command-line entry point; returns the exit status (2 for bad arguments or configuration)."""
     args = _parse_args(argv)
@@ -515,6 +533,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         config.data.val_limit = args.val_limit
     if not config.runnable_here:
         print(f"warning: configuration {config.name!r} is not meant for this machine: {config.description}")
+    _exit_cleanly_on_sigterm()
     run_dir = args.output_dir or Path("runs") / "flow-grpo" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         summary = run_training(config, run_dir, console=not args.quiet)
