@@ -10,7 +10,7 @@ import signal
 import time
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Iterable, List, Literal, Optional, Tuple
+from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
@@ -86,7 +86,13 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
 
     # ------------------------------------------------------------------ bundles in the current process
 
-    async def _execute_algorithm(self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent) -> None:
+    async def _execute_algorithm(
+        self,
+        algorithm: AlgorithmBundle,
+        store: Any,
+        stop_evt: ExecutionEvent,
+        runner_processes: Sequence[BaseProcess] = (),
+    ) -> None:
         server: Optional[LightningStoreServer] = None
         try:
             if self.managed_store:
@@ -95,6 +101,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 logger.info("Store served at %s", server.endpoint)
                 store = server
             await algorithm(store, stop_evt)
+            stop_evt.set()
+            if server is not None:
+                # The algorithm is done: keep serving while the local runners finish their current rollout and exit,
+                # so their last writes do not hit a store that is already gone.
+                await asyncio.to_thread(self._join_until_deadline, list(runner_processes), self.graceful_timeout)
         except (Exception, asyncio.CancelledError, KeyboardInterrupt):
             stop_evt.set()
             raise
@@ -167,8 +178,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                         process.join()
             elif self.main_process == "algorithm":
                 processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx)
-                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
-                stop_evt.set()
+                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, processes))
             else:
                 processes = [self._spawn_algorithm_process(algorithm, store, stop_evt, ctx=ctx)]
                 asyncio.run(self._execute_runner(runner, 0, store, stop_evt))
