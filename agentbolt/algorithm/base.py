@@ -7,6 +7,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from agentbolt.types import Dataset, NamedResources
+from agentbolt.utils.weak import deref
 
 if TYPE_CHECKING:
     from agentbolt.adapter import TraceAdapter
@@ -64,12 +65,7 @@ class Algorithm:
         Raises:
             ValueError: If no trainer was set or it has been garbage-collected.
         """
-        if self._trainer_ref is None:
-            raise ValueError("Trainer has not been set for this agent.")
-        trainer = self._trainer_ref()
-        if trainer is None:
-            raise ValueError("Trainer reference is no longer valid (the trainer was garbage-collected).")
-        return trainer
+        return deref(self._trainer_ref, "Trainer", "agent")
 
     def set_llm_proxy(self, llm_proxy: Optional[LLMProxy]) -> None:
         """Remember the LLM proxy serving the trained model (weakly referenced); None clears it."""
@@ -83,10 +79,7 @@ class Algorithm:
         """
         if self._llm_proxy_ref is None:
             return None
-        proxy = self._llm_proxy_ref()
-        if proxy is None:
-            raise ValueError("LLM proxy reference is no longer valid (the proxy was garbage-collected).")
-        return proxy
+        return deref(self._llm_proxy_ref, "LLM proxy", "algorithm")
 
     def set_adapter(self, adapter: TraceAdapter[Any]) -> None:
         """Remember the adapter turning spans into training data (weakly referenced)."""
@@ -98,12 +91,7 @@ class Algorithm:
         Raises:
             ValueError: If no adapter was set or it has been garbage-collected.
         """
-        if self._adapter_ref is None:
-            raise ValueError("Adapter has not been set for this algorithm.")
-        adapter = self._adapter_ref()
-        if adapter is None:
-            raise ValueError("Adapter reference is no longer valid (the adapter was garbage-collected).")
-        return adapter
+        return deref(self._adapter_ref, "Adapter", "algorithm")
 
     # -- strongly held state -------------------------------------------------------------------------------------
 

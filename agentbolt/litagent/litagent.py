@@ -9,6 +9,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 
 from agentbolt.types import NamedResources, Rollout, RolloutRawResult
+from agentbolt.utils.weak import deref
 
 if TYPE_CHECKING:
     from agentbolt.runner import Runner
@@ -88,12 +89,7 @@ class LitAgent(Generic[T]):
         Raises:
             ValueError: If no trainer was set or it has been garbage-collected.
         """
-        if self._trainer_ref is None:
-            raise ValueError("Trainer has not been set for this agent.")
-        trainer = self._trainer_ref()
-        if trainer is None:
-            raise ValueError("Trainer reference is no longer valid (the trainer was garbage-collected).")
-        return trainer
+        return deref(self._trainer_ref, "Trainer", "agent")
 
     @property
     def trainer(self) -> Trainer:
@@ -110,12 +106,7 @@ class LitAgent(Generic[T]):
         Raises:
             ValueError: If no runner was set or it has been garbage-collected.
         """
-        if self._runner_ref is None:
-            raise ValueError("Runner has not been set for this agent.")
-        runner = self._runner_ref()
-        if runner is None:
-            raise ValueError("Runner reference is no longer valid (the runner was garbage-collected).")
-        return runner
+        return deref(self._runner_ref, "Runner", "agent")
 
     @property
     def runner(self) -> Runner[T]:
