@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -214,7 +214,6 @@ class _Handler:
         }
         parsers = [ToolCallParser() for _ in range(body.n)] if body.tools_enabled() else None
         call_counts = [0] * body.n
-        completion_tokens = 0
         for index in range(body.n):
             opening: Dict[str, Any] = {
                 **base,
@@ -230,25 +229,15 @@ class _Handler:
             if body.return_token_ids and index == 0:
                 opening["prompt_token_ids"] = prompt
             yield _sse(opening)
-        try:
-            batch: Optional[List[SequenceDelta]] = first
-            while batch is not None:
-                for delta in batch:
-                    completion_tokens += len(delta.token_ids)
-                    yield _sse({**base, "choices": [self._chat_chunk_choice(body, delta, parsers, call_counts)]})
-                batch = await anext(stream, None)
-        except EngineError as exc:
-            yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 500}})
-        finally:
-            await stream.aclose()
-        if body.include_usage:
-            usage = {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) + completion_tokens,
-            }
-            yield _sse({**base, "choices": [], "usage": usage})
-        yield "data: [DONE]\n\n"
+        async for event in _relay_deltas(
+            body.include_usage,
+            base,
+            prompt,
+            stream,
+            first,
+            lambda delta: self._chat_chunk_choice(body, delta, parsers, call_counts),
+        ):
+            yield event
 
     def _chat_chunk_choice(
         self,
@@ -490,34 +479,52 @@ async def _completion_stream(
     first: List[SequenceDelta],
 ) -> AsyncIterator[str]:
     offsets = [0] * body.n
-    completion_tokens = 0
     sent_prompt = False
+
+    def to_choice(delta: SequenceDelta) -> Dict[str, Any]:
+        nonlocal sent_prompt
+        choice: Dict[str, Any] = {
+            "index": delta.index,
+            "text": delta.text,
+            "logprobs": handler.completion_logprobs(
+                delta.token_ids, delta.logprobs, delta.top_logprobs, offsets[delta.index]
+            ),
+            "finish_reason": delta.finish_reason,
+        }
+        offsets[delta.index] += len(delta.text)
+        if body.return_token_ids:
+            choice["token_ids"] = delta.token_ids
+            if not sent_prompt:
+                choice["prompt_token_ids"] = prompt
+                sent_prompt = True
+        return choice
+
+    async for event in _relay_deltas(body.include_usage, base, prompt, stream, first, to_choice):
+        yield event
+
+
+async def _relay_deltas(
+    include_usage: bool,
+    base: Dict[str, Any],
+    prompt: List[int],
+    stream: AsyncGenerator[List[SequenceDelta], None],
+    first: List[SequenceDelta],
+    to_choice: Callable[[SequenceDelta], Dict[str, Any]],
+) -> AsyncIterator[str]:
+    """SSE chunks of a streamed generation: one per delta, an error event on engine failure, usage, ``[DONE]``."""
+    completion_tokens = 0
     try:
         batch: Optional[List[SequenceDelta]] = first
         while batch is not None:
             for delta in batch:
                 completion_tokens += len(delta.token_ids)
-                choice: Dict[str, Any] = {
-                    "index": delta.index,
-                    "text": delta.text,
-                    "logprobs": handler.completion_logprobs(
-                        delta.token_ids, delta.logprobs, delta.top_logprobs, offsets[delta.index]
-                    ),
-                    "finish_reason": delta.finish_reason,
-                }
-                offsets[delta.index] += len(delta.text)
-                if body.return_token_ids:
-                    choice["token_ids"] = delta.token_ids
-                    if not sent_prompt:
-                        choice["prompt_token_ids"] = prompt
-                        sent_prompt = True
-                yield _sse({**base, "choices": [choice]})
+                yield _sse({**base, "choices": [to_choice(delta)]})
             batch = await anext(stream, None)
     except EngineError as exc:
         yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 500}})
     finally:
         await stream.aclose()
-    if body.include_usage:
+    if include_usage:
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": completion_tokens,
