@@ -233,7 +233,8 @@ def generate_command(
     """Executor. Fallback: the sub-goal itself as the tool input."""
     fallback = ToolCommand(tool_input=sub_goal)
     user = prompts.executor_user(question, tool, sub_goal, context)
-    return _ask(llm, EXECUTOR, prompts.EXECUTOR_SYSTEM, user, ToolCommand, fallback, max_tokens)
+    examples = prompts.executor_examples(tool)
+    return _ask(llm, EXECUTOR, prompts.EXECUTOR_SYSTEM, user, ToolCommand, fallback, max_tokens, examples)
 
 
 def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 64) -> RoleOutput:

@@ -2,12 +2,15 @@
 
 One set of prompts serves training and inference, so the planner is trained on exactly the prompts it sees when
 deployed. They are short (a 135M model plays every role on CPU), ask for one flat JSON object and show its exact
-format; the planner's lists the tools with one line of metadata each, and the planner and solution generator get
-worked examples as earlier chat turns.
+format; the planner's lists the tools with one line of metadata each (saying when each tool is the right one). The
+planner, the executor and the solution generator get worked examples as earlier chat turns: a 135M model copies a
+demonstrated answer far more reliably than it follows a described format. The examples use questions that are not
+in the shipped dataset.
 """
 
 from __future__ import annotations
 
+import json
 from typing import List, Tuple
 
 from examples.flow_grpo.tools.base import ToolMetadata
@@ -21,6 +24,7 @@ __all__ = [
     "STOP_ACTION",
     "VERIFIER_SYSTEM",
     "analyzer_user",
+    "executor_examples",
     "executor_user",
     "planner_examples",
     "planner_system",
@@ -49,7 +53,8 @@ PLANNER_SYSTEM = (
 )
 
 EXECUTOR_SYSTEM = (
-    "You write the input for one tool call so that it achieves the sub-goal.\n"
+    "You write the input for one tool call so that it achieves the sub-goal. Copy numbers, expressions and names "
+    "exactly from the question.\n"
     'Reply with JSON only: {"tool_input": "..."}'
 )
 
@@ -60,8 +65,8 @@ VERIFIER_SYSTEM = (
 )
 
 SOLUTION_SYSTEM = (
-    "You give the final answer to a question using the results of the steps taken. Answer with the value only: a "
-    "number, a name or a date, no sentence.\n"
+    "You give the final answer to a question using the results of the steps taken: copy the value from the last "
+    "result. Answer with the value only: a number, a name or a year, no sentence.\n"
     'Reply with JSON only: {"answer": "..."}'
 )
 
@@ -87,10 +92,15 @@ def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns
 
 
 def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
-    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: the stop
-    action after a step that answered, then a first-turn tool call (last, since small models lean on the most recent
-    example). Small models follow demonstrated turns much better than described formats."""
+    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a
+    calculation sent to the calculator, the stop action after a step that answered, a fact sent to search. Small
+    models follow demonstrated turns much better than described formats."""
     return [
+        (
+            planner_user("What is 23 * 47 + 5?", "Needs a calculation.", "none yet", 1, max_turns),
+            '{"justification": "The question asks to compute with numbers.", "context": "", '
+            '"sub_goal": "Calculate 23 * 47 + 5", "tool_name": "calculator"}',
+        ),
         (
             planner_user(
                 "How many legs do 7 spiders have?",
@@ -103,24 +113,43 @@ def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
         ),
         (
             planner_user("Who discovered penicillin?", "Asks for a person.", "none yet", 1, max_turns),
-            '{"justification": "No step yet; a fact is needed.", "context": "", '
+            '{"justification": "The question asks for a fact.", "context": "", '
             '"sub_goal": "Find who discovered penicillin", "tool_name": "search"}',
         ),
     ]
 
 
 def solution_examples() -> List[Tuple[str, str]]:
-    """One worked example for the solution generator (value only, as JSON)."""
-    memory = "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56"
-    return [(solution_user("How many legs do 7 spiders have?", memory), '{"answer": "56"}')]
+    """Worked examples for the solution generator (the value copied from the last result, as JSON)."""
+    fact = (
+        "Step 1: tool=search; sub-goal=Find who discovered penicillin; input=discovered penicillin; "
+        "result=[Penicillin] Penicillin was discovered in 1928 by the Scottish physician Alexander Fleming."
+    )
+    year = (
+        "Step 1: tool=search; sub-goal=Find the launch year; input=Hubble telescope launch year; "
+        "result=[Hubble Space Telescope] The Hubble Space Telescope, 13 metres long, was launched in 1990."
+    )
+    calculation = "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56"
+    return [
+        (solution_user("Who discovered penicillin?", fact), '{"answer": "Alexander Fleming"}'),
+        (solution_user("In what year was the Hubble telescope launched?", year), '{"answer": "1990"}'),
+        (solution_user("How many legs do 7 spiders have?", calculation), '{"answer": "56"}'),
+    ]
+
+
+def executor_examples(tool: ToolMetadata) -> List[Tuple[str, str]]:
+    """The chosen tool's worked examples for the executor, as (user, assistant) chat turns."""
+    return [
+        (executor_user(question, tool, sub_goal, ""), json.dumps({"tool_input": tool_input}))
+        for question, sub_goal, tool_input in tool.examples
+    ]
 
 
 def executor_user(question: str, tool: ToolMetadata, sub_goal: str, context: str) -> str:
     """Executor input: the chosen tool's metadata, the sub-goal and the planner's context."""
     return (
-        f"Tool: {tool.name}: {tool.description}\nInput format: {tool.input_description}\n"
-        f"Example input: {tool.example_input}\nQuestion: {question}\nContext: {context or 'none'}\n"
-        f"Sub-goal: {sub_goal}\nJSON:"
+        f"Tool: {tool.name}\nInput format: {tool.input_description}\nQuestion: {question}\n"
+        f"Context: {context or 'none'}\nSub-goal: {sub_goal}\nJSON:"
     )
 
 

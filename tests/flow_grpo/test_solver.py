@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -10,6 +11,8 @@ import agentbolt as agl
 from examples.flow_grpo import FlowGRPOAgent, FlowSolver, RoleLLM, SolverConfig
 from examples.flow_grpo.agents import generate_solution
 from examples.flow_grpo.memory import Memory, truncate
+from examples.flow_grpo.prompts import solution_examples
+from examples.flow_grpo.tools import CalculatorTool
 
 from .scripted_llm import ScriptedLLM
 
@@ -116,10 +119,33 @@ def test_planner_prompt_lists_every_tool_with_metadata_and_shows_worked_turns() 
     system = messages[0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    # Two worked examples as earlier turns in the real format (the stop action, then a tool call), then the task.
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert '"tool_name": "finish"}' in messages[2]["content"] and '"tool_name": "search"}' in messages[4]["content"]
-    assert messages[5]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Next step JSON:")
+    # Three worked examples as earlier turns in the real format (a calculation, the stop action, a fact search),
+    # then the task.
+    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 3, "user"]
+    assert '"tool_name": "calculator"}' in messages[2]["content"]
+    assert '"tool_name": "finish"}' in messages[4]["content"] and '"tool_name": "search"}' in messages[6]["content"]
+    assert messages[7]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Next step JSON:")
+
+
+def test_executor_sees_the_chosen_tools_worked_examples_and_solution_generator_its_own() -> None:
+    script = {
+        "planner": ['{"sub_goal": "Calculate 47 * 86", "tool_name": "calculator"}'],
+        "executor": ['{"tool_input": "47 * 86"}'],
+        "verifier": ['{"stop": true}'],
+        "solution_generator": ['{"answer": "4042"}'],
+    }
+    result, llm, _ = _solve(script, "What is 47 * 86?")
+    assert result.answer == "4042" and result.turns[0].observation == "47 * 86 = 4042"
+    executor = next(b for r, b in llm.requests if r == "executor")["messages"]
+    examples = CalculatorTool.metadata.examples
+    assert [m["role"] for m in executor] == ["system", *["user", "assistant"] * len(examples), "user"]
+    assert json.loads(executor[2]["content"]) == {"tool_input": examples[0][2]}
+    assert (
+        executor[-1]["content"].startswith("Tool: calculator\n")
+        and "Sub-goal: Calculate 47 * 86" in executor[-1]["content"]
+    )
+    solution = next(b for r, b in llm.requests if r == "solution_generator")["messages"]
+    assert len(solution) == 2 + 2 * len(solution_examples()) and "47 * 86 = 4042" in solution[-1]["content"]
 
 
 @pytest.mark.parametrize(

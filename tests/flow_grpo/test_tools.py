@@ -14,6 +14,7 @@ from examples.flow_grpo.tools import (
     Toolbox,
     default_toolbox,
     evaluate_expression,
+    extract_expression,
     load_corpus,
 )
 
@@ -56,6 +57,31 @@ def test_calculator_tool_turns_errors_into_observations() -> None:
     tool = CalculatorTool()
     assert tool.execute("12 * 12").output == "12 * 12 = 144"
     result = tool.execute("1 / 0")
+    assert not result.ok and result.output == "Error: division by zero"
+    # A sentence without a calculation stays an error, with the parser's message.
+    result = tool.execute("Calculate 11 squared")
+    assert not result.ok and result.output.startswith("Error: not a valid expression")
+
+
+@pytest.mark.parametrize(
+    ("text", "expression"),
+    [
+        ("What is 47 * 86 + 13?", "47 * 86 + 13"),
+        ("Compute 7 * 42 - 9 * 7.", "7 * 42 - 9 * 7"),
+        ("What is (10 + 21) * 2?", "(10 + 21) * 2"),
+        ("In 1889 the tower was 300 m tall", None),
+        ("What is 50% of 80?", None),
+        ("2 apples and 3 pears", None),
+    ],
+)
+def test_extract_expression_finds_the_calculation_written_in_a_sentence(text: str, expression: str | None) -> None:
+    assert extract_expression(text) == expression
+
+
+def test_calculator_evaluates_the_expression_inside_a_sentence() -> None:
+    tool = CalculatorTool()
+    assert tool.execute("What is 47 * 86 + 13?").output == "47 * 86 + 13 = 4055"
+    result = tool.execute("Divide 5 / 0 please")
     assert not result.ok and result.output == "Error: division by zero"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from examples.flow_grpo.tools.base import Tool, Toolbox, ToolMetadata, ToolResult, normalize_tool_name
-from examples.flow_grpo.tools.calculator import CalculatorTool, evaluate_expression
+from examples.flow_grpo.tools.calculator import CalculatorTool, evaluate_expression, extract_expression
 from examples.flow_grpo.tools.generalist import GeneralistTool
 from examples.flow_grpo.tools.python_runner import PythonRunResult, PythonTool, run_python
 from examples.flow_grpo.tools.search import BM25Index, Document, SearchTool, load_corpus
@@ -27,6 +27,7 @@ __all__ = [
     "Toolbox",
     "default_toolbox",
     "evaluate_expression",
+    "extract_expression",
     "load_corpus",
     "normalize_tool_name",
     "run_python",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import Any, Callable, Dict, Union
+import re
+from typing import Any, Callable, Dict, Optional, Union
 
 from examples.flow_grpo.tools.base import Tool, ToolMetadata, ToolResult
 
-__all__ = ["CalculatorTool", "evaluate_expression"]
+__all__ = ["CalculatorTool", "evaluate_expression", "extract_expression"]
 
 Number = Union[int, float]
 
@@ -97,6 +98,21 @@ def evaluate_expression(expression: str) -> Number:
     return _eval(tree)
 
 
+_EXPRESSION_SPAN = re.compile(r"[\d(][\d\s+\-*/().^\u00d7\u00f7]*")
+_OPERATOR = re.compile(r"\d\s*\)*\s*(?:\*\*|[-+*/^\u00d7\u00f7])\s*\(*\s*\d")
+
+
+def extract_expression(text: str) -> Optional[str]:
+    """The longest arithmetic expression written inside ``text`` (``"What is (10 + 21) * 2?"`` -> ``(10 + 21) * 2``).
+
+    Only spans made of digits, spaces, parentheses and operators that join two numbers count; None when there is
+    none. The calculator falls back to this when its input is a sentence rather than an expression.
+    """
+    spans = [m.group(0).strip().rstrip(".").strip() for m in _EXPRESSION_SPAN.finditer(text)]
+    spans = [span for span in spans if _OPERATOR.search(span)]
+    return max(spans, key=len) if spans else None
+
+
 def _format(value: Number) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
@@ -108,15 +124,26 @@ class CalculatorTool(Tool):
 
     metadata = ToolMetadata(
         name="calculator",
-        description="Evaluates one arithmetic expression exactly; use for single calculations.",
+        description="Evaluates an arithmetic expression exactly. Use it whenever the question asks to compute "
+        "with numbers.",
         input_description="One expression such as (17 + 25) * 3 or sqrt(144).",
-        example_input="12 ** 2",
+        examples=(
+            ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "(12 + 30) * 4"),
+            ("Compute 15 * 16 - 7.", "Compute the value", "15 * 16 - 7"),
+        ),
     )
 
     def run(self, tool_input: str) -> ToolResult:
-        """Evaluate the expression; errors are observations."""
+        """Evaluate the expression (or the expression written inside a sentence); errors are observations."""
+        expression = tool_input.strip()
         try:
-            value = evaluate_expression(tool_input)
+            value = evaluate_expression(expression)
         except (ValueError, ArithmeticError, TypeError) as exc:
-            return ToolResult(f"Error: {exc}", ok=False)
-        return ToolResult(f"{tool_input.strip()} = {_format(value)}")
+            inner = extract_expression(expression)
+            if inner is None or inner == expression:
+                return ToolResult(f"Error: {exc}", ok=False)
+            try:
+                value, expression = evaluate_expression(inner), inner
+            except (ValueError, ArithmeticError, TypeError) as inner_exc:
+                return ToolResult(f"Error: {inner_exc}", ok=False)
+        return ToolResult(f"{expression} = {_format(value)}")

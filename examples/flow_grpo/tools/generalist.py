@@ -22,9 +22,9 @@ class GeneralistTool(Tool):
 
     metadata = ToolMetadata(
         name="generalist",
-        description="Asks a general language model; for common knowledge or reasoning, may be wrong.",
+        description="Asks a general language model; for common knowledge, may be wrong.",
         input_description="A self-contained question.",
-        example_input="Which planet is the largest in the solar system?",
+        examples=(("Why is the sky blue?", "Explain why the sky is blue", "Why is the sky blue?"),),
     )
 
     def __init__(self, llm: RoleLLM, max_tokens: int = 64) -> None:

@@ -221,9 +221,12 @@ class PythonTool(Tool):
 
     metadata = ToolMetadata(
         name="python",
-        description="Runs Python code and returns what it prints; use for exact arithmetic and multi-step math.",
+        description="Runs Python code and returns what it prints. Use it for loops or many steps of math.",
         input_description="Python code that prints the result.",
-        example_input="print(12 ** 2)",
+        examples=(
+            ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "print((12 + 30) * 4)"),
+            ("What is the sum of 1 to 50?", "Add the numbers 1 to 50", "print(sum(range(1, 51)))"),
+        ),
     )
 
     def __init__(self, timeout: float = 10.0, memory_mb: int = 512) -> None:

@@ -138,17 +138,22 @@ class SearchTool(Tool):
 
     Args:
         corpus: Path of a JSONL corpus, or documents; defaults to the corpus shipped with the example.
-        k: Passages returned per query.
+        k: Passages returned per query (default 1: with one passage a small model reading the result cannot pick
+            a distractor's value).
     """
 
     metadata = ToolMetadata(
         name="search",
-        description="Searches an encyclopedia of facts (history, science, geography) and returns short passages.",
+        description="Searches an encyclopedia and returns short passages. Use it for facts: people, places, "
+        "dates, events.",
         input_description="A few keywords, e.g. a name and what you want to know.",
-        example_input="Eiffel Tower completed year",
+        examples=(
+            ("Who discovered penicillin?", "Find who discovered penicillin", "discovered penicillin"),
+            ("In what year did the Hubble telescope launch?", "Find the launch year", "Hubble telescope launch year"),
+        ),
     )
 
-    def __init__(self, corpus: Union[str, Path, Sequence[Document], None] = None, k: int = 2) -> None:
+    def __init__(self, corpus: Union[str, Path, Sequence[Document], None] = None, k: int = 1) -> None:
         if corpus is None or isinstance(corpus, (str, Path)):
             documents = load_corpus(corpus or DEFAULT_CORPUS)
         else:
