@@ -9,6 +9,10 @@ model being trained, normally through the LLM gateway); every other role and the
 Flow-GRPO credit: the rollout's binary reward is emitted once per planner call, after all of them, so that trace
 adapters with ``agent_match="planner"`` (which give each reward to the latest earlier kept call without one) attach
 the trajectory reward to *every* planner turn. The final reward of the rollout is that same value.
+
+Optionally, training rollouts (``rollout.mode == "train"``) get a small format credit on top of the binary reward when
+the trajectory is well formed (:attr:`SolveResult.well_formed`): every planner step is valid JSON naming a real tool
+or the stop action, and at least one tool ran. Validation rollouts always get the strict binary reward.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class TurnRecord:
     tool_input: Optional[str] = None
     observation: Optional[str] = None
     stop: bool = False
+    known_action: bool = False
+    """The plan was valid and named a tool of the toolbox or the stop action."""
 
 
 @dataclass
@@ -92,6 +98,11 @@ class SolveResult:
     def planner_calls(self) -> int:
         """Planner calls made."""
         return len(self.turns)
+
+    @property
+    def well_formed(self) -> bool:
+        """Every planner step named a real tool or the stop action, and at least one tool ran."""
+        return all(t.known_action for t in self.turns) and any(t.observation is not None for t in self.turns)
 
 
 class FlowSolver:
@@ -146,7 +157,7 @@ class FlowSolver:
             turns.append(record)
             emit("plan", {"turn": turn, **record.plan.model_dump(), "valid": record.plan_valid})
             if record.plan_valid and is_stop_action(record.plan):
-                record.stop = True
+                record.stop = record.known_action = True
                 stop_reason = "planner"
                 break
             self._act(record, question, toolbox, fixed, memory, emit)
@@ -192,6 +203,7 @@ class FlowSolver:
         else:
             command = agents.generate_command(fixed, question, tool.metadata, plan.sub_goal, plan.context)
             record.tool_name, record.tool_input = tool.name, command.value.tool_input
+            record.known_action = True
             emit(
                 "command",
                 {"turn": record.turn, "tool": tool.name, "input": record.tool_input, "parsed": command.parsed.ok},
@@ -214,6 +226,8 @@ class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
         reward: Scores the answer (default: :class:`~examples.flow_grpo.reward.RuleReward`).
         planner_resource: Resource name of the trained model.
         fixed_resource: Resource name of the fixed model.
+        train_format_bonus: Added to the reward of a training rollout whose trajectory is well formed
+            (:attr:`SolveResult.well_formed`); 0 disables it. Validation rollouts never get it.
     """
 
     def __init__(
@@ -222,8 +236,12 @@ class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
         reward: Optional[RewardFunction] = None,
         planner_resource: str = "planner_llm",
         fixed_resource: str = "fixed_llm",
+        train_format_bonus: float = 0.0,
     ) -> None:
         super().__init__()
+        if not 0.0 <= train_format_bonus < 1.0:
+            raise ValueError(f"train_format_bonus must be in [0, 1), got {train_format_bonus}")
+        self.train_format_bonus = train_format_bonus
         self.solver = solver or FlowSolver()
         self.reward: RewardFunction = reward or RuleReward()
         self.planner_resource = planner_resource
@@ -256,6 +274,8 @@ class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
             planner.close()
             fixed.close()
         reward = float(self.reward(task, result.answer))
+        if rollout.mode == "train" and result.well_formed:
+            reward += self.train_format_bonus
         logger.info(
             "Rollout %s: %d planner turn(s), stop=%s, answer=%r, reward=%.1f",
             rollout.rollout_id,

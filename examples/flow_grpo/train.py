@@ -141,6 +141,9 @@ class FlowTrainConfig(BaseModel):
         fixed: The fixed model.
         solver: The solve loop.
         data: The tasks.
+        train_format_bonus: Training-only reward credit for a well-formed trajectory (every planner step names a
+            real tool or the stop action, and a tool ran), added to the binary reward; held-out validation always
+            uses the strict binary reward. 0 disables it.
         grpo: :class:`agentbolt.algorithm.grpo.GRPOConfig` options, except those the script sets itself
             (:data:`OWNED_GRPO_KEYS`). ``agent_match`` defaults to ``"planner"`` and ``credit`` to ``"final"``.
     """
@@ -157,6 +160,7 @@ class FlowTrainConfig(BaseModel):
     fixed: FixedModelSection = Field(default_factory=FixedModelSection)
     solver: SolverSection = Field(default_factory=SolverSection)
     data: DataSection = Field(default_factory=DataSection)
+    train_format_bonus: float = Field(default=0.0, ge=0.0, lt=1.0)
     grpo: Dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("grpo")
@@ -434,7 +438,8 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
             runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
             initial_resources={"fixed_llm": fixed_llm},
         )
-        trainer.fit(FlowGRPOAgent(solver=solver), train_dataset=train, val_dataset=val)
+        agent = FlowGRPOAgent(solver=solver, train_format_bonus=config.train_format_bonus)
+        trainer.fit(agent, train_dataset=train, val_dataset=val)
     summary = _summarize(config, algorithm.history, run_dir, started, len(val))
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return summary

@@ -185,3 +185,38 @@ def test_agent_outside_a_runner_returns_the_reward_and_checks_its_inputs() -> No
             agent.rollout({"prompt": "x"}, resources, rollout)
         with pytest.raises(ValueError, match="attempted rollout"):
             agent.rollout(task, {**resources, "planner_llm": agl.ProxyLLM(endpoint=llm.base_url, model="p")}, rollout)
+
+
+@pytest.mark.parametrize(
+    ("planner", "mode", "reward"),
+    [
+        # A well-formed wrong trajectory gets the format credit in training only.
+        (['{"sub_goal": "find", "tool_name": "search"}', '{"tool_name": "finish"}'], "train", 0.1),
+        (['{"sub_goal": "find", "tool_name": "search"}', '{"tool_name": "finish"}'], "val", 0.0),
+        (['{"sub_goal": "find", "tool_name": "search"}', '{"tool_name": "finish"}'], None, 0.0),
+        # An invented tool name, an invalid step, or stopping before any tool ran: no credit.
+        (['{"sub_goal": "find", "tool_name": "wikipedia"}', '{"tool_name": "finish"}'], "train", 0.0),
+        (['{"sub_goal": "find", "tool_name": "search"}', "no json"], "train", 0.0),
+        (['{"tool_name": "finish"}'], "train", 0.0),
+    ],
+)
+def test_format_bonus_is_training_only_and_needs_a_well_formed_trajectory(
+    planner: List[str], mode: Any, reward: float
+) -> None:
+    script = {
+        "planner": planner,
+        "executor": ['{"tool_input": "capital Canada"}'],
+        "verifier": ['{"stop": false}'],
+        "solution_generator": ['{"answer": "Toronto"}'],
+    }
+    task = {"question": "What is the capital of Canada?", "source": "fact", "extra_info": {"ground_truth": ["Ottawa"]}}
+    rollout = agl.Rollout(rollout_id="ro-1", input=task, start_time=0.0, mode=mode)
+    with ScriptedLLM({"query_analyzer": [ANALYSIS], **script}) as llm:
+        resources = {
+            "planner_llm": agl.LLM(endpoint=llm.base_url, model="p"),
+            "fixed_llm": agl.LLM(endpoint=llm.base_url, model="f"),
+        }
+        agent = FlowGRPOAgent(solver=FlowSolver(SolverConfig(max_turns=2)), train_format_bonus=0.1)
+        assert agent.rollout(task, resources, rollout) == pytest.approx(reward)
+    with pytest.raises(ValueError, match="train_format_bonus"):
+        FlowGRPOAgent(train_format_bonus=1.0)

@@ -53,6 +53,7 @@ def test_overrides_replace_fields_and_merge_into_the_grpo_section() -> None:
         ("name: x\nmodel: m\ngrpo: {no_such_option: 1}\n", "no_such_option"),
         ("name: x\nmodel: m\nfixed: {url: 'http://127.0.0.1:1/v1'}\n", "fixed.url needs fixed.model"),
         ("name: x\nmodel: m\nsolver: {max_turns: 0}\n", "max_turns"),
+        ("name: x\nmodel: m\ntrain_format_bonus: 1.5\n", "train_format_bonus"),
         ("name: x\nmodel: m\nunknown_section: 1\n", "unknown_section"),
         ("name: x\n", "model"),
         ("name: [unclosed\n", "not valid YAML"),
