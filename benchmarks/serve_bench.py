@@ -1,13 +1,15 @@
 """Throughput and latency of ``agentbolt serve``'s transformers engine, measured over HTTP.
 
-Starts the OpenAI-compatible server in-process on a free port, sends streaming chat completions at each
-concurrency level (every request generates exactly ``--max-tokens`` tokens: ``ignore_eos``), and prints JSON:
-aggregate generated tokens/s, time to first token (p50/max), request latency, and peak RSS of the process. With
-``--compare-generate`` it also times plain batched ``model.generate`` on the same prompts as a reference point.
+Starts ``agentbolt serve`` in a child process on a free port, sends streaming chat completions at each concurrency
+level from this process (every request generates exactly ``--max-tokens`` tokens: ``ignore_eos``), and prints
+JSON: aggregate generated tokens/s, time to first token (p50/max), request latency, and the server's peak RSS.
+With ``--compare-generate`` it then times plain batched ``model.generate`` on the same prompts, in this process
+with the same threads and OpenMP policy, as a reference point.
 
 Usage:
     python benchmarks/serve_bench.py                      # embedded SmolLM2-135M, bf16, 2 threads
     python benchmarks/serve_bench.py --dtype float32 --concurrency 1 8 16
+    python benchmarks/serve_bench.py --omp-wait passive --no-fast-forward --compare-generate
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ import asyncio
 import json
 import os
 import platform
-import resource
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import time
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import httpx
 
@@ -74,10 +80,15 @@ async def _level(base_url: str, concurrency: int, rounds: int, max_tokens: int) 
     }
 
 
-def _plain_generate(engine: Any, batch: int, max_tokens: int) -> Dict[str, Any]:
+def _plain_generate(model_dir: str, dtype: str, threads: int, batch: int, max_tokens: int) -> Dict[str, Any]:
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer, model = engine.tokenizer, engine.model
+    from agentbolt.serving.transformers_engine import resolve_dtype
+
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype)).eval()
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in _prompts(batch)]
     tokenizer.padding_side = "left"
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -90,6 +101,45 @@ def _plain_generate(engine: Any, batch: int, max_tokens: int) -> Dict[str, Any]:
     return {"batch": batch, "tokens_per_s": round(batch * max_tokens / elapsed, 1)}
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _peak_rss_mb(pid: int) -> Optional[float]:
+    """Peak resident set size of a live process (Linux ``VmHWM``), or ``None`` elsewhere."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _start_server(args: argparse.Namespace, model_dir: str, port: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "agentbolt", "serve", model_dir, "--port", str(port)]
+    command += ["--dtype", args.dtype, "--threads", str(args.threads), "--max-batch-size", str(args.max_batch_size)]
+    command += ["--omp-wait", args.omp_wait, "--served-name", args.model, "--log-level", "WARNING"]
+    if not args.fast_forward:
+        command.append("--no-fast-forward")
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while True:
+        if process.poll() is not None:
+            raise SystemExit(f"agentbolt serve exited: {process.stderr.read() if process.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit("agentbolt serve did not become ready within 10 minutes")
+        time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -99,31 +149,31 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="Waves of requests per concurrency level.")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--omp-wait", choices=["spin", "passive"], default="spin", help="Server's OpenMP policy.")
+    parser.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="transformers forward.")
     parser.add_argument("--compare-generate", action="store_true", help="Also time plain batched model.generate.")
     args = parser.parse_args()
 
-    from agentbolt.serving.transformers_engine import TransformersEngine, configure_openmp
-
-    configure_openmp()  # as `agentbolt serve` does, before torch is imported
     from agentbolt.models import resolve_model
-    from agentbolt.serving.server import InferenceServer
 
-    model_dir = resolve_model(args.model, progress=lambda message: print(message, file=os.sys.stderr)).path
-    engine = TransformersEngine(
-        model_dir, dtype=args.dtype, threads=args.threads, max_batch_size=args.max_batch_size, served_name=args.model
-    )
+    model_dir = str(resolve_model(args.model, progress=lambda message: print(message, file=sys.stderr)).path)
+    port = _free_port()
     started = time.perf_counter()
-    server = InferenceServer(engine, port=0)
-    server.start()
+    server = _start_server(args, model_dir, port)
     load_seconds = time.perf_counter() - started
     try:
-        levels = [asyncio.run(_level(server.base_url, c, args.rounds, args.max_tokens)) for c in args.concurrency]
-        reference = None
-        if args.compare_generate:
-            with engine.weights_update():  # keep the engine idle while generate() runs
-                reference = [_plain_generate(engine, c, args.max_tokens) for c in args.concurrency]
+        base_url = f"http://127.0.0.1:{port}/v1"
+        levels = [asyncio.run(_level(base_url, c, args.rounds, args.max_tokens)) for c in args.concurrency]
+        peak_rss = _peak_rss_mb(server.pid)
     finally:
-        server.stop()
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=60)
+    reference = None
+    if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
+        from agentbolt.serving.transformers_engine import configure_openmp
+
+        configure_openmp(args.omp_wait)
+        reference = [_plain_generate(model_dir, args.dtype, args.threads, c, args.max_tokens) for c in args.concurrency]
     report = {
         "benchmark": "serve",
         "model": args.model,
@@ -131,11 +181,13 @@ def main() -> None:
         "threads": args.threads,
         "max_batch_size": args.max_batch_size,
         "max_tokens": args.max_tokens,
+        "omp_wait": args.omp_wait,
+        "fast_forward": args.fast_forward,
         "load_seconds": round(load_seconds, 2),
         "levels": levels,
         "plain_generate": reference,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "server_peak_rss_mb": peak_rss,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
     }
     print(json.dumps(report, indent=2))

@@ -17,7 +17,7 @@ import typer
 
 from agentbolt.cli.errors import CliError
 
-__all__ = ["HELP", "Engine", "serve_command"]
+__all__ = ["HELP", "Engine", "OmpWait", "serve_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,13 @@ class Engine(str, Enum):
     vllm = "vllm"
 
 
+class OmpWait(str, Enum):
+    """OpenMP wait policies (see :func:`agentbolt.serving.transformers_engine.configure_openmp`)."""
+
+    spin = "spin"
+    passive = "passive"
+
+
 def _progress(message: str) -> None:
     print(f"agentbolt serve: {message}", file=sys.stderr, flush=True)
 
@@ -44,6 +51,17 @@ def serve_command(
     dtype: str = typer.Option("bfloat16", help="Compute dtype: bfloat16, float32 or float16."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads (default: torch's choice)."),
     max_batch_size: int = typer.Option(8, min=1, help="Sequences decoded together."),
+    omp_wait: OmpWait = typer.Option(
+        OmpWait.spin,
+        case_sensitive=False,
+        help="transformers engine on CPU: how idle OpenMP threads wait. spin (fastest when the server has the "
+        "cores to itself) or passive (when other busy processes share them).",
+    ),
+    fast_forward: bool = typer.Option(
+        True,
+        help="transformers engine: the lean CPU forward for Llama-architecture models (--no-fast-forward runs the "
+        "transformers forward).",
+    ),
     max_model_len: Optional[int] = typer.Option(None, min=16, help="Context length (default: the model's)."),
     served_name: Optional[str] = typer.Option(None, help="Model name reported to clients (default: MODEL)."),
     device: Optional[str] = typer.Option(None, help="transformers engine device: cpu, cuda, cuda:1 (default: auto)."),
@@ -60,11 +78,13 @@ def serve_command(
     if engine is Engine.transformers:
         from agentbolt.serving.transformers_engine import configure_openmp
 
-        configure_openmp()  # before anything imports torch
+        configure_openmp(omp_wait.value)  # before anything imports torch
     name = served_name or model
     try:
         if engine is Engine.transformers:
-            return _serve_transformers(model, name, host, port, dtype, threads, max_batch_size, max_model_len, device)
+            return _serve_transformers(
+                model, name, host, port, dtype, threads, max_batch_size, max_model_len, device, fast_forward
+            )
         from agentbolt.serving import launchers
 
         if engine is Engine.vllm:
@@ -117,6 +137,7 @@ def _serve_transformers(
     max_batch_size: int,
     max_model_len: Optional[int],
     device: Optional[str],
+    fast_forward: bool,
 ) -> int:
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
@@ -133,6 +154,7 @@ def _serve_transformers(
         max_batch_size=max_batch_size,
         max_model_len=max_model_len,
         served_name=name,
+        fast_forward=fast_forward,
     )
     server = InferenceServer(engine, host=host, port=port, log_level="warning")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")

@@ -52,6 +52,7 @@ def test_serve_subprocess_answers_and_stops_on_sigint(tiny_model_dir: Path) -> N
         (["serve", "./no-such-model"], "neither a registry name"),
         (["serve", "--dtype", "int4"], "unknown dtype 'int4'"),
         (["serve", "--engine", "llamacpp", "./no-such-model"], "llama.cpp needs a GGUF file"),
+        (["serve", "--omp-wait", "busy"], "'busy' is not one of"),
     ],
 )
 def test_bad_arguments_give_one_line_errors(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:

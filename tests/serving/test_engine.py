@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 import pytest
 import torch
@@ -213,3 +213,59 @@ def test_stopped_engine_rejects_requests(tiny_model_dir: Path) -> None:
         engine.generate_sync([5, 6], SamplingParams(max_tokens=2))
     with pytest.raises(EngineError, match="unknown dtype"):
         TransformersEngine(tiny_model_dir, dtype="int3").start()
+
+
+def _sequences(params: SamplingParams, count: int, seed: int) -> List[Any]:
+    from agentbolt.serving.transformers_engine import _Request, _Sequence
+
+    request = _Request([1], params, None, emit=lambda deltas: None, fail=lambda exc: None)
+    return [_Sequence(request, i, 8, torch.Generator().manual_seed(seed + i)) for i in range(count)]
+
+
+def test_sampling_follows_the_tempered_top_p_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])).expand(4000, 5).contiguous()
+    picks = TransformersEngine._sample(_sequences(SamplingParams(temperature=1.0), 4000, seed=0), logits)
+    frequencies = torch.bincount(torch.tensor(picks), minlength=5).float() / 4000
+    assert torch.allclose(frequencies, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=0.03)
+    # top_p=0.7 keeps {0.5, 0.3} (renormalized 0.625 / 0.375); temperature 0 rows stay greedy in the same batch.
+    mixed = _sequences(SamplingParams(temperature=1.0, top_p=0.7), 3000, seed=1) + _sequences(GREEDY, 10, seed=2)
+    picks = TransformersEngine._sample(mixed, logits[:1].expand(3010, 5).contiguous())
+    assert picks[3000:] == [0] * 10
+    frequencies = torch.bincount(torch.tensor(picks[:3000]), minlength=5).float() / 3000
+    assert torch.allclose(frequencies, torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=0.03)
+    # The same seeds give the same tokens whatever the batch holds.
+    again = TransformersEngine._sample(_sequences(SamplingParams(temperature=1.0, top_p=0.7), 5, seed=1), logits[:5])
+    assert again == picks[:5]
+
+
+@pytest.mark.parametrize(
+    ("policy", "preset", "expected"),
+    [
+        ("passive", {}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}),
+        ("spin", {}, {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"}),
+        ("spin", {"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}),
+    ],
+)
+def test_openmp_wait_policy_is_set_before_torch_loads(policy: str, preset: dict, expected: dict) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os, sys\n"
+        "from agentbolt.serving.transformers_engine import configure_openmp\n"
+        f"configure_openmp({policy!r})\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(json.dumps({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | preset
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == expected
+
+
+def test_unknown_openmp_wait_policy_is_rejected() -> None:
+    from agentbolt.serving.transformers_engine import configure_openmp
+
+    with pytest.raises(ValueError, match="unknown OpenMP wait policy 'busy'"):
+        configure_openmp("busy")

@@ -1,0 +1,142 @@
+"""The lean CPU forward and the engine's key/value cache: same numbers as the transformers forward, through
+continuous batching (rows joining, leaving and repeated for n choices), weight changes and dtype."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from agentbolt.serving.fast_forward import FastForward
+from agentbolt.serving.kv_cache import KVCache
+from agentbolt.serving.params import SamplingParams
+from agentbolt.serving.transformers_engine import TransformersEngine
+
+
+def _states(batch: int, length: int, fill: float) -> torch.Tensor:
+    return torch.full((batch, 2, length, 4), fill)
+
+
+def test_kv_cache_append_grows_and_keeps_contents() -> None:
+    cache = KVCache()
+    keys, values = cache.append(0, _states(2, 3, 1.0), _states(2, 3, -1.0))
+    assert keys.shape == (2, 2, 3, 4) and cache.length == 3
+    for step in range(200):  # far past the first capacity: buffers are reallocated several times
+        keys, values = cache.append(0, _states(2, 1, float(step)), _states(2, 1, -float(step)))
+    assert keys.shape == (2, 2, 203, 4) and cache.length == 203
+    assert torch.equal(keys[:, :, :3], _states(2, 3, 1.0))
+    assert torch.equal(keys[0, 0, 3:, 0], torch.arange(200, dtype=torch.float32))
+    assert torch.equal(values, -keys)
+
+
+def test_kv_cache_select_drop_and_merge() -> None:
+    cache = KVCache()
+    rows = torch.arange(3, dtype=torch.float32).view(3, 1, 1, 1).expand(3, 2, 5, 4).clone()
+    cache.append(0, rows, rows)
+    cache.select_rows(torch.tensor([2, 0, 0]))
+    assert cache.keys[0] is not None
+    assert cache.keys[0][:, 0, 0, 0].tolist() == [2.0, 0.0, 0.0]
+    cache.drop_leading(2)
+    assert cache.length == 3
+    keys, _ = cache.append(0, _states(3, 1, 9.0), _states(3, 1, 9.0))
+    assert keys.shape == (3, 2, 4, 4) and keys[:, :, -1].eq(9.0).all()
+
+    newcomer = KVCache()
+    newcomer.append(0, _states(1, 2, 7.0), _states(1, 2, 7.0))
+    cache.merge(newcomer)  # 3 rows of length 4 + 1 row of length 2: the new row is left padded with zeros
+    assert cache.length == 4 and cache.keys[0] is not None
+    merged = cache.keys[0][:, :, :4]
+    assert merged.shape == (4, 2, 4, 4)
+    assert merged[3, :, :2].eq(0).all() and merged[3, :, 2:].eq(7.0).all()
+    assert torch.equal(merged[:3], keys)
+
+
+def _engines(model_dir: Path, dtype: str) -> Tuple[TransformersEngine, TransformersEngine]:
+    fast = TransformersEngine(model_dir, dtype=dtype, max_batch_size=4, served_name="fast")
+    slow = TransformersEngine(model_dir, dtype=dtype, max_batch_size=4, served_name="slow", fast_forward=False)
+    fast.start()
+    slow.start()
+    return fast, slow
+
+
+def _batched_run(engine: TransformersEngine, prompts: List[List[int]]) -> List[Any]:
+    """A long request first, then requests of other lengths joining it while it decodes (merge and row drops)."""
+
+    async def run() -> List[Any]:
+        first = asyncio.ensure_future(
+            engine.generate(prompts[0], SamplingParams(max_tokens=24, temperature=0, logprobs=True, ignore_eos=True))
+        )
+        await asyncio.sleep(0.05)
+        others = [
+            engine.generate(p, SamplingParams(max_tokens=6 + 3 * i, n=1 + i % 2, seed=i, logprobs=True))
+            for i, p in enumerate(prompts[1:])
+        ]
+        return [await first, *await asyncio.gather(*others)]
+
+    return asyncio.run(run())
+
+
+def test_fast_forward_matches_transformers_through_continuous_batching(tiny_model_dir: Path) -> None:
+    fast, slow = _engines(tiny_model_dir, "float32")
+    try:
+        assert fast._fast_forward_for_step() is not None and slow._fast_forward_for_step() is None
+        texts = ["a", "a much longer prompt than the others here", "mid size", "x y z"]
+        prompts = [fast.encode_chat([{"role": "user", "content": t}]) for t in texts]
+        ours, theirs = _batched_run(fast, prompts), _batched_run(slow, prompts)
+        for mine, reference in zip(ours, theirs, strict=True):
+            for choice, expected in zip(mine.choices, reference.choices, strict=True):
+                assert choice.token_ids == expected.token_ids
+                assert torch.allclose(torch.tensor(choice.logprobs), torch.tensor(expected.logprobs), atol=1e-4)
+    finally:
+        fast.stop()
+        slow.stop()
+
+
+def test_fast_forward_bfloat16_stays_close_to_transformers(tiny_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    fast = FastForward.create(model)
+    assert fast is not None
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        reference = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        ours = fast(ids, positions, mask, KVCache()).float()
+    scale = reference.abs().max()
+    assert (ours - reference).abs().max() <= 0.05 * scale
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+
+
+def test_fast_forward_follows_weight_updates(tiny_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = TransformersEngine.from_model(model, tokenizer, served_name="shared")
+    try:
+        prompt = engine.encode_chat([{"role": "user", "content": "w"}])
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        before = engine.generate_sync(prompt, params).choices[0].token_ids
+        assert engine._fast is not None
+        with engine.weights_update() as live, torch.no_grad():
+            live.lm_head.weight.zero_()  # fused copies must be rebuilt: every logit is 0, greedy picks token 0
+        assert engine.generate_sync(prompt, params).choices[0].token_ids == [0] * 6
+        engine.load_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
+        assert engine.generate_sync(prompt, params).choices[0].token_ids == before
+    finally:
+        engine.stop()
+
+
+def test_models_the_fast_forward_does_not_cover(tiny_model_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32, n_positions=16))
+    assert "architecture 'gpt2'" in str(FastForward.unsupported_reason(gpt2))
+    assert FastForward.create(gpt2) is None
+    llama = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float16)
+    assert "dtype" in str(FastForward.unsupported_reason(llama))
+    llama = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert FastForward.unsupported_reason(llama) is None
+    peft_model = get_peft_model(llama, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert FastForward.unsupported_reason(peft_model) == "PEFT adapters are attached"
