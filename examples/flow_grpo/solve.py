@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from examples.flow_grpo.agents import RoleLLM
 from examples.flow_grpo.solver import FlowSolver, SolverConfig
 
-__all__ = ["main", "resolve_checkpoint"]
+__all__ = ["local_endpoints", "main", "resolve_checkpoint"]
 
 _STEP_PREFIX = "step_"
 
@@ -107,8 +107,12 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def _local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, str]]:
-    """Serve the base model (and the planner checkpoint) in-process; yield (planner url, model, fixed url, model)."""
+def local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, str]]:
+    """Serve the base model (and the planner checkpoint) in-process; yield (planner url, model, fixed url, model).
+
+    ``args`` needs ``model``, ``dtype`` and ``threads``, and ``checkpoint_kind`` / ``checkpoint_path`` (from
+    :func:`resolve_checkpoint`) to load a planner checkpoint.
+    """
     from agentbolt.serving.server import InferenceServer
     from agentbolt.serving.transformers_engine import TransformersEngine
 
@@ -175,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         else:
             print(f"Loading {args.model} ...", file=sys.stderr)
-            endpoints = stack.enter_context(_local_endpoints(args))
+            endpoints = stack.enter_context(local_endpoints(args))
         planner_url, planner_model, fixed_url, fixed_model = endpoints
         planner = RoleLLM.from_endpoint(
             planner_url, planner_model, api_key=args.api_key, sampling_parameters={"temperature": args.temperature}
