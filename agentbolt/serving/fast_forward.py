@@ -11,15 +11,17 @@ must wake up and meet). This forward keeps the arithmetic of the transformers im
   key/value heads, and the key/value states go into :class:`~agentbolt.serving.kv_cache.KVCache` in place;
 * only the last position's logits are computed.
 
-The weights are copied into the fused layout, so the copy must follow the model: the engine calls
-:meth:`FastForward.refresh` whenever its ``weight_version`` changes (in-place training updates, weight swaps).
-Models this forward does not cover (other architectures, PEFT adapters, GPUs) run through transformers.
+The weights are copied into the fused layout, so the copy must follow the model: the engine rebuilds it whenever
+its ``weight_version`` changes (in-place training updates, weight swaps, adapter changes). A model with PEFT LoRA
+adapters on its projections gets one copy per adapter in use, with the adapter merged into the copy
+(``W + scale * B @ A``; the model itself is never merged), and one of the bare base weights. Models this forward
+does not cover (other architectures, other adapter types, GPUs) run through transformers.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -29,17 +31,25 @@ __all__ = ["FastForward"]
 logger = logging.getLogger(__name__)
 
 _ARCHITECTURES = {"llama", "qwen2"}
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class FastForward:
     """Inference-only forward of a Llama-architecture causal LM on the CPU (see the module docstring).
 
     Build it with :meth:`create`, which returns ``None`` (and logs why) for models it does not cover.
+
+    Args:
+        model: A transformers causal LM, or a PEFT model around one.
+        adapter: For a PEFT model: the LoRA adapter merged into the fused weights (``None``: the base weights).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, adapter: Optional[str] = None) -> None:
+        if getattr(model, "peft_config", None):
+            model = model.get_base_model()
         config = model.config
         self.model = model
+        self.adapter = adapter
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -49,16 +59,17 @@ class FastForward:
         self._prepare: Callable[[torch.Tensor], torch.Tensor] = _identity
         self._layers: List[Dict[str, Any]] = []
         self._head: Any = None
+        self._fused: Dict[int, Tuple[Tuple[Any, ...], torch.Tensor]] = {}  # id(first linear) -> (sources, fused)
         self.refresh()
 
     @classmethod
-    def create(cls, model: Any) -> Optional[FastForward]:
-        """Return a fast forward for ``model``, or ``None`` when it is not a supported CPU Llama-architecture model."""
+    def create(cls, model: Any, adapter: Optional[str] = None) -> Optional[FastForward]:
+        """Return a fast forward for ``model`` (with ``adapter`` merged), or ``None`` when it is not covered."""
         reason = cls.unsupported_reason(model)
         if reason is not None:
             logger.info("Generic transformers forward in use: %s", reason)
             return None
-        return cls(model)
+        return cls(model, adapter)
 
     @staticmethod
     def unsupported_reason(model: Any) -> Optional[str]:
@@ -66,7 +77,10 @@ class FastForward:
         import torch
 
         if getattr(model, "peft_config", None):
-            return "PEFT adapters are attached"
+            reason = _unsupported_adapters(model)
+            if reason is not None:
+                return reason
+            model = model.get_base_model()
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in _ARCHITECTURES:
@@ -87,7 +101,12 @@ class FastForward:
         return None
 
     def refresh(self) -> None:
-        """Rebuild the fused (and reordered) weights from the model's current parameters."""
+        """Bring the fused (and reordered) weights up to date with the model's parameters.
+
+        A fused weight is rebuilt only when one of its source tensors changed (another tensor, or an in-place
+        update bumped its version): after a LoRA training step only the adapted projections of the adapter's copy
+        are rebuilt, and the base copy not at all.
+        """
         import torch
 
         self._linear, self._prepare = _linear_kernels(next(self.model.parameters()).dtype)
@@ -116,8 +135,37 @@ class FastForward:
     def _fuse(self, linears: Any) -> torch.Tensor:
         import torch
 
-        weight = torch.cat([linear.weight.detach() for linear in linears]) if len(linears) > 1 else linears[0].weight
-        return self._prepare(weight.detach().contiguous())
+        sources = tuple(
+            (id(tensor), tensor.data_ptr(), tensor._version)
+            for linear in linears
+            for tensor in self._source_tensors(linear)
+        )
+        known = self._fused.get(id(linears[0]))
+        if known is not None and known[0] == sources:
+            return known[1]
+        weights = [self._effective_weight(linear) for linear in linears]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        fused = self._prepare(weight.contiguous())
+        self._fused[id(linears[0])] = (sources, fused)
+        return fused
+
+    def _source_tensors(self, linear: Any) -> List[torch.Tensor]:
+        """The parameters :meth:`_effective_weight` reads for ``linear``."""
+        base = getattr(linear, "base_layer", None)
+        if base is None:
+            return [linear.weight]
+        if self.adapter is not None and self.adapter in linear.lora_A:
+            return [base.weight, linear.lora_A[self.adapter].weight, linear.lora_B[self.adapter].weight]
+        return [base.weight]
+
+    def _effective_weight(self, linear: Any) -> torch.Tensor:
+        """The weight ``linear`` applies: its own, or for a LoRA layer the base weight plus the adapter's delta."""
+        base = getattr(linear, "base_layer", None)
+        if base is None:
+            return linear.weight.detach()
+        if self.adapter is not None and self.adapter in linear.lora_A:
+            return (base.weight + linear.get_delta_weight(self.adapter).to(base.weight.dtype)).detach()
+        return base.weight.detach()
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
@@ -165,6 +213,23 @@ class FastForward:
             hidden = hidden + linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
         last = F.rms_norm(hidden[:, -1], (width,), inner.norm.weight, self.eps)
         return linear(last, self._head, None)
+
+
+def _unsupported_adapters(model: Any) -> Optional[str]:
+    """Why the PEFT adapters of ``model`` cannot be merged into fused weights (``None`` when they can)."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if not isinstance(module, LoraLinear) or name.rsplit(".", 1)[-1] not in _PROJECTIONS:
+            return f"adapter layer {name} ({type(module).__name__}) is not a LoRA projection"
+        if module.merged:
+            return f"adapter layer {name} is merged into the base weights"
+        if any(module.use_dora.values()) or any(getattr(module, "lora_bias", {}).values()):
+            return f"adapter layer {name} uses DoRA or a LoRA bias"
+    return None
 
 
 def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

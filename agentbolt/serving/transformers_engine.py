@@ -119,6 +119,11 @@ def configure_openmp(policy: str = "passive") -> None:
     )
 
 
+def _base_model(model: Any) -> Any:
+    """The transformers model inside a PEFT wrapper (or ``model`` itself)."""
+    return model.get_base_model() if getattr(model, "peft_config", None) else model
+
+
 class _Request:
     """A submitted request and its channel back to the caller."""
 
@@ -220,7 +225,7 @@ class TransformersEngine:
         self._loaded = threading.Event()
         self._wrapped = False
         self.fast_forward = fast_forward
-        self._fast: Optional[FastForward] = None
+        self._fast: Dict[Optional[str], Optional[FastForward]] = {}  # per adapter (None: base weights)
         self._fast_version = -1
 
     # ------------------------------------------------------------------ lifecycle
@@ -630,18 +635,25 @@ class TransformersEngine:
         return self.model(**kwargs).logits[:, -1, :]
 
     def _fast_forward_for_step(self) -> Optional[FastForward]:
-        """The lean forward for the current weights (rebuilt after every weight change), or ``None``."""
+        """The lean forward for the current weights and the batch's adapter (rebuilt after weight changes)."""
         if not self.fast_forward:
             return None
-        if self._fast_version != self.weight_version:
-            from agentbolt.serving.fast_forward import FastForward
+        from agentbolt.serving.fast_forward import FastForward
 
+        adapter = self._batch_adapter if self.adapters else None
+        if self._fast_version != self.weight_version:  # weights or adapters changed: rebuild what is stale
             self._fast_version = self.weight_version
-            if self._fast is not None and FastForward.unsupported_reason(self.model) is None:
-                self._fast.refresh()
-            else:
-                self._fast = FastForward.create(self.model)
-        return self._fast
+            base = _base_model(self.model)
+            kept: Dict[Optional[str], Optional[FastForward]] = {}
+            if FastForward.unsupported_reason(self.model) is None:
+                for name, fast in self._fast.items():
+                    if fast is not None and fast.model is base and (name is None or name in self.adapters):
+                        fast.refresh()
+                        kept[name] = fast
+            self._fast = kept
+        if adapter not in self._fast:
+            self._fast[adapter] = FastForward.create(self.model, adapter)
+        return self._fast[adapter]
 
     def _prefill(self, requests: List[_Request]) -> Dict[str, Any]:
         import torch

@@ -118,7 +118,7 @@ def test_fast_forward_follows_weight_updates(tiny_model_dir: Path) -> None:
         prompt = engine.encode_chat([{"role": "user", "content": "w"}])
         params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
         before = engine.generate_sync(prompt, params).choices[0].token_ids
-        assert engine._fast is not None
+        assert engine._fast_forward_for_step() is not None
         with engine.weights_update() as live, torch.no_grad():
             live.lm_head.weight.zero_()  # fused copies must be rebuilt: every logit is 0, greedy picks token 0
         assert engine.generate_sync(prompt, params).choices[0].token_ids == [0] * 6
@@ -136,7 +136,66 @@ def test_models_the_fast_forward_does_not_cover(tiny_model_dir: Path) -> None:
     assert FastForward.create(gpt2) is None
     llama = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float16)
     assert "dtype" in str(FastForward.unsupported_reason(llama))
-    llama = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    assert FastForward.unsupported_reason(llama) is None
-    peft_model = get_peft_model(llama, LoraConfig(r=2, target_modules=["q_proj"]))
-    assert FastForward.unsupported_reason(peft_model) == "PEFT adapters are attached"
+
+    def peft_llama(**lora: Any) -> Any:
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        return get_peft_model(base, LoraConfig(r=2, **lora))
+
+    assert FastForward.unsupported_reason(peft_llama(target_modules=["q_proj", "down_proj"])) is None
+    assert "not a LoRA projection" in str(FastForward.unsupported_reason(peft_llama(target_modules=["lm_head"])))
+    assert "DoRA" in str(FastForward.unsupported_reason(peft_llama(target_modules=["q_proj"], use_dora=True)))
+    merged = peft_llama(target_modules=["q_proj"])
+    merged.merge_adapter()
+    assert "merged" in str(FastForward.unsupported_reason(merged))
+
+
+def test_lora_adapters_are_merged_into_the_fused_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(3)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(tmp_path / "adapter")
+    fast, slow = _engines(tiny_model_dir, "float32")
+    try:
+        for engine in (fast, slow):
+            engine.load_adapter("tuned", tmp_path / "adapter")
+        prompt = fast.encode_chat([{"role": "user", "content": "lora"}])
+        params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, ignore_eos=True)
+        results = {}
+        for name, engine in (("fast", fast), ("slow", slow)):
+            results[name] = [engine.generate_sync(prompt, params, adapter=a).choices[0] for a in (None, "tuned")]
+        assert set(fast._fast) == {None, "tuned"} and all(f is not None for f in fast._fast.values())
+        for mine, reference in zip(results["fast"], results["slow"], strict=True):
+            assert mine.token_ids == reference.token_ids
+            assert torch.allclose(torch.tensor(mine.logprobs), torch.tensor(reference.logprobs), atol=1e-4)
+        assert results["fast"][0].token_ids != results["fast"][1].token_ids  # the adapter changes the output
+    finally:
+        fast.stop()
+        slow.stop()
+
+
+def test_refresh_rebuilds_only_the_fused_weights_whose_sources_changed(tiny_model_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    plain, tuned = FastForward(model, None), FastForward(model, "default")
+    before_plain = [dict(layer) for layer in plain._layers]
+    before_tuned = [dict(layer) for layer in tuned._layers]
+    ids = torch.tensor([[5, 6, 7]])
+    positions = torch.arange(3).unsqueeze(0)
+    mask = torch.ones(1, 3, dtype=torch.long)
+    with torch.no_grad():
+        model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight.add_(0.5)
+        plain.refresh()
+        tuned.refresh()
+        with model.disable_adapter():
+            expected_plain = model(input_ids=ids).logits[:, -1]
+        expected_tuned = model(input_ids=ids).logits[:, -1]
+        assert torch.allclose(plain(ids, positions, mask, KVCache()), expected_plain, atol=1e-4)
+        assert torch.allclose(tuned(ids, positions, mask, KVCache()), expected_tuned, atol=1e-4)
+    assert all(plain._layers[i]["qkv"] is before_plain[i]["qkv"] for i in range(len(before_plain)))
+    assert tuned._layers[0]["qkv"] is not before_tuned[0]["qkv"]  # the updated adapter layer only
+    assert all(tuned._layers[i]["qkv"] is before_tuned[i]["qkv"] for i in range(1, len(before_tuned)))
+    assert all(tuned._layers[i]["gate_up"] is before_tuned[i]["gate_up"] for i in range(len(before_tuned)))
