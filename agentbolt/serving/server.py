@@ -570,7 +570,11 @@ class InferenceServer:
     def _make_server(self) -> Any:
         import uvicorn
 
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on")
+        # log_config=None: uvicorn's loggers go through the application's logging setup instead of handlers of
+        # their own (which would also print other in-process servers' lifecycle lines).
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on", log_config=None
+        )
         return uvicorn.Server(config)
 
     def run(self) -> None:

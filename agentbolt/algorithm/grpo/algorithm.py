@@ -217,6 +217,7 @@ class GRPO(Algorithm):
                 "thread" if capabilities.get("thread_safe") else "asyncio" if capabilities.get("async_safe") else "mp"
             )
             proxy = LLMProxy(store=store, launch_mode=mode, host="127.0.0.1")
+            proxy.server_launcher_args.log_level = logging.WARNING  # an internal server: no uvicorn lifecycle lines
         else:
             proxy.set_store(store)
         changed = self._route(proxy, server)
