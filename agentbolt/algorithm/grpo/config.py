@@ -51,6 +51,11 @@ class GRPOConfig(BaseModel):
         default="float32", description="Dtype of the model weights; log-probabilities are always computed in float32."
     )
     threads: Optional[int] = Field(default=None, ge=1, description="torch intra-op threads (None keeps torch's).")
+    device: Optional[str] = Field(
+        default=None,
+        description="Device of the policy being trained and of its in-process engine: 'cpu', 'cuda', 'cuda:1', "
+        "'mps'... None: CUDA when available, else the CPU.",
+    )
 
     policy_server_url: Optional[str] = Field(
         default=None,

@@ -32,7 +32,7 @@ from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
 from agentbolt.algorithm.grpo.samples import TokenSample
 
-__all__ = ["PolicyTrainer", "ResponseBatch", "collate", "latest_checkpoint", "lr_multiplier"]
+__all__ = ["PolicyTrainer", "ResponseBatch", "collate", "latest_checkpoint", "lr_multiplier", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,16 @@ class ResponseBatch:
         """``R``, the number of response-aligned columns."""
         return int(self.targets.shape[1])
 
+    def to(self, device: torch.device) -> ResponseBatch:
+        """The same batch with every tensor on ``device``."""
+        return ResponseBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.position_ids.to(device),
+            self.targets.to(device),
+            self.response_mask.to(device),
+        )
+
 
 def collate(samples: Sequence[TokenSample], pad_token_id: int = 0) -> ResponseBatch:
     """Left-pad prompt+response sequences and build the response mask.
@@ -82,6 +92,25 @@ def collate(samples: Sequence[TokenSample], pad_token_id: int = 0) -> ResponseBa
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     targets = input_ids[:, length - width :]
     return ResponseBatch(input_ids, attention_mask, position_ids, targets, response_mask)
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    """The torch device for ``name`` (``None``: CUDA when available, else the CPU).
+
+    Raises:
+        ValueError: Not a device name, or a device this machine does not have.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"invalid device {name!r}: {exc}") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"device {name!r} is not available: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} is not available on this machine")
+    return device
 
 
 def right_aligned(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
@@ -144,7 +173,8 @@ class PolicyTrainer:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.generator = torch.Generator().manual_seed(config.seed)
-        model = model.to(_DTYPES[config.dtype])
+        self.device = resolve_device(config.device)
+        model = model.to(device=self.device, dtype=_DTYPES[config.dtype])
         self.ref_model: Optional[Any] = None
         if config.finetune == "lora":
             self.model = self._with_lora(model)
@@ -232,8 +262,8 @@ class PolicyTrainer:
         out: List[torch.Tensor] = []
         with context:
             for chunk in _chunks(samples, self.config.micro_batch_size):
-                batch = collate(chunk, self.pad_token_id)
-                logp = token_logprobs(self._response_logits(model, batch), batch.targets)
+                batch = collate(chunk, self.pad_token_id).to(self.device)
+                logp = token_logprobs(self._response_logits(model, batch), batch.targets).cpu()
                 for row, sample in enumerate(chunk):
                     out.append(logp[row, batch.response_width - len(sample.response_ids) :].clone())
         return out
@@ -260,7 +290,7 @@ class PolicyTrainer:
         to_recompute = [i for i, s in enumerate(samples) if config.recompute_logprobs or s.logprobs is None]
         old: List[Optional[torch.Tensor]] = [
             None if s.logprobs is None else torch.tensor(s.logprobs, dtype=torch.float32) for s in samples
-        ]
+        ]  # on the CPU, like compute_logprobs' results; batches are moved to the device below
         if to_recompute:
             fresh = self.compute_logprobs([samples[i] for i in to_recompute])
             for i, logp in zip(to_recompute, fresh, strict=True):
@@ -281,27 +311,29 @@ class PolicyTrainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     for micro in _chunks(mb, config.micro_batch_size):
                         chunk = [samples[i] for i in micro]
-                        batch = collate(chunk, self.pad_token_id)
+                        batch = collate(chunk, self.pad_token_id).to(self.device)
                         logits = self._response_logits(self.model, batch)
                         logp, entropy = logprobs_and_entropy(logits, batch.targets)
                         del logits
                         width = batch.response_width
+                        old_aligned = right_aligned([old[i] for i in micro], width).to(self.device)  # type: ignore[misc]
                         parts = policy_loss(
                             logp,
-                            right_aligned([old[i] for i in micro], width),  # type: ignore[misc]
-                            torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32),
+                            old_aligned,
+                            torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32).to(self.device),
                             batch.response_mask,
                             clip_low=config.clip_low,
                             clip_high=config.clip_high,
                             normalizer=normalizer,
-                            ref_logp=None if ref is None else right_aligned([ref[i] for i in micro], width),
+                            ref_logp=None
+                            if ref is None
+                            else right_aligned([ref[i] for i in micro], width).to(self.device),
                             kl_coef=config.kl_coef,
                         )
                         parts.loss.backward()
                         with torch.no_grad():
                             totals["entropy"] += float((entropy * batch.response_mask).sum())
                             if epoch == 0 and mb_index == 0:
-                                old_aligned = right_aligned([old[i] for i in micro], width)  # type: ignore[misc]
                                 dev = (torch.exp(logp.detach() - old_aligned) - 1.0).abs()[batch.response_mask]
                                 first_dev = max(first_dev, float(dev.max()) if dev.numel() else 0.0)
                         totals["loss"] += float(parts.loss.detach()) * normalizer
@@ -371,7 +403,12 @@ class PolicyTrainer:
         torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
         torch.save(
-            {"python": random.getstate(), "torch": torch.get_rng_state(), "generator": self.generator.get_state()},
+            {
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "generator": self.generator.get_state(),
+            },
             staging / "rng.pt",
         )
         state = {
@@ -416,6 +453,8 @@ class PolicyTrainer:
         rng = torch.load(path / "rng.pt", weights_only=False)
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         self.generator.set_state(rng["generator"])
         self.global_step = int(state["global_step"])
         self.optimizer_steps = int(state["optimizer_steps"])

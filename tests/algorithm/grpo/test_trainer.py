@@ -225,3 +225,20 @@ def test_empty_step_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one sample"):
         PolicyTrainer(tiny_llama(), _config()).train_step([])
     assert VOCAB > 3
+
+
+def test_device_is_resolved_and_unavailable_devices_are_rejected() -> None:
+    from agentbolt.algorithm.grpo.trainer import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(None).type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="invalid device 'warp-drive'"):
+        resolve_device("warp-drive")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda:0' is not available"):
+            PolicyTrainer(tiny_llama(), _config(device="cuda:0"))
+    trainer = PolicyTrainer(tiny_llama(), _config(device="cpu"))
+    assert trainer.device == torch.device("cpu") and next(trainer.model.parameters()).device.type == "cpu"
+    metrics = trainer.train_step(make_samples(4))
+    assert metrics["first_minibatch_ratio_max_dev"] < 1e-5
