@@ -49,7 +49,7 @@ PLANNER_SYSTEM = (
     "Tools:\n{tools}\n"
     f"- {STOP_ACTION}: stop; the previous steps already answer the question.\n"
     "Reply with one JSON object only, in this format:\n"
-    '{{"justification": "...", "context": "...", "sub_goal": "...", "tool_name": "..."}}'
+    '{{"tool_name": "...", "sub_goal": "...", "context": "...", "justification": "..."}}'
 )
 
 EXECUTOR_SYSTEM = (
@@ -92,14 +92,14 @@ def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns
 
 
 def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
-    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a
-    calculation sent to the calculator, the stop action after a step that answered, a fact sent to search. Small
-    models follow demonstrated turns much better than described formats."""
+    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a fact
+    sent to search, the stop action after a step that answered, a calculation sent to the calculator. Small models
+    follow demonstrated turns much better than described formats."""
     return [
         (
-            planner_user("What is 23 * 47 + 5?", "Needs a calculation.", "none yet", 1, max_turns),
-            '{"justification": "The question asks to compute with numbers.", "context": "", '
-            '"sub_goal": "Calculate 23 * 47 + 5", "tool_name": "calculator"}',
+            planner_user("Who discovered penicillin?", "Asks for a person.", "none yet", 1, max_turns),
+            '{"tool_name": "search", "sub_goal": "Find who discovered penicillin", "context": "", '
+            '"justification": "The question asks for a fact."}',
         ),
         (
             planner_user(
@@ -109,12 +109,12 @@ def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
                 2,
                 max_turns,
             ),
-            f'{{"justification": "Step 1 gives the answer.", "context": "56", "sub_goal": "", "tool_name": "{STOP_ACTION}"}}',
+            f'{{"tool_name": "{STOP_ACTION}", "sub_goal": "", "context": "56", "justification": "Step 1 gives the answer."}}',
         ),
         (
-            planner_user("Who discovered penicillin?", "Asks for a person.", "none yet", 1, max_turns),
-            '{"justification": "The question asks for a fact.", "context": "", '
-            '"sub_goal": "Find who discovered penicillin", "tool_name": "search"}',
+            planner_user("What is 23 * 47 + 5?", "Needs a calculation.", "none yet", 1, max_turns),
+            '{"tool_name": "calculator", "sub_goal": "Calculate 23 * 47 + 5", "context": "", '
+            '"justification": "The question asks to compute with numbers."}',
         ),
     ]
 

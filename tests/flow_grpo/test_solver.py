@@ -119,11 +119,11 @@ def test_planner_prompt_lists_every_tool_with_metadata_and_shows_worked_turns() 
     system = messages[0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    # Three worked examples as earlier turns in the real format (a calculation, the stop action, a fact search),
-    # then the task.
+    # Three worked examples as earlier turns in the real format (a fact search, the stop action, a calculation),
+    # then the task; the tool name comes first in every step.
     assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 3, "user"]
-    assert '"tool_name": "calculator"}' in messages[2]["content"]
-    assert '"tool_name": "finish"}' in messages[4]["content"] and '"tool_name": "search"}' in messages[6]["content"]
+    for index, tool in ((2, "search"), (4, "finish"), (6, "calculator")):
+        assert messages[index]["content"].startswith(f'{{"tool_name": "{tool}"')
     assert messages[7]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Next step JSON:")
 
 

@@ -12,6 +12,7 @@ from examples.flow_grpo.tools import (
     GeneralistTool,
     SearchTool,
     Toolbox,
+    ToolMetadata,
     default_toolbox,
     evaluate_expression,
     extract_expression,
@@ -124,7 +125,8 @@ def test_toolbox_matches_names_tolerantly_and_reports_unknown_tools() -> None:
     with ScriptedLLM({"generalist": ["Jupiter."]}) as llm:
         box = default_toolbox(RoleLLM.from_endpoint(llm.base_url, "m"))
         assert box.names == ["python", "calculator", "search", "generalist"]
-        assert box.get("Calculator") is box.get("CALCULATOR ")
+        assert box.get("Calculator") is box.get("CALCULATOR ") is box.get("Math") is box.get("calculate")
+        assert box.get("python_code") is box.get("python") and box.get("web-search") is box.get("search")
         assert box.execute("Generalist", "Largest planet?").output == "Jupiter."
     unknown = box.execute("wikipedia_search", "x")
     assert not unknown.ok and "unknown tool 'wikipedia_search'" in unknown.output and "calculator" in unknown.output
@@ -132,6 +134,12 @@ def test_toolbox_matches_names_tolerantly_and_reports_unknown_tools() -> None:
         assert line.startswith("- ") and "Input:" in line
     with pytest.raises(ValueError, match="duplicate"):
         Toolbox([CalculatorTool(), CalculatorTool()])
+
+    class Lookup(CalculatorTool):
+        metadata = ToolMetadata(name="lookup2", description="d", input_description="i", aliases=("Search",))
+
+    with pytest.raises(ValueError, match="duplicate tool name 'search'"):
+        Toolbox([SearchTool(), Lookup()])
 
 
 def test_generalist_endpoint_failure_is_an_observation() -> None:

@@ -28,12 +28,14 @@ class ToolMetadata:
         input_description: What the single input string must contain.
         examples: Worked executor examples ``(question, sub_goal, tool_input)``, shown to the executor as earlier
             chat turns (a 135M model copies demonstrated inputs far more reliably than it follows a description).
+        aliases: Other names the planner may use for this tool (``math`` for the calculator); not shown in prompts.
     """
 
     name: str
     description: str
     input_description: str
     examples: Tuple[Tuple[str, str, str], ...] = ()
+    aliases: Tuple[str, ...] = ()
 
     def one_line(self) -> str:
         """``name: description (input: ...)``, the form used in prompts."""
@@ -74,19 +76,21 @@ class Tool(ABC):
 
 
 class Toolbox:
-    """The tools of one solver, looked up by (tolerantly matched) name.
+    """The tools of one solver, looked up by (tolerantly matched) name or alias.
 
     Raises:
-        ValueError: Two tools share a name.
+        ValueError: Two tools share a name or an alias.
     """
 
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._tools: Dict[str, Tool] = {}
+        self._by_key: Dict[str, Tool] = {}
         for tool in tools:
-            key = normalize_tool_name(tool.name)
-            if key in self._tools:
-                raise ValueError(f"duplicate tool name {tool.name!r}")
-            self._tools[key] = tool
+            self._tools[normalize_tool_name(tool.name)] = tool
+            for key in {normalize_tool_name(n) for n in (tool.name, *tool.metadata.aliases)}:
+                if key in self._by_key:
+                    raise ValueError(f"duplicate tool name {key!r}")
+                self._by_key[key] = tool
 
     @property
     def names(self) -> List[str]:
@@ -94,8 +98,8 @@ class Toolbox:
         return [tool.name for tool in self._tools.values()]
 
     def get(self, name: str) -> Optional[Tool]:
-        """The tool called ``name`` (case and ``_``/``-``/space insensitive), or None."""
-        return self._tools.get(normalize_tool_name(name))
+        """The tool called ``name`` or one of its aliases (case and ``_``/``-``/space insensitive), or None."""
+        return self._by_key.get(normalize_tool_name(name))
 
     def describe(self) -> str:
         """One line per tool, for prompts."""

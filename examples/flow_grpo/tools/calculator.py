@@ -131,6 +131,7 @@ class CalculatorTool(Tool):
             ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "(12 + 30) * 4"),
             ("Compute 15 * 16 - 7.", "Compute the value", "15 * 16 - 7"),
         ),
+        aliases=("calc", "calculate", "math", "maths", "arithmetic"),
     )
 
     def run(self, tool_input: str) -> ToolResult:

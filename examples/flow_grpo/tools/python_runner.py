@@ -227,6 +227,7 @@ class PythonTool(Tool):
             ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "print((12 + 30) * 4)"),
             ("What is the sum of 1 to 50?", "Add the numbers 1 to 50", "print(sum(range(1, 51)))"),
         ),
+        aliases=("python_code", "code", "python_coder"),
     )
 
     def __init__(self, timeout: float = 10.0, memory_mb: int = 512) -> None:

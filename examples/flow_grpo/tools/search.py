@@ -151,6 +151,7 @@ class SearchTool(Tool):
             ("Who discovered penicillin?", "Find who discovered penicillin", "discovered penicillin"),
             ("In what year did the Hubble telescope launch?", "Find the launch year", "Hubble telescope launch year"),
         ),
+        aliases=("web_search", "encyclopedia", "lookup"),
     )
 
     def __init__(self, corpus: Union[str, Path, Sequence[Document], None] = None, k: int = 1) -> None:
