@@ -159,19 +159,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     solver = FlowSolver(SolverConfig(max_turns=args.max_turns))
     reward_fn = RuleReward()
     with contextlib.ExitStack() as stack:
-        if args.planner_url is not None:
-            endpoints = (
-                args.planner_url,
-                args.planner_model,
-                args.fixed_url or args.planner_url,
-                args.fixed_model or args.planner_model,
-            )
-        else:
-            from examples.flow_grpo.solve import local_endpoints
+        from examples.flow_grpo.solve import open_endpoints
 
-            print(f"Loading {args.model} ...", file=sys.stderr)
-            endpoints = stack.enter_context(local_endpoints(args))
-        planner_url, planner_model, fixed_url, fixed_model = endpoints
+        planner_url, planner_model, fixed_url, fixed_model = open_endpoints(args, stack)
 
         def solve(task: Dict[str, Any]) -> Dict[str, Any]:
             fixed = RoleLLM.from_endpoint(fixed_url, fixed_model)

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from examples.flow_grpo.agents import RoleLLM
 from examples.flow_grpo.solver import FlowSolver, SolverConfig
 
-__all__ = ["local_endpoints", "main", "resolve_checkpoint"]
+__all__ = ["local_endpoints", "main", "open_endpoints", "resolve_checkpoint"]
 
 _STEP_PREFIX = "step_"
 
@@ -106,6 +106,20 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
+def open_endpoints(args: argparse.Namespace, stack: contextlib.ExitStack) -> Tuple[str, str, str, str]:
+    """(planner url, model, fixed url, model): the ``--planner-url``/``--fixed-url`` servers when given, else the
+    base model (and planner checkpoint) served in-process until ``stack`` closes."""
+    if args.planner_url is not None:
+        return (
+            args.planner_url,
+            args.planner_model,
+            args.fixed_url or args.planner_url,
+            args.fixed_model or args.planner_model,
+        )
+    print(f"Loading {args.model} ...", file=sys.stderr)
+    return stack.enter_context(local_endpoints(args))
+
+
 @contextlib.contextmanager
 def local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, str]]:
     """Serve the base model (and the planner checkpoint) in-process; yield (planner url, model, fixed url, model).
@@ -170,17 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Command-line entry point; returns the exit status (2 for bad arguments, via argparse)."""
     args = _parse_args(argv)
     with contextlib.ExitStack() as stack:
-        if args.planner_url is not None:
-            endpoints = (
-                args.planner_url,
-                args.planner_model,
-                args.fixed_url or args.planner_url,
-                args.fixed_model or args.planner_model,
-            )
-        else:
-            print(f"Loading {args.model} ...", file=sys.stderr)
-            endpoints = stack.enter_context(local_endpoints(args))
-        planner_url, planner_model, fixed_url, fixed_model = endpoints
+        planner_url, planner_model, fixed_url, fixed_model = open_endpoints(args, stack)
         planner = RoleLLM.from_endpoint(
             planner_url, planner_model, api_key=args.api_key, sampling_parameters={"temperature": args.temperature}
         )
