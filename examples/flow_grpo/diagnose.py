@@ -129,13 +129,9 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
             parser.error(f"--oracle-tool expects SOURCE=TOOL, got {item!r}")
         tools[source] = tool
     args.oracle_tools = tools
-    if args.checkpoint is not None:
-        from examples.flow_grpo.solve import CheckpointError, resolve_checkpoint
+    from examples.flow_grpo.solve import resolve_checkpoint_argument
 
-        try:
-            args.checkpoint_kind, args.checkpoint_path = resolve_checkpoint(args.checkpoint)
-        except CheckpointError as exc:
-            parser.error(str(exc))
+    resolve_checkpoint_argument(parser, args)
     return args
 
 

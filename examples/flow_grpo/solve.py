@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from examples.flow_grpo.agents import RoleLLM
 from examples.flow_grpo.solver import FlowSolver, SolverConfig
 
-__all__ = ["local_endpoints", "main", "open_endpoints", "resolve_checkpoint"]
+__all__ = ["local_endpoints", "main", "open_endpoints", "resolve_checkpoint", "resolve_checkpoint_argument"]
 
 _STEP_PREFIX = "step_"
 
@@ -98,12 +98,17 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("--fixed-url/--fixed-model need --planner-url (the local mode serves one base model)")
     if args.planner_url is not None and args.checkpoint is not None:
         parser.error("--checkpoint loads into the local engine; serve it yourself when using --planner-url")
+    resolve_checkpoint_argument(parser, args)
+    return args
+
+
+def resolve_checkpoint_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Set ``args.checkpoint_kind`` / ``args.checkpoint_path`` from ``--checkpoint`` (exit 2 with the reason if bad)."""
     if args.checkpoint is not None:
         try:
             args.checkpoint_kind, args.checkpoint_path = resolve_checkpoint(args.checkpoint)
         except CheckpointError as exc:
             parser.error(str(exc))
-    return args
 
 
 def open_endpoints(args: argparse.Namespace, stack: contextlib.ExitStack) -> Tuple[str, str, str, str]:
