@@ -7,8 +7,9 @@ must wake up and meet). This forward keeps the arithmetic of the transformers im
 * the query/key/value projections of a layer are one matrix multiplication, and so are the gate/up projections;
 * weights are reordered once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``) when torch has
   oneDNN, which makes the small-batch matrix products about twice as fast as ``F.linear`` on plain weights;
-* RMSNorm is torch's fused ``F.rms_norm``, attention is one ``scaled_dot_product_attention`` call with grouped
-  key/value heads, and the key/value states go into :class:`~agentbolt.serving.kv_cache.KVCache` in place;
+* RMSNorm is torch's ``F.rms_norm`` on a float32 copy (rounded like transformers), attention is one
+  ``scaled_dot_product_attention`` call with grouped key/value heads, and the key/value states go into
+  :class:`~agentbolt.serving.kv_cache.KVCache` in place;
 * only the last position's logits are computed.
 
 The weights are copied into the fused layout, so the copy must follow the model: the engine rebuilds it whenever
@@ -193,11 +194,10 @@ class FastForward:
         visible = torch.ones(new, total, dtype=torch.bool, device=input_ids.device).tril(past)
         visible = mask[:, None, None, :total].bool() & visible
         visible[:, :, torch.arange(new), torch.arange(past, total)] = True
-        width = hidden.shape[-1]
         sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         linear = self._linear
         for index, layer in enumerate(self._layers):
-            normed = F.rms_norm(hidden, (width,), layer["norm_attention"], self.eps)
+            normed = _rms_norm(hidden, layer["norm_attention"], self.eps)
             query, key, value = linear(normed, layer["qkv"], layer["qkv_bias"]).split(sizes, dim=-1)
             query = _rotate(query.view(batch, new, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             key = _rotate(key.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
@@ -208,10 +208,10 @@ class FastForward:
             )
             attended = attended.transpose(1, 2).reshape(batch, new, self.heads * self.head_dim)
             hidden = hidden + linear(attended, layer["o"], layer["o_bias"])
-            normed = F.rms_norm(hidden, (width,), layer["norm_mlp"], self.eps)
+            normed = _rms_norm(hidden, layer["norm_mlp"], self.eps)
             gate, up = linear(normed, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
             hidden = hidden + linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
-        last = F.rms_norm(hidden[:, -1], (width,), inner.norm.weight, self.eps)
+        last = _rms_norm(hidden[:, -1], inner.norm.weight, self.eps)
         return linear(last, self._head, None)
 
 
@@ -230,6 +230,17 @@ def _unsupported_adapters(model: Any) -> Optional[str]:
         if any(module.use_dora.values()) or any(getattr(module, "lora_bias", {}).values()):
             return f"adapter layer {name} uses DoRA or a LoRA bias"
     return None
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm rounded like the transformers Llama implementation: normalize in float32, cast, then scale.
+
+    ``F.rms_norm`` on bfloat16 inputs rounds differently (it moved the embedded model's first-token log-prob by 0.2
+    and changed greedy answers), so the normalization runs on a float32 copy.
+    """
+    import torch.nn.functional as F
+
+    return weight * F.rms_norm(hidden.float(), (hidden.shape[-1],), None, eps).to(hidden.dtype)
 
 
 def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

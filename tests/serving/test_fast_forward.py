@@ -105,8 +105,8 @@ def test_fast_forward_bfloat16_stays_close_to_transformers(tiny_model_dir: Path)
     with torch.inference_mode():
         reference = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
         ours = fast(ids, positions, mask, KVCache()).float()
-    scale = reference.abs().max()
-    assert (ours - reference).abs().max() <= 0.05 * scale
+    # Same rounding as transformers (RMSNorm in float32): equal up to bf16 matmul blocking, not just close.
+    assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
     assert torch.equal(ours.argmax(-1), reference.argmax(-1))
 
 
