@@ -21,6 +21,7 @@ does not cover (other architectures, other adapter types, GPUs) run through tran
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
@@ -288,6 +289,7 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, 8)
 
 
+@functools.cache
 def _linear_kernels(dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
     """oneDNN's reordered-weight matmul when torch has it (checked once on a tiny product), else ``F.linear``."""
     import torch
