@@ -10,7 +10,9 @@ must wake up and meet). This forward keeps the arithmetic of the transformers im
 * RMSNorm is torch's ``F.rms_norm`` on a float32 copy (rounded like transformers), attention is one
   ``scaled_dot_product_attention`` call with grouped key/value heads, and the key/value states go into
   :class:`~agentbolt.serving.kv_cache.KVCache` in place;
-* only the last position's logits are computed.
+* only the last position's logits are computed;
+* decoding steps (one new token per row) run all layers in one call to the fused C++ kernels of
+  :mod:`agentbolt.serving.decode_kernels` when they build on this machine (``kernels=False`` opts out).
 
 The weights are copied into the fused layout, so the copy must follow the model: the engine rebuilds it whenever
 its ``weight_version`` changes (in-place training updates, weight swaps, adapter changes). A model with PEFT LoRA
@@ -44,9 +46,11 @@ class FastForward:
     Args:
         model: A transformers causal LM, or a PEFT model around one.
         adapter: For a PEFT model: the LoRA adapter merged into the fused weights (``None``: the base weights).
+        kernels: Run decoding steps through the fused C++ kernels when they are available (see
+            :func:`~agentbolt.serving.decode_kernels.load_decode_kernels`); ``False`` keeps every step in Python.
     """
 
-    def __init__(self, model: Any, adapter: Optional[str] = None) -> None:
+    def __init__(self, model: Any, adapter: Optional[str] = None, kernels: bool = True) -> None:
         if getattr(model, "peft_config", None):
             model = model.get_base_model()
         config = model.config
@@ -62,16 +66,29 @@ class FastForward:
         self._layers: List[Dict[str, Any]] = []
         self._head: Any = None
         self._fused: Dict[int, Tuple[Tuple[Any, ...], torch.Tensor]] = {}  # id(first linear) -> (sources, fused)
+        self._kernels: Any = _decode_kernels_for(self.head_dim) if kernels else None
+        self._kernel_layers: List[Tuple[Any, ...]] = []
         self.refresh()
+        logger.info(
+            "Lean CPU forward for %s%s, decoding steps %s",
+            type(model).__name__,
+            f" with adapter {adapter!r}" if adapter else "",
+            "through the fused C++ kernels" if self._kernels is not None else "in Python",
+        )
+
+    @property
+    def uses_kernels(self) -> bool:
+        """Whether decoding steps run through the fused C++ kernels."""
+        return self._kernels is not None
 
     @classmethod
-    def create(cls, model: Any, adapter: Optional[str] = None) -> Optional[FastForward]:
+    def create(cls, model: Any, adapter: Optional[str] = None, kernels: bool = True) -> Optional[FastForward]:
         """Return a fast forward for ``model`` (with ``adapter`` merged), or ``None`` when it is not covered."""
         reason = cls.unsupported_reason(model)
         if reason is not None:
             logger.info("Generic transformers forward in use: %s", reason)
             return None
-        return cls(model, adapter)
+        return cls(model, adapter, kernels)
 
     @staticmethod
     def unsupported_reason(model: Any) -> Optional[str]:
@@ -133,6 +150,8 @@ class FastForward:
                 )
             self._head = self._fuse((self.model.lm_head,))
         self._layers = layers
+        names = ("norm_attention", "qkv", "qkv_bias", "o", "o_bias", "norm_mlp", "gate_up", "gate_up_bias", "down")
+        self._kernel_layers = [(*(layer[name] for name in names), layer["down_bias"]) for layer in layers]
 
     def _fuse(self, linears: Any) -> torch.Tensor:
         import torch
@@ -184,6 +203,8 @@ class FastForward:
         import torch.nn.functional as F
 
         batch, new = input_ids.shape
+        if new == 1 and self._kernels is not None:
+            return self._decode_with_kernels(input_ids, positions, mask, cache)
         inner = self.model.model
         hidden = inner.embed_tokens(input_ids)
         cos, sin = inner.rotary_emb(hidden, positions)
@@ -214,6 +235,51 @@ class FastForward:
             hidden = hidden + linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
         last = _rms_norm(hidden[:, -1], inner.norm.weight, self.eps)
         return linear(last, self._head, None)
+
+    def _decode_with_kernels(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """One decoding step (one new token per row) through the fused C++ kernels."""
+        import torch
+
+        inner = self.model.model
+        hidden = inner.embed_tokens(input_ids[:, 0])
+        cos, sin = inner.rotary_emb(hidden, positions)
+        like = hidden.new_empty(hidden.shape[0], self.kv_heads, 1, self.head_dim)
+        keys, values = [], []
+        column = 0
+        for index in range(len(self._layers)):
+            buffer_k, buffer_v, column = cache.reserve(index, like, 1)
+            keys.append(buffer_k)
+            values.append(buffer_v)
+        return self._kernels.decode_step(
+            hidden,
+            cos[:, 0].contiguous(),
+            sin[:, 0].contiguous(),
+            mask.to(torch.long).contiguous(),
+            column,
+            self._kernel_layers,
+            keys,
+            values,
+            inner.norm.weight.detach(),
+            self._head,
+            self.heads,
+            self.kv_heads,
+            self.intermediate,
+            self.eps,
+            self._linear is _packed_linear,
+        )
+
+
+def _decode_kernels_for(head_dim: int) -> Any:
+    """The decoding kernels when they are available and cover ``head_dim``, else ``None``."""
+    from agentbolt.serving.decode_kernels import load_decode_kernels
+
+    kernels = load_decode_kernels()
+    if kernels is not None and head_dim % kernels.vector_width():
+        logger.info("Decoding kernels need head_dim a multiple of %d (got %d)", kernels.vector_width(), head_dim)
+        return None
+    return kernels
 
 
 def _unsupported_adapters(model: Any) -> Optional[str]:

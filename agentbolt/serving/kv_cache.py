@@ -46,22 +46,29 @@ class KVCache:
 
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append ``[batch, kv_heads, new, head_dim]`` states to ``layer``; return all its states so far (views)."""
+        buffer_k, buffer_v, start = self.reserve(layer, keys, keys.shape[-2])
+        end = start + keys.shape[-2]
+        buffer_k[:, :, start:end] = keys
+        buffer_v[:, :, start:end] = values
+        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+    def reserve(self, layer: int, like: torch.Tensor, new: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        """Count ``new`` more columns as filled in ``layer`` and return its whole key and value buffers and the first
+        new column, for the caller to write the new states into (``like`` gives batch, heads, head_dim, dtype)."""
         self._ensure_layer(layer)
         start = self.lengths[layer]
-        end = start + keys.shape[-2]
+        end = start + new
         buffer_k, buffer_v = self.keys[layer], self.values[layer]
         if buffer_k is None or buffer_v is None or end > buffer_k.shape[-2]:
             capacity = max(end + _HEADROOM, 2 * (buffer_k.shape[-2] if buffer_k is not None else 0))
-            shape = (*keys.shape[:-2], capacity, keys.shape[-1])
-            grown_k, grown_v = keys.new_empty(shape), values.new_empty(shape)
+            shape = (like.shape[0], like.shape[1], capacity, like.shape[-1])
+            grown_k, grown_v = like.new_empty(shape), like.new_empty(shape)
             if buffer_k is not None and buffer_v is not None and start:
                 grown_k[:, :, :start] = buffer_k[:, :, :start]
                 grown_v[:, :, :start] = buffer_v[:, :, :start]
             self.keys[layer], self.values[layer] = buffer_k, buffer_v = grown_k, grown_v
-        buffer_k[:, :, start:end] = keys
-        buffer_v[:, :, start:end] = values
         self.lengths[layer] = end
-        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+        return buffer_k, buffer_v, start
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep (or repeat) the batch rows listed in ``index``, in that order."""

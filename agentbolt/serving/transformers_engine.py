@@ -325,6 +325,8 @@ class TransformersEngine:
         self.load()
         if self._thread is not None:
             return
+        if self.fast_forward:  # build the fused copies (and compile the decoding kernels) before the first request
+            self._fast_forward_for_step()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="agentbolt-engine", daemon=True)
         self._thread.start()

@@ -20,6 +20,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return create_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama whose head_dim (16) the fused decoding kernels cover (the default tiny model's is 8)."""
+    return create_tiny_model(tmp_path_factory.mktemp("tiny-llama-16"), seed=1, hidden_size=64)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[TransformersEngine]:
     # float32 keeps batched and unbatched logits equal to ~1e-6, so greedy results can be compared exactly.

@@ -1,0 +1,126 @@
+"""Fused C++ kernels for the decoding steps of :class:`~agentbolt.serving.fast_forward.FastForward`.
+
+``csrc/decode_kernels.cpp`` runs every layer of one decoding step (one new token per row) in a single call:
+RMSNorm with the residual add, rotary embedding with the key/value cache write, attention of the new token over the
+cache, and the matrix products through the same oneDNN kernels as the Python path. Rounding follows the eager
+PyTorch operators, so results match the Python path exactly except for float32 accumulation order in attention.
+
+The source is compiled on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, ninja from
+the ``ninja`` package, ``-O3 -march=native``, about half a minute) into
+``$XDG_CACHE_HOME/agentbolt/kernels/<key>`` (default ``~/.cache/...``), where the key covers the source, the torch
+version and the CPU's instruction sets; later processes load the built library in milliseconds. Without a compiler
+(or with ``AGENTBOLT_DECODE_KERNELS=0``) :func:`load_decode_kernels` returns ``None`` and the fast forward keeps
+its Python decoding path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+__all__ = ["kernel_cache_dir", "load_decode_kernels"]
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "csrc" / "decode_kernels.cpp"
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+_LOCK = threading.Lock()
+
+
+def kernel_cache_dir() -> Path:
+    """Directory under which built kernels are kept (one subdirectory per source/torch/CPU combination)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "agentbolt" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's instruction-set flags (``-march=native`` builds are only valid on CPUs that have them)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _build_key() -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(_CFLAGS).encode(), _cpu_flags().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """Put the ``ninja`` package's binary (or the interpreter's bin directory) on ``PATH`` while building."""
+    directories = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        directories.insert(0, str(ninja.BIN_DIR))
+    except ImportError:
+        pass
+    saved = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([*directories, saved])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved
+
+
+@functools.cache
+def load_decode_kernels() -> Optional[Any]:
+    """Build (once per machine) and load the decoding kernels; ``None`` when they cannot be used here.
+
+    The reason is logged once: kernels disabled by ``AGENTBOLT_DECODE_KERNELS=0``, no C++ compiler, or a failed
+    build (its compiler output is in the log at DEBUG level).
+    """
+    if os.environ.get("AGENTBOLT_DECODE_KERNELS", "1").strip().lower() in {"0", "false", "no", "off"}:
+        logger.info("Decoding kernels disabled by AGENTBOLT_DECODE_KERNELS")
+        return None
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        logger.warning("No C++ compiler (%s) found: decoding runs on the slower Python path", compiler)
+        return None
+    with _LOCK:
+        from torch.utils import cpp_extension
+
+        key = _build_key()
+        directory = kernel_cache_dir() / key
+        directory.mkdir(parents=True, exist_ok=True)
+        built = any(directory.glob("*.so"))
+        if not built:
+            logger.info("Compiling the decoding kernels into %s (once per machine, about 30 s)", directory)
+        started = time.monotonic()
+        try:
+            with _ninja_on_path():
+                module = cpp_extension.load(
+                    name=f"agentbolt_decode_kernels_{key}",
+                    sources=[str(_SOURCE)],
+                    extra_cflags=_CFLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(directory),
+                    verbose=False,
+                )
+        except Exception as exc:  # compiler errors, missing ninja, an incompatible toolchain
+            logger.warning("Building the decoding kernels failed (%s): decoding runs on the slower Python path", exc)
+            logger.debug("Kernel build failure", exc_info=True)
+            return None
+        if not built:
+            logger.info("Decoding kernels built in %.1f s", time.monotonic() - started)
+        return module

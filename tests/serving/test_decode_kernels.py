@@ -1,0 +1,245 @@
+"""The fused C++ decoding kernels: each kernel against the PyTorch operators it replaces (bit for bit where the
+rounding is the same, to accumulation order in attention), whole decoding steps against the Python path and
+transformers (Llama and Qwen2 with projection biases), input checks, and the fallbacks when they cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from agentbolt.serving import decode_kernels
+from agentbolt.serving.decode_kernels import load_decode_kernels
+from agentbolt.serving.fast_forward import FastForward, _rms_norm, _rotate
+from agentbolt.serving.kv_cache import KVCache
+from agentbolt.serving.params import SamplingParams
+from agentbolt.serving.transformers_engine import TransformersEngine
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Any:
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on this machine: the kernels cannot be built")
+    module = load_decode_kernels()
+    assert module is not None, "a C++ compiler is present, so the decoding kernels must build"
+    return module
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_rounds_like_the_python_path(kernels: Any, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    hidden, residual = torch.randn(5, 96).to(dtype) * 3, torch.randn(5, 96).to(dtype)
+    weight = torch.randn(96).to(dtype)
+    # bfloat16 results round at the same points as the Python path; float32 ones differ in summation order only.
+    same = torch.equal if dtype == torch.bfloat16 else lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    normed, summed = kernels.add_rms_norm(hidden, residual, weight, 1e-5)
+    assert torch.equal(summed, hidden + residual)
+    assert same(normed, _rms_norm(hidden + residual, weight, 1e-5))
+    normed, unchanged = kernels.add_rms_norm(hidden, None, weight, 1e-6)
+    assert torch.equal(unchanged, hidden)
+    assert same(normed, _rms_norm(hidden, weight, 1e-6))
+
+
+def _rotary(batch: int, head_dim: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    positions = torch.randint(0, 300, (batch, 1)).float()
+    frequencies = positions / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.cat([frequencies, frequencies], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_kv_rotates_like_the_python_path_and_writes_the_cache(kernels: Any, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    batch, heads, kv_heads, head_dim = 3, 6, 2, 16
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    cos, sin = _rotary(batch, head_dim, dtype)
+    # A cache whose leading columns were dropped: a view with the strides of a larger buffer.
+    keys = torch.zeros(batch, kv_heads, 12, head_dim, dtype=dtype)[:, :, 2:]
+    values = torch.zeros(batch, kv_heads, 12, head_dim, dtype=dtype)[:, :, 2:]
+    query = kernels.rotary_kv(qkv, cos, sin, keys, values, 4, heads, kv_heads)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    assert torch.equal(query, _rotate(q.view(batch, heads, head_dim), cos[:, None], sin[:, None]))
+    assert torch.equal(keys[:, :, 4], _rotate(k.view(batch, kv_heads, head_dim), cos[:, None], sin[:, None]))
+    assert torch.equal(values[:, :, 4], v.view(batch, kv_heads, head_dim))
+    assert keys[:, :, :4].eq(0).all() and values[:, :, 5:].eq(0).all()  # only the column asked for is written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_matches_sdpa_with_padding_and_grouped_heads(kernels: Any, dtype: torch.dtype) -> None:
+    torch.manual_seed(2)
+    batch, heads, kv_heads, head_dim, length = 4, 6, 2, 32, 37
+    query = torch.randn(batch, heads, head_dim).to(dtype)
+    keys = torch.randn(batch, kv_heads, 50, head_dim).to(dtype)[:, :, 3:]  # strided view, room past `length`
+    values = torch.randn(batch, kv_heads, 50, head_dim).to(dtype)[:, :, 3:]
+    mask = torch.ones(batch, length + 5, dtype=torch.long)  # wider than `length`: only the first columns count
+    mask[1, :10] = 0  # left padding of different widths
+    mask[3, :36] = 0  # a row that sees only its newest position
+    ours = kernels.decode_attention(query, keys, values, mask, length)
+    expected = F.scaled_dot_product_attention(
+        query.unsqueeze(2).float(),
+        keys[:, :, :length].float(),
+        values[:, :, :length].float(),
+        attn_mask=mask[:, None, None, :length].bool(),
+        enable_gqa=True,
+    ).reshape(batch, heads * head_dim)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(ours.float(), expected, atol=tolerance)
+    assert torch.allclose(ours[3].float(), values[3, :, length - 1].float().repeat_interleave(3, 0).flatten())
+
+
+def test_kernels_reject_bad_inputs_with_clear_errors(kernels: Any) -> None:
+    hidden = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernels.add_rms_norm(hidden.half(), None, torch.ones(8).half(), 1e-5)
+    with pytest.raises(RuntimeError, match="weight must match"):
+        kernels.add_rms_norm(hidden, None, torch.ones(7), 1e-5)
+    keys = torch.zeros(2, 1, 4, 16)
+    qkv, cos = torch.randn(2, 3 * 16), torch.randn(2, 16)
+    with pytest.raises(RuntimeError, match="column outside the cache"):
+        kernels.rotary_kv(qkv, cos, cos, keys, keys.clone(), 4, 1, 1)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        kernels.rotary_kv(torch.randn(2, 40), cos, cos, keys, keys.clone(), 0, 1, 1)
+    query = torch.randn(2, 1, 16)
+    with pytest.raises(RuntimeError, match="mask must be int64"):
+        kernels.decode_attention(query, keys, keys, torch.ones(2, 4, dtype=torch.int32), 4)
+    with pytest.raises(RuntimeError, match="length outside the cache"):
+        kernels.decode_attention(query, keys, keys, torch.ones(2, 9, dtype=torch.long), 9)
+    with pytest.raises(RuntimeError, match="caches must be"):
+        kernels.decode_attention(query, keys, keys[:, :, :3], torch.ones(2, 4, dtype=torch.long), 3)
+
+
+def _decode_steps(forward: Any, steps: int = 12) -> List[torch.Tensor]:
+    """Prefill two left-padded rows, then greedy-decode ``steps`` tokens; return every step's logits."""
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = KVCache()
+    outputs = [forward(ids, positions, mask, cache)]
+    next_positions = positions[:, -1:] + 1
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        outputs.append(forward(outputs[-1].argmax(-1, keepdim=True), next_positions, mask, cache))
+        next_positions = next_positions + 1
+    return outputs
+
+
+def _transformers_steps(model: Any, steps: int = 12) -> List[torch.Tensor]:
+    """The same decoding as :func:`_decode_steps` through the transformers forward."""
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    outputs: List[torch.Tensor] = []
+    for _ in range(steps + 1):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        outputs.append(model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1])
+        ids = torch.cat([ids, outputs[-1].argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+    return outputs
+
+
+def test_decoding_steps_match_the_python_path_and_transformers(kernels: Any, kernel_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.float32).eval()
+    fused, python = FastForward(model), FastForward(model, kernels=False)
+    assert fused.uses_kernels and not python.uses_kernels
+    with torch.inference_mode():
+        ours, theirs, reference = _decode_steps(fused), _decode_steps(python), _transformers_steps(model)
+    # Logits of magnitude ~13: the three forwards differ in float32 summation order only (up to ~1e-5 relative).
+    for mine, other, expected in zip(ours, theirs, reference, strict=True):
+        assert torch.allclose(mine, other, atol=2e-4)
+        assert torch.allclose(mine, expected, atol=2e-4)
+        assert torch.equal(mine.argmax(-1), expected.argmax(-1))
+
+
+def test_decoding_steps_in_bfloat16_stay_with_the_python_path(kernels: Any, kernel_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.bfloat16).eval()
+    with torch.inference_mode():
+        ours, theirs = _decode_steps(FastForward(model)), _decode_steps(FastForward(model, kernels=False))
+    for mine, other in zip(ours, theirs, strict=True):
+        assert (mine.float() - other.float()).abs().max() <= 2e-2 * other.float().abs().max()
+        assert torch.equal(mine.argmax(-1), other.argmax(-1))
+
+
+def test_projection_biases_of_qwen2_models(kernels: Any) -> None:
+    torch.manual_seed(4)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # non-zero biases, so that leaving them out would show
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_()
+    fused = FastForward(model)
+    assert fused.uses_kernels and fused._layers[0]["qkv_bias"] is not None
+    with torch.inference_mode():
+        for mine, expected in zip(_decode_steps(fused), _transformers_steps(model), strict=True):
+            assert torch.allclose(mine, expected, atol=1e-4)
+
+
+def test_engine_decodes_through_the_kernels_with_continuous_batching(kernels: Any, kernel_model_dir: Path) -> None:
+    fused = TransformersEngine(kernel_model_dir, dtype="float32", max_batch_size=4, served_name="fused")
+    generic = TransformersEngine(kernel_model_dir, dtype="float32", max_batch_size=4, fast_forward=False)
+    fused.start()
+    generic.start()
+    try:
+        fast = fused._fast_forward_for_step()
+        assert fast is not None and fast.uses_kernels
+        prompts = [
+            fused.encode_chat([{"role": "user", "content": text}]) for text in ("a", "longer prompt here", "b c")
+        ]
+        params = [SamplingParams(max_tokens=5 + 4 * i, temperature=0, logprobs=True, ignore_eos=True) for i in range(3)]
+
+        def run(engine: TransformersEngine) -> List[Any]:
+            import asyncio
+
+            async def together() -> List[Any]:
+                return list(
+                    await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+                )
+
+            return asyncio.run(together())
+
+        for mine, reference in zip(run(fused), run(generic), strict=True):
+            assert mine.choices[0].token_ids == reference.choices[0].token_ids
+            assert torch.allclose(
+                torch.tensor(mine.choices[0].logprobs), torch.tensor(reference.choices[0].logprobs), atol=1e-4
+            )
+    finally:
+        fused.stop()
+        generic.stop()
+
+
+def test_kernels_can_be_disabled(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("AGENTBOLT_DECODE_KERNELS", "0")
+    with caplog.at_level(logging.INFO, logger="agentbolt.serving.decode_kernels"):
+        assert load_decode_kernels.__wrapped__() is None
+    assert "disabled by AGENTBOLT_DECODE_KERNELS" in caplog.text
+
+
+def test_missing_compiler_falls_back_to_python(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-agentbolt")
+    with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
+        assert load_decode_kernels.__wrapped__() is None
+    assert "No C++ compiler (no-such-compiler-agentbolt)" in caplog.text
+
+
+def test_a_failed_build_falls_back_to_python(
+    kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "decode_kernels.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(decode_kernels, "_SOURCE", broken)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
+        assert load_decode_kernels.__wrapped__() is None
+    assert "Building the decoding kernels failed" in caplog.text
