@@ -318,6 +318,8 @@ class TransformersEngine:
         self._eos_ids = eos
         if getattr(model, "peft_config", None):
             self.adapters.update({name: "" for name in model.peft_config})
+        if self.fast_forward:  # build the fused copies (and compile the decoding kernels) before accepting requests
+            self._fast_forward_for_step()
         self._loaded.set()
 
     def start(self) -> None:
@@ -325,8 +327,6 @@ class TransformersEngine:
         self.load()
         if self._thread is not None:
             return
-        if self.fast_forward:  # build the fused copies (and compile the decoding kernels) before the first request
-            self._fast_forward_for_step()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="agentbolt-engine", daemon=True)
         self._thread.start()

@@ -1,0 +1,19 @@
+"""Suite-wide setup: compile the serving engine's decoding kernels before the first test.
+
+Building them takes about half a minute once per machine (later runs load the cached library). Doing it here keeps
+that time out of whichever test happens to start the first inference engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if importlib.util.find_spec("torch") is None:
+        return
+    from agentbolt.serving.decode_kernels import load_decode_kernels
+
+    load_decode_kernels()
