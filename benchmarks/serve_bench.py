@@ -62,10 +62,10 @@ async def _level(base_url: str, concurrency: int, rounds: int, max_tokens: int) 
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         await _one(client, _prompts(1)[0], 4)  # warm-up
         results: List[Dict[str, float]] = []
-        started = time.perf_counter()
+        started, client_cpu = time.perf_counter(), time.process_time()
         for _ in range(rounds):
             results += await asyncio.gather(*(_one(client, m, max_tokens) for m in _prompts(concurrency)))
-        elapsed = time.perf_counter() - started
+        elapsed, client_cpu = time.perf_counter() - started, time.process_time() - client_cpu
     tokens = sum(r["tokens"] for r in results)
     ttfts = [r["ttft"] for r in results]
     return {
@@ -77,6 +77,7 @@ async def _level(base_url: str, concurrency: int, rounds: int, max_tokens: int) 
         "ttft_p50_s": round(statistics.median(ttfts), 3),
         "ttft_max_s": round(max(ttfts), 3),
         "latency_p50_s": round(statistics.median(r["latency"] for r in results), 3),
+        "client_cpu_s": round(client_cpu, 3),  # CPU time this (client) process took from the server's cores
     }
 
 
