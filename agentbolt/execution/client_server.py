@@ -97,6 +97,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         try:
             if self.managed_store:
                 server = LightningStoreServer(store, host=self.server_host, port=self.server_port)
+                server.launcher_args.log_level = logging.WARNING  # internal plumbing: no uvicorn lifecycle lines
                 await server.start()
                 logger.info("Store served at %s", server.endpoint)
                 store = server
