@@ -116,6 +116,44 @@ def test_kernels_reject_bad_inputs_with_clear_errors(kernels: Any) -> None:
         kernels.decode_attention(query, keys, keys[:, :, :3], torch.ones(2, 4, dtype=torch.long), 3)
 
 
+def _sequences(params: SamplingParams, count: int, seed: int) -> List[Any]:
+    from agentbolt.serving.transformers_engine import _Request, _Sequence
+
+    request = _Request([1], params, None, emit=lambda deltas: None, fail=lambda exc: None)
+    return [_Sequence(request, i, 8, torch.Generator().manual_seed(seed + i)) for i in range(count)]
+
+
+def test_sampling_kernel_picks_the_tokens_of_the_python_sampler(kernels: Any) -> None:
+    torch.manual_seed(5)
+    logits = torch.randn(64, 1000) * 4  # 4 blocks of 256 and a partial one
+    logits[:, 700:] = -1e9  # tokens the tempered distribution never picks (zero weight after exp)
+    for temperature in (0.0, 0.3, 0.7, 1.5):
+        params = SamplingParams(temperature=temperature)
+        fused = TransformersEngine._sample(_sequences(params, 64, seed=11), logits, kernels)
+        python = TransformersEngine._sample(_sequences(params, 64, seed=11), logits)
+        assert fused == python
+        assert max(fused) < 700
+    # Greedy rows take the first of equal maxima, like argmax.
+    tied = torch.zeros(2, 600)
+    tied[:, [5, 300]] = 1.0
+    assert TransformersEngine._sample(_sequences(SamplingParams(temperature=0.0), 2, seed=0), tied, kernels) == [5, 5]
+
+
+def test_sampling_kernel_follows_the_tempered_distribution(kernels: Any) -> None:
+    probabilities = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = (torch.log(probabilities) * 2).expand(4000, 5).contiguous()  # temperature 2 undoes the doubling
+    picks = TransformersEngine._sample(_sequences(SamplingParams(temperature=2.0), 4000, seed=3), logits, kernels)
+    frequencies = torch.bincount(torch.tensor(picks), minlength=5).float() / 4000
+    assert torch.allclose(frequencies, probabilities, atol=0.03)
+
+
+def test_sampling_kernel_rejects_bad_inputs(kernels: Any) -> None:
+    with pytest.raises(RuntimeError, match="logits must be float32"):
+        kernels.sample_tokens(torch.zeros(2, 4, dtype=torch.bfloat16), torch.ones(2), torch.zeros(2))
+    with pytest.raises(RuntimeError, match="temperatures and uniforms"):
+        kernels.sample_tokens(torch.zeros(2, 4), torch.ones(3), torch.zeros(2))
+
+
 def _decode_steps(forward: Any, steps: int = 12) -> List[torch.Tensor]:
     """Prefill two left-padded rows, then greedy-decode ``steps`` tokens; return every step's logits."""
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])

@@ -305,6 +305,76 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   return out;
 }
 
+// Next token of every row: the first maximum where the temperature is 0, else a draw from softmax(logits / T)
+// by inverting its cumulative distribution at uniforms[row] (in [0, 1)), like the engine's Python sampler:
+// the first token whose cumulative weight exceeds uniforms[row] times the total. Weights are summed per block of
+// 256 tokens (vectorized), the block holding the target is found from the block sums and scanned token by token.
+torch::Tensor sample_tokens(const torch::Tensor& logits, const torch::Tensor& temperatures,
+                            const torch::Tensor& uniforms) {
+  check_cpu_contiguous(logits, "logits");
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat && logits.dim() == 2 && logits.size(1) > 0,
+              "logits must be float32 [rows, vocabulary]");
+  const int64_t rows = logits.size(0), vocabulary = logits.size(1);
+  for (const torch::Tensor* tensor : {&temperatures, &uniforms}) {
+    TORCH_CHECK(tensor->scalar_type() == torch::kFloat && tensor->is_contiguous() && tensor->numel() == rows &&
+                    tensor->device().is_cpu(),
+                "temperatures and uniforms must be float32 [rows]");
+  }
+  constexpr int64_t block = 256;
+  const int64_t blocks = (vocabulary + block - 1) / block;
+  auto tokens = torch::empty({rows}, logits.options().dtype(torch::kLong));
+  const float* values = logits.data_ptr<float>();
+  const float* temperature = temperatures.data_ptr<float>();
+  const float* uniform = uniforms.data_ptr<float>();
+  int64_t* chosen = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(blocks), weights(block);
+    for (int64_t row = begin; row < end; ++row) {
+      const float* x = values + row * vocabulary;
+      const float maximum =
+          at::vec::reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, x, vocabulary);
+      if (temperature[row] <= 0.0f) {
+        chosen[row] = std::find(x, x + vocabulary, maximum) - x;
+        continue;
+      }
+      const Vec top(maximum), divisor(temperature[row]);
+      // exp((x - max) / T) of one block into `weights`; returns how many tokens the block has.
+      auto block_weights = [&](int64_t index) {
+        const int64_t start = index * block, count = std::min(block, vocabulary - start);
+        for (int64_t i = 0; i < count; i += Vec::size()) {
+          const int64_t filled = std::min<int64_t>(Vec::size(), count - i);
+          ((Vec::loadu(x + start + i, filled) - top) / divisor).exp_u20().store(weights.data() + i, filled);
+        }
+        return count;
+      };
+      float total = 0.0f;
+      for (int64_t index = 0; index < blocks; ++index) {
+        const int64_t count = block_weights(index);
+        Vec partial(0.0f);
+        for (int64_t i = 0; i < count; i += Vec::size()) {
+          const int64_t filled = std::min<int64_t>(Vec::size(), count - i);
+          partial += Vec::set(Vec(0.0f), Vec::loadu(weights.data() + i, filled), filled);
+        }
+        sums[index] = at::vec::vec_reduce_all([](Vec a, Vec b) { return a + b; }, partial);
+        total += sums[index];
+      }
+      const float target = uniform[row] * total;
+      float reached = 0.0f;
+      int64_t index = 0;
+      while (index + 1 < blocks && reached + sums[index] <= target) reached += sums[index++];
+      const int64_t count = block_weights(index);
+      int64_t pick = -1;
+      for (int64_t i = 0; i < count; ++i) {
+        if (weights[i] > 0.0f) pick = i;  // rounding can leave the target past the block's last likely token
+        reached += weights[i];
+        if (reached > target && weights[i] > 0.0f) break;
+      }
+      chosen[row] = index * block + pick;
+    }
+  });
+  return tokens;
+}
+
 // One layer's weights as the fast forward keeps them (fused projections, optional biases).
 using LayerWeights = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor,
                                 c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor,
@@ -360,6 +430,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("add_rms_norm", &add_rms_norm, "(hidden + residual, weight * rms_norm(hidden + residual))");
   module.def("rotary_kv", &rotary_kv, "Rotate q and k, write k and v into the cache column, return q");
   module.def("decode_attention", &decode_attention, "Attention of one new token per row over the cache");
+  module.def("sample_tokens", &sample_tokens, "Greedy or inverse-CDF sampling of one token per row");
   module.def("vector_width", [] { return Vec::size(); }, "Floats per SIMD vector (head_dim must be a multiple)");
   module.def("decode_step", &decode_step, "All layers, final norm and output projection of one decoding step");
 }
