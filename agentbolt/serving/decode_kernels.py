@@ -16,7 +16,6 @@ its Python decoding path.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -25,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 __all__ = ["kernel_cache_dir", "load_decode_kernels"]
 
@@ -34,6 +33,7 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).parent / "csrc" / "decode_kernels.cpp"
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 _LOCK = threading.Lock()
+_LOADED: Dict[str, Optional[Any]] = {}  # "module": the outcome of the first load_decode_kernels()
 
 
 def kernel_cache_dir() -> Path:
@@ -83,13 +83,20 @@ def _ninja_on_path() -> Iterator[None]:
         os.environ["PATH"] = saved
 
 
-@functools.cache
 def load_decode_kernels() -> Optional[Any]:
     """Build (once per machine) and load the decoding kernels; ``None`` when they cannot be used here.
 
-    The reason is logged once: kernels disabled by ``AGENTBOLT_DECODE_KERNELS=0``, no C++ compiler, or a failed
-    build (its compiler output is in the log at DEBUG level).
+    The outcome is kept for the life of the process. The reason for ``None`` is logged once: kernels disabled by
+    ``AGENTBOLT_DECODE_KERNELS=0``, no C++ compiler, or a failed build (compiler output at DEBUG level).
     """
+    with _LOCK:
+        if "module" not in _LOADED:
+            _LOADED["module"] = _build_and_load()
+        return _LOADED["module"]
+
+
+def _build_and_load() -> Optional[Any]:
+    """Compile the kernels if this machine has no build of the current source yet, then import them."""
     if os.environ.get("AGENTBOLT_DECODE_KERNELS", "1").strip().lower() in {"0", "false", "no", "off"}:
         logger.info("Decoding kernels disabled by AGENTBOLT_DECODE_KERNELS")
         return None
@@ -97,30 +104,29 @@ def load_decode_kernels() -> Optional[Any]:
     if shutil.which(compiler) is None:
         logger.warning("No C++ compiler (%s) found: decoding runs on the slower Python path", compiler)
         return None
-    with _LOCK:
-        from torch.utils import cpp_extension
+    from torch.utils import cpp_extension
 
-        key = _build_key()
-        directory = kernel_cache_dir() / key
+    key = _build_key()
+    directory = kernel_cache_dir() / key
+    started = time.monotonic()
+    try:
         directory.mkdir(parents=True, exist_ok=True)
         built = any(directory.glob("*.so"))
         if not built:
             logger.info("Compiling the decoding kernels into %s (once per machine, about 30 s)", directory)
-        started = time.monotonic()
-        try:
-            with _ninja_on_path():
-                module = cpp_extension.load(
-                    name=f"agentbolt_decode_kernels_{key}",
-                    sources=[str(_SOURCE)],
-                    extra_cflags=_CFLAGS,
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(directory),
-                    verbose=False,
-                )
-        except Exception as exc:  # compiler errors, missing ninja, an incompatible toolchain
-            logger.warning("Building the decoding kernels failed (%s): decoding runs on the slower Python path", exc)
-            logger.debug("Kernel build failure", exc_info=True)
-            return None
-        if not built:
-            logger.info("Decoding kernels built in %.1f s", time.monotonic() - started)
-        return module
+        with _ninja_on_path():
+            module = cpp_extension.load(
+                name=f"agentbolt_decode_kernels_{key}",
+                sources=[str(_SOURCE)],
+                extra_cflags=_CFLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
+    except Exception as exc:  # compiler errors, missing ninja, an unwritable cache directory
+        logger.warning("Building the decoding kernels failed (%s): decoding runs on the slower Python path", exc)
+        logger.debug("Kernel build failure", exc_info=True)
+        return None
+    if not built:
+        logger.info("Decoding kernels built in %.1f s", time.monotonic() - started)
+    return module

@@ -258,7 +258,7 @@ def test_engine_decodes_through_the_kernels_with_continuous_batching(kernels: An
 def test_kernels_can_be_disabled(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("AGENTBOLT_DECODE_KERNELS", "0")
     with caplog.at_level(logging.INFO, logger="agentbolt.serving.decode_kernels"):
-        assert load_decode_kernels.__wrapped__() is None
+        assert decode_kernels._build_and_load() is None
     assert "disabled by AGENTBOLT_DECODE_KERNELS" in caplog.text
 
 
@@ -267,7 +267,7 @@ def test_missing_compiler_falls_back_to_python(
 ) -> None:
     monkeypatch.setenv("CXX", "no-such-compiler-agentbolt")
     with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
-        assert load_decode_kernels.__wrapped__() is None
+        assert decode_kernels._build_and_load() is None
     assert "No C++ compiler (no-such-compiler-agentbolt)" in caplog.text
 
 
@@ -279,5 +279,16 @@ def test_a_failed_build_falls_back_to_python(
     monkeypatch.setattr(decode_kernels, "_SOURCE", broken)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
-        assert load_decode_kernels.__wrapped__() is None
+        assert decode_kernels._build_and_load() is None
+    assert "Building the decoding kernels failed" in caplog.text
+
+
+def test_an_unusable_cache_directory_falls_back_to_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_text("a file where the cache directory should be\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_directory))
+    with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
+        assert decode_kernels._build_and_load() is None
     assert "Building the decoding kernels failed" in caplog.text
