@@ -62,10 +62,12 @@ def demo_command(
         f"x {config.group_size} rollouts; {config.n_val} held-out questions. Output under {output_dir}/"
     )
     try:
-        with console.status("Loading the model and measuring held-out accuracy before training ..."):
+        with console.status("Preparing the model and the inference engine's decoding kernels ..."):
             from agentbolt.models import resolve_model
+            from agentbolt.serving.decode_kernels import load_decode_kernels
 
             resolve_model(config.model)
+            load_decode_kernels()  # compiled once per machine (about 30 s), then loaded from the cache
         result = run_demo(config)
     except ModelNotAvailableError as exc:
         raise CliError(str(exc)) from None
