@@ -155,6 +155,9 @@ class _Sequence:
     text: str = ""
     released: int = 0
     finished: bool = False
+    # Incremental detokenization: token_ids[prefix_offset:read_offset] is context already turned into text.
+    prefix_offset: int = 0
+    read_offset: int = 0
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -837,6 +840,21 @@ class TransformersEngine:
             chosen[row] = token
         return chosen
 
+    def _new_text(self, seq: _Sequence, last: bool) -> str:
+        """The text ``seq``'s newest tokens add, decoding only them and a few tokens of context.
+
+        Decoding from ``prefix_offset`` (tokens already turned into text) keeps the spaces and merges the
+        tokenizer applies between tokens, and the difference to the context's own text is the new part. While the
+        new tokens end inside a multi-byte character, nothing is returned until a later token completes it (or
+        the sequence ends: ``last``).
+        """
+        context = self.decode(seq.token_ids[seq.prefix_offset : seq.read_offset])
+        text = self.decode(seq.token_ids[seq.prefix_offset :])
+        if not last and (len(text) <= len(context) or text.endswith("\ufffd")):
+            return ""
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(seq.token_ids)
+        return text[len(context) :]
+
     def _advance(self, seq: _Sequence, token: int) -> SequenceDelta:
         """Append ``token`` to ``seq``, apply the stop rules, and return the text it releases."""
         params = seq.request.params
@@ -844,7 +862,7 @@ class TransformersEngine:
         finish: Optional[str] = None
         if (token in self._eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
             finish = "stop"
-        seq.text = self.decode(seq.token_ids)
+        seq.text += self._new_text(seq, last=finish is not None or len(seq.token_ids) >= seq.max_tokens)
         if params.stop:
             window_start = max(0, seq.released - max(len(s) for s in params.stop))
             hits = [i for i in (seq.text.find(s, window_start) for s in params.stop) if i >= 0]
@@ -855,8 +873,6 @@ class TransformersEngine:
             finish = "length"
         if finish is None:
             end = len(seq.text) - _held_back(seq.text, params.stop)
-            if seq.text.endswith("\ufffd"):  # an incomplete multi-byte character
-                end = min(end, len(seq.text) - 1)
         else:
             end = len(seq.text)
             seq.finished = True

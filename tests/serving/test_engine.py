@@ -119,6 +119,23 @@ def test_streamed_text_equals_final_text(engine: TransformersEngine) -> None:
     assert (text, ids, finishes) == (whole.text, whole.token_ids, 1)
 
 
+def test_text_is_detokenized_incrementally_without_splitting_characters(engine: TransformersEngine) -> None:
+    # The tiny tokenizer has one token per byte: accents, symbols and emoji span several tokens.
+    text = "héllo wörld ✓ 🚀 done"
+    tokens = engine.encode(text)
+    sequence = _sequences(SamplingParams(max_tokens=len(tokens)), 1, seed=0)[0]
+    sequence.max_tokens = len(tokens)
+    pieces = [engine._advance(sequence, token).text for token in tokens]
+    assert "".join(pieces) == text and sequence.finished
+    assert all("\ufffd" not in piece for piece in pieces)  # a character appears once all its bytes are there
+    assert "🚀" in pieces  # released whole, by the token that completed it
+    # A sequence that ends inside a character releases what the tokenizer makes of the bytes it has.
+    cut = engine.encode("ab🚀")[:-1]
+    sequence = _sequences(SamplingParams(max_tokens=len(cut)), 1, seed=0)[0]
+    sequence.max_tokens = len(cut)
+    assert "".join(engine._advance(sequence, token).text for token in cut) == engine.decode(cut)
+
+
 def test_invalid_requests_raise(engine: TransformersEngine) -> None:
     prompt = _prompt(engine, "x")
     with pytest.raises(ContextOverflowError, match="maximum context length is 2048"):
