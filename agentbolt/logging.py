@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional, Union
 
-__all__ = ["setup", "configure_logger", "setup_module"]
+__all__ = ["setup", "configure_logger", "setup_module", "quiet_model_loading"]
 
 DEFAULT_FORMAT = "%(asctime)s [%(levelname)s] (Process-%(process)d %(name)s)   %(message)s"
 DATE_FORMAT = "%H:%M:%S"
@@ -185,3 +185,14 @@ def configure_logger(level: int = logging.INFO, name: str = BASE_LOGGER) -> logg
         "configure_logger is deprecated; use agentbolt.setup_logging instead.", DeprecationWarning, stacklevel=2
     )
     return setup_module(level, name=name, console=True, color=True, propagate=False)
+
+
+def quiet_model_loading() -> None:
+    """Keep console output to an application's own progress: no transformers weight-loading bars and no
+    transformers deprecation notes (``FutureWarning``). Does nothing when transformers is not installed."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:
+        return
+    transformers_logging.disable_progress_bar()

@@ -193,3 +193,20 @@ def test_cli_helpers() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert config._build_help_string("A", "x", int, False, False) == "For A: 'x'. Inferred type: int."
+
+
+def test_quiet_model_loading_hides_weight_loading_bars() -> None:
+    import warnings
+
+    pytest.importorskip("transformers")
+    from transformers.utils import logging as transformers_logging
+
+    from agentbolt.logging import quiet_model_loading
+
+    saved_filters = list(warnings.filters)
+    try:
+        quiet_model_loading()
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+        warnings.filters[:] = saved_filters

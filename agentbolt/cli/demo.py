@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -44,14 +43,10 @@ def demo_command(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    if not verbose:  # keep the console to the demo's own progress: no weight-loading bars, no deprecation notes
-        import warnings
+    if not verbose:  # keep the console to the demo's own progress
+        from agentbolt.logging import quiet_model_loading
 
-        warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-        with contextlib.suppress(ImportError):  # without transformers the run stops below with its own message
-            from transformers.utils import logging as transformers_logging
-
-            transformers_logging.disable_progress_bar()
+        quiet_model_loading()
     console = Console()
     overrides = {"output_dir": output_dir, "seed": seed}
     if steps is not None:

@@ -457,7 +457,7 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="Planner base model (overrides the config's).")
     parser.add_argument("--val-limit", type=int, default=None, help="Held-out questions used (default: config).")
     parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: config).")
-    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bars (training or weight loading).")
     parser.add_argument("-v", "--verbose", action="store_true", help="Show library logs.")
     args = parser.parse_args(argv)
     for name in ("steps", "val_limit", "runners"):
@@ -539,6 +539,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not config.runnable_here:
         print(f"warning: configuration {config.name!r} is not meant for this machine: {config.description}")
     _exit_cleanly_on_sigterm()
+    if args.quiet:
+        from agentbolt.logging import quiet_model_loading
+
+        quiet_model_loading()
     run_dir = args.output_dir or Path("runs") / "flow-grpo" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         summary = run_training(config, run_dir, console=not args.quiet)
