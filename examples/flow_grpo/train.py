@@ -345,6 +345,7 @@ def fixed_gateway(store: Any, url: str, model: str, api_key: Optional[str]) -> I
         launch_mode="thread",
         host="127.0.0.1",
     )
+    proxy.server_launcher_args.log_level = logging.WARNING  # an internal server: no uvicorn lifecycle lines
     asyncio.run(proxy.start())
     try:
         yield proxy.as_resource(model=model, sampling_parameters={})
