@@ -220,7 +220,7 @@ void decode_attention_impl(const T* query, const T* key_cache, const T* value_ca
       }
       for (int64_t h = 0; h < group; ++h) {
         T* o = out + (b * heads + g * group + h) * head_dim;
-        const float inverse = 1.0f / totals[h];
+        const float inverse = totals[h] > 0.0f ? 1.0f / totals[h] : 0.0f;  // a row that sees nothing gets zeros
         for (int64_t d = 0; d < head_dim; ++d) o[d] = static_cast<T>(accumulated[h * head_dim + d] * inverse);
       }
     }
