@@ -31,7 +31,7 @@ __all__ = ["kernel_cache_dir", "load_decode_kernels"]
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "decode_kernels.cpp"
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+_CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 _LOCK = threading.Lock()
 _LOADED: Dict[str, Optional[Any]] = {}  # "module": the outcome of the first load_decode_kernels()
 
@@ -55,11 +55,11 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
-def _build_key() -> str:
+def _build_key(cflags: list[str]) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(_CFLAGS).encode(), _cpu_flags().encode()):
+    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(cflags).encode(), _cpu_flags().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -95,8 +95,13 @@ def load_decode_kernels() -> Optional[Any]:
         return _LOADED["module"]
 
 
-def _build_and_load() -> Optional[Any]:
-    """Compile the kernels if this machine has no build of the current source yet, then import them."""
+def _build_and_load(march: str = "native") -> Optional[Any]:
+    """Compile the kernels if this machine has no build of the current source yet, then import them.
+
+    Args:
+        march: The compiler's ``-march`` target; ``native`` (the CPU this runs on) except in tests that build the
+            AVX2 and baseline x86-64 variants.
+    """
     if os.environ.get("AGENTBOLT_DECODE_KERNELS", "1").strip().lower() in {"0", "false", "no", "off"}:
         logger.info("Decoding kernels disabled by AGENTBOLT_DECODE_KERNELS")
         return None
@@ -106,7 +111,8 @@ def _build_and_load() -> Optional[Any]:
         return None
     from torch.utils import cpp_extension
 
-    key = _build_key()
+    cflags = [*_CFLAGS, f"-march={march}"]
+    key = _build_key(cflags)
     directory = kernel_cache_dir() / key
     started = time.monotonic()
     try:
@@ -118,7 +124,7 @@ def _build_and_load() -> Optional[Any]:
             module = cpp_extension.load(
                 name=f"agentbolt_decode_kernels_{key}",
                 sources=[str(_SOURCE)],
-                extra_cflags=_CFLAGS,
+                extra_cflags=cflags,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(directory),
                 verbose=False,

@@ -5,6 +5,7 @@ transformers (Llama and Qwen2 with projection biases), input checks, and the fal
 from __future__ import annotations
 
 import logging
+import platform
 import shutil
 from pathlib import Path
 from typing import Any, List, Tuple
@@ -24,13 +25,38 @@ from agentbolt.serving.transformers_engine import TransformersEngine
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+PORTABLE_BUILDS = [
+    pytest.param(march, marks=[pytest.mark.slow, pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64")])
+    for march in ("x86-64-v3", "x86-64")  # AVX2, and the baseline with ATen's scalar vector fallback
+]
+
+
 @pytest.fixture(scope="module")
-def kernels() -> Any:
+def native_kernels() -> Any:
+    """The kernels built for this CPU (what the engine uses)."""
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler on this machine: the kernels cannot be built")
     module = load_decode_kernels()
     assert module is not None, "a C++ compiler is present, so the decoding kernels must build"
     return module
+
+
+@pytest.fixture(scope="module", params=["native", *PORTABLE_BUILDS])
+def kernels(request: pytest.FixtureRequest, native_kernels: Any) -> Any:
+    """The native kernels and, in the slow suite, the AVX2 and baseline x86-64 builds."""
+    if request.param == "native":
+        return native_kernels
+    module = decode_kernels._build_and_load(request.param)
+    assert module is not None and module.vector_width() == 8
+    return module
+
+
+def _fast_forward(model: Any, kernels: Any) -> FastForward:
+    """A fast forward decoding through ``kernels`` (the test's build, not necessarily the native one)."""
+    forward = FastForward(model)
+    assert forward.uses_kernels
+    forward._kernels = kernels
+    return forward
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -184,8 +210,8 @@ def _transformers_steps(model: Any, steps: int = 12) -> List[torch.Tensor]:
 
 def test_decoding_steps_match_the_python_path_and_transformers(kernels: Any, kernel_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.float32).eval()
-    fused, python = FastForward(model), FastForward(model, kernels=False)
-    assert fused.uses_kernels and not python.uses_kernels
+    fused, python = _fast_forward(model, kernels), FastForward(model, kernels=False)
+    assert not python.uses_kernels
     with torch.inference_mode():
         ours, theirs, reference = _decode_steps(fused), _decode_steps(python), _transformers_steps(model)
     # Logits of magnitude ~13: the three forwards differ in float32 summation order only (up to ~1e-5 relative).
@@ -198,7 +224,7 @@ def test_decoding_steps_match_the_python_path_and_transformers(kernels: Any, ker
 def test_decoding_steps_in_bfloat16_stay_with_the_python_path(kernels: Any, kernel_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.bfloat16).eval()
     with torch.inference_mode():
-        ours, theirs = _decode_steps(FastForward(model)), _decode_steps(FastForward(model, kernels=False))
+        ours, theirs = _decode_steps(_fast_forward(model, kernels)), _decode_steps(FastForward(model, kernels=False))
     for mine, other in zip(ours, theirs, strict=True):
         assert (mine.float() - other.float()).abs().max() <= 2e-2 * other.float().abs().max()
         assert torch.equal(mine.argmax(-1), other.argmax(-1))
@@ -215,14 +241,16 @@ def test_projection_biases_of_qwen2_models(kernels: Any) -> None:
         for layer in model.model.layers:  # non-zero biases, so that leaving them out would show
             for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 projection.bias.normal_()
-    fused = FastForward(model)
-    assert fused.uses_kernels and fused._layers[0]["qkv_bias"] is not None
+    fused = _fast_forward(model, kernels)
+    assert fused._layers[0]["qkv_bias"] is not None
     with torch.inference_mode():
         for mine, expected in zip(_decode_steps(fused), _transformers_steps(model), strict=True):
             assert torch.allclose(mine, expected, atol=1e-4)
 
 
-def test_engine_decodes_through_the_kernels_with_continuous_batching(kernels: Any, kernel_model_dir: Path) -> None:
+def test_engine_decodes_through_the_kernels_with_continuous_batching(
+    native_kernels: Any, kernel_model_dir: Path
+) -> None:
     fused = TransformersEngine(kernel_model_dir, dtype="float32", max_batch_size=4, served_name="fused")
     generic = TransformersEngine(kernel_model_dir, dtype="float32", max_batch_size=4, fast_forward=False)
     fused.start()
@@ -272,7 +300,7 @@ def test_missing_compiler_falls_back_to_python(
 
 
 def test_a_failed_build_falls_back_to_python(
-    kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    native_kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = tmp_path / "decode_kernels.cpp"
     broken.write_text("this is not C++\n")
