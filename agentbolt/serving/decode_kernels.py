@@ -2,15 +2,16 @@
 
 ``csrc/decode_kernels.cpp`` runs every layer of one decoding step (one new token per row) in a single call:
 RMSNorm with the residual add, rotary embedding with the key/value cache write, attention of the new token over the
-cache, and the matrix products through the same oneDNN kernels as the Python path. Rounding follows the eager
-PyTorch operators, so results match the Python path exactly except for float32 accumulation order in attention.
+cache, and the matrix products through the same oneDNN kernels as the Python path; it also samples the next token
+of every row in one call. Rounding follows the eager PyTorch operators, so results match the Python path except
+for float32 summation order.
 
-The source is compiled on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, ninja from
-the ``ninja`` package, ``-O3 -march=native``, about half a minute) into
+The source is compiled on first use with the machine's C++ compiler and Python headers
+(``torch.utils.cpp_extension``, ninja from the ``ninja`` package, ``-O3 -march=native``, about half a minute) into
 ``$XDG_CACHE_HOME/agentbolt/kernels/<key>`` (default ``~/.cache/...``), where the key covers the source, the torch
-version and the CPU's instruction sets; later processes load the built library in milliseconds. Without a compiler
-(or with ``AGENTBOLT_DECODE_KERNELS=0``) :func:`load_decode_kernels` returns ``None`` and the fast forward keeps
-its Python decoding path.
+version, the flags and the CPU's instruction sets; later processes load the built library in milliseconds. Without
+a compiler or the Python headers, after a failed build, or with ``AGENTBOLT_DECODE_KERNELS=0``,
+:func:`load_decode_kernels` returns ``None`` and the engine keeps its Python decoding and sampling.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -95,6 +97,17 @@ def load_decode_kernels() -> Optional[Any]:
         return _LOADED["module"]
 
 
+def _missing_build_tools() -> Optional[str]:
+    """What this machine lacks to compile the kernels (a C++ compiler, the Python headers), or ``None``."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"No C++ compiler ({compiler}) found"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.exists():
+        return f"No Python headers ({headers}; install the python3-dev package or equivalent)"
+    return None
+
+
 def _build_and_load(march: str = "native") -> Optional[Any]:
     """Compile the kernels if this machine has no build of the current source yet, then import them.
 
@@ -105,9 +118,9 @@ def _build_and_load(march: str = "native") -> Optional[Any]:
     if os.environ.get("AGENTBOLT_DECODE_KERNELS", "1").strip().lower() in {"0", "false", "no", "off"}:
         logger.info("Decoding kernels disabled by AGENTBOLT_DECODE_KERNELS")
         return None
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        logger.warning("No C++ compiler (%s) found: decoding runs on the slower Python path", compiler)
+    missing = _missing_build_tools()
+    if missing is not None:
+        logger.warning("%s: decoding runs on the slower Python path", missing)
         return None
     from torch.utils import cpp_extension
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import shutil
 from pathlib import Path
 from typing import Any, List, Tuple
 
@@ -34,10 +33,11 @@ PORTABLE_BUILDS = [
 @pytest.fixture(scope="module")
 def native_kernels() -> Any:
     """The kernels built for this CPU (what the engine uses)."""
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler on this machine: the kernels cannot be built")
+    missing = decode_kernels._missing_build_tools()
+    if missing is not None:
+        pytest.skip(f"{missing}: the kernels cannot be built on this machine")
     module = load_decode_kernels()
-    assert module is not None, "a C++ compiler is present, so the decoding kernels must build"
+    assert module is not None, "the build tools are present, so the decoding kernels must build"
     return module
 
 
@@ -297,6 +297,18 @@ def test_missing_compiler_falls_back_to_python(
     with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
         assert decode_kernels._build_and_load() is None
     assert "No C++ compiler (no-such-compiler-agentbolt)" in caplog.text
+
+
+def test_missing_python_headers_fall_back_to_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sysconfig
+
+    paths = {**sysconfig.get_paths(), "include": str(tmp_path / "no-headers")}
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: paths)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
+        assert decode_kernels._build_and_load() is None
+    assert "No Python headers" in caplog.text and "python3-dev" in caplog.text
 
 
 def test_a_failed_build_falls_back_to_python(
