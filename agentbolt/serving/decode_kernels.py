@@ -26,7 +26,7 @@ import sysconfig
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 __all__ = ["kernel_cache_dir", "load_decode_kernels"]
 
@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).parent / "csrc" / "decode_kernels.cpp"
 _CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 _LOCK = threading.Lock()
-_LOADED: Dict[str, Optional[Any]] = {}  # "module": the outcome of the first load_decode_kernels()
+_NOT_LOADED = object()
+_loaded: Any = _NOT_LOADED  # the outcome of the first load_decode_kernels(): the module or None
 
 
 def kernel_cache_dir() -> Path:
@@ -89,12 +90,14 @@ def load_decode_kernels() -> Optional[Any]:
     """Build (once per machine) and load the decoding kernels; ``None`` when they cannot be used here.
 
     The outcome is kept for the life of the process. The reason for ``None`` is logged once: kernels disabled by
-    ``AGENTBOLT_DECODE_KERNELS=0``, no C++ compiler, or a failed build (compiler output at DEBUG level).
+    ``AGENTBOLT_DECODE_KERNELS=0``, no C++ compiler or Python headers, or a failed build (compiler output at DEBUG
+    level).
     """
+    global _loaded
     with _LOCK:
-        if "module" not in _LOADED:
-            _LOADED["module"] = _build_and_load()
-        return _LOADED["module"]
+        if _loaded is _NOT_LOADED:
+            _loaded = _build_and_load()
+        return _loaded
 
 
 def _missing_build_tools() -> Optional[str]:

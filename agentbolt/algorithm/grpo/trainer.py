@@ -320,7 +320,9 @@ class PolicyTrainer:
                         parts = policy_loss(
                             logp,
                             old_aligned,
-                            torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32).to(self.device),
+                            torch.tensor(
+                                [samples[i].advantage for i in micro], dtype=torch.float32, device=self.device
+                            ),
                             batch.response_mask,
                             clip_low=config.clip_low,
                             clip_high=config.clip_high,

@@ -29,10 +29,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -132,17 +130,6 @@ void rotary_kv_impl(const T* qkv, const T* cos, const T* sin, T* key_cache, T* v
   }
 }
 
-// Round to the nearest bfloat16 (ties to even), as c10::BFloat16's constructor does for finite values, in a form
-// loops vectorize.
-inline float round_to_bfloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  float result;
-  std::memcpy(&result, &bits, sizeof(result));
-  return result;
-}
-
 using Vec = at::vec::Vectorized<float>;
 
 inline Vec load_vec(const float* p) { return Vec::loadu(p); }
@@ -202,9 +189,7 @@ void decode_attention_impl(const T* query, const T* key_cache, const T* value_ca
         }
         totals[h] = at::vec::vec_reduce_all([](Vec x, Vec y) { return x + y; }, total);
         // The weights enter the product with the values in the storage type, as in torch's CPU flash attention.
-        if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          for (int64_t i = 0; i < count; ++i) weights[i] = round_to_bfloat16(weights[i]);
-        }
+        for (int64_t i = 0; i < count; ++i) weights[i] = rounded<T>(weights[i]);
       }
       std::fill(accumulated.begin(), accumulated.end(), 0.0f);
       for (int64_t i = 0; i < count; ++i) {
@@ -420,7 +405,7 @@ torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const 
     activated.mul_(projected.narrow(1, intermediate, intermediate));
     residual = project(activated, down, down_bias, packed);
   }
-  auto [normed, summed] = add_rms_norm(hidden, residual, final_norm, eps);
+  const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
   return project(normed, head, c10::nullopt, packed);
 }
 
