@@ -144,7 +144,7 @@ def test_every_planner_turn_carries_its_trajectory_reward_and_other_roles_are_ex
     assert [s.prompt_ids[0] for s in solved] == planner_positions
     assert [s.response_ids for s in solved] == [[p + 200] for p in planner_positions]
 
-    kept, stats = assign_advantages(samples, credit=grpo.credit, mode=grpo.advantage_mode, eps=grpo.advantage_eps)
+    kept, stats = assign_advantages(samples, mode=grpo.advantage_mode, eps=grpo.advantage_eps)
     # The group's members are the three rollouts, each counted once however many turns it took:
     # rewards (1, 0, 0): mean 1/3, population std sqrt(2)/3.
     std = (2**0.5) / 3
@@ -164,7 +164,7 @@ def test_without_agent_match_every_role_would_be_trained() -> None:
 def test_a_group_whose_rollouts_all_fail_gives_no_planner_sample() -> None:
     samples, _ = _samples("planner", "final")
     failed = [s for s in samples if s.reward == 0.0]
-    kept, stats = assign_advantages(failed, credit="final")
+    kept, stats = assign_advantages(failed)
     assert kept == [] and stats.zero_variance_groups == 1
 
 

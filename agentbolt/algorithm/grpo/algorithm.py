@@ -4,10 +4,12 @@ One training step:
 
 1. take ``batch_size`` tasks and enqueue each ``group_size`` times (one group per task) with the current
    ``main_llm`` resource;
-2. wait for the rollouts; failed, cancelled and late ones are dropped and counted;
-3. adapt each finished rollout's spans to triplets and turn every LLM call of the trained agent(s) into a token
-   sample carrying the rollout's reward (credit rule) — see :mod:`~agentbolt.algorithm.grpo.samples`;
-4. normalise rewards within each group (zero-variance groups are skipped) — :mod:`~.advantages`;
+2. wait for the rollouts; failed, cancelled, late and reward-less ones are counted and scored with
+   ``failed_rollout_reward`` (or dropped when it is None);
+3. adapt each rollout's spans to triplets and turn every LLM call of the trained agent(s) into a token sample
+   carrying the rollout's reward (credit rule) — see :mod:`~agentbolt.algorithm.grpo.samples`;
+4. normalise rewards within each group, each rollout weighing one (zero-variance groups are skipped) —
+   :mod:`~.advantages`;
 5. update the policy (:class:`~agentbolt.algorithm.grpo.trainer.PolicyTrainer`) while the serving engine is paused,
    then publish a new ``main_llm`` resource snapshot so the next rollouts use (and record) the new weights;
 6. log metrics, validate every ``val_interval`` steps and checkpoint every ``checkpoint_interval`` steps.
@@ -28,7 +30,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from agentbolt.algorithm.base import Algorithm
-from agentbolt.algorithm.grpo.advantages import assign_advantages
+from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
 from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
@@ -106,7 +108,12 @@ class TaskSampler:
 
 
 class RolloutOutcome:
-    """What came back from one rollout."""
+    """What came back from one rollout.
+
+    ``status`` is the rollout's final status, or ``"late"`` when it did not finish in time (it is then cancelled).
+    ``reward`` is the final reward of a succeeded rollout (None otherwise); ``triplets`` are the LLM calls of its
+    latest attempt, whatever its status.
+    """
 
     def __init__(self, rollout_id: str, group_id: str, status: str, reward: Optional[float], triplets: List[Any]):
         self.rollout_id = rollout_id
@@ -279,19 +286,14 @@ class GRPO(Algorithm):
         outcomes: List[RolloutOutcome] = []
         for rollout in rollouts:
             done = finished.get(rollout.rollout_id)
+            status = "late" if done is None else done.status
             if done is None:
                 await store.update_rollout(rollout.rollout_id, status="cancelled")
-                outcomes.append(RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], "late", None, []))
-                continue
-            reward: Optional[float] = None
-            triplets: List[Any] = []
-            if done.status == "succeeded":
-                spans = await self._settled_spans(store, rollout.rollout_id)
-                reward = find_final_reward(spans)
-                triplets = list(adapter.adapt(spans)) if spans else []
-            outcomes.append(
-                RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], done.status, reward, triplets)
-            )
+            # The calls of failed and late rollouts are collected too: they are trained on with failed_rollout_reward.
+            spans = await self._settled_spans(store, rollout.rollout_id)
+            triplets = list(adapter.adapt(spans)) if spans else []
+            reward = find_final_reward(spans) if status == "succeeded" else None
+            outcomes.append(RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], status, reward, triplets))
         return outcomes
 
     async def _settled_spans(self, store: LightningStore, rollout_id: str) -> List[Span]:
@@ -334,33 +336,40 @@ class GRPO(Algorithm):
         resources_id = await self._publish(store, proxy, server, self.config.val_sampling_parameters)
         tasks = [(task, f"val-{step}-{i}") for i, task in enumerate(val_dataset)]
         outcomes = await self._run_rollouts(store, tasks, mode="val", resources_id=resources_id)
-        rewards = [o.reward for o in outcomes if o.usable]
-        correct = sum(1 for r in rewards if r is not None and r >= self.config.val_success_reward)
-        mean, _ = _mean_std([r for r in rewards if r is not None])
+        correct = sum(1 for o in outcomes if o.usable and o.reward >= self.config.val_success_reward)  # type: ignore[operator]
+        mean, _ = _mean_std([score for score in map(self._score, outcomes) if score is not None])
         return {
             "val/reward_mean": mean,
             "val/accuracy": correct / len(outcomes) if outcomes else float("nan"),
-            "val/failed_rollouts": float(len(outcomes) - len(rewards)),
+            "val/failed_rollouts": float(sum(1 for o in outcomes if not o.usable)),
         }
 
-    def _samples(self, outcomes: Sequence[RolloutOutcome]) -> Tuple[List[TokenSample], SampleStats]:
+    def _score(self, outcome: RolloutOutcome) -> Optional[float]:
+        """The final reward a rollout counts with: its own, else ``failed_rollout_reward`` (None: not counted)."""
+        return outcome.reward if outcome.usable else self.config.failed_rollout_reward
+
+    def _samples(self, outcomes: Sequence[RolloutOutcome]) -> Tuple[List[TokenSample], SampleStats, List[RolloutScore]]:
+        """The samples of every counted rollout, what was skipped, and each counted rollout's score."""
         samples: List[TokenSample] = []
         stats = SampleStats()
+        scores: List[RolloutScore] = []
         for outcome in outcomes:
-            if not outcome.usable:
+            score = self._score(outcome)
+            if score is None:
                 continue
+            scores.append(RolloutScore(outcome.rollout_id, outcome.group_id, score))
             found, found_stats = triplets_to_samples(
                 outcome.triplets,
                 rollout_id=outcome.rollout_id,
                 group_id=outcome.group_id,
-                final_reward=float(outcome.reward),  # type: ignore[arg-type]
+                final_reward=score,
                 credit=self.config.credit,
                 agent_match=self.config.agent_match,
                 max_sequence_length=self.config.max_sequence_length,
             )
             samples.extend(found)
             stats.add(found_stats)
-        return samples, stats
+        return samples, stats, scores
 
     async def _train_step(
         self,
@@ -376,19 +385,21 @@ class GRPO(Algorithm):
         pairs = [(task, f"train-{step}-{i}") for i, task in enumerate(tasks) for _ in range(config.group_size)]
         outcomes = await self._run_rollouts(store, pairs, mode="train", resources_id=resources_id)
         rollout_seconds = time.perf_counter() - started
-        rewards = [float(o.reward) for o in outcomes if o.usable]  # type: ignore[arg-type]
-        samples, sample_stats = self._samples(outcomes)
+        samples, sample_stats, scores = self._samples(outcomes)
         kept, adv_stats = assign_advantages(
-            samples, credit=config.credit, mode=config.advantage_mode, eps=config.advantage_eps
+            samples, rollouts=scores, mode=config.advantage_mode, eps=config.advantage_eps
         )
-        mean, std = _mean_std(rewards)
+        failed = {o.rollout_id for o in outcomes if not o.usable}
+        mean, std = _mean_std([s.reward for s in scores])
         record: Dict[str, float] = {
             "train/reward_mean": mean,
             "train/reward_std": std,
             "rollouts/total": float(len(outcomes)),
-            "rollouts/failed": float(sum(1 for o in outcomes if not o.usable)),
+            "rollouts/failed": float(len(failed)),
+            "rollouts/failed_scored": float(sum(1 for s in scores if s.rollout_id in failed)),
             "rollouts/late": float(sum(1 for o in outcomes if o.status == "late")),
             "samples/calls": float(sample_stats.calls),
+            "samples/from_failed": float(sum(1 for s in samples if s.rollout_id in failed)),
             "samples/trained": float(len(kept)),
             "samples/other_agents": float(sample_stats.other_agents),
             "samples/missing_tokens": float(sample_stats.missing_tokens),

@@ -77,6 +77,14 @@ class GRPOConfig(BaseModel):
     rollout_timeout: Optional[float] = Field(
         default=None, gt=0, description="Seconds to wait for the rollouts of a step; late ones count as failed."
     )
+    failed_rollout_reward: Optional[float] = Field(
+        default=0.0,
+        allow_inf_nan=False,
+        description="Final reward of a rollout that failed, was cancelled, was late or emitted no reward: it counts "
+        "in its group's statistics with this reward and the LLM calls it made are trained on with it (validation "
+        "reward means count it too). None drops such rollouts and their calls, so groups are judged on the "
+        "survivors only.",
+    )
     serve_max_batch_size: int = Field(
         default=16, ge=1, description="Sequences the in-process engine decodes together while rolling out."
     )

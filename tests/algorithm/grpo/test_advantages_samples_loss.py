@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from agentbolt.algorithm.grpo.advantages import assign_advantages, group_advantages
+from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages, group_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import (
     entropy_from_logits,
@@ -46,8 +46,10 @@ def test_group_advantages_ordinary_and_all_equal_groups() -> None:
 
 
 def test_group_advantages_rejects_mismatched_inputs() -> None:
-    with pytest.raises(ValueError, match="3 values but 2 group ids"):
+    with pytest.raises(ValueError, match="3 values, 2 group ids"):
         group_advantages([1.0, 2.0, 3.0], ["a", "b"])
+    with pytest.raises(ValueError, match="weights must be positive"):
+        group_advantages([1.0, 2.0], ["a", "a"], weights=[1.0, 0.0])
 
 
 def _sample(rollout: str, group: str, reward: float) -> TokenSample:
@@ -59,16 +61,43 @@ def test_final_credit_counts_each_rollout_once_and_skips_all_equal_groups() -> N
     samples = [_sample("r1", "t1", 1.0)] * 3 + [_sample("r2", "t1", 0.0)]
     samples = [TokenSample(s.prompt_ids, s.response_ids, None, s.reward, s.group_id, s.rollout_id) for s in samples]
     samples += [_sample("r3", "t2", 1.0), _sample("r4", "t2", 1.0)]
-    kept, stats = assign_advantages(samples, credit="final", mode="std", eps=0.0)
+    kept, stats = assign_advantages(samples, mode="std", eps=0.0)
     assert [s.advantage for s in kept] == pytest.approx([1.0, 1.0, 1.0, -1.0])
     assert (stats.groups, stats.zero_variance_groups, stats.kept_samples, stats.skipped_samples) == (2, 1, 4, 2)
 
 
 def test_per_call_credit_normalises_calls() -> None:
     samples = [_sample("r1", "t", 1.0), _sample("r1", "t", 0.0), _sample("r2", "t", 0.0), _sample("r2", "t", 0.0)]
-    kept, stats = assign_advantages(samples, credit="per_call", mode="mean")
+    kept, stats = assign_advantages(samples, mode="mean")
     assert [s.advantage for s in kept] == pytest.approx([0.75, -0.25, -0.25, -0.25])
     assert stats.zero_variance_groups == 0
+
+
+def test_per_call_rewards_weigh_each_rollout_once_in_the_group_statistics() -> None:
+    # r1 made three calls, r2 one: r1's calls share one rollout's weight, so the group mean is 0.5, not 0.75.
+    samples = [_sample("r1", "t", 1.0), _sample("r1", "t", 1.0), _sample("r1", "t", 1.0), _sample("r2", "t", 0.0)]
+    kept, _ = assign_advantages(samples, mode="mean")
+    assert [s.advantage for s in kept] == pytest.approx([0.5, 0.5, 0.5, -0.5])
+
+
+def test_rollouts_without_samples_count_in_their_group() -> None:
+    # Four rollouts crashed before any LLM call (scored 0), four succeeded with reward 1 (one call each): the
+    # successes are better than their group, not equal to it.
+    samples = [_sample(f"ok{i}", "t", 1.0) for i in range(4)]
+    rollouts = [RolloutScore(f"ok{i}", "t", 1.0) for i in range(4)]
+    rollouts += [RolloutScore(f"crash{i}", "t", 0.0) for i in range(4)]
+    kept, stats = assign_advantages(samples, rollouts=rollouts, mode="std", eps=0.0)
+    assert [s.advantage for s in kept] == pytest.approx([1.0] * 4)
+    assert (stats.groups, stats.zero_variance_groups, stats.kept_samples) == (1, 0, 4)
+    # Without them the survivors' group has no variance and teaches nothing.
+    assert assign_advantages(samples, mode="std")[0] == []
+
+
+def test_a_rollout_score_must_match_its_samples() -> None:
+    with pytest.raises(ValueError, match="r1"):
+        assign_advantages([_sample("r1", "t", 1.0)], rollouts=[RolloutScore("r1", "other", 1.0)])
+    with pytest.raises(ValueError, match="r2"):
+        assign_advantages([_sample("r2", "t", 1.0)], rollouts=[RolloutScore("r1", "t", 1.0)])
 
 
 # ------------------------------------------------------------------------------------------------------- samples

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 import agentbolt as agl
-from agentbolt.algorithm.grpo.algorithm import GRPO, TaskSampler
+from agentbolt.algorithm.grpo.algorithm import GRPO, RolloutOutcome, TaskSampler
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.metrics import TrainingLogger, plot_reward_curve, read_metrics
 from agentbolt.types import Span, Triplet
@@ -41,7 +41,7 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
     """Act as a worker for the first ``n`` queued rollouts: the store calls a runner makes.
 
     ``slow_gateway`` rollouts finish before the span of their LLM call is stored, as when the gateway writes it
-    in the background.
+    in the background; ``fail`` rollouts make their call and then crash; ``hang`` ones make it and never finish.
     """
     handled = 0
     background = []
@@ -51,8 +51,11 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
             await asyncio.sleep(0.01)
             continue
         rid, aid, kind = attempted.rollout_id, attempted.attempt.attempt_id, attempted.input["kind"]
-        if kind in ("ok", "no_reward"):
+        if kind in ("ok", "no_reward", "fail", "hang"):
             await store.add_span(_call_span(rid, aid))
+        if kind == "hang":
+            handled += 1
+            continue
         if kind in ("ok", "slow_gateway"):
             await store.add_span(
                 Span.from_attributes(
@@ -75,26 +78,57 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
     await asyncio.gather(*background)
 
 
-async def test_rollout_outcomes_failed_late_and_rewardless_are_dropped_and_counted() -> None:
+async def _outcomes(algorithm: GRPO, kinds: List[str]) -> List[RolloutOutcome]:
     store = agl.InMemoryLightningStore()
-    algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=1.0, agent_match="plan")
     algorithm.set_store(store)
-    kinds = ["ok", "fail", "no_reward", "slow_gateway"]
     tasks = [({"kind": kind}, f"g{i}") for i, kind in enumerate(kinds)]
-    tasks.append(({"kind": "never"}, "g4"))  # nobody runs it: late
-    runner = asyncio.create_task(_play_runner(store, 4))
+    runner = asyncio.create_task(_play_runner(store, sum(1 for kind in kinds if kind != "never")))
     outcomes = await algorithm._run_rollouts(store, tasks, mode="train", resources_id=None)  # type: ignore[arg-type]
     await runner
-    assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded", "succeeded", "late"]
-    assert [o.reward for o in outcomes] == [0.75, None, None, 0.75, None]
-    assert [o.usable for o in outcomes] == [True, False, False, True, False]
-    late = await store.get_rollout_by_id(outcomes[4].rollout_id)
-    assert late is not None and late.status == "cancelled"
-    samples, stats = algorithm._samples(outcomes)
+    for outcome in outcomes:
+        if outcome.status == "late":
+            late = await store.get_rollout_by_id(outcome.rollout_id)
+            assert late is not None and late.status == "cancelled"
+    return outcomes
+
+
+KINDS = ["ok", "fail", "no_reward", "slow_gateway", "hang", "never"]  # nobody runs "never": late without a call
+
+
+async def test_failed_late_and_rewardless_rollouts_are_scored_with_their_calls() -> None:
+    algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=1.0, agent_match="plan")
+    outcomes = await _outcomes(algorithm, KINDS)
+    assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded", "succeeded", "late", "late"]
+    assert [o.reward for o in outcomes] == [0.75, None, None, 0.75, None, None]
+    assert [o.usable for o in outcomes] == [True, False, False, True, False, False]
+    samples, stats, scores = algorithm._samples(outcomes)
+    # The calls of the failed, reward-less and late rollouts are trained on with failed_rollout_reward (0.0), so
+    # what led to the failure is pushed down; the call span that arrived after its rollout finished was waited for.
     assert [(s.prompt_ids, s.response_ids, s.reward, s.group_id) for s in samples] == [
         ([1, 2], [3], 0.75, "g0"),
-        ([1, 2], [3], 0.75, "g3"),  # the call span that arrived after the rollout finished was waited for
+        ([1, 2], [3], 0.0, "g1"),
+        ([1, 2], [3], 0.0, "g2"),
+        ([1, 2], [3], 0.75, "g3"),
+        ([1, 2], [3], 0.0, "g4"),
     ]
+    assert stats.calls == 5
+    # Every rollout counts once in its group, the one that never made a call too.
+    assert [(s.group_id, s.reward) for s in scores] == [
+        ("g0", 0.75),
+        ("g1", 0.0),
+        ("g2", 0.0),
+        ("g3", 0.75),
+        ("g4", 0.0),
+        ("g5", 0.0),
+    ]
+
+
+async def test_failed_rollouts_are_dropped_when_failed_rollout_reward_is_none() -> None:
+    algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=1.0, failed_rollout_reward=None)
+    outcomes = await _outcomes(algorithm, KINDS)
+    samples, stats, scores = algorithm._samples(outcomes)
+    assert [(s.reward, s.group_id) for s in samples] == [(0.75, "g0"), (0.75, "g3")]
+    assert [(s.group_id, s.reward) for s in scores] == [("g0", 0.75), ("g3", 0.75)]
     assert stats.calls == 2
 
 

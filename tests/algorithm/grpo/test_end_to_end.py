@@ -11,66 +11,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
+from word_model import ask, build_word_model, fit
 
 import agentbolt as agl
 from agentbolt.algorithm.grpo.algorithm import GRPO
 
-WORDS = ["<pad>", "<|im_start|>", "<|im_end|>", "user", "assistant", "ping", "pong", "yes", "no"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-)
 TASKS = [{"prompt": "ping", "answer": "yes"}]
-
-
-def build_word_model(path: Path) -> Path:
-    """A random Llama whose tokenizer knows exactly the 9 words above (no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        initializer_range=0.02,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @agl.rollout
 async def toy_agent(task: dict, llm: agl.LLM) -> float:
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0) as client:
-        response = await client.chat.completions.create(
-            model=llm.model,
-            messages=[{"role": "user", "content": task["prompt"]}],
-            max_tokens=1,
-            **llm.sampling_parameters,
-        )
-    answer = (response.choices[0].message.content or "").strip()
-    return 1.0 if answer == task["answer"] else 0.0
+    return 1.0 if await ask(llm, task["prompt"]) == task["answer"] else 0.0
 
 
 def test_grpo_learns_the_toy_task_through_the_full_stack(tmp_path: Path) -> None:
@@ -92,15 +43,7 @@ def test_grpo_learns_the_toy_task_through_the_full_stack(tmp_path: Path) -> None
         rollout_timeout=120,
         seed=0,
     )
-    tracer = agl.OtelTracer()
-    trainer = agl.Trainer(
-        algorithm=algorithm,
-        store=agl.InMemoryLightningStore(),
-        strategy=agl.SharedMemoryExecutionStrategy(n_runners=1, main_thread="algorithm"),
-        tracer=tracer,
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
-    )
-    trainer.fit(toy_agent, train_dataset=TASKS, val_dataset=TASKS)
+    fit(algorithm, toy_agent, train=TASKS, val=TASKS)
 
     history = algorithm.history
     train = [r for r in history if "train/reward_mean" in r]

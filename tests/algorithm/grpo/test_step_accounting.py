@@ -1,0 +1,66 @@
+"""What a training step counts, through the full stack (store, runner, gateway, in-process engine, trainer).
+
+The agents here use a rollout counter instead of the model's answers to decide what happens, so every step's
+counts are known in advance: one runner takes the rollouts in the order GRPO enqueued them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from word_model import ask, build_word_model, fit
+
+import agentbolt as agl
+from agentbolt.algorithm.grpo.algorithm import GRPO
+
+
+@pytest.fixture(scope="module")
+def word_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_word_model(tmp_path_factory.mktemp("word-llama"))
+
+
+def _algorithm(model_dir: Path, **options: object) -> GRPO:
+    base = {
+        "model": str(model_dir),
+        "served_model_name": "word-llama",
+        "finetune": "full",
+        "learning_rate": 1e-3,
+        "console": False,
+        "rollout_timeout": 120,
+        "seed": 0,
+    }
+    return GRPO(**{**base, **options})
+
+
+def test_failed_rollouts_count_in_their_group_and_their_calls_are_pushed_down(word_model: Path) -> None:
+    counter = itertools.count()
+
+    @agl.rollout
+    async def crashing_agent(task: dict, llm: agl.LLM) -> float:
+        # In every run of four rollouts: a success, a crash after the LLM call, a success, a crash before it.
+        n = next(counter) % 4
+        if n == 3:
+            raise RuntimeError("crashed before calling the model")
+        await ask(llm, task["prompt"])
+        if n == 1:
+            raise RuntimeError("crashed after calling the model")
+        return 1.0
+
+    algorithm = _algorithm(word_model, batch_size=1, group_size=4, max_steps=2)
+    fit(algorithm, crashing_agent, train=[{"prompt": "ping"}], val=[{"prompt": "ping"}] * 4)
+
+    validations = [r for r in algorithm.history if "val/accuracy" in r]
+    assert [r["step"] for r in validations] == [0, 2]
+    for record in validations:  # failed rollouts are incorrect and score failed_rollout_reward (0.0)
+        assert (record["val/accuracy"], record["val/reward_mean"], record["val/failed_rollouts"]) == (0.5, 0.5, 2)
+    train = [r for r in algorithm.history if "train/reward_mean" in r]
+    assert len(train) == 2
+    for record in train:
+        counts = {k: v for k, v in record.items() if k.startswith(("rollouts/", "samples/", "groups/", "train/"))}
+        assert counts["train/reward_mean"] == 0.5, counts  # over all four rollouts, not the two survivors
+        assert (counts["rollouts/failed"], counts["rollouts/failed_scored"], counts["rollouts/late"]) == (2, 2, 0)
+        assert counts["groups/zero_variance"] == 0, counts  # the survivors alone would all score 1
+        # The two successes and the call made before the crash are trained on; the other crash made no call.
+        assert (counts["samples/calls"], counts["samples/from_failed"], counts["samples/trained"]) == (3, 1, 3)
