@@ -418,10 +418,10 @@ class GRPO(Algorithm):
                 return metrics
 
             metrics = await asyncio.to_thread(update)
-            record.update({f"update/{k}": v for k, v in metrics.items()})
         else:
-            trainer.global_step += 1
+            metrics = trainer.skip_step()
             logger.warning("Step %d: no sample with a non-zero advantage; the policy is unchanged.", step)
+        record.update({f"update/{k}": v for k, v in metrics.items()})
         record["time/rollout_seconds"] = rollout_seconds
         record["time/update_seconds"] = time.perf_counter() - update_started
         record["time/step_seconds"] = time.perf_counter() - started
@@ -435,6 +435,9 @@ class GRPO(Algorithm):
 
         Raises:
             ValueError: No training data while ``max_steps > 0``, or no store set.
+            RuntimeError: After the last step, when the learning-rate schedule did not advance by exactly
+                ``optimizer_steps_per_step`` per training step (an internal inconsistency; the checkpoint of the
+                last step is already written).
         """
         config = self.config
         store = self.get_store()
@@ -455,6 +458,22 @@ class GRPO(Algorithm):
                 if sampler is not None:
                     sampler.load_state(extra.get("sampler", {}))
         start_step = trainer.global_step
+        start_counts = self._schedule_position(trainer)
+        if start_counts != start_step * config.optimizer_steps_per_step:
+            logger.warning(
+                "Resumed at step %d after %d optimizer steps (taken or skipped), but this config takes %d per step: "
+                "the learning-rate schedule is not where these options would have put it.",
+                start_step,
+                start_counts,
+                config.optimizer_steps_per_step,
+            )
+        planned = config.max_steps * config.optimizer_steps_per_step
+        if config.total_optimizer_steps is not None and config.total_optimizer_steps != planned:
+            logger.info(
+                "The learning-rate decay spans total_optimizer_steps=%d optimizer steps; this run takes %d.",
+                config.total_optimizer_steps,
+                planned,
+            )
         metrics = TrainingLogger(
             log_dir=config.log_dir,
             total_steps=config.max_steps,
@@ -492,6 +511,7 @@ class GRPO(Algorithm):
                 ):
                     extra = {"sampler": sampler.state()}
                     await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
+            self._check_schedule(trainer, start_step, start_counts)
         finally:
             curve = metrics.close()
             if curve is not None:
@@ -499,6 +519,26 @@ class GRPO(Algorithm):
             if proxy is not None and owned_proxy and proxy.is_running():
                 await proxy.stop()
             await asyncio.to_thread(server.stop)
+
+    @staticmethod
+    def _schedule_position(trainer: PolicyTrainer) -> int:
+        """Optimizer steps the learning-rate schedule has advanced by: taken plus skipped."""
+        return trainer.optimizer_steps + trainer.skipped_optimizer_steps
+
+    def _check_schedule(self, trainer: PolicyTrainer, start_step: int, start_position: int) -> None:
+        """Every training step must advance the schedule by exactly ``optimizer_steps_per_step``.
+
+        Raises:
+            RuntimeError: It did not, so the learning rate did not follow the steps the schedule was sized for.
+        """
+        steps = max(0, self.config.max_steps - start_step)
+        expected = steps * self.config.optimizer_steps_per_step
+        advanced = self._schedule_position(trainer) - start_position
+        if advanced != expected:
+            raise RuntimeError(
+                f"the learning-rate schedule advanced by {advanced} optimizer steps over {steps} training steps, "
+                f"expected {expected} ({self.config.optimizer_steps_per_step} per step)"
+            )
 
     def _record(self, metrics: Any, step: int, record: Dict[str, float]) -> None:
         self.history.append({"step": float(step), **record})

@@ -19,7 +19,9 @@ class GRPOConfig(BaseModel):
 
     Counting conventions: a *training step* is one batch of tasks, each rolled out ``group_size`` times, followed by
     one policy update; an *optimizer step* is one ``optimizer.step()`` call (one per minibatch per PPO epoch).
-    Learning-rate warmup and decay are counted in optimizer steps.
+    Every training step takes exactly :attr:`optimizer_steps_per_step` optimizer steps (a minibatch with nothing to
+    train, or a step without any signal, still advances the learning-rate schedule by its share), so learning-rate
+    warmup and decay, counted in optimizer steps, follow the training steps.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -134,7 +136,11 @@ class GRPOConfig(BaseModel):
     # --- optimisation --------------------------------------------------------------------------------------------
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over the step's samples.")
     minibatch_size: Optional[int] = Field(
-        default=None, ge=1, description="Samples per optimizer step (None: all samples of the step in one)."
+        default=None,
+        ge=1,
+        description="Rollouts per optimizer step (None: all of a step's rollouts in one). Each PPO epoch splits the "
+        "step's trained rollouts, every rollout's calls kept together, into exactly "
+        "ceil(batch_size * group_size / minibatch_size) minibatches of near-equal rollout counts.",
     )
     micro_batch_size: int = Field(
         default=4,
@@ -157,7 +163,7 @@ class GRPOConfig(BaseModel):
     total_optimizer_steps: Optional[int] = Field(
         default=None,
         ge=1,
-        description="Length of the linear/cosine decay in optimizer steps (None: estimated as "
+        description="Length of the linear/cosine decay in optimizer steps (None: the run's length, "
         "max_steps * ppo_epochs * ceil(batch_size * group_size / minibatch_size)).",
     )
     seed: int = Field(default=0, description="Seed of Python, torch and minibatch shuffling.")
@@ -205,14 +211,22 @@ class GRPOConfig(BaseModel):
         return self
 
     @property
-    def samples_per_step(self) -> int:
-        """Rollouts per training step (``batch_size * group_size``), one sample each for single-call agents."""
+    def rollouts_per_step(self) -> int:
+        """Rollouts per training step (``batch_size * group_size``)."""
         return self.batch_size * self.group_size
 
-    def estimated_optimizer_steps(self) -> int:
-        """Optimizer steps the LR decay spans: ``total_optimizer_steps`` or an estimate from the step shape."""
+    @property
+    def minibatches_per_epoch(self) -> int:
+        """Minibatches each PPO epoch of a training step is split into (``minibatch_size`` counts rollouts)."""
+        return math.ceil(self.rollouts_per_step / (self.minibatch_size or self.rollouts_per_step))
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        """Optimizer steps (taken or skipped) of every training step: ``ppo_epochs * minibatches_per_epoch``."""
+        return self.ppo_epochs * self.minibatches_per_epoch
+
+    def schedule_steps(self) -> int:
+        """Optimizer steps the LR decay spans: ``total_optimizer_steps``, else the run's ``max_steps`` steps."""
         if self.total_optimizer_steps is not None:
             return self.total_optimizer_steps
-        minibatch = self.minibatch_size or self.samples_per_step
-        per_step = self.ppo_epochs * math.ceil(self.samples_per_step / minibatch)
-        return max(1, self.max_steps * per_step)
+        return max(1, self.max_steps * self.optimizer_steps_per_step)

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,15 @@ from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
 from agentbolt.algorithm.grpo.samples import TokenSample
 
-__all__ = ["PolicyTrainer", "ResponseBatch", "collate", "latest_checkpoint", "lr_multiplier", "resolve_device"]
+__all__ = [
+    "PolicyTrainer",
+    "ResponseBatch",
+    "collate",
+    "latest_checkpoint",
+    "lr_multiplier",
+    "resolve_device",
+    "rollout_minibatches",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +138,7 @@ def lr_multiplier(optimizer_step: int, config: GRPOConfig) -> float:
         return (optimizer_step + 1) / (warmup + 1)
     if config.lr_scheduler == "constant":
         return 1.0
-    total = config.estimated_optimizer_steps()
+    total = config.schedule_steps()
     progress = min(1.0, (optimizer_step - warmup) / max(1, total - warmup))
     floor = config.min_lr_ratio
     if config.lr_scheduler == "linear":
@@ -148,6 +157,28 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
         if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / "trainer_state.json").exists():
             found.append((int(suffix), child))
     return max(found)[1] if found else None
+
+
+def rollout_minibatches(samples: Sequence[TokenSample], count: int, generator: torch.Generator) -> List[List[int]]:
+    """Split sample indices into exactly ``count`` minibatches of whole rollouts.
+
+    The rollouts are shuffled with ``generator`` and dealt into ``count`` consecutive runs whose rollout counts
+    differ by at most one; a rollout's samples stay together, in call order. With fewer rollouts than ``count`` the
+    last minibatches are empty.
+    """
+    by_rollout: Dict[str, List[int]] = {}
+    for index, sample in enumerate(samples):
+        by_rollout.setdefault(sample.rollout_id, []).append(index)
+    rollouts = list(by_rollout.values())
+    order = torch.randperm(len(rollouts), generator=generator).tolist()
+    base, extra = divmod(len(rollouts), count)
+    minibatches: List[List[int]] = []
+    start = 0
+    for position in range(count):
+        size = base + (1 if position < extra else 0)
+        minibatches.append([index for r in order[start : start + size] for index in rollouts[r]])
+        start += size
+    return minibatches
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -202,6 +233,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(step, config))
         self.global_step = 0
         self.optimizer_steps = 0
+        self.skipped_optimizer_steps = 0
         self._keeps_logits = "logits_to_keep" in inspect.signature(self._unwrapped_forward()).parameters
 
     # ------------------------------------------------------------------------------------------------ model set-up
@@ -273,14 +305,16 @@ class PolicyTrainer:
         """One GRPO update on samples whose ``advantage`` is set.
 
         Behaviour log-probs are taken from the samples (recomputed where missing or when ``recompute_logprobs``);
-        reference log-probs are computed once when ``kl_coef > 0``. Then ``ppo_epochs`` passes over shuffled
-        minibatches, one optimizer step per minibatch, gradients accumulated over micro-batches.
+        reference log-probs are computed once when ``kl_coef > 0``. Then ``ppo_epochs`` passes, each over
+        ``config.minibatches_per_epoch`` minibatches of whole rollouts (:func:`rollout_minibatches`), one optimizer
+        step per minibatch, gradients accumulated over micro-batches; an empty minibatch (fewer rollouts than
+        minibatches) advances the learning-rate schedule without a step.
 
         Returns:
             Metrics: ``loss``, ``pg_loss``, ``kl``, ``clip_fraction``, ``entropy``, ``ratio_mean``,
             ``first_minibatch_ratio_max_dev`` (max |ratio - 1| in the first minibatch of the first epoch: 0 up to
             float error when behaviour log-probs match the training forward), ``grad_norm``, ``lr``,
-            ``optimizer_steps``, ``samples``, ``response_tokens``, ``update_tokens``, ``update_seconds``,
+            ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``, ``update_tokens``, ``update_seconds``,
             ``tokens_per_second``.
         """
         if not samples:
@@ -302,11 +336,13 @@ class PolicyTrainer:
         totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0}
         grad_norms: List[float] = []
         first_dev = 0.0
-        minibatch = config.minibatch_size or len(samples)
         try:
             for epoch in range(config.ppo_epochs):
-                order = torch.randperm(len(samples), generator=self.generator).tolist()
-                for mb_index, mb in enumerate(_chunks(order, minibatch)):
+                minibatches = rollout_minibatches(samples, config.minibatches_per_epoch, self.generator)
+                for mb_index, mb in enumerate(minibatches):
+                    if not mb:
+                        self._skip_optimizer_step()
+                        continue
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
                     for micro in _chunks(mb, config.micro_batch_size):
@@ -361,14 +397,38 @@ class PolicyTrainer:
             "ratio_mean": totals["ratio"] / tokens,
             "first_minibatch_ratio_max_dev": first_dev,
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": float(self.scheduler.get_last_lr()[0]),
-            "optimizer_steps": float(self.optimizer_steps),
+            **self.schedule_metrics(),
             "samples": float(len(samples)),
             "response_tokens": float(sum(len(s.response_ids) for s in samples)),
             "update_tokens": update_tokens,
             "update_seconds": elapsed,
             "tokens_per_second": update_tokens / elapsed if elapsed > 0 else 0.0,
         }
+
+    def skip_step(self) -> Dict[str, float]:
+        """Count a training step with nothing to train: the learning-rate schedule advances by the step's share.
+
+        Returns:
+            :meth:`schedule_metrics` after the skip.
+        """
+        for _ in range(self.config.optimizer_steps_per_step):
+            self._skip_optimizer_step()
+        self.global_step += 1
+        return self.schedule_metrics()
+
+    def schedule_metrics(self) -> Dict[str, float]:
+        """``lr`` (current learning rate), ``optimizer_steps`` and ``skipped_optimizer_steps`` (cumulative)."""
+        return {
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "optimizer_steps": float(self.optimizer_steps),
+            "skipped_optimizer_steps": float(self.skipped_optimizer_steps),
+        }
+
+    def _skip_optimizer_step(self) -> None:
+        with warnings.catch_warnings():  # stepping the schedule alone is intended here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.skipped_optimizer_steps += 1
 
     def _clip_and_step(self) -> float:
         if self.config.max_grad_norm is not None:
@@ -416,6 +476,7 @@ class PolicyTrainer:
         state = {
             "global_step": self.global_step,
             "optimizer_steps": self.optimizer_steps,
+            "skipped_optimizer_steps": self.skipped_optimizer_steps,
             "finetune": self.config.finetune,
             "extra": extra_state or {},
         }
@@ -460,5 +521,6 @@ class PolicyTrainer:
         self.generator.set_state(rng["generator"])
         self.global_step = int(state["global_step"])
         self.optimizer_steps = int(state["optimizer_steps"])
+        self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
         logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
         return dict(state.get("extra") or {})

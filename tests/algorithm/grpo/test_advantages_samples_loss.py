@@ -235,8 +235,9 @@ def test_config_rejects_bad_values(bad) -> None:
         GRPOConfig(**bad)
 
 
-def test_config_estimates_the_decay_length() -> None:
-    config = GRPOConfig(batch_size=4, group_size=4, minibatch_size=8, ppo_epochs=2, max_steps=10)
-    assert config.samples_per_step == 16
-    assert config.estimated_optimizer_steps() == 10 * 2 * 2
-    assert GRPOConfig(total_optimizer_steps=7).estimated_optimizer_steps() == 7
+def test_config_sizes_the_decay_to_the_run() -> None:
+    config = GRPOConfig(batch_size=4, group_size=4, minibatch_size=6, ppo_epochs=2, max_steps=10)
+    assert (config.rollouts_per_step, config.minibatches_per_epoch, config.optimizer_steps_per_step) == (16, 3, 6)
+    assert config.schedule_steps() == 10 * 2 * 3
+    assert GRPOConfig(batch_size=4, group_size=4).optimizer_steps_per_step == 1  # no minibatch_size: one
+    assert GRPOConfig(total_optimizer_steps=7).schedule_steps() == 7

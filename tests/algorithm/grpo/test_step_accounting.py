@@ -64,3 +64,40 @@ def test_failed_rollouts_count_in_their_group_and_their_calls_are_pushed_down(wo
         assert counts["groups/zero_variance"] == 0, counts  # the survivors alone would all score 1
         # The two successes and the call made before the crash are trained on; the other crash made no call.
         assert (counts["samples/calls"], counts["samples/from_failed"], counts["samples/trained"]) == (3, 1, 3)
+
+
+def test_the_lr_schedule_spans_exactly_the_optimizer_steps_taken(word_model: Path) -> None:
+    counter = itertools.count()
+
+    @agl.rollout
+    async def planner(task: dict, llm: agl.LLM) -> float:
+        n = next(counter)  # rollouts 0-7 are step 1, 8-15 step 2...
+        for _ in range(1 + n % 3):  # one to three LLM calls per rollout
+            await ask(llm, task["prompt"])
+        if 8 <= n < 20:
+            return 1.0  # step 2 and the first group of step 3 score all alike: no signal
+        return float(n % 2)
+
+    algorithm = _algorithm(
+        word_model,
+        batch_size=2,
+        group_size=4,
+        max_steps=4,
+        minibatch_size=3,  # 8 rollouts per step: 3 minibatches per epoch
+        ppo_epochs=2,
+        lr_scheduler="cosine",
+        warmup_steps=2,
+        min_lr_ratio=0.1,
+        learning_rate=1e-3,
+    )
+    fit(algorithm, planner, train=[{"prompt": "ping"}, {"prompt": "pong"}])
+
+    train = [r for r in algorithm.history if "train/reward_mean" in r]
+    last = train[-1]
+    # The cosine decay ends exactly with the run: 4 steps x 2 epochs x 3 minibatches, whatever the number of calls
+    # per rollout and whether a step had anything to train.
+    assert last["update/optimizer_steps"] + last.get("update/skipped_optimizer_steps", 0.0) == 24
+    assert last["update/lr"] == pytest.approx(1e-4)
+    counts = [(r.get("update/optimizer_steps"), r.get("update/skipped_optimizer_steps")) for r in train]
+    assert counts == [(6, 0), (6, 6), (12, 6), (18, 6)]
+    assert [r["samples/trained"] > 0 for r in train] == [True, False, True, True]

@@ -11,7 +11,13 @@ from conftest import VOCAB, make_samples, tiny_llama
 
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import TokenSample
-from agentbolt.algorithm.grpo.trainer import PolicyTrainer, collate, latest_checkpoint, lr_multiplier
+from agentbolt.algorithm.grpo.trainer import (
+    PolicyTrainer,
+    collate,
+    latest_checkpoint,
+    lr_multiplier,
+    rollout_minibatches,
+)
 
 
 def _config(**overrides) -> GRPOConfig:
@@ -46,7 +52,9 @@ def test_collate_masks_exactly_the_response_tokens() -> None:
 def test_first_minibatch_ratio_is_one_with_engine_logprobs(finetune: str, temperature: float) -> None:
     model = tiny_llama()
     samples = make_samples(8, model=model, temperature=temperature)
-    trainer = PolicyTrainer(model, _config(finetune=finetune, minibatch_size=4, ppo_epochs=2))
+    trainer = PolicyTrainer(
+        model, _config(finetune=finetune, batch_size=2, group_size=4, minibatch_size=4, ppo_epochs=2)
+    )
     metrics = trainer.train_step(samples)
     assert metrics["first_minibatch_ratio_max_dev"] < 1e-5
     # Later minibatches see updated weights, so the mean ratio over the whole step moves away from 1.
@@ -148,17 +156,58 @@ def test_lr_schedule_counts_optimizer_steps_with_warmup() -> None:
     assert factors[13] == pytest.approx(0.1)
     assert all(a >= b for a, b in itertools.pairwise(factors[3:]))
     trainer = PolicyTrainer(
-        tiny_llama(), _config(lr_scheduler="linear", warmup_steps=2, minibatch_size=2, learning_rate=1.0)
+        tiny_llama(),
+        _config(lr_scheduler="linear", warmup_steps=2, batch_size=1, group_size=4, minibatch_size=2, learning_rate=1.0),
     )
     metrics = trainer.train_step(make_samples(4))  # two optimizer steps: the warmup is over
     assert metrics["optimizer_steps"] == 2
     assert metrics["lr"] == pytest.approx(lr_multiplier(2, trainer.config))
 
 
+def _rollouts(calls: list[int], group: str = "g") -> list[TokenSample]:
+    """Samples of rollouts r0, r1... making ``calls[i]`` calls each (distinct prompts, so each call is traceable)."""
+    return [
+        TokenSample([1 + i, 2 + c], [3], None, 0.0, group, f"r{i}", advantage=1.0)
+        for i, n in enumerate(calls)
+        for c in range(n)
+    ]
+
+
+def test_minibatches_keep_rollouts_together_and_their_number_is_fixed() -> None:
+    samples = _rollouts([3, 1, 2, 1, 2])
+    minibatches = rollout_minibatches(samples, 3, torch.Generator().manual_seed(0))
+    assert len(minibatches) == 3
+    assert sorted(i for mb in minibatches for i in mb) == list(range(len(samples)))
+    rollouts = [[samples[i].rollout_id for i in mb] for mb in minibatches]
+    assert sorted(len(set(r)) for r in rollouts) == [1, 2, 2]  # rollout counts differ by at most one
+    for ids, mb in zip(rollouts, minibatches, strict=True):
+        owners = {r: [samples[i].prompt_ids for i in mb if samples[i].rollout_id == r] for r in ids}
+        for rollout, prompts in owners.items():  # a rollout's calls are together and in order
+            assert prompts == [s.prompt_ids for s in samples if s.rollout_id == rollout]
+    assert [len(mb) for mb in rollout_minibatches(_rollouts([2]), 3, torch.Generator())] == [2, 0, 0]
+
+
+def test_every_step_advances_the_schedule_by_the_same_number_of_optimizer_steps() -> None:
+    # 4 rollouts per step in minibatches of 2 rollouts, 2 epochs: 4 optimizer steps per training step.
+    config = _config(batch_size=1, group_size=4, minibatch_size=2, ppo_epochs=2, max_steps=3, lr_scheduler="cosine")
+    assert (config.minibatches_per_epoch, config.optimizer_steps_per_step, config.schedule_steps()) == (2, 4, 12)
+    trainer = PolicyTrainer(tiny_llama(), config)
+    many_calls = trainer.train_step(_rollouts([3, 2, 3, 1]))  # 9 calls: still 2 minibatches per epoch
+    assert (many_calls["optimizer_steps"], many_calls["skipped_optimizer_steps"]) == (4, 0)
+    one_rollout = trainer.train_step(_rollouts([2]))  # the second minibatch of each epoch is empty
+    assert (one_rollout["optimizer_steps"], one_rollout["skipped_optimizer_steps"]) == (6, 2)
+    nothing = trainer.skip_step()  # no signal at all
+    assert (nothing["optimizer_steps"], nothing["skipped_optimizer_steps"]) == (6, 6)
+    assert trainer.global_step == 3
+    assert nothing["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine decay ends with the last step
+
+
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_checkpoint_then_resume_reproduces_the_next_step(tmp_path, finetune: str) -> None:
     config = _config(
         finetune=finetune,
+        batch_size=2,
+        group_size=3,
         minibatch_size=2,
         ppo_epochs=2,
         checkpoint_dir=str(tmp_path),
