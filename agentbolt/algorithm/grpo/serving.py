@@ -6,13 +6,15 @@
   sees half-updated weights.
 * :class:`RemoteAdapterPolicyServer`: an external vLLM (``--enable-lora``) or ``agentbolt serve`` server of the
   base model. After each update the adapter is saved and loaded under a new name with the vLLM-compatible
-  ``POST /v1/load_lora_adapter`` route (the previous one is unloaded), and rollouts request that name.
+  ``POST /v1/load_lora_adapter`` route (the previous one is unloaded), and rollouts request that name. Names carry
+  a random id of the run, so a restarted or resumed trainer never reuses a name the server still holds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -77,15 +79,19 @@ class RemoteAdapterPolicyServer:
 
     The server must serve the same base model with LoRA enabled and be able to read ``adapter_dir`` (same machine or
     shared file system). The adapter before the first update (an identity: LoRA ``B`` starts at zero) is loaded at
-    construction, so every rollout runs through an adapter whose weights the trainer knows.
+    construction, so every rollout runs through an adapter whose weights the trainer knows. Only the latest adapter
+    stays loaded: each load unloads the previous one, and :meth:`stop` the last (best effort, logged).
 
     Args:
         trainer: The policy trainer (must train LoRA adapters).
         base_url: OpenAI-compatible base URL of the server, ending in ``/v1``.
         adapter_dir: Where adapters are saved for the server to load.
-        name_prefix: Adapters are named ``{name_prefix}-v{N}``.
+        name_prefix: Adapters are named ``{name_prefix}-{run_id}-v{N}`` (``N`` counts this object's loads) and
+            saved under ``adapter_dir`` with that name.
         api_key: Bearer token of the server, if it needs one.
         timeout: Seconds allowed for each load / unload request.
+        run_id: Id that keeps these names apart from those of any other trainer of the server, earlier runs and
+            resumed ones included (default: 8 random hex digits).
 
     Raises:
         ValueError: The trainer does full fine-tuning.
@@ -101,6 +107,7 @@ class RemoteAdapterPolicyServer:
         name_prefix: str = "policy",
         api_key: Optional[str] = None,
         timeout: float = 120.0,
+        run_id: Optional[str] = None,
     ) -> None:
         import httpx
 
@@ -109,6 +116,7 @@ class RemoteAdapterPolicyServer:
         self.base_url = base_url.rstrip("/")
         self.adapter_dir = Path(adapter_dir)
         self.name_prefix = name_prefix
+        self.run_id = run_id or secrets.token_hex(4)
         self.model_name = ""
         self._version = 0
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -126,19 +134,27 @@ class RemoteAdapterPolicyServer:
 
     def after_update(self, trainer: PolicyTrainer) -> None:
         """Save the current adapter, load it under a new name, and unload the previous one."""
-        name = f"{self.name_prefix}-v{self._version}"
+        name = f"{self.name_prefix}-{self.run_id}-v{self._version}"
         path = (self.adapter_dir / name).resolve()
         trainer.model.save_pretrained(str(path))
         self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         previous, self.model_name = self.model_name, name
         self._version += 1
-        if previous:
-            try:
-                self._post("unload_lora_adapter", {"lora_name": previous})
-            except Exception:  # the new adapter is live; a stale one only costs server memory
-                logger.warning("Could not unload adapter %s", previous, exc_info=True)
+        self._unload(previous)
         logger.info("Policy adapter %s loaded by %s", name, self.base_url)
 
+    def _unload(self, name: str) -> None:
+        if not name:
+            return
+        try:
+            self._post("unload_lora_adapter", {"lora_name": name})
+        except Exception:  # best effort: a stale adapter only costs server memory
+            logger.warning("Could not unload adapter %s from %s", name, self.base_url, exc_info=True)
+
     def stop(self) -> None:
-        """Close the HTTP client (the external server keeps running)."""
+        """Unload the adapter being served (best effort) and close the HTTP client; the server keeps running."""
+        if self._client.is_closed:
+            return
+        last, self.model_name = self.model_name, ""
+        self._unload(last)
         self._client.close()
