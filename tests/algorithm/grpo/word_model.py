@@ -56,8 +56,8 @@ def build_word_model(path: Path) -> Path:
     return path
 
 
-async def ask(llm: agl.LLM, prompt: str) -> str:
-    """One chat call of one token to the served policy; the stripped answer."""
+async def ask(llm: agl.LLM, prompt: str, seed: Optional[int] = None) -> str:
+    """One chat call of one token to the served policy (sampled with ``seed`` when given); the stripped answer."""
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0) as client:
@@ -65,6 +65,7 @@ async def ask(llm: agl.LLM, prompt: str) -> str:
             model=llm.model,
             messages=[{"role": "user", "content": prompt}],
             max_tokens=1,
+            seed=seed,
             **llm.sampling_parameters,
         )
     return (response.choices[0].message.content or "").strip()
