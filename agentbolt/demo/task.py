@@ -19,8 +19,9 @@ __all__ = [
     "parse_answer",
 ]
 
-ANSWER_PATTERN = re.compile(r"ANSWER:\s*(-?\d+)")
-"""The required final-answer format: ``ANSWER: <integer>``."""
+ANSWER_PATTERN = re.compile(r"ANSWER:[ \t]*(-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+))[ \t]*\.?[ \t]*")
+"""The required final-answer line, matched in full: ``ANSWER: <integer>`` (commas between groups of three digits
+allowed, one trailing period tolerated) and nothing else."""
 
 _OPERATORS: Dict[str, str] = {"+": "plus", "-": "minus", "*": "times"}
 
@@ -87,8 +88,14 @@ def make_splits(n_train: int, n_val: int, seed: int = 0) -> Tuple[List[Arithmeti
 
 
 def parse_answer(text: Optional[str]) -> Optional[int]:
-    """The integer of the last ``ANSWER: <n>`` in ``text`` (None when there is none)."""
-    if not text:
+    """The integer the message commits to: its last non-empty line must be ``ANSWER: <n>`` and nothing else.
+
+    Returns None (no answer, so no reward) when there is no such line, when ``ANSWER:`` appears more than once in
+    any letter case (several answers are a hedge), or when the line holds anything but one integer: an expression
+    (``37 * 12``), several numbers (``443 or 444``), a decimal, a percentage or a question mark. Text before the line
+    (reasoning) is allowed; text after it is not.
+    """
+    if not text or text.upper().count("ANSWER:") != 1:
         return None
-    found = ANSWER_PATTERN.findall(text)
-    return int(found[-1]) if found else None
+    match = ANSWER_PATTERN.fullmatch(text.strip().splitlines()[-1].strip())
+    return int(match.group(1).replace(",", "")) if match else None

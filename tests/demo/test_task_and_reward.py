@@ -40,7 +40,7 @@ def test_split_sizes_are_validated() -> None:
     [
         ("ANSWER: 444", 444),
         ("The result is 444.\nANSWER:  -12", -12),
-        ("ANSWER: 1 then ANSWER: 2", 2),
+        ("ANSWER: 1 then ANSWER: 2", None),
         ("answer: 444", None),
         ("444", None),
         ("", None),
