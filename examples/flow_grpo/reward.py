@@ -2,69 +2,84 @@
 
 **The committed answer.** A text is judged by the ONE final answer it commits to:
 
-1. ``\\boxed{...}`` when present. Several boxes with different contents are a hedge and score 0.
+1. ``\\boxed{...}`` when present. Several boxes with different contents score 0, and so does a final-answer marker
+   that names something else than the box.
 2. Else the text after an explicit final-answer marker (``Final answer:``, ``Answer:``, ``ANSWER:``, ``the answer
-   is``) up to the end of its line. Several markers with different answers score 0.
+   is``), up to the end of its line (the next line when the marker ends its own). Several markers with different
+   answers score 0.
 3. Else the whole text.
 
-Wrappers are removed first (``$...$``, ``\\(...\\)``, ``**...**``, quotes, ``\\text{...}``, trailing periods). An
-empty answer, one longer than :data:`MAX_ANSWER_CHARS`, one containing ``?`` (a question commits to nothing) and
-one with a LaTeX command the rule does not know (``\\phantom``, ``\\color``...) score 0.
+Reasoning may come before the committed answer; text after it that holds a digit or a hedge scores 0
+(``Final answer: 735`` then ``or 736``). Wrappers are removed (``$...$``, ``\\(...\\)``, ``**...**``, quotes,
+trailing periods). Empty answers, answers longer than :data:`MAX_ANSWER_CHARS`, answers containing ``?`` (a question
+commits to nothing), answers containing the whole question, and LaTeX the rule does not read (``\\phantom``,
+``\\color``...) score 0.
 
 **Which comparison.** The gold answer decides, never the task's source (sources get renamed): a gold that reads as
-a number or a closed form (``1307``, ``1,307``, ``-5``, ``0.5``, ``12%``, ``1/2``, ``\\frac{1}{2}``, ``2\\sqrt{2}``,
-``\\pi/4``) is compared by value; any other gold by text. With several golds, matching any one is enough.
+a number or a closed form (``1307``, ``1,307``, ``-5``, ``0.5``, ``12%``, ``12 km``, ``1/2``, ``\\frac{1}{2}``,
+``2\\sqrt{2}``, ``\\pi/4``) is compared by value; any other gold as text. Matching any one gold is enough, and an
+answer written exactly as a gold (up to case and spaces around symbols) always matches.
 
 **Numbers.** The committed answer scores 1 when either
 
-* it is one number or closed form with nothing left to evaluate, of the same value (rationals exactly, irrational
-  values to a relative 1e-9). "Nothing left to evaluate": no operation between two numbers except one reduced
-  fraction (``1/2``, ``\\frac{3}{4}``; not ``2/4``, ``3*4``, ``220 + 108 + 193``), square roots of square-free
-  integers only (``\\sqrt{2}``; not ``\\sqrt{8}``), powers only of pi and e with an integer exponent up to 10
-  (``e^{-1}``; not ``2^{10}``), no like terms (``1 + \\sqrt{5}``; not ``\\sqrt{2} + \\sqrt{2}``); and it is not an
-  expression copied from the question. A currency sign before it is ignored;
-* or it is a short sentence (one line, at most 15 words) that holds exactly one number, equal to the gold, and
-  no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...) and no number word
-  (``It was completed in 1889.``, ``1307 dollars``).
+* it is one number or closed form with nothing left to evaluate (:mod:`examples.flow_grpo.expressions`: ``1/2``,
+  ``\\frac{\\sqrt{2}}{2}``, ``e^{-1}``; not ``2/4``, ``3*4``, ``220 + 108 + 193``, ``\\sqrt{8}``, ``2^{10}``) of the
+  same value (rationals exactly, irrational values to a relative 1e-9), optionally after a currency sign, and not
+  an expression copied from the question (``5/2`` for "What is 5/2?");
+* or it is a short sentence (one line, at most 15 words, no ``! = + * ^ < > : ; " [ ] { }``) holding exactly one
+  number, equal to the gold, and no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...)
+  nor number word (``It was completed in 1889.``, ``1307 dollars``, ``It is 1/2.``).
 
-Signs matter: ``-735`` is not ``735`` (U+2212 and en dashes are minus signs). ``%`` or ``percent`` counts only when
-the gold is a percentage or the question speaks of percent (a percentage gold also accepts the bare number). A unit
-of measurement right after the number (``12 km``, ``3 hours``) counts only when the question or the gold names
-that unit; other words after it (``1307 dollars``, ``206 bones``) are plain words. A comma between groups of three
-digits is a thousands separator (``1,307``; ``1,889`` is the year 1889); a space is not (``1 307`` is two numbers).
-Full-width digits read as digits. Several numbers (``5 or 6``, ``5, 6``, ``1,307 or 1,308``, ``5 ± 1``) score 0.
+Signs matter: ``-735`` is not ``735`` (U+2212 and dashes are minus signs). ``%`` or ``percent`` counts only when the
+gold is a percentage or the question speaks of percent; a percentage gold also accepts the bare number. A unit of
+measurement after the number (``12 km``, ``41 years``) must be the gold's or one the question names; when neither
+names a unit any unit passes (``56 years`` for "How old was she?") unless glued to the number (``1880s``). Other
+words after it are plain words (``206 bones``). A comma between groups of three digits is a thousands separator
+(``1,307``; ``1,889`` is the year 1889); a space is not (``1 307`` is two numbers). Full-width digits read as
+digits. Several numbers (``5 or 6``, ``5, 6``, ``1,307 or 1,308``, ``5 ± 1``) score 0.
 
 **Text.** The committed answer scores 1 when its SQuAD normalization (lower case, no punctuation, no articles,
-single spaces) equals a gold's and the math symbols ``+ - * / ^ = < > %`` in it are the gold's (a hyphen joining two
-letters excepted: ``Saint-Etienne``), or when it is a short sentence holding the gold once whose other words are
-all function words (``it``, ``was``, ``in``...) or lower-case words of the question (``It is Canberra.``). Another
-name (a capitalized word), number, list separator (``,`` ``;`` ``/`` ``&`` ``|``) or hedge in it scores 0, unless
-the gold itself contains that word or separator.
+single spaces) equals a gold's and its math symbols ``+ - * / ^ = < > %`` are the gold's, in order (a hyphen
+joining two letters excepted: ``Saint-Etienne``; ``x^2 - 1`` is not ``x^2+1``), or when it is a short sentence
+holding the gold once whose other words are function words (``it``, ``was``, ``in``...) or words of the question
+(``It is Canberra.``, ``The capital of Australia is Canberra.``). A hedge, a list separator (``,`` ``;`` ``/``
+``&`` ``|``), a number or another capitalized name beside the gold scores 0, unless the gold itself contains that
+word or separator. When the question lists alternatives (a comma, ``or``, ``and``: "Which city is larger, Paris or
+Lyon?") only function words may stand beside the gold.
 
-**Refusals.** Some answers are refused, not merely unmatched: several boxed or marked answers, hedges, several
-candidates, unevaluated or copied expressions, unknown LaTeX, empty, too long, questions. :class:`LLMJudge` never
-asks its model about a refused answer nor about one the rule already accepts; it may only turn the rule's 0 into 1
-for a single committed answer that means the same as a gold (``W. Shakespeare``), and it sees that answer as quoted
-data.
+**Refusals and the judge.** Hedges, several candidates, unevaluated or copied expressions, unreadable LaTeX and
+texts that commit to no single answer are *refused*, not merely unmatched. :class:`LLMJudge` asks its model neither
+about a refused answer nor about one the rule accepts: it may only turn the rule's 0 into 1 for a single committed
+answer that means the same as a gold (``W. Shakespeare``), and it shows the model that answer as quoted data.
 
-Every call is bounded in time: model output is never evaluated as code nor handed to a computer-algebra system.
-Expressions are parsed by a small parser here, nothing that is not already a closed form is ever evaluated (so
-``9^9^9^9`` is refused without computing anything), and the input length is capped.
+**Bounded time.** Model output is never evaluated as code nor handed to a computer-algebra system: the small parser
+of :mod:`examples.flow_grpo.expressions` caps every size, and an answer is evaluated only once it is a closed form,
+so a tower of powers (``9^9^9^9``) is refused without computing anything.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import string
 import threading
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
+from examples.flow_grpo.expressions import (
+    ExpressionError,
+    Node,
+    Value,
+    braced_group,
+    evaluate,
+    is_closed_form,
+    latex_to_plain,
+    parse_expression,
+    same_value,
+)
 from examples.flow_grpo.parsing import parse_output
 from examples.flow_grpo.schemas import JudgeVerdict
 
@@ -96,15 +111,7 @@ decides how an answer is compared (see the module docstring)."""
 MAX_ANSWER_CHARS = 4000
 """Answers longer than this score 0 (the solver's final answers are a few words)."""
 
-_MAX_EXPRESSION_CHARS = 200
 _MAX_SENTENCE_WORDS = 15
-_MAX_LITERAL_DIGITS = 30
-_MAX_EXPONENT = 10
-_MAX_RADICAND = 10**9
-_RELATIVE_TOLERANCE = 1e-9
-
-Value = Union[Fraction, float]
-Node = Tuple[Any, ...]
 
 
 class RewardFunction(Protocol):
@@ -171,21 +178,6 @@ class _Committed:
     refusal: Optional[str] = None
 
 
-def _braced(text: str, start: int) -> Optional[Tuple[str, int]]:
-    """The content of the ``{...}`` group opening at ``text[start]`` and the index after it (None if unbalanced)."""
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    for index in range(start, len(text)):
-        if text[index] == "{":
-            depth += 1
-        elif text[index] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : index], index + 1
-    return None
-
-
 def _compact(text: str) -> str:
     """Lower case, wrappers removed, no whitespace except one space between two letters or digits (``1 307``)."""
     return re.sub(r"\s+(?=\W)|(?<=\W)\s+", "", " ".join(_unwrap(text).split())).lower()
@@ -236,7 +228,7 @@ def _commit(text: str) -> _Committed:
     text = text.translate(_CHARACTERS)
     boxed: List[Tuple[str, int]] = []
     for match in _BOXED.finditer(text):
-        group = _braced(text, match.end())
+        group = braced_group(text, match.end())
         if group is None:
             return _Committed(None, "malformed \\boxed")
         boxed.append(group)
@@ -266,364 +258,6 @@ def _commit(text: str) -> _Committed:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# LaTeX to plain text
-# ---------------------------------------------------------------------------------------------------------------
-
-_LATEX_COMMAND = re.compile(r"\\([A-Za-z]+|.)")
-_LATEX_DROPPED = frozenset({"left", "right", "displaystyle", "!", ";", ":", " ", "quad", "qquad"})
-_LATEX_TEXT = frozenset({"text", "textrm", "textbf", "textit", "mathrm", "mathbf", "mathit", "operatorname"})
-_LATEX_SYMBOLS = {"cdot": "*", "times": "*", "div": "/", "pi": "pi", "%": "%", "$": "$", ",": ",", "{": "(", "}": ")"}
-
-
-class _Invalid(Exception):
-    """The text is not something the rule reads (malformed LaTeX, not an expression, out of bounds)."""
-
-
-def _latex_argument(text: str, index: int) -> Tuple[str, int]:
-    while index < len(text) and text[index] == " ":
-        index += 1
-    if index >= len(text):
-        raise _Invalid("missing argument")
-    if text[index] == "{":
-        group = _braced(text, index)
-        if group is None:
-            raise _Invalid("unbalanced braces")
-        return group
-    return text[index], index + 1
-
-
-def _latex_to_plain(text: str) -> str:
-    """Rewrite the LaTeX the rule understands into plain text (``\\frac{1}{2}`` -> ``(1)/(2)``).
-
-    Raises:
-        _Invalid: An unknown command (``\\phantom``, ``\\color``...) or unbalanced braces.
-    """
-    if "\\" not in text and "{" not in text and "}" not in text:
-        return text
-    out: List[str] = []
-    index = 0
-    while index < len(text):
-        char = text[index]
-        if char == "\\":
-            match = _LATEX_COMMAND.match(text, index)
-            if match is None:
-                raise _Invalid("dangling backslash")
-            name, index = match.group(1), match.end()
-            if name in ("frac", "dfrac", "tfrac"):
-                numerator, index = _latex_argument(text, index)
-                denominator, index = _latex_argument(text, index)
-                out.append(f"({_latex_to_plain(numerator)})/({_latex_to_plain(denominator)})")
-            elif name == "sqrt":
-                if text[index : index + 1] == "[":
-                    raise _Invalid("only square roots are read")
-                radicand, index = _latex_argument(text, index)
-                out.append(f"sqrt({_latex_to_plain(radicand)})")
-            elif name in _LATEX_TEXT:
-                content, index = _latex_argument(text, index)
-                out.append(_latex_to_plain(content))
-            elif name in _LATEX_DROPPED:
-                out.append(" " if name in (" ", "quad", "qquad") else "")
-            elif name in _LATEX_SYMBOLS:
-                out.append(_LATEX_SYMBOLS[name])
-            else:
-                raise _Invalid(f"unknown LaTeX command \\{name}")
-        elif char == "{":
-            if text.startswith("{,}", index):  # 1{,}307: a thousands separator in math mode
-                out.append(",")
-                index += 3
-                continue
-            group = _braced(text, index)
-            if group is None:
-                raise _Invalid("unbalanced braces")
-            out.append(f"({_latex_to_plain(group[0])})")
-            index = group[1]
-        elif char == "}":
-            raise _Invalid("unbalanced braces")
-        else:
-            out.append(char)
-            index += 1
-    return "".join(out)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Expressions: a small parser, a closed-form test and an evaluator that never runs anything unbounded
-# ---------------------------------------------------------------------------------------------------------------
-
-_THOUSANDS = re.compile(r"(?<![0-9.,])([0-9]{1,3}(?:,[0-9]{3})+)(?![0-9,])")
-_EXPRESSION_TOKEN = re.compile(r"\s*(?:(?P<num>[0-9]+(?:\.[0-9]+)?)|(?P<name>[A-Za-z]+)|(?P<op>\*\*|[-+*/^()]))")
-_ATOMS = frozenset({"pi", "e"})
-
-
-def _tokenize(text: str) -> List[Tuple[str, str]]:
-    text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text).strip()
-    tokens: List[Tuple[str, str]] = []
-    index = 0
-    while index < len(text):
-        match = _EXPRESSION_TOKEN.match(text, index)
-        if match is None or match.end() == index:
-            if text[index:].strip():
-                raise _Invalid(f"unexpected {text[index]!r}")
-            break
-        kind = match.lastgroup or ""
-        value = match.group(kind)
-        if kind == "name" and value not in _ATOMS and value != "sqrt":
-            raise _Invalid(f"unknown name {value!r}")
-        tokens.append((kind, "^" if value == "**" else value))
-        index = match.end()
-    return tokens
-
-
-class _Parser:
-    """Recursive descent over ``+ - * / ^``, parentheses, ``sqrt(...)``, ``pi``, ``e`` and implicit products.
-
-    Nodes are tuples: ``("num", Fraction, is_integer)``, ``("atom", name)``, ``("sqrt", node)``, ``("neg", node)``
-    and ``(op, left, right)`` for ``+ - * / ^``. Two numbers side by side (``1 307``) are not a product.
-    """
-
-    def __init__(self, text: str) -> None:
-        if len(text) > _MAX_EXPRESSION_CHARS:
-            raise _Invalid("expression too long")
-        self.tokens = _tokenize(text)
-        self.index = 0
-
-    def parse(self) -> Node:
-        if not self.tokens:
-            raise _Invalid("empty expression")
-        node = self._sum()
-        if self.index != len(self.tokens):
-            raise _Invalid("trailing tokens")
-        return node
-
-    def _peek(self) -> Tuple[str, str]:
-        return self.tokens[self.index] if self.index < len(self.tokens) else ("end", "")
-
-    def _take(self) -> Tuple[str, str]:
-        token = self._peek()
-        self.index += 1
-        return token
-
-    def _sum(self) -> Node:
-        node = self._product()
-        while self._peek() in (("op", "+"), ("op", "-")):
-            op = self._take()[1]
-            node = (op, node, self._product())
-        return node
-
-    def _product(self) -> Node:
-        node = self._unary()
-        while True:
-            kind, value = self._peek()
-            if (kind, value) in (("op", "*"), ("op", "/")):
-                self._take()
-                node = (value, node, self._unary())
-            elif kind == "name" or (kind, value) == ("op", "(") or (kind == "num" and self._after_parenthesis()):
-                node = ("*", node, self._power())  # implicit product: 2sqrt(2), 2pi, (1)(2); never 1 307
-            else:
-                return node
-
-    def _after_parenthesis(self) -> bool:
-        return self.tokens[self.index - 1] == ("op", ")")
-
-    def _unary(self) -> Node:
-        if self._peek() == ("op", "-"):
-            self._take()
-            return ("neg", self._unary())
-        if self._peek() == ("op", "+"):
-            self._take()
-            return self._unary()
-        return self._power()
-
-    def _power(self) -> Node:
-        base = self._atom()
-        if self._peek() == ("op", "^"):
-            self._take()
-            return ("^", base, self._unary())
-        return base
-
-    def _atom(self) -> Node:
-        kind, value = self._take()
-        if kind == "num":
-            if len(value.replace(".", "")) > _MAX_LITERAL_DIGITS:
-                raise _Invalid("number too long")
-            return ("num", Fraction(value), "." not in value)
-        if kind == "name" and value == "sqrt":
-            if self._take() != ("op", "("):
-                raise _Invalid("sqrt needs parentheses")
-            inner = self._sum()
-            if self._take() != ("op", ")"):
-                raise _Invalid("unbalanced parentheses")
-            return ("sqrt", inner)
-        if kind == "name":
-            return ("atom", value)
-        if (kind, value) == ("op", "("):
-            inner = self._sum()
-            if self._take() != ("op", ")"):
-                raise _Invalid("unbalanced parentheses")
-            return inner
-        raise _Invalid(f"unexpected {value or 'end'!r}")
-
-
-def _parse(text: str) -> Node:
-    return _Parser(text).parse()
-
-
-def _integer_literal(node: Node) -> Optional[int]:
-    """The integer of ``5`` or ``-5`` written as a literal (None for anything else)."""
-    if node[0] == "neg":
-        inner = _integer_literal(node[1]) if node[1][0] == "num" else None
-        return -inner if inner is not None else None
-    if node[0] == "num" and node[2]:
-        return int(node[1])
-    return None
-
-
-def _square_free(n: int) -> bool:
-    return all(n % (p * p) for p in range(2, math.isqrt(n) + 1))
-
-
-def _monomial(node: Node) -> Optional[Tuple[Fraction, bool, Tuple[str, ...]]]:
-    """``(coefficient, coefficient is an integer, irrational factors)`` of a product in closed form, else None."""
-    factors: List[Node] = []
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        if current[0] == "*":
-            pending.extend((current[2], current[1]))
-        else:
-            factors.append(current)
-    coefficients = [f for f in factors if f[0] == "num"]
-    irrational: List[str] = []
-    bases: List[str] = []
-    for factor in factors:
-        if factor[0] == "num":
-            continue
-        if factor[0] == "atom":
-            bases.append(factor[1])
-            irrational.append(factor[1])
-        elif factor[0] == "sqrt":
-            radicand = _integer_literal(factor[1])
-            if radicand is None or not 2 <= radicand <= _MAX_RADICAND or not _square_free(radicand):
-                return None
-            bases.append("sqrt")
-            irrational.append(f"sqrt{radicand}")
-        elif factor[0] == "^" and factor[1][0] == "atom":
-            exponent = _integer_literal(factor[2])
-            if exponent is None or exponent in (0, 1) or abs(exponent) > _MAX_EXPONENT:
-                return None
-            bases.append(factor[1][1])
-            irrational.append(f"{factor[1][1]}^{exponent}")
-        else:
-            return None
-    if len(coefficients) > 1 or len(bases) != len(set(bases)):
-        return None  # 3*4, sqrt(2)*sqrt(3), pi*pi: something left to multiply
-    coefficient = coefficients[0][1] if coefficients else Fraction(1)
-    if coefficients and irrational and coefficient in (0, 1):
-        return None  # 1*pi, 0*e
-    return coefficient, not coefficients or coefficients[0][2], tuple(sorted(irrational))
-
-
-def _sum_terms(node: Node) -> Optional[List[Tuple[Fraction, bool, Tuple[str, ...]]]]:
-    """The monomials of a sum in closed form (at most one rational term, no like terms), else None."""
-    terms: List[Node] = []
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        if current[0] in ("+", "-"):
-            pending.extend((current[2], current[1]))
-        else:
-            terms.append(current)
-    monomials = []
-    for position, term in enumerate(terms):
-        if term[0] == "neg":
-            if position > 0 or term[1][0] == "neg":
-                return None  # 1 + -2, --3
-            term = term[1]
-        monomial = _monomial(term)
-        if monomial is None:
-            return None
-        monomials.append(monomial)
-    signatures = [m[2] for m in monomials]
-    if len(signatures) != len(set(signatures)):
-        return None  # 220 + 108 + 193, sqrt(2) + sqrt(2)
-    if len(monomials) > 1 and any(m[0] == 0 for m in monomials):
-        return None
-    return monomials
-
-
-def _is_closed_form(node: Node) -> bool:
-    """Whether evaluating ``node`` would leave it as it is written (see the module docstring)."""
-    if node[0] == "neg":
-        node = node[1]
-        if node[0] == "neg":
-            return False
-    if node[0] != "/":
-        return _sum_terms(node) is not None
-    numerator, denominator = node[1], node[2]
-    integer = _integer_literal(denominator)
-    if integer is not None:
-        terms = _sum_terms(numerator)
-        if integer <= 1 or terms is None or not all(is_integer for _, is_integer, _ in terms):
-            return False
-        return math.gcd(integer, *(int(coefficient) for coefficient, _, _ in terms)) == 1
-    # 1/sqrt(2), 3/pi: an integer over one irrational factor.
-    monomial = _monomial(denominator)
-    top = _integer_literal(numerator)
-    return monomial is not None and monomial[0] == 1 and bool(monomial[2]) and top not in (None, 0)
-
-
-def _evaluate(node: Node) -> Value:
-    """The value of an expression: exact for rationals, a float otherwise. Refuses what could grow unbounded."""
-    kind = node[0]
-    if kind == "num":
-        return node[1]
-    if kind == "atom":
-        return math.pi if node[1] == "pi" else math.e
-    if kind == "neg":
-        return -_evaluate(node[1])
-    if kind == "sqrt":
-        inner = _evaluate(node[1])
-        if inner < 0:
-            raise _Invalid("square root of a negative number")
-        if isinstance(inner, Fraction):
-            top, bottom = math.isqrt(inner.numerator), math.isqrt(inner.denominator)
-            if top * top == inner.numerator and bottom * bottom == inner.denominator:
-                return Fraction(top, bottom)
-        return math.sqrt(inner)
-    left, right = _evaluate(node[1]), _evaluate(node[2])
-    try:
-        if kind == "+":
-            result: Value = left + right
-        elif kind == "-":
-            result = left - right
-        elif kind == "*":
-            result = left * right
-        elif kind == "/":
-            if right == 0:
-                raise _Invalid("division by zero")
-            result = left / right
-        else:
-            if not (isinstance(right, Fraction) and right.denominator == 1 and abs(right) <= _MAX_EXPONENT):
-                raise _Invalid("only small integer exponents are evaluated")
-            if left == 0 and right < 0:
-                raise _Invalid("division by zero")
-            result = left ** int(right)
-    except (OverflowError, ZeroDivisionError) as exc:
-        raise _Invalid(str(exc)) from exc
-    if isinstance(result, float) and not math.isfinite(result):
-        raise _Invalid("not finite")
-    return result
-
-
-def _same_value(left: Value, right: Value) -> bool:
-    if isinstance(left, Fraction) and isinstance(right, Fraction):
-        return left == right
-    try:
-        return math.isclose(float(left), float(right), rel_tol=_RELATIVE_TOLERANCE, abs_tol=1e-12)
-    except OverflowError:
-        return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Words: hedges, units, function words
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -634,11 +268,12 @@ def _word_set(words: str) -> FrozenSet[str]:
 
 _WORD = re.compile(r"[^\W_]+(?:['-][^\W_]+)*")
 _HEDGES = _word_set(
-    """or either nor neither not no never none maybe perhaps possibly possible probably likely unlikely
-    wrong incorrect false untrue doubt doubtful approximately approx about around roughly nearly almost circa ca between unsure unclear unknown guess
-    guessing think believe might could would should cannot can't don't doesn't isn't wasn't aren't weren't won't
-    range versus vs else otherwise except instead than over under above below least most more less upto several
-    many few some any all each every other others another plus minus negative positive ish"""
+    """or either nor neither not no never none maybe perhaps possibly possible probably likely unlikely wrong
+    incorrect false untrue doubt doubtful approximately approx about around roughly nearly almost circa ca between
+    unsure unclear unknown guess guessing think believe might could would should cannot can't don't doesn't isn't
+    wasn't aren't weren't won't range versus vs else otherwise except instead than over under above below least
+    most more less upto several many few some any all each every other others another plus minus negative
+    positive ish"""
 )
 _HEDGE_SYMBOLS = ("\u00b1", "+/-", "~", "\u2248", "\u2026", "...")
 _NUMBER_WORDS = _word_set(
@@ -679,7 +314,7 @@ _UNITS: Dict[str, FrozenSet[str]] = {
 _UNIT_OF = {alias: name for name, aliases in _UNITS.items() for alias in aliases}
 _PERCENT_WORDS = frozenset({"percent", "percentage", "pct"})
 _SEPARATORS = (",", ";", "/", "&", "|")
-_SENTENCE_FORBIDDEN = set('?!=+*/^<>{}[]\\|:;"~#@_')
+_SENTENCE_FORBIDDEN = set('?!=+*^<>{}[]\\|:;"~#@_')
 
 
 def _words(text: str) -> List[str]:
@@ -710,8 +345,8 @@ _NUMBER_TOKEN = re.compile(r"(?<![\w.])-?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])|[
 def _read_gold_number(gold: str) -> Optional[_Number]:
     """A gold answer read as a number (any evaluable expression, with an optional currency, % or unit)."""
     try:
-        text = _latex_to_plain(_unwrap(gold.translate(_CHARACTERS))).strip()
-    except _Invalid:
+        text = latex_to_plain(_unwrap(gold.translate(_CHARACTERS))).strip()
+    except ExpressionError:
         return None
     text = text.lstrip(_CURRENCY).strip()
     percent, unit = False, None
@@ -725,8 +360,8 @@ def _read_gold_number(gold: str) -> Optional[_Number]:
             unit = None if percent else _UNIT_OF[word]
             text = match.group(1)
     try:
-        return _Number(_evaluate(_parse(text)), percent, unit)
-    except (_Invalid, RecursionError):
+        return _Number(evaluate(parse_expression(text)), percent, unit)
+    except ExpressionError:
         return None
 
 
@@ -766,24 +401,24 @@ def _copied(answer: str, question: str) -> bool:
 
 def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verdict:
     try:
-        plain = _latex_to_plain(answer).strip()
-    except _Invalid as exc:
+        plain = latex_to_plain(answer).strip()
+    except ExpressionError as exc:
         return _Verdict(False, str(exc), refused=True)
     # One closed form, with an optional currency sign before it and % after it.
     core = plain.lstrip(_CURRENCY).strip()
     percent = core.endswith("%")
     core = core.rstrip("%").strip()
     try:
-        node: Optional[Node] = _parse(core)
-    except (_Invalid, RecursionError):
+        node: Optional[Node] = parse_expression(core)
+    except ExpressionError:
         node = None
     if node is not None:
-        if not _is_closed_form(node):
+        if not is_closed_form(node):
             return _Verdict(False, "an expression left unevaluated", refused=True)
         if _copied(core, question):
             return _Verdict(False, "an expression copied from the question", refused=True)
-        value = _evaluate(node)
-        if any(_same_value(value, g.value) and _percent_ok(percent, g, question) for g in golds):
+        value = evaluate(node)
+        if any(same_value(value, g.value) and _percent_ok(percent, g, question) for g in golds):
             return _Verdict(True, "same value")
         return _Verdict(False, "a different value")
     return _number_sentence(plain, golds, question)
@@ -803,18 +438,18 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
         )
     if not tokens:
         return _Verdict(False, "no number")
-    if "\n" in text or len(words) + 1 > _MAX_SENTENCE_WORDS or _SENTENCE_FORBIDDEN & set(text):
+    if "\n" in text or len(words) > _MAX_SENTENCE_WORDS or _SENTENCE_FORBIDDEN & set(text):
         return _Verdict(False, "not a short sentence")
     token = tokens[0]
     number = token.group(0).replace(",", "")
     if "/" in number:
         try:
-            node = _parse(number)
-        except _Invalid:
+            node = parse_expression(number)
+        except ExpressionError:
             return _Verdict(False, "not a number")
-        if not _is_closed_form(node):
+        if not is_closed_form(node):
             return _Verdict(False, "an expression left unevaluated", refused=True)
-        value: Value = _evaluate(node)
+        value: Value = evaluate(node)
     else:
         value = Fraction(number)
     after = text[token.end() :]
@@ -824,7 +459,7 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
     glued = bool(re.match(r"[^\W\d_]", after))
     for gold in golds:
         if (
-            _same_value(value, gold.value)
+            same_value(value, gold.value)
             and _percent_ok(percent, gold, question)
             and (percent or _unit_ok(next_word, gold, question, glued=glued))
         ):
@@ -860,8 +495,8 @@ def _sentence_vocabulary(question: str) -> set[str]:
 
 def _judge_text(answer: str, golds: Sequence[str], question: str) -> _Verdict:
     try:
-        plain = _latex_to_plain(answer).strip()
-    except _Invalid as exc:
+        plain = latex_to_plain(answer).strip()
+    except ExpressionError as exc:
         return _Verdict(False, str(exc), refused=True)
     if any(_text_equal(plain, gold) for gold in golds):
         return _Verdict(True, "same text")

@@ -223,6 +223,7 @@ def test_units_and_percentages(task: Dict[str, Any], answer: str, expected: floa
         (HALF, "0.5"),
         (HALF, "0.50"),
         (HALF, "$\\boxed{\\frac{1}{2}}$"),
+        (HALF, "It is 1/2."),
         (ROOT, "\\sqrt{2}"),
         (ROOT, "sqrt(2)"),
         (ROOT, "\\frac{2}{\\sqrt{2}}"),
@@ -413,8 +414,17 @@ def _score_within(task: Dict[str, Any], answer: str, seconds: float) -> Optional
         "1" * (MAX_ANSWER_CHARS - 1),
         "\\frac{" * 1000 + "1" + "}{2}" * 1000,
         "9" * 100_000,
+        "{" * 1999 + "1" + "}" * 1999,
+        "(" * 150 + "1" + ")" * 150,
+        "Answer: " * 500,
+        "\\boxed{" * 400 + "1" + "}" * 400,
     ],
 )
 def test_hostile_answers_score_0_within_a_bounded_time(answer: str) -> None:
     # A generous guard, not a timing test: before, the first three never returned.
     assert _score_within(ARITHMETIC, answer, seconds=5.0) == 0.0
+
+
+@pytest.mark.parametrize("gold", ["(((10^10)^10)^10)^10", "9^9^9^9", "{" * 1999 + "1" + "}" * 1999])
+def test_hostile_gold_answers_are_read_within_a_bounded_time(gold: str) -> None:
+    assert _score_within({**ARITHMETIC, "extra_info": {"ground_truth": [gold]}}, "2", seconds=5.0) == 0.0
