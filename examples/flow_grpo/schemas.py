@@ -71,7 +71,11 @@ class FinalAnswer(BaseModel):
 
 
 class JudgeVerdict(BaseModel):
-    """Optional LLM judge: is the model's answer equivalent to one of the gold answers."""
+    """Optional LLM judge: is the model's single committed answer equivalent to one of the gold answers.
+
+    The judge is asked only about answers the rule neither accepts nor refuses; ``true_false`` can only turn the
+    rule's 0 into 1 (see :class:`~examples.flow_grpo.reward.LLMJudge`).
+    """
 
     analysis: str = Field(default="", description="Short comparison of the answer with the gold answers.")
-    true_false: bool = Field(description="True when the answer is correct.")
+    true_false: bool = Field(description="True only when the answer is one value or name equivalent to a gold answer.")
