@@ -1,7 +1,8 @@
 """The demo task: arithmetic questions the agent answers with a calculator tool.
 
 Tasks are plain JSON-able dicts (they travel through the store as rollout inputs). They are generated from a fixed
-seed, and the training and held-out validation splits never share a question.
+seed, and the training and held-out validation splits never share a question, not even reordered
+(:func:`question_key`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "make_splits",
     "make_task",
     "parse_answer",
+    "question_key",
 ]
 
 ANSWER_PATTERN = re.compile(r"ANSWER:[ \t]*(-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+))[ \t]*\.?[ \t]*")
@@ -24,6 +26,7 @@ ANSWER_PATTERN = re.compile(r"ANSWER:[ \t]*(-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+
 allowed, one trailing period tolerated) and nothing else."""
 
 _OPERATORS: Dict[str, str] = {"+": "plus", "-": "minus", "*": "times"}
+_OPERANDS = re.compile(r"\d+")
 
 
 class ArithmeticTask(TypedDict):
@@ -63,11 +66,21 @@ def make_task(rng: random.Random, task_id: str) -> ArithmeticTask:
     return ArithmeticTask(id=task_id, question=question, expression=expression, answer=answer)
 
 
+def question_key(task: ArithmeticTask) -> Tuple[int, ...]:
+    """What a question is about, whatever the order or operator it is written with: its operands, sorted.
+
+    ``37 * 12`` and ``12 * 37`` are the same question (the operator commutes); ``512 + 300``, ``300 + 512``,
+    ``512 - 300`` and ``300 - 512`` are the same two numbers, and a model that has trained on one has seen the
+    other's numbers in the same place. All of them share one key.
+    """
+    return tuple(sorted(int(operand) for operand in _OPERANDS.findall(task["expression"])))
+
+
 def make_splits(n_train: int, n_val: int, seed: int = 0) -> Tuple[List[ArithmeticTask], List[ArithmeticTask]]:
     """Generate ``n_train`` training and ``n_val`` held-out questions from ``seed``.
 
-    The same arguments always give the same tasks. No expression appears twice, so no validation question is
-    ever seen in training.
+    The same arguments always give the same tasks. No two questions share a :func:`question_key`, so no
+    validation question is a training question reordered (``12 * 37`` / ``37 * 12``) or over the same numbers.
 
     Raises:
         ValueError: A size is negative.
@@ -75,14 +88,15 @@ def make_splits(n_train: int, n_val: int, seed: int = 0) -> Tuple[List[Arithmeti
     if n_train < 0 or n_val < 0:
         raise ValueError(f"split sizes must be non-negative, got n_train={n_train}, n_val={n_val}")
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen: set[Tuple[int, ...]] = set()
     tasks: List[ArithmeticTask] = []
     while len(tasks) < n_train + n_val:
         split, index = ("val", len(tasks)) if len(tasks) < n_val else ("train", len(tasks) - n_val)
         task = make_task(rng, f"{split}-{index}")
-        if task["expression"] in seen:
+        key = question_key(task)
+        if key in seen:
             continue
-        seen.add(task["expression"])
+        seen.add(key)
         tasks.append(task)
     return tasks[n_val:], tasks[:n_val]
 
