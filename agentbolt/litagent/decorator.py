@@ -32,6 +32,11 @@ def _parameter_names(func: Callable[..., Any]) -> List[str]:
     return list(inspect.signature(func).parameters)
 
 
+def _callable_name(func: Callable[..., Any]) -> str:
+    """A name for error messages; partials and callable objects have no ``__name__``."""
+    return getattr(func, "__name__", None) or repr(func)
+
+
 class FunctionalLitAgent(LitAgent[T]):
     """A :class:`LitAgent` backed by a rollout function (sync or async).
 
@@ -110,7 +115,7 @@ class FunctionalLitAgent(LitAgent[T]):
             RuntimeError: If the wrapped function is a coroutine function.
         """
         if self._is_async:
-            raise RuntimeError(f"{self._rollout_func.__name__} is async; call rollout_async() instead.")
+            raise RuntimeError(f"{_callable_name(self._rollout_func)} is async; call rollout_async() instead.")
         return self._rollout_func(task, **self._build_kwargs(resources, rollout))
 
     async def rollout_async(self, task: T, resources: NamedResources, rollout: Rollout) -> RolloutRawResult:
@@ -120,20 +125,19 @@ class FunctionalLitAgent(LitAgent[T]):
             RuntimeError: If the wrapped function is synchronous.
         """
         if not self._is_async:
-            raise RuntimeError(f"{self._rollout_func.__name__} is synchronous; call rollout() instead.")
+            raise RuntimeError(f"{_callable_name(self._rollout_func)} is synchronous; call rollout() instead.")
         return await self._rollout_func(task, **self._build_kwargs(resources, rollout))
 
 
 def _validate_rollout_func(func: RolloutFunc, resource_param: str) -> None:
     names = _parameter_names(func)
+    name = _callable_name(func)
     if len(names) < 2:
-        raise ValueError(
-            f"{func.__name__} must take at least two parameters, `task` and `{resource_param}`; got {names}."
-        )
+        raise ValueError(f"{name} must take at least two parameters, `task` and `{resource_param}`; got {names}.")
     if names[0] != "task":
-        raise ValueError(f"The first parameter of {func.__name__} must be named `task`, got `{names[0]}`.")
+        raise ValueError(f"The first parameter of {name} must be named `task`, got `{names[0]}`.")
     if resource_param not in names:
-        raise ValueError(f"{func.__name__} must have a parameter named `{resource_param}`; got {names}.")
+        raise ValueError(f"{name} must have a parameter named `{resource_param}`; got {names}.")
 
 
 def _validate_llm_rollout_func(func: RolloutFunc) -> None:
@@ -226,6 +230,6 @@ def rollout(func: RolloutFunc) -> FunctionalLitAgent[Any]:
     except ValueError:
         pass
     raise NotImplementedError(
-        f"Cannot make an agent from {getattr(func, '__name__', func)!r}: expected a signature like "
+        f"Cannot make an agent from {_callable_name(func)!r}: expected a signature like "
         "`def agent(task, llm, [rollout])` or `def agent(task, prompt_template, [rollout])` (sync or async)."
     )

@@ -56,6 +56,11 @@ class LitAgent(Generic[T]):
         trained_agents: Deprecated; select agents with the adapter's ``agent_match`` instead.
     """
 
+    # Class-level defaults keep subclasses that skip ``super().__init__()`` working.
+    trained_agents: Optional[str] = None
+    _trainer_ref: Optional[weakref.ReferenceType[Any]] = None
+    _runner_ref: Optional[weakref.ReferenceType[Any]] = None
+
     def __init__(self, *, trained_agents: Optional[str] = None) -> None:
         if trained_agents is not None:
             warnings.warn(
@@ -64,8 +69,8 @@ class LitAgent(Generic[T]):
                 stacklevel=2,
             )
         self.trained_agents = trained_agents
-        self._trainer_ref: Optional[weakref.ReferenceType[Any]] = None
-        self._runner_ref: Optional[weakref.ReferenceType[Any]] = None
+        self._trainer_ref = None
+        self._runner_ref = None
 
     def is_async(self) -> bool:
         """Whether the agent implements the coroutine rollout API.
