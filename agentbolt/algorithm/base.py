@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Collection, Dict, Optional
 
 from agentbolt.types import Dataset, NamedResources
 from agentbolt.utils.weak import deref
@@ -15,7 +15,28 @@ if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
     from agentbolt.trainer import Trainer
 
-__all__ = ["Algorithm"]
+__all__ = ["Algorithm", "dataset_arguments"]
+
+_DATASET_PARAMETERS = ("train_dataset", "val_dataset")
+
+
+def dataset_arguments(
+    owner: str, accepted: Collection[str], train_dataset: Optional[Dataset[Any]], val_dataset: Optional[Dataset[Any]]
+) -> Dict[str, Any]:
+    """Keyword arguments handing the datasets to a callable that accepts the parameters named in ``accepted``.
+
+    A dataset whose parameter is not accepted is left out when it is None.
+
+    Raises:
+        TypeError: A dataset is given but ``owner`` has no parameter to receive it.
+    """
+    kwargs: Dict[str, Any] = {}
+    for name, dataset in zip(_DATASET_PARAMETERS, (train_dataset, val_dataset), strict=True):
+        if name in accepted:
+            kwargs[name] = dataset
+        elif dataset is not None:
+            raise TypeError(f"{owner} got a {name} but has no `{name}` parameter to receive it.")
+    return kwargs
 
 
 class Algorithm:
@@ -39,6 +60,19 @@ class Algorithm:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Same as :meth:`run`."""
         return self.run(*args, **kwargs)
+
+    def _run_with_datasets(self, train_dataset: Optional[Dataset[Any]], val_dataset: Optional[Dataset[Any]]) -> Any:
+        """Call :meth:`run` with the datasets its signature accepts (by name, or through ``**kwargs``).
+
+        Raises:
+            TypeError: A dataset is given but ``run`` has no parameter to receive it.
+        """
+        parameters = inspect.signature(self.run).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            accepted: Collection[str] = _DATASET_PARAMETERS
+        else:
+            accepted = {p.name for p in parameters}
+        return self.run(**dataset_arguments(f"{type(self).__name__}.run()", accepted, train_dataset, val_dataset))
 
     def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> Any:
         """Train on ``train_dataset``, validating on ``val_dataset``.

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Generic, Optional, TypeVar
 
 from agentbolt.types import Dataset
 
-from .base import Algorithm
+from .base import Algorithm, dataset_arguments
 
 __all__ = ["FunctionalAlgorithm", "algo"]
 
@@ -56,13 +56,8 @@ class FunctionalAlgorithm(Algorithm, Generic[AF]):
             "initial_resources": self.get_initial_resources,
         }
         kwargs: Dict[str, Any] = {name: getters[name]() for name in _INJECTABLE if name in self._parameters}
-        for name, dataset in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
-            if name in self._parameters:
-                kwargs[name] = dataset
-            elif dataset is not None:
-                raise TypeError(
-                    f"{self._algorithm_func.__name__} got a {name} but has no `{name}` parameter to receive it."
-                )
+        owner = getattr(self._algorithm_func, "__name__", None) or repr(self._algorithm_func)
+        kwargs.update(dataset_arguments(owner, self._parameters, train_dataset, val_dataset))
         result = self._algorithm_func(**kwargs)
         return result if self.is_async() else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any, Callable, Dict, Mapping, Optional, Type, TypeVar, Union
@@ -63,6 +64,9 @@ def instantiate_from_spec(
 ) -> Any:
     """Instantiate from an import path / registry key, or from a dict with a ``"type"`` key and kwargs."""
     if isinstance(spec, str):
+        if registry and spec not in registry and "." not in spec:
+            known = ", ".join(repr(key) for key in registry)
+            raise ValueError(f"Unknown {spec_name} {spec!r}: use one of {known} or a full import path.")
         path = registry.get(spec, spec) if registry else spec
         return instantiate_component(load_class(path), None, optional_defaults)
     if isinstance(spec, dict):
@@ -78,8 +82,12 @@ def instantiate_from_spec(
             cls: Any = dict_default_cls
         elif isinstance(type_spec, str):
             cls = load_class(registry.get(type_spec, type_spec) if registry else type_spec)
-        else:
+        elif inspect.isclass(type_spec):
             cls = type_spec
+        else:
+            raise ValueError(
+                f"{spec_name} dict 'type' must be a class or its import path, got {type(type_spec)}: {type_spec!r}"
+            )
         return instantiate_component(cls, kwargs, optional_defaults)
     raise TypeError(f"{spec_name} spec must be a str or a dict, got {type(spec).__name__}")
 
@@ -103,6 +111,13 @@ def build_component(
     Accepts an instance (returned as is), a subclass (instantiated with the optional defaults it accepts), a zero-
     argument factory, an import path or registry key, a ``{"type": ..., **kwargs}`` dict, or ``None`` (default
     factory, or ``None`` when ``allow_none``).
+
+    A factory is a function, method or ``functools.partial``: other callable objects (an agent, an algorithm given
+    in the wrong place) are rejected, not called.
+
+    Raises:
+        ValueError: The spec is of none of these kinds; the message names its type (the class itself for a class).
+        TypeError: The spec produced an object that is not an ``expected_type``.
     """
 
     def check(obj: Any) -> T:
@@ -115,12 +130,13 @@ def build_component(
         return obj
 
     def invalid() -> ValueError:
+        actual_type = spec if inspect.isclass(spec) else type(spec)
         if invalid_spec_error_fmt:
             return ValueError(
-                invalid_spec_error_fmt.format(actual_type=type(spec), expected_type=expected_type.__name__)
+                invalid_spec_error_fmt.format(actual_type=actual_type, expected_type=expected_type.__name__)
             )
         return ValueError(
-            f"Invalid {spec_name} type: {type(spec)}. Expected {expected_type.__name__}, str, dict, or None."
+            f"Invalid {spec_name} type: {actual_type}. Expected {expected_type.__name__}, str, dict, or None."
         )
 
     if isinstance(spec, expected_type):
@@ -148,6 +164,6 @@ def build_component(
                 registry=registry,
             )
         )
-    if callable(spec):
+    if inspect.isroutine(spec) or isinstance(spec, functools.partial):
         return check(spec())
     raise invalid()

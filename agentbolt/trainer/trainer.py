@@ -45,6 +45,24 @@ def _sqlite_path_from_spec(spec: Any) -> Optional[str]:
     return None
 
 
+def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
+    """``hooks`` as a tuple of hooks.
+
+    Raises:
+        TypeError: ``hooks`` is neither None, a Hook nor a sequence of Hooks; the message names the wrong type.
+    """
+    if hooks is None:
+        return ()
+    if isinstance(hooks, Hook):
+        return (hooks,)
+    if not isinstance(hooks, Sequence) or isinstance(hooks, str):
+        raise TypeError(f"hooks must be a Hook or a sequence of Hooks, got {type(hooks)}.")
+    for hook in hooks:
+        if not isinstance(hook, Hook):
+            raise TypeError(f"hooks must contain only Hook instances, got {type(hook)}.")
+    return tuple(hooks)
+
+
 class Trainer(TrainerLegacy):
     """Runs an algorithm against an agent: ``fit`` for training, ``dev`` for a quick dry run.
 
@@ -134,12 +152,7 @@ class Trainer(TrainerLegacy):
         self.store: LightningStore = self._make_store(store)
         self.runner: Runner[Any] = self._make_runner(runner)
         self.llm_proxy: Optional[LLMProxy] = self._make_llm_proxy(llm_proxy)
-        if hooks is None:
-            self.hooks: Tuple[Hook, ...] = ()
-        elif isinstance(hooks, Hook):
-            self.hooks = (hooks,)
-        else:
-            self.hooks = tuple(hooks)
+        self.hooks: Tuple[Hook, ...] = _hooks_tuple(hooks)
 
     # ------------------------------------------------------------------ component construction
 
@@ -310,10 +323,9 @@ class Trainer(TrainerLegacy):
         if self.llm_proxy is not None:
             self.llm_proxy.set_store(store)
             algorithm.set_llm_proxy(self.llm_proxy)
+        result = algorithm._run_with_datasets(train_dataset, val_dataset)
         if algorithm.is_async():
-            await algorithm.run(train_dataset=train_dataset, val_dataset=val_dataset)  # type: ignore[misc]
-        else:
-            algorithm.run(train_dataset=train_dataset, val_dataset=val_dataset)
+            await result
 
     async def _runner_bundle(
         self, store: LightningStore, worker_id: int, event: ExecutionEvent, agent: LitAgent[Any]
