@@ -749,13 +749,21 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 rollout, attempt = targets[key]
                 await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
                 added: List[Span] = []
+                skipped: List[str] = []
                 for span in group:
                     try:
                         await collections.spans.insert([span])
                     except DuplicatedPrimaryKeyError:
-                        logger.debug("Span %s of %s/%s already stored; skipped", span.span_id, *key)
+                        skipped.append(span.span_id)
                         continue
                     added.append(span)
+                if skipped:
+                    logger.warning(
+                        "Skipped %d span(s) of rollout %s, attempt %s already stored with the same span id: %s",
+                        len(skipped),
+                        *key,
+                        ", ".join(skipped),
+                    )
                 if added:
                     inserted[key] = added
                     await self._record_heartbeat(collections, rollout, attempt, now, changes)
@@ -784,7 +792,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("add_span")
     async def add_span(self, span: Span) -> Optional[Span]:
-        """Store a span and record it as a heartbeat; ``None`` when it is already stored.
+        """Store a span and record it as a heartbeat; ``None`` (with a warning) when it is already stored.
 
         Raises:
             ValueError: When the rollout or the attempt does not exist.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Union
 
 from pydantic import BaseModel
 
@@ -40,25 +40,29 @@ def _detect_total_memory_bytes() -> int:
 def estimate_model_size(obj: Any) -> int:
     """Approximate deep size in bytes of a pydantic model (or container), via ``sys.getsizeof``.
 
-    Recurses into model fields (extras included), mappings, lists, tuples and sets, adding each container itself.
+    The size of a model, mapping, list, tuple or set is its own ``sys.getsizeof`` plus the estimated sizes of its
+    declared field values, mapping values, or items; anything else is its ``sys.getsizeof``. An object met several
+    times counts each time. A container that contains itself (directly or not) counts 0 at the repeated occurrence,
+    so cycles terminate.
     """
-    seen: Set[int] = set()
+    ancestors: Set[int] = set()
 
     def size_of(value: Any) -> int:
-        if id(value) in seen:
-            return 0
-        seen.add(id(value))
-        total = sys.getsizeof(value)
         if isinstance(value, BaseModel):
-            total += sum(size_of(item) for item in value.__dict__.values())
-            extra = value.__pydantic_extra__
-            if extra:
-                total += sum(size_of(item) for item in extra.values())
-        elif isinstance(value, dict):
-            total += sum(size_of(k) + size_of(v) for k, v in value.items())
+            children: Iterable[Any] = value.__dict__.values()  # declared fields; extras live elsewhere
+        elif isinstance(value, Mapping):
+            children = value.values()
         elif isinstance(value, (list, tuple, set, frozenset)):
-            total += sum(size_of(item) for item in value)
-        return total
+            children = value
+        else:
+            return sys.getsizeof(value)
+        if id(value) in ancestors:
+            return 0
+        ancestors.add(id(value))
+        try:
+            return sys.getsizeof(value) + sum(size_of(child) for child in children)
+        finally:
+            ancestors.discard(id(value))
 
     return size_of(obj)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, List, Optional
 
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.collection.memory import _ThreadSafeAsyncLock
-from agentbolt.store.collection_based import healthcheck_suppressed
+from agentbolt.store.collection_based import CollectionBasedLightningStore, healthcheck_suppressed
 from agentbolt.types import Rollout
 
 __all__ = ["LightningStoreThreaded"]
@@ -24,11 +25,22 @@ def _delegate_locked(name: str) -> Any:
     return method
 
 
+def _public_store_methods() -> List[str]:
+    """Names of the public coroutine methods of :class:`LightningStore`: the API the facade forwards."""
+    return [
+        name
+        for name, member in vars(LightningStore).items()
+        if inspect.iscoroutinefunction(member) and not name.startswith("_")
+    ]
+
+
 class LightningStoreThreaded(LightningStore):
     """Wrap a store so that calls from any thread (and any event loop) run one at a time.
 
-    The lock never blocks an event loop: waiting coroutines yield while another thread holds it.
-    ``wait_for_rollouts`` waits without the lock so that long waits do not stall other calls.
+    Every public method of :class:`~agentbolt.store.base.LightningStore` is forwarded once, with the same arguments,
+    while holding the facade's lock; the lock never blocks an event loop (waiting coroutines yield while another
+    thread holds it). ``wait_for_rollouts`` is forwarded without the lock so that long waits do not stall other
+    calls.
 
     Args:
         store: The store to protect.
@@ -49,42 +61,18 @@ class LightningStoreThreaded(LightningStore):
         return self.store.otlp_traces_endpoint()
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
-        """Delegated without the lock, so that long waits do not stall other calls.
+        """Forwarded without the lock, so that long waits do not stall other calls.
 
-        The wrapped store's watchdog may write, so it runs first under the lock (with an immediate check); the
-        unlocked wait itself then only reads.
+        The watchdog of a collection-based store, which may write, runs first under the lock; the unlocked wait
+        itself only reads.
         """
-        async with self._lock:
-            finished = await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0)
-        if timeout is not None and timeout <= 0:
-            return finished
+        if isinstance(self.store, CollectionBasedLightningStore):
+            async with self._lock:
+                await self.store._healthcheck()
         with healthcheck_suppressed():
             return await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=timeout)
 
-    statistics = _delegate_locked("statistics")
-    start_rollout = _delegate_locked("start_rollout")
-    enqueue_rollout = _delegate_locked("enqueue_rollout")
-    enqueue_many_rollouts = _delegate_locked("enqueue_many_rollouts")
-    dequeue_rollout = _delegate_locked("dequeue_rollout")
-    dequeue_many_rollouts = _delegate_locked("dequeue_many_rollouts")
-    start_attempt = _delegate_locked("start_attempt")
-    add_span = _delegate_locked("add_span")
-    add_many_spans = _delegate_locked("add_many_spans")
-    add_otel_span = _delegate_locked("add_otel_span")
-    query_rollouts = _delegate_locked("query_rollouts")
-    query_attempts = _delegate_locked("query_attempts")
-    get_rollout_by_id = _delegate_locked("get_rollout_by_id")
-    get_latest_attempt = _delegate_locked("get_latest_attempt")
-    query_resources = _delegate_locked("query_resources")
-    get_resources_by_id = _delegate_locked("get_resources_by_id")
-    get_latest_resources = _delegate_locked("get_latest_resources")
-    get_next_span_sequence_id = _delegate_locked("get_next_span_sequence_id")
-    get_many_span_sequence_ids = _delegate_locked("get_many_span_sequence_ids")
-    query_spans = _delegate_locked("query_spans")
-    add_resources = _delegate_locked("add_resources")
-    update_resources = _delegate_locked("update_resources")
-    update_rollout = _delegate_locked("update_rollout")
-    update_attempt = _delegate_locked("update_attempt")
-    query_workers = _delegate_locked("query_workers")
-    get_worker_by_id = _delegate_locked("get_worker_by_id")
-    update_worker = _delegate_locked("update_worker")
+
+for _name in _public_store_methods():
+    if _name not in vars(LightningStoreThreaded):
+        setattr(LightningStoreThreaded, _name, _delegate_locked(_name))
