@@ -43,8 +43,8 @@ single spaces) equals a gold's and its math symbols ``+ - * / ^ = < > %`` are th
 joining two letters excepted: ``Saint-Etienne``; ``x^2 - 1`` is not ``x^2+1``), or when it is a short sentence
 holding the gold once whose other words are function words (``it``, ``was``, ``in``...) or words of the question
 (``It is Canberra.``, ``The capital of Australia is Canberra.``). A hedge, a list separator (``,`` ``;`` ``/``
-``&`` ``|``), a number or another capitalized name beside the gold scores 0, unless the gold itself contains that
-word or separator. When the question lists alternatives (a comma, ``or``, ``and``: "Which city is larger, Paris or
+``&`` ``|``) or another capitalized name beside the gold scores 0 and is refused, unless the gold itself contains
+that word or separator; any other word (a number, ``painter``) only leaves the answer unmatched. When the question lists alternatives (a comma, ``or``, ``and``: "Which city is larger, Paris or
 Lyon?") only function words may stand beside the gold.
 
 **Refusals and the judge.** Hedges, several candidates, unevaluated or copied expressions, unreadable LaTeX and
@@ -517,8 +517,6 @@ def _text_sentence(text: str, gold: str, question: str) -> _Verdict:
     if len(starts) != 1:
         return _Verdict(False, "no match")
     outside = [(i, word) for i, word in enumerate(tokens) if not starts[0] <= i < starts[0] + len(target)]
-    if any(re.search(r"\d", word) for _, word in outside):
-        return _Verdict(False, "a number besides the answer", refused=True)
     allowed = _FUNCTION_WORDS | _sentence_vocabulary(question)
     if any(i > 0 and word[:1].isupper() and word.lower() not in allowed for i, word in outside):
         return _Verdict(False, "another name besides the answer", refused=True)

@@ -62,6 +62,7 @@ def test_committed_answer(text: str, committed: Optional[str]) -> None:
         ("-6", ["6"], False),
         ("W. Shakespeare", ["William Shakespeare"], False),
         ("the painter Leonardo da Vinci", ["Leonardo da Vinci"], False),
+        ("Felix Belloc was born in 1500.", ["Felix Belloc"], False),  # a number is not a rival name
     ],
 )
 def test_refused_answers_are_told_apart_from_unmatched_ones(answer: str, golds: List[str], refused: bool) -> None:

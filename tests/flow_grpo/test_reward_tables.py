@@ -39,6 +39,11 @@ ROOT = {
     "extra_info": {"ground_truth": ["\\sqrt{2}"]},
 }
 SHARE = {"question": "What share of the votes did she get?", "source": "math", "extra_info": {"ground_truth": ["12%"]}}
+BORN = {
+    "question": "Who was born in the year 816 + 684?",
+    "source": "calc_lookup",
+    "extra_info": {"ground_truth": ["Felix Belloc", "Belloc"]},
+}
 CHOICE = {
     "question": "Which city is larger, Paris or Lyon?",
     "source": "fact",
@@ -312,6 +317,9 @@ def test_year_answers(answer: str, expected: float) -> None:
         (CAPITAL, "Canberra"),
         (CAPITAL, "It is Canberra."),
         (CAPITAL, "The capital of Australia is Canberra."),
+        (BORN, "Felix Belloc"),
+        (BORN, "Belloc"),
+        (BORN, "It was Felix Belloc."),
         (CHOICE, "Paris"),
         (CHOICE, "It is Paris."),
         (WORDS, "villa"),
@@ -356,6 +364,9 @@ def test_name_honest_answers_score_1(task: Dict[str, Any], answer: str) -> None:
         pytest.param(WORDS, "accommodate, occurrence, vacuum and villa", id="the question's list"),
         pytest.param(REVERSED, "Reverse the word 'level'.", id="copied question containing the gold"),
         pytest.param(CAPITAL, "Sydney is the capital, Canberra.", id="another name and the gold"),
+        pytest.param(BORN, "816 + 684", id="copied expression for a name"),
+        pytest.param(BORN, "Felix Belloc or Ada Hesketh", id="two people with or"),
+        pytest.param(BORN, "Ada Hesketh Felix Belloc", id="two people side by side"),
         pytest.param(PERSON, "Neil Armstrong and Buzz Aldrin", id="two people"),
         pytest.param(PERSON, "Neil Armstrong 1969", id="name and a number"),
         pytest.param(PERSON, "Louis Armstrong", id="another Armstrong"),
