@@ -486,7 +486,7 @@ def _text_equal(answer: str, gold: str) -> bool:
 def _sentence_vocabulary(question: str) -> set[str]:
     """The question's words (lower case) an answer sentence may use besides function words.
 
-    None when the question lists alternatives (a comma, "or", "and": "Which city is larger, Paris or Lyon?"): its
+    Empty when the question lists alternatives (a comma, "or", "and": "Which city is larger, Paris or Lyon?"): its
     words are then candidates, and repeating one beside the answer would be a hedge.
     """
     words = _question_words(question)
@@ -509,7 +509,7 @@ def _judge_text(answer: str, golds: Sequence[str], question: str) -> _Verdict:
 
 
 def _text_sentence(text: str, gold: str, question: str) -> _Verdict:
-    """A short sentence holding the gold once and no other name or number (``It is Canberra.``)."""
+    """A short sentence holding the gold once, with no other name beside it (``It is Canberra.``)."""
     tokens = _WORD.findall(text)
     lowered = [token.lower() for token in tokens]
     target = _words(gold)
