@@ -77,16 +77,37 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
             if not task.done():
                 task.cancel()
 
+    def _run_bundle(
+        self,
+        label: str,
+        coro: Awaitable[None],
+        stop_evt: ExecutionEvent,
+        thread_exceptions: List[BaseException],
+        *,
+        stop_when_done: bool,
+    ) -> None:
+        """Run one bundle on its own event loop; a failure or Ctrl-C sets the stop event for the other side.
+
+        ``KeyboardInterrupt`` (Ctrl-C reaches the main thread) is a request to stop, not an error: it is logged and
+        not re-raised from :meth:`execute`. Any other exception is recorded for :meth:`execute` to re-raise.
+        """
+        try:
+            asyncio.run(self._run_until_completed_or_canceled(coro, stop_evt))
+        except KeyboardInterrupt:
+            logger.warning("Interrupted in the %s; stopping the algorithm and the runners", label)
+            stop_evt.set()
+        except BaseException as exc:
+            logger.exception("The %s failed", label)
+            thread_exceptions.append(exc)
+            stop_evt.set()
+        finally:
+            if stop_when_done:
+                stop_evt.set()
+
     def _run_algorithm(
         self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, thread_exceptions: List[BaseException]
     ) -> None:
-        try:
-            asyncio.run(self._run_until_completed_or_canceled(algorithm(store, stop_evt), stop_evt))
-        except BaseException as exc:
-            logger.exception("Algorithm failed")
-            thread_exceptions.append(exc)
-        finally:
-            stop_evt.set()
+        self._run_bundle("algorithm", algorithm(store, stop_evt), stop_evt, thread_exceptions, stop_when_done=True)
 
     def _run_runner(
         self,
@@ -96,12 +117,10 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
         stop_evt: ExecutionEvent,
         thread_exceptions: List[BaseException],
     ) -> None:
-        try:
-            asyncio.run(self._run_until_completed_or_canceled(runner(store, worker_id, stop_evt), stop_evt))
-        except BaseException as exc:
-            logger.exception("Runner %d failed", worker_id)
-            thread_exceptions.append(exc)
-            stop_evt.set()
+        # A runner that finishes (e.g. after max_rollouts) leaves the others running.
+        self._run_bundle(
+            f"runner {worker_id}", runner(store, worker_id, stop_evt), stop_evt, thread_exceptions, stop_when_done=False
+        )
 
     def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
         """Run the bundles in threads; re-raise the first exception any of them raised."""
@@ -135,7 +154,7 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
                 threads.append(thread)
                 self._run_runner(runner, store, 0, stop_evt, thread_exceptions)
                 stop_evt.set()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C outside a bundle (e.g. while starting threads)
             logger.warning("Interrupted; stopping the algorithm and the runners")
             stop_evt.set()
         finally:

@@ -1,0 +1,279 @@
+"""Execution strategies against the contract (§11): Ctrl-C, role rules, port conflicts and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, List
+
+import psutil
+import pytest
+
+from agentbolt.execution import ClientServerExecutionStrategy, ExecutionEvent, SharedMemoryExecutionStrategy
+from agentbolt.store.memory import InMemoryLightningStore
+
+
+async def _wait_for(event: ExecutionEvent) -> None:
+    while not event.is_set():
+        await asyncio.sleep(0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared memory: Ctrl-C in the main thread
+
+
+def _shm(main_thread: str, n_runners: int = 1) -> SharedMemoryExecutionStrategy:
+    return SharedMemoryExecutionStrategy(
+        n_runners=n_runners, main_thread=main_thread, graceful_delay=1.0, poll_interval=0.01, join_timeout=10
+    )  # type: ignore[arg-type]
+
+
+def test_shm_keyboard_interrupt_in_the_main_thread_algorithm_stops_the_runners_and_returns() -> None:
+    stopped: List[int] = []
+
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        await asyncio.sleep(0.2)
+        raise KeyboardInterrupt
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await _wait_for(event)
+        stopped.append(worker_id)
+
+    _shm("algorithm", n_runners=2).execute(algorithm, runner, InMemoryLightningStore())
+    assert sorted(stopped) == [0, 1]
+    assert not [t for t in threading.enumerate() if t.name.startswith("runner-")]
+
+
+def test_shm_keyboard_interrupt_in_the_main_thread_runner_stops_the_algorithm_and_returns() -> None:
+    stopped: List[str] = []
+
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        await _wait_for(event)
+        stopped.append("algorithm")
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await asyncio.sleep(0.2)
+        raise KeyboardInterrupt
+
+    _shm("runner").execute(algorithm, runner, InMemoryLightningStore())
+    assert stopped == ["algorithm"]
+    assert not [t for t in threading.enumerate() if t.name == "algorithm"]
+
+
+def test_shm_other_errors_still_propagate() -> None:
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        raise ValueError("algorithm bug")
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await _wait_for(event)
+
+    with pytest.raises(ValueError, match="algorithm bug"):
+        _shm("algorithm").execute(algorithm, runner, InMemoryLightningStore())
+
+
+def test_shm_main_thread_runner_needs_exactly_one_runner() -> None:
+    with pytest.raises(ValueError):
+        SharedMemoryExecutionStrategy(n_runners=2, main_thread="runner")
+
+
+SIGINT_SCRIPT = """
+import asyncio, sys
+from agentbolt.execution import SharedMemoryExecutionStrategy
+
+main_thread = sys.argv[1]
+ready = sys.argv[2]
+
+async def wait(event):
+    while not event.is_set():
+        await asyncio.sleep(0.01)
+
+async def algorithm(store, event):
+    if main_thread == "algorithm":
+        open(ready, "w").write("1")
+    await wait(event)
+    print("algorithm stopped", flush=True)
+
+async def runner(store, worker_id, event):
+    if main_thread == "runner":
+        open(ready, "w").write("1")
+    await wait(event)
+    print("runner stopped", flush=True)
+
+strategy = SharedMemoryExecutionStrategy(main_thread=main_thread, graceful_delay=2.0, poll_interval=0.01)
+strategy.execute(algorithm, runner, None)
+print("execute returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("main_thread", ["algorithm", "runner"])
+def test_shm_real_ctrl_c_stops_both_sides_and_the_process_exits_cleanly(main_thread: str, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_SCRIPT, main_thread, str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the strategy did not start"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert "execute returned" in stdout, stderr
+    other = "runner" if main_thread == "algorithm" else "algorithm"
+    assert f"{other} stopped" in stdout, stdout
+    assert "Traceback" not in stderr, stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client-server: roles
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"main_process": "runner", "n_runners": 2},
+        {"main_process": "runner", "role": "algorithm"},
+        {"main_process": "runner", "role": "runner"},
+        {"main_process": "nobody"},
+        {"role": "boss"},
+    ],
+)
+def test_cs_invalid_role_settings_are_value_errors(kwargs: Any) -> None:
+    with pytest.raises(ValueError):
+        ClientServerExecutionStrategy(**kwargs)
+
+
+def test_cs_role_comes_from_the_argument_then_the_environment_then_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGL_CURRENT_ROLE", raising=False)
+    assert ClientServerExecutionStrategy().role == "both"
+    monkeypatch.setenv("AGL_CURRENT_ROLE", "runner")
+    assert ClientServerExecutionStrategy().role == "runner"
+    assert ClientServerExecutionStrategy(role="algorithm").role == "algorithm"
+    monkeypatch.setenv("AGL_CURRENT_ROLE", "wizard")
+    with pytest.raises(ValueError):
+        ClientServerExecutionStrategy()
+    monkeypatch.setenv("AGL_CURRENT_ROLE", "runner")
+    with pytest.raises(ValueError):
+        ClientServerExecutionStrategy(main_process="runner")  # needs role "both"
+
+
+def test_cs_algorithm_role_runs_only_the_algorithm_in_process() -> None:
+    ran: List[str] = []
+
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        ran.append(f"algorithm pid={os.getpid()}")
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        ran.append("runner")
+
+    strategy = ClientServerExecutionStrategy(role="algorithm", managed_store=False)
+    strategy.execute(algorithm, runner, InMemoryLightningStore())
+    assert ran == [f"algorithm pid={os.getpid()}"]
+
+
+def test_cs_keyboard_interrupt_is_swallowed() -> None:
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        raise KeyboardInterrupt
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None: ...
+
+    ClientServerExecutionStrategy(role="algorithm", managed_store=False).execute(
+        algorithm, runner, InMemoryLightningStore()
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client-server: port conflicts
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def _children() -> List[psutil.Process]:
+    return [c for c in psutil.Process().children(recursive=True) if c.is_running()]
+
+
+@pytest.mark.parametrize("role", ["algorithm", "both"])
+def test_cs_port_conflict_is_a_runtime_error_and_leaves_no_process(role: str, busy_port: int) -> None:
+    before = {c.pid for c in _children()}
+
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        raise AssertionError("must not run without its store server")
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await _wait_for(event)
+
+    strategy = ClientServerExecutionStrategy(
+        role=role,  # type: ignore[arg-type]
+        server_host="127.0.0.1",
+        server_port=busy_port,
+        n_runners=2,
+        graceful_timeout=5,
+        terminate_timeout=5,
+    )
+    with pytest.raises(RuntimeError, match="did not start up within"):
+        strategy.execute(algorithm, runner, InMemoryLightningStore(thread_safe=True))
+    assert {c.pid for c in _children()} <= before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client-server: exit codes
+
+
+async def _runner_exiting_with(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+    if worker_id == 1:
+        os._exit(3)
+
+
+def _runner_strategy(**kwargs: Any) -> ClientServerExecutionStrategy:
+    return ClientServerExecutionStrategy(
+        role="runner", n_runners=2, managed_store=False, graceful_timeout=5, terminate_timeout=5, **kwargs
+    )
+
+
+async def _idle_algorithm(store: Any, event: ExecutionEvent) -> None: ...
+
+
+def test_cs_unexpected_exit_code_of_a_child_is_a_runtime_error_naming_it() -> None:
+    with pytest.raises(RuntimeError, match=r"Subprocesses failed with unexpected exit codes: .*runner-1.*3"):
+        _runner_strategy().execute(_idle_algorithm, _runner_exiting_with, InMemoryLightningStore())
+
+
+def test_cs_allowed_exit_codes_are_accepted() -> None:
+    strategy = _runner_strategy(allowed_exit_codes=[0, 3])
+    assert strategy.allowed_exit_codes == (0, 3)
+    strategy.execute(_idle_algorithm, _runner_exiting_with, InMemoryLightningStore())
+
+
+def test_cs_exit_codes_only_warn_when_another_error_already_happened(caplog: pytest.LogCaptureFixture) -> None:
+    async def failing_algorithm(store: Any, event: ExecutionEvent) -> None:
+        await asyncio.sleep(1.0)  # the runners have exited by then
+        raise ValueError("algorithm bug")
+
+    strategy = ClientServerExecutionStrategy(
+        role="both", n_runners=2, managed_store=False, graceful_timeout=5, terminate_timeout=5
+    )
+    with pytest.raises(ValueError, match="algorithm bug"):
+        strategy.execute(failing_algorithm, _runner_exiting_with, InMemoryLightningStore())
+    assert any("unexpected exit codes" in r.getMessage() for r in caplog.records)
