@@ -8,6 +8,7 @@ annotations; nothing here imports it at run time.
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Mapping, Optional, Sequence, Set, TypedDict, Union
 
@@ -108,18 +109,38 @@ def _tool_call(raw: Any) -> Dict[str, Any]:
     }
 
 
+def _is_content_parts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(part, dict) and "type" in part for part in value)
+
+
+def decode_content(value: Any) -> Any:
+    """Message content as recorded in span attributes, with its content parts restored as a list.
+
+    Instrumentations record a list of content parts (``text``, ``image_url`` with ``https:`` or ``data:`` URLs...)
+    as numbered attributes, as a JSON string or as the string of a Python list; each comes back as the list. Other
+    values are returned unchanged.
+    """
+    if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        return _sparse_lists(value)
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            try:
+                decoded = ast.literal_eval(value.strip())
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return value
+        return decoded if _is_content_parts(decoded) else value
+    return value
+
+
 def _content(value: Any) -> Any:
-    """Message content: text, or a list of content parts (also when recorded as a JSON string)."""
-    if value is None or isinstance(value, list):
+    """Message content: text, or a list of content parts."""
+    value = decode_content(value)
+    if value is None or isinstance(value, (list, str)):
         return value
-    if isinstance(value, str):
-        if value.startswith("["):
-            decoded = _decode_json(value)
-            if isinstance(decoded, list) and all(isinstance(p, dict) and "type" in p for p in decoded):
-                return decoded
-        return value
-    if isinstance(value, dict):  # content parts flattened with numeric keys
-        return _sparse_lists(value) if all(str(k).isdigit() for k in value) else json.dumps(value)
+    if isinstance(value, dict):
+        return json.dumps(value)
     return str(value)
 
 

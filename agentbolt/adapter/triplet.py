@@ -63,7 +63,7 @@ from agentbolt.semconv import (
 from agentbolt.types import Span, Triplet
 
 from .base import TraceToTripletBase
-from .messages import group_genai_dict
+from .messages import decode_content, group_genai_dict
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -204,14 +204,7 @@ def _is_reward_operation(span: Span) -> bool:
 def _message_image_urls(message: Any) -> List[str]:
     if not isinstance(message, dict):
         return []
-    content = message.get("content")
-    if isinstance(content, str):
-        try:
-            content = json.loads(content)
-        except json.JSONDecodeError:
-            return []
-    if isinstance(content, dict):  # parts flattened into numeric keys
-        content = [content[k] for k in sorted(content, key=_index_key)]
+    content = decode_content(message.get("content"))
     if not isinstance(content, list):
         return []
     urls: List[str] = []
@@ -483,8 +476,8 @@ class TraceTree:
         if attrs.get("type") == "agent" and text(f"{_OPERATION_INPUT}.name") is not None:
             return text(f"{_OPERATION_INPUT}.name")
         prefix = "langchain.Chain."
-        if self.span.name.startswith(prefix) and len(self.span.name) > len(prefix):
-            return self.span.name[len(prefix) :]
+        if self.span.name.startswith(prefix):  # the chain's name: its lc_name attribute, else the rest of the span name
+            return text("lc_name") or (self.span.name[len(prefix) :] or None)
         return None
 
     def maybe_reward_dict(self) -> Dict[str, Any]:
@@ -885,8 +878,12 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
                 logprobs = _as_float_list(span.attributes.get(RESPONSE_LOGPROBS))
                 if logprobs is not None:
                     response["logprobs"] = logprobs
+                prompt: Dict[str, Any] = {"token_ids": prompt_ids}
+                image_urls = TraceTree.extract_prompt_image_urls(_unflatten_first(span.attributes, (GEN_AI_PROMPT,)))
+                if image_urls:
+                    prompt["image_urls"] = image_urls
                 triplet = Triplet(
-                    prompt={"token_ids": prompt_ids},
+                    prompt=prompt,
                     response=response,
                     metadata={"response_id": request_id, "agent_name": call_agents[span.span_id]},
                 )
