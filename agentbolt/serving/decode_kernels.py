@@ -2,8 +2,8 @@
 
 ``csrc/decode_kernels.cpp`` runs every layer of one decoding step (one new token per row) in a single call:
 RMSNorm with the residual add, rotary embedding with the key/value cache write, attention of the new token over the
-cache, and the matrix products through the same oneDNN kernels as the Python path; it also samples the next token
-of every row in one call. Rounding follows the eager PyTorch operators, so results match the Python path except
+cache, the matrix products through the same oneDNN kernels as the Python path, and a LoRA adapter's low-rank terms
+(unmerged, rounded like PEFT's layers); it also samples the next token of every row in one call. Rounding follows the eager PyTorch operators, so results match the Python path except
 for float32 summation order.
 
 The source is compiled on first use with the machine's C++ compiler and Python headers

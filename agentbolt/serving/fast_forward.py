@@ -16,9 +16,14 @@ must wake up and meet). This forward keeps the arithmetic of the transformers im
 
 The weights are copied into the fused layout, so the copy must follow the model: the engine rebuilds it whenever
 its ``weight_version`` changes (in-place training updates, weight swaps, adapter changes). A model with PEFT LoRA
-adapters on its projections gets one copy per adapter in use, with the adapter merged into the copy
-(``W + scale * B @ A``; the model itself is never merged), and one of the bare base weights. Models this forward
-does not cover (other architectures, other adapter types, GPUs) run through transformers.
+adapters on its projections gets one forward per adapter in use (and one of the bare base weights). LoRA is applied
+unmerged, with PEFT's arithmetic: the base projection in the model's dtype, plus ``scale * B @ (A @ x)`` in the
+adapter's dtype (float32 for adapters PEFT creates or loads), and one rounding of the sum. Merging ``W + scale * B @ A``
+into bfloat16 weights would round away most of a young adapter's small delta and make the served log-probs drift
+from the trainer's (about 0.1 nats per token on the embedded model after a few GRPO steps; see "Log-prob
+consistency" in docs/benchmarks.md). The two low-rank products cost a few percent of a decoding step, and after a
+LoRA update only the adapter's small factors are copied again. Models this forward does not cover (other
+architectures, other adapter types, GPUs) run through transformers.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ __all__ = ["FastForward"]
 logger = logging.getLogger(__name__)
 
 _ARCHITECTURES = {"llama", "qwen2"}
+LoraFactors = Tuple["torch.Tensor", "torch.Tensor"]
+"""An adapter's ``(a, b)`` for one fused projection: ``a`` ``[rank, in]``, ``b`` ``[out, rank]`` with the scale in."""
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -45,7 +52,7 @@ class FastForward:
 
     Args:
         model: A transformers causal LM, or a PEFT model around one.
-        adapter: For a PEFT model: the LoRA adapter merged into the fused weights (``None``: the base weights).
+        adapter: For a PEFT model: the LoRA adapter applied on top of the base weights (``None``: the base weights).
         kernels: Run decoding steps through the fused C++ kernels when they are available (see
             :func:`~agentbolt.serving.decode_kernels.load_decode_kernels`); ``False`` keeps every step in Python.
     """
@@ -66,8 +73,10 @@ class FastForward:
         self._layers: List[Dict[str, Any]] = []
         self._head: Any = None
         self._fused: Dict[int, Tuple[Tuple[Any, ...], torch.Tensor]] = {}  # id(first linear) -> (sources, fused)
+        self._factors: Dict[int, Tuple[Tuple[Any, ...], Optional[LoraFactors]]] = {}  # same key, adapter factors
         self._kernels: Any = _decode_kernels_for(self.head_dim) if kernels else None
         self._kernel_layers: List[Tuple[Any, ...]] = []
+        self._kernel_adapters: List[Tuple[Any, ...]] = []
         self.refresh()
         logger.info(
             "Lean CPU forward for %s%s, decoding steps %s",
@@ -83,7 +92,7 @@ class FastForward:
 
     @classmethod
     def create(cls, model: Any, adapter: Optional[str] = None, kernels: bool = True) -> Optional[FastForward]:
-        """Return a fast forward for ``model`` (with ``adapter`` merged), or ``None`` when it is not covered."""
+        """Return a fast forward for ``model`` (through ``adapter``), or ``None`` when it is not covered."""
         reason = cls.unsupported_reason(model)
         if reason is not None:
             logger.info("Generic transformers forward in use: %s", reason)
@@ -120,11 +129,11 @@ class FastForward:
         return None
 
     def refresh(self) -> None:
-        """Bring the fused (and reordered) weights up to date with the model's parameters.
+        """Bring the fused (and reordered) weights and the adapter's factors up to date with the model's parameters.
 
-        A fused weight is rebuilt only when one of its source tensors changed (another tensor, or an in-place
-        update bumped its version): after a LoRA training step only the adapted projections of the adapter's copy
-        are rebuilt, and the base copy not at all.
+        A fused weight or a factor pair is rebuilt only when one of its source tensors changed (another tensor, or
+        an in-place update bumped its version): after a LoRA training step only the adapter's factors are copied
+        again, and no base weight.
         """
         import torch
 
@@ -138,12 +147,16 @@ class FastForward:
                     {
                         "qkv": self._fuse(qkv),
                         "qkv_bias": _fused_bias(qkv),
+                        "qkv_lora": self._lora_factors(qkv),
                         "o": self._fuse((attention.o_proj,)),
                         "o_bias": _fused_bias((attention.o_proj,)),
+                        "o_lora": self._lora_factors((attention.o_proj,)),
                         "gate_up": self._fuse((mlp.gate_proj, mlp.up_proj)),
                         "gate_up_bias": _fused_bias((mlp.gate_proj, mlp.up_proj)),
+                        "gate_up_lora": self._lora_factors((mlp.gate_proj, mlp.up_proj)),
                         "down": self._fuse((mlp.down_proj,)),
                         "down_bias": _fused_bias((mlp.down_proj,)),
+                        "down_lora": self._lora_factors((mlp.down_proj,)),
                         "norm_attention": layer.input_layernorm.weight.detach(),
                         "norm_mlp": layer.post_attention_layernorm.weight.detach(),
                     }
@@ -152,41 +165,72 @@ class FastForward:
         self._layers = layers
         names = ("norm_attention", "qkv", "qkv_bias", "o", "o_bias", "norm_mlp", "gate_up", "gate_up_bias", "down")
         self._kernel_layers = [(*(layer[name] for name in names), layer["down_bias"]) for layer in layers]
+        adapted = ("qkv_lora", "o_lora", "gate_up_lora", "down_lora")
+        if any(layer[name] is not None for layer in layers for name in adapted):
+            self._kernel_adapters = [
+                tuple(factor for name in adapted for factor in (layer[name] or (None, None))) for layer in layers
+            ]
+        else:
+            self._kernel_adapters = []
+
+    @staticmethod
+    def _versions(tensors: Any) -> Tuple[Any, ...]:
+        """Identity and in-place version of each tensor: equal tuples mean unchanged tensors."""
+        return tuple((id(tensor), tensor.data_ptr(), tensor._version) for tensor in tensors)
 
     def _fuse(self, linears: Any) -> torch.Tensor:
+        """The base weights of ``linears`` concatenated and packed for :attr:`_linear` (cached while unchanged)."""
         import torch
 
-        sources = tuple(
-            (id(tensor), tensor.data_ptr(), tensor._version)
-            for linear in linears
-            for tensor in self._source_tensors(linear)
-        )
+        weights = [getattr(linear, "base_layer", linear).weight for linear in linears]
+        sources = self._versions(weights)
         known = self._fused.get(id(linears[0]))
         if known is not None and known[0] == sources:
             return known[1]
-        weights = [self._effective_weight(linear) for linear in linears]
         weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        fused = self._prepare(weight.contiguous())
+        fused = self._prepare(weight.detach().contiguous())
         self._fused[id(linears[0])] = (sources, fused)
         return fused
 
-    def _source_tensors(self, linear: Any) -> List[torch.Tensor]:
-        """The parameters :meth:`_effective_weight` reads for ``linear``."""
-        base = getattr(linear, "base_layer", None)
-        if base is None:
-            return [linear.weight]
-        if self.adapter is not None and self.adapter in linear.lora_A:
-            return [base.weight, linear.lora_A[self.adapter].weight, linear.lora_B[self.adapter].weight]
-        return [base.weight]
+    def _lora_factors(self, linears: Any) -> Optional[LoraFactors]:
+        """The adapter's factors for the fused projection of ``linears`` (None when none of them is adapted).
 
-    def _effective_weight(self, linear: Any) -> torch.Tensor:
-        """The weight ``linear`` applies: its own, or for a LoRA layer the base weight plus the adapter's delta."""
-        base = getattr(linear, "base_layer", None)
-        if base is None:
-            return linear.weight.detach()
-        if self.adapter is not None and self.adapter in linear.lora_A:
-            return (base.weight + linear.get_delta_weight(self.adapter).to(base.weight.dtype)).detach()
-        return base.weight.detach()
+        ``a`` stacks the adapted projections' ``A`` matrices ``[sum of ranks, in]``; ``b`` is block diagonal
+        ``[sum of out_features, sum of ranks]`` with each ``scale * B`` in its projection's rows (zero rows for
+        projections without the adapter), so ``b @ (a @ x)`` is every projection's LoRA term at once.
+        """
+        import torch
+
+        pairs = [
+            (linear.lora_A[self.adapter].weight, linear.lora_B[self.adapter].weight, linear.scaling[self.adapter])
+            if self.adapter is not None and self.adapter in getattr(linear, "lora_A", {})
+            else None
+            for linear in linears
+        ]
+        present = [pair for pair in pairs if pair is not None]
+        sources = self._versions(tensor for pair in present for tensor in pair[:2])
+        known = self._factors.get(id(linears[0]))
+        if known is not None and known[0] == sources:
+            return known[1]
+        factors: Optional[LoraFactors] = None
+        if present:
+            dtype = present[0][0].dtype
+            blocks = [
+                (pair[1].detach() * pair[2]).to(dtype)
+                if pair is not None
+                else torch.zeros(linear.out_features, 0, dtype=dtype, device=present[0][0].device)
+                for pair, linear in zip(pairs, linears, strict=True)
+            ]
+            down = torch.cat([pair[0].detach().to(dtype) for pair in present])
+            factors = (down.contiguous(), torch.block_diag(*blocks).contiguous())
+        self._factors[id(linears[0])] = (sources, factors)
+        return factors
+
+    def _project(self, inputs: torch.Tensor, layer: Dict[str, Any], name: str) -> torch.Tensor:
+        """The fused projection ``name`` of ``layer`` (base weights, bias and the adapter's LoRA term)."""
+        projected = self._linear(inputs, layer[name], layer[f"{name}_bias"])
+        factors = layer[f"{name}_lora"]
+        return projected if factors is None else _with_lora(inputs, projected, factors)
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
@@ -217,10 +261,10 @@ class FastForward:
         visible = mask[:, None, None, :total].bool() & visible
         visible[:, :, torch.arange(new), torch.arange(past, total)] = True
         sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-        linear = self._linear
+        project = self._project
         for index, layer in enumerate(self._layers):
             normed = _rms_norm(hidden, layer["norm_attention"], self.eps)
-            query, key, value = linear(normed, layer["qkv"], layer["qkv_bias"]).split(sizes, dim=-1)
+            query, key, value = project(normed, layer, "qkv").split(sizes, dim=-1)
             query = _rotate(query.view(batch, new, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             key = _rotate(key.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             value = value.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -229,12 +273,12 @@ class FastForward:
                 query, keys, values, attn_mask=visible, enable_gqa=self.kv_heads != self.heads
             )
             attended = attended.transpose(1, 2).reshape(batch, new, self.heads * self.head_dim)
-            hidden = hidden + linear(attended, layer["o"], layer["o_bias"])
+            hidden = hidden + project(attended, layer, "o")
             normed = _rms_norm(hidden, layer["norm_mlp"], self.eps)
-            gate, up = linear(normed, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
-            hidden = hidden + linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
+            gate, up = project(normed, layer, "gate_up").split(self.intermediate, dim=-1)
+            hidden = hidden + project(F.silu(gate) * up, layer, "down")
         last = _rms_norm(hidden[:, -1], inner.norm.weight, self.eps)
-        return linear(last, self._head, None)
+        return self._linear(last, self._head, None)
 
     def _decode_with_kernels(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
@@ -259,6 +303,7 @@ class FastForward:
             mask.to(torch.long).contiguous(),
             column,
             self._kernel_layers,
+            self._kernel_adapters,
             keys,
             values,
             inner.norm.weight.detach(),
@@ -297,6 +342,18 @@ def _unsupported_adapters(model: Any) -> Optional[str]:
         if any(module.use_dora.values()) or any(getattr(module, "lora_bias", {}).values()):
             return f"adapter layer {name} uses DoRA or a LoRA bias"
     return None
+
+
+def _with_lora(inputs: torch.Tensor, projected: torch.Tensor, factors: LoraFactors) -> torch.Tensor:
+    """``projected`` plus the LoRA term ``b @ (a @ inputs)``, with PEFT's rounding.
+
+    PEFT's LoRA layer adds ``lora_B(lora_A(x.to(adapter dtype))) * scale`` to the base layer's output and casts the
+    sum back once; doing the same here keeps the served log-probs equal to the trainer's up to summation order.
+    """
+    import torch.nn.functional as F
+
+    a, b = factors
+    return (projected + F.linear(F.linear(inputs.to(a.dtype), a), b)).to(projected.dtype)
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -149,7 +149,7 @@ def test_models_the_fast_forward_does_not_cover(tiny_model_dir: Path) -> None:
     assert "merged" in str(FastForward.unsupported_reason(merged))
 
 
-def test_lora_adapters_are_merged_into_the_fused_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_lora_adapters_are_applied_like_peft(tiny_model_dir: Path, tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(3)
@@ -195,7 +195,8 @@ def test_refresh_rebuilds_only_the_fused_weights_whose_sources_changed(tiny_mode
         expected_tuned = model(input_ids=ids).logits[:, -1]
         assert torch.allclose(plain(ids, positions, mask, KVCache()), expected_plain, atol=1e-4)
         assert torch.allclose(tuned(ids, positions, mask, KVCache()), expected_tuned, atol=1e-4)
-    assert all(plain._layers[i]["qkv"] is before_plain[i]["qkv"] for i in range(len(before_plain)))
-    assert tuned._layers[0]["qkv"] is not before_tuned[0]["qkv"]  # the updated adapter layer only
-    assert all(tuned._layers[i]["qkv"] is before_tuned[i]["qkv"] for i in range(1, len(before_tuned)))
-    assert all(tuned._layers[i]["gate_up"] is before_tuned[i]["gate_up"] for i in range(len(before_tuned)))
+    for forward, before in ((plain, before_plain), (tuned, before_tuned)):  # no base weight is copied again
+        assert all(forward._layers[i][name] is before[i][name] for i in range(len(before)) for name in ("qkv", "o"))
+    assert all(layer["qkv_lora"] is None for layer in plain._layers)
+    assert tuned._layers[0]["qkv_lora"] is not before_tuned[0]["qkv_lora"]  # the updated adapter layer only
+    assert all(tuned._layers[i]["qkv_lora"] is before_tuned[i]["qkv_lora"] for i in range(1, len(before_tuned)))

@@ -365,6 +365,12 @@ using LayerWeights = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torc
                                 c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor,
                                 c10::optional<torch::Tensor>, torch::Tensor, c10::optional<torch::Tensor>>;
 
+// One layer's LoRA factors (a, b) for the fused q/k/v, o, gate/up and down projections; absent where unadapted.
+using AdapterWeights =
+    std::tuple<c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
+               c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
+               c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>;
+
 // The matrix product of the fast forward: oneDNN's on weights reordered by mkldnn::_reorder_linear_weight
 // (packed), else at::linear.
 torch::Tensor project(const torch::Tensor& inputs, const torch::Tensor& weight,
@@ -379,31 +385,48 @@ torch::Tensor project(const torch::Tensor& inputs, const torch::Tensor& weight,
   return op.call(inputs, weight, bias, "none", c10::List<c10::optional<c10::Scalar>>(), "");
 }
 
+// `projected` plus an adapter's LoRA term b @ (a @ inputs), rounded like PEFT's LoRA layers: the term in the
+// factors' dtype, the sum in the wider of the two dtypes, one cast back to the projection's dtype.
+torch::Tensor with_lora(const torch::Tensor& inputs, const torch::Tensor& projected,
+                        const c10::optional<torch::Tensor>& a, const c10::optional<torch::Tensor>& b) {
+  if (!a.has_value()) return projected;
+  TORCH_CHECK(b.has_value(), "LoRA factors come in (a, b) pairs");
+  const auto term = at::linear(at::linear(inputs.to(a->scalar_type()), *a), *b);
+  return at::add(projected, term).to(projected.scalar_type());
+}
+
 // Every layer of one decoding step plus the final norm and the output projection: returns the logits
 // [batch, vocab]. `hidden` holds the new tokens' embeddings [batch, hidden]; each layer's key/value buffers have
-// room at `column`, where this step's keys and values are written.
+// room at `column`, where this step's keys and values are written. `adapters` is empty (no LoRA) or holds one
+// entry per layer.
 torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
                           const torch::Tensor& mask, int64_t column, const std::vector<LayerWeights>& layers,
-                          const std::vector<torch::Tensor>& key_caches, const std::vector<torch::Tensor>& value_caches,
-                          const torch::Tensor& final_norm, const torch::Tensor& head, int64_t heads, int64_t kv_heads,
-                          int64_t intermediate, double eps, bool packed) {
+                          const std::vector<AdapterWeights>& adapters, const std::vector<torch::Tensor>& key_caches,
+                          const std::vector<torch::Tensor>& value_caches, const torch::Tensor& final_norm,
+                          const torch::Tensor& head, int64_t heads, int64_t kv_heads, int64_t intermediate,
+                          double eps, bool packed) {
   TORCH_CHECK(key_caches.size() == layers.size() && value_caches.size() == layers.size(),
               "one key and one value cache per layer");
+  TORCH_CHECK(adapters.empty() || adapters.size() == layers.size(), "no adapter, or one adapter entry per layer");
+  const AdapterWeights no_adapter;
   c10::optional<torch::Tensor> residual;
   for (size_t index = 0; index < layers.size(); ++index) {
     const auto& [norm_attention, qkv, qkv_bias, o, o_bias, norm_mlp, gate_up, gate_up_bias, down, down_bias] =
         layers[index];
+    const auto& [qkv_a, qkv_b, o_a, o_b, gate_up_a, gate_up_b, down_a, down_b] =
+        adapters.empty() ? no_adapter : adapters[index];
     auto [normed, summed] = add_rms_norm(hidden, residual, norm_attention, eps);
     hidden = summed;
-    auto query = rotary_kv(project(normed, qkv, qkv_bias, packed), cos, sin, key_caches[index],
-                           value_caches[index], column, heads, kv_heads);
+    auto query = rotary_kv(with_lora(normed, project(normed, qkv, qkv_bias, packed), qkv_a, qkv_b), cos, sin,
+                           key_caches[index], value_caches[index], column, heads, kv_heads);
     auto attended = decode_attention(query, key_caches[index], value_caches[index], mask, column + 1);
-    std::tie(normed, hidden) = add_rms_norm(hidden, project(attended, o, o_bias, packed), norm_mlp, eps);
-    auto projected = project(normed, gate_up, gate_up_bias, packed);
+    std::tie(normed, hidden) =
+        add_rms_norm(hidden, with_lora(attended, project(attended, o, o_bias, packed), o_a, o_b), norm_mlp, eps);
+    auto projected = with_lora(normed, project(normed, gate_up, gate_up_bias, packed), gate_up_a, gate_up_b);
     TORCH_CHECK(projected.size(1) == 2 * intermediate, "gate/up projection width disagrees with the config");
     auto activated = at::silu(projected.narrow(1, 0, intermediate));
     activated.mul_(projected.narrow(1, intermediate, intermediate));
-    residual = project(activated, down, down_bias, packed);
+    residual = with_lora(activated, project(activated, down, down_bias, packed), down_a, down_b);
   }
   const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
   return project(normed, head, c10::nullopt, packed);
