@@ -15,6 +15,10 @@ OpenTelemetry GenAI attributes plus the keys agentbolt's adapters read:
 Streaming responses are wrapped: chunks pass through unchanged while content, tool-call fragments, usage, token
 ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails.
 
+``client.chat.completions.with_raw_response.create(...)`` (what LangChain's ``ChatOpenAI`` calls) is recorded the same
+way: the response side is read from the raw response's JSON body, without parsing it for the caller; for a raw
+streaming response, the stream its ``parse()`` returns is the wrapped one.
+
 While instrumented, the SDK's default HTTP clients also share one TLS context per trust configuration. Building
 one parses the system CA bundle (~20 ms of CPU), and the SDK builds a fresh one for every ``OpenAI()`` /
 ``AsyncOpenAI()`` client; agents commonly create a client per rollout, which made TLS setup the largest CPU cost
@@ -475,6 +479,40 @@ def _is_stream(result: Any) -> bool:
     return hasattr(result, "__next__") or hasattr(result, "__anext__")
 
 
+def _is_raw_response(result: Any) -> bool:
+    """Whether ``result`` is what ``with_raw_response`` returns (the SDK's ``LegacyAPIResponse``)."""
+    return hasattr(result, "http_response") and callable(getattr(result, "parse", None))
+
+
+def _record_raw(raw: Any, span: trace_api.Span, streaming: bool, wrapper: Callable[[Any, trace_api.Span], Any]) -> None:
+    """Record a ``with_raw_response`` result on ``span`` and end it (or hand it to the stream wrapper).
+
+    A complete response's body has already been read by the SDK: its JSON is recorded as it is, so the caller's own
+    ``parse()`` is untouched. For a stream, the SDK's ``parse()`` returns the same stream object on every call (it
+    caches it per target type); the wrapped stream is put in that cache, so the caller iterates the wrapper.
+    """
+    if streaming:
+        cache = getattr(raw, "_parsed_by_type", None)
+        cast_to = getattr(raw, "_cast_to", None)
+        if isinstance(cache, dict) and cast_to is not None:
+            try:
+                stream = raw.parse()
+            except Exception as exc:
+                _fail(span, exc)
+                return
+            if _is_stream(stream):
+                cache[cast_to] = wrapper(stream, span)
+                return
+        logger.debug("Cannot follow a raw streaming response of this SDK version; recording the request only")
+        _finish(span, _Response())
+        return
+    try:
+        body = raw.http_response.json()
+    except Exception:  # an unread or non-JSON body: the caller's parse() will report it
+        body = None
+    _finish(span, _Response.from_completion(body) if isinstance(body, dict) else _Response())
+
+
 def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -489,6 +527,9 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
         if kwargs.get("stream") and _is_stream(result):
             return _TracedStream(result, span)
+        if _is_raw_response(result):
+            _record_raw(result, span, bool(kwargs.get("stream")), _TracedStream)
+            return result
         _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
         return result
 
@@ -510,6 +551,9 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
         if kwargs.get("stream") and _is_stream(result):
             return _AsyncTracedStream(result, span)
+        if _is_raw_response(result):
+            _record_raw(result, span, bool(kwargs.get("stream")), _AsyncTracedStream)
+            return result
         _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
         return result
 

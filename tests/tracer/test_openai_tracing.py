@@ -285,7 +285,63 @@ async def test_sdk_helpers_stream_parse_and_raw_response(traced: Any, server: Fa
     assert [span.attributes["gen_ai.request.streaming"] for span in spans] == [True, False, False]
     assert spans[0].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
     assert spans[1].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
-    assert spans[2].attributes["gen_ai.prompt.0.content"] == "helpers"  # raw responses: request side only
+    assert spans[2].attributes["gen_ai.prompt.0.content"] == "helpers"
+    assert spans[2].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
+
+
+async def test_raw_response_records_response_usage_and_token_ids(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "user", "content": "find cats"}]
+    parsed: List[Any] = []
+
+    def call() -> None:
+        raw = client.chat.completions.with_raw_response.create(model="fake-model", messages=messages, tools=TOOLS)
+        assert raw.headers["content-type"].startswith("application/json")
+        parsed.append(raw.parse())
+        parsed.append(raw.parse())
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert parsed[0] is parsed[1]  # the caller's parse() is the SDK's own, cached as usual
+    call_id = parsed[0].choices[0].message.tool_calls[0].id
+    attrs = span.attributes
+    assert attrs["gen_ai.response.id"] == parsed[0].id
+    assert attrs["gen_ai.completion.0.tool_calls.0.id"] == call_id
+    assert attrs["gen_ai.completion.0.tool_calls.0.name"] == "search"
+    assert attrs["gen_ai.completion.0.finish_reason"] == "tool_calls"
+    assert list(attrs["prompt_token_ids"]) == prompt_ids(messages)
+    assert list(attrs["response_token_ids"]) == tokenize(json.dumps({"query": "find cats"}))
+    assert attrs["gen_ai.usage.prompt_tokens"] == len(prompt_ids(messages))
+    [triplet] = TracerTraceToTriplet().adapt(await store.query_spans(rollout.rollout_id))
+    assert triplet.prompt["token_ids"] == prompt_ids(messages)
+    assert triplet.response["token_ids"] == tokenize(json.dumps({"query": "find cats"}))
+
+
+async def test_async_raw_response_and_raw_stream_are_recorded(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+    streamed: List[str] = []
+
+    async def call() -> None:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "plain"}]
+        )
+        assert raw.parse().choices[0].message.content == "Echo: plain"
+        raw_stream = await client.chat.completions.with_raw_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "streamed"}], stream=True
+        )
+        async for chunk in raw_stream.parse():
+            if chunk.choices:
+                streamed.append(chunk.choices[0].delta.content or "")
+
+    spans = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert "".join(streamed) == "Echo: streamed"
+    assert [span.attributes["gen_ai.completion.0.content"] for span in spans] == ["Echo: plain", "Echo: streamed"]
+    assert [list(span.attributes["response_token_ids"]) for span in spans] == [
+        tokenize("Echo: plain"),
+        tokenize("Echo: streamed"),
+    ]
+    assert spans[1].attributes["gen_ai.request.streaming"] is True
 
 
 async def test_stream_closed_early_still_ends_the_span(traced: Any, server: FakeOpenAIServer) -> None:
