@@ -70,22 +70,36 @@ class LinkPydanticModel(BaseModel):
     value_match: str
 
 
-# --- LLM gateway span format -------------------------------------------------------------------------------------
-# The agentbolt LLM gateway writes exactly one span per proxied LLM call (streaming included) to the store of the
-# rollout / attempt named in its URL. ``agentbolt.adapter.LlmProxyTraceToTriplet`` reads these spans; the full layout
-# is documented in ``agentbolt/adapter/triplet.py``.
+# --- LLM call span format ----------------------------------------------------------------------------------------
+# Attribute keys of one LLM call, built by ``agentbolt.llm_call_attributes`` for both the OpenAI SDK instrumentation
+# (``openai.chat.completion`` spans) and the LLM gateway (one ``agentbolt.llm_call`` span per proxied call, streaming
+# included). ``agentbolt.adapter`` reads them; the full layout is documented in ``agentbolt/adapter/triplet.py``.
 
 AGL_LLM_CALL = "agentbolt.llm_call"
 """Name of the span the gateway records for one LLM call."""
 
+GEN_AI_SYSTEM = "gen_ai.system"
+"""Provider of the model (``openai``, ``hosted_vllm``...)."""
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+"""``chat`` or ``text_completion``."""
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 """Model requested by the client."""
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+"""Token limit of the answer (the request's ``max_tokens`` or ``max_completion_tokens``)."""
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+"""Number of choices asked for (the request's ``n``)."""
+GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+"""Stop sequences (the request's ``stop``), always a list of strings."""
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+"""Whether the answer was streamed (bool, always recorded)."""
 GEN_AI_REQUEST_FUNCTIONS = "gen_ai.request.functions"
 """Prefix of the tools offered to the model: ``gen_ai.request.functions.<i>.name/description/parameters``."""
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 """Id of the completion returned by the backend; also the de-duplication key of LLM calls."""
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 """Model that actually answered."""
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+"""Finish reason of each choice (list of str)."""
 GEN_AI_PROMPT = "gen_ai.prompt"
 """Prefix of the request messages: ``gen_ai.prompt.<i>.role/content/tool_call_id/tool_calls...``."""
 GEN_AI_COMPLETION = "gen_ai.completion"
@@ -100,6 +114,8 @@ RESPONSE_TOKEN_IDS = "response_token_ids"
 """Token ids of the first choice (list of int)."""
 RESPONSE_LOGPROBS = "response_logprobs"
 """Log-probability of each response token (list of float, same length as ``response_token_ids``), when available."""
+LOGPROBS_CONTENT = "logprobs.content"
+"""The first choice's per-token logprob entries of a chat completion (JSON list of ``{token, logprob, ...}``)."""
 LLM_AGENT_NAME = "agentbolt.llm.agent_name"
 """Name of the agent that made the call (optional); used to train selected agents of a multi-agent system."""
 LLM_AGENT_NAME_HEADER = "x-agentbolt-agent-name"

@@ -1,16 +1,9 @@
 """OpenTelemetry instrumentation of the OpenAI Python SDK's chat completions (sync, async, streaming, tools).
 
-Each ``client.chat.completions.create(...)`` (and ``parse``) call becomes one ``openai.chat.completion`` span with
-OpenTelemetry GenAI attributes plus the keys agentbolt's adapters read:
-
-* request: ``gen_ai.system``, ``gen_ai.operation.name``, ``gen_ai.request.model`` and sampling parameters,
-  ``gen_ai.request.streaming``, ``gen_ai.prompt.<i>.role/content/name/tool_call_id/tool_calls.<j>.id/type/name/
-  arguments``, ``gen_ai.request.functions.<i>.name/description/parameters``;
-* response: ``gen_ai.response.id/model``, ``gen_ai.completion.<i>.role/content/finish_reason/tool_calls.<j>.*``,
-  ``gen_ai.usage.prompt_tokens/completion_tokens/total_tokens`` (and the newer ``input_tokens/output_tokens``);
-* token-level data when the backend returns it (vLLM's ``return_token_ids`` extension, ``agentbolt serve``):
-  ``prompt_token_ids``, ``response_token_ids`` (first choice), ``logprobs.content`` (JSON of the first choice's
-  token logprobs) and ``response_logprobs`` (their values).
+Each ``client.chat.completions.create(...)`` (and ``parse``) call becomes one ``openai.chat.completion`` span. Its
+attributes (OpenTelemetry GenAI keys plus the token ids and logprobs agentbolt's adapters read) are built by
+:mod:`agentbolt.llm_call_attributes`, the module the LLM gateway uses too, so a call records the same keys whether
+the SDK or the gateway traced it.
 
 Streaming responses are wrapped: chunks pass through unchanged while content, tool-call fragments, usage, token
 ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails.
@@ -35,7 +28,6 @@ for RL training), and a direct wrapper keeps the per-call overhead in the tens o
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import ssl
@@ -47,23 +39,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from agentbolt.llm_call_attributes import CompletionRecord as _Response
+from agentbolt.llm_call_attributes import request_attributes
+
 __all__ = ["instrument_openai", "uninstrument_openai", "is_openai_instrumented", "SPAN_NAME"]
 
 logger = logging.getLogger(__name__)
 
 SPAN_NAME = "openai.chat.completion"
 _SCOPE = "agentbolt.instrumentation.openai"
-
-_REQUEST_PARAMS = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "max_tokens": "gen_ai.request.max_tokens",
-    "max_completion_tokens": "gen_ai.request.max_tokens",
-    "n": "gen_ai.request.choice.count",
-    "seed": "gen_ai.request.seed",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-}
 
 _lock = threading.Lock()
 _originals: Dict[Tuple[type, str], Callable[..., Any]] = {}
@@ -82,243 +66,6 @@ def _get_tracer() -> trace_api.Tracer:
     tracer = provider.get_tracer(_SCOPE)
     _tracer_cache = (provider, tracer)
     return tracer
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Value helpers
-
-
-def _as_dict(value: Any) -> Dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(exclude_none=True)
-    return dict(getattr(value, "__dict__", {}))
-
-
-def _get(obj: Any, key: str) -> Any:
-    """Field of a dict or an SDK model, including the extra fields servers add (``token_ids``...)."""
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(key)
-    value = getattr(obj, key, None)
-    if value is None:
-        extra = getattr(obj, "model_extra", None)
-        if extra:
-            value = extra.get(key)
-    return value
-
-
-def _text(value: Any) -> Optional[str]:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=str)
-
-
-def _int_list(value: Any) -> Optional[List[int]]:
-    if type(value) is list and value and all(type(v) is int for v in value):
-        return value
-    return None
-
-
-def _set_tool_calls(attributes: Dict[str, Any], prefix: str, tool_calls: Any) -> None:
-    for j, call in enumerate(tool_calls or []):
-        function = _get(call, "function") or {}
-        key = f"{prefix}.tool_calls.{j}"
-        for name, value in (
-            ("id", _get(call, "id")),
-            ("type", _get(call, "type") or "function"),
-            ("name", _get(function, "name")),
-            ("arguments", _get(function, "arguments")),
-        ):
-            if value is not None:
-                attributes[f"{key}.{name}"] = value
-
-
-def _request_attributes(kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    attributes: Dict[str, Any] = {
-        "gen_ai.system": "openai",
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.streaming": bool(kwargs.get("stream")),
-    }
-    model = kwargs.get("model")
-    if isinstance(model, str):
-        attributes["gen_ai.request.model"] = model
-    for param, key in _REQUEST_PARAMS.items():
-        value = kwargs.get(param)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            attributes[key] = value
-    stop = kwargs.get("stop")
-    if isinstance(stop, str):
-        attributes["gen_ai.request.stop_sequences"] = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attributes["gen_ai.request.stop_sequences"] = stop
-    for i, message in enumerate(kwargs.get("messages") or []):
-        message = _as_dict(message)
-        prefix = f"gen_ai.prompt.{i}"
-        role = message.get("role")
-        if role is not None:
-            attributes[f"{prefix}.role"] = role
-        content = _text(message.get("content"))
-        if content is not None:
-            attributes[f"{prefix}.content"] = content
-        for field in ("name", "tool_call_id"):
-            if message.get(field) is not None:
-                attributes[f"{prefix}.{field}"] = str(message[field])
-        _set_tool_calls(attributes, prefix, message.get("tool_calls"))
-    functions: List[Any] = [_get(tool, "function") or tool for tool in kwargs.get("tools") or []]
-    functions.extend(kwargs.get("functions") or [])
-    for i, function in enumerate(functions):
-        prefix = f"gen_ai.request.functions.{i}"
-        for field in ("name", "description"):
-            value = _get(function, field)
-            if value is not None:
-                attributes[f"{prefix}.{field}"] = str(value)
-        parameters = _get(function, "parameters")
-        if parameters is not None:
-            attributes[f"{prefix}.parameters"] = _text(parameters)
-    return attributes
-
-
-def _usage_attributes(attributes: Dict[str, Any], usage: Any) -> None:
-    if usage is None:
-        return
-    prompt = _get(usage, "prompt_tokens")
-    completion = _get(usage, "completion_tokens")
-    total = _get(usage, "total_tokens")
-    if isinstance(prompt, int):
-        attributes["gen_ai.usage.prompt_tokens"] = prompt
-        attributes["gen_ai.usage.input_tokens"] = prompt
-    if isinstance(completion, int):
-        attributes["gen_ai.usage.completion_tokens"] = completion
-        attributes["gen_ai.usage.output_tokens"] = completion
-    if isinstance(total, int):
-        attributes["gen_ai.usage.total_tokens"] = total
-
-
-def _logprob_attributes(attributes: Dict[str, Any], content: Optional[List[Any]]) -> None:
-    if not content:
-        return
-    entries = [_as_dict(entry) for entry in content]
-    attributes["logprobs.content"] = json.dumps(entries, default=str)
-    values = [entry.get("logprob") for entry in entries]
-    if all(isinstance(v, (int, float)) for v in values):
-        attributes["response_logprobs"] = [float(v) for v in values]  # type: ignore[arg-type]
-
-
-class _Response:
-    """What a response (or an accumulated stream) contributes to the span."""
-
-    def __init__(self) -> None:
-        self.id: Optional[str] = None
-        self.model: Optional[str] = None
-        self.usage: Any = None
-        self.prompt_token_ids: Optional[List[int]] = None
-        self.choices: Dict[int, Dict[str, Any]] = {}
-
-    def choice(self, index: int) -> Dict[str, Any]:
-        return self.choices.setdefault(index, {"content": None, "tool_calls": {}, "token_ids": [], "logprobs": []})
-
-    def attributes(self) -> Dict[str, Any]:
-        attributes: Dict[str, Any] = {}
-        if self.id is not None:
-            attributes["gen_ai.response.id"] = self.id
-        if self.model is not None:
-            attributes["gen_ai.response.model"] = self.model
-        _usage_attributes(attributes, self.usage)
-        if self.prompt_token_ids:
-            attributes["prompt_token_ids"] = self.prompt_token_ids
-        finish_reasons: List[str] = []
-        for index in sorted(self.choices):
-            choice = self.choices[index]
-            prefix = f"gen_ai.completion.{index}"
-            attributes[f"{prefix}.role"] = choice.get("role") or "assistant"
-            if choice["content"] is not None:
-                attributes[f"{prefix}.content"] = choice["content"]
-            if choice.get("finish_reason") is not None:
-                attributes[f"{prefix}.finish_reason"] = choice["finish_reason"]
-                finish_reasons.append(choice["finish_reason"])
-            tool_calls = [choice["tool_calls"][j] for j in sorted(choice["tool_calls"])]
-            _set_tool_calls(attributes, prefix, tool_calls)
-        if finish_reasons:
-            attributes["gen_ai.response.finish_reasons"] = finish_reasons
-        first = self.choices.get(min(self.choices)) if self.choices else None
-        if first is not None:
-            if first["token_ids"]:
-                attributes["response_token_ids"] = first["token_ids"]
-            _logprob_attributes(attributes, first["logprobs"])
-        return attributes
-
-    @classmethod
-    def from_completion(cls, completion: Any) -> _Response:
-        response = cls()
-        response.id = _get(completion, "id")
-        response.model = _get(completion, "model")
-        response.usage = _get(completion, "usage")
-        response.prompt_token_ids = _int_list(_get(completion, "prompt_token_ids"))
-        for position, raw in enumerate(_get(completion, "choices") or []):
-            index = _get(raw, "index")
-            choice = response.choice(index if isinstance(index, int) else position)
-            message = _get(raw, "message")
-            choice["role"] = _get(message, "role")
-            choice["content"] = _text(_get(message, "content"))
-            choice["finish_reason"] = _get(raw, "finish_reason")
-            choice["tool_calls"] = dict(enumerate(_get(message, "tool_calls") or []))
-            choice["token_ids"] = _int_list(_get(raw, "token_ids")) or _provider_token_ids(raw) or []
-            choice["logprobs"] = list(_get(_get(raw, "logprobs"), "content") or [])
-            if response.prompt_token_ids is None:
-                response.prompt_token_ids = _int_list(_get(raw, "prompt_token_ids"))
-        return response
-
-    def add_chunk(self, chunk: Any) -> None:
-        """Merge one streaming chunk (deltas are concatenated per choice)."""
-        self.id = self.id or _get(chunk, "id")
-        self.model = self.model or _get(chunk, "model")
-        usage = _get(chunk, "usage")
-        if usage is not None:
-            self.usage = usage
-        if self.prompt_token_ids is None:
-            self.prompt_token_ids = _int_list(_get(chunk, "prompt_token_ids"))
-        for raw in _get(chunk, "choices") or []:
-            index = _get(raw, "index")
-            choice = self.choice(index if isinstance(index, int) else 0)
-            delta = _get(raw, "delta")
-            role = _get(delta, "role")
-            if role:
-                choice["role"] = role
-            content = _get(delta, "content")
-            if content:
-                choice["content"] = (choice["content"] or "") + content
-            for position, fragment in enumerate(_get(delta, "tool_calls") or []):
-                slot = _get(fragment, "index")
-                call = choice["tool_calls"].setdefault(
-                    slot if isinstance(slot, int) else position, {"function": {"name": None, "arguments": ""}}
-                )
-                if _get(fragment, "id"):
-                    call["id"] = _get(fragment, "id")
-                if _get(fragment, "type"):
-                    call["type"] = _get(fragment, "type")
-                function = _get(fragment, "function")
-                if _get(function, "name"):
-                    call["function"]["name"] = _get(function, "name")
-                if _get(function, "arguments"):
-                    call["function"]["arguments"] += _get(function, "arguments")
-            if _get(raw, "finish_reason") is not None:
-                choice["finish_reason"] = _get(raw, "finish_reason")
-            token_ids = _int_list(_get(raw, "token_ids")) or _provider_token_ids(raw)
-            if token_ids:
-                choice["token_ids"].extend(token_ids)
-            choice["logprobs"].extend(_get(_get(raw, "logprobs"), "content") or [])
-            if self.prompt_token_ids is None:
-                self.prompt_token_ids = _int_list(_get(raw, "prompt_token_ids"))
-
-
-def _provider_token_ids(choice: Any) -> Optional[List[int]]:
-    return _int_list(_get(_get(choice, "provider_specific_fields"), "token_ids"))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -376,7 +123,7 @@ def _start_span(kwargs: Dict[str, Any]) -> trace_api.Span:
     span = _get_tracer().start_span(SPAN_NAME, kind=SpanKind.CLIENT)
     if span.is_recording():
         try:
-            span.set_attributes(_request_attributes(kwargs))
+            span.set_attributes(request_attributes(kwargs, provider="openai"))
         except Exception:
             logger.exception("Failed to record the chat completion request on the span")
     return span

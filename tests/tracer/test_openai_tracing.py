@@ -92,8 +92,8 @@ async def test_sync_completion_is_recorded_with_token_ids(traced: Any, server: F
     assert attrs["gen_ai.response.model"] == "fake-model"
     assert list(attrs["prompt_token_ids"]) == prompt_ids(messages)
     assert list(attrs["response_token_ids"]) == tokenize("Echo: hello")
-    assert attrs["gen_ai.usage.prompt_tokens"] == len(prompt_ids(messages))
-    assert attrs["gen_ai.usage.completion_tokens"] == len("Echo: hello")
+    assert attrs["gen_ai.usage.input_tokens"] == len(prompt_ids(messages))
+    assert attrs["gen_ai.usage.output_tokens"] == len("Echo: hello")
     assert span.status.status_code == "OK"
     assert span.rollout_id == rollout.rollout_id and span.attempt_id == rollout.attempt.attempt_id
 
@@ -134,12 +134,12 @@ async def test_streaming_completion_accumulates_content_and_ids(traced: Any, ser
     assert "".join(received) == "Echo: stream this please"
     (span,) = llm_spans(spans)
     attrs = span.attributes
-    assert attrs["gen_ai.request.streaming"] is True
+    assert attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.completion.0.content"] == "Echo: stream this please"
     assert attrs["gen_ai.completion.0.finish_reason"] == "stop"
     assert list(attrs["response_token_ids"]) == tokenize("Echo: stream this please")
     assert list(attrs["prompt_token_ids"]) == prompt_ids([{"role": "user", "content": "stream this please"}])
-    assert attrs["gen_ai.usage.total_tokens"] > 0
+    assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
 
 
 async def test_async_streaming_tool_call(traced: Any, server: FakeOpenAIServer) -> None:
@@ -282,7 +282,7 @@ async def test_sdk_helpers_stream_parse_and_raw_response(traced: Any, server: Fa
     spans = llm_spans(await run_traced(tracer, store, rollout, call))
     assert texts == ["Echo: helpers"] * 3
     assert len(spans) == 3
-    assert [span.attributes["gen_ai.request.streaming"] for span in spans] == [True, False, False]
+    assert [span.attributes["gen_ai.request.stream"] for span in spans] == [True, False, False]
     assert spans[0].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
     assert spans[1].attributes["gen_ai.completion.0.content"] == "Echo: helpers"
     assert spans[2].attributes["gen_ai.prompt.0.content"] == "helpers"
@@ -311,7 +311,7 @@ async def test_raw_response_records_response_usage_and_token_ids(traced: Any, se
     assert attrs["gen_ai.completion.0.finish_reason"] == "tool_calls"
     assert list(attrs["prompt_token_ids"]) == prompt_ids(messages)
     assert list(attrs["response_token_ids"]) == tokenize(json.dumps({"query": "find cats"}))
-    assert attrs["gen_ai.usage.prompt_tokens"] == len(prompt_ids(messages))
+    assert attrs["gen_ai.usage.input_tokens"] == len(prompt_ids(messages))
     [triplet] = TracerTraceToTriplet().adapt(await store.query_spans(rollout.rollout_id))
     assert triplet.prompt["token_ids"] == prompt_ids(messages)
     assert triplet.response["token_ids"] == tokenize(json.dumps({"query": "find cats"}))
@@ -341,7 +341,7 @@ async def test_async_raw_response_and_raw_stream_are_recorded(traced: Any, serve
         tokenize("Echo: plain"),
         tokenize("Echo: streamed"),
     ]
-    assert spans[1].attributes["gen_ai.request.streaming"] is True
+    assert spans[1].attributes["gen_ai.request.stream"] is True
 
 
 async def test_stream_closed_early_still_ends_the_span(traced: Any, server: FakeOpenAIServer) -> None:

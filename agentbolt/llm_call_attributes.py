@@ -1,0 +1,443 @@
+"""The span attributes of one LLM call, built in one place for every recorder of LLM calls.
+
+The OpenAI SDK instrumentation (``openai.chat.completion`` spans) and the LLM gateway (``agentbolt.llm_call`` spans)
+both build their attributes here, so one call records the same keys whichever way it was traced. Requests are read
+as the OpenAI API defines them; responses and stream chunks may be parsed JSON (dicts) or the SDK's objects
+(including the extra fields servers add, such as vLLM's ``token_ids``).
+
+Where the OpenTelemetry GenAI semantic conventions name a value, their key is used:
+
+==============================================  ======================================================================
+request ``model``                               ``gen_ai.request.model``
+``temperature``, ``top_p``, ``top_k``, ``seed``,  ``gen_ai.request.<name>`` (numbers only)
+``frequency_penalty``, ``presence_penalty``
+``max_tokens`` / ``max_completion_tokens``      ``gen_ai.request.max_tokens``
+``n``                                           ``gen_ai.request.choice.count``
+``stop``                                        ``gen_ai.request.stop_sequences`` (always a list of strings)
+``stream``                                      ``gen_ai.request.stream`` (always recorded, bool)
+``messages`` / ``prompt``                       ``gen_ai.prompt.<i>.role/content/name/tool_call_id/reasoning_content``
+                                                and ``gen_ai.prompt.<i>.tool_calls.<j>.id/type/name/arguments``
+``tools`` / ``functions``                       ``gen_ai.request.functions.<i>.name/description/parameters``
+response ``id`` / ``model``                     ``gen_ai.response.id`` / ``gen_ai.response.model``
+choices                                         ``gen_ai.completion.<i>.*`` (as messages, plus ``finish_reason``) and
+                                                ``gen_ai.response.finish_reasons``
+``usage``                                       ``gen_ai.usage.input_tokens`` / ``output_tokens`` (counted from the
+                                                token ids when the backend sends no usage)
+token ids (vLLM ``return_token_ids``)           ``prompt_token_ids``, ``response_token_ids`` (first choice)
+logprobs of the first choice                    ``logprobs.content`` (chat: JSON of the entries) and
+                                                ``response_logprobs`` (one float per token)
+==============================================  ======================================================================
+
+Content that is not a string (content parts, tool parameters) is recorded as JSON. Tool calls use the flat layout
+of OpenLLMetry-style instrumentations (``tool_calls.<j>.name`` / ``.arguments``), which Agent Lightning traces use;
+the adapters also read the nested ``function.name`` / ``function.arguments`` layout of older gateway spans.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+
+import orjson
+
+from agentbolt.semconv import (
+    GEN_AI_COMPLETION,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROMPT,
+    GEN_AI_REQUEST_CHOICE_COUNT,
+    GEN_AI_REQUEST_FUNCTIONS,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_REQUEST_STOP_SEQUENCES,
+    GEN_AI_REQUEST_STREAM,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+    GEN_AI_SYSTEM,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    LOGPROBS_CONTENT,
+    PROMPT_TOKEN_IDS,
+    RESPONSE_LOGPROBS,
+    RESPONSE_TOKEN_IDS,
+)
+
+__all__ = ["CompletionRecord", "request_attributes", "llm_call_attributes"]
+
+# Numeric request parameters and their keys; the first listed of two aliases wins.
+_NUMERIC_PARAMS = (
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("top_k", "gen_ai.request.top_k"),
+    ("max_tokens", GEN_AI_REQUEST_MAX_TOKENS),
+    ("max_completion_tokens", GEN_AI_REQUEST_MAX_TOKENS),
+    ("n", GEN_AI_REQUEST_CHOICE_COUNT),
+    ("seed", "gen_ai.request.seed"),
+    ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+    ("presence_penalty", "gen_ai.request.presence_penalty"),
+)
+
+
+def _get(obj: Any, key: str) -> Any:
+    """Field of a dict or an SDK object, including the extra fields servers add (``token_ids``...)."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    value = getattr(obj, key, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None)
+        if extra:
+            value = extra.get(key)
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(exclude_none=True)
+    return str(value)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, default=_json_default).decode()
+
+
+def _text(value: Any) -> Optional[str]:
+    """A string attribute value: strings as they are, anything else (content parts...) as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return _json(value)
+
+
+def _number(value: Any) -> Optional[Union[int, float]]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _int_list(value: Any) -> Optional[List[int]]:
+    if type(value) is list and value and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def _put_tool_calls(attributes: Dict[str, Any], prefix: str, tool_calls: Iterable[Any]) -> None:
+    for j, call in enumerate(tool_calls):
+        key = f"{prefix}.tool_calls.{j}"
+        function = _get(call, "function")
+        call_id = _get(call, "id")
+        if call_id is not None:
+            attributes[f"{key}.id"] = str(call_id)
+        attributes[f"{key}.type"] = _get(call, "type") or "function"
+        name = _get(function, "name")
+        if name is not None:
+            attributes[f"{key}.name"] = str(name)
+        arguments = _text(_get(function, "arguments"))
+        if arguments is not None:
+            attributes[f"{key}.arguments"] = arguments
+
+
+def _put_message(attributes: Dict[str, Any], prefix: str, message: Any) -> None:
+    role = _get(message, "role")
+    if role is not None:
+        attributes[f"{prefix}.role"] = str(role)
+    content = _text(_get(message, "content"))
+    if content is not None:
+        attributes[f"{prefix}.content"] = content
+    for field in ("name", "tool_call_id", "reasoning_content"):
+        value = _get(message, field)
+        if value is not None:
+            attributes[f"{prefix}.{field}"] = str(value)
+    tool_calls = _get(message, "tool_calls")
+    if tool_calls:
+        _put_tool_calls(attributes, prefix, tool_calls)
+
+
+def request_attributes(
+    request: Mapping[str, Any], *, operation: str = "chat", provider: Optional[str] = None
+) -> Dict[str, Any]:
+    """Span attributes of an LLM request (see the module docstring for the keys).
+
+    Args:
+        request: The request's parameters (the JSON body, or the keyword arguments given to the SDK).
+        operation: ``"chat"`` (chat completions) or ``"text_completion"`` (legacy completions).
+        provider: Value of ``gen_ai.system`` (``"openai"``, ``"hosted_vllm"``...), if known.
+
+    Returns:
+        A new dict of attributes.
+    """
+    attributes: Dict[str, Any] = {
+        GEN_AI_OPERATION_NAME: operation,
+        GEN_AI_REQUEST_STREAM: request.get("stream") is True,
+    }
+    if provider is not None:
+        attributes[GEN_AI_SYSTEM] = provider
+    model = request.get("model")
+    if isinstance(model, str):
+        attributes[GEN_AI_REQUEST_MODEL] = model
+    for name, key in _NUMERIC_PARAMS:
+        value = _number(request.get(name))
+        if value is not None and key not in attributes:
+            attributes[key] = value
+    stop = request.get("stop")
+    if isinstance(stop, str):
+        attributes[GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
+    elif isinstance(stop, list) and stop and all(isinstance(s, str) for s in stop):
+        attributes[GEN_AI_REQUEST_STOP_SEQUENCES] = list(stop)
+    messages = request.get("messages")
+    if isinstance(messages, (list, tuple)):
+        for i, message in enumerate(messages):
+            _put_message(attributes, f"{GEN_AI_PROMPT}.{i}", message)
+    elif request.get("prompt") is not None:
+        attributes[f"{GEN_AI_PROMPT}.0.role"] = "user"
+        attributes[f"{GEN_AI_PROMPT}.0.content"] = _text(request.get("prompt"))
+    tools = request.get("tools")
+    functions: List[Any] = [_get(tool, "function") or tool for tool in tools] if isinstance(tools, list) else []
+    legacy = request.get("functions")
+    if isinstance(legacy, list):
+        functions.extend(legacy)
+    for i, function in enumerate(functions):
+        prefix = f"{GEN_AI_REQUEST_FUNCTIONS}.{i}"
+        for field in ("name", "description"):
+            value = _get(function, field)
+            if value is not None:
+                attributes[f"{prefix}.{field}"] = str(value)
+        parameters = _text(_get(function, "parameters"))
+        if parameters is not None:
+            attributes[f"{prefix}.parameters"] = parameters
+    return attributes
+
+
+class _Choice:
+    """One choice of a response, complete or assembled from stream deltas."""
+
+    __slots__ = (
+        "content",
+        "finish_reason",
+        "logprob_entries",
+        "reasoning",
+        "role",
+        "token_ids",
+        "token_logprobs",
+        "tool_calls",
+    )
+
+    def __init__(self) -> None:
+        self.role: Optional[str] = None
+        self.content: Optional[str] = None
+        self.reasoning: Optional[str] = None
+        self.finish_reason: Optional[str] = None
+        self.token_ids: List[int] = []
+        self.logprob_entries: List[Any] = []  # chat: {"token", "logprob", ...} per token
+        self.token_logprobs: List[Any] = []  # legacy completions: one number per token
+        self.tool_calls: Dict[int, Dict[str, Any]] = {}
+
+    def add_logprobs(self, logprobs: Any) -> None:
+        entries = _get(logprobs, "content")
+        if isinstance(entries, list):
+            self.logprob_entries.extend(entries)
+        values = _get(logprobs, "token_logprobs")
+        if isinstance(values, list):
+            self.token_logprobs.extend(values)
+
+    def add_token_ids(self, choice: Any) -> None:
+        ids = _int_list(_get(choice, "token_ids")) or _int_list(
+            _get(_get(choice, "provider_specific_fields"), "token_ids")
+        )
+        if ids:
+            self.token_ids.extend(ids)
+
+    def logprobs(self) -> Optional[List[float]]:
+        if self.logprob_entries:
+            values = [_get(entry, "logprob") for entry in self.logprob_entries]
+        else:
+            values = self.token_logprobs
+        if not values or not all(_number(v) is not None and math.isfinite(v) for v in values):
+            return None
+        return [float(v) for v in values]
+
+
+class CompletionRecord:
+    """What a response contributes to its span: built from a complete response or from stream chunks.
+
+    ``CompletionRecord.from_completion(response)`` reads a complete chat or text completion; an empty record fed with
+    :meth:`add_chunk` reassembles a stream (content, tool-call fragments, token ids and logprobs concatenated per
+    choice; ``id``, ``model``, ``usage`` and ``prompt_token_ids`` taken from the chunks that carry them), so a
+    streamed call records the same attributes as the same call made without streaming.
+    """
+
+    def __init__(self) -> None:
+        self.id: Optional[str] = None
+        self.model: Optional[str] = None
+        self.usage: Any = None
+        self.prompt_token_ids: Optional[List[int]] = None
+        self.choices: Dict[int, _Choice] = {}
+
+    def _choice(self, raw: Any, position: int) -> _Choice:
+        index = _get(raw, "index")
+        key = index if isinstance(index, int) and not isinstance(index, bool) else position
+        choice = self.choices.get(key)
+        if choice is None:
+            choice = self.choices[key] = _Choice()
+        return choice
+
+    def _take_response_fields(self, data: Any) -> None:
+        if self.id is None:
+            self.id = _get(data, "id")
+        if self.model is None:
+            self.model = _get(data, "model")
+        usage = _get(data, "usage")
+        if usage is not None:
+            self.usage = usage
+        if self.prompt_token_ids is None:
+            self.prompt_token_ids = _int_list(_get(data, "prompt_token_ids"))
+
+    @classmethod
+    def from_completion(cls, completion: Any) -> CompletionRecord:
+        """The record of a complete (non-streamed) chat or text completion."""
+        record = cls()
+        record._take_response_fields(completion)
+        for position, raw in enumerate(_get(completion, "choices") or []):
+            choice = record._choice(raw, position)
+            message = _get(raw, "message")
+            if message is not None:
+                choice.role = _get(message, "role")
+                choice.content = _text(_get(message, "content"))
+                choice.reasoning = _text(_get(message, "reasoning_content"))
+                choice.tool_calls = {j: _tool_call(call) for j, call in enumerate(_get(message, "tool_calls") or [])}
+            else:
+                choice.content = _text(_get(raw, "text"))
+            choice.finish_reason = _get(raw, "finish_reason")
+            choice.add_token_ids(raw)
+            choice.add_logprobs(_get(raw, "logprobs"))
+            if record.prompt_token_ids is None:
+                record.prompt_token_ids = _int_list(_get(raw, "prompt_token_ids"))
+        return record
+
+    def add_chunk(self, chunk: Any) -> None:
+        """Merge one stream chunk (chat ``delta`` or text-completion ``text``)."""
+        self._take_response_fields(chunk)
+        for position, raw in enumerate(_get(chunk, "choices") or []):
+            choice = self._choice(raw, position)
+            delta = _get(raw, "delta")
+            if delta is not None:
+                role = _get(delta, "role")
+                if role:
+                    choice.role = role
+                content = _get(delta, "content")
+                if content:
+                    choice.content = (choice.content or "") + content
+                reasoning = _get(delta, "reasoning_content")
+                if reasoning:
+                    choice.reasoning = (choice.reasoning or "") + reasoning
+                for slot, fragment in enumerate(_get(delta, "tool_calls") or []):
+                    _merge_tool_call(choice.tool_calls, fragment, slot)
+            else:
+                text = _get(raw, "text")
+                if text:
+                    choice.content = (choice.content or "") + text
+            finish_reason = _get(raw, "finish_reason")
+            if finish_reason is not None:
+                choice.finish_reason = finish_reason
+            choice.add_token_ids(raw)
+            choice.add_logprobs(_get(raw, "logprobs"))
+            if self.prompt_token_ids is None:
+                self.prompt_token_ids = _int_list(_get(raw, "prompt_token_ids"))
+
+    def attributes(self) -> Dict[str, Any]:
+        """Span attributes of the response (see the module docstring for the keys)."""
+        attributes: Dict[str, Any] = {}
+        if self.id is not None:
+            attributes[GEN_AI_RESPONSE_ID] = str(self.id)
+        if self.model is not None:
+            attributes[GEN_AI_RESPONSE_MODEL] = str(self.model)
+        finish_reasons: List[str] = []
+        for index in sorted(self.choices):
+            choice = self.choices[index]
+            prefix = f"{GEN_AI_COMPLETION}.{index}"
+            attributes[f"{prefix}.role"] = choice.role or "assistant"
+            if choice.content is not None:
+                attributes[f"{prefix}.content"] = choice.content
+            if choice.reasoning is not None:
+                attributes[f"{prefix}.reasoning_content"] = choice.reasoning
+            if choice.finish_reason is not None:
+                attributes[f"{prefix}.finish_reason"] = str(choice.finish_reason)
+                finish_reasons.append(str(choice.finish_reason))
+            if choice.tool_calls:
+                _put_tool_calls(attributes, prefix, [choice.tool_calls[j] for j in sorted(choice.tool_calls)])
+        if finish_reasons:
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = finish_reasons
+        if self.prompt_token_ids:
+            attributes[PROMPT_TOKEN_IDS] = self.prompt_token_ids
+        first = self.choices[min(self.choices)] if self.choices else None
+        if first is not None:
+            if first.token_ids:
+                attributes[RESPONSE_TOKEN_IDS] = first.token_ids
+            if first.logprob_entries:
+                attributes[LOGPROBS_CONTENT] = _json(first.logprob_entries)
+            logprobs = first.logprobs()
+            if logprobs:
+                attributes[RESPONSE_LOGPROBS] = logprobs
+        input_tokens = _number(_get(self.usage, "prompt_tokens"))
+        output_tokens = _number(_get(self.usage, "completion_tokens"))
+        if input_tokens is None and self.prompt_token_ids:
+            input_tokens = len(self.prompt_token_ids)
+        if output_tokens is None and first is not None and first.token_ids:
+            output_tokens = len(first.token_ids)
+        if input_tokens is not None:
+            attributes[GEN_AI_USAGE_INPUT_TOKENS] = int(input_tokens)
+        if output_tokens is not None:
+            attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = int(output_tokens)
+        return attributes
+
+
+def _tool_call(call: Any) -> Dict[str, Any]:
+    function = _get(call, "function")
+    return {
+        "id": _get(call, "id"),
+        "type": _get(call, "type"),
+        "function": {"name": _get(function, "name"), "arguments": _get(function, "arguments")},
+    }
+
+
+def _merge_tool_call(calls: Dict[int, Dict[str, Any]], fragment: Any, position: int) -> None:
+    """Merge one streamed tool-call fragment: the first names the call, the next ones carry argument pieces."""
+    index = _get(fragment, "index")
+    slot = index if isinstance(index, int) and not isinstance(index, bool) else position
+    call = calls.get(slot)
+    if call is None:
+        call = calls[slot] = {"id": None, "type": None, "function": {"name": None, "arguments": None}}
+    for field in ("id", "type"):
+        value = _get(fragment, field)
+        if value:
+            call[field] = value
+    function = _get(fragment, "function")
+    target = call["function"]
+    name = _get(function, "name")
+    if name and name != target["name"]:  # some servers repeat the whole name in every fragment
+        target["name"] = (target["name"] or "") + name
+    arguments = _get(function, "arguments")
+    if arguments:
+        target["arguments"] = (target["arguments"] or "") + arguments
+
+
+def llm_call_attributes(
+    request: Mapping[str, Any],
+    response: Optional[CompletionRecord],
+    *,
+    operation: str = "chat",
+    provider: Optional[str] = None,
+) -> Dict[str, Any]:
+    """All attributes of one call: :func:`request_attributes` plus the response's, when there is one.
+
+    Args:
+        request: The request's parameters.
+        response: The response (complete or reassembled from a stream), None when the call got no answer.
+        operation: ``"chat"`` or ``"text_completion"``.
+        provider: Value of ``gen_ai.system``, if known.
+    """
+    attributes = request_attributes(request, operation=operation, provider=provider)
+    if response is not None:
+        attributes.update(response.attributes())
+    return attributes
