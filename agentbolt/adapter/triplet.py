@@ -18,6 +18,8 @@ allocated when the request arrives. The key names are constants in :mod:`agentbo
 span name                                      ``agentbolt.llm_call`` (:data:`~agentbolt.semconv.AGL_LLM_CALL`)
 ``gen_ai.request.model``                       model requested by the client
 ``gen_ai.request.functions.<i>.*``             tools offered (``name``, ``description``, ``parameters`` as JSON)
+``gen_ai.request.<param>``                      sampling parameters the client sent (``temperature``, ``top_p``,
+                                               ``max_tokens``, ``n``, ``seed``, ``stream``, ``stop``)
 ``gen_ai.response.id``                         completion id (de-duplication key)
 ``gen_ai.response.model``                      model that answered
 ``gen_ai.prompt.<i>.*``                        request messages (``role``, ``content``, ``tool_call_id``,
@@ -808,6 +810,16 @@ def _literal(value: Any) -> Any:
     return value
 
 
+def _request_parameters(span: Span) -> Dict[str, Any]:
+    """The request's scalar ``gen_ai.request.<name>`` attributes (model and sampling parameters), by name."""
+    prefix = "gen_ai.request."
+    return {
+        key[len(prefix) :]: value
+        for key, value in span.attributes.items()
+        if key.startswith(prefix) and "." not in key[len(prefix) :]
+    }
+
+
 def _gateway_token_ids(span: Span) -> Tuple[Optional[List[int]], Optional[List[int]]]:
     attrs = span.attributes
     if span.name == "raw_gen_ai_request":
@@ -849,7 +861,9 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
             source: The rollout's spans (gateway spans, plus tracer spans for rewards and agent structure).
 
         Returns:
-            One triplet per LLM call that has both prompt and response token ids.
+            One triplet per LLM call that has both prompt and response token ids. Its ``metadata`` holds
+            ``response_id``, ``agent_name`` and ``request`` (the request's model and sampling parameters, e.g.
+            ``{"model": ..., "temperature": 0.7}``).
         """
         if not source:
             return []
@@ -885,7 +899,11 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
                 triplet = Triplet(
                     prompt=prompt,
                     response=response,
-                    metadata={"response_id": request_id, "agent_name": call_agents[span.span_id]},
+                    metadata={
+                        "response_id": request_id,
+                        "agent_name": call_agents[span.span_id],
+                        "request": _request_parameters(span),
+                    },
                 )
                 items.append((span, triplet))
                 continue

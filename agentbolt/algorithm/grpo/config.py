@@ -127,11 +127,6 @@ class GRPOConfig(BaseModel):
     kl_coef: float = Field(
         default=0.0, ge=0, description="Weight of the per-token k3 KL to the frozen reference (0: no reference pass)."
     )
-    recompute_logprobs: bool = Field(
-        default=False,
-        description="Recompute behaviour log-probs with the trainer before the update even when the engine "
-        "returned them (they are always recomputed for samples that lack them).",
-    )
 
     # --- optimisation --------------------------------------------------------------------------------------------
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over the step's samples.")

@@ -2,7 +2,10 @@
 
 Notation for one response token ``t`` of sample ``i`` with advantage ``A_i``:
 
-* ``ratio_t = exp(logp_t - old_logp_t)`` where ``old_logp`` is the behaviour log-prob recorded at sampling time;
+* ``logp_t = log_softmax(logits_t / T_i)[token_t]`` with ``T_i`` the temperature sample ``i`` was drawn at (the
+  distribution the sampler drew from; entropy and the reference's log-probs use the same temperature);
+* ``ratio_t = exp(logp_t - old_logp_t)`` where ``old_logp`` is ``logp`` under the weights that sampled the response,
+  computed by the trainer (the same forward, precision and temperature as ``logp``);
 * ``pg_t = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_i)``;
 * ``kl_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (the k3 estimator: non-negative, unbiased for KL(pi||ref));
 * ``loss_t = pg_t + kl_coef * kl_t``.
@@ -33,24 +36,40 @@ __all__ = [
 ]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Untempered ``log_softmax(logits)[target]`` in float32, without materialising the full log-softmax.
+def _tempered(logits: torch.Tensor, temperature: Optional[torch.Tensor]) -> torch.Tensor:
+    """``logits / temperature`` in float32; ``temperature`` is one value per leading row, broadcast over the rest."""
+    logits = logits.float()
+    if temperature is None:
+        return logits
+    shape = temperature.shape + (1,) * (logits.dim() - temperature.dim())
+    return logits / temperature.to(device=logits.device, dtype=torch.float32).view(shape)
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``log_softmax(logits / temperature)[target]`` in float32, without materialising the full log-softmax.
 
     Args:
         logits: ``[..., vocab]``.
         targets: ``[...]`` token ids.
+        temperature: None (untempered), or one temperature per row of ``logits`` (shape ``[B]`` for ``[B, R,
+            vocab]`` logits).
     """
-    logits = logits.float()
+    logits = _tempered(logits, temperature)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`token_logprobs` (differentiable) and the entropy (detached) from one pass of ``exp`` over the vocabulary.
+def logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` (differentiable) and the entropy (detached) of the same tempered distribution, from
+    one pass of ``exp`` over the vocabulary.
 
     The training forward needs both; sharing the exponentials makes the entropy metric almost free.
     """
-    logits = logits.float()
+    logits = _tempered(logits, temperature)
     shift = logits.detach().amax(dim=-1, keepdim=True)
     exp = torch.exp(logits - shift)
     total = exp.sum(dim=-1)

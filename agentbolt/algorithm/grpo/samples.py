@@ -15,7 +15,14 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from agentbolt.types import Triplet
 
-__all__ = ["SampleStats", "TokenSample", "assign_credit", "parse_logprobs", "triplets_to_samples"]
+__all__ = [
+    "SampleStats",
+    "TokenSample",
+    "assign_credit",
+    "parse_logprobs",
+    "sampling_temperature",
+    "triplets_to_samples",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +34,20 @@ class TokenSample:
     Attributes:
         prompt_ids: Token ids of the prompt exactly as the engine saw it (chat template applied).
         response_ids: Token ids the engine sampled.
-        logprobs: Behaviour log-probability of each response token (untempered log-softmax at sampling time), or
-            None when the engine did not return them; the trainer then recomputes them.
+        logprobs: The engine's log-probability of each response token, as engines report them (untempered
+            ``log_softmax(logits)``), or None when the engine did not return them. The trainer computes the PPO
+            ratio's log-probs itself; these only measure how closely the engine and the trainer agree
+            (``logprob_engine_diff_*`` metrics).
         reward: Scalar reward this sample is trained on (after credit assignment).
         group_id: Samples with the same group id come from rollouts of the same task; advantages are relative to it.
         rollout_id: Rollout the call belongs to.
         agent_name: Agent that made the call, when the trace names it.
         advantage: Filled in by :func:`agentbolt.algorithm.grpo.advantages.assign_advantages`.
+        metadata: Free-form extra information.
+        temperature: Sampling temperature the response was drawn at (the request's ``temperature``; 1.0, the
+            OpenAI default, when the request did not set one). The trainer scores the response under
+            ``softmax(logits / temperature)``, the distribution it was sampled from; a greedy call (0) is scored
+            at 1.0.
     """
 
     prompt_ids: List[int]
@@ -45,11 +59,17 @@ class TokenSample:
     agent_name: Optional[str] = None
     advantage: float = 0.0
     metadata: Dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus response length."""
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the trainer divides the logits by: :attr:`temperature`, or 1.0 for a greedy call."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass
@@ -103,6 +123,23 @@ def _token_ids(part: Any) -> List[int]:
 def _agent_name(triplet: Triplet) -> Optional[str]:
     name = triplet.metadata.get("agent_name")
     return name if isinstance(name, str) else None
+
+
+def sampling_temperature(triplet: Triplet) -> float:
+    """The temperature a call's response was sampled at, from the request the adapter recorded.
+
+    A request without a usable ``temperature`` was sampled at the OpenAI default, 1.0.
+    """
+    request = triplet.metadata.get("request")
+    value = request.get("temperature") if isinstance(request, dict) else None
+    if isinstance(value, str):  # attributes flattened to strings by some tracers
+        try:
+            value = float(value)
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 1.0
+    return float(value)
 
 
 def assign_credit(
@@ -175,6 +212,7 @@ def triplets_to_samples(
                 group_id=group_id,
                 rollout_id=rollout_id,
                 agent_name=agent,
+                temperature=sampling_temperature(triplet),
             )
         )
     if stats.missing_tokens:

@@ -7,8 +7,11 @@ every RNG state).
 
 Batches are left-padded with explicit position ids, so each response ends at the last position and the model only
 projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
-(``eval()``) unless ``lora_dropout > 0``, so the training forward is the same function the engine sampled with and the
-importance ratio is exactly 1 before the first update.
+(``eval()``) unless ``lora_dropout > 0``.
+
+The PPO ratio's old and new log-probs are both the trainer's own, of the distribution each response was sampled from
+(``softmax(logits / T)`` at the sample's temperature), in the trainer's precision; the engine's log-probs only
+measure how closely the served model agrees with the trained one (``logprob_engine_diff_*``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +40,7 @@ __all__ = [
     "PolicyTrainer",
     "ResponseBatch",
     "collate",
+    "engine_logprob_diff",
     "latest_checkpoint",
     "lr_multiplier",
     "resolve_device",
@@ -181,6 +185,28 @@ def rollout_minibatches(samples: Sequence[TokenSample], count: int, generator: t
     return minibatches
 
 
+def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequence[torch.Tensor]) -> Dict[str, float]:
+    """How far the engine's log-probs are from the trainer's, over the response tokens of samples that carry them.
+
+    Args:
+        samples: Samples, with the engine's untempered log-probs in ``logprobs`` (or None).
+        trainer_logprobs: The trainer's untempered log-probs of the same tokens, one tensor per sample.
+
+    Returns:
+        ``logprob_engine_diff_mean`` and ``logprob_engine_diff_max`` of ``|engine - trainer|`` in nats (NaN when no
+        sample carries engine log-probs).
+    """
+    diffs = [
+        (torch.tensor(sample.logprobs, dtype=torch.float32) - mine.float().cpu()).abs()
+        for sample, mine in zip(samples, trainer_logprobs, strict=True)
+        if sample.logprobs is not None
+    ]
+    if not diffs:
+        return {"logprob_engine_diff_mean": math.nan, "logprob_engine_diff_max": math.nan}
+    flat = torch.cat(diffs)
+    return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
+
+
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -282,53 +308,100 @@ class PolicyTrainer:
     def _reference_context(self) -> ContextManager[Any]:
         return self.model.disable_adapter() if self.uses_lora else nullcontext()
 
+    def _temperatures(self, samples: Sequence[TokenSample]) -> Optional[torch.Tensor]:
+        """Each sample's scoring temperature, on the device; None when all are 1 (nothing to divide)."""
+        values = [sample.scoring_temperature for sample in samples]
+        if all(value == 1.0 for value in values):
+            return None
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
+
+    @staticmethod
+    def _rows(values: torch.Tensor, samples: Sequence[TokenSample]) -> List[torch.Tensor]:
+        """Each sample's response columns of ``[B, R]`` response-aligned ``values``, as CPU tensors."""
+        width = values.shape[1]
+        cpu = values.detach().cpu()
+        return [cpu[row, width - len(sample.response_ids) :].clone() for row, sample in enumerate(samples)]
+
     @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[TokenSample], *, reference: bool = False) -> List[torch.Tensor]:
+    def compute_logprobs(
+        self, samples: Sequence[TokenSample], *, reference: bool = False, tempered: bool = True
+    ) -> List[torch.Tensor]:
         """Log-prob of every response token under the current policy (or the frozen reference).
+
+        Args:
+            samples: The samples to score.
+            reference: Score with the frozen reference (adapters disabled, or the initial weights).
+            tempered: True: under ``softmax(logits / T)`` with ``T`` each sample's
+                :attr:`~TokenSample.scoring_temperature`, the distribution the response was sampled from (what the
+                PPO ratio, the entropy and the KL use). False: under the untempered ``softmax(logits)``, the
+                convention inference engines report.
 
         Returns:
             One float32 tensor of length ``len(sample.response_ids)`` per sample.
         """
+        untempered, at_temperature = self._score(samples, reference=reference)
+        return at_temperature if tempered else untempered
+
+    @torch.no_grad()
+    def _score(
+        self, samples: Sequence[TokenSample], *, reference: bool = False
+    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """Untempered and tempered log-probs of every response token, from one forward per micro-batch."""
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
-        out: List[torch.Tensor] = []
+        untempered: List[torch.Tensor] = []
+        tempered: List[torch.Tensor] = []
         with context:
             for chunk in _chunks(samples, self.config.micro_batch_size):
                 batch = collate(chunk, self.pad_token_id).to(self.device)
-                logp = token_logprobs(self._response_logits(model, batch), batch.targets).cpu()
-                for row, sample in enumerate(chunk):
-                    out.append(logp[row, batch.response_width - len(sample.response_ids) :].clone())
-        return out
+                logits = self._response_logits(model, batch)
+                raw = token_logprobs(logits, batch.targets)
+                temperature = self._temperatures(chunk)
+                scaled = raw if temperature is None else token_logprobs(logits, batch.targets, temperature)
+                untempered.extend(self._rows(raw, chunk))
+                tempered.extend(self._rows(scaled, chunk))
+        return untempered, tempered
 
     # -------------------------------------------------------------------------------------------------- update
     def train_step(self, samples: Sequence[TokenSample]) -> Dict[str, float]:
         """One GRPO update on samples whose ``advantage`` is set.
 
-        Behaviour log-probs are taken from the samples (recomputed where missing or when ``recompute_logprobs``);
-        reference log-probs are computed once when ``kl_coef > 0``. Then ``ppo_epochs`` passes, each over
+        Log-probs are those of each sample's sampling distribution, ``softmax(logits / T)`` at its temperature, for the
+        ratio's old and new terms, the entropy and the reference alike. The old log-probs are the policy's before
+        the update: with one optimizer step per update (one epoch, one minibatch) the training forward's own values
+        (the ratio is exactly 1), otherwise a no-grad pass over the samples before the first step. Reference
+        log-probs are computed once when ``kl_coef > 0``. Then ``ppo_epochs`` passes, each over
         ``config.minibatches_per_epoch`` minibatches of whole rollouts (:func:`rollout_minibatches`), one optimizer
         step per minibatch, gradients accumulated over micro-batches; an empty minibatch (fewer rollouts than
         minibatches) advances the learning-rate schedule without a step.
 
         Returns:
             Metrics: ``loss``, ``pg_loss``, ``kl``, ``clip_fraction``, ``entropy``, ``ratio_mean``,
-            ``first_minibatch_ratio_max_dev`` (max |ratio - 1| in the first minibatch of the first epoch: 0 up to
-            float error when behaviour log-probs match the training forward), ``grad_norm``, ``lr``,
-            ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``, ``update_tokens``, ``update_seconds``,
-            ``tokens_per_second``.
+            ``first_minibatch_ratio_max_dev`` (max |ratio - 1| in the first minibatch of the first epoch: 0 with one
+            optimizer step per update, else the rounding between the scoring pass and the training forward),
+            ``logprob_engine_diff_mean`` and ``logprob_engine_diff_max`` (see :func:`engine_logprob_diff`: the
+            engine's untempered log-probs of the sampled tokens against the trainer's, before the update),
+            ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``,
+            ``update_tokens``, ``update_seconds``, ``tokens_per_second``.
         """
         if not samples:
             raise ValueError("train_step needs at least one sample")
         config = self.config
         started = time.perf_counter()
-        to_recompute = [i for i, s in enumerate(samples) if config.recompute_logprobs or s.logprobs is None]
-        old: List[Optional[torch.Tensor]] = [
-            None if s.logprobs is None else torch.tensor(s.logprobs, dtype=torch.float32) for s in samples
-        ]  # on the CPU, like compute_logprobs' results; batches are moved to the device below
-        if to_recompute:
-            fresh = self.compute_logprobs([samples[i] for i in to_recompute])
-            for i, logp in zip(to_recompute, fresh, strict=True):
-                old[i] = logp
+        for index, sample in enumerate(samples):
+            if sample.logprobs is not None and len(sample.logprobs) != len(sample.response_ids):
+                raise ValueError(
+                    f"sample {index} has {len(sample.logprobs)} engine log-probs for {len(sample.response_ids)} "
+                    "response tokens"
+                )
+        # Old log-probs (CPU tensors, like compute_logprobs' results) and the trainer's untempered log-probs for the
+        # engine comparison; with a single optimizer step both come from the training forward below.
+        single_step = config.optimizer_steps_per_step == 1
+        untempered: List[Optional[torch.Tensor]] = [None] * len(samples)
+        old: List[torch.Tensor] = []
+        if not single_step:
+            scored, old = self._score(samples)
+            untempered = list(scored)
         ref = self.compute_logprobs(samples, reference=True) if config.kl_coef > 0 else None
 
         training_mode = config.lora_dropout > 0
@@ -349,10 +422,18 @@ class PolicyTrainer:
                         chunk = [samples[i] for i in micro]
                         batch = collate(chunk, self.pad_token_id).to(self.device)
                         logits = self._response_logits(self.model, batch)
-                        logp, entropy = logprobs_and_entropy(logits, batch.targets)
-                        del logits
+                        temperature = self._temperatures(chunk)
+                        logp, entropy = logprobs_and_entropy(logits, batch.targets, temperature)
                         width = batch.response_width
-                        old_aligned = right_aligned([old[i] for i in micro], width).to(self.device)  # type: ignore[misc]
+                        if single_step:
+                            old_aligned = logp.detach()
+                            with torch.no_grad():
+                                raw = old_aligned if temperature is None else token_logprobs(logits, batch.targets)
+                            for i, row in zip(micro, self._rows(raw, chunk), strict=True):
+                                untempered[i] = row
+                        else:
+                            old_aligned = right_aligned([old[i] for i in micro], width).to(self.device)
+                        del logits
                         parts = policy_loss(
                             logp,
                             old_aligned,
@@ -396,6 +477,7 @@ class PolicyTrainer:
             "entropy": totals["entropy"] / tokens,
             "ratio_mean": totals["ratio"] / tokens,
             "first_minibatch_ratio_max_dev": first_dev,
+            **engine_logprob_diff(samples, [row for row in untempered if row is not None]),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             **self.schedule_metrics(),
             "samples": float(len(samples)),

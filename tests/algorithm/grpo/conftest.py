@@ -71,6 +71,7 @@ def make_samples(
                 group_id=f"task-{i % 2 + 2 * (i // 4)}",
                 rollout_id=f"ro-{i}",
                 advantage=1.0 if i % 3 else -1.0,
+                temperature=temperature,
             )
         )
     return samples

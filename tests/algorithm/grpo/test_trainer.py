@@ -49,7 +49,7 @@ def test_collate_masks_exactly_the_response_tokens() -> None:
 
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_first_minibatch_ratio_is_one_with_engine_logprobs(finetune: str, temperature: float) -> None:
+def test_first_minibatch_ratio_is_one_with_a_scoring_pass(finetune: str, temperature: float) -> None:
     model = tiny_llama()
     samples = make_samples(8, model=model, temperature=temperature)
     trainer = PolicyTrainer(
@@ -82,13 +82,17 @@ def test_padding_does_not_change_logprobs() -> None:
         assert torch.allclose(logp, torch.tensor(sample.logprobs), atol=1e-5)
 
 
-def test_stale_logprobs_give_ratio_away_from_one() -> None:
+@pytest.mark.parametrize("ppo_epochs", [1, 2])
+def test_stale_engine_logprobs_show_in_the_engine_diff_not_in_the_ratio(ppo_epochs: int) -> None:
     model = tiny_llama()
-    samples = make_samples(4, model=model)
+    samples = make_samples(4, model=model, temperature=0.7)
     for sample in samples:
         sample.logprobs = [lp - 0.5 for lp in sample.logprobs]
-    trainer = PolicyTrainer(model, _config())
-    assert trainer.train_step(samples)["first_minibatch_ratio_max_dev"] > 0.5
+    trainer = PolicyTrainer(model, _config(ppo_epochs=ppo_epochs))
+    metrics = trainer.train_step(samples)
+    assert metrics["first_minibatch_ratio_max_dev"] < 1e-5
+    assert metrics["logprob_engine_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert metrics["logprob_engine_diff_max"] == pytest.approx(0.5, abs=1e-4)
 
 
 def test_gradient_accumulation_equals_one_large_batch() -> None:
