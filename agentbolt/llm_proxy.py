@@ -12,6 +12,8 @@ middleware and callback aliases are accepted, and streams are relayed as they ar
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TypedDict
 
@@ -258,6 +260,52 @@ class LLMProxy:
             logger.warning("LLMProxy is not running; nothing to stop.")
             return
         await self.server_launcher.stop()
+
+    async def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the span of every call the gateway has answered so far is in the store.
+
+        The gateway writes spans off the request path, so when a rollout ends, the span of its last call may still
+        be on its way (or buffered while the store is unreachable). An algorithm calls this once its rollouts are
+        finished, before it reads their spans.
+
+        Args:
+            timeout: Seconds to wait at most.
+
+        Returns:
+            True when every such span was written (or given up: rejected by the store, or dropped while the buffer
+            was full; both are counted in ``/health``). False when ``timeout`` passed first (the spans stay buffered
+            and are written later), when the gateway could not be asked, or when it runs several worker processes
+            (one request reaches only one of them). True at once when the proxy is not running.
+
+        Raises:
+            ValueError: ``timeout`` is negative.
+        """
+        import aiohttp
+
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        if not self.is_running():
+            return True
+        if self.server_launcher_args.n_workers > 1:
+            logger.warning(
+                "flush() cannot wait for every worker of a %d-worker gateway.", self.server_launcher_args.n_workers
+            )
+            return False
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout + 10.0)) as session,
+                session.post(f"{self.endpoint}/flush", json={"timeout": timeout}, headers=headers) as answer,
+            ):
+                body = await answer.read()
+                if answer.status != 200:
+                    logger.warning("The gateway answered the flush with HTTP %d: %s", answer.status, body[:200])
+                    return False
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            logger.warning("Could not ask the gateway to flush its spans: %r", exc)
+            return False
+        data = json.loads(body)
+        return isinstance(data, dict) and data.get("flushed") is True
 
     async def restart(self, *, _port: Optional[int] = None) -> None:
         """Stop (if running) and start again, applying the current ``model_list`` and store.

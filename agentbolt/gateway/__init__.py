@@ -2,8 +2,9 @@
 
 :class:`agentbolt.llm_proxy.LLMProxy` is the public facade; this package holds the parts: routing
 (:mod:`~agentbolt.gateway.routing`), the pooled upstream client (:mod:`~agentbolt.gateway.upstream`), the FastAPI app
-(:mod:`~agentbolt.gateway.app`), span building (:mod:`~agentbolt.gateway.recording`) and the batched span writer
-(:mod:`~agentbolt.gateway.writer`).
+(:mod:`~agentbolt.gateway.app`), span building (:mod:`~agentbolt.gateway.recording`) and sequence ids
+(:mod:`~agentbolt.gateway.sequence`). Spans are written by the store's
+:class:`~agentbolt.store.span_writer.SpanWriter`, the writer the tracer uses too.
 """
 
 from agentbolt.gateway.app import Gateway, GatewaySettings, create_app

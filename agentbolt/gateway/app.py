@@ -1,12 +1,13 @@
 """The gateway's FastAPI application: OpenAI-compatible routes that forward to backends and record each call.
 
 Routes (each also under ``/v1`` and under ``/rollout/{rollout_id}/attempt/{attempt_id}[/v1]``):
-``POST /chat/completions``, ``POST /completions``, ``GET /models``; plus ``GET /health``.
+``POST /chat/completions``, ``POST /completions``, ``GET /models``; plus ``GET /health`` and ``POST /flush``.
 
 The hot path parses the request JSON once (orjson), picks a deployment, rewrites ``model`` (and adds the token-id
 extensions for backends that support them), and relays the answer: complete bodies as they are, streams event by
-event as they arrive. Everything needed to build the span is handed to :class:`~agentbolt.gateway.writer.SpanWriter`,
-which builds and stores spans in batches on a background task.
+event as they arrive. Everything needed to build the span is handed to the span writer
+(:class:`~agentbolt.store.span_writer.SpanWriter`), which builds and stores spans in batches on a background task
+and rides out store outages.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
-from agentbolt.gateway.writer import SpanWriter
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER
 from agentbolt.store.base import LightningStore
+from agentbolt.store.span_writer import SpanWriter
 
 __all__ = ["GatewaySettings", "Gateway", "create_app"]
 
 logger = logging.getLogger("agentbolt.gateway.app")
+_writer_logger = logging.getLogger("agentbolt.gateway.writer")
 
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_DONE_EVENT = b"data: [DONE]"
 _PREFIXES = ("", "/v1", "/rollout/{rollout_id}/attempt/{attempt_id}", "/rollout/{rollout_id}/attempt/{attempt_id}/v1")
 
 
@@ -53,9 +56,12 @@ class GatewaySettings:
         rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
         log_messages: Log request and response bodies at DEBUG level.
         api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``.
-        max_queued_spans: Calls waiting to be written beyond this are dropped (with a warning).
+        max_queued_spans: Most calls waiting to be written (while the store is slow or down); beyond that new
+            spans are dropped, counted and logged.
         sequence_wait: Longest time an answer is held back waiting for the store's sequence id; past it the answer
             is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
+            While the store is known to be unreachable, answers are sent without waiting.
+        stop_timeout: Longest time stopping the gateway waits for buffered spans to reach the store.
     """
 
     num_retries: int = 0
@@ -68,6 +74,7 @@ class GatewaySettings:
     api_key: Optional[str] = None
     max_queued_spans: int = 10000
     sequence_wait: float = 3.0
+    stop_timeout: float = 10.0
 
 
 class Gateway:
@@ -108,7 +115,9 @@ class Gateway:
         if self._users == 1:
             self.upstream = UpstreamClient(num_retries=self.settings.num_retries, timeout=self.settings.timeout)
             if self.store is not None and self.settings.record_spans:
-                self.writer = SpanWriter(self.store, max_queued=self.settings.max_queued_spans)
+                self.writer = SpanWriter(
+                    self.store, max_buffered=self.settings.max_queued_spans, max_batch=512, logger=_writer_logger
+                )
                 self.writer.start()
                 self.sequences = SequenceAllocator(self.store)
         try:
@@ -117,8 +126,10 @@ class Gateway:
             self._users -= 1
             if self._users == 0:
                 if self.writer is not None:
-                    await self.writer.close()
+                    await self.writer.close(self.settings.stop_timeout)
                     self.writer = None
+                if self.sequences is not None:
+                    await self.sequences.close()
                     self.sequences = None
                 if self.upstream is not None:
                     await self.upstream.aclose()
@@ -143,6 +154,12 @@ class Gateway:
             report["spans"] = self.writer.stats()
         return report
 
+    async def flush(self, timeout: Optional[float]) -> bool:
+        """Wait until the span of every call answered so far is in the store (True) or ``timeout`` passes (False)."""
+        if self.writer is None:
+            return True
+        return await self.writer.flush(timeout)
+
 
 def _error_response(error: GatewayError, **extra: Any) -> Response:
     return Response(error.to_body(**extra), status_code=error.status_code, media_type=_JSON)
@@ -163,13 +180,18 @@ class _Handler:
 
     def _submit(self, call: Optional[CallRecord]) -> None:
         writer = self.gateway.writer
-        if call is not None and writer is not None:
-            writer.submit(call)
+        if call is None or writer is None:
+            return
+        if not writer.submit(call) and call.sequence_id is not None:
+            call.sequence_id.cancel()  # the span was dropped (buffer full): no sequence id is needed for it
 
     async def _await_sequence_id(self, call: Optional[CallRecord]) -> None:
         """Wait for the sequence id requested at request start, so calls made after this answer sort after it."""
         if call is None or call.sequence_id is None or call.sequence_id.done():
             return
+        sequences = self.gateway.sequences
+        if sequences is not None and sequences.unreachable:
+            return  # the id comes once the store is back; holding the answer until then would stall the agent
         try:
             await asyncio.wait_for(asyncio.shield(call.sequence_id), self.gateway.settings.sequence_wait)
         except asyncio.TimeoutError:
@@ -228,6 +250,27 @@ class _Handler:
 
     async def health(self, request: Request) -> Response:
         return Response(orjson.dumps(self.gateway.health()), media_type=_JSON)
+
+    async def flush(self, request: Request) -> Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError as exc:
+            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
+        timeout = body.get("timeout") if isinstance(body, dict) else None
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            return _error_response(
+                GatewayError(
+                    400, f"'timeout' must be a non-negative number of seconds, got {timeout!r}", "invalid_request_error"
+                )
+            )
+        flushed = await self.gateway.flush(timeout)
+        return Response(
+            orjson.dumps({"flushed": flushed, "spans": self.gateway.health().get("spans")}), media_type=_JSON
+        )
 
     async def completion(
         self, request: Request, endpoint: str, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
@@ -330,6 +373,7 @@ class _Handler:
         received: List[bytes] = []
         pending = b""
         error: Optional[GatewayError] = None
+        submitted = False
         try:
             try:
                 async for chunk in upstream.iter_chunks():
@@ -338,6 +382,12 @@ class _Handler:
                     cut = _complete_events(pending)
                     if cut:
                         out, pending = pending[:cut], pending[cut:]
+                        if not submitted and _DONE_EVENT in out and call is not None:
+                            # Hand the span over before the client reads the end of the stream: once the agent is
+                            # done with the answer, a flush covers this call.
+                            call.stream_finished(b"".join(received), None)
+                            self._submit(call)
+                            submitted = True
                         yield out
                 if pending:
                     yield pending
@@ -352,9 +402,9 @@ class _Handler:
                 error = GatewayError(499, "The client closed the connection before the stream ended", "client_closed")
             raise
         finally:
-            if call is not None:
+            if call is not None and not submitted:
                 call.stream_finished(b"".join(received), error)
-            self._submit(call)
+                self._submit(call)
             upstream.close()
 
 
@@ -390,4 +440,5 @@ def create_app(gateway: Gateway) -> FastAPI:
         app.add_route(f"{prefix}/completions", text, methods=["POST"], include_in_schema=False)
         app.add_route(f"{prefix}/models", handler.models, methods=["GET"], include_in_schema=False)
     app.add_route("/health", handler.health, methods=["GET"], include_in_schema=False)
+    app.add_route("/flush", handler.flush, methods=["POST"], include_in_schema=False)
     return app

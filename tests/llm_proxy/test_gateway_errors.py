@@ -152,7 +152,7 @@ async def test_health_does_not_contact_backends(make_proxy: ProxyFactory, backen
     assert backend.requests == []
 
 
-async def test_a_hanging_store_does_not_stall_answers(backend: FakeBackend) -> None:
+async def test_a_hanging_store_does_not_stall_answers_and_spans_wait_for_it(backend: FakeBackend) -> None:
     # A store server that accepts connections but never answers (a real socket, not a mock).
     writers: list[asyncio.StreamWriter] = []
 
@@ -163,30 +163,34 @@ async def test_a_hanging_store_does_not_stall_answers(backend: FakeBackend) -> N
     hanging = await asyncio.start_server(swallow, "127.0.0.1", 0)
     port = hanging.sockets[0].getsockname()[1]
     store = LightningStoreClient(f"http://127.0.0.1:{port}", retry_delays=(), health_retry_delays=())
-    gateway = Gateway(model_list_for(backend)[:1], store, GatewaySettings(sequence_wait=0.2))
+    settings = GatewaySettings(sequence_wait=0.2, stop_timeout=0.5)
+    gateway = Gateway(model_list_for(backend)[:1], store, settings)
     launcher = PythonServerLauncher(
         create_app(gateway), PythonServerLauncherArgs(launch_mode="asyncio"), serve_context=gateway.serving
     )
     await launcher.start()
+    url = f"{launcher.access_endpoint}/rollout/ro-1/attempt/at-1/v1/chat/completions"
     try:
         async with httpx.AsyncClient() as client:
-            response = await client.post(
-                f"{launcher.access_endpoint}/rollout/ro-1/attempt/at-1/v1/chat/completions",
-                json={"model": "echo", "messages": []},
-            )
-            assert response.status_code == 200
-            for writer in writers:  # now the store drops its connections: the sequence id fails, the span is lost
+            response = await client.post(url, json={"model": "echo", "messages": []})
+            assert response.status_code == 200  # answered once sequence_wait passed
+            for writer in writers:  # now the store drops its connections: the sequence id is retried, not given up
                 writer.close()
             for _ in range(100):
-                spans = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
-                if spans["failed"]:
+                if gateway.sequences is not None and gateway.sequences.unreachable:
                     break
                 await asyncio.sleep(0.05)
-        assert spans == {"queued": 0, "written": 0, "dropped": 0, "failed": 1}
+            assert gateway.sequences is not None and gateway.sequences.unreachable
+            # While the store is known to be unreachable, answers do not wait for sequence ids at all.
+            response = await client.post(url, json={"model": "echo", "messages": []})
+            assert response.status_code == 200
+            spans = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
+        assert spans == {"queued": 2, "written": 0, "dropped": 0, "failed": 0, "lost": 0}
     finally:
         await launcher.stop()
         hanging.close()
         await store.close()
+    assert gateway.writer is None  # stopped; the spans never written were counted as lost when it stopped
 
 
 async def test_api_key_is_required_when_configured(make_proxy: ProxyFactory, backend: FakeBackend) -> None:

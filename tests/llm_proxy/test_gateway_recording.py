@@ -153,10 +153,10 @@ async def test_tool_call_turns_round_trip_through_the_sdk(
         assert attrs["gen_ai.request.functions.0.name"] == "get_weather"
         assert json.loads(attrs["gen_ai.request.functions.0.parameters"])["required"] == ["city"]
         assert attrs["gen_ai.completion.0.tool_calls.0.id"] == "call_1"
-        assert attrs["gen_ai.completion.0.tool_calls.0.function.name"] == "get_weather"
-        assert json.loads(attrs["gen_ai.completion.0.tool_calls.0.function.arguments"]) == {"city": "Paris"}
+        assert attrs["gen_ai.completion.0.tool_calls.0.name"] == "get_weather"
+        assert json.loads(attrs["gen_ai.completion.0.tool_calls.0.arguments"]) == {"city": "Paris"}
         assert attrs["gen_ai.completion.0.finish_reason"] == "tool_calls"
-    assert last.attributes["gen_ai.prompt.1.tool_calls.0.function.name"] == "get_weather"
+    assert last.attributes["gen_ai.prompt.1.tool_calls.0.name"] == "get_weather"
     assert last.attributes["gen_ai.prompt.2.role"] == "tool"
     assert last.attributes["gen_ai.prompt.2.tool_call_id"] == "call_1"
 

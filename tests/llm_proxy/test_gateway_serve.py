@@ -135,8 +135,8 @@ async def test_tool_call_turns_round_trip_through_the_sdk(
     assert completion.choices[0].finish_reason in {"stop", "length", "tool_calls"}
     assert attrs["prompt_token_ids"] == truth["prompt_token_ids"]
     assert attrs["response_token_ids"] == truth["choices"][0]["token_ids"]
-    assert attrs["gen_ai.prompt.1.tool_calls.0.function.name"] == "get_weather"
-    assert attrs["gen_ai.prompt.1.tool_calls.0.function.arguments"] == '{"city": "Paris"}'
+    assert attrs["gen_ai.prompt.1.tool_calls.0.name"] == "get_weather"
+    assert attrs["gen_ai.prompt.1.tool_calls.0.arguments"] == '{"city": "Paris"}'
     assert attrs["gen_ai.prompt.2.tool_call_id"] == "call_1"
     assert attrs["gen_ai.request.functions.0.name"] == "get_weather"
 

@@ -1,0 +1,544 @@
+"""One writer of spans to a store: bounded buffering, batches, and retries that ride out a store outage.
+
+Every source of spans that must not wait for the store feeds a :class:`SpanWriter`: the tracer's span processor
+(spans of agent code and of the OpenAI SDK instrumentation) and the LLM gateway (one span per proxied call). Sources
+hand over :class:`PendingSpan` objects and go on; a task on the writer's event loop stores them, oldest first:
+
+* **Batches.** Everything waiting (at most ``max_batch`` spans) is written with one store call: spans whose
+  sequence id was issued up front with ``add_many_spans``, the others with ``add_spans_with_new_sequence_ids``,
+  which issues their ids in order. A span's ``Span`` (and so its span id) is built once, so a batch that is sent
+  again after an ambiguous failure is recognised by the store as already stored instead of being duplicated.
+* **Outages delay spans, they do not lose them.** When a write fails for a reason retrying can cure (connection
+  refused or reset, a timeout, a 5xx), the batch stays at the head of the buffer and is retried with backoff
+  (``retry_initial_delay`` doubling to ``retry_max_delay``) until the store answers. One warning is logged when
+  the outage starts and one when the store is back.
+* **Bounded memory.** At most ``max_buffered`` spans wait. A span handed over while the buffer is full is dropped:
+  that is the only case where spans are dropped for lack of room; drops are counted (``dropped``) and logged
+  (the first one of each full spell, then a total once there is room again).
+* **Rejected spans are given up one by one.** When the store rejects a batch as invalid (a 4xx answer, a
+  ``ValueError`` / ``TypeError`` / ``KeyError``), its spans are written one at a time so only the offending span is
+  given up (``failed``).
+
+:meth:`SpanWriter.flush` waits until every span handed over before the call has been written or given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+from agentbolt.store.base import LightningStore
+from agentbolt.types import Span
+
+__all__ = ["PendingSpan", "SpanWriter", "is_permanent_store_error"]
+
+module_logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUFFERED = 10_000
+"""Spans a writer keeps while the store is slow or unreachable."""
+
+STORE_CALL_TIMEOUT_SECONDS = 60.0
+"""Upper bound of one store call (a hung call is abandoned and retried)."""
+
+
+def is_permanent_store_error(exc: BaseException) -> bool:
+    """Whether retrying a failed store call cannot help (the store rejected the request itself).
+
+    HTTP errors count by their status (4xx but 408 and 429); otherwise ``ValueError``, ``TypeError`` and ``KeyError``
+    are permanent and everything else (connection errors, timeouts...) is worth retrying.
+    """
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int):
+        status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return 400 <= status < 500 and status not in (408, 429)
+    return isinstance(exc, (ValueError, TypeError, KeyError))
+
+
+class PendingSpan:
+    """A span handed to a :class:`SpanWriter`: its ids are known, its ``Span`` is built when it is written.
+
+    Subclasses set ``rollout_id`` and ``attempt_id`` and implement :meth:`to_span`; they may override
+    :meth:`issued_sequence_id` (a sequence id obtained up front) and :meth:`completed`.
+    """
+
+    rollout_id: str
+    attempt_id: str
+
+    async def issued_sequence_id(self) -> Optional[int]:
+        """The sequence id issued for this span before it was handed over, or None to have the store issue one.
+
+        May wait (for an id requested from the store earlier). Raising gives the span up, except for errors
+        :func:`is_permanent_store_error` considers temporary, which are retried like a failed write.
+        """
+        return None
+
+    def to_span(self, sequence_id: int) -> Span:
+        """Build the span (called once; ``sequence_id`` is 0 when the store issues it at write time)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """How log messages name this span."""
+        return f"span of rollout {self.rollout_id}"
+
+    def completed(self, stored: Optional[Span]) -> None:
+        """Called once when the span is stored (``stored``) or given up (None).
+
+        Runs on the writer's loop, or in the thread calling :meth:`SpanWriter.submit` when the buffer was full.
+        """
+
+
+class _Queued:
+    """A pending span in the buffer, with what the writer learned about it so far."""
+
+    __slots__ = ("enqueued_at", "item", "numbered", "span", "stored", "written")
+
+    def __init__(self, item: PendingSpan) -> None:
+        self.item = item
+        self.enqueued_at = time.monotonic()
+        self.span: Optional[Span] = None
+        self.numbered = False  # the span carries an id issued up front (else the store issues it at write time)
+        self.written = False  # stored, or given up
+        self.stored: Optional[Span] = None
+
+
+class SpanWriter:
+    """Buffers spans and writes them to ``store`` from a task on one event loop (see the module docstring).
+
+    :meth:`submit` may be called from any thread and never blocks. :meth:`start` binds the writer to an event loop;
+    :meth:`flush` and :meth:`close` run on that loop, :meth:`flush_threadsafe` from any other thread.
+
+    Args:
+        store: Destination store.
+        max_buffered: Most spans waiting; beyond that new spans are dropped (and counted).
+        max_batch: Most spans per store call.
+        write_delay: Longest time a span waits for more spans to share its store call (0: write at once).
+            :meth:`flush` writes at once.
+        retry_initial_delay: First delay between retries while the store is unreachable.
+        retry_max_delay: Longest delay between retries.
+        logger: Logger of the warnings (defaults to this module's).
+    """
+
+    def __init__(
+        self,
+        store: LightningStore,
+        *,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        max_batch: int = 256,
+        write_delay: float = 0.0,
+        retry_initial_delay: float = 0.2,
+        retry_max_delay: float = 5.0,
+        logger: Optional[logging.Logger] = None,
+    ) -> None:
+        if max_buffered < 1 or max_batch < 1:
+            raise ValueError(f"max_buffered and max_batch must be at least 1, got {max_buffered} and {max_batch}")
+        if write_delay < 0:
+            raise ValueError(f"write_delay must not be negative, got {write_delay}")
+        self.store = store
+        self.max_buffered = max_buffered
+        self.max_batch = max_batch
+        self.write_delay = write_delay
+        self.retry_initial_delay = retry_initial_delay
+        self.retry_max_delay = retry_max_delay
+        self._logger = logger or module_logger
+
+        self._lock = threading.Lock()
+        self._pending: Deque[_Queued] = deque()
+        self._submitted = 0  # spans accepted so far; a span's ticket is the count after it
+        self._completed = 0  # spans written or given up, always a prefix of the accepted ones
+        self.written = 0
+        self.dropped = 0
+        self.failed = 0
+        self.lost = 0
+        self._dropped_while_full = 0
+
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread: Optional[int] = None
+        self._task: Optional[asyncio.Task[None]] = None
+        self._wakeup: Optional[asyncio.Event] = None
+        self._flush_until = 0
+        self._waiters: List[Tuple[int, asyncio.Future[None]]] = []
+        self._isolate = 0  # spans still to write one by one after a batch was rejected
+        self._outage_since: Optional[float] = None
+
+    # ---- lifecycle ----
+
+    def start(self, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        """Start writing on ``loop`` (default: the running loop). Spans submitted earlier are kept."""
+        if self._loop is not None:
+            return
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        self._loop = loop
+        try:
+            running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._start_task()
+        else:
+            loop.call_soon_threadsafe(self._start_task)
+
+    def _start_task(self) -> None:
+        assert self._loop is not None
+        self._loop_thread = threading.get_ident()
+        self._wakeup = asyncio.Event()
+        self._task = self._loop.create_task(self._run(), name="agentbolt-span-writer")
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called."""
+        return self._loop is not None
+
+    async def close(self, timeout: float = 10.0) -> int:
+        """Write what is buffered (waiting at most ``timeout`` seconds), then stop; must run on the writer's loop.
+
+        Returns:
+            The number of spans that could not be written and were given up (counted in ``lost``).
+        """
+        await self.flush(timeout)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return self._abandon()
+
+    def _abandon(self) -> int:
+        with self._lock:
+            left = list(self._pending)
+            self._pending.clear()
+            self._completed += len(left)
+            self.lost += len(left)
+        for queued in left:
+            self._finish(queued.item, None)
+        if left:
+            self._logger.warning(
+                "Stopping with %d span(s) never written to the store (oldest: %s); they are lost.",
+                len(left),
+                left[0].item.describe(),
+            )
+        self._release_waiters()
+        return len(left)
+
+    def stop_threadsafe(self, timeout: float) -> int:
+        """:meth:`close` from another thread; returns the number of spans given up."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return self._abandon()
+        future = asyncio.run_coroutine_threadsafe(self.close(timeout), loop)
+        try:
+            return future.result(timeout + 5.0)
+        except Exception:  # the loop is stuck: whatever is left is lost
+            return self._abandon()
+
+    # ---- submitting ----
+
+    def submit(self, item: PendingSpan) -> bool:
+        """Hand a span over (any thread, never blocks).
+
+        Returns:
+            False when the buffer was full and the span was dropped.
+        """
+        queued = _Queued(item)
+        with self._lock:
+            waiting = len(self._pending)
+            if waiting >= self.max_buffered:
+                self.dropped += 1
+                self._dropped_while_full += 1
+                first = self._dropped_while_full == 1
+                dropped = self.dropped
+            else:
+                self._pending.append(queued)
+                self._submitted += 1
+                first = False
+                dropped = -1
+        if dropped >= 0:
+            if first:
+                self._logger.warning(
+                    "Span buffer full (%d spans waiting for the store): giving up %s (%d span(s) dropped so far); "
+                    "further drops are counted until there is room again.",
+                    self.max_buffered,
+                    item.describe(),
+                    dropped,
+                )
+            self._finish(item, None)
+            return False
+        # The task needs waking for a first span, a full batch, or when spans are written without delay.
+        if waiting == 0 or not self.write_delay or (waiting + 1) % self.max_batch == 0:
+            self._wake()
+        return True
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            if self._wakeup is not None:
+                self._wakeup.set()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing will write anyway
+            loop.call_soon_threadsafe(self._set_wakeup)
+
+    def _set_wakeup(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # ---- state ----
+
+    @property
+    def queued(self) -> int:
+        """Spans waiting to be written."""
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether the last write failed for a reason a retry may cure (the store is down or too slow)."""
+        return self._outage_since is not None
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: ``queued``, ``written``, ``dropped`` (buffer full), ``failed`` (rejected) and ``lost``."""
+        with self._lock:
+            queued = len(self._pending)
+        return {
+            "queued": queued,
+            "written": self.written,
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "lost": self.lost,
+        }
+
+    # ---- flushing ----
+
+    async def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every span submitted before this call is written or given up; must run on the writer's loop.
+
+        Args:
+            timeout: Seconds to wait at most (None: no limit).
+
+        Returns:
+            True when they all were, False on timeout (they stay buffered and are still written).
+        """
+        with self._lock:
+            ticket = self._submitted
+        return await self._wait_for(ticket, timeout)
+
+    def flush_threadsafe(self, timeout: Optional[float] = None) -> bool:
+        """:meth:`flush` from a thread other than the writer's loop (blocks that thread)."""
+        with self._lock:
+            ticket = self._submitted
+            done = self._completed >= ticket
+        if done:
+            return True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        future = asyncio.run_coroutine_threadsafe(self._wait_for(ticket, timeout), loop)
+        try:
+            return future.result(None if timeout is None else timeout + 5.0)
+        except Exception:
+            return False
+
+    async def _wait_for(self, ticket: int, timeout: Optional[float]) -> bool:
+        with self._lock:
+            if self._completed >= ticket:
+                return True
+            self._flush_until = max(self._flush_until, ticket)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((ticket, waiter))
+        self._set_wakeup()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            self._waiters = [(t, w) for t, w in self._waiters if w is not waiter]
+
+    def _release_waiters(self) -> None:
+        completed = self._completed
+        for ticket, waiter in self._waiters:
+            if ticket <= completed and not waiter.done():
+                waiter.set_result(None)
+
+    # ---- the writing task ----
+
+    def _next_batch(self) -> List[_Queued]:
+        with self._lock:
+            limit = 1 if self._isolate > 0 else self.max_batch
+            batch: List[_Queued] = []
+            for queued in self._pending:
+                if len(batch) >= limit:
+                    break
+                batch.append(queued)
+            return batch
+
+    def _batch_wait(self, batch: List[_Queued]) -> float:
+        """Seconds to wait for more spans before writing ``batch`` (0: write now)."""
+        if not self.write_delay or self._isolate or self._outage_since is not None:
+            return 0.0
+        with self._lock:
+            if self._flush_until > self._completed:
+                return 0.0
+            if len(batch) >= self.max_batch or len(self._pending) >= self.max_buffered:
+                return 0.0
+        return max(0.0, batch[0].enqueued_at + self.write_delay - time.monotonic())
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        wakeup = self._wakeup
+        delay = self.retry_initial_delay
+        while True:
+            batch = self._next_batch()
+            if not batch:
+                wakeup.clear()
+                if not self.queued:
+                    await wakeup.wait()
+                continue
+            wait = self._batch_wait(batch)
+            if wait > 0:
+                wakeup.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), wait)
+                continue
+            try:
+                await self._write(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_permanent_store_error(exc):
+                    self._enter_outage(exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.retry_max_delay)
+                    continue
+                if len([q for q in batch if not q.written]) > 1:
+                    self._isolate = len(batch)  # write them one by one to find the rejected span
+                    continue
+                for queued in batch:
+                    if not queued.written:
+                        self._give_up(queued, exc)
+            else:
+                self._leave_outage()
+                delay = self.retry_initial_delay
+            if self._isolate:
+                self._isolate = max(0, self._isolate - len(batch))
+            self._complete(batch)
+
+    async def _prepare(self, batch: Sequence[_Queued]) -> None:
+        """Build the spans not built yet, waiting for sequence ids issued up front."""
+        for queued in batch:
+            if queued.span is not None or queued.written:
+                continue
+            try:
+                sequence_id = await queued.item.issued_sequence_id()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_permanent_store_error(exc):
+                    raise
+                self._give_up(queued, exc)
+                continue
+            try:
+                queued.span = queued.item.to_span(0 if sequence_id is None else sequence_id)
+            except Exception as exc:
+                self._logger.exception("Could not build the %s", queued.item.describe())
+                self._give_up(queued, exc, log=False)
+                continue
+            queued.numbered = sequence_id is not None
+
+    async def _write(self, batch: Sequence[_Queued]) -> None:
+        await self._prepare(batch)
+        numbered = [q for q in batch if not q.written and q.numbered and q.span is not None]
+        if numbered:
+            spans = [q.span for q in numbered]
+            await asyncio.wait_for(self.store.add_many_spans(spans), STORE_CALL_TIMEOUT_SECONDS)  # type: ignore[arg-type]
+            for queued in numbered:
+                self._stored(queued, queued.span)
+        unnumbered = [q for q in batch if not q.written and q.span is not None]
+        if unnumbered:
+            spans = [q.span for q in unnumbered]
+            stored = await asyncio.wait_for(
+                self.store.add_spans_with_new_sequence_ids(spans),  # type: ignore[arg-type]
+                STORE_CALL_TIMEOUT_SECONDS,
+            )
+            by_id = {(span.rollout_id, span.span_id): span for span in stored}
+            for queued in unnumbered:
+                span = queued.span
+                assert span is not None
+                # A span missing from the answer was already stored (a batch sent again after a lost answer).
+                self._stored(queued, by_id.get((span.rollout_id, span.span_id)))
+
+    def _stored(self, queued: _Queued, stored: Optional[Span]) -> None:
+        queued.written = True
+        queued.stored = stored
+        self.written += 1
+
+    def _give_up(self, queued: _Queued, exc: BaseException, *, log: bool = True) -> None:
+        queued.written = True
+        queued.stored = None
+        self.failed += 1
+        if log:
+            self._logger.warning(
+                "The store rejected the %s (%s: %s); giving it up (%d span(s) given up so far).",
+                queued.item.describe(),
+                type(exc).__name__,
+                exc,
+                self.failed,
+            )
+
+    def _complete(self, batch: Sequence[_Queued]) -> None:
+        with self._lock:
+            for queued in batch:
+                if self._pending and self._pending[0] is queued:
+                    self._pending.popleft()
+                    self._completed += 1
+            room = len(self._pending) < self.max_buffered
+            dropped_while_full = self._dropped_while_full if room else 0
+            if room:
+                self._dropped_while_full = 0
+        for queued in batch:
+            self._finish(queued.item, queued.stored if queued.written else None)
+        if dropped_while_full > 1:
+            self._logger.warning(
+                "Span buffer has room again; %d span(s) were dropped while it was full.", dropped_while_full
+            )
+        self._release_waiters()
+
+    def _finish(self, item: PendingSpan, stored: Optional[Span]) -> None:
+        try:
+            item.completed(stored)
+        except Exception:
+            self._logger.exception("Completion callback of the %s failed", item.describe())
+
+    def _enter_outage(self, exc: BaseException) -> None:
+        if self._outage_since is not None:
+            return
+        self._outage_since = time.monotonic()
+        self._logger.warning(
+            "Cannot write spans to the store (%s: %s); buffering them (%d waiting, at most %d) and retrying.",
+            type(exc).__name__,
+            exc,
+            self.queued,
+            self.max_buffered,
+        )
+
+    def _leave_outage(self) -> None:
+        if self._outage_since is None:
+            return
+        seconds = time.monotonic() - self._outage_since
+        self._outage_since = None
+        self._logger.warning(
+            "Store reachable again after %.1f s; writing the %d buffered span(s).", seconds, self.queued
+        )
+
+    def __repr__(self) -> str:
+        stats: Dict[str, Any] = self.stats()
+        return f"SpanWriter({type(self.store).__name__}, {stats})"
