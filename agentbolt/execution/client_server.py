@@ -8,12 +8,14 @@ import multiprocessing
 import os
 import signal
 import time
+import uuid
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from agentbolt.utils.server_launcher import bind_socket
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
 from .events import ExecutionEvent, MultiprocessingEvent
@@ -32,6 +34,13 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     ``AGL_SERVER_PORT`` and ``AGL_MANAGED_STORE``, so the same script can run as the algorithm on one machine and as
     runners on others. Shutdown escalates: stop event, then SIGINT, then terminate, then kill.
 
+    Runners only ever work for the store they were started with. With ``role="both"`` and a managed store, each
+    :meth:`execute` gives its store server a fresh random id and hands it to its runners: a runner waits until the
+    server at its address reports that id, and every request it sends carries the id, so the store server of
+    another run at the same address (another ``Trainer`` on the default port, say) refuses it instead of handing
+    it work. Before any runner starts, the algorithm side checks that its port is free; a taken port is a
+    :class:`RuntimeError` naming it.
+
     Args:
         role: ``"algorithm"``, ``"runner"`` or ``"both"`` (default from ``AGL_CURRENT_ROLE``, else ``"both"``).
         server_host: Host of the store server (default ``AGL_SERVER_HOST`` or ``"localhost"``).
@@ -43,6 +52,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         managed_store: Serve the given store (algorithm side) / connect a client (runner side). When False the store
             passed to :meth:`execute` is used as it is on both sides.
         allowed_exit_codes: Exit codes of child processes that count as success.
+        startup_timeout: Seconds a runner waits for its own store server to answer before failing.
     """
 
     alias = "cs"
@@ -58,6 +68,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         main_process: Literal["algorithm", "runner"] = "algorithm",
         managed_store: Optional[bool] = None,
         allowed_exit_codes: Iterable[int] = (0, -15),
+        startup_timeout: float = 120.0,
     ) -> None:
         resolved_role = resolve_str_env_var(LightningEnvVar.AGL_CURRENT_ROLE, override=role, fallback="both")
         if resolved_role not in ("algorithm", "runner", "both"):
@@ -83,6 +94,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
         )
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
+        self.startup_timeout = startup_timeout
 
     # ------------------------------------------------------------------ bundles in the current process
 
@@ -92,11 +104,12 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         store: Any,
         stop_evt: ExecutionEvent,
         runner_processes: Sequence[BaseProcess] = (),
+        server_id: Optional[str] = None,
     ) -> None:
         server: Optional[LightningStoreServer] = None
         try:
             if self.managed_store:
-                server = LightningStoreServer(store, host=self.server_host, port=self.server_port)
+                server = LightningStoreServer(store, host=self.server_host, port=self.server_port, server_id=server_id)
                 server.launcher_args.log_level = logging.WARNING  # internal plumbing: no uvicorn lifecycle lines
                 await server.start()
                 logger.info("Store served at %s", server.endpoint)
@@ -114,12 +127,23 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             if server is not None:
                 await server.stop()
 
-    async def _execute_runner(self, runner: RunnerBundle, worker_id: int, store: Any, stop_evt: ExecutionEvent) -> None:
+    async def _execute_runner(
+        self,
+        runner: RunnerBundle,
+        worker_id: int,
+        store: Any,
+        stop_evt: ExecutionEvent,
+        server_id: Optional[str] = None,
+    ) -> None:
         client: Optional[LightningStoreClient] = None
         try:
             if self.managed_store:
-                client = LightningStoreClient(f"http://{self.server_host}:{self.server_port}")
+                client = LightningStoreClient(
+                    f"http://{self.server_host}:{self.server_port}", expected_server_id=server_id
+                )
                 store = client
+                if server_id is not None and not await self._wait_for_own_server(client, server_id, stop_evt):
+                    return
             await runner(store, worker_id, stop_evt)
         except (Exception, asyncio.CancelledError, KeyboardInterrupt):
             stop_evt.set()
@@ -128,22 +152,84 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             if client is not None:
                 await client.close()
 
+    async def _wait_for_own_server(
+        self, client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent
+    ) -> bool:
+        """Wait until the server at the client's address is the one with ``server_id``.
+
+        Returns:
+            True once it answers; False when the stop event is set first (the algorithm side failed or finished).
+
+        Raises:
+            RuntimeError: Nothing with that id answered within ``startup_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.startup_timeout
+        reported_other = False
+        while not stop_evt.is_set():
+            try:
+                current = await client.get_server_id()
+            except Exception:  # not serving yet
+                current = None
+            if current == server_id:
+                return True
+            if current is not None and not reported_other:
+                reported_other = True
+                logger.warning(
+                    "The store server at %s belongs to another run (id %s); waiting for this run's store.",
+                    client.server_address_root,
+                    current,
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"The store server of this run did not answer at {client.server_address_root} within "
+                    f"{self.startup_timeout:g} seconds"
+                    + (" (another run's store server holds the address)." if reported_other else ".")
+                )
+            await asyncio.sleep(0.1)
+        return False
+
+    def _check_port_free(self) -> None:
+        """Fail before starting any process when the store server's port is already taken."""
+        try:
+            bind_socket(self.server_host, self.server_port).close()
+        except OSError as exc:
+            raise RuntimeError(
+                f"The store server did not start up within its start-up time: cannot listen on "
+                f"{self.server_host}:{self.server_port} ({exc.strerror or exc}). Another process (another Trainer's "
+                f"store?) holds the port; choose a free one with Trainer(port=...) or AGL_SERVER_PORT."
+            ) from exc
+
     # ------------------------------------------------------------------ child process entry points
 
-    def _runner_process_main(self, runner: RunnerBundle, worker_id: int, store: Any, stop_evt: ExecutionEvent) -> None:
-        asyncio.run(self._execute_runner(runner, worker_id, store, stop_evt))
+    def _runner_process_main(
+        self,
+        runner: RunnerBundle,
+        worker_id: int,
+        store: Any,
+        stop_evt: ExecutionEvent,
+        server_id: Optional[str] = None,
+    ) -> None:
+        asyncio.run(self._execute_runner(runner, worker_id, store, stop_evt, server_id))
 
-    def _algorithm_process_main(self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent) -> None:
-        asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
+    def _algorithm_process_main(
+        self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, server_id: Optional[str] = None
+    ) -> None:
+        asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, server_id=server_id))
 
     def _spawn_runners(
-        self, runner: RunnerBundle, store: Any, stop_evt: ExecutionEvent, *, ctx: BaseContext
+        self,
+        runner: RunnerBundle,
+        store: Any,
+        stop_evt: ExecutionEvent,
+        *,
+        ctx: BaseContext,
+        server_id: Optional[str] = None,
     ) -> List[BaseProcess]:
         processes: List[BaseProcess] = []
         for worker_id in range(self.n_runners):
             process = ctx.Process(  # type: ignore[attr-defined]
                 target=self._runner_process_main,
-                args=(runner, worker_id, store, stop_evt),
+                args=(runner, worker_id, store, stop_evt, server_id),
                 name=f"runner-{worker_id}",
             )
             process.start()
@@ -151,10 +237,16 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         return processes
 
     def _spawn_algorithm_process(
-        self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, *, ctx: BaseContext
+        self,
+        algorithm: AlgorithmBundle,
+        store: Any,
+        stop_evt: ExecutionEvent,
+        *,
+        ctx: BaseContext,
+        server_id: Optional[str] = None,
     ) -> BaseProcess:
         process = ctx.Process(  # type: ignore[attr-defined]
-            target=self._algorithm_process_main, args=(algorithm, store, stop_evt), name="algorithm"
+            target=self._algorithm_process_main, args=(algorithm, store, stop_evt, server_id), name="algorithm"
         )
         process.start()
         return process
@@ -167,7 +259,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         stop_evt = MultiprocessingEvent(ctx=ctx)
         processes: List[BaseProcess] = []
         failed = False
+        # A fresh identity per run, known to this run's runners only (see the class docstring).
+        server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
         try:
+            if self.managed_store and self.role != "runner":
+                self._check_port_free()
             if self.role == "algorithm":
                 asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
             elif self.role == "runner":
@@ -178,11 +274,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                     for process in processes:
                         process.join()
             elif self.main_process == "algorithm":
-                processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx)
-                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, processes))
+                processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx, server_id=server_id)
+                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, processes, server_id))
             else:
-                processes = [self._spawn_algorithm_process(algorithm, store, stop_evt, ctx=ctx)]
-                asyncio.run(self._execute_runner(runner, 0, store, stop_evt))
+                processes = [self._spawn_algorithm_process(algorithm, store, stop_evt, ctx=ctx, server_id=server_id)]
+                asyncio.run(self._execute_runner(runner, 0, store, stop_evt, server_id))
                 processes[0].join()
         except KeyboardInterrupt:
             failed = True

@@ -14,6 +14,7 @@ import hmac
 import logging
 import os
 import time
+import uuid
 import warnings
 import weakref
 from typing import (
@@ -75,6 +76,7 @@ __all__ = [
     "API_V1_AGL_PREFIX",
     "API_KEY_ENV_VAR",
     "DEFAULT_MAX_REQUEST_BYTES",
+    "STORE_ID_HEADER",
     "LightningStoreServer",
     "LightningStoreClient",
     "LightningStoreHTTPError",
@@ -109,6 +111,8 @@ API_AGL_PREFIX = "/agl"
 API_V1_AGL_PREFIX = API_V1_PREFIX + API_AGL_PREFIX
 DEFAULT_PORT = 4747
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+STORE_ID_HEADER = "x-agentbolt-store-id"
+"""Request header naming the server a client expects (its ``server_id``); any other server answers 409."""
 
 T = TypeVar("T")
 
@@ -420,15 +424,17 @@ def _paginated(result: Sequence[Any], limit: int, offset: int) -> Dict[str, Any]
 
 
 _PUBLIC_PATHS = frozenset({"/health", API_V1_AGL_PREFIX + "/health"})
+_STORE_ID_HEADER_BYTES = STORE_ID_HEADER.encode()
 
 
 class _GuardMiddleware:
-    """Bearer-token check and request-size limit, as a lean ASGI middleware."""
+    """Bearer-token check, store identity check and request-size limit, as a lean ASGI middleware."""
 
-    def __init__(self, app: Any, api_key: Optional[str], max_request_bytes: int) -> None:
+    def __init__(self, app: Any, api_key: Optional[str], max_request_bytes: int, server_id: str) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_request_bytes = max_request_bytes
+        self.server_id = server_id.encode()
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -436,11 +442,21 @@ class _GuardMiddleware:
             return
         content_length: Optional[bytes] = None
         authorization: Optional[bytes] = None
+        expected_id: Optional[bytes] = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 content_length = value
             elif key == b"authorization":
                 authorization = value
+            elif key == _STORE_ID_HEADER_BYTES:
+                expected_id = value
+        if expected_id is not None and expected_id != self.server_id and scope["path"] not in _PUBLIC_PATHS:
+            detail = (
+                f"This store server ({self.server_id.decode()}) is not the one the client was started with "
+                f"({expected_id.decode(errors='replace')}): another store holds this address."
+            )
+            await _send_error(send, 409, detail, "StoreIdentityMismatch", "")
+            return
         if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in _PUBLIC_PATHS:
             token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.api_key):
@@ -683,6 +699,9 @@ class LightningStoreServer(LightningStore):
         tracker: Metrics backend recording HTTP metrics (and exposing Prometheus when it supports it).
         api_key: Bearer token required on every route except health checks; defaults to ``$AGENTBOLT_API_KEY``.
         max_request_bytes: Largest accepted request body; larger ones get 413.
+        server_id: Identity of this server (default: a random one), reported by the health routes. Requests
+            carrying another id in the :data:`STORE_ID_HEADER` header are refused with 409, so a client started for
+            one store never works for another store that took over its address.
 
     Raises:
         ValueError: Conflicting launcher options, or a store lacking the needed capabilities.
@@ -701,6 +720,7 @@ class LightningStoreServer(LightningStore):
         *,
         api_key: Optional[str] = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        server_id: Optional[str] = None,
     ) -> None:
         if launcher_args is not None:
             if host is not None or port is not None or launch_mode != "thread":
@@ -736,6 +756,7 @@ class LightningStoreServer(LightningStore):
         self._max_request_bytes = max_request_bytes
         self._cors_origins = _normalize_origins(cors_allow_origins)
         self._owner_pid = os.getpid()
+        self.server_id = server_id or uuid.uuid4().hex
         self._zero_copy = bool(capabilities.get("zero_copy", False))
         self._client: Optional[LightningStoreClient] = None
         self.app: Optional[FastAPI] = self._build_app()
@@ -751,6 +772,7 @@ class LightningStoreServer(LightningStore):
             "_endpoint": self._endpoint,
             "_api_key": self._api_key,
             "_zero_copy": self._zero_copy,
+            "server_id": self.server_id,
         }
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -822,7 +844,9 @@ class LightningStoreServer(LightningStore):
                 return await asyncio.wrap_future(future)
             return await self._call_store(method_name, *args, **kwargs)
         if self._client is None:
-            self._client = LightningStoreClient(self._endpoint, api_key=self._api_key)
+            self._client = LightningStoreClient(
+                self._endpoint, api_key=self._api_key, expected_server_id=self.server_id
+            )
         return await getattr(self._client, method_name)(*args, **kwargs)
 
     # -- app ----------------------------------------------------------------------------------------------------
@@ -839,11 +863,16 @@ class LightningStoreServer(LightningStore):
 
         @app.get("/health", include_in_schema=False)
         async def root_health() -> Response:
-            return _json_response({"status": "ok"})
+            return _json_response({"status": "ok", "server_id": self.server_id})
 
         if self.tracker is not None:
             self._setup_metrics(app, self.tracker)
-        app.add_middleware(_GuardMiddleware, api_key=self._api_key, max_request_bytes=self._max_request_bytes)
+        app.add_middleware(
+            _GuardMiddleware,
+            api_key=self._api_key,
+            max_request_bytes=self._max_request_bytes,
+            server_id=self.server_id,
+        )
         if self._cors_origins:
             from starlette.middleware.cors import CORSMiddleware
 
@@ -906,7 +935,7 @@ class LightningStoreServer(LightningStore):
 
         @r.get("/health")
         async def health() -> Response:
-            return _json_response({"status": "ok"})
+            return _json_response({"status": "ok", "server_id": self.server_id})
 
         # -- spans (first: the busiest routes are matched first)
         @r.post("/spans", body=Span, status_code=201)
@@ -1518,6 +1547,9 @@ class LightningStoreClient(LightningStore):
         request_timeout: Total seconds allowed per request.
         connection_timeout: Seconds allowed to open a connection.
         api_key: Bearer token; defaults to ``$AGENTBOLT_API_KEY``.
+        expected_server_id: The ``server_id`` of the server this client works for. When given, every request
+            carries it and any other server refuses the request (409, ``StoreIdentityMismatch``) instead of serving
+            it.
     """
 
     wait_slice_seconds: float = 10.0
@@ -1532,6 +1564,7 @@ class LightningStoreClient(LightningStore):
         request_timeout: float = 30.0,
         connection_timeout: float = 5.0,
         api_key: Optional[str] = None,
+        expected_server_id: Optional[str] = None,
     ) -> None:
         self.server_address_root = server_address.rstrip("/")
         self.server_address = self.server_address_root + API_V1_AGL_PREFIX
@@ -1540,6 +1573,7 @@ class LightningStoreClient(LightningStore):
         self._request_timeout = request_timeout
         self._connection_timeout = connection_timeout
         self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
+        self.expected_server_id = expected_server_id
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
             weakref.WeakKeyDictionary()
         )
@@ -1570,7 +1604,23 @@ class LightningStoreClient(LightningStore):
         headers = {"Accept": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        if self.expected_server_id:
+            headers[STORE_ID_HEADER] = self.expected_server_id
         return headers
+
+    async def get_server_id(self) -> Optional[str]:
+        """The ``server_id`` the server at this address reports (one health request, no retries).
+
+        Returns:
+            The id, or None when the server reports none (another kind of server).
+
+        Raises:
+            aiohttp.ClientError: Nothing answers at this address.
+            LightningStoreHTTPError: The health route answered with an error.
+        """
+        data = await self._request_json("get", "/health", retry=False)
+        server_id = data.get("server_id") if isinstance(data, dict) else None
+        return server_id if isinstance(server_id, str) else None
 
     async def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()

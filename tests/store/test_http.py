@@ -117,8 +117,9 @@ async def populate(store: Any) -> AttemptedRollout:
 
 
 async def test_health_and_openapi(served: Served) -> None:
-    assert await served.request("GET", PREFIX + "/health") == (200, {"status": "ok"})
-    assert await served.request("GET", "/health") == (200, {"status": "ok"})
+    health = {"status": "ok", "server_id": served.server.server_id}
+    assert await served.request("GET", PREFIX + "/health") == (200, health)
+    assert await served.request("GET", "/health") == (200, health)
     status, schema = await served.request("GET", "/openapi.json")
     assert status == 200
     assert schema["info"]["title"] == "LightningStore Server"
