@@ -120,3 +120,9 @@ LLM_AGENT_NAME = "agentbolt.llm.agent_name"
 """Name of the agent that made the call (optional); used to train selected agents of a multi-agent system."""
 LLM_AGENT_NAME_HEADER = "x-agentbolt-agent-name"
 """HTTP request header from which the gateway copies :data:`LLM_AGENT_NAME`."""
+LLM_CALL_ID = "agentbolt.llm.call_id"
+"""Identity of one LLM call across recorders: the ``x-request-id`` of its HTTP response. The gateway issues a unique
+one per call and records it on its span; the OpenAI SDK instrumentation records the one its call received, so the
+adapters recognise the gateway's and the SDK's records of one call (see ``docs/frameworks.md``)."""
+LLM_CALL_ID_HEADER = "x-request-id"
+"""HTTP response header carrying :data:`LLM_CALL_ID` (the header the OpenAI SDK exposes as ``_request_id``)."""

@@ -12,11 +12,12 @@ import ast
 import json
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Mapping, Optional, Sequence, Set, TypedDict, Union
 
-from agentbolt.semconv import GEN_AI_COMPLETION, GEN_AI_PROMPT, GEN_AI_RESPONSE_ID
+from agentbolt.semconv import AGL_LLM_CALL, GEN_AI_COMPLETION, GEN_AI_PROMPT, LLM_CALL_ID, PROMPT_TOKEN_IDS
 from agentbolt.types import Span
 from agentbolt.utils.otel import filter_and_unflatten_attributes
 
 from .base import TraceAdapter
+from .calls import CallIdentities, call_identity
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
@@ -246,12 +247,25 @@ def _has_genai_data(attributes: Mapping[str, Any]) -> bool:
     return any(key.startswith(prefixes) for key in attributes)
 
 
+def _record_rank(span: Span) -> int:
+    """Which record of a call to keep (lowest first): the gateway's, then other wire-level records (the SDK's,
+    which carry the call id or the backend's token ids), then framework callbacks' (rebuilt from the framework's
+    own message objects)."""
+    if span.name == AGL_LLM_CALL:
+        return 0
+    if LLM_CALL_ID in span.attributes or PROMPT_TOKEN_IDS in span.attributes:
+        return 1
+    return 2
+
+
 class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
     """One OpenAI conversation per traced LLM call, ready for SFT datasets or prompt optimization.
 
     Works with any span carrying ``gen_ai.prompt`` / ``gen_ai.completion`` attributes: the tracer's
-    ``openai.chat.completion`` spans as well as the LLM gateway's ``agentbolt.llm_call`` spans. When the same call was
-    recorded twice (same ``gen_ai.response.id``), it is kept once.
+    ``openai.chat.completion`` spans, the LLM gateway's ``agentbolt.llm_call`` spans and the LangChain handler's
+    ``langchain.llm.<name>`` spans. A call recorded by several of them (same call id, or same response id, see
+    :mod:`agentbolt.adapter.calls`) gives one conversation, taken from the gateway's record when there is one, else
+    from the SDK's, else from the framework's.
     """
 
     def adapt(self, source: Sequence[Span], /) -> List[OpenAIMessages]:
@@ -267,17 +281,17 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
             ValueError: If a span's ``gen_ai`` data has the wrong shape (prompt/completion not lists, request/response
                 not dicts) or holds malformed messages.
         """
+        records = [span for span in source if _has_genai_data(span.attributes)]
+        identities = CallIdentities()
+        kept: Set[int] = set()
+        for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):
+            if identities.claim(*call_identity(records[position].attributes)):
+                kept.add(position)
         raw_calls: List[Dict[str, Any]] = []
-        seen: Set[str] = set()
-        for span in source:
-            attrs = span.attributes
-            if not _has_genai_data(attrs):
+        for position, span in enumerate(records):
+            if position not in kept:
                 continue
-            response_id = attrs.get(GEN_AI_RESPONSE_ID)
-            if isinstance(response_id, str) and response_id:
-                if response_id in seen:
-                    continue
-                seen.add(response_id)
+            attrs = span.attributes
             prompt = group_genai_dict(attrs, GEN_AI_PROMPT) or []
             completion = group_genai_dict(attrs, GEN_AI_COMPLETION) or []
             request = group_genai_dict(attrs, _GEN_AI_REQUEST)

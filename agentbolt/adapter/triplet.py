@@ -65,6 +65,7 @@ from agentbolt.semconv import (
 from agentbolt.types import Span, Triplet
 
 from .base import TraceToTripletBase
+from .calls import CallIdentities, call_identity
 from .messages import decode_content, group_genai_dict
 
 if TYPE_CHECKING:
@@ -514,9 +515,11 @@ class TraceTree:
             within_matching_subtree: Name of the enclosing matching agent (``""`` for "no agent, but everything
                 matches"); None when outside any matching agent.
             within_reward: None disables the check; otherwise calls nested under a reward span are skipped.
-            within_llm_call: None disables de-duplication; otherwise calls are de-duplicated by response id and a
-                nested call without a response id under an accepted call is skipped.
-            existing_llm_call_response_ids: Response ids already accepted (shared across the recursion).
+            within_llm_call: None disables de-duplication; otherwise a call recorded several times (same call id,
+                or same response id, see :mod:`agentbolt.adapter.calls`) is kept once, and a nested call without
+                either id under an accepted call is skipped.
+            existing_llm_call_response_ids: Identities of the calls already accepted (shared across the recursion):
+                response ids of records without a call id, plus the call identities of the others.
 
         Returns:
             ``(node, agent_name)`` pairs.
@@ -541,13 +544,11 @@ class TraceTree:
             if call_agent is not None:
                 accepted = True
                 if existing_llm_call_response_ids is not None:
-                    response_id = self.response_id()
-                    if response_id is None:
+                    call_id, response_id = call_identity(self.span.attributes, _RESPONSE_ID_KEYS)
+                    if call_id is None and response_id is None:
                         accepted = not within_llm_call
-                    elif response_id in existing_llm_call_response_ids:
-                        accepted = False
                     else:
-                        existing_llm_call_response_ids.add(response_id)
+                        accepted = CallIdentities(existing_llm_call_response_ids).claim(call_id, response_id)
                 if accepted:
                     results.append((self, call_agent))
                     if within_llm_call is not None:
@@ -876,18 +877,16 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
         }
 
         items: List[Tuple[Span, Triplet]] = []
-        seen_ids: Set[str] = set()
+        identities = CallIdentities()
         rewards: List[Tuple[Span, float]] = []
         for span in spans:
             if span.span_id in call_agents:
                 prompt_ids, response_ids = _gateway_token_ids(span)
                 if prompt_ids is None or response_ids is None:
                     continue
-                request_id = _first_str(span.attributes, (GEN_AI_RESPONSE_ID, f"{_VLLM}.id"))
-                if request_id is not None:
-                    if request_id in seen_ids:
-                        continue
-                    seen_ids.add(request_id)
+                call_id, request_id = call_identity(span.attributes, (GEN_AI_RESPONSE_ID, f"{_VLLM}.id"))
+                if not identities.claim(call_id, request_id):
+                    continue
                 response: Dict[str, Any] = {"token_ids": response_ids}
                 logprobs = _as_float_list(span.attributes.get(RESPONSE_LOGPROBS))
                 if logprobs is not None:

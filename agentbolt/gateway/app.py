@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
@@ -28,7 +29,7 @@ from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
-from agentbolt.semconv import LLM_AGENT_NAME_HEADER
+from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
 from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import SpanWriter
 
@@ -210,6 +211,7 @@ class _Handler:
         body: Dict[str, Any],
         rollout_id: Optional[str],
         attempt_id: Optional[str],
+        call_id: str,
     ) -> Optional[CallRecord]:
         gateway = self.gateway
         if rollout_id is None or attempt_id is None or gateway.sequences is None:
@@ -224,6 +226,7 @@ class _Handler:
             request=body,
             start_time=time.time(),
             agent_name=request.headers.get(LLM_AGENT_NAME_HEADER),
+            call_id=call_id,
         )
 
     def _unauthorized(self, request: Request) -> Optional[Response]:
@@ -275,6 +278,25 @@ class _Handler:
     async def completion(
         self, request: Request, endpoint: str, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
     ) -> Response:
+        """Answer one completion request; every answer carries the call's id in the ``x-request-id`` header.
+
+        The id is what the span of the call records as ``agentbolt.llm.call_id``; the OpenAI SDK exposes it to the
+        caller (and to agentbolt's SDK instrumentation) as the response's request id, which lets the adapters tell
+        that the gateway's span and the SDK's span record the same call.
+        """
+        call_id = f"agentbolt-{secrets.token_hex(12)}"
+        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id)
+        response.headers[LLM_CALL_ID_HEADER] = call_id
+        return response
+
+    async def _completion(
+        self,
+        request: Request,
+        endpoint: str,
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+        call_id: str,
+    ) -> Response:
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
@@ -301,7 +323,7 @@ class _Handler:
         if gateway.settings.log_messages:
             logger.debug("Request to %s: %s", endpoint, raw[:4000])
 
-        call = self._start_call(request, endpoint, body, rollout_id, attempt_id)
+        call = self._start_call(request, endpoint, body, rollout_id, attempt_id, call_id)
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:
             upstream = await upstream_client.send(candidates, endpoint, payloads)

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from agentbolt.gateway.routing import Deployment
 from agentbolt.llm_call_attributes import CompletionRecord, llm_call_attributes
-from agentbolt.semconv import AGL_LLM_CALL, LLM_AGENT_NAME, LightningResourceAttributes
+from agentbolt.semconv import AGL_LLM_CALL, LLM_AGENT_NAME, LLM_CALL_ID, LightningResourceAttributes
 from agentbolt.store.span_writer import PendingSpan
 from agentbolt.types import OtelResource, Span, SpanContext, TraceStatus
 
@@ -44,6 +44,7 @@ class CallRecord(PendingSpan):
         request: The client's request body.
         start_time: When the request arrived (seconds since the epoch).
         agent_name: Value of the agent-name request header, if any.
+        call_id: The call's identity, sent to the client as the ``x-request-id`` response header.
         deployment: The deployment that answered (None when none did).
         end_time: When the answer was complete.
         status_code: HTTP status the client saw (or the upstream status for passed-through errors).
@@ -60,6 +61,7 @@ class CallRecord(PendingSpan):
     request: Dict[str, Any]
     start_time: float
     agent_name: Optional[str] = None
+    call_id: Optional[str] = None
     deployment: Optional[Deployment] = None
     end_time: Optional[float] = None
     status_code: int = 0
@@ -162,6 +164,8 @@ def call_attributes(call: CallRecord, response: Optional[CompletionRecord]) -> D
         attributes["server.address"] = deployment.api_base
     if call.agent_name:
         attributes[LLM_AGENT_NAME] = call.agent_name
+    if call.call_id:
+        attributes[LLM_CALL_ID] = call.call_id
     if call.error is not None:
         attributes["error.type"] = call.error_type or "error"
     attributes["http.response.status_code"] = call.status_code

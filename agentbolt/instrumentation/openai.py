@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agentbolt.llm_call_attributes import CompletionRecord as _Response
 from agentbolt.llm_call_attributes import request_attributes
+from agentbolt.semconv import LLM_CALL_ID, LLM_CALL_ID_HEADER
 
 __all__ = ["instrument_openai", "uninstrument_openai", "is_openai_instrumented", "SPAN_NAME"]
 
@@ -70,6 +71,21 @@ def _get_tracer() -> trace_api.Tracer:
 
 # --------------------------------------------------------------------------------------------------------------------
 # Span lifecycle
+
+
+def _record_call_id(span: trace_api.Span, outcome: Any) -> None:
+    """Record the ``x-request-id`` of the call's HTTP response (:data:`~agentbolt.semconv.LLM_CALL_ID`).
+
+    ``outcome`` is what the SDK returned or raised: a parsed object (``_request_id``), a raw response or an API error
+    (``request_id``), or a stream (the headers of its ``response``). The LLM gateway issues a unique one per call and
+    records it too, which is how the adapters pair the two records of one call.
+    """
+    call_id = getattr(outcome, "_request_id", None) or getattr(outcome, "request_id", None)
+    if not isinstance(call_id, str):
+        headers = getattr(getattr(outcome, "response", None), "headers", None)
+        call_id = headers.get(LLM_CALL_ID_HEADER) if headers is not None else None
+    if isinstance(call_id, str) and call_id:
+        span.set_attribute(LLM_CALL_ID, call_id)
 
 
 def _fail(span: trace_api.Span, exc: BaseException) -> None:
@@ -268,10 +284,12 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
             with trace_api.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 result = original(self, *args, **kwargs)
         except BaseException as exc:
+            _record_call_id(span, exc)
             _fail(span, exc)
             raise
         if not span.is_recording():
             return result
+        _record_call_id(span, result)
         if kwargs.get("stream") and _is_stream(result):
             return _TracedStream(result, span)
         if _is_raw_response(result):
@@ -292,10 +310,12 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
             with trace_api.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 result = await original(self, *args, **kwargs)
         except BaseException as exc:
+            _record_call_id(span, exc)
             _fail(span, exc)
             raise
         if not span.is_recording():
             return result
+        _record_call_id(span, result)
         if kwargs.get("stream") and _is_stream(result):
             return _AsyncTracedStream(result, span)
         if _is_raw_response(result):

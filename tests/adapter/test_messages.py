@@ -146,13 +146,19 @@ def test_multimodal_content_and_gateway_spans_are_read_and_duplicates_dropped() 
     gateway = f.gateway_call(0.5, 1.5, response_id="same", prompt_token_ids=[1], response_token_ids=[2])
     other = f.gateway_call(3, 4, response_id="other", prompt_token_ids=[1], response_token_ids=[2])
     conversations = TraceToMessages()([traced, gateway, other])
+    # The call recorded by the SDK and the gateway is kept once, from the gateway's record, in call order.
     assert len(conversations) == 2
-    assert conversations[0]["messages"][1] == {"role": "user", "content": parts}
-    assert conversations[1]["messages"] == [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello"},
-    ]
-    _validate_with_openai_types(conversations)
+    assert (
+        conversations[0]["messages"]
+        == conversations[1]["messages"]
+        == [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+        ]
+    )
+    (pictured,) = TraceToMessages()([traced])
+    assert pictured["messages"][1] == {"role": "user", "content": parts}
+    _validate_with_openai_types([*conversations, pictured])
 
 
 def test_spans_without_genai_data_give_nothing() -> None:

@@ -1,0 +1,72 @@
+"""Which spans record the same LLM call, so that one call gives one training sample.
+
+One call can be recorded several times: by the LLM gateway (an ``agentbolt.llm_call`` span), by the OpenAI SDK
+instrumentation (``openai.chat.completion``) and by a framework's callbacks (LangChain's ``langchain.llm.<name>``).
+Two records are of the same call when
+
+* both carry a call id (``agentbolt.llm.call_id``: the ``x-request-id`` of the call's HTTP response, which the
+  gateway issues uniquely per call and the SDK instrumentation records as it receives it) and the ids are equal, or
+* one of them has no call id and both carry the same response id (``gen_ai.response.id``).
+
+Records with neither id are never merged. Comparing call ids first keeps apart two calls that a backend gave the
+same response id (some servers number responses per process, or send none).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Set, Tuple
+
+from agentbolt.semconv import GEN_AI_RESPONSE_ID, LLM_CALL_ID
+
+__all__ = ["CallIdentities", "call_identity"]
+
+_CALL = "\x00call:"
+_RESPONSE_OF_CALL = "\x00response:"
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
+
+
+def call_identity(
+    attributes: Mapping[str, Any], response_id_keys: Iterable[str] = (GEN_AI_RESPONSE_ID,)
+) -> Tuple[Optional[str], Optional[str]]:
+    """``(call_id, response_id)`` of an LLM-call span's attributes (None where absent).
+
+    Args:
+        attributes: The span's attributes.
+        response_id_keys: Keys holding the response id, the first present wins.
+    """
+    response_id = next((_text(attributes.get(key)) for key in response_id_keys if _text(attributes.get(key))), None)
+    return _text(attributes.get(LLM_CALL_ID)), response_id
+
+
+class CallIdentities:
+    """The LLM calls taken so far, by call id and response id (see the module docstring for the rule).
+
+    Args:
+        response_ids: A set to keep the identities in, shared with other holders. Response ids of records without
+            a call id are stored in it as they are, so a set of plain response ids (the de-duplication set of
+            :meth:`~agentbolt.adapter.triplet.TraceTree.find_llm_calls`) keeps its meaning.
+    """
+
+    def __init__(self, response_ids: Optional[Set[str]] = None) -> None:
+        self.keys: Set[str] = response_ids if response_ids is not None else set()
+
+    def seen(self, call_id: Optional[str], response_id: Optional[str]) -> bool:
+        """Whether a record with these ids is of a call already taken."""
+        if call_id is not None:
+            return _CALL + call_id in self.keys or (response_id is not None and response_id in self.keys)
+        return response_id is not None and (response_id in self.keys or _RESPONSE_OF_CALL + response_id in self.keys)
+
+    def claim(self, call_id: Optional[str], response_id: Optional[str]) -> bool:
+        """Take the call of a record: True when it is new (it is remembered), False when it was already taken."""
+        if self.seen(call_id, response_id):
+            return False
+        if call_id is not None:
+            self.keys.add(_CALL + call_id)
+            if response_id is not None:
+                self.keys.add(_RESPONSE_OF_CALL + response_id)
+        elif response_id is not None:
+            self.keys.add(response_id)
+        return True
