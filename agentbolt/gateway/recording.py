@@ -95,7 +95,7 @@ class CallRecord(PendingSpan):
 
     def describe(self) -> str:
         """How log messages name this call's span."""
-        return f"span of a call of rollout {self.rollout_id} / attempt {self.attempt_id}"
+        return f"the span of a call of rollout {self.rollout_id} / attempt {self.attempt_id}"
 
     def stream_finished(self, body: bytes, error: Optional[Any]) -> None:
         """Mark a streamed call finished; ``error`` is a ``GatewayError`` when the stream broke."""

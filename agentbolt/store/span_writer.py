@@ -219,7 +219,7 @@ class SpanWriter:
             self._finish(queued.item, None)
         if left:
             self._logger.warning(
-                "Stopping with %d span(s) never written to the store (oldest: %s); they are lost.",
+                "Shutting down with %d span(s) never written to the store (oldest: %s); they are lost.",
                 len(left),
                 left[0].item.describe(),
             )
@@ -449,7 +449,7 @@ class SpanWriter:
             try:
                 queued.span = queued.item.to_span(0 if sequence_id is None else sequence_id)
             except Exception as exc:
-                self._logger.exception("Could not build the %s", queued.item.describe())
+                self._logger.exception("Could not build %s", queued.item.describe())
                 self._give_up(queued, exc, log=False)
                 continue
             queued.numbered = sequence_id is not None
@@ -487,7 +487,7 @@ class SpanWriter:
         self.failed += 1
         if log:
             self._logger.warning(
-                "The store rejected the %s (%s: %s); giving it up (%d span(s) given up so far).",
+                "The store rejected %s (%s: %s); giving it up (%d span(s) given up so far).",
                 queued.item.describe(),
                 type(exc).__name__,
                 exc,
@@ -516,7 +516,7 @@ class SpanWriter:
         try:
             item.completed(stored)
         except Exception:
-            self._logger.exception("Completion callback of the %s failed", item.describe())
+            self._logger.exception("Completion callback of %s failed", item.describe())
 
     def _enter_outage(self, exc: BaseException) -> None:
         if self._outage_since is not None:

@@ -1,14 +1,15 @@
 """OpenTelemetry-based tracer and the span processor that writes finished spans to the LightningStore.
 
 Delivery guarantee of :class:`LightningSpanProcessor`: a span that ends while a rollout context is open is written
-to the store, which issues its sequence id (ids follow the order in which spans ended). Writes happen on a
-background thread, so the agent never waits for the store while it runs. Spans are written in batches: a span is
-written at the latest ``write_delay`` seconds after it ended (sooner when a batch fills up), and leaving the trace
-context writes what is left at once and waits (up to ``write_timeout``) until the attempt's spans are stored. A
-short rollout thus costs one batched write instead of two store calls per span. If the store is unreachable, spans
-stay in a bounded in-memory buffer and are retried, in order, until the store is back. Spans are only given up
-when the buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits
-before the store came back; each case is logged as a warning with counts.
+to the store, which issues its sequence id (ids follow the order in which spans ended). Writing is the job of the
+store's :class:`~agentbolt.store.span_writer.SpanWriter` (the writer the LLM gateway uses too), on a background
+thread, so the agent never waits for the store while it runs. Spans are written in batches: a span is written at
+the latest ``write_delay`` seconds after it ended (sooner when a batch fills up), and leaving the trace context
+writes what is left at once and waits (up to ``write_timeout``) until the attempt's spans are stored. A short rollout
+thus costs one batched write instead of two store calls per span. If the store is unreachable, spans stay in a
+bounded in-memory buffer and are retried, in order, until the store is back. Spans are only given up when the
+buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits before the
+store came back; each case is logged as a warning with counts.
 """
 
 from __future__ import annotations
@@ -19,20 +20,17 @@ import os
 import threading
 import time
 import warnings
-from collections import deque
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from typing import (
     TYPE_CHECKING,
     Any,
     AsyncIterator,
-    Coroutine,
-    Deque,
+    Dict,
     Iterator,
     List,
     Optional,
     Sequence,
     Tuple,
-    TypeVar,
     Union,
 )
 
@@ -41,6 +39,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, Tra
 from opentelemetry.trace import Status
 from opentelemetry.trace import StatusCode as OtelStatusCode
 
+from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
 from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
 from agentbolt.types.tracer import (
     Attributes,
@@ -65,18 +64,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 STORE_WRITE_TIMEOUT_SECONDS = 10.0
 """How long leaving a trace context waits for the context's spans to reach the store (they are retried after)."""
 
 STORE_WRITE_DELAY_SECONDS = 1.0
 """Longest time a finished span waits to be batched with later ones before it is written."""
 
-STORE_CALL_TIMEOUT_SECONDS = 60.0
-"""Upper bound of a single background store call (a hung call is abandoned and retried)."""
-
-DEFAULT_MAX_BUFFERED_SPANS = 10_000
+DEFAULT_MAX_BUFFERED_SPANS = DEFAULT_MAX_BUFFERED
 
 DEFAULT_IGNORED_SCOPES: Tuple[str, ...] = ("fastapi",)
 """Instrumentation scopes whose spans are not part of an agent's trace.
@@ -93,23 +87,13 @@ def to_otel_status_code(status_code: StatusCode) -> OtelStatusCode:
     return OtelStatusCode[status_code]
 
 
-def _is_permanent_error(exc: BaseException) -> bool:
-    """Whether retrying a failed store write cannot help (the store rejected the span itself)."""
-    status = getattr(exc, "status", None)
-    if not isinstance(status, int):
-        status = getattr(exc, "status_code", None)
-    if isinstance(status, int):
-        return 400 <= status < 500 and status not in (408, 429)
-    return isinstance(exc, (ValueError, TypeError, KeyError))
-
-
 _warned_store_types: set[type] = set()
 
 
-class _PendingWrite:
-    """A span waiting to be written, with the store and ids it belongs to."""
+class _PendingWrite(PendingSpan):
+    """A finished span waiting to be written, with the store and ids it belongs to."""
 
-    __slots__ = ("attempt_id", "done", "ended_at", "local_sequence_id", "rollout_id", "span", "store", "stored")
+    __slots__ = ("attempt_id", "local_sequence_id", "rollout_id", "span", "store", "stored")
 
     def __init__(
         self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan, local_sequence_id: int
@@ -119,9 +103,19 @@ class _PendingWrite:
         self.attempt_id = attempt_id
         self.span = span
         self.local_sequence_id = local_sequence_id
-        self.ended_at = time.monotonic()
-        self.done = threading.Event()  # written or given up
         self.stored: Optional[Span] = None
+
+    def to_span(self, sequence_id: int) -> Span:
+        """The span to store (the store issues its sequence id)."""
+        return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
+
+    def describe(self) -> str:
+        """How log messages name this span."""
+        return f"span {self.span.name!r} of rollout {self.rollout_id}"
+
+    def completed(self, stored: Optional[Span]) -> None:
+        """Keep the stored span (with its store-issued sequence id) for :meth:`LightningSpanProcessor.spans`."""
+        self.stored = stored
 
     def result(self) -> Span:
         """The stored span, or a local conversion while (or if) it is not stored."""
@@ -169,7 +163,6 @@ class LightningSpanProcessor(SpanProcessor):
         self._ignored_scopes = frozenset(ignored_scopes)
         self._max_batch_size = max(1, max_batch_size)
         self._write_delay = write_delay
-        self._flush_requested = False
 
         self._spans: List[Union[Span, _PendingWrite]] = []
         self._store: Optional[LightningStore] = None
@@ -182,13 +175,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_thread: Optional[threading.Thread] = None
         self._loop_pid: Optional[int] = None
-        self._wakeup: Optional[asyncio.Event] = None
-        self._background: set[asyncio.Future[Any]] = set()
-        self._pending: Deque[_PendingWrite] = deque()
-        self._degraded = False
-        self._isolate_remaining = 0
-        self._buffered_during_outage = 0
-        self._given_up = 0
+        self._writers: Dict[int, SpanWriter] = {}  # one per store, by identity
 
     # ---- properties ----
 
@@ -219,13 +206,16 @@ class LightningSpanProcessor(SpanProcessor):
     @property
     def pending_count(self) -> int:
         """Spans buffered and not yet written to the store."""
-        with self._lock:
-            return len(self._pending)
+        return sum(writer.queued for writer in self._current_writers())
 
     @property
     def given_up_count(self) -> int:
         """Spans that could not be written and were given up (see the module docstring)."""
-        return self._given_up
+        return sum(writer.dropped + writer.failed + writer.lost for writer in self._current_writers())
+
+    def _current_writers(self) -> List[SpanWriter]:
+        with self._lock:
+            return list(self._writers.values())
 
     # ---- contexts ----
 
@@ -333,51 +323,23 @@ class LightningSpanProcessor(SpanProcessor):
             return
         item = _PendingWrite(store, rollout_id, attempt_id, span, self._next_local_sequence_id())
         self._append(item)
-        with self._lock:
-            full = len(self._pending) >= self._max_buffered_spans
-            if full:
-                self._given_up += 1
-            else:
-                self._pending.append(item)
-                if self._degraded:
-                    self._buffered_during_outage += 1
-            # The writer needs waking for a first span (to time its delay) or a full batch; otherwise it is busy
-            # or already waiting for the delay of an older span.
-            waiting = len(self._pending)
-            wake = (
-                waiting == 1
-                or waiting % self._max_batch_size == 0
-                or waiting >= self._max_buffered_spans
-                or not self._write_delay
-            )
-        if full:
-            item.done.set()
-            logger.warning(
-                "Span buffer full (%d spans waiting for the store): giving up span %r of rollout %s "
-                "(%d span(s) given up so far).",
-                self._max_buffered_spans,
-                span.name,
-                rollout_id,
-                self._given_up,
-            )
-            return
-        if wake:
-            self._kick()
+        self._writer_for(store).submit(item)  # a full buffer drops the span (counted and logged by the writer)
 
     # ---- background writer ----
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        """The writers' event loop, running on the ``otel-loop`` thread (a new one after a fork)."""
         with self._lock:
             alive = self._loop_thread is not None and self._loop_thread.is_alive()
             if self._loop is not None and alive and self._loop_pid == os.getpid():
                 return self._loop
+            # Writers of another process (before a fork) or of a dead loop cannot write from here.
+            self._writers = {}
             loop = asyncio.new_event_loop()
             ready = threading.Event()
 
             def run() -> None:
                 asyncio.set_event_loop(loop)
-                self._wakeup = asyncio.Event()
-                self._background.add(loop.create_task(self._drain()))
                 ready.set()
                 loop.run_forever()
 
@@ -387,135 +349,24 @@ class LightningSpanProcessor(SpanProcessor):
         ready.wait()
         return loop
 
-    def _kick(self) -> None:
+    def _writer_for(self, store: LightningStore) -> SpanWriter:
         loop = self._ensure_loop()
-        wakeup = self._wakeup
-        assert wakeup is not None
-        loop.call_soon_threadsafe(wakeup.set)
-
-    def _next_batch(self) -> List[_PendingWrite]:
-        """The oldest pending spans bound for the same store (one span after a batch was rejected)."""
         with self._lock:
-            if not self._pending:
-                return []
-            head = self._pending[0]
-            limit = 1 if self._isolate_remaining > 0 else self._max_batch_size
-            batch: List[_PendingWrite] = []
-            for item in self._pending:
-                if len(batch) >= limit or item.store is not head.store:
-                    break
-                batch.append(item)
-            return batch
-
-    @staticmethod
-    async def _write(batch: List[_PendingWrite]) -> List[Optional[Span]]:
-        """Write a batch in one store call that issues the sequence ids in order and stores the spans."""
-        spans = [item.result() for item in batch]
-        stored = await batch[0].store.add_spans_with_new_sequence_ids(spans)
-        added = {(span.rollout_id, span.span_id): span for span in stored}
-        return [added.get((span.rollout_id, span.span_id)) for span in spans]
-
-    def _batch_wait(self, batch: List[_PendingWrite]) -> float:
-        """Seconds to wait for more spans before writing ``batch`` (0: write now)."""
-        with self._lock:
-            if self._flush_requested or self._degraded or self._isolate_remaining or not self._write_delay:
-                return 0.0
-            if len(batch) >= self._max_batch_size or len(self._pending) >= self._max_buffered_spans:
-                return 0.0
-        return max(0.0, batch[0].ended_at + self._write_delay - time.monotonic())
-
-    async def _drain(self) -> None:
-        assert self._wakeup is not None
-        delay = self._retry_initial_delay
-        while True:
-            batch = self._next_batch()
-            if not batch:
-                self._wakeup.clear()
-                with self._lock:
-                    empty = not self._pending
-                if empty:
-                    await self._wakeup.wait()
-                continue
-            wait = self._batch_wait(batch)
-            if wait > 0:
-                self._wakeup.clear()
-                with suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), wait)
-                continue
-            try:
-                results = await asyncio.wait_for(self._write(batch), STORE_CALL_TIMEOUT_SECONDS)
-            except Exception as exc:
-                if not _is_permanent_error(exc):
-                    self._enter_outage(exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._retry_max_delay)
-                elif len(batch) > 1:
-                    self._isolate_remaining = len(batch)  # write these one by one to find the rejected span
-                else:
-                    self._isolate_remaining = max(0, self._isolate_remaining - 1)
-                    self._complete(batch[0], None)
-                    with self._lock:
-                        self._given_up += 1
-                    logger.warning(
-                        "The store rejected span %r of rollout %s (%s: %s); giving it up (%d span(s) given up so far).",
-                        batch[0].span.name,
-                        batch[0].rollout_id,
-                        type(exc).__name__,
-                        exc,
-                        self._given_up,
-                    )
-                continue
-            delay = self._retry_initial_delay
-            self._isolate_remaining = max(0, self._isolate_remaining - len(batch))
-            for item, stored in zip(batch, results, strict=True):
-                self._complete(item, stored)
-
-    def _complete(self, item: _PendingWrite, stored: Optional[Span]) -> None:
-        with self._lock:
-            if self._pending and self._pending[0] is item:
-                self._pending.popleft()
-            remaining = len(self._pending)
-            if remaining == 0:
-                self._flush_requested = False
-            recovered = self._degraded and remaining == 0
-            if recovered:
-                self._degraded = False
-        item.stored = stored
-        item.done.set()
-        if recovered:
-            logger.warning(
-                "Store reachable again: %d buffered span(s) written after the outage.", self._buffered_during_outage
+            writer = self._writers.get(id(store))
+            if writer is not None and writer.store is store:
+                return writer
+            writer = SpanWriter(
+                store,
+                max_buffered=self._max_buffered_spans,
+                max_batch=self._max_batch_size,
+                write_delay=self._write_delay,
+                retry_initial_delay=self._retry_initial_delay,
+                retry_max_delay=self._retry_max_delay,
+                logger=logger,
             )
-            self._buffered_during_outage = 0
-
-    def _enter_outage(self, exc: BaseException) -> None:
-        with self._lock:
-            first = not self._degraded
-            self._degraded = True
-            waiting = len(self._pending)
-            if first:
-                self._buffered_during_outage = waiting
-        if first:
-            logger.warning(
-                "Cannot write spans to the store (%s: %s); buffering them (%d waiting, at most %d) and retrying.",
-                type(exc).__name__,
-                exc,
-                waiting,
-                self._max_buffered_spans,
-            )
-
-    def _await_in_loop(self, coro: Coroutine[Any, Any, T], timeout: Optional[float] = None) -> Optional[T]:
-        """Run a coroutine on the private loop and return its result.
-
-        Called from the loop thread itself, the coroutine is scheduled without waiting and None is returned.
-        """
-        loop = self._ensure_loop()
-        if threading.current_thread() is self._loop_thread:
-            task = asyncio.ensure_future(coro, loop=loop)
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            return None
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+            writer.start(loop)
+            self._writers[id(store)] = writer
+        return writer
 
     # ---- results and lifecycle ----
 
@@ -536,51 +387,28 @@ class LightningSpanProcessor(SpanProcessor):
             True when nothing is left in the buffer, False on timeout.
         """
         if threading.current_thread() is self._loop_thread:
-            return not self._pending
+            return self.pending_count == 0
         deadline = time.monotonic() + timeout_millis / 1000
-        requested = False
-        while True:
-            with self._lock:
-                last = self._pending[-1] if self._pending else None
-            if last is None:
-                return True
-            if not requested:
-                requested = True
-                with self._lock:
-                    self._flush_requested = True
-                self._kick()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            last.done.wait(remaining)
+        flushed = True
+        for writer in self._current_writers():
+            flushed = writer.flush_threadsafe(max(0.0, deadline - time.monotonic())) and flushed
+        return flushed
 
     def shutdown(self) -> None:
         """Flush (bounded by ``write_timeout``), report what could not be written, and stop the writer thread."""
         if self._loop is None:
             return
-        if not self.force_flush(int(self._write_timeout * 1000)):
-            with self._lock:
-                lost = len(self._pending)
-                self._pending.clear()
-                self._given_up += lost
-            logger.warning("Shutting down with %d span(s) never written to the store; they are lost.", lost)
+        deadline = time.monotonic() + self._write_timeout
+        for writer in self._current_writers():
+            writer.stop_threadsafe(max(0.0, deadline - time.monotonic()))
         loop, thread = self._loop, self._loop_thread
         self._loop = None
         if loop is None or thread is None or not thread.is_alive():
             return
-
-        async def cancel_background() -> None:
-            for task in list(self._background):
-                task.cancel()
-            await asyncio.gather(*self._background, return_exceptions=True)
-
-        try:
-            asyncio.run_coroutine_threadsafe(cancel_background(), loop).result(timeout=5)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-            if not thread.is_alive():
-                loop.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
 
 
 class OtelSpanRecordingContext:
