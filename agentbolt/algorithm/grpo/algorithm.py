@@ -172,6 +172,7 @@ class GRPO(Algorithm):
         self._model = model
         self._tokenizer = tokenizer
         self._adapter = adapter
+        self._gateway: Optional[LLMProxy] = None  # the proxy recording the rollouts' LLM calls, once started
         self.trainer: Optional[PolicyTrainer] = None
         self.history: List[Dict[str, float]] = []
 
@@ -232,6 +233,7 @@ class GRPO(Algorithm):
             await proxy.start()
         elif changed and proxy.server_launcher_args.launch_mode == "mp":
             await proxy.restart()  # a server in another process only reads the model list when it starts
+        self._gateway = proxy
         return proxy, owned
 
     @staticmethod
@@ -300,10 +302,12 @@ class GRPO(Algorithm):
         """The latest attempt's spans, once every span whose sequence id the store issued has arrived.
 
         Spans are written asynchronously (the gateway writes its call spans off the hot path), so a rollout can be
-        reported finished while the span of its last LLM call is still on its way. The store issues sequence ids
-        1, 2, 3... per rollout, so a gap below the highest stored id means a span is still in flight: wait for it,
-        at most ``SPAN_SETTLE_SECONDS``.
+        reported finished while the span of its last LLM call is still on its way: the gateway's ``flush`` waits
+        for those. For spans of other sources, the store issues sequence ids 1, 2, 3... per rollout, so a gap below
+        the highest stored id means a span is still in flight: wait for it, at most ``SPAN_SETTLE_SECONDS``.
         """
+        if self._gateway is not None:
+            await self._gateway.flush(SPAN_SETTLE_SECONDS)
         deadline = time.monotonic() + SPAN_SETTLE_SECONDS
         while True:
             spans = list(await store.query_spans(rollout_id))
