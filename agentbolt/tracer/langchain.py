@@ -1,8 +1,12 @@
 """A LangChain callback handler that records chains, model calls and tools as OpenTelemetry spans.
 
-Spans go to the global tracer provider (the active agentbolt tracer's), nested like LangChain's runs. OpenAI
-calls made underneath (e.g. by ``langchain-openai``) are additionally recorded by the OpenAI instrumentation.
-Needs ``langchain-core`` (``pip install 'agentbolt[agents]'``).
+Spans go to the global tracer provider (the active agentbolt tracer's), nested like LangChain's runs. A chat model
+call is recorded with the same attribute keys as the OpenAI SDK instrumentation and the LLM gateway (built by
+:mod:`agentbolt.llm_call_attributes` from the OpenAI form of LangChain's messages): the assistant's tool calls with
+their ids, tool messages with their ``tool_call_id``, the tools offered, the response id, finish reasons and usage.
+OpenAI calls made underneath (e.g. by ``langchain-openai``) are additionally recorded by the OpenAI
+instrumentation, and by the gateway when they go through it; the adapters keep one record per call (see
+:mod:`agentbolt.adapter.calls`). Needs ``langchain-core`` (``pip install 'agentbolt[agents]'``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
 
+from agentbolt.llm_call_attributes import CompletionRecord, request_attributes
 from agentbolt.utils.otel import make_tag_attributes
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import BaseMessage, convert_to_openai_messages
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "The LangChain callback handler needs the 'langchain-core' package: pip install 'agentbolt[agents]'"
@@ -44,11 +50,36 @@ def _run_name(serialized: Optional[Dict[str, Any]], kwargs: Dict[str, Any], defa
     return str(name or default)
 
 
-def _message_dict(message: Any) -> Dict[str, Any]:
-    role = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}.get(
-        getattr(message, "type", ""), getattr(message, "type", "user")
-    )
-    return {"role": role, "content": getattr(message, "content", message)}
+def _openai_message(message: Any) -> Dict[str, Any]:
+    """A LangChain message in the OpenAI chat format (tool calls with ids, ``tool_call_id`` of tool results)."""
+    if isinstance(message, BaseMessage):
+        return convert_to_openai_messages(message)  # type: ignore[return-value]
+    return {"role": "user", "content": message if isinstance(message, str) else _json(message)}
+
+
+def _completion(response: Any) -> Dict[str, Any]:
+    """An LLM run's result (``LLMResult``) in the layout of an OpenAI completion: id, model, usage, choices."""
+    output = getattr(response, "llm_output", None) or {}
+    generations = [g for batch in getattr(response, "generations", None) or [] for g in batch]
+    choices: List[Dict[str, Any]] = []
+    metadata: Dict[str, Any] = {}
+    for index, generation in enumerate(generations):
+        info = getattr(generation, "generation_info", None) or {}
+        message = getattr(generation, "message", None)
+        choice: Dict[str, Any] = {"index": index, "finish_reason": info.get("finish_reason")}
+        if message is not None:
+            choice["message"] = _openai_message(message)
+            metadata = metadata or dict(getattr(message, "response_metadata", None) or {})
+            choice["finish_reason"] = choice["finish_reason"] or metadata.get("finish_reason")
+        else:
+            choice["text"] = getattr(generation, "text", "")
+        choices.append(choice)
+    return {
+        "id": output.get("id") or metadata.get("id"),
+        "model": output.get("model_name") or metadata.get("model_name"),
+        "usage": output.get("token_usage") or metadata.get("token_usage"),
+        "choices": choices,
+    }
 
 
 class LangchainCallbackHandler(BaseCallbackHandler):
@@ -126,17 +157,18 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         run_id: UUID,
         parent_run_id: Optional[UUID],
         kwargs: Dict[str, Any],
+        operation: str,
     ) -> None:
         name = _run_name(serialized, kwargs, "llm")
-        attributes: Dict[str, Any] = {"gen_ai.system": "langchain"}
-        model = (kwargs.get("invocation_params") or {}).get("model") or (kwargs.get("metadata") or {}).get(
-            "ls_model_name"
-        )
-        if model:
-            attributes["gen_ai.request.model"] = str(model)
-        for i, message in enumerate(messages):
-            attributes[f"gen_ai.prompt.{i}.role"] = str(message["role"])
-            attributes[f"gen_ai.prompt.{i}.content"] = _json(message["content"])
+        # The invocation parameters are the model's request settings (model, temperature, tools bound...).
+        request = dict(kwargs.get("invocation_params") or {})
+        model = request.get("model") or request.get("model_name") or (kwargs.get("metadata") or {}).get("ls_model_name")
+        request.update(model=str(model) if model else None, messages=list(messages))
+        try:
+            attributes = request_attributes(request, operation=operation, provider="langchain")
+        except Exception:  # recording must never break the agent
+            logger.exception("Failed to record the LangChain model request on the span")
+            attributes = {}
         self._start(f"langchain.llm.{name}", run_id, parent_run_id, attributes)
 
     def on_llm_start(
@@ -149,7 +181,14 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open a model span for a text-completion call."""
-        self._llm_start(serialized, [{"role": "user", "content": p} for p in prompts], run_id, parent_run_id, kwargs)
+        self._llm_start(
+            serialized,
+            [{"role": "user", "content": p} for p in prompts],
+            run_id,
+            parent_run_id,
+            kwargs,
+            "text_completion",
+        )
 
     def on_chat_model_start(
         self,
@@ -161,16 +200,16 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open a model span for a chat call."""
-        flat = [_message_dict(m) for batch in messages for m in batch]
-        self._llm_start(serialized, flat, run_id, parent_run_id, kwargs)
+        flat = [_openai_message(m) for batch in messages for m in batch]
+        self._llm_start(serialized, flat, run_id, parent_run_id, kwargs, "chat")
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        """Close a model span with the generated text."""
-        attributes: Dict[str, Any] = {}
-        generations = getattr(response, "generations", None) or []
-        for i, generation in enumerate(g for batch in generations for g in batch):
-            attributes[f"gen_ai.completion.{i}.role"] = "assistant"
-            attributes[f"gen_ai.completion.{i}.content"] = str(getattr(generation, "text", ""))
+        """Close a model span with the response: messages with their tool calls, response id, usage."""
+        try:
+            attributes = CompletionRecord.from_completion(_completion(response)).attributes()
+        except Exception:  # recording must never break the agent
+            logger.exception("Failed to record the LangChain model response on the span")
+            attributes = {}
         self._end(run_id, attributes)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:

@@ -75,3 +75,54 @@ async def test_failing_tool_is_recorded_as_error() -> None:
     (tool_span,) = [span for span in tracer.get_last_trace() if span.name == "tool.broken"]
     assert tool_span.status.status_code == "ERROR"
     assert tool_span.status.description == "tool failed"
+
+
+async def test_tool_calls_and_tool_results_keep_their_ids_through_spans_and_messages() -> None:
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from agentbolt.adapter import TraceToMessages
+
+    store = InMemoryLightningStore(thread_safe=True)
+    rollout = await store.start_rollout(input={})
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0, store)
+    handler = tracer.get_langchain_handler()
+    call = {"name": "lookup", "args": {"query": "cats"}, "id": "call_7", "type": "tool_call"}
+    model = FakeMessagesListChatModel(
+        responses=[
+            AIMessage(content="", tool_calls=[call], response_metadata={"id": "resp-1", "finish_reason": "tool_calls"}),
+            AIMessage(content="Cats are animals.", response_metadata={"id": "resp-2", "finish_reason": "stop"}),
+        ]
+    )
+    history = [HumanMessage("What are cats?")]
+    async with tracer.trace_context("lc", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+        first = model.invoke(history, config={"callbacks": [handler]})
+        result = lookup.invoke(first.tool_calls[0], config={"callbacks": [handler]})
+        history += [first, result]
+        model.invoke(history, config={"callbacks": [handler]})
+    assert isinstance(result, ToolMessage)
+    spans = list(await store.query_spans(rollout.rollout_id))
+    first_call, second_call = [s.attributes for s in spans if s.name.startswith("langchain.llm.")]
+    assert first_call["gen_ai.response.id"] == "resp-1"
+    assert first_call["gen_ai.completion.0.tool_calls.0.id"] == "call_7"
+    assert first_call["gen_ai.completion.0.tool_calls.0.name"] == "lookup"
+    assert json.loads(str(first_call["gen_ai.completion.0.tool_calls.0.arguments"])) == {"query": "cats"}
+    assert first_call["gen_ai.completion.0.finish_reason"] == "tool_calls"
+    assert second_call["gen_ai.prompt.1.tool_calls.0.id"] == "call_7"
+    assert second_call["gen_ai.prompt.2.role"] == "tool"
+    assert second_call["gen_ai.prompt.2.tool_call_id"] == "call_7"
+    conversations = TraceToMessages()(spans)
+    assert len(conversations) == 2
+    assert conversations[1]["messages"] == [
+        {"role": "user", "content": "What are cats?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_7", "type": "function", "function": {"name": "lookup", "arguments": '{"query": "cats"}'}}
+            ],
+        },
+        {"role": "tool", "content": "result for cats", "tool_call_id": "call_7"},
+        {"role": "assistant", "content": "Cats are animals."},
+    ]
