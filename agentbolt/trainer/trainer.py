@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from agentbolt.types import Dataset, Hook, NamedResources
 
@@ -43,6 +44,34 @@ def _sqlite_path_from_spec(spec: Any) -> Optional[str]:
         if spec.endswith(_SQLITE_SUFFIXES):
             return spec
     return None
+
+
+@contextlib.contextmanager
+def _console_progress(enabled: bool) -> Iterator[None]:
+    """Show the progress logger's lines on the console (stderr) while the block runs, unless logging is configured.
+
+    When the progress logger or one of its ancestors already has a handler (``logging.basicConfig``,
+    :func:`agentbolt.logging.setup`...), its records go where that configuration sends them and nothing is added.
+    """
+    from agentbolt.algorithm.fast import PROGRESS_LOGGER_NAME
+
+    progress = logging.getLogger(PROGRESS_LOGGER_NAME)
+    if not enabled or progress.hasHandlers():
+        yield
+        return
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False, markup=False, rich_tracebacks=False)
+    handler.setLevel(logging.INFO)
+    previous_level = progress.level
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        progress.removeHandler(handler)
+        progress.setLevel(previous_level)
 
 
 def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
@@ -277,8 +306,23 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Dataset[Any]] = None,
         *,
         val_dataset: Optional[Dataset[Any]] = None,
+        progress: bool = True,
     ) -> None:
-        """Dry-run ``agent`` on the datasets with a fast algorithm (``Baseline`` by default), logging what happens."""
+        """Dry-run ``agent`` on the datasets with a fast algorithm (``Baseline`` by default), logging what happens.
+
+        Args:
+            agent: The agent to run.
+            train_dataset: Tasks run in ``train`` mode.
+            val_dataset: Tasks run in ``val`` mode.
+            progress: Show one line per finished rollout (status, reward, mean reward) and a summary on the
+                console (stderr), through the ``agentbolt.progress`` logger. When logging is already configured
+                (a handler on that logger or an ancestor, e.g. ``logging.basicConfig`` or
+                :func:`agentbolt.logging.setup`), the lines go through that configuration instead. False shows
+                nothing on the console.
+
+        Raises:
+            TypeError: The configured algorithm is not a :class:`~agentbolt.algorithm.FastAlgorithm`.
+        """
         from agentbolt.algorithm import Baseline, FastAlgorithm
 
         algorithm = self.algorithm if self.algorithm is not None else Baseline()
@@ -287,7 +331,8 @@ class Trainer(TrainerLegacy):
                 f"Trainer.dev() needs a FastAlgorithm (such as Baseline); got {type(algorithm).__name__}. "
                 "Use Trainer.fit() for training algorithms."
             )
-        self._run(agent, train_dataset, val_dataset, algorithm)
+        with _console_progress(progress):
+            self._run(agent, train_dataset, val_dataset, algorithm)
 
     def _run(
         self,
