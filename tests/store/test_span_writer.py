@@ -1,0 +1,132 @@
+"""SpanWriter against a real in-memory store: ids issued up front or at write time, rejected spans, flushes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import List, Optional
+
+import pytest
+
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.store.span_writer import PendingSpan, SpanWriter, is_permanent_store_error
+from agentbolt.types import Span
+from agentbolt.types.tracer import OtelResource, TraceStatus
+
+
+class Item(PendingSpan):
+    """A span named ``name``; with ``sequence_id`` it carries an id issued up front."""
+
+    def __init__(self, rollout_id: str, attempt_id: str, name: str, sequence_id: Optional[int] = None) -> None:
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.name = name
+        self.sequence_id = sequence_id
+        self.builds = 0
+        self.stored: List[Optional[Span]] = []
+
+    async def issued_sequence_id(self) -> Optional[int]:
+        return self.sequence_id
+
+    def to_span(self, sequence_id: int) -> Span:
+        self.builds += 1
+        now = time.time()
+        return Span(
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            sequence_id=sequence_id,
+            trace_id="0" * 32,
+            span_id=f"{self.name:0>16}"[-16:],
+            parent_id=None,
+            name=self.name,
+            status=TraceStatus(status_code="OK"),
+            attributes={},
+            events=[],
+            links=[],
+            start_time=now,
+            end_time=now,
+            context=None,
+            parent=None,
+            resource=OtelResource(attributes={}, schema_url=""),
+        )
+
+    def completed(self, stored: Optional[Span]) -> None:
+        self.stored.append(stored)
+
+
+async def test_ids_issued_up_front_are_kept_and_the_others_issued_in_order() -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    ids = await store.get_many_span_sequence_ids([(rollout.rollout_id, rollout.attempt.attempt_id)] * 2)
+    writer = SpanWriter(store)
+    items = [
+        Item(rollout.rollout_id, rollout.attempt.attempt_id, "a", ids[0]),
+        Item(rollout.rollout_id, rollout.attempt.attempt_id, "b", ids[1]),
+        Item(rollout.rollout_id, rollout.attempt.attempt_id, "c"),
+        Item(rollout.rollout_id, rollout.attempt.attempt_id, "d"),
+    ]
+    for item in items:
+        assert writer.submit(item)  # before start: kept until the writer runs
+    writer.start()
+    assert await writer.flush(10.0)
+    spans = await store.query_spans(rollout.rollout_id, sort_by="sequence_id")
+    assert [(span.name, span.sequence_id) for span in spans] == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    assert [item.stored[0].sequence_id for item in items if item.stored[0] is not None] == [1, 2, 3, 4]
+    assert writer.stats() == {"queued": 0, "written": 4, "dropped": 0, "failed": 0, "lost": 0}
+    await writer.close()
+
+
+async def test_a_rejected_span_is_given_up_alone(caplog: pytest.LogCaptureFixture) -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    writer = SpanWriter(store)
+    writer.start()
+    good = [Item(rollout.rollout_id, rollout.attempt.attempt_id, f"g{i}") for i in range(3)]
+    ghost = Item("ro-ghost", "at-ghost", "ghost")  # the store refuses spans of unknown rollouts
+    for item in (good[0], ghost, *good[1:]):
+        writer.submit(item)
+    assert await writer.flush(10.0)
+    spans = await store.query_spans(rollout.rollout_id, sort_by="sequence_id")
+    assert [span.name for span in spans] == ["g0", "g1", "g2"]
+    assert ghost.stored == [None] and writer.failed == 1 and writer.written == 3
+    assert "The store rejected span of rollout ro-ghost" in caplog.text
+    assert all(item.builds == 1 for item in (*good, ghost))  # built once, however often the batch was sent
+    await writer.close()
+
+
+async def test_flush_from_another_thread_and_close_without_a_store_counts_lost() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    rollout = await store.start_rollout(input={})
+    writer = SpanWriter(store, write_delay=30.0)  # only a flush writes before the delay
+    writer.start()
+    item = Item(rollout.rollout_id, rollout.attempt.attempt_id, "x")
+    threading.Thread(target=writer.submit, args=(item,)).start()
+    while writer.queued == 0:
+        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(writer.flush_threadsafe, 10.0)
+    assert [span.name for span in await store.query_spans(rollout.rollout_id)] == ["x"]
+    assert await writer.close() == 0
+
+
+async def test_buffer_full_drops_and_close_reports_what_was_lost() -> None:
+    store = InMemoryLightningStore()
+    writer = SpanWriter(store, max_buffered=2)  # never started: nothing is written
+    items = [Item("r", "a", str(i)) for i in range(3)]
+    assert [writer.submit(item) for item in items] == [True, True, False]
+    assert items[2].stored == [None]
+    assert await writer.close(0.1) == 2  # nothing wrote them within the timeout
+    assert writer.stats() == {"queued": 0, "written": 0, "dropped": 1, "failed": 0, "lost": 2}
+
+
+def test_permanent_errors() -> None:
+    assert is_permanent_store_error(ValueError("bad span"))
+    assert not is_permanent_store_error(ConnectionRefusedError())
+    assert not is_permanent_store_error(asyncio.TimeoutError())
+
+    class HTTPError(Exception):
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+    assert is_permanent_store_error(HTTPError(422)) and not is_permanent_store_error(HTTPError(503))
+    assert not is_permanent_store_error(HTTPError(429))
