@@ -19,11 +19,14 @@ span name                                      ``agentbolt.llm_call`` (:data:`~a
 ``gen_ai.request.model``                       model requested by the client
 ``gen_ai.request.functions.<i>.*``             tools offered (``name``, ``description``, ``parameters`` as JSON)
 ``gen_ai.request.<param>``                      sampling parameters the client sent (``temperature``, ``top_p``,
-                                               ``max_tokens``, ``n``, ``seed``, ``stream``, ``stop``)
+                                               ``max_tokens``, ``seed``...; ``n`` as ``choice.count``, ``stop`` as
+                                               ``stop_sequences``, and ``stream``), see
+                                               :mod:`agentbolt.llm_call_attributes`
 ``gen_ai.response.id``                         completion id (de-duplication key)
 ``gen_ai.response.model``                      model that answered
 ``gen_ai.prompt.<i>.*``                        request messages (``role``, ``content``, ``tool_call_id``,
-                                               ``tool_calls.<j>.id/type/function.name/function.arguments``)
+                                               ``tool_calls.<j>.id/type/name/arguments``; older spans:
+                                               ``tool_calls.<j>.function.name/function.arguments``)
 ``gen_ai.completion.<i>.*``                    choices (``role``, ``content``, ``finish_reason``, ``tool_calls...``)
 ``gen_ai.usage.input_tokens`` / ``output_tokens``  token counts
 ``prompt_token_ids``                           list[int], the prompt as the backend tokenized it
