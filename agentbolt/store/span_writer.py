@@ -456,23 +456,21 @@ class SpanWriter:
 
     async def _write(self, batch: Sequence[_Queued]) -> None:
         await self._prepare(batch)
-        numbered = [q for q in batch if not q.written and q.numbered and q.span is not None]
+        ready = [(q, q.span) for q in batch if not q.written and q.span is not None]
+        numbered = [(q, span) for q, span in ready if q.numbered]
         if numbered:
-            spans = [q.span for q in numbered]
-            await asyncio.wait_for(self.store.add_many_spans(spans), STORE_CALL_TIMEOUT_SECONDS)  # type: ignore[arg-type]
-            for queued in numbered:
-                self._stored(queued, queued.span)
-        unnumbered = [q for q in batch if not q.written and q.span is not None]
+            spans = [span for _, span in numbered]
+            await asyncio.wait_for(self.store.add_many_spans(spans), STORE_CALL_TIMEOUT_SECONDS)
+            for queued, span in numbered:
+                self._stored(queued, span)
+        unnumbered = [(q, span) for q, span in ready if not q.numbered]
         if unnumbered:
-            spans = [q.span for q in unnumbered]
+            spans = [span for _, span in unnumbered]
             stored = await asyncio.wait_for(
-                self.store.add_spans_with_new_sequence_ids(spans),  # type: ignore[arg-type]
-                STORE_CALL_TIMEOUT_SECONDS,
+                self.store.add_spans_with_new_sequence_ids(spans), STORE_CALL_TIMEOUT_SECONDS
             )
             by_id = {(span.rollout_id, span.span_id): span for span in stored}
-            for queued in unnumbered:
-                span = queued.span
-                assert span is not None
+            for queued, span in unnumbered:
                 # A span missing from the answer was already stored (a batch sent again after a lost answer).
                 self._stored(queued, by_id.get((span.rollout_id, span.span_id)))
 

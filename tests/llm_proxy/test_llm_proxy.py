@@ -133,9 +133,11 @@ async def test_mp_mode_writes_through_a_store_server(backend: FakeBackend) -> No
         async with httpx.AsyncClient() as client:
             response = await client.post(url, json={"model": "echo", "messages": [], "stream": True})
         assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+        # The gateway process handed the stream's span over before [DONE]: once flushed, it is in the store.
+        assert await proxy.flush(30.0)
+        spans = await server.query_spans(rollout.rollout_id)
     finally:
         await proxy.stop()
-        spans = await wait_for_spans(server, rollout.rollout_id, 1)
         await server.stop()
     assert len(spans) == 1
     assert spans[0].attributes["response_token_ids"] == RESPONSE_TOKENS
