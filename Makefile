@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo test-frameworks demo lint format bench clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,9 @@ test-all: $(STAMP)
 
 test-demo: $(STAMP)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/demo
+
+test-frameworks: $(STAMP)
+	$(PY) -m pytest -q -m frameworks -p no:cacheprovider tests/frameworks
 
 demo: $(STAMP)
 	$(VENV)/bin/agentbolt demo

@@ -247,6 +247,13 @@ def _has_genai_data(attributes: Mapping[str, Any]) -> bool:
     return any(key.startswith(prefixes) for key in attributes)
 
 
+def _encloses(outer: Span, inner: Span) -> bool:
+    """Whether ``inner`` ran within ``outer``'s time range (both complete)."""
+    if None in (outer.start_time, outer.end_time, inner.start_time, inner.end_time):
+        return False
+    return outer.start_time <= inner.start_time and inner.end_time <= outer.end_time  # type: ignore[operator]
+
+
 def _record_rank(span: Span) -> int:
     """Which record of a call to keep (lowest first): the gateway's, then other wire-level records (the SDK's,
     which carry the call id or the backend's token ids), then framework callbacks' (rebuilt from the framework's
@@ -265,7 +272,8 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
     ``openai.chat.completion`` spans, the LLM gateway's ``agentbolt.llm_call`` spans and the LangChain handler's
     ``langchain.llm.<name>`` spans. A call recorded by several of them (same call id, or same response id, see
     :mod:`agentbolt.adapter.calls`) gives one conversation, taken from the gateway's record when there is one, else
-    from the SDK's, else from the framework's.
+    from the SDK's, else from the framework's. A framework's record that encloses in time a kept SDK or gateway
+    record is of the same call too (framework callbacks do not always learn the response id, e.g. when streaming).
     """
 
     def adapt(self, source: Sequence[Span], /) -> List[OpenAIMessages]:
@@ -285,7 +293,10 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
         identities = CallIdentities()
         kept: Set[int] = set()
         for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):
-            if identities.claim(*call_identity(records[position].attributes)):
+            record = records[position]
+            if _record_rank(record) == 2 and any(_encloses(record, records[other]) for other in kept):
+                continue
+            if identities.claim(*call_identity(record.attributes)):
                 kept.add(position)
         raw_calls: List[Dict[str, Any]] = []
         for position, span in enumerate(records):

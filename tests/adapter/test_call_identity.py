@@ -79,3 +79,13 @@ def test_messages_take_the_gateway_record_then_the_sdk_record_then_the_framework
     assert TraceToMessages()([framework, sdk])[0]["messages"][1] == {"role": "user", "content": "from the sdk"}
     (only,) = TraceToMessages()([framework])
     assert only["messages"][1] == {"role": "user", "content": "from the framework"}
+
+
+def test_a_framework_record_without_ids_around_an_sdk_record_is_the_same_call() -> None:
+    # LangChain learns no response id when it streams: its record is paired with the SDK record it encloses.
+    f = SpanFactory()
+    framework = f.llm_call(0, 3, response_id=None, name="langchain.llm.ChatOpenAI", prompt="same call")
+    sdk = _with_call_id(f.llm_call(1, 2, response_id="r1", prompt="same call"), "c1")
+    later = f.llm_call(4, 5, response_id=None, name="langchain.llm.ChatAnthropic", prompt="another call")
+    conversations = TraceToMessages()([framework, sdk, later])
+    assert [c["messages"][1]["content"] for c in conversations] == ["same call", "another call"]
