@@ -143,6 +143,12 @@ class GRPOConfig(BaseModel):
         description="Samples per forward/backward (at most a minibatch); gradients accumulate over the "
         "micro-batches of a minibatch.",
     )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Keep only each transformer block's input during the training forward and recompute the "
+        "block in the backward pass: activation memory drops from every block's to one block's (plus the inputs), "
+        "for about one more forward of compute.",
+    )
     learning_rate: float = Field(default=2e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")

@@ -16,6 +16,7 @@ measure how closely the served model agrees with the trained one (``logprob_engi
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -207,6 +208,15 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
+def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``forward`` under non-reentrant activation checkpointing when gradients are being recorded."""
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -246,6 +256,12 @@ class PolicyTrainer:
                 for param in self.ref_model.parameters():
                     param.requires_grad_(False)
         self.model.eval()
+        if config.gradient_checkpointing:
+            self._checkpoint_blocks()
+        if self.device.type == "cpu":
+            from agentbolt.utils.memory import return_large_blocks_to_os
+
+            return_large_blocks_to_os()  # activation buffers go back to the system between steps
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         if not self.trainable_parameters:
             raise ValueError("the model has no trainable parameters")
@@ -278,6 +294,26 @@ class PolicyTrainer:
             task_type="CAUSAL_LM",
         )
         return get_peft_model(model, lora)
+
+    def _checkpoint_blocks(self) -> None:
+        """Recompute every transformer block in the backward pass instead of keeping its activations.
+
+        Blocks are the modules the model lists in ``_no_split_modules`` (``LlamaDecoderLayer``...). The wrapper works
+        whatever ``train()``/``eval()`` says (transformers' own checkpointing only runs in training mode, and these
+        forwards run in eval mode) and does nothing when gradients are off (scoring passes, the engine).
+
+        Raises:
+            ValueError: The model does not name its blocks.
+        """
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        names = set(getattr(base, "_no_split_modules", None) or ())
+        blocks = [module for module in base.modules() if type(module).__name__ in names]
+        if not blocks:
+            raise ValueError(
+                f"gradient_checkpointing: {type(base).__name__} does not name its transformer blocks (_no_split_modules)"
+            )
+        for block in blocks:
+            block.forward = functools.partial(_checkpointed, block.forward)
 
     def _unwrapped_forward(self) -> Any:
         model = self.model
