@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import multiprocessing
 import os
@@ -226,6 +227,12 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         server_id: Optional[str] = None,
     ) -> List[BaseProcess]:
         processes: List[BaseProcess] = []
+        if ctx.get_start_method() == "fork":
+            # Forked runners share this process's memory until a page is written, and a garbage collection writes to
+            # every object it visits. Frozen objects are never visited, so their pages stay shared; they stay frozen
+            # here too, since this process's collections would otherwise copy the same pages.
+            gc.collect()
+            gc.freeze()
         for worker_id in range(self.n_runners):
             process = ctx.Process(  # type: ignore[attr-defined]
                 target=self._runner_process_main,
