@@ -35,7 +35,6 @@ the adapters also read the nested ``function.name`` / ``function.arguments`` lay
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import orjson
@@ -80,6 +79,8 @@ _NUMERIC_PARAMS = (
 
 def _get(obj: Any, key: str) -> Any:
     """Field of a dict or an SDK object, including the extra fields servers add (``token_ids``...)."""
+    if type(obj) is dict:
+        return obj.get(key)
     if obj is None:
         return None
     if isinstance(obj, dict):
@@ -111,9 +112,9 @@ def _text(value: Any) -> Optional[str]:
 
 
 def _number(value: Any) -> Optional[Union[int, float]]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value
+    """``value`` when it is an int or a float (not a bool), else None."""
+    kind = type(value)
+    return value if kind is int or kind is float else None
 
 
 def _int_list(value: Any) -> Optional[List[int]]:
@@ -250,10 +251,13 @@ class _Choice:
 
     def logprobs(self) -> Optional[List[float]]:
         if self.logprob_entries:
-            values = [_get(entry, "logprob") for entry in self.logprob_entries]
+            values = [
+                entry.get("logprob") if type(entry) is dict else _get(entry, "logprob")
+                for entry in self.logprob_entries
+            ]
         else:
             values = self.token_logprobs
-        if not values or not all(_number(v) is not None and math.isfinite(v) for v in values):
+        if not values or not all(type(v) is float or type(v) is int for v in values):
             return None
         return [float(v) for v in values]
 
