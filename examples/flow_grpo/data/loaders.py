@@ -190,11 +190,14 @@ def load_tasks(path: PathLike) -> List[TaskRecord]:
             answers = row.get("result")
         if not isinstance(row.get("question"), str) or not _clean_answers(answers):
             raise ValueError(f"{path}: row {index} needs a 'question' and gold answers")
-        tasks.append(
-            make_record(
-                int(row.get("id", index)), row["question"], _clean_answers(answers), str(row.get("source", "qa"))
-            )
+        record = make_record(
+            int(row.get("id", index)), row["question"], _clean_answers(answers), str(row.get("source", "qa"))
         )
+        # The chain and any other extra_info entries (a reference plan, for instance) travel with the task.
+        record["chain"] = str(row.get("chain") or "")
+        if isinstance(extra, Mapping):
+            record["extra_info"].update({k: v for k, v in extra.items() if k not in ("ground_truth", "idx")})
+        tasks.append(record)
     return tasks
 
 
