@@ -27,7 +27,7 @@ from agentbolt.types import NamedResources, Rollout, RolloutRawResult
 from examples.flow_grpo import agents
 from examples.flow_grpo.agents import RoleLLM, RoleOutput, is_stop_action
 from examples.flow_grpo.memory import Memory
-from examples.flow_grpo.reward import RewardFunction, RuleReward
+from examples.flow_grpo.reward import RewardFunction, RuleReward, gold_answers
 from examples.flow_grpo.schemas import NextStep, QueryAnalysis
 from examples.flow_grpo.tools import SearchTool, Toolbox, default_toolbox
 
@@ -75,6 +75,19 @@ class TurnRecord:
     stop: bool = False
     known_action: bool = False
     """The plan was valid and named a tool of the toolbox or the stop action."""
+    verifier_stop: Optional[bool] = None
+    """The verifier's decision after this turn's tool call (None: the verifier did not run)."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The turn as plain JSON-serialisable data (what the planner chose, what the tool got and returned)."""
+        return {
+            "turn": self.turn,
+            "tool": self.plan.tool_name if self.plan_valid else "(invalid)",
+            "sub_goal": self.plan.sub_goal,
+            "tool_input": self.tool_input,
+            "result": self.observation,
+            "verifier_stop": self.verifier_stop,
+        }
 
 
 @dataclass
@@ -98,6 +111,26 @@ class SolveResult:
     def planner_calls(self) -> int:
         """Planner calls made."""
         return len(self.turns)
+
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls made (including calls of unknown tools and invalid steps, which return an error)."""
+        return len(self.memory.actions)
+
+    def to_record(self, task: Mapping[str, Any], reward: float) -> Dict[str, Any]:
+        """The solve as JSON-serialisable data for evaluation: task, answer, ``reward``, loop statistics, turns."""
+        return {
+            "id": task.get("id"),
+            "source": str(task.get("source", "")),
+            "question": self.question,
+            "gold": gold_answers(task),
+            "answer": self.answer,
+            "reward": reward,
+            "planner_turns": self.planner_calls,
+            "tool_calls": self.tool_calls,
+            "stop_reason": self.stop_reason,
+            "steps": [turn.to_dict() for turn in self.turns],
+        }
 
     @property
     def well_formed(self) -> bool:
@@ -162,7 +195,7 @@ class FlowSolver:
                 break
             self._act(record, question, toolbox, fixed, memory, emit)
             verification = agents.verify(fixed, question, memory.render())
-            record.stop = bool(verification.parsed.ok and verification.value.stop)
+            record.stop = record.verifier_stop = bool(verification.parsed.ok and verification.value.stop)
             emit(
                 "verification",
                 {
@@ -176,7 +209,7 @@ class FlowSolver:
                 stop_reason = "verifier"
                 break
 
-        final = agents.generate_solution(fixed, question, memory.render())
+        final = agents.generate_solution(fixed, question, memory.render(), memory.last_result())
         answer = final.value.answer
         emit("answer", {"answer": answer, "stop_reason": stop_reason, "parsed": final.parsed.ok})
         return SolveResult(question, analysis, turns, answer, stop_reason, memory)
@@ -201,7 +234,7 @@ class FlowSolver:
             observation = toolbox.execute(plan.tool_name, "").output
             record.tool_name, record.tool_input = plan.tool_name, ""
         else:
-            command = agents.generate_command(fixed, question, tool.metadata, plan.sub_goal, plan.context)
+            command = agents.generate_command(fixed, tool.metadata, plan.sub_goal, plan.context)
             record.tool_name, record.tool_input = tool.name, command.value.tool_input
             record.known_action = True
             emit(
@@ -273,7 +306,8 @@ class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
         finally:
             planner.close()
             fixed.close()
-        reward = float(self.reward(task, result.answer))
+        strict = float(self.reward(task, result.answer))
+        reward = strict
         if rollout.mode == "train" and result.well_formed:
             reward += self.train_format_bonus
         logger.info(
@@ -286,7 +320,10 @@ class FlowGRPOAgent(LitAgent[Dict[str, Any]]):
         )
         if get_active_tracer() is None:
             return reward
-        from agentbolt.emitter import emit_reward
+        from agentbolt.emitter import emit_object, emit_reward
+        from examples.flow_grpo.evaluation import SOLVE_RECORD_KIND
+
+        emit_object(result.to_record(task, strict), attributes={"flow_grpo.kind": SOLVE_RECORD_KIND})
 
         for _ in range(max(1, result.planner_calls)):
             emit_reward(reward)

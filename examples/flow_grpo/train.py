@@ -44,6 +44,7 @@ import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from examples.flow_grpo.data import load_offline_dataset, load_tasks
+from examples.flow_grpo.evaluation import PassComparison
 
 __all__ = [
     "CONFIG_DIR",
@@ -245,6 +246,15 @@ def load_split(spec: str, sources: Optional[Sequence[str]], limit: Optional[int]
     return [dict(t) for t in tasks]
 
 
+class CopiedQuestionSummary(BaseModel):
+    """The copied-question check: every held-out question, and the expression written in it, scored as answers."""
+
+    tasks: int
+    candidates: int
+    credited: int
+    examples: List[str]
+
+
 class TrainSummary(BaseModel):
     """What a run produced (the ``--summary-json`` document).
 
@@ -253,6 +263,11 @@ class TrainSummary(BaseModel):
         final_val_success: Held-out success rate after the last step.
         steps: Training steps run.
         wall_seconds: Wall time of the whole run (model loads, validations, training).
+        evaluation: Per-source success before and after training with 95 % Wilson intervals, loop statistics
+            (planner turns, tool calls, stop reasons, first actions) and the example questions; None when the run
+            validated only once.
+        copied_question_check: How many copied-back questions the run's reward credits (must be 0).
+        trajectories: Markdown file with the example questions' trajectories before and after training.
     """
 
     config: str
@@ -272,6 +287,9 @@ class TrainSummary(BaseModel):
     run_dir: str
     checkpoint: Optional[str]
     metrics: str
+    evaluation: Optional[PassComparison] = None
+    copied_question_check: Optional[CopiedQuestionSummary] = None
+    trajectories: Optional[str] = None
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -442,8 +460,31 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
         agent = FlowGRPOAgent(solver=solver, train_format_bonus=config.train_format_bonus)
         trainer.fit(agent, train_dataset=train, val_dataset=val)
     summary = _summarize(config, algorithm.history, run_dir, started, len(val))
+    _add_evaluation(summary, store, val, agent, run_dir)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _add_evaluation(summary: TrainSummary, store: Any, val: List[Dict[str, Any]], agent: Any, run_dir: Path) -> None:
+    """Fill the summary's evaluation from the validation passes recorded in ``store``; write the trajectories."""
+    from examples.flow_grpo.evaluation import (
+        compare,
+        copied_question_credit,
+        read_validation_records,
+        trajectories_markdown,
+    )
+
+    check = copied_question_credit(val, agent.reward)
+    summary.copied_question_check = CopiedQuestionSummary(**vars(check))
+    passes = read_validation_records(store)
+    if len(passes) < 2:
+        logger.warning("Fewer than two validation passes were recorded; no before/after comparison.")
+        return
+    before, after = passes[min(passes)], passes[max(passes)]
+    summary.evaluation = compare(before, after)
+    path = run_dir / "trajectories.md"
+    path.write_text(trajectories_markdown(before, after, summary.evaluation.example_indices), encoding="utf-8")
+    summary.trajectories = str(path)
 
 
 def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -504,7 +545,45 @@ def _print_summary(summary: TrainSummary) -> None:
     )
     table.add_row("checkpoint", summary.checkpoint or "(none)")
     table.add_row("run directory", summary.run_dir)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if summary.evaluation is not None:
+        console.print(_evaluation_table(summary.evaluation))
+        loops = Table(title="Solve loop on the held-out questions", show_header=True)
+        for column in ("", "planner turns / question", "tool calls / question", "stop reasons", "first actions"):
+            loops.add_column(column)
+        for label, stats in (("before", summary.evaluation.loop_before), ("after", summary.evaluation.loop_after)):
+            loops.add_row(
+                label,
+                f"{stats.mean_planner_turns:.2f}",
+                f"{stats.mean_tool_calls:.2f}",
+                ", ".join(f"{k} {v}" for k, v in stats.stop_reasons.items()),
+                ", ".join(f"{k} {v}" for k, v in list(stats.first_actions.items())[:4]),
+            )
+        console.print(loops)
+    if summary.copied_question_check is not None:
+        check = summary.copied_question_check
+        console.print(
+            f"Copied-question check: {check.credited} of {check.candidates} copied-back answers "
+            f"({check.tasks} questions and the expressions in them) earn credit."
+        )
+    if summary.trajectories:
+        console.print(f"Example trajectories before/after: {summary.trajectories}")
+
+
+def _evaluation_table(evaluation: PassComparison) -> Any:
+    """Per-source held-out success before and after, with 95 % Wilson intervals."""
+    from rich.table import Table
+
+    table = Table(title="Held-out success per source (greedy; 95 % Wilson intervals)", show_header=True)
+    for column in ("source", "before", "after", "change"):
+        table.add_column(column)
+    after = {row.source: row for row in evaluation.after}
+    for row in evaluation.before:
+        new = after.get(row.source)
+        change = f"{100 * (new.rate - row.rate):+.1f} points" if new is not None else "-"
+        table.add_row(row.source, row.text(), new.text() if new is not None else "-", change)
+    return table
 
 
 def _exit_cleanly_on_sigterm() -> None:

@@ -1,0 +1,270 @@
+"""Held-out evaluation a reader can check: per-source success with 95 % intervals, loop statistics, trajectories.
+
+Each rollout of :class:`~examples.flow_grpo.solver.FlowGRPOAgent` records one *solve record* in its trace (an object
+span, see :func:`solve_record`): the task's id and source, the answer, the strict reward, the planner turns, the tool
+calls, why the loop stopped, and every step. :func:`read_validation_records` reads those records back from a run's
+store, one list per validation pass, and :func:`compare` turns the first and last pass into the tables of the
+training summary.
+
+The intervals are Wilson score intervals (:func:`wilson_interval`): with a few dozen questions per source a normal
+approximation would reach below 0 or above 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence, Tuple
+
+from pydantic import BaseModel
+
+from examples.flow_grpo.tools.calculator import extract_expression
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
+    from examples.flow_grpo.reward import RewardFunction
+
+__all__ = [
+    "SOLVE_RECORD_KIND",
+    "LoopStats",
+    "SourceSuccess",
+    "copied_question_credit",
+    "compare",
+    "format_trajectory",
+    "loop_stats",
+    "pick_examples",
+    "read_validation_records",
+    "source_success",
+    "wilson_interval",
+]
+
+SOLVE_RECORD_KIND = "flow_grpo.solve"
+"""Value of the ``flow_grpo.kind`` attribute on the object span that holds a rollout's solve record."""
+
+
+def wilson_interval(successes: int, total: int, z: float = 1.959964) -> Tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % with the default ``z``).
+
+    Args:
+        successes: Successful trials.
+        total: Trials.
+        z: Standard normal quantile of the interval (1.96 for 95 %).
+
+    Returns:
+        ``(low, high)`` within ``[0, 1]``; ``(0.0, 1.0)`` when ``total`` is 0 (nothing is known).
+
+    Raises:
+        ValueError: ``successes`` is negative or larger than ``total``.
+    """
+    if total < 0 or not 0 <= successes <= max(total, 0):
+        raise ValueError(f"need 0 <= successes <= total, got {successes} of {total}")
+    if total == 0:
+        return 0.0, 1.0
+    p = successes / total
+    denominator = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / denominator
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class SourceSuccess(BaseModel):
+    """Success on one task source (or ``"all"``) in one validation pass, with its 95 % Wilson interval."""
+
+    source: str
+    solved: int
+    total: int
+    rate: float
+    low: float
+    high: float
+
+    def text(self) -> str:
+        """``12/36 = 33.3 % [19.6, 50.4]``."""
+        return f"{self.solved}/{self.total} = {100 * self.rate:.1f} % [{100 * self.low:.1f}, {100 * self.high:.1f}]"
+
+
+def source_success(records: Sequence[Mapping[str, Any]]) -> List[SourceSuccess]:
+    """Success per source (sorted by name), then ``"all"``, counting a record solved when its reward is 1."""
+    by_source: Dict[str, List[bool]] = collections.defaultdict(list)
+    for record in records:
+        by_source[str(record["source"])].append(float(record["reward"]) >= 1.0)
+    groups = [(source, by_source[source]) for source in sorted(by_source)]
+    groups.append(("all", [solved for _, outcomes in groups for solved in outcomes]))
+    rows = []
+    for source, outcomes in groups:
+        solved, total = sum(outcomes), len(outcomes)
+        low, high = wilson_interval(solved, total)
+        rows.append(SourceSuccess(source=source, solved=solved, total=total, rate=solved / total if total else 0.0,
+                                  low=low, high=high))  # fmt: skip
+    return rows
+
+
+class LoopStats(BaseModel):
+    """How the solve loop ran over one validation pass."""
+
+    mean_planner_turns: float
+    mean_tool_calls: float
+    stop_reasons: Dict[str, int]
+    first_actions: Dict[str, int]
+
+
+def loop_stats(records: Sequence[Mapping[str, Any]]) -> LoopStats:
+    """Mean planner turns and tool calls per question, and counts of stop reasons and first planner actions.
+
+    Raises:
+        ValueError: No records.
+    """
+    if not records:
+        raise ValueError("no solve records")
+    n = len(records)
+    first = collections.Counter(str(r["steps"][0]["tool"]) if r["steps"] else "(none)" for r in records)
+    return LoopStats(
+        mean_planner_turns=sum(int(r["planner_turns"]) for r in records) / n,
+        mean_tool_calls=sum(int(r["tool_calls"]) for r in records) / n,
+        stop_reasons=dict(collections.Counter(str(r["stop_reason"]) for r in records).most_common()),
+        first_actions=dict(first.most_common()),
+    )
+
+
+@dataclass
+class CopiedQuestionCheck:
+    """How many copied-back answers the reward credits (must be 0 for the reward to mean anything)."""
+
+    tasks: int
+    candidates: int
+    credited: int
+    examples: List[str] = field(default_factory=list)
+
+
+def copied_question_credit(tasks: Sequence[Mapping[str, Any]], reward: RewardFunction) -> CopiedQuestionCheck:
+    """Score, for every task, its question text and the arithmetic expression written in it as answers.
+
+    An answer that only repeats the question must never earn credit; the returned count of credited candidates is
+    what the training summary reports.
+    """
+    candidates = credited = 0
+    examples: List[str] = []
+    for task in tasks:
+        question = str(task["question"])
+        copies = [question]
+        expression = extract_expression(question)
+        if expression is not None:
+            copies.append(expression)
+        for copy in copies:
+            candidates += 1
+            if float(reward(task, copy)) > 0.0:
+                credited += 1
+                if len(examples) < 5:
+                    examples.append(f"task {task.get('id')}: {copy!r}")
+    return CopiedQuestionCheck(tasks=len(tasks), candidates=candidates, credited=credited, examples=examples)
+
+
+async def _records_by_pass(store: LightningStore) -> Dict[int, List[Dict[str, Any]]]:
+    from agentbolt.emitter import get_object_value
+
+    passes: Dict[int, List[Dict[str, Any]]] = collections.defaultdict(list)
+    for rollout in await store.query_rollouts():
+        if rollout.mode != "val":
+            continue
+        group = str((rollout.metadata or {}).get("grpo_group", ""))
+        parts = group.split("-")
+        if len(parts) != 3 or parts[0] != "val":
+            continue
+        for span in await store.query_spans(rollout.rollout_id, "latest"):
+            if (span.attributes or {}).get("flow_grpo.kind") == SOLVE_RECORD_KIND:
+                record = get_object_value(span)
+                if isinstance(record, dict):
+                    passes[int(parts[1])].append({**record, "index": int(parts[2])})
+                break
+    for records in passes.values():
+        records.sort(key=lambda r: r["index"])
+    return dict(passes)
+
+
+def read_validation_records(store: LightningStore) -> Dict[int, List[Dict[str, Any]]]:
+    """The solve records of each validation pass in ``store``, keyed by the training step it ran at (0: before).
+
+    Records are in dataset order; a rollout that failed before recording one is missing from its pass.
+    """
+    import asyncio
+
+    return asyncio.run(_records_by_pass(store))
+
+
+def pick_examples(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], count: int = 2) -> List[int]:
+    """Dataset indices of ``count`` questions to show before and after training.
+
+    Questions that training turned from failed to solved come first, from different sources when possible; then
+    questions whose trajectory changed; then the first questions.
+    """
+    by_index = {int(r["index"]): r for r in after}
+    pairs = [(b, by_index[int(b["index"])]) for b in before if int(b["index"]) in by_index]
+    fixed = [b for b, a in pairs if b["reward"] < 1.0 <= a["reward"]]
+    changed = [b for b, a in pairs if b not in fixed and _actions(b) != _actions(a)]
+    chosen: List[Mapping[str, Any]] = []
+    for pool in (fixed, changed, [b for b, _ in pairs]):
+        for record in pool:
+            if len(chosen) >= count or record in chosen:
+                continue
+            if pool is fixed and any(c["source"] == record["source"] for c in chosen):
+                continue
+            chosen.append(record)
+        if pool is fixed:
+            chosen.extend(r for r in fixed if r not in chosen and len(chosen) < count)
+    return [int(r["index"]) for r in chosen[:count]]
+
+
+def _actions(record: Mapping[str, Any]) -> List[str]:
+    return [str(step["tool"]) for step in record["steps"]]
+
+
+def format_trajectory(record: Mapping[str, Any]) -> str:
+    """A solve record as readable Markdown lines (question, each turn's plan and result, answer, reward)."""
+    lines = [
+        f"**Q** ({record['source']}): {record['question']}  ",
+        f"gold: {', '.join(record['gold'])}  ",
+    ]
+    for step in record["steps"]:
+        lines.append(
+            f"{step['turn']}. planner -> `{step['tool']}`" + (f" ({step['sub_goal']})" if step["sub_goal"] else "")
+        )
+        if step.get("tool_input") is not None:
+            lines.append(f"   input `{step['tool_input']}` -> {step['result']}")
+        if step.get("verifier_stop") is not None:
+            lines.append(f"   verifier: {'stop' if step['verifier_stop'] else 'continue'}")
+    lines.append(f"answer: **{record['answer']}** (stop: {record['stop_reason']}, reward {record['reward']:g})")
+    return "\n".join(lines)
+
+
+class PassComparison(BaseModel):
+    """The first and last validation passes side by side (``summary.json``'s ``evaluation``)."""
+
+    before: List[SourceSuccess]
+    after: List[SourceSuccess]
+    loop_before: LoopStats
+    loop_after: LoopStats
+    example_indices: List[int]
+
+
+def compare(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> PassComparison:
+    """Per-source success, loop statistics and example questions of two validation passes."""
+    return PassComparison(
+        before=source_success(before),
+        after=source_success(after),
+        loop_before=loop_stats(before),
+        loop_after=loop_stats(after),
+        example_indices=pick_examples(before, after),
+    )
+
+
+def trajectories_markdown(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], indices: Sequence[int]
+) -> str:
+    """Markdown showing each chosen question's trajectory before and after training."""
+    by_before = {int(r["index"]): r for r in before}
+    by_after = {int(r["index"]): r for r in after}
+    parts = ["# Example trajectories (held-out questions, greedy decoding)\n"]
+    for index in indices:
+        parts.append(f"## Question {index}\n\n### Before training\n\n{format_trajectory(by_before[index])}\n")
+        parts.append(f"### After training\n\n{format_trajectory(by_after[index])}\n")
+    return "\n".join(parts)
