@@ -227,17 +227,15 @@ def plan_next_step(
     return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, examples)
 
 
-def generate_command(
-    llm: RoleLLM, question: str, tool: ToolMetadata, sub_goal: str, context: str, max_tokens: int = 96
-) -> RoleOutput:
+def generate_command(llm: RoleLLM, tool: ToolMetadata, sub_goal: str, context: str, max_tokens: int = 64) -> RoleOutput:
     """Executor. Fallback: the sub-goal itself as the tool input."""
     fallback = ToolCommand(tool_input=sub_goal)
-    user = prompts.executor_user(question, tool, sub_goal, context)
+    user = prompts.executor_user(tool, sub_goal, context)
     examples = prompts.executor_examples(tool)
     return _ask(llm, EXECUTOR, prompts.EXECUTOR_SYSTEM, user, ToolCommand, fallback, max_tokens, examples)
 
 
-def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 64) -> RoleOutput:
+def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 16) -> RoleOutput:
     """Verifier. Fallback: continue (``stop`` false)."""
     fallback = Verification(analysis="", stop=False)
     return _ask(
@@ -248,6 +246,7 @@ def verify(llm: RoleLLM, question: str, memory: str, max_tokens: int = 64) -> Ro
         Verification,
         fallback,
         max_tokens,
+        prompts.verifier_examples(),
     )
 
 
@@ -267,12 +266,14 @@ def _loose_answer(raw: str) -> str:
     return ""
 
 
-def generate_solution(llm: RoleLLM, question: str, memory: str, max_tokens: int = 48) -> RoleOutput:
+def generate_solution(
+    llm: RoleLLM, question: str, memory: str, last_result: str = "none", max_tokens: int = 32
+) -> RoleOutput:
     """Solution generator. Fallback: the answer read loosely from the raw text (see :func:`_loose_answer`)."""
     raw = llm.chat(
         SOLUTION_GENERATOR,
         prompts.SOLUTION_SYSTEM,
-        prompts.solution_user(question, memory),
+        prompts.solution_user(question, memory, last_result),
         max_tokens=max_tokens,
         examples=prompts.solution_examples(),
     )

@@ -6,9 +6,10 @@ held-out success per source and where each failure happened:
 
 * ``--planner greedy`` / ``sample``: the real planner (the base model, or ``--checkpoint``) at temperature 0 or
   ``--temperature``;
-* ``--planner oracle``: a scripted planner that sends each question to the tool named for its source
-  (``--oracle-tool arithmetic=calculator --oracle-tool fact=search``, the defaults) with the question as sub-goal,
-  then stops. Its success is the ceiling that planner training can reach with these fixed roles.
+* ``--planner oracle``: a scripted planner that follows each task's reference plan (``extra_info.plan``: the
+  tool and sub-goal of every step, written by the dataset generator), then stops; tasks without a plan get one step:
+  the tool named for their source (``--oracle-tool SOURCE=TOOL``) with the question as sub-goal. Its success is the
+  ceiling that planner training can reach with these fixed roles.
 
 Failure categories (first match): ``planner_invalid`` (no valid JSON step), ``planner_unknown_tool``,
 ``planner_stopped_at_once`` (the stop action before any tool), ``tool_error`` (the chosen tool returned an error or
@@ -32,41 +33,47 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from examples.flow_grpo.agents import RoleLLM, is_stop_action
 from examples.flow_grpo.reward import RuleReward, gold_answers
 from examples.flow_grpo.solver import FlowSolver, SolverConfig, SolveResult
 
-__all__ = ["DEFAULT_ORACLE_TOOLS", "OraclePlanner", "classify", "main"]
+__all__ = ["DEFAULT_ORACLE_TOOLS", "OraclePlanner", "classify", "main", "oracle_steps"]
 
 DEFAULT_ORACLE_TOOLS = {"arithmetic": "calculator", "fact": "search"}
-"""The tool the oracle planner uses for each source of the shipped dataset."""
+"""The oracle's tool for tasks without a reference plan, by source."""
 
 
 class OraclePlanner(RoleLLM):
-    """A scripted planner for one question: ``tool`` with the question as sub-goal on the first turn, then stop.
+    """A scripted planner for one question: each ``(tool, sub_goal)`` step in turn, then the stop action.
 
     It answers in the planner's JSON format without calling a model, so the rest of the solver runs unchanged.
     """
 
-    def __init__(self, question: str, tool: str) -> None:
+    def __init__(self, steps: Sequence[Tuple[str, str]]) -> None:
         super().__init__(client=None, model="oracle")  # type: ignore[arg-type]
-        self.question = question
-        self.tool = tool
+        self.steps = list(steps)
         self.calls = 0
 
     def chat(self, role: str, system: str, user: str, **kwargs: Any) -> str:
         """The scripted step (the prompt is ignored)."""
         self.calls += 1
-        if self.calls == 1:
-            step = {"justification": "oracle", "context": "", "sub_goal": self.question, "tool_name": self.tool}
-        else:
-            step = {"justification": "oracle", "context": "", "sub_goal": "", "tool_name": "finish"}
-        return json.dumps(step)
+        tool, sub_goal = self.steps[self.calls - 1] if self.calls <= len(self.steps) else ("finish", "")
+        return json.dumps({"tool_name": tool, "sub_goal": sub_goal, "context": "", "justification": "oracle"})
 
     def close(self) -> None:
         """Nothing to close."""
+
+
+def oracle_steps(task: Mapping[str, Any], tools_by_source: Mapping[str, str]) -> Optional[List[Tuple[str, str]]]:
+    """The oracle's steps for a task: its reference plan, else its source's tool on the question; None if neither."""
+    extra = task.get("extra_info") or {}
+    plan = extra.get("plan") if isinstance(extra, Mapping) else None
+    if plan:
+        return [(str(step["tool"]), str(step["sub_goal"])) for step in plan]
+    tool = tools_by_source.get(str(task.get("source")))
+    return None if tool is None else [(tool, str(task["question"]))]
 
 
 def classify(task: Mapping[str, Any], result: SolveResult, reward: float) -> str:
@@ -102,9 +109,9 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="SOURCE=TOOL",
-        help="Tool of the oracle planner for a source (default: arithmetic=calculator, fact=search).",
+        help="Oracle tool for a source's tasks without a reference plan (default: arithmetic=calculator, fact=search).",
     )
-    parser.add_argument("--max-turns", type=int, default=2, help="Planner turns at most (default 2).")
+    parser.add_argument("--max-turns", type=int, default=3, help="Planner turns at most (default 3).")
     parser.add_argument("--workers", type=int, default=12, help="Questions solved concurrently (default 12).")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="Base model served locally for every role.")
     parser.add_argument("--checkpoint", type=Path, help="Planner checkpoint (as in examples.flow_grpo.solve).")
@@ -147,7 +154,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parse_args(argv)
     tasks = _load_tasks(args.split, args.limit)
     if args.planner == "oracle":
-        unknown = sorted({str(t.get("source")) for t in tasks} - set(args.oracle_tools))
+        unknown = sorted({str(t.get("source")) for t in tasks if oracle_steps(t, args.oracle_tools) is None})
         if unknown:
             print(f"error: no --oracle-tool for source(s) {', '.join(unknown)}", file=sys.stderr)
             return 2
@@ -163,13 +170,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             fixed = RoleLLM.from_endpoint(fixed_url, fixed_model)
             planner: RoleLLM
             if args.planner == "oracle":
-                planner = OraclePlanner(task["question"], args.oracle_tools[str(task.get("source"))])
+                planner = OraclePlanner(oracle_steps(task, args.oracle_tools) or [])
             else:
                 planner = RoleLLM.from_endpoint(
                     planner_url, planner_model, sampling_parameters={"temperature": temperature}
                 )
             try:
                 result = solver.solve(task["question"], planner, fixed)
+            except Exception as exc:  # an endpoint failure costs this solve only; it is reported as an error
+                return _error_record(task, exc)
             finally:
                 planner.close()
                 fixed.close()
@@ -183,6 +192,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "reward": reward,
                 "category": classify(task, result, reward),
                 "first_action": result.turns[0].plan.tool_name if result.turns[0].plan_valid else "(invalid)",
+                "planner_turns": result.planner_calls,
+                "tool_calls": len(result.memory.actions),
+                "stop_reason": result.stop_reason,
                 "steps": result.memory.to_list(),
             }
 
@@ -198,6 +210,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _error_record(task: Mapping[str, Any], exc: Exception) -> Dict[str, Any]:
+    return {
+        "id": task.get("id"),
+        "source": task.get("source"),
+        "question": task["question"],
+        "gold": gold_answers(task),
+        "answer": "",
+        "reward": 0.0,
+        "category": "error",
+        "error": f"{type(exc).__name__}: {exc}",
+        "first_action": "(error)",
+        "planner_turns": 0,
+        "tool_calls": 0,
+        "stop_reason": "error",
+        "steps": [],
+    }
+
+
 def _report(records: List[Dict[str, Any]], planner: str, wall: float) -> None:
     solved = sum(1 for r in records if r["reward"] >= 1.0)
     print(f"planner={planner}: {solved}/{len(records)} solved ({100 * solved / len(records):.1f} %) in {wall:.0f} s")
@@ -211,6 +241,19 @@ def _report(records: List[Dict[str, Any]], planner: str, wall: float) -> None:
         print(f"  {source}: {ok}/{total} solved; first planner action: {common}")
     categories = collections.Counter(r["category"] for r in records)
     print("  outcomes: " + ", ".join(f"{name} {count}" for name, count in categories.most_common()))
+    stops = collections.Counter(r["stop_reason"] for r in records)
+    turns = sum(r["planner_turns"] for r in records) / len(records)
+    tools = sum(r["tool_calls"] for r in records) / len(records)
+    print(
+        f"  per question: {turns:.2f} planner turns, {tools:.2f} tool calls; stop reasons: "
+        + ", ".join(f"{name} {count}" for name, count in stops.most_common())
+    )
+    by_task: Dict[Any, List[float]] = collections.defaultdict(list)
+    for record in records:
+        by_task[record["id"]].append(record["reward"])
+    if any(len(rewards) > 1 for rewards in by_task.values()):
+        mixed = sum(1 for rewards in by_task.values() if 0 < sum(r >= 1.0 for r in rewards) < len(rewards))
+        print(f"  questions with both solved and failed samples (GRPO groups with signal): {mixed}/{len(by_task)}")
 
 
 if __name__ == "__main__":

@@ -64,17 +64,22 @@ class Memory:
         return action
 
     def render(self) -> str:
-        """The recent actions as compact prompt text (``"none yet"`` when empty)."""
+        """The recent actions as compact prompt text, one line each (``"none yet"`` when empty).
+
+        A line is ``Step N (tool): input -> result``: what a small model needs to carry a value from one step to the
+        next, without the sub-goals (the planner wrote them; the input says what was actually done).
+        """
         if not self.actions:
             return "none yet"
         hidden = len(self.actions) - self.max_actions_in_prompt
         lines = [f"({hidden} earlier step(s) omitted)"] if hidden > 0 else []
         for action in self.actions[-self.max_actions_in_prompt :]:
-            lines.append(
-                f"Step {action.step}: tool={action.tool_name}; sub-goal={action.sub_goal}; "
-                f"input={action.tool_input}; result={action.result}"
-            )
+            lines.append(f"Step {action.step} ({action.tool_name}): {action.tool_input} -> {action.result}")
         return "\n".join(lines)
+
+    def last_result(self) -> str:
+        """The newest tool result (``"none"`` before the first step): where the solution generator copies from."""
+        return self.actions[-1].result if self.actions else "none"
 
     def to_list(self) -> List[Dict[str, Any]]:
         """The actions as plain dicts (JSON-serialisable)."""

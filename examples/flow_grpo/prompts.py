@@ -1,11 +1,14 @@
 """Prompts of the solver's roles.
 
 One set of prompts serves training and inference, so the planner is trained on exactly the prompts it sees when
-deployed. They are short (a 135M model plays every role on CPU), ask for one flat JSON object and show its exact
-format; the planner's lists the tools with one line of metadata each (saying when each tool is the right one). The
-planner, the executor and the solution generator get worked examples as earlier chat turns: a 135M model copies a
-demonstrated answer far more reliably than it follows a described format. The examples use questions that are not
-in the shipped dataset.
+deployed. They are short (a 135M model plays every role on CPU, and every prompt token is paid for at each call and
+at each training update), ask for one flat JSON object and show its exact format. Every role but the query analyzer
+gets worked examples as earlier chat turns: a 135M model copies a demonstrated answer far more reliably than it
+follows a described format. The examples are about places, people and events that are not in the shipped dataset,
+and their questions follow other patterns than the dataset's.
+
+The memory of earlier steps is rendered one line per step (``Step 1 (search): <input> -> <result>``), and the
+solution generator also gets the newest result on a line of its own, which is where it copies the answer from.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "planner_user",
     "solution_examples",
     "solution_user",
+    "verifier_examples",
     "verifier_user",
 ]
 
@@ -43,34 +47,39 @@ ANALYZER_SYSTEM = (
 )
 
 PLANNER_SYSTEM = (
-    "You are the planner of a problem-solving agent. Pick the single best tool for the next step and a concrete "
-    "sub-goal for it. Only when the previous steps already contain the answer, use the tool name "
-    f'"{STOP_ACTION}".\n'
-    "Tools:\n{tools}\n"
-    f"- {STOP_ACTION}: stop; the previous steps already answer the question.\n"
-    "Reply with one JSON object only, in this format:\n"
-    '{{"tool_name": "...", "sub_goal": "...", "context": "...", "justification": "..."}}'
+    "You plan the next step towards answering a question. Tools:\n{tools}\n"
+    f"- {STOP_ACTION}: stop, the steps already answer the question.\n"
+    "Use one tool per step. Write in the sub-goal the exact names and numbers the tool needs, copied from the "
+    "question and the earlier steps.\n"
+    'Reply with JSON only: {{"tool_name": "...", "sub_goal": "..."}}'
 )
 
 EXECUTOR_SYSTEM = (
-    "You write the input for one tool call so that it achieves the sub-goal. Copy numbers, expressions and names "
-    "exactly from the question.\n"
+    "You write the input of one tool call that achieves the sub-goal. Copy names, numbers and words exactly.\n"
     'Reply with JSON only: {"tool_input": "..."}'
 )
 
 VERIFIER_SYSTEM = (
-    "You check whether the steps so far contain the answer to the question. Set stop to true only when the "
-    "results of the steps already give the complete answer to every part of the question; otherwise false.\n"
-    'Reply with JSON only: {"analysis": "...", "stop": true}'
+    "You check whether the steps so far answer the question. Set stop to true only when the last result gives "
+    "the value the question asks for; if it gives something else, or a calculation is still needed, set false.\n"
+    'Reply with JSON only: {"stop": true} or {"stop": false}'
 )
 
 SOLUTION_SYSTEM = (
-    "You give the final answer to a question using the results of the steps taken: copy the value from the last "
-    "result. Answer with the value only: a number, a name or a year, no sentence.\n"
+    "You give the final answer to a question from the results of the steps: copy the value the question asks for "
+    "from the last result. Answer with the value only: a number, a name or a word, no sentence.\n"
     'Reply with JSON only: {"answer": "..."}'
 )
 
 GENERALIST_SYSTEM = "Answer the question briefly and directly, in one or two sentences."
+
+# The worked examples' small world (not in the shipped corpus).
+_LAKE = "Which lake lies next to the town where the Iron Treaty was signed?"
+_YEARS = "How many years was the Iron Treaty in force?"
+_SIGNED = "Step 1 (search): Find where the Iron Treaty was signed -> The Iron Treaty was signed in Brookvale in 1620."
+_LAKE_FOUND = "Step 2 (search): Find the lake next to Brookvale -> Lake Oren lies next to Brookvale."
+_IN_FORCE = "Step 1 (search): Find when the Iron Treaty was in force -> The Iron Treaty was in force from 1620 to 1688."
+_COMPUTED = "Step 2 (calculator): 1688 - 1620 -> 68"
 
 
 def planner_system(tools: str) -> str:
@@ -85,72 +94,74 @@ def analyzer_user(question: str, tools: str) -> str:
 
 def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns: int) -> str:
     """Planner input for one turn."""
-    return (
-        f"Question: {question}\nAnalysis: {analysis}\nPrevious steps:\n{memory}\n"
-        f"Step {turn} of {max_turns}. Next step JSON:"
-    )
+    return f"Question: {question}\nAnalysis: {analysis}\nSteps so far:\n{memory}\nStep {turn} of {max_turns}. JSON:"
+
+
+def _step(tool: str, sub_goal: str) -> str:
+    return json.dumps({"tool_name": tool, "sub_goal": sub_goal})
 
 
 def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
-    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a fact
-    sent to search, the stop action after a step that answered, a calculation sent to the calculator. Small models
-    follow demonstrated turns much better than described formats."""
+    """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a word
+    task for Python, the stop action once a step answered, a calculation on found numbers, a second look-up that
+    uses what the first found, and a first look-up. A 135M planner leans towards the tool of the last example, so
+    the order is part of the design: the first look-up, the most common first step, comes last."""
     return [
         (
-            planner_user("Who discovered penicillin?", "Asks for a person.", "none yet", 1, max_turns),
-            '{"tool_name": "search", "sub_goal": "Find who discovered penicillin", "context": "", '
-            '"justification": "The question asks for a fact."}',
+            planner_user("Which letter appears most often in the word 'cheese'?", "Asks about letters.", "none yet", 1, max_turns),
+            _step("python", "Find the most common letter in 'cheese'"),
         ),
-        (
-            planner_user(
-                "How many legs do 7 spiders have?",
-                "Needs a multiplication.",
-                "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56",
-                2,
-                max_turns,
-            ),
-            f'{{"tool_name": "{STOP_ACTION}", "sub_goal": "", "context": "56", "justification": "Step 1 gives the answer."}}',
-        ),
-        (
-            planner_user("What is 23 * 47 + 5?", "Needs a calculation.", "none yet", 1, max_turns),
-            '{"tool_name": "calculator", "sub_goal": "Calculate 23 * 47 + 5", "context": "", '
-            '"justification": "The question asks to compute with numbers."}',
-        ),
+        (planner_user(_YEARS, "Asks for a duration.", f"{_IN_FORCE}\n{_COMPUTED}", 3, max_turns), _step(STOP_ACTION, "")),
+        (planner_user(_YEARS, "Asks for a duration.", _IN_FORCE, 2, max_turns), _step("calculator", "Calculate 1688 - 1620")),
+        (planner_user(_LAKE, "Asks for a lake.", _SIGNED, 2, max_turns), _step("search", "Find the lake next to Brookvale")),
+        (planner_user(_LAKE, "Asks for a lake.", "none yet", 1, max_turns), _step("search", "Find where the Iron Treaty was signed")),
+    ]  # fmt: skip
+
+
+def verifier_examples() -> List[Tuple[str, str]]:
+    """Worked examples for the verifier: a first look-up that found only an intermediate fact (continue), the
+    look-up that found the asked value (stop), found numbers still to compute with (continue), the computed value
+    (stop)."""
+    return [
+        (verifier_user(_LAKE, _SIGNED), '{"stop": false}'),
+        (verifier_user(_LAKE, f"{_SIGNED}\n{_LAKE_FOUND}"), '{"stop": true}'),
+        (verifier_user(_YEARS, _IN_FORCE), '{"stop": false}'),
+        (verifier_user(_YEARS, f"{_IN_FORCE}\n{_COMPUTED}"), '{"stop": true}'),
     ]
 
 
 def solution_examples() -> List[Tuple[str, str]]:
-    """Worked examples for the solution generator (the value copied from the last result, as JSON)."""
-    fact = (
-        "Step 1: tool=search; sub-goal=Find who discovered penicillin; input=discovered penicillin; "
-        "result=[Penicillin] Penicillin was discovered in 1928 by the Scottish physician Alexander Fleming."
-    )
-    year = (
-        "Step 1: tool=search; sub-goal=Find the launch year; input=Hubble telescope launch year; "
-        "result=[Hubble Space Telescope] The Hubble Space Telescope, 13 metres long, was launched in 1990."
-    )
-    calculation = "Step 1: tool=calculator; sub-goal=Multiply 7 by 8; input=7 * 8; result=7 * 8 = 56"
+    """Worked examples for the solution generator: a place, a year, a person and a computed number copied from
+    the last result."""
+    signed = "The Iron Treaty was signed in Brookvale in 1620."
+    signer = "Mara Vell signed the Iron Treaty in 1620."
     return [
-        (solution_user("Who discovered penicillin?", fact), '{"answer": "Alexander Fleming"}'),
-        (solution_user("In what year was the Hubble telescope launched?", year), '{"answer": "1990"}'),
-        (solution_user("How many legs do 7 spiders have?", calculation), '{"answer": "56"}'),
-    ]
+        (solution_user(_LAKE, f"{_SIGNED}\n{_LAKE_FOUND}", "Lake Oren lies next to Brookvale."), '{"answer": "Lake Oren"}'),
+        (solution_user("In what year was the Iron Treaty signed?", _SIGNED, signed), '{"answer": "1620"}'),
+        (
+            solution_user("Who signed the Iron Treaty?", f"Step 1 (search): Find who signed the Iron Treaty -> {signer}", signer),
+            '{"answer": "Mara Vell"}',
+        ),
+        (solution_user(_YEARS, f"{_IN_FORCE}\n{_COMPUTED}", "68"), '{"answer": "68"}'),
+    ]  # fmt: skip
 
 
 def executor_examples(tool: ToolMetadata) -> List[Tuple[str, str]]:
     """The chosen tool's worked examples for the executor, as (user, assistant) chat turns."""
     return [
-        (executor_user(question, tool, sub_goal, ""), json.dumps({"tool_input": tool_input}))
-        for question, sub_goal, tool_input in tool.examples
+        (executor_user(tool, sub_goal, ""), json.dumps({"tool_input": tool_input}))
+        for _question, sub_goal, tool_input in tool.examples
     ]
 
 
-def executor_user(question: str, tool: ToolMetadata, sub_goal: str, context: str) -> str:
-    """Executor input: the chosen tool's metadata, the sub-goal and the planner's context."""
-    return (
-        f"Tool: {tool.name}\nInput format: {tool.input_description}\nQuestion: {question}\n"
-        f"Context: {context or 'none'}\nSub-goal: {sub_goal}\nJSON:"
-    )
+def executor_user(tool: ToolMetadata, sub_goal: str, context: str) -> str:
+    """Executor input: the chosen tool, its input format and the planner's sub-goal (and context, when given).
+
+    The question is left out on purpose: shown it, a 135M executor copies the question instead of the sub-goal,
+    so the planner's decision of what to look up or compute would not reach the tool.
+    """
+    context_line = f"Context: {context}\n" if context else ""
+    return f"Tool: {tool.name}\nInput format: {tool.input_description}\n{context_line}Sub-goal: {sub_goal}\nJSON:"
 
 
 def verifier_user(question: str, memory: str) -> str:
@@ -158,6 +169,6 @@ def verifier_user(question: str, memory: str) -> str:
     return f"Question: {question}\nSteps so far:\n{memory}\nJSON:"
 
 
-def solution_user(question: str, memory: str) -> str:
-    """Solution generator input."""
-    return f"Question: {question}\nSteps taken:\n{memory}\nJSON:"
+def solution_user(question: str, memory: str, last_result: str) -> str:
+    """Solution generator input: the steps, then the newest result on its own line."""
+    return f"Question: {question}\nSteps:\n{memory}\nLast result: {last_result}\nJSON:"

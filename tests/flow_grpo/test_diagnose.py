@@ -9,7 +9,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from examples.flow_grpo.diagnose import OraclePlanner, classify, main
+from examples.flow_grpo.data import load_offline_dataset
+from examples.flow_grpo.diagnose import OraclePlanner, classify, main, oracle_steps
 from examples.flow_grpo.solver import FlowSolver, SolverConfig
 
 from .scripted_llm import ScriptedLLM
@@ -29,7 +30,8 @@ def _write_tasks(path: Path, tasks: List[Dict[str, Any]]) -> Path:
 def test_oracle_planner_uses_the_sources_tool_then_stops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = {
         "query_analyzer": [ANALYSIS],
-        # The executor copies the question; the calculator reads the expression inside it.
+        # The executor copies the sub-goal (the question, for a task without a plan); the calculator reads the
+        # expression inside it.
         "executor": ['{"tool_input": "What is 47 * 86?"}'],
         "verifier": ['{"stop": false}'],
         "solution_generator": ['{"answer": "4042"}'],
@@ -42,12 +44,38 @@ def test_oracle_planner_uses_the_sources_tool_then_stops(tmp_path: Path, capsys:
         assert "planner" not in llm.roles()  # the oracle answers without a model
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["category"] == "success" and record["first_action"] == "calculator"
-    assert record["steps"][0]["result"] == "47 * 86 = 4042"
+    assert record["steps"][0]["result"] == "4042"
+    assert (record["planner_turns"], record["tool_calls"], record["stop_reason"]) == (2, 1, "planner")
     report = capsys.readouterr().out
     assert (
         "planner=oracle: 1/1 solved" in report
         and "arithmetic: 1/1 solved; first planner action: calculator 1" in report
+        and "per question: 2.00 planner turns, 1.00 tool calls; stop reasons: planner 1" in report
     )
+
+
+def test_oracle_follows_a_tasks_reference_plan_step_by_step(tmp_path: Path) -> None:
+    task = next(t for t in load_offline_dataset("val") if t["source"] == "calc_lookup")
+    steps = oracle_steps(task, {})
+    assert steps is not None and [tool for tool, _ in steps] == ["calculator", "search"]
+    assert oracle_steps(TASKS[1], {}) is None and oracle_steps(TASKS[1], {"fact": "search"}) == [
+        ("search", "Who wrote Hamlet?")
+    ]
+    # The executor copies each sub-goal; the solution generator the gold answer.
+    script = {
+        "query_analyzer": [ANALYSIS],
+        "executor": [json.dumps({"tool_input": sub_goal}) for _, sub_goal in steps],
+        "verifier": ['{"stop": false}'],
+        "solution_generator": [json.dumps({"answer": task["result"]})],
+    }
+    out = tmp_path / "records.jsonl"
+    tasks = _write_tasks(tmp_path / "tasks.jsonl", [task])
+    with ScriptedLLM(script) as llm:
+        argv = ["--planner", "oracle", "--split", str(tasks), "--planner-url", llm.base_url, "--planner-model", "m"]
+        assert main([*argv, "--json", str(out)]) == 0
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["reward"] == 1.0 and [s["tool_name"] for s in record["steps"]] == ["calculator", "search"]
+    assert task["result"] in record["steps"][1]["result"]
 
 
 @pytest.mark.parametrize(
@@ -94,6 +122,11 @@ def test_oracle_needs_a_tool_for_every_source(tmp_path: Path, capsys: pytest.Cap
     assert "no --oracle-tool for source(s) nq" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--oracle-tool", "nq"])
-    planner = OraclePlanner("q?", "search")
-    assert json.loads(planner.chat("planner", "", ""))["tool_name"] == "search"
+    planner = OraclePlanner([("search", "q?")])
+    assert json.loads(planner.chat("planner", "", "")) == {
+        "tool_name": "search",
+        "sub_goal": "q?",
+        "context": "",
+        "justification": "oracle",
+    }
     assert json.loads(planner.chat("planner", "", ""))["tool_name"] == "finish"

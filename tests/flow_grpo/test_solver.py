@@ -12,11 +12,19 @@ from examples.flow_grpo import FlowGRPOAgent, FlowSolver, RoleLLM, SolverConfig
 from examples.flow_grpo.agents import generate_solution
 from examples.flow_grpo.memory import Memory, truncate
 from examples.flow_grpo.prompts import solution_examples
-from examples.flow_grpo.tools import CalculatorTool
+from examples.flow_grpo.tools import CalculatorTool, Document, SearchTool
 
 from .scripted_llm import ScriptedLLM
 
 ANALYSIS = '{"summary": "square then look up", "tools": ["calculator", "search"]}'
+
+
+# A corpus of its own, so the tests do not depend on the generated one.
+CORPUS = [
+    Document("d1", "The Silverleaf Regatta", "The Silverleaf Regatta was held in Garford in 1454."),
+    Document("d2", "Garford", "Corrin is the river that flows through Garford."),
+    Document("d3", "The Lantern Games", "The Lantern Games was held in Wendale in 1415."),
+]
 
 
 def _solve(
@@ -26,7 +34,7 @@ def _solve(
     with ScriptedLLM({"query_analyzer": [ANALYSIS], **script}) as llm:
         planner = RoleLLM.from_endpoint(llm.base_url, "planner-model")
         fixed = RoleLLM.from_endpoint(llm.base_url, "fixed-model")
-        result = FlowSolver(SolverConfig(max_turns=max_turns)).solve(
+        result = FlowSolver(SolverConfig(max_turns=max_turns), search=SearchTool(CORPUS)).solve(
             question, planner, fixed, lambda e, d: events.append((e, d))
         )
     return result, llm, events
@@ -35,20 +43,20 @@ def _solve(
 def test_multi_tool_solve_stopped_by_the_planner() -> None:
     script = {
         "planner": [
-            '{"justification": "math first", "context": "", "sub_goal": "compute 12 squared", "tool_name": "calculator"}',
-            '{"justification": "need history", "context": "year 144", "sub_goal": "event in 144", "tool_name": "search"}',
+            '{"justification": "math first", "context": "", "sub_goal": "Calculate 1000 + 454", "tool_name": "calculator"}',
+            '{"justification": "look up", "context": "", "sub_goal": "Find the event held in 1454", "tool_name": "search"}',
             '{"justification": "answered", "context": "", "sub_goal": "", "tool_name": "finish"}',
         ],
-        "executor": ['{"tool_input": "12 ** 2"}', '{"tool_input": "year 144 excommunicated"}'],
+        "executor": ['{"tool_input": "1000 + 454"}', '{"tool_input": "Find the event held in 1454"}'],
         "verifier": ['{"analysis": "we cannot stop yet", "stop": false}'],
-        "solution_generator": ['{"answer": "Marcion of Sinope"}'],
+        "solution_generator": ['{"answer": "Silverleaf Regatta"}'],
     }
-    result, llm, events = _solve(script, "Calculate 12 squared, then find a major historical event in that year")
+    result, llm, events = _solve(script, "Which event was held in the year 1000 + 454?")
     assert result.stop_reason == "planner" and result.planner_calls == 3
-    assert result.answer == "Marcion of Sinope"
+    assert result.answer == "Silverleaf Regatta"
     assert [t.tool_name for t in result.turns[:2]] == ["calculator", "search"]
-    assert result.turns[0].observation == "12 ** 2 = 144"
-    assert "Marcion of Sinope" in (result.turns[1].observation or "")
+    assert result.turns[0].observation == "1454"
+    assert result.turns[1].observation == "The Silverleaf Regatta was held in Garford in 1454."
     assert llm.roles() == ["query_analyzer", *["planner", "executor", "verifier"] * 2, "planner", "solution_generator"]
     assert [e for e, _ in events] == ["analysis", *["plan", "command", "tool", "verification"] * 2, "plan", "answer"]
     # The planner uses its own endpoint/model; every other role the fixed one.
@@ -56,7 +64,9 @@ def test_multi_tool_solve_stopped_by_the_planner() -> None:
     assert models["planner"] == "planner-model" and {models[r] for r in models if r != "planner"} == {"fixed-model"}
     # Memory of earlier steps reaches the later prompts.
     last_planner_prompt = [b for r, b in llm.requests if r == "planner"][-1]["messages"][-1]["content"]
-    assert "Step 1: tool=calculator" in last_planner_prompt and "result=12 ** 2 = 144" in last_planner_prompt
+    assert "Step 1 (calculator): 1000 + 454 -> 1454\nStep 2 (search): Find the event held in 1454 -> The" in (
+        last_planner_prompt
+    )
 
 
 def test_verifier_stop_field_ends_the_loop() -> None:
@@ -103,7 +113,9 @@ def test_memory_truncates_results_and_shows_recent_steps() -> None:
         memory.add("python", f"goal {i}", "print(1)", "x" * 1000 + f"END{i}")
     assert all(len(a.result) <= 50 and a.result.endswith(f"END{a.step - 1}") for a in memory.actions)
     rendered = memory.render()
-    assert rendered.startswith("(1 earlier step(s) omitted)") and "Step 1:" not in rendered and "Step 3:" in rendered
+    assert rendered.startswith("(1 earlier step(s) omitted)") and "Step 1 " not in rendered
+    assert "Step 3 (python): print(1) -> " in rendered and rendered.endswith("END2")
+    assert memory.last_result().endswith("END2") and Memory().last_result() == "none"
     assert truncate("short", 10) == "short"
     with pytest.raises(ValueError):
         truncate("x", 2)
@@ -119,12 +131,14 @@ def test_planner_prompt_lists_every_tool_with_metadata_and_shows_worked_turns() 
     system = messages[0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    # Three worked examples as earlier turns in the real format (a fact search, the stop action, a calculation),
-    # then the task; the tool name comes first in every step.
-    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 3, "user"]
-    for index, tool in ((2, "search"), (4, "finish"), (6, "calculator")):
+    # Five worked examples as earlier turns in the real format (a word task for Python, the stop action, a
+    # calculation on found numbers, a look-up using an earlier result, a first look-up), then the task; the tool
+    # name comes first in every step.
+    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 5, "user"]
+    for index, tool in ((2, "python"), (4, "finish"), (6, "calculator"), (8, "search"), (10, "search")):
         assert messages[index]["content"].startswith(f'{{"tool_name": "{tool}"')
-    assert messages[7]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Next step JSON:")
+    assert "Brookvale" in messages[7]["content"] and "Brookvale" in messages[8]["content"]  # the found name is reused
+    assert messages[11]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Step 1 of 3. JSON:")
 
 
 def test_executor_sees_the_chosen_tools_worked_examples_and_solution_generator_its_own() -> None:
@@ -135,17 +149,18 @@ def test_executor_sees_the_chosen_tools_worked_examples_and_solution_generator_i
         "solution_generator": ['{"answer": "4042"}'],
     }
     result, llm, _ = _solve(script, "What is 47 * 86?")
-    assert result.answer == "4042" and result.turns[0].observation == "47 * 86 = 4042"
+    assert result.answer == "4042" and result.turns[0].observation == "4042"
     executor = next(b for r, b in llm.requests if r == "executor")["messages"]
     examples = CalculatorTool.metadata.examples
     assert [m["role"] for m in executor] == ["system", *["user", "assistant"] * len(examples), "user"]
     assert json.loads(executor[2]["content"]) == {"tool_input": examples[0][2]}
-    assert (
-        executor[-1]["content"].startswith("Tool: calculator\n")
-        and "Sub-goal: Calculate 47 * 86" in executor[-1]["content"]
+    assert executor[-1]["content"].startswith("Tool: calculator\n") and executor[-1]["content"].endswith(
+        "Sub-goal: Calculate 47 * 86\nJSON:"
     )
+    assert "What is 47 * 86?" not in executor[-1]["content"]  # the executor works from the sub-goal alone
     solution = next(b for r, b in llm.requests if r == "solution_generator")["messages"]
-    assert len(solution) == 2 + 2 * len(solution_examples()) and "47 * 86 = 4042" in solution[-1]["content"]
+    assert len(solution) == 2 + 2 * len(solution_examples())
+    assert solution[-1]["content"].endswith("Step 1 (calculator): 47 * 86 -> 4042\nLast result: 4042\nJSON:")
 
 
 @pytest.mark.parametrize(

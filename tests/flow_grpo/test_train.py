@@ -76,8 +76,8 @@ def test_cli_reports_a_bad_configuration_with_exit_status_2(tmp_path: Path, caps
 
 
 def test_data_section_filters_by_source_and_limit() -> None:
-    tasks = load_split("val", ["arithmetic"], 5)
-    assert len(tasks) == 5 and {t["source"] for t in tasks} == {"arithmetic"}
+    tasks = load_split("val", ["multihop"], 5)
+    assert len(tasks) == 5 and {t["source"] for t in tasks} == {"multihop"}
     with pytest.raises(ValueError, match="no task"):
         load_split("val", ["no-such-source"], None)
 

@@ -38,8 +38,9 @@ class ToolMetadata:
     aliases: Tuple[str, ...] = ()
 
     def one_line(self) -> str:
-        """``name: description (input: ...)``, the form used in prompts."""
-        return f"{self.name}: {self.description} Input: {self.input_description}"
+        """``name: description``, the form used in the planner's and analyzer's tool lists (the executor alone
+        needs the input format)."""
+        return f"{self.name}: {self.description}"
 
 
 @dataclass

@@ -120,16 +120,15 @@ def _format(value: Number) -> str:
 
 
 class CalculatorTool(Tool):
-    """Evaluates one arithmetic expression."""
+    """Evaluates one arithmetic expression and returns its value alone (the memory shows the input next to it)."""
 
     metadata = ToolMetadata(
         name="calculator",
-        description="Evaluates an arithmetic expression exactly. Use it whenever the question asks to compute "
-        "with numbers.",
-        input_description="One expression such as (17 + 25) * 3 or sqrt(144).",
+        description="Computes arithmetic on numbers exactly.",
+        input_description="One expression such as 1688 - 1620.",
         examples=(
+            ("How many years did the Iron Treaty last?", "Calculate 1688 - 1620", "1688 - 1620"),
             ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "(12 + 30) * 4"),
-            ("Compute 15 * 16 - 7.", "Compute the value", "15 * 16 - 7"),
         ),
         aliases=("calc", "calculate", "math", "maths", "arithmetic"),
     )
@@ -147,4 +146,4 @@ class CalculatorTool(Tool):
                 value, expression = evaluate_expression(inner), inner
             except (ValueError, ArithmeticError, TypeError) as inner_exc:
                 return ToolResult(f"Error: {inner_exc}", ok=False)
-        return ToolResult(f"{expression} = {_format(value)}")
+        return ToolResult(_format(value))

@@ -221,11 +221,26 @@ class PythonTool(Tool):
 
     metadata = ToolMetadata(
         name="python",
-        description="Runs Python code and returns what it prints. Use it for loops or many steps of math.",
+        description="Runs Python code and returns what it prints; for tasks on letters and words (counting, "
+        "reversing, sorting).",
         input_description="Python code that prints the result.",
         examples=(
-            ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "print((12 + 30) * 4)"),
-            ("What is the sum of 1 to 50?", "Add the numbers 1 to 50", "print(sum(range(1, 51)))"),
+            (
+                "How many times does 'o' appear in 'goose'?",
+                "Count the letter 'o' in 'goose'",
+                "print('goose'.count('o'))",
+            ),
+            ("What is 'stone' spelled backwards?", "Reverse 'stone'", "print('stone'[::-1])"),
+            (
+                "How many vowels does 'house' have?",
+                "Count the vowels in 'house'",
+                "print(sum(c in 'aeiou' for c in 'house'))",
+            ),
+            (
+                "Which of cat, dog and ant is last alphabetically?",
+                "Sort cat, dog, ant",
+                "print(sorted(['cat', 'dog', 'ant'])[-1])",
+            ),
         ),
         aliases=("python_code", "code", "python_coder"),
     )

@@ -144,12 +144,19 @@ class SearchTool(Tool):
 
     metadata = ToolMetadata(
         name="search",
-        description="Searches an encyclopedia and returns short passages. Use it for facts: people, places, "
-        "dates, events.",
-        input_description="A few keywords, e.g. a name and what you want to know.",
+        description="Looks up one fact about a person, place, building or event in an encyclopedia.",
+        input_description="The sub-goal, copied word for word.",
         examples=(
-            ("Who discovered penicillin?", "Find who discovered penicillin", "discovered penicillin"),
-            ("In what year did the Hubble telescope launch?", "Find the launch year", "Hubble telescope launch year"),
+            (
+                "Which lake lies next to the town where the Iron Treaty was signed?",
+                "Find where the Iron Treaty was signed",
+                "Find where the Iron Treaty was signed",
+            ),
+            (
+                "Which lake lies next to the town where the Iron Treaty was signed?",
+                "Find the lake next to Brookvale",
+                "Find the lake next to Brookvale",
+            ),
         ),
         aliases=("web_search", "encyclopedia", "lookup"),
     )
@@ -163,8 +170,8 @@ class SearchTool(Tool):
         self.k = k
 
     def run(self, tool_input: str) -> ToolResult:
-        """Return the top passages, or say that nothing matched."""
+        """Return the text of the top passages (each names its subject), or say that nothing matched."""
         hits = self.index.search(tool_input, k=self.k)
         if not hits:
             return ToolResult(f"No passage matches {tool_input.strip()!r}.", ok=False)
-        return ToolResult("\n".join(f"[{doc.title}] {doc.text}" for doc, _ in hits))
+        return ToolResult("\n".join(doc.text for doc, _ in hits))
