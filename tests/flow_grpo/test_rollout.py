@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 
 import agentbolt as agl
 from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet
-from agentbolt.emitter import find_final_reward
+from agentbolt.algorithm.grpo.samples import triplets_to_samples
+from agentbolt.emitter import find_final_reward, get_object_value
 from agentbolt.models.tiny import create_tiny_model
 from agentbolt.semconv import LLM_AGENT_NAME
 from agentbolt.serving.server import InferenceServer
@@ -28,6 +29,7 @@ from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import Span
 from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
+from examples.flow_grpo.evaluation import SOLVE_RECORD_KIND
 
 FAST_RUNNER = {"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, "heartbeat_interval": 1.0}
 TASK: Dict[str, Any] = {
@@ -183,15 +185,36 @@ def test_rollout_with_a_random_tiny_model_trains_only_planner_turns(
     _check_planner_triplets(spans, planner_calls=2, reward=0.0)
 
 
-def test_rollout_with_an_answering_tiny_model_runs_every_role_and_rewards_each_planner_turn(
+def test_three_turn_rollout_trains_three_planner_samples_on_the_final_reward(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
+    # The answering model plays every role: the planner picks the generalist tool three times (the verifier keeps
+    # saying "continue"), and the solution generator gives the right answer.
     model_dir = build_answering_model(tmp_path_factory.mktemp("tiny-answering"), UNIVERSAL)
     with _serve(model_dir) as server:
-        spans = _run_rollout(server, tmp_path, max_turns=2)
+        spans = _run_rollout(server, tmp_path, max_turns=3)
     turn = ["planner", "executor", "generalist", "verifier"]
-    expected = ["query_analyzer", *turn, *turn, "solution_generator"]
+    expected = ["query_analyzer", *turn, *turn, *turn, "solution_generator"]
     roles = _roles_by_record(spans)
     assert roles["gateway"] == expected
     assert roles["agent_spans"] == expected
-    _check_planner_triplets(spans, planner_calls=2, reward=1.0)
+    _check_planner_triplets(spans, planner_calls=3, reward=1.0)
+    # What GRPO trains on (credit "final", agent_match "planner"): one sample per planner turn, each with the
+    # trajectory's final reward, in the prompt that turn saw; the 10 fixed-role calls are excluded.
+    samples, stats = triplets_to_samples(
+        LlmProxyTraceToTriplet().adapt(spans),
+        rollout_id="r",
+        group_id="g",
+        final_reward=find_final_reward(spans) or 0.0,
+        credit="final",
+        agent_match="planner",
+    )
+    assert [s.reward for s in samples] == [1.0, 1.0, 1.0]
+    assert {s.agent_name for s in samples} == {"planner"} and stats.other_agents == len(expected) - 3
+    # Each later turn's prompt holds the earlier turns' tool results: every turn is trained in its own state.
+    assert len(samples[0].prompt_ids) < len(samples[1].prompt_ids) < len(samples[2].prompt_ids)
+    # The solve record for evaluation is in the trace too.
+    records = [get_object_value(s) for s in spans if s.attributes.get("flow_grpo.kind") == SOLVE_RECORD_KIND]
+    assert [(r["planner_turns"], r["tool_calls"], r["stop_reason"], r["reward"]) for r in records] == [
+        (3, 3, "max_turns", 1.0)
+    ]
