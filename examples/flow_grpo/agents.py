@@ -227,10 +227,12 @@ def plan_next_step(
     return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, examples)
 
 
-def generate_command(llm: RoleLLM, tool: ToolMetadata, sub_goal: str, context: str, max_tokens: int = 64) -> RoleOutput:
+def generate_command(
+    llm: RoleLLM, tool: ToolMetadata, sub_goal: str, context: str, last_result: str = "none", max_tokens: int = 64
+) -> RoleOutput:
     """Executor. Fallback: the sub-goal itself as the tool input."""
     fallback = ToolCommand(tool_input=sub_goal)
-    user = prompts.executor_user(tool, sub_goal, context)
+    user = prompts.executor_user(tool, sub_goal, context, last_result)
     examples = prompts.executor_examples(tool)
     return _ask(llm, EXECUTOR, prompts.EXECUTOR_SYSTEM, user, ToolCommand, fallback, max_tokens, examples)
 

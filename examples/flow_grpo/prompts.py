@@ -76,9 +76,10 @@ GENERALIST_SYSTEM = "Answer the question briefly and directly, in one or two sen
 # The worked examples' small world (not in the shipped corpus).
 _LAKE = "Which lake lies next to the town where the Iron Treaty was signed?"
 _YEARS = "How many years was the Iron Treaty in force?"
-_SIGNED = "Step 1 (search): Find where the Iron Treaty was signed -> The Iron Treaty was signed in Brookvale in 1620."
-_LAKE_FOUND = "Step 2 (search): Find the lake next to Brookvale -> Lake Oren lies next to Brookvale."
-_IN_FORCE = "Step 1 (search): Find when the Iron Treaty was in force -> The Iron Treaty was in force from 1620 to 1688."
+_LETTER = "Which letter appears most often in the word 'cheese'?"
+_SIGNED = f"Step 1 (search): {_LAKE} -> The Iron Treaty was signed in Brookvale in 1620."
+_LAKE_FOUND = f"Step 2 (search): {_LAKE} -> Lake Oren lies next to Brookvale."
+_IN_FORCE = f"Step 1 (search): {_YEARS} -> The Iron Treaty was in force from 1620 to 1688."
 _COMPUTED = "Step 2 (calculator): 1688 - 1620 -> 68"
 
 
@@ -103,30 +104,28 @@ def _step(tool: str, sub_goal: str) -> str:
 
 def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
     """Worked examples for the planner, as (user, assistant) chat turns in the exact format of real turns: a word
-    task for Python, the stop action once a step answered, a calculation on found numbers, a second look-up that
-    uses what the first found, and a first look-up. A 135M planner leans towards the tool of the last example, so
-    the order is part of the design: the first look-up, the most common first step, comes last."""
+    task for Python, the stop action once a step answered, a calculation on a found fact, and a first look-up. The
+    sub-goal repeats the question: the executor and the follow-up search take it from there. A 135M planner leans
+    towards the tool of the last example, so the order is part of the design (the look-up, the most common first
+    step, comes last)."""
     return [
-        (
-            planner_user("Which letter appears most often in the word 'cheese'?", "Asks about letters.", "none yet", 1, max_turns),
-            _step("python", "Find the most common letter in 'cheese'"),
-        ),
+        (planner_user(_LETTER, "Asks about letters.", "none yet", 1, max_turns), _step("python", _LETTER)),
         (planner_user(_YEARS, "Asks for a duration.", f"{_IN_FORCE}\n{_COMPUTED}", 3, max_turns), _step(STOP_ACTION, "")),
-        (planner_user(_YEARS, "Asks for a duration.", _IN_FORCE, 2, max_turns), _step("calculator", "Calculate 1688 - 1620")),
-        (planner_user(_LAKE, "Asks for a lake.", _SIGNED, 2, max_turns), _step("search", "Find the lake next to Brookvale")),
-        (planner_user(_LAKE, "Asks for a lake.", "none yet", 1, max_turns), _step("search", "Find where the Iron Treaty was signed")),
+        (planner_user(_YEARS, "Asks for a duration.", _IN_FORCE, 2, max_turns), _step("calculator", _YEARS)),
+        (planner_user(_LAKE, "Asks for a lake.", "none yet", 1, max_turns), _step("search", _LAKE)),
     ]  # fmt: skip
 
 
 def verifier_examples() -> List[Tuple[str, str]]:
-    """Worked examples for the verifier: a first look-up that found only an intermediate fact (continue), the
-    look-up that found the asked value (stop), found numbers still to compute with (continue), the computed value
-    (stop)."""
+    """Worked examples for the verifier: a look-up that found the asked value (stop), a computed value (stop), a
+    first look-up that found only an intermediate fact (continue), found numbers still to compute with (continue).
+    The last example says "continue": a 135M verifier leans towards the last example's answer, and stopping too
+    early ends a solve that needed more steps."""
     return [
-        (verifier_user(_LAKE, _SIGNED), '{"stop": false}'),
         (verifier_user(_LAKE, f"{_SIGNED}\n{_LAKE_FOUND}"), '{"stop": true}'),
-        (verifier_user(_YEARS, _IN_FORCE), '{"stop": false}'),
         (verifier_user(_YEARS, f"{_IN_FORCE}\n{_COMPUTED}"), '{"stop": true}'),
+        (verifier_user(_LAKE, _SIGNED), '{"stop": false}'),
+        (verifier_user(_YEARS, _IN_FORCE), '{"stop": false}'),
     ]
 
 
@@ -135,11 +134,15 @@ def solution_examples() -> List[Tuple[str, str]]:
     the last result."""
     signed = "The Iron Treaty was signed in Brookvale in 1620."
     signer = "Mara Vell signed the Iron Treaty in 1620."
+    who = "Who signed the Iron Treaty?"
     return [
         (solution_user(_LAKE, f"{_SIGNED}\n{_LAKE_FOUND}", "Lake Oren lies next to Brookvale."), '{"answer": "Lake Oren"}'),
-        (solution_user("In what year was the Iron Treaty signed?", _SIGNED, signed), '{"answer": "1620"}'),
         (
-            solution_user("Who signed the Iron Treaty?", f"Step 1 (search): Find who signed the Iron Treaty -> {signer}", signer),
+            solution_user("In what year was the Iron Treaty signed?", f"Step 1 (search): {_LAKE} -> {signed}", signed),
+            '{"answer": "1620"}',
+        ),
+        (
+            solution_user(who, f"Step 1 (search): {who} -> {signer}", signer),
             '{"answer": "Mara Vell"}',
         ),
         (solution_user(_YEARS, f"{_IN_FORCE}\n{_COMPUTED}", "68"), '{"answer": "68"}'),
@@ -147,21 +150,26 @@ def solution_examples() -> List[Tuple[str, str]]:
 
 
 def executor_examples(tool: ToolMetadata) -> List[Tuple[str, str]]:
-    """The chosen tool's worked examples for the executor, as (user, assistant) chat turns."""
+    """The chosen tool's worked examples for the executor, as (user, assistant) chat turns. A tool example's
+    "question" slot holds the last result the executor sees ("none" before the first step)."""
     return [
-        (executor_user(tool, sub_goal, ""), json.dumps({"tool_input": tool_input}))
-        for _question, sub_goal, tool_input in tool.examples
+        (executor_user(tool, sub_goal, "", last_result), json.dumps({"tool_input": tool_input}))
+        for last_result, sub_goal, tool_input in tool.examples
     ]
 
 
-def executor_user(tool: ToolMetadata, sub_goal: str, context: str) -> str:
-    """Executor input: the chosen tool, its input format and the planner's sub-goal (and context, when given).
+def executor_user(tool: ToolMetadata, sub_goal: str, context: str, last_result: str = "none") -> str:
+    """Executor input: the chosen tool, its input format, the newest result and the planner's sub-goal (and
+    context, when given).
 
     The question is left out on purpose: shown it, a 135M executor copies the question instead of the sub-goal,
     so the planner's decision of what to look up or compute would not reach the tool.
     """
     context_line = f"Context: {context}\n" if context else ""
-    return f"Tool: {tool.name}\nInput format: {tool.input_description}\n{context_line}Sub-goal: {sub_goal}\nJSON:"
+    return (
+        f"Tool: {tool.name}\nInput format: {tool.input_description}\nLast result: {last_result}\n{context_line}"
+        f"Sub-goal: {sub_goal}\nJSON:"
+    )
 
 
 def verifier_user(question: str, memory: str) -> str:

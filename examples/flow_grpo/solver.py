@@ -29,7 +29,7 @@ from examples.flow_grpo.agents import RoleLLM, RoleOutput, is_stop_action
 from examples.flow_grpo.memory import Memory
 from examples.flow_grpo.reward import RewardFunction, RuleReward, gold_answers
 from examples.flow_grpo.schemas import NextStep, QueryAnalysis
-from examples.flow_grpo.tools import SearchTool, Toolbox, default_toolbox
+from examples.flow_grpo.tools import SearchTool, Tool, Toolbox, default_toolbox
 
 __all__ = ["FlowGRPOAgent", "FlowSolver", "SolveResult", "SolverConfig", "TurnRecord"]
 
@@ -150,9 +150,13 @@ class FlowSolver:
         self.config = config or SolverConfig()
         self.search = search or SearchTool()
 
-    def toolbox(self, fixed: RoleLLM) -> Toolbox:
-        """The tools of one solve (the generalist answers with ``fixed``)."""
-        return default_toolbox(fixed, search=self.search, python_timeout=self.config.python_timeout)
+    def toolbox(self, fixed: RoleLLM, question: Optional[str] = None, memory: Optional[Memory] = None) -> Toolbox:
+        """The tools of one solve: the generalist answers with ``fixed``; given the solve's ``question`` and
+        ``memory``, search follows the entity the newest result introduced (see :meth:`SearchTool.follow_up`)."""
+        search: Tool = self.search
+        if question is not None and memory is not None:
+            search = self.search.follow_up(question, lambda: memory.actions[-1].result if memory.actions else "")
+        return default_toolbox(fixed, search=search, python_timeout=self.config.python_timeout)
 
     def solve(
         self, question: str, planner: RoleLLM, fixed: RoleLLM, on_event: Optional[EventCallback] = None
@@ -164,9 +168,9 @@ class FlowSolver:
         """
         emit = on_event or (lambda _event, _data: None)
         config = self.config
-        toolbox = self.toolbox(fixed)
-        tools_text = toolbox.describe()
         memory = Memory(max_result_chars=config.memory_result_chars)
+        toolbox = self.toolbox(fixed, question, memory)
+        tools_text = toolbox.describe()
 
         analysis_out = agents.analyze_query(fixed, question, tools_text)
         analysis: QueryAnalysis = analysis_out.value
@@ -234,7 +238,7 @@ class FlowSolver:
             observation = toolbox.execute(plan.tool_name, "").output
             record.tool_name, record.tool_input = plan.tool_name, ""
         else:
-            command = agents.generate_command(fixed, tool.metadata, plan.sub_goal, plan.context)
+            command = agents.generate_command(fixed, tool.metadata, plan.sub_goal, plan.context, memory.last_result())
             record.tool_name, record.tool_input = tool.name, command.value.tool_input
             record.known_action = True
             emit(

@@ -131,14 +131,15 @@ def test_planner_prompt_lists_every_tool_with_metadata_and_shows_worked_turns() 
     system = messages[0]["content"]
     for name in ("python", "calculator", "search", "generalist", "finish"):
         assert f"- {name}:" in system
-    # Five worked examples as earlier turns in the real format (a word task for Python, the stop action, a
-    # calculation on found numbers, a look-up using an earlier result, a first look-up), then the task; the tool
-    # name comes first in every step.
-    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 5, "user"]
-    for index, tool in ((2, "python"), (4, "finish"), (6, "calculator"), (8, "search"), (10, "search")):
+    # Four worked examples as earlier turns in the real format (a word task for Python, the stop action, a
+    # calculation on a found fact, a first look-up), then the task; the tool name comes first in every step, and
+    # the sub-goal repeats the question.
+    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * 4, "user"]
+    for index, tool in ((2, "python"), (4, "finish"), (6, "calculator"), (8, "search")):
         assert messages[index]["content"].startswith(f'{{"tool_name": "{tool}"')
-    assert "Brookvale" in messages[7]["content"] and "Brookvale" in messages[8]["content"]  # the found name is reused
-    assert messages[11]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Step 1 of 3. JSON:")
+    question = messages[7]["content"].split("\n")[0].removeprefix("Question: ")
+    assert json.loads(messages[8]["content"])["sub_goal"] == question
+    assert messages[9]["content"].startswith("Question: q?") and messages[1]["content"].endswith("Step 1 of 3. JSON:")
 
 
 def test_executor_sees_the_chosen_tools_worked_examples_and_solution_generator_its_own() -> None:
@@ -155,7 +156,7 @@ def test_executor_sees_the_chosen_tools_worked_examples_and_solution_generator_i
     assert [m["role"] for m in executor] == ["system", *["user", "assistant"] * len(examples), "user"]
     assert json.loads(executor[2]["content"]) == {"tool_input": examples[0][2]}
     assert executor[-1]["content"].startswith("Tool: calculator\n") and executor[-1]["content"].endswith(
-        "Sub-goal: Calculate 47 * 86\nJSON:"
+        "Last result: none\nSub-goal: Calculate 47 * 86\nJSON:"
     )
     assert "What is 47 * 86?" not in executor[-1]["content"]  # the executor works from the sub-goal alone
     solution = next(b for r, b in llm.requests if r == "solution_generator")["messages"]

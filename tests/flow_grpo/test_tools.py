@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import List
 
 import pytest
 
@@ -19,6 +20,7 @@ from examples.flow_grpo.tools import (
     evaluate_expression,
     extract_expression,
     load_corpus,
+    stem,
 )
 
 from .scripted_llm import FAIL, ScriptedLLM
@@ -119,6 +121,38 @@ def test_search_returns_the_one_shipped_passage_that_answers_a_sub_goal(pattern:
         match = re.match(pattern, passage)
         assert match is not None
         assert search.execute(query.format(None, *match.groups())).output == passage  # {1} is the first group
+
+
+def test_stem_joins_inflections_of_a_word() -> None:
+    assert {stem(w) for w in ("live", "lived", "lives")} == {"liv"}
+    assert stem("building") == stem("build") == "build" and stem("completed") == stem("completion")
+    assert stem("1889") == "1889" and stem("sea") == "sea"
+
+
+WORLD = [
+    Document("e1", "The Comet Regatta", "The Comet Regatta was held in Garford in 1812."),
+    Document("e2", "The Lotus Regatta", "The Lotus Regatta was held in Belstead in 1790."),
+    Document("c1", "Garford", "Nairn is the river that flows through Garford."),
+    Document("c2", "Garford", "Garford was founded in 1142."),
+    Document("c3", "Belstead", "Brenna is the river that flows through Belstead."),
+]
+
+
+def test_follow_up_search_moves_to_the_entity_the_last_result_found() -> None:
+    question = "Which river flows through the city where the Comet Regatta was held?"
+    search = SearchTool(WORLD)
+    # One search with the whole question finds the event, not the river.
+    assert search.execute(question).output == WORLD[0].text
+    results: List[str] = []
+    session = search.follow_up(question, lambda: results[-1] if results else "")
+    for _ in range(3):
+        results.append(session.execute(question).output)
+    # The second search looks among Garford's passages (the city the first found), the third moves on.
+    assert results == [WORLD[0].text, WORLD[2].text, WORLD[3].text]
+    # A computed number is no passage title: the follow-up ranks the whole corpus with it.
+    numbers: List[str] = ["1790"]
+    found = search.follow_up("Which regatta was held in the year 1000 + 790?", lambda: numbers[-1])
+    assert found.execute("Which regatta was held in the year 1000 + 790?").output == WORLD[1].text
 
 
 def test_search_without_match_and_bad_corpus(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -11,8 +11,8 @@ loop (planner -> executor -> tool -> verifier, repeated) is what answers them. T
 * ``multihop``: two look-ups, the first finds an entity and the second its fact ("Which river flows through the
   city where the Comet Regatta was held?": the event's passage names the city, the city's passage the river). A
   search with the whole question returns the first hop's passage, not the answer's;
-* ``lookup_calc``: a look-up, then a computation on what it found ("How many years did Ada Brask live?": birth and
-  death years, then a subtraction), or two look-ups and a computation;
+* ``lookup_calc``: a look-up, then a computation on what it found ("How many years did Ada Brask live?": the
+  passage gives two years, the calculator subtracts them);
 * ``calc_lookup``: a computation whose result feeds a look-up ("Which event was held in the year 1290 + 522?");
 * ``python``: counting, reversing and sorting tasks on words that the calculator cannot do.
 
@@ -135,6 +135,7 @@ class Landmark:
     kind: str
     city: City
     designer: Person
+    started: int
     completed: int
 
 
@@ -219,7 +220,8 @@ def build_world(rng: random.Random, pools: Dict[str, List[str]], sizes: Dict[str
     for name in _take_unique(pools["landmarks"], sizes["landmarks"], used, 0):
         designer = rng.choice(designers)
         completed = new_year(designer.born + 25, designer.born + min(70, designer.died - designer.born))
-        landmarks.append(Landmark(name, name.split()[-1].lower(), rng.choice(cities), designer, completed))
+        started = new_year(completed - 30, completed - 3)
+        landmarks.append(Landmark(name, name.split()[-1].lower(), rng.choice(cities), designer, started, completed))
     events = tuple(
         Event(name, rng.choice(cities), new_year(1400, 1989))
         for name in _take_unique(pools["events"], sizes["events"], used, 0)
@@ -240,11 +242,17 @@ def _passages(world: World) -> List[Tuple[str, str]]:
         out.append((city.name, f"{city.name} was founded in {city.founded}."))
         out.append((city.name, f"{city.river} is the river that flows through {city.name}."))
     for person in world.people:
-        out.append((person.name, f"{person.name} was born in {person.born} and died in {person.died}."))
+        out.append((person.name, f"{person.name} was born in {person.born} and lived until {person.died}."))
         out.append((person.name, f"{person.home.name} was the home city of {person.name}."))
     for landmark in world.landmarks:
         out.append((f"The {landmark.name}", f"{landmark.designer.name} was the designer of the {landmark.name}."))
         out.append((f"The {landmark.name}", f"The {landmark.name} was completed in {landmark.completed}."))
+        out.append(
+            (
+                f"The {landmark.name}",
+                f"The building of the {landmark.name} lasted from {landmark.started} to {landmark.completed}.",
+            )
+        )
     for event in world.events:
         out.append((f"The {event.name}", f"The {event.name} was held in {event.city.name} in {event.year}."))
     return out
@@ -342,60 +350,32 @@ def _multihop(world: World, rng: random.Random) -> List[Draft]:
 
 
 def _lookup_calc(world: World, rng: random.Random) -> List[Draft]:
-    """Two-step tasks (a look-up, then a subtraction) and three-step ones (two look-ups, then a subtraction), in a
-    2:1 mix from the front of the list."""
-    two_steps = []
+    """A look-up that finds two years, then a subtraction: how long a person lived, how long a building took."""
+    drafts = []
     for person in world.people:
-        two_steps.append(
+        question = f"How many years did {person.name} live?"
+        drafts.append(
             Draft(
                 "lookup_calc",
-                f"How many years did {person.name} live?",
+                question,
                 (str(person.died - person.born),),
                 ((person.name, "lifespan"),),
-                (
-                    ("search", f"Find when {person.name} was born and died"),
-                    ("calculator", f"Calculate {person.died} - {person.born}"),
-                ),
+                (("search", question), ("calculator", f"Calculate {person.died} - {person.born}")),
             )
         )
-    three_steps = []
     for landmark in world.landmarks:
-        designer = landmark.designer
-        three_steps.append(
+        question = f"How many years did the building of the {landmark.name} last?"
+        drafts.append(
             Draft(
                 "lookup_calc",
-                f"How old was {designer.name} when the {landmark.name} was completed?",
-                (str(landmark.completed - designer.born),),
-                ((landmark.name, "completed"), (designer.name, "born")),
-                (
-                    ("search", f"Find when the {landmark.name} was completed"),
-                    ("search", f"Find when {designer.name} was born"),
-                    ("calculator", f"Calculate {landmark.completed} - {designer.born}"),
-                ),
+                question,
+                (str(landmark.completed - landmark.started),),
+                ((landmark.name, "building time"),),
+                (("search", question), ("calculator", f"Calculate {landmark.completed} - {landmark.started}")),
             )
         )
-        event = rng.choice(world.events)
-        later, earlier = sorted((event.year, landmark.completed), reverse=True)
-        three_steps.append(
-            Draft(
-                "lookup_calc",
-                f"How many years passed between the {event.name} and the completion of the {landmark.name}?",
-                (str(later - earlier),),
-                ((event.name, "year"), (landmark.name, "completed")),
-                (
-                    ("search", f"Find when the {event.name} was held"),
-                    ("search", f"Find when the {landmark.name} was completed"),
-                    ("calculator", f"Calculate {later} - {earlier}"),
-                ),
-            )
-        )
-    rng.shuffle(two_steps)
-    rng.shuffle(three_steps)
-    mixed: List[Draft] = []
-    while two_steps or three_steps:
-        mixed.extend(two_steps[:2] + three_steps[:1])
-        two_steps, three_steps = two_steps[2:], three_steps[1:]
-    return mixed
+    rng.shuffle(drafts)
+    return drafts
 
 
 def _split_sum(year: int, rng: random.Random) -> Tuple[int, int]:

@@ -26,8 +26,9 @@ class ToolMetadata:
         name: The exact name the planner must use.
         description: One line: what the tool does and when to use it.
         input_description: What the single input string must contain.
-        examples: Worked executor examples ``(question, sub_goal, tool_input)``, shown to the executor as earlier
-            chat turns (a 135M model copies demonstrated inputs far more reliably than it follows a description).
+        examples: Worked executor examples ``(last_result, sub_goal, tool_input)``, shown to the executor as
+            earlier chat turns (a 135M model copies demonstrated inputs far more reliably than it follows a
+            description); ``last_result`` is the newest tool result the executor sees ("none" before any).
         aliases: Other names the planner may use for this tool (``math`` for the calculator); not shown in prompts.
     """
 

@@ -127,8 +127,12 @@ class CalculatorTool(Tool):
         description="Computes arithmetic on numbers exactly.",
         input_description="One expression such as 1688 - 1620.",
         examples=(
-            ("How many years did the Iron Treaty last?", "Calculate 1688 - 1620", "1688 - 1620"),
-            ("What is (12 + 30) * 4?", "Calculate (12 + 30) * 4", "(12 + 30) * 4"),
+            (
+                "The Iron Treaty was in force from 1620 to 1688.",
+                "How many years was the Iron Treaty in force?",
+                "1688 - 1620",
+            ),
+            ("none", "Which treaty was signed in the year 1000 + 620?", "1000 + 620"),
         ),
         aliases=("calc", "calculate", "math", "maths", "arithmetic"),
     )

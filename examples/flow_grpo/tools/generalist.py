@@ -24,7 +24,7 @@ class GeneralistTool(Tool):
         name="generalist",
         description="Asks a general language model; for common knowledge, may be wrong.",
         input_description="A self-contained question.",
-        examples=(("Why is the sky blue?", "Explain why the sky is blue", "Why is the sky blue?"),),
+        examples=(("none", "Why is the sky blue?", "Why is the sky blue?"),),
     )
 
     def __init__(self, llm: RoleLLM, max_tokens: int = 64) -> None:

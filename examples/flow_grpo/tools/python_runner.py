@@ -225,21 +225,13 @@ class PythonTool(Tool):
         "reversing, sorting).",
         input_description="Python code that prints the result.",
         examples=(
+            ("none", "How many times does 'o' occur in 'goose'?", "print('goose'.count('o'))"),
+            ("none", "What is the word 'stone' written backwards?", "print('stone'[::-1])"),
+            ("none", "How many vowels are in the word 'house'?", "print(sum(c in 'aeiou' for c in 'house'))"),
             (
-                "How many times does 'o' appear in 'goose'?",
-                "Count the letter 'o' in 'goose'",
-                "print('goose'.count('o'))",
-            ),
-            ("What is 'stone' spelled backwards?", "Reverse 'stone'", "print('stone'[::-1])"),
-            (
-                "How many vowels does 'house' have?",
-                "Count the vowels in 'house'",
-                "print(sum(c in 'aeiou' for c in 'house'))",
-            ),
-            (
-                "Which of cat, dog and ant is last alphabetically?",
-                "Sort cat, dog, ant",
-                "print(sorted(['cat', 'dog', 'ant'])[-1])",
+                "none",
+                "Which of the words cat, dog, ant and bee comes last in alphabetical order?",
+                "print(sorted(['cat', 'dog', 'ant', 'bee'])[-1])",
             ),
         ),
         aliases=("python_code", "code", "python_coder"),
