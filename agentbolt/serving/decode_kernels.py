@@ -17,6 +17,7 @@ a compiler or the Python headers, after a failed build, or with ``AGENTBOLT_DECO
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -37,6 +38,7 @@ _CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 _LOCK = threading.Lock()
 _NOT_LOADED = object()
 _loaded: Any = _NOT_LOADED  # the outcome of the first load_decode_kernels(): the module or None
+_BUILD_LOCK_TIMEOUT = 900.0  # seconds to wait for another process's build before decoding without the kernels
 
 
 def kernel_cache_dir() -> Path:
@@ -84,6 +86,35 @@ def _ninja_on_path() -> Iterator[None]:
         yield
     finally:
         os.environ["PATH"] = saved
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, timeout: float) -> Iterator[bool]:
+    """Hold ``directory``'s build lock; yields ``False`` when another process kept it for ``timeout`` seconds.
+
+    The lock is an ``flock`` on ``directory/build.flock``, which the kernel releases when its holder dies. While it is
+    held no other agentbolt process is building here, so torch's own lock file (``directory/lock``), which a killed
+    build leaves behind and which would make every later build wait for ever, is removed as stale.
+    """
+    with open(directory / "build.flock", "a+b") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.2)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.info("Removing the lock file a stopped kernel build left in %s", directory)
+                stale.unlink(missing_ok=True)
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def load_decode_kernels() -> Optional[Any]:
@@ -136,7 +167,15 @@ def _build_and_load(march: str = "native") -> Optional[Any]:
         built = any(directory.glob("*.so"))
         if not built:
             logger.info("Compiling the decoding kernels into %s (once per machine, about 30 s)", directory)
-        with _ninja_on_path():
+        with _build_lock(directory, _BUILD_LOCK_TIMEOUT) as locked, _ninja_on_path():
+            if not locked:
+                logger.warning(
+                    "Another process has been building the decoding kernels in %s for %.0f s: decoding runs on the "
+                    "slower Python path",
+                    directory,
+                    _BUILD_LOCK_TIMEOUT,
+                )
+                return None
             module = cpp_extension.load(
                 name=f"agentbolt_decode_kernels_{key}",
                 sources=[str(_SOURCE)],
