@@ -17,23 +17,21 @@ from .scripted_llm import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = {
-    "query_analyzer": ['{"summary": "a square, then history", "tools": ["calculator", "search"]}'],
+    "query_analyzer": ['{"summary": "a year, then arithmetic", "tools": ["search", "calculator"]}'],
     "planner": [
-        '{"justification": "exact math", "sub_goal": "12 squared", "tool_name": "calculator"}',
-        '{"justification": "look up the year", "sub_goal": "event in 144", "tool_name": "search"}',
+        '{"justification": "look up the year", "sub_goal": "when the Amber Museum was completed", '
+        '"tool_name": "search"}',
+        '{"justification": "exact math", "sub_goal": "1485 + 15", "tool_name": "calculator"}',
     ],
-    "executor": ['{"tool_input": "12^2"}', '{"tool_input": "year 144 excommunicated"}'],
-    "verifier": ['{"analysis": "need the event", "stop": false}', '{"analysis": "found it", "stop": true}'],
-    "solution_generator": ['{"answer": "In 144, Rome excommunicated Marcion of Sinope."}'],
+    "executor": ['{"tool_input": "Amber Museum completed"}', '{"tool_input": "1485 + 15"}'],
+    "verifier": ['{"analysis": "need the sum", "stop": false}', '{"analysis": "done", "stop": true}'],
+    "solution_generator": ['{"answer": "1500"}'],
 }
 
 
-@pytest.mark.xfail(
-    reason="the scripted steps predate the multi-step calculator and search output formats", strict=False
-)
 def test_cli_prints_every_step_against_openai_compatible_endpoints() -> None:
     with ScriptedLLM(SCRIPT) as llm:
-        question = "Calculate 12 squared, then find a major historical event in that year"
+        question = "What year comes 15 years after the Amber Museum was completed?"
         command = [sys.executable, "-m", "examples.flow_grpo.solve", question, "--planner-url", llm.base_url]
         command += ["--planner-model", "planner", "--fixed-model", "fixed", "--json"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
@@ -42,17 +40,17 @@ def test_cli_prints_every_step_against_openai_compatible_endpoints() -> None:
     for expected in (
         "== Query analysis",
         "== Step 1: plan (valid)",
-        "tool: calculator",
-        "== Step 1: command for calculator\n   12^2",
-        "== Step 1: calculator output\n   12^2 = 144",
+        "tool: search",
+        "== Step 1: command for search\n   Amber Museum completed",
+        "== Step 1: search output\n   The Amber Museum was completed in 1485.",
         "== Step 1: verification: CONTINUE",
-        "== Step 2: search output\n   [Marcion of Sinope]",
+        "== Step 2: calculator output\n   1500",
         "== Step 2: verification: STOP",
-        "== Final answer (verifier)\n   In 144, Rome excommunicated Marcion of Sinope.",
+        "== Final answer (verifier)\n   1500",
     ):
         assert expected in out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["planner_calls"] == 2 and [s["tool_name"] for s in summary["steps"]] == ["calculator", "search"]
+    assert summary["planner_calls"] == 2 and [s["tool_name"] for s in summary["steps"]] == ["search", "calculator"]
     models = {role: body["model"] for role, body in llm.requests}
     assert models["planner"] == "planner" and models["verifier"] == "fixed"
 

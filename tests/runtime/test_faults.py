@@ -157,10 +157,6 @@ def _start_store_server(db: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("store server did not start")
 
 
-@pytest.mark.skip(
-    reason="known regression: the run hangs after the store server restarts (since the single span "
-    "writer and store-identity changes); tracked for the next fix"
-)
 def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     port = free_port()
