@@ -10,7 +10,9 @@ must wake up and meet). This forward keeps the arithmetic of the transformers im
 * RMSNorm is torch's ``F.rms_norm`` on a float32 copy (rounded like transformers), attention is one
   ``scaled_dot_product_attention`` call with grouped key/value heads, and the key/value states go into
   :class:`~agentbolt.serving.kv_cache.KVCache` in place;
-* only the last position's logits are computed;
+* only the last position's logits are computed, in float32 (the output projection multiplies the float32 value of
+  the weights, as :func:`~agentbolt.serving.logits.float32_logits` does for the trainer: bfloat16 logits are
+  rounded by up to 1/16 at typical sizes, which alone made most of the gap between engine and trainer log-probs);
 * decoding steps (one new token per row) run all layers in one call to the fused C++ kernels of
   :mod:`agentbolt.serving.decode_kernels` when they build on this machine (``kernels=False`` opts out).
 
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FastForward"]
+__all__ = ["FastForward", "bfloat16_is_native"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class FastForward:
         self.eps = float(config.rms_norm_eps)
         self._linear: Callable[..., torch.Tensor] = _plain_linear
         self._prepare: Callable[[torch.Tensor], torch.Tensor] = _identity
+        self._head_linear: Callable[..., torch.Tensor] = _plain_linear  # float32 products of the output projection
         self._layers: List[Dict[str, Any]] = []
         self._head: Any = None
         self._fused: Dict[int, Tuple[Tuple[Any, ...], torch.Tensor]] = {}  # id(first linear) -> (sources, fused)
@@ -138,6 +141,7 @@ class FastForward:
         import torch
 
         self._linear, self._prepare = _linear_kernels(next(self.model.parameters()).dtype)
+        self._head_linear = _linear_kernels(torch.float32)[0]
         layers: List[Dict[str, Any]] = []
         with torch.no_grad():
             for layer in self.model.model.layers:
@@ -161,7 +165,7 @@ class FastForward:
                         "norm_mlp": layer.post_attention_layernorm.weight.detach(),
                     }
                 )
-            self._head = self._fuse((self.model.lm_head,))
+            self._head = self._fuse((self.model.lm_head,), float32=True)
         self._layers = layers
         names = ("norm_attention", "qkv", "qkv_bias", "o", "o_bias", "norm_mlp", "gate_up", "gate_up_bias", "down")
         self._kernel_layers = [(*(layer[name] for name in names), layer["down_bias"]) for layer in layers]
@@ -178,8 +182,11 @@ class FastForward:
         """Identity and in-place version of each tensor: equal tuples mean unchanged tensors."""
         return tuple((id(tensor), tensor.data_ptr(), tensor._version) for tensor in tensors)
 
-    def _fuse(self, linears: Any) -> torch.Tensor:
-        """The base weights of ``linears`` concatenated and packed for :attr:`_linear` (cached while unchanged)."""
+    def _fuse(self, linears: Any, float32: bool = False) -> torch.Tensor:
+        """The base weights of ``linears`` concatenated and packed for :attr:`_linear` (cached while unchanged).
+
+        ``float32``: a float32 copy packed for :attr:`_head_linear` instead.
+        """
         import torch
 
         weights = [getattr(linear, "base_layer", linear).weight for linear in linears]
@@ -187,8 +194,11 @@ class FastForward:
         known = self._fused.get(id(linears[0]))
         if known is not None and known[0] == sources:
             return known[1]
-        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        fused = self._prepare(weight.detach().contiguous())
+        weight = (torch.cat(weights) if len(weights) > 1 else weights[0]).detach()
+        if float32:
+            fused = _linear_kernels(torch.float32)[1](weight.float().contiguous())
+        else:
+            fused = self._prepare(weight.contiguous())
         self._fused[id(linears[0])] = (sources, fused)
         return fused
 
@@ -235,7 +245,7 @@ class FastForward:
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """Run the model on ``input_ids`` ``[batch, new]``; return the last position's logits ``[batch, vocab]``.
+        """Run the model on ``input_ids`` ``[batch, new]``; return the last position's float32 logits ``[batch, vocab]``.
 
         Args:
             input_ids: New tokens of every row (left padded).
@@ -278,7 +288,7 @@ class FastForward:
             gate, up = project(normed, layer, "gate_up").split(self.intermediate, dim=-1)
             hidden = hidden + project(F.silu(gate) * up, layer, "down")
         last = _rms_norm(hidden[:, -1], inner.norm.weight, self.eps)
-        return self._linear(last, self._head, None)
+        return self._head_linear(last.float(), self._head, None)
 
     def _decode_with_kernels(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
@@ -313,6 +323,7 @@ class FastForward:
             self.intermediate,
             self.eps,
             self._linear is _packed_linear,
+            self._head_linear is _packed_linear,
         )
 
 
@@ -410,6 +421,17 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     import torch
 
     return torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+
+
+def bfloat16_is_native() -> bool:
+    """Whether oneDNN multiplies bfloat16 matrices with this CPU's own instructions (AVX-512 or AVX-NE-CONVERT).
+
+    Without them (an AVX2-only CPU, for example) bfloat16 products are emulated and several times slower than
+    float32 ones, so a CPU job that may choose its dtype should choose float32.
+    """
+    import torch
+
+    return _linear_kernels(torch.bfloat16)[0] is _packed_linear
 
 
 @functools.cache

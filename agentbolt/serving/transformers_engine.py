@@ -10,8 +10,9 @@ One scheduler thread owns the model while generating. Each loop iteration it
    batch (and the padding columns nobody needs any more).
 
 Log-probabilities are those of the *untempered* model distribution: ``log_softmax(logits)`` of the exact logits
-the token was sampled from, before temperature and top-p are applied (vLLM's default). A trainer recomputing
-``log_softmax(model(x).logits)`` for the sampled ids gets the same numbers up to dtype rounding.
+the token was sampled from, before temperature and top-p are applied (vLLM's default). Logits are float32 whatever
+the model's dtype (output projection in float32, :mod:`agentbolt.serving.logits`); a trainer computing them the same
+way gets the same numbers up to the rounding of the model's dtype (the GRPO trainer does, and reports the gap).
 
 Sharing the model with a trainer: :meth:`TransformersEngine.from_model` wraps an existing model object, so
 weights updated in place are used by the next decoding step without a copy. Run every in-place update inside
@@ -626,7 +627,10 @@ class TransformersEngine:
             request.fail(exc)
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> Any:
-        """Run the model on new tokens of every row; return the last position's logits ``[batch, vocab]``."""
+        """Run the model on new tokens of every row; return the last position's float32 logits ``[batch, vocab]``
+        (output projection in float32, see :mod:`agentbolt.serving.logits`)."""
+        from agentbolt.serving.logits import float32_logits
+
         fast = self._fast_forward_for_step()
         if fast is not None:
             return fast(input_ids, positions, mask, cache)
@@ -636,16 +640,15 @@ class TransformersEngine:
             "position_ids": positions,
             "past_key_values": cache.as_transformers_cache(),
             "use_cache": True,
-            "logits_to_keep": 1,
         }
         adapter = self._batch_adapter
         if self.adapters:
             if adapter is None:
                 with self.model.disable_adapter():
-                    return self.model(**kwargs).logits[:, -1, :]
+                    return float32_logits(self.model, 1, **kwargs)[:, -1, :]
             if self.model.active_adapter != adapter:
                 self.model.set_adapter(adapter)
-        return self.model(**kwargs).logits[:, -1, :]
+        return float32_logits(self.model, 1, **kwargs)[:, -1, :]
 
     def _fast_forward_for_step(self) -> Optional[FastForward]:
         """The lean forward for the current weights and the batch's adapter (rebuilt after weight changes)."""

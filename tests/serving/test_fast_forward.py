@@ -110,6 +110,26 @@ def test_fast_forward_bfloat16_stays_close_to_transformers(tiny_model_dir: Path)
     assert torch.equal(ours.argmax(-1), reference.argmax(-1))
 
 
+def test_logits_are_float32_products_of_the_bfloat16_model(tiny_model_dir: Path) -> None:
+    from agentbolt.serving.logits import float32_logits
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    fast = FastForward.create(model)
+    assert fast is not None
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        reference = float32_logits(model, 1, **inputs)[:, -1]
+        rounded = model(**inputs).logits[:, -1]
+        ours = fast(ids, positions, mask, KVCache())
+    assert ours.dtype == reference.dtype == torch.float32
+    assert torch.allclose(ours, reference, atol=1e-4)  # the same hidden states, projected in float32
+    assert not torch.equal(reference.bfloat16().float(), reference)  # bfloat16 logits would have been rounded
+    assert torch.allclose(rounded.float(), reference, atol=0.07)
+
+
 def test_fast_forward_follows_weight_updates(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -17,7 +17,6 @@ measure how closely the served model agrees with the trained one (``logprob_engi
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import math
@@ -276,7 +275,6 @@ class PolicyTrainer:
         self.global_step = 0
         self.optimizer_steps = 0
         self.skipped_optimizer_steps = 0
-        self._keeps_logits = "logits_to_keep" in inspect.signature(self._unwrapped_forward()).parameters
 
     # ------------------------------------------------------------------------------------------------ model set-up
     def _with_lora(self, model: Any) -> Any:
@@ -315,12 +313,6 @@ class PolicyTrainer:
         for block in blocks:
             block.forward = functools.partial(_checkpointed, block.forward)
 
-    def _unwrapped_forward(self) -> Any:
-        model = self.model
-        if hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        return model.forward
-
     @property
     def uses_lora(self) -> bool:
         """True when the trained parameters are LoRA adapters."""
@@ -328,18 +320,23 @@ class PolicyTrainer:
 
     # ---------------------------------------------------------------------------------------------------- forwards
     def _response_logits(self, model: Any, batch: ResponseBatch) -> torch.Tensor:
-        """Logits ``[B, R, V]`` predicting the response-aligned targets."""
+        """Float32 logits ``[B, R, V]`` predicting the response-aligned targets.
+
+        The output projection runs in float32 (:func:`~agentbolt.serving.logits.float32_logits`), as in the inference
+        engine, so bfloat16 rounding of the logits does not separate the trainer's log-probs from the engine's.
+        """
+        from agentbolt.serving.logits import float32_logits
+
         width = batch.response_width
-        kwargs: Dict[str, Any] = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "position_ids": batch.position_ids,
-            "use_cache": False,
-        }
-        if self._keeps_logits:
-            kwargs["logits_to_keep"] = width + 1
-        logits = model(**kwargs).logits
-        return logits[:, -(width + 1) : -1, :]
+        logits = float32_logits(
+            model,
+            width + 1,
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+        return logits[:, :-1, :]
 
     def _reference_context(self) -> ContextManager[Any]:
         return self.model.disable_adapter() if self.uses_lora else nullcontext()

@@ -396,15 +396,15 @@ torch::Tensor with_lora(const torch::Tensor& inputs, const torch::Tensor& projec
 }
 
 // Every layer of one decoding step plus the final norm and the output projection: returns the logits
-// [batch, vocab]. `hidden` holds the new tokens' embeddings [batch, hidden]; each layer's key/value buffers have
-// room at `column`, where this step's keys and values are written. `adapters` is empty (no LoRA) or holds one
-// entry per layer.
+// [batch, vocab] in the head's dtype. `hidden` holds the new tokens' embeddings [batch, hidden]; each layer's
+// key/value buffers have room at `column`, where this step's keys and values are written. `adapters` is empty (no
+// LoRA) or holds one entry per layer.
 torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
                           const torch::Tensor& mask, int64_t column, const std::vector<LayerWeights>& layers,
                           const std::vector<AdapterWeights>& adapters, const std::vector<torch::Tensor>& key_caches,
                           const std::vector<torch::Tensor>& value_caches, const torch::Tensor& final_norm,
                           const torch::Tensor& head, int64_t heads, int64_t kv_heads, int64_t intermediate,
-                          double eps, bool packed) {
+                          double eps, bool packed, bool head_packed) {
   TORCH_CHECK(key_caches.size() == layers.size() && value_caches.size() == layers.size(),
               "one key and one value cache per layer");
   TORCH_CHECK(adapters.empty() || adapters.size() == layers.size(), "no adapter, or one adapter entry per layer");
@@ -429,7 +429,8 @@ torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const 
     residual = with_lora(activated, project(activated, down, down_bias, packed), down_a, down_b);
   }
   const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
-  return project(normed, head, c10::nullopt, packed);
+  // The output projection runs in the head's dtype (float32: logits rounded once, in float32).
+  return project(normed.to(head.scalar_type()), head, c10::nullopt, head_packed);
 }
 
 }  // namespace
