@@ -74,7 +74,7 @@ def demo_command(
 
     gain = 100.0 * (result.final_val_accuracy - result.baseline_val_accuracy)
     table = Table(title="agentbolt demo", show_header=False)
-    table.add_row("model", result.model)
+    table.add_row("model", f"{result.model} ({result.dtype})")
     table.add_row("held-out accuracy before", f"{100 * result.baseline_val_accuracy:.1f}%")
     table.add_row("held-out accuracy after", f"{100 * result.final_val_accuracy:.1f}% ({gain:+.1f} points)")
     table.add_row("training", f"{result.steps} steps, {result.train_rollouts} rollouts")

@@ -22,7 +22,7 @@ from agentbolt.demo.agent import CalculatorAgent, RewardConfig
 from agentbolt.demo.task import make_splits
 from agentbolt.serving.transformers_engine import configure_openmp
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo", "step_time_split"]
+__all__ = ["DemoConfig", "DemoResult", "resolve_demo_dtype", "run_demo", "step_time_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,12 @@ class DemoConfig:
         max_tokens: Completion budget of each LLM call.
         runners: Runner processes executing rollouts concurrently (the engine batches their calls).
         threads: torch threads.
-        dtype: Weights dtype of the policy (shared by the engine and the trainer).
+        dtype: Weights dtype of the policy (shared by the engine and the trainer); ``"auto"``: bfloat16 where the
+            CPU multiplies bfloat16 natively (AVX-512, AMX), else float32 (bfloat16 is emulated, several times
+            slower, on AVX2-only CPUs).
+        micro_batch_size: Samples per training forward/backward (gradients accumulate over them).
+        gradient_checkpointing: Recompute each transformer block in the backward pass instead of keeping its
+            activations (prompts are about 500 tokens, so without it a micro-batch's activations take gigabytes).
         tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
         format_credit: Training reward for the ``ANSWER: <n>`` format when the answer is wrong.
         console: Show GRPO's per-step progress.
@@ -66,7 +71,9 @@ class DemoConfig:
     max_tokens: int = 40
     runners: int = 8
     threads: Optional[int] = None
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    micro_batch_size: int = 4
+    gradient_checkpointing: bool = True
     tool_credit: float = 0.1
     format_credit: float = 0.1
     console: bool = True
@@ -85,6 +92,7 @@ class DemoResult:
 
     Attributes:
         model: The trained model.
+        dtype: The weights dtype the run used (``DemoConfig.dtype`` resolved).
         baseline_val_accuracy: Held-out accuracy before training.
         final_val_accuracy: Held-out accuracy after the last step.
         steps: Training steps run.
@@ -100,6 +108,7 @@ class DemoResult:
     """
 
     model: str
+    dtype: str
     baseline_val_accuracy: float
     final_val_accuracy: float
     steps: int
@@ -136,6 +145,15 @@ def step_time_split(metrics_path: str | Path) -> Dict[str, float]:
     busy = totals["rollout_seconds"] + totals["update_seconds"]
     totals["rollout_fraction"] = totals["rollout_seconds"] / busy if busy else math.nan
     return totals
+
+
+def resolve_demo_dtype(dtype: str) -> str:
+    """``dtype`` itself, or for ``"auto"`` bfloat16 when this CPU multiplies it natively and float32 otherwise."""
+    if dtype != "auto":
+        return dtype
+    from agentbolt.serving.fast_forward import bfloat16_is_native
+
+    return "bfloat16" if bfloat16_is_native() else "float32"
 
 
 def _new_run_dir(output_dir: Path) -> Path:
@@ -181,12 +199,15 @@ def run_demo(config: DemoConfig) -> DemoResult:
     train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
     (run_dir / "data.json").write_text(json.dumps({"train": train, "val": val}, indent=1), encoding="utf-8")
     (run_dir / "config.json").write_text(json.dumps(asdict(config), default=str, indent=1), encoding="utf-8")
-    logger.info("Demo run directory %s (%d train / %d held-out questions)", run_dir, len(train), len(val))
+    dtype = resolve_demo_dtype(config.dtype)
+    logger.info(
+        "Demo run directory %s (%d train / %d held-out questions, %s weights)", run_dir, len(train), len(val), dtype
+    )
 
     algorithm = GRPO(
         model=model_path,
         served_model_name=config.model,
-        dtype=config.dtype,  # type: ignore[arg-type]
+        dtype=dtype,  # type: ignore[arg-type]
         threads=config.threads,
         lora_r=config.lora_r,
         lora_alpha=2.0 * config.lora_r,
@@ -197,7 +218,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         sampling_parameters={"temperature": config.temperature, "max_tokens": config.max_tokens},
         val_sampling_parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
         learning_rate=config.learning_rate,
-        micro_batch_size=8,
+        micro_batch_size=config.micro_batch_size,
+        gradient_checkpointing=config.gradient_checkpointing,
         seed=config.seed,
         val_before_train=True,
         val_interval=0,
@@ -224,6 +246,10 @@ def run_demo(config: DemoConfig) -> DemoResult:
         ),
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
     )
+    # The runner processes are forked from this one: with the agent's OpenAI SDK imported here they share its
+    # modules' memory instead of importing a private copy each.
+    import openai  # noqa: F401
+
     trainer.fit(agent, train_dataset=train, val_dataset=val)
 
     accuracies = _val_accuracies(algorithm.history)
@@ -235,6 +261,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     checkpoints = sorted(checkpoint_dir.glob("step_*")) if checkpoint_dir.exists() else []
     return DemoResult(
         model=config.model,
+        dtype=dtype,
         baseline_val_accuracy=accuracies[0],
         final_val_accuracy=accuracies[-1],
         steps=len(train_records),
