@@ -364,22 +364,15 @@ def test_without_a_usable_build_decoding_stays_in_python(
     assert message in caplog.text
 
 
-def _copy_of_native_build(native_kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A cache directory holding a copy of this machine's native build (so loading it compiles nothing)."""
-    import shutil
-
+def _native_build_directory() -> Path:
+    """Where this machine's native build lives (loading it again from there compiles nothing: torch rebuilds an
+    extension it has loaded when its build directory changes, so these tests use the real one)."""
     key = decode_kernels._build_key([*decode_kernels._CFLAGS, "-march=native"])
-    built = decode_kernels.kernel_cache_dir() / key
-    cache = tmp_path / "cache"
-    shutil.copytree(built, cache / "agentbolt" / "kernels" / key, ignore=shutil.ignore_patterns("lock", "build.flock"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    return cache / "agentbolt" / "kernels" / key
+    return decode_kernels.kernel_cache_dir() / key
 
 
-def test_a_lock_file_left_by_a_killed_build_does_not_block_loading(
-    native_kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    directory = _copy_of_native_build(native_kernels, tmp_path, monkeypatch)
+def test_a_lock_file_left_by_a_killed_build_does_not_block_loading(native_kernels: Any) -> None:
+    directory = _native_build_directory()
     (directory / "lock").touch()  # torch's build lock, as a build killed mid-way leaves it
     module = decode_kernels._build_and_load()
     assert module is not None and module.vector_width() > 0
@@ -387,13 +380,12 @@ def test_a_lock_file_left_by_a_killed_build_does_not_block_loading(
 
 
 def test_a_build_another_process_holds_for_too_long_leaves_decoding_in_python(
-    native_kernels: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    native_kernels: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import fcntl
 
-    directory = _copy_of_native_build(native_kernels, tmp_path, monkeypatch)
     monkeypatch.setattr(decode_kernels, "_BUILD_LOCK_TIMEOUT", 0.5)
-    with open(directory / "build.flock", "a+b") as other_builder:
+    with open(_native_build_directory() / "build.flock", "a+b") as other_builder:
         fcntl.flock(other_builder.fileno(), fcntl.LOCK_EX)  # a second open file: flock conflicts as across processes
         with caplog.at_level(logging.WARNING, logger="agentbolt.serving.decode_kernels"):
             assert decode_kernels._build_and_load() is None
