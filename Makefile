@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,19 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "" -p no:cacheprovider
+
+# WeaveTracer needs the heavy weave package: it gets a virtualenv of its own so the default one stays small.
+WEAVE_VENV ?= .venv-weave
+WEAVE_STAMP := $(WEAVE_VENV)/.installed
+
+$(WEAVE_STAMP): pyproject.toml .ci/constraints.txt
+	@test -x $(WEAVE_VENV)/bin/python || $(PYTHON) -m venv $(WEAVE_VENV)
+	$(WEAVE_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(WEAVE_VENV)/bin/python -m pip install $(PIP_FLAGS) -c .ci/constraints.txt -e ".[weave,dev]"
+	@touch $(WEAVE_STAMP)
+
+test-weave: $(WEAVE_STAMP)
+	$(WEAVE_VENV)/bin/python -m pytest -q -m weave -p no:cacheprovider tests/tracer
 
 test-demo: $(STAMP)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/demo
