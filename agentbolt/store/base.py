@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypedDict, Union
+import functools
+import inspect
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -32,6 +34,8 @@ __all__ = [
     "is_queuing",
     "is_running",
     "is_finished",
+    "store_api_methods",
+    "forward_store_api",
 ]
 
 
@@ -346,3 +350,35 @@ class LightningStore:
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
         """Record a heartbeat from a worker (creating it when new)."""
         raise NotImplementedError()
+
+
+def store_api_methods() -> List[str]:
+    """Names of the public coroutine methods of :class:`LightningStore`: the API a wrapping store forwards."""
+    return [
+        name
+        for name, member in vars(LightningStore).items()
+        if inspect.iscoroutinefunction(member) and not name.startswith("_")
+    ]
+
+
+StoreCall = Callable[..., Awaitable[Any]]
+"""``forward(store, method_name, *args, **kwargs)``: how a wrapping store runs one API call."""
+
+
+def _forwarding_method(name: str, forward: StoreCall) -> StoreCall:
+    @functools.wraps(getattr(LightningStore, name))
+    async def method(self: LightningStore, *args: Any, **kwargs: Any) -> Any:
+        return await forward(self, name, *args, **kwargs)
+
+    return method
+
+
+def forward_store_api(cls: Type[LightningStore], forward: StoreCall) -> None:
+    """Give ``cls`` every store API method it does not define itself, each passing its arguments unchanged to
+    ``forward(self, name, *args, **kwargs)``.
+
+    The generated methods carry the signature and docstring of the :class:`LightningStore` method they stand for.
+    """
+    for name in store_api_methods():
+        if name not in vars(cls):
+            setattr(cls, name, _forwarding_method(name, forward))

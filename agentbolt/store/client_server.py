@@ -46,7 +46,14 @@ from starlette.responses import Response
 from typing_extensions import Annotated
 
 from agentbolt.env_var import API_KEY_ENV_VAR
-from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, LightningStoreStatistics, Unset
+from agentbolt.store.base import (
+    UNSET,
+    LightningStore,
+    LightningStoreCapabilities,
+    LightningStoreStatistics,
+    Unset,
+    forward_store_api,
+)
 from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
 from agentbolt.types import (
     Attempt,
@@ -933,6 +940,14 @@ class LightningStoreServer(LightningStore):
     def _add_routes(self, r: _PrefixedRoutes) -> None:
         call = self._call_store
 
+        async def query_page(
+            method_name: str, query: _PaginationFields, model: Type[BaseModel], *args: Any
+        ) -> Response:
+            """Validate a list request, run the query method with the request's fields, answer one page."""
+            _validate_pagination(query, model)
+            fields = {name: getattr(query, name) for name in type(query).model_fields}
+            return _json_response(_paginated(await call(method_name, *args, **fields), query.limit, query.offset))
+
         @r.get("/health")
         async def health() -> Response:
             return _json_response({"status": "ok", "server_id": self.server_id})
@@ -966,26 +981,7 @@ class LightningStoreServer(LightningStore):
             return _json_response({"inserted": indices, "sequence_ids": [s.sequence_id for s in inserted]}, 201)
 
         async def query_spans(query: QuerySpansRequest) -> Response:
-            _validate_pagination(query, Span)
-            result = await call(
-                "query_spans",
-                query.rollout_id,
-                query.attempt_id,
-                trace_id=query.trace_id,
-                trace_id_contains=query.trace_id_contains,
-                span_id=query.span_id,
-                span_id_contains=query.span_id_contains,
-                parent_id=query.parent_id,
-                parent_id_contains=query.parent_id_contains,
-                name=query.name,
-                name_contains=query.name_contains,
-                filter_logic=query.filter_logic,
-                limit=query.limit,
-                offset=query.offset,
-                sort_by=query.sort_by,
-                sort_order=query.sort_order,
-            )
-            return _json_response(_paginated(result, query.limit, query.offset))
+            return await query_page("query_spans", query, Span)
 
         @r.get("/spans")
         async def get_spans(query: Annotated[QuerySpansRequest, Query()]) -> Response:
@@ -1047,19 +1043,7 @@ class LightningStoreServer(LightningStore):
             return _json_response(result, 201)
 
         async def query_rollouts(query: QueryRolloutsRequest) -> Response:
-            _validate_pagination(query, Rollout)
-            result = await call(
-                "query_rollouts",
-                status_in=query.status_in,
-                rollout_id_in=query.rollout_id_in,
-                rollout_id_contains=query.rollout_id_contains,
-                filter_logic=query.filter_logic,
-                sort_by=query.sort_by,
-                sort_order=query.sort_order,
-                limit=query.limit,
-                offset=query.offset,
-            )
-            return _json_response(_paginated(result, query.limit, query.offset))
+            return await query_page("query_rollouts", query, Rollout)
 
         @r.get("/rollouts")
         async def get_rollouts(query: Annotated[QueryRolloutsRequest, Query()]) -> Response:
@@ -1087,16 +1071,7 @@ class LightningStoreServer(LightningStore):
             return _json_response(await call("start_attempt", rollout_id, options.worker_id), 201)
 
         async def query_attempts(rollout_id: str, query: QueryAttemptsRequest) -> Response:
-            _validate_pagination(query, Attempt)
-            result = await call(
-                "query_attempts",
-                rollout_id,
-                sort_by=query.sort_by,
-                sort_order=query.sort_order,
-                limit=query.limit,
-                offset=query.offset,
-            )
-            return _json_response(_paginated(result, query.limit, query.offset))
+            return await query_page("query_attempts", query, Attempt, rollout_id)
 
         @r.get("/rollouts/{rollout_id}/attempts")
         async def get_attempts(rollout_id: str, query: Annotated[QueryAttemptsRequest, Query()]) -> Response:
@@ -1119,18 +1094,7 @@ class LightningStoreServer(LightningStore):
 
         # -- workers
         async def query_workers(query: QueryWorkersRequest) -> Response:
-            _validate_pagination(query, Worker)
-            result = await call(
-                "query_workers",
-                status_in=query.status_in,
-                worker_id_contains=query.worker_id_contains,
-                filter_logic=query.filter_logic,
-                sort_by=query.sort_by,
-                sort_order=query.sort_order,
-                limit=query.limit,
-                offset=query.offset,
-            )
-            return _json_response(_paginated(result, query.limit, query.offset))
+            return await query_page("query_workers", query, Worker)
 
         @r.get("/workers")
         async def get_workers(query: Annotated[QueryWorkersRequest, Query()]) -> Response:
@@ -1159,17 +1123,7 @@ class LightningStoreServer(LightningStore):
         # -- resources
         @r.get("/resources")
         async def get_resources(query: Annotated[QueryResourcesRequest, Query()]) -> Response:
-            _validate_pagination(query, ResourcesUpdate)
-            result = await call(
-                "query_resources",
-                resources_id=query.resources_id,
-                resources_id_contains=query.resources_id_contains,
-                sort_by=query.sort_by,
-                sort_order=query.sort_order,
-                limit=query.limit,
-                offset=query.offset,
-            )
-            return _json_response(_paginated(result, query.limit, query.offset))
+            return await query_page("query_resources", query, ResourcesUpdate)
 
         @r.post("/resources", body=NamedResourcesBody, status_code=201)
         async def add_resources(request: Request) -> Response:
@@ -1189,267 +1143,9 @@ class LightningStoreServer(LightningStore):
         async def get_resources_by_id(resources_id: str) -> Response:
             return _json_response(await call("get_resources_by_id", resources_id))
 
-    # -- LightningStore API (delegated) ------------------------------------------------------------------------
 
-    async def statistics(self) -> LightningStoreStatistics:
-        """Statistics of the wrapped store."""
-        return await self._delegate("statistics")
-
-    async def start_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-        worker_id: Optional[str] = None,
-    ) -> AttemptedRollout:
-        """See :meth:`LightningStore.start_rollout`."""
-        return await self._delegate("start_rollout", input, mode, resources_id, config, metadata, worker_id)
-
-    async def enqueue_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-    ) -> Rollout:
-        """See :meth:`LightningStore.enqueue_rollout`."""
-        return await self._delegate("enqueue_rollout", input, mode, resources_id, config, metadata)
-
-    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
-        """See :meth:`LightningStore.enqueue_many_rollouts`."""
-        return await self._delegate("enqueue_many_rollouts", rollouts)
-
-    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
-        """See :meth:`LightningStore.dequeue_rollout`."""
-        return await self._delegate("dequeue_rollout", worker_id)
-
-    async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: Optional[str] = None
-    ) -> Sequence[AttemptedRollout]:
-        """See :meth:`LightningStore.dequeue_many_rollouts`."""
-        return await self._delegate("dequeue_many_rollouts", limit=limit, worker_id=worker_id)
-
-    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
-        """See :meth:`LightningStore.start_attempt`."""
-        return await self._delegate("start_attempt", rollout_id, worker_id)
-
-    async def add_span(self, span: Span) -> Optional[Span]:
-        """See :meth:`LightningStore.add_span`."""
-        return await self._delegate("add_span", span)
-
-    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
-        """See :meth:`LightningStore.add_many_spans`."""
-        return await self._delegate("add_many_spans", spans)
-
-    async def add_otel_span(
-        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
-    ) -> Optional[Span]:
-        """See :meth:`LightningStore.add_otel_span`."""
-        return await self._delegate("add_otel_span", rollout_id, attempt_id, readable_span, sequence_id)
-
-    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
-        """See :meth:`LightningStore.add_spans_with_new_sequence_ids`."""
-        return await self._delegate("add_spans_with_new_sequence_ids", spans)
-
-    async def query_rollouts(
-        self,
-        *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-        status: Optional[Sequence[RolloutStatus]] = None,
-        rollout_ids: Optional[Sequence[str]] = None,
-    ) -> Sequence[Union[Rollout, AttemptedRollout]]:
-        """See :meth:`LightningStore.query_rollouts`."""
-        return await self._delegate(
-            "query_rollouts",
-            status_in=status_in,
-            rollout_id_in=rollout_id_in,
-            rollout_id_contains=rollout_id_contains,
-            filter_logic=filter_logic,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-            status=status,
-            rollout_ids=rollout_ids,
-        )
-
-    async def query_attempts(
-        self,
-        rollout_id: str,
-        *,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Attempt]:
-        """See :meth:`LightningStore.query_attempts`."""
-        return await self._delegate(
-            "query_attempts", rollout_id, sort_by=sort_by, sort_order=sort_order, limit=limit, offset=offset
-        )
-
-    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
-        """See :meth:`LightningStore.get_rollout_by_id`."""
-        return await self._delegate("get_rollout_by_id", rollout_id)
-
-    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
-        """See :meth:`LightningStore.get_latest_attempt`."""
-        return await self._delegate("get_latest_attempt", rollout_id)
-
-    async def query_resources(
-        self,
-        *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[ResourcesUpdate]:
-        """See :meth:`LightningStore.query_resources`."""
-        return await self._delegate(
-            "query_resources",
-            resources_id=resources_id,
-            resources_id_contains=resources_id_contains,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-        )
-
-    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
-        """See :meth:`LightningStore.get_resources_by_id`."""
-        return await self._delegate("get_resources_by_id", resources_id)
-
-    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
-        """See :meth:`LightningStore.get_latest_resources`."""
-        return await self._delegate("get_latest_resources")
-
-    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        """See :meth:`LightningStore.get_next_span_sequence_id`."""
-        return await self._delegate("get_next_span_sequence_id", rollout_id, attempt_id)
-
-    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
-        """See :meth:`LightningStore.get_many_span_sequence_ids`."""
-        return await self._delegate("get_many_span_sequence_ids", rollout_attempt_ids)
-
-    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
-        """See :meth:`LightningStore.wait_for_rollouts`."""
-        return await self._delegate("wait_for_rollouts", rollout_ids=rollout_ids, timeout=timeout)
-
-    async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-    ) -> Sequence[Span]:
-        """See :meth:`LightningStore.query_spans`."""
-        return await self._delegate(
-            "query_spans",
-            rollout_id,
-            attempt_id,
-            trace_id=trace_id,
-            trace_id_contains=trace_id_contains,
-            span_id=span_id,
-            span_id_contains=span_id_contains,
-            parent_id=parent_id,
-            parent_id_contains=parent_id_contains,
-            name=name,
-            name_contains=name_contains,
-            filter_logic=filter_logic,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-        )
-
-    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
-        """See :meth:`LightningStore.add_resources`."""
-        return await self._delegate("add_resources", resources)
-
-    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
-        """See :meth:`LightningStore.update_resources`."""
-        return await self._delegate("update_resources", resources_id, resources)
-
-    async def update_rollout(
-        self,
-        rollout_id: str,
-        input: TaskInput | Unset = UNSET,
-        mode: Optional[RolloutMode] | Unset = UNSET,
-        resources_id: Optional[str] | Unset = UNSET,
-        status: RolloutStatus | Unset = UNSET,
-        config: RolloutConfig | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Rollout:
-        """See :meth:`LightningStore.update_rollout`."""
-        return await self._delegate("update_rollout", rollout_id, input, mode, resources_id, status, config, metadata)
-
-    async def update_attempt(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"],
-        status: AttemptStatus | Unset = UNSET,
-        worker_id: str | Unset = UNSET,
-        last_heartbeat_time: float | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Attempt:
-        """See :meth:`LightningStore.update_attempt`."""
-        return await self._delegate(
-            "update_attempt", rollout_id, attempt_id, status, worker_id, last_heartbeat_time, metadata
-        )
-
-    async def query_workers(
-        self,
-        *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Worker]:
-        """See :meth:`LightningStore.query_workers`."""
-        return await self._delegate(
-            "query_workers",
-            status_in=status_in,
-            worker_id_contains=worker_id_contains,
-            filter_logic=filter_logic,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-        )
-
-    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
-        """See :meth:`LightningStore.get_worker_by_id`."""
-        return await self._delegate("get_worker_by_id", worker_id)
-
-    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
-        """See :meth:`LightningStore.update_worker`."""
-        return await self._delegate("update_worker", worker_id, heartbeat_stats)
+# Every other LightningStore method is the wrapped store's, reached as described in _delegate.
+forward_store_api(LightningStoreServer, LightningStoreServer._delegate)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, List, Optional
 
-from agentbolt.store.base import LightningStore, LightningStoreCapabilities
+from agentbolt.store.base import LightningStore, LightningStoreCapabilities, forward_store_api
 from agentbolt.store.collection.memory import _ThreadSafeAsyncLock
 from agentbolt.store.collection_based import CollectionBasedLightningStore, healthcheck_suppressed
 from agentbolt.types import Rollout
 
 __all__ = ["LightningStoreThreaded"]
-
-
-def _delegate_locked(name: str) -> Any:
-    """A method forwarding its arguments unchanged to ``self.store.<name>`` while holding the facade's lock."""
-
-    @functools.wraps(getattr(LightningStore, name))
-    async def method(self: LightningStoreThreaded, *args: Any, **kwargs: Any) -> Any:
-        async with self._lock:
-            return await getattr(self.store, name)(*args, **kwargs)
-
-    return method
-
-
-def _public_store_methods() -> List[str]:
-    """Names of the public coroutine methods of :class:`LightningStore`: the API the facade forwards."""
-    return [
-        name
-        for name, member in vars(LightningStore).items()
-        if inspect.iscoroutinefunction(member) and not name.startswith("_")
-    ]
 
 
 class LightningStoreThreaded(LightningStore):
@@ -72,7 +50,9 @@ class LightningStoreThreaded(LightningStore):
         with healthcheck_suppressed():
             return await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=timeout)
 
+    async def _call_locked(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        async with self._lock:
+            return await getattr(self.store, name)(*args, **kwargs)
 
-for _name in _public_store_methods():
-    if _name not in vars(LightningStoreThreaded):
-        setattr(LightningStoreThreaded, _name, _delegate_locked(_name))
+
+forward_store_api(LightningStoreThreaded, LightningStoreThreaded._call_locked)
