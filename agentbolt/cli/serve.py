@@ -166,11 +166,9 @@ def _serve_transformers(
 
 
 def _check_port_free(host: str, port: int) -> None:
-    import socket
+    from agentbolt.utils.server_launcher import bind_socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -13,13 +13,14 @@ and ``token_ids`` in every choice (in every streamed chunk, the ids of that chun
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
-import socket
+import signal
 import threading
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Dict, List, Optional, Tuple, TypeVar, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,10 +31,13 @@ from agentbolt.serving.protocol import ChatCompletionRequest, CompletionRequest,
 from agentbolt.serving.tool_parser import ParsedToolCall, ToolCallParser, parse_tool_calls
 from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.utils.id import generate_id
+from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs, pick_free_port
 
 __all__ = ["create_app", "InferenceServer", "ServerError", "find_free_port"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ServerError(Exception):
@@ -534,15 +538,12 @@ async def _relay_deltas(
     yield "data: [DONE]\n\n"
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+find_free_port = pick_free_port
+"""A TCP port that is free on ``host`` right now (the launcher's port picker, under this module's older name)."""
 
 
 class InferenceServer:
-    """Run the inference server with uvicorn, in the foreground or in a background thread.
+    """Run the inference server, in the foreground or in a background thread.
 
     Args:
         engine: Engine to serve (loaded at startup if needed).
@@ -559,28 +560,40 @@ class InferenceServer:
         self.port = port or find_free_port(host)
         self.log_level = log_level
         self.app = create_app(engine)
-        self._server: Any = None
-        self._thread: Optional[threading.Thread] = None
+        self._launcher: Optional[PythonServerLauncher] = None
 
     @property
     def base_url(self) -> str:
         """Base URL of the OpenAI-compatible API (``http://host:port/v1``)."""
         return f"http://{self.host}:{self.port}/v1"
 
-    def _make_server(self) -> Any:
-        import uvicorn
-
-        # log_config=None: uvicorn's loggers go through the application's logging setup instead of handlers of
-        # their own (which would also print other in-process servers' lifecycle lines).
-        config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on", log_config=None
+    def _new_launcher(self, launch_mode: LaunchMode) -> PythonServerLauncher:
+        # No health check at start-up: /health answers 503 until the model is loaded, which start() waits for.
+        args = PythonServerLauncherArgs(
+            port=self.port,
+            host=self.host,
+            launch_mode=launch_mode,
+            log_level=logging.getLevelName(self.log_level.upper()),
+            thread_join_timeout=30.0,
         )
-        return uvicorn.Server(config)
+        # The app's lifespan (loading and stopping the engine) runs around serving.
+        self._launcher = PythonServerLauncher(
+            self.app, args, serve_context=lambda: self.app.router.lifespan_context(self.app)
+        )
+        return self._launcher
 
     def run(self) -> None:
-        """Serve in the foreground until interrupted."""
-        self._server = self._make_server()
-        self._server.run()
+        """Serve in the foreground until SIGINT or SIGTERM, then stop gracefully."""
+        launcher = self._new_launcher("asyncio")
+
+        async def serve() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+            with contextlib.suppress(asyncio.CancelledError):
+                await launcher.run_forever()
+
+        asyncio.run(serve())
 
     def start(self, wait_loaded: bool = True, timeout: float = 600.0) -> None:
         """Serve in a background thread; return once listening (and, if ``wait_loaded``, once the model is loaded).
@@ -588,27 +601,31 @@ class InferenceServer:
         Raises:
             RuntimeError: The server did not start, or the model failed to load, within ``timeout``.
         """
-        self._server = self._make_server()
-        self._thread = threading.Thread(target=self._server.run, name="agentbolt-inference-server", daemon=True)
-        self._thread.start()
+        launcher = self._new_launcher("thread")
+        launcher.args.startup_timeout = timeout
         deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"inference server did not start on {self.host}:{self.port}")
-            time.sleep(0.02)
+        _run_blocking(launcher.start())
         while wait_loaded and not self.engine.loaded:
             if time.monotonic() > deadline:
                 raise RuntimeError("model did not load in time")
             if self.app.state.handler.load_error is not None:
                 raise RuntimeError(f"model failed to load: {self.app.state.handler.load_error}")
-            if not self._thread.is_alive():
+            if not launcher.is_running():
                 raise RuntimeError("inference server stopped while loading the model")
             time.sleep(0.05)
 
     def stop(self) -> None:
         """Stop a server started with :meth:`start` (and its engine)."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        if self._launcher is not None:
+            _run_blocking(self._launcher.stop())
+            self._launcher = None
+
+
+def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code, also when the calling thread runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

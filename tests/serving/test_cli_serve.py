@@ -17,7 +17,8 @@ from agentbolt.serving.launchers import llamacpp_command, vllm_command
 from agentbolt.serving.server import find_free_port
 
 
-def test_serve_subprocess_answers_and_stops_on_sigint(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_serve_subprocess_answers_and_stops_on_a_signal(tiny_model_dir: Path, signum: int) -> None:
     port = find_free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "agentbolt", "serve", str(tiny_model_dir), "--port", str(port), "--dtype", "float32"],
@@ -40,7 +41,7 @@ def test_serve_subprocess_answers_and_stops_on_sigint(tiny_model_dir: Path) -> N
         data = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60).json()
         assert data["model"] == str(tiny_model_dir) and data["prompt_token_ids"] and data["choices"][0]["token_ids"]
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0
     assert f"serving '{tiny_model_dir}' at http://127.0.0.1:{port}/v1" in stderr

@@ -220,3 +220,18 @@ def test_lora_endpoints(server: InferenceServer, http: httpx.Client, tiny_model_
     assert http.post("/unload_lora_adapter", json={"lora_name": "sql"}).status_code == 200
     assert http.post("/chat/completions", json={**body, "model": "sql"}).status_code == 404
     assert http.post("/unload_lora_adapter", json={"lora_name": "sql"}).status_code == 400
+
+
+async def test_start_and_stop_from_a_running_event_loop(tiny_model_dir: Path) -> None:
+    engine = TransformersEngine(tiny_model_dir, dtype="float32", served_name="tiny")
+    server = InferenceServer(engine, port=0)
+    server.start()
+    try:
+        assert engine.loaded
+        async with httpx.AsyncClient() as client:
+            health = await client.get(f"http://{server.host}:{server.port}/health")
+        assert health.json()["status"] == "ok"
+    finally:
+        server.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{server.host}:{server.port}/health")
