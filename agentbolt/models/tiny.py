@@ -13,12 +13,12 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Union
 
 from agentbolt.models.chat_template import chatml_tools_template
+from agentbolt.models.marker import write_marker
 
 __all__ = ["create_tiny_model", "TINY_SPECIAL_TOKENS"]
 
@@ -116,5 +116,5 @@ def create_tiny_model(
     )
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
-    (target / "agentbolt_model.json").write_text(json.dumps({"format": 1, "name": "tiny-llama", "seed": seed}))
+    write_marker(target, {"name": "tiny-llama", "seed": seed})
     return target
