@@ -10,6 +10,13 @@ thus costs one batched write instead of two store calls per span. If the store i
 bounded in-memory buffer and are retried, in order, until the store is back. Spans are only given up when the
 buffer is full, when the store rejects them as invalid (a 4xx-style error), or when the process exits before the
 store came back; each case is logged as a warning with counts.
+
+Stores that accept OpenTelemetry's own protocol (``capabilities["otlp_traces"]``: the store server and its HTTP
+client) receive the spans over OTLP/HTTP instead: the processor's :class:`LightningStoreOTLPExporter` sends them to
+``store.otlp_traces_endpoint()`` with ``agentlightning.rollout_id`` / ``agentlightning.attempt_id`` merged into each
+span's resource, and the store issues sequence ids as the spans arrive. The exporter is driven by the same writer,
+so the batching, bounded buffer and retries above apply unchanged: an export that fails while the store does not
+answer is retried until it does; an export the store answered with an error is given up like a rejected write.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import threading
 import time
 import warnings
 from contextlib import asynccontextmanager, contextmanager
+from itertools import groupby
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -36,9 +44,13 @@ from typing import (
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import Status
 from opentelemetry.trace import StatusCode as OtelStatusCode
+from pydantic import PrivateAttr
 
+from agentbolt.env_var import API_KEY_ENV_VAR
+from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
 from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
 from agentbolt.types.tracer import (
@@ -52,7 +64,7 @@ from agentbolt.types.tracer import (
 from agentbolt.utils.otel import format_exception_attributes
 
 if TYPE_CHECKING:
-    from agentbolt.store.base import LightningStore
+    from agentbolt.utils.otlp import LightningStoreOTLPExporter
 
 __all__ = [
     "OtelTracer",
@@ -90,24 +102,76 @@ def to_otel_status_code(status_code: StatusCode) -> OtelStatusCode:
 _warned_store_types: set[type] = set()
 
 
-class _PendingWrite(PendingSpan):
-    """A finished span waiting to be written, with the store and ids it belongs to."""
+class _ExportedSpan(Span):
+    """A span bound for an OTLP endpoint: it keeps the OpenTelemetry span that goes on the wire."""
 
-    __slots__ = ("attempt_id", "local_sequence_id", "rollout_id", "span", "store", "stored")
+    _otel_span: Optional[ReadableSpan] = PrivateAttr(default=None)
+
+
+class _OtlpStoreTarget(LightningStore):
+    """Write-only store that delivers spans to a store's OTLP/HTTP endpoint through a LightningStoreOTLPExporter.
+
+    The span writer hands it the spans it built; each one carries the OpenTelemetry span it came from, which the
+    exporter encodes. The exporter retries briefly on its own; when it still fails, a store that does not answer
+    at all is reported as unreachable (the writer keeps the spans and retries) and a store that answered as having
+    rejected them (the writer gives them up one by one).
+    """
+
+    def __init__(self, exporter: LightningStoreOTLPExporter) -> None:
+        self.exporter = exporter
+
+    @property
+    def capabilities(self) -> Any:
+        """Safe to write from the writer's thread."""
+        return {"thread_safe": True, "async_safe": True, "zero_copy": False, "otlp_traces": True}
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Export the spans (the store issues their sequence ids on arrival); nothing is returned."""
+        for (rollout_id, attempt_id), group in groupby(spans, key=lambda span: (span.rollout_id, span.attempt_id)):
+            otel_spans = [span._otel_span for span in group if isinstance(span, _ExportedSpan)]
+            exported = [otel_span for otel_span in otel_spans if otel_span is not None]
+            result = await asyncio.to_thread(self.exporter.export_bound, exported, rollout_id, attempt_id)
+            if result is SpanExportResult.SUCCESS:
+                continue
+            endpoint = self.exporter.endpoint
+            if await asyncio.to_thread(self.exporter.store_reachable):
+                raise ValueError(f"The store at {endpoint} refused an OTLP export of {len(exported)} span(s)")
+            raise ConnectionError(f"Cannot reach the store's OTLP endpoint {endpoint}")
+        return []
+
+
+class _PendingWrite(PendingSpan):
+    """A finished span waiting to be written, with the store and ids it belongs to.
+
+    ``exported`` spans are bound for an :class:`_OtlpStoreTarget`: they carry their OpenTelemetry span.
+    """
+
+    __slots__ = ("attempt_id", "exported", "local_sequence_id", "rollout_id", "span", "store", "stored")
 
     def __init__(
-        self, store: LightningStore, rollout_id: str, attempt_id: str, span: ReadableSpan, local_sequence_id: int
+        self,
+        store: LightningStore,
+        rollout_id: str,
+        attempt_id: str,
+        span: ReadableSpan,
+        local_sequence_id: int,
+        exported: bool = False,
     ) -> None:
         self.store = store
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.span = span
         self.local_sequence_id = local_sequence_id
+        self.exported = exported
         self.stored: Optional[Span] = None
 
     def to_span(self, sequence_id: int) -> Span:
         """The span to store (the store issues its sequence id)."""
-        return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
+        if not self.exported:
+            return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
+        exported = _ExportedSpan.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
+        exported._otel_span = self.span
+        return exported
 
     def describe(self) -> str:
         """How log messages name this span."""
@@ -118,7 +182,7 @@ class _PendingWrite(PendingSpan):
         self.stored = stored
 
     def result(self) -> Span:
-        """The stored span, or a local conversion while (or if) it is not stored."""
+        """The stored span, or a local conversion while (or if) it is not stored (or was exported over OTLP)."""
         if self.stored is not None:
             return self.stored
         return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, self.local_sequence_id)
@@ -137,6 +201,9 @@ class LightningSpanProcessor(SpanProcessor):
         max_batch_size: Most spans written in one batch; a full batch is written without waiting.
         write_delay: Longest time a finished span waits to be batched with later spans before it is written;
             flushing (leaving a trace context, :meth:`force_flush`) writes at once. 0 writes every span at once.
+        otlp_exporter: Exporter that sends the spans of a rollout context over OTLP/HTTP while it is bound to a
+            rollout attempt (see :meth:`LightningStoreOTLPExporter.enable_store_otlp`); set
+            ``disable_store_submission`` meanwhile so spans are not also written directly.
     """
 
     def __init__(
@@ -150,6 +217,7 @@ class LightningSpanProcessor(SpanProcessor):
         ignored_scopes: Sequence[str] = DEFAULT_IGNORED_SCOPES,
         max_batch_size: int = 256,
         write_delay: float = STORE_WRITE_DELAY_SECONDS,
+        otlp_exporter: Optional[LightningStoreOTLPExporter] = None,
     ) -> None:
         if max_buffered_spans < 1:
             raise ValueError("max_buffered_spans must be at least 1")
@@ -163,6 +231,8 @@ class LightningSpanProcessor(SpanProcessor):
         self._ignored_scopes = frozenset(ignored_scopes)
         self._max_batch_size = max(1, max_batch_size)
         self._write_delay = write_delay
+        self._otlp_exporter = otlp_exporter
+        self._otlp_target: Optional[_OtlpStoreTarget] = None
 
         self._spans: List[Union[Span, _PendingWrite]] = []
         self._store: Optional[LightningStore] = None
@@ -202,6 +272,17 @@ class LightningSpanProcessor(SpanProcessor):
     @disable_store_submission.setter
     def disable_store_submission(self, value: bool) -> None:
         self._disable_store_submission = value
+
+    @property
+    def otlp_exporter(self) -> Optional[LightningStoreOTLPExporter]:
+        """Exporter used while it is bound to a rollout attempt (None: spans are only written directly)."""
+        return self._otlp_exporter
+
+    @otlp_exporter.setter
+    def otlp_exporter(self, exporter: Optional[LightningStoreOTLPExporter]) -> None:
+        with self._lock:
+            self._otlp_exporter = exporter
+            self._otlp_target = None
 
     @property
     def pending_count(self) -> int:
@@ -314,6 +395,12 @@ class LightningSpanProcessor(SpanProcessor):
         if scope is not None and scope.name in self._ignored_scopes:
             return
         store, rollout_id, attempt_id = self._store, self._rollout_id, self._attempt_id
+        target = self._bound_otlp_target() if store is not None else None
+        if target is not None and rollout_id is not None and attempt_id is not None:
+            item = _PendingWrite(target, rollout_id, attempt_id, span, self._next_local_sequence_id(), exported=True)
+            self._append(item)
+            self._writer_for(target).submit(item)
+            return
         if self._disable_store_submission or store is None or rollout_id is None or attempt_id is None:
             if self._collecting:
                 local = Span.from_opentelemetry(
@@ -324,6 +411,16 @@ class LightningSpanProcessor(SpanProcessor):
         item = _PendingWrite(store, rollout_id, attempt_id, span, self._next_local_sequence_id())
         self._append(item)
         self._writer_for(store).submit(item)  # a full buffer drops the span (counted and logged by the writer)
+
+    def _bound_otlp_target(self) -> Optional[_OtlpStoreTarget]:
+        """The OTLP destination while the exporter is bound to a rollout attempt, else None."""
+        exporter = self._otlp_exporter
+        if exporter is None or exporter.rollout_id is None:
+            return None
+        with self._lock:
+            if self._otlp_target is None or self._otlp_target.exporter is not exporter:
+                self._otlp_target = _OtlpStoreTarget(exporter)
+            return self._otlp_target
 
     # ---- background writer ----
 
@@ -493,9 +590,13 @@ class OtelTracer(Tracer):
             if "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in os.environ
             else SpanLimits(max_span_attributes=SpanLimits.UNSET)
         )
+        from agentbolt.utils.otlp import LightningStoreOTLPExporter
+
         provider = TracerProvider(span_limits=limits)
         processor = LightningSpanProcessor(
-            max_buffered_spans=self._max_buffered_spans, write_timeout=self._write_timeout
+            max_buffered_spans=self._max_buffered_spans,
+            write_timeout=self._write_timeout,
+            otlp_exporter=LightningStoreOTLPExporter(),
         )
         provider.add_span_processor(processor)
         _set_global_tracer_provider(provider)
@@ -545,11 +646,39 @@ class OtelTracer(Tracer):
         if rollout_id is not None and attempt_id is not None:
             if store is None:
                 raise ValueError("A store is required to trace a rollout: pass it to init_worker().")
+            self._select_store_path(processor, store, rollout_id, attempt_id)
             with processor.with_context(store, rollout_id, attempt_id, flush_timeout=flush_timeout):
                 yield self.get_otel_tracer()
         else:
             with processor:
                 yield self.get_otel_tracer()
+
+    @staticmethod
+    def _select_store_path(
+        processor: LightningSpanProcessor, store: LightningStore, rollout_id: str, attempt_id: str
+    ) -> None:
+        """Send the next context's spans over OTLP/HTTP when the store accepts it, else write them directly.
+
+        The exporter stays bound after the context (spans still buffered keep their endpoint while they are
+        retried); the next context binds it again or unbinds it.
+
+        Raises:
+            RuntimeError: The store accepts OTLP but the processor has no exporter.
+        """
+        exporter = processor.otlp_exporter
+        if not store.capabilities.get("otlp_traces", False):
+            if exporter is not None:
+                exporter.disable_store_otlp()
+            processor.disable_store_submission = False
+            return
+        if exporter is None:
+            raise RuntimeError(
+                f"{type(store).__name__} accepts OTLP traces but the span processor has no LightningStoreOTLPExporter."
+            )
+        # Stores reached over HTTP know their bearer token; $AGENTBOLT_API_KEY is the exporter's default.
+        api_key = getattr(store, "_api_key", None) or os.environ.get(API_KEY_ENV_VAR)
+        exporter.enable_store_otlp(store.otlp_traces_endpoint(), rollout_id, attempt_id, api_key=api_key)
+        processor.disable_store_submission = True
 
     def _effective_store(self, store: Optional[LightningStore]) -> Optional[LightningStore]:
         if store is not None:

@@ -300,14 +300,22 @@ class LightningStoreOTLPExporter(OTLPSpanExporter):
 
     While enabled, every exported span's resource carries the rollout and attempt ids so the store can bind it.
     While disabled, exports are dropped (reported as successful) because there is nothing to bind spans to.
-    Without explicit ``headers``, the store's bearer token is taken from ``$AGENTBOLT_API_KEY`` when set.
+
+    The store's bearer token is sent with every request: the ``api_key`` given to :meth:`enable_store_otlp`, else
+    ``$AGENTBOLT_API_KEY`` (read when the exporter is created). An ``Authorization`` header passed in ``headers``
+    takes precedence over both.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        api_key = os.environ.get(API_KEY_ENV_VAR)
-        if api_key and "headers" not in kwargs:
-            kwargs["headers"] = {"Authorization": f"Bearer {api_key}"}
+        import requests
+
+        # Headers set on the session reach every request, and the token can change when another store is bound.
+        session = kwargs.get("session") or requests.Session()
+        kwargs["session"] = session
         super().__init__(*args, **kwargs)
+        self._auth_session = session
+        self._explicit_auth = any(key.lower() == "authorization" for key in (kwargs.get("headers") or {}))
+        self._set_bearer_token(os.environ.get(API_KEY_ENV_VAR))
         self._default_endpoint: str = self._endpoint
         self._rollout_id: Optional[str] = None
         self._attempt_id: Optional[str] = None
@@ -333,9 +341,23 @@ class LightningStoreOTLPExporter(OTLPSpanExporter):
         if client is not None and hasattr(client, "_endpoint"):
             client._endpoint = endpoint
 
-    def enable_store_otlp(self, endpoint: str, rollout_id: str, attempt_id: str) -> None:
-        """Export to ``endpoint`` with spans bound to ``rollout_id`` / ``attempt_id``."""
+    def _set_bearer_token(self, token: Optional[str]) -> None:
+        if token and not self._explicit_auth:
+            self._auth_session.headers["Authorization"] = f"Bearer {token}"
+
+    def enable_store_otlp(
+        self, endpoint: str, rollout_id: str, attempt_id: str, *, api_key: Optional[str] = None
+    ) -> None:
+        """Export to ``endpoint`` with spans bound to ``rollout_id`` / ``attempt_id``.
+
+        Args:
+            endpoint: The store's OTLP/HTTP traces URL (``store.otlp_traces_endpoint()``).
+            rollout_id: Rollout bound to the exported spans.
+            attempt_id: Attempt bound to the exported spans.
+            api_key: The store's bearer token (default: the token found when the exporter was created).
+        """
         self._set_endpoint(endpoint)
+        self._set_bearer_token(api_key)
         self._rollout_id = rollout_id
         self._attempt_id = attempt_id
 
@@ -349,13 +371,32 @@ class LightningStoreOTLPExporter(OTLPSpanExporter):
         """Whether exports are dropped while no rollout is bound."""
         return True
 
+    def export_bound(self, spans: Sequence[ReadableSpan], rollout_id: str, attempt_id: str) -> SpanExportResult:
+        """Export ``spans`` now, bound to the given rollout attempt (whatever the exporter is currently bound to).
+
+        The ids are merged into each span's resource (``agentlightning.rollout_id`` / ``agentlightning.attempt_id``).
+        """
+        binding = Resource({_ROLLOUT_KEY: rollout_id, _ATTEMPT_KEY: attempt_id})
+        for span in spans:
+            span._resource = span.resource.merge(binding)  # type: ignore[attr-defined]
+        return super().export(spans)
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Export ``spans``, stamping the bound rollout and attempt ids onto their resources."""
         if self._rollout_id is not None and self._attempt_id is not None:
-            binding = Resource({_ROLLOUT_KEY: self._rollout_id, _ATTEMPT_KEY: self._attempt_id})
-            for span in spans:
-                span._resource = span.resource.merge(binding)  # type: ignore[attr-defined]
-            return super().export(spans)
+            return self.export_bound(spans, self._rollout_id, self._attempt_id)
         if self.should_bypass():
             return SpanExportResult.SUCCESS
         return super().export(spans)
+
+    def store_reachable(self, timeout: float = 2.0) -> bool:
+        """Whether the store behind the current endpoint answers HTTP at all (any status counts as an answer).
+
+        Tells a store that is down (worth retrying) from one that answered an export with an error.
+        """
+        root = self._endpoint[: -len("/v1/traces")] if self._endpoint.endswith("/v1/traces") else self._endpoint
+        try:
+            self._auth_session.get(f"{root}/v1/agl/health", timeout=timeout)
+        except Exception:
+            return False
+        return True
