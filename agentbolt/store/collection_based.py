@@ -50,6 +50,12 @@ from agentbolt.store.base import (
 )
 from agentbolt.store.collection.base import DuplicatedPrimaryKeyError, LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
+from agentbolt.store.method_context import (
+    current_private_method,
+    current_public_method,
+    current_store_method_labels,
+    get_current_store_methods,
+)
 from agentbolt.store.utils import LATENCY_BUCKETS, rollout_status_from_attempt, scan_unhealthy_rollouts
 from agentbolt.types import (
     Attempt,
@@ -89,12 +95,6 @@ logger = logging.getLogger("agentbolt.store.collection_based")
 T_collections = TypeVar("T_collections", bound=LightningCollections)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
-_current_public_method: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
-    "agentbolt_store_public_method", default=None
-)
-_current_private_method: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
-    "agentbolt_store_private_method", default=None
-)
 _in_healthcheck: contextvars.ContextVar[bool] = contextvars.ContextVar("agentbolt_store_in_healthcheck", default=False)
 
 _ACTIVE_ATTEMPT_STATUSES: Tuple[AttemptStatus, ...] = ("preparing", "running")
@@ -105,23 +105,12 @@ RolloutChanges = List[Tuple[Rollout, Sequence[str]]]
 """Rollouts written in an atomic section with the fields that changed, handed to ``_post_update_rollout``."""
 
 
-def get_current_store_methods() -> Tuple[Optional[str], Optional[str]]:
-    """``(public, private)`` names of the store methods currently executing in this context."""
-    return _current_public_method.get(), _current_private_method.get()
-
-
-def current_store_method_labels() -> Dict[str, str]:
-    """Metric labels naming the store methods currently executing (``"unknown"`` outside a store method)."""
-    public, private = get_current_store_methods()
-    return {"store_pubmeth": public or "unknown", "store_privmeth": private or "unknown"}
-
-
 def tracked(name: str) -> Callable[[F], F]:
     """Mark a store method: names it for metric labels and, with a tracker, records its latency and outcome.
 
     Names starting with ``_`` are private methods (label ``store_privmeth``), others public (``store_pubmeth``).
     """
-    variable = _current_private_method if name.startswith("_") else _current_public_method
+    variable = current_private_method if name.startswith("_") else current_public_method
 
     def decorator(func: F) -> F:
         @functools.wraps(func)
@@ -141,7 +130,7 @@ def tracked(name: str) -> Callable[[F], F]:
                 finally:
                     labels = {
                         "method": name,
-                        "store_pubmeth": _current_public_method.get() or "unknown",
+                        "store_pubmeth": current_public_method.get() or "unknown",
                         "status": resolve_error_type(error),
                     }
                     await tracker.inc_counter("agl.store.total", labels=labels)

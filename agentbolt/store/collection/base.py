@@ -25,6 +25,7 @@ from typing import (
     TypeVar,
 )
 
+from agentbolt.store.method_context import current_store_method_labels
 from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
 
 if TYPE_CHECKING:
@@ -188,8 +189,6 @@ class TrackedCollection:
             error = exc
             raise
         finally:
-            from agentbolt.store.collection_based import current_store_method_labels
-
             labels = {
                 **current_store_method_labels(),
                 "operation": operation,
