@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from agentbolt.store.requests import (
+    QueryAttemptsRequest,
+    QueryResourcesRequest,
+    QueryRolloutsRequest,
+    QuerySpansRequest,
+    QueryWorkersRequest,
+    RolloutRequest,
+)
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -139,6 +148,14 @@ class LightningStore:
         worker_id: Optional[str] = None,
     ) -> AttemptedRollout:
         """Create a rollout in ``preparing`` with its first attempt, without queuing it."""
+        return await self._start_rollout(
+            RolloutRequest(
+                input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata, worker_id=worker_id
+            )
+        )
+
+    async def _start_rollout(self, request: RolloutRequest) -> AttemptedRollout:
+        """Implementation of :meth:`start_rollout`."""
         raise NotImplementedError()
 
     async def enqueue_rollout(
@@ -150,7 +167,17 @@ class LightningStore:
         metadata: Optional[Dict[str, Any]] = None,
     ) -> Rollout:
         """Create a rollout in ``queuing`` and append it to the FIFO queue."""
-        raise NotImplementedError()
+        request = EnqueueRolloutRequest(
+            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata
+        )
+        return await self._enqueue_rollout(request)
+
+    async def _enqueue_rollout(self, request: EnqueueRolloutRequest) -> Rollout:
+        """Implementation of :meth:`enqueue_rollout`; by default one :meth:`enqueue_many_rollouts` call."""
+        rollouts = await self.enqueue_many_rollouts([request])
+        if len(rollouts) != 1:
+            raise RuntimeError(f"enqueue_many_rollouts returned {len(rollouts)} rollouts for one request.")
+        return rollouts[0]
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         """Enqueue several rollouts at once, in order."""
@@ -218,7 +245,33 @@ class LightningStore:
         status: Optional[Sequence[RolloutStatus]] = None,
         rollout_ids: Optional[Sequence[str]] = None,
     ) -> Sequence[Union[Rollout, AttemptedRollout]]:
-        """Rollouts matching the filters (``status`` / ``rollout_ids`` are deprecated aliases)."""
+        """Rollouts matching the filters, each with its latest attempt attached when it has one.
+
+        ``status`` and ``rollout_ids`` are deprecated aliases of ``status_in`` and ``rollout_id_in`` (the new names
+        win when both are given).
+        """
+        if status is not None or rollout_ids is not None:
+            warnings.warn(
+                "query_rollouts(status=..., rollout_ids=...) is deprecated; use status_in and rollout_id_in",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        status_in = status_in if status_in is not None else status
+        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+        query = QueryRolloutsRequest.model_construct(
+            status_in=None if status_in is None else list(status_in),
+            rollout_id_in=None if rollout_id_in is None else list(rollout_id_in),
+            rollout_id_contains=rollout_id_contains,
+            filter_logic=filter_logic,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+        )
+        return await self._query_rollouts(query)
+
+    async def _query_rollouts(self, query: QueryRolloutsRequest) -> Sequence[Union[Rollout, AttemptedRollout]]:
+        """Implementation of :meth:`query_rollouts` (the deprecated aliases already resolved)."""
         raise NotImplementedError()
 
     async def query_attempts(
@@ -230,7 +283,12 @@ class LightningStore:
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[Attempt]:
-        """Attempts of one rollout."""
+        """Attempts of one rollout (empty for an unknown rollout)."""
+        query = QueryAttemptsRequest.model_construct(sort_by=sort_by, sort_order=sort_order, limit=limit, offset=offset)
+        return await self._query_attempts(rollout_id, query)
+
+    async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> Sequence[Attempt]:
+        """Implementation of :meth:`query_attempts`."""
         raise NotImplementedError()
 
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
@@ -251,7 +309,19 @@ class LightningStore:
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[ResourcesUpdate]:
-        """Resource snapshots matching the filters."""
+        """Resource snapshots matching both filters."""
+        query = QueryResourcesRequest.model_construct(
+            resources_id=resources_id,
+            resources_id_contains=resources_id_contains,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+        )
+        return await self._query_resources(query)
+
+    async def _query_resources(self, query: QueryResourcesRequest) -> Sequence[ResourcesUpdate]:
+        """Implementation of :meth:`query_resources`."""
         raise NotImplementedError()
 
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
@@ -293,7 +363,31 @@ class LightningStore:
         sort_by: Optional[str] = "sequence_id",
         sort_order: Literal["asc", "desc"] = "asc",
     ) -> Sequence[Span]:
-        """Spans of a rollout (all attempts, one attempt, or ``"latest"``)."""
+        """Spans of a rollout: all attempts (``None``), one attempt, or the ``"latest"`` one.
+
+        The optional id/name filters combine with ``filter_logic``; an unknown rollout gives an empty result.
+        """
+        query = QuerySpansRequest.model_construct(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            trace_id=trace_id,
+            trace_id_contains=trace_id_contains,
+            span_id=span_id,
+            span_id_contains=span_id_contains,
+            parent_id=parent_id,
+            parent_id_contains=parent_id_contains,
+            name=name,
+            name_contains=name_contains,
+            filter_logic=filter_logic,
+            limit=limit,
+            offset=offset,
+            sort_by=sort_by,
+            sort_order=sort_order,
+        )
+        return await self._query_spans(query)
+
+    async def _query_spans(self, query: QuerySpansRequest) -> Sequence[Span]:
+        """Implementation of :meth:`query_spans`."""
         raise NotImplementedError()
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
@@ -314,7 +408,20 @@ class LightningStore:
         config: RolloutConfig | Unset = UNSET,
         metadata: Optional[Dict[str, Any]] | Unset = UNSET,
     ) -> Rollout:
-        """Write the given fields of a rollout."""
+        """Write the given fields of a rollout (``UNSET`` ones are left alone; ``None`` is written).
+
+        A terminal status stamps ``end_time``; ``queuing``/``requeuing`` re-enqueue the rollout unless queued.
+
+        Raises:
+            ValueError: Unknown rollout or invalid field values (nothing is written).
+        """
+        fields = _given(
+            input=input, mode=mode, resources_id=resources_id, status=status, config=config, metadata=metadata
+        )
+        return await self._update_rollout(rollout_id, fields)
+
+    async def _update_rollout(self, rollout_id: str, fields: Dict[str, Any]) -> Rollout:
+        """Implementation of :meth:`update_rollout`; ``fields`` holds only the given (not ``UNSET``) fields."""
         raise NotImplementedError()
 
     async def update_attempt(
@@ -326,7 +433,19 @@ class LightningStore:
         last_heartbeat_time: float | Unset = UNSET,
         metadata: Optional[Dict[str, Any]] | Unset = UNSET,
     ) -> Attempt:
-        """Write the given fields of an attempt; the rollout follows its latest attempt's status."""
+        """Write the given fields of an attempt (``"latest"`` targets the highest sequence id).
+
+        A status change on the latest attempt drives the rollout (success, retry or failure per its config) and the
+        worker.
+
+        Raises:
+            ValueError: Unknown rollout / attempt, or invalid field values (nothing is written).
+        """
+        fields = _given(status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time, metadata=metadata)
+        return await self._update_attempt(rollout_id, attempt_id, fields)
+
+    async def _update_attempt(self, rollout_id: str, attempt_id: str, fields: Dict[str, Any]) -> Attempt:
+        """Implementation of :meth:`update_attempt`; ``fields`` holds only the given (not ``UNSET``) fields."""
         raise NotImplementedError()
 
     async def query_workers(
@@ -341,6 +460,19 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[Worker]:
         """Workers matching the filters."""
+        query = QueryWorkersRequest.model_construct(
+            status_in=None if status_in is None else list(status_in),
+            worker_id_contains=worker_id_contains,
+            filter_logic=filter_logic,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            limit=limit,
+            offset=offset,
+        )
+        return await self._query_workers(query)
+
+    async def _query_workers(self, query: QueryWorkersRequest) -> Sequence[Worker]:
+        """Implementation of :meth:`query_workers`."""
         raise NotImplementedError()
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
@@ -350,6 +482,11 @@ class LightningStore:
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
         """Record a heartbeat from a worker (creating it when new)."""
         raise NotImplementedError()
+
+
+def _given(**fields: Any) -> Dict[str, Any]:
+    """The fields whose value is not ``UNSET``."""
+    return {name: value for name, value in fields.items() if not isinstance(value, Unset)}
 
 
 def store_api_methods() -> List[str]:

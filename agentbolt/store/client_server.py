@@ -15,7 +15,6 @@ import logging
 import os
 import time
 import uuid
-import warnings
 import weakref
 from typing import (
     TYPE_CHECKING,
@@ -55,6 +54,15 @@ from agentbolt.store.base import (
     forward_store_api,
 )
 from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+from agentbolt.store.requests import (
+    QueryAttemptsRequest,
+    QueryResourcesRequest,
+    QueryRolloutsRequest,
+    QuerySpansRequest,
+    QueryWorkersRequest,
+    RolloutRequest,
+    _PaginationFields,
+)
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -70,7 +78,6 @@ from agentbolt.types import (
     Span,
     TaskInput,
     Worker,
-    WorkerStatus,
 )
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs
 
@@ -127,17 +134,6 @@ T = TypeVar("T")
 # Request / response models
 
 
-class RolloutRequest(BaseModel):
-    """Body of ``POST /rollouts`` (start_rollout)."""
-
-    input: TaskInput
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
-    config: Optional[RolloutConfig] = None
-    metadata: Optional[Dict[str, Any]] = None
-    worker_id: Optional[str] = None
-
-
 class DequeueRolloutRequest(BaseModel):
     """Body of a single dequeue."""
 
@@ -161,22 +157,6 @@ class DequeueManyRolloutsRequest(BaseModel):
 
     limit: int = 1
     worker_id: Optional[str] = None
-
-
-class _PaginationFields(BaseModel):
-    limit: int = -1
-    offset: int = 0
-    sort_by: Optional[str] = None
-    sort_order: str = "asc"
-
-
-class QueryRolloutsRequest(_PaginationFields):
-    """Filters of ``GET /rollouts`` and ``POST /rollouts/search``."""
-
-    status_in: Optional[List[RolloutStatus]] = None
-    rollout_id_in: Optional[List[str]] = None
-    rollout_id_contains: Optional[str] = None
-    filter_logic: str = "and"
 
 
 class WaitForRolloutsRequest(BaseModel):
@@ -259,44 +239,6 @@ class UpdateWorkerRequest(BaseModel):
     """Body of ``POST /workers/{worker_id}``."""
 
     heartbeat_stats: Optional[Dict[str, Any]] = None
-
-
-class QueryAttemptsRequest(_PaginationFields):
-    """Options of ``GET /rollouts/{id}/attempts`` and ``POST /rollouts/{id}/attempts/search``."""
-
-    sort_by: Optional[str] = "sequence_id"
-
-
-class QueryResourcesRequest(_PaginationFields):
-    """Filters of ``GET /resources``."""
-
-    resources_id: Optional[str] = None
-    resources_id_contains: Optional[str] = None
-
-
-class QuerySpansRequest(_PaginationFields):
-    """Filters of ``GET /spans`` and ``POST /spans/search``."""
-
-    rollout_id: str
-    attempt_id: Optional[str] = None
-    trace_id: Optional[str] = None
-    trace_id_contains: Optional[str] = None
-    span_id: Optional[str] = None
-    span_id_contains: Optional[str] = None
-    parent_id: Optional[str] = None
-    parent_id_contains: Optional[str] = None
-    name: Optional[str] = None
-    name_contains: Optional[str] = None
-    filter_logic: str = "and"
-    sort_by: Optional[str] = "sequence_id"
-
-
-class QueryWorkersRequest(_PaginationFields):
-    """Filters of ``GET /workers`` and ``POST /workers/search``."""
-
-    status_in: Optional[List[WorkerStatus]] = None
-    worker_id_contains: Optional[str] = None
-    filter_logic: str = "and"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1481,38 +1423,9 @@ class LightningStoreClient(LightningStore):
         """Statistics of the server's store."""
         return LightningStoreStatistics(**await self._request_json("get", "/statistics"))  # type: ignore[typeddict-item]
 
-    async def start_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-        worker_id: Optional[str] = None,
-    ) -> AttemptedRollout:
-        """See :meth:`LightningStore.start_rollout`."""
-        request = RolloutRequest(
-            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata, worker_id=worker_id
-        )
+    async def _start_rollout(self, request: RolloutRequest) -> AttemptedRollout:
         data = await self._request_json("post", "/rollouts", json=request, idempotent=False)
         return AttemptedRollout.model_validate(data)
-
-    async def enqueue_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-    ) -> Rollout:
-        """See :meth:`LightningStore.enqueue_rollout`."""
-        request = EnqueueRolloutRequest(
-            input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata
-        )
-        rollouts = await self.enqueue_many_rollouts([request])
-        if not rollouts:
-            raise RuntimeError("The server returned no rollout for enqueue_rollout.")
-        return rollouts[0]
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         """See :meth:`LightningStore.enqueue_many_rollouts`."""
@@ -1608,58 +1521,12 @@ class LightningStoreClient(LightningStore):
             total=data["total"],
         )
 
-    async def query_rollouts(
-        self,
-        *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-        status: Optional[Sequence[RolloutStatus]] = None,
-        rollout_ids: Optional[Sequence[str]] = None,
-    ) -> Sequence[Union[Rollout, AttemptedRollout]]:
-        """See :meth:`LightningStore.query_rollouts`."""
-        if status is not None or rollout_ids is not None:
-            warnings.warn(
-                "query_rollouts(status=..., rollout_ids=...) is deprecated; use status_in / rollout_id_in.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        status_in = status_in if status_in is not None else status
-        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
-        body: Dict[str, Any] = {
-            "filter_logic": filter_logic,
-            "sort_order": sort_order,
-            "limit": limit,
-            "offset": offset,
-        }
-        for key, value in (
-            ("status_in", status_in),
-            ("rollout_id_in", rollout_id_in),
-            ("rollout_id_contains", rollout_id_contains),
-            ("sort_by", sort_by),
-        ):
-            if value is not None:
-                body[key] = list(value) if isinstance(value, (list, tuple)) else value
-        data = await self._request_json("post", "/rollouts/search", json=body)
+    async def _query_rollouts(self, query: QueryRolloutsRequest) -> Sequence[Union[Rollout, AttemptedRollout]]:
+        data = await self._request_json("post", "/rollouts/search", json=query.model_dump())
         return self._page(data, self._parse_rollout)
 
-    async def query_attempts(
-        self,
-        rollout_id: str,
-        *,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Attempt]:
-        """See :meth:`LightningStore.query_attempts`."""
-        body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
-        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/search", json=body)
+    async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> Sequence[Attempt]:
+        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/search", json=query.model_dump())
         return self._page(data, Attempt.model_validate)
 
     async def _get_optional(self, path: str, parse: Callable[[Any], T]) -> Optional[T]:
@@ -1681,25 +1548,8 @@ class LightningStoreClient(LightningStore):
         """See :meth:`LightningStore.get_latest_attempt`."""
         return await self._get_optional(f"/rollouts/{rollout_id}/attempts/latest", Attempt.model_validate)
 
-    async def query_resources(
-        self,
-        *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[ResourcesUpdate]:
-        """See :meth:`LightningStore.query_resources`."""
-        params: Dict[str, Any] = {"sort_order": sort_order, "limit": str(limit), "offset": str(offset)}
-        for key, value in (
-            ("resources_id", resources_id),
-            ("resources_id_contains", resources_id_contains),
-            ("sort_by", sort_by),
-        ):
-            if value is not None:
-                params[key] = value
+    async def _query_resources(self, query: QueryResourcesRequest) -> Sequence[ResourcesUpdate]:
+        params = {key: str(value) for key, value in query.model_dump().items() if value is not None}
         data = await self._request_json("get", "/resources", params=params)
         return self._page(data, ResourcesUpdate.model_validate)
 
@@ -1757,48 +1607,8 @@ class LightningStoreClient(LightningStore):
                 break
         return [finished[rid] for rid in rollout_ids if rid in finished]
 
-    async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-    ) -> Sequence[Span]:
-        """See :meth:`LightningStore.query_spans`."""
-        body: Dict[str, Any] = {
-            "rollout_id": rollout_id,
-            "filter_logic": filter_logic,
-            "limit": limit,
-            "offset": offset,
-            "sort_by": sort_by,
-            "sort_order": sort_order,
-        }
-        for key, value in (
-            ("attempt_id", attempt_id),
-            ("trace_id", trace_id),
-            ("trace_id_contains", trace_id_contains),
-            ("span_id", span_id),
-            ("span_id_contains", span_id_contains),
-            ("parent_id", parent_id),
-            ("parent_id_contains", parent_id_contains),
-            ("name", name),
-            ("name_contains", name_contains),
-        ):
-            if value is not None:
-                body[key] = value
-        data = await self._request_json("post", "/spans/search", json=body)
+    async def _query_spans(self, query: QuerySpansRequest) -> Sequence[Span]:
+        data = await self._request_json("post", "/spans/search", json=query.model_dump())
         return self._page(data, Span.model_validate)
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
@@ -1811,74 +1621,16 @@ class LightningStoreClient(LightningStore):
         data = await self._request_json("post", f"/resources/{resources_id}", json=resources, idempotent=False)
         return ResourcesUpdate.model_validate(data)
 
-    async def update_rollout(
-        self,
-        rollout_id: str,
-        input: TaskInput | Unset = UNSET,
-        mode: Optional[RolloutMode] | Unset = UNSET,
-        resources_id: Optional[str] | Unset = UNSET,
-        status: RolloutStatus | Unset = UNSET,
-        config: RolloutConfig | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Rollout:
-        """See :meth:`LightningStore.update_rollout`; only the given fields are sent."""
-        fields = {
-            "input": input,
-            "mode": mode,
-            "resources_id": resources_id,
-            "status": status,
-            "config": config,
-            "metadata": metadata,
-        }
-        body = {key: value for key, value in fields.items() if not isinstance(value, Unset)}
-        data = await self._request_json("post", f"/rollouts/{rollout_id}", json=body)
+    async def _update_rollout(self, rollout_id: str, fields: Dict[str, Any]) -> Rollout:
+        data = await self._request_json("post", f"/rollouts/{rollout_id}", json=fields)
         return self._parse_rollout(data)
 
-    async def update_attempt(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"],
-        status: AttemptStatus | Unset = UNSET,
-        worker_id: str | Unset = UNSET,
-        last_heartbeat_time: float | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Attempt:
-        """See :meth:`LightningStore.update_attempt`; only the given fields are sent."""
-        fields = {
-            "status": status,
-            "worker_id": worker_id,
-            "last_heartbeat_time": last_heartbeat_time,
-            "metadata": metadata,
-        }
-        body = {key: value for key, value in fields.items() if not isinstance(value, Unset)}
-        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/{attempt_id}", json=body)
+    async def _update_attempt(self, rollout_id: str, attempt_id: str, fields: Dict[str, Any]) -> Attempt:
+        data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts/{attempt_id}", json=fields)
         return Attempt.model_validate(data)
 
-    async def query_workers(
-        self,
-        *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Worker]:
-        """See :meth:`LightningStore.query_workers`."""
-        body: Dict[str, Any] = {
-            "filter_logic": filter_logic,
-            "sort_order": sort_order,
-            "limit": limit,
-            "offset": offset,
-        }
-        if status_in is not None:
-            body["status_in"] = list(status_in)
-        if worker_id_contains is not None:
-            body["worker_id_contains"] = worker_id_contains
-        if sort_by is not None:
-            body["sort_by"] = sort_by
-        data = await self._request_json("post", "/workers/search", json=body)
+    async def _query_workers(self, query: QueryWorkersRequest) -> Sequence[Worker]:
+        data = await self._request_json("post", "/workers/search", json=query.model_dump())
         return self._page(data, Worker.model_validate)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:

@@ -16,7 +16,6 @@ import functools
 import logging
 import threading
 import time
-import warnings
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -56,6 +55,14 @@ from agentbolt.store.method_context import (
     current_store_method_labels,
     get_current_store_methods,
 )
+from agentbolt.store.requests import (
+    QueryAttemptsRequest,
+    QueryResourcesRequest,
+    QueryRolloutsRequest,
+    QuerySpansRequest,
+    QueryWorkersRequest,
+    RolloutRequest,
+)
 from agentbolt.store.utils import LATENCY_BUCKETS, rollout_status_from_attempt, scan_unhealthy_rollouts
 from agentbolt.types import (
     Attempt,
@@ -74,7 +81,6 @@ from agentbolt.types import (
     Span,
     TaskInput,
     Worker,
-    WorkerStatus,
 )
 from agentbolt.utils.id import generate_id
 
@@ -177,6 +183,11 @@ def _sort_with(sort_by: Optional[str], sort_order: Literal["asc", "desc"]) -> Op
     if sort_order not in ("asc", "desc"):
         raise ValueError(f"Invalid sort order {sort_order!r}; use 'asc' or 'desc'")
     return None if sort_by is None else {"name": sort_by, "order": sort_order}
+
+
+def _page_options(query: Any) -> Dict[str, Any]:
+    """Sort, limit and offset of a list request, as the collections take them."""
+    return {"sort": _sort_with(query.sort_by, query.sort_order), "limit": query.limit, "offset": query.offset}
 
 
 def _rollout_key(rollout_id: str) -> FilterOptions:
@@ -361,22 +372,24 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _new_rollouts(
         self,
         collections: LightningCollections,
-        requests: Sequence[Tuple[Any, ...]],
+        requests: Sequence[Union[EnqueueRolloutRequest, RolloutRequest]],
         status: RolloutStatus,
         now: float,
     ) -> List[Rollout]:
-        """Rollouts from ``(input, mode, resources_id, config, metadata)`` tuples.
-
-        A missing ``resources_id`` means the latest resources (looked up once per call).
-        """
+        """Rollouts from requests; a missing ``resources_id`` means the latest resources (looked up once per call)."""
         latest: Optional[str] | Unset = UNSET
         rollouts: List[Rollout] = []
-        for task, mode, resources_id, config, metadata in requests:
+        for request in requests:
+            resources_id = request.resources_id
             if resources_id is None:
                 if isinstance(latest, Unset):
                     latest = await self._latest_resources_id_in(collections)
                 resources_id = latest
-            rollouts.append(self._new_rollout(task, mode, resources_id, config, metadata, status, now))
+            rollouts.append(
+                self._new_rollout(
+                    request.input, request.mode, resources_id, request.config, request.metadata, status, now
+                )
+            )
         return rollouts
 
     @staticmethod
@@ -585,22 +598,12 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("start_rollout")
     @healthcheck_before
-    async def start_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-        worker_id: Optional[str] = None,
-    ) -> AttemptedRollout:
-        """Create a rollout in ``preparing`` with its first attempt, without queuing it."""
+    async def _start_rollout(self, request: RolloutRequest) -> AttemptedRollout:
+        worker_id = request.worker_id
         _check_worker_id(worker_id)
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
-            (rollout,) = await self._new_rollouts(
-                collections, [(input, mode, resources_id, config, metadata)], "preparing", now
-            )
+            (rollout,) = await self._new_rollouts(collections, [request], "preparing", now)
             attempt = Attempt(
                 rollout_id=rollout.rollout_id,
                 attempt_id="at-" + generate_id(8),
@@ -615,8 +618,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 await self._sync_workers_with_attempts([attempt], collections=collections, now=now)
         return AttemptedRollout(**dict(rollout), attempt=attempt)
 
-    async def _enqueue(self, requests: Sequence[Tuple[Any, ...]]) -> List[Rollout]:
-        """Create queued rollouts from ``(input, mode, resources_id, config, metadata)`` tuples, in order."""
+    async def _enqueue(self, requests: Sequence[EnqueueRolloutRequest]) -> List[Rollout]:
+        """Create queued rollouts, in request order."""
         now = time.time()
         async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
             rollouts = await self._new_rollouts(collections, requests, "queuing", now)
@@ -627,23 +630,15 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("enqueue_rollout")
     @healthcheck_before
-    async def enqueue_rollout(
-        self,
-        input: TaskInput,
-        mode: Optional[RolloutMode] = None,
-        resources_id: Optional[str] = None,
-        config: Optional[RolloutConfig] = None,
-        metadata: Optional[Dict[str, Any]] = None,
-    ) -> Rollout:
-        """Create a rollout in ``queuing`` and append it to the FIFO queue."""
-        return (await self._enqueue([(input, mode, resources_id, config, metadata)]))[0]
+    async def _enqueue_rollout(self, request: EnqueueRolloutRequest) -> Rollout:
+        return (await self._enqueue([request]))[0]
 
     @tracked("enqueue_many_rollouts")
     @healthcheck_before
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         """Enqueue several rollouts in one atomic section; results follow the input order."""
         requests = [EnqueueRolloutRequest.model_validate(request) for request in rollouts]
-        return await self._enqueue([(r.input, r.mode, r.resources_id, r.config, r.metadata) for r in requests])
+        return await self._enqueue(requests)
 
     async def _dequeue(self, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
         _check_worker_id(worker_id)
@@ -825,37 +820,16 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("query_spans")
     @healthcheck_before
-    async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-    ) -> PaginatedResult[Span]:
-        """Spans of a rollout: all attempts (``None``), one attempt, or the ``"latest"`` one.
-
-        The optional id/name filters combine with ``filter_logic``; an unknown rollout gives an empty result.
-        """
+    async def _query_spans(self, query: QuerySpansRequest) -> PaginatedResult[Span]:
+        rollout_id, attempt_id, limit, offset = query.rollout_id, query.attempt_id, query.limit, query.offset
         await self._ensure_spans_available(rollout_id)
         filter_options: Dict[str, Any] = dict(
             _filter_with(
-                filter_logic,
-                trace_id={"exact": trace_id, "contains": trace_id_contains},
-                span_id={"exact": span_id, "contains": span_id_contains},
-                parent_id={"exact": parent_id, "contains": parent_id_contains},
-                name={"exact": name, "contains": name_contains},
+                query.filter_logic,  # type: ignore[arg-type]
+                trace_id={"exact": query.trace_id, "contains": query.trace_id_contains},
+                span_id={"exact": query.span_id, "contains": query.span_id_contains},
+                parent_id={"exact": query.parent_id, "contains": query.parent_id_contains},
+                name={"exact": query.name, "contains": query.name_contains},
             )
         )
         must: Dict[str, Any] = {"rollout_id": {"exact": rollout_id}}
@@ -868,9 +842,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             if attempt_id is not None:
                 must["attempt_id"] = {"exact": attempt_id}
             filter_options["_must"] = must
-            return await collections.spans.query(
-                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
-            )
+            return await collections.spans.query(filter=filter_options, **_page_options(query))
 
     # =================================================================================================================
     # Queries
@@ -878,44 +850,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("query_rollouts")
     @healthcheck_before
-    async def query_rollouts(
-        self,
-        *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-        status: Optional[Sequence[RolloutStatus]] = None,
-        rollout_ids: Optional[Sequence[str]] = None,
-    ) -> PaginatedResult[Union[Rollout, AttemptedRollout]]:
-        """Rollouts matching the filters, each with its latest attempt attached when it has one.
-
-        ``status`` and ``rollout_ids`` are deprecated aliases of ``status_in`` and ``rollout_id_in``.
-        """
-        if status is not None or rollout_ids is not None:
-            warnings.warn(
-                "query_rollouts(status=..., rollout_ids=...) is deprecated; use status_in and rollout_id_in",
-                DeprecationWarning,
-                stacklevel=4,  # the caller of the public method (past the tracked/healthcheck wrappers)
-            )
-        status_in = status_in if status_in is not None else status
-        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+    async def _query_rollouts(self, query: QueryRolloutsRequest) -> PaginatedResult[Union[Rollout, AttemptedRollout]]:
         filter_options = _filter_with(
-            filter_logic,
-            status={"within": None if status_in is None else list(status_in)},
-            rollout_id={
-                "within": None if rollout_id_in is None else list(rollout_id_in),
-                "contains": rollout_id_contains,
-            },
+            query.filter_logic,  # type: ignore[arg-type]
+            status={"within": query.status_in},
+            rollout_id={"within": query.rollout_id_in, "contains": query.rollout_id_contains},
         )
         async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            page = await collections.rollouts.query(
-                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
-            )
+            page = await collections.rollouts.query(filter=filter_options, **_page_options(query))
             latest = await self._latest_attempts(collections, [rollout.rollout_id for rollout in page])
         return PaginatedResult(
             items=[_attach(rollout, latest.get(rollout.rollout_id)) for rollout in page],
@@ -936,20 +878,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("query_attempts")
     @healthcheck_before
-    async def query_attempts(
-        self,
-        rollout_id: str,
-        *,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[Attempt]:
-        """Attempts of one rollout (empty for an unknown rollout)."""
+    async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> PaginatedResult[Attempt]:
         async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.attempts.query(
-                filter=_rollout_key(rollout_id), sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
-            )
+            return await collections.attempts.query(filter=_rollout_key(rollout_id), **_page_options(query))
 
     @tracked("get_latest_attempt")
     @healthcheck_before
@@ -1015,22 +946,12 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         return await self._write_resources(resources_id, resources)
 
     @tracked("query_resources")
-    async def query_resources(
-        self,
-        *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[ResourcesUpdate]:
-        """Resource snapshots matching both filters."""
-        filter_options = _filter_with("and", resources_id={"exact": resources_id, "contains": resources_id_contains})
+    async def _query_resources(self, query: QueryResourcesRequest) -> PaginatedResult[ResourcesUpdate]:
+        filter_options = _filter_with(
+            "and", resources_id={"exact": query.resources_id, "contains": query.resources_id_contains}
+        )
         async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.resources.query(
-                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
-            )
+            return await collections.resources.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_resources_by_id")
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
@@ -1053,35 +974,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("update_rollout")
     @healthcheck_before
-    async def update_rollout(
-        self,
-        rollout_id: str,
-        input: TaskInput | Unset = UNSET,
-        mode: Optional[RolloutMode] | Unset = UNSET,
-        resources_id: Optional[str] | Unset = UNSET,
-        status: RolloutStatus | Unset = UNSET,
-        config: RolloutConfig | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Rollout:
-        """Write the given fields (``UNSET`` ones are left alone; ``None`` is written).
-
-        A terminal status stamps ``end_time``; ``queuing``/``requeuing`` re-enqueue the rollout unless queued.
-
-        Raises:
-            ValueError: Unknown rollout or invalid field values (nothing is written).
-        """
-        updates: Dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("input", input),
-                ("mode", mode),
-                ("resources_id", resources_id),
-                ("status", status),
-                ("config", config),
-                ("metadata", metadata),
-            )
-            if not isinstance(value, Unset)
-        }
+    async def _update_rollout(self, rollout_id: str, fields: Dict[str, Any]) -> Rollout:
+        updates = dict(fields)
         if isinstance(updates.get("config"), RolloutConfig):
             updates["config"] = updates["config"].model_copy(deep=True)
         if isinstance(updates.get("metadata"), dict):
@@ -1098,33 +992,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("update_attempt")
     @healthcheck_before
-    async def update_attempt(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"],
-        status: AttemptStatus | Unset = UNSET,
-        worker_id: str | Unset = UNSET,
-        last_heartbeat_time: float | Unset = UNSET,
-        metadata: Optional[Dict[str, Any]] | Unset = UNSET,
-    ) -> Attempt:
-        """Write the given fields of an attempt (``"latest"`` targets the highest sequence id).
-
-        A status change on the latest attempt drives the rollout (success, retry or failure per its config) and the
-        worker.
-
-        Raises:
-            ValueError: Unknown rollout / attempt, or invalid field values (nothing is written).
-        """
-        updates: Dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("status", status),
-                ("worker_id", worker_id),
-                ("last_heartbeat_time", last_heartbeat_time),
-                ("metadata", metadata),
-            )
-            if not isinstance(value, Unset)
-        }
+    async def _update_attempt(self, rollout_id: str, attempt_id: str, fields: Dict[str, Any]) -> Attempt:
+        updates = dict(fields)
         if isinstance(updates.get("metadata"), dict):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
@@ -1154,27 +1023,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
     @tracked("query_workers")
     @healthcheck_before
-    async def query_workers(
-        self,
-        *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
-        filter_logic: Literal["and", "or"] = "and",
-        sort_by: Optional[str] = None,
-        sort_order: Literal["asc", "desc"] = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[Worker]:
-        """Workers matching the filters."""
+    async def _query_workers(self, query: QueryWorkersRequest) -> PaginatedResult[Worker]:
         filter_options = _filter_with(
-            filter_logic,
-            status={"within": None if status_in is None else list(status_in)},
-            worker_id={"contains": worker_id_contains},
+            query.filter_logic,  # type: ignore[arg-type]
+            status={"within": query.status_in},
+            worker_id={"contains": query.worker_id_contains},
         )
         async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.workers.query(
-                filter=filter_options, sort=_sort_with(sort_by, sort_order), limit=limit, offset=offset
-            )
+            return await collections.workers.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_worker_by_id")
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
