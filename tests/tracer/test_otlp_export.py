@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Dict, List, Tuple
 
 import httpx
 import pytest
-from fake_openai import free_port
+from support.servers import free_port
 
 from agentbolt.emitter import emit_message
 from agentbolt.semconv import LightningResourceAttributes
@@ -234,6 +234,42 @@ async def test_store_killed_and_restarted_mid_rollout_loses_no_span(tmp_path: Pa
         sequence_ids = [span.sequence_id for span in spans]
         assert sequence_ids == sorted(set(sequence_ids))
         assert all(span.resource.attributes[ROLLOUT_KEY] == rollout.rollout_id for span in spans)
+    finally:
+        await client.close()
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 20)
+
+
+async def test_store_paused_mid_rollout_stores_each_span_once(tmp_path: Path) -> None:
+    db, port = tmp_path / "store.db", free_port()
+    process = await asyncio.to_thread(start_store_process, db, port)
+    client = LightningStoreClient(f"http://127.0.0.1:{port}", retry_delays=(), health_retry_delays=())
+    try:
+        rollout = await client.start_rollout(input={"task": "pause"})
+        tracer = OtelTracer(write_timeout=1.0)
+        tracer.init_worker(0, client)
+        processor = tracer._lightning_span_processor
+        assert processor is not None
+        # Exports time out quickly, so the paused store's backlog fills with exports that are sent again.
+        processor.otlp_exporter = LightningStoreOTLPExporter(timeout=0.5)
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+            emit_message("before")
+            assert await processor.flush_async(30)
+            process.send_signal(signal.SIGSTOP)
+            try:
+                for i in range(3):
+                    emit_message(f"during-{i}")
+                await asyncio.sleep(3.0)
+                assert processor.pending_count >= 1
+            finally:
+                process.send_signal(signal.SIGCONT)
+            emit_message("after")
+        assert await processor.flush_async(60)
+        assert processor.pending_count == 0 and processor.given_up_count == 0
+
+        spans = await client.query_spans(rollout.rollout_id, sort_by="sequence_id")
+        bodies = [span.attributes["agentlightning.message.body"] for span in spans]
+        assert bodies == ["before", *(f"during-{i}" for i in range(3)), "after"]
     finally:
         await client.close()
         process.send_signal(signal.SIGTERM)
