@@ -50,7 +50,7 @@ from opentelemetry.trace import StatusCode as OtelStatusCode
 from pydantic import PrivateAttr
 
 from agentbolt.env_var import API_KEY_ENV_VAR
-from agentbolt.store.base import LightningStore
+from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
 from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
 from agentbolt.types.tracer import (
@@ -121,9 +121,9 @@ class _OtlpStoreTarget(LightningStore):
         self.exporter = exporter
 
     @property
-    def capabilities(self) -> Any:
+    def capabilities(self) -> LightningStoreCapabilities:
         """Safe to write from the writer's thread."""
-        return {"thread_safe": True, "async_safe": True, "zero_copy": False, "otlp_traces": True}
+        return LightningStoreCapabilities(thread_safe=True, async_safe=True, zero_copy=False, otlp_traces=True)
 
     async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
         """Export the spans (the store issues their sequence ids on arrival); nothing is returned."""
@@ -170,6 +170,7 @@ class _PendingWrite(PendingSpan):
         if not self.exported:
             return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
         exported = _ExportedSpan.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, sequence_id)
+        assert isinstance(exported, _ExportedSpan)  # from_opentelemetry builds the class it is called on
         exported._otel_span = self.span
         return exported
 

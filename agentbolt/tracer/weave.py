@@ -253,9 +253,9 @@ class WeaveTracer(Tracer):
         try:
             parse_and_apply_settings(self.weave_user_settings)
             entity, _, project = self.project_name.rpartition("/")
-            client = weave_client.WeaveClient(
-                entity or _ENTITY, project, self.trace_server, ensure_project_exists=False
-            )
+            # The in-memory server implements the part of Weave's server interface that tracing uses.
+            server: Any = self.trace_server
+            client = weave_client.WeaveClient(entity or _ENTITY, project, server, ensure_project_exists=False)
             weave_client_context.set_weave_client_global(client)
         except Exception as exc:
             raise RuntimeError(f"Could not initialise Weave for project {self.project_name!r}: {exc}") from exc
