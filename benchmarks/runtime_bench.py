@@ -2,7 +2,7 @@
 """Agent runtime benchmark.
 
 Part 1 — tracing overhead: latency of an OpenAI chat completion made with the real ``openai`` SDK against a local
-OpenAI-compatible server (``tests/fake_openai.py``, started as a separate process, answering with vLLM-style token
+OpenAI-compatible server (``tests/support/fake_openai.py``, started as a separate process, answering with vLLM-style token
 ids), traced vs untraced. Traced calls run inside ``AgentOpsTracer.trace_context`` of a rollout, so each one
 creates its span and records the request/response attributes and token ids; the span processor's background
 thread writes the spans to the store in batches. Untraced calls go through the SDK's original ``create``.
@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     import tempfile
 
     port = free_port()
-    fake = [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port), "--token-ids"]
+    fake = [sys.executable, str(ROOT / "tests" / "support" / "fake_openai.py"), "--port", str(port), "--token-ids"]
     result: Dict[str, Any] = {}
     with background_process(fake, f"http://127.0.0.1:{port}/v1/models") as backend:
         base_url = f"http://127.0.0.1:{port}/v1"

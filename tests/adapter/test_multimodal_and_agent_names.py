@@ -8,8 +8,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import openai
 import pytest
-from fake_openai import FakeOpenAIServer
 from span_factory import SpanFactory
+from support.fake_openai import FakeOpenAIServer
 
 from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet, TraceToMessages
 from agentbolt.adapter.triplet import TraceTree

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fake_openai import free_port
+from support.servers import free_port
 
 import agentbolt as agl
 from agentbolt.serving.server import InferenceServer

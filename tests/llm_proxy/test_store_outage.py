@@ -12,15 +12,13 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import AsyncIterator, Dict, List, Optional
 
 import httpx
 import pytest
+from support.servers import free_port, start_store_process, wait_healthy
 
 from agentbolt.gateway.app import Gateway, GatewaySettings, create_app
 from agentbolt.llm_proxy import LLMProxy
@@ -30,14 +28,7 @@ from agentbolt.utils.server_launcher import PythonServerLauncher, PythonServerLa
 from .conftest import model_list_for
 from .fake_backend import FakeBackend
 
-REPO = Path(__file__).resolve().parents[2]
 ROLLOUTS = 6
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class StoreProcess:
@@ -50,23 +41,8 @@ class StoreProcess:
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     async def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        command = [sys.executable, "-m", "agentbolt", "store", "--path", str(self.path)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
-        self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        async with httpx.AsyncClient() as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    stderr = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    raise AssertionError(f"store server exited early: {stderr}")
-                try:
-                    if (await client.get(f"{self.endpoint}/v1/agl/health")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise AssertionError("store server did not become healthy")
+        self.proc = start_store_process(self.path, self.port)
+        await asyncio.to_thread(wait_healthy, f"{self.endpoint}/v1/agl/health", self.proc)
 
     def signal(self, signum: int) -> None:
         assert self.proc is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from typing import Any, Iterator, List
 
 import psutil
 import pytest
+from support.servers import taken_port
 
 from agentbolt.execution import ClientServerExecutionStrategy, ExecutionEvent, SharedMemoryExecutionStrategy
 from agentbolt.store.memory import InMemoryLightningStore
@@ -204,10 +204,8 @@ def test_cs_keyboard_interrupt_is_swallowed() -> None:
 
 @pytest.fixture
 def busy_port() -> Iterator[int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
+    with taken_port() as port:
+        yield port
 
 
 def _children() -> List[psutil.Process]:

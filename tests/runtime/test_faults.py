@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional
 
 import psutil
 import pytest
-from fake_openai import FakeOpenAIConfig, FakeOpenAIServer, free_port
+from support.fake_openai import FakeOpenAIConfig, FakeOpenAIServer
+from support.servers import free_port, start_store_process, wait_healthy
 
 import agentbolt as agl
 from agentbolt.store.memory import InMemoryLightningStore
@@ -138,23 +139,9 @@ def test_killed_runner_attempt_becomes_unresponsive_and_is_retried(
 
 
 def _start_store_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt", "store", "--port", str(port), "--path", str(db)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import httpx
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/agl/health", timeout=0.5).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("store server did not start")
+    process = start_store_process(db, port, stderr=subprocess.DEVNULL)
+    wait_healthy(f"http://127.0.0.1:{port}/v1/agl/health", process, timeout=30)
+    return process
 
 
 def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:

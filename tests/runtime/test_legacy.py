@@ -8,7 +8,7 @@ import warnings
 from typing import Any, Iterator, Optional
 
 import pytest
-from fake_openai import free_port
+from support.servers import free_port
 
 import agentbolt as agl
 from agentbolt.tracer import OtelTracer

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from fake_openai import free_port
+from support.servers import free_port
 
 import agentbolt as agl
 from agentbolt.execution import ClientServerExecutionStrategy

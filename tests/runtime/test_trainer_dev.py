@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from fake_openai import FakeOpenAIConfig, FakeOpenAIServer
+from support.fake_openai import FakeOpenAIConfig, FakeOpenAIServer
 
 import agentbolt as agl
 from agentbolt.adapter import TracerTraceToTriplet, TraceToMessages
@@ -72,7 +72,7 @@ def test_dev_runs_agent_and_records_everything(
     store = SqliteLightningStore(str(tmp_path / "store.db"))
     strategy_spec: Any = strategy
     if strategy == "cs":
-        from fake_openai import free_port
+        from support.servers import free_port
 
         strategy_spec = {"type": "cs", "server_port": free_port(), "n_runners": 2}
     with caplog.at_level(logging.INFO, logger="agentbolt"):

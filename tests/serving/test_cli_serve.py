@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.servers import taken_port
 
 from agentbolt.cli.app import run
 from agentbolt.serving.launchers import llamacpp_command, vllm_command
@@ -63,12 +64,8 @@ def test_bad_arguments_give_one_line_errors(argv: list[str], fragment: str, caps
 
 
 def test_port_in_use_is_reported(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import socket
-
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        assert run(["serve", str(tiny_model_dir), "--port", str(busy.getsockname()[1])]) == 2
+    with taken_port() as port:
+        assert run(["serve", str(tiny_model_dir), "--port", str(port)]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
 
 

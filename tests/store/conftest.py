@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import socket
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Optional, Tuple, Type
 
 import pytest
+from support.servers import free_port
 
 from agentbolt.store.base import LightningStore
 from agentbolt.store.memory import InMemoryLightningStore
@@ -24,13 +24,6 @@ from agentbolt.types.tracer import OtelResource, TraceStatus
 IN_PROCESS_BACKENDS = ["memory", "memory_thread_safe", "threaded", "sqlite"]
 HTTP_BACKENDS = ["http_memory", "http_sqlite"]
 ALL_BACKENDS = IN_PROCESS_BACKENDS + HTTP_BACKENDS
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _import_or_skip(module: str) -> Any:

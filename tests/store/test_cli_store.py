@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import aiohttp
 import pytest
+from support.servers import free_port, taken_port
 
 from agentbolt.cli.app import run
 from agentbolt.cli.store import main as store_main
 from agentbolt.store.client_server import LightningStoreClient
 
-from .conftest import free_port, make_span
+from .conftest import make_span
 
 
 class StoreProcess:
@@ -193,10 +193,7 @@ def test_path_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_port_in_use_exits_2_without_touching_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         assert run(["store", "--port", str(port), "--path", str(tmp_path / "s.db")]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert not (tmp_path / "s.db").exists()

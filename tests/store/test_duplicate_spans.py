@@ -7,11 +7,12 @@ from typing import List
 
 import aiohttp
 import pytest
+from support.servers import free_port
 
 from agentbolt.store.base import LightningStore
 from agentbolt.store.client_server import LightningStoreServer
 from agentbolt.store.memory import InMemoryLightningStore
-from store.conftest import free_port, make_span
+from store.conftest import make_span
 
 
 def _duplicate_warnings(caplog: pytest.LogCaptureFixture, span_id: str) -> List[str]:

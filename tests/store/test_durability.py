@@ -10,52 +10,18 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import aiohttp
 import pytest
+from support.servers import free_port, start_store_process, wait_healthy
 
 from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.types import EnqueueRolloutRequest, RolloutConfig, Span
 from agentbolt.types.tracer import OtelResource, TraceStatus
 
-from .conftest import free_port
-
-REPO = Path(__file__).resolve().parents[2]
 UNRESPONSIVE_SECONDS = 1.0
-
-
-def start_server(path: Path, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "agentbolt", "store", "--backend", "sqlite", "--path", str(path)),
-            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-async def wait_healthy(proc: subprocess.Popen[bytes], endpoint: str) -> None:
-    deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited early: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                async with session.get(f"{endpoint}/v1/agl/health") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("server did not become healthy")
 
 
 def span(rollout_id: str, attempt_id: str, span_id: str, sequence_id: int) -> Span:
@@ -124,10 +90,10 @@ async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) ->
     path = tmp_path / "durable.db"
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    server = start_server(path, port)
+    server = start_store_process(path, port)
     acked = Acknowledged()
     try:
-        await wait_healthy(server, endpoint)
+        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
         client = LightningStoreClient(endpoint, retry_delays=(), health_retry_delays=())
         try:
             watched_config = RolloutConfig(
@@ -158,8 +124,8 @@ async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) ->
         await asyncio.sleep(max(0.0, UNRESPONSIVE_SECONDS + 0.3 - (time.monotonic() - last_heartbeat)))
         port = free_port()
         endpoint = f"http://127.0.0.1:{port}"
-        server = start_server(path, port)
-        await wait_healthy(server, endpoint)
+        server = start_store_process(path, port)
+        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
         client = LightningStoreClient(endpoint)
         try:
             # Resources: every acknowledged snapshot; the latest is the last acknowledged one or the one in flight.
@@ -207,7 +173,7 @@ async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) ->
 def test_server_refuses_corrupt_file_once_with_clear_message(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "corrupt.db"
     path.write_bytes(content)
-    server = start_server(path, free_port())
+    server = start_store_process(path, free_port())
     try:
         _, stderr = server.communicate(timeout=60)
     finally:

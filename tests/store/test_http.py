@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Dict
 
 import aiohttp
 import pytest
+from support.servers import free_port
 
 from agentbolt.store.client_server import (
     API_KEY_ENV_VAR,
@@ -26,7 +27,7 @@ from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import LLM, AttemptedRollout, Rollout
 
-from .conftest import free_port, make_span
+from .conftest import make_span
 
 PREFIX = "/v1/agl"
 

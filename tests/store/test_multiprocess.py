@@ -9,10 +9,10 @@ import textwrap
 from pathlib import Path
 from typing import Any, Dict, List
 
+from support.servers import free_port
+
 from agentbolt.store.client_server import LightningStoreServer
 from agentbolt.store.sqlite import SqliteLightningStore
-
-from .conftest import free_port
 
 WORKERS = 3
 ROLLOUTS_PER_WORKER = 12

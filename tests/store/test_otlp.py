@@ -21,13 +21,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status as OtelStatus
 from opentelemetry.trace import StatusCode
+from support.servers import free_port
 
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import AttemptedRollout
 from agentbolt.utils.otlp import PROTOBUF_CT, LightningStoreOTLPExporter, spans_from_proto
-
-from .conftest import free_port
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import uuid
@@ -28,6 +27,8 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from agentbolt.utils.server_launcher import pick_free_port
 
 MODEL = "fake-model"
 
@@ -211,13 +212,6 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
     return app
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class FakeOpenAIServer:
     """Runs the fake API with uvicorn in a background thread.
 
@@ -229,7 +223,7 @@ class FakeOpenAIServer:
 
     def __init__(self, config: Optional[FakeOpenAIConfig] = None) -> None:
         self.config = config or FakeOpenAIConfig()
-        self.port = free_port()
+        self.port = pick_free_port("127.0.0.1")
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server = uvicorn.Server(
             uvicorn.Config(

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Sequence, Tuple
 
 import openai
 import pytest
-from fake_openai import FakeOpenAIServer, tokenize
+from support.fake_openai import FakeOpenAIServer, tokenize
 
 from agentbolt.adapter import TracerTraceToTriplet
 from agentbolt.emitter import emit_reward, find_final_reward

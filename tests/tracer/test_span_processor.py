@@ -7,8 +7,8 @@ import logging
 from typing import AsyncIterator, List, Optional, Sequence
 
 import pytest
-from fake_openai import free_port
 from opentelemetry.sdk.trace import ReadableSpan
+from support.servers import free_port
 
 from agentbolt.emitter import emit_message
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer

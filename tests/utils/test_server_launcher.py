@@ -7,11 +7,11 @@ import contextlib
 import importlib.util
 import os
 import pickle
-import socket
 from typing import Any, AsyncIterator, Dict, List
 
 import aiohttp
 import pytest
+from support.servers import taken_port
 
 from agentbolt.utils.server_launcher import (
     LaunchMode,
@@ -71,10 +71,8 @@ async def test_start_serve_stop_restart(mode: LaunchMode) -> None:
 
 @pytest.mark.parametrize("mode", ["asyncio", "thread", "mp"])
 async def test_port_in_use(mode: LaunchMode) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        launcher = PythonServerLauncher(app, args(mode, port=taken.getsockname()[1]))
+    with taken_port() as port:
+        launcher = PythonServerLauncher(app, args(mode, port=port))
         with pytest.raises(RuntimeError, match="did not start up within") as info:
             await launcher.start()
         assert isinstance(info.value.__cause__, OSError)
