@@ -38,6 +38,7 @@ from typing import (
 )
 
 from pydantic import BaseModel
+from typing_extensions import Self
 
 from agentbolt.types import (
     Attempt,
@@ -707,7 +708,30 @@ class DictBasedKeyValue(KeyValue[K, V]):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class _LoopAwareAsyncLock:
+class _AsyncLockBase:
+    """``async with`` over ``acquire``/``release``; a lock pickles as a new, free lock (held state stays local)."""
+
+    async def acquire(self) -> None:
+        raise NotImplementedError()
+
+    def release(self) -> None:
+        raise NotImplementedError()
+
+    async def __aenter__(self) -> Self:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class _LoopAwareAsyncLock(_AsyncLockBase):
     """An asyncio lock usable from several event loops (one underlying lock per loop).
 
     Only coroutines of the same loop exclude each other; use :class:`_ThreadSafeAsyncLock` across threads.
@@ -746,21 +770,8 @@ class _LoopAwareAsyncLock:
         """Whether the running loop's lock is held."""
         return self._lock().locked()
 
-    async def __aenter__(self) -> _LoopAwareAsyncLock:
-        await self.acquire()
-        return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        self.release()
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
-
-
-class _ThreadSafeAsyncLock:
+class _ThreadSafeAsyncLock(_AsyncLockBase):
     """A lock excluding coroutines of any loop in any thread without blocking an event loop.
 
     Coroutines of the same loop queue fairly on a per-loop asyncio lock; the winner then takes a
@@ -795,19 +806,6 @@ class _ThreadSafeAsyncLock:
     def locked(self) -> bool:
         """Whether some coroutine holds the lock."""
         return self._thread_lock.locked()
-
-    async def __aenter__(self) -> _ThreadSafeAsyncLock:
-        await self.acquire()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.release()
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
 
 
 AsyncLock = Union[_LoopAwareAsyncLock, _ThreadSafeAsyncLock]
