@@ -27,6 +27,7 @@ for RL training), and a direct wrapper keeps the per-call overhead in the tens o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -276,27 +277,41 @@ def _record_raw(raw: Any, span: trace_api.Span, streaming: bool, wrapper: Callab
     _finish(span, _Response.from_completion(body) if isinstance(body, dict) else _Response())
 
 
+@contextlib.contextmanager
+def _call_in_span(span: trace_api.Span) -> Iterator[None]:
+    """Run the SDK call with ``span`` current; a failing call records its error on the span and re-raises."""
+    try:
+        with trace_api.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            yield
+    except BaseException as exc:
+        _record_call_id(span, exc)
+        _fail(span, exc)
+        raise
+
+
+def _hand_over(
+    span: trace_api.Span, result: Any, kwargs: Dict[str, Any], stream_wrapper: Callable[[Any, trace_api.Span], Any]
+) -> Any:
+    """What the caller of ``create`` receives: a stream traced by ``stream_wrapper``, or the result (span finished)."""
+    if not span.is_recording():
+        return result
+    _record_call_id(span, result)
+    if kwargs.get("stream") and _is_stream(result):
+        return stream_wrapper(result, span)
+    if _is_raw_response(result):
+        _record_raw(result, span, bool(kwargs.get("stream")), stream_wrapper)
+        return result
+    _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
+    return result
+
+
 def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
         span = _start_span(kwargs)
-        try:
-            with trace_api.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-                result = original(self, *args, **kwargs)
-        except BaseException as exc:
-            _record_call_id(span, exc)
-            _fail(span, exc)
-            raise
-        if not span.is_recording():
-            return result
-        _record_call_id(span, result)
-        if kwargs.get("stream") and _is_stream(result):
-            return _TracedStream(result, span)
-        if _is_raw_response(result):
-            _record_raw(result, span, bool(kwargs.get("stream")), _TracedStream)
-            return result
-        _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
-        return result
+        with _call_in_span(span):
+            result = original(self, *args, **kwargs)
+        return _hand_over(span, result, kwargs, _TracedStream)
 
     create.__agentbolt_original__ = original  # type: ignore[attr-defined]
     return create
@@ -306,23 +321,9 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
         span = _start_span(kwargs)
-        try:
-            with trace_api.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-                result = await original(self, *args, **kwargs)
-        except BaseException as exc:
-            _record_call_id(span, exc)
-            _fail(span, exc)
-            raise
-        if not span.is_recording():
-            return result
-        _record_call_id(span, result)
-        if kwargs.get("stream") and _is_stream(result):
-            return _AsyncTracedStream(result, span)
-        if _is_raw_response(result):
-            _record_raw(result, span, bool(kwargs.get("stream")), _AsyncTracedStream)
-            return result
-        _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
-        return result
+        with _call_in_span(span):
+            result = await original(self, *args, **kwargs)
+        return _hand_over(span, result, kwargs, _AsyncTracedStream)
 
     create.__agentbolt_original__ = original  # type: ignore[attr-defined]
     return create
