@@ -258,6 +258,26 @@ def _error_event(exc: BaseException) -> ChildEvent:
     )
 
 
+async def _serve_and_report(
+    uvicorn_server: uvicorn.Server,
+    serve_context: Optional[ServeContext],
+    event_queue: Any,
+    timeout: float,
+    health_url: Optional[str],
+    sockets: Optional[List[socket.socket]],
+) -> Optional[asyncio.Task[None]]:
+    """Start serving and post the outcome (``ready`` or ``error``) on ``event_queue``; the serving task, if up."""
+    try:
+        task = await run_uvicorn_asyncio(
+            uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
+        )
+    except BaseException as exc:
+        event_queue.put(_error_event(exc))
+        return None
+    event_queue.put(ChildEvent(kind="ready"))
+    return task
+
+
 def run_uvicorn_thread(
     uvicorn_server: uvicorn.Server,
     serve_context: Optional[ServeContext],
@@ -277,14 +297,9 @@ def run_uvicorn_thread(
     async def main() -> None:
         if on_loop is not None:
             on_loop(asyncio.get_running_loop())
-        try:
-            task = await run_uvicorn_asyncio(
-                uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
-            )
-        except BaseException as exc:
-            event_queue.put(_error_event(exc))
+        task = await _serve_and_report(uvicorn_server, serve_context, event_queue, timeout, health_url, sockets)
+        if task is None:
             return
-        event_queue.put(ChildEvent(kind="ready"))
         while not stop_event.is_set() and not task.done():
             await asyncio.sleep(0.05)
         await shutdown_uvicorn_server(uvicorn_server, task)
@@ -308,14 +323,9 @@ def run_uvicorn_subprocess(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        try:
-            task = await run_uvicorn_asyncio(
-                uvicorn_server, serve_context, timeout, health_url, wait_for_serve=False, sockets=sockets
-            )
-        except BaseException as exc:
-            event_queue.put(_error_event(exc))
+        task = await _serve_and_report(uvicorn_server, serve_context, event_queue, timeout, health_url, sockets)
+        if task is None:
             return
-        event_queue.put(ChildEvent(kind="ready"))
         stop_task = asyncio.ensure_future(stop.wait())
         await asyncio.wait({task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
