@@ -10,6 +10,8 @@ import importlib.util
 
 import pytest
 
+pytest_plugins = ["support.models"]
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if importlib.util.find_spec("torch") is None:

@@ -9,7 +9,6 @@ planner's calls from either record, each carrying the trajectory reward.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
 
@@ -18,6 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.models import serving
+
 import agentbolt as agl
 from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet
 from agentbolt.algorithm.grpo.samples import triplets_to_samples
@@ -25,7 +26,6 @@ from agentbolt.emitter import find_final_reward, get_object_value
 from agentbolt.models.tiny import create_tiny_model
 from agentbolt.semconv import LLM_AGENT_NAME
 from agentbolt.serving.server import InferenceServer
-from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import Span
 from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
@@ -49,22 +49,12 @@ UNIVERSAL = (
 )
 
 
-@contextlib.contextmanager
-def _serve(model_dir: Path) -> Iterator[InferenceServer]:
-    server = InferenceServer(TransformersEngine(model_dir, dtype="float32", served_name="tiny"), port=0)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def random_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServer]:
     # The tiny tokenizer spends about one token per character: the prompts with their worked examples need more
     # than the default 2048 positions.
     model = create_tiny_model(tmp_path_factory.mktemp("tiny-random"), seed=0, max_position_embeddings=8192)
-    with _serve(model) as server:
+    with serving(model) as server:
         yield server
 
 
@@ -191,7 +181,7 @@ def test_three_turn_rollout_trains_three_planner_samples_on_the_final_reward(
     # The answering model plays every role: the planner picks the generalist tool three times (the verifier keeps
     # saying "continue"), and the solution generator gives the right answer.
     model_dir = build_answering_model(tmp_path_factory.mktemp("tiny-answering"), UNIVERSAL)
-    with _serve(model_dir) as server:
+    with serving(model_dir) as server:
         spans = _run_rollout(server, tmp_path, max_turns=3)
     turn = ["planner", "executor", "generalist", "verifier"]
     expected = ["query_analyzer", *turn, *turn, *turn, "solution_generator"]

@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.models import serving
 from support.servers import free_port
 
 import agentbolt as agl
 from agentbolt.serving.server import InferenceServer
-from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import Span
 
@@ -27,11 +27,8 @@ FAST_RUNNER = {"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, 
 @pytest.fixture(scope="session")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServer]:
     """``agentbolt serve``'s server in this process, on the model that calls ``add`` once and then answers."""
-    model_dir = build_tool_calling_model(tmp_path_factory.mktemp("tool-model"))
-    server = InferenceServer(TransformersEngine(model_dir, dtype="float32", served_name="tiny"), port=0)
-    server.start()
-    yield server
-    server.stop()
+    with serving(build_tool_calling_model(tmp_path_factory.mktemp("tool-model"))) as server:
+        yield server
 
 
 def run_dev(

@@ -12,12 +12,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.models import serving
+
 from agentbolt.adapter.triplet import LlmProxyTraceToTriplet
 from agentbolt.llm_proxy import LLMProxy
-from agentbolt.models.tiny import create_tiny_model
 from agentbolt.semconv import AGL_REWARD
 from agentbolt.serving.server import InferenceServer
-from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.types import AttemptedRollout, Span
 
@@ -36,13 +36,9 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServer]:
-    model_dir: Path = create_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
-    # float32 keeps greedy decoding identical between batched and single requests.
-    server = InferenceServer(TransformersEngine(model_dir, dtype="float32", served_name="tiny"), port=0)
-    server.start()
-    yield server
-    server.stop()
+def serve(tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    with serving(tiny_model_dir) as server:
+        yield server
 
 
 @pytest.fixture

@@ -30,14 +30,6 @@ from agentbolt.serving.transformers_engine import TransformersEngine
 BOUND = 0.02  # nats: mean |engine - trainer| over sampled tokens
 
 
-@pytest.fixture(scope="module")
-def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama whose head_dim (16) the fused decoding kernels cover."""
-    from agentbolt.models.tiny import create_tiny_model
-
-    return create_tiny_model(tmp_path_factory.mktemp("tiny-llama-16"), seed=1, hidden_size=64)
-
-
 def _config(**overrides: Any) -> GRPOConfig:
     base: dict[str, Any] = {"learning_rate": 1e-2, "micro_batch_size": 4, "max_grad_norm": None, "console": False}
     base.update(overrides)

@@ -1,0 +1,51 @@
+"""Tiny model fixtures and an in-process inference server, for tests that run a real model.
+
+The fixtures are registered for the whole suite by ``tests/conftest.py``; torch and transformers load only when a
+test uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import pytest
+
+if TYPE_CHECKING:
+    from agentbolt.serving.server import InferenceServer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama (head_dim 8), built once per session."""
+    from agentbolt.models.tiny import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama whose head_dim (16) the fused decoding kernels cover (the default tiny model's is 8)."""
+    from agentbolt.models.tiny import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("tiny-llama-16"), seed=1, hidden_size=64)
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path, **engine_options: Any) -> Iterator[InferenceServer]:
+    """An inference server on a free port, its float32 engine serving ``model_dir`` as ``tiny``, loaded on entry.
+
+    float32 keeps greedy decoding identical between batched and single requests. ``engine_options`` go to
+    :class:`~agentbolt.serving.transformers_engine.TransformersEngine`.
+    """
+    from agentbolt.serving.server import InferenceServer
+    from agentbolt.serving.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(model_dir, **{"dtype": "float32", "served_name": "tiny", **engine_options})
+    server = InferenceServer(engine, port=0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
