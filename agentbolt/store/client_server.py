@@ -1428,7 +1428,6 @@ class LightningStoreClient(LightningStore):
         return AttemptedRollout.model_validate(data)
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
-        """See :meth:`LightningStore.enqueue_many_rollouts`."""
         if not rollouts:
             return []
         data = await self._request_json(
@@ -1465,13 +1464,11 @@ class LightningStoreClient(LightningStore):
         return [AttemptedRollout.model_validate(item) for item in data]
 
     async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
-        """See :meth:`LightningStore.start_attempt`."""
         body = {"worker_id": worker_id} if worker_id is not None else None
         data = await self._request_json("post", f"/rollouts/{rollout_id}/attempts", json=body, idempotent=False)
         return AttemptedRollout.model_validate(data)
 
     async def add_span(self, span: Span) -> Optional[Span]:
-        """See :meth:`LightningStore.add_span`."""
         data = await self._request_json("post", "/spans", json=span)
         return Span.model_validate(data) if data is not None else None
 
@@ -1500,7 +1497,6 @@ class LightningStoreClient(LightningStore):
     async def add_otel_span(
         self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
     ) -> Optional[Span]:
-        """See :meth:`LightningStore.add_otel_span`."""
         if sequence_id is None:
             sequence_id = await self.get_next_span_sequence_id(rollout_id, attempt_id)
         span = Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id)
@@ -1541,11 +1537,9 @@ class LightningStoreClient(LightningStore):
         return parse(data) if data is not None else None
 
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
-        """See :meth:`LightningStore.get_rollout_by_id`."""
         return await self._get_optional(f"/rollouts/{rollout_id}", self._parse_rollout)
 
     async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
-        """See :meth:`LightningStore.get_latest_attempt`."""
         return await self._get_optional(f"/rollouts/{rollout_id}/attempts/latest", Attempt.model_validate)
 
     async def _query_resources(self, query: QueryResourcesRequest) -> Sequence[ResourcesUpdate]:
@@ -1554,15 +1548,12 @@ class LightningStoreClient(LightningStore):
         return self._page(data, ResourcesUpdate.model_validate)
 
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
-        """See :meth:`LightningStore.get_resources_by_id`."""
         return await self._get_optional(f"/resources/{resources_id}", ResourcesUpdate.model_validate)
 
     async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
-        """See :meth:`LightningStore.get_latest_resources`."""
         return await self._get_optional("/resources/latest", ResourcesUpdate.model_validate)
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        """See :meth:`LightningStore.get_next_span_sequence_id`."""
         data = await self._request_json(
             "post", "/spans/next", json={"rollout_id": rollout_id, "attempt_id": attempt_id}
         )
@@ -1612,12 +1603,10 @@ class LightningStoreClient(LightningStore):
         return self._page(data, Span.model_validate)
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
-        """See :meth:`LightningStore.add_resources`."""
         data = await self._request_json("post", "/resources", json=resources, idempotent=False)
         return ResourcesUpdate.model_validate(data)
 
     async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
-        """See :meth:`LightningStore.update_resources`."""
         data = await self._request_json("post", f"/resources/{resources_id}", json=resources, idempotent=False)
         return ResourcesUpdate.model_validate(data)
 
@@ -1634,11 +1623,9 @@ class LightningStoreClient(LightningStore):
         return self._page(data, Worker.model_validate)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
-        """See :meth:`LightningStore.get_worker_by_id`."""
         return await self._get_optional(f"/workers/{worker_id}", Worker.model_validate)
 
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
-        """See :meth:`LightningStore.update_worker`."""
         body = None if isinstance(heartbeat_stats, Unset) else {"heartbeat_stats": heartbeat_stats}
         data = await self._request_json("post", f"/workers/{worker_id}", json=body)
         return Worker.model_validate(data)

@@ -852,36 +852,33 @@ class _Plan:
     """True when ``where`` expresses the whole filter; otherwise rows still go through the Python predicate."""
 
 
-def _compile_filter(
-    spec: _TableSpec,
-    filters: Optional[Dict[str, FilterField]],
-    must: Optional[Dict[str, FilterField]],
-    aggregate: Literal["and", "or"],
-) -> _Plan:
-    must_terms: List[str] = []
+def _compile_conditions(
+    spec: _TableSpec, fields: Optional[Dict[str, FilterField]]
+) -> Tuple[List[str], List[Any], bool]:
+    """SQL terms and parameters of each field condition, and whether every condition compiled to SQL."""
+    terms: List[str] = []
     params: List[Any] = []
     exact = True
-    for field, ops in (must or {}).items():
+    for field, ops in (fields or {}).items():
         for op, value in ops.items():
             column = spec.column(field)
             compiled = _compile_condition(column, op, value) if column else None
             if compiled is None:
                 exact = False
                 continue
-            must_terms.append(compiled[0])
-            params.extend(compiled[1])
-    terms: List[str] = []
-    term_params: List[Any] = []
-    filters_exact = True
-    for field, ops in (filters or {}).items():
-        for op, value in ops.items():
-            column = spec.column(field)
-            compiled = _compile_condition(column, op, value) if column else None
-            if compiled is None:
-                filters_exact = False
-                continue
             terms.append(compiled[0])
-            term_params.extend(compiled[1])
+            params.extend(compiled[1])
+    return terms, params, exact
+
+
+def _compile_filter(
+    spec: _TableSpec,
+    filters: Optional[Dict[str, FilterField]],
+    must: Optional[Dict[str, FilterField]],
+    aggregate: Literal["and", "or"],
+) -> _Plan:
+    must_terms, params, exact = _compile_conditions(spec, must)
+    terms, term_params, filters_exact = _compile_conditions(spec, filters)
     if filters_exact:
         if terms:
             joiner = " AND " if aggregate == "and" else " OR "
