@@ -35,7 +35,7 @@ import ssl
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -165,6 +165,18 @@ class _StreamRecorder:
         else:
             _finish(self._span, self._response)
 
+    @contextlib.contextmanager
+    def _reading(self, end_of_stream: Type[BaseException]) -> Iterator[None]:
+        """Read one chunk: ``end_of_stream`` ends the span as complete, any other error as failed; both re-raise."""
+        try:
+            yield
+        except end_of_stream:
+            self._end()
+            raise
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
     def __getattr__(self, name: str) -> Any:
         if name == "_stream":
             raise AttributeError(name)
@@ -178,14 +190,8 @@ class _TracedStream(_StreamRecorder):
         return self
 
     def __next__(self) -> Any:
-        try:
+        with self._reading(StopIteration):
             chunk = next(self._stream)
-        except StopIteration:
-            self._end()
-            raise
-        except BaseException as exc:
-            self._end(exc)
-            raise
         self._response.add_chunk(chunk)
         return chunk
 
@@ -210,14 +216,8 @@ class _AsyncTracedStream(_StreamRecorder):
         return self
 
     async def __anext__(self) -> Any:
-        try:
+        with self._reading(StopAsyncIteration):
             chunk = await self._stream.__anext__()
-        except StopAsyncIteration:
-            self._end()
-            raise
-        except BaseException as exc:
-            self._end(exc)
-            raise
         self._response.add_chunk(chunk)
         return chunk
 
