@@ -25,8 +25,9 @@ from agentbolt.types import (
 )
 
 if TYPE_CHECKING:
-    import uvicorn
     from fastapi import FastAPI
+
+    from agentbolt.utils.server_launcher import PythonServerLauncher
 
 __all__ = ["AgentLightningServer", "ServerDataStore"]
 
@@ -140,8 +141,7 @@ class AgentLightningServer:
         self.endpoint = f"http://{host}:{port}"
         self.task_timeout_seconds = task_timeout_seconds
         self._store: Optional[ServerDataStore] = None
-        self._server: Optional[uvicorn.Server] = None
-        self._serve_task: Optional[asyncio.Task[None]] = None
+        self._launcher: Optional[PythonServerLauncher] = None
         self.app: FastAPI = self._build_app()
 
     def _require_store(self) -> ServerDataStore:
@@ -188,43 +188,32 @@ class AgentLightningServer:
 
         return app
 
-    async def start(self) -> None:
-        """Serve in the background of the current event loop."""
-        import uvicorn
+    def _new_launcher(self) -> PythonServerLauncher:
+        from agentbolt.utils.server_launcher import PythonServerLauncher, PythonServerLauncherArgs
 
-        if self._serve_task is not None:
+        if self._launcher is not None and self._launcher.is_running():
             raise RuntimeError("The server is already running")
         self._store = ServerDataStore()
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._serve_task = asyncio.create_task(self._server.serve())
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if self._serve_task.done():
-                self._serve_task.result()
-                raise RuntimeError(f"The server could not start on {self.endpoint}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"The server did not start up within 30 seconds on {self.endpoint}")
-            await asyncio.sleep(0.02)
+        args = PythonServerLauncherArgs(
+            host=self.host, port=self.port, launch_mode="asyncio", log_level=logging.WARNING, startup_timeout=30.0
+        )
+        self._launcher = PythonServerLauncher(self.app, args)
+        return self._launcher
+
+    async def start(self) -> None:
+        """Serve in the background of the current event loop."""
+        await self._new_launcher().start()
         logger.info("v0.1 task server listening on %s", self.endpoint)
 
     async def stop(self) -> None:
         """Stop serving."""
-        if self._server is None or self._serve_task is None:
-            return
-        self._server.should_exit = True
-        await self._serve_task
-        self._server = None
-        self._serve_task = None
+        if self._launcher is not None:
+            await self._launcher.stop()
+            self._launcher = None
 
     async def run_forever(self) -> None:
         """Serve until cancelled."""
-        await self.start()
-        try:
-            assert self._serve_task is not None
-            await self._serve_task
-        finally:
-            await self.stop()
+        await self._new_launcher().run_forever()
 
     async def queue_task(
         self,

@@ -8,7 +8,7 @@ import warnings
 from typing import Any, Iterator, Optional
 
 import pytest
-from support.servers import free_port
+from support.servers import free_port, taken_port
 
 import agentbolt as agl
 from agentbolt.tracer import OtelTracer
@@ -121,3 +121,11 @@ def test_fit_v0_rejects_bad_urls() -> None:
     trainer = agl.Trainer(n_runners=1, tracer=OtelTracer())
     with pytest.raises(ValueError, match="http"):
         trainer.fit_v0(LegacyAgent(), "ftp://example")
+
+
+async def test_task_server_on_a_taken_port_fails_to_start_and_can_stop() -> None:
+    with taken_port() as port:
+        server = agl.AgentLightningServer(host="127.0.0.1", port=port)
+        with pytest.raises(RuntimeError, match="did not start up within"):
+            await server.start()
+    await server.stop()
