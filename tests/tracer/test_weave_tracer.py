@@ -150,3 +150,41 @@ def test_helpers() -> None:
     assert op_name_to_func_name("solve") == "solve"
     name = random_project_name()
     assert name.startswith("weave-") and len(name) == len("weave-") + 12
+
+
+@weave.op
+def shout(text: str) -> str:
+    return text.upper()
+
+
+def test_trainer_dev_runs_an_agent_under_weave_tracer() -> None:
+    import asyncio
+
+    import agentbolt as agl
+
+    @agl.rollout
+    def agent(task: Dict[str, Any], llm: Any) -> float:
+        shout(task["text"])
+        return 1.0
+
+    store = InMemoryLightningStore(thread_safe=True)
+    trainer = agl.Trainer(
+        store=store,
+        tracer=WeaveTracer(),
+        n_runners=1,
+        strategy="shm",
+        runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, "heartbeat_interval": 1.0},
+        algorithm=agl.Baseline(polling_interval=0.1, span_verbosity="none"),
+        initial_resources={"main_llm": agl.LLM(endpoint="http://127.0.0.1:9/v1", model="unused")},
+    )
+    trainer.dev(agent, [{"text": "a"}, {"text": "b"}], progress=False)
+
+    async def check() -> None:
+        rollouts = await store.query_rollouts()
+        assert len(rollouts) == 2 and {r.status for r in rollouts} == {"succeeded"}
+        for rollout in rollouts:
+            spans = by_name(list(await store.query_spans(rollout.rollout_id)))
+            assert spans["shout"].attributes["agentlightning.operation.input.text"] == rollout.input["text"]
+            assert spans["shout"].parent_id == spans[rollout.rollout_id].span_id  # the trace context's root call
+
+    asyncio.run(check())
