@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import os
+import weakref
 import zlib
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
@@ -315,6 +316,16 @@ class LightningStoreOTLPExporter(OTLPSpanExporter):
         super().__init__(*args, **kwargs)
         self._auth_session = session
         self._explicit_auth = any(key.lower() == "authorization" for key in (kwargs.get("headers") or {}))
+        # A forked child must not share the parent's pooled connections (both would read the same sockets).
+        if hasattr(os, "register_at_fork"):
+            session_ref = weakref.ref(session)
+
+            def drop_pooled_connections() -> None:
+                forked_session = session_ref()
+                if forked_session is not None:
+                    forked_session.close()
+
+            os.register_at_fork(after_in_child=drop_pooled_connections)
         self._set_bearer_token(os.environ.get(API_KEY_ENV_VAR))
         self._default_endpoint: str = self._endpoint
         self._rollout_id: Optional[str] = None
