@@ -139,8 +139,13 @@ def test_killed_runner_attempt_becomes_unresponsive_and_is_retried(
 
 
 def _start_store_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    process = start_store_process(db, port, stderr=subprocess.DEVNULL)
-    wait_healthy(f"http://127.0.0.1:{port}/v1/agl/health", process, timeout=30)
+    log = db.with_name(f"store-{time.monotonic_ns()}.log")  # kept for the failure report
+    with open(log, "wb") as stderr:
+        process = start_store_process(db, port, stderr=stderr.fileno())
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/v1/agl/health", process, timeout=30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its log:\n{log.read_text(errors='replace')[-3000:]}") from None
     return process
 
 
@@ -163,20 +168,28 @@ def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
                 strategy={"type": "cs", "n_runners": 2, "managed_store": False},
             )
 
+            outage_errors: list[BaseException] = []
+
             def outage() -> None:
                 nonlocal server
-                time.sleep(2.0)
-                server.send_signal(signal.SIGTERM)
-                server.wait(20)
-                time.sleep(3.0)
-                server = _start_store_server(db, port)
+                try:
+                    time.sleep(2.0)
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(20)
+                    time.sleep(3.0)
+                    server = _start_store_server(db, port)
+                except BaseException as exc:  # reported by the test below, not lost in the thread
+                    outage_errors.append(exc)
 
             import threading
 
             thread = threading.Thread(target=outage, daemon=True)
             thread.start()
-            trainer.fit(two_call_agent, [{"question": f"q{i}"} for i in range(n_tasks)])
-            thread.join(30)
+            try:
+                trainer.fit(two_call_agent, [{"question": f"q{i}"} for i in range(n_tasks)])
+            finally:
+                thread.join(30)
+                assert not outage_errors, f"the store did not restart: {outage_errors[0]!r}"
 
         async def check() -> None:
             rollouts = await client.query_rollouts()
