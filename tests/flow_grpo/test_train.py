@@ -35,7 +35,7 @@ def test_named_configurations_train_only_the_planner_with_trajectory_credit(tmp_
         assert grpo.log_dir == str(tmp_path / "run" / "logs")
         assert grpo.val_before_train and grpo.resume is False and grpo.console is False
         assert grpo.val_sampling_parameters["temperature"] == 0.0
-    assert build_grpo_config(cpu, "m", tmp_path).dtype == cpu.dtype == "bfloat16"
+    assert build_grpo_config(cpu, "m", tmp_path).dtype == cpu.dtype == "float32"
 
 
 def test_overrides_replace_fields_and_merge_into_the_grpo_section() -> None:
