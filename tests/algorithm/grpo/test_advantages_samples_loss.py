@@ -204,11 +204,13 @@ def test_logprobs_entropy_and_masked_mean() -> None:
     assert float(entropy_from_logits(logits)[0, 1]) == pytest.approx(math.log(3))
     assert float(masked_mean(torch.tensor([1.0, 5.0, 3.0]), torch.tensor([True, False, True]))) == 2.0
     # The fused version gives the same values and the same gradient, with large logits too.
-    big = (torch.randn(2, 3, 50) * 30).requires_grad_(True)
-    ids = torch.randint(0, 50, (2, 3))
+    generator = torch.Generator().manual_seed(0)
+    big = (torch.randn(2, 3, 50, generator=generator) * 30).requires_grad_(True)
+    ids = torch.randint(0, 50, (2, 3), generator=generator)
     fused_logp, fused_entropy = logprobs_and_entropy(big, ids)
     assert torch.allclose(fused_logp, token_logprobs(big, ids), atol=1e-5)
-    assert torch.allclose(fused_entropy, entropy_from_logits(big.detach()), atol=1e-5)
+    # Entropies near 0 (one dominant logit) are sums of tiny terms: float32 rounding shows at about 1e-5.
+    assert torch.allclose(fused_entropy, entropy_from_logits(big.detach()), rtol=1e-4, atol=1e-4)
     (grad_fused,) = torch.autograd.grad(fused_logp.sum(), big)
     (grad_plain,) = torch.autograd.grad(token_logprobs(big, ids).sum(), big)
     assert torch.allclose(grad_fused, grad_plain, atol=1e-6)
