@@ -75,10 +75,11 @@ def test_reward_stays_callable_after_the_deprecated_module_is_imported() -> None
 
 
 def test_grpo_and_sqlite_store_are_the_classes() -> None:
+    import agentbolt.algorithm
     from agentbolt.algorithm.grpo.algorithm import GRPO
     from agentbolt.store.sqlite import SqliteLightningStore
 
-    assert agentbolt.GRPO is GRPO
+    assert agentbolt.GRPO is GRPO and agentbolt.algorithm.GRPO is GRPO
     assert agentbolt.SqliteLightningStore is SqliteLightningStore
 
 

@@ -1,17 +1,20 @@
 """Algorithms: the training side that enqueues rollouts, publishes resources and learns from spans.
 
-``APO``, ``VERL`` and ``GRPO`` are factory functions that import their implementation (and its heavy dependencies)
-only when called.
+``APO`` and ``VERL`` are factory functions that import their implementation (and its heavy dependencies) only when
+called. ``GRPO`` is the class itself, imported on first access (importing it loads no torch).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Algorithm
 from .decorator import algo
 from .fast import Baseline, FastAlgorithm
+
+if TYPE_CHECKING:
+    from .grpo import GRPO
 
 __all__ = ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL", "GRPO"]
 
@@ -39,6 +42,9 @@ def VERL(*args: Any, **kwargs: Any) -> Any:
     return _instantiate("agentbolt.algorithm.verl", "VERL", args, kwargs)
 
 
-def GRPO(*args: Any, **kwargs: Any) -> Any:
-    """GRPO on CPU or GPU with torch (:class:`agentbolt.algorithm.grpo.GRPO`), imported on first use."""
-    return _instantiate("agentbolt.algorithm.grpo", "GRPO", args, kwargs)
+def __getattr__(name: str) -> Any:
+    if name == "GRPO":
+        from .grpo import GRPO
+
+        return GRPO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
