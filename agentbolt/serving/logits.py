@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["float32_logits", "plain_output_head"]
+__all__ = ["body_hidden_states", "float32_head", "float32_logits", "plain_output_head"]
 
 
 def _language_model(model: Any) -> Any:
@@ -50,12 +50,26 @@ def float32_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
         **inputs: Keyword arguments of the model's forward (``input_ids``, ``attention_mask``, ``position_ids``,
             ``past_key_values``, ``use_cache``...).
     """
-    import torch.nn.functional as F
-
     if not plain_output_head(model):
         return model(**inputs).logits[:, -keep:, :].float()
-    language_model = _language_model(model)
-    hidden = language_model.base_model(**inputs).last_hidden_state[:, -keep:, :]
-    head = language_model.get_output_embeddings()
+    return float32_head(model, body_hidden_states(model, **inputs)[:, -keep:, :])
+
+
+def body_hidden_states(model: Any, **inputs: Any) -> torch.Tensor:
+    """The last hidden states of ``model``'s body (everything before the output projection), in the model's dtype.
+
+    Only for models with a :func:`plain_output_head`.
+    """
+    return _language_model(model).base_model(**inputs).last_hidden_state
+
+
+def float32_head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """``model``'s output projection of ``hidden`` (``[..., hidden_size]``) computed in float32.
+
+    Only for models with a :func:`plain_output_head`.
+    """
+    import torch.nn.functional as F
+
+    head = _language_model(model).get_output_embeddings()
     bias = None if getattr(head, "bias", None) is None else head.bias.float()
     return F.linear(hidden.float(), head.weight.float(), bias)

@@ -149,6 +149,13 @@ class GRPOConfig(BaseModel):
         "block in the backward pass: activation memory drops from every block's to one block's (plus the inputs), "
         "for about one more forward of compute.",
     )
+    pack_shared_prefixes: bool = Field(
+        default=True,
+        description="Pack the samples of a micro-batch as one prefix tree, so tokens they share (a group's prompt) "
+        "are computed once; exact, and used when the model's attention reads 4-D masks (sdpa, eager) and its logits "
+        "are its output projection. Micro-batches are formed from samples sorted by their tokens, so a group's samples "
+        "share micro-batches. False: left-padded batches.",
+    )
     learning_rate: float = Field(default=2e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")

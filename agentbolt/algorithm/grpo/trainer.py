@@ -28,12 +28,13 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = [
@@ -72,6 +73,11 @@ class ResponseBatch:
     def response_width(self) -> int:
         """``R``, the number of response-aligned columns."""
         return int(self.targets.shape[1])
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens a forward over this batch computes (padding excluded)."""
+        return int(self.attention_mask.sum())
 
     def to(self, device: torch.device) -> ResponseBatch:
         """The same batch with every tensor on ``device``."""
@@ -216,6 +222,14 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+def _packable(model: Any) -> bool:
+    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
+    from agentbolt.serving.logits import plain_output_head
+
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return plain_output_head(model) and attention in ("sdpa", "eager")
+
+
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -255,6 +269,7 @@ class PolicyTrainer:
                 for param in self.ref_model.parameters():
                     param.requires_grad_(False)
         self.model.eval()
+        self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
         if config.gradient_checkpointing:
             self._checkpoint_blocks()
         if self.device.type == "cpu":
@@ -319,14 +334,31 @@ class PolicyTrainer:
         return self.config.finetune == "lora"
 
     # ---------------------------------------------------------------------------------------------------- forwards
-    def _response_logits(self, model: Any, batch: ResponseBatch) -> torch.Tensor:
+    def _batch(self, samples: Sequence[TokenSample]) -> Union[ResponseBatch, PackedBatch]:
+        """The forward batch of ``samples``: packed by shared prefix (:mod:`.packing`) or left-padded."""
+        if self.packs_prefixes:
+            return pack_samples(samples).to(self.device)
+        return collate(samples, self.pad_token_id).to(self.device)
+
+    def _response_logits(self, model: Any, batch: Union[ResponseBatch, PackedBatch]) -> torch.Tensor:
         """Float32 logits ``[B, R, V]`` predicting the response-aligned targets.
 
         The output projection runs in float32 (:func:`~agentbolt.serving.logits.float32_logits`), as in the inference
-        engine, so bfloat16 rounding of the logits does not separate the trainer's log-probs from the engine's.
+        engine, so bfloat16 rounding of the logits does not separate the trainer's log-probs from the engine's. A
+        packed batch runs the body once over the prefix tree and projects only the hidden states that predict
+        response tokens.
         """
-        from agentbolt.serving.logits import float32_logits
+        from agentbolt.serving.logits import body_hidden_states, float32_head, float32_logits
 
+        if isinstance(batch, PackedBatch):
+            hidden = body_hidden_states(
+                model,
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask(self.model.dtype, self.device),
+                position_ids=batch.position_ids,
+                use_cache=False,
+            )[0]
+            return float32_head(model, hidden[batch.source_positions])
         width = batch.response_width
         logits = float32_logits(
             model,
@@ -382,17 +414,20 @@ class PolicyTrainer:
         """Untempered and tempered log-probs of every response token, from one forward per micro-batch."""
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
-        untempered: List[torch.Tensor] = []
-        tempered: List[torch.Tensor] = []
+        untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
+        tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         with context:
-            for chunk in _chunks(samples, self.config.micro_batch_size):
-                batch = collate(chunk, self.pad_token_id).to(self.device)
+            for micro in _chunks(prefix_order(samples, range(len(samples))), self.config.micro_batch_size):
+                chunk = [samples[i] for i in micro]
+                batch = self._batch(chunk)
                 logits = self._response_logits(model, batch)
                 raw = token_logprobs(logits, batch.targets)
                 temperature = self._temperatures(chunk)
                 scaled = raw if temperature is None else token_logprobs(logits, batch.targets, temperature)
-                untempered.extend(self._rows(raw, chunk))
-                tempered.extend(self._rows(scaled, chunk))
+                for i, raw_row, scaled_row in zip(
+                    micro, self._rows(raw, chunk), self._rows(scaled, chunk), strict=True
+                ):
+                    untempered[i], tempered[i] = raw_row, scaled_row
         return untempered, tempered
 
     # -------------------------------------------------------------------------------------------------- update
@@ -415,7 +450,9 @@ class PolicyTrainer:
             ``logprob_engine_diff_mean`` and ``logprob_engine_diff_max`` (see :func:`engine_logprob_diff`: the
             engine's untempered log-probs of the sampled tokens against the trainer's, before the update),
             ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``,
-            ``update_tokens``, ``update_seconds``, ``tokens_per_second``.
+            ``update_tokens`` (prompt + response tokens of the samples, times ``ppo_epochs``), ``forward_tokens`` (tokens
+            the training forwards computed: fewer when packing shares prefixes), ``update_seconds``,
+            ``tokens_per_second`` (``update_tokens`` per second).
         """
         if not samples:
             raise ValueError("train_step needs at least one sample")
@@ -440,6 +477,7 @@ class PolicyTrainer:
         training_mode = config.lora_dropout > 0
         self.model.train(training_mode)
         totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0}
+        forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
         try:
@@ -451,9 +489,10 @@ class PolicyTrainer:
                         continue
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    for micro in _chunks(mb, config.micro_batch_size):
+                    for micro in _chunks(prefix_order(samples, mb), config.micro_batch_size):
                         chunk = [samples[i] for i in micro]
-                        batch = collate(chunk, self.pad_token_id).to(self.device)
+                        batch = self._batch(chunk)
+                        forward_tokens += batch.computed_tokens
                         logits = self._response_logits(self.model, batch)
                         temperature = self._temperatures(chunk)
                         logp, entropy = logprobs_and_entropy(logits, batch.targets, temperature)
@@ -516,6 +555,7 @@ class PolicyTrainer:
             "samples": float(len(samples)),
             "response_tokens": float(sum(len(s.response_ids) for s in samples)),
             "update_tokens": update_tokens,
+            "forward_tokens": float(forward_tokens),
             "update_seconds": elapsed,
             "tokens_per_second": update_tokens / elapsed if elapsed > 0 else 0.0,
         }
