@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator
 
 import pytest
 
@@ -26,9 +26,9 @@ from agentbolt.execution.ray import RayExecutionStrategy, RunnerActorFailure
 from agentbolt.instrumentation.openai import SPAN_NAME as OPENAI_SPAN
 from agentbolt.store.memory import InMemoryLightningStore
 from runtime.ray_agents import CrashFirstAttemptAgent, FailingBundle, PidAgent
+from runtime.test_faults import FAST_RUNNER, EnqueueAndWait
 
 RUNTIME_ENV = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}}
-FAST_RUNNER = {"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, "heartbeat_interval": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -49,32 +49,6 @@ def _strategy(cluster: LocalRayCluster, **kwargs: Any) -> RayExecutionStrategy:
     return RayExecutionStrategy(**options)
 
 
-class EnqueueAndWait(agl.FastAlgorithm):
-    """Enqueue every task (with an optional rollout config) and wait until all rollouts finished."""
-
-    def __init__(self, config: Optional[agl.RolloutConfig] = None, deadline: float = 120.0) -> None:
-        super().__init__()
-        self.config = config
-        self.deadline = deadline
-        self.rollout_ids: List[str] = []
-
-    async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
-        store = self.get_store()
-        resources_id = (await store.add_resources(self.get_initial_resources() or {})).resources_id
-        for task in train_dataset or []:
-            rollout = await store.enqueue_rollout(
-                input=task, mode="train", resources_id=resources_id, config=self.config
-            )
-            self.rollout_ids.append(rollout.rollout_id)
-        deadline = time.monotonic() + self.deadline
-        while time.monotonic() < deadline:
-            finished = await store.wait_for_rollouts(rollout_ids=self.rollout_ids, timeout=0.1)
-            if len(finished) == len(self.rollout_ids):
-                return
-            await asyncio.sleep(0.2)
-        raise TimeoutError("rollouts did not finish in time")
-
-
 def _run(store: Any, coroutine_fn: Any) -> Any:
     return asyncio.run(coroutine_fn(store))
 
@@ -83,7 +57,7 @@ def test_rollouts_complete_on_runner_actors(cluster: LocalRayCluster) -> None:
     store = InMemoryLightningStore()
     algorithm = EnqueueAndWait()
     strategy = _strategy(cluster, n_runners=2)
-    trainer = agl.Trainer(algorithm=algorithm, store=store, strategy=strategy, runner=FAST_RUNNER)
+    trainer = agl.Trainer(algorithm=algorithm, store=store, strategy=strategy, runner=FAST_RUNNER, initial_resources={})
     trainer.fit(PidAgent(), [{"i": i} for i in range(6)])
 
     async def check(store: Any) -> None:
@@ -106,7 +80,7 @@ def test_killed_runner_actor_is_restarted_and_its_rollout_retried(cluster: Local
     config = agl.RolloutConfig(unresponsive_seconds=3.0, max_attempts=3, retry_condition=["unresponsive"])
     algorithm = EnqueueAndWait(config=config)
     strategy = _strategy(cluster, n_runners=1, max_restarts=2)
-    trainer = agl.Trainer(algorithm=algorithm, store=store, strategy=strategy, runner=FAST_RUNNER)
+    trainer = agl.Trainer(algorithm=algorithm, store=store, strategy=strategy, runner=FAST_RUNNER, initial_resources={})
     marker = tmp_path / "crashed"
     trainer.fit(CrashFirstAttemptAgent(), [{"crash": str(marker)}, {"i": 1}])
 
@@ -126,20 +100,24 @@ def test_killed_runner_actor_is_restarted_and_its_rollout_retried(cluster: Local
 
 def test_runners_asking_for_a_custom_resource_are_placed_on_the_node_that_has_it(cluster: LocalRayCluster) -> None:
     strategy = _strategy(cluster, n_runners=2, resources_per_runner={WORKER_NODE_RESOURCE: 1})
-    trainer = agl.Trainer(algorithm=EnqueueAndWait(), strategy=strategy, runner=FAST_RUNNER)
+    trainer = agl.Trainer(algorithm=EnqueueAndWait(), strategy=strategy, runner=FAST_RUNNER, initial_resources={})
     trainer.fit(PidAgent(), [{"i": 0}])
     nodes = {info["node_id"] for info in strategy.actor_info.values()}
     assert len(strategy.actor_info) == 2 and len(nodes) == 1
 
     # A runner asking for the head's resources only would land elsewhere: the head has no agent_node.
     head_strategy = _strategy(cluster, n_runners=1, num_cpus_per_runner=3)  # only the head has 3 free CPUs
-    agl.Trainer(algorithm=EnqueueAndWait(), strategy=head_strategy, runner=FAST_RUNNER).fit(PidAgent(), [{"i": 1}])
+    agl.Trainer(algorithm=EnqueueAndWait(), strategy=head_strategy, runner=FAST_RUNNER, initial_resources={}).fit(
+        PidAgent(), [{"i": 1}]
+    )
     assert head_strategy.actor_info[0]["node_id"] not in nodes
 
 
 def test_runners_that_cannot_be_placed_fail_the_run_naming_the_resources(cluster: LocalRayCluster) -> None:
     strategy = _strategy(cluster, n_runners=1, num_gpus_per_runner=1, startup_timeout=3.0)
-    trainer = agl.Trainer(algorithm=EnqueueAndWait(deadline=60), strategy=strategy, runner=FAST_RUNNER)
+    trainer = agl.Trainer(
+        algorithm=EnqueueAndWait(deadline=60), strategy=strategy, runner=FAST_RUNNER, initial_resources={}
+    )
     with pytest.raises(RunnerActorFailure, match=r"1 CPU, 1 GPU.*the cluster has"):
         trainer.fit(PidAgent(), [{"i": 0}])
 
@@ -208,3 +186,29 @@ def test_the_demo_agent_runs_on_runner_actors_against_a_served_model(
             assert any(s.name == OPENAI_SPAN for s in spans), [s.name for s in spans]
 
     _run(store, check)
+
+
+@pytest.mark.slow
+def test_grpo_trains_the_demo_agent_with_runner_actors(cluster: LocalRayCluster, tiny_model_dir: Path) -> None:
+    from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.demo.agent import CalculatorAgent
+    from agentbolt.demo.task import make_splits
+
+    train, val = make_splits(4, 2, seed=0)
+    algorithm = GRPO(
+        model=str(tiny_model_dir),
+        served_model_name="tiny",
+        batch_size=2,
+        group_size=2,
+        max_steps=2,
+        sampling_parameters={"temperature": 1.0, "max_tokens": 8},
+        val_sampling_parameters={"temperature": 0.0, "max_tokens": 8},
+        val_before_train=True,
+        console=False,
+        rollout_timeout=300,
+        seed=0,
+    )
+    trainer = agl.Trainer(algorithm=algorithm, strategy=_strategy(cluster, n_runners=2), runner=FAST_RUNNER)
+    trainer.fit(CalculatorAgent(max_turns=1, max_tokens=8), train_dataset=train, val_dataset=val)
+    steps = [record for record in algorithm.history if "train/reward_mean" in record]
+    assert len(steps) == 2 and any("val/accuracy" in record for record in algorithm.history)

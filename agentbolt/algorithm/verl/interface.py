@@ -58,20 +58,27 @@ class VERL(Algorithm):
     def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> None:
         """Train on ``train_dataset``, validating on ``val_dataset`` (default: VERL's ``data.*_files``).
 
-        With a store (set by the Trainer) the rollouts run through it ("v1" mode); without one, this raises: agent
-        mode needs runners.
+        The rollouts run through the store the Trainer set (``v1`` mode). Without one, ``agentbolt.store`` in the
+        configuration names an ``agentbolt store`` server whose runners were started separately.
 
         Raises:
-            ValueError: No store is set, or it cannot be reached from Ray actors.
+            ValueError: No store (neither the Trainer's nor ``agentbolt.store``), or one that cannot be reached from
+                Ray actors.
         """
         from agentbolt.verl.entrypoint import run_ppo
 
         try:
-            store = self.get_store()
+            store: Any = self.get_store()
         except ValueError:
-            raise ValueError(
-                "VERL runs the agents through a store: use it with agl.Trainer(algorithm=agl.VERL(...)).fit(agent, ...)"
-            ) from None
+            address = self.config.agentbolt.get("store")
+            if not address:
+                raise ValueError(
+                    "VERL runs the agents through a store: use it with agl.Trainer(algorithm=agl.VERL(...)).fit(...), "
+                    "or set agentbolt.store to the URL of an `agentbolt store` server its runners serve"
+                ) from None
+            from agentbolt.store.client_server import LightningStoreClient
+
+            store = LightningStoreClient(str(address))
         try:
             adapter = self.get_adapter()
         except ValueError:
