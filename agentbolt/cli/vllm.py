@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import typer
 
 from agentbolt.cli.errors import CliError
-from agentbolt.cli.invocation import run_app
+from agentbolt.cli.invocation import run_command
 
 __all__ = ["CONTEXT_SETTINGS", "HELP", "main", "run_vllm_cli", "vllm_command"]
 
@@ -65,7 +65,4 @@ def vllm_command(ctx: typer.Context) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``agentbolt vllm`` alone (``argv`` defaults to ``sys.argv[1:]``)."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("vllm", help=HELP, context_settings=CONTEXT_SETTINGS)(vllm_command)
-    args: List[str] = list(argv) if argv is not None else sys.argv[1:]
-    return run_app(app, args, prog_name="agentbolt vllm")
+    return run_command(vllm_command, "vllm", HELP, argv, context_settings=CONTEXT_SETTINGS)

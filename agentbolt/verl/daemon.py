@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import random
+import socket
 import threading
 import time
 import uuid
@@ -311,7 +312,9 @@ class AgentModeDaemon:
     Args:
         store: The store the runners serve (an HTTP client or a served store: it is used from VERL's processes).
         adapter: Turns a rollout's spans into triplets (the Trainer's adapter).
-        llm_proxy: Gateway to route through; None starts one on ``port``.
+        llm_proxy: Gateway to route through; None starts one on ``host``:``port``.
+        host: Interface of the gateway the daemon starts: 127.0.0.1 when the runners are on this machine, 0.0.0.0
+            when they run on other nodes (agents then reach it at this node's address).
         port: Port of the gateway the daemon starts.
         train_rollout_n: Rollouts per training task (GRPO group size).
         val_rollout_n: Rollouts per validation task.
@@ -340,6 +343,7 @@ class AgentModeDaemon:
         *,
         adapter: TraceAdapter[Any],
         llm_proxy: Optional[LLMProxy] = None,
+        host: str = "127.0.0.1",
         port: Optional[int] = None,
         train_rollout_n: int = 1,
         val_rollout_n: int = 1,
@@ -365,6 +369,7 @@ class AgentModeDaemon:
         self.store = store
         self.adapter = adapter
         self.llm_proxy = llm_proxy
+        self.host = host
         self.port = port
         self.train_rollout_n = train_rollout_n
         self.val_rollout_n = val_rollout_n
@@ -436,7 +441,13 @@ class AgentModeDaemon:
             self.model_name = await asyncio.to_thread(self.served_model_name, addresses[0])
         model_list = self._model_list(addresses, self.model_name)
         if self.llm_proxy is None:
-            self.llm_proxy = LLMProxy(port=self.port, model_list=model_list, store=self.store, launch_mode="thread")  # type: ignore[arg-type]
+            self.llm_proxy = LLMProxy(
+                port=self.port,
+                host=self.host,
+                model_list=model_list,
+                store=self.store,
+                launch_mode="thread",  # type: ignore[arg-type]
+            )
         elif list(addresses) != self.server_addresses:
             self.llm_proxy.update_model_list(model_list)  # type: ignore[arg-type]
         if self.llm_proxy.get_store() is None:
@@ -471,6 +482,8 @@ class AgentModeDaemon:
         self._finished = {}
         params = self.sampling_parameters if is_train else self.val_sampling_parameters
         resource = self.llm_proxy.as_resource(model=self.model_name, sampling_parameters=params)
+        if self.host in ("0.0.0.0", "::"):  # agents on other nodes reach the gateway at this node's address
+            resource.endpoint = f"http://{socket.gethostbyname(socket.gethostname())}:{self.llm_proxy.port}"
         resources_id = (await self.store.add_resources({self.resource_name: resource})).resources_id
         repeats = self.train_rollout_n if is_train else self.val_rollout_n
         mode = "train" if is_train else "val"

@@ -69,6 +69,7 @@ class AgentboltTrainer(RayPPOTrainer):
             self.store,
             adapter=self.adapter,
             llm_proxy=self.llm_proxy,
+            host=settings.get("gateway_host", "127.0.0.1"),
             port=settings.port,
             train_rollout_n=rollout.n,
             val_rollout_n=rollout.val_kwargs.n,
@@ -97,7 +98,10 @@ class AgentboltTrainer(RayPPOTrainer):
         assert self.agent_mode_daemon is not None
         self.agent_mode_daemon.set_up_data_and_server(tasks, self.llm_server_manager.get_addresses(), is_train=is_train)
         counts = self.agent_mode_daemon.run_until_all_finished()
-        self.checkpoint_manager.sleep_replicas()  # free the GPUs for the update
+        if is_train:
+            # Free the GPUs for the update; the weight sync after it wakes the replicas again. Validation keeps them
+            # awake, as VERL's own loop does, since training rollouts may follow.
+            self.checkpoint_manager.sleep_replicas()
         return counts
 
     @staticmethod
@@ -109,8 +113,7 @@ class AgentboltTrainer(RayPPOTrainer):
     def _validate(self, merged: bool = False) -> Dict[str, float]:
         assert self.agent_mode_daemon is not None
         tasks = [task for batch in self.val_dataloader for task in self._tasks(batch)]
-        self.checkpoint_manager.update_weights(self.global_steps)  # the replicas serve the current weights
-        self._roll_out(tasks, is_train=False)
+        self._roll_out(tasks, is_train=False)  # the replicas are awake: after the first sync or the last update
         metrics = self.agent_mode_daemon.get_test_metrics()
         self.agent_mode_daemon.clear_data_and_server()
         return metrics
@@ -136,9 +139,10 @@ class AgentboltTrainer(RayPPOTrainer):
                 tracking.log(data=self._validate(), step=self.global_steps)
                 if self.config.trainer.get("val_only", False):
                     return
+            first_epoch = self.global_steps // len(self.train_dataloader)
             self.global_steps += 1
             dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
-            for _epoch in range(self.global_steps // len(self.train_dataloader), self.config.trainer.total_epochs):
+            for _epoch in range(first_epoch, self.config.trainer.total_epochs):
                 for batch_dict in self.train_dataloader:
                     metrics = self._train_step(self._tasks(batch_dict), dp_size)
                     tracking.log(data=metrics, step=self.global_steps)
