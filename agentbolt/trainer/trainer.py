@@ -92,6 +92,42 @@ def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
     return tuple(hooks)
 
 
+class AgentRunnerBundle:
+    """The runner side of a :class:`Trainer` run: the runner, its hooks and the agent, as one runner bundle.
+
+    It references nothing else of the trainer (not its store, algorithm or gateway), so a strategy can pickle it to
+    run the runners in other processes or on other machines (the Ray strategy ships it to its actors).
+    """
+
+    def __init__(self, runner: Runner[Any], hooks: Sequence[Hook], agent: LitAgent[Any]) -> None:
+        self.runner = runner
+        self.hooks = tuple(hooks)
+        self.agent = agent
+
+    async def __call__(self, store: LightningStore, worker_id: int, event: ExecutionEvent) -> None:
+        # Threads of the shared-memory strategy must not share one runner's per-worker state.
+        runner = self.runner if worker_id == 0 else copy.copy(self.runner)
+        runner_initialized = False
+        worker_initialized = False
+        try:
+            runner.init(agent=self.agent, hooks=list(self.hooks))
+            runner_initialized = True
+            runner.init_worker(worker_id, store)
+            worker_initialized = True
+            await runner.iter(event=event)
+        finally:
+            if worker_initialized:
+                try:
+                    runner.teardown_worker(worker_id)
+                except Exception:
+                    logger.exception("Error while tearing down runner worker %d", worker_id)
+            if runner_initialized:
+                try:
+                    runner.teardown()
+                except Exception:
+                    logger.exception("Error while tearing down the runner")
+
+
 class Trainer(TrainerLegacy):
     """Runs an algorithm against an agent: ``fit`` for training, ``dev`` for a quick dry run.
 
@@ -345,7 +381,7 @@ class Trainer(TrainerLegacy):
         algorithm_bundle = functools.partial(
             self._algorithm_bundle, train_dataset=train_dataset, val_dataset=val_dataset, algorithm=algorithm
         )
-        runner_bundle = functools.partial(self._runner_bundle, agent=agent)
+        runner_bundle = self._runner_bundle(agent)
         self.strategy.execute(algorithm_bundle, runner_bundle, self.store)
 
     async def _algorithm_bundle(
@@ -372,27 +408,5 @@ class Trainer(TrainerLegacy):
         if algorithm.is_async():
             await result
 
-    async def _runner_bundle(
-        self, store: LightningStore, worker_id: int, event: ExecutionEvent, agent: LitAgent[Any]
-    ) -> None:
-        # Threads of the shared-memory strategy must not share one runner's per-worker state.
-        runner = self.runner if worker_id == 0 else copy.copy(self.runner)
-        runner_initialized = False
-        worker_initialized = False
-        try:
-            runner.init(agent=agent, hooks=list(self.hooks))
-            runner_initialized = True
-            runner.init_worker(worker_id, store)
-            worker_initialized = True
-            await runner.iter(event=event)
-        finally:
-            if worker_initialized:
-                try:
-                    runner.teardown_worker(worker_id)
-                except Exception:
-                    logger.exception("Error while tearing down runner worker %d", worker_id)
-            if runner_initialized:
-                try:
-                    runner.teardown()
-                except Exception:
-                    logger.exception("Error while tearing down the runner")
+    def _runner_bundle(self, agent: LitAgent[Any]) -> AgentRunnerBundle:
+        return AgentRunnerBundle(self.runner, self.hooks, agent)
