@@ -49,7 +49,9 @@ class DemoConfig:
         dtype: Weights dtype of the policy (shared by the engine and the trainer); ``"auto"``: bfloat16 where the
             CPU multiplies bfloat16 natively (AVX-512, AMX), else float32 (bfloat16 is emulated, several times
             slower, on AVX2-only CPUs).
-        micro_batch_size: Samples per training forward/backward (gradients accumulate over them).
+        micro_batch_size: Samples per training forward/backward (gradients accumulate over them). The trainer packs a
+            micro-batch's samples as a prefix tree, so a group's calls, which share their ~500-token prompt, compute
+            it once when they share a micro-batch: 16 holds a group's two calls per rollout.
         gradient_checkpointing: Recompute each transformer block in the backward pass instead of keeping its
             activations (prompts are about 500 tokens, so without it a micro-batch's activations take gigabytes).
         tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
@@ -72,7 +74,7 @@ class DemoConfig:
     runners: int = 8
     threads: Optional[int] = None
     dtype: str = "auto"
-    micro_batch_size: int = 4
+    micro_batch_size: int = 16
     gradient_checkpointing: bool = True
     tool_credit: float = 0.1
     format_credit: float = 0.1
