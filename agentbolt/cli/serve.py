@@ -62,6 +62,12 @@ def serve_command(
         help="transformers engine: the lean CPU forward for Llama-architecture models (--no-fast-forward runs the "
         "transformers forward).",
     ),
+    prefix_cache_mb: int = typer.Option(
+        256,
+        min=0,
+        help="transformers engine: memory for the key/value states of prompt prefixes that later prompts reuse "
+        "(0 disables).",
+    ),
     max_model_len: Optional[int] = typer.Option(None, min=16, help="Context length (default: the model's)."),
     served_name: Optional[str] = typer.Option(None, help="Model name reported to clients (default: MODEL)."),
     device: Optional[str] = typer.Option(None, help="transformers engine device: cpu, cuda, cuda:1 (default: auto)."),
@@ -83,7 +89,17 @@ def serve_command(
     try:
         if engine is Engine.transformers:
             return _serve_transformers(
-                model, name, host, port, dtype, threads, max_batch_size, max_model_len, device, fast_forward
+                model,
+                name,
+                host,
+                port,
+                dtype,
+                threads,
+                max_batch_size,
+                max_model_len,
+                device,
+                fast_forward,
+                prefix_cache_mb,
             )
         from agentbolt.serving import launchers
 
@@ -138,6 +154,7 @@ def _serve_transformers(
     max_model_len: Optional[int],
     device: Optional[str],
     fast_forward: bool,
+    prefix_cache_mb: int,
 ) -> int:
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
@@ -155,6 +172,7 @@ def _serve_transformers(
         max_model_len=max_model_len,
         served_name=name,
         fast_forward=fast_forward,
+        prefix_cache_mb=prefix_cache_mb,
     )
     server = InferenceServer(engine, host=host, port=port, log_level="warning")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")

@@ -3,7 +3,8 @@
 One scheduler thread owns the model while generating. Each loop iteration it
 
 1. admits waiting requests (up to ``max_batch_size`` running sequences): their prompts are prefilled together,
-   left padded, and their key/value caches are merged into the running batch (also left padded);
+   left padded, starting from the cached states of prompt prefixes computed before (:mod:`.prefix_cache`), and
+   their key/value caches are merged into the running batch (also left padded);
 2. runs one decoding step for every running sequence;
 3. samples the next token of each sequence with its own generator, records its log-probability, checks EOS,
    stop tokens, stop strings and length, releases text to the request, and drops finished sequences from the
@@ -35,7 +36,20 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import (
@@ -46,6 +60,7 @@ from agentbolt.serving.params import (
     SequenceDelta,
     SequenceOutput,
 )
+from agentbolt.serving.prefix_cache import CachedBlock, PrefixCache
 
 if TYPE_CHECKING:
     import torch
@@ -185,6 +200,8 @@ class TransformersEngine:
         served_name: Name reported by ``/v1/models`` (default: the ``model`` argument).
         fast_forward: Use the lean CPU forward of :mod:`agentbolt.serving.fast_forward` for the models it covers
             (Llama-architecture, no PEFT adapter, CPU); ``False`` always runs the transformers forward.
+        prefix_cache_mb: Memory for the key/value states of prompt prefixes reused by later prompts that start the
+            same (:mod:`agentbolt.serving.prefix_cache`); 0 disables the cache.
     """
 
     def __init__(
@@ -198,6 +215,7 @@ class TransformersEngine:
         max_model_len: Optional[int] = None,
         served_name: Optional[str] = None,
         fast_forward: bool = True,
+        prefix_cache_mb: int = 256,
     ) -> None:
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -232,6 +250,9 @@ class TransformersEngine:
         self._fast: Dict[Optional[str], Optional[FastForward]] = {}  # per adapter (None: base weights)
         self._fast_version = -1
         self._sampling_kernels: Any = None  # the fused kernels module, when the fast forward loaded them
+        if prefix_cache_mb < 0:
+            raise EngineError(f"prefix_cache_mb must be at least 0, got {prefix_cache_mb}")
+        self._prefix_cache = PrefixCache(max_bytes=prefix_cache_mb * 2**20) if prefix_cache_mb else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -246,6 +267,7 @@ class TransformersEngine:
         max_model_len: Optional[int] = None,
         threads: Optional[int] = None,
         fast_forward: bool = True,
+        prefix_cache_mb: int = 256,
     ) -> TransformersEngine:
         """Wrap an already loaded model (e.g. the one a trainer optimises) without copying it.
 
@@ -257,6 +279,7 @@ class TransformersEngine:
             max_model_len: See the class.
             threads: See the class.
             fast_forward: See the class.
+            prefix_cache_mb: See the class.
 
         Returns:
             A started engine.
@@ -268,6 +291,7 @@ class TransformersEngine:
             max_model_len=max_model_len,
             threads=threads,
             fast_forward=fast_forward,
+            prefix_cache_mb=prefix_cache_mb,
         )
         engine._attach(model, tokenizer)
         engine.start()
@@ -675,17 +699,7 @@ class TransformersEngine:
         import torch
 
         device = self.model.device
-        width = max(len(r.prompt) for r in requests)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt)
-            mask[row, width - len(request.prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = KVCache()
-        logits = self._forward(ids, mask, positions, cache)
+        cache, logits, mask, last_positions = self._prefill_prompts([r.prompt for r in requests])
         # One row per choice: n > 1 shares the prompt's prefill.
         index = torch.tensor([row for row, r in enumerate(requests) for _ in range(r.params.n)], device=device)
         seqs: List[_Sequence] = []
@@ -704,9 +718,101 @@ class TransformersEngine:
             "seqs": seqs,
             "cache": cache,
             "mask": mask.index_select(0, index),
-            "positions": positions[:, -1].index_select(0, index) + 1,
+            "positions": last_positions.index_select(0, index) + 1,
             "logits": logits.index_select(0, index),
         }
+
+    def _prefill_prompts(self, prompts: List[List[int]]) -> Tuple[KVCache, Any, Any, Any]:
+        """Prefill ``prompts`` as one left-padded batch, reusing cached prefix states (:mod:`.prefix_cache`).
+
+        Each row's longest cached prefix is loaded into the key/value cache and only the rest of the batch is run:
+        ``new`` columns for every row, where ``new`` is the longest uncached part (rows with a longer cached prefix
+        recompute its end). The prompts' whole blocks are cached afterwards.
+
+        Returns:
+            The batch's cache, last-position logits ``[batch, vocab]``, attention mask ``[batch, width]`` and the
+            position of each row's last token ``[batch]``.
+        """
+        import torch
+
+        device = self.model.device
+        prefix = self._prefix_cache
+        matched: List[List[CachedBlock]] = [[] for _ in prompts]
+        if prefix is not None:
+            prefix.use_namespace((self._batch_adapter, self.weight_version))
+            self._share_prefixes(prompts)
+            matched = [prefix.match(prompt, len(prompt) - 1) for prompt in prompts]
+        block = prefix.block_size if prefix is not None else 0
+        new = max(len(prompt) - len(blocks) * block for prompt, blocks in zip(prompts, matched, strict=True))
+        past = max(len(prompt) - min(new, len(prompt)) for prompt in prompts)
+        width = past + new
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(prompts), new), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        positions = torch.zeros((len(prompts), new), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            fresh = min(new, len(prompt))
+            ids[row, new - fresh :] = torch.tensor(prompt[len(prompt) - fresh :])
+            mask[row, width - len(prompt) :] = 1
+            positions[row, new - fresh :] = torch.arange(len(prompt) - fresh, len(prompt))
+        cache = KVCache()
+        if past:
+            self._load_prefixes(cache, prompts, matched, past, new)
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        logits = self._forward(ids, mask, positions, cache)
+        if prefix is not None:
+            for row, prompt in enumerate(prompts):
+                start = width - len(prompt)
+
+                def states(layer: int, begin: int, end: int, row: int = row, start: int = start) -> Any:
+                    keys, values = cache.keys[layer], cache.values[layer]
+                    assert keys is not None and values is not None
+                    return keys[row, :, start + begin : start + end], values[row, :, start + begin : start + end]
+
+                prefix.insert(prompt, states, len(cache.keys))
+        return cache, logits, mask, positions[:, -1]
+
+    @staticmethod
+    def _load_prefixes(
+        cache: KVCache, prompts: List[List[int]], matched: List[List[CachedBlock]], past: int, new: int
+    ) -> None:
+        """Write each row's cached prefix states into ``past`` right-aligned columns of every layer of ``cache``."""
+        import torch
+
+        template = next(blocks[0] for blocks in matched if blocks)
+        for layer in range(len(template.keys)):
+            like = template.keys[layer]
+            shape = (len(prompts), like.shape[0], past, like.shape[-1])
+            keys, values = like.new_zeros(shape), like.new_zeros(shape)
+            for row, (prompt, blocks) in enumerate(zip(prompts, matched, strict=True)):
+                reused = len(prompt) - min(new, len(prompt))
+                if reused:
+                    keys[row, :, past - reused :] = torch.cat([b.keys[layer] for b in blocks], dim=1)[:, :reused]
+                    values[row, :, past - reused :] = torch.cat([b.values[layer] for b in blocks], dim=1)[:, :reused]
+            cache.append(layer, keys, values)
+
+    def _share_prefixes(self, prompts: List[List[int]]) -> None:
+        """Prefill once, and cache, the common prefix of prompts that start with the same uncached block.
+
+        Requests that arrive together often share a long prompt prefix (a group of rollouts, one agent role); without
+        this, the first batch after a weight update would compute it once per row.
+        """
+        prefix = self._prefix_cache
+        assert prefix is not None
+        size = prefix.block_size
+        groups: Dict[Tuple[int, ...], List[List[int]]] = {}
+        for prompt in prompts:
+            if len(prompt) > size and prefix.cached_length(prompt) == 0:
+                groups.setdefault(tuple(prompt[:size]), []).append(prompt)
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            common = min(len(p) for p in group) - 1
+            for prompt in group[1:]:
+                common = next((i for i in range(common) if prompt[i] != group[0][i]), common)
+            common -= common % size
+            if common >= size:
+                self._prefill_prompts([group[0][:common]])
 
     @staticmethod
     def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
