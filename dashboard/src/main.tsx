@@ -24,10 +24,7 @@ const NAV = [
 function Page(props: { location: Location }) {
   const { path } = props.location;
   let m: Record<string, string> | null;
-  if (path === "/" || path === "") {
-    navigate("/rollouts", { replace: true });
-    return null;
-  }
+  if (path === "/" || path === "") return <Redirect to="/rollouts" />;
   if (match("/rollouts", path)) return <RolloutsPage location={props.location} />;
   if ((m = match("/rollouts/:id", path))) return <RolloutPage key={m.id} rolloutId={m.id} location={props.location} />;
   if ((m = match("/rollouts/:id/attempts/:attempt", path)))
@@ -44,6 +41,11 @@ function Page(props: { location: Location }) {
       </p>
     </NotFound>
   );
+}
+
+function Redirect(props: { to: string }) {
+  useEffect(() => navigate(props.to, { replace: true }), [props.to]);
+  return null;
 }
 
 function ConnectionBanner(props: { error: ApiError | null; onRetry: () => void }) {
@@ -164,4 +166,6 @@ function App() {
   );
 }
 
-render(<App />, document.getElementById("app")!);
+const root = document.getElementById("app")!;
+root.textContent = ""; // the boot message
+render(<App />, root);

@@ -38,8 +38,13 @@ export function navigate(path: string, options: { replace?: boolean } = {}): voi
 export function useLocation(): Location {
   const [location, setLocation] = useState(currentLocation);
   useEffect(() => {
-    const update = () => setLocation(currentLocation());
+    const update = () =>
+      setLocation((old) => {
+        const next = currentLocation();
+        return old.path === next.path && old.params.toString() === next.params.toString() ? old : next;
+      });
     listeners.add(update);
+    update(); // a child may have navigated before this effect ran (effects run children first)
     return () => {
       listeners.delete(update);
     };

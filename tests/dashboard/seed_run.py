@@ -50,10 +50,12 @@ def train(url: str, work: Path) -> None:
 
     @agl.rollout
     async def agent(task: dict, llm: agl.LLM) -> float:
-        with agl.operation(name="answer", question=task["prompt"]):
-            draft = await ask(llm, task["prompt"], seed=next(counter))
-            final = await ask(llm, task["prompt"], seed=next(counter))
-        agl.emit_message(f"draft={draft} final={final}")
+        with agl.operation(name="solve", question=task["prompt"]):
+            with agl.operation(name="draft"):
+                draft = await ask(llm, task["prompt"], seed=next(counter))
+            with agl.operation(name="final"):
+                final = await ask(llm, task["prompt"], seed=next(counter))
+            agl.emit_message(f"draft={draft} final={final}")
         return 1.0 if final == task["answer"] else 0.0
 
     algorithm = GRPO(
