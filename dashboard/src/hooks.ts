@@ -11,6 +11,13 @@ export interface Loaded<T> {
   updatedAt: number | null;
 }
 
+const RETRY_EVENT = "agentbolt:retry";
+
+/** Makes every mounted `useData` load again now (the connection banner's retry); the data on screen stays. */
+export function retryAll(): void {
+  window.dispatchEvent(new Event(RETRY_EVENT));
+}
+
 /** Calls `load` when `key` changes and, with `live`, again every refresh interval while the page is visible. */
 export function useData<T>(load: () => Promise<T>, key: string, live = true): Loaded<T> {
   const [state, setState] = useState<{ data?: T; error: ApiError | null; loading: boolean; updatedAt: number | null; key: string }>({
@@ -38,6 +45,11 @@ export function useData<T>(load: () => Promise<T>, key: string, live = true): Lo
         })),
     );
   }, [key]);
+
+  useEffect(() => {
+    window.addEventListener(RETRY_EVENT, run);
+    return () => window.removeEventListener(RETRY_EVENT, run);
+  }, [run]);
 
   useEffect(() => {
     run();

@@ -2,6 +2,7 @@
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, apiRoot, onConnection, request } from "./api";
+import { retryAll } from "./hooks";
 import { Link, NotFound } from "./components/common";
 import { ResourcesPage } from "./pages/resources";
 import { RolloutPage } from "./pages/rollout";
@@ -126,7 +127,7 @@ function App() {
   }, []);
   const retry = () => {
     request("GET", "statistics").catch(() => undefined);
-    setEpoch((e) => e + 1);
+    retryAll();
   };
   const section = "/" + (location.path.split("/")[1] ?? "");
   return (
