@@ -1,7 +1,7 @@
 // Builds the dashboard into agentbolt/dashboard/ (index.html, assets/app-<hash>.js|css, favicon.svg).
-// `node build.mjs --tests` bundles tests/*.test.ts into build/tests/ for `node --test` instead.
+// `node build.mjs --out DIR` writes there instead (to compare a fresh build with the committed one).
 import { build } from "esbuild";
-import { readFileSync, writeFileSync, rmSync, mkdirSync, readdirSync, copyFileSync } from "node:fs";
+import { readFileSync, writeFileSync, rmSync, mkdirSync, copyFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -15,15 +15,7 @@ const common = {
   logLevel: "warning",
 };
 
-async function buildTests() {
-  const dir = join(here, "tests");
-  const entryPoints = readdirSync(dir).filter((f) => f.endsWith(".test.ts")).map((f) => join(dir, f));
-  rmSync(join(here, "build"), { recursive: true, force: true });
-  await build({ ...common, entryPoints, outdir: join(here, "build", "tests"), platform: "node", format: "esm", outExtension: { ".js": ".mjs" } });
-}
-
-async function buildApp() {
-  const out = join(here, "..", "agentbolt", "dashboard");
+async function buildApp(out) {
   rmSync(out, { recursive: true, force: true });
   mkdirSync(join(out, "assets"), { recursive: true });
   const result = await build({
@@ -45,5 +37,5 @@ async function buildApp() {
   console.log(`dashboard built: ${js}, ${css}`);
 }
 
-if (process.argv.includes("--tests")) await buildTests();
-else await buildApp();
+const at = process.argv.indexOf("--out");
+await buildApp(at > 0 ? process.argv[at + 1] : join(here, "..", "agentbolt", "dashboard"));

@@ -64,6 +64,7 @@ from agentbolt.store.requests import (
     RolloutRequest,
     _PaginationFields,
 )
+from agentbolt.store.utils import LATENCY_BUCKETS
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -846,7 +847,9 @@ class LightningStoreServer(LightningStore):
 
     def _setup_metrics(self, app: FastAPI, tracker: MetricsBackend) -> None:
         tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
-        tracker.register_histogram("agl.http.latency", ["path", "method", "status"], group_level=2)
+        tracker.register_histogram(
+            "agl.http.latency", ["path", "method", "status"], buckets=LATENCY_BUCKETS, group_level=2
+        )
         app.add_middleware(_MetricsMiddleware, tracker=tracker)
         if tracker.has_prometheus():
             from prometheus_client import make_asgi_app

@@ -35,9 +35,8 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 from typing_extensions import Annotated
 
-from agentbolt.semconv import AGL_ANNOTATION
 from agentbolt.types import AttemptedRollout, MetricsRecord, Rollout, RolloutStatus, Span
-from agentbolt.utils.reward_spans import find_final_reward
+from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -166,7 +165,7 @@ class _Summaries:
         if cached:
             return value
         spans: Sequence[Span] = await self._call(
-            "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=AGL_ANNOTATION
+            "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
         )
         value = find_final_reward(list(spans))
         settled = rollout.end_time is not None and time.time() - rollout.end_time > _REWARD_SETTLE_SECONDS

@@ -16,9 +16,12 @@ from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPyd
 from agentbolt.types.tracer import SpanLike
 from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
 
-__all__ = ["get_rewards_from_span", "get_reward_value", "find_final_reward"]
+__all__ = ["REWARD_SPAN_NAME", "get_rewards_from_span", "get_reward_value", "find_final_reward"]
 
 logger = logging.getLogger("agentbolt.emitter.reward")
+
+REWARD_SPAN_NAME = AGL_ANNOTATION
+"""Name of the spans ``emit_reward`` records (annotation spans)."""
 
 _REWARD_PREFIX = LightningSpanAttributes.REWARD.value
 _REWARD_LIST: TypeAdapter[List[RewardPydanticModel]] = TypeAdapter(List[RewardPydanticModel])

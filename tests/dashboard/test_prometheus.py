@@ -155,3 +155,23 @@ def test_the_directory_is_created_when_missing(tmp_path: Path, monkeypatch: pyte
 def test_the_app_refuses_a_bad_metrics_path(path: str) -> None:
     with pytest.raises(ValueError):
         create_prometheus_app(path)
+
+
+def test_the_grafana_dashboard_queries_only_metrics_agentbolt_records() -> None:
+    import json
+    import re
+
+    from agentbolt.algorithm.grpo.metrics import TRAINER_METRICS
+    from agentbolt.gateway.metrics import GATEWAY_METRICS
+    from agentbolt.runner.metrics import RUNNER_METRICS
+
+    store_metrics = ["agl.http.total", "agl.http.latency", "agl.rollouts.total", "agl.rollouts.duration"]
+    known = {n.replace(".", "_") for n in [*GATEWAY_METRICS, *RUNNER_METRICS, *TRAINER_METRICS, *store_metrics]}
+    dashboard = json.loads((REPO / "docs" / "grafana" / "agentbolt.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {
+        re.sub(r"_(total|bucket|sum|count)$", "", m) for q in queries for m in re.findall(r"\b(?:agl|agentbolt)_\w+", q)
+    }
+    assert used and used <= known, used - known
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    assert all(f"`{name}`" in documented or name in documented for name in [*GATEWAY_METRICS, *RUNNER_METRICS])
