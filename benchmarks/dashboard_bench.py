@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,16 +38,10 @@ from typing import Any, Dict, List
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(REPO / "tests"))
+
+from dashboard.browser import LAUNCH_ARGS, chromium_path  # noqa: E402
+from dashboard.seeding import reward_span  # noqa: E402
 
 
 def _free_port() -> int:
@@ -58,10 +51,8 @@ def _free_port() -> int:
 
 
 async def _seed(url: str, rollouts: int, finished: int) -> None:
-    from agentbolt.semconv import AGL_ANNOTATION
     from agentbolt.store.client_server import LightningStoreClient
-    from agentbolt.types import EnqueueRolloutRequest, Span
-    from agentbolt.types.tracer import OtelResource, TraceStatus
+    from agentbolt.types import EnqueueRolloutRequest
 
     client = LightningStoreClient(url)
     try:
@@ -74,25 +65,7 @@ async def _seed(url: str, rollouts: int, finished: int) -> None:
         for claimed in await client.dequeue_many_rollouts(limit=finished, worker_id="Worker-0"):
             rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
             sequence_id = await client.get_next_span_sequence_id(rollout_id, attempt_id)
-            now = time.time()
-            span = Span(
-                rollout_id=rollout_id,
-                attempt_id=attempt_id,
-                sequence_id=sequence_id,
-                trace_id="ab" * 16,
-                span_id=f"{sequence_id:016x}",
-                parent_id=None,
-                name=AGL_ANNOTATION,
-                status=TraceStatus(status_code="OK"),
-                attributes={"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 0.5},
-                events=[],
-                links=[],
-                start_time=now,
-                end_time=now,
-                context=None,
-                parent=None,
-                resource=OtelResource(attributes={}, schema_url=""),
-            )
+            span = reward_span(rollout_id, attempt_id, sequence_id, 0.5)
             await client.add_span(span)
             await client.update_attempt(rollout_id, attempt_id, status="succeeded")
     finally:
@@ -125,7 +98,7 @@ def _api_timings(url: str, rollouts: int, repeats: int) -> Dict[str, Any]:
 def _browser_timings(url: str, repeats: int) -> Dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = chromium_path()
     if chromium is None:
         raise SystemExit("Debian's chromium is not installed: run `make browser` (as root)")
     first, following, last = [], [], []

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "algorithm" / "grpo"))
 sys.path.insert(0, str(HERE.parents[0]))
 
-from word_model import build_word_model  # noqa: E402
+from word_model import ask, build_word_model  # noqa: E402
 
 import agentbolt as agl  # noqa: E402
 from agentbolt.algorithm.grpo.algorithm import GRPO  # noqa: E402
@@ -29,20 +29,6 @@ from dashboard.seeding import SCRIPT_PAYLOAD, reward_span  # noqa: E402
 TRAIN = [{"prompt": "ping", "answer": "yes"}, {"prompt": "pong", "answer": "no"}]
 VAL = [{"prompt": "ping", "answer": "yes", "note": SCRIPT_PAYLOAD}]
 HUGE_CHARS = 2_000_000
-
-
-async def ask(llm: agl.LLM, prompt: str, seed: int) -> str:
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0) as client:
-        response = await client.chat.completions.create(
-            model=llm.model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=1,
-            seed=seed,
-            **llm.sampling_parameters,
-        )
-    return (response.choices[0].message.content or "").strip()
 
 
 def train(url: str, work: Path) -> None:
