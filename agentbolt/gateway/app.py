@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
 from agentbolt.gateway.recording import CallRecord
@@ -315,7 +316,8 @@ class _Handler:
         response.headers[LLM_CALL_ID_HEADER] = call_id
         if metrics is not None and outcome is not None and not isinstance(response, StreamingResponse):
             outcome.status = response.status_code
-            await metrics.record(outcome, time.perf_counter())
+            # Recorded once the answer is sent, off the caller's latency.
+            response.background = BackgroundTask(metrics.record, outcome, time.perf_counter())
         return response
 
     async def _completion(

@@ -40,3 +40,8 @@ export function toText(value: unknown): string {
     return String(value);
   }
 }
+
+/** A reward, always with three decimals (so 0 and 0.5 line up in a column). */
+export function formatReward(value: number | null | undefined): string {
+  return value === null || value === undefined || !Number.isFinite(value) ? "–" : value.toFixed(3);
+}

@@ -2,7 +2,7 @@
 // of the selected attempt.
 import { api, type Attempt, type Rollout } from "../api";
 import { ErrorNote, KeyValues, Link, Loading, NotFound, StatusBadge, TextBlock } from "../components/common";
-import { formatAge, formatDuration, formatNumber, formatTime } from "../format";
+import { formatAge, formatDuration, formatReward, formatTime } from "../format";
 import { useData } from "../hooks";
 import { navigate, type Location } from "../router";
 import { finalReward } from "../spans";
@@ -102,7 +102,7 @@ function FinalReward(props: { rollout: Rollout; attempt?: Attempt }) {
   );
   if (!spans.data) return <span class="muted">–</span>;
   const value = finalReward(spans.data.items);
-  return <strong class="reward">{value === null ? "none recorded" : formatNumber(value)}</strong>;
+  return <strong class="reward">{value === null ? "none recorded" : formatReward(value)}</strong>;
 }
 
 function attemptEnd(a: Attempt): number {

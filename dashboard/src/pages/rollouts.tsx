@@ -2,7 +2,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, type Query } from "../api";
 import { ErrorNote, Link, Loading, Pagination, StatusBadge } from "../components/common";
-import { formatDuration, formatNumber, formatTime } from "../format";
+import { formatDuration, formatReward, formatTime } from "../format";
 import { useData } from "../hooks";
 import { navigate, withQuery, type Location } from "../router";
 
@@ -122,7 +122,7 @@ export function RolloutsPage(props: { location: Location }) {
                     <td class="input-preview" title={r.input_preview}>
                       {r.input_preview}
                     </td>
-                    <td class="num">{formatNumber(r.reward)}</td>
+                    <td class="num">{formatReward(r.reward)}</td>
                     <td class="num">{r.attempt?.sequence_id ?? 0}</td>
                     <td class="mono">{r.attempt?.worker_id ?? "–"}</td>
                     <td>{formatTime(r.start_time)}</td>
