@@ -43,8 +43,10 @@ def seeded_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module. Playwright's sync API runs an event loop in this thread while it is open, so it
+    is closed after each module: the asyncio tests of other modules need the thread free of a running loop."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
