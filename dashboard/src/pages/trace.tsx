@@ -67,6 +67,9 @@ function SpanTree(props: { spans: Span[]; selected: string | null; onSelect: (id
                 <span class="span-name" style={{ paddingLeft: `${depth * 14}px` }}>
                   <span class={`kind-dot kind-${kind}`} aria-hidden="true" />
                   {span.name}
+                  {typeof span.attributes?.["agentlightning.operation.name"] === "string" && (
+                    <span class="muted"> · {span.attributes["agentlightning.operation.name"] as string}</span>
+                  )}
                   {reward && <span class="badge reward-badge">reward {formatNumber(reward.value)}</span>}
                 </span>
                 <span class="span-bar-track" aria-hidden="true">
