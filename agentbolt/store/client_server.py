@@ -54,6 +54,7 @@ from agentbolt.store.base import (
     forward_store_api,
 )
 from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+from agentbolt.store.dashboard import install_dashboard, is_public_page
 from agentbolt.store.requests import (
     QueryAttemptsRequest,
     QueryResourcesRequest,
@@ -63,11 +64,13 @@ from agentbolt.store.requests import (
     RolloutRequest,
     _PaginationFields,
 )
+from agentbolt.store.utils import LATENCY_BUCKETS
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
     AttemptStatus,
     EnqueueRolloutRequest,
+    MetricsRecord,
     NamedResources,
     PaginatedResult,
     ResourcesUpdate,
@@ -406,7 +409,12 @@ class _GuardMiddleware:
             )
             await _send_error(send, 409, detail, "StoreIdentityMismatch", "")
             return
-        if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"] not in _PUBLIC_PATHS:
+        if (
+            self.api_key is not None
+            and scope["method"] != "OPTIONS"
+            and scope["path"] not in _PUBLIC_PATHS
+            and not is_public_page(scope["path"])
+        ):
             token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.api_key):
                 await _send_error(
@@ -816,6 +824,8 @@ class LightningStoreServer(LightningStore):
 
         if self.tracker is not None:
             self._setup_metrics(app, self.tracker)
+        # Metrics and dashboard routes, then the dashboard app answering every other path outside /v1/ (last).
+        install_dashboard(app, self._call_store)
         app.add_middleware(
             _GuardMiddleware,
             api_key=self._api_key,
@@ -837,7 +847,9 @@ class LightningStoreServer(LightningStore):
 
     def _setup_metrics(self, app: FastAPI, tracker: MetricsBackend) -> None:
         tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
-        tracker.register_histogram("agl.http.latency", ["path", "method", "status"], group_level=2)
+        tracker.register_histogram(
+            "agl.http.latency", ["path", "method", "status"], buckets=LATENCY_BUCKETS, group_level=2
+        )
         app.add_middleware(_MetricsMiddleware, tracker=tracker)
         if tracker.has_prometheus():
             from prometheus_client import make_asgi_app
@@ -1629,3 +1641,19 @@ class LightningStoreClient(LightningStore):
         body = None if isinstance(heartbeat_stats, Unset) else {"heartbeat_stats": heartbeat_stats}
         data = await self._request_json("post", f"/workers/{worker_id}", json=body)
         return Worker.model_validate(data)
+
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> Sequence[MetricsRecord]:
+        if not records:
+            return []
+        body = {"records": [record.model_dump(mode="json") for record in records]}
+        data = await self._request_json("post", "/metrics", json=body)
+        return [MetricsRecord.model_validate(item) for item in data]
+
+    async def query_metrics(
+        self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
+    ) -> PaginatedResult[MetricsRecord]:
+        params: Dict[str, Any] = {"limit": limit, "offset": offset}
+        if run_id is not None:
+            params["run_id"] = run_id
+        data = await self._request_json("get", "/metrics", params=params)
+        return self._page(data, MetricsRecord.model_validate)

@@ -70,6 +70,7 @@ from agentbolt.types import (
     AttemptStatus,
     EnqueueRolloutRequest,
     FilterOptions,
+    MetricsRecord,
     NamedResources,
     PaginatedResult,
     ResourcesUpdate,
@@ -1051,6 +1052,34 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 [Worker(worker_id=worker_id, **fields)], update_fields=list(fields)
             )
         return worker
+
+    # =================================================================================================================
+    # Training metrics
+    # =================================================================================================================
+
+    @tracked("add_metrics")
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> Sequence[MetricsRecord]:
+        """Store training metrics, replacing stored records of the same ``(run_id, step)``.
+
+        Raises:
+            TypeError: An item is not a :class:`MetricsRecord`.
+        """
+        for record in records:
+            if not isinstance(record, MetricsRecord):
+                raise TypeError(f"Expected MetricsRecord, got {type(record).__name__}")
+        if not records:
+            return []
+        async with self.collections.atomic(mode="rw", labels=["generic"]) as collections:
+            return await collections.metrics.upsert(list(records), update_fields=["time", "values"])
+
+    @tracked("query_metrics")
+    async def query_metrics(
+        self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
+    ) -> PaginatedResult[MetricsRecord]:
+        """Training metrics in the order first written, optionally of one run only."""
+        filter_options: FilterOptions = {"_must": {"run_id": {"exact": run_id}}} if run_id is not None else {}
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.metrics.query(filter=filter_options or None, limit=limit, offset=offset)
 
     # =================================================================================================================
     # Waiting

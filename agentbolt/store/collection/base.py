@@ -29,7 +29,7 @@ from agentbolt.store.method_context import current_store_method_labels
 from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
 
 if TYPE_CHECKING:
-    from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
+    from agentbolt.types import Attempt, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
     from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = [
@@ -355,6 +355,11 @@ class LightningCollections(TrackedCollection):
     def span_sequence_ids(self) -> KeyValue[str, int]:
         """Per-rollout span sequence counters."""
         raise NotImplementedError()
+
+    @property
+    def metrics(self) -> Collection[MetricsRecord]:
+        """Training metrics, keyed by ``(run_id, step)`` (backends without it raise ``NotImplementedError``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
 
     def atomic(
         self,

@@ -75,6 +75,7 @@ from agentbolt.types import (
     Attempt,
     FilterField,
     FilterOptions,
+    MetricsRecord,
     PaginatedResult,
     ResourcesUpdate,
     Rollout,
@@ -259,7 +260,27 @@ _WORKERS = _TableSpec(
         _text("current_attempt_id"),
     ),
 )
-_TABLES: Tuple[_TableSpec, ...] = (_ROLLOUTS, _ATTEMPTS, _SPANS, _RESOURCES, _WORKERS)
+_METRICS = _TableSpec(
+    "metrics",
+    MetricsRecord,
+    ("run_id", "step"),
+    (_text("run_id", False), _Column("step", "INTEGER", False), _real("time")),
+)
+_TABLES: Tuple[_TableSpec, ...] = (_ROLLOUTS, _ATTEMPTS, _SPANS, _RESOURCES, _WORKERS, _METRICS)
+_ADDED_TABLES: Tuple[_TableSpec, ...] = (_METRICS,)
+"""Tables added to schema version 1 after its first release: created when a file lacks them (older readers ignore
+tables they do not know, so the version stays 1)."""
+
+
+def _table_statements(spec: _TableSpec) -> List[str]:
+    columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+    statements = [
+        f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)",
+        f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})",
+    ]
+    for index in spec.indexes:
+        statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table}({', '.join(index)})")
+    return statements
 
 
 def _schema_statements() -> List[str]:
@@ -271,11 +292,7 @@ def _schema_statements() -> List[str]:
         "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ]
     for spec in _TABLES:
-        columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
-        statements.append(f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)")
-        statements.append(f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})")
-        for index in spec.indexes:
-            statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table}({', '.join(index)})")
+        statements.extend(_table_statements(spec))
     return statements
 
 
@@ -448,6 +465,12 @@ class _Database:
                         f"The store was written with {newer} schema version {version}; this version of agentbolt "
                         f"reads schema version {SCHEMA_VERSION} only",
                     )
+                for spec in _ADDED_TABLES:
+                    if spec.table not in tables:
+                        for statement in _table_statements(spec):
+                            conn.execute(statement)
+                        tables.add(spec.table)
+                        logger.info("Added table %s to the agentbolt store in %s", spec.table, self.path)
                 missing = {spec.table for spec in _TABLES} - tables
                 if missing:
                     raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
@@ -1381,6 +1404,7 @@ class SqliteLightningCollections(LightningCollections):
         self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, _WORKERS, tracker)
         self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
+        self._metrics: SqliteCollection[MetricsRecord] = SqliteCollection(self._db, _METRICS, tracker)
 
     @property
     def collection_name(self) -> str:
@@ -1421,6 +1445,11 @@ class SqliteLightningCollections(LightningCollections):
     def span_sequence_ids(self) -> SqliteKeyValue[str, int]:
         """Per-rollout span sequence counters."""
         return self._sequence_ids
+
+    @property
+    def metrics(self) -> SqliteCollection[MetricsRecord]:
+        """Training metrics, keyed by ``(run_id, step)``."""
+        return self._metrics
 
     @property
     def commit_count(self) -> int:
