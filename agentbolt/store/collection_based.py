@@ -47,7 +47,7 @@ from agentbolt.store.base import (
     is_finished,
     is_queuing,
 )
-from agentbolt.store.collection.base import DuplicatedPrimaryKeyError, LightningCollections, resolve_error_type
+from agentbolt.store.collection.base import LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
 from agentbolt.store.method_context import (
     current_private_method,
@@ -296,17 +296,24 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 await self._scan_for_unhealthy_rollouts()
 
     async def _should_scan_for_unhealthy_rollouts(self) -> bool:
-        """Whether a scan may start now (debounced); records the entry time when it returns True."""
+        """Whether a scan may start now (debounced); records the entry time when it returns True.
+
+        After the first scan of this store object, storage shared by several processes lets one of them scan per
+        debounce period (:meth:`~agentbolt.store.collection.base.LightningCollections.claim_periodic_run`).
+        """
         now = time.time()
         with self._scan_lock:
+            first = self._last_scan_entry is None
             if (
                 self._scan_debounce_seconds > 0
-                and self._last_scan_entry is not None
-                and now - self._last_scan_entry < self._scan_debounce_seconds
+                and not first
+                and now - self._last_scan_entry < self._scan_debounce_seconds  # type: ignore[operator]
             ):
                 return False
             self._last_scan_entry = now
+        if first or self._scan_debounce_seconds <= 0:
             return True
+        return await self.collections.claim_periodic_run("watchdog", self._scan_debounce_seconds, now)
 
     async def _health_checked_rollouts(
         self, collections: LightningCollections, rollout_ids: Optional[Sequence[str]] = None
@@ -732,16 +739,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             for key, group in groups.items():
                 rollout, attempt = targets[key]
                 await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
-                added: List[Span] = []
-                skipped: List[str] = []
-                for span in group:
-                    try:
-                        await collections.spans.insert([span])
-                    except DuplicatedPrimaryKeyError:
-                        skipped.append(span.span_id)
-                        continue
-                    added.append(span)
-                if skipped:
+                added = list(await collections.spans.insert_new(group))
+                if len(added) < len(group):
+                    kept = {id(span) for span in added}
+                    skipped = [span.span_id for span in group if id(span) not in kept]
                     logger.warning(
                         "Skipped %d span(s) of rollout %s, attempt %s already stored with the same span id: %s",
                         len(skipped),

@@ -36,14 +36,12 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import (
     Any,
     AsyncIterator,
     Callable,
     Coroutine,
     Deque,
-    Dict,
     Generic,
     List,
     Literal,
@@ -71,9 +69,22 @@ from agentbolt.store.collection.base import (
     normalize_filter_options,
     resolve_sort_options,
 )
+from agentbolt.store.collection.sql import (
+    ATTEMPTS,
+    RESOURCES,
+    ROLLOUTS,
+    SPANS,
+    TABLES,
+    WORKERS,
+    SqlDialect,
+    TableSpec,
+    compile_filter,
+    format_key,
+    memory_predicate,
+    order_clause,
+)
 from agentbolt.types import (
     Attempt,
-    FilterField,
     FilterOptions,
     PaginatedResult,
     ResourcesUpdate,
@@ -151,115 +162,7 @@ def _translate_error(exc: BaseException, path: str) -> BaseException:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Table layout
-
-
-@dataclass(frozen=True)
-class _Column:
-    name: str
-    sql_type: Literal["TEXT", "INTEGER", "REAL"]
-    nullable: bool = True
-
-
-@dataclass(frozen=True)
-class _TableSpec:
-    table: str
-    item_type: Type[BaseModel]
-    primary_keys: Tuple[str, ...]
-    columns: Tuple[_Column, ...]
-    """Indexed copies of item fields; the primary-key fields come first."""
-    indexes: Tuple[Tuple[str, ...], ...] = ()
-
-    def column(self, name: str) -> Optional[_Column]:
-        for column in self.columns:
-            if column.name == name:
-                return column
-        return None
-
-
-def _text(name: str, nullable: bool = True) -> _Column:
-    return _Column(name, "TEXT", nullable)
-
-
-def _real(name: str) -> _Column:
-    return _Column(name, "REAL", True)
-
-
-_ROLLOUTS = _TableSpec(
-    "rollouts",
-    Rollout,
-    ("rollout_id",),
-    (
-        _text("rollout_id", False),
-        _text("status", False),
-        _text("mode"),
-        _text("resources_id"),
-        _real("start_time"),
-        _real("end_time"),
-    ),
-    (("status",),),
-)
-_ATTEMPTS = _TableSpec(
-    "attempts",
-    Attempt,
-    ("rollout_id", "attempt_id"),
-    (
-        _text("rollout_id", False),
-        _text("attempt_id", False),
-        _Column("sequence_id", "INTEGER", False),
-        _text("status", False),
-        _text("worker_id"),
-        _real("start_time"),
-        _real("end_time"),
-        _real("last_heartbeat_time"),
-    ),
-    (("status",),),
-)
-_SPANS = _TableSpec(
-    "spans",
-    Span,
-    ("rollout_id", "attempt_id", "span_id"),
-    (
-        _text("rollout_id", False),
-        _text("attempt_id", False),
-        _text("span_id", False),
-        _Column("sequence_id", "INTEGER", False),
-        _text("trace_id", False),
-        _text("parent_id"),
-        _text("name", False),
-        _real("start_time"),
-        _real("end_time"),
-    ),
-    (("rollout_id", "sequence_id"),),
-)
-_RESOURCES = _TableSpec(
-    "resources",
-    ResourcesUpdate,
-    ("resources_id",),
-    (
-        _text("resources_id", False),
-        _real("create_time"),
-        _real("update_time"),
-        _Column("version", "INTEGER", False),
-    ),
-    (("update_time",),),
-)
-_WORKERS = _TableSpec(
-    "workers",
-    Worker,
-    ("worker_id",),
-    (
-        _text("worker_id", False),
-        _text("status", False),
-        _real("last_heartbeat_time"),
-        _real("last_dequeue_time"),
-        _real("last_busy_time"),
-        _real("last_idle_time"),
-        _text("current_rollout_id"),
-        _text("current_attempt_id"),
-    ),
-)
-_TABLES: Tuple[_TableSpec, ...] = (_ROLLOUTS, _ATTEMPTS, _SPANS, _RESOURCES, _WORKERS)
+# Table layout (shared with the PostgreSQL backend: see agentbolt.store.collection.sql)
 
 
 def _schema_statements() -> List[str]:
@@ -270,7 +173,7 @@ def _schema_statements() -> List[str]:
         "CREATE INDEX rollout_queue_item ON rollout_queue(item)",
         "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ]
-    for spec in _TABLES:
+    for spec in TABLES:
         columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
         statements.append(f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)")
         statements.append(f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})")
@@ -448,7 +351,7 @@ class _Database:
                         f"The store was written with {newer} schema version {version}; this version of agentbolt "
                         f"reads schema version {SCHEMA_VERSION} only",
                     )
-                missing = {spec.table for spec in _TABLES} - tables
+                missing = {spec.table for spec in TABLES} - tables
                 if missing:
                     raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
             conn.execute("COMMIT")
@@ -806,125 +709,23 @@ class _Backed:
 # Filters and sorting
 
 
-def _memory_predicate() -> Callable[..., bool]:
-    """The in-memory filter predicate: the single definition of filter semantics, used for what SQL can't express."""
-    return memory._item_matches_filters  # looked up on each call, like the in-memory collections do
+def _within(name: str, values: List[Any]) -> Tuple[str, List[Any]]:
+    if len(values) > _MAX_SQL_PARAMS:
+        return f"{name} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
+    return f"{name} IN ({', '.join('?' * len(values))})", values
 
 
-_SCALARS = (str, int, float)
-
-
-def _same_kind(column: _Column, value: Any) -> bool:
-    """Whether SQL compares ``value`` with the column exactly like Python's ``==`` (no type coercion)."""
-    if column.sql_type == "TEXT":
-        return isinstance(value, str)
-    return isinstance(value, (int, float))
-
-
-def _compile_condition(column: _Column, op: str, value: Any) -> Optional[Tuple[str, List[Any]]]:
-    """SQL for one ``field op value`` condition with the in-memory semantics, or None when SQL can't express it."""
-    name = column.name
-    if op == "exact":
-        return (f"{name} = ?", [value]) if _same_kind(column, value) else None
-    if op == "within":
-        if not isinstance(value, (list, tuple, set, frozenset)):
-            return None
-        values = list(value)
-        if not all(_same_kind(column, v) for v in values):
-            return None
-        if not values:
-            return "0", []
-        if len(values) > _MAX_SQL_PARAMS:
-            return f"{name} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
-        return f"{name} IN ({', '.join('?' * len(values))})", values
-    if op == "contains":
-        if column.sql_type == "TEXT" and isinstance(value, str):
-            return f"instr({name}, ?) > 0", [value]
-        return None
-    return None
-
-
-@dataclass
-class _Plan:
-    where: str
-    params: List[Any]
-    exact: bool
-    """True when ``where`` expresses the whole filter; otherwise rows still go through the Python predicate."""
-
-
-def _compile_conditions(
-    spec: _TableSpec, fields: Optional[Dict[str, FilterField]]
-) -> Tuple[List[str], List[Any], bool]:
-    """SQL terms and parameters of each field condition, and whether every condition compiled to SQL."""
-    terms: List[str] = []
-    params: List[Any] = []
-    exact = True
-    for field, ops in (fields or {}).items():
-        for op, value in ops.items():
-            column = spec.column(field)
-            compiled = _compile_condition(column, op, value) if column else None
-            if compiled is None:
-                exact = False
-                continue
-            terms.append(compiled[0])
-            params.extend(compiled[1])
-    return terms, params, exact
-
-
-def _compile_filter(
-    spec: _TableSpec,
-    filters: Optional[Dict[str, FilterField]],
-    must: Optional[Dict[str, FilterField]],
-    aggregate: Literal["and", "or"],
-) -> _Plan:
-    must_terms, params, exact = _compile_conditions(spec, must)
-    terms, term_params, filters_exact = _compile_conditions(spec, filters)
-    if filters_exact:
-        if terms:
-            joiner = " AND " if aggregate == "and" else " OR "
-            must_terms.append("(" + joiner.join(terms) + ")")
-            params.extend(term_params)
-    else:
-        exact = False
-        if aggregate == "and" and terms:  # the compiled part still narrows the scan
-            must_terms.append("(" + " AND ".join(terms) + ")")
-            params.extend(term_params)
-    return _Plan(" AND ".join(must_terms) if must_terms else "1", params, exact)
-
-
-def _order_clause(spec: _TableSpec, sort_name: Optional[str], order: str) -> Optional[str]:
-    """SQL ORDER BY with the in-memory rules, or None when the field has no column.
-
-    Ties keep insertion order in both directions (Python's stable sort); ``*_time`` NULLs sort after every value
-    (before, descending); other nullable columns are strings whose NULL sorts as ``""``.
-    """
-    if sort_name is None:
-        return "ord"
-    memory.sort_key_function(spec.item_type, sort_name)  # same validation (unknown field -> ValueError)
-    column = spec.column(sort_name)
-    if column is None:
-        return None
-    direction = "DESC" if order == "desc" else "ASC"
-    if not column.nullable:
-        return f"{column.name} {direction}, ord"
-    if sort_name.endswith("_time"):
-        return f"({column.name} IS NULL) {direction}, {column.name} {direction}, ord"
-    assert column.sql_type == "TEXT", "nullable non-time columns are strings"
-    return f"COALESCE({column.name}, '') {direction}, ord"
+_DIALECT = SqlDialect(placeholder="?", contains=lambda name: f"instr({name}, ?) > 0", within=_within)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Collections
 
 
-def _format_key(names: Sequence[str], values: Sequence[Any]) -> str:
-    return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
-
-
 class SqliteCollection(_Backed, Collection[M], Generic[M]):
     """A collection of pydantic items stored as JSON rows with indexed field columns."""
 
-    def __init__(self, database: _Database, spec: _TableSpec, tracker: Any = None) -> None:
+    def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
         self._spec = spec
@@ -999,8 +800,8 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
     ) -> Tuple[List[M], int]:
         filters, must, aggregate = normalize_filter_options(filter)
         sort_name, order = resolve_sort_options(sort)
-        plan = _compile_filter(self._spec, filters, must, aggregate)
-        order_sql = _order_clause(self._spec, sort_name, order)
+        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
+        order_sql = order_clause(self._spec, sort_name, order)
         table = self._spec.table
         memory.paginate([], limit, offset)  # same validation of limit/offset
         if plan.exact and order_sql is not None:
@@ -1018,7 +819,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
         items = [self._decode(row[0]) for row in rows]
         if not plan.exact:
-            matches = _memory_predicate()
+            matches = memory_predicate()
             items = [item for item in items if matches(item, filters, aggregate, must)]
         if sort_name is not None:
             items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
@@ -1054,7 +855,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
             key = self._key(item)
             if key in seen:
                 raise DuplicatedPrimaryKeyError(
-                    f"Duplicated primary key(s) in the inserted items: {_format_key(self._spec.primary_keys, key)}"
+                    f"Duplicated primary key(s) in the inserted items: {format_key(self._spec.primary_keys, key)}"
                 )
             seen.add(key)
         rows = [self._row(item) for item in items]
@@ -1070,7 +871,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                     key = self._key(item)
                     if self._fetch(conn, key) is not None:
                         raise DuplicatedPrimaryKeyError(
-                            f"Item already exists with primary key(s): {_format_key(self._spec.primary_keys, key)}"
+                            f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
                         ) from exc
                 raise
 
@@ -1374,11 +1175,11 @@ class SqliteLightningCollections(LightningCollections):
             cache_size_mb=cache_size_mb,
             reader_threads=reader_threads,
         )
-        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, _ROLLOUTS, tracker)
-        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, _ATTEMPTS, tracker)
-        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, _SPANS, tracker)
-        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, _RESOURCES, tracker)
-        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, _WORKERS, tracker)
+        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, ROLLOUTS, tracker)
+        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, ATTEMPTS, tracker)
+        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, SPANS, tracker)
+        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, RESOURCES, tracker)
+        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, WORKERS, tracker)
         self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
 
