@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv postgres test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
+.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
 
 venv: $(STAMP)
 
@@ -61,6 +61,20 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py --quick
+
+# The reference implementation (agentlightning 0.3.0), in a virtualenv of its own, run only as a black-box server
+# by the side-by-side store benchmark.
+REF_VENV ?= .venv-ref
+
+bench-reference: $(REF_VENV)/.installed
+
+$(REF_VENV)/.installed:
+	@test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install $(PIP_FLAGS) "agentlightning==0.3.0"
+	@touch $@
+
+bench-store: $(STAMP) postgres bench-reference
+	flock /tmp/agentbolt-measure.lock $(PY) benchmarks/store_bench.py --side-by-side
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

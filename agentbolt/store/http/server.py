@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from urllib.parse import parse_qs
 
 import orjson
 import pydantic_core
@@ -93,10 +95,14 @@ async def _http_exception_response(request: Request, exc: HTTPException) -> Resp
     return response
 
 
-async def _validation_error_response(request: Request, exc: RequestValidationError) -> Response:
+def _validation_error(exc: RequestValidationError) -> Response:
     """422 for malformed or mistyped input, in the common error format (``detail`` lists the problems)."""
     errors = [{key: error[key] for key in ("type", "loc", "msg") if key in error} for error in exc.errors()]
     return _error_response(422, errors, "RequestValidationError", "ValueError")
+
+
+async def _validation_error_response(request: Request, exc: RequestValidationError) -> Response:
+    return _validation_error(exc)
 
 
 class _StoreRoute(APIRoute):
@@ -180,18 +186,17 @@ def _install_body_docs(app: FastAPI) -> Dict[str, Type[BaseModel]]:
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
-async def _parse_body(request: Request, model: Type[BodyT], *, optional: bool = False) -> BodyT:
-    """Decode (orjson) and validate the JSON body; invalid bodies become 422 errors.
+def _parse_body(body: bytes, model: Type[BodyT], *, optional: bool = False) -> BodyT:
+    """Decode (orjson) and validate a JSON body; invalid bodies become 422 errors.
 
     Decoding with orjson and validating Python objects is several times faster than pydantic's own JSON mode
     for spans, whose attribute values are a union of many types.
 
     Args:
-        request: The request.
+        body: The raw body.
         model: Model of the body.
         optional: An empty body stands for ``model()``.
     """
-    body = await request.body()
     if optional and not body.strip():
         return model()
     try:
@@ -216,22 +221,22 @@ def _normalize_origins(origins: Union[Sequence[str], str, None]) -> List[str]:
     return ["*"] if "*" in cleaned else cleaned
 
 
-def _query_fields(request: Request, model: Type[BaseModel]) -> Dict[str, Any]:
-    """The query parameters of ``request`` as fields of ``model`` (list fields from repeated keys)."""
-    params = request.query_params
+def _query_fields(query_string: bytes, model: Type[BaseModel]) -> Dict[str, Any]:
+    """The query parameters as fields of ``model`` (list fields from repeated keys)."""
+    params = parse_qs(query_string.decode("latin-1"), keep_blank_values=True)
     fields: Dict[str, Any] = {}
     for name, info in model.model_fields.items():
         if name not in params:
             continue
         annotation = str(info.annotation)
-        fields[name] = params.getlist(name) if "List[" in annotation or "list[" in annotation else params[name]
+        fields[name] = params[name] if "List[" in annotation or "list[" in annotation else params[name][-1]
     return fields
 
 
-def _parse_query(request: Request, model: Type[BodyT]) -> BodyT:
+def _parse_query(query_string: bytes, model: Type[BodyT]) -> BodyT:
     """Validate the query parameters with ``model``; invalid ones become 422 errors."""
     try:
-        return model.model_validate(_query_fields(request, model))
+        return model.model_validate(_query_fields(query_string, model))
     except ValidationError as exc:
         errors = [
             {**error, "loc": ("query", *error["loc"])} for error in exc.errors(include_url=False, include_context=False)
@@ -239,50 +244,126 @@ def _parse_query(request: Request, model: Type[BodyT]) -> BodyT:
         raise RequestValidationError(errors) from exc
 
 
-async def _route_body(request: Request, route: StoreRoute, get_form: bool) -> Optional[BaseModel]:
+def _route_body(route: StoreRoute, get_form: bool, body: bytes, query_string: bytes) -> Optional[BaseModel]:
     """The validated body (or query) of a request to ``route``."""
     if route.body is None:
         return None
     if get_form or route.verb == "GET":
-        body: BaseModel = _parse_query(request, route.body)
+        parsed: BaseModel = _parse_query(query_string, route.body)
     else:
-        body = await _parse_body(request, route.body, optional=route.body_optional)
+        parsed = _parse_body(body, route.body, optional=route.body_optional)
     if route.page_of is not None:
-        _validate_pagination(body, route.page_of)  # type: ignore[arg-type]
+        _validate_pagination(parsed, route.page_of)  # type: ignore[arg-type]
     if route.not_null:
-        _reject_nulls(body, route.not_null)
-    return body
+        _reject_nulls(parsed, route.not_null)
+    return parsed
+
+
+async def _answer(
+    route: StoreRoute, call: StoreCall, get_form: bool, path_values: Dict[str, str], body: bytes, query_string: bytes
+) -> Response:
+    """Serve one request to ``route``: validate, call the store, encode the answer (errors included)."""
+    try:
+        parsed = _route_body(route, get_form, body, query_string)
+        if route.serve is not None:
+            content = await route.serve(call, path_values, parsed)
+        else:
+            content = await call(route.store_method, **path_values, **route.arguments(parsed))
+            if route.page_of is not None:
+                assert isinstance(parsed, _PaginationFields)
+                content = paginated_content(content, parsed.limit, parsed.offset)
+        return _json_response(content, route.status)
+    except HTTPException as exc:
+        return _error_response(exc.status_code, exc.detail, "HTTPException", "ValueError")
+    except RequestValidationError as exc:
+        return _validation_error(exc)
+    except Exception as exc:
+        return _exception_response(exc)
 
 
 def _route_endpoint(route: StoreRoute, call: StoreCall, get_form: bool) -> Callable[[Request], Any]:
-    """The handler of one route: validate, call the store, encode the answer."""
+    """The FastAPI endpoint of a route (documented in OpenAPI; requests normally take the dispatcher's path)."""
 
     async def endpoint(request: Request) -> Response:
-        body = await _route_body(request, route, get_form)
-        path_values = request.path_params
-        if route.serve is not None:
-            content = await route.serve(call, path_values, body)
-        else:
-            content = await call(route.store_method, **path_values, **route.arguments(body))
-            if route.page_of is not None:
-                assert isinstance(body, _PaginationFields)
-                content = paginated_content(content, body.limit, body.offset)
-        return _json_response(content, route.status)
+        body = await request.body()
+        return await _answer(route, call, get_form, request.path_params, body, request.scope["query_string"])
 
     endpoint.__name__ = route.store_method
     endpoint.__doc__ = f"``{route.store_method}`` of the served store."
     return endpoint
 
 
-def _add_store_routes(app: FastAPI, call: StoreCall, body_models: Dict[str, Type[BaseModel]]) -> None:
-    """Register every row of the route table (literal segments before parameters, so ``/rollouts/search`` and
-    ``.../attempts/latest`` win over ids)."""
+def _route_forms(routes: Sequence[StoreRoute]) -> List[Tuple[StoreRoute, str, str, bool]]:
+    """``(route, verb, path, get_form)`` of every route and GET form, literal segments before parameters (so
+    ``/rollouts/search`` and ``.../attempts/latest`` win over ids)."""
     forms: List[Tuple[StoreRoute, str, str, bool]] = []
-    for route in ROUTES:
+    for route in routes:
         forms.append((route, route.verb, route.path, False))
         if route.get_path is not None:
             forms.append((route, "GET", route.get_path, True))
     forms.sort(key=lambda form: form[2].count("{"))  # stable: the table's order within equal counts
+    return forms
+
+
+class _StoreDispatcher:
+    """ASGI middleware answering the store routes directly, before FastAPI's router.
+
+    Matching a request costs one dictionary lookup (literal paths) or a few regular expressions (paths with ids), and
+    the handler receives the raw body: FastAPI's routing and dependency machinery, which cost more CPU than the store
+    call itself for small requests, is skipped. Anything else (documentation, OTLP, mounts, unknown paths) goes on
+    to the FastAPI app, whose copies of the same routes serve the OpenAPI document.
+    """
+
+    def __init__(self, app: Any, call: StoreCall) -> None:
+        self.app = app
+        self.call = call
+        self.literal: Dict[Tuple[str, str], Tuple[StoreRoute, bool]] = {}
+        self.patterns: List[Tuple[str, re.Pattern[str], StoreRoute, bool]] = []
+        for route, verb, path, get_form in _route_forms(ROUTES):
+            full = API_V1_AGL_PREFIX + path
+            if "{" not in path:
+                self.literal.setdefault((verb, full), (route, get_form))
+            else:
+                pattern = re.compile(
+                    "^" + re.sub(r"{(\w+)}", r"(?P<\1>[^/]+)", full) + "$"
+                )  # paths hold no metacharacters
+                self.patterns.append((verb, pattern, route, get_form))
+
+    def _match(self, method: str, path: str) -> Optional[Tuple[StoreRoute, bool, Dict[str, str]]]:
+        found = self.literal.get((method, path))
+        if found is not None:
+            return found[0], found[1], {}
+        for verb, pattern, route, get_form in self.patterns:
+            if verb == method:
+                match = pattern.match(path)
+                if match is not None:
+                    return route, get_form, match.groupdict()
+        return None
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        matched = self._match(scope["method"], scope["path"])
+        if matched is None:
+            await self.app(scope, receive, send)
+            return
+        route, get_form, path_values = matched
+        chunks: List[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        response = await _answer(route, self.call, get_form, path_values, b"".join(chunks), scope["query_string"])
+        await response(scope, receive, send)
+
+
+def _add_store_routes(app: FastAPI, call: StoreCall, body_models: Dict[str, Type[BaseModel]]) -> None:
+    """Register every row of the route table on the FastAPI app (for its OpenAPI document and as a fallback)."""
+    forms = _route_forms(ROUTES)
     for route, verb, path, get_form in forms:
         extra: Dict[str, Any] = {}
         parameters = [
@@ -342,6 +423,7 @@ def build_store_app(
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     _add_store_routes(app, call, _install_body_docs(app))
     _add_otlp_routes(app, call)
+    app.add_middleware(_StoreDispatcher, call=call)
     if tracker is not None:
         _install_metrics(app, tracker)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_request_bytes=max_request_bytes, server_id=server_id)
