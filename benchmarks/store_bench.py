@@ -116,7 +116,7 @@ def server_command(backend: str, path: str, port: int, use_cli: bool) -> List[st
     return [sys.executable, "-c", SERVER_SCRIPT, backend, path, str(port)]
 
 
-async def wait_healthy(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+async def wait_healthy(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
     import aiohttp
 
     deadline = time.monotonic() + timeout

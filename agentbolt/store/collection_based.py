@@ -46,6 +46,7 @@ from agentbolt.store.base import (
     Unset,
     is_finished,
     is_queuing,
+    page_json,
 )
 from agentbolt.store.collection.base import LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
@@ -822,8 +823,27 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans(self, query: QuerySpansRequest) -> PaginatedResult[Span]:
-        rollout_id, attempt_id, limit, offset = query.rollout_id, query.attempt_id, query.limit, query.offset
-        await self._ensure_spans_available(rollout_id)
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            filter_options = await self._span_filter(collections, query)
+            if filter_options is None:
+                return PaginatedResult(items=[], limit=query.limit, offset=query.offset, total=0)
+            return await collections.spans.query(filter=filter_options, **_page_options(query))
+
+    @tracked("query_spans")
+    @healthcheck_before
+    async def _query_spans_json(self, query: QuerySpansRequest) -> bytes:
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            filter_options = await self._span_filter(collections, query)
+            if filter_options is None:
+                return page_json([], query.limit, query.offset, 0)
+            items, total = await collections.spans.query_json(filter=filter_options, **_page_options(query))
+        return page_json(items, query.limit, query.offset, total)
+
+    async def _span_filter(
+        self, collections: LightningCollections, query: QuerySpansRequest
+    ) -> Optional[FilterOptions]:
+        """Filter of a span query (``None``: nothing can match, the rollout has no attempt for ``"latest"``)."""
+        await self._ensure_spans_available(query.rollout_id)
         filter_options: Dict[str, Any] = dict(
             _filter_with(
                 query.filter_logic,  # type: ignore[arg-type]
@@ -833,17 +853,17 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 name={"exact": query.name, "contains": query.name_contains},
             )
         )
-        must: Dict[str, Any] = {"rollout_id": {"exact": rollout_id}}
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            if attempt_id == "latest":
-                latest = await self._latest_attempt(collections, rollout_id)
-                if latest is None:
-                    return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
-                attempt_id = latest.attempt_id
-            if attempt_id is not None:
-                must["attempt_id"] = {"exact": attempt_id}
-            filter_options["_must"] = must
-            return await collections.spans.query(filter=filter_options, **_page_options(query))
+        must: Dict[str, Any] = {"rollout_id": {"exact": query.rollout_id}}
+        attempt_id = query.attempt_id
+        if attempt_id == "latest":
+            latest = await self._latest_attempt(collections, query.rollout_id)
+            if latest is None:
+                return None
+            attempt_id = latest.attempt_id
+        if attempt_id is not None:
+            must["attempt_id"] = {"exact": attempt_id}
+        filter_options["_must"] = must
+        return filter_options
 
     # =================================================================================================================
     # Queries

@@ -243,6 +243,20 @@ class Collection(TrackedCollection, Generic[T]):
         """The first matching item (by ``sort`` when given), or ``None``."""
         raise NotImplementedError()
 
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (an object with the item's fields), and the total.
+
+        Backends storing items as JSON override this to skip building the models.
+        """
+        page = await self.query(filter=filter, sort=sort, limit=limit, offset=offset)
+        return [item.model_dump_json().encode() for item in page.items], page.total  # type: ignore[attr-defined]
+
     async def insert(self, items: Sequence[T]) -> None:
         """Insert new items; a duplicated primary key raises :class:`DuplicatedPrimaryKeyError`."""
         raise NotImplementedError()

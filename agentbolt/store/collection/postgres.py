@@ -750,9 +750,22 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
             row = await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone()
             return int(row[0])
 
+    def _row_json(self, row: Sequence[Any]) -> bytes:
+        """The JSON object of a row's item, without building the model."""
+        data: Dict[str, Any] = row[-1]
+        for name, value in zip(self._names, row, strict=False):
+            data[name] = value
+        return orjson.dumps(data)
+
     async def _run_query(
-        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int
-    ) -> Tuple[List[M], int]:
+        self,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+        raw: bool = False,
+    ) -> Tuple[List[Any], int]:
+        """Matching items (as JSON when ``raw``) and the total."""
         filters, must, aggregate = normalize_filter_options(filter)
         sort_name, order = resolve_sort_options(sort)
         plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
@@ -766,7 +779,7 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
                     sql += " LIMIT %s OFFSET %s"
                     params += [None if limit < 0 else limit, offset]
                 rows = await (await conn.execute(sql, params)).fetchall()
-                items = [self._decode(row) for row in rows]
+                items: List[Any] = [self._row_json(row) if raw else self._decode(row) for row in rows]
                 # The page itself tells the total when it ends before the limit and is not past the end.
                 if (limit < 0 or len(items) < limit) and (items or offset == 0) and limit != 0:
                     return items, offset + len(items)
@@ -781,7 +794,19 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
             items = [item for item in items if matches(item, filters, aggregate, must)]
         if sort_name is not None:
             items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        return memory.paginate(items, limit, offset), len(items)
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._run_query(filter, sort, limit, offset, raw=True)
 
     async def query(
         self,

@@ -797,7 +797,9 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         sort: Optional[SortOptions],
         limit: int,
         offset: int,
-    ) -> Tuple[List[M], int]:
+        raw: bool = False,
+    ) -> Tuple[List[Any], int]:
+        """Matching items (their stored JSON when ``raw``) and the total."""
         filters, must, aggregate = normalize_filter_options(filter)
         sort_name, order = resolve_sort_options(sort)
         plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
@@ -810,7 +812,8 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
             if limit >= 0 or offset > 0:
                 sql += " LIMIT ? OFFSET ?"
                 params += [limit, offset]
-            items = [self._decode(row[0]) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params)
+            items: List[Any] = [row[0].encode() for row in rows] if raw else [self._decode(row[0]) for row in rows]
             if limit < 0 and offset == 0:
                 return items, len(items)
             total = int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {plan.where}", plan.params).fetchone()[0])
@@ -823,7 +826,19 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
             items = [item for item in items if matches(item, filters, aggregate, must)]
         if sort_name is not None:
             items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        return memory.paginate(items, limit, offset), len(items)
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item's stored JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset, raw=True))
 
     async def query(
         self,

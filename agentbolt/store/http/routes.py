@@ -66,6 +66,7 @@ __all__ = [
     "ROUTES_BY_METHOD",
     "parse_rollout",
     "paginated_content",
+    "RawJson",
 ]
 
 API_V1_PREFIX = "/v1"
@@ -118,6 +119,10 @@ def paginated_content(result: Sequence[Any], limit: int, offset: int) -> Dict[st
         return {"items": list(result.items), "limit": result.limit, "offset": result.offset, "total": result.total}
     items = list(result)
     return {"items": items, "limit": limit, "offset": offset, "total": len(items)}
+
+
+class RawJson(bytes):
+    """An answer already encoded as JSON, sent as it is."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,10 @@ async def _serve_sequence_ids(call: StoreCall, path: Dict[str, str], body: ManyS
     return {"sequence_ids": list(await call("get_many_span_sequence_ids", body.rollout_attempt_ids))}
 
 
+async def _serve_query_spans(call: StoreCall, path: Dict[str, str], body: QuerySpansRequest) -> RawJson:
+    return RawJson(await call("_query_spans_json", body))
+
+
 def _decode_positions(data: Dict[str, Any]) -> List[int]:
     return [int(i) for i in data["inserted"]]
 
@@ -269,6 +278,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         body=QuerySpansRequest,
         page_of=Span,
         get_path="/spans",
+        serve=_serve_query_spans,
     ),
     StoreRoute(
         "get_next_span_sequence_id",

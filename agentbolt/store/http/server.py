@@ -39,6 +39,7 @@ from agentbolt.store.http.routes import (
     API_V1_AGL_PREFIX,
     API_V1_PREFIX,
     ROUTES,
+    RawJson,
     StoreCall,
     StoreRoute,
     paginated_content,
@@ -63,7 +64,8 @@ DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 def _json_response(content: Any, status_code: int = 200) -> Response:
-    return Response(content=pydantic_core.to_json(content), status_code=status_code, media_type="application/json")
+    body = content if isinstance(content, RawJson) else pydantic_core.to_json(content)
+    return Response(content=body, status_code=status_code, media_type="application/json")
 
 
 def _error_response(status_code: int, detail: Any, error_type: str, kind: str) -> Response:
