@@ -470,7 +470,9 @@ async def served_target(target: str, tmp: str, postgres: Any) -> Any:
         else:
             command += ["--backend", "memory"]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The reference imports LiteLLM, which otherwise tries to download a price list at start-up.
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = LightningStoreClient(f"http://127.0.0.1:{port}")
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
@@ -652,23 +654,29 @@ async def million_spans(db: Path, total_spans: int, queries: int, use_cli: bool)
         await store.close()
     report["db_bytes"] = db.stat().st_size
     async with http_server("sqlite", str(db), use_cli) as (endpoint, proc):
-        server = psutil.Process(proc.pid)
-        report["server_rss_mb_idle"] = round(server.memory_info().rss / 2**20, 1)
-        peak = 0
-        lat = []
-        async with http_client(endpoint) as client:
-            sample = random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids)))
-            for rollout_id in sample:
-                start = time.perf_counter()
-                result = await client.query_spans(rollout_id)
-                lat.append(time.perf_counter() - start)
-                assert len(result) == per_rollout
-                peak = max(peak, server.memory_info().rss)
-            stats = await client.statistics()
+        report.update(await query_served_spans("sqlite", endpoint, proc, rollout_ids, queries, per_rollout))
+    return report
+
+
+async def query_served_spans(
+    backend: str, endpoint: str, proc: subprocess.Popen[bytes], rollout_ids: List[str], queries: int, per_rollout: int
+) -> Dict[str, Any]:
+    """The serving process's RSS (idle, and peak while answering) and query_spans latency over HTTP."""
+    server = psutil.Process(proc.pid)
+    report: Dict[str, Any] = {"server_rss_mb_idle": round(server.memory_info().rss / 2**20, 1)}
+    peak = 0
+    lat: List[float] = []
+    async with http_client(endpoint) as client:
+        for rollout_id in random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids))):
+            start = time.perf_counter()
+            result = await client.query_spans(rollout_id)
+            lat.append(time.perf_counter() - start)
+            assert len(result) == per_rollout
             peak = max(peak, server.memory_info().rss)
-        report["server_rss_mb_peak"] = round(peak / 2**20, 1)
-        report["server_total_spans"] = stats.get("total_spans")
-        report["http_query_spans"] = row("sqlite", "http", "query_spans", 1, len(lat), sum(lat), lat)
+        report["server_total_spans"] = (await client.statistics()).get("total_spans")
+        peak = max(peak, server.memory_info().rss)
+    report["server_rss_mb_peak"] = round(peak / 2**20, 1)
+    report["http_query_spans"] = row(backend, "http", "query_spans", 1, len(lat), sum(lat), lat)
     return report
 
 
@@ -712,22 +720,7 @@ async def million_spans_postgres(total_spans: int, queries: int) -> Dict[str, An
         try:
             endpoint = f"http://127.0.0.1:{port}"
             await wait_healthy(endpoint, proc)
-            server = psutil.Process(proc.pid)
-            report["server_rss_mb_idle"] = round(server.memory_info().rss / 2**20, 1)
-            peak = 0
-            lat: List[float] = []
-            async with http_client(endpoint) as client:
-                sample = random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids)))
-                for rollout_id in sample:
-                    start = time.perf_counter()
-                    result = await client.query_spans(rollout_id)
-                    lat.append(time.perf_counter() - start)
-                    assert len(result) == per_rollout
-                    peak = max(peak, server.memory_info().rss)
-                report["server_total_spans"] = (await client.statistics()).get("total_spans")
-                peak = max(peak, server.memory_info().rss)
-            report["server_rss_mb_peak"] = round(peak / 2**20, 1)
-            report["http_query_spans"] = row("postgres", "http", "query_spans", 1, len(lat), sum(lat), lat)
+            report.update(await query_served_spans("postgres", endpoint, proc, rollout_ids, queries, per_rollout))
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -120,22 +120,7 @@ class LocalPostgres:
             ]
         )
         self.start()
-        self._run(
-            [
-                str(self.bindir / "psql") if (self.bindir / "psql").exists() else "psql",
-                "-h",
-                str(self.root),
-                "-p",
-                str(self.port),
-                "-U",
-                SUPERUSER,
-                "-d",
-                "postgres",
-                "-q",
-                "-c",
-                f"CREATE DATABASE {DATABASE}",
-            ]
-        )
+        self.psql(f"CREATE DATABASE {DATABASE}", database="postgres")
 
     def _run(self, command: List[str], timeout: float = 120.0) -> subprocess.CompletedProcess[bytes]:
         result = subprocess.run(command, capture_output=True, timeout=timeout, user=self.user or None, cwd=self.root)

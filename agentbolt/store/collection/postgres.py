@@ -61,7 +61,6 @@ from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
     Collection,
-    DuplicatedPrimaryKeyError,
     KeyValue,
     LightningCollections,
     Queue,
@@ -79,9 +78,9 @@ from agentbolt.store.collection.sql import (
     TABLES,
     WORKERS,
     SqlDialect,
+    SqlTable,
     TableSpec,
     compile_filter,
-    format_key,
     memory_predicate,
     order_clause,
 )
@@ -679,13 +678,13 @@ class _Backed:
         self._table = f"{_quote(database.schema)}.{table}"
 
 
-class PostgresCollection(_Backed, Collection[M], Generic[M]):
+class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items: indexed field columns plus the rest of the item as ``jsonb``."""
 
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database, spec.table)
         Collection.__init__(self, tracker=tracker)
-        self._spec = spec
+        SqlTable.__init__(self, spec)
         self._names = spec.column_names
         self._payload_exclude = set(self._names)
         self._select = f"SELECT {', '.join(self._names)}, data FROM {self._table}"
@@ -705,28 +704,7 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
         )
         self._conflict = conflict
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._spec.table
-
-    def primary_keys(self) -> Sequence[str]:
-        """Primary-key field names."""
-        return list(self._spec.primary_keys)
-
-    def item_type(self) -> Type[M]:
-        """The stored pydantic model."""
-        return cast(Type[M], self._spec.item_type)
-
     # -- encoding -------------------------------------------------------------------------------------------------
-
-    def _check_items(self, items: Sequence[M]) -> None:
-        for item in items:
-            if not isinstance(item, self._spec.item_type):
-                raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
-
-    def _key(self, item: M) -> Tuple[Any, ...]:
-        return tuple(getattr(item, k) for k in self._spec.primary_keys)
 
     def _row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, name) for name in self._names]
@@ -738,9 +716,6 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
         for name, value in zip(self._names, row, strict=False):
             data[name] = value
         return cast(M, self._spec.item_type.model_validate(data))
-
-    def _missing(self, key: Sequence[Any]) -> ValueError:
-        return ValueError(memory.missing_item_message(dict(zip(self._spec.primary_keys, key, strict=True))))
 
     # -- reads ----------------------------------------------------------------------------------------------------
 
@@ -828,16 +803,6 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
-    def _check_unique(self, items: Sequence[M]) -> None:
-        seen: set[Tuple[Any, ...]] = set()
-        for item in items:
-            key = self._key(item)
-            if key in seen:
-                raise DuplicatedPrimaryKeyError(
-                    f"Duplicated primary key(s) in the inserted items: {format_key(self._spec.primary_keys, key)}"
-                )
-            seen.add(key)
-
     async def _insert_skipping(self, conn: Any, items: Sequence[M]) -> List[Tuple[Any, ...]]:
         """Insert in as few statements as possible, skipping stored keys; the keys actually inserted."""
         inserted: List[Tuple[Any, ...]] = []
@@ -869,9 +834,7 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
                 await self._undo_inserts(conn, inserted)
                 done = set(inserted)
                 key = next(self._key(item) for item in items if self._key(item) not in done)
-                raise DuplicatedPrimaryKeyError(
-                    f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
-                )
+                raise self._exists_error(key)
 
     async def insert_new(self, items: Sequence[M]) -> Sequence[M]:
         """Insert the items whose key is not stored yet (the first of repeated keys); returns those inserted."""
@@ -887,11 +850,6 @@ class PostgresCollection(_Backed, Collection[M], Generic[M]):
                 inserted.discard(key)
                 added.append(item)
         return added
-
-    def _check_update_fields(self, update_fields: Optional[Sequence[str]]) -> None:
-        for name in update_fields or ():
-            if name not in self._spec.item_type.model_fields:
-                raise ValueError(f"Unknown field {name!r} for {self._spec.item_type.__name__}")
 
     def _partial_sql(self, update_fields: Sequence[str], item: M) -> Tuple[str, List[Any]]:
         """``SET`` clause and parameters writing only ``update_fields`` of ``item``."""

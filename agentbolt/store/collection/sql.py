@@ -10,11 +10,12 @@ rows SQL pre-selected. The two backends differ only in a few spellings, gathered
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Generic, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, cast
 
 from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
+from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
 from agentbolt.types import Attempt, FilterField, ResourcesUpdate, Rollout, Span, Worker
 
 __all__ = [
@@ -32,7 +33,10 @@ __all__ = [
     "order_clause",
     "memory_predicate",
     "format_key",
+    "SqlTable",
 ]
+
+M = TypeVar("M", bound=BaseModel)
 
 ColumnType = Literal["TEXT", "INTEGER", "REAL"]
 
@@ -279,3 +283,55 @@ def memory_predicate() -> Callable[..., bool]:
 def format_key(names: Sequence[str], values: Sequence[Any]) -> str:
     """``name='value', ...`` of a primary key, for error messages."""
     return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
+
+
+class SqlTable(Generic[M]):
+    """What a SQL collection knows of its table: names, keys, and the checks made before any statement runs."""
+
+    def __init__(self, spec: TableSpec) -> None:
+        self._spec = spec
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return self._spec.table
+
+    def primary_keys(self) -> Sequence[str]:
+        """Primary-key field names."""
+        return list(self._spec.primary_keys)
+
+    def item_type(self) -> Type[M]:
+        """The stored pydantic model."""
+        return cast(Type[M], self._spec.item_type)
+
+    def _check_items(self, items: Sequence[M]) -> None:
+        for item in items:
+            if not isinstance(item, self._spec.item_type):
+                raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
+
+    def _check_unique(self, items: Sequence[M]) -> None:
+        """Reject items repeating a primary key among themselves."""
+        seen: set[Tuple[Any, ...]] = set()
+        for item in items:
+            key = self._key(item)
+            if key in seen:
+                raise DuplicatedPrimaryKeyError(
+                    f"Duplicated primary key(s) in the inserted items: {format_key(self._spec.primary_keys, key)}"
+                )
+            seen.add(key)
+
+    def _check_update_fields(self, update_fields: Optional[Sequence[str]]) -> None:
+        for name in update_fields or ():
+            if name not in self._spec.item_type.model_fields:
+                raise ValueError(f"Unknown field {name!r} for {self._spec.item_type.__name__}")
+
+    def _key(self, item: M) -> Tuple[Any, ...]:
+        return tuple(getattr(item, k) for k in self._spec.primary_keys)
+
+    def _missing(self, key: Sequence[Any]) -> ValueError:
+        return ValueError(memory.missing_item_message(dict(zip(self._spec.primary_keys, key, strict=True))))
+
+    def _exists_error(self, key: Sequence[Any]) -> DuplicatedPrimaryKeyError:
+        return DuplicatedPrimaryKeyError(
+            f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
+        )

@@ -61,7 +61,6 @@ from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
     Collection,
-    DuplicatedPrimaryKeyError,
     KeyValue,
     LightningCollections,
     Queue,
@@ -77,9 +76,9 @@ from agentbolt.store.collection.sql import (
     TABLES,
     WORKERS,
     SqlDialect,
+    SqlTable,
     TableSpec,
     compile_filter,
-    format_key,
     memory_predicate,
     order_clause,
 )
@@ -722,13 +721,13 @@ _DIALECT = SqlDialect(placeholder="?", contains=lambda name: f"instr({name}, ?) 
 # Collections
 
 
-class SqliteCollection(_Backed, Collection[M], Generic[M]):
+class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items stored as JSON rows with indexed field columns."""
 
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
-        self._spec = spec
+        SqlTable.__init__(self, spec)
         names = [c.name for c in spec.columns]
         self._insert_sql = (
             f"INSERT INTO {spec.table} ({', '.join(names)}, data) VALUES ({', '.join('?' * (len(names) + 1))})"
@@ -743,28 +742,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         )
         self._non_pk = [n for n in names if n not in spec.primary_keys]
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._spec.table
-
-    def primary_keys(self) -> Sequence[str]:
-        """Primary-key field names."""
-        return list(self._spec.primary_keys)
-
-    def item_type(self) -> Type[M]:
-        """The stored pydantic model."""
-        return cast(Type[M], self._spec.item_type)
-
     # -- encoding -------------------------------------------------------------------------------------------------
-
-    def _check_items(self, items: Sequence[M]) -> None:
-        for item in items:
-            if not isinstance(item, self._spec.item_type):
-                raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
-
-    def _key(self, item: M) -> Tuple[Any, ...]:
-        return tuple(getattr(item, k) for k in self._spec.primary_keys)
 
     def _row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, c.name) for c in self._spec.columns]
@@ -773,9 +751,6 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
 
     def _decode(self, data: str) -> M:
         return cast(M, self._spec.item_type.model_validate_json(data))
-
-    def _missing(self, key: Sequence[Any]) -> ValueError:
-        return ValueError(memory.missing_item_message(dict(zip(self._spec.primary_keys, key, strict=True))))
 
     def _fetch(self, conn: sqlite3.Connection, key: Sequence[Any]) -> Optional[M]:
         row = conn.execute(f"SELECT data FROM {self._spec.table} WHERE {self._pk_where}", tuple(key)).fetchone()
@@ -865,14 +840,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         self._check_items(items)
         if not items:
             return
-        seen: set[Tuple[Any, ...]] = set()
-        for item in items:
-            key = self._key(item)
-            if key in seen:
-                raise DuplicatedPrimaryKeyError(
-                    f"Duplicated primary key(s) in the inserted items: {format_key(self._spec.primary_keys, key)}"
-                )
-            seen.add(key)
+        self._check_unique(items)
         rows = [self._row(item) for item in items]
 
         def job(conn: sqlite3.Connection) -> None:
@@ -885,18 +853,11 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                 for item in items:
                     key = self._key(item)
                     if self._fetch(conn, key) is not None:
-                        raise DuplicatedPrimaryKeyError(
-                            f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
-                        ) from exc
+                        raise self._exists_error(key) from exc
                 raise
 
         async with self.tracking_context("insert", self.collection_name):
             await self._write(job)
-
-    def _check_update_fields(self, update_fields: Optional[Sequence[str]]) -> None:
-        for name in update_fields or ():
-            if name not in self._spec.item_type.model_fields:
-                raise ValueError(f"Unknown field {name!r} for {self._spec.item_type.__name__}")
 
     @staticmethod
     def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
