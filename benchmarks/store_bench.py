@@ -405,7 +405,7 @@ async def inprocess_store(backend: str, path: str) -> Any:
 async def http_client(endpoint: str) -> Any:
     from agentbolt.store.client_server import LightningStoreClient
 
-    client = LightningStoreClient(endpoint)
+    client = LightningStoreClient(endpoint, long_waits=True)  # the wake-up row waits up to 30 s
     try:
         yield client
     finally:
