@@ -534,6 +534,18 @@ async def prepare_side_by_side_op(
     raise ValueError(op)
 
 
+async def prepare_query_spans(store: LightningStore) -> Tuple[Callable[[int, int], Awaitable[None]], Dict[str, Any]]:
+    """A rollout of ``QUERY_SPANS`` spans (added one by one: the reference has no batch route) and its query."""
+    rollout = await store.start_rollout({"task": "query"})
+    for k in range(QUERY_SPANS):
+        await store.add_span(make_span(rollout.rollout_id, rollout.attempt.attempt_id, k, k + 1))
+
+    async def query(w: int, i: int) -> None:
+        assert len(await store.query_spans(rollout.rollout_id)) == QUERY_SPANS
+
+    return query, {"spans_per_query": QUERY_SPANS}
+
+
 async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
     """Interleaved rounds: in each round every target serves every operation at each concurrency."""
     postgres = None
@@ -566,7 +578,7 @@ async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
                                 rows.append(row(target, "http", op, concurrency, args.count, elapsed, lat, **extra))
                                 log(rows[-1])
                         for concurrency in args.concurrency:
-                            call, _, extra = await prepare_op(client, "query_spans", concurrency, args.queries)
+                            call, extra = await prepare_query_spans(client)
                             gc.collect()
                             elapsed, lat = await run_concurrently(concurrency, args.queries, call)
                             rows.append(

@@ -212,7 +212,8 @@ class StoreSpec:
         except ImportError as exc:
             raise CliError(f"cannot open the store: {exc}") from exc
         except Exception as exc:
-            where = "" if self.backend == "postgres" else f" at {self.describe()}"  # PostgreSQL errors name the database
+            # PostgreSQL errors name the database themselves.
+            where = "" if self.backend == "postgres" else f" at {self.describe()}"
             raise CliError(f"cannot open the store{where}: {exc}") from exc
 
 

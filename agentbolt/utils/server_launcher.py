@@ -566,6 +566,7 @@ class PythonServerLauncher:
                 )
                 process.join(0)
                 self._processes[index] = self._fork_worker(index)
+                assert self._events is not None
                 event = await self._wait_event(self._events.get, self.args.startup_timeout * 2)
                 if event.kind != "ready":
                     logger.error("Replacing server worker %d failed: %s", index, event.message)
