@@ -643,9 +643,9 @@ class PythonServerLauncher:
         await self.start()
 
     async def run_forever(self) -> None:
-        """Start, then block until the server exits; on cancellation stop it and re-raise."""
-        await self.start()
+        """Start, then block until the server exits; on cancellation (also during start-up) stop it and re-raise."""
         try:
+            await self.start()
             while self.is_running():
                 if self._serve_task is not None:
                     await asyncio.wait({self._serve_task})

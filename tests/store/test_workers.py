@@ -48,7 +48,7 @@ async def test_every_rollout_is_claimed_exactly_once_by_many_clients(backend_arg
         try:
             queued = []
             for start in range(0, ROLLOUTS, 50):
-                batch = [EnqueueRolloutRequest(input={"i": i}) for i in range(start, start + 50)]
+                batch = [EnqueueRolloutRequest(input={"i": i}) for i in range(start, min(start + 50, ROLLOUTS))]
                 queued += [r.rollout_id for r in await setup.enqueue_many_rollouts(batch)]
         finally:
             await setup.close()
