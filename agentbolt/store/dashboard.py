@@ -35,13 +35,12 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 from typing_extensions import Annotated
 
-from agentbolt.types import AttemptedRollout, MetricsRecord, Rollout, RolloutStatus, Span
+from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
 from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
 
 __all__ = [
     "DASHBOARD_DIR",
     "API_PATHS",
-    "AddMetricsRequest",
     "DashboardRolloutsRequest",
     "install_dashboard",
     "is_public_page",
@@ -75,12 +74,6 @@ def is_public_page(path: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Request models
-
-
-class AddMetricsRequest(BaseModel):
-    """Body of ``POST /v1/agl/metrics``."""
-
-    records: List[MetricsRecord]
 
 
 class DashboardRolloutsRequest(BaseModel):
@@ -402,25 +395,6 @@ async def _json_body(request: Request, model: Any) -> Any:
 
 def _add_routes(app: FastAPI, call: StoreCall) -> None:
     summaries = _Summaries(call)
-
-    @app.post("/v1/agl/metrics", status_code=201, tags=["metrics"])
-    async def add_metrics(request: Request) -> Response:
-        """Store training metrics (one record per run step; a stored ``(run_id, step)`` is replaced)."""
-        body = await _json_body(request, AddMetricsRequest)
-        return _json(list(await call("add_metrics", body.records)), 201)
-
-    @app.get("/v1/agl/metrics", tags=["metrics"])
-    async def query_metrics(
-        run_id: Optional[str] = None,
-        limit: Annotated[int, Query(ge=-1)] = -1,
-        offset: Annotated[int, Query(ge=0)] = 0,
-    ) -> Response:
-        """Training metrics in the order first written, optionally of one run."""
-        if limit == 0:
-            raise HTTPException(status_code=400, detail="Limit must be greater than 0 or -1 for no limit")
-        page = await call("query_metrics", run_id=run_id, limit=limit, offset=offset)
-        total = int(getattr(page, "total", len(page)))
-        return _json({"items": list(page), "limit": limit, "offset": offset, "total": total})
 
     @app.get("/v1/agl/dashboard/rollouts", tags=["dashboard"])
     async def dashboard_rollouts(query: Annotated[DashboardRolloutsRequest, Query()]) -> Response:

@@ -165,7 +165,13 @@ async def test_memory_backend_and_api_key_from_environment() -> None:
         (["--path", "/nonexistent-dir/x.db"], "directory /nonexistent-dir does not exist"),
         (["--backend", "memory", "--path", "x.db"], "--path only applies to --backend sqlite"),
         (["--frobnicate"], "No such option"),
-        (["--backend", "memory", "--n-workers", "2", "--port", str(free_port())], "does not support zero-copy"),
+        (["--backend", "memory", "--workers", "2"], "needs a store shared between processes"),
+        (["--backend", "postgres"], "--backend postgres needs --dsn"),
+        (
+            ["--backend", "postgres", "--dsn", f"host=127.0.0.1 port={free_port()} dbname=x connect_timeout=2"],
+            "cannot open the store: Cannot connect to PostgreSQL",
+        ),
+        (["--backend", "postgres", "--dsn", "x=1", "--schema", "1bad"], "Invalid schema name"),
     ],
 )
 def test_bad_arguments_exit_2(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
