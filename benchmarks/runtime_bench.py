@@ -49,9 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -60,6 +57,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+from result_files import RunRecord, add_result_options
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -101,26 +100,6 @@ def percentile(values: List[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def machine_info() -> Dict[str, Any]:
-    from agentbolt.utils.system_snapshot import system_snapshot
-
-    snapshot = system_snapshot()
-    cpu_model = snapshot["cpu_name"]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpu_threads": snapshot["cpu_threads"],
-        "mem_total_gb": snapshot["mem_total_gb"],
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[str, Any]:
@@ -322,6 +301,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="Traced and untraced calls each (default 300).")
     parser.add_argument("--warmup", type=int, default=30, help="Warm-up pairs, not measured.")
@@ -330,14 +310,13 @@ def main() -> None:
     parser.add_argument("--part", choices=["all", "tracing", "rollouts"], default="all")
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 4, 8], help="Runner counts (default 1 4 8).")
     parser.add_argument("--rollouts", type=int, default=200, help="Rollouts per runner count (default 200).")
+    add_result_options(parser)
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
     if args.rollouts < 1 or any(n < 1 for n in args.runners):
         parser.error("--rollouts and --runners must be positive")
-    result = run(args)
-    result["machine"] = machine_info()
-    print(json.dumps(result, indent=2))
+    record.finish(run(args), args)
 
 
 if __name__ == "__main__":
