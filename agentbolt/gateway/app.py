@@ -27,6 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.sampling import SamplingDefaults, with_sampling_defaults
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
@@ -63,6 +64,8 @@ class GatewaySettings:
             is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
             While the store is known to be unreachable, answers are sent without waiting.
         stop_timeout: Longest time stopping the gateway waits for buffered spans to reach the store.
+        sampling_defaults: For a call bound to a rollout, add the ``sampling_parameters`` of the rollout's LLM
+            resource that the request does not set (see :mod:`agentbolt.gateway.sampling`).
     """
 
     num_retries: int = 0
@@ -76,6 +79,7 @@ class GatewaySettings:
     max_queued_spans: int = 10000
     sequence_wait: float = 3.0
     stop_timeout: float = 10.0
+    sampling_defaults: bool = True
 
 
 class Gateway:
@@ -99,6 +103,7 @@ class Gateway:
         self.upstream: Optional[UpstreamClient] = None
         self.writer: Optional[SpanWriter] = None
         self.sequences: Optional[SequenceAllocator] = None
+        self.sampling: Optional[SamplingDefaults] = None
         self._users = 0
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
@@ -121,6 +126,8 @@ class Gateway:
                 )
                 self.writer.start()
                 self.sequences = SequenceAllocator(self.store)
+            if self.store is not None and self.settings.sampling_defaults:
+                self.sampling = SamplingDefaults(self.store)
         try:
             yield self
         finally:
@@ -132,6 +139,7 @@ class Gateway:
                 if self.sequences is not None:
                     await self.sequences.close()
                     self.sequences = None
+                self.sampling = None
                 if self.upstream is not None:
                     await self.upstream.aclose()
                     self.upstream = None
@@ -323,6 +331,8 @@ class _Handler:
         if gateway.settings.log_messages:
             logger.debug("Request to %s: %s", endpoint, raw[:4000])
 
+        if rollout_id is not None and gateway.sampling is not None:
+            body = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
         call = self._start_call(request, endpoint, body, rollout_id, attempt_id, call_id)
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:
