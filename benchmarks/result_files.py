@@ -6,7 +6,7 @@ A result file is ``benchmarks/results/<name>.json``::
       "name": "gateway_bench-20261126-0130",
       "benchmark": "gateway_bench",
       "command": "python benchmarks/gateway_bench.py --requests 1000",
-      "git": {"commit": "3f2c...", "dirty": false},
+      "git": {"commit": "3f2c...", "dirty": false},      # dirty: the code differed from the commit
       "machine": {"cpu_model": "AMD EPYC", "cores": 2, "memory_gib": 23.5, "cpu_flags": ["avx2"], ...},
       "started_at": "2026-11-26T01:30:02Z", "finished_at": "2026-11-26T01:32:40Z",
       "load_average": {"start": [1.2, 0.9, 0.8], "end": [2.1, 1.3, 0.9]},
@@ -85,8 +85,11 @@ def machine_info() -> Dict[str, Any]:
     return info
 
 
+CODE_PATHS = ("agentbolt", "benchmarks", "examples", "pyproject.toml")
+
+
 def git_state() -> Dict[str, Any]:
-    """The commit the code was run from, and whether tracked files differed from it."""
+    """The commit the code was run from, and whether the code (``CODE_PATHS``; not the docs) differed from it."""
 
     def git(*args: str) -> Optional[str]:
         try:
@@ -96,7 +99,7 @@ def git_state() -> Dict[str, Any]:
         return done.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
