@@ -6,7 +6,8 @@ A measured figure in README.md or docs/*.md is written as
 
 where NAME is a result file ``benchmarks/results/NAME.json`` (see ``result_files.py``) and KEY a path into its
 ``results``: dotted names, ``[3]`` for a list position, ``[op=add_span,concurrency=16]`` for the list item whose
-fields have those values. ``KEY*100`` or ``KEY/1000`` scales the value (a fraction as a percentage, seconds as
+fields have those values; a key starting with ``@`` reads the file's other fields (``@machine.cpu_model``,
+``@load_average.start[0]``, ``@started_at``). ``KEY*100`` or ``KEY/1000`` scales the value (a fraction as a percentage, seconds as
 milliseconds). The text between the markers is what readers see; it must equal the value rounded to as many
 decimals as the text shows (thousands separators allowed).
 
@@ -26,7 +27,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -61,12 +62,28 @@ def doc_pages(root: Path = REPO_ROOT) -> List[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _prose_lines(text: str) -> Iterator[Tuple[int, str, bool]]:
+    """``(line number, line, is prose)`` for each line; lines of code blocks, where a marker is an example, are
+    not prose."""
+    in_code = False
+    for number, line in enumerate(text.split("\n"), start=1):
+        fence = bool(_FENCE.match(line))
+        if fence:
+            in_code = not in_code
+        yield number, line, not (fence or in_code)
+
+
 def find_figures(path: Path, root: Path = REPO_ROOT) -> List[Figure]:
-    text = path.read_text()
+    """The markers of a page, outside code blocks."""
     page = str(path.relative_to(root))
     return [
-        Figure(page, text.count("\n", 0, match.start()) + 1, match["name"], match["key"].strip(), match["text"])
-        for match in FIGURE.finditer(text)
+        Figure(page, number, match["name"], match["key"].strip(), match["text"])
+        for number, line, prose in _prose_lines(path.read_text())
+        if prose
+        for match in FIGURE.finditer(line)
     ]
 
 
@@ -158,7 +175,14 @@ class ResultFiles:
         return self._loaded[name]
 
     def value(self, figure: Figure) -> Any:
-        return resolve(self.get(figure.name).get("results", {}), figure.key)
+        return value_of(self.get(figure.name), figure.key)
+
+
+def value_of(document: Dict[str, Any], key: str) -> Any:
+    """The value of ``key`` in a result file: in its ``results``, or in the file itself for ``@key``."""
+    if key.startswith("@"):
+        return resolve(document, key[1:])
+    return resolve(document.get("results", {}), key)
 
 
 def check_figures(figures: Iterable[Figure], results: ResultFiles) -> List[str]:
@@ -191,13 +215,14 @@ def write_figures(path: Path, results: ResultFiles) -> int:
 
     def replace(match: re.Match[str]) -> str:
         nonlocal changed
-        value = resolve(results.get(match["name"]).get("results", {}), match["key"].strip())
+        value = value_of(results.get(match["name"]), match["key"].strip())
         text = format_like(value, match["text"] or "0.00")
         changed += text != match["text"]
         return match.group(0).replace(f"-->{match['text']}<!--/fig-->", f"-->{text}<!--/fig-->")
 
     original = path.read_text()
-    updated = FIGURE.sub(replace, original)
+    lines = [FIGURE.sub(replace, line) if prose else line for _, line, prose in _prose_lines(original)]
+    updated = "\n".join(lines)
     if updated != original:
         path.write_text(updated)
     return changed

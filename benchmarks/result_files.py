@@ -9,7 +9,7 @@ A result file is ``benchmarks/results/<name>.json``::
       "git": {"commit": "3f2c...", "dirty": false},      # dirty: the code differed from the commit
       "machine": {"cpu_model": "AMD EPYC", "cores": 2, "memory_gib": 23.5, "cpu_flags": ["avx2"], ...},
       "started_at": "2026-11-26T01:30:02Z", "finished_at": "2026-11-26T01:32:40Z",
-      "load_average": {"start": [1.2, 0.9, 0.8], "end": [2.1, 1.3, 0.9]},
+      "load_average": {"start": [1.2, 0.9, 0.8], "end": [2.1, 1.3, 0.9]}, "nice": 0,
       "results": {...what the benchmark measured...}
     }
 
@@ -159,6 +159,7 @@ class RunRecord:
             "started_at": _iso(self.started),
             "finished_at": _iso(_utc_now()),
             "load_average": {"start": self.load_start, "end": _load_average()},
+            "nice": os.nice(0),  # the run's scheduling priority: 0 is normal, 19 the lowest
             "results": dict(results),
         }
 

@@ -57,6 +57,7 @@ def test_every_result_file_records_command_commit_and_machine() -> None:
         assert document["git"]["commit"], path
         assert {"cpu_model", "cores"} <= document["machine"].keys(), path
         assert {"start", "end"} <= document["load_average"].keys(), path
+        assert document["nice"] == 0, f"{path}: timed at a lowered priority"
         assert document["started_at"] and document["results"], path
 
 
@@ -197,3 +198,11 @@ def test_the_check_command_passes_on_the_docs() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_markers_inside_code_blocks_are_examples_not_figures(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```text\n<!--fig run-gone:x-->1<!--/fig-->\n```\n\nProse <!--fig run-a:accuracy-->0.78<!--/fig-->.\n"
+    )
+    assert [(f.line, f.name) for f in find_figures(page, root=tmp_path)] == [(5, "run-a")]
