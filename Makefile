@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave demo lint format bench clean
+.PHONY: venv test test-slow test-all test-demo test-frameworks test-weave demo docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -47,9 +47,13 @@ test-frameworks: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/agentbolt demo
 
+# The documentation site (MkDocs Material + mkdocstrings) in site/; strict: a broken link or a missing docstring fails.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check agentbolt tests benchmarks examples
-	$(VENV)/bin/ruff format --check agentbolt tests benchmarks examples
+	$(VENV)/bin/ruff check agentbolt tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check agentbolt tests benchmarks examples scripts
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentbolt tests benchmarks examples
@@ -59,4 +63,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

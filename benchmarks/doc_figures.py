@@ -35,7 +35,7 @@ RUN_RECORD_PAGE = "docs/benchmarks.md"
 
 FIGURE = re.compile(r"<!--fig (?P<name>[\w.-]+):(?P<key>[^>]*?)\s*-->(?P<text>.*?)<!--/fig-->")
 _SCALE = re.compile(r"^(?P<path>.*?)(?:(?P<op>[*/])(?P<factor>[0-9.]+))?$")
-_STEP = re.compile(r"\.?(?P<name>[A-Za-z_][\w-]*)|\[(?P<selector>[^\]]*)\]")
+_STEP = re.compile(r"\.?(?P<name>[\w-]+)|\[(?P<selector>[^\]]*)\]")
 _NUMBER = re.compile(r"^-?[0-9][0-9,]*(?:\.[0-9]+)?$")
 
 
@@ -215,7 +215,10 @@ def write_figures(path: Path, results: ResultFiles) -> int:
 
     def replace(match: re.Match[str]) -> str:
         nonlocal changed
-        value = value_of(results.get(match["name"]), match["key"].strip())
+        try:
+            value = value_of(results.get(match["name"]), match["key"].strip())
+        except FigureError:
+            return match.group(0)  # left as it is; the check reports it
         text = format_like(value, match["text"] or "0.00")
         changed += text != match["text"]
         return match.group(0).replace(f"-->{match['text']}<!--/fig-->", f"-->{text}<!--/fig-->")

@@ -64,6 +64,7 @@ def test_every_result_file_records_command_commit_and_machine() -> None:
 def test_keys_reach_nested_values_list_items_and_scale() -> None:
     assert resolve(RESULTS, "in_gateway.added_p50_ms") == 1.4012
     assert resolve(RESULTS, "rows[1].ops_per_s") == 1960.2
+    assert resolve({"per_runner": {"8": 30.2}}, "per_runner.8") == 30.2
     assert resolve(RESULTS, "rows[op=add_span,concurrency=16].ops_per_s") == 1960.2
     assert resolve(RESULTS, "accuracy*100") == pytest.approx(78.33)
     assert resolve(RESULTS, "in_gateway.added_p50_ms/1000") == pytest.approx(0.0014012)
