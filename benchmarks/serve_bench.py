@@ -169,7 +169,7 @@ def main() -> None:
         peak_rss = _peak_rss_mb(server.pid)
     finally:
         server.send_signal(signal.SIGINT)
-        server.communicate(timeout=60)
+        server.communicate(timeout=300)  # a loaded machine can take minutes to stop the engine
     reference = None
     if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
         from agentbolt.serving.transformers_engine import configure_openmp

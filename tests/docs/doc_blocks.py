@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-import httpx
 from markdown_it import MarkdownIt
+from support.servers import wait_healthy
 
 from agentbolt.utils.server_launcher import pick_free_port
 
@@ -306,16 +306,10 @@ class PageRun:
         )
         server = Server(process, port, block.section, log, command)
         self.servers.append(server)
-        deadline = time.monotonic() + self.timeout
-        url = f"http://127.0.0.1:{port}{SERVER_HEALTH[kind]}"
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise DocBlockError(f"{block.where()}: `{command}` exited with {process.returncode}\n{_tail(log)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise DocBlockError(f"{block.where()}: `{command}` did not answer {url} in {self.timeout:g} s\n{_tail(log)}")
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}{SERVER_HEALTH[kind]}", process, timeout=self.timeout)
+        except AssertionError as exc:
+            raise DocBlockError(f"{block.where()}: `{command}`: {exc}\n{_tail(log)}") from None
 
     def _stop(self, server: Server) -> None:
         self.servers.remove(server)

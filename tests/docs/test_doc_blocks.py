@@ -48,3 +48,50 @@ def test_page_runs_as_written_with_its_slow_blocks(page: str, tmp_path: Path) ->
     with page_run(tmp_path, SLOW_TIMEOUT) as run:
         for block in _runnable(PAGES[page]):
             run.run_block(block)
+
+
+def _page(tmp_path: Path, text: str) -> List[Block]:
+    from . import doc_blocks
+
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    original = doc_blocks.REPO
+    doc_blocks.REPO = tmp_path
+    try:
+        return doc_blocks.collect(page)
+    finally:
+        doc_blocks.REPO = original
+
+
+def test_directives_languages_and_sections_are_read(tmp_path: Path) -> None:
+    blocks = _page(
+        tmp_path,
+        "# Title\n\n```bash\nagentbolt serve\n```\n\n## A\n\n```python\n# file: agent.py\nx = 1\n```\n\n"
+        "### B\n\n```yaml\n# fragment: needs a GPU\nk: v\n```\n\n## C\n\n```text\ndiagram\n```\n\n```\nbare\n```\n",
+    )
+    assert [(b.language, b.kind, b.note) for b in blocks] == [
+        ("bash", "run", ""),
+        ("python", "file", "agent.py"),
+        ("yaml", "fragment", "needs a GPU"),
+        ("text", "display", ""),
+        ("", "run", ""),
+    ]
+    top, a, b, c, _ = (block.section for block in blocks)
+    assert top == () and len(a) == 1 and b[:1] == a and len(b) == 2 and len(c) == 1 and c != a
+    problems = rule_violations(blocks)
+    assert len(problems) == 1 and "needs a language" in problems[0]
+    assert "must be saved" in rule_violations([blocks[2].__class__(**{**blocks[2].__dict__, "kind": "run"})])[0]
+
+
+def test_servers_are_recognised_and_ports_mapped_consistently() -> None:
+    from .doc_blocks import PortMap, server_kind
+
+    assert server_kind("agentbolt store --port 4747   # comment") == "store"
+    assert server_kind("AGENTBOLT_API_KEY=x agentbolt store --host 0.0.0.0") == "store"
+    assert server_kind("python -m agentbolt serve ./model") == "serve"
+    assert server_kind("agentbolt serve --engine llamacpp --dry-run") is None
+    assert server_kind("agentbolt models list") is None
+    ports = PortMap()
+    text = ports.substitute('curl http://127.0.0.1:4747/x --port 8000; LLMProxy(port=4000) {"port": 4747} 47470 max=8000')
+    assert ports.ports.keys() == {4747, 8000, 4000}
+    assert text.count(str(ports[4747])) == 2 and "max=8000" in text and "47470" in text
