@@ -49,7 +49,7 @@ demo: $(STAMP)
 
 # The documentation site (MkDocs Material + mkdocstrings) in site/; strict: a broken link or a missing docstring fails.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentbolt tests benchmarks examples scripts

@@ -169,7 +169,13 @@ def main() -> None:
         peak_rss = _peak_rss_mb(server.pid)
     finally:
         server.send_signal(signal.SIGINT)
-        server.communicate(timeout=300)  # a loaded machine can take minutes to stop the engine
+        try:
+            server.communicate(timeout=60)
+            stopped_on_sigint = True
+        except subprocess.TimeoutExpired:  # recorded: the figures above were measured before the stop
+            server.kill()
+            server.communicate()
+            stopped_on_sigint = False
     reference = None
     if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
         from agentbolt.serving.transformers_engine import configure_openmp
@@ -188,6 +194,7 @@ def main() -> None:
         "levels": levels,
         "plain_generate": reference,
         "server_peak_rss_mb": peak_rss,
+        "server_stopped_on_sigint": stopped_on_sigint,
     }
     record.finish(report, args)
 

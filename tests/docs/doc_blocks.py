@@ -50,7 +50,7 @@ PORT_CONTEXT = re.compile(
 SERVER_DEFAULT_PORTS = {"store": 4747, "serve": 8000, "proxy": 4000}
 SERVER_HEALTH = {"store": "/v1/agl/health", "serve": "/health", "proxy": "/health"}
 LINKED_INTO_THE_FOLDER = ("examples", "benchmarks", "tests")
-FAST_TIMEOUT = 240.0
+FAST_TIMEOUT = 600.0
 SLOW_TIMEOUT = 1800.0
 
 
