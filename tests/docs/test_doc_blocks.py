@@ -92,6 +92,8 @@ def test_servers_are_recognised_and_ports_mapped_consistently() -> None:
     assert server_kind("agentbolt serve --engine llamacpp --dry-run") is None
     assert server_kind("agentbolt models list") is None
     ports = PortMap()
-    text = ports.substitute('curl http://127.0.0.1:4747/x --port 8000; LLMProxy(port=4000) {"port": 4747} 47470 max=8000')
+    text = ports.substitute(
+        'curl http://127.0.0.1:4747/x --port 8000; LLMProxy(port=4000) {"port": 4747} 47470 max=8000'
+    )
     assert ports.ports.keys() == {4747, 8000, 4000}
     assert text.count(str(ports[4747])) == 2 and "max=8000" in text and "47470" in text
