@@ -271,19 +271,30 @@ class PageRun:
 
     def _run(self, command: List[str], block: Block, shown: str) -> None:
         started = time.monotonic()
+        # A session of its own: on a timeout, the processes the block started (runners, servers) go too.
+        process = subprocess.Popen(
+            command,
+            cwd=self.folder,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            done = subprocess.run(
-                command, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=self.timeout
-            )
-        except subprocess.TimeoutExpired as exc:
+            stdout, stderr = process.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
             raise DocBlockError(
                 f"{block.where()}: still running after {self.timeout:g} s\n{shown}\n"
-                f"--- output ---\n{(exc.stdout or b'')[-3000:]!r}\n{(exc.stderr or b'')[-3000:]!r}{self._server_logs()}"
+                f"--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}{self._server_logs()}"
             ) from None
-        if done.returncode != 0:
+        if process.returncode != 0:
             raise DocBlockError(
-                f"{block.where()}: exit code {done.returncode} after {time.monotonic() - started:.1f} s\n{shown}\n"
-                f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-5000:]}{self._server_logs()}"
+                f"{block.where()}: exit code {process.returncode} after {time.monotonic() - started:.1f} s\n{shown}\n"
+                f"--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-5000:]}{self._server_logs()}"
             )
 
     # ---------------------------------------------------------------------------------------------------- servers
