@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo lint format bench clean
+.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -77,9 +77,13 @@ test-frameworks: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/agentbolt demo
 
+# The documentation site (MkDocs Material + mkdocstrings) in site/; strict: a broken link or a missing docstring fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check agentbolt tests benchmarks examples
-	$(VENV)/bin/ruff format --check agentbolt tests benchmarks examples
+	$(VENV)/bin/ruff check agentbolt tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check agentbolt tests benchmarks examples scripts
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentbolt tests benchmarks examples
@@ -103,4 +107,4 @@ bench-store: $(STAMP) postgres bench-reference
 	flock /tmp/agentbolt-measure.lock $(PY) benchmarks/store_bench.py --side-by-side
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

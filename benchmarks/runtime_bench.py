@@ -52,9 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -63,6 +60,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+from result_files import RunRecord, add_result_options
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -104,26 +103,6 @@ def percentile(values: List[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def machine_info() -> Dict[str, Any]:
-    from agentbolt.utils.system_snapshot import system_snapshot
-
-    snapshot = system_snapshot()
-    cpu_model = snapshot["cpu_name"]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpu_threads": snapshot["cpu_threads"],
-        "mem_total_gb": snapshot["mem_total_gb"],
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[str, Any]:
@@ -296,7 +275,10 @@ def measure_rollouts(
         strategy=_strategy(strategy, n_runners),
         runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.05},
     )
-    trainer.fit(_two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts + warmup_rollouts)])
+    # No console progress: it polls the store, which would count in the trainer's CPU per rollout.
+    trainer.fit(
+        _two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts + warmup_rollouts)], progress=False
+    )
     asyncio.run(store.close())
     cpu_ms = {name: round(seconds * 1000 / n_rollouts, 2) for name, seconds in EnqueueAll.cpu.items()}
     cpu_ms["total"] = round(sum(EnqueueAll.cpu.values()) * 1000 / n_rollouts, 2)
@@ -349,6 +331,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="Traced and untraced calls each (default 300).")
     parser.add_argument("--warmup", type=int, default=30, help="Warm-up pairs, not measured.")
@@ -359,14 +342,13 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=200, help="Rollouts per runner count (default 200).")
     parser.add_argument("--strategy", choices=["cs", "ray"], default="cs", help="Execution strategy (default cs).")
     parser.add_argument("--warmup-rollouts", type=int, default=0, help="Untimed rollouts before the window.")
+    add_result_options(parser)
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
     if args.rollouts < 1 or any(n < 1 for n in args.runners) or args.warmup_rollouts < 0:
         parser.error("--rollouts and --runners must be positive, --warmup-rollouts not negative")
-    result = run(args)
-    result["machine"] = machine_info()
-    print(json.dumps(result, indent=2))
+    record.finish(run(args), args)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import signal
 import socket
 import statistics
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import httpx
+from result_files import RunRecord, add_result_options
 
 
 def _prompts(count: int) -> List[List[Dict[str, str]]]:
@@ -142,6 +141,7 @@ def _start_server(args: argparse.Namespace, model_dir: str, port: int) -> subpro
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="bfloat16")
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--omp-wait", choices=["spin", "passive"], default="spin", help="Server's OpenMP policy.")
     parser.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="transformers forward.")
     parser.add_argument("--compare-generate", action="store_true", help="Also time plain batched model.generate.")
+    add_result_options(parser)
     args = parser.parse_args()
 
     from agentbolt.models import resolve_model
@@ -168,7 +169,13 @@ def main() -> None:
         peak_rss = _peak_rss_mb(server.pid)
     finally:
         server.send_signal(signal.SIGINT)
-        server.communicate(timeout=60)
+        try:
+            server.communicate(timeout=60)
+            stopped_on_sigint = True
+        except subprocess.TimeoutExpired:  # recorded: the figures above were measured before the stop
+            server.kill()
+            server.communicate()
+            stopped_on_sigint = False
     reference = None
     if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
         from agentbolt.serving.transformers_engine import configure_openmp
@@ -176,7 +183,6 @@ def main() -> None:
         configure_openmp(args.omp_wait)
         reference = [_plain_generate(model_dir, args.dtype, args.threads, c, args.max_tokens) for c in args.concurrency]
     report = {
-        "benchmark": "serve",
         "model": args.model,
         "dtype": args.dtype,
         "threads": args.threads,
@@ -188,10 +194,9 @@ def main() -> None:
         "levels": levels,
         "plain_generate": reference,
         "server_peak_rss_mb": peak_rss,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "server_stopped_on_sigint": stopped_on_sigint,
     }
-    print(json.dumps(report, indent=2))
+    record.finish(report, args)
 
 
 if __name__ == "__main__":

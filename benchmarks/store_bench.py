@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """LightningStore benchmark: throughput and latency of the store operations, in process and over HTTP.
 
-Prints ONE JSON object on stdout::
+Prints ONE JSON object on stdout and writes it to a result file (``result_files.py``); its ``results``::
 
     {"results": [{"backend", "transport", "op", "concurrency", "ops_per_s", "p50_ms", "p99_ms", ...}, ...],
-     "machine": {...}}
+     "setup": {...}}
 
 Backends: ``memory`` (InMemoryLightningStore) and ``sqlite`` (SqliteLightningStore on a temporary file).
 Transports: ``inprocess`` (the store object) and ``http`` (a real LightningStoreServer started as a separate process
@@ -31,7 +31,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import random
 import socket
 import sqlite3
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import psutil
+from result_files import RunRecord, add_result_options
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -413,28 +413,6 @@ async def http_client(endpoint: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# machine
-
-
-def machine_info() -> Dict[str, Any]:
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # side by side with the reference
 
 
@@ -745,22 +723,22 @@ async def million_spans_postgres(total_spans: int, queries: int) -> Dict[str, An
 
 
 async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
-    machine = machine_info()
+    setup: Dict[str, Any] = {"sqlite": sqlite3.sqlite_version}
     use_cli = (not args.script_server) and cli_supports_sqlite()
-    machine["server_entry_point"] = "python -m agentbolt store" if use_cli else "LightningStoreServer script"
+    setup["server_entry_point"] = "python -m agentbolt store" if use_cli else "LightningStoreServer script"
     if args.side_by_side:
         args.count = args.count or (100 if args.quick else 400)
         args.queries = min(args.queries, 40 if args.quick else 200)
         report = await side_by_side(args)
-        report["machine"] = machine
-        machine["count_per_row"] = args.count
+        setup["count_per_row"] = args.count
+        report["setup"] = setup
         return report
     if args.million_spans and args.backend == "postgres":
-        return {"million_spans": await million_spans_postgres(args.spans, args.queries), "machine": machine}
+        return {"million_spans": await million_spans_postgres(args.spans, args.queries), "setup": setup}
     if args.million_spans:
         db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="agentbolt-bench-")) / "million.db"
         report = await million_spans(db, args.spans, args.queries, use_cli)
-        return {"million_spans": report, "machine": machine}
+        return {"million_spans": report, "setup": setup}
     count = args.count or (200 if args.quick else 2000)
     results: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="agentbolt-bench-") as tmp:
@@ -777,8 +755,8 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
                         results += await bench_target(
                             client, backend, transport, args.ops, args.concurrency, count, server
                         )
-    machine["count_per_row"] = count
-    return {"results": results, "machine": machine}
+    setup["count_per_row"] = count
+    return {"results": results, "setup": setup}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -811,17 +789,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--backend", default="sqlite", choices=["sqlite", "postgres"], help="backend of --million-spans"
     )
+    add_result_options(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    record = RunRecord.start(__file__, argv)
     args = parse_args(argv)
     # The benchmark process holds long-lived objects (modules, prepared spans); keep them out of GC scans so the
     # client side does not add collector pauses to the measured latencies.
     gc.collect()
     gc.freeze()
-    report = asyncio.run(main_async(args))
-    print(json.dumps(report, indent=2))
+    record.finish(asyncio.run(main_async(args)), args)
     return 0
 
 

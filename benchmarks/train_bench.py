@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +33,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+from result_files import RunRecord, add_result_options
 
 
 def _load(model: str, dtype: str) -> Any:
@@ -138,6 +136,7 @@ def _bare_step(trainer: Any, samples: List[Any]) -> Callable[[], None]:
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded", help="'embedded', 'tiny', or a model directory")
     parser.add_argument("--batch", type=int, default=8)
@@ -153,6 +152,7 @@ def main() -> None:
         "--demo-metrics",
         help="metrics.jsonl of an 'agentbolt demo' run: adds its per-step split between rollouts and updates",
     )
+    add_result_options(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -177,43 +177,32 @@ def main() -> None:
         from agentbolt.demo import step_time_split
 
         demo_split = {key: round(value, 3) for key, value in step_time_split(args.demo_metrics).items()}
-    print(
-        json.dumps(
-            {
-                "benchmark": "grpo_update",
-                "model": args.model,
-                "finetune": f"lora r={args.lora_r}",
-                "dtype": args.dtype,
-                "threads": args.threads,
-                "batch": {
-                    "samples": args.batch,
-                    "prompt_tokens": args.prompt,
-                    "response_tokens": args.response,
-                    "shared_prompt": args.shared_prompt,
-                },
-                "gradient_checkpointing": args.gradient_checkpointing,
-                "tokens_per_step": tokens,
-                "grpo_step_seconds": round(results["grpo"], 4),
-                "grpo_kl_step_seconds": round(results["grpo_kl"], 4),
-                "bare_step_seconds": round(results["bare"], 4),
-                "grpo_padded_step_seconds": round(results["grpo_padded"], 4),
-                "packing_speedup": round(results["grpo_padded"] / results["grpo"], 3),
-                "update_tokens_per_second": round(tokens / results["grpo"], 1),
-                "overhead_ratio": round(results["grpo"] / results["bare"], 3),
-                "overhead_ratio_with_kl": round(results["grpo_kl"] / results["bare"], 3),
-                "target_overhead_ratio": 1.25,
-                "demo_step_split": demo_split,
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                    "load_average_1m": round(os.getloadavg()[0], 2),
-                    "platform": platform.platform(),
-                    "torch": torch.__version__,
-                },
-            },
-            indent=2,
-        )
-    )
+    report = {
+        "model": args.model,
+        "finetune": f"lora r={args.lora_r}",
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "torch_threads": torch.get_num_threads(),
+        "batch": {
+            "samples": args.batch,
+            "prompt_tokens": args.prompt,
+            "response_tokens": args.response,
+            "shared_prompt": args.shared_prompt,
+        },
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "tokens_per_step": tokens,
+        "grpo_step_seconds": round(results["grpo"], 4),
+        "grpo_kl_step_seconds": round(results["grpo_kl"], 4),
+        "bare_step_seconds": round(results["bare"], 4),
+        "grpo_padded_step_seconds": round(results["grpo_padded"], 4),
+        "packing_speedup": round(results["grpo_padded"] / results["grpo"], 3),
+        "update_tokens_per_second": round(tokens / results["grpo"], 1),
+        "overhead_ratio": round(results["grpo"] / results["bare"], 3),
+        "overhead_ratio_with_kl": round(results["grpo_kl"] / results["bare"], 3),
+        "target_overhead_ratio": 1.25,
+        "demo_step_split": demo_split,
+    }
+    record.finish(report, args)
 
 
 if __name__ == "__main__":

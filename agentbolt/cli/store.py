@@ -123,17 +123,22 @@ def store_command(
 
 
 def _resolve_db_path(path: Optional[Path]) -> Path:
-    """Absolute database path, checked to be usable (directory exists, file readable and writable)."""
+    """Absolute database path, checked to be usable: the file readable and writable, or creatable (missing folders
+    are created when the store opens, so the nearest existing folder must be writable)."""
     resolved = (path if path is not None else Path(DEFAULT_DB_FILE)).expanduser().absolute()
     if resolved.is_dir():
         raise CliError(f"--path {resolved} is a directory; give a database file")
-    if not resolved.parent.is_dir():
-        raise CliError(f"--path {resolved}: directory {resolved.parent} does not exist")
     if resolved.exists():
         if not os.access(resolved, os.R_OK | os.W_OK):
             raise CliError(f"--path {resolved} is not readable and writable")
-    elif not os.access(resolved.parent, os.W_OK):
-        raise CliError(f"--path {resolved}: directory {resolved.parent} is not writable")
+        return resolved
+    existing = resolved.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CliError(f"--path {resolved}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"--path {resolved}: folder {existing} is not writable")
     return resolved
 
 

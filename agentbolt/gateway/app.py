@@ -29,6 +29,7 @@ from starlette.background import BackgroundTask
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.sampling import SamplingDefaults, with_sampling_defaults
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
@@ -67,6 +68,8 @@ class GatewaySettings:
         stop_timeout: Longest time stopping the gateway waits for buffered spans to reach the store.
         tracker: Metrics backend recording the ``agentbolt.gateway.*`` metrics; None uses the process default
             (``AGENTBOLT_METRICS``), which is no metrics unless configured.
+        sampling_defaults: For a call bound to a rollout, add the ``sampling_parameters`` of the rollout's LLM
+            resource that the request does not set (see :mod:`agentbolt.gateway.sampling`).
     """
 
     num_retries: int = 0
@@ -81,6 +84,7 @@ class GatewaySettings:
     sequence_wait: float = 3.0
     stop_timeout: float = 10.0
     tracker: Any = None
+    sampling_defaults: bool = True
 
 
 class Gateway:
@@ -104,6 +108,7 @@ class Gateway:
         self.upstream: Optional[UpstreamClient] = None
         self.writer: Optional[SpanWriter] = None
         self.sequences: Optional[SequenceAllocator] = None
+        self.sampling: Optional[SamplingDefaults] = None
         self._users = 0
         from agentbolt.utils.metrics import default_tracker
 
@@ -130,6 +135,8 @@ class Gateway:
                 )
                 self.writer.start()
                 self.sequences = SequenceAllocator(self.store)
+            if self.store is not None and self.settings.sampling_defaults:
+                self.sampling = SamplingDefaults(self.store)
         try:
             yield self
         finally:
@@ -141,6 +148,7 @@ class Gateway:
                 if self.sequences is not None:
                     await self.sequences.close()
                     self.sequences = None
+                self.sampling = None
                 if self.upstream is not None:
                     await self.upstream.aclose()
                     self.upstream = None
@@ -357,6 +365,8 @@ class _Handler:
         if gateway.settings.log_messages:
             logger.debug("Request to %s: %s", endpoint, raw[:4000])
 
+        if rollout_id is not None and gateway.sampling is not None:
+            body = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
         call = self._start_call(request, endpoint, body, rollout_id, attempt_id, call_id)
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:

@@ -9,7 +9,7 @@ import functools
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from agentbolt.types import Dataset, Hook, NamedResources
 
@@ -53,7 +53,7 @@ def _console_progress(enabled: bool) -> Iterator[None]:
     When the progress logger or one of its ancestors already has a handler (``logging.basicConfig``,
     :func:`agentbolt.logging.setup`...), its records go where that configuration sends them and nothing is added.
     """
-    from agentbolt.algorithm.fast import PROGRESS_LOGGER_NAME
+    from agentbolt.algorithm.progress import PROGRESS_LOGGER_NAME
 
     progress = logging.getLogger(PROGRESS_LOGGER_NAME)
     if not enabled or progress.hasHandlers():
@@ -72,6 +72,25 @@ def _console_progress(enabled: bool) -> Iterator[None]:
     finally:
         progress.removeHandler(handler)
         progress.setLevel(previous_level)
+
+
+@contextlib.asynccontextmanager
+async def _following_rollouts(store: LightningStore) -> AsyncIterator[None]:
+    """Report the rollouts that finish in ``store`` while the block runs, then a summary."""
+    from agentbolt.algorithm.progress import FinishedRolloutFollower, RolloutProgress
+
+    follower = FinishedRolloutFollower(store, RolloutProgress())
+    await follower.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follower.follow(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 30)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            task.cancel()
 
 
 def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
@@ -324,8 +343,18 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Union[Dataset[Any], str]] = None,
         *,
         val_dataset: Optional[Dataset[Any]] = None,
+        progress: bool = True,
     ) -> None:
-        """Train ``agent`` with the configured algorithm on ``train_dataset`` (validating on ``val_dataset``)."""
+        """Train ``agent`` with the configured algorithm on ``train_dataset`` (validating on ``val_dataset``).
+
+        Args:
+            agent: The agent to train.
+            train_dataset: Training tasks (a server URL selects the deprecated v0.1 protocol).
+            val_dataset: Validation tasks.
+            progress: Show one line per finished rollout (status, reward, running mean) and a summary on the
+                console (stderr), as :meth:`dev` does; the trainer reads them from the store while the algorithm
+                runs (a :class:`~agentbolt.algorithm.FastAlgorithm` reports its own). False shows nothing.
+        """
         if isinstance(train_dataset, str):
             warnings.warn(
                 "Passing a server URL to fit() uses the deprecated v0.1 protocol (fit_v0).",
@@ -333,7 +362,8 @@ class Trainer(TrainerLegacy):
                 stacklevel=2,
             )
             return self.fit_v0(agent, train_dataset, val_data=val_dataset)
-        self._run(agent, train_dataset, val_dataset, self.algorithm)
+        with _console_progress(progress):
+            self._run(agent, train_dataset, val_dataset, self.algorithm, follow_rollouts=progress)
         return None
 
     def dev(
@@ -376,10 +406,15 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Dataset[Any]],
         val_dataset: Optional[Dataset[Any]],
         algorithm: Optional[Algorithm],
+        follow_rollouts: bool = False,
     ) -> None:
         agent.set_trainer(self)
         algorithm_bundle = functools.partial(
-            self._algorithm_bundle, train_dataset=train_dataset, val_dataset=val_dataset, algorithm=algorithm
+            self._algorithm_bundle,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            algorithm=algorithm,
+            follow_rollouts=follow_rollouts,
         )
         runner_bundle = self._runner_bundle(agent)
         self.strategy.execute(algorithm_bundle, runner_bundle, self.store)
@@ -391,11 +426,26 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Dataset[Any]],
         val_dataset: Optional[Dataset[Any]],
         algorithm: Optional[Algorithm],
+        follow_rollouts: bool = False,
     ) -> None:
         if algorithm is None:
             while not event.is_set():
                 await asyncio.sleep(0.1)
             return
+        from agentbolt.algorithm import FastAlgorithm
+
+        reports_itself = isinstance(algorithm, FastAlgorithm)
+        following = _following_rollouts(store) if follow_rollouts and not reports_itself else contextlib.nullcontext()
+        async with following:
+            await self._run_algorithm(store, train_dataset, val_dataset, algorithm)
+
+    async def _run_algorithm(
+        self,
+        store: LightningStore,
+        train_dataset: Optional[Dataset[Any]],
+        val_dataset: Optional[Dataset[Any]],
+        algorithm: Algorithm,
+    ) -> None:
         algorithm.set_trainer(self)
         algorithm.set_store(store)
         algorithm.set_adapter(self.adapter)

@@ -82,6 +82,7 @@ class ProxyLLM(LLM):
         )
 
     def model_dump(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        """Pydantic's ``model_dump``, reading ``endpoint`` without the direct-read warning."""
         token = _ALLOWED_ENDPOINT_READERS.set(True)
         try:
             return super().model_dump(*args, **kwargs)
@@ -89,6 +90,7 @@ class ProxyLLM(LLM):
             _ALLOWED_ENDPOINT_READERS.reset(token)
 
     def model_dump_json(self, *args: Any, **kwargs: Any) -> str:
+        """Pydantic's ``model_dump_json``, reading ``endpoint`` without the direct-read warning."""
         token = _ALLOWED_ENDPOINT_READERS.set(True)
         try:
             return super().model_dump_json(*args, **kwargs)

@@ -162,6 +162,23 @@ def _translate_error(exc: BaseException, path: str) -> BaseException:
     return exc
 
 
+def _create_parent_folder(path: str) -> None:
+    """Create the folder of a database file (and its parents) when missing.
+
+    Raises:
+        SqliteStoreError: The folder cannot be created; the message names it and the reason.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise SqliteStoreError(
+            path, f"Cannot create the folder {folder} of the database: {exc.strerror or exc}"
+        ) from exc
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Table layout (shared with the PostgreSQL backend: see agentbolt.store.collection.sql)
 
@@ -1164,6 +1181,7 @@ class SqliteLightningCollections(LightningCollections):
         if reader_threads < 1:
             raise ValueError("reader_threads must be >= 1")
         self.path = os.fspath(path)
+        _create_parent_folder(self.path)
         self._db = _Database(
             self.path,
             synchronous=cast(SynchronousMode, mode),
