@@ -19,9 +19,8 @@ from agentbolt.algorithm.utils import batch_iter_over_dataset
 from agentbolt.types import Dataset, PromptTemplate
 
 from .optimizer import SearchBudgetExhausted
-from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, format_experiments, render_prompt_file
+from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, format_experiments
 from .search import (
-    FULL_VAL,
     PromptSearch,
     RolloutResultForAPO,
     VersionedPromptTemplate,
@@ -35,6 +34,7 @@ except ImportError:  # rendering falls back to the plain renderer of .prompts
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+
     from agentbolt.types import Rollout
 
 __all__ = [
@@ -174,10 +174,10 @@ class APO(PromptSearch, Generic[T_task]):
             sample = random.sample(rollout_results, self.gradient_batch_size)
         context = {
             **self._context(current_prompt.prompt_template),
-            "experiments": sample,
+            "experiments": [{k: v for k, v in result.items() if k != "spans"} for result in sample],
             "experiments_text": format_experiments(sample),
         }
-        messages = render_prompt_file(path, context, use_poml=poml is not None)
+        messages = await self._render(path, context)
         self._log(logging.DEBUG, f"Critique prompt {path.name}: {messages}", prefix=prefix)
         critique = await self.optimizer.chat(
             model=self.gradient_model, messages=messages, temperature=self.diversity_temperature, purpose="critique"
@@ -212,7 +212,7 @@ class APO(PromptSearch, Generic[T_task]):
             return current_prompt.prompt_template.template, ""
         path = random.choice(self.apply_edit_prompt_files)
         context = {**self._context(current_prompt.prompt_template), "critique": critique}
-        messages = render_prompt_file(path, context, use_poml=poml is not None)
+        messages = await self._render(path, context)
         text = await self.optimizer.chat(
             model=self.apply_edit_model, messages=messages, temperature=self.diversity_temperature, purpose="edit"
         )
@@ -342,7 +342,9 @@ class APO(PromptSearch, Generic[T_task]):
         )
         ranked = sorted(candidates, key=lambda c: c.score if c.score is not None else float("-inf"), reverse=True)
         scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked)
-        self._log(logging.INFO, f"Validation batch scores: {scores}", prefix=self._format_log_prefix(round_num=round_num))
+        self._log(
+            logging.INFO, f"Validation batch scores: {scores}", prefix=self._format_log_prefix(round_num=round_num)
+        )
         return ranked[: self.beam_width]
 
     async def _update_best_prompt(

@@ -16,6 +16,7 @@ The best prompt is the seed or the candidate with the highest full-validation sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -89,10 +90,8 @@ def render_demonstration(
             for call in message.get("tool_calls") or []:
                 function = call.get("function", {})
                 arguments = function.get("arguments")
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except json.JSONDecodeError:
-                    pass
                 body = json.dumps({"name": function.get("name"), "arguments": arguments})
                 lines.append(f"Assistant: <tool_call>{body}</tool_call>")
             if text.strip():
@@ -232,7 +231,9 @@ class FewShotAPO(PromptSearch):
         )
         return runs
 
-    async def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> None:
+    async def run(
+        self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
+    ) -> None:
         """Bootstrap demonstrations and search over them; the result is :meth:`get_best_prompt`.
 
         Raises:

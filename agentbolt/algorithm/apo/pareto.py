@@ -31,7 +31,6 @@ from .prompts import (
     REFLECT_PROMPT_FILES,
     extract_template_text,
     format_experiments,
-    render_prompt_file,
 )
 from .search import FULL_VAL, PromptSearch, VersionedPromptTemplate, keyed
 
@@ -138,7 +137,7 @@ class ParetoAPO(PromptSearch):
         return ", ".join("{" + name + "}" for name in sorted(self._placeholders)) or "(none)"
 
     async def _ask(self, path: Path, context: Dict[str, Any], purpose: str) -> Optional[str]:
-        messages = render_prompt_file(path, {**context, "placeholders": self._placeholder_list()})
+        messages = await self._render(path, {**context, "placeholders": self._placeholder_list()})
         reply = await self.optimizer.chat(
             model=self.reflection_model, messages=messages, temperature=self.temperature, purpose=purpose
         )
@@ -169,7 +168,7 @@ class ParetoAPO(PromptSearch):
             path,
             {
                 "prompt_template": parent.prompt_template.template,
-                "experiments": parent_eval.results,
+                "experiments": [{k: v for k, v in r.items() if k != "spans"} for r in parent_eval.results],
                 "experiments_text": format_experiments(parent_eval.results),
             },
             "reflection",
@@ -248,7 +247,9 @@ class ParetoAPO(PromptSearch):
             bars.append(evaluation.mean)
         await self._accept_if_better(child, batch, max(bars), round_num)
 
-    async def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> None:
+    async def run(
+        self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
+    ) -> None:
         """Evolve the prompt; the result is :meth:`get_best_prompt` (also stored as ``{run_id}-best``).
 
         Raises:

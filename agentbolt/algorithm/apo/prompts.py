@@ -1,8 +1,10 @@
 """The optimizer's own prompts: POML files shipped in ``prompts/``, and how rollouts are shown to the optimizer.
 
-Each file is a small POML document (``<system-msg>``, ``<human-msg>``, ``{{ name }}`` expressions). With the
-``poml`` package installed (extra ``agentbolt[apo]``) POML renders it; without it the same file is read as XML and
-each ``{{ name }}`` is replaced by the context value's text, which gives the same messages for this subset of POML.
+Each file is a small POML document (``<system-msg>``, ``<human-msg whiteSpace="pre">``, ``{{ name }}``
+expressions). With the ``poml`` package installed (extra ``agentbolt[apo]``) POML renders it; without it the same
+file is read as XML and each ``{{ name }}`` is replaced by the context value's text, which gives the same messages
+for this subset of POML. POML renders through a separate process (a few seconds a call), so the optimizers call
+:func:`render_prompt_file` in a worker thread.
 Pass your own files to the optimizers (``gradient_prompt_files=...``) to change what the optimizer model is asked.
 """
 
@@ -74,7 +76,9 @@ def _render_plain(path: Path, context: Mapping[str, Any]) -> List[Dict[str, str]
     return messages
 
 
-def render_prompt_file(path: Path, context: Mapping[str, Any], *, use_poml: Optional[bool] = None) -> List[Dict[str, Any]]:
+def render_prompt_file(
+    path: Path, context: Mapping[str, Any], *, use_poml: Optional[bool] = None
+) -> List[Dict[str, Any]]:
     """Render one prompt file into OpenAI chat messages.
 
     Args:
@@ -96,7 +100,7 @@ def render_prompt_file(path: Path, context: Mapping[str, Any], *, use_poml: Opti
     if module is None:
         return _render_plain(path, context)
     rendered = module.poml(str(path), context=dict(context), format="openai_chat")
-    return list(rendered["messages"])
+    return [{**message, "content": str(message.get("content", "")).strip()} for message in rendered["messages"]]
 
 
 def _message_line(message: Mapping[str, Any], max_chars: int) -> List[str]:

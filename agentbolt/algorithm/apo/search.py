@@ -17,6 +17,7 @@ import random
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from typing_extensions import NotRequired, TypedDict
@@ -28,6 +29,7 @@ from agentbolt.emitter.reward import find_final_reward
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 
 from .optimizer import OptimizerCalls, SearchBudgetExhausted
+from .prompts import render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
 __all__ = [
@@ -201,6 +203,8 @@ class PromptSearch(Algorithm):
         optimizer_backoff: Seconds before the first retry.
         poll_interval: Seconds between checks of an evaluation batch.
         seed: Seed of this optimizer's random choices (None: not seeded).
+        use_poml: Render the optimizer's prompt files with POML (True), with the plain renderer (False), or with
+            POML when it is installed (None). POML runs a separate process per render (seconds each).
     """
 
     log_name = "agentbolt.algorithm.apo.search"
@@ -219,6 +223,7 @@ class PromptSearch(Algorithm):
         optimizer_backoff: float = 1.0,
         poll_interval: float = 2.0,
         seed: Optional[int] = None,
+        use_poml: Optional[bool] = None,
     ) -> None:
         if rollout_batch_timeout <= 0:
             raise ValueError(f"rollout_batch_timeout must be > 0 seconds, got {rollout_batch_timeout}")
@@ -235,6 +240,7 @@ class PromptSearch(Algorithm):
         self.max_rollouts = max_rollouts
         self.poll_interval = poll_interval
         self.seed = seed
+        self.use_poml = use_poml
         self.rng = random.Random(seed)
         self.optimizer = OptimizerCalls(
             async_openai_client,
@@ -262,6 +268,10 @@ class PromptSearch(Algorithm):
 
     def _log(self, level: int, message: str, *, prefix: Optional[str] = None) -> None:
         self._logger.log(level, f"{prefix} {message}" if prefix else message)
+
+    async def _render(self, path: Path, context: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """A prompt file's messages, rendered in a worker thread (POML runs a separate process)."""
+        return await asyncio.to_thread(render_prompt_file, path, context, use_poml=self.use_poml)
 
     # -- seed, adapter, versions -----------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat comple
   text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
   says the answer format is unclear and the editor / reflector return :data:`GOOD_TEMPLATE`.
 
-Every request is recorded in ``requests`` (model, messages).
+Every request is recorded in ``requests`` (model, messages). :func:`capital_agent` is the test agent and :func:`fit`
+runs an optimizer on it under a Trainer.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import time
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Union
+from typing import Any, Deque, Dict, List, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+import agentbolt as agl
 
 CAPITALS = {
     "France": "Paris",
@@ -41,6 +44,9 @@ EASY = {"France", "Japan", "Kenya"}
 
 SEED_TEMPLATE = "Answer the question. Capital of {country}?"
 GOOD_TEMPLATE = "Answer with ONLY THE CITY name. Capital of {country}?"
+
+BASE_URL: Dict[str, str] = {}
+"""Where the running stand-in listens (set by the ``standin`` fixture)."""
 
 Step = Union[str, int, float]
 """A scripted optimizer step: reply text (str), HTTP error status (int) or a delay in seconds (float)."""
@@ -78,8 +84,11 @@ def _completion(model: str, text: str, prompt_chars: int) -> Dict[str, Any]:
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4 + 1,
-                  "total_tokens": prompt_chars // 4 + len(text) // 4 + 1},
+        "usage": {
+            "prompt_tokens": prompt_chars // 4,
+            "completion_tokens": len(text) // 4 + 1,
+            "total_tokens": prompt_chars // 4 + len(text) // 4 + 1,
+        },
     }
 
 
@@ -111,3 +120,56 @@ def create_app(script: Script) -> FastAPI:
         return _completion(model, step, len(prompt))
 
     return app
+
+
+@agl.rollout
+async def capital_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    """Ask the stand-in's agent model; reward 1 for the bare city name."""
+    from openai import AsyncOpenAI
+
+    if task.get("crash"):
+        raise RuntimeError("the agent crashed on purpose")
+    client = AsyncOpenAI(base_url=BASE_URL["url"], api_key="stand-in", max_retries=0)
+    response = await client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": prompt_template.format(country=task["country"])}]
+    )
+    await client.close()
+    answer = response.choices[0].message.content
+    agl.emit_message(f"expected {CAPITALS[task['country']]}, got {answer}")
+    return 1.0 if answer == CAPITALS[task["country"]] else 0.0
+
+
+def capital_tasks(countries: List[str]) -> List[Dict[str, Any]]:
+    return [{"country": c} for c in countries]
+
+
+TRAIN = capital_tasks(["France", "Chile", "Egypt", "Spain", "Japan", "Italy"])
+VAL = capital_tasks(["Kenya", "Peru", "Canada", "Norway"])
+
+
+def fit(
+    algorithm: agl.Algorithm,
+    *,
+    train: Optional[List[Dict[str, Any]]] = None,
+    val: Optional[List[Dict[str, Any]]] = None,
+    store: Any = None,
+    initial_resources: Any = "seed",
+    adapter: Any = None,
+) -> Any:
+    """Run ``algorithm`` on the capital agent in one process (shared-memory strategy); returns the store."""
+    store = store if store is not None else agl.InMemoryLightningStore()
+    resources = (
+        {"prompt_template": agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string")}
+        if initial_resources == "seed"
+        else initial_resources
+    )
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=store,
+        strategy=agl.SharedMemoryExecutionStrategy(n_runners=1),
+        initial_resources=resources,
+        adapter=adapter if adapter is not None else agl.TraceToMessages(),
+        runner=agl.LitAgentRunner(tracer=agl.AgentOpsTracer(), poll_interval=0.02),
+    )
+    trainer.fit(capital_agent, train_dataset=TRAIN if train is None else train, val_dataset=VAL if val is None else val)
+    return store

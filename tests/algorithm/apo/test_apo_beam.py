@@ -7,8 +7,7 @@ import logging
 from typing import Any
 
 import pytest
-from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, Script
-from conftest import TRAIN, VAL, fit
+from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import APO, load_search_run
@@ -26,6 +25,7 @@ def make_apo(client: Any, **overrides: Any) -> APO:
         "poll_interval": 0.05,
         "optimizer_backoff": 0.01,
         "seed": 0,
+        "use_poml": False,  # POML itself is covered by test_apo_prompts.py and the first test below
     }
     options.update(overrides)
     return APO(client, **options)
@@ -56,7 +56,7 @@ def test_log_prefix_and_versions() -> None:
 
 
 def test_beam_search_finds_the_better_prompt(script: Script, optimizer_client: Any, caplog: Any) -> None:
-    apo = make_apo(optimizer_client)
+    apo = make_apo(optimizer_client, use_poml=None)
     with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
         store = fit(apo)
     assert apo.get_best_prompt().template == GOOD_TEMPLATE
@@ -116,7 +116,7 @@ def test_an_edit_that_drops_a_placeholder_is_skipped(script: Script, optimizer_c
 
 def test_failed_rollouts_score_zero_and_are_counted(optimizer_client: Any, caplog: Any) -> None:
     apo = make_apo(optimizer_client, beam_rounds=0)
-    val = VAL[:1] + [{"country": "Kenya", "crash": True}]
+    val = [*VAL[:1], {"country": "Kenya", "crash": True}]
     with caplog.at_level(logging.WARNING):
         fit(apo, val=val)
     assert apo.best_score == 0.5 and apo.rollouts_failed == 1
