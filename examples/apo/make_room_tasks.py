@@ -14,7 +14,7 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 from examples.apo.room_selector import EQUIPMENT, TASKS_FILE, best_room
 
@@ -49,10 +49,10 @@ def make_split(rng: random.Random, name: str, first_day: int, last_day: int, cou
     return tasks
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=TASKS_FILE)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = random.Random(SEED)
     lines = [
         json.dumps(task)

@@ -31,6 +31,9 @@ __all__ = [
     "prompt_template_baseline",
     "room_selection_grader",
     "room_selector",
+    "room_selector_lookup",
+    "prompt_template_lookup_baseline",
+    "format_rooms",
 ]
 
 TASKS_FILE = Path(__file__).with_name("room_tasks.jsonl")
@@ -184,15 +187,27 @@ def _run_tool_call(call: Any) -> str:
     return json.dumps(rooms)
 
 
-@agl.rollout
-def room_selector(task: RoomSelectionTask, prompt_template: agl.PromptTemplate) -> float:
-    """One booking: prompt, optional tool call, final answer, reward."""
-    client = _client()
+def _model_settings(rollout: agl.Rollout) -> Tuple[str, int, float]:
     model = os.environ.get("ROOM_SELECTOR_MODEL", "gpt-4.1-nano")
     max_tokens = int(os.environ.get("ROOM_SELECTOR_MAX_TOKENS", "120"))
+    # training runs sample (so a few-shot bootstrap gets varied attempts); validation and test runs are greedy
+    temperature = float(os.environ.get("ROOM_SELECTOR_TRAIN_TEMPERATURE", "0.7")) if rollout.mode == "train" else 0.0
+    return model, max_tokens, temperature
+
+
+@agl.rollout
+def room_selector(task: RoomSelectionTask, prompt_template: agl.PromptTemplate, rollout: agl.Rollout) -> float:
+    """One booking: the model may call the lookup tool, then names a room; the grader scores the answer."""
+    client = _client()
+    model, max_tokens, temperature = _model_settings(rollout)
     messages: List[Dict[str, Any]] = [{"role": "user", "content": prompt_template.format(**_prompt_fields(task))}]
     first = client.chat.completions.create(
-        model=model, messages=messages, tools=[ROOM_TOOL], tool_choice="auto", max_tokens=max_tokens, temperature=0.0
+        model=model,
+        messages=messages,
+        tools=[ROOM_TOOL],
+        tool_choice="auto",
+        max_tokens=max_tokens,
+        temperature=temperature,
     )
     reply = first.choices[0].message
     final_message = reply.content
@@ -200,11 +215,58 @@ def room_selector(task: RoomSelectionTask, prompt_template: agl.PromptTemplate) 
         messages.append(reply.model_dump(exclude_none=True))
         for call in reply.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool_call(call)})
-        second = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0)
+        second = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=max_tokens, temperature=temperature
+        )
         final_message = second.choices[0].message.content
+    return _grade(task, final_message)
+
+
+def _grade(task: RoomSelectionTask, final_message: Optional[str]) -> float:
     reward = room_selection_grader(final_message, task["expected_choice"])
     agl.emit_message(f"expected {task['expected_choice']}; answered {final_message!r}; reward {reward}")
     return reward
+
+
+def format_rooms(task: RoomSelectionTask) -> str:
+    """The lookup's result as the lookup variant shows it: one line per room."""
+    lines = []
+    for room in get_rooms_and_availability(task["date"], task["time"], task["duration_min"]):
+        equipment = ", ".join(room["equipment"])
+        lines.append(
+            f"{room['room']}: {room['capacity']} seats; {equipment}; "
+            f"{'step-free' if room['accessible'] else 'stairs'}; {'free' if room['free'] else 'booked'}"
+        )
+    return "\n".join(lines)
+
+
+def prompt_template_lookup_baseline() -> agl.PromptTemplate:
+    """The seed prompt of the lookup variant (the room list is filled in as ``{rooms}``)."""
+    return agl.PromptTemplate(
+        template="Find a room for this meeting.\n"
+        "Date: {date}\nTime: {time}\nDuration: {duration_min} minutes\nAttendees: {attendees}\n"
+        "Needs: {needs}\nStep-free access required: {accessible_required}\nRooms:\n{rooms}",
+        engine="f-string",
+    )
+
+
+@agl.rollout
+def room_selector_lookup(task: RoomSelectionTask, prompt_template: agl.PromptTemplate, rollout: agl.Rollout) -> float:
+    """The lookup variant: the agent's code runs the room lookup and puts the result in the prompt; one model call.
+
+    Small local models do not emit tool calls for this task (see docs/apo.md); this variant keeps the task and the
+    grader and leaves the model only the choice.
+    """
+    client = _client()
+    model, max_tokens, temperature = _model_settings(rollout)
+    fields = {**_prompt_fields(task), "rooms": format_rooms(task)}
+    response = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt_template.format(**fields)}],
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )
+    return _grade(task, response.choices[0].message.content)
 
 
 def load_room_tasks(split: str, path: Path = TASKS_FILE) -> List[RoomSelectionTask]:

@@ -30,7 +30,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate
-from examples.apo.room_selector import RoomSelectionTask, load_room_tasks, prompt_template_baseline, room_selector
+from examples.apo.room_selector import (
+    RoomSelectionTask,
+    load_room_tasks,
+    prompt_template_baseline,
+    prompt_template_lookup_baseline,
+    room_selector,
+    room_selector_lookup,
+)
 
 logger = logging.getLogger("examples.apo.room_selector_apo")
 
@@ -102,7 +109,12 @@ class OptimizeThenTest(agl.Algorithm):
 
 def build_optimizer(args: argparse.Namespace, client: Any) -> PromptSearch:
     """The optimizer named by ``--algorithm``, configured for a CPU run."""
-    common: Dict[str, Any] = {"seed": args.seed, "poll_interval": 0.2, "rollout_batch_timeout": 900.0}
+    common: Dict[str, Any] = {
+        "seed": args.seed,
+        "poll_interval": 0.2,
+        "rollout_batch_timeout": 1800.0,
+        "optimizer_max_tokens": args.optimizer_max_tokens,
+    }
     if args.max_optimizer_tokens:
         common["max_optimizer_tokens"] = args.max_optimizer_tokens
     if args.algorithm == "apo":
@@ -123,10 +135,11 @@ def build_optimizer(args: argparse.Namespace, client: Any) -> PromptSearch:
         )
     return agl.FewShotAPO(
         max_demos=3,
-        bootstrap_tasks=40,
-        num_candidate_sets=6,
+        bootstrap_tasks=args.limit or 40,
+        bootstrap_repeats=2,
+        num_candidate_sets=4,
         val_batch_size=args.val_batch_size,
-        finalists=2,
+        finalists=1,
         **common,
     )
 
@@ -162,12 +175,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     parser.add_argument("--agent-model", default=None, help="model of the agent (default: embedded, or gpt-4.1-nano)")
     parser.add_argument("--optimizer-model", default=None, help="model of the optimizer (default: the agent's model)")
+    parser.add_argument(
+        "--variant",
+        choices=["tool", "lookup"],
+        default=None,
+        help="tool: the model calls the lookup tool (the tutorial's agent; default with --hosted); lookup: the agent "
+        "runs the lookup and the model only chooses (default with the embedded model, which emits no tool calls)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="completion budget of each agent call")
+    parser.add_argument("--optimizer-max-tokens", type=int, default=400, help="completion budget of optimizer calls")
     parser.add_argument("--rounds", type=int, default=2, help="beam rounds (apo); pareto runs twice as many")
     parser.add_argument("--val-batch-size", type=int, default=12)
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N tasks of each split (a quick look)")
     parser.add_argument(
         "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
     )
@@ -188,24 +211,34 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             os.environ["OPENAI_API_KEY"] = "local"
             agent_model = args.agent_model or EMBEDDED_MODEL
         os.environ["ROOM_SELECTOR_MODEL"] = agent_model
+        variant = args.variant or ("tool" if args.hosted else "lookup")
+        max_tokens = args.max_tokens or (120 if args.hosted else 24)
+        os.environ["ROOM_SELECTOR_MAX_TOKENS"] = str(max_tokens)
         args.optimizer_model = args.optimizer_model or agent_model
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=os.environ.get("OPENAI_BASE_URL"), api_key=os.environ.get("OPENAI_API_KEY"))
-        algorithm = OptimizeThenTest(build_optimizer(args, client), load_room_tasks("test"))
+        train, val, test = (load_room_tasks(split)[: args.limit] for split in ("train", "val", "test"))
+        algorithm = OptimizeThenTest(build_optimizer(args, client), test)
+        if variant == "tool":
+            agent, seed = room_selector, prompt_template_baseline()
+        else:
+            agent, seed = room_selector_lookup, prompt_template_lookup_baseline()
         trainer = agl.Trainer(
             algorithm=algorithm,
             n_runners=args.runners,
             store=args.store,
-            initial_resources={"prompt_template": prompt_template_baseline()},
+            initial_resources={"prompt_template": seed},
             adapter=agl.TraceToMessages(),
         )
         import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
 
-        trainer.fit(room_selector, train_dataset=load_room_tasks("train"), val_dataset=load_room_tasks("val"))
+        trainer.fit(agent, train_dataset=train, val_dataset=val)
     report = {
         **algorithm.report,
         "agent_model": agent_model,
+        "variant": variant,
+        "agent_max_tokens": max_tokens,
         "optimizer_model": args.optimizer_model if args.algorithm != "fewshot" else None,
         "runners": args.runners,
         "wall_seconds": time.perf_counter() - started,

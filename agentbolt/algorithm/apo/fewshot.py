@@ -114,7 +114,8 @@ class FewShotAPO(PromptSearch):
         val_batch_size: Validation tasks shared by the candidates.
         finalists: Candidates (best on the batch) scored on the full validation set.
         demo_header: Line introducing the examples in the prompt.
-        demo_position: Examples ``after`` (default) or ``before`` the seed's text.
+        demo_position: Examples ``before`` (default) or ``after`` the seed's text. Before is safer for small
+            models: with the examples last, they tend to continue the list of examples instead of answering.
         max_demo_chars: Longest message text kept in a demonstration.
         **search_options: Options of :class:`~agentbolt.algorithm.apo.search.PromptSearch` (``run_id``,
             ``resume``, ``max_rollouts``, ``rollout_batch_timeout``, ``seed``...).
@@ -134,7 +135,7 @@ class FewShotAPO(PromptSearch):
         val_batch_size: int = 16,
         finalists: int = 2,
         demo_header: str = "Examples of solved tasks:",
-        demo_position: Literal["before", "after"] = "after",
+        demo_position: Literal["before", "after"] = "before",
         max_demo_chars: int = 600,
         **search_options: Any,
     ) -> None:

@@ -57,6 +57,7 @@ class OptimizerCalls:
         retries: Further attempts after the first.
         backoff: Seconds before the first retry.
         max_tokens: Token budget over all calls (None: unlimited).
+        completion_tokens: Completion budget of each call (None: the server's default).
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class OptimizerCalls:
         retries: int = 3,
         backoff: float = 1.0,
         max_tokens: Optional[int] = None,
+        completion_tokens: Optional[int] = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"optimizer timeout must be > 0 seconds, got {timeout}")
@@ -79,6 +81,7 @@ class OptimizerCalls:
         self.retries = retries
         self.backoff = backoff
         self.max_tokens = max_tokens
+        self.completion_tokens = completion_tokens
         self.usage = OptimizerUsage()
 
     def check_budget(self) -> None:
@@ -106,6 +109,8 @@ class OptimizerCalls:
         kwargs: Dict[str, Any] = {"model": model, "messages": messages}
         if temperature is not None:
             kwargs["temperature"] = temperature
+        if self.completion_tokens is not None:
+            kwargs["max_tokens"] = self.completion_tokens
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:

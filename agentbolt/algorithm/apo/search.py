@@ -201,6 +201,7 @@ class PromptSearch(Algorithm):
         optimizer_timeout: Seconds allowed for one optimizer call.
         optimizer_retries: Retries of a failed or timed-out optimizer call (with exponential backoff).
         optimizer_backoff: Seconds before the first retry.
+        optimizer_max_tokens: Completion budget of each optimizer call (None: the server's default).
         poll_interval: Seconds between checks of an evaluation batch.
         seed: Seed of this optimizer's random choices (None: not seeded).
         use_poml: Render the optimizer's prompt files with POML (True), with the plain renderer (False), or with
@@ -221,6 +222,7 @@ class PromptSearch(Algorithm):
         optimizer_timeout: float = 120.0,
         optimizer_retries: int = 3,
         optimizer_backoff: float = 1.0,
+        optimizer_max_tokens: Optional[int] = None,
         poll_interval: float = 2.0,
         seed: Optional[int] = None,
         use_poml: Optional[bool] = None,
@@ -248,6 +250,7 @@ class PromptSearch(Algorithm):
             retries=optimizer_retries,
             backoff=optimizer_backoff,
             max_tokens=max_optimizer_tokens,
+            completion_tokens=optimizer_max_tokens,
         )
         self.rollouts_enqueued = 0
         self.rollouts_failed = 0

@@ -2,10 +2,10 @@
 
 One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat completions for three model names:
 
-* ``agent``: the model of the test agent. It answers a capital-city question ("Capital of X?") with the bare city
-  when its prompt says ``ONLY THE CITY``, or when the prompt holds a worked example (``Examples of solved tasks``);
-  otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it always
-  answers with the bare city, so a seed prompt earns some reward (and few-shot bootstrapping has examples).
+* ``agent``: the model of the test agent. It answers the last capital-city question of its prompt ("Capital of X?")
+  with the bare city when its prompt says ``ONLY THE CITY`` or holds worked examples (``Examples of solved
+  tasks``); otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it
+  always answers with the bare city, so a seed prompt earns some reward (and few-shot bootstrapping has examples).
 * ``critic`` / ``editor`` / ``reflector``: the optimizer. Each call pops the next scripted step of its queue: a reply
   text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
   says the answer format is unclear and the editor / reflector return :data:`GOOD_TEMPLATE`.
@@ -67,7 +67,7 @@ class Script:
 
 
 def _agent_reply(prompt: str) -> str:
-    question = prompt.split("Capital of ")[1] if "Capital of " in prompt else ""
+    question = prompt.rsplit("Capital of ", 1)[1] if "Capital of " in prompt else ""
     country = next((c for c in CAPITALS if question.startswith(c)), None)
     if country is None:
         return "I do not know."

@@ -142,7 +142,12 @@ def test_demonstrations_are_escaped_for_the_template_engine() -> None:
     for engine, fields in (("f-string", {"q": "Q"}), ("jinja", {"q": "Q"})):
         template = agl.PromptTemplate(template="{q}" if engine == "f-string" else "{{ q }}", engine=engine)
         filled = search.with_demonstrations(template, [demo]).format(**fields)
-        assert filled.startswith("Q\n\nExamples of solved tasks:") and '{"room": "Nova"}' in filled
+        assert filled.startswith("Examples of solved tasks:\n\nExample 1:") and filled.endswith("\n\nQ")
+        assert '{"room": "Nova"}' in filled
+    after = FewShotAPO(demo_position="after").with_demonstrations(
+        agl.PromptTemplate(template="{q}", engine="f-string"), [demo]
+    )
+    assert after.format(q="Q").startswith("Q\n\nExamples of solved tasks:")
 
 
 def test_candidate_selections_start_with_the_top_and_are_distinct() -> None:
@@ -160,7 +165,7 @@ def test_fewshot_search_adds_demonstrations_that_raise_the_score(script: Script,
     store = fit(search)
     best = search.get_best_prompt()
     assert search.best_score == 1.0 and "Examples of solved tasks" in best.template
-    assert best.format(country="Peru").startswith("Answer the question. Capital of Peru?")
+    assert best.format(country="Peru").endswith("Answer the question. Capital of Peru?")
     assert {d.task_key for d in search.demonstrations} == {"0", "4"}  # France and Japan, the easy training tasks
     assert not script.calls("critic")  # no optimizer model needed
     records = asyncio.run(load_search_run(store, search.run_id))
