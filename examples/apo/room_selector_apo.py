@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate
+from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.room_selector import (
     RoomSelectionTask,
     load_room_tasks,
@@ -190,7 +191,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N tasks of each split (a quick look)")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="use only the first N tasks of each split (a quick look)"
+    )
     parser.add_argument(
         "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
     )
@@ -227,6 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         trainer = agl.Trainer(
             algorithm=algorithm,
             n_runners=args.runners,
+            port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
             store=args.store,
             initial_resources={"prompt_template": seed},
             adapter=agl.TraceToMessages(),

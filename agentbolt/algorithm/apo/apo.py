@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Generic, Iterator, List, Optional, Sequen
 from agentbolt.algorithm.utils import batch_iter_over_dataset
 from agentbolt.types import Dataset, PromptTemplate
 
-from .optimizer import SearchBudgetExhausted
 from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, format_experiments
 from .search import (
     PromptSearch,
@@ -116,11 +115,8 @@ class APO(PromptSearch, Generic[T_task]):
         self.branch_factor = branch_factor
         self.beam_rounds = beam_rounds
         self.run_initial_validation = run_initial_validation
-        self.gradient_prompt_files = [Path(p) for p in gradient_prompt_files or GRADIENT_PROMPT_FILES]
-        self.apply_edit_prompt_files = [Path(p) for p in apply_edit_prompt_files or APPLY_EDIT_PROMPT_FILES]
-        for path in (*self.gradient_prompt_files, *self.apply_edit_prompt_files):
-            if not path.is_file():
-                raise ValueError(f"prompt file {path} does not exist")
+        self.gradient_prompt_files = self._prompt_files(gradient_prompt_files, GRADIENT_PROMPT_FILES)
+        self.apply_edit_prompt_files = self._prompt_files(apply_edit_prompt_files, APPLY_EDIT_PROMPT_FILES)
         self._poml_trace = _poml_trace
 
     # -- log prefix ------------------------------------------------------------------------------------------------
@@ -310,9 +306,7 @@ class APO(PromptSearch, Generic[T_task]):
         results = await asyncio.gather(*jobs, return_exceptions=True)
         candidates: List[VersionedPromptTemplate] = []
         for result in results:
-            if isinstance(result, SearchBudgetExhausted):
-                raise result
-            if isinstance(result, BaseException):
+            if isinstance(result, BaseException):  # a spent budget included: it ends the search
                 raise result
             if result is not None:
                 candidates.append(result)
@@ -374,7 +368,7 @@ class APO(PromptSearch, Generic[T_task]):
         assert val_dataset is not None
         if self._poml_trace and poml is not None:
             poml.set_trace(trace_dir="pomltrace")
-        try:
+        async with self._search_session():
             beam = await self._start_beam(seed, val_dataset)
             first_round = self._rounds_done + 1
             for round_num in range(first_round, self.beam_rounds + 1):
@@ -386,15 +380,6 @@ class APO(PromptSearch, Generic[T_task]):
                 self._log(logging.INFO, f"{len(candidates)} new candidate(s).", prefix=prefix)
                 beam = await self._evaluate_and_select_beam(beam + candidates, resource_name, val_iter, round_num)
                 await self._update_best_prompt(beam, resource_name, val_dataset, round_num)
-        except SearchBudgetExhausted as exc:
-            self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
-        finally:
-            await self._publish_best()
-            self._log(
-                logging.INFO,
-                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
-                f"{self.summary()}",
-            )
 
     _rounds_done = 0
 

@@ -24,7 +24,6 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import Dataset, PromptTemplate
 
-from .optimizer import SearchBudgetExhausted
 from .prompts import conversation_of
 from .search import PromptSearch, RolloutResultForAPO, VersionedPromptTemplate, keyed
 from .templates import escape_literal
@@ -244,7 +243,7 @@ class FewShotAPO(PromptSearch):
         seed = self._set_seed(train_dataset, val_dataset)
         assert train_dataset is not None and val_dataset is not None
         val, train = keyed(val_dataset), keyed(train_dataset)
-        try:
+        async with self._search_session():
             if self.resume:
                 await self._resume_state()
             seed_version = self._create_versioned_prompt(seed)
@@ -281,12 +280,3 @@ class FewShotAPO(PromptSearch):
             self._log(logging.INFO, f"Validation batch scores: {scores}", prefix="[Search]")
             for candidate in ranked[: self.finalists]:
                 await self._validate_full(candidate, val, prefix=f"[Final | Prompt {candidate.version}]")
-        except SearchBudgetExhausted as exc:
-            self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
-        finally:
-            await self._publish_best()
-            self._log(
-                logging.INFO,
-                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
-                f"{self.summary()}",
-            )

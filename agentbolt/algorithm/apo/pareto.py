@@ -25,7 +25,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import Dataset
 
-from .optimizer import SearchBudgetExhausted
 from .prompts import (
     MERGE_PROMPT_FILES,
     REFLECT_PROMPT_FILES,
@@ -118,11 +117,8 @@ class ParetoAPO(PromptSearch):
         self.reflection_batch_size = reflection_batch_size
         self.rounds = rounds
         self.merge_every = merge_every
-        self.reflect_prompt_files = [Path(p) for p in reflect_prompt_files or REFLECT_PROMPT_FILES]
-        self.merge_prompt_files = [Path(p) for p in merge_prompt_files or MERGE_PROMPT_FILES]
-        for path in (*self.reflect_prompt_files, *self.merge_prompt_files):
-            if not path.is_file():
-                raise ValueError(f"prompt file {path} does not exist")
+        self.reflect_prompt_files = self._prompt_files(reflect_prompt_files, REFLECT_PROMPT_FILES)
+        self.merge_prompt_files = self._prompt_files(merge_prompt_files, MERGE_PROMPT_FILES)
         self.pool: Dict[str, VersionedPromptTemplate] = {}
         self.val_scores: Dict[str, Dict[str, float]] = {}
 
@@ -261,7 +257,7 @@ class ParetoAPO(PromptSearch):
         self._val = keyed(val_dataset)
         train = keyed(train_dataset)
         first_round = 1
-        try:
+        async with self._search_session():
             if self.resume:
                 first_round = await self._restore_pool() + 1
             if not self.pool:
@@ -275,15 +271,6 @@ class ParetoAPO(PromptSearch):
                     await self._merge(batch, round_num)
                 else:
                     await self._reflect(self._pick_parent(), batch, round_num)
-        except SearchBudgetExhausted as exc:
-            self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
-        finally:
-            await self._publish_best()
-            self._log(
-                logging.INFO,
-                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
-                f"{self.summary()}",
-            )
 
     _val: List[Tuple[str, Any]] = []
 

@@ -12,13 +12,14 @@ resources.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -589,6 +590,34 @@ class PromptSearch(Algorithm):
     @staticmethod
     def _lineage_of(record: CandidateRecord) -> Dict[str, Any]:
         return {"origin": record.origin, "parents": list(record.parents), "note": record.note, "round": record.round}
+
+    @contextlib.asynccontextmanager
+    async def _search_session(self) -> AsyncIterator[None]:
+        """Wrap a search: a spent budget ends it quietly; whatever ends it, the best prompt is stored and reported."""
+        try:
+            yield
+        except SearchBudgetExhausted as exc:
+            self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
+        finally:
+            await self._publish_best()
+            self._log(
+                logging.INFO,
+                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
+                f"{self.summary()}",
+            )
+
+    @staticmethod
+    def _prompt_files(given: Optional[Sequence[Any]], default: Sequence[Path]) -> List[Path]:
+        """``given`` (else ``default``) as paths.
+
+        Raises:
+            ValueError: A file does not exist.
+        """
+        paths = [Path(p) for p in given or default]
+        for path in paths:
+            if not path.is_file():
+                raise ValueError(f"prompt file {path} does not exist")
+        return paths
 
     async def _publish_best(self) -> None:
         """Store the best prompt as ``{run_id}-best`` (the latest resources), keeping it whatever happened."""
