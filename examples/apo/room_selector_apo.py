@@ -194,6 +194,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--limit", type=int, default=None, help="use only the first N tasks of each split (a quick look)"
     )
+    parser.add_argument("--port", type=int, default=None, help="port of the trainer's store server (default: free)")
     parser.add_argument(
         "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
     )

@@ -55,7 +55,11 @@ def test_splits_share_no_request_and_no_date() -> None:
     splits = {name: load_room_tasks(name) for name in ("train", "val", "test")}
     assert [len(tasks) for tasks in splits.values()] == [40, 24, 48]
     dates = {name: {task["date"] for task in tasks} for name, tasks in splits.items()}
-    assert not (dates["train"] & dates["val"]) and not (dates["train"] & dates["test"]) and not (dates["val"] & dates["test"])
+    assert (
+        not (dates["train"] & dates["val"])
+        and not (dates["train"] & dates["test"])
+        and not (dates["val"] & dates["test"])
+    )
     for tasks in splits.values():
         most_common = Counter(task["expected_choice"] for task in tasks).most_common(1)[0][1]
         assert most_common <= len(tasks) // 4  # naming one room always scores at most 25%
