@@ -5,7 +5,8 @@ after the other) and prints one JSON document: the machine (CPU model, cores, lo
 optimizer, the test-split score of the seed and of the best prompt (overall and per slice, with 95% Wilson
 intervals), rollouts and optimizer tokens spent, and wall time. Hold the machine-wide measurement lock while it runs:
 
-    flock /tmp/agentbolt-measure.lock .venv/bin/python benchmarks/apo_bench.py --output /tmp/apo_bench.json
+    flock /tmp/agentbolt-measure.lock .venv/bin/python benchmarks/apo_bench.py --output /tmp/apo_bench.json \\
+        --log-dir /tmp/apo_logs
     .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot --rounds 1     # one optimizer
 """
 
@@ -36,8 +37,12 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def run_one(algorithm: str, extra: Sequence[str]) -> Dict[str, Any]:
-    """One optimizer run in a fresh process; its result document plus the load before it started."""
+def run_one(algorithm: str, extra: Sequence[str], log_dir: Optional[Path] = None) -> Dict[str, Any]:
+    """One optimizer run in a fresh process; its result document plus the load before it started.
+
+    The run's log (every critique, candidate score and new best prompt) goes to ``log_dir/ALGORITHM.log`` when a
+    directory is given.
+    """
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "result.json"
         command = [sys.executable, "-m", "examples.apo.room_selector_apo", "--algorithm", algorithm]
@@ -46,6 +51,9 @@ def run_one(algorithm: str, extra: Sequence[str]) -> Dict[str, Any]:
         started = time.perf_counter()
         completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - started
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / f"{algorithm}.log").write_text(completed.stderr, encoding="utf-8")
         if completed.returncode != 0:
             return {"algorithm": algorithm, "error": completed.stderr[-4000:], "returncode": completed.returncode}
         result = json.loads(output.read_text(encoding="utf-8"))
@@ -58,10 +66,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithms", nargs="+", default=["fewshot", "apo", "pareto"])
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep each run's log here")
     args, extra = parser.parse_known_args(argv)
     runs: List[Dict[str, Any]] = []
     for algorithm in args.algorithms:
-        runs.append(run_one(algorithm, extra))
+        runs.append(run_one(algorithm, extra, args.log_dir))
     document = {
         "benchmark": "apo_room_selector",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

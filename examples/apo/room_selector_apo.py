@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import agentbolt as agl
-from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate
+from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate, load_search_run
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.room_selector import (
     RoomSelectionTask,
@@ -105,6 +105,18 @@ class OptimizeThenTest(agl.Algorithm):
             "best_prompt": best.template,
             "test_seed": slice_report(self.test_tasks, seed_eval.rewards),
             "test_best": slice_report(self.test_tasks, best_eval.rewards),
+            "candidates": [
+                {
+                    "version": record.version,
+                    "origin": record.origin,
+                    "parents": record.parents,
+                    "val_full": record.mean("val-full"),
+                    "val_batch": record.mean("val-batch"),
+                    "note": record.note[:400],
+                }
+                for record in await load_search_run(self.get_store(), optimizer.run_id)
+                if not record.version.startswith("test-")
+            ],
         }
 
 
