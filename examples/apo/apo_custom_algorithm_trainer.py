@@ -6,6 +6,7 @@ import contextlib
 import os
 
 import agentbolt as agl
+from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.apo_custom_algorithm import pick_best_prompt
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
 from examples.apo.room_selector_apo import EMBEDDED_MODEL, embedded_model
@@ -21,6 +22,7 @@ def main(hosted: bool = False, runners: int = 2) -> None:
         trainer = agl.Trainer(
             algorithm=pick_best_prompt,
             n_runners=runners,
+            port=pick_free_port("127.0.0.1"),
             initial_resources={"prompt_template": prompt_template_baseline()},
         )
         trainer.fit(room_selector, val_dataset=load_room_tasks("val"))

@@ -18,6 +18,7 @@ import os
 from typing import Any, Optional, Sequence
 
 import agentbolt as agl
+from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
 from examples.apo.room_selector_apo import EMBEDDED_MODEL, embedded_model
 
@@ -60,6 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.mode == "dev":
             trainer = agl.Trainer(
                 n_runners=1,
+                port=pick_free_port("127.0.0.1"),
                 initial_resources={"prompt_template": prompt_template_baseline()},
                 adapter=agl.TraceToMessages(),
             )
