@@ -41,6 +41,7 @@ __all__ = [
     "RolloutResultForAPO",
     "VersionedPromptTemplate",
     "load_search_run",
+    "optimizer_client",
 ]
 
 METADATA_KEY = "prompt_search"
@@ -188,12 +189,34 @@ def keyed(dataset: Dataset[Any]) -> List[Tuple[str, Any]]:
     return [(str(index), dataset[index]) for index in range(len(dataset))]
 
 
+def optimizer_client(spec: Any) -> Any:
+    """The optimizer's client from a client, a base URL, or the keyword arguments of ``openai.AsyncOpenAI``.
+
+    A plain value (a URL string or a dict such as ``{"base_url": ..., "api_key": ...}``) lets an optimizer be built
+    from a configuration file. None and client objects are returned as they are.
+
+    Raises:
+        ImportError: A client must be built and the ``openai`` package is missing (the message names the extra).
+    """
+    if spec is None or not isinstance(spec, (str, Mapping)):
+        return spec
+    try:
+        from openai import AsyncOpenAI
+    except ImportError as exc:
+        raise ImportError(
+            "Building the optimizer client needs the openai package: pip install 'agentbolt[apo]'"
+        ) from exc
+    options = {"base_url": spec} if isinstance(spec, str) else dict(spec)
+    return AsyncOpenAI(**options)
+
+
 class PromptSearch(Algorithm):
     """Base of the prompt optimizers: seed lookup, store-backed evaluation, optimizer calls, best-prompt tracking.
 
     Args:
-        async_openai_client: The optimizer model's client (``openai.AsyncOpenAI`` or compatible); may be None for
-            searches that never ask a model (few-shot selection).
+        async_openai_client: The optimizer model's client (``openai.AsyncOpenAI`` or compatible), or what builds
+            one (a base URL, or a dict of ``AsyncOpenAI`` keyword arguments, see :func:`optimizer_client`); may be
+            None for searches that never ask a model (few-shot selection).
         rollout_batch_timeout: Seconds an evaluation batch may take; unfinished rollouts are cancelled and score 0.
         run_id: Names this run's candidates in the store (default: a new random id).
         resume: Continue the run ``run_id`` from what the store holds.
@@ -236,6 +259,7 @@ class PromptSearch(Algorithm):
             raise ValueError("resume=True needs the run_id of the run to continue")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+        async_openai_client = optimizer_client(async_openai_client)
         self.async_openai_client = async_openai_client
         self.rollout_batch_timeout = rollout_batch_timeout
         self.run_id = run_id or f"apo-{secrets.token_hex(4)}"

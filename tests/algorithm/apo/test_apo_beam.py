@@ -202,3 +202,21 @@ def test_apo_is_built_from_a_plain_dict_spec(optimizer_client: Any) -> None:
     )
     assert isinstance(apo, APO) and apo.beam_rounds == 1
     assert TRAIN and SEED_TEMPLATE  # the module's datasets are the ones the runs above use
+
+
+def test_the_optimizer_client_can_be_given_as_plain_values() -> None:
+    from openai import AsyncOpenAI
+
+    by_url = APO("http://127.0.0.1:9/v1")
+    assert isinstance(by_url.async_openai_client, AsyncOpenAI)
+    assert str(by_url.async_openai_client.base_url) == "http://127.0.0.1:9/v1/"
+    apo = agl.build_component(
+        {
+            "type": "agentbolt.algorithm.apo.APO",
+            "async_openai_client": {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "max_retries": 0},
+            "gradient_model": "critic",
+        },
+        expected_type=agl.Algorithm,
+        spec_name="algorithm",
+    )
+    assert apo.async_openai_client.api_key == "k" and apo.async_openai_client.max_retries == 0
