@@ -242,12 +242,7 @@ def format_rooms(task: RoomSelectionTask) -> str:
 
 def prompt_template_lookup_baseline() -> agl.PromptTemplate:
     """The seed prompt of the lookup variant (the room list is filled in as ``{rooms}``)."""
-    return agl.PromptTemplate(
-        template="Find a room for this meeting.\n"
-        "Date: {date}\nTime: {time}\nDuration: {duration_min} minutes\nAttendees: {attendees}\n"
-        "Needs: {needs}\nStep-free access required: {accessible_required}\nRooms:\n{rooms}",
-        engine="f-string",
-    )
+    return agl.PromptTemplate(template=prompt_template_baseline().template + "\nRooms:\n{rooms}", engine="f-string")
 
 
 @agl.rollout
