@@ -149,7 +149,7 @@ def build_optimizer(args: argparse.Namespace, client: Any) -> PromptSearch:
     return agl.FewShotAPO(
         max_demos=3,
         bootstrap_tasks=args.limit or 40,
-        bootstrap_repeats=2,
+        bootstrap_repeats=args.bootstrap_repeats,
         num_candidate_sets=4,
         val_batch_size=args.val_batch_size,
         finalists=1,
@@ -199,6 +199,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--optimizer-max-tokens", type=int, default=400, help="completion budget of optimizer calls")
     parser.add_argument("--rounds", type=int, default=2, help="beam rounds (apo); pareto runs twice as many")
     parser.add_argument("--val-batch-size", type=int, default=12)
+    parser.add_argument("--bootstrap-repeats", type=int, default=2, help="fewshot: runs per bootstrap task")
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
