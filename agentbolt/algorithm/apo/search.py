@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import secrets
 import time
@@ -193,7 +194,8 @@ def optimizer_client(spec: Any) -> Any:
     """The optimizer's client from a client, a base URL, or the keyword arguments of ``openai.AsyncOpenAI``.
 
     A plain value (a URL string or a dict such as ``{"base_url": ..., "api_key": ...}``) lets an optimizer be built
-    from a configuration file. None and client objects are returned as they are.
+    from a configuration file; without an ``api_key``, ``OPENAI_API_KEY`` is used, else a placeholder (enough for a
+    local server). None and client objects are returned as they are.
 
     Raises:
         ImportError: A client must be built and the ``openai`` package is missing (the message names the extra).
@@ -207,6 +209,8 @@ def optimizer_client(spec: Any) -> Any:
             "Building the optimizer client needs the openai package: pip install 'agentbolt[apo]'"
         ) from exc
     options = {"base_url": spec} if isinstance(spec, str) else dict(spec)
+    # a local server needs no key; a hosted one refuses the placeholder with a clear 401
+    options.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "no-key")
     return AsyncOpenAI(**options)
 
 
