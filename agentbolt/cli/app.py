@@ -30,7 +30,7 @@ def _root() -> None:
     """Train AI agents from the traces of their LLM calls."""
 
 
-app.command("store", help=store.HELP)(store.store_command)
+app.command("store", help=store.HELP, context_settings=store.CONTEXT_SETTINGS)(store.store_command)
 app.command("proxy", help=proxy.HELP)(proxy.proxy_command)
 app.command("serve", help=serve.HELP)(serve.serve_command)
 app.add_typer(models.app, name="models", help=models.HELP)
@@ -39,6 +39,10 @@ app.command("vllm", help=vllm.HELP, context_settings=vllm.CONTEXT_SETTINGS)(vllm
 app.command("prometheus", help=prometheus.HELP)(prometheus.prometheus_command)
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
-    return run_app(app, argv, prog_name="agentbolt")
+def run(argv: Optional[Sequence[str]] = None, prog_name: str = "agentbolt") -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    ``prog_name`` is the name usage lines and errors show: ``agentbolt``, or ``agl`` for the reference's command
+    name (the same commands, flags and behaviour).
+    """
+    return run_app(app, argv, prog_name=prog_name)

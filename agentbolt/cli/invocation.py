@@ -24,23 +24,24 @@ __all__ = ["run_app", "run_command"]
 def run_app(app: typer.Typer, argv: Optional[Sequence[str]], prog_name: str) -> int:
     """Run ``app`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
-    A :class:`CliError` or a usage error is printed as one ``agentbolt: error: ...`` line on stderr; usage errors exit
-    with 2, an interrupted command with 130.
+    A :class:`CliError` or a usage error is printed as one ``PROGRAM: error: ...`` line on stderr (``agentbolt:``,
+    or ``agl:`` under that name); usage errors exit with 2, an interrupted command with 130.
     """
     args: List[str] = list(argv) if argv is not None else sys.argv[1:]
+    program = prog_name.split()[0]
     try:
         result = app(args=args, prog_name=prog_name, standalone_mode=False)
     except CliError as exc:
-        print(f"agentbolt: error: {exc}", file=sys.stderr)
+        print(f"{program}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except _click_exceptions.NoArgsIsHelpError as exc:
         print(exc.ctx.get_help() if exc.ctx is not None else str(exc))
         return 0
     except _click_exceptions.UsageError as exc:
-        print(f"agentbolt: error: {exc.format_message()}", file=sys.stderr)
+        print(f"{program}: error: {exc.format_message()}", file=sys.stderr)
         return 2
     except _click_exceptions.ClickException as exc:
-        print(f"agentbolt: error: {exc.format_message()}", file=sys.stderr)
+        print(f"{program}: error: {exc.format_message()}", file=sys.stderr)
         return exc.exit_code
     except typer.Exit as exc:
         return int(exc.exit_code)

@@ -26,13 +26,17 @@ from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 from agentbolt.env_var import API_KEY_ENV_VAR
 
-__all__ = ["HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
+__all__ = ["CONTEXT_SETTINGS", "HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
 
 logger = logging.getLogger(__name__)
 
 HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
 DEFAULT_DB_FILE = "agentbolt-store.db"
 DSN_ENV_VAR = "AGENTBOLT_STORE_DSN"
+
+CONTEXT_SETTINGS: Dict[str, Any] = {"allow_extra_args": True}
+"""Words after the options reach the command, which accepts them only as further ``--tracker`` values: the reference
+takes several trackers after one flag (``--tracker prometheus console``)."""
 
 
 class Backend(str, Enum):
@@ -41,6 +45,7 @@ class Backend(str, Enum):
     sqlite = "sqlite"
     memory = "memory"
     postgres = "postgres"
+    mongo = "mongo"  # the reference's; refused with a message naming the backends that exist
 
 
 class LogLevel(str, Enum):
@@ -60,6 +65,7 @@ class Tracker(str, Enum):
 
 
 def store_command(
+    ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="Interface to bind; use 0.0.0.0 to accept remote clients."),
     port: int = typer.Option(4747, min=1, max=65535, help="Port to listen on."),
     backend: Backend = typer.Option(Backend.sqlite, case_sensitive=False, help="Where the data lives."),
@@ -87,9 +93,17 @@ def store_command(
         min=1,
         help="Server processes sharing the port (sqlite or postgres; each opens its own connections).",
     ),
+    mongo_uri: Optional[str] = typer.Option(None, hidden=True, help="The reference's MongoDB URI (not supported)."),
 ) -> int:
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
+
+    trackers = _trackers(tracker, list(ctx.args))
+    if backend is Backend.mongo or mongo_uri is not None:
+        raise CliError(
+            "MongoDB is not a store backend of agentbolt: use --backend sqlite (the default, durable), "
+            "--backend postgres --dsn URI (shared by many processes and machines) or --backend memory"
+        )
 
     debug = log_level is LogLevel.DEBUG
     # At DEBUG, every request is logged (uvicorn's access log, through agentbolt's handlers).
@@ -116,10 +130,27 @@ def store_command(
             spec=spec,
             api_key=api_key or None,
             cors_origins=list(cors_origin or []),
-            trackers=[t.value for t in (tracker or [])],
+            trackers=trackers,
             access_log=debug,
         )
     )
+
+
+def _trackers(flagged: Optional[List[Tracker]], extra_words: List[str]) -> List[str]:
+    """The tracker names: each ``--tracker`` value, then the words that followed (``--tracker prometheus console``).
+
+    Raises:
+        CliError: A word that is not a tracker name, or words without any ``--tracker``.
+    """
+    names = [t.value for t in (flagged or [])]
+    valid = {t.value for t in Tracker}
+    unknown = [word for word in extra_words if word.lower() not in valid]
+    if unknown or (extra_words and not names):
+        raise CliError(
+            f"unexpected argument {' '.join(unknown or extra_words)!r}: the store takes no arguments, only options "
+            f"(words after --tracker must be tracker names: {', '.join(sorted(valid))})"
+        )
+    return names + [word.lower() for word in extra_words]
 
 
 def _resolve_db_path(path: Optional[Path]) -> Path:
@@ -337,4 +368,4 @@ def _check_store_opens(spec: StoreSpec) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``agentbolt store`` with ``argv`` (default ``sys.argv[1:]``) as its arguments; returns the exit code."""
-    return run_command(store_command, "store", HELP, argv)
+    return run_command(store_command, "store", HELP, argv, context_settings=CONTEXT_SETTINGS)
