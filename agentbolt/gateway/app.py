@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
 
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
@@ -492,6 +493,15 @@ def create_app(gateway: Gateway) -> FastAPI:
     return app
 
 
+class FlushResponse(BaseModel):
+    """Answer of ``POST /flush``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    flushed: bool
+    spans: Optional[Dict[str, Any]] = None
+
+
 def _operations(rollout_routes: bool) -> List[Operation]:
     """The gateway's documented routes (each also exists without ``/v1``)."""
     forwarding_errors = (404, 429, 502, 503, 504)
@@ -507,10 +517,9 @@ def _operations(rollout_routes: bool) -> List[Operation]:
         Operation(
             "post",
             "/flush",
-            'Wait until the span of every call answered so far is in the store: {"flushed": bool, "spans": {...}}.',
-            StatusResponse,
+            'Wait until the span of every call answered so far is in the store (optional body {"timeout": s}).',
+            FlushResponse,
             errors=(400,),
-            response_description='{"flushed": true/false, "spans": {...}}',
         ),
     ]
     for prefix in prefixes:
