@@ -260,11 +260,14 @@ def main() -> None:
         peak_rss = _peak_rss_mb(server.pid)
         peer_rss = _peak_rss_mb(peer.pid) if peer is not None else None
     finally:
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=60)
-        if peer is not None:
-            peer.send_signal(signal.SIGINT)
-            peer.communicate(timeout=60)
+        for process in [server] if peer is None else [server, peer]:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                print(f"process {process.pid} did not stop within 60 s of SIGINT: killed", file=sys.stderr)
+                process.kill()
+                process.communicate()
     reference = None
     if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
         from agentbolt.serving.transformers_engine import configure_openmp
