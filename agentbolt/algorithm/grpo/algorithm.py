@@ -176,6 +176,11 @@ class GRPO(Algorithm):
         self.trainer: Optional[PolicyTrainer] = None
         self.history: List[Dict[str, float]] = []
 
+    @property
+    def reports_progress(self) -> bool:
+        """With ``console`` on, GRPO shows its own progress bar and per-step metrics."""
+        return self.config.console
+
     # ------------------------------------------------------------------------------------------------ set-up
     def _load_policy(self) -> Tuple[Any, Any]:
         if self._model is not None:
