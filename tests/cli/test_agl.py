@@ -73,7 +73,7 @@ def test_agl_store_takes_the_reference_flags(agl_script: Path, tmp_path: Path) -
             timeout=5,
         )
         assert preflight.headers.get("access-control-allow-origin") in ("*", "http://example.test")
-        scrape = httpx.get(f"http://127.0.0.1:{port}/v1/prometheus", timeout=5)
+        scrape = httpx.get(f"http://127.0.0.1:{port}/v1/prometheus/", timeout=5)
         assert scrape.status_code == 200
     finally:
         assert _stop(process) == 0
