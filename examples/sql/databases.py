@@ -1,0 +1,272 @@
+"""The sql example's databases and questions: small SQLite databases built by this script, and text-to-SQL tasks.
+
+``python -m examples.sql.databases`` writes the databases into ``data/databases/`` (rebuilt automatically when
+missing: they are not shipped) and rewrites the shipped ``data/train.jsonl`` and ``data/test.jsonl`` byte for byte
+from the seed.
+
+As in Spider, the held-out questions are asked about **databases never seen in training** (``zoo``, ``airline``):
+a model must read the schema, not remember table names, so no held-out question is a reworded training question.
+Each question has a gold query; the reward is execution accuracy (:func:`execution_match`): the agent's query must
+return the same rows as the gold query (in order only when the gold query orders them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
+
+__all__ = [
+    "DATA_DIR",
+    "DATABASES",
+    "SqlTask",
+    "database_path",
+    "ensure_databases",
+    "execute",
+    "execution_match",
+    "load_split",
+    "make_tasks",
+    "schema_text",
+]
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+SEED = 20251122
+TRAIN_DATABASES = ("company", "library", "school", "shop")
+TEST_DATABASES = ("zoo", "airline")
+MAX_RESULT_ROWS = 20
+
+
+class SqlTask(TypedDict):
+    """One question.
+
+    Attributes:
+        id: ``train-4`` / ``test-9``.
+        db_id: The database (``company``).
+        question: The question in English.
+        query: The gold SQL query (never shown to the agent).
+        kind: The slice: ``count``, ``lookup``, ``max``, ``argmax`` or ``filter``.
+    """
+
+    id: str
+    db_id: str
+    question: str
+    query: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One table: its name, how to speak of its rows, its columns and how to make a row."""
+
+    name: str
+    singular: str
+    plural: str
+    text_columns: Tuple[Tuple[str, Tuple[str, ...]], ...]  # (column, values)
+    number_columns: Tuple[Tuple[str, int, int], ...]  # (column, low, high)
+
+
+_FIRST = ["Alice", "Bruno", "Chen", "Dana", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jana", "Kofi", "Lena", "Milo",
+          "Nadia", "Omar", "Pia", "Quinn", "Rosa", "Sven", "Tara", "Uma", "Viktor", "Wren", "Yusuf"]  # fmt: skip
+_LAST = ["Adler", "Brook", "Costa", "Dietz", "Evans", "Fischer", "Gruber", "Horn", "Ibsen", "Jensen", "Kraus", "Lund",
+         "Moreau", "Novak", "Olsen", "Petrov", "Quist", "Rossi", "Stein", "Thorne"]  # fmt: skip
+
+DATABASES: Dict[str, _Table] = {
+    "company": _Table("employees", "employee", "employees",
+                      (("department", ("Sales", "Finance", "Support", "Research")), ("city", ("Oslo", "Lyon", "Porto"))),
+                      (("salary", 30000, 90000), ("age", 22, 64))),
+    "library": _Table("books", "book", "books",
+                      (("genre", ("Mystery", "History", "Poetry", "Science")), ("language", ("English", "French", "German"))),
+                      (("pages", 90, 900), ("year", 1950, 2020))),
+    "school": _Table("students", "student", "students",
+                     (("club", ("Chess", "Drama", "Robotics", "Choir")), ("house", ("Red", "Blue", "Green"))),
+                     (("grade", 1, 12), ("score", 40, 100))),
+    "shop": _Table("products", "product", "products",
+                   (("category", ("Toys", "Garden", "Kitchen", "Books")), ("supplier", ("Acme", "Borka", "Cresto"))),
+                   (("price", 2, 400), ("stock", 0, 250))),
+    "zoo": _Table("animals", "animal", "animals",
+                  (("species", ("Lion", "Zebra", "Otter", "Parrot")), ("enclosure", ("North", "South", "East"))),
+                  (("weight", 1, 300), ("age", 1, 30))),
+    "airline": _Table("flights", "flight", "flights",
+                      (("destination", ("Rome", "Cairo", "Lima", "Seoul")), ("aircraft", ("A320", "B737", "E190"))),
+                      (("duration", 45, 720), ("seats", 70, 300))),
+}  # fmt: skip
+"""Each database has one table; the name column of every table is ``name``."""
+
+
+def database_path(db_id: str, data_dir: Path = DATA_DIR) -> Path:
+    """Where a database lives.
+
+    Raises:
+        ValueError: Unknown database.
+    """
+    if db_id not in DATABASES:
+        raise ValueError(f"unknown database {db_id!r}; known: {sorted(DATABASES)}")
+    return data_dir / "databases" / f"{db_id}.sqlite"
+
+
+def _rows(rng: random.Random, db_id: str, table: _Table, count: int = 16) -> List[Tuple[Any, ...]]:
+    names: set = set()
+    rows = []
+    while len(rows) < count:
+        name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}" if db_id in ("company", "school") else None
+        if name is None:
+            prefix = {"library": "The", "shop": "", "zoo": "", "airline": ""}[db_id]
+            stem = f"{rng.choice(_LAST)} {rng.choice(['Garden', 'Star', 'River', 'Stone', 'Crown', 'Harbor'])}"
+            name = f"{prefix} {stem}".strip() if db_id != "airline" else f"AB{rng.randint(100, 999)}"
+        if name in names:
+            continue
+        names.add(name)
+        texts = [rng.choice(values) for _, values in table.text_columns]
+        numbers = [rng.randint(low, high) for _, low, high in table.number_columns]
+        rows.append((len(rows) + 1, name, *texts, *numbers))
+    return rows
+
+
+def _create_statement(table: _Table) -> str:
+    columns = ["id INTEGER PRIMARY KEY", "name TEXT"]
+    columns += [f"{column} TEXT" for column, _ in table.text_columns]
+    columns += [f"{column} INTEGER" for column, _, _ in table.number_columns]
+    return f"CREATE TABLE {table.name} ({', '.join(columns)})"
+
+
+def schema_text(db_id: str) -> str:
+    """The schema the agent sees: the ``CREATE TABLE`` statement."""
+    return _create_statement(DATABASES[db_id]) + ";"
+
+
+def ensure_databases(data_dir: Path = DATA_DIR, seed: int = SEED) -> None:
+    """Build every database that is missing (the same content for the same seed)."""
+    for index, (db_id, table) in enumerate(sorted(DATABASES.items())):
+        path = database_path(db_id, data_dir)
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.unlink(missing_ok=True)
+        rows = _rows(random.Random(seed + index), db_id, table)
+        with sqlite3.connect(partial) as connection:
+            connection.execute(_create_statement(table))
+            marks = ", ".join("?" for _ in rows[0])
+            connection.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows)
+        partial.replace(path)
+
+
+def execute(db_id: str, query: str, data_dir: Path = DATA_DIR, timeout: float = 2.0) -> List[Tuple[Any, ...]]:
+    """Run ``query`` read-only on a database and return its rows.
+
+    Raises:
+        sqlite3.Error: The query fails, writes, or runs longer than ``timeout`` seconds.
+    """
+    ensure_databases(data_dir)
+    uri = f"file:{database_path(db_id, data_dir)}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True)
+    deadline = [0]
+    limit = int(timeout * 1000)
+
+    def progress() -> int:
+        deadline[0] += 1
+        return 1 if deadline[0] > limit else 0  # called every 1000 VM steps: a rough bound on work
+
+    connection.set_progress_handler(progress, 1000)
+    try:
+        return connection.execute(query).fetchmany(10_000)
+    finally:
+        connection.close()
+
+
+def execution_match(predicted: Optional[str], gold: str, db_id: str, data_dir: Path = DATA_DIR) -> bool:
+    """Whether ``predicted`` returns the gold query's rows: as a multiset, or in order when the gold query orders.
+
+    A missing query, an error, or a query that only writes never matches.
+    """
+    if not predicted or not predicted.strip():
+        return False
+    try:
+        mine = execute(db_id, predicted, data_dir)
+    except (sqlite3.Error, sqlite3.Warning):
+        return False
+    expected = execute(db_id, gold, data_dir)
+    if "order by" in gold.lower():
+        return mine == expected
+    return Counter(mine) == Counter(expected)
+
+
+def _questions(rng: random.Random, db_id: str, table: _Table, rows: List[Tuple[Any, ...]]) -> List[SqlTask]:
+    t = table.name
+    text_cols = [c for c, _ in table.text_columns]
+    num_cols = [c for c, _, _ in table.number_columns]
+    values = {c: sorted({row[2 + i] for row in rows}) for i, c in enumerate(text_cols)}
+    tasks: List[SqlTask] = []
+
+    def add(kind: str, question: str, query: str) -> None:
+        tasks.append(SqlTask(id="", db_id=db_id, question=question, query=query, kind=kind))
+
+    for column in text_cols:
+        for value in values[column]:
+            add("count", f"How many {table.plural} have {column} {value}?",
+                f"SELECT COUNT(*) FROM {t} WHERE {column} = '{value}'")  # fmt: skip
+    for row in rng.sample(rows, 6):
+        column = rng.choice(text_cols + num_cols)
+        add("lookup", f"What is the {column} of {row[1]}?", f"SELECT {column} FROM {t} WHERE name = '{row[1]}'")
+    for column in num_cols:
+        add("max", f"What is the highest {column} of all {table.plural}?", f"SELECT MAX({column}) FROM {t}")
+        add("max", f"What is the lowest {column} of all {table.plural}?", f"SELECT MIN({column}) FROM {t}")
+        add("argmax", f"Which {table.singular} has the highest {column}? Give its name.",
+            f"SELECT name FROM {t} ORDER BY {column} DESC LIMIT 1")  # fmt: skip
+        add("argmax", f"Which {table.singular} has the lowest {column}? Give its name.",
+            f"SELECT name FROM {t} ORDER BY {column} ASC LIMIT 1")  # fmt: skip
+        threshold = sorted(row[2 + len(text_cols) + num_cols.index(column)] for row in rows)[-4]
+        add("filter", f"List the names of the {table.plural} whose {column} is greater than {threshold}.",
+            f"SELECT name FROM {t} WHERE {column} > {threshold}")  # fmt: skip
+    return tasks
+
+
+def make_tasks(data_dir: Path = DATA_DIR, seed: int = SEED) -> Dict[str, List[SqlTask]]:
+    """The training and held-out questions (the databases are built first when missing)."""
+    ensure_databases(data_dir, seed)
+    rng = random.Random(seed)
+    splits: Dict[str, List[SqlTask]] = {}
+    for split, db_ids in (("train", TRAIN_DATABASES), ("test", TEST_DATABASES)):
+        tasks: List[SqlTask] = []
+        for db_id in db_ids:
+            connection = sqlite3.connect(database_path(db_id, data_dir))
+            rows = connection.execute(f"SELECT * FROM {DATABASES[db_id].name} ORDER BY id").fetchall()
+            connection.close()
+            tasks.extend(_questions(rng, db_id, DATABASES[db_id], rows))
+        rng.shuffle(tasks)
+        for i, task in enumerate(tasks):
+            task["id"] = f"{split}-{i}"
+        splits[split] = tasks
+    return splits
+
+
+def load_split(name: str, data_dir: Path = DATA_DIR) -> List[SqlTask]:
+    """The shipped ``train`` or ``test`` questions (the databases are built when missing).
+
+    Raises:
+        ValueError: ``name`` is not a split.
+    """
+    if name not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+    ensure_databases(data_dir)
+    lines = (data_dir / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Build the databases and rewrite the shipped questions."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    args = parser.parse_args(argv)
+    for name, tasks in make_tasks(args.data_dir).items():
+        text = "".join(json.dumps(task, sort_keys=True) + "\n" for task in tasks)
+        (args.data_dir / f"{name}.jsonl").write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The sql example: generated databases and questions, execution accuracy, the LangGraph agent and its rollouts."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import agentbolt as agl
+
+from .rollouts import run_rollouts
+from .scripted_chat import ScriptedChat
+
+pytest.importorskip("langgraph")
+pytest.importorskip("langchain_openai")
+
+from examples.sql.agent import CORRECT, SqlAgent, extract_query
+from examples.sql.databases import (
+    DATA_DIR,
+    TEST_DATABASES,
+    TRAIN_DATABASES,
+    execute,
+    execution_match,
+    load_split,
+    make_tasks,
+)
+
+TASK = next(t for t in load_split("test") if t["db_id"] == "zoo" and t["kind"] == "argmax")
+
+
+def test_databases_and_questions_are_regenerated_identically(tmp_path: Path) -> None:
+    tasks = make_tasks(tmp_path)
+    for name in ("train", "test"):
+        expected = "".join(json.dumps(task, sort_keys=True) + "\n" for task in tasks[name])
+        assert (DATA_DIR / f"{name}.jsonl").read_text(encoding="utf-8") == expected
+    for db_id in TRAIN_DATABASES + TEST_DATABASES:
+        assert execute(db_id, "SELECT * FROM sqlite_master", tmp_path) == execute(db_id, "SELECT * FROM sqlite_master")
+
+
+def test_held_out_questions_are_about_databases_never_trained_on() -> None:
+    train, test = load_split("train"), load_split("test")
+    assert {t["db_id"] for t in train} == set(TRAIN_DATABASES)
+    assert {t["db_id"] for t in test} == set(TEST_DATABASES)
+    assert not {t["question"] for t in train} & {t["question"] for t in test}
+    for task in train + test:  # every gold query runs and returns something
+        assert execute(task["db_id"], task["query"]), task
+
+
+@pytest.mark.parametrize(
+    ("predicted", "expected"),
+    [
+        (TASK["query"], True),
+        (TASK["query"].replace("SELECT name", "SELECT  name"), True),
+        (None, False),
+        ("", False),
+        ("SELECT name FROM nowhere", False),  # an error
+        (TASK["question"], False),  # the question copied back
+        ("DELETE FROM animals", False),  # writes are refused (read-only connection)
+        ("SELECT name FROM animals", False),  # every name: the gold among distractors
+        ("SELECT name FROM animals ORDER BY name LIMIT 1", False),  # ordered, but other rows
+    ],
+)
+def test_execution_match(predicted: str, expected: bool) -> None:
+    assert execution_match(predicted, TASK["query"], TASK["db_id"]) is expected
+
+
+def test_unordered_gold_accepts_any_row_order() -> None:
+    task = next(t for t in load_split("test") if t["kind"] == "filter")
+    reordered = task["query"] + " ORDER BY name DESC"
+    assert execution_match(reordered, task["query"], task["db_id"])
+
+
+def test_writes_leave_the_database_intact() -> None:
+    before = execute("zoo", "SELECT COUNT(*) FROM animals")
+    with pytest.raises(sqlite3.Error):
+        execute("zoo", "DROP TABLE animals")
+    assert execute("zoo", "SELECT COUNT(*) FROM animals") == before
+
+
+@pytest.mark.parametrize(
+    ("reply", "query"),
+    [
+        ("```sql\nSELECT 1;\n```", "SELECT 1"),
+        ("Here it is: SELECT name FROM t; DROP TABLE t", "SELECT name FROM t"),
+        ("```\nWITH x AS (SELECT 1) SELECT * FROM x\n```", "WITH x AS (SELECT 1) SELECT * FROM x"),
+        ("no query at all", "no query at all"),
+    ],
+)
+def test_extract_query(reply: str, query: str) -> None:
+    assert extract_query(reply) == query
+
+
+def test_the_graph_writes_checks_and_rewrites_through_the_trainer(tmp_path: Path) -> None:
+    """Writer wrong, checker objects, rewriter right: the held-out reward is 1 and each node named its calls."""
+    wrong = "```sql\nSELECT name FROM animals\n```"
+    script = [wrong, "The query returns every row.", f"```sql\n{TASK['query']}\n```"]
+    with ScriptedChat(script) as chat:
+        rollouts = run_rollouts(SqlAgent(), agl.LLM(endpoint=chat.base_url, model="scripted"),
+                                tmp_path / "store.sqlite", val=[TASK])  # fmt: skip
+    assert [r.status for r in rollouts] == ["succeeded"]
+    assert rollouts[0].rewards["primary"] == 1.0
+    assert chat.agents == ["write_query", "check_query", "rewrite_query"]
+
+
+def test_a_checked_query_ends_the_graph(tmp_path: Path) -> None:
+    with ScriptedChat([f"```sql\n{TASK['query']}\n```", CORRECT]) as chat:
+        rollouts = run_rollouts(SqlAgent(), agl.LLM(endpoint=chat.base_url, model="scripted"),
+                                tmp_path / "store.sqlite", train=[TASK])  # fmt: skip
+    assert rollouts[0].rewards["primary"] == 1.0
+    assert chat.agents == ["write_query", "check_query"]
