@@ -1,0 +1,124 @@
+"""The rag agent: OpenAI-SDK chat calls with the ``retrieve`` tool of an MCP server over the local corpus.
+
+The model searches with a query of its own, reads the passage the tool returns and answers on a last line
+``ANSWER: <answer>``. Two worked conversations come first (question, ``retrieve`` call, passage, answer), about
+entities of the training split. The training reward is the answer's token F1 against the gold answers; held-out
+rollouts emit exact match (the primary score, so GRPO's ``val/accuracy`` is EM) and F1.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import agentbolt as agl
+from examples.common.chat import Episode, rollout_client, tool_conversation, worked_tool_call
+from examples.rag.corpus import QATask, exact_match, f1_score
+
+__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer", "solve"]
+
+SERVER_SCRIPT = Path(__file__).resolve().with_name("retriever_server.py")
+SYSTEM_PROMPT = (
+    "You answer questions about an encyclopedia. Call the retrieve tool with the name the question is about, read "
+    "the passage, then reply with exactly 'ANSWER: <answer>' using words from the passage."
+)
+MAX_ANSWER_WORDS = 6
+"""Longer answers score 0: every gold answer has at most three words, and length is how a reply games F1."""
+
+_ANSWER_LINE = re.compile(r"ANSWER:\s*(.+?)\s*\.?\s*", re.IGNORECASE)
+_SEVERAL = re.compile(r",|;|/|\bor\b|\band\b", re.IGNORECASE)
+
+
+def few_shot() -> List[Dict[str, Any]]:
+    """Two worked conversations (their entities are not in the corpus, so they leak nothing)."""
+    first = worked_tool_call(
+        "call_example_1", "In what year was Brennholt founded?", "retrieve", {"query": "Brennholt"},
+        "Brennholt: Brennholt is a town on the Sarvel river. It was founded in 1433 by Ida Morrow. Brennholt is "
+        "known for its oak barrels.",
+        "ANSWER: 1433",
+    )  # fmt: skip
+    second = worked_tool_call(
+        "call_example_2", "What did Tam Eskel build first?", "retrieve", {"query": "Tam Eskel"},
+        "Tam Eskel: Tam Eskel was an engineer born in Coldwick. In 1801, Tam Eskel built the first river dredge.",
+        "ANSWER: river dredge",
+    )  # fmt: skip
+    return first + second
+
+
+def parse_answer(text: Optional[str]) -> Optional[str]:
+    """The one answer the reply commits to: its last non-empty line, ``ANSWER: <answer>``.
+
+    None when ``ANSWER:`` appears more than once (several answers), when the last line is not an answer line, or
+    when the answer lists several candidates (commas, ``or``, ``and``, slashes) or is longer than
+    :data:`MAX_ANSWER_WORDS` words.
+    """
+    if not text or text.upper().count("ANSWER:") != 1:
+        return None
+    match = _ANSWER_LINE.fullmatch(text.strip().splitlines()[-1].strip())
+    if match is None:
+        return None
+    answer = match.group(1).strip()
+    if not answer or _SEVERAL.search(answer) or len(answer.split()) > MAX_ANSWER_WORDS:
+        return None
+    return answer
+
+
+def answer_scores(reply: Optional[str], task: QATask) -> Dict[str, float]:
+    """``{"em", "f1"}`` of the reply's committed answer against the task's gold answers (0 without one)."""
+    answer = parse_answer(reply)
+    return {"em": exact_match(answer, task["answers"]), "f1": f1_score(answer, task["answers"])}
+
+
+async def solve(
+    client: Any,
+    model: str,
+    question: str,
+    *,
+    sampling_parameters: Optional[Dict[str, Any]] = None,
+    max_turns: int = 2,
+    max_tokens: int = 48,
+    server_script: Path = SERVER_SCRIPT,
+) -> Episode:
+    """Run the conversation for one question with an ``openai.AsyncOpenAI`` client and the MCP retriever."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *few_shot(), {"role": "user", "content": question}]
+    return await tool_conversation(
+        client, model, messages, server_script,
+        sampling_parameters=sampling_parameters, max_turns=max_turns, max_tokens=max_tokens,
+    )  # fmt: skip
+
+
+class RagAgent(agl.LitAgent[QATask]):
+    """The rag agent as a ``LitAgent``.
+
+    Args:
+        format_credit: Training-only credit for a retrieval that returned a passage when the answer scores 0.
+        max_turns: LLM calls per conversation at most.
+        max_tokens: Completion budget per call.
+    """
+
+    def __init__(self, *, format_credit: float = 0.1, max_turns: int = 2, max_tokens: int = 48) -> None:
+        super().__init__()
+        self.format_credit = format_credit
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+
+    async def _episode(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> Episode:
+        async with rollout_client(resources, rollout) as (client, llm):
+            return await solve(
+                client, llm.model, task["question"],
+                sampling_parameters=llm.sampling_parameters, max_turns=self.max_turns, max_tokens=self.max_tokens,
+            )  # fmt: skip
+
+    async def training_rollout_async(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        """A training conversation: answer F1, or the format credit for a useful retrieval when F1 is 0."""
+        episode = await self._episode(task, resources, rollout)
+        f1 = answer_scores(episode.reply, task)["f1"]
+        retrieved = any(name == "retrieve" and not result.startswith(("error", "no passage"))
+                        for name, _, result in episode.tool_calls)  # fmt: skip
+        return f1 if f1 > 0 else self.format_credit * float(retrieved)
+
+    async def validation_rollout_async(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> None:
+        """A held-out conversation: emits exact match (primary) and F1."""
+        episode = await self._episode(task, resources, rollout)
+        agl.emit_reward(answer_scores(episode.reply, task), primary_key="em")
