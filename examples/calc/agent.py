@@ -10,13 +10,13 @@ told about. Nothing here knows about training: the agent reads the ``main_llm`` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import agentbolt as agl
 from examples.calc.task import CalcTask, answer_instruction, reward
-from examples.common.chat import Episode, rollout_client, tool_conversation, worked_tool_call
+from examples.common.chat import McpToolAgent, worked_tool_call
 
-__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "CalcAgent", "few_shot", "solve"]
+__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "CalcAgent", "few_shot"]
 
 SERVER_SCRIPT = Path(__file__).resolve().with_name("calculator_server.py")
 SYSTEM_PROMPT = (
@@ -37,25 +37,7 @@ def few_shot() -> List[Dict[str, Any]]:
     )  # fmt: skip
 
 
-async def solve(
-    client: Any,
-    model: str,
-    question: str,
-    *,
-    sampling_parameters: Optional[Dict[str, Any]] = None,
-    max_turns: int = 2,
-    max_tokens: int = 48,
-    server_script: Path = SERVER_SCRIPT,
-) -> Episode:
-    """Run the conversation for one question with an ``openai.AsyncOpenAI`` client and the MCP calculator."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *few_shot(), {"role": "user", "content": question}]
-    return await tool_conversation(
-        client, model, messages, server_script,
-        sampling_parameters=sampling_parameters, max_turns=max_turns, max_tokens=max_tokens,
-    )  # fmt: skip
-
-
-class CalcAgent(agl.LitAgent[CalcTask]):
+class CalcAgent(McpToolAgent[CalcTask]):
     """The calc agent as a ``LitAgent``: one MCP-backed conversation per rollout, its reward returned.
 
     Args:
@@ -64,29 +46,23 @@ class CalcAgent(agl.LitAgent[CalcTask]):
         max_tokens: Completion budget per call.
     """
 
-    def __init__(self, *, format_credit: float = 0.1, max_turns: int = 2, max_tokens: int = 48) -> None:
-        super().__init__()
-        self.format_credit = format_credit
-        self.max_turns = max_turns
-        self.max_tokens = max_tokens
+    system_prompt = SYSTEM_PROMPT
+    server_script = SERVER_SCRIPT
 
-    async def _episode(self, task: CalcTask, resources: agl.NamedResources, rollout: agl.Rollout) -> Episode:
-        async with rollout_client(resources, rollout) as (client, llm):
-            return await solve(
-                client, llm.model, task["question"],
-                sampling_parameters=llm.sampling_parameters, max_turns=self.max_turns, max_tokens=self.max_tokens,
-            )  # fmt: skip
+    def few_shot(self) -> List[Dict[str, Any]]:
+        """The two worked conversations of :func:`few_shot`."""
+        return few_shot()
 
     async def training_rollout_async(
         self, task: CalcTask, resources: agl.NamedResources, rollout: agl.Rollout
     ) -> float:
         """A training conversation; the reward includes format credit."""
-        episode = await self._episode(task, resources, rollout)
+        episode = await self.episode(task, resources, rollout)
         return reward(episode.reply, task, called_tool=episode.tool_succeeded, format_credit=self.format_credit)
 
     async def validation_rollout_async(
         self, task: CalcTask, resources: agl.NamedResources, rollout: agl.Rollout
     ) -> float:
         """A held-out conversation; the reward is strict (1 correct, 0 otherwise)."""
-        episode = await self._episode(task, resources, rollout)
+        episode = await self.episode(task, resources, rollout)
         return reward(episode.reply, task)

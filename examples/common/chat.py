@@ -1,5 +1,6 @@
 """What the examples' agents share: the OpenAI client of a rollout, and a chat loop over an MCP server's tools.
 
+:class:`McpToolAgent` is the ``LitAgent`` shape of the calc and rag agents (one such chat per rollout).
 :func:`rollout_client` opens an ``openai.AsyncOpenAI`` client on the rollout's ``main_llm`` (during training, the
 gateway URL bound to the rollout's attempt). :func:`tool_conversation` starts an MCP server over stdio, offers its
 tools to the model as OpenAI function tools, runs each tool call the model makes through the MCP session and sends
@@ -14,11 +15,21 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import agentbolt as agl
 
-__all__ = ["Episode", "mcp_tools_as_openai", "rollout_client", "stdio_server", "tool_conversation", "worked_tool_call"]
+__all__ = [
+    "Episode",
+    "McpToolAgent",
+    "mcp_tools_as_openai",
+    "rollout_client",
+    "stdio_server",
+    "tool_conversation",
+    "worked_tool_call",
+]
+
+T = TypeVar("T", bound=Mapping[str, Any])
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,3 +167,45 @@ def worked_tool_call(
         {"role": "tool", "tool_call_id": call_id, "content": result},
         {"role": "assistant", "content": answer},
     ]
+
+
+class McpToolAgent(agl.LitAgent[T]):
+    """An agent answering each task's ``question`` in one chat with the tools of an MCP server offered.
+
+    Subclasses set :attr:`system_prompt` and :attr:`server_script`, may show worked conversations
+    (:meth:`few_shot`), and turn the :class:`Episode` of :meth:`episode` into a reward.
+
+    Args:
+        format_credit: Training-only partial credit for steps done right (subclasses decide which).
+        max_turns: LLM calls per conversation at most.
+        max_tokens: Completion budget per call.
+    """
+
+    system_prompt: ClassVar[str] = ""
+    server_script: ClassVar[Path]
+
+    def __init__(self, *, format_credit: float = 0.1, max_turns: int = 2, max_tokens: int = 48) -> None:
+        super().__init__()
+        self.format_credit = format_credit
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+
+    def few_shot(self) -> List[Dict[str, Any]]:
+        """Worked conversations shown before the question (none by default)."""
+        return []
+
+    async def converse(
+        self, client: Any, model: str, question: str, sampling_parameters: Optional[Dict[str, Any]] = None
+    ) -> Episode:
+        """The conversation for one question, with an ``openai.AsyncOpenAI`` client."""
+        messages = [{"role": "system", "content": self.system_prompt}, *self.few_shot()]
+        messages.append({"role": "user", "content": question})
+        return await tool_conversation(
+            client, model, messages, self.server_script,
+            sampling_parameters=sampling_parameters, max_turns=self.max_turns, max_tokens=self.max_tokens,
+        )  # fmt: skip
+
+    async def episode(self, task: T, resources: agl.NamedResources, rollout: agl.Rollout) -> Episode:
+        """The rollout's conversation, on its ``main_llm`` (through the gateway during training)."""
+        async with rollout_client(resources, rollout) as (client, llm):
+            return await self.converse(client, llm.model, str(task["question"]), llm.sampling_parameters)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import agentbolt as agl
-from examples.common.chat import Episode, rollout_client, tool_conversation, worked_tool_call
+from examples.common.chat import McpToolAgent, worked_tool_call
 from examples.rag.corpus import QATask, exact_match, f1_score
 
-__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer", "solve"]
+__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer"]
 
 SERVER_SCRIPT = Path(__file__).resolve().with_name("retriever_server.py")
 SYSTEM_PROMPT = (
@@ -70,25 +70,7 @@ def answer_scores(reply: Optional[str], task: QATask) -> Dict[str, float]:
     return {"em": exact_match(answer, task["answers"]), "f1": f1_score(answer, task["answers"])}
 
 
-async def solve(
-    client: Any,
-    model: str,
-    question: str,
-    *,
-    sampling_parameters: Optional[Dict[str, Any]] = None,
-    max_turns: int = 2,
-    max_tokens: int = 48,
-    server_script: Path = SERVER_SCRIPT,
-) -> Episode:
-    """Run the conversation for one question with an ``openai.AsyncOpenAI`` client and the MCP retriever."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *few_shot(), {"role": "user", "content": question}]
-    return await tool_conversation(
-        client, model, messages, server_script,
-        sampling_parameters=sampling_parameters, max_turns=max_turns, max_tokens=max_tokens,
-    )  # fmt: skip
-
-
-class RagAgent(agl.LitAgent[QATask]):
+class RagAgent(McpToolAgent[QATask]):
     """The rag agent as a ``LitAgent``.
 
     Args:
@@ -97,22 +79,16 @@ class RagAgent(agl.LitAgent[QATask]):
         max_tokens: Completion budget per call.
     """
 
-    def __init__(self, *, format_credit: float = 0.1, max_turns: int = 2, max_tokens: int = 48) -> None:
-        super().__init__()
-        self.format_credit = format_credit
-        self.max_turns = max_turns
-        self.max_tokens = max_tokens
+    system_prompt = SYSTEM_PROMPT
+    server_script = SERVER_SCRIPT
 
-    async def _episode(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> Episode:
-        async with rollout_client(resources, rollout) as (client, llm):
-            return await solve(
-                client, llm.model, task["question"],
-                sampling_parameters=llm.sampling_parameters, max_turns=self.max_turns, max_tokens=self.max_tokens,
-            )  # fmt: skip
+    def few_shot(self) -> List[Dict[str, Any]]:
+        """The two worked conversations of :func:`few_shot`."""
+        return few_shot()
 
     async def training_rollout_async(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
         """A training conversation: answer F1, or the format credit for a useful retrieval when F1 is 0."""
-        episode = await self._episode(task, resources, rollout)
+        episode = await self.episode(task, resources, rollout)
         f1 = answer_scores(episode.reply, task)["f1"]
         retrieved = any(name == "retrieve" and not result.startswith(("error", "no passage"))
                         for name, _, result in episode.tool_calls)  # fmt: skip
@@ -120,5 +96,5 @@ class RagAgent(agl.LitAgent[QATask]):
 
     async def validation_rollout_async(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> None:
         """A held-out conversation: emits exact match (primary) and F1."""
-        episode = await self._episode(task, resources, rollout)
+        episode = await self.episode(task, resources, rollout)
         agl.emit_reward(answer_scores(episode.reply, task), primary_key="em")

@@ -16,7 +16,7 @@ from .scripted_chat import ScriptedChat, tool_call
 
 pytest.importorskip("mcp")
 
-from examples.calc.agent import CalcAgent, solve
+from examples.calc.agent import CalcAgent
 from examples.calc.task import DATA_DIR, load_split, make_splits, parse_answer, reward
 
 TASK = load_split("test")[0]
@@ -65,14 +65,14 @@ def test_format_credit_only_for_steps_done_right() -> None:
     assert parse_answer("ANSWER: -12") == -12
 
 
-def test_solve_runs_the_calculator_through_mcp() -> None:
+def test_the_agent_runs_the_calculator_through_mcp() -> None:
     from openai import AsyncOpenAI
 
     script = [tool_call("calculate", {"expression": TASK["expression"]}), f"ANSWER: {TASK['answer']}"]
 
     async def conversation() -> object:
         async with AsyncOpenAI(base_url=chat.base_url, api_key="unused") as client:
-            return await solve(client, "scripted", TASK["question"])
+            return await CalcAgent().converse(client, "scripted", TASK["question"])
 
     with ScriptedChat(script) as chat:
         episode = asyncio.run(conversation())
@@ -101,7 +101,7 @@ def test_bad_tool_calls_come_back_to_the_model_as_errors() -> None:
 
     async def conversation() -> object:
         async with AsyncOpenAI(base_url=chat.base_url, api_key="unused") as client:
-            return await solve(client, "scripted", TASK["question"], max_turns=5)
+            return await CalcAgent(max_turns=5).converse(client, "scripted", TASK["question"])
 
     with ScriptedChat(script) as chat:
         episode = asyncio.run(conversation())

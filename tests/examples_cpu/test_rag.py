@@ -17,7 +17,7 @@ from .scripted_chat import ScriptedChat, tool_call
 pytest.importorskip("mcp")
 pytest.importorskip("rank_bm25")
 
-from examples.rag.agent import RagAgent, answer_scores, parse_answer, solve
+from examples.rag.agent import RagAgent, answer_scores, parse_answer
 from examples.rag.corpus import (
     DATA_DIR,
     ONE_HOP_KINDS,
@@ -84,14 +84,14 @@ def test_scores_normalise_like_squad() -> None:
     assert parse_answer("ANSWER:") is None
 
 
-def test_solve_retrieves_through_mcp_and_answers() -> None:
+def test_the_agent_retrieves_through_mcp_and_answers() -> None:
     from openai import AsyncOpenAI
 
     entity = TASK["question"].removeprefix("Who founded ").rstrip("?")
 
     async def conversation() -> object:
         async with AsyncOpenAI(base_url=chat.base_url, api_key="unused") as client:
-            return await solve(client, "scripted", TASK["question"])
+            return await RagAgent().converse(client, "scripted", TASK["question"])
 
     with ScriptedChat([tool_call("retrieve", {"query": entity}), f"ANSWER: {GOLD}"]) as chat:
         episode = asyncio.run(conversation())
