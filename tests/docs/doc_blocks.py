@@ -167,7 +167,8 @@ def _logical_lines(code: str) -> List[str]:
 
 
 def server_kind(command: str) -> Optional[str]:
-    """``store``, ``serve`` or ``proxy`` when ``command`` starts an agentbolt server, else None."""
+    """``store``, ``serve`` or ``proxy`` when ``command`` starts an agentbolt server (``agentbolt`` or ``agl``), else
+    None."""
     try:
         words = shlex.split(command, comments=True)
     except ValueError:
@@ -176,7 +177,7 @@ def server_kind(command: str) -> Optional[str]:
         words = words[1:]
     if words[:3] in (["python", "-m", "agentbolt"], ["python3", "-m", "agentbolt"]):
         words = ["agentbolt", *words[3:]]
-    if len(words) < 2 or words[0] != "agentbolt" or words[1] not in SERVER_DEFAULT_PORTS:
+    if len(words) < 2 or words[0] not in ("agentbolt", "agl") or words[1] not in SERVER_DEFAULT_PORTS:
         return None
     if any(flag in words for flag in ("--help", "--dry-run")):
         return None

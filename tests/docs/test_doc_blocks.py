@@ -87,6 +87,7 @@ def test_servers_are_recognised_and_ports_mapped_consistently() -> None:
     from .doc_blocks import PortMap, server_kind
 
     assert server_kind("agentbolt store --port 4747   # comment") == "store"
+    assert server_kind("agl store --port 4747 --tracker prometheus console") == "store"
     assert server_kind("AGENTBOLT_API_KEY=x agentbolt store --host 0.0.0.0") == "store"
     assert server_kind("python -m agentbolt serve ./model") == "serve"
     assert server_kind("agentbolt serve --engine llamacpp --dry-run") is None
