@@ -21,6 +21,7 @@ from support.servers import free_port, wait_healthy
 from agentbolt.cli import agl_main
 
 AGL = Path(sys.executable).with_name("agl")
+STARTUP = 180.0  # seconds a server may take to answer its health route on a loaded machine
 
 
 def _start(args: List[str], cwd: Path, env: dict) -> subprocess.Popen[bytes]:
@@ -49,7 +50,7 @@ def test_agl_store_serves_health_and_data(agl_script: Path, tmp_path: Path) -> N
     port = free_port()
     process = _start(["store", "--port", str(port), "--log-level", "WARNING"], tmp_path, {})
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", process)
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout=STARTUP)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/agl/health", timeout=5).json()["status"] == "ok"
     finally:
         assert _stop(process) == 0
@@ -66,7 +67,7 @@ def test_agl_store_takes_the_reference_flags(agl_script: Path, tmp_path: Path) -
     args += ["--log-level", "INFO", "--n-workers", "2", "--tracker", "prometheus", "console"]
     process = _start(args, tmp_path, {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", process)
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout=STARTUP)
         preflight = httpx.options(
             f"http://127.0.0.1:{port}/v1/agl/health",
             headers={"Origin": "http://example.test", "Access-Control-Request-Method": "GET"},
@@ -84,7 +85,7 @@ def test_agl_prometheus_serves_health(agl_script: Path, tmp_path: Path) -> None:
     port = free_port()
     process = _start(["prometheus", "--port", str(port)], tmp_path, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", process)
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout=STARTUP)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/prometheus", timeout=5).status_code == 200
     finally:
         assert _stop(process) == 0
