@@ -654,3 +654,5 @@ async def test_http_metrics_and_prometheus_endpoint(tmp_path: Path) -> None:
         text = text.decode() if isinstance(text, bytes) else text
         assert 'path="/v1/agl/rollouts/{rollout_id}"' in text
         assert 'path="/v1/agl/queues/rollouts/enqueue"' in text and "agl_http_total" in text
+        status, text = await running.request("GET", "/v1/prometheus")  # without the slash: redirected
+        assert status == 200 and "agl_http_total" in (text.decode() if isinstance(text, bytes) else text)

@@ -467,7 +467,11 @@ def _mount_prometheus(app: FastAPI) -> None:
         registry = get_prometheus_registry()
     except ImportError:
         from prometheus_client import REGISTRY as registry
-    app.mount(API_V1_PREFIX + "/prometheus", make_asgi_app(registry=registry))
+    from starlette.responses import RedirectResponse
+
+    path = API_V1_PREFIX + "/prometheus"
+    app.add_api_route(path, lambda: RedirectResponse(path + "/"), include_in_schema=False)  # the mount needs the slash
+    app.mount(path, make_asgi_app(registry=registry))
 
 
 def _add_otlp_routes(app: FastAPI, call: StoreCall) -> None:
