@@ -576,7 +576,18 @@ async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
     finally:
         if postgres is not None:
             postgres.close()
+    add_ratios(rows)
     return {"side_by_side": rows, "summary": summarize(rows, args.targets)}
+
+
+def add_ratios(rows: List[Dict[str, Any]]) -> None:
+    """Give each row of ours ``ratio_to_reference``: its ops/s over the reference's for the same op, concurrency and
+    round (the ratio is what a loaded machine leaves comparable)."""
+    reference = {(r["op"], r["concurrency"], r["round"]): r for r in rows if r["backend"] == "reference"}
+    for item in rows:
+        ref = reference.get((item["op"], item["concurrency"], item["round"]))
+        if item["backend"] != "reference" and ref and ref["ops_per_s"] and item["ops_per_s"]:
+            item["ratio_to_reference"] = round(item["ops_per_s"] / ref["ops_per_s"], 2)
 
 
 def summarize(rows: List[Dict[str, Any]], targets: Sequence[str]) -> Dict[str, Any]:

@@ -47,7 +47,8 @@ class SqliteLightningStore(CollectionBasedLightningStore[SqliteLightningCollecti
     Args:
         path: Database file, created when missing. Reopening an existing file resumes its content.
         tracker: Optional metrics backend.
-        scan_debounce_seconds: Minimum interval between two watchdog scans (``<= 0`` scans before every call).
+        scan_debounce_seconds: Minimum interval between two watchdog scans, among all processes using the file
+            (``<= 0`` scans before every call).
         synchronous: ``"NORMAL"`` (default) keeps every acknowledged write across a process crash or ``kill -9``;
             ``"FULL"`` also across an operating-system crash or power loss, at the cost of one fsync per commit.
         busy_timeout: Seconds to wait for a lock held by another process before raising

@@ -99,19 +99,59 @@ def test_a_folder_that_cannot_be_created_is_named_in_the_error(tmp_path: Path) -
     assert blocker.read_text() == "a file where the folder should be"
 
 
-async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "future.db"
+async def queued_file_edited(path: Path, statement: str, *params: Any) -> None:
+    """A store file holding one queued rollout, then changed by one SQL statement (as another version left it)."""
     collections = SqliteLightningCollections(path)
     await collections.rollout_queue.enqueue(["ro-1"])
     await collections.close()
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.execute(statement, params)
     conn.commit()
     conn.close()
+
+
+async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    await queued_file_edited(path, "UPDATE schema_version SET version = ?", SCHEMA_VERSION + 1)
     with pytest.raises(SqliteSchemaVersionError, match=r"newer schema version") as info:
         SqliteLightningCollections(path)
     assert str(path) in str(info.value)
     assert rows(path, "SELECT item FROM rollout_queue") == [('"ro-1"',)]
+
+
+async def test_a_file_written_before_the_shared_watchdog_claim_gains_its_table(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    await queued_file_edited(path, "DROP TABLE store_meta")  # the layout of files written before the table existed
+    reopened = SqliteLightningCollections(path)
+    try:
+        assert await reopened.claim_periodic_run("watchdog", 10.0, 100.0) is True
+        assert await reopened.rollout_queue.peek() == ["ro-1"]
+    finally:
+        await reopened.close()
+    assert rows(path, "SELECT key, value FROM store_meta") == [("watchdog", 100.0)]
+    assert rows(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+async def test_the_watchdog_runs_once_per_period_among_processes_sharing_the_file(tmp_path: Path) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    path = tmp_path / "shared.db"
+    stores = [SqliteLightningStore(path, scan_debounce_seconds=1.0) for _ in range(3)]  # like three server workers
+    try:
+        for store in stores:
+            assert await store._should_scan_for_unhealthy_rollouts() is True  # the first scan of each object
+        now = 1000.0
+        claims = [await s.collections.claim_periodic_run("watchdog", 1.0, now) for s in stores]
+        assert claims == [True, False, False]
+        # A period later exactly one of them wins the next claim.
+        later = [await s.collections.claim_periodic_run("watchdog", 1.0, now + 1.0) for s in stores]
+        assert later == [True, False, False]
+        # Through the stores' own debounce: once it lets each of them try again, exactly one scans.
+        await asyncio.sleep(1.1)
+        assert sorted([await s._should_scan_for_unhealthy_rollouts() for s in stores]) == [False, False, True]
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:

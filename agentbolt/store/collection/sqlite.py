@@ -8,6 +8,8 @@ Layout of the database:
   ``ord`` (the rowid) recording insertion order. A unique index enforces the primary key.
 * ``rollout_queue``: FIFO of rollout ids; positions only grow, so the order survives restarts.
 * ``span_sequence_ids``: per-rollout span sequence counters (never reissued, also after a restart).
+* ``store_meta``: timestamps of periodic work shared by every process using the file (the watchdog's last scan),
+  so that server workers sharing the file scan once per period among them.
 
 Threads and transactions:
 
@@ -186,6 +188,8 @@ _ALL_TABLES: Tuple[TableSpec, ...] = (*TABLES, METRICS)
 _ADDED_TABLES: Tuple[TableSpec, ...] = (METRICS,)
 """Tables added to schema version 1 after its first release: created when a file lacks them (older readers ignore
 tables they do not know, so the version stays 1)."""
+_STORE_META = "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value REAL NOT NULL)"
+"""Added to schema version 1 like ``_ADDED_TABLES``: files written before it gain it when opened."""
 
 
 def _table_statements(spec: TableSpec) -> List[str]:
@@ -206,6 +210,7 @@ def _schema_statements() -> List[str]:
         "CREATE TABLE rollout_queue (pos INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)",
         "CREATE INDEX rollout_queue_item ON rollout_queue(item)",
         "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        _STORE_META,
     ]
     for spec in _ALL_TABLES:
         statements.extend(_table_statements(spec))
@@ -387,6 +392,10 @@ class _Database:
                             conn.execute(statement)
                         tables.add(spec.table)
                         logger.info("Added table %s to the agentbolt store in %s", spec.table, self.path)
+                if "store_meta" not in tables:
+                    conn.execute(_STORE_META)
+                    tables.add("store_meta")
+                    logger.info("Added table store_meta to the agentbolt store in %s", self.path)
                 missing = {spec.table for spec in _ALL_TABLES} - tables
                 if missing:
                     raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
@@ -1197,6 +1206,7 @@ class SqliteLightningCollections(LightningCollections):
         self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
         self._metrics: SqliteCollection[MetricsRecord] = SqliteCollection(self._db, METRICS, tracker)
+        self._meta = _Backed(self._db)
 
     @property
     def collection_name(self) -> str:
@@ -1284,6 +1294,22 @@ class SqliteLightningCollections(LightningCollections):
             return
         async with self._db.write_section():
             yield self
+
+    async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
+        """Claim the periodic task ``name``: True for one caller per ``interval`` among all processes using the file.
+
+        The claim is one conditional write to ``store_meta``; the write lock of the file makes it exclusive.
+        """
+
+        def claim(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value "
+                "WHERE store_meta.value <= ?",
+                (name, now, now - interval),
+            )
+            return cursor.rowcount > 0
+
+        return await self._meta._write(claim)
 
     async def run_on_writer(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn(*args, **kwargs)`` on the writer thread's event loop.
