@@ -70,6 +70,12 @@ class Algorithm:
         """Whether :meth:`run` is a coroutine function."""
         return inspect.iscoroutinefunction(self.run)
 
+    @property
+    def reports_progress(self) -> bool:
+        """Whether the algorithm shows its own progress on the console; :meth:`Trainer.fit` then adds no
+        per-rollout lines of its own."""
+        return False
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Same as :meth:`run`."""
         return self.run(*args, **kwargs)

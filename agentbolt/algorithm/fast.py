@@ -28,7 +28,12 @@ SpanVerbosity = Literal["keys", "key_values", "none"]
 
 
 class FastAlgorithm(Algorithm):
-    """Marker base class of algorithms cheap enough for :meth:`Trainer.dev` dry runs."""
+    """Marker base class of algorithms cheap enough for :meth:`Trainer.dev` dry runs (they log each rollout)."""
+
+    @property
+    def reports_progress(self) -> bool:
+        """Fast algorithms log each finished rollout themselves."""
+        return True
 
 
 def _format_time(timestamp: Optional[float]) -> str:

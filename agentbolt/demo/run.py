@@ -191,8 +191,6 @@ def run_demo(config: DemoConfig) -> DemoResult:
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
-    from agentbolt.serving.server import find_free_port
-    from agentbolt.store.sqlite import SqliteLightningStore
 
     started = time.perf_counter()
     model_path = str(resolve_model(config.model).path)
@@ -235,17 +233,15 @@ def run_demo(config: DemoConfig) -> DemoResult:
         reward=RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit),
         max_tokens=config.max_tokens,
     )
-    store = SqliteLightningStore(store_path)
     tracer = agl.OtelTracer()
     trainer = agl.Trainer(
         algorithm=algorithm,
-        store=store,
+        store=store_path,
         tracer=tracer,
         # One process per runner: a tracer records one rollout at a time per process, and separate processes let
         # the runners' rollouts overlap so the engine decodes them as one batch.
-        strategy=agl.ClientServerExecutionStrategy(
-            n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
-        ),
+        n_runners=config.runners,
+        port=0,
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
     )
     # The runner processes are forked from this one: with the agent's OpenAI SDK imported here they share its

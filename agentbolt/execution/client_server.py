@@ -81,7 +81,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     Args:
         role: ``"algorithm"``, ``"runner"`` or ``"both"`` (default from ``AGL_CURRENT_ROLE``, else ``"both"``).
         server_host: Host of the store server (default ``AGL_SERVER_HOST`` or ``"localhost"``).
-        server_port: Port of the store server (default ``AGL_SERVER_PORT`` or 4747).
+        server_port: Port of the store server (default ``AGL_SERVER_PORT`` or 4747); 0 picks a free port each time
+            :meth:`execute` runs (role ``"both"`` only: the runners it spawns learn the port from it).
         n_runners: Number of runner processes.
         graceful_timeout: Seconds runner processes get to exit after the stop event.
         terminate_timeout: Seconds to wait after each escalation step.
@@ -123,6 +124,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.server_port: int = resolve_int_env_var(
             LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747
         )  # type: ignore[assignment]
+        if self.server_port == 0 and self.role != "both":
+            raise ValueError("server_port=0 (any free port) needs role='both': separate processes cannot agree on it")
         self.n_runners = n_runners
         self.graceful_timeout = graceful_timeout
         self.terminate_timeout = terminate_timeout
@@ -274,6 +277,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         failed = False
         # A fresh identity per run, known to this run's runners only (see the class docstring).
         server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
+        any_port = self.server_port == 0
+        if any_port:
+            from agentbolt.utils.server_launcher import pick_free_port
+
+            self.server_port = pick_free_port(self.server_host)
         try:
             if self.managed_store and self.role != "runner":
                 self._check_port_free()
@@ -303,6 +311,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             raise
         finally:
             self._shutdown_processes(processes, stop_evt)
+            if any_port:
+                self.server_port = 0
             self._check_process_exitcodes(processes, warn_only=failed)
 
     def _shutdown_processes(self, processes: List[BaseProcess], stop_evt: ExecutionEvent) -> None:

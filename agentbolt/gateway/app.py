@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -24,6 +23,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.background import BackgroundTask
 
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
@@ -32,6 +32,20 @@ from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
 from agentbolt.gateway.sampling import SamplingDefaults, with_sampling_defaults
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
+from agentbolt.openai_api.errors import ApiError
+from agentbolt.openai_api.http import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    bearer_token_matches,
+    error_response,
+    install_error_handlers,
+    parse_json_object,
+    read_body,
+    unauthorized,
+    validate_request,
+)
+from agentbolt.openai_api.openapi import Operation, openapi_document
+from agentbolt.openai_api.responses import ChatCompletion, ChatCompletionChunk, Completion, ModelList, StatusResponse
+from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
 from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import SpanWriter
@@ -70,6 +84,7 @@ class GatewaySettings:
             (``AGENTBOLT_METRICS``), which is no metrics unless configured.
         sampling_defaults: For a call bound to a rollout, add the ``sampling_parameters`` of the rollout's LLM
             resource that the request does not set (see :mod:`agentbolt.gateway.sampling`).
+        max_request_bytes: Largest request body accepted (413 beyond).
     """
 
     num_retries: int = 0
@@ -85,6 +100,7 @@ class GatewaySettings:
     stop_timeout: float = 10.0
     tracker: Any = None
     sampling_defaults: bool = True
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 class Gateway:
@@ -179,8 +195,11 @@ class Gateway:
         return await self.writer.flush(timeout)
 
 
-def _error_response(error: GatewayError, **extra: Any) -> Response:
-    return Response(error.to_body(**extra), status_code=error.status_code, media_type=_JSON)
+def _error_response(error: ApiError, **extra: Any) -> Response:
+    return error_response(error, **extra)
+
+
+_REQUEST_MODELS = {"chat/completions": ChatCompletionRequest, "completions": CompletionRequest}
 
 
 def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
@@ -265,14 +284,9 @@ class _Handler:
     def _unauthorized(self, request: Request) -> Optional[Response]:
         """A 401 answer when an API key is configured and the request does not carry it."""
         key = self.gateway.settings.api_key
-        if key is None:
+        if key is None or bearer_token_matches(request.headers.get("authorization"), key):
             return None
-        given = request.headers.get("authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return None
-        return _error_response(
-            GatewayError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
-        )
+        return _error_response(unauthorized())
 
     async def models(self, request: Request) -> Response:
         denied = self._unauthorized(request)
@@ -291,12 +305,12 @@ class _Handler:
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
-        raw = await request.body()
         try:
-            body = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError as exc:
-            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
-        timeout = body.get("timeout") if isinstance(body, dict) else None
+            raw = await read_body(request, self.gateway.settings.max_request_bytes)
+            body = parse_json_object(raw, request.headers.get("content-type")) if raw.strip() else {}
+        except ApiError as exc:
+            return _error_response(exc)
+        timeout = body.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             return _error_response(
                 GatewayError(
@@ -341,17 +355,18 @@ class _Handler:
         if denied is not None:
             return denied
         gateway = self.gateway
-        raw = await request.body()
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
-        if not isinstance(body, dict):
-            return _error_response(GatewayError(400, "Request body must be a JSON object", "invalid_request_error"))
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
+            # The same door as agentbolt serve's: size, content type, JSON, nesting, then the strict schema.
+            raw = await read_body(request, gateway.settings.max_request_bytes)
+            body = parse_json_object(raw, request.headers.get("content-type"))
+            model = validate_request(_REQUEST_MODELS[endpoint], body).model
+        except ApiError as exc:
+            return _error_response(exc)
+        if model is None:
             return _error_response(
-                GatewayError(400, "The request must name a model in the 'model' field", "invalid_request_error")
+                GatewayError(
+                    400, "The request must name a model in the 'model' field", "invalid_request_error", "model"
+                )
             )
         try:
             candidates = gateway.router.candidates(model)
@@ -506,9 +521,21 @@ def create_app(gateway: Gateway) -> FastAPI:
         async with gateway.serving():
             yield
 
-    app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     handler = _Handler(gateway)
+    install_error_handlers(app)
+    document = openapi_document(
+        "agentbolt LLM gateway",
+        "1",
+        "OpenAI-compatible gateway: forwards each call to its backend and records it (token ids included) in the "
+        "store when the call is made under /rollout/{rollout_id}/attempt/{attempt_id}. Every route also exists "
+        "without /v1. Backend answers and client errors (4xx) are passed through unchanged.",
+        _operations(gateway.settings.rollout_routes),
+        common_errors=(404,),
+        auth=gateway.settings.api_key is not None,
+    )
+    app.openapi = lambda: document  # type: ignore[method-assign]
 
     # Plain Starlette routes: the handlers read the request themselves, so FastAPI's per-request dependency
     # resolution is not needed on the hot path.
@@ -528,3 +555,58 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_route("/health", handler.health, methods=["GET"], include_in_schema=False)
     app.add_route("/flush", handler.flush, methods=["POST"], include_in_schema=False)
     return app
+
+
+class FlushResponse(BaseModel):
+    """Answer of ``POST /flush``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    flushed: bool
+    spans: Optional[Dict[str, Any]] = None
+
+
+def _operations(rollout_routes: bool) -> List[Operation]:
+    """The gateway's documented routes (each also exists without ``/v1``)."""
+    forwarding_errors = (404, 429, 502, 503, 504)
+    prefixes = ["/v1", "/rollout/{rollout_id}/attempt/{attempt_id}/v1"] if rollout_routes else ["/v1"]
+    operations = [
+        Operation(
+            "get",
+            "/health",
+            "Gateway status: configured models and span-writer counters (never contacts a backend).",
+            StatusResponse,
+            public=True,
+        ),
+        Operation(
+            "post",
+            "/flush",
+            'Wait until the span of every call answered so far is in the store (optional body {"timeout": s}).',
+            FlushResponse,
+            errors=(400,),
+        ),
+    ]
+    for prefix in prefixes:
+        bound = " (recorded as a span of the rollout's attempt)" if "rollout" in prefix else ""
+        operations += [
+            Operation(
+                "post",
+                f"{prefix}/chat/completions",
+                f"Forward a chat completion to the model's backend{bound}.",
+                ChatCompletion,
+                ChatCompletionRequest,
+                ChatCompletionChunk,
+                errors=forwarding_errors,
+            ),
+            Operation(
+                "post",
+                f"{prefix}/completions",
+                f"Forward a text completion to the model's backend{bound}.",
+                Completion,
+                CompletionRequest,
+                Completion,
+                errors=forwarding_errors,
+            ),
+            Operation("get", f"{prefix}/models", "The configured model names.", ModelList),
+        ]
+    return operations

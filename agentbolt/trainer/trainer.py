@@ -9,9 +9,9 @@ import functools
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
-from agentbolt.types import Dataset, Hook, NamedResources
+from agentbolt.types import Dataset, Hook
 
 from .init_utils import build_component
 from .legacy import TrainerLegacy
@@ -93,6 +93,36 @@ async def _following_rollouts(store: LightningStore) -> AsyncIterator[None]:
             task.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _resource_gateways(resources: Optional[Mapping[str, Any]], store: LightningStore) -> AsyncIterator[Any]:
+    """The initial resources with every :class:`~agentbolt.llm_proxy.LLMProxy` among them started on ``store`` (and
+    stopped afterwards, when it was not running already) and replaced by its resource.
+
+    A gateway given as a resource records the calls of the agents that use it into the run's store, like the
+    algorithm's own: the fixed roles of a multi-agent system, a judge or a tool model.
+    """
+    if not resources:
+        yield resources
+        return
+    from agentbolt.llm_proxy import LLMProxy
+
+    started: list[LLMProxy] = []
+    published: Dict[str, Any] = {}
+    try:
+        for name, value in resources.items():
+            if isinstance(value, LLMProxy):
+                value.set_store(store)
+                if not value.is_running():
+                    await value.start()
+                    started.append(value)
+                value = value.as_resource()
+            published[name] = value
+        yield published
+    finally:
+        for proxy in reversed(started):
+            await proxy.stop()
+
+
 def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
     """``hooks`` as a tuple of hooks.
 
@@ -157,7 +187,9 @@ class Trainer(TrainerLegacy):
         dev: Deprecated; use :meth:`dev`.
         n_runners: Number of runner workers (default 1).
         max_rollouts: Stop each runner after this many rollouts.
-        initial_resources: Resources given to the algorithm before it starts (e.g. the LLM and prompt).
+        initial_resources: Resources given to the algorithm before it starts (e.g. the LLM and prompt). A value
+            may also be an :class:`~agentbolt.llm_proxy.LLMProxy`: it is started on the run's store (its calls
+            are recorded with the rollouts) and published as its resource.
         tracer: Default :class:`~agentbolt.tracer.AgentOpsTracer` (OpenAI SDK instrumentation).
         adapter: Default :class:`~agentbolt.adapter.TracerTraceToTriplet`; a dict without ``type`` configures it.
         store: Default :class:`~agentbolt.store.InMemoryLightningStore`. ``"sqlite:///PATH"``, a ``Path`` or a
@@ -180,7 +212,7 @@ class Trainer(TrainerLegacy):
         dev: bool = False,
         n_runners: Optional[int] = None,
         max_rollouts: Optional[int] = None,
-        initial_resources: Optional[NamedResources] = None,
+        initial_resources: Optional[Mapping[str, Any]] = None,
         tracer: Any = None,
         adapter: Any = None,
         store: Any = None,
@@ -432,10 +464,11 @@ class Trainer(TrainerLegacy):
             while not event.is_set():
                 await asyncio.sleep(0.1)
             return
-        from agentbolt.algorithm import FastAlgorithm
-
-        reports_itself = isinstance(algorithm, FastAlgorithm)
-        following = _following_rollouts(store) if follow_rollouts and not reports_itself else contextlib.nullcontext()
+        following = (
+            _following_rollouts(store)
+            if follow_rollouts and not algorithm.reports_progress
+            else contextlib.nullcontext()
+        )
         async with following:
             await self._run_algorithm(store, train_dataset, val_dataset, algorithm)
 
@@ -449,14 +482,15 @@ class Trainer(TrainerLegacy):
         algorithm.set_trainer(self)
         algorithm.set_store(store)
         algorithm.set_adapter(self.adapter)
-        if self.initial_resources is not None:
-            algorithm.set_initial_resources(self.initial_resources)
         if self.llm_proxy is not None:
             self.llm_proxy.set_store(store)
             algorithm.set_llm_proxy(self.llm_proxy)
-        result = algorithm._run_with_datasets(train_dataset, val_dataset)
-        if algorithm.is_async():
-            await result
+        async with _resource_gateways(self.initial_resources, store) as resources:
+            if resources is not None:
+                algorithm.set_initial_resources(resources)
+            result = algorithm._run_with_datasets(train_dataset, val_dataset)
+            if algorithm.is_async():
+                await result
 
     def _runner_bundle(self, agent: LitAgent[Any]) -> AgentRunnerBundle:
         return AgentRunnerBundle(self.runner, self.hooks, agent)

@@ -26,12 +26,12 @@ import math
 import random
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
+from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Rollout, RolloutConfig, Triplet
 
 if TYPE_CHECKING:
@@ -331,7 +331,6 @@ class AgentModeDaemon:
         resource_name: Name of the LLM resource agents receive.
         debug: Write mismatching trajectories under ``mismatch_log_dir``.
         mismatch_log_dir: Where mismatches are written.
-        poll_interval: Seconds between two checks of the rollouts.
 
     Raises:
         ValueError: An unknown level.
@@ -360,7 +359,6 @@ class AgentModeDaemon:
         resource_name: str = "main_llm",
         debug: bool = False,
         mismatch_log_dir: str = "./mismatch_cases",
-        poll_interval: float = 1.0,
     ) -> None:
         if level not in ("transition", "trajectory"):
             raise ValueError(f"trace_aggregator.level must be 'transition' or 'trajectory', got {level!r}")
@@ -386,7 +384,6 @@ class AgentModeDaemon:
         self.resource_name = resource_name
         self.debug = debug
         self.mismatch_log_dir = Path(mismatch_log_dir)
-        self.poll_interval = poll_interval
         self.model_name: Optional[str] = None
         self.server_addresses: List[str] = []
         self.is_train = True
@@ -509,12 +506,7 @@ class AgentModeDaemon:
 
     async def _wait(self) -> Dict[str, int]:
         ids = list(self._rollouts)
-        deadline = time.monotonic() + self.rollout_timeout
-        while True:
-            finished = await self.store.wait_for_rollouts(rollout_ids=ids, timeout=self.poll_interval)
-            self._finished = {r.rollout_id: r for r in finished}
-            if len(self._finished) == len(ids) or time.monotonic() >= deadline:
-                break
+        self._finished = await wait_for_finished_rollouts(self.store, ids, timeout=self.rollout_timeout)
         late = [rollout_id for rollout_id in ids if rollout_id not in self._finished]
         for rollout_id in late:
             logger.warning("Rollout %s did not finish within %g s; cancelling it", rollout_id, self.rollout_timeout)

@@ -124,7 +124,6 @@ def build_optimizer(args: argparse.Namespace, client: Any) -> PromptSearch:
     """The optimizer named by ``--algorithm``, configured for a CPU run."""
     common: Dict[str, Any] = {
         "seed": args.seed,
-        "poll_interval": 0.2,
         "rollout_batch_timeout": 1800.0,
         "optimizer_max_tokens": args.optimizer_max_tokens,
     }

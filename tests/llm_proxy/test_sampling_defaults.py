@@ -26,7 +26,9 @@ async def _rollout_with(store: InMemoryLightningStore, **resources: Any) -> Atte
 
 async def _call(url: str, body: Dict[str, Any]) -> None:
     async with httpx.AsyncClient() as client:
-        response = await client.post(f"{url}/chat/completions", json={"messages": [], **body})
+        response = await client.post(
+            f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **body}
+        )
     assert response.status_code == 200, response.text
 
 

@@ -153,3 +153,20 @@ def test_the_transformers_forward_reuses_prefixes_exactly(kernel_model_dir: Path
     finally:
         cached.stop()
         plain.stop()
+
+
+def test_block_quantized_weights_reuse_prefixes_exactly(kernel_model_dir: Path) -> None:
+    cached = TransformersEngine(kernel_model_dir, dtype="float32", quantization="q8_0", max_batch_size=8)
+    plain = TransformersEngine(
+        kernel_model_dir, dtype="float32", quantization="q8_0", max_batch_size=8, prefix_cache_mb=0
+    )
+    cached.start()
+    plain.start()
+    try:
+        prompts = _prompts(cached, ["First?", "Second, longer question?", "Third?"])
+        _together(cached, prompts[:1])
+        _assert_same(_together(cached, prompts), _together(plain, prompts))
+        assert cached._prefix_cache.stats()["reused_tokens"] > 0
+    finally:
+        cached.stop()
+        plain.stop()

@@ -303,7 +303,6 @@ def _daemon(store: Any, **kwargs: Any) -> AgentModeDaemon:
         "max_prompt_length": 64,
         "max_response_length": 48,
         "rollout_timeout": 60,
-        "poll_interval": 0.1,
     }
     options.update(kwargs)
     return AgentModeDaemon(store, **options)

@@ -71,7 +71,7 @@ class APO(PromptSearch, Generic[T_task]):
         apply_edit_prompt_files: Edit prompt files (POML; default :data:`APPLY_EDIT_PROMPT_FILES`).
         **search_options: Options of :class:`~agentbolt.algorithm.apo.search.PromptSearch` (``run_id``,
             ``resume``, ``max_optimizer_tokens``, ``max_rollouts``, ``optimizer_timeout``, ``optimizer_retries``,
-            ``poll_interval``, ``seed``...).
+            ``seed``...).
     """
 
     log_name = "agentbolt.algorithm.apo.apo"

@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -29,6 +28,7 @@ from agentbolt.adapter import TraceToMessages
 from agentbolt.algorithm.base import Algorithm
 from agentbolt.emitter.message import get_message_value
 from agentbolt.emitter.reward import find_final_reward
+from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 
 from .optimizer import OptimizerCalls, SearchBudgetExhausted
@@ -239,7 +239,6 @@ class PromptSearch(Algorithm):
         optimizer_retries: Retries of a failed or timed-out optimizer call (with exponential backoff).
         optimizer_backoff: Seconds before the first retry.
         optimizer_max_tokens: Completion budget of each optimizer call (None: the server's default).
-        poll_interval: Seconds between checks of an evaluation batch.
         seed: Seed of this optimizer's random choices (None: not seeded).
         use_poml: Render the optimizer's prompt files with POML (True), with the plain renderer (False), or with
             POML when it is installed (None). POML runs a separate process per render (seconds each).
@@ -260,7 +259,6 @@ class PromptSearch(Algorithm):
         optimizer_retries: int = 3,
         optimizer_backoff: float = 1.0,
         optimizer_max_tokens: Optional[int] = None,
-        poll_interval: float = 2.0,
         seed: Optional[int] = None,
         use_poml: Optional[bool] = None,
     ) -> None:
@@ -270,15 +268,12 @@ class PromptSearch(Algorithm):
             raise ValueError(f"max_rollouts must be > 0 or None, got {max_rollouts}")
         if resume and not run_id:
             raise ValueError("resume=True needs the run_id of the run to continue")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
         async_openai_client = optimizer_client(async_openai_client)
         self.async_openai_client = async_openai_client
         self.rollout_batch_timeout = rollout_batch_timeout
         self.run_id = run_id or f"apo-{secrets.token_hex(4)}"
         self.resume = resume
         self.max_rollouts = max_rollouts
-        self.poll_interval = poll_interval
         self.seed = seed
         self.use_poml = use_poml
         self.rng = random.Random(seed)
@@ -520,19 +515,9 @@ class PromptSearch(Algorithm):
 
     async def _wait(self, rollout_ids: List[str], *, prefix: Optional[str]) -> Dict[str, Rollout]:
         store = self.get_store()
-        deadline = time.monotonic() + self.rollout_batch_timeout
-        finished: Dict[str, Rollout] = {}
-        while True:
-            pending = [rid for rid in rollout_ids if rid not in finished]
-            if not pending:
-                return finished
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for rollout in await store.wait_for_rollouts(rollout_ids=pending, timeout=0.0):
-                finished[rollout.rollout_id] = rollout
-            if len(finished) < len(rollout_ids):
-                await asyncio.sleep(min(self.poll_interval, max(remaining, 0.0)))
+        finished = await wait_for_finished_rollouts(store, rollout_ids, timeout=self.rollout_batch_timeout)
+        if len(finished) == len(rollout_ids):
+            return finished
         for rollout_id in rollout_ids:
             if rollout_id in finished:
                 continue

@@ -33,6 +33,7 @@ from agentbolt.algorithm.base import Algorithm
 from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
+from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ __all__ = ["GRPO", "PolicyServer", "RolloutOutcome", "TaskSampler"]
 logger = logging.getLogger(__name__)
 
 POLICY_RESOURCE = "main_llm"
-_WAIT_SLICE = 5.0
 SPAN_SETTLE_SECONDS = 2.0
 
 
@@ -175,6 +175,11 @@ class GRPO(Algorithm):
         self._gateway: Optional[LLMProxy] = None  # the proxy recording the rollouts' LLM calls, once started
         self.trainer: Optional[PolicyTrainer] = None
         self.history: List[Dict[str, float]] = []
+
+    @property
+    def reports_progress(self) -> bool:
+        """With ``console`` on, GRPO shows its own progress bar and per-step metrics."""
+        return self.config.console
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _load_policy(self) -> Tuple[Any, Any]:
@@ -321,17 +326,7 @@ class GRPO(Algorithm):
         return [span for span in spans if latest is None or span.attempt_id == latest.attempt_id]
 
     async def _wait(self, store: LightningStore, rollout_ids: List[str]) -> Dict[str, Rollout]:
-        deadline = None if self.config.rollout_timeout is None else time.monotonic() + self.config.rollout_timeout
-        finished: Dict[str, Rollout] = {}
-        pending = list(rollout_ids)
-        while pending:
-            remaining = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
-            if remaining <= 0:
-                break
-            for rollout in await store.wait_for_rollouts(rollout_ids=pending, timeout=remaining):
-                finished[rollout.rollout_id] = rollout
-            pending = [rid for rid in pending if rid not in finished]
-        return finished
+        return await wait_for_finished_rollouts(store, rollout_ids, timeout=self.config.rollout_timeout)
 
     # -------------------------------------------------------------------------------------------------- phases
     async def _validate(

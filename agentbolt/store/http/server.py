@@ -427,7 +427,9 @@ def build_store_app(
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     _add_store_routes(app, call, _install_body_docs(app))
     _add_otlp_routes(app, call)
-    # Metrics and dashboard routes, then the dashboard app answering every other path outside /v1/ (last).
+    # The Prometheus mount, then the dashboard's routes, whose app answers every other path (last).
+    if tracker is not None and tracker.has_prometheus():
+        _mount_prometheus(app)
     install_dashboard(app, call)
     app.add_middleware(_StoreDispatcher, call=call)
     if tracker is not None:
@@ -448,24 +450,24 @@ def build_store_app(
 
 
 def _install_metrics(app: FastAPI, tracker: MetricsBackend) -> None:
-    """HTTP metrics: ``agl.http.*`` per templated path, method and status, and the Prometheus endpoint.
-
-    This is the one place where the server's metrics attach: a middleware and, when the tracker exposes
-    Prometheus, a mount at ``/v1/prometheus``.
-    """
+    """HTTP metrics: ``agl.http.*`` per templated path, method and status, counted by a middleware outside every
+    route (the store dispatcher included)."""
     tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
     tracker.register_histogram("agl.http.latency", ["path", "method", "status"], buckets=LATENCY_BUCKETS, group_level=2)
     app.add_middleware(MetricsMiddleware, tracker=tracker)
-    if tracker.has_prometheus():
-        from prometheus_client import make_asgi_app
 
-        try:
-            from agentbolt.utils.metrics import get_prometheus_registry
 
-            registry = get_prometheus_registry()
-        except ImportError:
-            from prometheus_client import REGISTRY as registry
-        app.mount(API_V1_PREFIX + "/prometheus", make_asgi_app(registry=registry))
+def _mount_prometheus(app: FastAPI) -> None:
+    """The Prometheus exposition at ``/v1/prometheus``; mounted before the dashboard's catch-all route."""
+    from prometheus_client import make_asgi_app
+
+    try:
+        from agentbolt.utils.metrics import get_prometheus_registry
+
+        registry = get_prometheus_registry()
+    except ImportError:
+        from prometheus_client import REGISTRY as registry
+    app.mount(API_V1_PREFIX + "/prometheus", make_asgi_app(registry=registry))
 
 
 def _add_otlp_routes(app: FastAPI, call: StoreCall) -> None:

@@ -22,7 +22,6 @@ def make_apo(client: Any, **overrides: Any) -> APO:
         "beam_width": 1,
         "branch_factor": 1,
         "beam_rounds": 1,
-        "poll_interval": 0.05,
         "optimizer_backoff": 0.01,
         "seed": 0,
         "use_poml": False,  # POML itself is covered by test_apo_prompts.py and the first test below
@@ -124,7 +123,7 @@ def test_failed_rollouts_score_zero_and_are_counted(optimizer_client: Any, caplo
 
 
 def test_rollouts_past_the_batch_timeout_are_cancelled_and_score_zero(optimizer_client: Any) -> None:
-    apo = make_apo(optimizer_client, beam_rounds=0, rollout_batch_timeout=0.01, poll_interval=0.01)
+    apo = make_apo(optimizer_client, beam_rounds=0, rollout_batch_timeout=0.01)
     store = fit(apo)
     assert apo.rollouts_timed_out + apo.rollouts_failed >= 1 and apo.best_score < 0.25 + 1e-9
     statuses = {r.status for r in asyncio.run(store.query_rollouts())}

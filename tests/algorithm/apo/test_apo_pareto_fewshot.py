@@ -48,7 +48,6 @@ def test_pareto_search_reflects_on_traces_and_admits_a_better_child(script: Scri
         reflection_model="reflector",
         reflection_batch_size=3,
         rounds=1,
-        poll_interval=0.05,
         use_poml=False,
         optimizer_backoff=0.01,
         seed=1,
@@ -64,17 +63,13 @@ def test_pareto_search_reflects_on_traces_and_admits_a_better_child(script: Scri
 
 def test_pareto_rejects_a_child_that_does_no_better_on_the_minibatch(script: Script, optimizer_client: Any) -> None:
     script.push("reflector", f"```\n{SEED_TEMPLATE} Think first.\n```")
-    search = ParetoAPO(
-        optimizer_client, reflection_model="reflector", rounds=1, poll_interval=0.05, use_poml=False, seed=1
-    )
+    search = ParetoAPO(optimizer_client, reflection_model="reflector", rounds=1, use_poml=False, seed=1)
     fit(search)
     assert set(search.pool) == {"v0"} and search.best_version == "v0"
 
 
 def test_pareto_merges_two_complementary_front_candidates(script: Script, optimizer_client: Any) -> None:
-    search = ParetoAPO(
-        optimizer_client, reflection_model="reflector", rounds=3, merge_every=3, poll_interval=0.05, use_poml=False
-    )
+    search = ParetoAPO(optimizer_client, reflection_model="reflector", rounds=3, merge_every=3, use_poml=False)
     search.set_store(agl.InMemoryLightningStore())
     seed = agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string")
     other = agl.PromptTemplate(template="Reply briefly. Capital of {country}?", engine="f-string")
@@ -203,9 +198,7 @@ def test_candidate_selections_start_with_the_top_and_are_distinct() -> None:
 
 
 def test_fewshot_search_adds_demonstrations_that_raise_the_score(script: Script, optimizer_client: Any) -> None:
-    search = FewShotAPO(
-        max_demos=2, bootstrap_tasks=6, num_candidate_sets=3, val_batch_size=2, poll_interval=0.05, use_poml=False
-    )
+    search = FewShotAPO(max_demos=2, bootstrap_tasks=6, num_candidate_sets=3, val_batch_size=2, use_poml=False)
     store = fit(search)
     best = search.get_best_prompt()
     assert search.best_score == 1.0 and "Examples of solved tasks" in best.template
@@ -246,7 +239,7 @@ def test_fewshot_warns_when_the_agent_does_not_send_the_examples(optimizer_clien
 
 
 def test_fewshot_without_any_rewarded_run_keeps_the_seed(optimizer_client: Any, caplog: Any) -> None:
-    search = FewShotAPO(bootstrap_tasks=2, poll_interval=0.05, use_poml=False)
+    search = FewShotAPO(bootstrap_tasks=2, use_poml=False)
     with caplog.at_level(logging.WARNING):
         fit(search, train=[{"country": "Chile"}, {"country": "Egypt"}])
     assert "no demonstration to add" in caplog.text
@@ -254,7 +247,7 @@ def test_fewshot_without_any_rewarded_run_keeps_the_seed(optimizer_client: Any, 
 
 
 def test_the_rollout_budget_stops_the_search(optimizer_client: Any, caplog: Any) -> None:
-    search = FewShotAPO(bootstrap_tasks=6, poll_interval=0.05, use_poml=False, max_rollouts=len(VAL) + 1)
+    search = FewShotAPO(bootstrap_tasks=6, use_poml=False, max_rollouts=len(VAL) + 1)
     with caplog.at_level(logging.WARNING):
         fit(search)
     assert "rollout budget spent" in caplog.text and search.rollouts_enqueued == len(VAL)

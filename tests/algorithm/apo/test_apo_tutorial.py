@@ -22,7 +22,6 @@ def test_the_tutorial_script_shape_runs(optimizer_client: Any) -> None:
         beam_width=1,
         branch_factor=1,
         beam_rounds=1,
-        poll_interval=0.1,
         use_poml=False,
     )
     trainer = agl.Trainer(
