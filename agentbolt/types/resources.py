@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
-from typing import TYPE_CHECKING, Annotated, Any, Dict, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 if TYPE_CHECKING:
     from .core import AttemptedRollout
@@ -98,17 +99,36 @@ class ProxyLLM(LLM):
             _ALLOWED_ENDPOINT_READERS.reset(token)
 
 
+_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
 class PromptTemplate(Resource):
-    """A prompt template filled by :meth:`format` with one of three engines.
+    """A prompt template filled by :meth:`format` with one of three engines, with optional worked examples.
 
     ``f-string`` uses :meth:`str.format`; ``jinja`` renders with Jinja2 (the ``jinja2`` package) and fails on an
     undefined variable; ``poml`` renders POML markup with the ``poml`` package (extra ``agentbolt[apo]``), the
     keyword arguments being its context.
+
+    ``examples`` holds worked examples as OpenAI chat messages (user requests, assistant replies with their
+    ``tool_calls``, ``tool`` results), sent verbatim before the request by :meth:`format_messages`. Small models
+    follow a worked conversation far better than a described one; ``FewShotAPO`` chooses these examples from the
+    agent's own rewarded runs.
     """
 
     resource_type: Literal["prompt_template"] = "prompt_template"
     template: str
     engine: Literal["jinja", "f-string", "poml"]
+    examples: List[Dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("examples")
+    @classmethod
+    def _examples_are_chat_messages(cls, examples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        for position, message in enumerate(examples):
+            if message.get("role") not in _CHAT_ROLES:
+                raise ValueError(
+                    f"examples[{position}].role must be one of {sorted(_CHAT_ROLES)}, got {message.get('role')!r}"
+                )
+        return examples
 
     def format(self, **kwargs: Any) -> str:
         """Fill the template with ``kwargs``.
@@ -123,6 +143,16 @@ class PromptTemplate(Resource):
         if self.engine == "jinja":
             return _render_jinja(self.template, kwargs)
         return _render_poml(self.template, kwargs)
+
+    def format_messages(self, **kwargs: Any) -> List[Dict[str, Any]]:
+        """The chat messages of a request: the worked ``examples`` (copied), then the filled template as the user.
+
+        Raises:
+            The errors of :meth:`format`.
+        """
+        return [copy.deepcopy(message) for message in self.examples] + [
+            {"role": "user", "content": self.format(**kwargs)}
+        ]
 
 
 def _render_jinja(template: str, context: Dict[str, Any]) -> str:

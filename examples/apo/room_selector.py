@@ -200,7 +200,7 @@ def room_selector(task: RoomSelectionTask, prompt_template: agl.PromptTemplate, 
     """One booking: the model may call the lookup tool, then names a room; the grader scores the answer."""
     client = _client()
     model, max_tokens, temperature = _model_settings(rollout)
-    messages: List[Dict[str, Any]] = [{"role": "user", "content": prompt_template.format(**_prompt_fields(task))}]
+    messages: List[Dict[str, Any]] = prompt_template.format_messages(**_prompt_fields(task))
     first = client.chat.completions.create(
         model=model,
         messages=messages,
@@ -257,7 +257,7 @@ def room_selector_lookup(task: RoomSelectionTask, prompt_template: agl.PromptTem
     fields = {**_prompt_fields(task), "rooms": format_rooms(task)}
     response = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": prompt_template.format(**fields)}],
+        messages=prompt_template.format_messages(**fields),
         max_tokens=max_tokens,
         temperature=temperature,
     )

@@ -152,6 +152,7 @@ def build_optimizer(args: argparse.Namespace, client: Any) -> PromptSearch:
         num_candidate_sets=4,
         val_batch_size=args.val_batch_size,
         finalists=1,
+        demo_format=args.demo_format,
         **common,
     )
 
@@ -199,6 +200,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="beam rounds (apo); pareto runs twice as many")
     parser.add_argument("--val-batch-size", type=int, default=12)
     parser.add_argument("--bootstrap-repeats", type=int, default=2, help="fewshot: runs per bootstrap task")
+    parser.add_argument(
+        "--demo-format",
+        choices=["text", "messages"],
+        default="text",
+        help="fewshot: examples written into the prompt, or sent as earlier chat turns with their tool calls",
+    )
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")

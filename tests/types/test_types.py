@@ -96,6 +96,31 @@ def test_prompt_template_format() -> None:
     assert PromptTemplate(template="Hi {{ name }}", engine="jinja").format(name="Ann") == "Hi Ann"
 
 
+def test_prompt_template_examples_come_before_the_request_and_survive_serialization() -> None:
+    examples = [
+        {"role": "user", "content": "Hi Bo"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "e_1", "type": "function", "function": {}}]},
+        {"role": "tool", "tool_call_id": "e_1", "content": "ok"},
+        {"role": "assistant", "content": "Hello Bo"},
+    ]
+    template = PromptTemplate(template="Hi {name}", engine="f-string", examples=examples)
+    messages = template.format_messages(name="Ann")
+    assert messages == [*examples, {"role": "user", "content": "Hi Ann"}]
+    messages[0]["content"] = "changed"  # the request is a copy: the template's examples stay as they were
+    assert template.examples[0]["content"] == "Hi Bo"
+    parsed = TypeAdapter(NamedResources).validate_json(TypeAdapter(NamedResources).dump_json({"p": template}))
+    assert parsed["p"] == template
+    plain = PromptTemplate(template="Hi {name}", engine="f-string")
+    assert plain.examples == [] and plain.format_messages(name="Ann") == [{"role": "user", "content": "Hi Ann"}]
+
+
+def test_prompt_template_examples_must_be_chat_messages() -> None:
+    with pytest.raises(ValidationError, match=r"examples\[1\]\.role must be one of"):
+        PromptTemplate(template="x", engine="f-string", examples=[{"role": "user", "content": "a"}, {"content": "b"}])
+    with pytest.raises(ValidationError, match="examples"):
+        PromptTemplate(template="x", engine="f-string", examples=["not a message"])  # type: ignore[list-item]
+
+
 def test_convert_timestamp() -> None:
     assert convert_timestamp(None) is None
     assert convert_timestamp(0) is None

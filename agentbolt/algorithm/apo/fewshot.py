@@ -6,10 +6,15 @@ this optimizer needs no optimizer model at all:
 1. *Bootstrap*: run the seed prompt on ``bootstrap_tasks`` training tasks (``bootstrap_repeats`` times each, so a
    sampling agent gets several chances) and keep the runs whose reward reaches ``demo_min_reward``, best first, one
    per task. Each becomes a demonstration: the conversation the adapter extracted (the request, the tool calls with
-   their arguments, the tool results, the final answer), written as text.
-2. *Search*: build ``num_candidate_sets`` candidate prompts, each the seed followed by a different selection of 1
-   to ``max_demos`` demonstrations (the first: the top ones; the rest: random draws, favouring high rewards); score
+   their arguments, the tool results, the final answer).
+2. *Search*: build ``num_candidate_sets`` candidate prompts, each the seed plus a different selection of 1 to
+   ``max_demos`` demonstrations (the first: the top ones; the rest: random draws, favouring high rewards); score
    them all on one shared validation batch, then the ``finalists`` best on the full validation set.
+
+A demonstration goes into the prompt as text in the template (``demo_format="text"``: works with any agent) or as
+chat turns in the template's ``examples`` (``demo_format="messages"``: the request, an assistant turn carrying the
+real ``tool_calls``, the ``tool`` results and the answer, sent before the request by
+:meth:`~agentbolt.types.PromptTemplate.format_messages`). Small models call tools far more reliably from the second.
 
 The best prompt is the seed or the candidate with the highest full-validation score.
 """
@@ -19,16 +24,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import Dataset, PromptTemplate
 
-from .prompts import conversation_of
-from .search import PromptSearch, RolloutResultForAPO, VersionedPromptTemplate, keyed
+from .prompts import conversation_of, examples_position
+from .search import Evaluation, PromptSearch, RolloutResultForAPO, VersionedPromptTemplate, keyed
 from .templates import escape_literal
 
-__all__ = ["Demonstration", "FewShotAPO", "render_demonstration"]
+__all__ = ["Demonstration", "FewShotAPO", "demonstration_messages", "render_demonstration"]
 
 
 @dataclass
@@ -38,12 +43,14 @@ class Demonstration:
     Attributes:
         task_key: Index of its training task.
         reward: The reward its run earned.
-        text: The example as it is written into the prompt.
+        text: The example written as text (what ``demo_format="text"`` puts in the template).
+        messages: The example as chat messages (what ``demo_format="messages"`` adds to the template's examples).
     """
 
     task_key: str
     reward: float
     text: str
+    messages: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def _static_lines(template: PromptTemplate) -> set[str]:
@@ -53,6 +60,12 @@ def _static_lines(template: PromptTemplate) -> set[str]:
         if "{" not in line and line.strip():
             lines.add(line.strip())
     return lines
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    """A message's content as text (structured content as JSON, none as the empty string)."""
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(content) if content else ""
 
 
 def _clip(text: str, limit: int) -> str:
@@ -75,10 +88,9 @@ def render_demonstration(
     answer: Optional[str] = None
     for message in messages:
         role = message.get("role")
-        content = message.get("content")
-        text = content if isinstance(content, str) else json.dumps(content) if content else ""
         if role in ("system", "developer"):
             continue
+        text = _message_text(message)
         if role == "user":
             kept = [line for line in text.splitlines() if line.strip() and line.strip() not in instructions]
             if kept:
@@ -99,6 +111,48 @@ def render_demonstration(
     return "\n".join(lines) if answer is not None else None
 
 
+def demonstration_messages(messages: Sequence[Mapping[str, Any]], *, call_id_prefix: str) -> List[Dict[str, Any]]:
+    """A traced conversation as worked-example chat turns: system turns dropped, tool calls and their results
+    renumbered ``{call_id_prefix}_1, _2, ...`` (ids stay unique across examples), only the OpenAI fields kept.
+
+    Returns:
+        The turns, or an empty list when the conversation does not end with an assistant answer.
+    """
+    turns: List[Dict[str, Any]] = []
+    renamed: Dict[str, str] = {}
+    for message in messages:
+        role = message.get("role")
+        if role in ("system", "developer"):
+            continue
+        text = _message_text(message)
+        if role == "assistant" and message.get("tool_calls"):
+            calls = []
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", {})
+                arguments = function.get("arguments")
+                new_id = f"{call_id_prefix}_{len(renamed) + 1}"
+                renamed[str(call.get("id") or new_id)] = new_id
+                calls.append(
+                    {
+                        "id": new_id,
+                        "type": "function",
+                        "function": {
+                            "name": function.get("name"),
+                            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                        },
+                    }
+                )
+            turns.append({"role": "assistant", "content": text, "tool_calls": calls})
+        elif role == "tool":
+            call_id = str(message.get("tool_call_id") or "")
+            turns.append({"role": "tool", "tool_call_id": renamed.get(call_id, call_id), "content": text})
+        elif role in ("user", "assistant"):
+            turns.append({"role": role, "content": text})
+    if not turns or turns[-1]["role"] != "assistant" or turns[-1].get("tool_calls") or not turns[-1]["content"]:
+        return []
+    return turns
+
+
 class FewShotAPO(PromptSearch):
     """Few-shot prompt optimization from the agent's own rewarded traces (see the module description).
 
@@ -112,10 +166,14 @@ class FewShotAPO(PromptSearch):
         num_candidate_sets: Candidate selections of demonstrations scored on the validation batch.
         val_batch_size: Validation tasks shared by the candidates.
         finalists: Candidates (best on the batch) scored on the full validation set.
-        demo_header: Line introducing the examples in the prompt.
-        demo_position: Examples ``before`` (default) or ``after`` the seed's text. Before is safer for small
-            models: with the examples last, they tend to continue the list of examples instead of answering.
-        max_demo_chars: Longest message text kept in a demonstration.
+        demo_format: ``text``: the examples are written into the template (any agent); ``messages``: they are added
+            to the template's ``examples`` as chat turns with real tool calls, which the agent sends with
+            :meth:`~agentbolt.types.PromptTemplate.format_messages` (a warning says when an agent does not).
+        demo_header: Line introducing the examples in the prompt (``text`` format).
+        demo_position: Examples ``before`` (default) or ``after`` the seed's text (``text`` format). Before is safer
+            for small models: with the examples last, they tend to continue the list of examples instead of
+            answering.
+        max_demo_chars: Longest message text kept in a demonstration written as text.
         **search_options: Options of :class:`~agentbolt.algorithm.apo.search.PromptSearch` (``run_id``,
             ``resume``, ``max_rollouts``, ``rollout_batch_timeout``, ``seed``...).
     """
@@ -133,6 +191,7 @@ class FewShotAPO(PromptSearch):
         num_candidate_sets: int = 6,
         val_batch_size: int = 16,
         finalists: int = 2,
+        demo_format: Literal["text", "messages"] = "text",
         demo_header: str = "Examples of solved tasks:",
         demo_position: Literal["before", "after"] = "before",
         max_demo_chars: int = 600,
@@ -150,6 +209,8 @@ class FewShotAPO(PromptSearch):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if demo_position not in ("before", "after"):
             raise ValueError(f"demo_position must be 'before' or 'after', got {demo_position!r}")
+        if demo_format not in ("text", "messages"):
+            raise ValueError(f"demo_format must be 'text' or 'messages', got {demo_format!r}")
         super().__init__(async_openai_client, **search_options)
         self.max_demos = max_demos
         self.bootstrap_tasks = bootstrap_tasks
@@ -158,6 +219,7 @@ class FewShotAPO(PromptSearch):
         self.num_candidate_sets = num_candidate_sets
         self.val_batch_size = val_batch_size
         self.finalists = finalists
+        self.demo_format = demo_format
         self.demo_header = demo_header
         self.demo_position = demo_position
         self.max_demo_chars = max_demo_chars
@@ -176,20 +238,28 @@ class FewShotAPO(PromptSearch):
         for key, reward, result in results:
             if reward < self.demo_min_reward or result["status"] != "succeeded":
                 continue
-            text = render_demonstration(conversation_of(result["messages"]), seed, max_chars=self.max_demo_chars)
-            if text is None:
+            conversation = result.get("conversation")
+            if conversation is None:
+                conversation = conversation_of(result["messages"], seed.examples)
+            text = render_demonstration(conversation, seed, max_chars=self.max_demo_chars)
+            messages = demonstration_messages(conversation, call_id_prefix=f"example_{key}")
+            if text is None or (self.demo_format == "messages" and not messages):
                 continue
             current = best.get(key)
             if current is None or (reward, -len(text)) > (current.reward, -len(current.text)):
-                best[key] = Demonstration(key, reward, text)
+                best[key] = Demonstration(key, reward, text, messages)
         return sorted(best.values(), key=lambda d: (-d.reward, len(d.text), d.task_key))
 
     def with_demonstrations(self, seed: PromptTemplate, demos: Sequence[Demonstration]) -> PromptTemplate:
-        """``seed`` with ``demos`` written in (escaped so that the engine leaves them verbatim)."""
+        """``seed`` with ``demos``: after its own examples as chat turns (``messages``), or written into its text,
+        escaped so that the engine leaves them verbatim (``text``)."""
+        if self.demo_format == "messages":
+            examples = list(seed.examples) + [message for demo in demos for message in demo.messages]
+            return PromptTemplate(template=seed.template, engine=seed.engine, examples=examples)
         blocks = [f"Example {i}:\n{demo.text}" for i, demo in enumerate(demos, start=1)]
         section = escape_literal(self.demo_header + "\n\n" + "\n\n".join(blocks), seed.engine)
         text = f"{seed.template}\n\n{section}" if self.demo_position == "after" else f"{section}\n\n{seed.template}"
-        return PromptTemplate(template=text, engine=seed.engine)
+        return PromptTemplate(template=text, engine=seed.engine, examples=seed.examples)
 
     def candidate_selections(self, pool_size: int) -> List[Tuple[int, ...]]:
         """Distinct selections of demonstration indices: the top ones first, then random draws favouring the top."""
@@ -211,6 +281,21 @@ class FewShotAPO(PromptSearch):
             if selection not in selections:
                 selections.append(selection)
         return selections
+
+    def _check_examples_sent(self, candidate: VersionedPromptTemplate, evaluation: Evaluation) -> None:
+        """Warn when the agent's traced requests do not carry the candidate's examples (it ignores them)."""
+        examples = candidate.prompt_template.examples
+        for outcome in evaluation.results:
+            for call in outcome["messages"]:
+                if examples_position(call.get("messages") or [], examples) is not None:
+                    return
+        if evaluation.results:
+            self._log(
+                logging.WARNING,
+                "No traced request of the agent carries the prompt template's examples: with demo_format='messages' "
+                "the agent must build its messages with prompt_template.format_messages(...).",
+                prefix="[Search]",
+            )
 
     async def _bootstrap(
         self, seed: VersionedPromptTemplate, train: List[Tuple[str, Any]]
@@ -272,9 +357,11 @@ class FewShotAPO(PromptSearch):
                 candidates.append(candidate)
             batch = self.rng.sample(val, min(self.val_batch_size, len(val)))
             for candidate in candidates:
-                await self.evaluate(
+                evaluation = await self.evaluate(
                     candidate, batch, mode="val", purpose="val-batch", prefix=f"[Search | Prompt {candidate.version}]"
                 )
+                if self.demo_format == "messages" and candidate is candidates[0]:
+                    self._check_examples_sent(candidate, evaluation)
             ranked = sorted(candidates, key=lambda c: c.score or 0.0, reverse=True)
             scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked)
             self._log(logging.INFO, f"Validation batch scores: {scores}", prefix="[Search]")

@@ -26,6 +26,7 @@ __all__ = [
     "render_prompt_file",
     "format_experiments",
     "conversation_of",
+    "examples_position",
     "extract_template_text",
 ]
 
@@ -120,18 +121,48 @@ def _message_line(message: Mapping[str, Any], max_chars: int) -> List[str]:
     return lines
 
 
-def conversation_of(rollout_messages: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+def conversation_of(
+    rollout_messages: Sequence[Mapping[str, Any]], examples: Sequence[Mapping[str, Any]] = ()
+) -> List[Mapping[str, Any]]:
     """The fullest conversation of a rollout: the last LLM call's request messages plus its reply.
 
     ``rollout_messages`` is what :class:`~agentbolt.adapter.TraceToMessages` gives for the rollout (one entry per
     LLM call, each holding the messages sent and the assistant's answer); in an agent that carries its history
-    forward, the last call's conversation contains every earlier turn.
+    forward, the last call's conversation contains every earlier turn. The prompt template's worked ``examples``,
+    when the agent sent them (:meth:`~agentbolt.types.PromptTemplate.format_messages`), are left out: they belong to
+    the prompt, not to the run.
     """
     if not rollout_messages:
         return []
     last = rollout_messages[-1]
-    messages = last.get("messages") if isinstance(last, Mapping) else None
-    return list(messages or [])
+    messages = list((last.get("messages") if isinstance(last, Mapping) else None) or [])
+    start = examples_position(messages, examples)
+    if start is not None:
+        del messages[start : start + len(examples)]
+    return messages
+
+
+def _same_turn(sent: Mapping[str, Any], example: Mapping[str, Any]) -> bool:
+    if sent.get("role") != example.get("role"):
+        return False
+    if example.get("role") in ("user", "system", "developer"):
+        return str(sent.get("content") or "").strip() == str(example.get("content") or "").strip()
+    return True
+
+
+def examples_position(
+    conversation: Sequence[Mapping[str, Any]], examples: Sequence[Mapping[str, Any]]
+) -> Optional[int]:
+    """Where a prompt template's worked ``examples`` appear in a traced conversation, or None if they do not.
+
+    Turns match by role, and user and system turns by text too (a server may re-serialize tool calls and ids).
+    """
+    if not examples:
+        return None
+    for start in range(len(conversation) - len(examples) + 1):
+        if all(_same_turn(conversation[start + i], example) for i, example in enumerate(examples)):
+            return start
+    return None
 
 
 def format_experiments(experiments: Sequence[Mapping[str, Any]], *, max_message_chars: int = 1500) -> str:
@@ -147,7 +178,9 @@ def format_experiments(experiments: Sequence[Mapping[str, Any]], *, max_message_
         header = f"### Run {number}: reward {reward if reward is not None else 'none (counted as 0)'}"
         header += f", status {experiment.get('status')}"
         lines = [header]
-        conversation = conversation_of(experiment.get("messages") or [])
+        conversation = experiment.get("conversation")
+        if conversation is None:
+            conversation = conversation_of(experiment.get("messages") or [])
         if not conversation:
             lines.append("(no LLM call was recorded)")
         for message in conversation:

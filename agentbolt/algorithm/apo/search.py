@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -31,7 +32,7 @@ from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 
 from .optimizer import OptimizerCalls, SearchBudgetExhausted
-from .prompts import render_prompt_file
+from .prompts import conversation_of, render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
 __all__ = [
@@ -55,7 +56,9 @@ FULL_VAL = "val-full"
 class RolloutResultForAPO(TypedDict):
     """One finished rollout as the optimizer reads it.
 
-    ``feedback`` holds the texts the agent emitted with ``emit_message`` (a grader's explanation, say).
+    ``feedback`` holds the texts the agent emitted with ``emit_message`` (a grader's explanation, say);
+    ``conversation`` the run's fullest conversation without the prompt template's worked examples
+    (:func:`~agentbolt.algorithm.apo.prompts.conversation_of`).
     """
 
     status: RolloutStatus
@@ -63,6 +66,7 @@ class RolloutResultForAPO(TypedDict):
     spans: List[Dict[str, Any]]
     messages: List[Any]
     feedback: NotRequired[List[str]]
+    conversation: NotRequired[List[Any]]
 
 
 @dataclass
@@ -185,6 +189,11 @@ async def load_search_run(store: Any, run_id: str) -> List[CandidateRecord]:
     return sorted(records.values(), key=lambda r: _version_number(r.version))
 
 
+def template_key(template: PromptTemplate) -> str:
+    """What makes two candidates the same prompt: text, engine and worked examples."""
+    return json.dumps([template.template, template.engine, template.examples], sort_keys=True, default=str)
+
+
 def keyed(dataset: Dataset[Any]) -> List[Tuple[str, Any]]:
     """``(key, task)`` for each item of a dataset; the key is the item's index."""
     return [(str(index), dataset[index]) for index in range(len(dataset))]
@@ -288,7 +297,7 @@ class PromptSearch(Algorithm):
         self.current_round = 0
         self._resource_name: Optional[str] = None
         self._placeholders: frozenset[str] = frozenset()
-        self._full_val_cache: Dict[str, Dict[str, float]] = {}
+        self._full_val_cache: Dict[str, Dict[str, float]] = {}  # by template_key
         self._logger = logging.getLogger(self.log_name)
 
     # -- logging ---------------------------------------------------------------------------------------------------
@@ -369,7 +378,7 @@ class PromptSearch(Algorithm):
             self.skipped_candidates += 1
             self._log(logging.WARNING, "Skipped a candidate: the optimizer returned no text.", prefix=prefix)
             return None
-        template = PromptTemplate(template=text, engine=like.engine)
+        template = PromptTemplate(template=text, engine=like.engine, examples=like.examples)
         try:
             check_placeholders(template, self._placeholders)
         except PlaceholderMismatchError as exc:
@@ -439,7 +448,7 @@ class PromptSearch(Algorithm):
             SearchBudgetExhausted: The rollout budget does not cover these tasks.
         """
         if purpose == FULL_VAL:
-            cached = self._full_val_cache.get(candidate.prompt_template.template)
+            cached = self._full_val_cache.get(template_key(candidate.prompt_template))
             if cached is not None and all(key in cached for key, _ in tasks):
                 self._log(logging.INFO, "Reusing the stored full-validation scores.", prefix=prefix)
                 return Evaluation(candidate.version, purpose, [k for k, _ in tasks], [cached[k] for k, _ in tasks])
@@ -451,7 +460,7 @@ class PromptSearch(Algorithm):
         assert self._resource_name is not None
         lineage = candidate.lineage if lineage is None else lineage
         update = await store.update_resources(
-            f"{self.run_id}-{candidate.version}", {self._resource_name: candidate.prompt_template}
+            f"{self.run_id}-{candidate.version}", self._resources_with(candidate.prompt_template)
         )
         rollout_ids: List[str] = []
         for key, task in tasks:
@@ -472,7 +481,7 @@ class PromptSearch(Algorithm):
                 evaluation.rewards.append(0.0)
                 evaluation.outcomes.append(None)
                 continue
-            result = await self._rollout_result(rollout, prefix=prefix)
+            result = await self._rollout_result(rollout, examples=candidate.prompt_template.examples, prefix=prefix)
             evaluation.outcomes.append(result)
             if result["status"] != "succeeded":
                 evaluation.failed += 1
@@ -490,7 +499,7 @@ class PromptSearch(Algorithm):
                 prefix=prefix,
             )
         if purpose == FULL_VAL:
-            self._full_val_cache[candidate.prompt_template.template] = evaluation.by_task()
+            self._full_val_cache[template_key(candidate.prompt_template)] = evaluation.by_task()
         candidate.score = evaluation.mean
         self.evaluations.append(evaluation)
         return evaluation
@@ -523,7 +532,9 @@ class PromptSearch(Algorithm):
                 self._log(logging.INFO, f"Could not cancel {rollout_id}: {exc}", prefix=prefix)
         return finished
 
-    async def _rollout_result(self, rollout: Rollout, *, prefix: Optional[str]) -> RolloutResultForAPO:
+    async def _rollout_result(
+        self, rollout: Rollout, *, examples: Sequence[Mapping[str, Any]] = (), prefix: Optional[str]
+    ) -> RolloutResultForAPO:
         store = self.get_store()
         spans = list(await store.query_spans(rollout.rollout_id, "latest"))
         try:
@@ -545,6 +556,7 @@ class PromptSearch(Algorithm):
             spans=[span.model_dump() for span in spans],
             messages=messages,
             feedback=feedback,
+            conversation=list(conversation_of(messages, examples)),
         )
 
     async def _validate_full(
@@ -587,7 +599,7 @@ class PromptSearch(Algorithm):
                 continue
             full = record.scores.get(FULL_VAL)
             if full:
-                self._full_val_cache[record.template.template] = dict(full)
+                self._full_val_cache[template_key(record.template)] = dict(full)
                 mean = sum(full.values()) / len(full)
                 if mean > self._history_best_score:
                     self._history_best_prompt = record.template
@@ -632,14 +644,21 @@ class PromptSearch(Algorithm):
                 raise ValueError(f"prompt file {path} does not exist")
         return paths
 
+    def _resources_with(self, prompt_template: PromptTemplate) -> NamedResources:
+        """The initial resources (the agent's LLM endpoint, other templates...) with the tuned one replaced."""
+        assert self._resource_name is not None
+        resources: NamedResources = dict(self.get_initial_resources() or {})
+        resources[self._resource_name] = prompt_template
+        return resources
+
     async def _publish_best(self) -> None:
         """Store the best prompt as ``{run_id}-best`` (the latest resources), keeping it whatever happened."""
         if self._history_best_prompt is None or self._resource_name is None:
             return
-        resources: NamedResources = dict(self.get_initial_resources() or {})
-        resources[self._resource_name] = self._history_best_prompt
         try:
-            await self.get_store().update_resources(f"{self.run_id}-best", resources)
+            await self.get_store().update_resources(
+                f"{self.run_id}-best", self._resources_with(self._history_best_prompt)
+            )
         except Exception:  # the prompt stays available from get_best_prompt()
             self._logger.exception("Could not store the best prompt of run %s.", self.run_id)
 

@@ -4,7 +4,7 @@ One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat comple
 
 * ``agent``: the model of the test agent. It answers the last capital-city question of its prompt ("Capital of X?")
   with the bare city when its prompt says ``ONLY THE CITY`` or holds worked examples (``Examples of solved
-  tasks``); otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it
+  tasks`` in its text, or earlier assistant turns); otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it
   always answers with the bare city, so a seed prompt earns some reward (and few-shot bootstrapping has examples).
 * ``critic`` / ``editor`` / ``reflector``: the optimizer. Each call pops the next scripted step of its queue: a reply
   text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
@@ -66,13 +66,15 @@ class Script:
         return [r for r in self.requests if r["model"] == model]
 
 
-def _agent_reply(prompt: str) -> str:
+def _agent_reply(messages: List[Dict[str, Any]]) -> str:
+    prompt = "\n".join(str(m.get("content") or "") for m in messages)
     question = prompt.rsplit("Capital of ", 1)[1] if "Capital of " in prompt else ""
     country = next((c for c in CAPITALS if question.startswith(c)), None)
     if country is None:
         return "I do not know."
     city = CAPITALS[country]
-    if "ONLY THE CITY" in prompt or "Examples of solved tasks" in prompt or country in EASY:
+    worked_turns = any(m.get("role") == "assistant" for m in messages)
+    if "ONLY THE CITY" in prompt or "Examples of solved tasks" in prompt or worked_turns or country in EASY:
         return city
     return f"The capital of {country} is {city}."
 
@@ -109,7 +111,7 @@ def create_app(script: Script) -> FastAPI:
         script.requests.append({"model": model, "messages": messages})
         prompt = "\n".join(str(m.get("content") or "") for m in messages)
         if model == "agent":
-            return _completion(model, _agent_reply(prompt), len(prompt))
+            return _completion(model, _agent_reply(messages), len(prompt))
         queue = script.queues[model]
         step: Step = queue.popleft() if queue else _default_reply(model)
         if isinstance(step, int):
@@ -122,21 +124,29 @@ def create_app(script: Script) -> FastAPI:
     return app
 
 
-@agl.rollout
-async def capital_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
-    """Ask the stand-in's agent model; reward 1 for the bare city name."""
+async def _ask_capital(task: Dict[str, Any], messages: List[Dict[str, Any]]) -> float:
     from openai import AsyncOpenAI
 
     if task.get("crash"):
         raise RuntimeError("the agent crashed on purpose")
     client = AsyncOpenAI(base_url=BASE_URL["url"], api_key="stand-in", max_retries=0)
-    response = await client.chat.completions.create(
-        model="agent", messages=[{"role": "user", "content": prompt_template.format(country=task["country"])}]
-    )
+    response = await client.chat.completions.create(model="agent", messages=messages)  # type: ignore[arg-type]
     await client.close()
     answer = response.choices[0].message.content
     agl.emit_message(f"expected {CAPITALS[task['country']]}, got {answer}")
     return 1.0 if answer == CAPITALS[task["country"]] else 0.0
+
+
+@agl.rollout
+async def capital_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    """Ask the stand-in's agent model (the template's worked examples first); reward 1 for the bare city name."""
+    return await _ask_capital(task, prompt_template.format_messages(country=task["country"]))
+
+
+@agl.rollout
+async def capital_agent_without_examples(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    """The same agent sending only the filled template (it ignores the template's worked examples)."""
+    return await _ask_capital(task, [{"role": "user", "content": prompt_template.format(country=task["country"])}])
 
 
 def capital_tasks(countries: List[str]) -> List[Dict[str, Any]]:
@@ -155,6 +165,7 @@ def fit(
     store: Any = None,
     initial_resources: Any = "seed",
     adapter: Any = None,
+    agent: Any = None,
 ) -> Any:
     """Run ``algorithm`` on the capital agent in one process (shared-memory strategy); returns the store."""
     store = store if store is not None else agl.InMemoryLightningStore()
@@ -171,5 +182,7 @@ def fit(
         adapter=adapter if adapter is not None else agl.TraceToMessages(),
         runner=agl.LitAgentRunner(tracer=agl.AgentOpsTracer(), poll_interval=0.02),
     )
-    trainer.fit(capital_agent, train_dataset=TRAIN if train is None else train, val_dataset=VAL if val is None else val)
+    trainer.fit(
+        agent or capital_agent, train_dataset=TRAIN if train is None else train, val_dataset=VAL if val is None else val
+    )
     return store

@@ -7,12 +7,12 @@ import logging
 from typing import Any, Dict, List
 
 import pytest
-from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, VAL, Script, fit
+from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, VAL, Script, capital_agent_without_examples, fit
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO, load_search_run, pareto_front
-from agentbolt.algorithm.apo.fewshot import Demonstration, render_demonstration
-from agentbolt.algorithm.apo.search import RolloutResultForAPO
+from agentbolt.algorithm.apo.fewshot import Demonstration, demonstration_messages, render_demonstration
+from agentbolt.algorithm.apo.search import RolloutResultForAPO, template_key
 
 # -- Pareto front ---------------------------------------------------------------------------------------------------
 
@@ -108,6 +108,50 @@ def test_a_demonstration_keeps_the_request_data_tool_calls_results_and_answer() 
     assert render_demonstration(messages[:2], seed) is None  # no final answer: no demonstration
 
 
+def test_a_demonstration_as_chat_turns_keeps_real_tool_calls_with_fresh_ids() -> None:
+    messages = [
+        {"role": "system", "content": "You book rooms."},
+        {"role": "user", "content": "Book a room for 4."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_x", "type": "function", "function": {"name": "rooms", "arguments": {"n": 4}}},
+                {"id": "call_y", "type": "function", "function": {"name": "rooms", "arguments": '{"n": 5}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_x", "content": [{"room": "Nova"}]},
+        {"role": "tool", "tool_call_id": "call_y", "content": "none"},
+        {"role": "assistant", "content": "Nova", "refusal": None},
+    ]
+    turns = demonstration_messages(messages, call_id_prefix="example_3")
+    assert turns == [
+        {"role": "user", "content": "Book a room for 4."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "example_3_1", "type": "function", "function": {"name": "rooms", "arguments": '{"n": 4}'}},
+                {"id": "example_3_2", "type": "function", "function": {"name": "rooms", "arguments": '{"n": 5}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "example_3_1", "content": '[{"room": "Nova"}]'},
+        {"role": "tool", "tool_call_id": "example_3_2", "content": "none"},
+        {"role": "assistant", "content": "Nova"},
+    ]
+    agl.PromptTemplate(template="x", engine="f-string", examples=turns)  # valid worked examples
+    assert demonstration_messages(messages[:3], call_id_prefix="e") == []  # ends on a tool call: no answer
+    assert demonstration_messages(messages[:2], call_id_prefix="e") == []  # no answer at all
+    assert demonstration_messages([{"role": "assistant", "content": ""}], call_id_prefix="e") == []
+
+
+def test_candidates_differing_only_in_their_examples_are_different_prompts() -> None:
+    plain = agl.PromptTemplate(template="Q: {q}", engine="f-string")
+    worked = agl.PromptTemplate(template="Q: {q}", engine="f-string", examples=[{"role": "user", "content": "Q: 1"}])
+    assert template_key(plain) != template_key(worked)
+    assert template_key(worked) == template_key(worked.model_copy(deep=True))
+
+
 def test_demonstrations_are_rewarded_runs_one_per_task_best_first() -> None:
     seed = agl.PromptTemplate(template="Q: {q}", engine="f-string")
     search = FewShotAPO(demo_min_reward=1.0)
@@ -165,6 +209,35 @@ def test_fewshot_search_adds_demonstrations_that_raise_the_score(script: Script,
     assert records[0].scores["bootstrap"] and records[1].origin == "demonstrations"
 
 
+def test_fewshot_as_chat_turns_sends_the_demonstrations_before_the_request(
+    script: Script, optimizer_client: Any
+) -> None:
+    seed_example = [{"role": "user", "content": "A geography quiz follows."}]  # sent by the seed, not by a run
+    seed = agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string", examples=seed_example)
+    search = FewShotAPO(
+        max_demos=2, bootstrap_tasks=6, num_candidate_sets=3, val_batch_size=2, demo_format="messages", use_poml=False
+    )
+    store = fit(search, initial_resources={"prompt_template": seed})
+    best = search.get_best_prompt()
+    assert search.best_score == 1.0 and best.template == SEED_TEMPLATE  # the text is left as it was
+    assert best.examples[:1] == seed_example and len(best.examples) > 1
+    # every demonstration is one training run without the seed's example: its request and its answer
+    for demo in search.demonstrations:
+        assert [turn["role"] for turn in demo.messages] == ["user", "assistant"]
+        assert demo.messages[0]["content"].startswith("Answer the question. Capital of")
+    sent = [call["messages"] for call in script.calls("agent")]
+    assert any(messages[:-1] == best.examples for messages in sent)  # the agent sent the winner's examples
+    records = asyncio.run(load_search_run(store, search.run_id))
+    assert records[-1].template.examples  # the stored candidates keep their examples (a resumed run sees them)
+
+
+def test_fewshot_warns_when_the_agent_does_not_send_the_examples(optimizer_client: Any, caplog: Any) -> None:
+    search = FewShotAPO(bootstrap_tasks=6, num_candidate_sets=1, val_batch_size=2, demo_format="messages")
+    with caplog.at_level(logging.WARNING):
+        fit(search, agent=capital_agent_without_examples)
+    assert "prompt_template.format_messages" in caplog.text
+
+
 def test_fewshot_without_any_rewarded_run_keeps_the_seed(optimizer_client: Any, caplog: Any) -> None:
     search = FewShotAPO(bootstrap_tasks=2, use_poml=False)
     with caplog.at_level(logging.WARNING):
@@ -186,6 +259,7 @@ def test_the_rollout_budget_stops_the_search(optimizer_client: Any, caplog: Any)
     [
         (FewShotAPO, {"max_demos": 0}, "max_demos"),
         (FewShotAPO, {"demo_position": "middle"}, "demo_position"),
+        (FewShotAPO, {"demo_format": "json"}, "demo_format"),
         (FewShotAPO, {"max_rollouts": 0}, "max_rollouts"),
         (ParetoAPO, {"rounds": -1}, "rounds"),
         (ParetoAPO, {"reflection_batch_size": 0}, "reflection_batch_size"),

@@ -13,6 +13,8 @@ from agentbolt.algorithm.apo.prompts import (
     GRADIENT_PROMPT_FILES,
     MERGE_PROMPT_FILES,
     REFLECT_PROMPT_FILES,
+    conversation_of,
+    examples_position,
     extract_template_text,
     format_experiments,
     render_prompt_file,
@@ -91,6 +93,22 @@ def test_experiments_show_messages_tool_calls_reward_status_and_feedback() -> No
         "[feedback] expected Atlas",
     ]
     assert format_experiments([]) == "(no runs)"
+
+
+def test_the_conversation_of_a_run_leaves_out_the_templates_worked_examples() -> None:
+    examples = [{"role": "user", "content": "Capital of Peru?"}, {"role": "assistant", "content": "Lima"}]
+    sent = [
+        {"role": "system", "content": "Be brief."},
+        *examples,
+        {"role": "user", "content": "Capital of Chile?"},
+        {"role": "assistant", "content": "Santiago"},
+    ]
+    assert examples_position(sent, examples) == 1
+    assert conversation_of([{"messages": sent}], examples) == [sent[0], *sent[3:]]
+    assert conversation_of([{"messages": sent}]) == sent  # no examples given: the whole conversation
+    other = [{"role": "user", "content": "Capital of Spain?"}, {"role": "assistant", "content": "Madrid"}]
+    assert examples_position(sent, other) is None and conversation_of([{"messages": sent}], other) == sent
+    assert examples_position(sent, []) is None and conversation_of([], examples) == []
 
 
 def test_the_template_is_taken_from_the_last_fenced_block() -> None:
