@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["float32_logits", "plain_output_head"]
+__all__ = ["float32_logits", "float32_logits_at", "plain_output_head"]
 
 
 def _language_model(model: Any) -> Any:
@@ -50,12 +50,33 @@ def float32_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
         **inputs: Keyword arguments of the model's forward (``input_ids``, ``attention_mask``, ``position_ids``,
             ``past_key_values``, ``use_cache``...).
     """
-    import torch.nn.functional as F
-
     if not plain_output_head(model):
         return model(**inputs).logits[:, -keep:, :].float()
     language_model = _language_model(model)
     hidden = language_model.base_model(**inputs).last_hidden_state[:, -keep:, :]
+    return _project(language_model, hidden)
+
+
+def float32_logits_at(model: Any, positions: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """Float32 logits ``[N, vocab]`` of the ``N`` positions where the boolean ``positions`` ``[batch, length]`` is
+    True, in row-major order: only those hidden states are projected (as :func:`float32_logits` does).
+
+    Args:
+        model: A transformers causal LM or a PEFT model around one.
+        positions: Which positions to return.
+        **inputs: Keyword arguments of the model's forward.
+    """
+    if not plain_output_head(model):
+        return model(**inputs).logits[positions].float()
+    language_model = _language_model(model)
+    hidden = language_model.base_model(**inputs).last_hidden_state[positions]
+    return _project(language_model, hidden)
+
+
+def _project(language_model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The output projection of ``hidden`` in float32, on the float32 value of the (possibly bfloat16) weight."""
+    import torch.nn.functional as F
+
     head = language_model.get_output_embeddings()
     bias = None if getattr(head, "bias", None) is None else head.bias.float()
     return F.linear(hidden.float(), head.weight.float(), bias)
