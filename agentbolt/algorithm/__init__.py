@@ -1,7 +1,7 @@
 """Algorithms: the training side that enqueues rollouts, publishes resources and learns from spans.
 
 ``APO`` and ``VERL`` are factory functions that import their implementation (and its heavy dependencies) only when
-called. ``GRPO`` is the class itself, imported on first access (importing it loads no torch).
+called. ``GRPO`` and ``SFT`` are the classes themselves, imported on first access (importing them loads no torch).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from .fast import Baseline, FastAlgorithm
 
 if TYPE_CHECKING:
     from .grpo import GRPO
+    from .sft import SFT
 
-__all__ = ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL", "GRPO"]
+__all__ = ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL", "GRPO", "SFT"]
 
 
 def _instantiate(module_name: str, class_name: str, args: Any, kwargs: Any) -> Any:
@@ -47,4 +48,8 @@ def __getattr__(name: str) -> Any:
         from .grpo import GRPO
 
         return GRPO
+    if name == "SFT":
+        from .sft import SFT
+
+        return SFT
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

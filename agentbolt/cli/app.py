@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import typer
 
-from agentbolt.cli import demo, models, proxy, serve, store
+from agentbolt.cli import demo, export, models, proxy, serve, store, train
 from agentbolt.cli.invocation import run_app
 
 __all__ = ["app", "run"]
@@ -35,6 +35,8 @@ app.command("proxy", help=proxy.HELP)(proxy.proxy_command)
 app.command("serve", help=serve.HELP)(serve.serve_command)
 app.add_typer(models.app, name="models", help=models.HELP)
 app.command("demo", help=demo.HELP)(demo.demo_command)
+app.command("export", help=export.HELP)(export.export_command)
+app.command("train", help=train.HELP)(train.train_command)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
