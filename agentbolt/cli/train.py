@@ -168,9 +168,8 @@ def _store(config: RunnerConfig, base: Path) -> Any:
     from agentbolt.store.sqlite import SqliteLightningStore
 
     path = (base / config.store).expanduser()
-    if not path.parent.is_dir():
-        raise CliError(f"trainer.store: directory {path.parent} does not exist")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         return SqliteLightningStore(path)
     except Exception as exc:
         raise CliError(f"trainer.store: cannot open {path}: {exc}") from None

@@ -55,11 +55,17 @@ def build_word_model(path: Path) -> Path:
     return path
 
 
-async def ask(llm: agl.LLM, prompt: str, seed: Optional[int] = None) -> str:
-    """One chat call of one token to the served policy (sampled with ``seed`` when given); the stripped answer."""
+async def ask(llm: agl.LLM, prompt: str, seed: Optional[int] = None, agent_name: Optional[str] = None) -> str:
+    """One chat call of one token to the served policy (sampled with ``seed`` when given); the stripped answer.
+
+    ``agent_name`` is sent in the gateway's agent-name header, so the call's span names its agent.
+    """
     from openai import AsyncOpenAI
 
-    async with AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0) as client:
+    from agentbolt.semconv import LLM_AGENT_NAME_HEADER
+
+    headers = {LLM_AGENT_NAME_HEADER: agent_name} if agent_name else None
+    async with AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0, default_headers=headers) as client:
         response = await client.chat.completions.create(
             model=llm.model,
             messages=[{"role": "user", "content": prompt}],
@@ -70,14 +76,48 @@ async def ask(llm: agl.LLM, prompt: str, seed: Optional[int] = None) -> str:
     return (response.choices[0].message.content or "").strip()
 
 
-def fit(algorithm: agl.Algorithm, agent: Any, train: Sequence[Any], val: Optional[Sequence[Any]] = None) -> None:
-    """Train ``agent`` with ``algorithm`` through ``Trainer.fit``: in-memory store, one runner, rollouts in order."""
+def fit(
+    algorithm: agl.Algorithm,
+    agent: Any,
+    train: Sequence[Any],
+    val: Optional[Sequence[Any]] = None,
+    store: Optional[agl.LightningStore] = None,
+) -> None:
+    """Train ``agent`` with ``algorithm`` through ``Trainer.fit``: one runner, rollouts in order, an in-memory store
+    unless ``store`` is given."""
     tracer = agl.OtelTracer()
     trainer = agl.Trainer(
         algorithm=algorithm,
-        store=agl.InMemoryLightningStore(),
+        store=store if store is not None else agl.InMemoryLightningStore(),
         strategy=agl.SharedMemoryExecutionStrategy(n_runners=1, main_thread="algorithm"),
         tracer=tracer,
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
     )
     trainer.fit(agent, train_dataset=list(train), val_dataset=None if val is None else list(val))
+
+
+class PingAgent(agl.LitAgent[dict]):
+    """Asks the task's prompt with one-token answers; reward 1 when the answer is the task's. Each call is seeded by
+    its rank (one runner takes the rollouts in order), so a run is deterministic; ``agent_name`` names the calls."""
+
+    def __init__(self, agent_name: Optional[str] = None) -> None:
+        super().__init__()
+        self.calls = 0
+        self.agent_name = agent_name
+
+    async def rollout_async(self, task: dict, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        llm = resources["main_llm"]
+        assert isinstance(llm, agl.LLM)
+        attempt = rollout.attempt.attempt_id if isinstance(rollout, agl.AttemptedRollout) else None
+        bound = agl.LLM(
+            endpoint=llm.get_base_url(rollout.rollout_id, attempt),
+            model=llm.model,
+            sampling_parameters=llm.sampling_parameters,
+        )
+        self.calls += 1
+        answer = await ask(bound, task["prompt"], seed=self.calls, agent_name=self.agent_name)
+        return 1.0 if answer == task["answer"] else 0.0
+
+
+ping_agent = PingAgent()
+"""The agent configuration files name (``support.word_model:ping_agent``)."""
