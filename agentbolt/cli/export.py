@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, get_args
 
 import typer
 
@@ -58,21 +58,37 @@ def export_command(
     propagation: Propagation = typer.Option(
         Propagation.backward, "--reward-propagation", case_sensitive=False, help="How rewards reach earlier calls."
     ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show library warnings and logs."),
 ) -> int:
     """Export what STORE holds; prints how many records were written."""
-    from agentbolt.algorithm.sft.export import ExportFilter, close_store, export_store, open_store
+    import logging
+
+    from agentbolt.algorithm.sft.export import (
+        ExportFilter,
+        close_store,
+        export_records,
+        open_store,
+        resolve_format,
+        write_records,
+    )
     from agentbolt.types import RolloutStatus
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
 
     known_modes = ("train", "val", "test")
     for value in mode or []:
         if value not in known_modes:
             raise CliError(f"--mode {value!r} is not one of {', '.join(known_modes)}")
-    known_statuses = RolloutStatus.__args__  # type: ignore[attr-defined]
+    known_statuses = get_args(RolloutStatus)
     for value in status or []:
         if value not in known_statuses:
             raise CliError(f"--status {value!r} is not one of {', '.join(known_statuses)}")
     if not output.parent.is_dir():
         raise CliError(f"--output {output}: directory {output.parent} does not exist")
+    try:
+        chosen_format = resolve_format(output, format.value if format else None)
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
     try:
         filters = ExportFilter(
             mode=mode or None, status=status or None, min_reward=min_reward, max_reward=max_reward, agent=agent
@@ -81,25 +97,26 @@ def export_command(
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
-    async def run() -> int:
+    async def read() -> List[Dict[str, Any]]:
         try:
-            return await export_store(
+            return await export_records(
                 opened,
-                output,
                 what.value,  # type: ignore[arg-type]
-                format=format.value if format else None,  # type: ignore[arg-type]
-                filters=filters,
+                filters,
                 propagation=propagation.value,  # type: ignore[arg-type]
             )
         finally:
             await close_store(opened)
 
     try:
-        count = asyncio.run(run())
-    except ImportError as exc:
-        raise CliError(str(exc)) from None
+        records = asyncio.run(read())
+    except OSError as exc:  # aiohttp's connection errors are OSErrors too
+        raise CliError(f"cannot read the store at {store}: {exc}", exit_code=1) from None
+    try:
+        write_records(records, output, format=chosen_format)
     except OSError as exc:
         raise CliError(f"cannot write {output}: {exc.strerror or exc}", exit_code=1) from None
+    count = len(records)
     print(f"agentbolt export: {count} {what.value} written to {output}")
     return 0
 

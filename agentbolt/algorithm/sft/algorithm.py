@@ -35,7 +35,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 from agentbolt.algorithm.sft.config import SFTConfig
-from agentbolt.algorithm.sft.data import ChatSample, TokenizeStats, samples_from_triplets, tokenize_samples
+from agentbolt.algorithm.sft.data import CallStats, ChatSample, TokenizeStats, samples_from_triplets, tokenize_samples
 from agentbolt.algorithm.sft.selection import select_samples
 
 if TYPE_CHECKING:
@@ -137,15 +137,14 @@ class SFT(FinetuningAlgorithm):
         return entries
 
     # -------------------------------------------------------------------------------------------------- phases
-    def _chat_samples(self, outcomes: Sequence[RolloutOutcome]) -> Tuple[List[ChatSample], int]:
-        """The chat samples of every succeeded rollout (a task is a rollout group), and the number of calls of
-        other agents."""
+    def _chat_samples(self, outcomes: Sequence[RolloutOutcome]) -> Tuple[List[ChatSample], CallStats]:
+        """The chat samples of every succeeded rollout (a task is a rollout group), and the calls skipped."""
         samples: List[ChatSample] = []
-        other_agents = 0
+        stats = CallStats()
         for outcome in outcomes:
             if outcome.status != "succeeded":
                 continue
-            found, others = samples_from_triplets(
+            found, found_stats = samples_from_triplets(
                 outcome.triplets,
                 final_reward=outcome.reward,
                 propagation=self.config.reward_propagation,
@@ -154,8 +153,8 @@ class SFT(FinetuningAlgorithm):
                 task_id=outcome.group_id,
             )
             samples.extend(found)
-            other_agents += others
-        return samples, other_agents
+            stats.add(found_stats)
+        return samples, stats
 
     async def _train_step(
         self,
@@ -172,7 +171,7 @@ class SFT(FinetuningAlgorithm):
         pairs = [(task, f"train-{step}-{i}") for i, task in enumerate(tasks) for _ in range(config.rollouts_per_task)]
         outcomes = await self._run_rollouts(store, pairs, mode="train", resources_id=resources_id)
         collect_seconds = time.perf_counter() - started
-        chat_samples, other_agents = self._chat_samples(outcomes)
+        chat_samples, call_stats = self._chat_samples(outcomes)
         tokenized, token_stats = tokenize_samples(
             chat_samples,
             tokenizer,
@@ -203,8 +202,9 @@ class SFT(FinetuningAlgorithm):
             "rollouts/without_calls": float(
                 sum(1 for o in outcomes if o.status == "succeeded" and o.rollout_id not in with_calls)
             ),
-            "samples/calls": float(sum(len(o.triplets) for o in outcomes if o.status == "succeeded")),
-            "samples/other_agents": float(other_agents),
+            "samples/calls": float(call_stats.calls),
+            "samples/other_agents": float(call_stats.other_agents),
+            "samples/without_data": float(call_stats.without_data),
             **token_stats.as_metrics(),
             **selection.as_metrics(),
         }
@@ -226,7 +226,7 @@ class SFT(FinetuningAlgorithm):
                 step,
                 len(chat_samples),
                 len(outcomes),
-                _why_empty(token_stats, selection.as_metrics()),
+                _why_empty(call_stats, token_stats, selection.as_metrics()),
             )
         record.update({f"update/{k}": v for k, v in metrics.items()})
         record["time/collect_seconds"] = collect_seconds
@@ -317,10 +317,10 @@ class SFT(FinetuningAlgorithm):
         )
 
 
-def _why_empty(tokens: TokenizeStats, selection: Dict[str, float]) -> str:
+def _why_empty(calls: CallStats, tokens: TokenizeStats, selection: Dict[str, float]) -> str:
     """The non-zero drop counters, for the empty-selection warning."""
     reasons = {
-        "without usable data": tokens.unusable + tokens.missing_tokens,
+        "without usable data": tokens.unusable + tokens.missing_tokens + calls.without_data,
         "too long": tokens.too_long,
         **{name.split("/", 1)[1]: value for name, value in selection.items()},
     }

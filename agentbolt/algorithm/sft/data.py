@@ -30,6 +30,7 @@ from agentbolt.adapter.messages import convert_to_openai_messages
 from agentbolt.types import Triplet
 
 __all__ = [
+    "CallStats",
     "ChatSample",
     "DataError",
     "TokenSample",
@@ -232,6 +233,23 @@ def propagate_rewards(
     return propagated[::-1]
 
 
+@dataclass
+class CallStats:
+    """The LLM calls of rollouts and those :func:`samples_from_triplets` could not turn into samples."""
+
+    calls: int = 0
+    """LLM calls seen."""
+    other_agents: int = 0
+    """Skipped: made by an agent ``agent_match`` does not select."""
+    without_data: int = 0
+    """Skipped: the trace holds neither the call's messages nor its token ids."""
+
+    def add(self, other: CallStats) -> None:
+        """Accumulate another counter set into this one."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
 def _first_choice(raw: Any) -> List[Any]:
     if isinstance(raw, list):
         return raw[:1]
@@ -274,7 +292,7 @@ def samples_from_triplets(
     rollout_id: Optional[str] = None,
     task_id: Optional[str] = None,
     metadata: Optional[Dict[str, Any]] = None,
-) -> Tuple[List[ChatSample], int]:
+) -> Tuple[List[ChatSample], CallStats]:
     """The chat samples of one rollout's LLM calls.
 
     Rewards are propagated over all the rollout's calls first, then calls of agents not matching ``agent_match``
@@ -291,22 +309,23 @@ def samples_from_triplets(
         metadata: Recorded on each sample.
 
     Returns:
-        The samples, and how many calls were of other agents.
+        The samples, and the calls skipped (:class:`CallStats`).
     """
     pattern = re.compile(agent_match) if agent_match is not None else None
     rewards = propagate_rewards([t.reward for t in triplets], final_reward, propagation)
     samples: List[ChatSample] = []
-    other_agents = 0
+    stats = CallStats(calls=len(triplets))
     for triplet, reward in zip(triplets, rewards, strict=True):
         agent = triplet.metadata.get("agent_name")
         agent = agent if isinstance(agent, str) and agent else None
         if pattern is not None and (agent is None or not pattern.search(agent)):
-            other_agents += 1
+            stats.other_agents += 1
             continue
         conversation = _triplet_messages(triplet)
         prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
         if conversation is None and not (prompt_ids and response_ids):
-            continue  # counted by the tokenizer as unusable when the sample is missing
+            stats.without_data += 1
+            continue
         messages, tools = conversation if conversation is not None else ([], None)
         samples.append(
             ChatSample(
@@ -323,7 +342,7 @@ def samples_from_triplets(
                 metadata=dict(metadata or {}),
             )
         )
-    return samples, other_agents
+    return samples, stats
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ __all__ = [
     "export_store",
     "open_store",
     "read_records",
+    "resolve_format",
     "store_samples",
     "write_records",
 ]
@@ -242,10 +243,18 @@ async def export_store(
     return len(records)
 
 
-def _format(path: Path, format: Optional[str]) -> str:
-    chosen = format or ("parquet" if path.suffix == ".parquet" else "jsonl")
+def resolve_format(path: Union[str, Path], format: Optional[str] = None) -> str:
+    """``format``, else ``parquet`` for a ``.parquet`` file and ``jsonl`` otherwise.
+
+    Raises:
+        ValueError: An unknown format.
+        ImportError: Parquet without pyarrow.
+    """
+    chosen = format or ("parquet" if Path(path).suffix == ".parquet" else "jsonl")
     if chosen not in ("jsonl", "parquet"):
         raise ValueError(f"unknown format {chosen!r}; expected jsonl or parquet")
+    if chosen == "parquet":
+        _pyarrow()
     return chosen
 
 
@@ -261,7 +270,7 @@ def _pyarrow() -> Any:
 def write_records(records: Sequence[Dict[str, Any]], path: Union[str, Path], *, format: Optional[str] = None) -> None:
     """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns)."""
     path = Path(path)
-    if _format(path, format) == "jsonl":
+    if resolve_format(path, format) == "jsonl":
         with path.open("w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -299,7 +308,7 @@ def read_records(path: Union[str, Path]) -> List[Dict[str, Any]]:
     from agentbolt.algorithm.sft.data import DataError, iter_jsonl
 
     path = Path(path)
-    if _format(path, None) == "jsonl":
+    if resolve_format(path) == "jsonl":
         return [record for _, record in iter_jsonl(path)]
     if not path.is_file():
         raise DataError(f"{path}: no such file")

@@ -147,14 +147,18 @@ def _call(agent: str, reward=None, *, content: str = "ok") -> Triplet:
 def test_rewards_are_propagated_over_all_agents_before_the_agent_filter() -> None:
     # The planner calls, then the executor; the reward lands on the executor's call (the latest before it).
     triplets = [_call("planner", content="plan"), _call("executor", reward=1.0, content="do")]
-    samples, others = samples_from_triplets(triplets, final_reward=1.0, agent_match="^planner$", rollout_id="r1")
-    assert others == 1 and len(samples) == 1
+    samples, stats = samples_from_triplets(triplets, final_reward=1.0, agent_match="^planner$", rollout_id="r1")
+    assert (stats.calls, stats.other_agents, stats.without_data) == (2, 1, 0) and len(samples) == 1
     planner = samples[0]
     assert planner.reward == 1.0 and planner.agent_name == "planner" and planner.rollout_id == "r1"
     assert planner.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "plan"}]
     assert planner.tools == TOOLS[:1] and planner.prompt_token_ids == [1, 2] and planner.response_token_ids == [3]
     none, _ = samples_from_triplets(triplets, final_reward=1.0, propagation="none", agent_match="planner")
     assert none[0].reward is None
+    # A call recorded without messages and without token ids cannot become a sample: counted, not an error.
+    bare = Triplet(prompt={"token_ids": []}, response={"token_ids": []}, metadata={"agent_name": "planner"})
+    samples, stats = samples_from_triplets([bare, *triplets], final_reward=1.0, agent_match="planner")
+    assert len(samples) == 1 and stats.without_data == 1
 
 
 def test_samples_round_trip_through_jsonl(tmp_path: Path) -> None:

@@ -165,3 +165,13 @@ def test_a_file_that_is_not_a_store_exits_2(tmp_path: Path, capsys) -> None:
     assert export_main([str(bogus), "--output", str(tmp_path / "out.jsonl")]) == 2
     assert "is not a readable store" in capsys.readouterr().err
     assert bogus.read_text() == "not a database"
+
+
+def test_an_unreachable_store_server_is_one_line_and_exit_1(tmp_path: Path, capsys) -> None:
+    from support.servers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert export_main([url, "--output", str(tmp_path / "out.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentbolt: error: cannot read the store at {url}") and err.count("\n") == 1
+    assert not (tmp_path / "out.jsonl").exists()
