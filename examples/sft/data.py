@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple, TypedDict
 
+from agentbolt.demo.agent import calculate
+
 __all__ = ["DATA_DIR", "GsmProblem", "load_split", "make_splits"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -51,196 +53,89 @@ NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hugo", "Iris
 
 
 @dataclass(frozen=True)
-class Template:
-    """A story with number slots: ``make(rng)`` draws the numbers and returns (question, expression, answer)."""
+class Family:
+    """An arithmetic shape: how its numbers are drawn and what they compute."""
 
-    family: str
-    make: Callable[[random.Random, str], Tuple[str, str, int]]
-
-
-def _mul_train_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(12, 60), rng.randint(4, 25)
-    return (
-        f"{name} buys {a} packs of stickers. Each pack holds {b} stickers. How many stickers does {name} buy?",
-        f"{a} * {b}",
-        a * b,
-    )
+    draw: Callable[[random.Random], Dict[str, int]]
+    expression: str
+    """The expression over the drawn numbers, e.g. ``"{a} * {b}"``; its value is the answer."""
 
 
-def _mul_train_2(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(12, 60), rng.randint(4, 25)
-    return (
-        f"A bakery fills {a} trays with {b} muffins on each tray. How many muffins are on the trays?",
-        f"{a} * {b}",
-        a * b,
-    )
+def _product(rng: random.Random) -> Dict[str, int]:
+    return {"a": rng.randint(12, 60), "b": rng.randint(4, 25)}
 
 
-def _mul_train_3(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(12, 60), rng.randint(4, 25)
-    return (
-        f"{name} reads {b} pages every day for {a} days. How many pages does {name} read in total?",
-        f"{b} * {a}",
-        a * b,
-    )
+def _sum(rng: random.Random) -> Dict[str, int]:
+    return {"a": rng.randint(120, 900), "b": rng.randint(120, 900)}
 
 
-def _add_train_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(120, 900), rng.randint(120, 900)
-    return (
-        f"{name} has {a} marbles and wins {b} more at school. How many marbles does {name} have now?",
-        f"{a} + {b}",
-        a + b,
-    )
-
-
-def _add_train_2(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(120, 900), rng.randint(120, 900)
-    return (
-        f"A farm picks {a} apples in the morning and {b} apples in the afternoon. How many apples does the farm pick that day?",
-        f"{a} + {b}",
-        a + b,
-    )
-
-
-def _sub_train_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
+def _difference(rng: random.Random) -> Dict[str, int]:
     a = rng.randint(300, 990)
-    b = rng.randint(110, a - 20)
-    return (
-        f"{name} had {a} dollars and spent {b} dollars on a bike. How many dollars does {name} have left?",
-        f"{a} - {b}",
-        a - b,
-    )
+    return {"a": a, "b": rng.randint(110, a - 20)}
 
 
-def _sub_train_2(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a = rng.randint(300, 990)
-    b = rng.randint(110, a - 20)
-    return (
-        f"A library owns {a} books and lends out {b} of them. How many books are still on the shelves?",
-        f"{a} - {b}",
-        a - b,
-    )
-
-
-def _div_train_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
+def _quotient(rng: random.Random) -> Dict[str, int]:
     b, q = rng.randint(3, 12), rng.randint(12, 60)
-    return (
-        f"{name} shares {b * q} candies equally among {b} friends. How many candies does each friend get?",
-        f"{b * q} / {b}",
-        q,
-    )
+    return {"a": b * q, "b": b}
 
 
-def _two_train_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b, c = rng.randint(5, 30), rng.randint(4, 15), rng.randint(3, 40)
-    return (
-        f"{name} buys {a} boxes of pencils with {b} pencils in each box, then gives away {c} pencils. How many pencils does {name} keep?",
-        f"{a} * {b} - {c}",
-        a * b - c,
-    )
+def _two_steps(rng: random.Random) -> Dict[str, int]:
+    return {"a": rng.randint(5, 30), "b": rng.randint(4, 15), "c": rng.randint(3, 40)}
 
 
-def _two_train_2(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b, c = rng.randint(5, 30), rng.randint(4, 15), rng.randint(3, 40)
-    return (
-        f"A school orders {a} crates of {b} bottles of juice and {c} loose bottles. How many bottles does the school order?",
-        f"{a} * {b} + {c}",
-        a * b + c,
-    )
+FAMILIES: Dict[str, Family] = {
+    "product": Family(_product, "{a} * {b}"),
+    "sum": Family(_sum, "{a} + {b}"),
+    "difference": Family(_difference, "{a} - {b}"),
+    "quotient": Family(_quotient, "{a} / {b}"),
+    "product minus": Family(_two_steps, "{a} * {b} - {c}"),
+    "product plus": Family(_two_steps, "{a} * {b} + {c}"),
+}
 
-
-def _mul_val_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(12, 60), rng.randint(4, 25)
-    return (
-        f"A cinema has {a} rows with {b} seats in every row. How many seats does the cinema have?",
-        f"{a} * {b}",
-        a * b,
-    )
-
-
-def _mul_val_2(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(12, 60), rng.randint(4, 25)
-    return (
-        f"{name} earns {b} coins for each chore and finishes {a} chores. How many coins does {name} earn?",
-        f"{b} * {a}",
-        a * b,
-    )
-
-
-def _add_val_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b = rng.randint(120, 900), rng.randint(120, 900)
-    return (
-        f"On Monday {a} people visit the museum, and on Tuesday {b} people visit. How many visitors come over the two days?",
-        f"{a} + {b}",
-        a + b,
-    )
-
-
-def _sub_val_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a = rng.randint(300, 990)
-    b = rng.randint(110, a - 20)
-    return (
-        f"A tank holds {a} liters of water and {b} liters leak out. How many liters remain in the tank?",
-        f"{a} - {b}",
-        a - b,
-    )
-
-
-def _div_val_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    b, q = rng.randint(3, 12), rng.randint(12, 60)
-    return (
-        f"{name} packs {b * q} eggs into cartons that hold {b} eggs each. How many cartons does {name} fill?",
-        f"{b * q} / {b}",
-        q,
-    )
-
-
-def _two_val_1(rng: random.Random, name: str) -> Tuple[str, str, int]:
-    a, b, c = rng.randint(5, 30), rng.randint(4, 15), rng.randint(3, 40)
-    return (
-        f"A gardener plants {a} rows of {b} tulips and then {c} more tulips by the gate. How many tulips are planted?",
-        f"{a} * {b} + {c}",
-        a * b + c,
-    )
-
-
-TRAIN_TEMPLATES: Sequence[Callable[[random.Random, str], Tuple[str, str, int]]] = (
-    _mul_train_1, _mul_train_2, _mul_train_3, _add_train_1, _add_train_2, _sub_train_1, _sub_train_2, _div_train_1,
-    _two_train_1, _two_train_2,
+TRAIN_TEMPLATES: Sequence[Tuple[str, str]] = (
+    ("product", "{name} buys {a} packs of stickers. Each pack holds {b} stickers. How many stickers does {name} buy?"),
+    ("product", "A bakery fills {a} trays with {b} muffins on each tray. How many muffins are on the trays?"),
+    ("product", "{name} reads {b} pages every day for {a} days. How many pages does {name} read in total?"),
+    ("sum", "{name} has {a} marbles and wins {b} more at school. How many marbles does {name} have now?"),
+    ("sum", "A farm picks {a} apples in the morning and {b} apples in the afternoon. How many apples does the farm pick that day?"),
+    ("difference", "{name} had {a} dollars and spent {b} dollars on a bike. How many dollars does {name} have left?"),
+    ("difference", "A library owns {a} books and lends out {b} of them. How many books are still on the shelves?"),
+    ("quotient", "{name} shares {a} candies equally among {b} friends. How many candies does each friend get?"),
+    ("product minus", "{name} buys {a} boxes of pencils with {b} pencils in each box, then gives away {c} pencils. How many pencils does {name} keep?"),
+    ("product plus", "A school orders {a} crates of {b} bottles of juice and {c} loose bottles. How many bottles does the school order?"),
 )  # fmt: skip
-VAL_TEMPLATES: Sequence[Callable[[random.Random, str], Tuple[str, str, int]]] = (
-    _mul_val_1, _mul_val_2, _add_val_1, _sub_val_1, _div_val_1, _two_val_1,
+"""Stories of the training split: ``(family, question)``."""
+
+VAL_TEMPLATES: Sequence[Tuple[str, str]] = (
+    ("product", "A cinema has {a} rows with {b} seats in every row. How many seats does the cinema have?"),
+    ("product", "{name} earns {b} coins for each chore and finishes {a} chores. How many coins does {name} earn?"),
+    ("sum", "On Monday {a} people visit the museum, and on Tuesday {b} people visit. How many visitors come over the two days?"),
+    ("difference", "A tank holds {a} liters of water and {b} liters leak out. How many liters remain in the tank?"),
+    ("quotient", "{name} packs {a} eggs into cartons that hold {b} eggs each. How many cartons does {name} fill?"),
+    ("product plus", "A gardener plants {a} rows of {b} tulips and then {c} more tulips by the gate. How many tulips are planted?"),
 )  # fmt: skip
-
-
-def _numbers_key(expression: str) -> Tuple[int, ...]:
-    return tuple(
-        sorted(
-            int(token)
-            for token in expression.replace("*", " ").replace("/", " ").replace("+", " ").replace("-", " ").split()
-        )
-    )
+"""Stories of the held-out split: other situations, verbs and objects."""
 
 
 def _draw(
-    rng: random.Random,
-    templates: Sequence[Callable[[random.Random, str], Tuple[str, str, int]]],
-    count: int,
-    split: str,
-    seen: set,
+    rng: random.Random, templates: Sequence[Tuple[str, str]], count: int, split: str, seen: set
 ) -> List[GsmProblem]:
+    """``count`` problems cycling through ``templates``, skipping number sets already used (``seen``)."""
     problems: List[GsmProblem] = []
     while len(problems) < count:
-        template = templates[len(problems) % len(templates)]
-        question, expression, answer = template(rng, rng.choice(NAMES))
-        key = _numbers_key(expression)
+        family_name, story = templates[len(problems) % len(templates)]
+        family = FAMILIES[family_name]
+        numbers = family.draw(rng)
+        key = tuple(sorted(numbers.values()))
         if key in seen:
             continue
         seen.add(key)
-        problems.append(
-            GsmProblem(id=f"{split}-{len(problems)}", question=question, expression=expression, answer=answer)
+        expression = family.expression.format(**numbers)
+        question = story.format(name=rng.choice(NAMES), **numbers)
+        problem = GsmProblem(
+            id=f"{split}-{len(problems)}", question=question, expression=expression, answer=int(calculate(expression))
         )
+        problems.append(problem)
     rng.shuffle(problems)
     return problems
 

@@ -163,6 +163,10 @@ class FinetuningAlgorithm(Algorithm):
     """The config model of the algorithm."""
     group_metadata_key: ClassVar[str] = "group"
     """Rollout metadata key holding the id of the task a rollout belongs to."""
+    title: ClassVar[str] = "Finetuning"
+    """The algorithm's name in logs, on the progress bar and on the reward curve."""
+    trainer: Optional[ModelTrainer] = None
+    """The trainer of the current run (set when :meth:`run` starts)."""
 
     def __init__(
         self,
@@ -418,3 +422,103 @@ class FinetuningAlgorithm(Algorithm):
     def _record(self, metrics: Any, step: int, record: Dict[str, float]) -> None:
         self.history.append({"step": float(step), **record})
         metrics.log(step, record)
+
+    # ------------------------------------------------------------------------------------------------------ run
+    def _build_trainer(self) -> Tuple[ModelTrainer, Any]:
+        """The algorithm's trainer around the loaded model, and the model's tokenizer."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _build_trainer()")
+
+    async def _train_step(
+        self,
+        store: LightningStore,
+        proxy: LLMProxy,
+        server: PolicyServer,
+        trainer: Any,
+        tokenizer: Any,
+        tasks: Sequence[Any],
+        resources_id: str,
+        step: int,
+    ) -> Dict[str, float]:
+        """Roll out ``tasks`` with the resources ``resources_id``, update the weights; the step's metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _train_step()")
+
+    def _check_run(self) -> None:
+        """Refuse options that cannot run, before any model is loaded (nothing to check by default)."""
+
+    def _after_resume(self, trainer: Any) -> None:
+        """Called once the trainer is built and resumed, before the first step."""
+
+    def _after_last_step(self, trainer: Any, start_step: int) -> None:
+        """Called after the last step of the run (its checkpoint is written)."""
+
+    async def run(  # type: ignore[override]  # datasets must be sized sequences here
+        self, train_dataset: Optional[Sequence[Any]] = None, val_dataset: Optional[Sequence[Any]] = None
+    ) -> None:
+        """Train on ``train_dataset`` for ``max_steps`` steps, validating on ``val_dataset``.
+
+        The run resumes from the latest checkpoint in ``checkpoint_dir`` when ``resume`` is set. It validates before
+        the first step (``val_before_train``), every ``val_interval`` steps and after the last one, publishes a
+        new ``main_llm`` resource snapshot after every update, and checkpoints every ``checkpoint_interval`` steps
+        and after the last one.
+
+        Raises:
+            ValueError: No training data while ``max_steps > 0``, no store set, or options the algorithm refuses.
+            CheckpointError: The checkpoint to resume from is corrupt or does not fit, or one cannot be written.
+        """
+        config = self.config
+        store = self.get_store()
+        train = list(train_dataset or [])
+        val = list(val_dataset or [])
+        if config.max_steps > 0 and not train:
+            raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
+        self._check_run()
+        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+        from agentbolt.algorithm.grpo.metrics import TrainingLogger
+
+        trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
+        self.trainer = trainer
+        sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
+        if config.checkpoint_dir and config.resume:
+            path = latest_checkpoint(config.checkpoint_dir)
+            if path is not None:
+                extra = await asyncio.to_thread(trainer.load_checkpoint, path)
+                if sampler is not None:
+                    sampler.load_state(extra.get("sampler", {}))
+        start_step = trainer.global_step
+        self._after_resume(trainer)
+        metrics = TrainingLogger(
+            log_dir=config.log_dir,
+            total_steps=config.max_steps,
+            start_step=start_step,
+            console=config.console,
+            tensorboard=config.tensorboard,
+            wandb_project=config.wandb_project,
+            run_config=config.model_dump(),
+            title=self.title,
+        )
+        try:
+            async with self._serving(store, trainer, tokenizer) as (server, proxy):
+                if val and config.val_before_train and start_step == 0:
+                    self._record(metrics, 0, await self._validate(store, proxy, server, val, 0))
+                resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                for step in range(start_step + 1, config.max_steps + 1):
+                    assert sampler is not None
+                    tasks = [train[i] for i in sampler.next_batch()]
+                    record = await self._train_step(store, proxy, server, trainer, tokenizer, tasks, resources_id, step)
+                    resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                    periodic = config.val_interval > 0 and step % config.val_interval == 0
+                    if val and (periodic or step == config.max_steps):
+                        record.update(await self._validate(store, proxy, server, val, step))
+                        resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                    self._record(metrics, step, record)
+                    last = step == config.max_steps
+                    if config.checkpoint_dir and (
+                        last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
+                    ):
+                        extra = {"sampler": sampler.state()}
+                        await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
+                self._after_last_step(trainer, start_step)
+        finally:
+            curve = metrics.close()
+            if curve is not None:
+                logger.info("Reward curve written to %s", curve)

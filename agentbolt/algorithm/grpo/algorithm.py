@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
 from agentbolt.algorithm.finetuning.algorithm import (
     FinetuningAlgorithm,
@@ -40,6 +40,7 @@ from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.grpo.trainer import PolicyTrainer
+    from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
 
 __all__ = ["GRPO", "PolicyServer", "RolloutOutcome", "TaskSampler"]
@@ -61,23 +62,18 @@ class GRPO(FinetuningAlgorithm):
 
     Raises:
         pydantic.ValidationError: An option is invalid.
+
+    :meth:`run` also raises ``RuntimeError`` after the last step when the learning-rate schedule did not advance by
+    exactly ``optimizer_steps_per_step`` per training step (an internal inconsistency; the checkpoint of the last
+    step is already written).
     """
 
     config_class: ClassVar[Type[FinetuningConfig]] = GRPOConfig
     group_metadata_key: ClassVar[str] = "grpo_group"
+    title: ClassVar[str] = "GRPO"
     config: GRPOConfig
-
-    def __init__(
-        self,
-        config: Union[GRPOConfig, Dict[str, Any], None] = None,
-        *,
-        model: Any = None,
-        tokenizer: Any = None,
-        adapter: Any = None,
-        **overrides: Any,
-    ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer, adapter=adapter, **overrides)
-        self.trainer: Optional[PolicyTrainer] = None
+    trainer: Optional[PolicyTrainer] = None
+    _start_position: int = 0  # optimizer steps (taken or skipped) when the run started or resumed
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _build_trainer(self) -> Tuple[PolicyTrainer, Any]:
@@ -127,8 +123,10 @@ class GRPO(FinetuningAlgorithm):
     async def _train_step(
         self,
         store: LightningStore,
+        proxy: LLMProxy,
         server: PolicyServer,
         trainer: PolicyTrainer,
+        tokenizer: Any,
         tasks: Sequence[Any],
         resources_id: str,
         step: int,
@@ -181,43 +179,17 @@ class GRPO(FinetuningAlgorithm):
         return record
 
     # ------------------------------------------------------------------------------------------------------ run
-    async def run(  # type: ignore[override]  # datasets must be sized sequences here
-        self, train_dataset: Optional[Sequence[Any]] = None, val_dataset: Optional[Sequence[Any]] = None
-    ) -> None:
-        """Train on ``train_dataset`` for ``max_steps`` steps, validating on ``val_dataset``.
-
-        Raises:
-            ValueError: No training data while ``max_steps > 0``, or no store set.
-            RuntimeError: After the last step, when the learning-rate schedule did not advance by exactly
-                ``optimizer_steps_per_step`` per training step (an internal inconsistency; the checkpoint of the
-                last step is already written).
-        """
+    def _after_resume(self, trainer: PolicyTrainer) -> None:
+        """Warn when a resumed schedule is not where these options would have put it."""
         config = self.config
-        store = self.get_store()
-        train = list(train_dataset or [])
-        val = list(val_dataset or [])
-        if config.max_steps > 0 and not train:
-            raise ValueError("GRPO needs a non-empty train_dataset (or max_steps=0 to only validate)")
-        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
-        from agentbolt.algorithm.grpo.metrics import TrainingLogger
-
-        trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
-        self.trainer = trainer
-        sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
-        if config.checkpoint_dir and config.resume:
-            path = latest_checkpoint(config.checkpoint_dir)
-            if path is not None:
-                extra = await asyncio.to_thread(trainer.load_checkpoint, path)
-                if sampler is not None:
-                    sampler.load_state(extra.get("sampler", {}))
         start_step = trainer.global_step
-        start_counts = self._schedule_position(trainer)
-        if start_counts != start_step * config.optimizer_steps_per_step:
+        self._start_position = self._schedule_position(trainer)
+        if self._start_position != start_step * config.optimizer_steps_per_step:
             logger.warning(
                 "Resumed at step %d after %d optimizer steps (taken or skipped), but this config takes %d per step: "
                 "the learning-rate schedule is not where these options would have put it.",
                 start_step,
-                start_counts,
+                self._start_position,
                 config.optimizer_steps_per_step,
             )
         planned = config.max_steps * config.optimizer_steps_per_step
@@ -227,41 +199,11 @@ class GRPO(FinetuningAlgorithm):
                 config.total_optimizer_steps,
                 planned,
             )
-        metrics = TrainingLogger(
-            log_dir=config.log_dir,
-            total_steps=config.max_steps,
-            start_step=start_step,
-            console=config.console,
-            tensorboard=config.tensorboard,
-            wandb_project=config.wandb_project,
-            run_config=config.model_dump(),
-        )
-        try:
-            async with self._serving(store, trainer, tokenizer) as (server, proxy):
-                if val and config.val_before_train and start_step == 0:
-                    self._record(metrics, 0, await self._validate(store, proxy, server, val, 0))
-                resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                for step in range(start_step + 1, config.max_steps + 1):
-                    assert sampler is not None
-                    tasks = [train[i] for i in sampler.next_batch()]
-                    record = await self._train_step(store, server, trainer, tasks, resources_id, step)
-                    resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                    periodic = config.val_interval > 0 and step % config.val_interval == 0
-                    if val and (periodic or step == config.max_steps):
-                        record.update(await self._validate(store, proxy, server, val, step))
-                        resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                    self._record(metrics, step, record)
-                    last = step == config.max_steps
-                    if config.checkpoint_dir and (
-                        last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
-                    ):
-                        extra = {"sampler": sampler.state()}
-                        await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
-                self._check_schedule(trainer, start_step, start_counts)
-        finally:
-            curve = metrics.close()
-            if curve is not None:
-                logger.info("Reward curve written to %s", curve)
+
+    def _after_last_step(self, trainer: PolicyTrainer, start_step: int) -> None:
+        """Raises RuntimeError when the schedule did not advance by ``optimizer_steps_per_step`` per step (the
+        checkpoint of the last step is already written)."""
+        self._check_schedule(trainer, start_step, self._start_position)
 
     @staticmethod
     def _schedule_position(trainer: PolicyTrainer) -> int:

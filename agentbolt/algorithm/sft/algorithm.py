@@ -24,19 +24,18 @@ import importlib.util
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
 from agentbolt.algorithm.finetuning.algorithm import (
     FinetuningAlgorithm,
     PolicyServer,
     RolloutOutcome,
-    TaskSampler,
     mean_std,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import CallStats, ChatSample, TokenizeStats, samples_from_triplets, tokenize_samples
-from agentbolt.algorithm.sft.selection import select_samples
+from agentbolt.algorithm.sft.selection import SelectionStats, select_samples
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.sft.trainer import SFTTrainer
@@ -92,19 +91,9 @@ class SFT(FinetuningAlgorithm):
 
     config_class: ClassVar[Type[FinetuningConfig]] = SFTConfig
     group_metadata_key: ClassVar[str] = "sft_task"
+    title: ClassVar[str] = "SFT"
     config: SFTConfig
-
-    def __init__(
-        self,
-        config: Union[SFTConfig, Dict[str, Any], None] = None,
-        *,
-        model: Any = None,
-        tokenizer: Any = None,
-        adapter: Any = None,
-        **overrides: Any,
-    ) -> None:
-        super().__init__(config, model=model, tokenizer=tokenizer, adapter=adapter, **overrides)
-        self.trainer: Optional[SFTTrainer] = None
+    trainer: Optional[SFTTrainer] = None
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _default_adapter(self) -> Any:
@@ -159,6 +148,7 @@ class SFT(FinetuningAlgorithm):
     async def _train_step(
         self,
         store: LightningStore,
+        proxy: LLMProxy,
         server: PolicyServer,
         trainer: SFTTrainer,
         tokenizer: Any,
@@ -168,26 +158,19 @@ class SFT(FinetuningAlgorithm):
     ) -> Dict[str, float]:
         config = self.config
         started = time.perf_counter()
+        if config.uses_teacher:  # training rollouts call the teacher
+            resources_id = await self._publish(
+                store, proxy, server, config.sampling_parameters, model=config.teacher_model
+            )
         pairs = [(task, f"train-{step}-{i}") for i, task in enumerate(tasks) for _ in range(config.rollouts_per_task)]
         outcomes = await self._run_rollouts(store, pairs, mode="train", resources_id=resources_id)
         collect_seconds = time.perf_counter() - started
         chat_samples, call_stats = self._chat_samples(outcomes)
         tokenized, token_stats = tokenize_samples(
-            chat_samples,
-            tokenizer,
-            use_token_ids=config.trains_tokens(),
-            require_token_ids=config.data == "tokens",
-            max_length=trainer.max_length,
-            overlong=config.overlong,
+            chat_samples, tokenizer, **config.tokenize_options(trainer.max_length)
         )
         selected, selection = select_samples(
-            tokenized,
-            min_reward=config.min_reward,
-            best_of_n=config.best_of_n,
-            top_k=config.top_k,
-            top_fraction=config.top_fraction,
-            dedup=config.dedup,
-            rng=random.Random(config.seed * 1_000_003 + step),
+            tokenized, **config.selection_options(), rng=random.Random(config.seed * 1_000_003 + step)
         )
         usable = [o for o in outcomes if o.usable]
         mean, std = mean_std([o.reward for o in usable])  # type: ignore[misc]
@@ -202,11 +185,9 @@ class SFT(FinetuningAlgorithm):
             "rollouts/without_calls": float(
                 sum(1 for o in outcomes if o.status == "succeeded" and o.rollout_id not in with_calls)
             ),
-            "samples/calls": float(call_stats.calls),
-            "samples/other_agents": float(call_stats.other_agents),
-            "samples/without_data": float(call_stats.without_data),
-            **token_stats.as_metrics(),
-            **selection.as_metrics(),
+            **call_stats.as_metrics("samples/"),
+            **token_stats.as_metrics("samples/"),
+            **selection.as_metrics("select/"),
         }
         update_started = time.perf_counter()
         if selected:
@@ -226,7 +207,7 @@ class SFT(FinetuningAlgorithm):
                 step,
                 len(chat_samples),
                 len(outcomes),
-                _why_empty(call_stats, token_stats, selection.as_metrics()),
+                _why_empty(call_stats, token_stats, selection),
             )
         record.update({f"update/{k}": v for k, v in metrics.items()})
         record["time/collect_seconds"] = collect_seconds
@@ -234,95 +215,27 @@ class SFT(FinetuningAlgorithm):
         record["time/step_seconds"] = time.perf_counter() - started
         return record
 
-    # ------------------------------------------------------------------------------------------------------ run
-    async def run(  # type: ignore[override]  # datasets must be sized sequences here
-        self, train_dataset: Optional[Sequence[Any]] = None, val_dataset: Optional[Sequence[Any]] = None
-    ) -> None:
-        """Train on ``train_dataset`` for ``max_steps`` steps, validating on ``val_dataset``.
+    def _check_run(self) -> None:
+        """A decaying learning rate needs its length: how many optimizer steps a run takes depends on what each
+        step selects.
 
         Raises:
-            ValueError: No training data while ``max_steps > 0``, no store set, or a decaying learning rate without
-                ``total_optimizer_steps`` (how many optimizer steps a run takes depends on what each step selects).
-            CheckpointError: A checkpoint to resume from is corrupt or does not fit, or one cannot be written.
+            ValueError: ``lr_scheduler`` is not constant and ``total_optimizer_steps`` is not set.
         """
         config = self.config
-        store = self.get_store()
-        train = list(train_dataset or [])
-        val = list(val_dataset or [])
-        if config.max_steps > 0 and not train:
-            raise ValueError("SFT needs a non-empty train_dataset (or max_steps=0 to only validate)")
         if config.lr_scheduler != "constant" and config.total_optimizer_steps is None:
             raise ValueError(
                 f"lr_scheduler={config.lr_scheduler!r} needs total_optimizer_steps: the optimizer steps of a run "
                 "depend on how many samples each step selects"
             )
-        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
-        from agentbolt.algorithm.grpo.metrics import TrainingLogger
-
-        trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
-        self.trainer = trainer
-        sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
-        if config.checkpoint_dir and config.resume:
-            path = latest_checkpoint(config.checkpoint_dir)
-            if path is not None:
-                extra = await asyncio.to_thread(trainer.load_checkpoint, path)
-                if sampler is not None:
-                    sampler.load_state(extra.get("sampler", {}))
-        start_step = trainer.global_step
-        metrics = TrainingLogger(
-            log_dir=config.log_dir,
-            total_steps=config.max_steps,
-            start_step=start_step,
-            console=config.console,
-            tensorboard=config.tensorboard,
-            wandb_project=config.wandb_project,
-            run_config=config.model_dump(),
-            title="SFT",
-        )
-        try:
-            async with self._serving(store, trainer, tokenizer) as (server, proxy):
-                if val and config.val_before_train and start_step == 0:
-                    self._record(metrics, 0, await self._validate(store, proxy, server, val, 0))
-                resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                for step in range(start_step + 1, config.max_steps + 1):
-                    assert sampler is not None
-                    tasks = [train[i] for i in sampler.next_batch()]
-                    collect_id = await self._collect_resources(store, proxy, server, resources_id)
-                    record = await self._train_step(store, server, trainer, tokenizer, tasks, collect_id, step)
-                    resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                    periodic = config.val_interval > 0 and step % config.val_interval == 0
-                    if val and (periodic or step == config.max_steps):
-                        record.update(await self._validate(store, proxy, server, val, step))
-                        resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
-                    self._record(metrics, step, record)
-                    last = step == config.max_steps
-                    if config.checkpoint_dir and (
-                        last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
-                    ):
-                        extra = {"sampler": sampler.state()}
-                        await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
-        finally:
-            curve = metrics.close()
-            if curve is not None:
-                logger.info("Reward curve written to %s", curve)
-
-    async def _collect_resources(
-        self, store: LightningStore, proxy: LLMProxy, server: PolicyServer, student_resources: str
-    ) -> str:
-        """The resources training rollouts use: the teacher's when distilling, else the current weights'."""
-        if not self.config.uses_teacher:
-            return student_resources
-        return await self._publish(
-            store, proxy, server, self.config.sampling_parameters, model=self.config.teacher_model
-        )
 
 
-def _why_empty(calls: CallStats, tokens: TokenizeStats, selection: Dict[str, float]) -> str:
+def _why_empty(calls: CallStats, tokens: TokenizeStats, selection: SelectionStats) -> str:
     """The non-zero drop counters, for the empty-selection warning."""
     reasons = {
         "without usable data": tokens.unusable + tokens.missing_tokens + calls.without_data,
         "too long": tokens.too_long,
-        **{name.split("/", 1)[1]: value for name, value in selection.items()},
+        **selection.as_metrics(""),
     }
     shown = {name: int(value) for name, value in reasons.items() if value and name not in ("candidates", "selected")}
     return ", ".join(f"{name}: {count}" for name, count in shown.items()) or "no LLM call was recorded"

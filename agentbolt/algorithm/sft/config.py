@@ -7,7 +7,7 @@ explains each option with the data path it controls.
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, Dict, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -117,6 +117,25 @@ class SFTConfig(FinetuningConfig):
     def trains_tokens(self) -> bool:
         """Whether recorded token ids are used when a call has them (``data`` 'tokens', or 'auto' without teacher)."""
         return self.data == "tokens" or (self.data == "auto" and not self.uses_teacher)
+
+    def selection_options(self) -> Dict[str, Any]:
+        """Keyword arguments of :func:`~agentbolt.algorithm.sft.selection.select_samples` from these options."""
+        return {
+            "min_reward": self.min_reward,
+            "best_of_n": self.best_of_n,
+            "top_k": self.top_k,
+            "top_fraction": self.top_fraction,
+            "dedup": self.dedup,
+        }
+
+    def tokenize_options(self, max_length: int) -> Dict[str, Any]:
+        """Keyword arguments of :func:`~agentbolt.algorithm.sft.data.tokenize_sample` from these options."""
+        return {
+            "use_token_ids": self.trains_tokens(),
+            "require_token_ids": self.data == "tokens",
+            "max_length": max_length,
+            "overlong": self.overlong,
+        }
 
     def optimizer_steps_for(self, samples: int) -> int:
         """Optimizer steps of one training step over ``samples`` selected samples."""

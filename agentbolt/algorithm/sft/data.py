@@ -31,6 +31,7 @@ from agentbolt.types import Triplet
 
 __all__ = [
     "CallStats",
+    "Counters",
     "ChatSample",
     "DataError",
     "TokenSample",
@@ -233,8 +234,21 @@ def propagate_rewards(
     return propagated[::-1]
 
 
+class Counters:
+    """A dataclass of integer counters that add up and turn into a flat metrics record."""
+
+    def add(self, other: Counters) -> None:
+        """Accumulate another counter set of the same kind into this one."""
+        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_metrics(self, prefix: str) -> Dict[str, float]:
+        """The counters as ``{prefix + name: value}``."""
+        return {prefix + name: float(getattr(self, name)) for name in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
 @dataclass
-class CallStats:
+class CallStats(Counters):
     """The LLM calls of rollouts and those :func:`samples_from_triplets` could not turn into samples."""
 
     calls: int = 0
@@ -243,11 +257,6 @@ class CallStats:
     """Skipped: made by an agent ``agent_match`` does not select."""
     without_data: int = 0
     """Skipped: the trace holds neither the call's messages nor its token ids."""
-
-    def add(self, other: CallStats) -> None:
-        """Accumulate another counter set into this one."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _first_choice(raw: Any) -> List[Any]:
@@ -383,7 +392,7 @@ class TokenSample:
 
 
 @dataclass
-class TokenizeStats:
+class TokenizeStats(Counters):
     """What :func:`tokenize_sample` could not use, counted."""
 
     samples: int = 0
@@ -400,15 +409,6 @@ class TokenizeStats:
     """Skipped: longer than the limit with ``overlong="skip"`` (or nothing left to learn after truncation)."""
     truncated: int = 0
     """Kept with the start cut off (``overlong="truncate"``)."""
-
-    def add(self, other: TokenizeStats) -> None:
-        """Accumulate another counter set into this one."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_metrics(self, prefix: str = "samples/") -> Dict[str, float]:
-        """The counters as a flat metrics record."""
-        return {prefix + name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def _render(tokenizer: Any, messages: Sequence[Dict[str, Any]], tools: Any, generation_prompt: bool) -> str:

@@ -273,24 +273,10 @@ def _train(
     from agentbolt.algorithm.sft.algorithm import build_sft_trainer, sample_length_limit
 
     loaded, tokenizer = _load_model(settings, model, tokenizer)
-    max_length = sample_length_limit(loaded, settings)
-    options = {
-        "use_token_ids": settings.trains_tokens(),
-        "require_token_ids": settings.data == "tokens",
-        "max_length": max_length,
-        "overlong": settings.overlong,
-    }
+    options = settings.tokenize_options(sample_length_limit(loaded, settings))
     tokenized, token_stats = tokenize_samples(samples, tokenizer, **options)
-    selected, selection = select_samples(
-        tokenized,
-        min_reward=settings.min_reward,
-        best_of_n=settings.best_of_n,
-        top_k=settings.top_k,
-        top_fraction=settings.top_fraction,
-        dedup=settings.dedup,
-        rng=random.Random(settings.seed),
-    )
-    counters = {**token_stats.as_metrics(), **selection.as_metrics()}
+    selected, selection = select_samples(tokenized, **settings.selection_options(), rng=random.Random(settings.seed))
+    counters = {**token_stats.as_metrics("samples/"), **selection.as_metrics("select/")}
     if not selected:
         raise DataError(f"no usable sample to train on: {counters}")
     total = settings.optimizer_steps_for(len(selected))

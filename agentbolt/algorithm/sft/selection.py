@@ -21,13 +21,13 @@ import random
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agentbolt.algorithm.sft.data import TokenSample
+from agentbolt.algorithm.sft.data import Counters, TokenSample
 
 __all__ = ["SelectionStats", "select_samples"]
 
 
 @dataclass
-class SelectionStats:
+class SelectionStats(Counters):
     """Counters of one selection."""
 
     candidates: int = 0
@@ -44,10 +44,6 @@ class SelectionStats:
     """Dropped: outside ``top_k`` / ``top_fraction``."""
     selected: int = 0
     """Kept."""
-
-    def as_metrics(self, prefix: str = "select/") -> Dict[str, float]:
-        """The counters as a flat metrics record."""
-        return {prefix + name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def _best_rollouts(samples: Sequence[TokenSample], rng: random.Random) -> set[Tuple[str, Optional[str]]]:

@@ -92,7 +92,7 @@ def test_samples_without_reward_are_dropped_only_when_a_rule_needs_rewards() -> 
 
 def test_an_empty_selection_says_why() -> None:
     kept, stats = select_samples([_sample(0.0, token=i, rollout=f"r{i}") for i in range(3)], min_reward=1.0)
-    assert kept == [] and stats.as_metrics()["select/below_min_reward"] == 3.0 and stats.selected == 0
+    assert kept == [] and stats.as_metrics("select/")["select/below_min_reward"] == 3.0 and stats.selected == 0
 
 
 @pytest.mark.parametrize(
