@@ -134,6 +134,10 @@ class RolloutOutcome:
         """Succeeded with a reward."""
         return self.status == "succeeded" and self.reward is not None
 
+    def reached(self, reward: float) -> bool:
+        """Succeeded with a final reward of at least ``reward``."""
+        return self.status == "succeeded" and self.reward is not None and self.reward >= reward
+
 
 def mean_std(values: Sequence[float]) -> Tuple[float, float]:
     """Mean and population standard deviation (NaN, NaN for no values)."""
@@ -409,7 +413,7 @@ class FinetuningAlgorithm(Algorithm):
         resources_id = await self._publish(store, proxy, server, self.config.val_sampling_parameters)
         tasks = [(task, f"val-{step}-{i}") for i, task in enumerate(val_dataset)]
         outcomes = await self._run_rollouts(store, tasks, mode="val", resources_id=resources_id)
-        correct = sum(1 for o in outcomes if o.usable and o.reward >= self.config.val_success_reward)  # type: ignore[operator]
+        correct = sum(1 for o in outcomes if o.reached(self.config.val_success_reward))
         mean, _ = mean_std([score for score in map(self._score, outcomes) if score is not None])
         return {
             "val/reward_mean": mean,

@@ -178,7 +178,7 @@ class SFT(FinetuningAlgorithm):
         record: Dict[str, float] = {
             "train/reward_mean": mean,
             "train/reward_std": std,
-            "train/success": sum(1 for o in usable if o.reward >= config.val_success_reward) / len(outcomes),  # type: ignore[operator]
+            "train/success": sum(1 for o in outcomes if o.reached(config.val_success_reward)) / len(outcomes),
             "rollouts/total": float(len(outcomes)),
             "rollouts/failed": float(sum(1 for o in outcomes if not o.usable)),
             "rollouts/late": float(sum(1 for o in outcomes if o.status == "late")),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,10 +184,10 @@ def _checked_conversation(
         (converted,) = convert_to_openai_messages([{"prompt": messages, "request": {"functions": functions}}])
     except ValueError as exc:
         raise DataError(f"{where}: {exc}") from None
-    return list(converted["messages"]), converted["tools"]  # type: ignore[return-value]
+    return [dict(m) for m in converted["messages"]], converted["tools"]  # type: ignore[return-value]
 
 
-def read_samples(path: Union[str, Path]) -> List[ChatSample]:
+def read_samples(path: Union[str, os.PathLike[str]]) -> List[ChatSample]:
     """Read a JSONL file of chat samples (one JSON object per line; blank lines are skipped).
 
     Raises:
@@ -195,7 +196,7 @@ def read_samples(path: Union[str, Path]) -> List[ChatSample]:
     return [ChatSample.from_record(record, f"{path}:{number}") for number, record in iter_jsonl(path)]
 
 
-def write_samples(samples: Iterable[ChatSample], path: Union[str, Path]) -> int:
+def write_samples(samples: Iterable[ChatSample], path: Union[str, os.PathLike[str]]) -> int:
     """Write samples as JSONL (:meth:`ChatSample.to_record`); returns how many were written."""
     count = 0
     with Path(path).open("w", encoding="utf-8") as handle:
@@ -281,7 +282,7 @@ def _triplet_messages(triplet: Triplet) -> Optional[Tuple[List[Dict[str, Any]], 
     except ValueError as exc:
         logger.warning("An LLM call with malformed messages is skipped: %s", exc)
         return None
-    messages = list(converted["messages"])
+    messages: List[Dict[str, Any]] = [dict(m) for m in converted["messages"]]
     if messages[-1].get("role") != "assistant":
         return None
     return messages, converted["tools"]  # type: ignore[return-value]
@@ -541,7 +542,7 @@ def tokenize_samples(
     return kept, total
 
 
-def iter_jsonl(path: Union[str, Path]) -> Iterator[Tuple[int, Any]]:
+def iter_jsonl(path: Union[str, os.PathLike[str]]) -> Iterator[Tuple[int, Any]]:
     """``(line number, parsed JSON)`` of each non-blank line of ``path``.
 
     Raises:

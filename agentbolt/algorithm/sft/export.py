@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ class ExportFilter:
         )
 
 
-def open_store(location: Union[str, Path]) -> LightningStore:
+def open_store(location: Union[str, os.PathLike[str]]) -> LightningStore:
     """The store at ``location``: an ``http(s)://`` URL of a store server, or an existing SQLite file.
 
     Raises:
@@ -125,7 +126,8 @@ def _default_adapter() -> Any:
 
 
 async def _selected_rollouts(store: LightningStore, filters: ExportFilter) -> List[Rollout]:
-    rollouts = await store.query_rollouts(status_in=list(filters.status) if filters.status else None)
+    statuses: Optional[List[Any]] = list(filters.status) if filters.status else None
+    rollouts = await store.query_rollouts(status_in=statuses)
     if filters.mode:
         rollouts = [r for r in rollouts if r.mode in filters.mode]
     return sorted(rollouts, key=lambda r: (r.start_time or 0.0, r.rollout_id))
@@ -243,7 +245,7 @@ async def export_store(
     return len(records)
 
 
-def resolve_format(path: Union[str, Path], format: Optional[str] = None) -> str:
+def resolve_format(path: Union[str, os.PathLike[str]], format: Optional[str] = None) -> str:
     """``format``, else ``parquet`` for a ``.parquet`` file and ``jsonl`` otherwise.
 
     Raises:
@@ -267,7 +269,9 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def write_records(records: Sequence[Dict[str, Any]], path: Union[str, Path], *, format: Optional[str] = None) -> None:
+def write_records(
+    records: Sequence[Dict[str, Any]], path: Union[str, os.PathLike[str]], *, format: Optional[str] = None
+) -> None:
     """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns)."""
     path = Path(path)
     if resolve_format(path, format) == "jsonl":
@@ -299,7 +303,7 @@ def _nested(value: Any) -> bool:
     return isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value))
 
 
-def read_records(path: Union[str, Path]) -> List[Dict[str, Any]]:
+def read_records(path: Union[str, os.PathLike[str]]) -> List[Dict[str, Any]]:
     """Read records written by :func:`write_records` (JSONL or parquet, by suffix).
 
     Raises:
