@@ -1,7 +1,7 @@
 """agentbolt: train AI agents from the traces of their LLM calls.
 
-``import agentbolt as agl`` exposes the top-level names of Agent Lightning v0.3, plus ``GRPO``, ``SFT`` and
-``SqliteLightningStore``. Each name is imported on first access, so ``import agentbolt`` stays fast and pulls in no
+``import agentbolt as agl`` exposes the top-level names of Agent Lightning v0.3, plus ``GRPO``, ``SFT``,
+``ParetoAPO``, ``FewShotAPO`` and ``SqliteLightningStore``. Each name is imported on first access, so ``import agentbolt`` stays fast and pulls in no
 heavy dependency; type checkers and IDEs see the same names as ordinary imports (the ``TYPE_CHECKING`` block below).
 """
 
@@ -25,6 +25,7 @@ _EXPORTS: Dict[str, List[str]] = {
         "TraceToMessages",
     ],
     "agentbolt.algorithm": ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL"],
+    "agentbolt.algorithm.apo": ["ParetoAPO", "FewShotAPO"],
     "agentbolt.algorithm.grpo": ["GRPO"],
     "agentbolt.algorithm.sft": ["SFT"],
     "agentbolt.client": ["AgentLightningClient", "DevTaskLoader"],
@@ -54,6 +55,7 @@ _EXPORTS: Dict[str, List[str]] = {
         "ThreadingEvent",
         "MultiprocessingEvent",
         "SharedMemoryExecutionStrategy",
+        "RayExecutionStrategy",
     ],
     "agentbolt.litagent": ["LitAgent", "llm_rollout", "prompt_rollout", "rollout"],
     "agentbolt.llm_proxy": ["LLMProxy"],
@@ -159,6 +161,9 @@ __all__ = [
     "Baseline",
     "APO",
     "VERL",
+    # agentbolt.algorithm.apo
+    "ParetoAPO",
+    "FewShotAPO",
     # agentbolt.algorithm.grpo
     "GRPO",
     # agentbolt.algorithm.sft
@@ -197,6 +202,7 @@ __all__ = [
     "ThreadingEvent",
     "MultiprocessingEvent",
     "SharedMemoryExecutionStrategy",
+    "RayExecutionStrategy",
     # agentbolt.litagent
     "LitAgent",
     "llm_rollout",
@@ -295,6 +301,7 @@ if TYPE_CHECKING:
         TraceToTripletBase,
     )
     from agentbolt.algorithm import APO, VERL, Algorithm, Baseline, FastAlgorithm, algo
+    from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO
     from agentbolt.algorithm.grpo.algorithm import GRPO  # what agentbolt.algorithm.grpo.GRPO loads
     from agentbolt.algorithm.sft.algorithm import SFT  # what agentbolt.algorithm.sft.SFT loads
     from agentbolt.client import AgentLightningClient, DevTaskLoader
@@ -321,6 +328,7 @@ if TYPE_CHECKING:
         ExecutionEvent,
         ExecutionStrategy,
         MultiprocessingEvent,
+        RayExecutionStrategy,
         SharedMemoryExecutionStrategy,
         ThreadingEvent,
     )

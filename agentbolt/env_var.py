@@ -11,6 +11,10 @@ __all__ = ["LightningEnvVar", "resolve_bool_env_var", "resolve_int_env_var", "re
 API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
 """Bearer token protecting a store server; read by the server, its clients and the store's OTLP exporter."""
 
+METRICS_ENV_VAR = "AGENTBOLT_METRICS"
+"""Metrics backends (``prometheus``, ``console``, comma-separated) that the gateway, runners and trainers record to
+when they are given no tracker (see ``docs/metrics.md``)."""
+
 _TRUTHY = {"1", "true", "yes", "on"}
 _FALSY = {"0", "false", "no", "off"}
 

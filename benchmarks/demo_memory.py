@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+from result_files import RunRecord, add_result_options
 
 MIB = 1024 * 1024
 MAIN_KIND = "main"
@@ -276,13 +277,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in arguments:
         split = arguments.index("--")
         arguments, command = arguments[:split], arguments[split + 1 :]
+    record = RunRecord.start(__file__, arguments + (["--", *command] if command else []))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval", type=float, default=1.0, help="Seconds between samples (default 1).")
     parser.add_argument("--timeline", type=Path, help="Write every sample (per process) to this JSON-lines file.")
-    parser.add_argument("--output", type=Path, help="Also write the report to this JSON file.")
     parser.add_argument(
         "--output-dir", type=Path, help="Demo output directory when no command is given (default: a new temp dir)."
     )
+    add_result_options(parser)
     args = parser.parse_args(arguments)
     if args.interval <= 0:
         parser.error("--interval must be positive")
@@ -290,20 +292,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         output_dir = args.output_dir or Path(tempfile.mkdtemp(prefix="demo-memory-"))
         output_dir.mkdir(parents=True, exist_ok=True)
         command = _default_command(output_dir)
-    load_start = [round(x, 2) for x in os.getloadavg()]
     report = measure(command, interval=args.interval, timeline=args.timeline)
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3, 1),
-        "python": platform.python_version(),
-        "load_average_start": load_start,
-        "load_average_end": [round(x, 2) for x in os.getloadavg()],
-    }
-    text = json.dumps(report, indent=2)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    record.finish(report, args)
     return 0 if report["exit_status"] == 0 else (report["exit_status"] if report["exit_status"] > 0 else 1)
 
 

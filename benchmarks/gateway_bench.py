@@ -21,7 +21,7 @@ Usage::
     python benchmarks/gateway_bench.py [--requests 1000] [--concurrency 32] [--throughput-requests 3000]
         [--backend-delay-ms 20]
 
-Prints one JSON object.
+Prints one JSON object and writes it to a result file (``result_files.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import asyncio
 import http.client
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -40,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from result_files import RunRecord, add_result_options
 
 REQUEST = {
     "model": "bench",
@@ -345,6 +346,7 @@ def run_setup(args: argparse.Namespace, tmp: str, backend_port: int, store_place
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="Measured requests per target at concurrency 1.")
     parser.add_argument("--warmup", type=int, default=100, help="Unmeasured requests per target first.")
@@ -354,6 +356,7 @@ def main() -> None:
         "--backend-delay-ms", type=int, default=20, help="Backend answer delay of the second latency phase."
     )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
+    add_result_options(parser)
     args = parser.parse_args()
     if args.serve_backend:
         serve_backend(args.serve_backend)
@@ -361,7 +364,6 @@ def main() -> None:
     if args.requests < 200:
         parser.error("--requests must be at least 200")
 
-    load_before = os.getloadavg()
     backend_port = _free_port()
     backend = subprocess.Popen(
         [sys.executable, __file__, "--serve-backend", str(backend_port)],
@@ -385,16 +387,8 @@ def main() -> None:
         },
         "concurrency": args.concurrency,
         "requests_concurrency_1": args.requests,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "loadavg_1min_before": round(load_before[0], 2),
-            "loadavg_1min_after": round(os.getloadavg()[0], 2),
-        },
     }
-    print(json.dumps(result, indent=2))
+    record.finish(result, args)
 
 
 if __name__ == "__main__":

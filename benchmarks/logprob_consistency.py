@@ -36,12 +36,13 @@ import asyncio
 import copy
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Sequence
+
+from result_files import RunRecord, add_result_options
 
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -270,6 +271,7 @@ def _decode_timing(options: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded", help="'embedded', 'tiny', or a model directory / name")
     parser.add_argument("--dtypes", default="bfloat16,float32")
@@ -285,14 +287,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="rows per decoding step (--decode-timing)")
     parser.add_argument("--steps", type=int, default=40, help="decoding steps timed (--decode-timing)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_result_options(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return
     if args.decode_timing:
         options = {"model": args.model, "threads": args.threads, "batch": args.batch, "steps": args.steps}
-        result = _decode_timing(options)
-        print(json.dumps({"benchmark": "lora_decode_timing", "load_average_at_start": os.getloadavg(), **result}))
+        record.finish({"measured": "lora_decode_timing", **_decode_timing(options)}, args)
         return
 
     started = time.time()
@@ -330,19 +332,7 @@ def main() -> None:
                     for row in result["rows"]
                 )
                 print(f"{dtype} adapter={adapter} kernels={kernels}: mean |diff| {summary}", file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "benchmark": "logprob_consistency",
-                "model": args.model,
-                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                "load_average_at_start": os.getloadavg(),
-                "seconds": round(time.time() - started, 1),
-                "results": results,
-            },
-            indent=1,
-        )
-    )
+    record.finish({"model": args.model, "seconds": round(time.time() - started, 1), "results": results}, args)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ Prints ONE JSON object on stdout::
 Usage::
 
     python benchmarks/runtime_bench.py [--calls 300] [--warmup 30] [--stream] [--store memory|http]
-        [--part all|tracing|rollouts] [--runners 1 4 8] [--rollouts 200]
+        [--part all|tracing|rollouts] [--runners 1 4 8] [--rollouts 200] [--strategy cs|ray] [--warmup-rollouts 0]
 
 Part 2 — rollout throughput: ``Trainer.fit`` with the client-server strategy (the algorithm process serves a
 SQLite store over HTTP, runner processes connect as clients), the default tracer, and a trivial agent making two
@@ -38,7 +38,10 @@ than wall-clock rates, which depend on how much of the CPUs other jobs leave. Ad
      "cpu_ms_per_rollout": {"1": {"trainer": ..., "runners": ..., "backend": ..., "total": ...}, ...},
      "rollouts": N, ...}
 
-``--part tracing`` or ``--part rollouts`` runs one part only.
+``--part tracing`` or ``--part rollouts`` runs one part only. ``--strategy ray`` runs the runners as Ray actors
+(:class:`agentbolt.execution.ray.RayExecutionStrategy` on a local Ray instance started for each runner count; its
+processes count as "runners"). ``--warmup-rollouts N`` runs N rollouts before the timed window, so every runner is up
+and has made its first calls (Ray actors take seconds to start).
 
 ``--store http`` writes spans to an in-memory store served by ``agentbolt store --backend memory`` in a separate
 process (through LightningStoreClient) instead of an in-process InMemoryLightningStore.
@@ -49,9 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -60,6 +60,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+from result_files import RunRecord, add_result_options
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -101,26 +103,6 @@ def percentile(values: List[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def machine_info() -> Dict[str, Any]:
-    from agentbolt.utils.system_snapshot import system_snapshot
-
-    snapshot = system_snapshot()
-    cpu_model = snapshot["cpu_name"]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpu_threads": snapshot["cpu_threads"],
-        "mem_total_gb": snapshot["mem_total_gb"],
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 async def measure(args: argparse.Namespace, base_url: str, store: Any) -> Dict[str, Any]:
@@ -227,10 +209,23 @@ def cpu_seconds(processes: List[Any]) -> float:
     return total
 
 
+def _strategy(name: str, n_runners: int) -> Dict[str, Any]:
+    if name == "ray":
+        ray_init = {"num_cpus": max(8, n_runners), "include_dashboard": False, "object_store_memory": 100 * 1024 * 1024}
+        return {"type": "ray", "n_runners": n_runners, "num_cpus_per_runner": 0.5, "init_kwargs": ray_init}
+    return {"type": "cs", "n_runners": n_runners, "server_port": free_port(), "server_host": "127.0.0.1"}
+
+
 def measure_rollouts(
-    base_url: str, n_runners: int, n_rollouts: int, workdir: Path, backend_pid: int
+    base_url: str,
+    n_runners: int,
+    n_rollouts: int,
+    workdir: Path,
+    backend_pid: int,
+    strategy: str = "cs",
+    warmup_rollouts: int = 0,
 ) -> Tuple[float, Dict[str, float]]:
-    """Trainer.fit (client-server strategy, SQLite store) with ``n_runners`` runners.
+    """Trainer.fit (client-server or Ray strategy, SQLite store) with ``n_runners`` runners.
 
     Returns:
         Rollouts per second, and CPU milliseconds per rollout over the same window: of the trainer process (algorithm
@@ -252,6 +247,11 @@ def measure_rollouts(
                 agl.EnqueueRolloutRequest(input=task, mode="train", resources_id=resources.resources_id)
                 for task in train_dataset
             ]
+            warmup, requests = requests[:warmup_rollouts], requests[warmup_rollouts:]
+            if warmup:
+                warm = [r.rollout_id for r in await store.enqueue_many_rollouts(warmup)]
+                while len(await store.wait_for_rollouts(rollout_ids=warm, timeout=0.5)) < len(warm):
+                    pass
             me = psutil.Process()
             groups = {"trainer": [me], "runners": me.children(recursive=True), "backend": [psutil.Process(backend_pid)]}
             start_cpu = {name: cpu_seconds(processes) for name, processes in groups.items()}
@@ -272,10 +272,13 @@ def measure_rollouts(
     trainer = agl.Trainer(
         algorithm=algorithm,
         store=store,
-        strategy={"type": "cs", "n_runners": n_runners, "server_port": free_port(), "server_host": "127.0.0.1"},
+        strategy=_strategy(strategy, n_runners),
         runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.05},
     )
-    trainer.fit(_two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts)])
+    # No console progress: it polls the store, which would count in the trainer's CPU per rollout.
+    trainer.fit(
+        _two_call_agent(), [{"q": f"question {i}"} for i in range(n_rollouts + warmup_rollouts)], progress=False
+    )
     asyncio.run(store.close())
     cpu_ms = {name: round(seconds * 1000 / n_rollouts, 2) for name, seconds in EnqueueAll.cpu.items()}
     cpu_ms["total"] = round(sum(EnqueueAll.cpu.values()) * 1000 / n_rollouts, 2)
@@ -312,16 +315,23 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if args.part in ("all", "rollouts"):
             with tempfile.TemporaryDirectory() as workdir:
                 figures = {
-                    n: measure_rollouts(base_url, n, args.rollouts, Path(workdir), backend.pid) for n in args.runners
+                    n: measure_rollouts(
+                        base_url, n, args.rollouts, Path(workdir), backend.pid, args.strategy, args.warmup_rollouts
+                    )
+                    for n in args.runners
                 }
             result["rollouts_per_s"] = {str(n): round(rate, 1) for n, (rate, _) in figures.items()}
             result["cpu_ms_per_rollout"] = {str(n): cpu for n, (_, cpu) in figures.items()}
             result["rollouts"] = args.rollouts
-            result["rollout_agent"] = "2 chat completions + reward; client-server strategy; SQLite store"
+            strategy = "client-server strategy" if args.strategy == "cs" else "Ray strategy (runners as actors)"
+            result["rollout_agent"] = f"2 chat completions + reward; {strategy}; SQLite store"
+            result["strategy"] = args.strategy
+            result["warmup_rollouts"] = args.warmup_rollouts
     return result
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="Traced and untraced calls each (default 300).")
     parser.add_argument("--warmup", type=int, default=30, help="Warm-up pairs, not measured.")
@@ -330,14 +340,15 @@ def main() -> None:
     parser.add_argument("--part", choices=["all", "tracing", "rollouts"], default="all")
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 4, 8], help="Runner counts (default 1 4 8).")
     parser.add_argument("--rollouts", type=int, default=200, help="Rollouts per runner count (default 200).")
+    parser.add_argument("--strategy", choices=["cs", "ray"], default="cs", help="Execution strategy (default cs).")
+    parser.add_argument("--warmup-rollouts", type=int, default=0, help="Untimed rollouts before the window.")
+    add_result_options(parser)
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
-    if args.rollouts < 1 or any(n < 1 for n in args.runners):
-        parser.error("--rollouts and --runners must be positive")
-    result = run(args)
-    result["machine"] = machine_info()
-    print(json.dumps(result, indent=2))
+    if args.rollouts < 1 or any(n < 1 for n in args.runners) or args.warmup_rollouts < 0:
+        parser.error("--rollouts and --runners must be positive, --warmup-rollouts not negative")
+    record.finish(run(args), args)
 
 
 if __name__ == "__main__":

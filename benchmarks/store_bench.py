@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """LightningStore benchmark: throughput and latency of the store operations, in process and over HTTP.
 
-Prints ONE JSON object on stdout::
+Prints ONE JSON object on stdout and writes it to a result file (``result_files.py``); its ``results``::
 
     {"results": [{"backend", "transport", "op", "concurrency", "ops_per_s", "p50_ms", "p99_ms", ...}, ...],
-     "machine": {...}}
+     "setup": {...}}
 
 Backends: ``memory`` (InMemoryLightningStore) and ``sqlite`` (SqliteLightningStore on a temporary file).
 Transports: ``inprocess`` (the store object) and ``http`` (a real LightningStoreServer started as a separate process
@@ -31,7 +31,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import random
 import socket
 import sqlite3
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import psutil
+from result_files import RunRecord, add_result_options
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -116,7 +116,7 @@ def server_command(backend: str, path: str, port: int, use_cli: bool) -> List[st
     return [sys.executable, "-c", SERVER_SCRIPT, backend, path, str(port)]
 
 
-async def wait_healthy(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+async def wait_healthy(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
     import aiohttp
 
     deadline = time.monotonic() + timeout
@@ -405,7 +405,7 @@ async def inprocess_store(backend: str, path: str) -> Any:
 async def http_client(endpoint: str) -> Any:
     from agentbolt.store.client_server import LightningStoreClient
 
-    client = LightningStoreClient(endpoint)
+    client = LightningStoreClient(endpoint, long_waits=True)  # the wake-up row waits up to 30 s
     try:
         yield client
     finally:
@@ -413,25 +413,194 @@ async def http_client(endpoint: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# machine
+# side by side with the reference
 
 
-def machine_info() -> Dict[str, Any]:
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-    }
+SIDE_BY_SIDE_OPS = [
+    "enqueue_rollout",
+    "dequeue_rollout",
+    "start_rollout",
+    "add_span",
+    "update_attempt",
+    "get_rollout_by_id",
+]
+REFERENCE_VENV = ROOT / ".venv-ref"
+
+
+@contextlib.asynccontextmanager
+async def served_target(target: str, tmp: str, postgres: Any) -> Any:
+    """A running server for ``target`` (its own process) and a client of it: ``(client, server process)``."""
+    from agentbolt.store.http import LightningStoreClient
+
+    port = free_port()
+    if target == "reference":
+        agl = REFERENCE_VENV / "bin" / "agl"
+        if not agl.exists():
+            raise SystemExit(f"{agl} is missing: run `make bench-reference` first")
+        command = [str(agl), "store", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+    else:
+        command = [sys.executable, "-m", "agentbolt", "store", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--log-level", "WARNING"]
+        if target == "sqlite":
+            command += ["--backend", "sqlite", "--path", os.path.join(tmp, f"bench-{port}.db")]
+        elif target == "postgres":
+            command += ["--backend", "postgres", "--dsn", postgres.dsn(), "--schema", f"bench_{port}"]
+        else:
+            command += ["--backend", "memory"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The reference imports LiteLLM, which otherwise tries to download a price list at start-up.
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = LightningStoreClient(f"http://127.0.0.1:{port}")
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        yield client, proc
+    finally:
+        await client.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def prepare_side_by_side_op(
+    store: LightningStore, op: str, concurrency: int, count: int
+) -> Callable[[int, int], Awaitable[None]]:
+    """The timed call of ``op`` (data it needs prepared, untimed); only routes of the reference's API are used."""
+    if op == "enqueue_rollout":
+
+        async def enqueue(w: int, i: int) -> None:
+            await store.enqueue_rollout({"task": i, "question": "What is 2 + 2?"}, mode="train")
+
+        return enqueue
+    if op == "dequeue_rollout":
+        for i in range(count):
+            await store.enqueue_rollout({"task": i})
+
+        async def dequeue(w: int, i: int) -> None:
+            assert await store.dequeue_rollout(worker_id=f"worker-{w}") is not None, "queue ran dry"
+
+        return dequeue
+    if op == "start_rollout":
+
+        async def start(w: int, i: int) -> None:
+            await store.start_rollout({"task": i})
+
+        return start
+    rollouts = [await store.start_rollout({"task": w}) for w in range(concurrency)]
+    if op == "add_span":
+
+        async def add(w: int, i: int) -> None:
+            rollout = rollouts[w]
+            assert await store.add_span(make_span(rollout.rollout_id, rollout.attempt.attempt_id, i, i + 1)) is not None
+
+        return add
+    if op == "update_attempt":
+
+        async def update(w: int, i: int) -> None:
+            await store.update_attempt(rollouts[w].rollout_id, "latest", metadata={"step": i})
+
+        return update
+    if op == "get_rollout_by_id":
+
+        async def get(w: int, i: int) -> None:
+            assert await store.get_rollout_by_id(rollouts[w].rollout_id) is not None
+
+        return get
+    raise ValueError(op)
+
+
+async def prepare_query_spans(store: LightningStore) -> Tuple[Callable[[int, int], Awaitable[None]], Dict[str, Any]]:
+    """A rollout of ``QUERY_SPANS`` spans (added one by one: the reference has no batch route) and its query."""
+    rollout = await store.start_rollout({"task": "query"})
+    for k in range(QUERY_SPANS):
+        await store.add_span(make_span(rollout.rollout_id, rollout.attempt.attempt_id, k, k + 1))
+
+    async def query(w: int, i: int) -> None:
+        assert len(await store.query_spans(rollout.rollout_id)) == QUERY_SPANS
+
+    return query, {"spans_per_query": QUERY_SPANS}
+
+
+async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
+    """Interleaved rounds: in each round every target serves every operation at each concurrency."""
+    postgres = None
+    if "postgres" in args.targets:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from support.postgres import LocalPostgres
+
+        # Durable settings, as a production server would run (fsync on, synchronous commit).
+        postgres = LocalPostgres(settings={"fsync": "on", "full_page_writes": "on"})
+    rows: List[Dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="agentbolt-bench-") as tmp:
+            for round_index in range(args.rounds):
+                for target in args.targets:
+                    log(f"== round {round_index + 1}/{args.rounds}: {target}")
+                    async with served_target(target, tmp, postgres) as (client, proc):
+                        server = psutil.Process(proc.pid)
+                        for op in SIDE_BY_SIDE_OPS:
+                            for concurrency in args.concurrency:
+                                call = await prepare_side_by_side_op(client, op, concurrency, args.count)
+                                gc.collect()
+                                cpu_before = cpu_seconds(server)
+                                elapsed, lat = await run_concurrently(concurrency, args.count, call)
+                                extra = {
+                                    "round": round_index,
+                                    "server_cpu_ms_per_call": round(
+                                        (cpu_seconds(server) - cpu_before) / len(lat) * 1000, 3
+                                    ),
+                                }
+                                rows.append(row(target, "http", op, concurrency, args.count, elapsed, lat, **extra))
+                                log(rows[-1])
+                        for concurrency in args.concurrency:
+                            call, extra = await prepare_query_spans(client)
+                            gc.collect()
+                            elapsed, lat = await run_concurrently(concurrency, args.queries, call)
+                            rows.append(
+                                row(
+                                    target,
+                                    "http",
+                                    "query_spans",
+                                    concurrency,
+                                    args.queries,
+                                    elapsed,
+                                    lat,
+                                    round=round_index,
+                                    **extra,
+                                )
+                            )
+                            log(rows[-1])
+    finally:
+        if postgres is not None:
+            postgres.close()
+    return {"side_by_side": rows, "summary": summarize(rows, args.targets)}
+
+
+def summarize(rows: List[Dict[str, Any]], targets: Sequence[str]) -> Dict[str, Any]:
+    """Per (op, concurrency): each target's ops/s and p99 per round, and each target's ratio to the reference."""
+    summary: Dict[str, Any] = {}
+    for item in rows:
+        key = f"{item['op']}@c{item['concurrency']}"
+        entry = summary.setdefault(key, {})
+        entry.setdefault(item["backend"], {"ops_per_s": [], "p50_ms": [], "p99_ms": []})
+        for field in ("ops_per_s", "p50_ms", "p99_ms"):
+            entry[item["backend"]][field].append(item[field])
+    if "reference" in targets:
+        for entry in summary.values():
+            reference = entry.get("reference")
+            if not reference:
+                continue
+            for target, values in entry.items():
+                if target == "reference":
+                    continue
+                values["ratio_per_round"] = [
+                    round(ours / ref, 2) if ours and ref else None
+                    for ours, ref in zip(values["ops_per_s"], reference["ops_per_s"], strict=False)
+                ]
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -475,23 +644,78 @@ async def million_spans(db: Path, total_spans: int, queries: int, use_cli: bool)
         await store.close()
     report["db_bytes"] = db.stat().st_size
     async with http_server("sqlite", str(db), use_cli) as (endpoint, proc):
-        server = psutil.Process(proc.pid)
-        report["server_rss_mb_idle"] = round(server.memory_info().rss / 2**20, 1)
-        peak = 0
-        lat = []
-        async with http_client(endpoint) as client:
-            sample = random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids)))
-            for rollout_id in sample:
-                start = time.perf_counter()
-                result = await client.query_spans(rollout_id)
-                lat.append(time.perf_counter() - start)
-                assert len(result) == per_rollout
-                peak = max(peak, server.memory_info().rss)
-            stats = await client.statistics()
+        report.update(await query_served_spans("sqlite", endpoint, proc, rollout_ids, queries, per_rollout))
+    return report
+
+
+async def query_served_spans(
+    backend: str, endpoint: str, proc: subprocess.Popen[bytes], rollout_ids: List[str], queries: int, per_rollout: int
+) -> Dict[str, Any]:
+    """The serving process's RSS (idle, and peak while answering) and query_spans latency over HTTP."""
+    server = psutil.Process(proc.pid)
+    report: Dict[str, Any] = {"server_rss_mb_idle": round(server.memory_info().rss / 2**20, 1)}
+    peak = 0
+    lat: List[float] = []
+    async with http_client(endpoint) as client:
+        for rollout_id in random.Random(1).sample(rollout_ids, min(queries, len(rollout_ids))):
+            start = time.perf_counter()
+            result = await client.query_spans(rollout_id)
+            lat.append(time.perf_counter() - start)
+            assert len(result) == per_rollout
             peak = max(peak, server.memory_info().rss)
-        report["server_rss_mb_peak"] = round(peak / 2**20, 1)
-        report["server_total_spans"] = stats.get("total_spans")
-        report["http_query_spans"] = row("sqlite", "http", "query_spans", 1, len(lat), sum(lat), lat)
+        report["server_total_spans"] = (await client.statistics()).get("total_spans")
+        peak = max(peak, server.memory_info().rss)
+    report["server_rss_mb_peak"] = round(peak / 2**20, 1)
+    report["http_query_spans"] = row(backend, "http", "query_spans", 1, len(lat), sum(lat), lat)
+    return report
+
+
+async def million_spans_postgres(total_spans: int, queries: int) -> Dict[str, Any]:
+    """Fill a PostgreSQL store with ``total_spans`` spans, serve it, report the server's RSS and query_spans latency."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.postgres import LocalPostgres
+
+    from agentbolt.store.postgres import PostgresLightningStore
+
+    per_rollout = QUERY_SPANS
+    postgres = LocalPostgres(settings={"fsync": "on", "full_page_writes": "on"})
+    report: Dict[str, Any] = {"backend": "postgres", "spans_target": total_spans}
+    try:
+        store = PostgresLightningStore(postgres.dsn(), schema="million")
+        rollout_ids: List[str] = []
+        fill_start = time.perf_counter()
+        try:
+            while len(rollout_ids) * per_rollout < total_spans:
+                rollout = await store.start_rollout({"task": len(rollout_ids)})
+                spans = [
+                    make_span(rollout.rollout_id, rollout.attempt.attempt_id, k, k + 1) for k in range(per_rollout)
+                ]
+                await store.add_many_spans(spans)
+                rollout_ids.append(rollout.rollout_id)
+                if len(rollout_ids) % 500 == 0:
+                    log(f"filled {len(rollout_ids) * per_rollout} spans")
+            fill_seconds = time.perf_counter() - fill_start
+            report["fill"] = {"spans_added": len(rollout_ids) * per_rollout, "seconds": round(fill_seconds, 1)}
+            report["fill"]["spans_per_s"] = round(len(rollout_ids) * per_rollout / fill_seconds, 1)
+            report["spans"] = (await store.statistics()).get("total_spans")
+        finally:
+            await store.close()
+        report["database_bytes"] = int(postgres.psql("SELECT pg_database_size(current_database())").strip())
+        report["spans_table_bytes"] = int(postgres.psql("SELECT pg_total_relation_size('million.spans')").strip())
+        port = free_port()
+        command = [sys.executable, "-m", "agentbolt", "store", "--backend", "postgres", "--dsn", postgres.dsn()]
+        command += ["--schema", "million", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            endpoint = f"http://127.0.0.1:{port}"
+            await wait_healthy(endpoint, proc)
+            report.update(await query_served_spans("postgres", endpoint, proc, rollout_ids, queries, per_rollout))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        postgres.close()
     return report
 
 
@@ -499,13 +723,22 @@ async def million_spans(db: Path, total_spans: int, queries: int, use_cli: bool)
 
 
 async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
-    machine = machine_info()
+    setup: Dict[str, Any] = {"sqlite": sqlite3.sqlite_version}
     use_cli = (not args.script_server) and cli_supports_sqlite()
-    machine["server_entry_point"] = "python -m agentbolt store" if use_cli else "LightningStoreServer script"
+    setup["server_entry_point"] = "python -m agentbolt store" if use_cli else "LightningStoreServer script"
+    if args.side_by_side:
+        args.count = args.count or (100 if args.quick else 400)
+        args.queries = min(args.queries, 40 if args.quick else 200)
+        report = await side_by_side(args)
+        setup["count_per_row"] = args.count
+        report["setup"] = setup
+        return report
+    if args.million_spans and args.backend == "postgres":
+        return {"million_spans": await million_spans_postgres(args.spans, args.queries), "setup": setup}
     if args.million_spans:
         db = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="agentbolt-bench-")) / "million.db"
         report = await million_spans(db, args.spans, args.queries, use_cli)
-        return {"million_spans": report, "machine": machine}
+        return {"million_spans": report, "setup": setup}
     count = args.count or (200 if args.quick else 2000)
     results: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="agentbolt-bench-") as tmp:
@@ -522,8 +755,8 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
                         results += await bench_target(
                             client, backend, transport, args.ops, args.concurrency, count, server
                         )
-    machine["count_per_row"] = count
-    return {"results": results, "machine": machine}
+    setup["count_per_row"] = count
+    return {"results": results, "setup": setup}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -541,17 +774,33 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--spans", type=int, default=1_000_000, help="spans for --million-spans")
     parser.add_argument("--queries", type=int, default=500, help="queries for --million-spans")
     parser.add_argument("--db", help="database file for --million-spans (reused if it already holds spans)")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="interleaved rounds of the reference server and ours over HTTP (same client), JSON with ratios",
+    )
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        default=["reference", "sqlite", "postgres"],
+        choices=["reference", "sqlite", "postgres", "memory"],
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds for --side-by-side")
+    parser.add_argument(
+        "--backend", default="sqlite", choices=["sqlite", "postgres"], help="backend of --million-spans"
+    )
+    add_result_options(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    record = RunRecord.start(__file__, argv)
     args = parse_args(argv)
     # The benchmark process holds long-lived objects (modules, prepared spans); keep them out of GC scans so the
     # client side does not add collector pauses to the measured latencies.
     gc.collect()
     gc.freeze()
-    report = asyncio.run(main_async(args))
-    print(json.dumps(report, indent=2))
+    record.finish(asyncio.run(main_async(args)), args)
     return 0
 
 

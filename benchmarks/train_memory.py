@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
+
+from result_files import RunRecord, add_result_options
 
 MIB = 1024 * 1024
 
@@ -126,6 +127,7 @@ def _measure(config: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]
 
 
 def main() -> int:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--configs", default="8,4gc", help="Comma-separated configurations (default: 8,4gc).")
@@ -133,6 +135,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--glibc-default", action="store_true", help="Keep glibc's adaptive mmap threshold.")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_result_options(parser)
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(_measure(_parse(args.child), args)))
@@ -153,9 +156,8 @@ def main() -> int:
         "samples": args.samples,
         "glibc_default": args.glibc_default,
         "results": results,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    print(json.dumps(report, indent=2))
+    record.finish(report, args)
     return 0
 
 

@@ -19,3 +19,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from agentbolt.serving.decode_kernels import load_decode_kernels
 
     load_decode_kernels()
+
+
+@pytest.fixture(autouse=True)
+def _results_outside_the_repository(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Benchmarks run by tests write their result files to a temporary folder, never to benchmarks/results/."""
+    monkeypatch.setenv("AGENTBOLT_RESULTS_DIR", str(tmp_path_factory.mktemp("results", numbered=True)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import weakref
 from typing import TYPE_CHECKING, Any, Collection, Dict, Optional
@@ -15,9 +16,21 @@ if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
     from agentbolt.trainer import Trainer
 
-__all__ = ["Algorithm", "dataset_arguments"]
+__all__ = ["Algorithm", "dataset_arguments", "running_algorithm"]
 
 _DATASET_PARAMETERS = ("train_dataset", "val_dataset")
+
+_running_algorithm: contextvars.ContextVar[Optional[Algorithm]] = contextvars.ContextVar(
+    "agentbolt_running_algorithm", default=None
+)
+
+
+def running_algorithm() -> Optional[Algorithm]:
+    """The algorithm whose :meth:`Algorithm.run` is executing here (started by a trainer), or None.
+
+    Lets what an algorithm's run uses (its metrics loggers, say) reach the algorithm's store without being handed it.
+    """
+    return _running_algorithm.get()
 
 
 def dataset_arguments(
@@ -57,6 +70,12 @@ class Algorithm:
         """Whether :meth:`run` is a coroutine function."""
         return inspect.iscoroutinefunction(self.run)
 
+    @property
+    def reports_progress(self) -> bool:
+        """Whether the algorithm shows its own progress on the console; :meth:`Trainer.fit` then adds no
+        per-rollout lines of its own."""
+        return False
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Same as :meth:`run`."""
         return self.run(*args, **kwargs)
@@ -72,7 +91,21 @@ class Algorithm:
             accepted: Collection[str] = _DATASET_PARAMETERS
         else:
             accepted = {p.name for p in parameters}
-        return self.run(**dataset_arguments(f"{type(self).__name__}.run()", accepted, train_dataset, val_dataset))
+        kwargs = dataset_arguments(f"{type(self).__name__}.run()", accepted, train_dataset, val_dataset)
+        if self.is_async():
+            return self._run_async_as_current(kwargs)
+        token = _running_algorithm.set(self)
+        try:
+            return self.run(**kwargs)
+        finally:
+            _running_algorithm.reset(token)
+
+    async def _run_async_as_current(self, kwargs: Dict[str, Any]) -> Any:
+        token = _running_algorithm.set(self)
+        try:
+            return await self.run(**kwargs)
+        finally:
+            _running_algorithm.reset(token)
 
     def run(self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None) -> Any:
         """Train on ``train_dataset``, validating on ``val_dataset``.

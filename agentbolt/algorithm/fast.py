@@ -12,6 +12,7 @@ from agentbolt.store.base import is_finished
 from agentbolt.types import Attempt, Dataset, Rollout, RolloutMode, Span
 
 from .base import Algorithm
+from .progress import PROGRESS_LOGGER_NAME, RolloutProgress
 from .utils import with_llm_proxy, with_store
 
 if TYPE_CHECKING:
@@ -22,16 +23,17 @@ __all__ = ["FastAlgorithm", "Baseline", "PROGRESS_LOGGER_NAME"]
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_LOGGER_NAME = "agentbolt.progress"
-"""Logger of the short progress lines of dry runs (one per finished rollout, and a summary);
-:meth:`agentbolt.Trainer.dev` shows them on the console when logging is not configured."""
-progress_logger = logging.getLogger(PROGRESS_LOGGER_NAME)
 
 SpanVerbosity = Literal["keys", "key_values", "none"]
 
 
 class FastAlgorithm(Algorithm):
-    """Marker base class of algorithms cheap enough for :meth:`Trainer.dev` dry runs."""
+    """Marker base class of algorithms cheap enough for :meth:`Trainer.dev` dry runs (they log each rollout)."""
+
+    @property
+    def reports_progress(self) -> bool:
+        """Fast algorithms log each finished rollout themselves."""
+        return True
 
 
 def _format_time(timestamp: Optional[float]) -> str:
@@ -60,7 +62,7 @@ class Baseline(FastAlgorithm):
     For each finished rollout it logs the status, every attempt, every span (per ``span_verbosity``) and, when the
     trainer set an adapter, the adapted data (e.g. triplets). Useful to check an agent end to end before training.
     A short progress line per finished rollout (count, status, reward, mean reward) and a summary go to the
-    :data:`PROGRESS_LOGGER_NAME` logger.
+    :data:`~agentbolt.algorithm.progress.PROGRESS_LOGGER_NAME` logger.
 
     Args:
         n_epochs: Passes over the datasets.
@@ -98,9 +100,7 @@ class Baseline(FastAlgorithm):
         self.max_queue_length = max_queue_length
         self.span_verbosity: SpanVerbosity = span_verbosity
         self._finished_rollouts = 0
-        self._total_rollouts = 0
-        self._statuses: List[str] = []
-        self._rewards: List[float] = []
+        self._progress = RolloutProgress()
 
     @with_llm_proxy()
     @with_store
@@ -133,8 +133,7 @@ class Baseline(FastAlgorithm):
             logger.info("Initial resources set: %s", initial_resources)
 
         self._finished_rollouts = 0
-        self._total_rollouts = len(samples) * self.n_epochs
-        self._statuses, self._rewards = [], []
+        self._progress = RolloutProgress(total=len(samples) * self.n_epochs)
         for epoch in range(self.n_epochs):
             logger.info("Proceeding epoch %d/%d.", epoch + 1, self.n_epochs)
             harvesters: List[asyncio.Task[None]] = []
@@ -146,15 +145,7 @@ class Baseline(FastAlgorithm):
                 harvesters.append(asyncio.create_task(self._harvest(store, rollout.rollout_id)))
             logger.info("Waiting for %d harvest tasks to complete...", len(harvesters))
             await asyncio.gather(*harvesters)
-        self._log_summary()
-
-    def _log_summary(self) -> None:
-        counts = ", ".join(f"{self._statuses.count(s)} {s}" for s in sorted(set(self._statuses)))
-        if self._rewards:
-            rewards = f"mean reward {sum(self._rewards) / len(self._rewards):.3f} over {len(self._rewards)} rewarded"
-        else:
-            rewards = "no rewards"
-        progress_logger.info("Done: %d rollouts (%s); %s.", len(self._statuses), counts or "none", rewards)
+        self._progress.summary()
 
     async def _harvest(self, store: LightningStore, rollout_id: str) -> None:
         """Follow one rollout until it finishes, then log its attempts, spans and adapted data."""
@@ -182,33 +173,7 @@ class Baseline(FastAlgorithm):
         await self._log_rollout(store, rollout)
         self._finished_rollouts += 1
         logger.info("Finished %d rollouts.", self._finished_rollouts)
-        await self._log_progress(store, rollout, duration)
-
-    async def _log_progress(self, store: LightningStore, rollout: Rollout, duration: float) -> None:
-        from agentbolt.emitter.reward import find_final_reward
-
-        try:
-            reward = find_final_reward(await store.query_spans(rollout.rollout_id, attempt_id="latest"))
-        except Exception:
-            logger.exception("[Rollout %s] Could not read its reward.", rollout.rollout_id)
-            reward = None
-        self._statuses.append(rollout.status)
-        if reward is not None:
-            self._rewards.append(reward)
-            mean = sum(self._rewards) / len(self._rewards)
-            outcome = f"reward {reward:g} (mean {mean:.3f})"
-        else:
-            outcome = "no reward"
-        progress_logger.info(
-            "Rollout %d/%d %s (%s) %s in %.1f s: %s.",
-            self._finished_rollouts,
-            self._total_rollouts,
-            rollout.rollout_id,
-            rollout.mode or "-",
-            rollout.status,
-            duration,
-            outcome,
-        )
+        await self._progress.report(store, rollout, duration)
 
     async def _log_rollout(self, store: LightningStore, rollout: Rollout) -> None:
         attempts: Sequence[Attempt] = await store.query_attempts(rollout.rollout_id)

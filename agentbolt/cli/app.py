@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import typer
 
-from agentbolt.cli import demo, export, models, proxy, serve, store, train
+from agentbolt.cli import demo, export, models, prometheus, proxy, serve, store, train, vllm
 from agentbolt.cli.invocation import run_app
 
 __all__ = ["app", "run"]
@@ -37,6 +37,8 @@ app.add_typer(models.app, name="models", help=models.HELP)
 app.command("demo", help=demo.HELP)(demo.demo_command)
 app.command("export", help=export.HELP)(export.export_command)
 app.command("train", help=train.HELP)(train.train_command)
+app.command("vllm", help=vllm.HELP, context_settings=vllm.CONTEXT_SETTINGS)(vllm.vllm_command)
+app.command("prometheus", help=prometheus.HELP)(prometheus.prometheus_command)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:

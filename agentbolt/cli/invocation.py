@@ -7,7 +7,7 @@ commands, and each command module's own ``main`` (``agentbolt.cli.store.main``, 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import typer
 
@@ -49,8 +49,14 @@ def run_app(app: typer.Typer, argv: Optional[Sequence[str]], prog_name: str) -> 
     return int(result) if isinstance(result, int) else 0
 
 
-def run_command(command: Callable[..., Any], name: str, help: str, argv: Optional[Sequence[str]]) -> int:
+def run_command(
+    command: Callable[..., Any],
+    name: str,
+    help: str,
+    argv: Optional[Sequence[str]],
+    context_settings: Optional[Dict[str, Any]] = None,
+) -> int:
     """Run one command function as the program ``agentbolt <name>``, with ``argv`` as its arguments."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command(name, help=help)(command)
+    app.command(name, help=help, context_settings=context_settings)(command)
     return run_app(app, argv, prog_name=f"agentbolt {name}")

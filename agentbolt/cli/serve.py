@@ -11,17 +11,24 @@ import contextlib
 import logging
 import sys
 from enum import Enum
-from typing import List, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from agentbolt.cli.errors import CliError
 
-__all__ = ["HELP", "Engine", "OmpWait", "serve_command"]
+if TYPE_CHECKING:
+    from agentbolt.serving.server import ServingLimits
+
+__all__ = ["HELP", "SERVE_API_KEY_ENV_VAR", "Engine", "OmpWait", "Quantization", "serve_command"]
 
 logger = logging.getLogger(__name__)
 
 HELP = "Serve a model with an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."
+
+SERVE_API_KEY_ENV_VAR = "AGENTBOLT_SERVE_API_KEY"
+"""Bearer token ``agentbolt serve`` requires (``--api-key``)."""
 
 
 class Engine(str, Enum):
@@ -30,6 +37,15 @@ class Engine(str, Enum):
     transformers = "transformers"
     llamacpp = "llamacpp"
     vllm = "vllm"
+
+
+class Quantization(str, Enum):
+    """Weights the transformers engine serves (see :mod:`agentbolt.serving.quantized`)."""
+
+    auto = "auto"
+    none = "none"
+    q8_0 = "q8_0"
+    q4_1 = "q4_1"
 
 
 class OmpWait(str, Enum):
@@ -62,12 +78,43 @@ def serve_command(
         help="transformers engine: the lean CPU forward for Llama-architecture models (--no-fast-forward runs the "
         "transformers forward).",
     ),
+    prefix_cache_mb: int = typer.Option(
+        256,
+        min=0,
+        help="transformers engine: memory for the key/value states of prompt prefixes that later prompts reuse "
+        "(0 disables).",
+    ),
     max_model_len: Optional[int] = typer.Option(None, min=16, help="Context length (default: the model's)."),
     served_name: Optional[str] = typer.Option(None, help="Model name reported to clients (default: MODEL)."),
     device: Optional[str] = typer.Option(None, help="transformers engine device: cpu, cuda, cuda:1 (default: auto)."),
     dry_run: bool = typer.Option(False, help="vllm/llamacpp: print the server command instead of running it."),
     log_level: str = typer.Option("INFO", help="Logging level."),
     extra: Optional[List[str]] = typer.Option(None, "--extra-arg", help="vllm/llamacpp: extra argument (repeatable)."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        envvar=SERVE_API_KEY_ENV_VAR,
+        show_envvar=True,
+        help="transformers engine: require 'Authorization: Bearer KEY' on every route but /health.",
+    ),
+    lora_dirs: Optional[List[Path]] = typer.Option(
+        None,
+        "--lora-dir",
+        help="transformers engine: directory POST /v1/load_lora_adapter may load adapters from (repeatable; "
+        "without one, loading adapters over HTTP is refused).",
+    ),
+    max_prompts_per_request: int = typer.Option(64, min=1, help="Prompts in one /v1/completions request."),
+    max_sequences_per_request: int = typer.Option(256, min=1, help="Sequences one request may start (prompts x n)."),
+    max_queued_tokens: int = typer.Option(
+        1_048_576, min=1, help="Tokens of work (prompt + n x max_tokens) queued and running at once; 429 beyond."
+    ),
+    max_request_bytes: int = typer.Option(32 * 1024 * 1024, min=1, help="Largest request body (413 beyond)."),
+    quantization: Quantization = typer.Option(
+        Quantization.auto,
+        case_sensitive=False,
+        help="transformers engine on CPU: auto serves a model's own GGUF blocks (the embedded model's Q4_1 file: the "
+        "same numbers as its float32 weights, ~3x fewer bytes per token) and float weights otherwise; q8_0 / q4_1 "
+        "quantize every projection (lossy); none serves float weights in --dtype. Adapters (--lora-dir) need none.",
+    ),
 ) -> int:
     """Serve MODEL until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -82,8 +129,29 @@ def serve_command(
     name = served_name or model
     try:
         if engine is Engine.transformers:
+            from agentbolt.serving.server import ServingLimits
+
+            limits = ServingLimits(max_prompts_per_request, max_sequences_per_request, max_request_bytes)
+            for directory in lora_dirs or []:
+                if not directory.is_dir():
+                    raise CliError(f"--lora-dir {directory} is not a directory")
             return _serve_transformers(
-                model, name, host, port, dtype, threads, max_batch_size, max_model_len, device, fast_forward
+                model,
+                name,
+                host,
+                port,
+                dtype,
+                threads,
+                max_batch_size,
+                max_model_len,
+                device,
+                fast_forward,
+                prefix_cache_mb,
+                api_key=api_key or None,
+                lora_dirs=list(lora_dirs or []),
+                limits=limits,
+                max_queued_tokens=max_queued_tokens,
+                quantization=_quantization_for(quantization.value, bool(lora_dirs)),
             )
         from agentbolt.serving import launchers
 
@@ -119,6 +187,15 @@ def serve_command(
         raise CliError(str(exc)) from None
 
 
+def _quantization_for(requested: str, adapters: bool) -> str:
+    """``auto`` serves float weights when adapters may be loaded (they need them); explicit choices are kept."""
+    if requested == "auto" and adapters:
+        return "none"
+    if requested in {"q8_0", "q4_1"} and adapters:
+        raise CliError(f"--quantization {requested} cannot serve LoRA adapters (--lora-dir): use --quantization none")
+    return requested
+
+
 def _is_local_or_registry(model: str) -> bool:
     from pathlib import Path
 
@@ -138,6 +215,13 @@ def _serve_transformers(
     max_model_len: Optional[int],
     device: Optional[str],
     fast_forward: bool,
+    prefix_cache_mb: int,
+    *,
+    api_key: Optional[str],
+    lora_dirs: List[Path],
+    limits: ServingLimits,
+    max_queued_tokens: int,
+    quantization: str,
 ) -> int:
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
@@ -155,8 +239,15 @@ def _serve_transformers(
         max_model_len=max_model_len,
         served_name=name,
         fast_forward=fast_forward,
+        prefix_cache_mb=prefix_cache_mb,
+        max_queued_tokens=max_queued_tokens,
+        quantization=quantization,
     )
-    server = InferenceServer(engine, host=host, port=port, log_level="warning")
+    server = InferenceServer(
+        engine, host=host, port=port, log_level="warning", api_key=api_key, adapter_dirs=lora_dirs, limits=limits
+    )
+    if host not in {"127.0.0.1", "localhost", "::1"} and api_key is None:
+        _progress(f"warning: listening on {host} without --api-key: anyone who can reach it may use it")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")
     _progress(f"serving {name!r} at http://{host}:{port}/v1 (OpenAI-compatible)")
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, after shutting down

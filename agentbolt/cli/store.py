@@ -1,18 +1,23 @@
 """``agentbolt store``: serve a LightningStore over HTTP.
 
-SQLite is the default backend, so the data outlives the process; the command prints where it lives.
+SQLite is the default backend, so the data outlives the process; the command prints where it lives. PostgreSQL
+(``--backend postgres --dsn ...``) serves one database to many processes and machines. ``--workers N`` serves the
+store from N processes sharing the port (SQLite in WAL mode or PostgreSQL), each with its own connections.
 SIGINT / SIGTERM shut the server down cleanly: in-flight requests finish, then the store is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
+import uuid
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 import typer
 
@@ -21,12 +26,13 @@ from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
 from agentbolt.env_var import API_KEY_ENV_VAR
 
-__all__ = ["HELP", "DEFAULT_DB_FILE", "main", "store_command"]
+__all__ = ["HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
 
 logger = logging.getLogger(__name__)
 
 HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
 DEFAULT_DB_FILE = "agentbolt-store.db"
+DSN_ENV_VAR = "AGENTBOLT_STORE_DSN"
 
 
 class Backend(str, Enum):
@@ -34,6 +40,7 @@ class Backend(str, Enum):
 
     sqlite = "sqlite"
     memory = "memory"
+    postgres = "postgres"
 
 
 class LogLevel(str, Enum):
@@ -59,13 +66,27 @@ def store_command(
     path: Optional[Path] = typer.Option(
         None, help=f"SQLite database file (created when missing). Default: ./{DEFAULT_DB_FILE}."
     ),
+    dsn: Optional[str] = typer.Option(
+        None,
+        envvar=DSN_ENV_VAR,
+        show_envvar=True,
+        help="PostgreSQL connection string or URI (--backend postgres), e.g. postgresql://user:pw@host/db.",
+    ),
+    schema: str = typer.Option("agentbolt", help="PostgreSQL schema holding the store's tables."),
+    pool_size: int = typer.Option(10, min=1, help="Most PostgreSQL connections per worker process."),
     log_level: LogLevel = typer.Option(LogLevel.INFO, case_sensitive=False, help="Logging level."),
     api_key: Optional[str] = typer.Option(
         None, envvar=API_KEY_ENV_VAR, show_envvar=True, help="Require this bearer token on every request."
     ),
     cors_origin: Optional[List[str]] = typer.Option(None, help="Allow this CORS origin (repeatable; '*' for any)."),
     tracker: Optional[List[Tracker]] = typer.Option(None, case_sensitive=False, help="Record HTTP/store metrics."),
-    n_workers: int = typer.Option(1, min=1, help="Server processes (more than one needs a zero-copy backend)."),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "--n-workers",
+        min=1,
+        help="Server processes sharing the port (sqlite or postgres; each opens its own connections).",
+    ),
 ) -> int:
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -73,36 +94,51 @@ def store_command(
     debug = log_level is LogLevel.DEBUG
     # At DEBUG, every request is logged (uvicorn's access log, through agentbolt's handlers).
     setup_logging(log_level.value, apply_to=["uvicorn.access"] if debug else None)
-    if backend is Backend.memory and path is not None:
+    if backend is not Backend.sqlite and path is not None:
         raise CliError("--path only applies to --backend sqlite")
-    db_path = _resolve_db_path(path) if backend is Backend.sqlite else None
+    if backend is Backend.postgres and not dsn:
+        raise CliError(f"--backend postgres needs --dsn (or ${DSN_ENV_VAR})")
+    if backend is Backend.memory and workers > 1:
+        raise CliError("--workers > 1 needs a store shared between processes: --backend sqlite or postgres")
+    spec = StoreSpec(
+        backend=backend.value,
+        path=str(_resolve_db_path(path)) if backend is Backend.sqlite else None,
+        dsn=dsn if backend is Backend.postgres else None,
+        schema=schema,
+        pool_size=pool_size,
+        workers=workers,
+    )
     _check_port_free(host, port)
     return asyncio.run(
         _serve(
             host=host,
             port=port,
-            db_path=db_path,
+            spec=spec,
             api_key=api_key or None,
             cors_origins=list(cors_origin or []),
             trackers=[t.value for t in (tracker or [])],
-            n_workers=n_workers,
             access_log=debug,
         )
     )
 
 
 def _resolve_db_path(path: Optional[Path]) -> Path:
-    """Absolute database path, checked to be usable (directory exists, file readable and writable)."""
+    """Absolute database path, checked to be usable: the file readable and writable, or creatable (missing folders
+    are created when the store opens, so the nearest existing folder must be writable)."""
     resolved = (path if path is not None else Path(DEFAULT_DB_FILE)).expanduser().absolute()
     if resolved.is_dir():
         raise CliError(f"--path {resolved} is a directory; give a database file")
-    if not resolved.parent.is_dir():
-        raise CliError(f"--path {resolved}: directory {resolved.parent} does not exist")
     if resolved.exists():
         if not os.access(resolved, os.R_OK | os.W_OK):
             raise CliError(f"--path {resolved} is not readable and writable")
-    elif not os.access(resolved.parent, os.W_OK):
-        raise CliError(f"--path {resolved}: directory {resolved.parent} is not writable")
+        return resolved
+    existing = resolved.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CliError(f"--path {resolved}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"--path {resolved}: folder {existing} is not writable")
     return resolved
 
 
@@ -135,17 +171,55 @@ def _make_tracker(names: List[str], n_workers: int) -> Any:
     return backends[0] if len(backends) == 1 else metrics.MultiMetricsBackend(backends)
 
 
-def _open_store(db_path: Optional[Path], tracker: Any) -> Any:
-    if db_path is None:
-        from agentbolt.store.memory import InMemoryLightningStore
+@dataclass(frozen=True)
+class StoreSpec:
+    """How to open the served store: in the server process, or in each worker process (picklable)."""
 
-        return InMemoryLightningStore(thread_safe=True, tracker=tracker)
-    from agentbolt.store.sqlite import SqliteLightningStore
+    backend: str
+    path: Optional[str] = None
+    dsn: Optional[str] = None
+    schema: str = "agentbolt"
+    pool_size: int = 10
+    workers: int = 1
 
-    try:
-        return SqliteLightningStore(db_path, tracker=tracker)
-    except Exception as exc:
-        raise CliError(f"cannot open the store at {db_path}: {exc}") from exc
+    def describe(self) -> str:
+        """Where the data lives, for the start-up message."""
+        if self.backend == "sqlite":
+            return f"{self.path} (sqlite)"
+        if self.backend == "postgres":
+            from agentbolt.store.collection.postgres import redact_dsn
+
+            return f"{redact_dsn(self.dsn or '')} schema {self.schema} (postgres)"
+        return "in memory (lost when the server stops)"
+
+    def open(self, tracker: Any = None) -> Any:
+        """Open the store.
+
+        Raises:
+            CliError: The store cannot be opened (the message says why).
+        """
+        if self.backend == "memory":
+            from agentbolt.store.memory import InMemoryLightningStore
+
+            return InMemoryLightningStore(thread_safe=True, tracker=tracker)
+        try:
+            if self.backend == "sqlite":
+                from agentbolt.store.sqlite import SqliteLightningStore
+
+                # Workers wait for each other's write transactions: give them more than the default 5 s.
+                busy_timeout = 5.0 if self.workers == 1 else 30.0
+                return SqliteLightningStore(self.path or DEFAULT_DB_FILE, tracker=tracker, busy_timeout=busy_timeout)
+            from agentbolt.store.postgres import PostgresLightningStore
+
+            return PostgresLightningStore(
+                self.dsn or "", schema=self.schema, pool_max_size=self.pool_size, tracker=tracker
+            )
+        except ImportError as exc:
+            raise CliError(f"cannot open the store: {exc}") from exc
+        except Exception as exc:
+            # PostgreSQL errors name the database themselves.
+            where = "" if self.backend == "postgres" else f" at {self.describe()}"
+            raise CliError(f"cannot open the store{where}: {exc}") from exc
 
 
 async def _close_store(store: Any) -> None:
@@ -158,39 +232,32 @@ async def _serve(
     *,
     host: str,
     port: int,
-    db_path: Optional[Path],
+    spec: StoreSpec,
     api_key: Optional[str],
     cors_origins: List[str],
     trackers: List[str],
-    n_workers: int,
     access_log: bool,
 ) -> int:
-    from agentbolt.store.client_server import API_V1_AGL_PREFIX, LightningStoreServer
+    from agentbolt.store.http import API_V1_AGL_PREFIX
     from agentbolt.utils.server_launcher import PythonServerLauncherArgs
 
-    tracker = _make_tracker(trackers, n_workers)
-    store = _open_store(db_path, tracker)
+    tracker = _make_tracker(trackers, spec.workers)
+    launcher_args = PythonServerLauncherArgs(
+        host=host,
+        port=port,
+        launch_mode="mp" if spec.workers > 1 else "asyncio",
+        n_workers=spec.workers,
+        healthcheck_url=API_V1_AGL_PREFIX + "/health",
+        access_log=access_log,
+        log_level=logging.DEBUG if access_log else logging.WARNING,
+    )
     async with shutdown_signals() as stop:
+        if spec.workers > 1:
+            server, store = _worker_server(spec, launcher_args, api_key, cors_origins, tracker), None
+        else:
+            store = spec.open(tracker)
+            server = _single_server(store, launcher_args, api_key, cors_origins, tracker)
         try:
-            try:
-                launcher_args = PythonServerLauncherArgs(
-                    host=host,
-                    port=port,
-                    launch_mode="mp" if n_workers > 1 else "asyncio",
-                    n_workers=n_workers,
-                    healthcheck_url=API_V1_AGL_PREFIX + "/health",
-                    access_log=access_log,
-                    log_level=logging.DEBUG if access_log else logging.WARNING,
-                )
-                server = LightningStoreServer(
-                    store,
-                    cors_allow_origins=cors_origins or None,
-                    launcher_args=launcher_args,
-                    tracker=tracker,
-                    api_key=api_key,
-                )
-            except ValueError as exc:
-                raise CliError(str(exc)) from exc
             try:
                 await server.start()
             except RuntimeError as exc:
@@ -202,18 +269,70 @@ async def _serve(
             # collector's scans, which otherwise add long pauses to request latencies.
             gc.collect()
             gc.freeze()
-            where = f"{db_path} (sqlite)" if db_path is not None else "in memory (lost when the server stops)"
-            print(f"agentbolt store: data in {where}", flush=True)
+            print(f"agentbolt store: data in {spec.describe()}", flush=True)
+            if spec.workers > 1:
+                print(f"agentbolt store: {spec.workers} worker processes", flush=True)
             if api_key:
                 print("agentbolt store: bearer token required", flush=True)
-            print(f"agentbolt store: serving {server.endpoint}/v1/agl", flush=True)
+            print(f"agentbolt store: serving {_endpoint(server)}/v1/agl", flush=True)
+            print(f"agentbolt store: dashboard at {_endpoint(server)}/", flush=True)
             await wait_until_stopped(stop, server)
             print("agentbolt store: shutting down", flush=True)
             await server.stop()
         finally:
-            await _close_store(store)
+            if store is not None:
+                await _close_store(store)
     print("agentbolt store: stopped", flush=True)
     return 0
+
+
+def _endpoint(server: Any) -> str:
+    return str(getattr(server, "endpoint", None) or server.access_endpoint)
+
+
+def _single_server(store: Any, launcher_args: Any, api_key: Optional[str], cors: List[str], tracker: Any) -> Any:
+    from agentbolt.store.http import LightningStoreServer
+
+    try:
+        return LightningStoreServer(
+            store, cors_allow_origins=cors or None, launcher_args=launcher_args, tracker=tracker, api_key=api_key
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _worker_server(spec: StoreSpec, launcher_args: Any, api_key: Optional[str], cors: List[str], tracker: Any) -> Any:
+    """A launcher serving one app from ``spec.workers`` forked processes, each opening its own store object.
+
+    The store is opened (and closed) once here first, so that a bad path, DSN or schema fails before any worker
+    starts, with one message.
+    """
+    from agentbolt.store.http import build_store_app
+    from agentbolt.utils.server_launcher import PythonServerLauncher
+
+    _check_store_opens(spec)
+    stores: Dict[str, Any] = {}
+
+    async def call(name: str, /, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(stores["store"], name)(*args, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def worker_store() -> AsyncIterator[None]:
+        stores["store"] = spec.open(tracker)
+        try:
+            yield
+        finally:
+            await _close_store(stores.pop("store"))
+
+    app = build_store_app(call, server_id=uuid.uuid4().hex, api_key=api_key, cors_origins=cors, tracker=tracker)
+    return PythonServerLauncher(app, launcher_args, serve_context=worker_store)
+
+
+def _check_store_opens(spec: StoreSpec) -> None:
+    store = spec.open()
+    close_sync = getattr(getattr(store, "collections", None), "close_sync", None)
+    if close_sync is not None:
+        close_sync()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -49,7 +49,9 @@ class DemoConfig:
         dtype: Weights dtype of the policy (shared by the engine and the trainer); ``"auto"``: bfloat16 where the
             CPU multiplies bfloat16 natively (AVX-512, AMX), else float32 (bfloat16 is emulated, several times
             slower, on AVX2-only CPUs).
-        micro_batch_size: Samples per training forward/backward (gradients accumulate over them).
+        micro_batch_size: Samples per training forward/backward (gradients accumulate over them). The trainer packs a
+            micro-batch's samples as a prefix tree, so a group's calls, which share their ~500-token prompt, compute
+            it once when they share a micro-batch: 16 holds a group's two calls per rollout.
         gradient_checkpointing: Recompute each transformer block in the backward pass instead of keeping its
             activations (prompts are about 500 tokens, so without it a micro-batch's activations take gigabytes).
         tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
@@ -72,7 +74,7 @@ class DemoConfig:
     runners: int = 8
     threads: Optional[int] = None
     dtype: str = "auto"
-    micro_batch_size: int = 4
+    micro_batch_size: int = 16
     gradient_checkpointing: bool = True
     tool_credit: float = 0.1
     format_credit: float = 0.1
@@ -189,8 +191,6 @@ def run_demo(config: DemoConfig) -> DemoResult:
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
-    from agentbolt.serving.server import find_free_port
-    from agentbolt.store.sqlite import SqliteLightningStore
 
     started = time.perf_counter()
     model_path = str(resolve_model(config.model).path)
@@ -233,17 +233,15 @@ def run_demo(config: DemoConfig) -> DemoResult:
         reward=RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit),
         max_tokens=config.max_tokens,
     )
-    store = SqliteLightningStore(store_path)
     tracer = agl.OtelTracer()
     trainer = agl.Trainer(
         algorithm=algorithm,
-        store=store,
+        store=store_path,
         tracer=tracer,
         # One process per runner: a tracer records one rollout at a time per process, and separate processes let
         # the runners' rollouts overlap so the engine decodes them as one batch.
-        strategy=agl.ClientServerExecutionStrategy(
-            n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
-        ),
+        n_runners=config.runners,
+        port=0,
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
     )
     # The runner processes are forked from this one: with the agent's OpenAI SDK imported here they share its

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
-from pydantic import TypeAdapter
-
 from agentbolt.emitter.annotation import emit_annotation
-from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPydanticModel
+from agentbolt.semconv import LightningSpanAttributes
 from agentbolt.types.tracer import SpanCoreFields, SpanLike
-from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
+from agentbolt.utils.reward_spans import find_final_reward, get_reward_value, get_rewards_from_span
 
 __all__ = [
     "reward",
@@ -31,8 +28,6 @@ logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REWARD_PREFIX = LightningSpanAttributes.REWARD.value
-_REWARD_LIST: TypeAdapter[List[RewardPydanticModel]] = TypeAdapter(List[RewardPydanticModel])
-_LEGACY_OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
 
 
 def _as_number(value: Any, what: str, error: type[Exception]) -> float:
@@ -77,50 +72,6 @@ def emit_reward(
     return emit_annotation({_REWARD_PREFIX: dimensions, **(attributes or {})}, propagate=propagate)
 
 
-def get_rewards_from_span(span: SpanLike) -> List[RewardPydanticModel]:
-    """All reward dimensions stored on a span (primary first); empty when it has none."""
-    attributes = span.attributes or {}
-    if not filter_attributes(attributes, _REWARD_PREFIX):
-        return []
-    return _REWARD_LIST.validate_python(filter_and_unflatten_attributes(attributes, _REWARD_PREFIX))
-
-
-def _legacy_agentops_reward(attributes: Any) -> Optional[float]:
-    for key in _LEGACY_OUTPUT_KEYS:
-        raw = attributes.get(key)
-        if raw is None:
-            continue
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except ValueError:
-                continue
-        if isinstance(raw, dict) and raw.get("type") == "reward":
-            logger.warning("Reading a reward in the legacy AgentOps format; emit rewards with emit_reward().")
-            value = raw.get("value")
-            return None if value is None else float(value)
-    return None
-
-
-def get_reward_value(span: SpanLike) -> Optional[float]:
-    """The primary reward of a span, or None when the span carries no reward.
-
-    Understands the current format (``agentlightning.reward.0.value``) and two legacy ones (AgentOps
-    ``{"type": "reward", "value": v}`` outputs, and annotation spans with a ``reward`` attribute).
-    """
-    rewards = get_rewards_from_span(span)
-    if rewards:
-        return rewards[0].value
-    attributes = span.attributes or {}
-    legacy = _legacy_agentops_reward(attributes)
-    if legacy is not None:
-        return legacy
-    if span.name == AGL_ANNOTATION and "reward" in attributes:
-        value = attributes["reward"]
-        return float(value) if isinstance(value, (int, float)) else None
-    return None
-
-
 def is_reward_span(span: SpanLike) -> bool:
     """Whether the span carries a reward."""
     return get_reward_value(span) is not None
@@ -129,15 +80,6 @@ def is_reward_span(span: SpanLike) -> bool:
 def find_reward_spans(spans: Sequence[SpanLike]) -> List[SpanLike]:
     """The spans that carry a reward, in order."""
     return [span for span in spans if is_reward_span(span)]
-
-
-def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
-    """The reward of the last span that has one, or None."""
-    for span in reversed(spans):
-        value = get_reward_value(span)
-        if value is not None:
-            return value
-    return None
 
 
 def reward(fn: F) -> F:

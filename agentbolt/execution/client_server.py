@@ -21,11 +21,47 @@ from agentbolt.utils.server_launcher import bind_socket
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
 from .events import ExecutionEvent, MultiprocessingEvent
 
-__all__ = ["ClientServerExecutionStrategy"]
+__all__ = ["ClientServerExecutionStrategy", "wait_for_own_server"]
 
 logger = logging.getLogger("agentbolt.execution.client_server")
 
 Role = Literal["algorithm", "runner", "both"]
+
+
+async def wait_for_own_server(
+    client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent, timeout: float
+) -> bool:
+    """Wait until the store server at the client's address is the one with ``server_id``.
+
+    Returns:
+        True once it answers; False when the stop event is set first (the algorithm side failed or finished).
+
+    Raises:
+        RuntimeError: Nothing with that id answered within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    reported_other = False
+    while not stop_evt.is_set():
+        try:
+            current = await client.get_server_id()
+        except Exception:  # not serving yet
+            current = None
+        if current == server_id:
+            return True
+        if current is not None and not reported_other:
+            reported_other = True
+            logger.warning(
+                "The store server at %s belongs to another run (id %s); waiting for this run's store.",
+                client.server_address_root,
+                current,
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"The store server of this run did not answer at {client.server_address_root} within "
+                f"{timeout:g} seconds" + (" (another run's store server holds the address)." if reported_other else ".")
+            )
+        await asyncio.sleep(0.1)
+    return False
 
 
 class ClientServerExecutionStrategy(ExecutionStrategy):
@@ -45,7 +81,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     Args:
         role: ``"algorithm"``, ``"runner"`` or ``"both"`` (default from ``AGL_CURRENT_ROLE``, else ``"both"``).
         server_host: Host of the store server (default ``AGL_SERVER_HOST`` or ``"localhost"``).
-        server_port: Port of the store server (default ``AGL_SERVER_PORT`` or 4747).
+        server_port: Port of the store server (default ``AGL_SERVER_PORT`` or 4747); 0 picks a free port each time
+            :meth:`execute` runs (role ``"both"`` only: the runners it spawns learn the port from it).
         n_runners: Number of runner processes.
         graceful_timeout: Seconds runner processes get to exit after the stop event.
         terminate_timeout: Seconds to wait after each escalation step.
@@ -87,6 +124,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.server_port: int = resolve_int_env_var(
             LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747
         )  # type: ignore[assignment]
+        if self.server_port == 0 and self.role != "both":
+            raise ValueError("server_port=0 (any free port) needs role='both': separate processes cannot agree on it")
         self.n_runners = n_runners
         self.graceful_timeout = graceful_timeout
         self.terminate_timeout = terminate_timeout
@@ -156,38 +195,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     async def _wait_for_own_server(
         self, client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent
     ) -> bool:
-        """Wait until the server at the client's address is the one with ``server_id``.
-
-        Returns:
-            True once it answers; False when the stop event is set first (the algorithm side failed or finished).
-
-        Raises:
-            RuntimeError: Nothing with that id answered within ``startup_timeout`` seconds.
-        """
-        deadline = time.monotonic() + self.startup_timeout
-        reported_other = False
-        while not stop_evt.is_set():
-            try:
-                current = await client.get_server_id()
-            except Exception:  # not serving yet
-                current = None
-            if current == server_id:
-                return True
-            if current is not None and not reported_other:
-                reported_other = True
-                logger.warning(
-                    "The store server at %s belongs to another run (id %s); waiting for this run's store.",
-                    client.server_address_root,
-                    current,
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"The store server of this run did not answer at {client.server_address_root} within "
-                    f"{self.startup_timeout:g} seconds"
-                    + (" (another run's store server holds the address)." if reported_other else ".")
-                )
-            await asyncio.sleep(0.1)
-        return False
+        """Wait until the server at the client's address is the one with ``server_id`` (see :func:`wait_for_own_server`)."""
+        return await wait_for_own_server(client, server_id, stop_evt, self.startup_timeout)
 
     def _check_port_free(self) -> None:
         """Fail before starting any process when the store server's port is already taken."""
@@ -268,6 +277,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         failed = False
         # A fresh identity per run, known to this run's runners only (see the class docstring).
         server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
+        any_port = self.server_port == 0
+        if any_port:
+            from agentbolt.utils.server_launcher import pick_free_port
+
+            self.server_port = pick_free_port(self.server_host)
         try:
             if self.managed_store and self.role != "runner":
                 self._check_port_free()
@@ -297,6 +311,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             raise
         finally:
             self._shutdown_processes(processes, stop_evt)
+            if any_port:
+                self.server_port = 0
             self._check_process_exitcodes(processes, warn_only=failed)
 
     def _shutdown_processes(self, processes: List[BaseProcess], stop_evt: ExecutionEvent) -> None:

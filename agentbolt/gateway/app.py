@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -24,11 +23,29 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.background import BackgroundTask
 
+from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
+from agentbolt.gateway.sampling import SamplingDefaults, with_sampling_defaults
 from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
+from agentbolt.openai_api.errors import ApiError
+from agentbolt.openai_api.http import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    bearer_token_matches,
+    error_response,
+    install_error_handlers,
+    parse_json_object,
+    read_body,
+    unauthorized,
+    validate_request,
+)
+from agentbolt.openai_api.openapi import Operation, openapi_document
+from agentbolt.openai_api.responses import ChatCompletion, ChatCompletionChunk, Completion, ModelList, StatusResponse
+from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
 from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import SpanWriter
@@ -63,6 +80,11 @@ class GatewaySettings:
             is sent anyway (a slow or unreachable store must not stall agents) and the span keeps the id it gets.
             While the store is known to be unreachable, answers are sent without waiting.
         stop_timeout: Longest time stopping the gateway waits for buffered spans to reach the store.
+        tracker: Metrics backend recording the ``agentbolt.gateway.*`` metrics; None uses the process default
+            (``AGENTBOLT_METRICS``), which is no metrics unless configured.
+        sampling_defaults: For a call bound to a rollout, add the ``sampling_parameters`` of the rollout's LLM
+            resource that the request does not set (see :mod:`agentbolt.gateway.sampling`).
+        max_request_bytes: Largest request body accepted (413 beyond).
     """
 
     num_retries: int = 0
@@ -76,6 +98,9 @@ class GatewaySettings:
     max_queued_spans: int = 10000
     sequence_wait: float = 3.0
     stop_timeout: float = 10.0
+    tracker: Any = None
+    sampling_defaults: bool = True
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 class Gateway:
@@ -99,7 +124,12 @@ class Gateway:
         self.upstream: Optional[UpstreamClient] = None
         self.writer: Optional[SpanWriter] = None
         self.sequences: Optional[SequenceAllocator] = None
+        self.sampling: Optional[SamplingDefaults] = None
         self._users = 0
+        from agentbolt.utils.metrics import default_tracker
+
+        tracker = self.settings.tracker if self.settings.tracker is not None else default_tracker()
+        self.metrics: Optional[GatewayMetrics] = GatewayMetrics(tracker) if tracker is not None else None
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the routing table; requests already in flight keep their deployment."""
@@ -121,6 +151,8 @@ class Gateway:
                 )
                 self.writer.start()
                 self.sequences = SequenceAllocator(self.store)
+            if self.store is not None and self.settings.sampling_defaults:
+                self.sampling = SamplingDefaults(self.store)
         try:
             yield self
         finally:
@@ -132,6 +164,7 @@ class Gateway:
                 if self.sequences is not None:
                     await self.sequences.close()
                     self.sequences = None
+                self.sampling = None
                 if self.upstream is not None:
                     await self.upstream.aclose()
                     self.upstream = None
@@ -162,8 +195,27 @@ class Gateway:
         return await self.writer.flush(timeout)
 
 
-def _error_response(error: GatewayError, **extra: Any) -> Response:
-    return Response(error.to_body(**extra), status_code=error.status_code, media_type=_JSON)
+def _error_response(error: ApiError, **extra: Any) -> Response:
+    return error_response(error, **extra)
+
+
+_REQUEST_MODELS = {"chat/completions": ChatCompletionRequest, "completions": CompletionRequest}
+
+
+def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
+    """The ``usage`` of a streamed answer: backends send it in one of the last events (when asked to)."""
+    tail = b"".join(received[-4:])
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data:", 0, at)
+    end = tail.find(b"\n", at)
+    try:
+        event = orjson.loads(tail[start + 5 : end if end >= 0 else len(tail)])
+    except orjson.JSONDecodeError:
+        return None
+    usage = event.get("usage") if isinstance(event, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _complete_events(buffer: bytes) -> int:
@@ -232,14 +284,9 @@ class _Handler:
     def _unauthorized(self, request: Request) -> Optional[Response]:
         """A 401 answer when an API key is configured and the request does not carry it."""
         key = self.gateway.settings.api_key
-        if key is None:
+        if key is None or bearer_token_matches(request.headers.get("authorization"), key):
             return None
-        given = request.headers.get("authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return None
-        return _error_response(
-            GatewayError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
-        )
+        return _error_response(unauthorized())
 
     async def models(self, request: Request) -> Response:
         denied = self._unauthorized(request)
@@ -258,12 +305,12 @@ class _Handler:
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
-        raw = await request.body()
         try:
-            body = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError as exc:
-            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
-        timeout = body.get("timeout") if isinstance(body, dict) else None
+            raw = await read_body(request, self.gateway.settings.max_request_bytes)
+            body = parse_json_object(raw, request.headers.get("content-type")) if raw.strip() else {}
+        except ApiError as exc:
+            return _error_response(exc)
+        timeout = body.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             return _error_response(
                 GatewayError(
@@ -285,8 +332,14 @@ class _Handler:
         that the gateway's span and the SDK's span record the same call.
         """
         call_id = f"agentbolt-{secrets.token_hex(12)}"
-        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id)
+        metrics = self.gateway.metrics
+        outcome = CallOutcome(endpoint, time.perf_counter()) if metrics is not None else None
+        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id, outcome)
         response.headers[LLM_CALL_ID_HEADER] = call_id
+        if metrics is not None and outcome is not None and not isinstance(response, StreamingResponse):
+            outcome.status = response.status_code
+            # Recorded once the answer is sent, off the caller's latency.
+            response.background = BackgroundTask(metrics.record, outcome, time.perf_counter())
         return response
 
     async def _completion(
@@ -296,33 +349,39 @@ class _Handler:
         rollout_id: Optional[str],
         attempt_id: Optional[str],
         call_id: str,
+        outcome: Optional[CallOutcome] = None,
     ) -> Response:
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
         gateway = self.gateway
-        raw = await request.body()
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return _error_response(GatewayError(400, f"Request body is not valid JSON: {exc}", "invalid_request_error"))
-        if not isinstance(body, dict):
-            return _error_response(GatewayError(400, "Request body must be a JSON object", "invalid_request_error"))
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
+            # The same door as agentbolt serve's: size, content type, JSON, nesting, then the strict schema.
+            raw = await read_body(request, gateway.settings.max_request_bytes)
+            body = parse_json_object(raw, request.headers.get("content-type"))
+            model = validate_request(_REQUEST_MODELS[endpoint], body).model
+        except ApiError as exc:
+            return _error_response(exc)
+        if model is None:
             return _error_response(
-                GatewayError(400, "The request must name a model in the 'model' field", "invalid_request_error")
+                GatewayError(
+                    400, "The request must name a model in the 'model' field", "invalid_request_error", "model"
+                )
             )
         try:
             candidates = gateway.router.candidates(model)
         except UnknownModelError as exc:
             return _error_response(GatewayError(404, str(exc), "model_not_found"), available_models=exc.available)
+        if outcome is not None:
+            outcome.model = model
         upstream_client = gateway.upstream
         if upstream_client is None:
             return _error_response(GatewayError(503, "The gateway is not serving yet", "gateway_not_ready"))
         if gateway.settings.log_messages:
             logger.debug("Request to %s: %s", endpoint, raw[:4000])
 
+        if rollout_id is not None and gateway.sampling is not None:
+            body = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
         call = self._start_call(request, endpoint, body, rollout_id, attempt_id, call_id)
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:
@@ -330,6 +389,8 @@ class _Handler:
         except GatewayError as exc:
             if call is not None:
                 call.fail(exc.status_code, exc.message, exc.error_type)
+            if outcome is not None:
+                outcome.error_type = exc.error_type
             self._submit(call)
             await self._await_sequence_id(call)
             return _error_response(exc)
@@ -338,20 +399,22 @@ class _Handler:
         if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in upstream.content_type:
             await self._await_sequence_id(call)
             return StreamingResponse(
-                self._relay(upstream, call),
+                self._relay(upstream, call, outcome),
                 status_code=upstream.status_code,
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        return await self._complete(upstream, call)
+        return await self._complete(upstream, call, outcome)
 
-    async def _complete(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> Response:
+    async def _complete(
+        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+    ) -> Response:
         """Read a whole upstream body, check it, record it, and answer with it unchanged."""
         deployment = upstream.deployment
         try:
             data = await upstream.read()
         except GatewayError as exc:
-            return await self._fail(call, exc)
+            return await self._fail(call, exc, outcome)
         finally:
             upstream.close()
         status = upstream.status_code
@@ -373,24 +436,32 @@ class _Handler:
                 f"{data[:200].decode('utf-8', errors='replace')!r}",
                 "upstream_malformed_response",
             )
-            return await self._fail(call, error)
+            return await self._fail(call, error, outcome)
         if self.gateway.settings.log_messages:
             logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
         if call is not None:
             call.succeed(status, parsed)
+        if outcome is not None:
+            outcome.usage = parsed.get("usage")
         self._submit(call)
         await self._await_sequence_id(call)
         return Response(data, status_code=status, media_type=_JSON)
 
-    async def _fail(self, call: Optional[CallRecord], error: GatewayError) -> Response:
+    async def _fail(
+        self, call: Optional[CallRecord], error: GatewayError, outcome: Optional[CallOutcome] = None
+    ) -> Response:
         logger.warning("%s", error.message)
+        if outcome is not None:
+            outcome.error_type = error.error_type
         if call is not None:
             call.fail(error.status_code, error.message, error.error_type)
         self._submit(call)
         await self._await_sequence_id(call)
         return _error_response(error)
 
-    async def _relay(self, upstream: UpstreamResponse, call: Optional[CallRecord]) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+    ) -> AsyncIterator[bytes]:
         """Forward complete server-sent events as they arrive; keep a copy for the span."""
         received: List[bytes] = []
         pending = b""
@@ -399,6 +470,8 @@ class _Handler:
         try:
             try:
                 async for chunk in upstream.iter_chunks():
+                    if outcome is not None and outcome.first_token is None:
+                        outcome.first_token = time.perf_counter()
                     received.append(chunk)
                     pending += chunk
                     cut = _complete_events(pending)
@@ -428,6 +501,12 @@ class _Handler:
                 call.stream_finished(b"".join(received), error)
                 self._submit(call)
             upstream.close()
+            metrics = self.gateway.metrics
+            if metrics is not None and outcome is not None:
+                outcome.status = error.status_code if error is not None else upstream.status_code
+                outcome.error_type = error.error_type if error is not None else None
+                outcome.usage = _stream_usage(received)
+                await metrics.record(outcome, time.perf_counter())
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -442,9 +521,21 @@ def create_app(gateway: Gateway) -> FastAPI:
         async with gateway.serving():
             yield
 
-    app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     handler = _Handler(gateway)
+    install_error_handlers(app)
+    document = openapi_document(
+        "agentbolt LLM gateway",
+        "1",
+        "OpenAI-compatible gateway: forwards each call to its backend and records it (token ids included) in the "
+        "store when the call is made under /rollout/{rollout_id}/attempt/{attempt_id}. Every route also exists "
+        "without /v1. Backend answers and client errors (4xx) are passed through unchanged.",
+        _operations(gateway.settings.rollout_routes),
+        common_errors=(404,),
+        auth=gateway.settings.api_key is not None,
+    )
+    app.openapi = lambda: document  # type: ignore[method-assign]
 
     # Plain Starlette routes: the handlers read the request themselves, so FastAPI's per-request dependency
     # resolution is not needed on the hot path.
@@ -464,3 +555,58 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_route("/health", handler.health, methods=["GET"], include_in_schema=False)
     app.add_route("/flush", handler.flush, methods=["POST"], include_in_schema=False)
     return app
+
+
+class FlushResponse(BaseModel):
+    """Answer of ``POST /flush``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    flushed: bool
+    spans: Optional[Dict[str, Any]] = None
+
+
+def _operations(rollout_routes: bool) -> List[Operation]:
+    """The gateway's documented routes (each also exists without ``/v1``)."""
+    forwarding_errors = (404, 429, 502, 503, 504)
+    prefixes = ["/v1", "/rollout/{rollout_id}/attempt/{attempt_id}/v1"] if rollout_routes else ["/v1"]
+    operations = [
+        Operation(
+            "get",
+            "/health",
+            "Gateway status: configured models and span-writer counters (never contacts a backend).",
+            StatusResponse,
+            public=True,
+        ),
+        Operation(
+            "post",
+            "/flush",
+            'Wait until the span of every call answered so far is in the store (optional body {"timeout": s}).',
+            FlushResponse,
+            errors=(400,),
+        ),
+    ]
+    for prefix in prefixes:
+        bound = " (recorded as a span of the rollout's attempt)" if "rollout" in prefix else ""
+        operations += [
+            Operation(
+                "post",
+                f"{prefix}/chat/completions",
+                f"Forward a chat completion to the model's backend{bound}.",
+                ChatCompletion,
+                ChatCompletionRequest,
+                ChatCompletionChunk,
+                errors=forwarding_errors,
+            ),
+            Operation(
+                "post",
+                f"{prefix}/completions",
+                f"Forward a text completion to the model's backend{bound}.",
+                Completion,
+                CompletionRequest,
+                Completion,
+                errors=forwarding_errors,
+            ),
+            Operation("get", f"{prefix}/models", "The configured model names.", ModelList),
+        ]
+    return operations

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from agentbolt.gateway.routing import Deployment
+from agentbolt.openai_api.errors import ApiError
 
 __all__ = ["GatewayError", "UpstreamClient", "UpstreamResponse", "RETRYABLE_STATUS", "upstream_error_message"]
 
@@ -29,7 +30,7 @@ _MAX_RETRY_AFTER = 10.0
 _READ_CHUNK = 64 * 1024
 
 
-class GatewayError(Exception):
+class GatewayError(ApiError):
     """A failure the gateway reports to the client as an OpenAI-style error body.
 
     Attributes:
@@ -38,17 +39,22 @@ class GatewayError(Exception):
         error_type: Short machine-readable category (``upstream_timeout``, ``upstream_unavailable``...).
     """
 
-    def __init__(self, status_code: int, message: str, error_type: str) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.error_type = error_type
+    def __init__(self, status_code: int, message: str, error_type: str, param: Optional[str] = None) -> None:
+        super().__init__(status_code, message, error_type, param)
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status."""
+        return self.status
+
+    @property
+    def error_type(self) -> str:
+        """The error's ``type``."""
+        return self.type
 
     def to_body(self, **extra: object) -> bytes:
         """JSON body in the OpenAI error format."""
-        return orjson.dumps(
-            {"error": {"message": self.message, "type": self.error_type, "code": self.status_code, **extra}}
-        )
+        return self.body(**extra)
 
 
 def _describe(exc: BaseException) -> str:

@@ -6,7 +6,7 @@ import inspect
 import logging
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, Optional, TypeVar
 
 from agentbolt.types import NamedResources, Rollout, RolloutRawResult
 from agentbolt.utils.weak import deref
@@ -81,6 +81,14 @@ class LitAgent(Generic[T]):
         """
         cls = type(self)
         return any(getattr(cls, name) is not getattr(LitAgent, name) for name in _ASYNC_ROLLOUT_METHODS)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The back references are weak and local to this process: a copy shipped to another process (a runner
+        # actor, say) is attached to that process's runner when the runner starts.
+        state = dict(self.__dict__)
+        state["_trainer_ref"] = None
+        state["_runner_ref"] = None
+        return state
 
     # -- trainer / runner back references ------------------------------------------------------------------------
 

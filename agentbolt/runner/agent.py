@@ -30,6 +30,7 @@ from agentbolt.utils.otel import format_exception_attributes
 from agentbolt.utils.system_snapshot import system_snapshot
 
 from .base import Runner
+from .metrics import RunnerMetrics, runner_metrics
 
 if TYPE_CHECKING:
     from agentbolt.execution.events import ExecutionEvent
@@ -82,6 +83,7 @@ class LitAgentRunner(Runner[T_task]):
         self._agent: Optional[LitAgent[T_task]] = None
         self._store: Optional[LightningStore] = None
         self.worker_id: Optional[int] = None
+        self._metrics: Optional[RunnerMetrics] = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -97,6 +99,7 @@ class LitAgentRunner(Runner[T_task]):
         self._store = store
         self.worker_id = worker_id
         self._tracer.init_worker(worker_id, store)
+        self._metrics = runner_metrics()
 
     def teardown(self, *args: Any, **kwargs: Any) -> None:
         """Detach the agent and store and tear the tracer down."""
@@ -173,6 +176,7 @@ class LitAgentRunner(Runner[T_task]):
 
         spans: Union[List[ReadableSpan], List[Span]] = []
         error: Optional[BaseException] = None
+        started = time.perf_counter()
         await self._call_hooks("on_rollout_start", agent=agent, runner=self, rollout=next_rollout)
         try:
             async with self._tracer.trace_context(
@@ -200,6 +204,10 @@ class LitAgentRunner(Runner[T_task]):
                 )
             except Exception:
                 logger.exception("[Rollout %s] Could not record the attempt's outcome", rollout_id)
+            metrics = self._metrics
+            if metrics is not None:
+                status = "failed" if error is not None else "succeeded"
+                await metrics.record(status, next_rollout.mode, time.perf_counter() - started)
         return rollout_id
 
     async def _record_exception(self, rollout: AttemptedRollout, exc: BaseException) -> None:

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 if TYPE_CHECKING:
     import torch
 
+    from agentbolt.serving.quantized import BlockWeights
+
 __all__ = ["FastForward", "bfloat16_is_native"]
 
 logger = logging.getLogger(__name__)
@@ -57,14 +59,21 @@ class FastForward:
         adapter: For a PEFT model: the LoRA adapter applied on top of the base weights (``None``: the base weights).
         kernels: Run decoding steps through the fused C++ kernels when they are available (see
             :func:`~agentbolt.serving.decode_kernels.load_decode_kernels`); ``False`` keeps every step in Python.
+        blocks: Serve these block-quantized weights (:mod:`agentbolt.serving.quantized`) instead of the model's
+            parameters; the model then only gives the architecture (it may live on the ``meta`` device). Activations
+            are float32.
     """
 
-    def __init__(self, model: Any, adapter: Optional[str] = None, kernels: bool = True) -> None:
+    def __init__(
+        self, model: Any, adapter: Optional[str] = None, kernels: bool = True, blocks: Optional[BlockWeights] = None
+    ) -> None:
         if getattr(model, "peft_config", None):
             model = model.get_base_model()
         config = model.config
         self.model = model
         self.adapter = adapter
+        self.blocks = blocks
+        self._rotary = _rotary_embedding(model)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -82,9 +91,10 @@ class FastForward:
         self._kernel_adapters: List[Tuple[Any, ...]] = []
         self.refresh()
         logger.info(
-            "Lean CPU forward for %s%s, decoding steps %s",
+            "Lean CPU forward for %s%s%s, decoding steps %s",
             type(model).__name__,
             f" with adapter {adapter!r}" if adapter else "",
+            f" on {blocks.description}" if blocks is not None else "",
             "through the fused C++ kernels" if self._kernels is not None else "in Python",
         )
 
@@ -94,17 +104,24 @@ class FastForward:
         return self._kernels is not None
 
     @classmethod
-    def create(cls, model: Any, adapter: Optional[str] = None, kernels: bool = True) -> Optional[FastForward]:
+    def create(
+        cls, model: Any, adapter: Optional[str] = None, kernels: bool = True, blocks: Optional[BlockWeights] = None
+    ) -> Optional[FastForward]:
         """Return a fast forward for ``model`` (through ``adapter``), or ``None`` when it is not covered."""
-        reason = cls.unsupported_reason(model)
+        reason = cls.unsupported_reason(model, weights=blocks is None)
         if reason is not None:
             logger.info("Generic transformers forward in use: %s", reason)
             return None
-        return cls(model, adapter, kernels)
+        return cls(model, adapter, kernels, blocks)
 
     @staticmethod
-    def unsupported_reason(model: Any) -> Optional[str]:
-        """Why ``model`` cannot use this forward (``None`` when it can)."""
+    def unsupported_reason(model: Any, weights: bool = True) -> Optional[str]:
+        """Why ``model`` cannot use this forward (``None`` when it can).
+
+        Args:
+            model: The model.
+            weights: Check its parameters' device and dtype too (not when block weights replace them).
+        """
         import torch
 
         if getattr(model, "peft_config", None):
@@ -112,7 +129,22 @@ class FastForward:
             if reason is not None:
                 return reason
             model = model.get_base_model()
-        config = getattr(model, "config", None)
+        reason = FastForward.config_reason(getattr(model, "config", None))
+        if reason is not None:
+            return reason
+        parameter = next(model.parameters())
+        if weights and parameter.device.type != "cpu":
+            return f"device {parameter.device} (the fast forward is for CPUs)"
+        if weights and parameter.dtype not in (torch.bfloat16, torch.float32):
+            return f"dtype {parameter.dtype}"
+        inner = getattr(model, "model", None)
+        if inner is None or not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+            return "unexpected module layout"
+        return None
+
+    @staticmethod
+    def config_reason(config: Any) -> Optional[str]:
+        """Why a model of this transformers config cannot use this forward (``None`` when it can)."""
         model_type = getattr(config, "model_type", None)
         if model_type not in _ARCHITECTURES:
             return f"architecture {model_type!r} is not one of {sorted(_ARCHITECTURES)}"
@@ -121,14 +153,6 @@ class FastForward:
             return f"activation {activation!r} is not silu"
         if getattr(config, "use_sliding_window", False):
             return "sliding-window attention"
-        parameter = next(model.parameters())
-        if parameter.device.type != "cpu":
-            return f"device {parameter.device} (the fast forward is for CPUs)"
-        if parameter.dtype not in (torch.bfloat16, torch.float32):
-            return f"dtype {parameter.dtype}"
-        inner = getattr(model, "model", None)
-        if inner is None or not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
-            return "unexpected module layout"
         return None
 
     def refresh(self) -> None:
@@ -140,6 +164,9 @@ class FastForward:
         """
         import torch
 
+        if self.blocks is not None:
+            self._use_blocks(self.blocks)
+            return
         self._linear, self._prepare = _linear_kernels(next(self.model.parameters()).dtype)
         self._head_linear = _linear_kernels(torch.float32)[0]
         layers: List[Dict[str, Any]] = []
@@ -166,6 +193,21 @@ class FastForward:
                     }
                 )
             self._head = self._fuse((self.model.lm_head,), float32=True)
+        self._set_layers(layers)
+
+    def _use_blocks(self, blocks: BlockWeights) -> None:
+        """Take every projection, the head and the norms from block-quantized weights (float32 activations)."""
+        from agentbolt.serving.quantized import block_linear
+
+        self._linear = self._head_linear = block_linear
+        self._prepare = _identity
+        self._head = blocks.head
+        layers = [
+            {**layer, **{f"{name}_lora": None for name in ("qkv", "o", "gate_up", "down")}} for layer in blocks.layers
+        ]
+        self._set_layers(layers)
+
+    def _set_layers(self, layers: List[Dict[str, Any]]) -> None:
         self._layers = layers
         names = ("norm_attention", "qkv", "qkv_bias", "o", "o_bias", "norm_mlp", "gate_up", "gate_up_bias", "down")
         self._kernel_layers = [(*(layer[name] for name in names), layer["down_bias"]) for layer in layers]
@@ -259,9 +301,8 @@ class FastForward:
         batch, new = input_ids.shape
         if new == 1 and self._kernels is not None:
             return self._decode_with_kernels(input_ids, positions, mask, cache)
-        inner = self.model.model
-        hidden = inner.embed_tokens(input_ids)
-        cos, sin = inner.rotary_emb(hidden, positions)
+        hidden = self._embed(input_ids)
+        cos, sin = self._rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         past = cache.length
         total = past + new
@@ -287,8 +328,20 @@ class FastForward:
             normed = _rms_norm(hidden, layer["norm_mlp"], self.eps)
             gate, up = project(normed, layer, "gate_up").split(self.intermediate, dim=-1)
             hidden = hidden + project(F.silu(gate) * up, layer, "down")
-        last = _rms_norm(hidden[:, -1], inner.norm.weight, self.eps)
+        last = _rms_norm(hidden[:, -1], self._final_norm, self.eps)
         return self._head_linear(last.float(), self._head, None)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings of ``input_ids`` (rows of the block embedding dequantized on lookup)."""
+        if self.blocks is None:
+            return self.model.model.embed_tokens(input_ids)
+        from agentbolt.serving.quantized import embedding_rows
+
+        return embedding_rows(self.blocks.embedding, input_ids, self.model.config.hidden_size)
+
+    @property
+    def _final_norm(self) -> torch.Tensor:
+        return self.blocks.final_norm if self.blocks is not None else self.model.model.norm.weight.detach()
 
     def _decode_with_kernels(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
@@ -296,9 +349,8 @@ class FastForward:
         """One decoding step (one new token per row) through the fused C++ kernels."""
         import torch
 
-        inner = self.model.model
-        hidden = inner.embed_tokens(input_ids[:, 0])
-        cos, sin = inner.rotary_emb(hidden, positions)
+        hidden = self._embed(input_ids[:, 0])
+        cos, sin = self._rotary(hidden, positions)
         like = hidden.new_empty(hidden.shape[0], self.kv_heads, 1, self.head_dim)
         keys, values = [], []
         column = 0
@@ -316,7 +368,7 @@ class FastForward:
             self._kernel_adapters,
             keys,
             values,
-            inner.norm.weight.detach(),
+            self._final_norm,
             self._head,
             self.heads,
             self.kv_heads,
@@ -325,6 +377,15 @@ class FastForward:
             self._linear is _packed_linear,
             self._head_linear is _packed_linear,
         )
+
+
+def _rotary_embedding(model: Any) -> Any:
+    """The model's rotary embedding module, or a CPU copy of it when the model lives on the ``meta`` device."""
+    rotary = model.model.rotary_emb
+    buffer = next(rotary.buffers(), None)
+    if buffer is None or buffer.device.type != "meta":
+        return rotary
+    return type(rotary)(config=model.config)
 
 
 def _decode_kernels_for(head_dim: int) -> Any:

@@ -86,11 +86,17 @@ class KVCache:
                 self.lengths[layer] -= columns
 
     def merge(self, other: KVCache) -> None:
-        """Append ``other``'s rows below this cache's, left padding the shorter one to the common length."""
+        """Append ``other``'s rows below this cache's, left padding the shorter one to the common length.
+
+        The merged buffers are all built before any replaces this cache's, so a failure (out of memory) leaves this
+        cache as it was.
+        """
         width = max(self.length, other.length)
-        for layer in range(max(len(self.keys), len(other.keys))):
-            self._ensure_layer(layer)
-            other._ensure_layer(layer)
+        layers = max(len(self.keys), len(other.keys))
+        self._ensure_layer(layers - 1)
+        other._ensure_layer(layers - 1)
+        merged: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in range(layers):
             parts_k = [(self.keys[layer], self.lengths[layer]), (other.keys[layer], other.lengths[layer])]
             parts_v = [(self.values[layer], self.lengths[layer]), (other.values[layer], other.lengths[layer])]
             template = next(t for t, _ in parts_k if t is not None)
@@ -106,6 +112,8 @@ class KVCache:
                 merged_k[row : row + count, :, width - filled : width] = part_k[:, :, :filled]
                 merged_v[row : row + count, :, width - filled : width] = part_v[:, :, :filled]
                 row += count
+            merged.append((merged_k, merged_v))
+        for layer, (merged_k, merged_v) in enumerate(merged):
             self.keys[layer], self.values[layer], self.lengths[layer] = merged_k, merged_v, width
 
     def as_transformers_cache(self) -> Any:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["float32_logits", "float32_logits_at", "plain_output_head"]
+__all__ = ["body_hidden_states", "float32_head", "float32_logits", "float32_logits_at", "plain_output_head"]
 
 
 def _language_model(model: Any) -> Any:
@@ -52,9 +52,7 @@ def float32_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
     """
     if not plain_output_head(model):
         return model(**inputs).logits[:, -keep:, :].float()
-    language_model = _language_model(model)
-    hidden = language_model.base_model(**inputs).last_hidden_state[:, -keep:, :]
-    return _project(language_model, hidden)
+    return float32_head(model, body_hidden_states(model, **inputs)[:, -keep:, :])
 
 
 def float32_logits_at(model: Any, positions: torch.Tensor, **inputs: Any) -> torch.Tensor:
@@ -68,15 +66,24 @@ def float32_logits_at(model: Any, positions: torch.Tensor, **inputs: Any) -> tor
     """
     if not plain_output_head(model):
         return model(**inputs).logits[positions].float()
-    language_model = _language_model(model)
-    hidden = language_model.base_model(**inputs).last_hidden_state[positions]
-    return _project(language_model, hidden)
+    return float32_head(model, body_hidden_states(model, **inputs)[positions])
 
 
-def _project(language_model: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The output projection of ``hidden`` in float32, on the float32 value of the (possibly bfloat16) weight."""
+def body_hidden_states(model: Any, **inputs: Any) -> torch.Tensor:
+    """The last hidden states of ``model``'s body (everything before the output projection), in the model's dtype.
+
+    Only for models with a :func:`plain_output_head`.
+    """
+    return _language_model(model).base_model(**inputs).last_hidden_state
+
+
+def float32_head(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """``model``'s output projection of ``hidden`` (``[..., hidden_size]``) computed in float32.
+
+    Only for models with a :func:`plain_output_head`.
+    """
     import torch.nn.functional as F
 
-    head = language_model.get_output_embeddings()
+    head = _language_model(model).get_output_embeddings()
     bias = None if getattr(head, "bias", None) is None else head.bias.float()
     return F.linear(hidden.float(), head.weight.float(), bias)

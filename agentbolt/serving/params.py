@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
+from agentbolt.openai_api.schema import MAX_CHOICES, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN
+
 __all__ = [
     "EngineError",
+    "EngineOverloadedError",
     "ContextOverflowError",
+    "GenerationFailedError",
     "SamplingParams",
     "SequenceDelta",
     "SequenceOutput",
@@ -23,6 +27,14 @@ class EngineError(ValueError):
 
 class ContextOverflowError(EngineError):
     """Prompt plus requested tokens do not fit in the model's context (served as HTTP 400)."""
+
+
+class EngineOverloadedError(EngineError):
+    """The engine already holds as much queued work as it accepts; retry later (served as HTTP 429)."""
+
+
+class GenerationFailedError(RuntimeError):
+    """Generating this request failed inside the engine (served as HTTP 500); other requests were not affected."""
 
 
 @dataclass
@@ -56,25 +68,40 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> None:
-        """Check ranges.
+        """Check types and ranges, so that nothing about these parameters can fail inside a batch step.
 
         Raises:
             EngineError: With a message naming the offending parameter.
         """
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise EngineError(f"temperature must be between 0 and 100, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 1 <= self.n <= 128:
-            raise EngineError(f"n must be between 1 and 128, got {self.n}")
-        if not 0 <= self.top_logprobs <= 20:
-            raise EngineError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise EngineError(f"max_tokens must be an integer of at least 1, got {self.max_tokens!r}")
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 100.0:
+            raise EngineError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_CHOICES:
+            raise EngineError(f"n must be between 1 and {MAX_CHOICES}, got {self.n!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise EngineError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX - (self.n - 1)):
+            raise EngineError(
+                f"seed must be an integer with seed and seed + n - 1 (choice i samples with seed + i) between "
+                f"{SEED_MIN} and {SEED_MAX}, got seed={self.seed!r} with n={self.n}"
+            )
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise EngineError("stop must be a non-empty string or a list of non-empty strings")
-        if len(self.stop) > 16:
-            raise EngineError("at most 16 stop strings are supported")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise EngineError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(self.stop)}")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise EngineError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

@@ -1,148 +1,145 @@
-"""OpenAI-compatible request bodies accepted by the inference server (pydantic; unknown fields are ignored)."""
+"""From validated OpenAI requests (:mod:`agentbolt.openai_api.schema`) to the engine's sampling parameters.
+
+The schema checks types and ranges for ``agentbolt serve`` and the gateway alike; this module adds what only this
+server decides: which OpenAI and vLLM features it cannot honour (refused with 400 instead of silently ignored) and
+how the others map onto :class:`~agentbolt.serving.params.SamplingParams`.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentbolt.serving.params import EngineError, SamplingParams
+from agentbolt.openai_api.errors import ApiError
+from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from agentbolt.serving.params import SamplingParams
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "LoadLoraRequest", "UnloadLoraRequest", "StreamOptions"]
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "LoadLoraRequest",
+    "UnloadLoraRequest",
+    "chat_sampling_params",
+    "completion_sampling_params",
+    "normalize_messages",
+]
 
-
-class StreamOptions(BaseModel):
-    """``stream_options`` of OpenAI requests."""
-
-    include_usage: bool = False
-
-
-class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: Optional[str] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    max_tokens: Optional[int] = None
-    n: int = 1
-    stop: Optional[Union[str, List[str]]] = None
-    seed: Optional[int] = None
-    stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
-    # vLLM extensions
-    return_token_ids: bool = False
-    stop_token_ids: Optional[List[int]] = None
-    ignore_eos: bool = False
-
-    def _sampling(self, max_tokens: Optional[int], logprobs: bool, top_logprobs: int) -> SamplingParams:
-        if self.presence_penalty or self.frequency_penalty or self.logit_bias:
-            raise EngineError("presence_penalty, frequency_penalty and logit_bias are not supported by this server")
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            n=self.n,
-            stop=stops,
-            stop_token_ids=list(self.stop_token_ids or []),
-            seed=self.seed,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            ignore_eos=self.ignore_eos,
-        )
-        params.validate()
-        return params
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a streaming response ends with a usage chunk."""
-        return bool(self.stream_options and self.stream_options.include_usage)
+# vLLM sampling extensions this server does not implement, with the values that mean "off".
+_UNSUPPORTED_EXTRAS: Dict[str, tuple] = {
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
 
 
-class ChatCompletionRequest(_SamplingFields):
-    """Body of ``POST /v1/chat/completions``."""
-
-    messages: List[Dict[str, Any]] = Field(min_length=1)
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
-    max_completion_tokens: Optional[int] = None
-    logprobs: bool = False
-    top_logprobs: Optional[int] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
-
-    def sampling_params(self) -> SamplingParams:
-        """Engine parameters of this request.
-
-        Raises:
-            EngineError: Invalid or unsupported values.
-        """
-        if self.top_logprobs and not self.logprobs:
-            raise EngineError("top_logprobs requires logprobs=true")
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling(max_tokens, self.logprobs, self.top_logprobs or 0)
-
-    def tools_enabled(self) -> bool:
-        """Whether tools are passed to the template and tool calls parsed from the output."""
-        return bool(self.tools) and self.tool_choice != "none"
+def _unsupported(param: str, detail: str = "") -> ApiError:
+    return ApiError(400, f"{param}{detail} is not supported by this server", param=param)
 
 
-class CompletionRequest(_SamplingFields):
-    """Body of ``POST /v1/completions``."""
+def _check_supported(body: SamplingRequest) -> None:
+    if body.presence_penalty:
+        raise _unsupported("presence_penalty")
+    if body.frequency_penalty:
+        raise _unsupported("frequency_penalty")
+    if body.logit_bias:
+        raise _unsupported("logit_bias")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise _unsupported("response_format", f" of type {body.response_format.type!r}")
+    for name, off in _UNSUPPORTED_EXTRAS.items():
+        value = (body.model_extra or {}).get(name)
+        if value not in off or isinstance(value, bool):
+            raise _unsupported(name)
 
-    prompt: Union[str, List[str], List[int], List[List[int]]]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
-    echo: bool = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
 
-    def sampling_params(self) -> SamplingParams:
-        """Engine parameters of this request.
+def _sampling(body: SamplingRequest, max_tokens: Optional[int], logprobs: bool, top_logprobs: int) -> SamplingParams:
+    _check_supported(body)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        n=body.choices,
+        stop=body.stop_list,
+        stop_token_ids=list(body.stop_token_ids or []),
+        seed=body.seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        ignore_eos=bool(body.ignore_eos),
+    )
 
-        Raises:
-            EngineError: Invalid or unsupported values.
-        """
-        if self.echo:
-            raise EngineError("echo is not supported by this server")
-        if self.suffix:
-            raise EngineError("suffix is not supported by this server")
-        if self.best_of is not None and self.best_of != self.n:
-            raise EngineError("best_of different from n is not supported by this server")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise EngineError(f"logprobs must be between 0 and 20, got {self.logprobs}")
-        return self._sampling(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
 
-    def prompts(self) -> List[Union[str, List[int]]]:
-        """The prompt(s) as a list: strings or token id lists.
+def chat_sampling_params(body: ChatCompletionRequest) -> SamplingParams:
+    """Engine parameters of a chat request.
 
-        Raises:
-            EngineError: Empty prompt list.
-        """
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if not prompt:
-            raise EngineError("prompt must not be empty")
-        if all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]  # type: ignore[arg-type]
-        return list(prompt)  # type: ignore[arg-type]
+    Raises:
+        ApiError: 400 for a feature this server does not implement.
+    """
+    return _sampling(body, body.max_new_tokens, bool(body.logprobs), body.top_logprobs or 0)
+
+
+def completion_sampling_params(body: CompletionRequest) -> SamplingParams:
+    """Engine parameters of a text completion request.
+
+    Raises:
+        ApiError: 400 for a feature this server does not implement.
+    """
+    if body.echo:
+        raise _unsupported("echo")
+    if body.suffix:
+        raise _unsupported("suffix")
+    if body.best_of is not None and body.best_of != body.choices:
+        raise _unsupported("best_of", " different from n")
+    return _sampling(body, body.max_tokens, body.logprobs is not None, body.logprobs or 0)
+
+
+def normalize_messages(body: ChatCompletionRequest) -> List[Dict[str, Any]]:
+    """The conversation as chat templates expect it: text content, ``developer`` as ``system``.
+
+    Raises:
+        ApiError: 400 for content this server cannot read (images, audio, files) or the legacy ``function`` role.
+    """
+    normalized = []
+    for position, message in enumerate(body.messages):
+        if message.role == "function":
+            raise ApiError(400, f"messages[{position}]: the legacy 'function' role is not supported; use 'tool'")
+        content: Union[str, Any] = message.content
+        if isinstance(content, list):
+            texts = []
+            for part_index, part in enumerate(content):
+                if part.type not in {"text", "input_text"}:
+                    raise ApiError(
+                        400,
+                        f"messages[{position}].content[{part_index}]: only text content parts are supported, "
+                        f"got {part.type!r}",
+                        param="messages",
+                    )
+                texts.append(part.text or "")
+            content = "".join(texts)
+        item = message.model_dump(exclude_none=True)
+        item["role"] = "system" if message.role == "developer" else message.role
+        item["content"] = content if content is not None else ""
+        normalized.append(item)
+    return normalized
 
 
 class LoadLoraRequest(BaseModel):
     """Body of ``POST /v1/load_lora_adapter`` (vLLM-compatible)."""
 
-    lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
 
 
 class UnloadLoraRequest(BaseModel):
     """Body of ``POST /v1/unload_lora_adapter`` (vLLM-compatible)."""
 
-    lora_name: str = Field(min_length=1)
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    lora_name: str = Field(min_length=1, max_length=256)
     lora_int_id: Optional[int] = None
-
-
-FinishReasonOut = Literal["stop", "length", "tool_calls", "abort"]

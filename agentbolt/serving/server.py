@@ -1,9 +1,14 @@
 """OpenAI-compatible HTTP server around a :class:`~agentbolt.serving.transformers_engine.TransformersEngine`.
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``. Errors use OpenAI's body
-``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests and context overflow, 404 for an
-unknown model, 503 while the model is loading.
+``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``, and the OpenAPI document at ``/openapi.json``.
+
+Every body goes through the same door as the gateway's (:mod:`agentbolt.openai_api`): size limit (413), content type
+(415), JSON parsing with orjson (400 for invalid UTF-8, lone surrogates, deep nesting), the strict request schema
+(400 naming the field), then this server's own rules (unsupported features, context length, token ids, the work
+limits of :class:`ServingLimits`). Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+everywhere. With an API key, every route but ``/health`` needs ``Authorization: Bearer <key>``. Adapters load over
+HTTP only from the configured directories.
 
 With ``"return_token_ids": true`` (vLLM's extension) chat responses carry ``prompt_token_ids`` at the top level
 and ``token_ids`` in every choice (in every streamed chunk, the ids of that chunk); completion choices carry both
@@ -17,91 +22,148 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Dict, List, Optional, Tuple, TypeVar, Union
+from dataclasses import dataclass
+from pathlib import Path
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
-from agentbolt.serving.params import EngineError, GenerationOutput, SamplingParams, SequenceDelta
-from agentbolt.serving.protocol import ChatCompletionRequest, CompletionRequest, LoadLoraRequest, UnloadLoraRequest
-from agentbolt.serving.tool_parser import ParsedToolCall, ToolCallParser, parse_tool_calls
+from agentbolt.openai_api.errors import ApiError
+from agentbolt.openai_api.http import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    BearerAuthMiddleware,
+    install_error_handlers,
+    parse_json_object,
+    read_body,
+    validate_request,
+)
+from agentbolt.openai_api.openapi import Operation, openapi_document
+from agentbolt.openai_api.responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelList,
+    StatusResponse,
+)
+from agentbolt.openai_api.schema import NamedToolChoice
+from agentbolt.serving.params import (
+    EngineError,
+    EngineOverloadedError,
+    GenerationFailedError,
+    GenerationOutput,
+    SamplingParams,
+    SequenceDelta,
+)
+from agentbolt.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadLoraRequest,
+    UnloadLoraRequest,
+    chat_sampling_params,
+    completion_sampling_params,
+    normalize_messages,
+)
+from agentbolt.serving.tool_parser import TOOL_CALL_OPEN, ParsedToolCall, ToolCallParser, parse_tool_calls
 from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.utils.id import generate_id
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs, pick_free_port
 
-__all__ = ["create_app", "InferenceServer", "ServerError", "find_free_port"]
+__all__ = ["create_app", "InferenceServer", "ServerError", "ServingLimits", "find_free_port"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+ServerError = ApiError
+"""An error answered with an OpenAI-style body (the shared :class:`~agentbolt.openai_api.errors.ApiError`)."""
+
+_LOGPROB_FLOOR = -9999.0  # what vLLM reports for impossible tokens: JSON has no -Infinity
 
 
-class ServerError(Exception):
-    """An error answered with an OpenAI-style body."""
+@dataclass
+class ServingLimits:
+    """Bounds on the work one request may ask for (each refusal is a 400 naming the limit and its flag).
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
+    Attributes:
+        max_prompts_per_request: Prompts in one ``/v1/completions`` request (``--max-prompts-per-request``).
+        max_sequences_per_request: Sequences one request may start: prompts x ``n``
+            (``--max-sequences-per-request``).
+        max_request_bytes: Largest request body (``--max-request-bytes``; 413 beyond).
+
+    The engine's ``max_queued_tokens`` (``--max-queued-tokens``) bounds the work queued and running at once.
+    """
+
+    max_prompts_per_request: int = 64
+    max_sequences_per_request: int = 256
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompts_per_request", "max_sequences_per_request", "max_request_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _error_response(status: int, message: str, type_: str, param: Optional[str] = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+def _dumps(payload: Any) -> bytes:
+    return orjson.dumps(payload)
 
 
-def _sse(payload: Dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _sse(payload: Dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _normalize_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Flatten content parts to text and fill ``content`` so chat templates can concatenate it."""
-    normalized = []
-    for position, message in enumerate(messages):
-        role = message.get("role")
-        if role not in {"system", "developer", "user", "assistant", "tool"}:
-            raise ServerError(
-                400, f"messages[{position}].role must be system, user, assistant or tool", param="messages"
-            )
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") not in {"text", "input_text"}:
-                    raise ServerError(400, f"messages[{position}]: only text content parts are supported")
-                texts.append(str(part.get("text", "")))
-            content = "".join(texts)
-        elif content is None:
-            if role != "assistant" or not message.get("tool_calls"):
-                raise ServerError(400, f"messages[{position}].content is required", param="messages")
-            content = ""
-        elif not isinstance(content, str):
-            raise ServerError(400, f"messages[{position}].content must be a string or a list of parts")
-        item = dict(message)
-        item["role"] = "system" if role == "developer" else role
-        item["content"] = content
-        normalized.append(item)
-    return normalized
+def _json(payload: Any) -> Response:
+    return Response(_dumps(payload), media_type="application/json")
+
+
+def _logprob(value: float) -> float:
+    return max(value, _LOGPROB_FLOOR)
 
 
 class _Handler:
     """Request handling shared by the routes."""
 
-    def __init__(self, engine: TransformersEngine) -> None:
+    def __init__(
+        self, engine: TransformersEngine, limits: ServingLimits, adapter_dirs: Sequence[Union[str, os.PathLike[str]]]
+    ) -> None:
         self.engine = engine
+        self.limits = limits
+        self.adapter_dirs = [Path(directory).expanduser().resolve() for directory in adapter_dirs]
         self.load_error: Optional[BaseException] = None
+
+    async def read(self, request: Request, model: Type[M]) -> M:
+        """Read, parse and validate a request body (the shared door of both OpenAI-compatible servers)."""
+        raw = await read_body(request, self.limits.max_request_bytes)
+        return validate_request(model, parse_json_object(raw, request.headers.get("content-type")))
 
     def require_loaded(self) -> None:
         if self.load_error is not None:
-            raise ServerError(500, f"model failed to load: {self.load_error}", "server_error")
+            raise ApiError(500, f"model failed to load: {self.load_error}", "server_error")
         if not self.engine.loaded:
-            raise ServerError(503, "model is loading, retry shortly", "service_unavailable")
+            raise ApiError(503, "model is loading, retry shortly", "service_unavailable")
 
     def adapter_for(self, model: Optional[str]) -> Optional[str]:
         engine = self.engine
@@ -109,10 +171,43 @@ class _Handler:
             return None
         if model in engine.adapters:
             return model
-        raise ServerError(404, f"The model `{model}` does not exist.", "not_found_error", "model")
+        raise ApiError(404, f"The model `{model}` does not exist.", "not_found_error", "model")
 
     def model_name(self, model: Optional[str]) -> str:
         return model or self.engine.served_name
+
+    def check_prompt_count(self, count: int) -> None:
+        """Refuse more prompts in one request than the limit (400 naming it and its flag)."""
+        if count > self.limits.max_prompts_per_request:
+            raise ApiError(
+                400,
+                f"{count} prompts in one request is more than the limit of {self.limits.max_prompts_per_request} "
+                "(--max-prompts-per-request)",
+                param="prompt",
+            )
+
+    def admit(self, prompts: List[List[int]], params: SamplingParams) -> None:
+        """Refuse a request asking for more work than the limits allow (400 naming the limit and its flag)."""
+        limits = self.limits
+        self.check_prompt_count(len(prompts))
+        sequences = len(prompts) * params.n
+        if sequences > limits.max_sequences_per_request:
+            raise ApiError(
+                400,
+                f"this request would start {sequences} sequences ({len(prompts)} prompts x n={params.n}), more than "
+                f"the limit of {limits.max_sequences_per_request} (--max-sequences-per-request)",
+                param="n",
+            )
+        cap = self.engine.max_queued_tokens
+        if cap is not None:
+            cost = sum(self.engine.request_cost(prompt, params) for prompt in prompts)
+            if cost > cap:
+                raise ApiError(
+                    400,
+                    f"this request asks for up to {cost} tokens of work (prompt + n x max_tokens), more than the "
+                    f"{cap} the server queues at once (--max-queued-tokens); lower max_tokens, n or the prompt",
+                    param="max_tokens",
+                )
 
     # ------------------------------------------------------------------ logprobs formatting
 
@@ -130,9 +225,16 @@ class _Handler:
             alternatives = []
             for alt_id, alt_logprob in tops[position] if tops else []:
                 alt_text = self._token_text(alt_id)
-                alternatives.append({"token": alt_text, "logprob": alt_logprob, "bytes": list(alt_text.encode())})
+                alternatives.append(
+                    {"token": alt_text, "logprob": _logprob(alt_logprob), "bytes": list(alt_text.encode())}
+                )
             content.append(
-                {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives}
+                {
+                    "token": text,
+                    "logprob": _logprob(logprob),
+                    "bytes": list(text.encode()),
+                    "top_logprobs": alternatives,
+                }
             )
         return {"content": content}
 
@@ -152,20 +254,42 @@ class _Handler:
             offset += len(token)
         top = None
         if tops:
-            top = [{self._token_text(alt): lp for alt, lp in entry} for entry in tops]
-        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+            top = [{self._token_text(alt): _logprob(lp) for alt, lp in entry} for entry in tops]
+        values = [_logprob(lp) for lp in logprobs]
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
     # ------------------------------------------------------------------ chat
 
-    def chat_prompt(self, body: ChatCompletionRequest) -> List[int]:
-        messages = _normalize_messages(body.messages)
-        tools = body.tools if body.tools_enabled() else None
+    def forced_tool_prefix(self, body: ChatCompletionRequest) -> str:
+        """Text that starts the answer when ``tool_choice`` demands a call: the model continues a ``<tool_call>``.
+
+        Raises:
+            ApiError: 400 when the chat template does not write tool calls as ``<tool_call>`` blocks.
+        """
+        choice = body.tool_choice
+        if choice != "required" and not isinstance(choice, NamedToolChoice):
+            return ""
+        template = getattr(self.engine.tokenizer, "chat_template", None) or ""
+        if TOOL_CALL_OPEN not in template:
+            raise ApiError(
+                400,
+                f"tool_choice {body.tool_choice_name!r} needs a chat template that writes tool calls as "
+                f"{TOOL_CALL_OPEN} blocks; this model's does not",
+                param="tool_choice",
+            )
+        if isinstance(choice, NamedToolChoice):
+            return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(choice.function.name)}, "arguments": '
+        return f'{TOOL_CALL_OPEN}\n{{"name": "'
+
+    def chat_prompt(self, body: ChatCompletionRequest, forced: str) -> List[int]:
+        messages = normalize_messages(body)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []] if body.tools_enabled() else None
         template = getattr(self.engine.tokenizer, "chat_template", None) or ""
         if tools and "tools" not in template:
-            raise ServerError(400, "this model's chat template does not support tools", param="tools")
-        return self.engine.encode_chat(messages, tools, **(body.chat_template_kwargs or {}))
+            raise ApiError(400, "this model's chat template does not support tools", param="tools")
+        return self.engine.encode_chat(messages, tools, assistant_prefix=forced, **(body.chat_template_kwargs or {}))
 
-    def chat_response(self, body: ChatCompletionRequest, output: GenerationOutput) -> Dict[str, Any]:
+    def chat_response(self, body: ChatCompletionRequest, output: GenerationOutput, forced: str = "") -> Dict[str, Any]:
         choices = []
         completion_tokens = 0
         for choice in output.choices:
@@ -173,7 +297,9 @@ class _Handler:
             message: Dict[str, Any] = {"role": "assistant", "content": choice.text}
             finish: Optional[str] = choice.finish_reason
             if body.tools_enabled():
-                content, calls = parse_tool_calls(choice.text)
+                content, calls = parse_tool_calls(forced + choice.text)
+                if body.parallel_tool_calls is False:
+                    calls = calls[:1]
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
@@ -209,16 +335,20 @@ class _Handler:
         prompt: List[int],
         stream: AsyncGenerator[List[SequenceDelta], None],
         first: List[SequenceDelta],
-    ) -> AsyncIterator[str]:
+        forced: str,
+    ) -> AsyncIterator[bytes]:
         base = {
             "id": f"chatcmpl-{generate_id(24)}",
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": self.model_name(body.model),
         }
-        parsers = [ToolCallParser() for _ in range(body.n)] if body.tools_enabled() else None
-        call_counts = [0] * body.n
-        for index in range(body.n):
+        n = body.choices
+        parsers = [ToolCallParser() for _ in range(n)] if body.tools_enabled() else None
+        for parser in parsers or []:
+            parser.feed(forced)  # the forced opening of a tool call is held back until its block closes
+        call_counts = [0] * n
+        for index in range(n):
             opening: Dict[str, Any] = {
                 **base,
                 "choices": [
@@ -259,6 +389,8 @@ class _Handler:
             if finish is not None:
                 rest, more = parser.finish()
                 text, calls = text + rest, calls + more
+            if body.parallel_tool_calls is False:
+                calls = calls[: max(0, 1 - call_counts[delta.index])]
         payload: Dict[str, Any] = {}
         if text:
             payload["content"] = text
@@ -285,17 +417,9 @@ class _Handler:
     # ------------------------------------------------------------------ completions
 
     def completion_prompts(self, body: CompletionRequest) -> List[List[int]]:
-        prompts = []
-        for prompt in body.prompts():
-            if isinstance(prompt, str):
-                prompts.append(self.engine.encode(prompt))
-            elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                prompts.append(list(prompt))
-            else:
-                raise ServerError(
-                    400, "prompt must be a string, a list of strings, or token id list(s)", param="prompt"
-                )
-        return prompts
+        prompts = body.prompts()
+        self.check_prompt_count(len(prompts))  # before tokenizing a thousand prompts
+        return [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
     def completion_choice(self, body: CompletionRequest, prompt: List[int], index: int, choice: Any) -> Dict[str, Any]:
         entry: Dict[str, Any] = {
@@ -309,19 +433,116 @@ class _Handler:
             entry["token_ids"] = choice.token_ids
         return entry
 
+    # ------------------------------------------------------------------ adapters
 
-def create_app(engine: TransformersEngine, *, load: bool = True) -> FastAPI:
+    def adapter_path(self, requested: str) -> str:
+        """The adapter directory to load, if it lies inside a configured directory.
+
+        Raises:
+            ApiError: 403 when loading over HTTP is disabled or the path is outside the configured directories.
+        """
+        if not self.adapter_dirs:
+            raise ApiError(
+                403,
+                "loading LoRA adapters over HTTP is disabled: start the server with --lora-dir DIR to allow "
+                "adapters from DIR",
+                param="lora_path",
+            )
+        path = Path(requested).expanduser()
+        resolved = path.resolve() if path.is_absolute() else (self.adapter_dirs[0] / path).resolve()
+        if not any(resolved.is_relative_to(directory) for directory in self.adapter_dirs):
+            allowed = ", ".join(str(directory) for directory in self.adapter_dirs)
+            raise ApiError(
+                403,
+                f"lora_path {requested!r} is outside the directories adapters may be loaded from ({allowed}; "
+                "--lora-dir)",
+                param="lora_path",
+            )
+        return str(resolved)
+
+
+_API_DESCRIPTION = (
+    "OpenAI-compatible inference (agentbolt serve): chat and text completions with vLLM's token-id extensions, "
+    'continuous batching, LoRA adapters. Errors are OpenAI\'s {"error": {...}} body.'
+)
+
+
+def _operations() -> List[Operation]:
+    generation_errors = (404, 429, 500, 503)
+    return [
+        Operation(
+            "get",
+            "/health",
+            "Liveness and readiness: 200 once the model is loaded, 503 while it loads.",
+            StatusResponse,
+            public=True,
+            response_description='{"status": "ok", "weight_version": N}.',
+            extra_responses={
+                503: ('{"status": "loading"} while the model loads.', StatusResponse),
+                500: ('{"status": "error", "error": ...} when the model failed to load.', StatusResponse),
+            },
+        ),
+        Operation("get", "/v1/models", "The served model and loaded LoRA adapters.", ModelList, errors=(500, 503)),
+        Operation(
+            "post",
+            "/v1/chat/completions",
+            "Generate the next assistant message of a conversation.",
+            ChatCompletion,
+            ChatCompletionRequest,
+            ChatCompletionChunk,
+            errors=generation_errors,
+        ),
+        Operation(
+            "post",
+            "/v1/completions",
+            "Continue one or several text (or token-id) prompts.",
+            Completion,
+            CompletionRequest,
+            Completion,
+            errors=generation_errors,
+        ),
+        Operation(
+            "post",
+            "/v1/load_lora_adapter",
+            "Load a PEFT LoRA adapter from a configured directory (vLLM's route).",
+            StatusResponse,
+            LoadLoraRequest,
+            errors=(403, 500, 503),
+        ),
+        Operation(
+            "post",
+            "/v1/unload_lora_adapter",
+            "Unload a LoRA adapter (vLLM's route).",
+            StatusResponse,
+            UnloadLoraRequest,
+            errors=(500, 503),
+        ),
+    ]
+
+
+def create_app(
+    engine: TransformersEngine,
+    *,
+    load: bool = True,
+    api_key: Optional[str] = None,
+    adapter_dirs: Sequence[Union[str, os.PathLike[str]]] = (),
+    limits: Optional[ServingLimits] = None,
+) -> FastAPI:
     """Build the FastAPI application.
 
     Args:
         engine: The engine to serve. If it is not loaded yet and ``load`` is true, it is loaded in a background
             thread at startup while ``/health`` and the API answer 503.
         load: Start (load) the engine at application startup.
+        api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``.
+        adapter_dirs: Directories ``POST /v1/load_lora_adapter`` may load adapters from; none disables the route
+            (403). Adapters loaded in Python (:meth:`TransformersEngine.load_adapter`) are not restricted.
+        limits: Per-request work limits (defaults: :class:`ServingLimits`).
 
     Returns:
         The application.
     """
-    handler = _Handler(engine)
+    handler = _Handler(engine, limits or ServingLimits(), adapter_dirs)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -342,26 +563,36 @@ def create_app(engine: TransformersEngine, *, load: bool = True) -> FastAPI:
             await asyncio.to_thread(loader.join)
         await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="agentbolt inference server", lifespan=lifespan)
+    app = FastAPI(title="agentbolt inference server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.handler = handler
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(BearerAuthMiddleware, api_key=api_key, open_paths=("/health", "/openapi.json"))
+    document = openapi_document(
+        "agentbolt inference server",
+        "1",
+        _API_DESCRIPTION,
+        _operations(),
+        common_errors=(404,),
+        auth=bool(api_key),
+    )
+    app.openapi = lambda: document  # type: ignore[method-assign]
 
-    @app.exception_handler(ServerError)
-    async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
-        return _error_response(exc.status, exc.message, exc.type, exc.param)
+    @app.exception_handler(EngineOverloadedError)
+    async def _overloaded(_: Request, exc: EngineOverloadedError) -> Response:
+        error = ApiError(429, str(exc), headers={"retry-after": "1"})
+        return Response(error.body(), status_code=429, media_type="application/json", headers=error.headers)
 
     @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
-        return _error_response(400, str(exc), "invalid_request_error")
+    async def _engine_error(_: Request, exc: EngineError) -> Response:
+        return Response(ApiError(400, str(exc)).body(), status_code=400, media_type="application/json")
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"{location}: {first.get('msg', 'invalid request')}" if location else str(first.get("msg", exc))
-        return _error_response(400, message, "invalid_request_error", location or None)
+    @app.exception_handler(GenerationFailedError)
+    async def _generation_failed(_: Request, exc: GenerationFailedError) -> Response:
+        return Response(ApiError(500, str(exc)).body(), status_code=500, media_type="application/json")
 
-    @app.get("/health")
+    @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
         if handler.load_error is not None:
             return JSONResponse({"status": "error", "error": str(handler.load_error)}, status_code=500)
@@ -369,8 +600,8 @@ def create_app(engine: TransformersEngine, *, load: bool = True) -> FastAPI:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", "weight_version": engine.weight_version})
 
-    @app.get("/v1/models")
-    async def models() -> Dict[str, Any]:
+    @app.get("/v1/models", include_in_schema=False)
+    async def models() -> Response:
         handler.require_loaded()
         created = int(time.time())
         data = [
@@ -396,69 +627,121 @@ def create_app(engine: TransformersEngine, *, load: bool = True) -> FastAPI:
                     "max_model_len": engine.max_model_len,
                 }
             )
-        return {"object": "list", "data": data}
+        return _json({"object": "list", "data": data})
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest) -> Union[Dict[str, Any], StreamingResponse]:
+    @app.post("/v1/chat/completions", include_in_schema=False)
+    async def chat(request: Request) -> Response:
+        body = await handler.read(request, ChatCompletionRequest)
         handler.require_loaded()
         adapter = handler.adapter_for(body.model)
-        params = body.sampling_params()
-        prompt = handler.chat_prompt(body)
-        if body.stream:
+        params = chat_sampling_params(body)
+        forced = handler.forced_tool_prefix(body)
+        prompt = handler.chat_prompt(body, forced)
+        handler.admit([prompt], params)
+        if body.streaming:
             stream, first = await _open_stream(engine, prompt, params, adapter)
-            return StreamingResponse(handler.chat_stream(body, prompt, stream, first), media_type="text/event-stream")
-        output = await engine.generate(prompt, params, adapter)
-        return handler.chat_response(body, output)
+            return StreamingResponse(
+                handler.chat_stream(body, prompt, stream, first, forced), media_type="text/event-stream"
+            )
+        output = await _until_disconnected(request, lambda: engine.generate(prompt, params, adapter))
+        return _json(handler.chat_response(body, output, forced))
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Union[Dict[str, Any], StreamingResponse]:
+    @app.post("/v1/completions", include_in_schema=False)
+    async def completions(request: Request) -> Response:
+        body = await handler.read(request, CompletionRequest)
         handler.require_loaded()
         adapter = handler.adapter_for(body.model)
-        params = body.sampling_params()
+        params = completion_sampling_params(body)
         prompts = handler.completion_prompts(body)
+        handler.admit(prompts, params)
         base = {
             "id": f"cmpl-{generate_id(24)}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": handler.model_name(body.model),
         }
-        if body.stream:
+        if body.streaming:
             if len(prompts) != 1:
-                raise ServerError(400, "streaming supports a single prompt per request", param="prompt")
+                raise ApiError(400, "streaming supports a single prompt per request", param="prompt")
             stream, first = await _open_stream(engine, prompts[0], params, adapter)
             return StreamingResponse(
                 _completion_stream(handler, body, base, prompts[0], stream, first), media_type="text/event-stream"
             )
         for prompt in prompts:  # validate every prompt before generating any
             engine.check_request(prompt, params, adapter)
-        outputs = await asyncio.gather(*(engine.generate(prompt, params, adapter) for prompt in prompts))
+        outputs = await _until_disconnected(
+            request, lambda: _gather_or_cancel([engine.generate(prompt, params, adapter) for prompt in prompts])
+        )
         choices = []
         completion_tokens = prompt_tokens = 0
         for number, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             prompt_tokens += len(prompt)
             for choice in output.choices:
                 completion_tokens += len(choice.token_ids)
-                choices.append(handler.completion_choice(body, prompt, number * body.n + choice.index, choice))
+                choices.append(handler.completion_choice(body, prompt, number * params.n + choice.index, choice))
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
-        return {**base, "choices": choices, "usage": usage}
+        return _json({**base, "choices": choices, "usage": usage})
 
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora(body: LoadLoraRequest) -> Dict[str, Any]:
+    @app.post("/v1/load_lora_adapter", include_in_schema=False)
+    async def load_lora(request: Request) -> Response:
+        body = await handler.read(request, LoadLoraRequest)
         handler.require_loaded()
-        await asyncio.to_thread(engine.load_adapter, body.lora_name, body.lora_path)
-        return {"status": "ok", "lora_name": body.lora_name, "message": f"LoRA adapter '{body.lora_name}' loaded"}
+        path = handler.adapter_path(body.lora_path)
+        await asyncio.to_thread(engine.load_adapter, body.lora_name, path)
+        return _json(
+            {"status": "ok", "lora_name": body.lora_name, "message": f"LoRA adapter '{body.lora_name}' loaded"}
+        )
 
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora(body: UnloadLoraRequest) -> Dict[str, Any]:
+    @app.post("/v1/unload_lora_adapter", include_in_schema=False)
+    async def unload_lora(request: Request) -> Response:
+        body = await handler.read(request, UnloadLoraRequest)
         handler.require_loaded()
         await asyncio.to_thread(engine.unload_adapter, body.lora_name)
-        return {"status": "ok", "lora_name": body.lora_name, "message": f"LoRA adapter '{body.lora_name}' unloaded"}
+        return _json(
+            {"status": "ok", "lora_name": body.lora_name, "message": f"LoRA adapter '{body.lora_name}' unloaded"}
+        )
 
     return app
+
+
+async def _gather_or_cancel(coroutines: List[Awaitable[T]]) -> List[T]:
+    """``asyncio.gather`` that cancels the other tasks as soon as one fails (or the caller is cancelled)."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _until_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work`` while watching the connection: if the client goes away first, cancel it (its sequences leave
+    the batch at the next step) instead of generating an answer nobody will read."""
+    task = asyncio.ensure_future(work())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task not in done:
+        await asyncio.wait({task})  # let the cancellation reach the engine's stream, which drops the request
+        logger.info("Client disconnected from %s: generation cancelled", request.url.path)
+        raise ApiError(499, "the client closed the connection before the answer was ready", "client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has disconnected (the request body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 async def _open_stream(
@@ -481,8 +764,8 @@ async def _completion_stream(
     prompt: List[int],
     stream: AsyncGenerator[List[SequenceDelta], None],
     first: List[SequenceDelta],
-) -> AsyncIterator[str]:
-    offsets = [0] * body.n
+) -> AsyncIterator[bytes]:
+    offsets = [0] * body.choices
     sent_prompt = False
 
     def to_choice(delta: SequenceDelta) -> Dict[str, Any]:
@@ -514,7 +797,7 @@ async def _relay_deltas(
     stream: AsyncGenerator[List[SequenceDelta], None],
     first: List[SequenceDelta],
     to_choice: Callable[[SequenceDelta], Dict[str, Any]],
-) -> AsyncIterator[str]:
+) -> AsyncIterator[bytes]:
     """SSE chunks of a streamed generation: one per delta, an error event on engine failure, usage, ``[DONE]``."""
     completion_tokens = 0
     try:
@@ -524,8 +807,8 @@ async def _relay_deltas(
                 completion_tokens += len(delta.token_ids)
                 yield _sse({**base, "choices": [to_choice(delta)]})
             batch = await anext(stream, None)
-    except EngineError as exc:
-        yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 500}})
+    except (EngineError, GenerationFailedError) as exc:
+        yield b"data: " + ApiError(500, str(exc)).body() + b"\n\n"
     finally:
         await stream.aclose()
     if include_usage:
@@ -535,7 +818,7 @@ async def _relay_deltas(
             "total_tokens": len(prompt) + completion_tokens,
         }
         yield _sse({**base, "choices": [], "usage": usage})
-    yield "data: [DONE]\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 find_free_port = pick_free_port
@@ -550,16 +833,28 @@ class InferenceServer:
         host: Bind address (default loopback only).
         port: TCP port; ``0`` picks a free one.
         log_level: uvicorn log level.
+        api_key: Require ``Authorization: Bearer <api_key>`` on every route but ``/health``.
+        adapter_dirs: Directories ``POST /v1/load_lora_adapter`` may load from (none: the route answers 403).
+        limits: Per-request work limits.
     """
 
     def __init__(
-        self, engine: TransformersEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"
+        self,
+        engine: TransformersEngine,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        log_level: str = "warning",
+        *,
+        api_key: Optional[str] = None,
+        adapter_dirs: Sequence[Union[str, os.PathLike[str]]] = (),
+        limits: Optional[ServingLimits] = None,
     ):
         self.engine = engine
         self.host = host
         self.port = port or find_free_port(host)
         self.log_level = log_level
-        self.app = create_app(engine)
+        self.api_key = api_key
+        self.app = create_app(engine, api_key=api_key, adapter_dirs=adapter_dirs, limits=limits)
         self._launcher: Optional[PythonServerLauncher] = None
 
     @property

@@ -3,7 +3,8 @@
 One scheduler thread owns the model while generating. Each loop iteration it
 
 1. admits waiting requests (up to ``max_batch_size`` running sequences): their prompts are prefilled together,
-   left padded, and their key/value caches are merged into the running batch (also left padded);
+   left padded, starting from the cached states of prompt prefixes computed before (:mod:`.prefix_cache`), and
+   their key/value caches are merged into the running batch (also left padded);
 2. runs one decoding step for every running sequence;
 3. samples the next token of each sequence with its own generator, records its log-probability, checks EOS,
    stop tokens, stop strings and length, releases text to the request, and drops finished sequences from the
@@ -35,22 +36,39 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import (
     ContextOverflowError,
     EngineError,
+    EngineOverloadedError,
+    GenerationFailedError,
     GenerationOutput,
     SamplingParams,
     SequenceDelta,
     SequenceOutput,
 )
+from agentbolt.serving.prefix_cache import CachedBlock, PrefixCache
 
 if TYPE_CHECKING:
     import torch
 
     from agentbolt.serving.fast_forward import FastForward
+    from agentbolt.serving.quantized import BlockWeights
 
 __all__ = ["OPENMP_WAIT_POLICIES", "TransformersEngine", "configure_openmp", "resolve_dtype"]
 
@@ -126,7 +144,11 @@ def _base_model(model: Any) -> Any:
 
 
 class _Request:
-    """A submitted request and its channel back to the caller."""
+    """A submitted request and its channel back to the caller.
+
+    ``cancelled`` is set by the caller (it stopped listening) or by the engine (the request failed or finished);
+    a cancelled request's sequences leave the batch at the next step.
+    """
 
     def __init__(
         self,
@@ -144,6 +166,8 @@ class _Request:
         self.cancelled = False
         self.remaining = params.n
         self.weight_version = 0
+        self.cost = 0  # queued tokens it holds (see TransformersEngine.request_cost) until released
+        self.released = True
 
 
 @dataclass
@@ -159,6 +183,17 @@ class _Sequence:
     # Incremental detokenization: token_ids[prefix_offset:read_offset] is context already turned into text.
     prefix_offset: int = 0
     read_offset: int = 0
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Refuse text the tokenizer cannot encode: a lone UTF-16 surrogate (``"\\ud800"``) is not a character."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EngineError(
+            f"{field} holds a character that is not valid Unicode at position {exc.start} "
+            f"({text[exc.start]!r}, a lone surrogate)"
+        ) from None
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -185,6 +220,16 @@ class TransformersEngine:
         served_name: Name reported by ``/v1/models`` (default: the ``model`` argument).
         fast_forward: Use the lean CPU forward of :mod:`agentbolt.serving.fast_forward` for the models it covers
             (Llama-architecture, no PEFT adapter, CPU); ``False`` always runs the transformers forward.
+        max_queued_tokens: Most tokens of work (:meth:`request_cost`) held by waiting and running requests at once;
+            a request that would pass it is refused with :class:`EngineOverloadedError`. ``None``: no bound.
+        quantization: Weights to serve (CPU, lean forward; see :mod:`agentbolt.serving.quantized`): ``none`` the
+            float weights in ``dtype``; ``auto`` the model's own GGUF blocks when it was converted from a GGUF file
+            (the same numbers as its float32 weights), else ``none``; ``q8_0`` / ``q4_1`` every projection in that
+            block format (quantized at load where the file does not already hold it: lossy). Block weights compute
+            with float32 activations and refuse weight updates and LoRA adapters: they are for plain serving,
+            never for training.
+        prefix_cache_mb: Memory for the key/value states of prompt prefixes reused by later prompts that start the
+            same (:mod:`agentbolt.serving.prefix_cache`); 0 disables the cache.
     """
 
     def __init__(
@@ -198,7 +243,16 @@ class TransformersEngine:
         max_model_len: Optional[int] = None,
         served_name: Optional[str] = None,
         fast_forward: bool = True,
+        max_queued_tokens: Optional[int] = None,
+        quantization: str = "none",
+        prefix_cache_mb: int = 256,
     ) -> None:
+        from agentbolt.serving.quantized import QUANTIZATIONS
+
+        if quantization not in QUANTIZATIONS:
+            raise EngineError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
+        if max_queued_tokens is not None and max_queued_tokens < 1:
+            raise EngineError(f"max_queued_tokens must be at least 1, got {max_queued_tokens}")
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if threads is not None and threads < 1:
@@ -212,6 +266,7 @@ class TransformersEngine:
         self.max_batch_size = max_batch_size
         self._max_model_len_override = max_model_len
         self.model: Any = None
+        self.device: Any = None  # torch device of the inputs (CPU for block weights, whose model is a skeleton)
         self.tokenizer: Any = None
         self.max_model_len = 0
         self.weight_version = 0
@@ -232,6 +287,14 @@ class TransformersEngine:
         self._fast: Dict[Optional[str], Optional[FastForward]] = {}  # per adapter (None: base weights)
         self._fast_version = -1
         self._sampling_kernels: Any = None  # the fused kernels module, when the fast forward loaded them
+        self.max_queued_tokens = max_queued_tokens
+        self._queued_tokens = 0
+        self._generated_tokens = 0
+        self.quantization = quantization
+        self.blocks: Optional[BlockWeights] = None  # block-quantized weights being served, if any
+        if prefix_cache_mb < 0:
+            raise EngineError(f"prefix_cache_mb must be at least 0, got {prefix_cache_mb}")
+        self._prefix_cache = PrefixCache(max_bytes=prefix_cache_mb * 2**20) if prefix_cache_mb else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -246,6 +309,7 @@ class TransformersEngine:
         max_model_len: Optional[int] = None,
         threads: Optional[int] = None,
         fast_forward: bool = True,
+        prefix_cache_mb: int = 256,
     ) -> TransformersEngine:
         """Wrap an already loaded model (e.g. the one a trainer optimises) without copying it.
 
@@ -257,6 +321,7 @@ class TransformersEngine:
             max_model_len: See the class.
             threads: See the class.
             fast_forward: See the class.
+            prefix_cache_mb: See the class.
 
         Returns:
             A started engine.
@@ -268,6 +333,7 @@ class TransformersEngine:
             max_model_len=max_model_len,
             threads=threads,
             fast_forward=fast_forward,
+            prefix_cache_mb=prefix_cache_mb,
         )
         engine._attach(model, tokenizer)
         engine.start()
@@ -298,18 +364,89 @@ class TransformersEngine:
         dtype = resolve_dtype(self.dtype_name)
         started = time.monotonic()
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)  # type: ignore[arg-type]
-        model.eval()
-        logger.info("Loaded %s (%s, %s) in %.1f s", resolved.path, dtype, device, time.monotonic() - started)
+        plan = self._block_plan(resolved.path, device)
+        if plan is None:
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)  # type: ignore[arg-type]
+            model.eval()
+            logger.info("Loaded %s (%s, %s) in %.1f s", resolved.path, dtype, device, time.monotonic() - started)
+        else:
+            model = self._load_blocks(resolved.path, *plan)
+            assert self.blocks is not None
+            logger.info(
+                "Loaded %s as block-quantized weights (%s; %.0f MB) in %.1f s",
+                resolved.path,
+                self.blocks.description,
+                self.blocks.nbytes / 1e6,
+                time.monotonic() - started,
+            )
         self._attach(model, tokenizer)
 
-    def _attach(self, model: Any, tokenizer: Any) -> None:
-        if self.threads:
-            import torch
+    def _block_plan(self, path: Path, device: str) -> Optional[Tuple[Optional[Path], Optional[str]]]:
+        """``(GGUF file or None, block format or None for the file's own)`` when block weights are served, else None.
 
+        Raises:
+            EngineError: An explicit block format (``q8_0`` / ``q4_1``) cannot be served here.
+        """
+        import torch
+        from transformers import AutoConfig
+
+        from agentbolt.serving.decode_kernels import load_decode_kernels
+        from agentbolt.serving.fast_forward import FastForward
+        from agentbolt.serving.quantized import gguf_source
+
+        if self.quantization == "none":
+            return None
+        explicit = self.quantization != "auto"
+
+        def refuse(reason: str) -> None:
+            if explicit:
+                raise EngineError(f"quantization {self.quantization!r} is not possible here: {reason}")
+            logger.info("Serving float weights (quantization 'auto'): %s", reason)
+
+        gguf = gguf_source(path)
+        if not explicit and gguf is None:
+            return refuse(f"{path} was not converted from a GGUF file")
+        if torch.device(device).type != "cpu":
+            return refuse(f"block weights are served on CPUs, not {device}")
+        if not self.fast_forward:
+            return refuse("block weights need the lean forward (fast_forward=False was given)")
+        reason = FastForward.config_reason(AutoConfig.from_pretrained(path))
+        if reason is not None:
+            return refuse(reason)
+        kernels = load_decode_kernels()
+        if kernels is None or not hasattr(kernels, "block_linear"):
+            return refuse("the compiled decoding kernels are unavailable (see the warning logged about them)")
+        return gguf, None if self.quantization == "auto" else self.quantization
+
+    def _load_blocks(self, path: Path, gguf: Optional[Path], kind: Optional[str]) -> Any:
+        """Load block weights into :attr:`blocks`; return a model skeleton (architecture only, ``meta`` device)."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        from agentbolt.serving.quantized import load_gguf_blocks, quantize_model
+
+        config = AutoConfig.from_pretrained(path)
+        if gguf is not None:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+            self.blocks = load_gguf_blocks(gguf, config, kind)
+        else:
+            assert kind is not None
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            self.blocks = quantize_model(model, kind)
+            model = model.to("meta")  # the float weights are no longer needed
+        with contextlib.suppress(OSError):
+            model.generation_config = GenerationConfig.from_pretrained(path)
+        return model.eval()
+
+    def _attach(self, model: Any, tokenizer: Any) -> None:
+        import torch
+
+        if self.threads:
             torch.set_num_threads(self.threads)
         self.model = model
         self.tokenizer = tokenizer
+        self.device = torch.device("cpu") if self.blocks is not None else model.device
         config = model.config
         context = int(getattr(config, "max_position_embeddings", 0) or getattr(tokenizer, "model_max_length", 2048))
         self.max_model_len = min(self._max_model_len_override or context, context)
@@ -325,7 +462,7 @@ class TransformersEngine:
             self.adapters.update({name: "" for name in model.peft_config})
         from agentbolt.serving.fast_forward import FastForward
 
-        if self.fast_forward and FastForward.unsupported_reason(model) is None:
+        if self.fast_forward and FastForward.unsupported_reason(model, weights=self.blocks is None) is None:
             # Compile the decoding kernels (once per machine) before accepting requests. The fused weight copies are
             # built later, by the scheduler thread: torch work in a second thread gives the process a second OpenMP
             # team, and with more OpenMP threads than CPUs libgomp cuts spin-waiting, which slows decoding ~1.5x.
@@ -335,13 +472,37 @@ class TransformersEngine:
         self._loaded.set()
 
     def start(self) -> None:
-        """Load the model if needed and start the scheduler thread (idempotent)."""
-        self.load()
+        """Load the model if needed and start the scheduler thread (idempotent; returns once loaded).
+
+        The scheduler thread loads the model itself: every torch operation of the engine then runs in that one
+        thread, so the process keeps a single OpenMP team (see :func:`configure_openmp`).
+
+        Raises:
+            Exception: Whatever loading raised.
+        """
         if self._thread is not None:
             return
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="agentbolt-engine", daemon=True)
+        failure: List[BaseException] = []
+        ready = threading.Event()
+
+        def run() -> None:
+            try:
+                self.load()
+            except BaseException as exc:
+                failure.append(exc)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="agentbolt-engine", daemon=True)
         self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
 
     def stop(self) -> None:
         """Stop the scheduler; pending and running requests fail with ``EngineError("engine stopped")``."""
@@ -360,7 +521,11 @@ class TransformersEngine:
 
         Yields:
             The model object.
+
+        Raises:
+            EngineError: The engine serves block-quantized weights, which do not follow weight updates.
         """
+        self._require_float_weights("weight updates")
         with self._cond:
             self._pausers += 1
             while self._stepping:
@@ -373,6 +538,13 @@ class TransformersEngine:
                 self.weight_version += 1
                 self._cond.notify_all()
 
+    def _require_float_weights(self, what: str) -> None:
+        if self.blocks is not None:
+            raise EngineError(
+                f"{what} need the float weights, and this engine serves block-quantized ones "
+                f"({self.blocks.description}); load it with quantization='none' (agentbolt serve --quantization none)"
+            )
+
     def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> None:
         """Copy new weights into the live model between decoding steps (bumps :attr:`weight_version`)."""
         with self.weights_update() as model:
@@ -384,6 +556,7 @@ class TransformersEngine:
         Raises:
             EngineError: Name taken, clashes with the served model, or the adapter cannot be loaded.
         """
+        self._require_float_weights("LoRA adapters")
         if not name or name == self.served_name:
             raise EngineError(f"invalid adapter name {name!r}")
         if name in self.adapters:
@@ -437,12 +610,25 @@ class TransformersEngine:
     # ------------------------------------------------------------------ requests
 
     def encode_chat(
-        self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None, **template_kwargs: Any
+        self,
+        messages: List[Dict[str, Any]],
+        tools: Optional[List[Dict[str, Any]]] = None,
+        *,
+        assistant_prefix: str = "",
+        **template_kwargs: Any,
     ) -> List[int]:
         """Render messages (and tools) with the model's chat template and tokenize them.
 
+        Args:
+            messages: The conversation (``role`` / ``content`` dicts, tool calls included).
+            tools: Tools offered to the model (OpenAI's ``tools`` entries).
+            assistant_prefix: Text the answer must start with, appended after the generation prompt (the start of
+                a forced tool call, for example); it becomes part of the prompt.
+            **template_kwargs: Extra variables for the template.
+
         Raises:
-            EngineError: The model has no chat template or the template rejects the conversation.
+            EngineError: The model has no chat template, the template rejects the conversation, or the text holds
+                characters that are not valid Unicode (lone surrogates).
         """
         if not getattr(self.tokenizer, "chat_template", None):
             raise EngineError("this model has no chat template; use /v1/completions")
@@ -452,18 +638,30 @@ class TransformersEngine:
             )
         except Exception as exc:  # jinja errors: bad roles, missing fields...
             raise EngineError(f"chat template failed: {exc}") from exc
+        text = str(text) + assistant_prefix
+        _check_unicode(text, "messages")
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def encode(self, text: str) -> List[int]:
-        """Tokenize a completion prompt (with the tokenizer's usual special tokens, e.g. BOS)."""
+        """Tokenize a completion prompt (with the tokenizer's usual special tokens, e.g. BOS).
+
+        Raises:
+            EngineError: ``text`` holds characters that are not valid Unicode (lone surrogates).
+        """
+        _check_unicode(text, "prompt")
         return list(self.tokenizer(text).input_ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Detokenize without special tokens."""
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: token ids must be below it."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def check_request(self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None) -> None:
-        """Validate a request without submitting it.
+        """Validate a request without submitting it: whatever passes cannot fail a batch step on its own.
 
         Raises:
             EngineError: Invalid parameters, token ids or adapter, or the model is not loaded.
@@ -474,9 +672,15 @@ class TransformersEngine:
         params.validate()
         if not prompt:
             raise EngineError("prompt is empty")
-        vocab = self.model.get_input_embeddings().num_embeddings
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        vocab = self.vocab_size
+        if (
+            any(isinstance(t, bool) or not isinstance(t, int) for t in prompt)
+            or min(prompt) < 0
+            or max(prompt) >= vocab
+        ):
+            raise EngineError(f"prompt token ids must be integers in [0, {vocab})")
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
+            raise EngineError(f"stop_token_ids must be in [0, {vocab}), got {max(params.stop_token_ids)}")
         if adapter is not None and adapter not in self.adapters:
             raise EngineError(f"adapter {adapter!r} is not loaded")
         budget = self.max_model_len - len(prompt)
@@ -488,13 +692,62 @@ class TransformersEngine:
                 "Please reduce the length of the messages or completion."
             )
 
+    def request_cost(self, prompt: Sequence[int], params: SamplingParams) -> int:
+        """Tokens of work a request may cause: its prompt plus ``n`` times the tokens it may generate
+        (``max_tokens``, or what is left of the context without it). What :attr:`max_queued_tokens` bounds."""
+        budget = max(self.max_model_len - len(prompt), 0)
+        return len(prompt) + params.n * min(params.max_tokens or budget, budget)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens of work (:meth:`request_cost`) held by the requests waiting or running now."""
+        return self._queued_tokens
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: ``waiting`` requests, ``running`` sequences, ``queued_tokens``, ``generated_tokens`` so far."""
+        with self._cond:
+            waiting = sum(1 for request in self._waiting if not request.cancelled)
+        batch = self._batch
+        return {
+            "waiting": waiting,
+            "running": len(batch["seqs"]) if batch is not None else 0,
+            "queued_tokens": self._queued_tokens,
+            "generated_tokens": self._generated_tokens,
+        }
+
     def _submit(self, request: _Request) -> None:
         self.check_request(request.prompt, request.params, request.adapter)
         if self._thread is None:
             raise EngineError("engine is not started")
+        cost = self.request_cost(request.prompt, request.params)
         with self._cond:
+            limit = self.max_queued_tokens
+            if limit is not None and self._queued_tokens + cost > limit:
+                if cost > limit:
+                    raise EngineError(
+                        f"this request asks for up to {cost} tokens of work (prompt + n x max_tokens), more than the "
+                        f"{limit} the engine queues at once; lower max_tokens, n or the prompt"
+                    )
+                raise EngineOverloadedError(
+                    f"the server is busy: {self._queued_tokens} of its {limit} queued tokens are taken and this "
+                    f"request needs {cost}; retry shortly"
+                )
+            request.cost, request.released = cost, False
+            self._queued_tokens += cost
             self._waiting.append(request)
             self._cond.notify_all()
+
+    def _release(self, request: _Request) -> None:
+        """Give back the queued tokens of a request that ended (finished, failed or abandoned by its caller)."""
+        with self._cond:
+            if not request.released:
+                request.released = True
+                self._queued_tokens -= request.cost
+
+    def _abandon(self, request: _Request) -> None:
+        """The caller stopped listening: drop the request at the next step and give back its tokens."""
+        request.cancelled = True
+        self._release(request)
 
     def _resolve_adapter(self, adapter: Optional[str]) -> Optional[str]:
         return adapter if adapter is not None else self.default_adapter
@@ -513,6 +766,8 @@ class TransformersEngine:
 
         Raises:
             EngineError: Invalid request (before anything is yielded).
+            EngineOverloadedError: The engine's queue is full (:attr:`max_queued_tokens`).
+            GenerationFailedError: Generating this request failed inside the engine.
         """
         loop = asyncio.get_running_loop()
         channel: asyncio.Queue[Union[List[SequenceDelta], BaseException]] = asyncio.Queue()
@@ -533,12 +788,12 @@ class TransformersEngine:
                 remaining -= sum(1 for delta in item if delta.finish_reason is not None)
                 yield item
         finally:
-            request.cancelled = True
+            self._abandon(request)
 
     async def generate(
         self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None
     ) -> GenerationOutput:
-        """Generate asynchronously and return the finished choices."""
+        """Generate asynchronously and return the finished choices (see :meth:`stream` for the errors)."""
         outputs = [SequenceOutput(index=i) for i in range(params.n)]
         version = self.weight_version
         async for deltas in self.stream(prompt, params, adapter):
@@ -565,7 +820,7 @@ class TransformersEngine:
                     outputs[delta.index].add(delta)
                     remaining -= delta.finish_reason is not None
         finally:
-            request.cancelled = True
+            self._abandon(request)
         return GenerationOutput(prompt_token_ids=list(prompt), choices=outputs, weight_version=version)
 
     # ------------------------------------------------------------------ scheduler
@@ -584,7 +839,7 @@ class TransformersEngine:
             try:
                 with torch.inference_mode():
                     self._step(admitted)
-            except Exception as exc:  # a failing forward must not kill the server
+            except Exception as exc:  # a failure no request can be blamed for must not kill the server
                 logger.exception("Generation step failed")
                 self._fail_all(admitted, exc)
             finally:
@@ -595,7 +850,7 @@ class TransformersEngine:
         with self._cond:
             pending, self._waiting = list(self._waiting), deque()
         for request in pending:
-            request.fail(EngineError("engine stopped"))
+            self._fail_request(request, EngineError("engine stopped"))
 
     def _take_admissible(self) -> List[_Request]:
         """Pop waiting requests that fit in the batch and share its adapter (called under the lock)."""
@@ -618,13 +873,26 @@ class TransformersEngine:
         self._waiting = kept
         return taken
 
+    def _fail_request(self, request: _Request, exc: BaseException) -> None:
+        """End one request with ``exc``; its sequences leave the batch at the end of this step."""
+        if request.cancelled and request.released:
+            return
+        request.cancelled = True
+        self._release(request)
+        if not isinstance(exc, (EngineError, GenerationFailedError)):
+            exc = GenerationFailedError(f"generation failed: {type(exc).__name__}: {exc}")
+        try:
+            request.fail(exc)
+        except Exception:  # the caller's channel is gone (its event loop closed): nothing left to tell
+            logger.debug("Could not deliver the failure of a request", exc_info=True)
+
     def _fail_all(self, admitted: List[_Request], exc: BaseException) -> None:
         failed = {id(r): r for r in admitted}
         if self._batch is not None:
             failed.update({id(s.request): s.request for s in self._batch["seqs"]})
         self._batch = None
         for request in failed.values():
-            request.fail(exc)
+            self._fail_request(request, exc)
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> Any:
         """Run the model on new tokens of every row; return the last position's float32 logits ``[batch, vocab]``
@@ -656,6 +924,10 @@ class TransformersEngine:
             return None
         from agentbolt.serving.fast_forward import FastForward
 
+        if self.blocks is not None:  # fixed weights: built once
+            if None not in self._fast:
+                self._fast[None] = FastForward.create(self.model, None, blocks=self.blocks)
+            return self._fast[None]
         adapter = self._batch_adapter if self.adapters else None
         if self._fast_version != self.weight_version:  # weights or adapters changed: rebuild what is stale
             self._fast_version = self.weight_version
@@ -671,42 +943,164 @@ class TransformersEngine:
             self._fast[adapter] = FastForward.create(self.model, adapter)
         return self._fast[adapter]
 
-    def _prefill(self, requests: List[_Request]) -> Dict[str, Any]:
+    def _new_sequences(self, request: _Request) -> List[_Sequence]:
+        """The sequences (one per choice) of a newly admitted request, each with its own seeded generator."""
         import torch
 
-        device = self.model.device
-        width = max(len(r.prompt) for r in requests)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt)
-            mask[row, width - len(request.prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = KVCache()
-        logits = self._forward(ids, mask, positions, cache)
+        request.weight_version = self.weight_version
+        budget = self.max_model_len - len(request.prompt)
+        max_tokens = min(request.params.max_tokens or budget, budget)
+        seqs = []
+        for choice in range(request.params.n):
+            generator = torch.Generator(device="cpu")
+            seed = request.params.seed + choice if request.params.seed is not None else random.getrandbits(62)
+            generator.manual_seed(seed)
+            seqs.append(_Sequence(request, choice, max_tokens, generator))
+        return seqs
+
+    def _prefill(self, requests: List[_Request]) -> Optional[Dict[str, Any]]:
+        """Prefill newly admitted requests together into a batch to merge; a request that fails fails alone.
+
+        A request whose own setup fails (its generators) is dropped before the forward pass. If the joint forward
+        pass fails, the requests are prefilled one at a time, so only those that fail on their own fail.
+        """
+        ready: List[Tuple[_Request, List[_Sequence]]] = []
+        for request in requests:
+            try:
+                ready.append((request, self._new_sequences(request)))
+            except Exception as exc:
+                logger.warning("A request failed before its prefill (%s: %s)", type(exc).__name__, exc)
+                self._fail_request(request, exc)
+        if not ready:
+            return None
+        try:
+            return self._prefill_rows(ready)
+        except Exception as exc:
+            if len(ready) == 1:
+                logger.warning("Prefill of a request failed (%s: %s)", type(exc).__name__, exc, exc_info=True)
+                self._fail_request(ready[0][0], exc)
+                return None
+            logger.warning("Prefill of %d requests failed (%s): prefilling them one at a time", len(ready), exc)
+        batch: Optional[Dict[str, Any]] = None
+        for request, seqs in ready:
+            try:
+                part = self._prefill_rows([(request, seqs)])
+            except Exception as exc:
+                logger.warning("Prefill of a request failed (%s: %s)", type(exc).__name__, exc, exc_info=True)
+                self._fail_request(request, exc)
+                continue
+            batch = part if batch is None else self._merge(batch, part)
+        return batch
+
+    def _prefill_rows(self, ready: List[Tuple[_Request, List[_Sequence]]]) -> Dict[str, Any]:
+        import torch
+
+        requests = [request for request, _ in ready]
+        device = self.device
+        cache, logits, mask, last_positions = self._prefill_prompts([r.prompt for r in requests])
         # One row per choice: n > 1 shares the prompt's prefill.
         index = torch.tensor([row for row, r in enumerate(requests) for _ in range(r.params.n)], device=device)
-        seqs: List[_Sequence] = []
-        for request in requests:
-            request.weight_version = self.weight_version
-            budget = self.max_model_len - len(request.prompt)
-            max_tokens = min(request.params.max_tokens or budget, budget)
-            for choice in range(request.params.n):
-                generator = torch.Generator(device="cpu")
-                seed = request.params.seed + choice if request.params.seed is not None else random.getrandbits(62)
-                generator.manual_seed(seed)
-                seqs.append(_Sequence(request, choice, max_tokens, generator))
         if len(index) != len(requests):
             cache.select_rows(index)
         return {
-            "seqs": seqs,
+            "seqs": [seq for _, seqs in ready for seq in seqs],
             "cache": cache,
             "mask": mask.index_select(0, index),
-            "positions": positions[:, -1].index_select(0, index) + 1,
+            "positions": last_positions.index_select(0, index) + 1,
             "logits": logits.index_select(0, index),
         }
+
+    def _prefill_prompts(self, prompts: List[List[int]]) -> Tuple[KVCache, Any, Any, Any]:
+        """Prefill ``prompts`` as one left-padded batch, reusing cached prefix states (:mod:`.prefix_cache`).
+
+        Each row's longest cached prefix is loaded into the key/value cache and only the rest of the batch is run:
+        ``new`` columns for every row, where ``new`` is the longest uncached part (rows with a longer cached prefix
+        recompute its end). The prompts' whole blocks are cached afterwards.
+
+        Returns:
+            The batch's cache, last-position logits ``[batch, vocab]``, attention mask ``[batch, width]`` and the
+            position of each row's last token ``[batch]``.
+        """
+        import torch
+
+        device = self.device
+        prefix = self._prefix_cache
+        matched: List[List[CachedBlock]] = [[] for _ in prompts]
+        if prefix is not None:
+            prefix.use_namespace((self._batch_adapter, self.weight_version))
+            self._share_prefixes(prompts)
+            matched = [prefix.match(prompt, len(prompt) - 1) for prompt in prompts]
+        block = prefix.block_size if prefix is not None else 0
+        new = max(len(prompt) - len(blocks) * block for prompt, blocks in zip(prompts, matched, strict=True))
+        past = max(len(prompt) - min(new, len(prompt)) for prompt in prompts)
+        width = past + new
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(prompts), new), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        positions = torch.zeros((len(prompts), new), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            fresh = min(new, len(prompt))
+            ids[row, new - fresh :] = torch.tensor(prompt[len(prompt) - fresh :])
+            mask[row, width - len(prompt) :] = 1
+            positions[row, new - fresh :] = torch.arange(len(prompt) - fresh, len(prompt))
+        cache = KVCache()
+        if past:
+            self._load_prefixes(cache, prompts, matched, past, new)
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        logits = self._forward(ids, mask, positions, cache)
+        if prefix is not None:
+            for row, prompt in enumerate(prompts):
+                start = width - len(prompt)
+
+                def states(layer: int, begin: int, end: int, row: int = row, start: int = start) -> Any:
+                    keys, values = cache.keys[layer], cache.values[layer]
+                    assert keys is not None and values is not None
+                    return keys[row, :, start + begin : start + end], values[row, :, start + begin : start + end]
+
+                prefix.insert(prompt, states, len(cache.keys))
+        return cache, logits, mask, positions[:, -1]
+
+    @staticmethod
+    def _load_prefixes(
+        cache: KVCache, prompts: List[List[int]], matched: List[List[CachedBlock]], past: int, new: int
+    ) -> None:
+        """Write each row's cached prefix states into ``past`` right-aligned columns of every layer of ``cache``."""
+        import torch
+
+        template = next(blocks[0] for blocks in matched if blocks)
+        for layer in range(len(template.keys)):
+            like = template.keys[layer]
+            shape = (len(prompts), like.shape[0], past, like.shape[-1])
+            keys, values = like.new_zeros(shape), like.new_zeros(shape)
+            for row, (prompt, blocks) in enumerate(zip(prompts, matched, strict=True)):
+                reused = len(prompt) - min(new, len(prompt))
+                if reused:
+                    keys[row, :, past - reused :] = torch.cat([b.keys[layer] for b in blocks], dim=1)[:, :reused]
+                    values[row, :, past - reused :] = torch.cat([b.values[layer] for b in blocks], dim=1)[:, :reused]
+            cache.append(layer, keys, values)
+
+    def _share_prefixes(self, prompts: List[List[int]]) -> None:
+        """Prefill once, and cache, the common prefix of prompts that start with the same uncached block.
+
+        Requests that arrive together often share a long prompt prefix (a group of rollouts, one agent role); without
+        this, the first batch after a weight update would compute it once per row.
+        """
+        prefix = self._prefix_cache
+        assert prefix is not None
+        size = prefix.block_size
+        groups: Dict[Tuple[int, ...], List[List[int]]] = {}
+        for prompt in prompts:
+            if len(prompt) > size and prefix.cached_length(prompt) == 0:
+                groups.setdefault(tuple(prompt[:size]), []).append(prompt)
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            common = min(len(p) for p in group) - 1
+            for prompt in group[1:]:
+                common = next((i for i in range(common) if prompt[i] != group[0][i]), common)
+            common -= common % size
+            if common >= size:
+                self._prefill_prompts([group[0][:common]])
 
     @staticmethod
     def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -720,17 +1114,23 @@ class TransformersEngine:
         return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=dim)
 
     def _merge(self, running: Dict[str, Any], new: Dict[str, Any]) -> Dict[str, Any]:
-        """Concatenate two batches along the batch dimension, left padding the shorter one."""
+        """Concatenate two batches along the batch dimension, left padding the shorter one.
+
+        Nothing of ``running`` changes until every part of the merged batch exists, so a failure leaves it intact.
+        """
         import torch
 
         width = max(running["mask"].shape[1], new["mask"].shape[1])
+        mask = torch.cat([self._left_pad(running["mask"], width, 1), self._left_pad(new["mask"], width, 1)])
+        positions = torch.cat([running["positions"], new["positions"]])
+        logits = torch.cat([running["logits"], new["logits"]])
         running["cache"].merge(new["cache"])
         return {
             "seqs": running["seqs"] + new["seqs"],
             "cache": running["cache"],
-            "mask": torch.cat([self._left_pad(running["mask"], width, 1), self._left_pad(new["mask"], width, 1)]),
-            "positions": torch.cat([running["positions"], new["positions"]]),
-            "logits": torch.cat([running["logits"], new["logits"]]),
+            "mask": mask,
+            "positions": positions,
+            "logits": logits,
         }
 
     def _decode(self, batch: Dict[str, Any]) -> None:
@@ -744,15 +1144,32 @@ class TransformersEngine:
         batch["positions"] = batch["positions"] + 1
 
     def _step(self, admitted: List[_Request]) -> None:
+        """One scheduler iteration: decode the running batch, prefill and merge the admitted requests, sample.
+
+        Failures stay with the request that caused them: a request's setup, prefill, sampling, detokenization or
+        delivery failing ends that request alone, and the others keep decoding. Only a failure of the decoding
+        forward pass itself, one computation for every running row, ends the running requests (it cannot be
+        attributed to one of them: their inputs were all validated).
+        """
         import torch
 
         if self._batch is not None:
-            self._decode(self._batch)
+            try:
+                self._decode(self._batch)
+            except Exception as exc:
+                logger.exception("A decoding step failed: its %d sequences fail", len(self._batch["seqs"]))
+                self._fail_all([], exc)
         if admitted:
             if self._batch is None:
                 self._batch_adapter = admitted[0].adapter
             new = self._prefill(admitted)
-            self._batch = new if self._batch is None else self._merge(self._batch, new)
+            if new is not None:
+                try:
+                    self._batch = new if self._batch is None else self._merge(self._batch, new)
+                except Exception as exc:
+                    logger.exception("Adding %d sequences to the batch failed", len(new["seqs"]))
+                    for request in {id(s.request): s.request for s in new["seqs"]}.values():
+                        self._fail_request(request, exc)
         batch = self._batch
         if batch is None:
             return
@@ -774,10 +1191,25 @@ class TransformersEngine:
                 batch["mask"] = batch["mask"][:, start:]
                 batch["cache"].drop_leading(start)
 
+    def _sample_isolated(self, seqs: List[_Sequence], logits: torch.Tensor) -> List[int]:
+        """:meth:`_sample` for all rows; should that fail, row by row, failing only the rows that fail alone."""
+        try:
+            return self._sample(seqs, logits, self._sampling_kernels)
+        except Exception:
+            logger.warning("Sampling the batch failed: sampling row by row", exc_info=True)
+        chosen = []
+        for row, seq in enumerate(seqs):
+            try:
+                chosen.append(self._sample([seq], logits[row : row + 1], self._sampling_kernels)[0])
+            except Exception as exc:
+                self._fail_request(seq.request, exc)
+                chosen.append(0)
+        return chosen
+
     def _sample_and_emit(self, seqs: List[_Sequence], logits: torch.Tensor) -> None:
         import torch
 
-        chosen = self._sample(seqs, logits, self._sampling_kernels)
+        chosen = self._sample_isolated(seqs, logits)
         top = None
         chosen_logprobs: List[float] = []
         if any(s.request.params.logprobs for s in seqs):
@@ -786,20 +1218,36 @@ class TransformersEngine:
             top = torch.topk(logprobs, want_top, dim=-1) if want_top else None
             picked = torch.tensor(chosen, device=logits.device).unsqueeze(1)
             chosen_logprobs = logprobs.gather(1, picked).squeeze(1).tolist()
-        grouped: Dict[int, tuple[_Request, List[SequenceDelta]]] = {}
+        grouped: Dict[int, Tuple[_Request, List[SequenceDelta]]] = {}
         for row, seq in enumerate(seqs):
-            if seq.request.cancelled:
+            request = seq.request
+            if request.cancelled:
                 continue
-            delta = self._advance(seq, chosen[row])
-            params = seq.request.params
+            try:
+                delta = self._advance(seq, chosen[row])
+            except Exception as exc:
+                logger.warning("A sequence failed (%s: %s); its request fails", type(exc).__name__, exc, exc_info=True)
+                self._fail_request(request, exc)
+                continue
+            params = request.params
             if params.logprobs:
                 delta.logprobs = [chosen_logprobs[row]]
                 if params.top_logprobs and top is not None:
                     pairs = list(zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True))
                     delta.top_logprobs = [pairs[: params.top_logprobs]]
-            grouped.setdefault(id(seq.request), (seq.request, []))[1].append(delta)
+            grouped.setdefault(id(request), (request, []))[1].append(delta)
         for request, deltas in grouped.values():
-            request.emit(deltas)
+            if request.cancelled:  # failed by one of its other sequences
+                continue
+            try:
+                request.emit(deltas)
+            except Exception as exc:  # e.g. the caller's event loop is closed
+                self._fail_request(request, exc)
+                continue
+            self._generated_tokens += len(deltas)
+            request.remaining -= sum(1 for delta in deltas if delta.finish_reason is not None)
+            if request.remaining <= 0:
+                self._release(request)
 
     @staticmethod
     def _sample(seqs: List[_Sequence], logits: torch.Tensor, kernels: Any = None) -> List[int]:

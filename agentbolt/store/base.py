@@ -22,7 +22,9 @@ from agentbolt.types import (
     AttemptedRollout,
     AttemptStatus,
     EnqueueRolloutRequest,
+    MetricsRecord,
     NamedResources,
+    PaginatedResult,
     ResourcesUpdate,
     Rollout,
     RolloutConfig,
@@ -45,6 +47,7 @@ __all__ = [
     "is_finished",
     "store_api_methods",
     "forward_store_api",
+    "page_json",
 ]
 
 
@@ -390,6 +393,18 @@ class LightningStore:
         """Implementation of :meth:`query_spans`."""
         raise NotImplementedError()
 
+    async def _query_spans_json(self, query: QuerySpansRequest) -> bytes:
+        """The page of spans answering ``query`` as JSON (``{"items", "limit", "offset", "total"}``): what the HTTP
+        server sends for a span search.
+
+        Stores that keep spans as JSON override this to send them without building ``Span`` objects; the default
+        runs :meth:`query_spans` (through the public method, so wrapping stores need not forward it).
+        """
+        fields = {name: getattr(query, name) for name in type(query).model_fields}
+        page = await self.query_spans(**fields)
+        total = page.total if isinstance(page, PaginatedResult) else len(page)
+        return page_json([span.model_dump_json().encode() for span in page], query.limit, query.offset, total)
+
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
         """Store a new resource snapshot (version 1) and make it the latest."""
         raise NotImplementedError()
@@ -482,6 +497,30 @@ class LightningStore:
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
         """Record a heartbeat from a worker (creating it when new)."""
         raise NotImplementedError()
+
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> Sequence[MetricsRecord]:
+        """Store training metrics (extension): one record per step of a run, replacing a stored record of the same
+        ``(run_id, step)``.
+
+        Raises:
+            NotImplementedError: The store does not keep training metrics.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+
+    async def query_metrics(
+        self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
+    ) -> Sequence[MetricsRecord]:
+        """Training metrics (extension), in the order they were first written, optionally of one run only.
+
+        Raises:
+            NotImplementedError: The store does not keep training metrics.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+
+
+def page_json(items: Sequence[bytes], limit: int, offset: int, total: int) -> bytes:
+    """JSON of a page of items already serialized as JSON."""
+    return b'{"items":[' + b",".join(items) + b'],"limit":%d,"offset":%d,"total":%d}' % (limit, offset, total)
 
 
 def _given(**fields: Any) -> Dict[str, Any]:

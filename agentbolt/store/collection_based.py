@@ -46,8 +46,9 @@ from agentbolt.store.base import (
     Unset,
     is_finished,
     is_queuing,
+    page_json,
 )
-from agentbolt.store.collection.base import DuplicatedPrimaryKeyError, LightningCollections, resolve_error_type
+from agentbolt.store.collection.base import LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
 from agentbolt.store.method_context import (
     current_private_method,
@@ -70,6 +71,7 @@ from agentbolt.types import (
     AttemptStatus,
     EnqueueRolloutRequest,
     FilterOptions,
+    MetricsRecord,
     NamedResources,
     PaginatedResult,
     ResourcesUpdate,
@@ -296,17 +298,24 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 await self._scan_for_unhealthy_rollouts()
 
     async def _should_scan_for_unhealthy_rollouts(self) -> bool:
-        """Whether a scan may start now (debounced); records the entry time when it returns True."""
+        """Whether a scan may start now (debounced); records the entry time when it returns True.
+
+        After the first scan of this store object, storage shared by several processes lets one of them scan per
+        debounce period (:meth:`~agentbolt.store.collection.base.LightningCollections.claim_periodic_run`).
+        """
         now = time.time()
         with self._scan_lock:
+            first = self._last_scan_entry is None
             if (
                 self._scan_debounce_seconds > 0
-                and self._last_scan_entry is not None
-                and now - self._last_scan_entry < self._scan_debounce_seconds
+                and not first
+                and now - self._last_scan_entry < self._scan_debounce_seconds  # type: ignore[operator]
             ):
                 return False
             self._last_scan_entry = now
+        if first or self._scan_debounce_seconds <= 0:
             return True
+        return await self.collections.claim_periodic_run("watchdog", self._scan_debounce_seconds, now)
 
     async def _health_checked_rollouts(
         self, collections: LightningCollections, rollout_ids: Optional[Sequence[str]] = None
@@ -732,16 +741,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             for key, group in groups.items():
                 rollout, attempt = targets[key]
                 await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
-                added: List[Span] = []
-                skipped: List[str] = []
-                for span in group:
-                    try:
-                        await collections.spans.insert([span])
-                    except DuplicatedPrimaryKeyError:
-                        skipped.append(span.span_id)
-                        continue
-                    added.append(span)
-                if skipped:
+                added = list(await collections.spans.insert_new(group))
+                if len(added) < len(group):
+                    kept = {id(span) for span in added}
+                    skipped = [span.span_id for span in group if id(span) not in kept]
                     logger.warning(
                         "Skipped %d span(s) of rollout %s, attempt %s already stored with the same span id: %s",
                         len(skipped),
@@ -821,8 +824,27 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans(self, query: QuerySpansRequest) -> PaginatedResult[Span]:
-        rollout_id, attempt_id, limit, offset = query.rollout_id, query.attempt_id, query.limit, query.offset
-        await self._ensure_spans_available(rollout_id)
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            filter_options = await self._span_filter(collections, query)
+            if filter_options is None:
+                return PaginatedResult(items=[], limit=query.limit, offset=query.offset, total=0)
+            return await collections.spans.query(filter=filter_options, **_page_options(query))
+
+    @tracked("query_spans")
+    @healthcheck_before
+    async def _query_spans_json(self, query: QuerySpansRequest) -> bytes:
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            filter_options = await self._span_filter(collections, query)
+            if filter_options is None:
+                return page_json([], query.limit, query.offset, 0)
+            items, total = await collections.spans.query_json(filter=filter_options, **_page_options(query))
+        return page_json(items, query.limit, query.offset, total)
+
+    async def _span_filter(
+        self, collections: LightningCollections, query: QuerySpansRequest
+    ) -> Optional[FilterOptions]:
+        """Filter of a span query (``None``: nothing can match, the rollout has no attempt for ``"latest"``)."""
+        await self._ensure_spans_available(query.rollout_id)
         filter_options: Dict[str, Any] = dict(
             _filter_with(
                 query.filter_logic,  # type: ignore[arg-type]
@@ -832,17 +854,17 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 name={"exact": query.name, "contains": query.name_contains},
             )
         )
-        must: Dict[str, Any] = {"rollout_id": {"exact": rollout_id}}
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            if attempt_id == "latest":
-                latest = await self._latest_attempt(collections, rollout_id)
-                if latest is None:
-                    return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
-                attempt_id = latest.attempt_id
-            if attempt_id is not None:
-                must["attempt_id"] = {"exact": attempt_id}
-            filter_options["_must"] = must
-            return await collections.spans.query(filter=filter_options, **_page_options(query))
+        must: Dict[str, Any] = {"rollout_id": {"exact": query.rollout_id}}
+        attempt_id = query.attempt_id
+        if attempt_id == "latest":
+            latest = await self._latest_attempt(collections, query.rollout_id)
+            if latest is None:
+                return None
+            attempt_id = latest.attempt_id
+        if attempt_id is not None:
+            must["attempt_id"] = {"exact": attempt_id}
+        filter_options["_must"] = must
+        return filter_options
 
     # =================================================================================================================
     # Queries
@@ -1051,6 +1073,34 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 [Worker(worker_id=worker_id, **fields)], update_fields=list(fields)
             )
         return worker
+
+    # =================================================================================================================
+    # Training metrics
+    # =================================================================================================================
+
+    @tracked("add_metrics")
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> Sequence[MetricsRecord]:
+        """Store training metrics, replacing stored records of the same ``(run_id, step)``.
+
+        Raises:
+            TypeError: An item is not a :class:`MetricsRecord`.
+        """
+        for record in records:
+            if not isinstance(record, MetricsRecord):
+                raise TypeError(f"Expected MetricsRecord, got {type(record).__name__}")
+        if not records:
+            return []
+        async with self.collections.atomic(mode="rw", labels=["generic"]) as collections:
+            return await collections.metrics.upsert(list(records), update_fields=["time", "values"])
+
+    @tracked("query_metrics")
+    async def query_metrics(
+        self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
+    ) -> PaginatedResult[MetricsRecord]:
+        """Training metrics in the order first written, optionally of one run only."""
+        filter_options: FilterOptions = {"_must": {"run_id": {"exact": run_id}}} if run_id is not None else {}
+        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+            return await collections.metrics.query(filter=filter_options or None, limit=limit, offset=offset)
 
     # =================================================================================================================
     # Waiting

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Literal, Tuple
+from typing import TYPE_CHECKING, Dict, List, Literal, Optional, Sequence, Tuple
 
-from agentbolt.types import Attempt, AttemptedRollout, AttemptStatus, RolloutConfig, RolloutStatus
+from agentbolt.types import Attempt, AttemptedRollout, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -13,7 +16,12 @@ __all__ = [
     "UpdateAttemptStatus",
     "rollout_status_from_attempt",
     "scan_unhealthy_rollouts",
+    "wait_for_finished_rollouts",
 ]
+
+WAIT_SLICE_SECONDS = 0.1
+"""Longest single ``wait_for_rollouts`` call of :func:`wait_for_finished_rollouts`: the most a
+``LightningStoreClient`` accepts, so the same loop serves local and remote stores."""
 
 UpdateRolloutStatus = RolloutStatus
 """Statuses accepted by ``update_rollout``."""
@@ -82,3 +90,24 @@ async def scan_unhealthy_rollouts(
             if now - last_sign_of_life > config.unresponsive_seconds:
                 verdicts[key] = "unresponsive"
     return verdicts
+
+
+async def wait_for_finished_rollouts(
+    store: LightningStore, rollout_ids: Sequence[str], *, timeout: Optional[float]
+) -> Dict[str, Rollout]:
+    """Wait until every rollout in ``rollout_ids`` finished or ``timeout`` seconds passed (``None``: no limit).
+
+    Returns the finished rollouts by id; those missing did not finish in time. Waits in slices of
+    :data:`WAIT_SLICE_SECONDS`, so any store works, a remote client included.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finished: Dict[str, Rollout] = {}
+    pending = list(dict.fromkeys(rollout_ids))
+    while pending:
+        remaining = WAIT_SLICE_SECONDS if deadline is None else min(WAIT_SLICE_SECONDS, deadline - time.monotonic())
+        if remaining <= 0:
+            break
+        for rollout in await store.wait_for_rollouts(rollout_ids=pending, timeout=remaining):
+            finished[rollout.rollout_id] = rollout
+        pending = [rollout_id for rollout_id in pending if rollout_id not in finished]
+    return finished

@@ -9,4 +9,5 @@ __all__ = ["ExecutionStrategyRegistry"]
 ExecutionStrategyRegistry: Dict[str, str] = {
     "shm": "agentbolt.execution.shared_memory.SharedMemoryExecutionStrategy",
     "cs": "agentbolt.execution.client_server.ClientServerExecutionStrategy",
+    "ray": "agentbolt.execution.ray.RayExecutionStrategy",
 }

@@ -9,9 +9,9 @@ import functools
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
-from agentbolt.types import Dataset, Hook, NamedResources
+from agentbolt.types import Dataset, Hook
 
 from .init_utils import build_component
 from .legacy import TrainerLegacy
@@ -53,7 +53,7 @@ def _console_progress(enabled: bool) -> Iterator[None]:
     When the progress logger or one of its ancestors already has a handler (``logging.basicConfig``,
     :func:`agentbolt.logging.setup`...), its records go where that configuration sends them and nothing is added.
     """
-    from agentbolt.algorithm.fast import PROGRESS_LOGGER_NAME
+    from agentbolt.algorithm.progress import PROGRESS_LOGGER_NAME
 
     progress = logging.getLogger(PROGRESS_LOGGER_NAME)
     if not enabled or progress.hasHandlers():
@@ -74,6 +74,55 @@ def _console_progress(enabled: bool) -> Iterator[None]:
         progress.setLevel(previous_level)
 
 
+@contextlib.asynccontextmanager
+async def _following_rollouts(store: LightningStore) -> AsyncIterator[None]:
+    """Report the rollouts that finish in ``store`` while the block runs, then a summary."""
+    from agentbolt.algorithm.progress import FinishedRolloutFollower, RolloutProgress
+
+    follower = FinishedRolloutFollower(store, RolloutProgress())
+    await follower.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follower.follow(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 30)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _resource_gateways(resources: Optional[Mapping[str, Any]], store: LightningStore) -> AsyncIterator[Any]:
+    """The initial resources with every :class:`~agentbolt.llm_proxy.LLMProxy` among them started on ``store`` (and
+    stopped afterwards, when it was not running already) and replaced by its resource.
+
+    A gateway given as a resource records the calls of the agents that use it into the run's store, like the
+    algorithm's own: the fixed roles of a multi-agent system, a judge or a tool model.
+    """
+    if not resources:
+        yield resources
+        return
+    from agentbolt.llm_proxy import LLMProxy
+
+    started: list[LLMProxy] = []
+    published: Dict[str, Any] = {}
+    try:
+        for name, value in resources.items():
+            if isinstance(value, LLMProxy):
+                value.set_store(store)
+                if not value.is_running():
+                    await value.start()
+                    started.append(value)
+                value = value.as_resource()
+            published[name] = value
+        yield published
+    finally:
+        for proxy in reversed(started):
+            await proxy.stop()
+
+
 def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
     """``hooks`` as a tuple of hooks.
 
@@ -92,6 +141,42 @@ def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
     return tuple(hooks)
 
 
+class AgentRunnerBundle:
+    """The runner side of a :class:`Trainer` run: the runner, its hooks and the agent, as one runner bundle.
+
+    It references nothing else of the trainer (not its store, algorithm or gateway), so a strategy can pickle it to
+    run the runners in other processes or on other machines (the Ray strategy ships it to its actors).
+    """
+
+    def __init__(self, runner: Runner[Any], hooks: Sequence[Hook], agent: LitAgent[Any]) -> None:
+        self.runner = runner
+        self.hooks = tuple(hooks)
+        self.agent = agent
+
+    async def __call__(self, store: LightningStore, worker_id: int, event: ExecutionEvent) -> None:
+        # Threads of the shared-memory strategy must not share one runner's per-worker state.
+        runner = self.runner if worker_id == 0 else copy.copy(self.runner)
+        runner_initialized = False
+        worker_initialized = False
+        try:
+            runner.init(agent=self.agent, hooks=list(self.hooks))
+            runner_initialized = True
+            runner.init_worker(worker_id, store)
+            worker_initialized = True
+            await runner.iter(event=event)
+        finally:
+            if worker_initialized:
+                try:
+                    runner.teardown_worker(worker_id)
+                except Exception:
+                    logger.exception("Error while tearing down runner worker %d", worker_id)
+            if runner_initialized:
+                try:
+                    runner.teardown()
+                except Exception:
+                    logger.exception("Error while tearing down the runner")
+
+
 class Trainer(TrainerLegacy):
     """Runs an algorithm against an agent: ``fit`` for training, ``dev`` for a quick dry run.
 
@@ -102,7 +187,9 @@ class Trainer(TrainerLegacy):
         dev: Deprecated; use :meth:`dev`.
         n_runners: Number of runner workers (default 1).
         max_rollouts: Stop each runner after this many rollouts.
-        initial_resources: Resources given to the algorithm before it starts (e.g. the LLM and prompt).
+        initial_resources: Resources given to the algorithm before it starts (e.g. the LLM and prompt). A value
+            may also be an :class:`~agentbolt.llm_proxy.LLMProxy`: it is started on the run's store (its calls
+            are recorded with the rollouts) and published as its resource.
         tracer: Default :class:`~agentbolt.tracer.AgentOpsTracer` (OpenAI SDK instrumentation).
         adapter: Default :class:`~agentbolt.adapter.TracerTraceToTriplet`; a dict without ``type`` configures it.
         store: Default :class:`~agentbolt.store.InMemoryLightningStore`. ``"sqlite:///PATH"``, a ``Path`` or a
@@ -125,7 +212,7 @@ class Trainer(TrainerLegacy):
         dev: bool = False,
         n_runners: Optional[int] = None,
         max_rollouts: Optional[int] = None,
-        initial_resources: Optional[NamedResources] = None,
+        initial_resources: Optional[Mapping[str, Any]] = None,
         tracer: Any = None,
         adapter: Any = None,
         store: Any = None,
@@ -288,8 +375,18 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Union[Dataset[Any], str]] = None,
         *,
         val_dataset: Optional[Dataset[Any]] = None,
+        progress: bool = True,
     ) -> None:
-        """Train ``agent`` with the configured algorithm on ``train_dataset`` (validating on ``val_dataset``)."""
+        """Train ``agent`` with the configured algorithm on ``train_dataset`` (validating on ``val_dataset``).
+
+        Args:
+            agent: The agent to train.
+            train_dataset: Training tasks (a server URL selects the deprecated v0.1 protocol).
+            val_dataset: Validation tasks.
+            progress: Show one line per finished rollout (status, reward, running mean) and a summary on the
+                console (stderr), as :meth:`dev` does; the trainer reads them from the store while the algorithm
+                runs (a :class:`~agentbolt.algorithm.FastAlgorithm` reports its own). False shows nothing.
+        """
         if isinstance(train_dataset, str):
             warnings.warn(
                 "Passing a server URL to fit() uses the deprecated v0.1 protocol (fit_v0).",
@@ -297,7 +394,8 @@ class Trainer(TrainerLegacy):
                 stacklevel=2,
             )
             return self.fit_v0(agent, train_dataset, val_data=val_dataset)
-        self._run(agent, train_dataset, val_dataset, self.algorithm)
+        with _console_progress(progress):
+            self._run(agent, train_dataset, val_dataset, self.algorithm, follow_rollouts=progress)
         return None
 
     def dev(
@@ -340,12 +438,17 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Dataset[Any]],
         val_dataset: Optional[Dataset[Any]],
         algorithm: Optional[Algorithm],
+        follow_rollouts: bool = False,
     ) -> None:
         agent.set_trainer(self)
         algorithm_bundle = functools.partial(
-            self._algorithm_bundle, train_dataset=train_dataset, val_dataset=val_dataset, algorithm=algorithm
+            self._algorithm_bundle,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            algorithm=algorithm,
+            follow_rollouts=follow_rollouts,
         )
-        runner_bundle = functools.partial(self._runner_bundle, agent=agent)
+        runner_bundle = self._runner_bundle(agent)
         self.strategy.execute(algorithm_bundle, runner_bundle, self.store)
 
     async def _algorithm_bundle(
@@ -355,44 +458,39 @@ class Trainer(TrainerLegacy):
         train_dataset: Optional[Dataset[Any]],
         val_dataset: Optional[Dataset[Any]],
         algorithm: Optional[Algorithm],
+        follow_rollouts: bool = False,
     ) -> None:
         if algorithm is None:
             while not event.is_set():
                 await asyncio.sleep(0.1)
             return
+        following = (
+            _following_rollouts(store)
+            if follow_rollouts and not algorithm.reports_progress
+            else contextlib.nullcontext()
+        )
+        async with following:
+            await self._run_algorithm(store, train_dataset, val_dataset, algorithm)
+
+    async def _run_algorithm(
+        self,
+        store: LightningStore,
+        train_dataset: Optional[Dataset[Any]],
+        val_dataset: Optional[Dataset[Any]],
+        algorithm: Algorithm,
+    ) -> None:
         algorithm.set_trainer(self)
         algorithm.set_store(store)
         algorithm.set_adapter(self.adapter)
-        if self.initial_resources is not None:
-            algorithm.set_initial_resources(self.initial_resources)
         if self.llm_proxy is not None:
             self.llm_proxy.set_store(store)
             algorithm.set_llm_proxy(self.llm_proxy)
-        result = algorithm._run_with_datasets(train_dataset, val_dataset)
-        if algorithm.is_async():
-            await result
+        async with _resource_gateways(self.initial_resources, store) as resources:
+            if resources is not None:
+                algorithm.set_initial_resources(resources)
+            result = algorithm._run_with_datasets(train_dataset, val_dataset)
+            if algorithm.is_async():
+                await result
 
-    async def _runner_bundle(
-        self, store: LightningStore, worker_id: int, event: ExecutionEvent, agent: LitAgent[Any]
-    ) -> None:
-        # Threads of the shared-memory strategy must not share one runner's per-worker state.
-        runner = self.runner if worker_id == 0 else copy.copy(self.runner)
-        runner_initialized = False
-        worker_initialized = False
-        try:
-            runner.init(agent=agent, hooks=list(self.hooks))
-            runner_initialized = True
-            runner.init_worker(worker_id, store)
-            worker_initialized = True
-            await runner.iter(event=event)
-        finally:
-            if worker_initialized:
-                try:
-                    runner.teardown_worker(worker_id)
-                except Exception:
-                    logger.exception("Error while tearing down runner worker %d", worker_id)
-            if runner_initialized:
-                try:
-                    runner.teardown()
-                except Exception:
-                    logger.exception("Error while tearing down the runner")
+    def _runner_bundle(self, agent: LitAgent[Any]) -> AgentRunnerBundle:
+        return AgentRunnerBundle(self.runner, self.hooks, agent)

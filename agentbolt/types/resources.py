@@ -82,6 +82,7 @@ class ProxyLLM(LLM):
         )
 
     def model_dump(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        """Pydantic's ``model_dump``, reading ``endpoint`` without the direct-read warning."""
         token = _ALLOWED_ENDPOINT_READERS.set(True)
         try:
             return super().model_dump(*args, **kwargs)
@@ -89,6 +90,7 @@ class ProxyLLM(LLM):
             _ALLOWED_ENDPOINT_READERS.reset(token)
 
     def model_dump_json(self, *args: Any, **kwargs: Any) -> str:
+        """Pydantic's ``model_dump_json``, reading ``endpoint`` without the direct-read warning."""
         token = _ALLOWED_ENDPOINT_READERS.set(True)
         try:
             return super().model_dump_json(*args, **kwargs)
@@ -97,17 +99,62 @@ class ProxyLLM(LLM):
 
 
 class PromptTemplate(Resource):
-    """A prompt template; ``format`` fills it (the ``f-string`` engine uses :meth:`str.format`)."""
+    """A prompt template filled by :meth:`format` with one of three engines.
+
+    ``f-string`` uses :meth:`str.format`; ``jinja`` renders with Jinja2 (the ``jinja2`` package) and fails on an
+    undefined variable; ``poml`` renders POML markup with the ``poml`` package (extra ``agentbolt[apo]``), the
+    keyword arguments being its context.
+    """
 
     resource_type: Literal["prompt_template"] = "prompt_template"
     template: str
     engine: Literal["jinja", "f-string", "poml"]
 
     def format(self, **kwargs: Any) -> str:
-        """Fill the template with ``kwargs``."""
+        """Fill the template with ``kwargs``.
+
+        Raises:
+            KeyError: ``f-string``: a placeholder has no value.
+            ValueError: ``jinja``: a variable has no value or the template is malformed.
+            ImportError: The engine's package is not installed (the message names the extra).
+        """
         if self.engine == "f-string":
             return self.template.format(**kwargs)
-        raise NotImplementedError(f"Formatting prompt templates with the {self.engine!r} engine is not supported.")
+        if self.engine == "jinja":
+            return _render_jinja(self.template, kwargs)
+        return _render_poml(self.template, kwargs)
+
+
+def _render_jinja(template: str, context: Dict[str, Any]) -> str:
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise ImportError(
+            "PromptTemplate(engine='jinja') needs the jinja2 package: pip install 'agentbolt[apo]'"
+        ) from exc
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    try:
+        return environment.from_string(template).render(**context)
+    except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as exc:
+        raise ValueError(f"Cannot render the jinja prompt template: {exc}") from exc
+
+
+def _render_poml(template: str, context: Dict[str, Any]) -> str:
+    try:
+        import poml
+    except ImportError as exc:
+        raise ImportError("PromptTemplate(engine='poml') needs the poml package: pip install 'agentbolt[apo]'") from exc
+    rendered = poml.poml(template, context=context, chat=False)
+    if isinstance(rendered, str):
+        return rendered
+    return "\n\n".join(_message_text(message) for message in rendered)
+
+
+def _message_text(message: Any) -> str:
+    content = message.get("content", "") if isinstance(message, dict) else message
+    if isinstance(content, list):
+        return "\n".join(str(part) for part in content)
+    return str(content)
 
 
 ResourceUnion = Annotated[Union[LLM, ProxyLLM, PromptTemplate], Field(discriminator="resource_type")]

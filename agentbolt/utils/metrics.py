@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
+from agentbolt.env_var import METRICS_ENV_VAR
+
 __all__ = [
     "MetricsBackend",
     "ConsoleMetricsBackend",
@@ -24,6 +26,9 @@ __all__ = [
     "setup_multiprocess_prometheus",
     "get_prometheus_registry",
     "shutdown_metrics",
+    "default_tracker",
+    "set_default_tracker",
+    "tracker_from_names",
 ]
 
 logger = logging.getLogger(__name__)
@@ -516,3 +521,59 @@ class MultiMetricsBackend(MetricsBackend):
         """Record the observation on every backend."""
         for backend in self.backends:
             await backend.observe_histogram(name, value, labels=labels)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The process's default backend (for components built without an explicit tracker: gateway, runners, trainers)
+
+_UNSET_DEFAULT = object()
+_default: Any = _UNSET_DEFAULT
+_default_lock = threading.Lock()
+
+
+def tracker_from_names(names: Sequence[str]) -> Optional[MetricsBackend]:
+    """A backend from names (``"prometheus"``, ``"console"``); several are combined, none gives None.
+
+    Prometheus uses the multiprocess registry when ``PROMETHEUS_MULTIPROC_DIR`` is set.
+
+    Raises:
+        ValueError: An unknown name.
+        ImportError: ``"prometheus"`` without ``prometheus-client`` installed.
+    """
+    backends: List[MetricsBackend] = []
+    for name in dict.fromkeys(n.strip().lower() for n in names if n.strip()):
+        if name == "prometheus":
+            backends.append(PrometheusMetricsBackend())
+        elif name == "console":
+            backends.append(ConsoleMetricsBackend())
+        else:
+            raise ValueError(f"Unknown metrics backend {name!r}; use 'prometheus' and/or 'console'.")
+    if not backends:
+        return None
+    return backends[0] if len(backends) == 1 else MultiMetricsBackend(backends)
+
+
+def default_tracker() -> Optional[MetricsBackend]:
+    """The backend components record to when given none: set by :func:`set_default_tracker`, else built once from
+    the ``AGENTBOLT_METRICS`` environment variable (comma-separated backend names), else None (no metrics).
+
+    An invalid ``AGENTBOLT_METRICS`` is logged and ignored: metrics must never stop a run.
+    """
+    global _default
+    if _default is _UNSET_DEFAULT:
+        with _default_lock:
+            if _default is _UNSET_DEFAULT:
+                names = os.environ.get(METRICS_ENV_VAR, "")
+                try:
+                    _default = tracker_from_names(names.split(","))
+                except (ValueError, ImportError) as exc:
+                    logger.error("%s=%r is ignored: %s", METRICS_ENV_VAR, names, exc)
+                    _default = None
+    return _default
+
+
+def set_default_tracker(tracker: Optional[MetricsBackend]) -> None:
+    """Make ``tracker`` the process's default backend (None: no metrics by default)."""
+    global _default
+    with _default_lock:
+        _default = tracker

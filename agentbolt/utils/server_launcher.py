@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import queue
 import signal
 import socket
@@ -47,7 +46,7 @@ class PythonServerLauncherArgs:
         host: Interface to bind; ``None`` means ``127.0.0.1``.
         access_host: Host clients should use; derived from ``host`` when ``None``.
         launch_mode: ``"asyncio"``, ``"thread"`` or ``"mp"``.
-        n_workers: Number of worker processes (``mp`` mode only; more than one needs gunicorn).
+        n_workers: Number of worker processes (``mp`` mode only), all serving one listening socket.
         healthcheck_url: Path polled after start-up until it answers 200 (``None`` skips the check).
         log_level: Level of uvicorn's loggers.
         access_log: Whether uvicorn logs every request.
@@ -334,52 +333,6 @@ def run_uvicorn_subprocess(
     asyncio.run(main())
 
 
-def _make_gunicorn_app(app: Any, options: dict[str, Any]) -> Any:
-    try:
-        from gunicorn.app.base import BaseApplication
-    except ImportError as exc:
-        raise RuntimeError(
-            "Serving with n_workers > 1 needs gunicorn, which is not installed (pip install gunicorn); "
-            "use n_workers=1 otherwise."
-        ) from exc
-
-    class GunicornApp(BaseApplication):  # type: ignore[misc]
-        """gunicorn application serving a preloaded ASGI app with uvicorn workers."""
-
-        def __init__(self, app: Any, options: dict[str, Any]) -> None:
-            self.options = options
-            self.application = app
-            super().__init__()
-
-        def load_config(self) -> None:
-            for key, value in self.options.items():
-                if key in self.cfg.settings and value is not None:
-                    self.cfg.set(key, value)
-
-        def load(self) -> Any:
-            return self.application
-
-    return GunicornApp(app, options)
-
-
-def run_gunicorn(gunicorn_app: Any, event_queue: Any, health_url: Optional[str], timeout: float) -> None:
-    """Process body: run a gunicorn arbiter; a watchdog thread reports readiness once the health URL answers."""
-
-    def watchdog() -> None:
-        if health_url is None:
-            event_queue.put(ChildEvent(kind="ready"))
-            return
-        healthy = asyncio.run(_poll_health(health_url, time.monotonic() + timeout))
-        if healthy:
-            event_queue.put(ChildEvent(kind="ready"))
-        else:
-            event_queue.put(ChildEvent(kind="error", exc_type="RuntimeError", message="gunicorn server is not healthy"))
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    gunicorn_app.run()
-
-
 class PythonServerLauncher:
     """Start, stop and restart an ASGI app served by uvicorn.
 
@@ -409,7 +362,10 @@ class PythonServerLauncher:
         self._serve_task: Optional[asyncio.Task[None]] = None
         self._thread: Optional[threading.Thread] = None
         self._stop_event: Optional[threading.Event] = None
-        self._process: Optional[Any] = None
+        self._processes: List[Any] = []
+        self._mp_context: Optional[Any] = None
+        self._events: Optional[Any] = None
+        self._supervisor: Optional[asyncio.Future[None]] = None
         self._socket: Optional[socket.socket] = None
         self._serving_loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -473,9 +429,7 @@ class PythonServerLauncher:
             return not self._serve_task.done()
         if self._thread is not None:
             return self._thread.is_alive()
-        if self._process is not None:
-            return bool(self._process.is_alive())
-        return False
+        return any(process.is_alive() for process in self._processes)
 
     def _make_server(self) -> uvicorn.Server:
         config = uvicorn.Config(
@@ -562,44 +516,60 @@ class PythonServerLauncher:
     async def _start_mp(self) -> None:
         assert self._socket is not None
         try:
-            ctx = multiprocessing.get_context("fork")
+            self._mp_context = multiprocessing.get_context("fork")
         except ValueError as exc:
             raise RuntimeError("launch_mode='mp' needs the 'fork' start method, unavailable here.") from exc
-        events = ctx.Queue()
-        if self.args.n_workers > 1:
-            # The socket is bound by gunicorn itself in this case.
-            self._close_socket()
-            app = _make_gunicorn_app(
-                self.app,
-                {
-                    "bind": f"{_url_host(self._host)}:{self._port}",
-                    "workers": self.args.n_workers,
-                    "worker_class": "uvicorn.workers.UvicornWorker",
-                    "preload_app": True,
-                    "graceful_timeout": self.args.process_join_timeout / 2,
-                    "keepalive": self.args.timeout_keep_alive,
-                    "loglevel": logging.getLevelName(self.args.log_level).lower(),
-                },
-            )
-            target: Callable[..., None] = run_gunicorn
-            proc_args: tuple[Any, ...] = (app, events, self.health_url, self.args.startup_timeout)
-            kwargs: dict[str, Any] = {}
-        else:
-            target = run_uvicorn_subprocess
-            proc_args = (self._make_server(), self.serve_context, events, self.args.startup_timeout)
-            kwargs = {"health_url": self.health_url, "sockets": [self._socket]}
-        self._process = ctx.Process(target=target, args=proc_args, kwargs=kwargs, daemon=False)
-        self._process.start()
-        # The child owns the listening socket now.
-        self._close_socket()
+        self._events = self._mp_context.Queue()
+        # Every worker serves the same listening socket (the kernel spreads connections among them); the launcher
+        # keeps it open to replace a worker that dies.
+        self._processes = [self._fork_worker(index) for index in range(self.args.n_workers)]
         try:
-            event = await self._wait_event(events.get, self.args.startup_timeout * 2)
-        except RuntimeError:
-            await self._stop_process()
+            for _ in self._processes:
+                event = await self._wait_event(self._events.get, self.args.startup_timeout * 2)
+                if event.kind != "ready":
+                    raise RuntimeError(event.message or "Server process failed to start.")
+            if self.health_url is not None and not await _poll_health(
+                self.health_url, time.monotonic() + self.args.startup_timeout
+            ):
+                raise RuntimeError(f"Server at {self.health_url} is not healthy. It has been killed.")
+        except BaseException:
+            await self._stop_processes()
             raise
-        if event.kind != "ready":
-            await self._stop_process()
-            raise RuntimeError(event.message or "Server process failed to start.")
+        if self.args.n_workers > 1:
+            self._supervisor = asyncio.ensure_future(self._supervise())
+
+    def _fork_worker(self, index: int) -> Any:
+        """Start worker ``index``: a forked process serving the shared socket until SIGTERM."""
+        assert self._mp_context is not None and self._socket is not None
+        process = self._mp_context.Process(
+            target=run_uvicorn_subprocess,
+            args=(self._make_server(), self.serve_context, self._events, self.args.startup_timeout),
+            kwargs={"sockets": [self._socket]},
+            name=f"agentbolt-server-{self._port}-{index}",
+            daemon=False,
+        )
+        process.start()
+        return process
+
+    async def _supervise(self) -> None:
+        """Replace workers that die while the server runs (the others keep serving meanwhile)."""
+        while True:
+            await asyncio.sleep(0.5)
+            for index, process in enumerate(self._processes):
+                if process.is_alive():
+                    continue
+                logger.error(
+                    "Server worker %d (pid %s) exited with code %s; starting a new one.",
+                    index,
+                    process.pid,
+                    process.exitcode,
+                )
+                process.join(0)
+                self._processes[index] = self._fork_worker(index)
+                assert self._events is not None
+                event = await self._wait_event(self._events.get, self.args.startup_timeout * 2)
+                if event.kind != "ready":
+                    logger.error("Replacing server worker %d failed: %s", index, event.message)
 
     async def _wait_event(self, get: Callable[..., ChildEvent], timeout: float) -> ChildEvent:
         def wait() -> ChildEvent:
@@ -634,30 +604,37 @@ class PythonServerLauncher:
                 await asyncio.to_thread(self._thread.join, self.args.thread_join_timeout)
                 if self._thread.is_alive():
                     raise RuntimeError(f"Server thread did not stop within {self.args.thread_join_timeout:g} seconds.")
-            elif self._process is not None:
-                await self._stop_process()
+            elif self._processes:
+                await self._stop_processes()
         finally:
             self._close_socket()
             self._serve_task = None
             self._thread = None
-            self._process = None
             self._serving_loop = None
 
-    async def _stop_process(self) -> None:
-        proc = self._process
-        if proc is None:
-            return
-        if proc.is_alive():
-            proc.terminate()
-            await asyncio.to_thread(proc.join, self.args.process_join_timeout)
-            if proc.is_alive():
-                logger.warning("Server process %s ignored SIGTERM; killing it.", proc.pid)
-                proc.kill()
-                await asyncio.to_thread(proc.join, self.args.process_join_timeout)
-                if proc.is_alive():
-                    raise RuntimeError(f"Server process {proc.pid} could not be stopped.")
-        else:
-            proc.join(0)
+    async def _stop_processes(self) -> None:
+        """SIGTERM every worker, wait, then SIGKILL those still alive."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+            self._supervisor = None
+        processes, self._processes = self._processes, []
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        deadline = time.monotonic() + self.args.process_join_timeout
+        stubborn = []
+        for process in processes:
+            await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                logger.warning("Server process %s ignored SIGTERM; killing it.", process.pid)
+                process.kill()
+                stubborn.append(process)
+        for process in stubborn:
+            await asyncio.to_thread(process.join, self.args.process_join_timeout)
+            if process.is_alive():
+                raise RuntimeError(f"Server process {process.pid} could not be stopped.")
 
     async def reload(self) -> None:
         """Stop (if running) and start again on the same port."""
@@ -666,9 +643,9 @@ class PythonServerLauncher:
         await self.start()
 
     async def run_forever(self) -> None:
-        """Start, then block until the server exits; on cancellation stop it and re-raise."""
-        await self.start()
+        """Start, then block until the server exits; on cancellation (also during start-up) stop it and re-raise."""
         try:
+            await self.start()
             while self.is_running():
                 if self._serve_task is not None:
                     await asyncio.wait({self._serve_task})

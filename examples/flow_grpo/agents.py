@@ -42,6 +42,7 @@ __all__ = [
     "RoleLLM",
     "RoleOutput",
     "analyze_query",
+    "chat_messages",
     "generate_command",
     "generate_solution",
     "is_stop_action",
@@ -136,10 +137,7 @@ class RoleLLM:
         Raises:
             openai.OpenAIError: The endpoint failed (the rollout fails; the runner decides about retries).
         """
-        messages: List[Dict[str, str]] = [{"role": "system", "content": system}]
-        for example_user, example_answer in examples:
-            messages += [{"role": "user", "content": example_user}, {"role": "assistant", "content": example_answer}]
-        messages.append({"role": "user", "content": user})
+        messages = chat_messages(system, user, examples)
         params: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, **self.sampling_parameters}
         with _agent_span(role):
             response = self.client.chat.completions.create(
@@ -150,6 +148,15 @@ class RoleLLM:
             )
         content = response.choices[0].message.content if response.choices else None
         return content or ""
+
+
+def chat_messages(system: str, user: str, examples: Sequence[Tuple[str, str]] = ()) -> List[Dict[str, str]]:
+    """The chat messages of one role call: system prompt, worked examples as earlier turns, then ``user``."""
+    messages: List[Dict[str, str]] = [{"role": "system", "content": system}]
+    for example_user, example_answer in examples:
+        messages += [{"role": "user", "content": example_user}, {"role": "assistant", "content": example_answer}]
+    messages.append({"role": "user", "content": user})
+    return messages
 
 
 @contextlib.contextmanager

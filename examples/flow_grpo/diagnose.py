@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from examples.flow_grpo.agents import RoleLLM, is_stop_action
+from examples.flow_grpo.agents import RoleLLM, chat_messages, is_stop_action
+from examples.flow_grpo.prompts import STOP_ACTION, planner_step
 from examples.flow_grpo.reward import RuleReward, gold_answers
 from examples.flow_grpo.solver import FlowSolver, SolverConfig, SolveResult
 
@@ -48,19 +49,23 @@ DEFAULT_ORACLE_TOOLS = {"arithmetic": "calculator", "fact": "search"}
 class OraclePlanner(RoleLLM):
     """A scripted planner for one question: each ``(tool, sub_goal)`` step in turn, then the stop action.
 
-    It answers in the planner's JSON format without calling a model, so the rest of the solver runs unchanged.
+    It answers in the planner's JSON format without calling a model, so the rest of the solver runs unchanged, and
+    keeps each call's chat messages with its answer in :attr:`turns` (the planner's training conversations).
     """
 
     def __init__(self, steps: Sequence[Tuple[str, str]]) -> None:
         super().__init__(client=None, model="oracle")  # type: ignore[arg-type]
         self.steps = list(steps)
-        self.calls = 0
+        self.turns: List[List[Dict[str, str]]] = []
 
     def chat(self, role: str, system: str, user: str, **kwargs: Any) -> str:
-        """The scripted step (the prompt is ignored)."""
-        self.calls += 1
-        tool, sub_goal = self.steps[self.calls - 1] if self.calls <= len(self.steps) else ("finish", "")
-        return json.dumps({"tool_name": tool, "sub_goal": sub_goal, "context": "", "justification": "oracle"})
+        """The scripted step; the prompt is recorded with it."""
+        index = len(self.turns)
+        tool, sub_goal = self.steps[index] if index < len(self.steps) else (STOP_ACTION, "")
+        answer = planner_step(tool, sub_goal)
+        messages = chat_messages(system, user, kwargs.get("examples", ()))
+        self.turns.append([*messages, {"role": "assistant", "content": answer}])
+        return answer
 
     def close(self) -> None:
         """Nothing to close."""

@@ -30,6 +30,7 @@ __all__ = [
     "executor_examples",
     "executor_user",
     "planner_examples",
+    "planner_step",
     "planner_system",
     "planner_user",
     "solution_examples",
@@ -98,7 +99,8 @@ def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns
     return f"Question: {question}\nAnalysis: {analysis}\nSteps so far:\n{memory}\nStep {turn} of {max_turns}. JSON:"
 
 
-def _step(tool: str, sub_goal: str) -> str:
+def planner_step(tool: str, sub_goal: str) -> str:
+    """A planner answer in the format its worked examples show: ``{"tool_name": ..., "sub_goal": ...}``."""
     return json.dumps({"tool_name": tool, "sub_goal": sub_goal})
 
 
@@ -109,10 +111,10 @@ def planner_examples(max_turns: int) -> List[Tuple[str, str]]:
     towards the tool of the last example, so the order is part of the design (the look-up, the most common first
     step, comes last)."""
     return [
-        (planner_user(_LETTER, "Asks about letters.", "none yet", 1, max_turns), _step("python", _LETTER)),
-        (planner_user(_YEARS, "Asks for a duration.", f"{_IN_FORCE}\n{_COMPUTED}", 3, max_turns), _step(STOP_ACTION, "")),
-        (planner_user(_YEARS, "Asks for a duration.", _IN_FORCE, 2, max_turns), _step("calculator", _YEARS)),
-        (planner_user(_LAKE, "Asks for a lake.", "none yet", 1, max_turns), _step("search", _LAKE)),
+        (planner_user(_LETTER, "Asks about letters.", "none yet", 1, max_turns), planner_step("python", _LETTER)),
+        (planner_user(_YEARS, "Asks for a duration.", f"{_IN_FORCE}\n{_COMPUTED}", 3, max_turns), planner_step(STOP_ACTION, "")),
+        (planner_user(_YEARS, "Asks for a duration.", _IN_FORCE, 2, max_turns), planner_step("calculator", _YEARS)),
+        (planner_user(_LAKE, "Asks for a lake.", "none yet", 1, max_turns), planner_step("search", _LAKE)),
     ]  # fmt: skip
 
 

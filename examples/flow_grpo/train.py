@@ -26,19 +26,15 @@ with ``python -m examples.flow_grpo.solve --checkpoint DIR/checkpoints``) and ``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -292,83 +288,30 @@ class TrainSummary(BaseModel):
     trajectories: Optional[str] = None
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    health = url.rsplit("/v1", 1)[0] + "/health"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the fixed model server exited with status {process.returncode}; see its log")
-        try:
-            with urllib.request.urlopen(health, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the fixed model server did not become healthy within {timeout:.0f} s")
-
-
 @contextlib.contextmanager
-def fixed_endpoint(
-    config: FlowTrainConfig, model_path: str, log_path: Path
-) -> Iterator[Tuple[str, str, Optional[str]]]:
-    """``(base_url, model, api_key)`` of the fixed model, serving it in a child process when no URL is configured.
-
-    The local server is ``python -m agentbolt serve`` on the planner's base model, named ``fixed``; a separate
-    process keeps its threads out of the runner processes the trainer forks.
-    """
+def fixed_model(config: FlowTrainConfig, model_path: str, log_path: Path) -> Iterator[Dict[str, Any]]:
+    """The ``model_list`` entry of the fixed model, serving it with ``agentbolt serve`` in a child process when no URL
+    is configured (a separate process keeps its threads out of the runner processes the trainer forks)."""
     fixed = config.fixed
     if fixed.url is not None:
-        yield fixed.url, str(fixed.model), fixed.api_key
+        params: Dict[str, Any] = {"model": f"hosted_vllm/{fixed.model}", "api_base": fixed.url}
+        if fixed.api_key:
+            params["api_key"] = fixed.api_key
+        yield {"model_name": str(fixed.model), "litellm_params": params}
         return
-    from agentbolt.serving.server import find_free_port
+    from agentbolt.serving.process import LocalModelServer
 
-    port = find_free_port("127.0.0.1")
-    argv = [sys.executable, "-m", "agentbolt", "serve", model_path, "--port", str(port), "--served-name", "fixed"]
-    argv += ["--dtype", config.dtype, "--max-batch-size", str(fixed.max_batch_size)]
-    if config.threads is not None:
-        argv += ["--threads", str(config.threads)]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_healthy(url, process, fixed.startup_timeout)
-        logger.info("Fixed model %s served at %s (pid %d)", model_path, url, process.pid)
-        yield url, "fixed", None
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-@contextlib.contextmanager
-def fixed_gateway(store: Any, url: str, model: str, api_key: Optional[str]) -> Iterator[Any]:
-    """The fixed model behind an LLM gateway of its own, recording its calls in ``store``; yields the resource.
-
-    The fixed roles' calls are then in the trace with their token ids like the planner's, and it is
-    ``agent_match="planner"`` that keeps them out of training (GRPO's own gateway routes only the policy).
-    """
-    import agentbolt as agl
-
-    params: Dict[str, Any] = {"model": f"hosted_vllm/{model}", "api_base": url}
-    if api_key:
-        params["api_key"] = api_key
-    proxy = agl.LLMProxy(
-        model_list=[{"model_name": model, "litellm_params": params}],  # type: ignore[list-item]
-        store=store,
-        launch_mode="thread",
-        host="127.0.0.1",
+    server = LocalModelServer(
+        model_path,
+        served_name="fixed",
+        dtype=config.dtype,
+        threads=config.threads,
+        max_batch_size=fixed.max_batch_size,
+        log_path=log_path,
+        startup_timeout=fixed.startup_timeout,
     )
-    proxy.server_launcher_args.log_level = logging.WARNING  # an internal server: no uvicorn lifecycle lines
-    asyncio.run(proxy.start())
-    try:
-        yield proxy.as_resource(model=model, sampling_parameters={})
-    finally:
-        asyncio.run(proxy.stop())
+    with server:
+        yield server.model_config()
 
 
 def _summarize(
@@ -411,8 +354,6 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
-    from agentbolt.serving.server import find_free_port
-    from agentbolt.store.sqlite import SqliteLightningStore
     from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
 
     started = time.perf_counter()
@@ -437,28 +378,26 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
             memory_result_chars=config.solver.memory_result_chars,
         )
     )
-    store = SqliteLightningStore(str(run_dir / "store.sqlite"))
-    with contextlib.ExitStack() as stack:
-        url, name, api_key = stack.enter_context(
-            fixed_endpoint(config, model_path, run_dir / "logs" / "fixed-server.log")
-        )
-        fixed_llm = stack.enter_context(fixed_gateway(store, url, name, api_key))
+    with fixed_model(config, model_path, run_dir / "logs" / "fixed-server.log") as fixed:
         algorithm = GRPO(grpo_config)
         tracer = agl.OtelTracer()
         trainer = agl.Trainer(
             algorithm=algorithm,
-            store=store,
+            store=run_dir / "store.sqlite",
             tracer=tracer,
             # One process per runner: a tracer records one rollout at a time per process, and separate processes
             # let rollouts overlap so each engine decodes them as one batch.
-            strategy=agl.ClientServerExecutionStrategy(
-                n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
-            ),
+            n_runners=config.runners,
+            port=0,
             runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
-            initial_resources={"fixed_llm": fixed_llm},
+            # The fixed roles call the fixed model through a gateway of their own, recording into the run's store:
+            # the trace then holds every call with its token ids, and agent_match="planner" keeps them out of
+            # training.
+            initial_resources={"fixed_llm": agl.LLMProxy(model_list=[fixed], launch_mode="thread")},
         )
         agent = FlowGRPOAgent(solver=solver, train_format_bonus=config.train_format_bonus)
         trainer.fit(agent, train_dataset=train, val_dataset=val)
+    store = trainer.store
     summary = _summarize(config, algorithm.history, run_dir, started, len(val))
     _add_evaluation(summary, store, val, agent, run_dir)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")

@@ -111,12 +111,12 @@ def test_main_reports_the_result_and_the_exit_status(demo_memory: ModuleType, tm
     assert (
         demo_memory.main(["--interval", "0.1", "--", sys.executable, "-c", write, "--summary-json", str(summary)]) == 0
     )
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["results"]
     assert report["exit_status"] == 0 and report["held_out_gain_points"] == 50.0
     assert report["samples"] >= 1 and report["peak_pss_mib"] > 0
 
     assert demo_memory.main(["--interval", "0.1", "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
-    assert json.loads(capsys.readouterr().out)["exit_status"] == 3
+    assert json.loads(capsys.readouterr().out)["results"]["exit_status"] == 3
 
 
 def test_sigterm_stops_the_command_and_still_reports(tmp_path: Path) -> None:
@@ -133,6 +133,6 @@ def test_sigterm_stops_the_command_and_still_reports(tmp_path: Path) -> None:
         time.sleep(0.05)
     script.terminate()
     out, _ = script.communicate(timeout=30)
-    report = json.loads(out)
+    report = json.loads(out)["results"]
     assert report["exit_status"] != 0 and script.returncode != 0
     assert report["wall_s"] < 30 and report["samples"] >= 1

@@ -123,10 +123,17 @@ def test_oracle_needs_a_tool_for_every_source(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["--oracle-tool", "nq"])
     planner = OraclePlanner([("search", "q?")])
-    assert json.loads(planner.chat("planner", "", "")) == {
+    assert json.loads(planner.chat("planner", "sys", "u1", examples=[("eu", "ea")])) == {
         "tool_name": "search",
         "sub_goal": "q?",
-        "context": "",
-        "justification": "oracle",
     }
-    assert json.loads(planner.chat("planner", "", ""))["tool_name"] == "finish"
+    assert json.loads(planner.chat("planner", "sys", "u2"))["tool_name"] == "finish"
+    # Each call is kept as a training conversation: its prompt, then the scripted step.
+    assert planner.turns[0] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "eu"},
+        {"role": "assistant", "content": "ea"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": '{"tool_name": "search", "sub_goal": "q?"}'},
+    ]
+    assert planner.turns[1][-1]["content"] == '{"tool_name": "finish", "sub_goal": ""}'

@@ -23,7 +23,10 @@ def _url(proxy: object, rollout: AttemptedRollout) -> str:
 
 async def test_unknown_model_is_404_listing_models(make_proxy: ProxyFactory) -> None:
     async with make_proxy() as proxy, httpx.AsyncClient() as client:
-        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "nope", "messages": []})
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert response.status_code == 404
     error = response.json()["error"]
     assert "'nope'" in error["message"] and "echo" in error["message"]
@@ -36,7 +39,7 @@ async def test_bad_request_bodies_are_400(make_proxy: ProxyFactory, backend: Fak
         url = f"{proxy.endpoint}/v1/chat/completions"
         not_json = await client.post(url, content=b"{oops", headers={"content-type": "application/json"})
         not_object = await client.post(url, json=[1, 2])
-        no_model = await client.post(url, json={"messages": []})
+        no_model = await client.post(url, json={"messages": [{"role": "user", "content": "hi"}]})
     assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
     assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]
     assert no_model.status_code == 400 and "'model'" in no_model.json()["error"]["message"]
@@ -63,7 +66,10 @@ async def test_slow_backend_times_out_with_504_and_span_records_it(
 
 async def test_500s_are_retried_then_502(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(num_retries=2) as proxy, httpx.AsyncClient() as client:
-        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "fail500", "messages": []})
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "fail500", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert response.status_code == 502
     message = response.json()["error"]["message"]
     assert "HTTP 500" in message and "3 attempt(s)" in message and "engine crashed" in message
@@ -72,7 +78,10 @@ async def test_500s_are_retried_then_502(make_proxy: ProxyFactory, backend: Fake
 
 async def test_transient_503s_are_retried_to_success(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(num_retries=2) as proxy, httpx.AsyncClient() as client:
-        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "flaky", "messages": []})
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "flaky", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "Hello there"
     assert backend.count("flaky") == 3
@@ -81,7 +90,8 @@ async def test_transient_503s_are_retried_to_success(make_proxy: ProxyFactory, b
 async def test_rate_limit_is_retried_then_429(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(num_retries=1) as proxy, httpx.AsyncClient() as client:
         response = await client.post(
-            f"{proxy.endpoint}/v1/chat/completions", json={"model": "ratelimit", "messages": []}
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "ratelimit", "messages": [{"role": "user", "content": "hi"}]},
         )
     assert response.status_code == 429
     assert "slow down" in response.json()["error"]["message"]
@@ -102,7 +112,8 @@ async def test_malformed_upstream_json_is_502(
 ) -> None:
     async with make_proxy() as proxy, httpx.AsyncClient() as client:
         response = await client.post(
-            f"{_url(proxy, rollout)}/v1/chat/completions", json={"model": "malformed", "messages": []}
+            f"{_url(proxy, rollout)}/v1/chat/completions",
+            json={"model": "malformed", "messages": [{"role": "user", "content": "hi"}]},
         )
         spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
     assert response.status_code == 502
@@ -136,7 +147,10 @@ async def test_stream_dropped_midway_gives_error_event_and_failed_span(
 async def test_unreachable_backend_is_502(make_proxy: ProxyFactory) -> None:
     dead = [{"model_name": "dead", "litellm_params": {"model": "openai/x", "api_base": "http://127.0.0.1:9/v1"}}]
     async with make_proxy(model_list=dead, num_retries=1) as proxy, httpx.AsyncClient() as client:
-        response = await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "dead", "messages": []})
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "dead", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert response.status_code == 502
     assert "unreachable after 2 attempt(s)" in response.json()["error"]["message"]
 
@@ -172,7 +186,7 @@ async def test_a_hanging_store_does_not_stall_answers_and_spans_wait_for_it(back
     url = f"{launcher.access_endpoint}/rollout/ro-1/attempt/at-1/v1/chat/completions"
     try:
         async with httpx.AsyncClient() as client:
-            response = await client.post(url, json={"model": "echo", "messages": []})
+            response = await client.post(url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 200  # answered once sequence_wait passed
             for writer in writers:  # now the store drops its connections: the sequence id is retried, not given up
                 writer.close()
@@ -182,7 +196,7 @@ async def test_a_hanging_store_does_not_stall_answers_and_spans_wait_for_it(back
                 await asyncio.sleep(0.05)
             assert gateway.sequences is not None and gateway.sequences.unreachable
             # While the store is known to be unreachable, answers do not wait for sequence ids at all.
-            response = await client.post(url, json={"model": "echo", "messages": []})
+            response = await client.post(url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 200
             spans = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
         assert spans == {"queued": 2, "written": 0, "dropped": 0, "failed": 0, "lost": 0}
@@ -195,7 +209,7 @@ async def test_a_hanging_store_does_not_stall_answers_and_spans_wait_for_it(back
 
 async def test_api_key_is_required_when_configured(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(api_key="s3cret") as proxy, httpx.AsyncClient() as client:
-        body = {"model": "echo", "messages": []}
+        body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
         missing = await client.post(f"{proxy.endpoint}/v1/chat/completions", json=body)
         wrong = await client.get(f"{proxy.endpoint}/v1/models", headers={"authorization": "Bearer nope"})
         health = await client.get(f"{proxy.endpoint}/health")

@@ -40,24 +40,28 @@ async def test_token_id_backends_get_extensions_and_openai_ones_do_not(
     async with make_proxy(model_list=model_list) as proxy, httpx.AsyncClient() as client:
         for model in ("echo", "plain"):
             response = await client.post(
-                f"{proxy.endpoint}/v1/chat/completions", json={"model": model, "messages": [], "temperature": 0.5}
+                f"{proxy.endpoint}/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5},
             )
             assert response.status_code == 200
     vllm_body, plain_body = backend.requests
     assert vllm_body == {
         "model": "echo",
-        "messages": [],
+        "messages": [{"role": "user", "content": "hi"}],
         "temperature": 0.5,
         "return_token_ids": True,
         "logprobs": True,
     }
-    assert plain_body == {"model": "echo", "messages": [], "temperature": 0.5}
+    assert plain_body == {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}
 
 
 async def test_callbacks_choose_the_extensions(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(callbacks=["return_token_ids"]) as proxy, httpx.AsyncClient() as client:
         await client.post(f"{proxy.endpoint}/v1/completions", json={"model": "echo", "prompt": "x", "logprobs": 2})
-        await client.post(f"{proxy.endpoint}/v1/chat/completions", json={"model": "echo", "messages": []})
+        await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert backend.requests[0]["logprobs"] == 2 and backend.requests[0]["return_token_ids"] is True
     assert "logprobs" not in backend.requests[1]
 
@@ -204,7 +208,7 @@ async def test_model_list_updates_apply_to_a_running_in_process_gateway(
     make_proxy: ProxyFactory, backend: FakeBackend
 ) -> None:
     async with make_proxy() as proxy, httpx.AsyncClient() as client:
-        body = {"model": "renamed", "messages": []}
+        body = {"model": "renamed", "messages": [{"role": "user", "content": "hi"}]}
         assert (await client.post(f"{proxy.endpoint}/v1/chat/completions", json=body)).status_code == 404
         proxy.update_model_list(
             [{"model_name": "renamed", "litellm_params": {"model": "hosted_vllm/echo", "api_base": backend.base_url}}]
@@ -222,7 +226,8 @@ async def test_deployments_sharing_a_name_take_turns(make_proxy: ProxyFactory, b
     async with make_proxy(model_list=model_list) as proxy, httpx.AsyncClient() as client:
         for _ in range(4):
             response = await client.post(
-                f"{proxy.endpoint}/v1/chat/completions", json={"model": "pool", "messages": []}
+                f"{proxy.endpoint}/v1/chat/completions",
+                json={"model": "pool", "messages": [{"role": "user", "content": "hi"}]},
             )
             assert response.status_code == 200
     assert backend.count("echo") == 2 and backend.count("flaky") == 2

@@ -131,7 +131,9 @@ async def test_mp_mode_writes_through_a_store_server(backend: FakeBackend) -> No
         await proxy.start()
         url = proxy.as_resource(rollout.rollout_id, rollout.attempt.attempt_id).endpoint + "/v1/chat/completions"
         async with httpx.AsyncClient() as client:
-            response = await client.post(url, json={"model": "echo", "messages": [], "stream": True})
+            response = await client.post(
+                url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            )
         assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
         # The gateway process handed the stream's span over before [DONE]: once flushed, it is in the store.
         assert await proxy.flush(30.0)

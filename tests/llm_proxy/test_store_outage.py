@@ -235,7 +235,9 @@ async def test_flush_waits_for_the_store_and_times_out_cleanly(
         async with httpx.AsyncClient(timeout=60, headers=headers) as client:
             store_process.signal(signal.SIGSTOP)
             try:
-                response = await client.post(url, json={"model": "echo", "messages": []})
+                response = await client.post(
+                    url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+                )
                 assert response.status_code == 200
                 assert not await proxy.flush(0.5)  # the store cannot take the span: flush gives up after 0.5 s
             finally:

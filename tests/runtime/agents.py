@@ -80,3 +80,15 @@ def slow_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
     """Sleeps, to keep runner processes busy while the test interrupts them."""
     time.sleep(task.get("sleep", 30))
     return 1.0
+
+
+class GatewayAgent(agl.LitAgent[Dict[str, Any]]):
+    """Calls the ``fixed_llm`` resource bound to its attempt (a gateway), once; reward 1 for a non-empty answer."""
+
+    def training_rollout(self, task: Dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        llm = resources["fixed_llm"]
+        assert isinstance(llm, agl.ProxyLLM) and isinstance(rollout, agl.AttemptedRollout)
+        base_url = llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)
+        client = openai.OpenAI(base_url=base_url, api_key="test", max_retries=0)
+        answer = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}])
+        return 1.0 if answer.choices[0].message.content else 0.0

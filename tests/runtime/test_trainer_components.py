@@ -67,6 +67,8 @@ def test_sqlite_store_from_path(tmp_path: Path) -> None:
     for spec in (str(tmp_path / "a.db"), f"sqlite:///{tmp_path / 'b.sqlite'}", tmp_path / "c.db"):
         trainer = agl.Trainer(store=spec, strategy="shm")
         assert isinstance(trainer.store, SqliteLightningStore)
+    agl.Trainer(store=str(tmp_path / "runs" / "store.db"), strategy="shm")  # missing folders are created
+    assert (tmp_path / "runs" / "store.db").is_file()
 
 
 def test_deprecated_aliases_warn() -> None:

@@ -26,6 +26,12 @@ def engine(tiny_model_dir: Path) -> Iterator[TransformersEngine]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    with serving(tiny_model_dir, max_batch_size=4) as running:
+def adapter_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory the ``server`` fixture loads LoRA adapters from over HTTP."""
+    return tmp_path_factory.mktemp("served-adapters")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, adapter_root: Path) -> Iterator[InferenceServer]:
+    with serving(tiny_model_dir, max_batch_size=4, server_options={"adapter_dirs": [adapter_root]}) as running:
         yield running

@@ -163,7 +163,7 @@ def test_generated_tool_calls_become_openai_tool_calls(server: InferenceServer) 
         ({"messages": "hi"}, 400, "messages"),
         ({"messages": MESSAGES, "max_tokens": 4000}, 400, "maximum context length is 2048"),
         ({"messages": MESSAGES, "temperature": -0.5}, 400, "temperature"),
-        ({"messages": MESSAGES, "n": 0}, 400, "n must be"),
+        ({"messages": MESSAGES, "n": 0}, 400, "n: Input should be greater than or equal to 1"),
         ({"messages": MESSAGES, "presence_penalty": 0.5}, 400, "not supported"),
         ({"messages": MESSAGES, "top_logprobs": 2}, 400, "requires logprobs"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
@@ -201,10 +201,10 @@ def test_503_while_loading(tiny_model_dir: Path) -> None:
         assert client.get("/v1/models").status_code == 503
 
 
-def test_lora_endpoints(server: InferenceServer, http: httpx.Client, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_lora_endpoints(server: InferenceServer, http: httpx.Client, tiny_model_dir: Path, adapter_root: Path) -> None:
     from .test_engine import _make_adapter
 
-    adapter = _make_adapter(tiny_model_dir, tmp_path / "adapter", seed=2)
+    adapter = _make_adapter(tiny_model_dir, adapter_root / "adapter", seed=2)
     body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     base = http.post("/chat/completions", json=body).json()["choices"][0]["token_ids"]
     loaded = http.post("/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(adapter)})
@@ -215,7 +215,7 @@ def test_lora_endpoints(server: InferenceServer, http: httpx.Client, tiny_model_
     assert http.post("/chat/completions", json=body).json()["choices"][0]["token_ids"] == base
     again = http.post("/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(adapter)})
     assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]
-    missing = http.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path / "nope")})
+    missing = http.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapter_root / "nope")})
     assert missing.status_code == 400
     assert http.post("/unload_lora_adapter", json={"lora_name": "sql"}).status_code == 200
     assert http.post("/chat/completions", json={**body, "model": "sql"}).status_code == 404

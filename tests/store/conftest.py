@@ -1,18 +1,22 @@
 """Store fixtures: every semantic test runs against every backend through the ``store`` fixture.
 
 Backends: ``memory``, ``memory_thread_safe``, ``threaded`` (LightningStoreThreaded over memory), ``sqlite`` (a real
-file in ``tmp_path``), ``http_memory`` / ``http_sqlite`` (a real LightningStoreServer on a free 127.0.0.1 port,
-used through a LightningStoreClient). Backends whose module is not available are skipped.
+file in ``tmp_path``), ``postgres`` (a real PostgreSQL server started once per session from the machine's server
+binaries, one schema per store), ``http_memory`` / ``http_sqlite`` / ``http_postgres`` (a real LightningStoreServer on
+a free 127.0.0.1 port, used through a LightningStoreClient). Backends whose module or server is not available are
+skipped, with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Optional, Tuple, Type
+from typing import Any, AsyncIterator, Dict, Iterator, Optional, Tuple, Type
 
 import pytest
+from support.postgres import LocalPostgres, postgres_unavailable_reason
 from support.servers import free_port
 
 from agentbolt.store.base import LightningStore
@@ -21,8 +25,8 @@ from agentbolt.store.threading import LightningStoreThreaded
 from agentbolt.types import Span
 from agentbolt.types.tracer import OtelResource, TraceStatus
 
-IN_PROCESS_BACKENDS = ["memory", "memory_thread_safe", "threaded", "sqlite"]
-HTTP_BACKENDS = ["http_memory", "http_sqlite"]
+IN_PROCESS_BACKENDS = ["memory", "memory_thread_safe", "threaded", "sqlite", "postgres"]
+HTTP_BACKENDS = ["http_memory", "http_sqlite", "http_postgres"]
 ALL_BACKENDS = IN_PROCESS_BACKENDS + HTTP_BACKENDS
 
 
@@ -40,10 +44,56 @@ def _sqlite_store(path: Path, scan_debounce_seconds: float) -> LightningStore:
     return sqlite.SqliteLightningStore(str(path), scan_debounce_seconds=scan_debounce_seconds)
 
 
+_POSTGRES: Dict[str, Any] = {}
+
+
+def postgres_server() -> LocalPostgres:
+    """The PostgreSQL server of this test session (started on first use; skips when none can be started)."""
+    if "server" not in _POSTGRES:
+        reason = _POSTGRES.get("reason") or postgres_unavailable_reason()
+        if reason is None:
+            try:
+                _POSTGRES["server"] = LocalPostgres()
+            except Exception as exc:
+                reason = f"PostgreSQL could not be started: {exc}"
+        if reason is not None:
+            _POSTGRES["reason"] = reason
+            pytest.skip(reason)
+    return _POSTGRES["server"]  # type: ignore[no-any-return]
+
+
+def postgres_schema() -> str:
+    """A fresh schema name: each store of a test gets its own tables in the session's database."""
+    return "t_" + uuid.uuid4().hex[:16]
+
+
+def drop_postgres_schema(schema: str) -> None:
+    server = _POSTGRES.get("server")
+    if server is not None:
+        server.psql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _postgres_store(scan_debounce_seconds: float) -> LightningStore:
+    postgres = _import_or_skip("agentbolt.store.postgres")
+    server = postgres_server()
+    return postgres.PostgresLightningStore(
+        server.dsn(), schema=postgres_schema(), scan_debounce_seconds=scan_debounce_seconds
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    server = _POSTGRES.pop("server", None)
+    if server is not None:
+        server.close()
+
+
 async def _close(store: Any) -> None:
     close = getattr(store, "close", None)
     if close is not None:
         await close()
+    schema = getattr(store, "schema", None)
+    if isinstance(schema, str) and schema.startswith("t_"):
+        drop_postgres_schema(schema)
 
 
 def _inner_store(backend: str, tmp_path: Path, scan_debounce_seconds: float, **memory_kwargs: Any) -> LightningStore:
@@ -57,6 +107,8 @@ def _inner_store(backend: str, tmp_path: Path, scan_debounce_seconds: float, **m
         )
     if backend == "sqlite":
         return _sqlite_store(tmp_path / "store.db", scan_debounce_seconds)
+    if backend == "postgres":
+        return _postgres_store(scan_debounce_seconds)
     raise ValueError(f"unknown backend {backend!r}")
 
 
@@ -75,7 +127,7 @@ async def make_store(
                 await _close(store.store)
         return
     client_server = _import_or_skip("agentbolt.store.client_server")
-    inner_kind = "memory_thread_safe" if backend == "http_memory" else "sqlite"
+    inner_kind = {"http_memory": "memory_thread_safe", "http_sqlite": "sqlite", "http_postgres": "postgres"}[backend]
     inner = _inner_store(inner_kind, tmp_path, scan_debounce_seconds, **memory_kwargs)
     server = client_server.LightningStoreServer(inner, host="127.0.0.1", port=free_port())
     await server.start()

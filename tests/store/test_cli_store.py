@@ -84,8 +84,7 @@ def client_for(endpoint: str, **kwargs: str) -> LightningStoreClient:
 
 
 async def test_sigterm_then_restart_keeps_data(tmp_path: Path) -> None:
-    db = tmp_path / "data" / "store.db"
-    db.parent.mkdir()
+    db = tmp_path / "runs" / "exp1" / "store.db"  # missing folders are created
     first = await StoreProcess.start("--path", str(db))
     try:
         assert f"data in {db} (sqlite)" in first.text
@@ -162,10 +161,16 @@ async def test_memory_backend_and_api_key_from_environment() -> None:
         (["--port", "http"], "Invalid value for '--port'"),
         (["--port", "70000"], "Invalid value for '--port'"),
         (["--log-level", "LOUD"], "Invalid value for '--log-level'"),
-        (["--path", "/nonexistent-dir/x.db"], "directory /nonexistent-dir does not exist"),
+        (["--path", "/dev/null/runs/x.db"], "/dev/null is a file, not a folder"),
         (["--backend", "memory", "--path", "x.db"], "--path only applies to --backend sqlite"),
         (["--frobnicate"], "No such option"),
-        (["--backend", "memory", "--n-workers", "2", "--port", str(free_port())], "does not support zero-copy"),
+        (["--backend", "memory", "--workers", "2"], "needs a store shared between processes"),
+        (["--backend", "postgres"], "--backend postgres needs --dsn"),
+        (
+            ["--backend", "postgres", "--dsn", f"host=127.0.0.1 port={free_port()} dbname=x connect_timeout=2"],
+            "cannot open the store: Cannot connect to PostgreSQL",
+        ),
+        (["--backend", "postgres", "--dsn", "x=1", "--schema", "1bad"], "Invalid schema name"),
     ],
 )
 def test_bad_arguments_exit_2(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,8 +200,10 @@ def test_path_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_port_in_use_exits_2_without_touching_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with taken_port() as port:
         assert run(["store", "--port", str(port), "--path", str(tmp_path / "s.db")]) == 2
+        assert run(["store", "--port", str(port), "--path", str(tmp_path / "runs" / "s.db")]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert not (tmp_path / "s.db").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 async def test_module_entry_point_reports_errors() -> None:

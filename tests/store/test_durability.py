@@ -1,6 +1,7 @@
-"""kill -9 of a real ``agentbolt store`` server (SQLite backend) in the middle of a write load loses nothing acknowledged.
+"""kill -9 of a real ``agentbolt store`` server (SQLite or PostgreSQL backend) in the middle of a write load loses
+nothing acknowledged.
 
-After a restart on the same file: every acknowledged rollout, attempt, span and resource snapshot is there, the queue
+After a restart on the same data: every acknowledged rollout, attempt, span and resource snapshot is there, the queue
 keeps its order, and a running attempt whose heartbeat stopped is marked unresponsive by the watchdog and retried.
 """
 
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from support.servers import free_port, start_store_process, wait_healthy
@@ -20,6 +21,8 @@ from support.servers import free_port, start_store_process, wait_healthy
 from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.types import EnqueueRolloutRequest, RolloutConfig, Span
 from agentbolt.types.tracer import OtelResource, TraceStatus
+
+from .conftest import drop_postgres_schema, postgres_schema, postgres_server
 
 UNRESPONSIVE_SECONDS = 1.0
 
@@ -86,11 +89,22 @@ async def resources_load(client: LightningStoreClient, acked: Acknowledged) -> N
         i += 1
 
 
-async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) -> None:
-    path = tmp_path / "durable.db"
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend_args(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[List[str]]:
+    """Command-line arguments of the store's backend: a SQLite file, or a fresh schema of the test PostgreSQL."""
+    if request.param == "sqlite":
+        yield ["--backend", "sqlite", "--path", str(tmp_path / "durable.db")]
+        return
+    server = postgres_server()
+    schema = postgres_schema()
+    yield ["--backend", "postgres", "--dsn", server.dsn(), "--schema", schema]
+    drop_postgres_schema(schema)
+
+
+async def test_kill_9_loses_no_acknowledged_write_and_resumes(backend_args: List[str]) -> None:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    server = start_store_process(path, port)
+    server = start_store_process(None, port, backend_args=backend_args)
     acked = Acknowledged()
     try:
         await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
@@ -105,7 +119,16 @@ async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) ->
             await client.add_span(span(running.rollout_id, running.attempt.attempt_id, "heartbeat", 1))
             last_heartbeat = time.monotonic()
 
+            async def heartbeats() -> None:  # the watched attempt stays alive until the kill, however long the load
+                nonlocal last_heartbeat
+                for sequence_id in range(2, 1_000_000):
+                    await asyncio.sleep(UNRESPONSIVE_SECONDS / 5)
+                    beat = span(running.rollout_id, running.attempt.attempt_id, f"heartbeat-{sequence_id}", sequence_id)
+                    await client.add_span(beat)
+                    last_heartbeat = time.monotonic()
+
             tasks = [
+                asyncio.create_task(heartbeats()),
                 asyncio.create_task(enqueue_load(client, acked)),
                 asyncio.create_task(resources_load(client, acked)),
                 *(asyncio.create_task(span_load(client, acked, w)) for w in range(4)),
@@ -124,7 +147,7 @@ async def test_kill_9_loses_no_acknowledged_write_and_resumes(tmp_path: Path) ->
         await asyncio.sleep(max(0.0, UNRESPONSIVE_SECONDS + 0.3 - (time.monotonic() - last_heartbeat)))
         port = free_port()
         endpoint = f"http://127.0.0.1:{port}"
-        server = start_store_process(path, port)
+        server = start_store_process(None, port, backend_args=backend_args)
         await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
         client = LightningStoreClient(endpoint)
         try:

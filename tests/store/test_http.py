@@ -511,22 +511,36 @@ async def test_client_gives_up_when_no_server_answers() -> None:
         await client.close()
 
 
-async def test_client_long_wait_spans_server_slices(served: Served) -> None:
-    served.client.wait_slice_seconds = 0.1
+async def test_client_refuses_long_waits_like_the_reference(served: Served) -> None:
     rollout = await served.client.start_rollout({"x": 1})
+    with pytest.raises(ValueError, match="too long"):
+        await served.client.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=0.5)
+    assert await served.client.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=0.1) == []
+    await served.client.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+    (done,) = await served.client.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=0)
+    assert done.status == "succeeded"
 
-    async def finish_later() -> None:
-        await asyncio.sleep(0.5)
-        await served.client.update_attempt(rollout.rollout_id, "latest", status="succeeded")
 
-    finisher = asyncio.ensure_future(finish_later())
-    done = await served.client.wait_for_rollouts(rollout_ids=[rollout.rollout_id, "ro-missing"], timeout=20)
-    await finisher
-    assert [r.rollout_id for r in done] == [rollout.rollout_id]
-    assert done[0].status == "succeeded"
-    # A deadline shorter than the work returns what finished so far.
-    other = await served.client.start_rollout({"x": 2})
-    assert await served.client.wait_for_rollouts(rollout_ids=[other.rollout_id], timeout=0.3) == []
+async def test_client_long_wait_spans_server_slices(served: Served) -> None:
+    client = LightningStoreClient(served.base, retry_delays=(), health_retry_delays=(), long_waits=True)
+    client.wait_slice_seconds = 0.1
+    try:
+        rollout = await client.start_rollout({"x": 1})
+
+        async def finish_later() -> None:
+            await asyncio.sleep(0.5)
+            await client.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+
+        finisher = asyncio.ensure_future(finish_later())
+        done = await client.wait_for_rollouts(rollout_ids=[rollout.rollout_id, "ro-missing"], timeout=20)
+        await finisher
+        assert [r.rollout_id for r in done] == [rollout.rollout_id]
+        assert done[0].status == "succeeded"
+        # A deadline shorter than the work returns what finished so far.
+        other = await client.start_rollout({"x": 2})
+        assert await client.wait_for_rollouts(rollout_ids=[other.rollout_id], timeout=0.3) == []
+    finally:
+        await client.close()
 
 
 async def test_client_and_server_pickle(served: Served) -> None:

@@ -20,6 +20,7 @@ from agentbolt.store.collection.sqlite import (
     SqliteDatabaseLockedError,
     SqliteLightningCollections,
     SqliteSchemaVersionError,
+    SqliteStoreError,
 )
 from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
 from agentbolt.types.tracer import OtelResource, TraceStatus
@@ -81,6 +82,21 @@ async def test_new_file_gets_schema_version_and_wal(tmp_path: Path) -> None:
     assert {"rollouts", "attempts", "spans", "resources", "workers", "rollout_queue", "span_sequence_ids"} <= tables
     indexes = {r[0] for r in rows(path, "SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"spans_pk", "spans_rollout_id_sequence_id", "attempts_pk"} <= indexes
+
+
+async def test_missing_folders_of_a_new_file_are_created(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "exp1" / "store.db"
+    collections = SqliteLightningCollections(path)
+    await collections.close()
+    assert rows(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+def test_a_folder_that_cannot_be_created_is_named_in_the_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "runs"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(SqliteStoreError, match=f"Cannot create the folder {blocker}/exp1 of the database"):
+        SqliteLightningCollections(blocker / "exp1" / "store.db")
+    assert blocker.read_text() == "a file where the folder should be"
 
 
 async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:

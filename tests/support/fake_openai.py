@@ -213,7 +213,7 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
 
 
 class FakeOpenAIServer:
-    """Runs the fake API with uvicorn in a background thread.
+    """Runs the fake API (or another FastAPI ``app``, such as a scripted stand-in) with uvicorn in a background thread.
 
     Usage::
 
@@ -221,13 +221,13 @@ class FakeOpenAIServer:
             client = openai.OpenAI(base_url=server.base_url, api_key="test")
     """
 
-    def __init__(self, config: Optional[FakeOpenAIConfig] = None) -> None:
+    def __init__(self, config: Optional[FakeOpenAIConfig] = None, *, app: Optional[FastAPI] = None) -> None:
         self.config = config or FakeOpenAIConfig()
         self.port = pick_free_port("127.0.0.1")
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server = uvicorn.Server(
             uvicorn.Config(
-                create_app(self.config), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+                app or create_app(self.config), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
             )
         )
         self._thread: Optional[threading.Thread] = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 import pytest
 
@@ -33,17 +33,20 @@ def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def serving(model_dir: Path, **engine_options: Any) -> Iterator[InferenceServer]:
+def serving(
+    model_dir: Path, *, server_options: Optional[Dict[str, Any]] = None, **engine_options: Any
+) -> Iterator[InferenceServer]:
     """An inference server on a free port, its float32 engine serving ``model_dir`` as ``tiny``, loaded on entry.
 
     float32 keeps greedy decoding identical between batched and single requests. ``engine_options`` go to
-    :class:`~agentbolt.serving.transformers_engine.TransformersEngine`.
+    :class:`~agentbolt.serving.transformers_engine.TransformersEngine`, ``server_options`` (``api_key``,
+    ``adapter_dirs``, ``limits``) to :class:`~agentbolt.serving.server.InferenceServer`.
     """
     from agentbolt.serving.server import InferenceServer
     from agentbolt.serving.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(model_dir, **{"dtype": "float32", "served_name": "tiny", **engine_options})
-    server = InferenceServer(engine, port=0)
+    server = InferenceServer(engine, port=0, **(server_options or {}))
     server.start()
     try:
         yield server

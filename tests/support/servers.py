@@ -34,15 +34,22 @@ def taken_port() -> Iterator[int]:
 
 
 def start_store_process(
-    path: Path, port: int, extra_args: Sequence[str] = (), stderr: int = subprocess.PIPE
+    path: Optional[Path],
+    port: int,
+    extra_args: Sequence[str] = (),
+    stderr: int = subprocess.PIPE,
+    backend_args: Optional[Sequence[str]] = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``agentbolt store`` on a SQLite file at 127.0.0.1:``port``.
+    """Start ``agentbolt store`` at 127.0.0.1:``port``, on a SQLite file or with ``backend_args``
+    (e.g. ``["--backend", "postgres", "--dsn", dsn]``).
 
     ``stderr`` is piped by default, for failure reports; a process that logs much while nobody reads the pipe
     should pass ``subprocess.DEVNULL``.
     """
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "agentbolt", "store", "--backend", "sqlite", "--path", str(path)]
+    if backend_args is None:
+        backend_args = ["--backend", "sqlite", "--path", str(path)]
+    command = [sys.executable, "-m", "agentbolt", "store", *backend_args]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING", *extra_args]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 

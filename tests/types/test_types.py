@@ -93,8 +93,7 @@ def test_resources_are_discriminated() -> None:
 
 def test_prompt_template_format() -> None:
     assert PromptTemplate(template="Hi {name}", engine="f-string").format(name="Ann") == "Hi Ann"
-    with pytest.raises(NotImplementedError):
-        PromptTemplate(template="Hi {{ name }}", engine="jinja").format(name="Ann")
+    assert PromptTemplate(template="Hi {{ name }}", engine="jinja").format(name="Ann") == "Hi Ann"
 
 
 def test_convert_timestamp() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import pickle
+import signal
 from typing import Any, AsyncIterator, Dict, List
 
 import aiohttp
@@ -69,17 +69,17 @@ async def test_start_serve_stop_restart(mode: LaunchMode) -> None:
         await get(launcher.access_endpoint + "/health")
 
 
-@pytest.mark.parametrize("mode", ["asyncio", "thread", "mp"])
-async def test_port_in_use(mode: LaunchMode) -> None:
+@pytest.mark.parametrize(("mode", "n_workers"), [("asyncio", 1), ("thread", 1), ("mp", 1), ("mp", 3)])
+async def test_port_in_use(mode: LaunchMode, n_workers: int) -> None:
     with taken_port() as port:
-        launcher = PythonServerLauncher(app, args(mode, port=port))
+        launcher = PythonServerLauncher(app, args(mode, port=port, n_workers=n_workers))
         with pytest.raises(RuntimeError, match="did not start up within") as info:
             await launcher.start()
         assert isinstance(info.value.__cause__, OSError)
     assert not launcher.is_running()
 
 
-@pytest.mark.parametrize("mode", ["asyncio", "thread"])
+@pytest.mark.parametrize("mode", ["asyncio", "thread", "mp"])
 async def test_unhealthy_server_is_killed(mode: LaunchMode) -> None:
     launcher = PythonServerLauncher(
         app, PythonServerLauncherArgs(launch_mode=mode, healthcheck_url="unhealthy", startup_timeout=2.0)
@@ -169,10 +169,25 @@ def test_argument_checks() -> None:
     assert PythonServerLauncher(app, PythonServerLauncherArgs(port=1)).health_url is None
 
 
-async def test_several_workers_need_gunicorn() -> None:
-    if importlib.util.find_spec("gunicorn") is not None:
-        pytest.skip("gunicorn is installed; this test covers the error raised without it")
+async def test_several_workers_share_the_port_and_dead_ones_are_replaced() -> None:
     launcher = PythonServerLauncher(app, args("mp", n_workers=2))
-    with pytest.raises(RuntimeError, match="needs gunicorn"):
-        await launcher.start()
+    await launcher.start()
+    try:
+        pids = {int((await get(launcher.access_endpoint + "/pid"))[1]) for _ in range(40)}
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+        workers = [process.pid for process in launcher._processes]
+        assert len(workers) == 2 and pids <= set(workers)
+        os.kill(workers[0], signal.SIGKILL)
+        for _ in range(100):  # the supervisor notices within half a second and forks a replacement
+            await asyncio.sleep(0.1)
+            current = [process.pid for process in launcher._processes]
+            if workers[0] not in current and all(process.is_alive() for process in launcher._processes):
+                break
+        else:
+            raise AssertionError("the killed worker was not replaced")
+        assert (await get(launcher.access_endpoint + "/health"))[0] == 200
+        processes = list(launcher._processes)
+    finally:
+        await launcher.stop()
     assert not launcher.is_running()
+    assert all(not process.is_alive() for process in processes)

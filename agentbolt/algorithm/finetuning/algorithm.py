@@ -33,6 +33,7 @@ from typing import (
 
 from agentbolt.algorithm.base import Algorithm
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 POLICY_RESOURCE = "main_llm"
-_WAIT_SLICE = 5.0
 SPAN_SETTLE_SECONDS = 2.0
 
 
@@ -196,6 +196,11 @@ class FinetuningAlgorithm(Algorithm):
         self._adapter = adapter
         self._gateway: Optional[LLMProxy] = None  # the proxy recording the rollouts' LLM calls, once started
         self.history: List[Dict[str, float]] = []
+
+    @property
+    def reports_progress(self) -> bool:
+        """With ``console`` on, the algorithm shows its own progress bar and per-step metrics."""
+        return self.config.console
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _load_policy(self) -> Tuple[Any, Any]:
@@ -390,17 +395,7 @@ class FinetuningAlgorithm(Algorithm):
         return [span for span in spans if latest is None or span.attempt_id == latest.attempt_id]
 
     async def _wait(self, store: LightningStore, rollout_ids: List[str]) -> Dict[str, Rollout]:
-        deadline = None if self.config.rollout_timeout is None else time.monotonic() + self.config.rollout_timeout
-        finished: Dict[str, Rollout] = {}
-        pending = list(rollout_ids)
-        while pending:
-            remaining = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
-            if remaining <= 0:
-                break
-            for rollout in await store.wait_for_rollouts(rollout_ids=pending, timeout=remaining):
-                finished[rollout.rollout_id] = rollout
-            pending = [rid for rid in pending if rid not in finished]
-        return finished
+        return await wait_for_finished_rollouts(store, rollout_ids, timeout=self.config.rollout_timeout)
 
     # ---------------------------------------------------------------------------------------------- validation
     def _score(self, outcome: RolloutOutcome) -> Optional[float]:

@@ -73,6 +73,13 @@ class GRPOConfig(FinetuningConfig):
         "step's trained rollouts, every rollout's calls kept together, into exactly "
         "ceil(batch_size * group_size / minibatch_size) minibatches of near-equal rollout counts.",
     )
+    pack_shared_prefixes: bool = Field(
+        default=True,
+        description="Pack the samples of a micro-batch as one prefix tree, so tokens they share (a group's prompt) "
+        "are computed once; exact, and used when the model's attention reads 4-D masks (sdpa, eager) and its logits "
+        "are its output projection. Micro-batches are formed from samples sorted by their tokens, so a group's samples "
+        "share micro-batches. False: left-padded batches.",
+    )
 
     @property
     def rollouts_per_step(self) -> int:

@@ -1,19 +1,31 @@
-"""Where GRPO's per-step metrics go: console, JSONL, TensorBoard, Weights & Biases, and a reward-curve PNG.
+"""Where GRPO's per-step metrics go: console, JSONL, TensorBoard, Weights & Biases, the store, Prometheus, and a
+reward-curve PNG.
 
 Each training step produces one flat ``{name: float}`` record. :class:`TrainingLogger` fans a record out to every
-configured sink; optional back-ends (rich, TensorBoard, wandb, matplotlib) are imported only when used.
+configured sink; optional back-ends (rich, TensorBoard, wandb, matplotlib) are imported only when used. When the
+algorithm runs under a trainer, the records also go to the algorithm's store (``add_metrics``, read by the
+dashboard's Training page) and, when a process metrics backend is configured (``AGENTBOLT_METRICS``), to the
+``agentbolt.trainer.*`` metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Coroutine, Dict, List, Optional, Protocol, Set
 
-__all__ = ["MetricsSink", "TrainingLogger", "plot_reward_curve", "read_metrics"]
+__all__ = [
+    "MetricsSink",
+    "StoreMetricsSink",
+    "TrackerMetricsSink",
+    "TrainingLogger",
+    "plot_reward_curve",
+    "read_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +137,139 @@ class WandbSink:
         self._run.finish()
 
 
+class _BackgroundWrites:
+    """Runs the async writes of a sink without blocking the training loop that logs synchronously.
+
+    Inside a running event loop each write becomes a task (kept referenced until done); outside one it runs to
+    completion at once. A failing write is logged, never raised.
+    """
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._tasks: Set[asyncio.Task[Any]] = set()
+
+    def submit(self, write: Coroutine[Any, Any, Any]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                asyncio.run(write)
+            except Exception:
+                logger.exception("Writing %s failed", self._what)
+            return
+        task = loop.create_task(write)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            logger.warning("Writing %s was cancelled before it finished", self._what)
+        elif task.exception() is not None:
+            logger.error("Writing %s failed: %r", self._what, task.exception())
+
+    @property
+    def pending(self) -> int:
+        """Writes not finished yet."""
+        return len(self._tasks)
+
+
+class StoreMetricsSink:
+    """Writes each step's record to the store as a :class:`~agentbolt.types.MetricsRecord` of run ``run_id`` (the
+    dashboard's Training page reads them back through the store's ``/v1/agl/metrics`` route).
+
+    Args:
+        store: The algorithm's store.
+        run_id: Name of the run; a resumed run logging the same steps again replaces them.
+    """
+
+    def __init__(self, store: Any, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self._writes = _BackgroundWrites(f"training metrics of run {run_id} to the store")
+        self._supported = True
+
+    def log(self, step: int, record: Dict[str, float]) -> None:
+        from agentbolt.types import MetricsRecord
+
+        if not self._supported:
+            return
+        metrics = MetricsRecord(run_id=self.run_id, step=step, time=time.time(), values=dict(record))
+        self._writes.submit(self._write(metrics))
+
+    async def _write(self, metrics: Any) -> None:
+        try:
+            await self.store.add_metrics([metrics])
+        except NotImplementedError as exc:
+            self._supported = False
+            logger.info("Training metrics are not stored: %s", exc)
+
+    def close(self) -> None:
+        if self._writes.pending:
+            logger.debug("%d metric write(s) to the store still running at close", self._writes.pending)
+
+
+TRAINER_METRICS = {
+    "agentbolt.trainer.steps": "counter: training steps done",
+    "agentbolt.trainer.step_seconds": "histogram: duration of a training step (rollouts and update)",
+    "agentbolt.trainer.reward": "histogram: mean training reward of each step",
+    "agentbolt.trainer.tokens": "counter: tokens trained on (rate = training tokens per second)",
+    "agentbolt.trainer.update_seconds": "histogram: duration of the policy update of a step",
+}
+"""The trainer's metrics (labels: ``algorithm``); see ``docs/metrics.md``."""
+
+_STEP_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# No negative bound: Prometheus drops a histogram's _sum when it has one, and the mean reward is _sum / _count.
+_REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class TrackerMetricsSink:
+    """Records each step to a metrics backend as the ``agentbolt.trainer.*`` metrics (see :data:`TRAINER_METRICS`).
+
+    Args:
+        tracker: The backend (e.g. Prometheus).
+        algorithm: Value of the ``algorithm`` label.
+    """
+
+    def __init__(self, tracker: Any, algorithm: str = "grpo") -> None:
+        self.tracker = tracker
+        self.labels = {"algorithm": algorithm}
+        tracker.register_counter("agentbolt.trainer.steps", ["algorithm"])
+        tracker.register_counter("agentbolt.trainer.tokens", ["algorithm"])
+        tracker.register_histogram("agentbolt.trainer.step_seconds", ["algorithm"], buckets=_STEP_BUCKETS)
+        tracker.register_histogram("agentbolt.trainer.update_seconds", ["algorithm"], buckets=_STEP_BUCKETS)
+        tracker.register_histogram("agentbolt.trainer.reward", ["algorithm"], buckets=_REWARD_BUCKETS)
+        self._writes = _BackgroundWrites("trainer metrics")
+
+    def log(self, step: int, record: Dict[str, float]) -> None:
+        if "time/step_seconds" not in record:
+            return  # a validation-only record (step 0)
+        self._writes.submit(self._write(record))
+
+    async def _write(self, record: Dict[str, float]) -> None:
+        labels = self.labels
+        await self.tracker.inc_counter("agentbolt.trainer.steps", labels=labels)
+        await self.tracker.observe_histogram("agentbolt.trainer.step_seconds", record["time/step_seconds"], labels)
+        for key, name in (("time/update_seconds", "agentbolt.trainer.update_seconds"),):
+            if math.isfinite(record.get(key, math.nan)):
+                await self.tracker.observe_histogram(name, record[key], labels)
+        if math.isfinite(record.get("train/reward_mean", math.nan)):
+            await self.tracker.observe_histogram("agentbolt.trainer.reward", record["train/reward_mean"], labels)
+        tokens = record.get("update/update_tokens", 0.0)
+        if math.isfinite(tokens) and tokens > 0:
+            await self.tracker.inc_counter("agentbolt.trainer.tokens", tokens, labels)
+
+    def close(self) -> None:
+        pass
+
+
+def _default_run_id(log_dir: Optional[Path], algorithm: str) -> str:
+    """The run's name: its log directory's name, else the algorithm and the start time."""
+    if log_dir is not None:
+        return log_dir.resolve().name
+    return f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def read_metrics(path: Path) -> List[Dict[str, Any]]:
     """Records of a ``metrics.jsonl`` file, in order."""
     if not path.exists():
@@ -187,7 +332,7 @@ class TrainingLogger:
         console: Show the rich progress bar and per-step lines.
         tensorboard: Log to TensorBoard (needs ``log_dir``).
         wandb_project: Log to this Weights & Biases project.
-        run_config: Configuration recorded with the W&B run.
+        run_config: Configuration recorded with the W&B run (its ``run_id``, if any, names the run in the store).
         title: Algorithm name shown on the progress bar, in log lines and on the reward curve.
     """
 
@@ -217,6 +362,21 @@ class TrainingLogger:
             self.sinks.append(WandbSink(wandb_project, run_config or {}, self.log_dir))
         if console:
             self.sinks.append(ConsoleSink(total_steps, start_step, title))
+        self.run_id = (run_config or {}).get("run_id") or _default_run_id(self.log_dir, title.lower())
+        self._add_environment_sinks()
+
+    def _add_environment_sinks(self) -> None:
+        """The store of the algorithm running here (under a trainer) and the process's metrics backend, if any."""
+        from agentbolt.algorithm.base import running_algorithm
+        from agentbolt.utils.metrics import default_tracker
+
+        algorithm = running_algorithm()
+        store = getattr(algorithm, "_store", None) if algorithm is not None else None
+        if store is not None:
+            self.sinks.append(StoreMetricsSink(store, self.run_id))
+        tracker = default_tracker()
+        if tracker is not None:
+            self.sinks.append(TrackerMetricsSink(tracker, self.title.lower()))
 
     def log(self, step: int, record: Dict[str, float]) -> None:
         """Send one step's record to every sink (a failing sink is logged, not fatal)."""

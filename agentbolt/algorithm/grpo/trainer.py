@@ -5,8 +5,9 @@ wrapped with PEFT LoRA, an AdamW optimizer over the trainable parameters only, a
 optimizer steps, and exact checkpoints and resume) that adds the frozen reference used for the KL term and the GRPO
 update.
 
-Batches are left-padded with explicit position ids, so each response ends at the last position and the model only
-projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
+Micro-batches are packed as one prefix tree (:mod:`~agentbolt.algorithm.grpo.packing`, ``pack_shared_prefixes``), so
+tokens shared by samples are computed once, or left-padded with explicit position ids, so each response ends at the
+last position and the model only projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
 (``eval()``) unless ``lora_dropout > 0``.
 
 The PPO ratio's old and new log-probs are both the trainer's own, of the distribution each response was sampled from
@@ -21,7 +22,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -35,6 +36,7 @@ from agentbolt.algorithm.finetuning.trainer import (
 )
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
+from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = [
@@ -73,6 +75,11 @@ class ResponseBatch:
     def response_width(self) -> int:
         """``R``, the number of response-aligned columns."""
         return int(self.targets.shape[1])
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens a forward over this batch computes (padding excluded)."""
+        return int(self.attention_mask.sum())
 
     def to(self, device: torch.device) -> ResponseBatch:
         """The same batch with every tensor on ``device``."""
@@ -161,6 +168,14 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
+def _packable(model: Any) -> bool:
+    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
+    from agentbolt.serving.logits import plain_output_head
+
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return plain_output_head(model) and attention in ("sdpa", "eager")
+
+
 class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
@@ -177,6 +192,7 @@ class PolicyTrainer(ModelTrainer):
     def __init__(self, model: Any, config: GRPOConfig, *, pad_token_id: int = 0) -> None:
         self.ref_model: Optional[Any] = None
         super().__init__(model, config, pad_token_id=pad_token_id)
+        self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
 
     def _keep_reference(self, model: Any) -> None:
         """Full fine-tuning with a KL term keeps a frozen copy of the initial weights as the reference."""
@@ -189,14 +205,31 @@ class PolicyTrainer(ModelTrainer):
             param.requires_grad_(False)
 
     # ---------------------------------------------------------------------------------------------------- forwards
-    def _response_logits(self, model: Any, batch: ResponseBatch) -> torch.Tensor:
+    def _batch(self, samples: Sequence[TokenSample]) -> Union[ResponseBatch, PackedBatch]:
+        """The forward batch of ``samples``: packed by shared prefix (:mod:`.packing`) or left-padded."""
+        if self.packs_prefixes:
+            return pack_samples(samples).to(self.device)
+        return collate(samples, self.pad_token_id).to(self.device)
+
+    def _response_logits(self, model: Any, batch: Union[ResponseBatch, PackedBatch]) -> torch.Tensor:
         """Float32 logits ``[B, R, V]`` predicting the response-aligned targets.
 
         The output projection runs in float32 (:func:`~agentbolt.serving.logits.float32_logits`), as in the inference
-        engine, so bfloat16 rounding of the logits does not separate the trainer's log-probs from the engine's.
+        engine, so bfloat16 rounding of the logits does not separate the trainer's log-probs from the engine's. A
+        packed batch runs the body once over the prefix tree and projects only the hidden states that predict
+        response tokens.
         """
-        from agentbolt.serving.logits import float32_logits
+        from agentbolt.serving.logits import body_hidden_states, float32_head, float32_logits
 
+        if isinstance(batch, PackedBatch):
+            hidden = body_hidden_states(
+                model,
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask(self.model.dtype, self.device),
+                position_ids=batch.position_ids,
+                use_cache=False,
+            )[0]
+            return float32_head(model, hidden[batch.source_positions])
         width = batch.response_width
         logits = float32_logits(
             model,
@@ -252,17 +285,20 @@ class PolicyTrainer(ModelTrainer):
         """Untempered and tempered log-probs of every response token, from one forward per micro-batch."""
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
-        untempered: List[torch.Tensor] = []
-        tempered: List[torch.Tensor] = []
+        untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
+        tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         with context:
-            for chunk in _chunks(samples, self.config.micro_batch_size):
-                batch = collate(chunk, self.pad_token_id).to(self.device)
+            for micro in _chunks(prefix_order(samples, range(len(samples))), self.config.micro_batch_size):
+                chunk = [samples[i] for i in micro]
+                batch = self._batch(chunk)
                 logits = self._response_logits(model, batch)
                 raw = token_logprobs(logits, batch.targets)
                 temperature = self._temperatures(chunk)
                 scaled = raw if temperature is None else token_logprobs(logits, batch.targets, temperature)
-                untempered.extend(self._rows(raw, chunk))
-                tempered.extend(self._rows(scaled, chunk))
+                for i, raw_row, scaled_row in zip(
+                    micro, self._rows(raw, chunk), self._rows(scaled, chunk), strict=True
+                ):
+                    untempered[i], tempered[i] = raw_row, scaled_row
         return untempered, tempered
 
     # -------------------------------------------------------------------------------------------------- update
@@ -285,7 +321,9 @@ class PolicyTrainer(ModelTrainer):
             ``logprob_engine_diff_mean`` and ``logprob_engine_diff_max`` (see :func:`engine_logprob_diff`: the
             engine's untempered log-probs of the sampled tokens against the trainer's, before the update),
             ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``,
-            ``update_tokens``, ``update_seconds``, ``tokens_per_second``.
+            ``update_tokens`` (prompt + response tokens of the samples, times ``ppo_epochs``), ``forward_tokens`` (tokens
+            the training forwards computed: fewer when packing shares prefixes), ``update_seconds``,
+            ``tokens_per_second`` (``update_tokens`` per second).
         """
         if not samples:
             raise ValueError("train_step needs at least one sample")
@@ -310,6 +348,7 @@ class PolicyTrainer(ModelTrainer):
         training_mode = config.lora_dropout > 0
         self.model.train(training_mode)
         totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0}
+        forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
         try:
@@ -321,9 +360,10 @@ class PolicyTrainer(ModelTrainer):
                         continue
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    for micro in _chunks(mb, config.micro_batch_size):
+                    for micro in _chunks(prefix_order(samples, mb), config.micro_batch_size):
                         chunk = [samples[i] for i in micro]
-                        batch = collate(chunk, self.pad_token_id).to(self.device)
+                        batch = self._batch(chunk)
+                        forward_tokens += batch.computed_tokens
                         logits = self._response_logits(self.model, batch)
                         temperature = self._temperatures(chunk)
                         logp, entropy = logprobs_and_entropy(logits, batch.targets, temperature)
@@ -386,6 +426,7 @@ class PolicyTrainer(ModelTrainer):
             "samples": float(len(samples)),
             "response_tokens": float(sum(len(s.response_ids) for s in samples)),
             "update_tokens": update_tokens,
+            "forward_tokens": float(forward_tokens),
             "update_seconds": elapsed,
             "tokens_per_second": update_tokens / elapsed if elapsed > 0 else 0.0,
         }

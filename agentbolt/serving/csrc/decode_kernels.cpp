@@ -26,9 +26,16 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -360,6 +367,206 @@ torch::Tensor sample_tokens(const torch::Tensor& logits, const torch::Tensor& te
   return tokens;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Block-quantized weights: llama.cpp's GGUF blocks of 32 weights along the input dimension, bytes as in the file.
+//   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q (byte j holds q[j] in its low nibble, q[j + 16] in its
+//                    high nibble); w = d * q + m
+//   Q8_0 (34 bytes): fp16 d, 32 int8 q; w = d * q
+// A quantized weight is a uint8 tensor [out_features, in_features / 32 * block bytes]; its kind follows from the
+// bytes per block. Products take float32 inputs and accumulate in float32, so they equal the float32 product with
+// the dequantized weights up to summation order (d * q is exact in float32): serving a model's GGUF blocks computes
+// what the float32 model converted from the same file computes, while reading 3-6x fewer bytes per token.
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kQ4_1Bytes = 20;
+constexpr int64_t kQ8_0Bytes = 34;
+
+enum class BlockKind { q4_1, q8_0 };
+
+inline float half_at(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, sizeof(bits));
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+BlockKind block_kind(const torch::Tensor& weight, int64_t in_features) {
+  TORCH_CHECK(weight.scalar_type() == torch::kByte && weight.dim() == 2 && weight.is_contiguous() &&
+                  weight.device().is_cpu(),
+              "block-quantized weights must be a contiguous CPU uint8 tensor [out_features, bytes]");
+  TORCH_CHECK(in_features > 0 && in_features % kBlock == 0,
+              "block-quantized weights need in_features a multiple of 32, got ", in_features);
+  const int64_t blocks = in_features / kBlock;
+  if (weight.size(1) == blocks * kQ4_1Bytes) return BlockKind::q4_1;
+  if (weight.size(1) == blocks * kQ8_0Bytes) return BlockKind::q8_0;
+  TORCH_CHECK(false, "rows of ", weight.size(1), " bytes are neither Q4_1 nor Q8_0 blocks of ", in_features, " inputs");
+  return BlockKind::q8_0;
+}
+
+inline int64_t block_bytes(BlockKind kind) { return kind == BlockKind::q4_1 ? kQ4_1Bytes : kQ8_0Bytes; }
+
+// The 32 weights of one block, as numpy computes them when dequantizing a GGUF file (d * q, then + m).
+inline void dequantize_block(BlockKind kind, const uint8_t* block, float* out) {
+  const float d = half_at(block);
+  if (kind == BlockKind::q4_1) {
+    const float m = half_at(block + 2);
+    const uint8_t* packed = block + 4;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * static_cast<float>(packed[j] & 0x0F) + m;
+      out[j + 16] = d * static_cast<float>(packed[j] >> 4) + m;
+    }
+  } else {
+    const int8_t* values = reinterpret_cast<const int8_t*>(block + 2);
+    for (int j = 0; j < 32; ++j) out[j] = d * static_cast<float>(values[j]);
+  }
+}
+
+#if defined(__AVX2__)
+// q of one block as four vectors of 8 floats (the caller applies d and m).
+inline void block_q_vectors(BlockKind kind, const uint8_t* block, __m256 q[4]) {
+  if (kind == BlockKind::q4_1) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_and_si128(packed, mask);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8)));
+  } else {
+    const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8)));
+  }
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_hadd_ps(sum, sum);
+  sum = _mm_hadd_ps(sum, sum);
+  return _mm_cvtss_f32(sum);
+}
+#endif
+
+// out[r * out_stride] = sum over blocks b of d_b * (q_b . x_r[b]) + m_b * sums[r][b], for R input rows: the blocks of
+// one weight row are unpacked once for all R rows.
+template <int R>
+void block_dot_rows(BlockKind kind, const uint8_t* row, int64_t blocks, const float* x, int64_t x_stride,
+                    const float* sums, float* out, int64_t out_stride) {
+  const int64_t bytes = block_bytes(kind);
+#if defined(__AVX2__)
+  __m256 acc[R];
+  float offset[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offset[r] = 0.0f;
+  }
+  __m256 q[4];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * bytes;
+    block_q_vectors(kind, block, q);
+    const __m256 d = _mm256_set1_ps(half_at(block));
+    const float m = kind == BlockKind::q4_1 ? half_at(block + 2) : 0.0f;
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * x_stride + b * kBlock;
+      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xr));
+      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr + 8), t);
+      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr + 16), t);
+      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr + 24), t);
+      acc[r] = _mm256_fmadd_ps(d, t, acc[r]);
+      if (kind == BlockKind::q4_1) offset[r] += m * sums[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = horizontal_sum(acc[r]) + offset[r];
+#else
+  float weights[kBlock];
+  float total[R] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    dequantize_block(kind, row + b * bytes, weights);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * x_stride + b * kBlock;
+      for (int j = 0; j < kBlock; ++j) total[r] += weights[j] * xr[j];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = total[r];
+#endif
+}
+
+using BlockDot = void (*)(BlockKind, const uint8_t*, int64_t, const float*, int64_t, const float*, float*, int64_t);
+constexpr int kMaxTile = 8;
+const BlockDot kBlockDots[kMaxTile] = {block_dot_rows<1>, block_dot_rows<2>, block_dot_rows<3>, block_dot_rows<4>,
+                                       block_dot_rows<5>, block_dot_rows<6>, block_dot_rows<7>, block_dot_rows<8>};
+
+// inputs [..., in_features] (float32) times a block-quantized weight [out_features, bytes]: [..., out_features].
+torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& weight,
+                           const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(inputs.scalar_type() == torch::kFloat && inputs.device().is_cpu(), "inputs must be float32 on the CPU");
+  const int64_t in_features = inputs.size(-1);
+  const BlockKind kind = block_kind(weight, in_features);
+  const auto x = inputs.reshape({-1, in_features}).contiguous();
+  const int64_t rows = x.size(0), out_features = weight.size(0), blocks = in_features / kBlock;
+  const float* values = x.data_ptr<float>();
+  std::vector<float> sums;  // per row and block: the sum of the inputs, which Q4_1's offsets m multiply
+  if (kind == BlockKind::q4_1) {
+    sums.resize(rows * blocks);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* xr = values + r * in_features + b * kBlock;
+        float total = 0.0f;
+        for (int j = 0; j < kBlock; ++j) total += xr[j];
+        sums[r * blocks + b] = total;
+      }
+    }
+  }
+  auto out = torch::empty({rows, out_features}, x.options());
+  float* result = out.data_ptr<float>();
+  const uint8_t* packed = weight.data_ptr<uint8_t>();
+  const int64_t row_bytes = weight.size(1);
+  // Output features in chunks whose weights stay in cache while every tile of input rows passes over them.
+  constexpr int64_t chunk = 32;
+  at::parallel_for(0, (out_features + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t first = c * chunk, last = std::min(out_features, first + chunk);
+      for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
+        const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
+        const BlockDot dot = kBlockDots[tile - 1];
+        const float* tile_sums = sums.empty() ? nullptr : sums.data() + r0 * blocks;
+        for (int64_t n = first; n < last; ++n) {
+          dot(kind, packed + n * row_bytes, blocks, values + r0 * in_features, in_features, tile_sums,
+              result + r0 * out_features + n, out_features);
+        }
+      }
+    }
+  });
+  if (bias) out.add_(bias->to(torch::kFloat));
+  auto shape = inputs.sizes().vec();
+  shape.back() = out_features;
+  return out.view(shape);
+}
+
+// The float32 weights [out_features, in_features] a block-quantized weight stands for.
+torch::Tensor dequantize_blocks(const torch::Tensor& weight, int64_t in_features) {
+  const BlockKind kind = block_kind(weight, in_features);
+  const int64_t rows = weight.size(0), blocks = in_features / kBlock, bytes = block_bytes(kind);
+  auto out = torch::empty({rows, in_features}, torch::dtype(torch::kFloat));
+  const uint8_t* packed = weight.data_ptr<uint8_t>();
+  float* result = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        dequantize_block(kind, packed + n * weight.size(1) + b * bytes, result + n * in_features + b * kBlock);
+      }
+    }
+  });
+  return out;
+}
+
 // One layer's weights as the fast forward keeps them (fused projections, optional biases).
 using LayerWeights = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor,
                                 c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor,
@@ -375,6 +582,7 @@ using AdapterWeights =
 // (packed), else at::linear.
 torch::Tensor project(const torch::Tensor& inputs, const torch::Tensor& weight,
                       const c10::optional<torch::Tensor>& bias, bool packed) {
+  if (weight.scalar_type() == torch::kByte) return block_linear(inputs, weight, bias);
   if (!packed) return at::linear(inputs, weight, bias);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -429,8 +637,10 @@ torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const 
     residual = with_lora(activated, project(activated, down, down_bias, packed), down_a, down_b);
   }
   const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
-  // The output projection runs in the head's dtype (float32: logits rounded once, in float32).
-  return project(normed.to(head.scalar_type()), head, c10::nullopt, head_packed);
+  // The output projection runs in the head's dtype (float32: logits rounded once, in float32; block-quantized heads
+  // take float32 inputs).
+  const auto head_dtype = head.scalar_type() == torch::kByte ? torch::kFloat : head.scalar_type();
+  return project(normed.to(head_dtype), head, c10::nullopt, head_packed);
 }
 
 }  // namespace
@@ -441,5 +651,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("decode_attention", &decode_attention, "Attention of one new token per row over the cache");
   module.def("sample_tokens", &sample_tokens, "Greedy or inverse-CDF sampling of one token per row");
   module.def("vector_width", [] { return Vec::size(); }, "Floats per SIMD vector (head_dim must be a multiple)");
+  module.def("block_linear", &block_linear, "float32 inputs times Q4_1 / Q8_0 block-quantized weights");
+  module.def("dequantize_blocks", &dequantize_blocks, "The float32 weights of Q4_1 / Q8_0 blocks");
   module.def("decode_step", &decode_step, "All layers, final norm and output projection of one decoding step");
 }

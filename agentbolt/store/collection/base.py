@@ -16,6 +16,7 @@ from typing import (
     Callable,
     Dict,
     Generic,
+    List,
     Literal,
     Mapping,
     Optional,
@@ -29,7 +30,7 @@ from agentbolt.store.method_context import current_store_method_labels
 from agentbolt.types import FilterField, FilterOptions, PaginatedResult, SortOptions
 
 if TYPE_CHECKING:
-    from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Span, Worker
+    from agentbolt.types import Attempt, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
     from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "PaginatedResult",
     "LightningCollections",
     "DuplicatedPrimaryKeyError",
+    "StorageUnavailableError",
+    "StorageOutcomeUnknownError",
     "TrackedCollection",
     "normalize_filter_options",
     "merge_must_filters",
@@ -66,6 +69,17 @@ FILTER_OPERATORS: Tuple[str, ...] = ("exact", "within", "contains")
 
 class DuplicatedPrimaryKeyError(ValueError):
     """Inserting an item whose primary key already exists."""
+
+
+class StorageUnavailableError(RuntimeError):
+    """The storage cannot be reached right now (connection lost, server restarting, locked beyond the timeout).
+
+    The operation was not applied: calling it again later is safe.
+    """
+
+
+class StorageOutcomeUnknownError(RuntimeError):
+    """The connection to the storage failed while committing: the operation may or may not have been applied."""
 
 
 def resolve_error_type(exc: Optional[BaseException]) -> str:
@@ -229,9 +243,37 @@ class Collection(TrackedCollection, Generic[T]):
         """The first matching item (by ``sort`` when given), or ``None``."""
         raise NotImplementedError()
 
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (an object with the item's fields), and the total.
+
+        Backends storing items as JSON override this to skip building the models.
+        """
+        page = await self.query(filter=filter, sort=sort, limit=limit, offset=offset)
+        return [item.model_dump_json().encode() for item in page.items], page.total  # type: ignore[attr-defined]
+
     async def insert(self, items: Sequence[T]) -> None:
         """Insert new items; a duplicated primary key raises :class:`DuplicatedPrimaryKeyError`."""
         raise NotImplementedError()
+
+    async def insert_new(self, items: Sequence[T]) -> Sequence[T]:
+        """Insert the items whose primary key is not stored yet (of repeated keys, the first); returns those inserted.
+
+        Backends may override this with a single statement; the default inserts the items one by one.
+        """
+        inserted: List[T] = []
+        for item in items:
+            try:
+                await self.insert([item])
+            except DuplicatedPrimaryKeyError:
+                continue
+            inserted.append(item)
+        return inserted
 
     async def update(self, items: Sequence[T], update_fields: Optional[Sequence[str]] = None) -> Sequence[T]:
         """Update existing items (whole, or only ``update_fields``); a missing item raises ``ValueError``."""
@@ -355,6 +397,20 @@ class LightningCollections(TrackedCollection):
     def span_sequence_ids(self) -> KeyValue[str, int]:
         """Per-rollout span sequence counters."""
         raise NotImplementedError()
+
+    @property
+    def metrics(self) -> Collection[MetricsRecord]:
+        """Training metrics, keyed by ``(run_id, step)`` (backends without it raise ``NotImplementedError``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+
+    async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
+        """Whether the caller should run the periodic task ``name`` now.
+
+        Storage shared by several processes answers True to one caller per ``interval`` seconds among all of them
+        (so that, e.g., the watchdog scans once per period however many server workers there are); storage owned by
+        one process always answers True (the caller debounces locally).
+        """
+        return True
 
     def atomic(
         self,

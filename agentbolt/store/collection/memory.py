@@ -44,6 +44,7 @@ from agentbolt.types import (
     Attempt,
     FilterField,
     FilterOptions,
+    MetricsRecord,
     PaginatedResult,
     ResourcesUpdate,
     Rollout,
@@ -866,6 +867,7 @@ class InMemoryLightningCollections(LightningCollections):
         self._span_sequence_ids: DictBasedKeyValue[str, int] = DictBasedKeyValue(
             id="span_sequence_ids", tracker=tracker
         )
+        self._metrics = ListBasedCollection([], MetricsRecord, ["run_id", "step"], id="metrics", tracker=tracker)
 
     def _make_locks(self) -> Dict[str, AsyncLock]:
         factory = _ThreadSafeAsyncLock if self._lock_type == "thread" else _LoopAwareAsyncLock
@@ -913,6 +915,10 @@ class InMemoryLightningCollections(LightningCollections):
     @property
     def span_sequence_ids(self) -> DictBasedKeyValue[str, int]:
         return self._span_sequence_ids
+
+    @property
+    def metrics(self) -> ListBasedCollection[MetricsRecord]:
+        return self._metrics
 
     def atomic(
         self,

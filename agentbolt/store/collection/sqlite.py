@@ -36,14 +36,12 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import (
     Any,
     AsyncIterator,
     Callable,
     Coroutine,
     Deque,
-    Dict,
     Generic,
     List,
     Literal,
@@ -63,7 +61,6 @@ from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
     Collection,
-    DuplicatedPrimaryKeyError,
     KeyValue,
     LightningCollections,
     Queue,
@@ -71,10 +68,25 @@ from agentbolt.store.collection.base import (
     normalize_filter_options,
     resolve_sort_options,
 )
+from agentbolt.store.collection.sql import (
+    ATTEMPTS,
+    METRICS,
+    RESOURCES,
+    ROLLOUTS,
+    SPANS,
+    TABLES,
+    WORKERS,
+    SqlDialect,
+    SqlTable,
+    TableSpec,
+    compile_filter,
+    memory_predicate,
+    order_clause,
+)
 from agentbolt.types import (
     Attempt,
-    FilterField,
     FilterOptions,
+    MetricsRecord,
     PaginatedResult,
     ResourcesUpdate,
     Rollout,
@@ -150,116 +162,41 @@ def _translate_error(exc: BaseException, path: str) -> BaseException:
     return exc
 
 
+def _create_parent_folder(path: str) -> None:
+    """Create the folder of a database file (and its parents) when missing.
+
+    Raises:
+        SqliteStoreError: The folder cannot be created; the message names it and the reason.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise SqliteStoreError(
+            path, f"Cannot create the folder {folder} of the database: {exc.strerror or exc}"
+        ) from exc
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# Table layout
+# Table layout (shared with the PostgreSQL backend: see agentbolt.store.collection.sql)
+
+_ALL_TABLES: Tuple[TableSpec, ...] = (*TABLES, METRICS)
+_ADDED_TABLES: Tuple[TableSpec, ...] = (METRICS,)
+"""Tables added to schema version 1 after its first release: created when a file lacks them (older readers ignore
+tables they do not know, so the version stays 1)."""
 
 
-@dataclass(frozen=True)
-class _Column:
-    name: str
-    sql_type: Literal["TEXT", "INTEGER", "REAL"]
-    nullable: bool = True
-
-
-@dataclass(frozen=True)
-class _TableSpec:
-    table: str
-    item_type: Type[BaseModel]
-    primary_keys: Tuple[str, ...]
-    columns: Tuple[_Column, ...]
-    """Indexed copies of item fields; the primary-key fields come first."""
-    indexes: Tuple[Tuple[str, ...], ...] = ()
-
-    def column(self, name: str) -> Optional[_Column]:
-        for column in self.columns:
-            if column.name == name:
-                return column
-        return None
-
-
-def _text(name: str, nullable: bool = True) -> _Column:
-    return _Column(name, "TEXT", nullable)
-
-
-def _real(name: str) -> _Column:
-    return _Column(name, "REAL", True)
-
-
-_ROLLOUTS = _TableSpec(
-    "rollouts",
-    Rollout,
-    ("rollout_id",),
-    (
-        _text("rollout_id", False),
-        _text("status", False),
-        _text("mode"),
-        _text("resources_id"),
-        _real("start_time"),
-        _real("end_time"),
-    ),
-    (("status",),),
-)
-_ATTEMPTS = _TableSpec(
-    "attempts",
-    Attempt,
-    ("rollout_id", "attempt_id"),
-    (
-        _text("rollout_id", False),
-        _text("attempt_id", False),
-        _Column("sequence_id", "INTEGER", False),
-        _text("status", False),
-        _text("worker_id"),
-        _real("start_time"),
-        _real("end_time"),
-        _real("last_heartbeat_time"),
-    ),
-    (("status",),),
-)
-_SPANS = _TableSpec(
-    "spans",
-    Span,
-    ("rollout_id", "attempt_id", "span_id"),
-    (
-        _text("rollout_id", False),
-        _text("attempt_id", False),
-        _text("span_id", False),
-        _Column("sequence_id", "INTEGER", False),
-        _text("trace_id", False),
-        _text("parent_id"),
-        _text("name", False),
-        _real("start_time"),
-        _real("end_time"),
-    ),
-    (("rollout_id", "sequence_id"),),
-)
-_RESOURCES = _TableSpec(
-    "resources",
-    ResourcesUpdate,
-    ("resources_id",),
-    (
-        _text("resources_id", False),
-        _real("create_time"),
-        _real("update_time"),
-        _Column("version", "INTEGER", False),
-    ),
-    (("update_time",),),
-)
-_WORKERS = _TableSpec(
-    "workers",
-    Worker,
-    ("worker_id",),
-    (
-        _text("worker_id", False),
-        _text("status", False),
-        _real("last_heartbeat_time"),
-        _real("last_dequeue_time"),
-        _real("last_busy_time"),
-        _real("last_idle_time"),
-        _text("current_rollout_id"),
-        _text("current_attempt_id"),
-    ),
-)
-_TABLES: Tuple[_TableSpec, ...] = (_ROLLOUTS, _ATTEMPTS, _SPANS, _RESOURCES, _WORKERS)
+def _table_statements(spec: TableSpec) -> List[str]:
+    columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+    statements = [
+        f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)",
+        f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})",
+    ]
+    for index in spec.indexes:
+        statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table}({', '.join(index)})")
+    return statements
 
 
 def _schema_statements() -> List[str]:
@@ -270,12 +207,8 @@ def _schema_statements() -> List[str]:
         "CREATE INDEX rollout_queue_item ON rollout_queue(item)",
         "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ]
-    for spec in _TABLES:
-        columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
-        statements.append(f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)")
-        statements.append(f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})")
-        for index in spec.indexes:
-            statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table}({', '.join(index)})")
+    for spec in _ALL_TABLES:
+        statements.extend(_table_statements(spec))
     return statements
 
 
@@ -448,7 +381,13 @@ class _Database:
                         f"The store was written with {newer} schema version {version}; this version of agentbolt "
                         f"reads schema version {SCHEMA_VERSION} only",
                     )
-                missing = {spec.table for spec in _TABLES} - tables
+                for spec in _ADDED_TABLES:
+                    if spec.table not in tables:
+                        for statement in _table_statements(spec):
+                            conn.execute(statement)
+                        tables.add(spec.table)
+                        logger.info("Added table %s to the agentbolt store in %s", spec.table, self.path)
+                missing = {spec.table for spec in _ALL_TABLES} - tables
                 if missing:
                     raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
             conn.execute("COMMIT")
@@ -806,128 +745,26 @@ class _Backed:
 # Filters and sorting
 
 
-def _memory_predicate() -> Callable[..., bool]:
-    """The in-memory filter predicate: the single definition of filter semantics, used for what SQL can't express."""
-    return memory._item_matches_filters  # looked up on each call, like the in-memory collections do
+def _within(name: str, values: List[Any]) -> Tuple[str, List[Any]]:
+    if len(values) > _MAX_SQL_PARAMS:
+        return f"{name} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
+    return f"{name} IN ({', '.join('?' * len(values))})", values
 
 
-_SCALARS = (str, int, float)
-
-
-def _same_kind(column: _Column, value: Any) -> bool:
-    """Whether SQL compares ``value`` with the column exactly like Python's ``==`` (no type coercion)."""
-    if column.sql_type == "TEXT":
-        return isinstance(value, str)
-    return isinstance(value, (int, float))
-
-
-def _compile_condition(column: _Column, op: str, value: Any) -> Optional[Tuple[str, List[Any]]]:
-    """SQL for one ``field op value`` condition with the in-memory semantics, or None when SQL can't express it."""
-    name = column.name
-    if op == "exact":
-        return (f"{name} = ?", [value]) if _same_kind(column, value) else None
-    if op == "within":
-        if not isinstance(value, (list, tuple, set, frozenset)):
-            return None
-        values = list(value)
-        if not all(_same_kind(column, v) for v in values):
-            return None
-        if not values:
-            return "0", []
-        if len(values) > _MAX_SQL_PARAMS:
-            return f"{name} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
-        return f"{name} IN ({', '.join('?' * len(values))})", values
-    if op == "contains":
-        if column.sql_type == "TEXT" and isinstance(value, str):
-            return f"instr({name}, ?) > 0", [value]
-        return None
-    return None
-
-
-@dataclass
-class _Plan:
-    where: str
-    params: List[Any]
-    exact: bool
-    """True when ``where`` expresses the whole filter; otherwise rows still go through the Python predicate."""
-
-
-def _compile_conditions(
-    spec: _TableSpec, fields: Optional[Dict[str, FilterField]]
-) -> Tuple[List[str], List[Any], bool]:
-    """SQL terms and parameters of each field condition, and whether every condition compiled to SQL."""
-    terms: List[str] = []
-    params: List[Any] = []
-    exact = True
-    for field, ops in (fields or {}).items():
-        for op, value in ops.items():
-            column = spec.column(field)
-            compiled = _compile_condition(column, op, value) if column else None
-            if compiled is None:
-                exact = False
-                continue
-            terms.append(compiled[0])
-            params.extend(compiled[1])
-    return terms, params, exact
-
-
-def _compile_filter(
-    spec: _TableSpec,
-    filters: Optional[Dict[str, FilterField]],
-    must: Optional[Dict[str, FilterField]],
-    aggregate: Literal["and", "or"],
-) -> _Plan:
-    must_terms, params, exact = _compile_conditions(spec, must)
-    terms, term_params, filters_exact = _compile_conditions(spec, filters)
-    if filters_exact:
-        if terms:
-            joiner = " AND " if aggregate == "and" else " OR "
-            must_terms.append("(" + joiner.join(terms) + ")")
-            params.extend(term_params)
-    else:
-        exact = False
-        if aggregate == "and" and terms:  # the compiled part still narrows the scan
-            must_terms.append("(" + " AND ".join(terms) + ")")
-            params.extend(term_params)
-    return _Plan(" AND ".join(must_terms) if must_terms else "1", params, exact)
-
-
-def _order_clause(spec: _TableSpec, sort_name: Optional[str], order: str) -> Optional[str]:
-    """SQL ORDER BY with the in-memory rules, or None when the field has no column.
-
-    Ties keep insertion order in both directions (Python's stable sort); ``*_time`` NULLs sort after every value
-    (before, descending); other nullable columns are strings whose NULL sorts as ``""``.
-    """
-    if sort_name is None:
-        return "ord"
-    memory.sort_key_function(spec.item_type, sort_name)  # same validation (unknown field -> ValueError)
-    column = spec.column(sort_name)
-    if column is None:
-        return None
-    direction = "DESC" if order == "desc" else "ASC"
-    if not column.nullable:
-        return f"{column.name} {direction}, ord"
-    if sort_name.endswith("_time"):
-        return f"({column.name} IS NULL) {direction}, {column.name} {direction}, ord"
-    assert column.sql_type == "TEXT", "nullable non-time columns are strings"
-    return f"COALESCE({column.name}, '') {direction}, ord"
+_DIALECT = SqlDialect(placeholder="?", contains=lambda name: f"instr({name}, ?) > 0", within=_within)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Collections
 
 
-def _format_key(names: Sequence[str], values: Sequence[Any]) -> str:
-    return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
-
-
-class SqliteCollection(_Backed, Collection[M], Generic[M]):
+class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items stored as JSON rows with indexed field columns."""
 
-    def __init__(self, database: _Database, spec: _TableSpec, tracker: Any = None) -> None:
+    def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
-        self._spec = spec
+        SqlTable.__init__(self, spec)
         names = [c.name for c in spec.columns]
         self._insert_sql = (
             f"INSERT INTO {spec.table} ({', '.join(names)}, data) VALUES ({', '.join('?' * (len(names) + 1))})"
@@ -942,28 +779,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         )
         self._non_pk = [n for n in names if n not in spec.primary_keys]
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._spec.table
-
-    def primary_keys(self) -> Sequence[str]:
-        """Primary-key field names."""
-        return list(self._spec.primary_keys)
-
-    def item_type(self) -> Type[M]:
-        """The stored pydantic model."""
-        return cast(Type[M], self._spec.item_type)
-
     # -- encoding -------------------------------------------------------------------------------------------------
-
-    def _check_items(self, items: Sequence[M]) -> None:
-        for item in items:
-            if not isinstance(item, self._spec.item_type):
-                raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
-
-    def _key(self, item: M) -> Tuple[Any, ...]:
-        return tuple(getattr(item, k) for k in self._spec.primary_keys)
 
     def _row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, c.name) for c in self._spec.columns]
@@ -972,9 +788,6 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
 
     def _decode(self, data: str) -> M:
         return cast(M, self._spec.item_type.model_validate_json(data))
-
-    def _missing(self, key: Sequence[Any]) -> ValueError:
-        return ValueError(memory.missing_item_message(dict(zip(self._spec.primary_keys, key, strict=True))))
 
     def _fetch(self, conn: sqlite3.Connection, key: Sequence[Any]) -> Optional[M]:
         row = conn.execute(f"SELECT data FROM {self._spec.table} WHERE {self._pk_where}", tuple(key)).fetchone()
@@ -996,11 +809,13 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         sort: Optional[SortOptions],
         limit: int,
         offset: int,
-    ) -> Tuple[List[M], int]:
+        raw: bool = False,
+    ) -> Tuple[List[Any], int]:
+        """Matching items (their stored JSON when ``raw``) and the total."""
         filters, must, aggregate = normalize_filter_options(filter)
         sort_name, order = resolve_sort_options(sort)
-        plan = _compile_filter(self._spec, filters, must, aggregate)
-        order_sql = _order_clause(self._spec, sort_name, order)
+        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
+        order_sql = order_clause(self._spec, sort_name, order)
         table = self._spec.table
         memory.paginate([], limit, offset)  # same validation of limit/offset
         if plan.exact and order_sql is not None:
@@ -1009,7 +824,8 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
             if limit >= 0 or offset > 0:
                 sql += " LIMIT ? OFFSET ?"
                 params += [limit, offset]
-            items = [self._decode(row[0]) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params)
+            items: List[Any] = [row[0].encode() for row in rows] if raw else [self._decode(row[0]) for row in rows]
             if limit < 0 and offset == 0:
                 return items, len(items)
             total = int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {plan.where}", plan.params).fetchone()[0])
@@ -1018,11 +834,23 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
         items = [self._decode(row[0]) for row in rows]
         if not plan.exact:
-            matches = _memory_predicate()
+            matches = memory_predicate()
             items = [item for item in items if matches(item, filters, aggregate, must)]
         if sort_name is not None:
             items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        return memory.paginate(items, limit, offset), len(items)
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item's stored JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset, raw=True))
 
     async def query(
         self,
@@ -1049,14 +877,7 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
         self._check_items(items)
         if not items:
             return
-        seen: set[Tuple[Any, ...]] = set()
-        for item in items:
-            key = self._key(item)
-            if key in seen:
-                raise DuplicatedPrimaryKeyError(
-                    f"Duplicated primary key(s) in the inserted items: {_format_key(self._spec.primary_keys, key)}"
-                )
-            seen.add(key)
+        self._check_unique(items)
         rows = [self._row(item) for item in items]
 
         def job(conn: sqlite3.Connection) -> None:
@@ -1069,18 +890,11 @@ class SqliteCollection(_Backed, Collection[M], Generic[M]):
                 for item in items:
                     key = self._key(item)
                     if self._fetch(conn, key) is not None:
-                        raise DuplicatedPrimaryKeyError(
-                            f"Item already exists with primary key(s): {_format_key(self._spec.primary_keys, key)}"
-                        ) from exc
+                        raise self._exists_error(key) from exc
                 raise
 
         async with self.tracking_context("insert", self.collection_name):
             await self._write(job)
-
-    def _check_update_fields(self, update_fields: Optional[Sequence[str]]) -> None:
-        for name in update_fields or ():
-            if name not in self._spec.item_type.model_fields:
-                raise ValueError(f"Unknown field {name!r} for {self._spec.item_type.__name__}")
 
     @staticmethod
     def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
@@ -1367,6 +1181,7 @@ class SqliteLightningCollections(LightningCollections):
         if reader_threads < 1:
             raise ValueError("reader_threads must be >= 1")
         self.path = os.fspath(path)
+        _create_parent_folder(self.path)
         self._db = _Database(
             self.path,
             synchronous=cast(SynchronousMode, mode),
@@ -1374,13 +1189,14 @@ class SqliteLightningCollections(LightningCollections):
             cache_size_mb=cache_size_mb,
             reader_threads=reader_threads,
         )
-        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, _ROLLOUTS, tracker)
-        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, _ATTEMPTS, tracker)
-        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, _SPANS, tracker)
-        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, _RESOURCES, tracker)
-        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, _WORKERS, tracker)
+        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, ROLLOUTS, tracker)
+        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, ATTEMPTS, tracker)
+        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, SPANS, tracker)
+        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, RESOURCES, tracker)
+        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, WORKERS, tracker)
         self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
+        self._metrics: SqliteCollection[MetricsRecord] = SqliteCollection(self._db, METRICS, tracker)
 
     @property
     def collection_name(self) -> str:
@@ -1421,6 +1237,11 @@ class SqliteLightningCollections(LightningCollections):
     def span_sequence_ids(self) -> SqliteKeyValue[str, int]:
         """Per-rollout span sequence counters."""
         return self._sequence_ids
+
+    @property
+    def metrics(self) -> SqliteCollection[MetricsRecord]:
+        """Training metrics, keyed by ``(run_id, step)``."""
+        return self._metrics
 
     @property
     def commit_count(self) -> int:

@@ -39,7 +39,9 @@ def _greedy(base_url: str, model: str) -> httpx.Response:
 
 def test_each_update_is_served_as_a_new_adapter_with_matching_logprobs(tmp_path: Path) -> None:
     model_dir = create_tiny_model(tmp_path / "tiny")
-    server = InferenceServer(TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0)
+    server = InferenceServer(
+        TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0, adapter_dirs=[tmp_path]
+    )
     server.start()
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -79,7 +81,9 @@ def test_remote_server_needs_lora_and_reports_refusals(tmp_path: Path, caplog: p
         RemoteAdapterPolicyServer(full, base_url="http://127.0.0.1:9/v1", adapter_dir=tmp_path)
     with pytest.raises(ValueError, match="finetune='lora'"):
         GRPOConfig(finetune="full", policy_server_url="http://127.0.0.1:9/v1")
-    server = InferenceServer(TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0)
+    server = InferenceServer(
+        TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0, adapter_dirs=[tmp_path]
+    )
     server.start()
     try:
         lora = PolicyTrainer(AutoModelForCausalLM.from_pretrained(model_dir), GRPOConfig())
@@ -104,7 +108,9 @@ def test_trainers_sharing_a_server_never_collide_and_unload_their_adapters(tmp_p
     # Two trainers of the same base model publish to one server with the same prefix and adapter directory, as a
     # restarted or resumed run does while the server still holds the previous run's adapter.
     model_dir = create_tiny_model(tmp_path / "tiny")
-    server = InferenceServer(TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0)
+    server = InferenceServer(
+        TransformersEngine(str(model_dir), dtype="float32", served_name="base"), port=0, adapter_dirs=[tmp_path]
+    )
     server.start()
     try:
         trainers = [PolicyTrainer(AutoModelForCausalLM.from_pretrained(model_dir), GRPOConfig()) for _ in range(2)]

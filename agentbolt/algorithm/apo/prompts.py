@@ -1,0 +1,172 @@
+"""The optimizer's own prompts: POML files shipped in ``prompts/``, and how rollouts are shown to the optimizer.
+
+Each file is a small POML document (``<system-msg>``, ``<human-msg whiteSpace="pre">``, ``{{ name }}``
+expressions). With the ``poml`` package installed (extra ``agentbolt[apo]``) POML renders it; without it the same
+file is read as XML and each ``{{ name }}`` is replaced by the context value's text, which gives the same messages
+for this subset of POML. POML renders through a separate process (a few seconds a call), so the optimizers call
+:func:`render_prompt_file` in a worker thread.
+Pass your own files to the optimizers (``gradient_prompt_files=...``) to change what the optimizer model is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+__all__ = [
+    "PROMPTS_DIR",
+    "GRADIENT_PROMPT_FILES",
+    "APPLY_EDIT_PROMPT_FILES",
+    "REFLECT_PROMPT_FILES",
+    "MERGE_PROMPT_FILES",
+    "render_prompt_file",
+    "format_experiments",
+    "conversation_of",
+    "extract_template_text",
+]
+
+logger = logging.getLogger(__name__)
+
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+GRADIENT_PROMPT_FILES: List[Path] = [PROMPTS_DIR / f"text_gradient_variant0{i}.poml" for i in (1, 2, 3)]
+"""Critique prompts (context: ``prompt_template``, ``experiments``, ``experiments_text``, ``placeholders``)."""
+APPLY_EDIT_PROMPT_FILES: List[Path] = [PROMPTS_DIR / f"apply_edit_variant0{i}.poml" for i in (1, 2)]
+"""Rewrite prompts, aggressive (01) and conservative (02) (context: ``prompt_template``, ``critique``,
+``placeholders``)."""
+REFLECT_PROMPT_FILES: List[Path] = [PROMPTS_DIR / "reflect_variant01.poml"]
+"""Reflective mutation of the Pareto optimizer: full traces in, a new template out."""
+MERGE_PROMPT_FILES: List[Path] = [PROMPTS_DIR / "merge_variant01.poml"]
+"""Merge of two Pareto-front templates (context: ``template_a``, ``template_b``, ``wins_a``, ``wins_b``)."""
+
+_EXPRESSION = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_ROLES = {"system-msg": "system", "human-msg": "user", "ai-msg": "assistant"}
+_FENCED = re.compile(r"```[A-Za-z0-9_-]*\n(.*?)\n?```", re.DOTALL)
+
+
+def _poml_module() -> Any:
+    try:
+        import poml
+    except ImportError:
+        return None
+    return poml
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _render_plain(path: Path, context: Mapping[str, Any]) -> List[Dict[str, str]]:
+    root = ElementTree.fromstring(path.read_text(encoding="utf-8"))
+    messages: List[Dict[str, str]] = []
+    for element in root:
+        role = _ROLES.get(element.tag)
+        if role is None:
+            raise ValueError(f"{path}: the plain renderer knows only {sorted(_ROLES)}, not <{element.tag}>")
+        raw = "".join(element.itertext()).strip()
+        missing = [name for name in _EXPRESSION.findall(raw) if name not in context]
+        if missing:
+            raise KeyError(f"{path}: no value for {missing}")
+        messages.append({"role": role, "content": _EXPRESSION.sub(lambda m: _text(context[m.group(1)]), raw)})
+    return messages
+
+
+def render_prompt_file(
+    path: Path, context: Mapping[str, Any], *, use_poml: Optional[bool] = None
+) -> List[Dict[str, Any]]:
+    """Render one prompt file into OpenAI chat messages.
+
+    Args:
+        path: A POML file.
+        context: Values of the file's ``{{ name }}`` expressions.
+        use_poml: Force (True) or avoid (False) the ``poml`` package; None uses it when installed.
+
+    Returns:
+        The messages (``role`` / ``content`` dicts).
+
+    Raises:
+        ImportError: ``use_poml=True`` without the ``poml`` package.
+        KeyError: Plain rendering: an expression has no value in ``context``.
+        ValueError: Plain rendering: the file uses a POML element other than the three message elements.
+    """
+    module = _poml_module() if use_poml is not False else None
+    if use_poml and module is None:
+        raise ImportError("Rendering prompt files with POML needs the poml package: pip install 'agentbolt[apo]'")
+    if module is None:
+        return _render_plain(path, context)
+    rendered = module.poml(str(path), context=dict(context), format="openai_chat")
+    return [{**message, "content": str(message.get("content", "")).strip()} for message in rendered["messages"]]
+
+
+def _message_line(message: Mapping[str, Any], max_chars: int) -> List[str]:
+    role = str(message.get("role", "?"))
+    lines: List[str] = []
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content)
+    if content:
+        text = str(content)
+        if len(text) > max_chars:
+            text = text[:max_chars] + f" [... {len(text) - max_chars} more characters]"
+        lines.append(f"[{role}] {text}")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        lines.append(f"[{role} calls tool] {function.get('name')}({function.get('arguments')})")
+    return lines
+
+
+def conversation_of(rollout_messages: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The fullest conversation of a rollout: the last LLM call's request messages plus its reply.
+
+    ``rollout_messages`` is what :class:`~agentbolt.adapter.TraceToMessages` gives for the rollout (one entry per
+    LLM call, each holding the messages sent and the assistant's answer); in an agent that carries its history
+    forward, the last call's conversation contains every earlier turn.
+    """
+    if not rollout_messages:
+        return []
+    last = rollout_messages[-1]
+    messages = last.get("messages") if isinstance(last, Mapping) else None
+    return list(messages or [])
+
+
+def format_experiments(experiments: Sequence[Mapping[str, Any]], *, max_message_chars: int = 1500) -> str:
+    """Show rollouts to the optimizer model: each run's conversation, tool calls, reward and status.
+
+    Args:
+        experiments: ``RolloutResultForAPO``-shaped dicts (``status``, ``final_reward``, ``messages``).
+        max_message_chars: Longer message contents are cut (with a note of how much).
+    """
+    blocks: List[str] = []
+    for number, experiment in enumerate(experiments, start=1):
+        reward = experiment.get("final_reward")
+        header = f"### Run {number}: reward {reward if reward is not None else 'none (counted as 0)'}"
+        header += f", status {experiment.get('status')}"
+        lines = [header]
+        conversation = conversation_of(experiment.get("messages") or [])
+        if not conversation:
+            lines.append("(no LLM call was recorded)")
+        for message in conversation:
+            lines.extend(_message_line(message, max_message_chars))
+        for text in experiment.get("feedback") or []:
+            lines.append(f"[feedback] {text}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "(no runs)"
+
+
+def extract_template_text(reply: Optional[str]) -> Optional[str]:
+    """The template in an optimizer reply: the last fenced block if there is one, else the whole reply, stripped.
+
+    Returns:
+        None for an empty reply.
+    """
+    if reply is None:
+        return None
+    blocks = _FENCED.findall(reply)
+    text = blocks[-1] if blocks else reply
+    text = text.strip()
+    return text or None

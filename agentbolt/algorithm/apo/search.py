@@ -1,0 +1,662 @@
+"""What every prompt optimizer here shares: evaluating a candidate through the store, and keeping every result.
+
+A candidate prompt is published as the resource snapshot ``{run_id}-{version}`` (``v0`` is the seed) holding the
+tuned template under its original resource name. Its rollouts are enqueued with that snapshot and tagged in their
+metadata (``prompt_search``: run, version, purpose, task key, lineage, and, once finished, the reward), so the store
+alone tells which prompts a run tried, how each scored on which task and where it came from: a run can be resumed
+(:meth:`PromptSearch.run` with ``resume=True``), compared and inspected (:func:`load_search_run`). When a run ends,
+for any reason, the best prompt is published again as ``{run_id}-best``, which makes it the store's latest
+resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from typing_extensions import NotRequired, TypedDict
+
+from agentbolt.adapter import TraceToMessages
+from agentbolt.algorithm.base import Algorithm
+from agentbolt.emitter.message import get_message_value
+from agentbolt.emitter.reward import find_final_reward
+from agentbolt.store.utils import wait_for_finished_rollouts
+from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
+
+from .optimizer import OptimizerCalls, SearchBudgetExhausted
+from .prompts import render_prompt_file
+from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
+
+__all__ = [
+    "METADATA_KEY",
+    "CandidateRecord",
+    "Evaluation",
+    "PromptSearch",
+    "RolloutResultForAPO",
+    "VersionedPromptTemplate",
+    "load_search_run",
+    "optimizer_client",
+]
+
+METADATA_KEY = "prompt_search"
+"""Key of a rollout's metadata holding what the optimizer recorded about it."""
+
+FULL_VAL = "val-full"
+"""Purpose of evaluations on the whole validation set: the scores that decide the best prompt."""
+
+
+class RolloutResultForAPO(TypedDict):
+    """One finished rollout as the optimizer reads it.
+
+    ``feedback`` holds the texts the agent emitted with ``emit_message`` (a grader's explanation, say).
+    """
+
+    status: RolloutStatus
+    final_reward: Optional[float]
+    spans: List[Dict[str, Any]]
+    messages: List[Any]
+    feedback: NotRequired[List[str]]
+
+
+@dataclass
+class VersionedPromptTemplate:
+    """A candidate prompt with its version (``v0``, ``v1``, ...) and its latest score (None until evaluated).
+
+    ``lineage`` (``origin``, ``parents``, ``note``, ``round``) is recorded with the candidate's rollouts.
+    """
+
+    version: str
+    prompt_template: PromptTemplate
+    score: Optional[float] = None
+    lineage: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    """The outcome of running one candidate on a list of tasks.
+
+    Attributes:
+        version: The candidate's version.
+        purpose: Why it ran (``train``, ``val-batch``, ``val-full``, ...).
+        task_keys: Key of each task (its index in its dataset, as text).
+        rewards: Reward per task in the same order; failed, timed-out or unrewarded rollouts score 0.
+        outcomes: Per task, the finished rollout as the optimizer reads it (None: timed out).
+        failed: Rollouts that ended failed or cancelled.
+        timed_out: Rollouts unfinished at the deadline (cancelled, scored 0).
+        rollout_ids: The rollouts, in task order.
+    """
+
+    version: str
+    purpose: str
+    task_keys: List[str]
+    rewards: List[float]
+    outcomes: List[Optional[RolloutResultForAPO]] = field(default_factory=list)
+    failed: int = 0
+    timed_out: int = 0
+    rollout_ids: List[str] = field(default_factory=list)
+
+    @property
+    def results(self) -> List[RolloutResultForAPO]:
+        """The finished rollouts (timed-out ones left out)."""
+        return [outcome for outcome in self.outcomes if outcome is not None]
+
+    @property
+    def mean(self) -> float:
+        """Average reward over all tasks (0 for an empty evaluation)."""
+        return sum(self.rewards) / max(1, len(self.rewards))
+
+    def by_task(self) -> Dict[str, float]:
+        """Reward per task key."""
+        return dict(zip(self.task_keys, self.rewards, strict=True))
+
+
+@dataclass
+class CandidateRecord:
+    """A candidate of a stored run, read back from the store by :func:`load_search_run`.
+
+    Attributes:
+        version: ``v0``, ``v1``, ...
+        template: The candidate template (None if its resource snapshot is gone).
+        origin: How it was made: ``seed``, ``edit``, ``reflection``, ``merge``, ``demonstrations``.
+        parents: Versions it was derived from.
+        note: The optimizer's reason for it (the critique that led to an edit, the demonstrations chosen...).
+        round: The search round that made it (0 for the seed).
+        scores: Reward per task key, per purpose.
+        validated_in_round: Last round in which it was scored on the full validation set (-1: never).
+    """
+
+    version: str
+    template: Optional[PromptTemplate]
+    origin: str = ""
+    parents: List[str] = field(default_factory=list)
+    note: str = ""
+    round: int = 0
+    scores: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    validated_in_round: int = -1
+
+    def mean(self, purpose: str = FULL_VAL) -> Optional[float]:
+        """Average reward for ``purpose``, or None if the candidate was not evaluated for it."""
+        rewards = self.scores.get(purpose)
+        if not rewards:
+            return None
+        return sum(rewards.values()) / len(rewards)
+
+
+def _version_number(version: str) -> int:
+    return int(version[1:]) if version.startswith("v") and version[1:].isdigit() else -1
+
+
+async def load_search_run(store: Any, run_id: str) -> List[CandidateRecord]:
+    """Every candidate a run evaluated, with its template, lineage and per-task rewards, by version order.
+
+    Args:
+        store: The run's store.
+        run_id: The optimizer's ``run_id``.
+    """
+    records: Dict[str, CandidateRecord] = {}
+    for rollout in await store.query_rollouts():
+        tag = (rollout.metadata or {}).get(METADATA_KEY)
+        if not isinstance(tag, Mapping) or tag.get("run_id") != run_id:
+            continue
+        version = str(tag.get("version"))
+        record = records.get(version)
+        if record is None:
+            record = records[version] = CandidateRecord(version=version, template=None)
+        record.origin = str(tag.get("origin") or record.origin)
+        record.parents = list(tag.get("parents") or record.parents)
+        record.note = str(tag.get("note") or record.note)
+        record.round = int(tag.get("round") or record.round)
+        if tag.get("reward") is not None:
+            record.scores.setdefault(str(tag.get("purpose")), {})[str(tag.get("task"))] = float(tag["reward"])
+            if tag.get("purpose") == FULL_VAL:
+                record.validated_in_round = max(record.validated_in_round, int(tag.get("eval_round") or 0))
+    for version, record in records.items():
+        snapshot = await store.get_resources_by_id(f"{run_id}-{version}")
+        if snapshot is not None:
+            templates = [r for r in snapshot.resources.values() if isinstance(r, PromptTemplate)]
+            record.template = templates[0] if templates else None
+    return sorted(records.values(), key=lambda r: _version_number(r.version))
+
+
+def keyed(dataset: Dataset[Any]) -> List[Tuple[str, Any]]:
+    """``(key, task)`` for each item of a dataset; the key is the item's index."""
+    return [(str(index), dataset[index]) for index in range(len(dataset))]
+
+
+def optimizer_client(spec: Any) -> Any:
+    """The optimizer's client from a client, a base URL, or the keyword arguments of ``openai.AsyncOpenAI``.
+
+    A plain value (a URL string or a dict such as ``{"base_url": ..., "api_key": ...}``) lets an optimizer be built
+    from a configuration file; without an ``api_key``, ``OPENAI_API_KEY`` is used, else a placeholder (enough for a
+    local server). None and client objects are returned as they are.
+
+    Raises:
+        ImportError: A client must be built and the ``openai`` package is missing (the message names the extra).
+    """
+    if spec is None or not isinstance(spec, (str, Mapping)):
+        return spec
+    try:
+        from openai import AsyncOpenAI
+    except ImportError as exc:
+        raise ImportError(
+            "Building the optimizer client needs the openai package: pip install 'agentbolt[apo]'"
+        ) from exc
+    options = {"base_url": spec} if isinstance(spec, str) else dict(spec)
+    # a local server needs no key; a hosted one refuses the placeholder with a clear 401
+    options.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "no-key")
+    return AsyncOpenAI(**options)
+
+
+class PromptSearch(Algorithm):
+    """Base of the prompt optimizers: seed lookup, store-backed evaluation, optimizer calls, best-prompt tracking.
+
+    Args:
+        async_openai_client: The optimizer model's client (``openai.AsyncOpenAI`` or compatible), or what builds
+            one (a base URL, or a dict of ``AsyncOpenAI`` keyword arguments, see :func:`optimizer_client`); may be
+            None for searches that never ask a model (few-shot selection).
+        rollout_batch_timeout: Seconds an evaluation batch may take; unfinished rollouts are cancelled and score 0.
+        run_id: Names this run's candidates in the store (default: a new random id).
+        resume: Continue the run ``run_id`` from what the store holds.
+        max_optimizer_tokens: Stop the search once the optimizer model has used this many tokens.
+        max_rollouts: Stop the search before enqueueing more than this many rollouts in total.
+        optimizer_timeout: Seconds allowed for one optimizer call.
+        optimizer_retries: Retries of a failed or timed-out optimizer call (with exponential backoff).
+        optimizer_backoff: Seconds before the first retry.
+        optimizer_max_tokens: Completion budget of each optimizer call (None: the server's default).
+        seed: Seed of this optimizer's random choices (None: not seeded).
+        use_poml: Render the optimizer's prompt files with POML (True), with the plain renderer (False), or with
+            POML when it is installed (None). POML runs a separate process per render (seconds each).
+    """
+
+    log_name = "agentbolt.algorithm.apo.search"
+
+    def __init__(
+        self,
+        async_openai_client: Any = None,
+        *,
+        rollout_batch_timeout: float = 3600.0,
+        run_id: Optional[str] = None,
+        resume: bool = False,
+        max_optimizer_tokens: Optional[int] = None,
+        max_rollouts: Optional[int] = None,
+        optimizer_timeout: float = 120.0,
+        optimizer_retries: int = 3,
+        optimizer_backoff: float = 1.0,
+        optimizer_max_tokens: Optional[int] = None,
+        seed: Optional[int] = None,
+        use_poml: Optional[bool] = None,
+    ) -> None:
+        if rollout_batch_timeout <= 0:
+            raise ValueError(f"rollout_batch_timeout must be > 0 seconds, got {rollout_batch_timeout}")
+        if max_rollouts is not None and max_rollouts <= 0:
+            raise ValueError(f"max_rollouts must be > 0 or None, got {max_rollouts}")
+        if resume and not run_id:
+            raise ValueError("resume=True needs the run_id of the run to continue")
+        async_openai_client = optimizer_client(async_openai_client)
+        self.async_openai_client = async_openai_client
+        self.rollout_batch_timeout = rollout_batch_timeout
+        self.run_id = run_id or f"apo-{secrets.token_hex(4)}"
+        self.resume = resume
+        self.max_rollouts = max_rollouts
+        self.seed = seed
+        self.use_poml = use_poml
+        self.rng = random.Random(seed)
+        self.optimizer = OptimizerCalls(
+            async_openai_client,
+            timeout=optimizer_timeout,
+            retries=optimizer_retries,
+            backoff=optimizer_backoff,
+            max_tokens=max_optimizer_tokens,
+            completion_tokens=optimizer_max_tokens,
+        )
+        self.rollouts_enqueued = 0
+        self.rollouts_failed = 0
+        self.rollouts_timed_out = 0
+        self.skipped_candidates = 0
+        self.evaluations: List[Evaluation] = []
+        self._history_best_prompt: Optional[PromptTemplate] = None
+        self._history_best_score = float("-inf")
+        self._history_best_version: Optional[str] = None
+        self._version_counter = 0
+        self.current_round = 0
+        self._resource_name: Optional[str] = None
+        self._placeholders: frozenset[str] = frozenset()
+        self._full_val_cache: Dict[str, Dict[str, float]] = {}
+        self._logger = logging.getLogger(self.log_name)
+
+    # -- logging ---------------------------------------------------------------------------------------------------
+
+    def _log(self, level: int, message: str, *, prefix: Optional[str] = None) -> None:
+        self._logger.log(level, f"{prefix} {message}" if prefix else message)
+
+    async def _render(self, path: Path, context: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """A prompt file's messages, rendered in a worker thread (POML runs a separate process)."""
+        return await asyncio.to_thread(render_prompt_file, path, context, use_poml=self.use_poml)
+
+    # -- seed, adapter, versions -----------------------------------------------------------------------------------
+
+    def get_seed_prompt_template(self) -> Tuple[str, PromptTemplate]:
+        """The resource name and template of the first :class:`PromptTemplate` in the initial resources.
+
+        Raises:
+            ValueError: No initial resources were set, or none of them is a PromptTemplate.
+        """
+        resources = self.get_initial_resources()
+        if resources is None:
+            raise ValueError(
+                "No initial resources: give the Trainer initial_resources={'prompt_template': PromptTemplate(...)} "
+                "holding the prompt to optimize."
+            )
+        for name, resource in resources.items():
+            if isinstance(resource, PromptTemplate):
+                return name, resource
+        found = {name: type(resource).__name__ for name, resource in resources.items()}
+        raise ValueError(f"No PromptTemplate in the initial resources to optimize (found {found}).")
+
+    def get_adapter(self) -> TraceToMessages:  # type: ignore[override]
+        """The adapter, which must turn spans into conversations.
+
+        Raises:
+            ValueError: No adapter was set or it is not a :class:`~agentbolt.adapter.TraceToMessages`.
+        """
+        adapter = super().get_adapter()
+        if not isinstance(adapter, TraceToMessages):
+            raise ValueError(
+                f"{type(self).__name__} reads conversations through TraceToMessages, but the adapter is "
+                f"{type(adapter).__name__}: pass adapter=agl.TraceToMessages() to the Trainer."
+            )
+        return adapter
+
+    def get_best_prompt(self) -> PromptTemplate:
+        """The best prompt found so far (the seed until a candidate beats it on the full validation set).
+
+        Raises:
+            ValueError: Before any run.
+        """
+        if self._history_best_prompt is None:
+            raise ValueError("No best prompt found")
+        return self._history_best_prompt
+
+    @property
+    def best_score(self) -> float:
+        """Full-validation score of :meth:`get_best_prompt` (``-inf`` when the seed was not validated)."""
+        return self._history_best_score
+
+    @property
+    def best_version(self) -> Optional[str]:
+        """Version of :meth:`get_best_prompt`."""
+        return self._history_best_version
+
+    def _create_versioned_prompt(
+        self, prompt_template: PromptTemplate, *, score: Optional[float] = None
+    ) -> VersionedPromptTemplate:
+        version = f"v{self._version_counter}"
+        self._version_counter += 1
+        return VersionedPromptTemplate(version=version, prompt_template=prompt_template, score=score)
+
+    def _candidate_from_text(
+        self, text: Optional[str], like: PromptTemplate, *, prefix: Optional[str] = None
+    ) -> Optional[VersionedPromptTemplate]:
+        """A new version holding ``text`` in ``like``'s engine, or None (logged, counted) when it is unusable."""
+        if not text or not text.strip():
+            self.skipped_candidates += 1
+            self._log(logging.WARNING, "Skipped a candidate: the optimizer returned no text.", prefix=prefix)
+            return None
+        template = PromptTemplate(template=text, engine=like.engine)
+        try:
+            check_placeholders(template, self._placeholders)
+        except PlaceholderMismatchError as exc:
+            self.skipped_candidates += 1
+            self._log(logging.WARNING, f"Skipped a candidate: {exc}.", prefix=prefix)
+            return None
+        return self._create_versioned_prompt(template)
+
+    def _set_seed(self, train_dataset: Optional[Dataset[Any]], val_dataset: Optional[Dataset[Any]]) -> PromptTemplate:
+        """Find the seed, check the datasets and reset the run's state.
+
+        Raises:
+            ValueError: No seed template, or a dataset is missing or empty.
+        """
+        name, seed = self.get_seed_prompt_template()
+        for label, dataset in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
+            if dataset is None:
+                raise ValueError(f"{type(self).__name__} needs a {label}; got None.")
+            if len(dataset) == 0:
+                raise ValueError(f"{type(self).__name__} needs a non-empty {label}; got an empty one.")
+        self.get_adapter()
+        self._resource_name = name
+        self._placeholders = template_placeholders(seed)
+        self._history_best_prompt = seed
+        self._history_best_score = float("-inf")
+        self._history_best_version = None
+        self._version_counter = 0
+        return seed
+
+    # -- evaluation --------------------------------------------------------------------------------------------------
+
+    def _tag(
+        self, candidate: VersionedPromptTemplate, purpose: str, key: str, lineage: Mapping[str, Any]
+    ) -> Dict[str, Any]:
+        return {
+            METADATA_KEY: {
+                "run_id": self.run_id,
+                "version": candidate.version,
+                "purpose": purpose,
+                "task": key,
+                "eval_round": self.current_round,
+                **lineage,
+            }
+        }
+
+    async def evaluate(
+        self,
+        candidate: VersionedPromptTemplate,
+        tasks: Sequence[Tuple[str, Any]],
+        *,
+        mode: RolloutMode,
+        purpose: str,
+        lineage: Optional[Mapping[str, Any]] = None,
+        prefix: Optional[str] = None,
+    ) -> Evaluation:
+        """Run ``candidate`` on ``tasks`` through the store and score it.
+
+        Args:
+            candidate: The prompt to run.
+            tasks: ``(key, task input)`` pairs.
+            mode: Rollout mode (``train`` / ``val``).
+            purpose: Recorded with the rollouts; ``val-full`` results are cached by template text.
+            lineage: Recorded with the rollouts (default: the candidate's own ``lineage``).
+            prefix: Log prefix.
+
+        Raises:
+            SearchBudgetExhausted: The rollout budget does not cover these tasks.
+        """
+        if purpose == FULL_VAL:
+            cached = self._full_val_cache.get(candidate.prompt_template.template)
+            if cached is not None and all(key in cached for key, _ in tasks):
+                self._log(logging.INFO, "Reusing the stored full-validation scores.", prefix=prefix)
+                return Evaluation(candidate.version, purpose, [k for k, _ in tasks], [cached[k] for k, _ in tasks])
+        if self.max_rollouts is not None and self.rollouts_enqueued + len(tasks) > self.max_rollouts:
+            raise SearchBudgetExhausted(
+                f"rollout budget spent: {self.rollouts_enqueued} of {self.max_rollouts} used, {len(tasks)} more needed"
+            )
+        store = self.get_store()
+        assert self._resource_name is not None
+        lineage = candidate.lineage if lineage is None else lineage
+        update = await store.update_resources(
+            f"{self.run_id}-{candidate.version}", {self._resource_name: candidate.prompt_template}
+        )
+        rollout_ids: List[str] = []
+        for key, task in tasks:
+            rollout = await store.enqueue_rollout(
+                input=task,
+                mode=mode,
+                resources_id=update.resources_id,
+                metadata=self._tag(candidate, purpose, key, lineage),
+            )
+            rollout_ids.append(rollout.rollout_id)
+        self.rollouts_enqueued += len(tasks)
+        finished = await self._wait(rollout_ids, prefix=prefix)
+        evaluation = Evaluation(candidate.version, purpose, [k for k, _ in tasks], [], rollout_ids=rollout_ids)
+        for rollout_id in rollout_ids:
+            rollout = finished.get(rollout_id)
+            if rollout is None:
+                evaluation.timed_out += 1
+                evaluation.rewards.append(0.0)
+                evaluation.outcomes.append(None)
+                continue
+            result = await self._rollout_result(rollout, prefix=prefix)
+            evaluation.outcomes.append(result)
+            if result["status"] != "succeeded":
+                evaluation.failed += 1
+            reward = result["final_reward"] if result["status"] == "succeeded" else None
+            evaluation.rewards.append(float(reward) if reward is not None else 0.0)
+        for rollout_id, reward in zip(rollout_ids, evaluation.rewards, strict=True):
+            await self._record_reward(rollout_id, reward)
+        self.rollouts_failed += evaluation.failed
+        self.rollouts_timed_out += evaluation.timed_out
+        if evaluation.failed or evaluation.timed_out:
+            self._log(
+                logging.WARNING,
+                f"{evaluation.failed} rollout(s) failed and {evaluation.timed_out} timed out of {len(tasks)}; "
+                "each scored 0.",
+                prefix=prefix,
+            )
+        if purpose == FULL_VAL:
+            self._full_val_cache[candidate.prompt_template.template] = evaluation.by_task()
+        candidate.score = evaluation.mean
+        self.evaluations.append(evaluation)
+        return evaluation
+
+    async def _record_reward(self, rollout_id: str, reward: float) -> None:
+        store = self.get_store()
+        rollout = await store.get_rollout_by_id(rollout_id)
+        if rollout is None:
+            return
+        metadata = dict(rollout.metadata or {})
+        metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), "reward": reward}
+        await store.update_rollout(rollout_id, metadata=metadata)
+
+    async def _wait(self, rollout_ids: List[str], *, prefix: Optional[str]) -> Dict[str, Rollout]:
+        store = self.get_store()
+        finished = await wait_for_finished_rollouts(store, rollout_ids, timeout=self.rollout_batch_timeout)
+        if len(finished) == len(rollout_ids):
+            return finished
+        for rollout_id in rollout_ids:
+            if rollout_id in finished:
+                continue
+            self._log(
+                logging.WARNING,
+                f"Rollout {rollout_id} did not finish within {self.rollout_batch_timeout:.0f} s; cancelling it.",
+                prefix=prefix,
+            )
+            try:
+                await store.update_rollout(rollout_id, status="cancelled")
+            except ValueError as exc:  # it finished in between, or the store refuses: either way it scores 0
+                self._log(logging.INFO, f"Could not cancel {rollout_id}: {exc}", prefix=prefix)
+        return finished
+
+    async def _rollout_result(self, rollout: Rollout, *, prefix: Optional[str]) -> RolloutResultForAPO:
+        store = self.get_store()
+        spans = list(await store.query_spans(rollout.rollout_id, "latest"))
+        try:
+            messages: List[Any] = list(self.get_adapter().adapt(spans))
+        except ValueError as exc:
+            self._log(logging.WARNING, f"Cannot read the conversation of {rollout.rollout_id}: {exc}", prefix=prefix)
+            messages = []
+        feedback = []
+        for span in spans:
+            try:
+                text = get_message_value(span)
+            except TypeError:
+                text = None
+            if text:
+                feedback.append(text)
+        return RolloutResultForAPO(
+            status=rollout.status,
+            final_reward=find_final_reward(spans),
+            spans=[span.model_dump() for span in spans],
+            messages=messages,
+            feedback=feedback,
+        )
+
+    async def _validate_full(
+        self,
+        candidate: VersionedPromptTemplate,
+        val: Sequence[Tuple[str, Any]],
+        *,
+        lineage: Optional[Mapping[str, Any]] = None,
+        prefix: Optional[str] = None,
+    ) -> Evaluation:
+        """Score ``candidate`` on the whole validation set and make it the best prompt if it beats the best."""
+        evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, lineage=lineage, prefix=prefix)
+        if evaluation.mean > self._history_best_score:
+            self._log(
+                logging.INFO,
+                f"New best prompt {candidate.version}: {evaluation.mean:.3f} on the full validation set "
+                f"(was {self._history_best_score:.3f}).",
+                prefix=prefix,
+            )
+            self._history_best_prompt = candidate.prompt_template
+            self._history_best_score = evaluation.mean
+            self._history_best_version = candidate.version
+        else:
+            self._log(
+                logging.INFO,
+                f"{candidate.version} scores {evaluation.mean:.3f} on the full validation set; the best stays "
+                f"{self._history_best_version} ({self._history_best_score:.3f}).",
+                prefix=prefix,
+            )
+        return evaluation
+
+    async def _resume_state(self) -> List[CandidateRecord]:
+        """Read back this run's candidates, restoring the version counter, the score cache and the best prompt."""
+        records = await load_search_run(self.get_store(), self.run_id)
+        if not records:
+            raise ValueError(f"Cannot resume: the store holds no candidates of run {self.run_id!r}.")
+        self._version_counter = max(_version_number(r.version) for r in records) + 1
+        for record in records:
+            if record.template is None:
+                continue
+            full = record.scores.get(FULL_VAL)
+            if full:
+                self._full_val_cache[record.template.template] = dict(full)
+                mean = sum(full.values()) / len(full)
+                if mean > self._history_best_score:
+                    self._history_best_prompt = record.template
+                    self._history_best_score = mean
+                    self._history_best_version = record.version
+        self._log(
+            logging.INFO,
+            f"Resuming run {self.run_id}: {len(records)} stored candidates, best {self._history_best_version} "
+            f"({self._history_best_score:.3f}).",
+        )
+        return records
+
+    @staticmethod
+    def _lineage_of(record: CandidateRecord) -> Dict[str, Any]:
+        return {"origin": record.origin, "parents": list(record.parents), "note": record.note, "round": record.round}
+
+    @contextlib.asynccontextmanager
+    async def _search_session(self) -> AsyncIterator[None]:
+        """Wrap a search: a spent budget ends it quietly; whatever ends it, the best prompt is stored and reported."""
+        try:
+            yield
+        except SearchBudgetExhausted as exc:
+            self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
+        finally:
+            await self._publish_best()
+            self._log(
+                logging.INFO,
+                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
+                f"{self.summary()}",
+            )
+
+    @staticmethod
+    def _prompt_files(given: Optional[Sequence[Any]], default: Sequence[Path]) -> List[Path]:
+        """``given`` (else ``default``) as paths.
+
+        Raises:
+            ValueError: A file does not exist.
+        """
+        paths = [Path(p) for p in given or default]
+        for path in paths:
+            if not path.is_file():
+                raise ValueError(f"prompt file {path} does not exist")
+        return paths
+
+    async def _publish_best(self) -> None:
+        """Store the best prompt as ``{run_id}-best`` (the latest resources), keeping it whatever happened."""
+        if self._history_best_prompt is None or self._resource_name is None:
+            return
+        resources: NamedResources = dict(self.get_initial_resources() or {})
+        resources[self._resource_name] = self._history_best_prompt
+        try:
+            await self.get_store().update_resources(f"{self.run_id}-best", resources)
+        except Exception:  # the prompt stays available from get_best_prompt()
+            self._logger.exception("Could not store the best prompt of run %s.", self.run_id)
+
+    def summary(self) -> Dict[str, Any]:
+        """What the run spent and found: best version and score, rollouts, optimizer calls and tokens."""
+        usage = self.optimizer.usage
+        return {
+            "run_id": self.run_id,
+            "best_version": self._history_best_version,
+            "best_score": self._history_best_score,
+            "candidates": self._version_counter,
+            "skipped_candidates": self.skipped_candidates,
+            "rollouts": self.rollouts_enqueued,
+            "rollouts_failed": self.rollouts_failed,
+            "rollouts_timed_out": self.rollouts_timed_out,
+            "optimizer_calls": usage.calls,
+            "optimizer_failed_calls": usage.failed_calls,
+            "optimizer_prompt_tokens": usage.prompt_tokens,
+            "optimizer_completion_tokens": usage.completion_tokens,
+        }

@@ -1,0 +1,147 @@
+"""``agentbolt prometheus``: serve the Prometheus metrics that agentbolt processes write to a shared directory.
+
+Every process started with ``PROMETHEUS_MULTIPROC_DIR`` set (and ``AGENTBOLT_METRICS=prometheus``, or a store started
+with ``--tracker prometheus``) writes its counters and histograms there; this command aggregates them across processes
+(prometheus-client's multiprocess collector) and serves them for Prometheus to scrape at ``--metrics-path``, with
+``GET /health`` for liveness. The metric names are listed in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Optional
+
+import typer
+
+from agentbolt.cli.errors import CliError
+from agentbolt.cli.invocation import run_command
+from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
+
+__all__ = [
+    "HELP",
+    "DEFAULT_METRICS_PATH",
+    "create_prometheus_app",
+    "ensure_prometheus_dir",
+    "main",
+    "prometheus_command",
+]
+
+logger = logging.getLogger(__name__)
+
+HELP = "Serve the Prometheus metrics of every agentbolt process sharing $PROMETHEUS_MULTIPROC_DIR."
+DEFAULT_METRICS_PATH = "/v1/prometheus"
+MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def ensure_prometheus_dir() -> str:
+    """The multiprocess directory named by ``PROMETHEUS_MULTIPROC_DIR``, created when missing.
+
+    Raises:
+        ValueError: The variable is not set.
+    """
+    directory = os.environ.get(MULTIPROC_ENV_VAR, "").strip()
+    if not directory:
+        raise ValueError(
+            f"{MULTIPROC_ENV_VAR} is not set: point it to the directory the agentbolt processes write their "
+            "metrics to (the same value in every process)"
+        )
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH) -> Any:
+    """A FastAPI app serving the multiprocess registry at ``metrics_path`` and ``GET /health``.
+
+    Raises:
+        ValueError: ``metrics_path`` does not start with ``/`` or is the root.
+        ImportError: ``prometheus-client`` is not installed.
+    """
+    if not metrics_path.startswith("/"):
+        raise ValueError(f"metrics path must start with '/', got {metrics_path!r}")
+    path = metrics_path.rstrip("/")
+    if not path:
+        raise ValueError("metrics path cannot be the root '/'")
+    try:
+        from prometheus_client import (
+            CONTENT_TYPE_LATEST,
+            CollectorRegistry,
+            generate_latest,
+            make_asgi_app,
+            multiprocess,
+        )
+    except ImportError as exc:
+        raise ImportError("agentbolt prometheus needs prometheus-client: pip install 'agentbolt[prometheus]'") from exc
+    from fastapi import FastAPI
+    from starlette.responses import Response
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    app = FastAPI(title="agentbolt Prometheus metrics", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    # The path itself answers (a mount alone would redirect it to ``path/``); reading the files runs off the loop.
+    @app.get(path, include_in_schema=False)
+    def scrape() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.mount(path, make_asgi_app(registry=registry))
+    return app
+
+
+def prometheus_command(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; use 0.0.0.0 to let a remote Prometheus scrape."),
+    port: int = typer.Option(4748, min=1, max=65535, help="Port to listen on."),
+    metrics_path: str = typer.Option(DEFAULT_METRICS_PATH, help="Path Prometheus scrapes."),
+    log_level: str = typer.Option("INFO", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+) -> int:
+    """Serve the aggregated Prometheus metrics until SIGINT or SIGTERM."""
+    from agentbolt.logging import setup as setup_logging
+
+    level = log_level.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise CliError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    setup_logging(level, apply_to=["uvicorn.access"] if access_log else None)
+    try:
+        directory = ensure_prometheus_dir()
+        app = create_prometheus_app(metrics_path)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from exc
+    return asyncio.run(_serve(app, host, port, metrics_path.rstrip("/"), directory, access_log))
+
+
+async def _serve(app: Any, host: str, port: int, path: str, directory: str, access_log: bool) -> int:
+    from agentbolt.utils.server_launcher import PythonServerLauncher, PythonServerLauncherArgs
+
+    launcher = PythonServerLauncher(
+        app,
+        PythonServerLauncherArgs(
+            host=host,
+            port=port,
+            launch_mode="asyncio",
+            healthcheck_url="/health",
+            access_log=access_log,
+            log_level=logging.INFO if access_log else logging.WARNING,
+        ),
+    )
+    async with shutdown_signals() as stop:
+        try:
+            await launcher.start()
+        except RuntimeError as exc:
+            raise CliError(f"cannot serve on {host}:{port}: {exc}", exit_code=1) from exc
+        print(f"agentbolt prometheus: aggregating {directory}", flush=True)
+        print(f"agentbolt prometheus: serving {launcher.access_endpoint}{path}", flush=True)
+        await wait_until_stopped(stop, launcher)
+        print("agentbolt prometheus: shutting down", flush=True)
+        await launcher.stop()
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``agentbolt prometheus`` with ``argv`` (default ``sys.argv[1:]``) as its arguments; returns the exit code."""
+    return run_command(prometheus_command, "prometheus", HELP, argv)

@@ -1,0 +1,68 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import orjson
+
+__all__ = ["ApiError", "error_body", "ERROR_TYPES"]
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+"""The ``type`` an error gets from its status unless the raiser names one."""
+
+
+def error_body(
+    status: int, message: str, type_: Optional[str] = None, param: Optional[str] = None, **extra: Any
+) -> bytes:
+    """The JSON body of an error answer (OpenAI's format; ``extra`` keys are added to the ``error`` object)."""
+    error: Dict[str, Any] = {
+        "message": message,
+        "type": type_ or ERROR_TYPES.get(status, "invalid_request_error"),
+        "param": param,
+        "code": status,
+        **extra,
+    }
+    return orjson.dumps({"error": error})
+
+
+class ApiError(Exception):
+    """A failure answered with an OpenAI-style error body.
+
+    Args:
+        status: HTTP status (400, 401, 404, 413, 415, 429, 503...).
+        message: What is wrong, naming the offending value and what would be valid.
+        type_: The error's ``type`` (default from the status: ``invalid_request_error``, ``authentication_error``...).
+        param: The request field at fault, if one is.
+        headers: Extra response headers (``WWW-Authenticate``, ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: Optional[str] = None,
+        param: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or ERROR_TYPES.get(status, "invalid_request_error")
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self, **extra: Any) -> bytes:
+        """The JSON error body."""
+        return error_body(self.status, self.message, self.type, self.param, **extra)

@@ -1,0 +1,197 @@
+"""HTTP plumbing both OpenAI-compatible servers share: reading and validating bodies, bearer tokens, error answers.
+
+* :func:`read_body` caps the body size (413), :func:`parse_json_object` checks the content type (415), parses with
+  orjson (invalid UTF-8, lone surrogate escapes and malformed JSON are 400) and refuses nesting deeper than
+  :data:`MAX_JSON_DEPTH` (400), and :func:`validate_request` applies a schema of :mod:`agentbolt.openai_api.schema`
+  (400 naming the field).
+* :func:`bearer_token_matches` compares an ``Authorization`` header with the configured key in constant time; the
+  scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says.
+* :func:`install_error_handlers` makes every error of a FastAPI app an OpenAI-style body: :class:`ApiError`,
+  unknown routes (404), wrong methods (405), FastAPI's own validation errors (400) and unexpected exceptions (500).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Dict, Iterable, Optional, Type, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agentbolt.openai_api.errors import ApiError, error_body
+from agentbolt.openai_api.schema import validation_message
+
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "MAX_JSON_DEPTH",
+    "BearerAuthMiddleware",
+    "bearer_token_matches",
+    "error_response",
+    "install_error_handlers",
+    "parse_json_object",
+    "read_body",
+    "validate_request",
+]
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+"""Largest request body accepted by default (32 MiB)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of objects and arrays accepted in a request body (tool schemas need a few levels, not hundreds)."""
+_JSON = "application/json"
+
+
+def error_response(error: ApiError, **extra: Any) -> Response:
+    """The HTTP answer for ``error`` (``extra`` keys go into the ``error`` object)."""
+    return Response(error.body(**extra), status_code=error.status, media_type=_JSON, headers=error.headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 once it exceeds ``limit`` bytes (checked before reading when announced)."""
+    announced = request.headers.get("content-length")
+    if announced is not None and announced.isdigit() and int(announced) > limit:
+        raise _too_large(int(announced), limit)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(413, f"Request body of {size} bytes or more is larger than the limit of {limit} bytes")
+
+
+def _is_json(content_type: Optional[str]) -> bool:
+    if not content_type:
+        return True  # like FastAPI: a body without a content type is read as JSON
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == _JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+def parse_json_object(raw: bytes, content_type: Optional[str]) -> Dict[str, Any]:
+    """Parse a request body that must be a JSON object.
+
+    Raises:
+        ApiError: 415 for another content type, 400 for an empty body, invalid JSON (including invalid UTF-8 and
+            lone surrogate escapes such as ``"\\ud800"``), a value that is not an object, or nesting deeper than
+            :data:`MAX_JSON_DEPTH`.
+    """
+    if not _is_json(content_type):
+        raise ApiError(415, f"Content-Type must be application/json, got {content_type!r}")
+    if not raw.strip():
+        raise ApiError(400, "Request body is empty: send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"Request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object")
+    # Counting brackets runs in C; only bodies that could be that deep are walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(body, MAX_JSON_DEPTH):
+        raise ApiError(400, f"Request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    return body
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects and arrays in ``value`` nest more than ``limit`` levels (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def validate_request(model: Type[M], body: Dict[str, Any]) -> M:
+    """Validate a parsed body with ``model`` (strict types).
+
+    Raises:
+        ApiError: 400 naming the first offending field.
+    """
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+def bearer_token_matches(authorization: Optional[str], api_key: str) -> bool:
+    """Whether an ``Authorization`` header value carries ``api_key`` (scheme ``Bearer``, any case; constant time)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def unauthorized() -> ApiError:
+    """The 401 for a missing or wrong key."""
+    return ApiError(
+        401,
+        "Missing or wrong API key: send 'Authorization: Bearer <key>'",
+        headers={"www-authenticate": "Bearer"},
+    )
+
+
+class BearerAuthMiddleware:
+    """Require ``Authorization: Bearer <api_key>`` on every HTTP route except ``open_paths`` (ASGI middleware)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/health",)) -> None:
+        if not api_key:
+            raise ValueError("api_key must not be empty")
+        self.app = app
+        self.api_key = api_key
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            header = next((value for key, value in scope["headers"] if key == b"authorization"), None)
+            if not bearer_token_matches(header.decode("latin-1") if header else None, self.api_key):
+                await error_response(unauthorized())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def install_error_handlers(app: Any) -> None:
+    """Answer every error of the FastAPI ``app`` with an OpenAI-style body (see the module docstring)."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"Unknown route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        headers = dict(exc.headers or {})
+        return Response(error_body(exc.status_code, message), exc.status_code, headers, _JSON)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{location}: {first.get('msg', 'invalid request')}" if location else str(first.get("msg", exc))
+        return error_response(ApiError(400, message, param=location or None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        logger.error("Unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(ApiError(500, f"Internal server error ({type(exc).__name__})"))

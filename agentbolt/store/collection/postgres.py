@@ -1,0 +1,1271 @@
+"""Collections stored in PostgreSQL: shared by every process and machine that connects, durable, concurrent.
+
+Layout (all tables in one schema, ``agentbolt`` by default, so that several stores can share a database):
+
+* ``schema_migrations``: the versioned migrations applied so far. The store applies the missing ones when it
+  opens (under an advisory lock, so processes opening together do not race) and refuses a schema written by a
+  newer version.
+* one table per collection (``rollouts``, ``attempts``, ``spans``, ``resources``, ``workers``). Each row holds the
+  fields used to filter and sort in indexed columns (see :mod:`agentbolt.store.collection.sql`), an insertion
+  ordinal ``ord``, and the rest of the item as ``jsonb`` in ``data``: fields held by a column are not repeated in
+  the payload, so a span costs its attributes plus a few bytes.
+* ``rollout_queue``: FIFO of rollout ids; positions only grow. ``span_sequence_ids``: per-rollout counters.
+  ``store_meta``: timestamps of periodic work shared by all processes (the watchdog's last scan).
+* Triggers send ``NOTIFY`` on the schema's channel when a rollout reaches a terminal status (payload
+  ``f:<rollout_id>``) and when rollouts are queued (payload ``q``), inside the writing transaction: waiters in every
+  process wake when the change commits, without polling.
+
+Connections and transactions: one psycopg connection pool per process and event loop. An atomic read-write
+section runs in one transaction on one connection and first takes a transaction-scoped advisory lock per label
+(sorted, so sections never deadlock); sections touching the same labels therefore run one after the other in every
+process, exactly like the in-memory collections' per-label locks in one process. Plain read sections use one
+connection without a transaction and see the last committed state; snapshot reads run in a read-only
+``REPEATABLE READ`` transaction. A section that raises is rolled back; a section whose connection is lost before its
+commit raises :class:`PostgresUnavailableError` (nothing was applied, the call can be retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+    TypeVar,
+    cast,
+)
+
+import orjson
+from pydantic import BaseModel
+
+from agentbolt.store.collection import memory
+from agentbolt.store.collection.base import (
+    AtomicLabels,
+    AtomicMode,
+    Collection,
+    KeyValue,
+    LightningCollections,
+    Queue,
+    StorageOutcomeUnknownError,
+    StorageUnavailableError,
+    ensure_numeric,
+    normalize_filter_options,
+    resolve_sort_options,
+)
+from agentbolt.store.collection.sql import (
+    ATTEMPTS,
+    METRICS,
+    RESOURCES,
+    ROLLOUTS,
+    SPANS,
+    TABLES,
+    WORKERS,
+    SqlDialect,
+    SqlTable,
+    TableSpec,
+    compile_filter,
+    memory_predicate,
+    order_clause,
+)
+from agentbolt.types import (
+    Attempt,
+    FilterOptions,
+    MetricsRecord,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    SortOptions,
+    Span,
+    Worker,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "Migration",
+    "PostgresStoreError",
+    "PostgresConnectionError",
+    "PostgresPermissionError",
+    "PostgresSchemaVersionError",
+    "PostgresUnavailableError",
+    "PostgresCommitUnknownError",
+    "PostgresCollection",
+    "PostgresQueue",
+    "PostgresCounters",
+    "PostgresLightningCollections",
+    "redact_dsn",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+_ALL_LABELS: Tuple[AtomicLabels, ...] = (
+    "attempts",
+    "generic",
+    "resources",
+    "rollout_queue",
+    "rollouts",
+    "span_sequence_ids",
+    "spans",
+    "workers",
+)
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_MAX_ROWS_PER_STATEMENT = 1000
+"""Rows per multi-row ``INSERT`` (PostgreSQL accepts at most 65,535 parameters per statement)."""
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "The PostgreSQL store needs psycopg 3: pip install 'agentbolt[postgres]' (psycopg[binary,pool])"
+        ) from exc
+    return psycopg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+class PostgresStoreError(RuntimeError):
+    """The PostgreSQL store cannot be used; the message names the database (without its password)."""
+
+
+class PostgresConnectionError(PostgresStoreError):
+    """The database cannot be reached or refuses the connection (wrong host, port, database, user or password)."""
+
+
+class PostgresPermissionError(PostgresStoreError):
+    """The database role lacks a privilege the store needs (creating its schema and tables, reading, writing)."""
+
+
+class PostgresSchemaVersionError(PostgresStoreError):
+    """The schema was written by a newer version of agentbolt (a migration this version does not know)."""
+
+
+class PostgresUnavailableError(PostgresStoreError, StorageUnavailableError):
+    """The connection to the database failed before the operation committed: nothing was applied (retry later)."""
+
+
+class PostgresCommitUnknownError(PostgresStoreError, StorageOutcomeUnknownError):
+    """The connection failed while committing: the operation may or may not have been applied."""
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` without its password, for messages and logs."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def _sqlstate(exc: BaseException) -> str:
+    return str(getattr(exc, "sqlstate", None) or "")
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection (or the server) went away, as opposed to a problem with the request."""
+    psycopg = _psycopg()
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
+        return True
+    state = _sqlstate(exc)
+    # 08: connection exception; 57P: operator intervention (shutdown, restart); 40001/40P01: the transaction was
+    # aborted by a serialization failure or a deadlock (rolled back, safe to retry).
+    if state.startswith("08") or state.startswith("57P") or state in ("40001", "40P01"):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and not state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schema and migrations
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema's history: applied once, in order, in one transaction."""
+
+    version: int
+    description: str
+    statements: Tuple[str, ...]
+
+
+_PG_TYPES = {"TEXT": "text", "INTEGER": "bigint", "REAL": "double precision"}
+_FINISHED = "('succeeded', 'failed', 'cancelled')"
+
+
+def _table_statements(spec: TableSpec) -> List[str]:
+    columns = ", ".join(f"{c.name} {_PG_TYPES[c.sql_type]}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+    statements = [
+        f"CREATE TABLE {spec.table} (ord bigint GENERATED ALWAYS AS IDENTITY, {columns}, data jsonb NOT NULL, "
+        f"PRIMARY KEY ({', '.join(spec.primary_keys)}))",
+        f"CREATE INDEX {spec.table}_ord ON {spec.table} (ord)",
+    ]
+    for index in spec.indexes:
+        statements.append(f"CREATE INDEX {spec.table}_{'_'.join(index)} ON {spec.table} ({', '.join(index)}, ord)")
+    return statements
+
+
+def _initial_statements() -> Tuple[str, ...]:
+    statements: List[str] = []
+    for spec in TABLES:
+        statements.extend(_table_statements(spec))
+    statements += [
+        # Query routes: rollouts by start time (dashboards), attempts by sequence (latest attempt).
+        "CREATE INDEX rollouts_start_time ON rollouts (start_time, ord)",
+        "CREATE INDEX attempts_latest ON attempts (rollout_id, sequence_id)",
+        "CREATE INDEX workers_status ON workers (status, ord)",
+        "CREATE TABLE rollout_queue (pos bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, item text NOT NULL)",
+        "CREATE INDEX rollout_queue_item ON rollout_queue (item)",
+        "CREATE TABLE span_sequence_ids (key text PRIMARY KEY, value bigint NOT NULL)",
+        "CREATE TABLE store_meta (key text PRIMARY KEY, value double precision NOT NULL)",
+        # Wake-ups: NOTIFY is transactional, so waiters learn about a change exactly when it commits.
+        "CREATE FUNCTION notify_rollout_finished() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_notify('agentbolt:' || TG_TABLE_SCHEMA, 'f:' || NEW.rollout_id); RETURN NULL; END $$",
+        "CREATE TRIGGER rollouts_finished AFTER INSERT OR UPDATE OF status ON rollouts FOR EACH ROW "
+        f"WHEN (NEW.status IN {_FINISHED}) EXECUTE FUNCTION notify_rollout_finished()",
+        "CREATE FUNCTION notify_rollouts_queued() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_notify('agentbolt:' || TG_TABLE_SCHEMA, 'q'); RETURN NULL; END $$",
+        "CREATE TRIGGER rollouts_queued AFTER INSERT ON rollout_queue FOR EACH STATEMENT "
+        "EXECUTE FUNCTION notify_rollouts_queued()",
+    ]
+    return tuple(statements)
+
+
+MIGRATIONS: Tuple[Migration, ...] = (
+    Migration(1, "initial layout", _initial_statements()),
+    Migration(2, "training metrics", tuple(_table_statements(METRICS))),
+)
+"""Every migration, oldest first. A new layout is a new entry here; existing entries never change."""
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
+"""Version of the layout this module reads and writes."""
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _lock_key(*parts: str) -> int:
+    """A 64-bit advisory lock key for ``parts`` (stable across processes and versions)."""
+    digest = hashlib.blake2b(":".join(("agentbolt", *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
+    """Create the schema when missing and apply the migrations it lacks; returns the version found before.
+
+    Raises:
+        PostgresConnectionError: The database cannot be reached or refuses the connection.
+        PostgresPermissionError: The role may not create the schema or its tables.
+        PostgresSchemaVersionError: The schema was written by a newer version.
+    """
+    psycopg = _psycopg()
+    where = redact_dsn(dsn)
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
+    except psycopg.Error as exc:
+        raise PostgresConnectionError(f"Cannot connect to PostgreSQL ({where}): {_one_line(exc)}") from exc
+    quoted = _quote(schema)
+    try:
+        with conn:
+            # Several processes may open the store at once: one applies the migrations, the others wait.
+            conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema, "migrations"),))
+            try:
+                exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+                if not exists:
+                    conn.execute(f"CREATE SCHEMA {quoted}")
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {quoted}.schema_migrations (version integer PRIMARY KEY, "
+                    "description text NOT NULL, applied_at double precision NOT NULL)"
+                )
+                row = conn.execute(f"SELECT max(version) FROM {quoted}.schema_migrations").fetchone()
+                found = int(row[0]) if row and row[0] is not None else 0
+                if found > SCHEMA_VERSION:
+                    raise PostgresSchemaVersionError(
+                        f"Schema {schema!r} of {where} was written by a newer version of agentbolt (schema version "
+                        f"{found}); this version knows versions up to {SCHEMA_VERSION}. Upgrade agentbolt."
+                    )
+                for migration in MIGRATIONS:
+                    if migration.version <= found:
+                        continue
+                    with conn.transaction():
+                        conn.execute(f"SET LOCAL search_path TO {quoted}")
+                        for statement in migration.statements:
+                            conn.execute(statement)
+                        conn.execute(
+                            "INSERT INTO schema_migrations (version, description, applied_at) VALUES (%s, %s, %s)",
+                            (migration.version, migration.description, time.time()),
+                        )
+                    logger.info(
+                        "Applied migration %d (%s) to schema %s", migration.version, migration.description, schema
+                    )
+                return found
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema, "migrations"),))
+    except PostgresStoreError:
+        raise
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise PostgresPermissionError(
+            f"The database role lacks a privilege the store needs on schema {schema!r} of {where}: {_one_line(exc)}. "
+            "Grant it CREATE on the database (or create the schema for it and grant ALL on it)."
+        ) from exc
+    except psycopg.Error as exc:
+        if _is_connection_failure(exc):
+            raise PostgresConnectionError(f"Lost the connection to PostgreSQL ({where}): {_one_line(exc)}") from exc
+        raise PostgresStoreError(f"Cannot prepare schema {schema!r} of {where}: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Connections, sections
+
+
+class _RawJson:
+    """JSON text already serialized (by pydantic), passed to a ``jsonb`` parameter without re-encoding."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _configure_adapters(context: Any) -> None:
+    """psycopg adapters of a connection: jsonb parsed by orjson, :class:`_RawJson` sent as jsonb as it is."""
+    from psycopg.adapt import Dumper
+    from psycopg.types.json import set_json_loads
+
+    class RawJsonDumper(Dumper):
+        oid = context.adapters.types["jsonb"].oid
+
+        def dump(self, obj: _RawJson) -> bytes:
+            return obj.data
+
+    context.adapters.register_dumper(_RawJson, RawJsonDumper)
+    set_json_loads(orjson.loads, context)
+
+
+class _Section:
+    """The connection of the atomic section running in the current task."""
+
+    __slots__ = ("conn", "owner", "writes")
+
+    def __init__(self, owner: _Database, conn: Any, writes: bool) -> None:
+        self.owner = owner
+        self.conn = conn
+        self.writes = writes
+
+
+_current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.ContextVar(
+    "agentbolt_postgres_section", default=None
+)
+
+
+class _Database:
+    """Connection pools (one per process and event loop), atomic sections, and the notification listener."""
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        pool_min_size: int,
+        pool_max_size: int,
+        pool_timeout: float,
+        connect_timeout: float,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.where = redact_dsn(dsn)
+        self.channel = f"agentbolt:{schema}"
+        self.pool_min_size = pool_min_size
+        self.pool_max_size = pool_max_size
+        self.pool_timeout = pool_timeout
+        self.connect_timeout = connect_timeout
+        self._pools: Dict[Tuple[int, int], Tuple[weakref.ref[asyncio.AbstractEventLoop], Any]] = {}
+        self._pools_lock = threading.Lock()
+        self._label_locks = {label: _lock_key(schema, "label", label) for label in _ALL_LABELS}
+        self._closed = False
+        self._listener: Optional[_Listener] = None
+        self._background: Set[asyncio.Future[None]] = set()
+        self.on_notification: Optional[Callable[[str], None]] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {
+            "dsn": self.dsn,
+            "schema": self.schema,
+            "pool_min_size": self.pool_min_size,
+            "pool_max_size": self.pool_max_size,
+            "pool_timeout": self.pool_timeout,
+            "connect_timeout": self.connect_timeout,
+        }
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["dsn"],
+            state["schema"],
+            pool_min_size=state["pool_min_size"],
+            pool_max_size=state["pool_max_size"],
+            pool_timeout=state["pool_timeout"],
+            connect_timeout=state["connect_timeout"],
+        )
+
+    # -- pools -------------------------------------------------------------------------------------------------
+
+    async def pool(self) -> Any:
+        """The pool of this process and event loop, opened on first use."""
+        if self._closed:
+            raise PostgresStoreError(f"The store is closed ({self.where})")
+        loop = asyncio.get_running_loop()
+        key = (os.getpid(), id(loop))
+        entry = self._pools.get(key)
+        if entry is not None and entry[0]() is loop:
+            return entry[1]
+        from psycopg_pool import AsyncConnectionPool
+
+        async def configure(conn: Any) -> None:
+            _configure_adapters(conn)
+
+        pool = AsyncConnectionPool(
+            self.dsn,
+            min_size=self.pool_min_size,
+            max_size=self.pool_max_size,
+            timeout=self.pool_timeout,
+            kwargs={"autocommit": True, "connect_timeout": max(1, round(self.connect_timeout))},
+            configure=configure,
+            open=False,
+            name=f"agentbolt-{self.schema}",
+        )
+        with self._pools_lock:
+            entry = self._pools.get(key)
+            if entry is not None and entry[0]() is loop:
+                return entry[1]
+            self._pools[key] = (weakref.ref(loop), pool)
+        await pool.open(wait=False)
+        return pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection (autocommit) for the body."""
+        pool = await self.pool()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except BaseException as exc:
+            if _is_connection_failure(exc):
+                task = asyncio.ensure_future(_check_pool(pool))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                raise PostgresUnavailableError(
+                    f"PostgreSQL is unavailable ({self.where}): {_one_line(exc)}; nothing was applied"
+                ) from exc
+            raise
+
+    async def close(self) -> None:
+        """Close this process's pools and the listener."""
+        self._closed = True
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+        with self._pools_lock:
+            pools, self._pools = self._pools, {}
+        pid = os.getpid()
+        current = asyncio.get_running_loop()
+        for (owner_pid, _), (loop_ref, pool) in pools.items():
+            if owner_pid != pid:
+                continue  # a pool inherited through fork belongs to the parent: never touch its connections
+            loop = loop_ref()
+            if loop is current:
+                await pool.close()
+            elif loop is not None and loop.is_running():
+                future = asyncio.run_coroutine_threadsafe(pool.close(), loop)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(future), timeout=10.0)
+                except Exception as exc:
+                    logger.debug("Could not close a pool of another event loop: %r", exc)
+
+    # -- sections ----------------------------------------------------------------------------------------------
+
+    def lock_statement(self, labels: Optional[Sequence[AtomicLabels]]) -> str:
+        """``SELECT`` taking the advisory locks of ``labels`` (all labels when empty), in a fixed order."""
+        chosen = sorted(set(labels)) if labels else list(_ALL_LABELS)
+        calls = ", ".join(f"pg_advisory_xact_lock({self._label_locks[label]})" for label in chosen)
+        return f"SELECT {calls}"
+
+    @asynccontextmanager
+    async def section(
+        self, *, writes: bool, snapshot: bool, labels: Optional[Sequence[AtomicLabels]]
+    ) -> AsyncIterator[_Section]:
+        """Bind one connection to the current task for the body: a locked transaction, a snapshot, or plain reads."""
+        async with self.connection() as conn:
+            section = _Section(self, conn, writes)
+            if not writes and not snapshot:
+                token = _current_section.set(section)
+                try:
+                    yield section
+                finally:
+                    _current_section.reset(token)
+                return
+            begin = (
+                f"BEGIN; {self.lock_statement(labels)}" if writes else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            )
+            await conn.execute(begin)
+            token = _current_section.set(section)
+            try:
+                yield section
+            except BaseException:
+                _current_section.reset(token)
+                try:
+                    await conn.execute("ROLLBACK")
+                except Exception as rollback_error:  # the connection is gone: the server rolls back by itself
+                    logger.debug("Rollback on %s failed: %r", self.where, rollback_error)
+                raise
+            _current_section.reset(token)
+            try:
+                await conn.execute("COMMIT")
+            except Exception as exc:
+                if _is_connection_failure(exc):
+                    raise PostgresCommitUnknownError(
+                        f"The connection to PostgreSQL ({self.where}) failed while committing: {_one_line(exc)}; "
+                        "the operation may or may not have been applied"
+                    ) from exc
+                raise
+
+    def current(self) -> Optional[_Section]:
+        """The section of the current task on this database, if any."""
+        section = _current_section.get()
+        return section if section is not None and section.owner is self else None
+
+    @asynccontextmanager
+    async def for_read(self) -> AsyncIterator[Any]:
+        """The connection for a read: the current section's, or a pooled one."""
+        section = self.current()
+        if section is not None:
+            yield section.conn
+            return
+        async with self.connection() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def for_write(self) -> AsyncIterator[Any]:
+        """The connection for a write: the current write section's, or a pooled one inside its own transaction."""
+        section = self.current()
+        if section is not None and section.writes:
+            yield section.conn
+            return
+        async with self.section(writes=True, snapshot=False, labels=["generic"]) as own:
+            yield own.conn
+
+    # -- notifications -----------------------------------------------------------------------------------------
+
+    def ensure_listening(self) -> None:
+        """Start the notification listener (once per process) on the running event loop."""
+        listener = self._listener
+        if listener is not None and listener.pid == os.getpid() and listener.alive():
+            return
+        self._listener = _Listener(self)
+        self._listener.start()
+
+    def notified(self, payload: str) -> None:
+        if self.on_notification is not None:
+            self.on_notification(payload)
+
+
+async def _check_pool(pool: Any) -> None:
+    """Drop the broken connections of ``pool`` after a connection failure (the server may have restarted)."""
+    try:
+        await pool.check()
+    except Exception as exc:
+        logger.debug("Checking the pool after a connection failure failed: %r", exc)
+
+
+class _Listener:
+    """A task holding one connection that ``LISTEN``s on the store's channel; reconnects with backoff."""
+
+    def __init__(self, database: _Database) -> None:
+        self.database = database
+        self.pid = os.getpid()
+        self._task: Optional[asyncio.Task[None]] = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="agentbolt-postgres-listener")
+
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        task = self._task
+        if task is None or task.done():
+            return
+        if task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        else:
+            task.get_loop().call_soon_threadsafe(task.cancel)
+
+    async def _run(self) -> None:
+        psycopg = _psycopg()
+        delay = 0.1
+        while not self._stopping:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.database.dsn,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self.database.connect_timeout)),
+                )
+                async with conn:
+                    await conn.execute(f"LISTEN {_quote(self.database.channel)}")
+                    # Changes committed while the listener was down were missed: let waiters re-check once.
+                    self.database.notified("*")
+                    delay = 0.1
+                    async for notification in conn.notifies():
+                        self.database.notified(notification.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._stopping:
+                    return
+                logger.debug("Notification listener on %s failed (%r); reconnecting", self.database.where, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Filters
+
+
+def _within(name: str, values: List[Any]) -> Tuple[str, List[Any]]:
+    if any(isinstance(v, float) for v in values):
+        values = [float(v) for v in values]
+    return f"{name} = ANY(%s)", [values]
+
+
+_DIALECT = SqlDialect(placeholder="%s", contains=lambda name: f"strpos({name}, %s) > 0", within=_within)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collections
+
+
+class _Backed:
+    def __init__(self, database: _Database, table: str) -> None:
+        self._db = database
+        self._table = f"{_quote(database.schema)}.{table}"
+
+
+class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
+    """A collection of pydantic items: indexed field columns plus the rest of the item as ``jsonb``."""
+
+    def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
+        _Backed.__init__(self, database, spec.table)
+        Collection.__init__(self, tracker=tracker)
+        SqlTable.__init__(self, spec)
+        self._names = spec.column_names
+        self._payload_exclude = set(self._names)
+        self._select = f"SELECT {', '.join(self._names)}, data FROM {self._table}"
+        self._pk_where = " AND ".join(f"{k} = %s" for k in spec.primary_keys)
+        self._row_placeholders = "(" + ", ".join(["%s"] * (len(self._names) + 1)) + ")"
+        self._insert_head = f"INSERT INTO {self._table} ({', '.join(self._names)}, data) VALUES "
+        self._non_pk = [n for n in self._names if n not in spec.primary_keys]
+        self._update_sql = (
+            f"UPDATE {self._table} SET "
+            + ", ".join(f"{n} = %s" for n in [*self._non_pk, "data"])
+            + f" WHERE {self._pk_where}"
+        )
+        conflict = ", ".join(spec.primary_keys)
+        assignments = ", ".join(f"{n} = EXCLUDED.{n}" for n in [*self._non_pk, "data"])
+        self._replace_sql = (
+            f"{self._insert_head}{self._row_placeholders} ON CONFLICT ({conflict}) DO UPDATE SET {assignments}"
+        )
+        self._conflict = conflict
+
+    # -- encoding -------------------------------------------------------------------------------------------------
+
+    def _row(self, item: M) -> List[Any]:
+        values: List[Any] = [getattr(item, name) for name in self._names]
+        values.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude).encode()))
+        return values
+
+    def _decode(self, row: Sequence[Any]) -> M:
+        data: Dict[str, Any] = row[-1]
+        for name, value in zip(self._names, row, strict=False):
+            data[name] = value
+        return cast(M, self._spec.item_type.model_validate(data))
+
+    # -- reads ----------------------------------------------------------------------------------------------------
+
+    async def size(self) -> int:
+        """Number of items."""
+        async with self.tracking_context("size", self.collection_name), self._db.for_read() as conn:
+            row = await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone()
+            return int(row[0])
+
+    def _row_json(self, row: Sequence[Any]) -> bytes:
+        """The JSON object of a row's item, without building the model."""
+        data: Dict[str, Any] = row[-1]
+        for name, value in zip(self._names, row, strict=False):
+            data[name] = value
+        return orjson.dumps(data)
+
+    async def _run_query(
+        self,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+        raw: bool = False,
+    ) -> Tuple[List[Any], int]:
+        """Matching items (as JSON when ``raw``) and the total."""
+        filters, must, aggregate = normalize_filter_options(filter)
+        sort_name, order = resolve_sort_options(sort)
+        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
+        order_sql = order_clause(self._spec, sort_name, order)
+        memory.paginate([], limit, offset)  # same validation of limit/offset
+        async with self._db.for_read() as conn:
+            if plan.exact and order_sql is not None:
+                sql = f"{self._select} WHERE {plan.where} ORDER BY {order_sql}"
+                params = list(plan.params)
+                if limit >= 0 or offset > 0:
+                    sql += " LIMIT %s OFFSET %s"
+                    params += [None if limit < 0 else limit, offset]
+                rows = await (await conn.execute(sql, params)).fetchall()
+                items: List[Any] = [self._row_json(row) if raw else self._decode(row) for row in rows]
+                # The page itself tells the total when it ends before the limit and is not past the end.
+                if (limit < 0 or len(items) < limit) and (items or offset == 0) and limit != 0:
+                    return items, offset + len(items)
+                count_sql = f"SELECT count(*) FROM {self._table} WHERE {plan.where}"
+                total = (await (await conn.execute(count_sql, plan.params)).fetchone())[0]
+                return items, int(total)
+            # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
+            rows = await (await conn.execute(f"{self._select} WHERE {plan.where} ORDER BY ord", plan.params)).fetchall()
+        items = [self._decode(row) for row in rows]
+        if not plan.exact:
+            matches = memory_predicate()
+            items = [item for item in items if matches(item, filters, aggregate, must)]
+        if sort_name is not None:
+            items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._run_query(filter, sort, limit, offset, raw=True)
+
+    async def query(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[M]:
+        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
+        async with self.tracking_context("query", self.collection_name):
+            items, total = await self._run_query(filter, sort, limit, offset)
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+
+    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
+        """First match by ``sort`` (insertion order without), or None."""
+        async with self.tracking_context("get", self.collection_name):
+            items, _ = await self._run_query(filter, sort, 1, 0)
+            return items[0] if items else None
+
+    # -- writes ---------------------------------------------------------------------------------------------------
+
+    async def _insert_skipping(self, conn: Any, items: Sequence[M]) -> List[Tuple[Any, ...]]:
+        """Insert in as few statements as possible, skipping stored keys; the keys actually inserted."""
+        inserted: List[Tuple[Any, ...]] = []
+        keys = ", ".join(self._spec.primary_keys)
+        for start in range(0, len(items), _MAX_ROWS_PER_STATEMENT):
+            chunk = items[start : start + _MAX_ROWS_PER_STATEMENT]
+            sql = (
+                self._insert_head
+                + ", ".join([self._row_placeholders] * len(chunk))
+                + f" ON CONFLICT ({self._conflict}) DO NOTHING RETURNING {keys}"
+            )
+            params = [value for item in chunk for value in self._row(item)]
+            inserted += [tuple(row) for row in await (await conn.execute(sql, params)).fetchall()]
+        return inserted
+
+    async def _undo_inserts(self, conn: Any, keys: Sequence[Tuple[Any, ...]]) -> None:
+        for key in keys:
+            await conn.execute(f"DELETE FROM {self._table} WHERE {self._pk_where}", key)
+
+    async def insert(self, items: Sequence[M]) -> None:
+        """Insert new items; any duplicated primary key raises :class:`DuplicatedPrimaryKeyError`, inserting none."""
+        self._check_items(items)
+        if not items:
+            return
+        self._check_unique(items)
+        async with self.tracking_context("insert", self.collection_name), self._db.for_write() as conn:
+            inserted = await self._insert_skipping(conn, items)
+            if len(inserted) != len(items):
+                await self._undo_inserts(conn, inserted)
+                done = set(inserted)
+                key = next(self._key(item) for item in items if self._key(item) not in done)
+                raise self._exists_error(key)
+
+    async def insert_new(self, items: Sequence[M]) -> Sequence[M]:
+        """Insert the items whose key is not stored yet (the first of repeated keys); returns those inserted."""
+        self._check_items(items)
+        if not items:
+            return []
+        async with self.tracking_context("insert_new", self.collection_name), self._db.for_write() as conn:
+            inserted = set(await self._insert_skipping(conn, items))
+        added: List[M] = []
+        for item in items:
+            key = self._key(item)
+            if key in inserted:
+                inserted.discard(key)
+                added.append(item)
+        return added
+
+    def _partial_sql(self, update_fields: Sequence[str], item: M) -> Tuple[str, List[Any]]:
+        """``SET`` clause and parameters writing only ``update_fields`` of ``item``."""
+        assignments: List[str] = []
+        params: List[Any] = []
+        for name in update_fields:
+            if name in self._payload_exclude and name not in self._spec.primary_keys:
+                assignments.append(f"{name} = %s")
+                params.append(getattr(item, name))
+        payload_fields = {name for name in update_fields if name not in self._payload_exclude}
+        if payload_fields:
+            assignments.append(f"data = {self._table}.data || %s")
+            params.append(_RawJson(item.model_dump_json(include=payload_fields).encode()))
+        return ", ".join(assignments), params
+
+    async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
+        """Update existing items (whole or ``update_fields`` only); a missing one raises ``ValueError``, updating none."""
+        self._check_items(items)
+        self._check_update_fields(update_fields)
+        if not items:
+            return []
+        async with self.tracking_context("update", self.collection_name), self._db.for_write() as conn:
+            if len(items) > 1:
+                await conn.execute("SAVEPOINT agentbolt_update")
+            try:
+                results = [await self._update_one(conn, item, update_fields) for item in items]
+            except BaseException:
+                if len(items) > 1:
+                    await conn.execute("ROLLBACK TO SAVEPOINT agentbolt_update")
+                raise
+            if len(items) > 1:
+                await conn.execute("RELEASE SAVEPOINT agentbolt_update")
+            return results
+
+    async def _update_one(self, conn: Any, item: M, update_fields: Optional[Sequence[str]]) -> M:
+        key = self._key(item)
+        if update_fields is None:
+            row = self._row(item)
+            values = [v for name, v in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]
+            cursor = await conn.execute(self._update_sql, [*values, row[-1], *key])
+            if cursor.rowcount == 0:
+                raise self._missing(key)
+            return item
+        assignments, params = self._partial_sql(update_fields, item)
+        if not assignments:
+            found = await (await conn.execute(f"{self._select} WHERE {self._pk_where}", key)).fetchone()
+            if found is None:
+                raise self._missing(key)
+            return self._decode(found)
+        sql = f"UPDATE {self._table} SET {assignments} WHERE {self._pk_where} RETURNING {', '.join(self._names)}, data"
+        found = await (await conn.execute(sql, [*params, *key])).fetchone()
+        if found is None:
+            raise self._missing(key)
+        return self._decode(found)
+
+    async def upsert(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
+        """Insert or update: ``None`` replaces, a list updates those fields, ``[]`` gets or inserts."""
+        self._check_items(items)
+        self._check_update_fields(update_fields)
+        results: List[M] = []
+        async with self.tracking_context("upsert", self.collection_name), self._db.for_write() as conn:
+            for item in items:
+                results.append(await self._upsert_one(conn, item, update_fields))
+        return results
+
+    async def _upsert_one(self, conn: Any, item: M, update_fields: Optional[Sequence[str]]) -> M:
+        if update_fields is None:
+            await conn.execute(self._replace_sql, self._row(item))
+            return item
+        returning = f"RETURNING {', '.join(self._names)}, data"
+        assignments, params = self._partial_sql(update_fields, item)
+        if assignments:
+            sql = (
+                f"{self._insert_head}{self._row_placeholders} ON CONFLICT ({self._conflict}) "
+                f"DO UPDATE SET {assignments} {returning}"
+            )
+            row = await (await conn.execute(sql, [*self._row(item), *params])).fetchone()
+            return self._decode(row)
+        sql = f"{self._insert_head}{self._row_placeholders} ON CONFLICT ({self._conflict}) DO NOTHING {returning}"
+        row = await (await conn.execute(sql, self._row(item))).fetchone()
+        if row is None:  # already stored: get
+            row = await (await conn.execute(f"{self._select} WHERE {self._pk_where}", self._key(item))).fetchone()
+        return self._decode(row)
+
+    async def delete(self, items: Sequence[M]) -> None:
+        """Delete existing items; a missing one raises ``ValueError``, deleting none."""
+        self._check_items(items)
+        if not items:
+            return
+        async with self.tracking_context("delete", self.collection_name), self._db.for_write() as conn:
+            deleted: List[M] = []
+            for item in items:
+                key = self._key(item)
+                found = await (
+                    await conn.execute(
+                        f"DELETE FROM {self._table} WHERE {self._pk_where} RETURNING {', '.join(self._names)}, data",
+                        key,
+                    )
+                ).fetchone()
+                if found is None:
+                    if deleted:  # put back what this call deleted: a failed delete deletes nothing
+                        await self._insert_skipping(conn, deleted)
+                    raise self._missing(key)
+                deleted.append(self._decode(found))
+
+
+class PostgresQueue(_Backed, Queue[str]):
+    """The FIFO of rollout ids; positions only grow. A claimed head is never handed to two transactions."""
+
+    def __init__(self, database: _Database, tracker: Any = None) -> None:
+        _Backed.__init__(self, database, "rollout_queue")
+        Queue.__init__(self, tracker=tracker)
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return "rollout_queue"
+
+    def item_type(self) -> Type[str]:
+        """Queued items are rollout ids."""
+        return str
+
+    def _check(self, item: Any) -> None:
+        if not isinstance(item, str):
+            raise TypeError(f"rollout_queue holds str, got {type(item).__name__}")
+
+    async def has(self, item: str) -> bool:
+        """Whether ``item`` is queued."""
+        self._check(item)
+        async with self.tracking_context("has", "rollout_queue"), self._db.for_read() as conn:
+            cursor = await conn.execute(f"SELECT 1 FROM {self._table} WHERE item = %s LIMIT 1", (item,))
+            return await cursor.fetchone() is not None
+
+    async def enqueue(self, items: Sequence[str]) -> Sequence[str]:
+        """Append items at the tail."""
+        for item in items:
+            self._check(item)
+        if not items:
+            return list(items)
+        async with self.tracking_context("enqueue", "rollout_queue"), self._db.for_write() as conn:
+            await conn.execute(
+                f"INSERT INTO {self._table} (item) SELECT item FROM unnest(%s::text[]) WITH ORDINALITY AS t(item, n) "
+                "ORDER BY n",
+                (list(items),),
+            )
+        return list(items)
+
+    async def dequeue(self, limit: int = 1) -> Sequence[str]:
+        """Pop up to ``limit`` items from the head."""
+        if limit <= 0:
+            return []
+        sql = (
+            f"DELETE FROM {self._table} WHERE pos IN (SELECT pos FROM {self._table} ORDER BY pos LIMIT %s "
+            "FOR UPDATE SKIP LOCKED) RETURNING pos, item"
+        )
+        async with self.tracking_context("dequeue", "rollout_queue"), self._db.for_write() as conn:
+            rows = await (await conn.execute(sql, (limit,))).fetchall()
+        return [item for _, item in sorted(rows)]
+
+    async def peek(self, limit: int = 1) -> Sequence[str]:
+        """Up to ``limit`` items from the head, not removed."""
+        if limit <= 0:
+            return []
+        async with self.tracking_context("peek", "rollout_queue"), self._db.for_read() as conn:
+            cursor = await conn.execute(f"SELECT item FROM {self._table} ORDER BY pos LIMIT %s", (limit,))
+            return [row[0] for row in await cursor.fetchall()]
+
+    async def size(self) -> int:
+        """Number of queued items."""
+        async with self.tracking_context("size", "rollout_queue"), self._db.for_read() as conn:
+            return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
+
+
+class PostgresCounters(_Backed, KeyValue[str, int]):
+    """Integer counters by key (the span sequence ids); every read-modify-write is one statement."""
+
+    def __init__(self, database: _Database, tracker: Any = None) -> None:
+        _Backed.__init__(self, database, "span_sequence_ids")
+        KeyValue.__init__(self, tracker=tracker)
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return "span_sequence_ids"
+
+    @staticmethod
+    def _integer(value: Any, description: str) -> int:
+        ensure_numeric(value, description=description)
+        if not isinstance(value, int):
+            raise TypeError(f"{description} must be an integer, got {type(value).__name__}")
+        return value
+
+    async def has(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+        return await self.get(key) is not None
+
+    async def get(self, key: str, default: Optional[int] = None) -> Optional[int]:
+        """Value of ``key`` or ``default``."""
+        async with self.tracking_context("get", "span_sequence_ids"), self._db.for_read() as conn:
+            row = await (await conn.execute(f"SELECT value FROM {self._table} WHERE key = %s", (key,))).fetchone()
+            return default if row is None else int(row[0])
+
+    async def _upsert(self, operation: str, key: str, value: int, update: str) -> int:
+        sql = (
+            f"INSERT INTO {self._table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
+            f"DO UPDATE SET value = {update} RETURNING value"
+        )
+        async with self.tracking_context(operation, "span_sequence_ids"), self._db.for_write() as conn:
+            return int((await (await conn.execute(sql, (key, value))).fetchone())[0])
+
+    async def set(self, key: str, value: int) -> None:
+        """Set ``key`` to ``value``."""
+        await self._upsert("set", key, self._integer(value, "value"), "EXCLUDED.value")
+
+    async def inc(self, key: str, amount: int) -> int:
+        """Add ``amount`` (a missing key counts as 0) and return the new value."""
+        return await self._upsert("inc", key, self._integer(amount, "amount"), "t.value + EXCLUDED.value")
+
+    async def chmax(self, key: str, value: int) -> int:
+        """Store ``max(current, value)`` and return it."""
+        return await self._upsert("chmax", key, self._integer(value, "value"), "GREATEST(t.value, EXCLUDED.value)")
+
+    async def pop(self, key: str, default: Optional[int] = None) -> Optional[int]:
+        """Remove ``key`` and return its value (or ``default``)."""
+        async with self.tracking_context("pop", "span_sequence_ids"), self._db.for_write() as conn:
+            cursor = await conn.execute(f"DELETE FROM {self._table} WHERE key = %s RETURNING value", (key,))
+            row = await cursor.fetchone()
+            return default if row is None else int(row[0])
+
+    async def size(self) -> int:
+        """Number of keys."""
+        async with self.tracking_context("size", "span_sequence_ids"), self._db.for_read() as conn:
+            return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
+
+
+class PostgresLightningCollections(LightningCollections):
+    """All store collections in one PostgreSQL schema (see the module docstring for layout and transactions).
+
+    Opening applies the missing migrations; pools open lazily, one per process and event loop, so the object may be
+    pickled to (or inherited by) other processes, which then open their own connections.
+
+    Args:
+        dsn: libpq connection string or URI, e.g. ``postgresql://user:password@host:5432/dbname``.
+        schema: Schema holding the store's tables (created when missing).
+        pool_min_size: Connections each pool keeps open.
+        pool_max_size: Most connections of each pool (per process and event loop).
+        pool_timeout: Seconds a call waits for a free connection before failing with
+            :class:`PostgresUnavailableError`.
+        connect_timeout: Seconds allowed to open a connection.
+        tracker: Optional metrics backend.
+
+    Raises:
+        ValueError: Invalid schema name or pool sizes.
+        PostgresConnectionError: The database cannot be reached or refuses the connection.
+        PostgresPermissionError: The role may not create the schema or its tables.
+        PostgresSchemaVersionError: The schema was written by a newer version of agentbolt.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "agentbolt",
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        pool_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        tracker: Any = None,
+    ) -> None:
+        super().__init__(tracker=tracker)
+        if not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"Invalid schema name {schema!r}: use letters, digits and _ (at most 63, not first digit)")
+        if pool_min_size < 0 or pool_max_size < 1 or pool_min_size > pool_max_size:
+            raise ValueError(f"Invalid pool sizes: min {pool_min_size}, max {pool_max_size}")
+        if pool_timeout <= 0 or connect_timeout <= 0:
+            raise ValueError("pool_timeout and connect_timeout must be positive")
+        self.schema = schema
+        self.migrated_from = apply_migrations(dsn, schema, connect_timeout)
+        self._db = _Database(
+            dsn,
+            schema,
+            pool_min_size=pool_min_size,
+            pool_max_size=pool_max_size,
+            pool_timeout=pool_timeout,
+            connect_timeout=connect_timeout,
+        )
+        self._build(tracker)
+
+    def _build(self, tracker: Any) -> None:
+        db = self._db
+        self._rollouts: PostgresCollection[Rollout] = PostgresCollection(db, ROLLOUTS, tracker)
+        self._attempts: PostgresCollection[Attempt] = PostgresCollection(db, ATTEMPTS, tracker)
+        self._spans: PostgresCollection[Span] = PostgresCollection(db, SPANS, tracker)
+        self._resources: PostgresCollection[ResourcesUpdate] = PostgresCollection(db, RESOURCES, tracker)
+        self._workers: PostgresCollection[Worker] = PostgresCollection(db, WORKERS, tracker)
+        self._metrics: PostgresCollection[MetricsRecord] = PostgresCollection(db, METRICS, tracker)
+        self._queue = PostgresQueue(db, tracker)
+        self._sequence_ids = PostgresCounters(db, tracker)
+        self._meta_table = f"{_quote(db.schema)}.store_meta"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"schema": self.schema, "migrated_from": self.migrated_from, "_db": self._db}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        LightningCollections.__init__(self)
+        self.schema = state["schema"]
+        self.migrated_from = state["migrated_from"]
+        self._db = state["_db"]
+        self._build(None)
+
+    @property
+    def dsn(self) -> str:
+        """The connection string."""
+        return self._db.dsn
+
+    @property
+    def collection_name(self) -> str:
+        """Name used in metric labels."""
+        return "router"
+
+    @property
+    def extra_tracking_labels(self) -> Dict[str, str]:
+        """The schema, as an extra metric label."""
+        return {"schema": self.schema}
+
+    @property
+    def rollouts(self) -> PostgresCollection[Rollout]:
+        """Rollouts, keyed by ``rollout_id``."""
+        return self._rollouts
+
+    @property
+    def attempts(self) -> PostgresCollection[Attempt]:
+        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
+        return self._attempts
+
+    @property
+    def spans(self) -> PostgresCollection[Span]:
+        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
+        return self._spans
+
+    @property
+    def resources(self) -> PostgresCollection[ResourcesUpdate]:
+        """Resource snapshots, keyed by ``resources_id``."""
+        return self._resources
+
+    @property
+    def workers(self) -> PostgresCollection[Worker]:
+        """Workers, keyed by ``worker_id``."""
+        return self._workers
+
+    @property
+    def metrics(self) -> PostgresCollection[MetricsRecord]:
+        """Training metrics, keyed by ``(run_id, step)``."""
+        return self._metrics
+
+    @property
+    def rollout_queue(self) -> PostgresQueue:
+        """FIFO of rollout ids waiting to be dequeued."""
+        return self._queue
+
+    @property
+    def span_sequence_ids(self) -> PostgresCounters:
+        """Per-rollout span sequence counters."""
+        return self._sequence_ids
+
+    @asynccontextmanager
+    async def atomic(
+        self,
+        *,
+        mode: AtomicMode = "rw",
+        snapshot: bool = False,
+        commit: bool = False,
+        labels: Optional[Sequence[AtomicLabels]] = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[PostgresLightningCollections]:
+        """One atomic section.
+
+        ``"w"``/``"rw"`` sections run in one transaction after taking the advisory locks of ``labels`` (every label
+        when none is given), so sections sharing a label run one after the other across all processes; the section
+        is rolled back if the body raises and this returns once committed. ``"r"`` sections read the last committed
+        state on one connection (``snapshot=True``: one consistent snapshot). Nested sections join the enclosing
+        one.
+        """
+        current = self._db.current()
+        writes = mode != "r"
+        if current is not None and (current.writes or not writes):
+            yield self
+            return
+        async with self._db.section(writes=writes, snapshot=snapshot, labels=labels):
+            yield self
+
+    async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
+        """Claim the periodic task ``name``: True for one caller per ``interval`` among all processes."""
+        sql = (
+            f"INSERT INTO {self._meta_table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
+            "DO UPDATE SET value = EXCLUDED.value WHERE t.value <= %s RETURNING value"
+        )
+        async with self._db.connection() as conn:
+            return await (await conn.execute(sql, (name, now, now - interval))).fetchone() is not None
+
+    def subscribe(self, on_notification: Callable[[str], None]) -> None:
+        """Receive the payloads of the store's notifications (``f:<rollout_id>``, ``q``, ``*`` after reconnecting)."""
+        self._db.on_notification = on_notification
+
+    def ensure_listening(self) -> None:
+        """Start listening for notifications on the running event loop (once per process)."""
+        self._db.ensure_listening()
+
+    async def close(self) -> None:
+        """Close this process's connection pools and the listener."""
+        await self._db.close()

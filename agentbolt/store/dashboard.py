@@ -1,0 +1,430 @@
+"""The dashboard on the store server: its static single-page app, and the read routes its pages need.
+
+The app is built from ``dashboard/`` in the repository (``make dashboard``) into ``agentbolt/dashboard/``
+(``index.html`` and content-hashed files under ``assets/``), which ships in the package. :func:`install_dashboard`
+adds to a store server's FastAPI app:
+
+* ``/v1/agl/metrics`` (GET, POST): training metrics (:class:`~agentbolt.types.MetricsRecord`), written by algorithms
+  and read by the Training page;
+* ``/v1/agl/dashboard/rollouts`` (GET): one page of rollouts with the filters the store's own query lacks (mode,
+  resources, worker, time range, reward, text in the input), each with its latest attempt and final reward;
+* ``/v1/agl/dashboard/resources`` (GET): per resources version, the finished rollouts that used it and their mean
+  reward (the scores of prompt-optimization candidates);
+* ``/v1/agl/dashboard/workers`` (GET): the workers, each with its recent throughput;
+* ``/assets/...`` (cached for a year: the names change with the content) and, for every other path outside
+  ``/v1/``, the app's ``index.html`` (``/v1/...`` paths that match no route stay 404).
+
+The pages read only these and the store's own ``/v1/agl`` routes. ``index.html`` gets a relative ``<base href>``
+computed from the request path, so the app works behind a reverse proxy that serves it under a path prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple
+
+import orjson
+import pydantic_core
+from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+from starlette.responses import FileResponse, Response
+from starlette.staticfiles import StaticFiles
+from typing_extensions import Annotated
+
+from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
+from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
+
+__all__ = [
+    "DASHBOARD_DIR",
+    "API_PATHS",
+    "DashboardRolloutsRequest",
+    "install_dashboard",
+    "is_public_page",
+]
+
+logger = logging.getLogger("agentbolt.store.server")
+
+DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
+"""Where the built dashboard lives inside the package."""
+
+API_PATHS = ("/v1/", "/docs", "/redoc", "/openapi.json")
+"""Path prefixes that are not pages of the dashboard (the bearer token guards them)."""
+
+StoreCall = Callable[..., Awaitable[Any]]
+
+_TERMINAL = ("succeeded", "failed", "cancelled")
+_SORTABLE = ("start_time", "end_time", "status", "mode", "rollout_id", "resources_id", "duration", "reward")
+_STORE_SORTABLE = ("start_time", "end_time", "status", "mode", "rollout_id", "resources_id")
+_INPUT_PREVIEW_CHARS = 240
+_REWARD_CACHE_SIZE = 50_000
+_REWARD_SETTLE_SECONDS = 30.0
+"""A rollout that ended this long ago gets no more spans in practice: its reward is cached."""
+_THROUGHPUT_WINDOW_SECONDS = 600.0
+_THROUGHPUT_SCAN = 1000
+
+
+def is_public_page(path: str) -> bool:
+    """Whether ``path`` is a page or asset of the dashboard (served without the bearer token: it holds no data)."""
+    return path != "/health" and not path.startswith(API_PATHS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request models
+
+
+class DashboardRolloutsRequest(BaseModel):
+    """Query of ``GET /v1/agl/dashboard/rollouts``: filters are combined with AND."""
+
+    status: Optional[List[RolloutStatus]] = None
+    mode: Optional[List[Literal["train", "val", "test", "none"]]] = None
+    resources_id: Optional[str] = None
+    worker_id: Optional[str] = Field(default=None, description="Substring of the latest attempt's worker id.")
+    start_after: Optional[float] = Field(default=None, description="Started at or after (seconds since the epoch).")
+    start_before: Optional[float] = Field(default=None, description="Started at or before.")
+    reward_min: Optional[float] = None
+    reward_max: Optional[float] = None
+    text: Optional[str] = Field(default=None, max_length=500, description="Substring of the input or rollout id.")
+    sort_by: Literal["start_time", "end_time", "status", "mode", "rollout_id", "resources_id", "duration", "reward"] = (
+        "start_time"
+    )
+    sort_order: Literal["asc", "desc"] = "desc"
+    limit: int = Field(default=50, ge=1, le=500)
+    offset: int = Field(default=0, ge=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summaries
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(content=pydantic_core.to_json(content), status_code=status_code, media_type="application/json")
+
+
+def _input_text(rollout: Rollout) -> str:
+    value = rollout.input
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:
+        return str(value)
+
+
+def _preview(text: str) -> str:
+    return text if len(text) <= _INPUT_PREVIEW_CHARS else text[: _INPUT_PREVIEW_CHARS - 1] + "…"
+
+
+def _duration(rollout: Rollout) -> Optional[float]:
+    return None if rollout.end_time is None else rollout.end_time - rollout.start_time
+
+
+class _RewardCache:
+    """Final rewards of rollouts that ended a while ago, by ``(rollout_id, attempt_id)`` (least recently used out)."""
+
+    def __init__(self, size: int = _REWARD_CACHE_SIZE) -> None:
+        self._size = size
+        self._items: OrderedDict[Tuple[str, str], Optional[float]] = OrderedDict()
+
+    def get(self, key: Tuple[str, str]) -> Tuple[bool, Optional[float]]:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return True, self._items[key]
+        return False, None
+
+    def put(self, key: Tuple[str, str], value: Optional[float]) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+
+class _Summaries:
+    """Builds the rollout and worker summaries of the dashboard from the store's public methods."""
+
+    def __init__(self, call: StoreCall) -> None:
+        self._call = call
+        self._rewards = _RewardCache()
+
+    async def final_reward(self, rollout: Rollout) -> Optional[float]:
+        """The reward of the last reward span of the rollout's latest attempt."""
+        if not isinstance(rollout, AttemptedRollout):
+            return None
+        key = (rollout.rollout_id, rollout.attempt.attempt_id)
+        cached, value = self._rewards.get(key)
+        if cached:
+            return value
+        spans: Sequence[Span] = await self._call(
+            "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
+        )
+        value = find_final_reward(list(spans))
+        settled = rollout.end_time is not None and time.time() - rollout.end_time > _REWARD_SETTLE_SECONDS
+        if settled and rollout.status in _TERMINAL:
+            self._rewards.put(key, value)
+        return value
+
+    def summary(self, rollout: Rollout, reward: Optional[float]) -> Dict[str, Any]:
+        attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
+        return {
+            "rollout_id": rollout.rollout_id,
+            "status": rollout.status,
+            "mode": rollout.mode,
+            "resources_id": rollout.resources_id,
+            "start_time": rollout.start_time,
+            "end_time": rollout.end_time,
+            "duration": _duration(rollout),
+            "input_preview": _preview(_input_text(rollout)),
+            "reward": reward,
+            "attempt": None if attempt is None else attempt.model_dump(mode="json"),
+        }
+
+    async def status_counts(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for status in RolloutStatus.__args__:  # type: ignore[attr-defined]
+            page = await self._call("query_rollouts", status_in=[status], limit=1)
+            counts[status] = int(getattr(page, "total", len(page)))
+        return counts
+
+    async def rollouts(self, query: DashboardRolloutsRequest) -> Dict[str, Any]:
+        """One page of rollout summaries, the total matching, and the number of rollouts per status."""
+        needs_scan = (
+            any(
+                value is not None
+                for value in (
+                    query.mode,
+                    query.resources_id,
+                    query.worker_id,
+                    query.start_after,
+                    query.start_before,
+                    query.reward_min,
+                    query.reward_max,
+                )
+            )
+            or bool(query.text)
+            or query.sort_by not in _STORE_SORTABLE
+        )
+        if not needs_scan:
+            # The store filters, sorts and pages: only one page is read.
+            page = await self._call(
+                "query_rollouts",
+                status_in=query.status,
+                sort_by=query.sort_by,
+                sort_order=query.sort_order,
+                limit=query.limit,
+                offset=query.offset,
+            )
+            items = [self.summary(r, await self.final_reward(r)) for r in page]
+            total = int(getattr(page, "total", len(items)))
+        else:
+            items, total = await self._scan(query)
+        return {
+            "items": items,
+            "total": total,
+            "limit": query.limit,
+            "offset": query.offset,
+            "counts": await self.status_counts(),
+        }
+
+    async def _scan(self, query: DashboardRolloutsRequest) -> Tuple[List[Dict[str, Any]], int]:
+        """Filters the store cannot apply: read the candidates (status-filtered by the store), filter them here."""
+        store_sort = query.sort_by if query.sort_by in _STORE_SORTABLE else "start_time"
+        candidates: Sequence[Rollout] = await self._call(
+            "query_rollouts", status_in=query.status, sort_by=store_sort, sort_order=query.sort_order
+        )
+        modes = None if query.mode is None else {None if m == "none" else m for m in query.mode}
+        text = query.text.lower() if query.text else None
+        worker = query.worker_id
+        kept: List[Tuple[Rollout, Optional[float]]] = []
+        wants_reward = query.reward_min is not None or query.reward_max is not None or query.sort_by == "reward"
+        for rollout in candidates:
+            if modes is not None and rollout.mode not in modes:
+                continue
+            if query.resources_id is not None and rollout.resources_id != query.resources_id:
+                continue
+            if query.start_after is not None and rollout.start_time < query.start_after:
+                continue
+            if query.start_before is not None and rollout.start_time > query.start_before:
+                continue
+            if worker is not None:
+                attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
+                if attempt is None or attempt.worker_id is None or worker not in attempt.worker_id:
+                    continue
+            if text is not None and text not in rollout.rollout_id.lower() and text not in _input_text(rollout).lower():
+                continue
+            reward = await self.final_reward(rollout) if wants_reward else None
+            if query.reward_min is not None and (reward is None or reward < query.reward_min):
+                continue
+            if query.reward_max is not None and (reward is None or reward > query.reward_max):
+                continue
+            kept.append((rollout, reward))
+        if query.sort_by in ("duration", "reward"):
+            # Missing values go last in both directions.
+            def key(item: Tuple[Rollout, Optional[float]]) -> Any:
+                value = _duration(item[0]) if query.sort_by == "duration" else item[1]
+                return (value is None, (-value if query.sort_order == "desc" else value) if value is not None else 0)
+
+            kept.sort(key=key)
+        page = kept[query.offset : query.offset + query.limit]
+        items = [
+            self.summary(rollout, reward if wants_reward else await self.final_reward(rollout))
+            for rollout, reward in page
+        ]
+        return items, len(kept)
+
+    async def resource_scores(self) -> Dict[str, Any]:
+        """Per resources version: how many finished rollouts used it and their mean final reward (the score of a
+        prompt-optimization candidate)."""
+        finished: Sequence[Rollout] = await self._call("query_rollouts", status_in=list(_TERMINAL))
+        groups: Dict[str, List[float]] = {}
+        counts: Dict[str, int] = {}
+        for rollout in finished:
+            if rollout.resources_id is None:
+                continue
+            counts[rollout.resources_id] = counts.get(rollout.resources_id, 0) + 1
+            reward = await self.final_reward(rollout)
+            if reward is not None:
+                groups.setdefault(rollout.resources_id, []).append(reward)
+        items = [
+            {
+                "resources_id": resources_id,
+                "rollouts": count,
+                "rewarded": len(groups.get(resources_id, [])),
+                "mean_reward": (sum(groups[resources_id]) / len(groups[resources_id]))
+                if groups.get(resources_id)
+                else None,
+            }
+            for resources_id, count in counts.items()
+        ]
+        return {"items": items}
+
+    async def workers(self) -> Dict[str, Any]:
+        """Workers with the rollouts each finished over the last ten minutes (from the latest attempts of the most
+        recently ended rollouts)."""
+        workers = await self._call("query_workers")
+        now = time.time()
+        recent = await self._call(
+            "query_rollouts", status_in=list(_TERMINAL), sort_by="end_time", sort_order="desc", limit=_THROUGHPUT_SCAN
+        )
+        finished: Dict[str, int] = {}
+        for rollout in recent:
+            if rollout.end_time is None or now - rollout.end_time > _THROUGHPUT_WINDOW_SECONDS:
+                continue
+            attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
+            if attempt is not None and attempt.worker_id:
+                finished[attempt.worker_id] = finished.get(attempt.worker_id, 0) + 1
+        items = []
+        for worker in workers:
+            data = worker.model_dump(mode="json")
+            count = finished.get(worker.worker_id, 0)
+            data["finished_recently"] = count
+            data["throughput_per_minute"] = count / (_THROUGHPUT_WINDOW_SECONDS / 60.0)
+            items.append(data)
+        return {"items": items, "window_seconds": _THROUGHPUT_WINDOW_SECONDS, "now": now}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static app
+
+
+class _AssetFiles(StaticFiles):
+    """Static files whose names carry a hash of their content: cacheable for a year."""
+
+    async def get_response(self, path: str, scope: Any) -> Response:
+        response = await super().get_response(path, scope)
+        if response.status_code == 200:
+            response.headers["cache-control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+def _relative_base(path: str) -> str:
+    """``<base href>`` leading from ``path`` back to the app's root, whatever prefix a proxy serves it under."""
+    depth = path.count("/") - 1
+    return "./" if depth <= 0 else "../" * depth
+
+
+def _index_page(index_html: str, path: str) -> Response:
+    html = index_html.replace("<head>", f'<head><base href="{_relative_base(path)}">', 1)
+    return Response(html, media_type="text/html", headers={"cache-control": "no-cache"})
+
+
+def _mount_app(app: FastAPI, directory: Path) -> None:
+    index = directory / "index.html"
+    assets = directory / "assets"
+    if not index.is_file() or not assets.is_dir():
+        logger.error("The dashboard is not built (%s is missing); the server runs without it.", index)
+        return
+    index_html = index.read_text(encoding="utf-8")
+    app.mount("/assets", _AssetFiles(directory=str(assets)), name="dashboard-assets")
+    favicon = directory / "favicon.svg"
+
+    @app.get("/favicon.svg", include_in_schema=False)
+    async def dashboard_favicon() -> Response:
+        if not favicon.is_file():
+            raise HTTPException(status_code=404, detail="Not Found")
+        return FileResponse(favicon, media_type="image/svg+xml", headers={"cache-control": "public, max-age=86400"})
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD"], include_in_schema=False)
+    async def dashboard_page(request: Request, path: str) -> Response:
+        if not is_public_page(request.url.path):
+            raise HTTPException(status_code=404, detail="Not Found")
+        return _index_page(index_html, request.url.path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Routes
+
+
+async def _json_body(request: Request, model: Any) -> Any:
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    body = await request.body()
+    try:
+        return model.model_validate(orjson.loads(body))
+    except orjson.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
+        ) from exc
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_context=False)]
+        raise RequestValidationError(errors) from exc
+
+
+def _add_routes(app: FastAPI, call: StoreCall) -> None:
+    summaries = _Summaries(call)
+
+    @app.get("/v1/agl/dashboard/rollouts", tags=["dashboard"])
+    async def dashboard_rollouts(query: Annotated[DashboardRolloutsRequest, Query()]) -> Response:
+        """One page of rollout summaries with the dashboard's filters."""
+        if query.start_after is not None and query.start_before is not None and query.start_after > query.start_before:
+            raise HTTPException(status_code=400, detail="start_after must not be later than start_before")
+        if query.reward_min is not None and query.reward_max is not None and query.reward_min > query.reward_max:
+            raise HTTPException(status_code=400, detail="reward_min must not be greater than reward_max")
+        return _json(await summaries.rollouts(query))
+
+    @app.get("/v1/agl/dashboard/resources", tags=["dashboard"])
+    async def dashboard_resources() -> Response:
+        """Per resources version, the finished rollouts that used it and their mean final reward."""
+        return _json(await summaries.resource_scores())
+
+    @app.get("/v1/agl/dashboard/workers", tags=["dashboard"])
+    async def dashboard_workers() -> Response:
+        """Workers with their recent throughput."""
+        return _json(await summaries.workers())
+
+
+def install_dashboard(app: FastAPI, call: StoreCall, directory: Optional[Path] = None) -> None:
+    """Add the metrics and dashboard routes and the dashboard app to a store server's FastAPI app.
+
+    Call it after the store's own routes: the app's fallback route answers every remaining path outside ``/v1/``.
+
+    Args:
+        app: The server's app.
+        call: ``call(method_name, *args, **kwargs)`` running a store method.
+        directory: The built dashboard (default: the one in the package).
+    """
+    _add_routes(app, call)
+    _mount_app(app, directory or DASHBOARD_DIR)

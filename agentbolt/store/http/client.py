@@ -1,0 +1,470 @@
+"""The store client: a :class:`LightningStore` reached over HTTP (aiohttp), with the reference's retry contract.
+
+Each store method is implemented from its row in :mod:`agentbolt.store.http.routes`; the few with client-side
+behaviour of their own (dequeue, waits, batches) are written out below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import time
+import weakref
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+import pydantic_core
+from opentelemetry.sdk.trace import ReadableSpan
+
+from agentbolt.env_var import API_KEY_ENV_VAR
+from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, Unset
+from agentbolt.store.http.errors import LightningStoreHTTPError, error_from_response, is_auth_error
+from agentbolt.store.http.routes import (
+    API_V1_AGL_PREFIX,
+    ROUTES,
+    ROUTES_BY_METHOD,
+    STORE_ID_HEADER,
+    StoreRoute,
+    parse_rollout,
+)
+from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
+
+__all__ = ["LightningStoreClient"]
+
+logger = logging.getLogger("agentbolt.store.client")
+
+_RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
+"""Answers after which a request may be sent again (the contract's 5xx and 408; 501 is final)."""
+
+MAX_SHORT_WAIT_SECONDS = 0.1
+"""Longest ``wait_for_rollouts`` timeout the client accepts unless created with ``long_waits=True``."""
+
+
+class LightningStoreClient(LightningStore):
+    """A :class:`LightningStore` living in a :class:`~agentbolt.store.http.server.LightningStoreServer`, over HTTP.
+
+    One aiohttp session (keep-alive connection pool) per event loop.
+
+    Retries (the reference's contract): a call is tried once, then once more after each delay of ``retry_delays``
+    (``1 + len(retry_delays)`` attempts) when it fails with 5xx (except 501), 408, or a network error
+    (``ServerDisconnectedError``, ``ClientConnectorError``, ``ClientOSError``, ``asyncio.TimeoutError``), as long
+    as the server's health endpoint answers within ``health_retry_delays`` (one probe per delay plus a final one;
+    an empty tuple skips probing). Other 4xx answers raise at once. One refinement keeps a retry from applying a
+    call twice: calls that are not idempotent (``start_rollout``, ``enqueue_*``, ``start_attempt``,
+    ``add_resources``, ``update_resources``) are sent again only when they certainly were not applied (the
+    connection could not be opened, or the server answered 503 for a storage outage, which it guarantees changed
+    nothing); after an ambiguous failure (connection lost mid-request, timeout) they raise. Dequeues are never
+    retried and return nothing on failure.
+
+    Errors answered by the server raise :class:`~agentbolt.store.http.errors.LightningStoreHTTPError` (an
+    :class:`aiohttp.ClientResponseError`) carrying the server's message.
+
+    Args:
+        server_address: Base URL of the server, e.g. ``http://127.0.0.1:4747``.
+        retry_delays: Seconds to wait before each retry.
+        health_retry_delays: Delays between health probes after a failure (empty: do not probe).
+        request_timeout: Total seconds allowed per request.
+        connection_timeout: Seconds allowed to open a connection.
+        api_key: Bearer token; defaults to ``$AGENTBOLT_API_KEY``.
+        expected_server_id: The ``server_id`` of the server this client works for. When given, every request
+            carries it and any other server refuses the request (409, ``StoreIdentityMismatch``) instead of serving
+            it.
+        long_waits: Accept ``wait_for_rollouts`` timeouts above 0.1 s (and ``None``), splitting them into
+            server-side waits of at most :attr:`wait_slice_seconds`. By default, as in the reference, longer
+            timeouts raise ``ValueError`` so that no request blocks a connection for long.
+    """
+
+    wait_slice_seconds: float = 10.0
+    """Longest server-side wait of one ``wait_for_rollouts`` request (``long_waits=True``)."""
+
+    def __init__(
+        self,
+        server_address: str,
+        *,
+        retry_delays: Sequence[float] = (1.0, 2.0, 5.0),
+        health_retry_delays: Sequence[float] = (0.1, 0.2, 0.5),
+        request_timeout: float = 30.0,
+        connection_timeout: float = 5.0,
+        api_key: Optional[str] = None,
+        expected_server_id: Optional[str] = None,
+        long_waits: bool = False,
+    ) -> None:
+        self.server_address_root = server_address.rstrip("/")
+        self.server_address = self.server_address_root + API_V1_AGL_PREFIX
+        self._retry_delays = tuple(retry_delays)
+        self._health_retry_delays = tuple(health_retry_delays)
+        self._request_timeout = request_timeout
+        self._connection_timeout = connection_timeout
+        self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
+        self.expected_server_id = expected_server_id
+        self.long_waits = long_waits
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._dequeue_succeeded = False
+        self._dequeue_failure_logged = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sessions"] = None
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sessions = weakref.WeakKeyDictionary()
+
+    @property
+    def capabilities(self) -> LightningStoreCapabilities:
+        """All capabilities (the server provides them)."""
+        return LightningStoreCapabilities(thread_safe=True, async_safe=True, zero_copy=True, otlp_traces=True)
+
+    def otlp_traces_endpoint(self) -> str:
+        """OTLP/HTTP traces URL of the server."""
+        return f"{self.server_address_root}/v1/traces"
+
+    # -- transport ----------------------------------------------------------------------------------------------
+
+    def _headers(self) -> Dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        if self.expected_server_id:
+            headers[STORE_ID_HEADER] = self.expected_server_id
+        return headers
+
+    async def get_server_id(self) -> Optional[str]:
+        """The ``server_id`` the server at this address reports (one health request, no retries).
+
+        Returns:
+            The id, or None when the server reports none (another kind of server).
+
+        Raises:
+            aiohttp.ClientError: Nothing answers at this address.
+            LightningStoreHTTPError: The health route answered with an error.
+        """
+        data = await self._request_json("get", "/health", retry=False)
+        server_id = data.get("server_id") if isinstance(data, dict) else None
+        return server_id if isinstance(server_id, str) else None
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            for stale in [other for other in self._sessions if other.is_closed()]:
+                del self._sessions[stale]  # sessions of finished event loops cannot be used any more
+            timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
+            connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
+            session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
+            self._sessions[loop] = session
+        return session
+
+    async def close(self) -> None:
+        """Close the HTTP sessions this client opened, on every event loop that used it.
+
+        A session belongs to the loop that created it: it is closed there when that loop still runs (e.g. the span
+        writer's thread), and released without I/O when that loop is gone.
+        """
+        try:
+            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        sessions = list(self._sessions.items())
+        self._sessions = weakref.WeakKeyDictionary()
+        for session_loop, session in sessions:
+            if session.closed:
+                continue
+            if session_loop is loop:
+                await session.close()
+            elif session_loop.is_running() and not session_loop.is_closed():
+                future = asyncio.run_coroutine_threadsafe(session.close(), session_loop)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(future), timeout=5.0)
+                except Exception as exc:  # the other loop is stopping or too busy; the process may be exiting
+                    logger.debug("Could not close the session of another event loop: %r", exc)
+            else:
+                connector = session.connector
+                session.detach()
+                if connector is not None:
+                    with contextlib.suppress(Exception):
+                        connector.close()
+
+    async def _send(
+        self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float] | Unset
+    ) -> Any:
+        session = await self._get_session()
+        kwargs: Dict[str, Any] = {}
+        if body is not None:
+            kwargs["data"] = body
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        if params is not None:
+            kwargs["params"] = params
+        if not isinstance(timeout, Unset):
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=self._connection_timeout)
+        async with session.request(method, self.server_address + path, **kwargs) as response:
+            payload = await response.read()
+            if response.status >= 400:
+                raise error_from_response(response, payload)
+            return orjson.loads(payload) if payload else None
+
+    async def _probe_health(self) -> bool:
+        """Whether the server's health endpoint answers, probing once per health delay plus a final time."""
+        if not self._health_retry_delays:
+            return True
+        session = await self._get_session()
+        timeout = aiohttp.ClientTimeout(total=self._connection_timeout)
+        for delay in (*self._health_retry_delays, None):
+            try:
+                async with session.get(self.server_address + "/health", timeout=timeout) as response:
+                    if response.status == 200:
+                        return True
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+            if delay is not None:
+                await asyncio.sleep(delay)
+        return False
+
+    @staticmethod
+    def _may_resend(exc: BaseException, idempotent: bool) -> bool:
+        """Whether a request that failed with ``exc`` may be sent again."""
+        if isinstance(exc, LightningStoreHTTPError):
+            if exc.status not in _RETRYABLE_STATUSES:
+                return False
+            # 408: the server gave up before reading the whole request, so it did nothing with it.
+            return idempotent or exc.not_applied or exc.status == 408
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return True  # the connection was never opened: nothing was sent
+        if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError)):
+            return idempotent
+        return False
+
+    async def _request_json(
+        self,
+        method: Literal["get", "post"],
+        path: str,
+        *,
+        json: Any = None,
+        params: Optional[Any] = None,
+        idempotent: bool = True,
+        timeout: Optional[float] | Unset = UNSET,
+        retry: bool = True,
+    ) -> Any:
+        """Send a request and return the decoded JSON answer, retrying per the client's policy.
+
+        Args:
+            method: HTTP method.
+            path: Path under ``/v1/agl``.
+            json: Body; serialized with pydantic-core (models allowed). ``None`` sends no body.
+            params: Query parameters.
+            idempotent: Whether resending after an ambiguous failure is harmless.
+            timeout: Total timeout override for this request (``None``: no limit).
+            retry: Whether to retry at all.
+
+        Raises:
+            LightningStoreHTTPError: The server answered with an error.
+            aiohttp.ClientError: The server could not be reached.
+        """
+        body = pydantic_core.to_json(json) if json is not None else None
+        delays = self._retry_delays if retry else ()
+        attempt = 0
+        while True:
+            try:
+                return await self._send(method.upper(), path, body, params, timeout)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                if attempt >= len(delays) or not self._may_resend(exc, idempotent):
+                    raise
+                failure: BaseException = exc
+                logger.warning("%s %s failed (%s); will retry", method.upper(), path, _describe(exc))
+            if not await self._probe_health():
+                logger.warning("Server %s is not healthy; giving up %s %s", self.server_address_root, method, path)
+                raise failure
+            await asyncio.sleep(delays[attempt])
+            attempt += 1
+            logger.info("Retrying %s %s (retry %d of %d)", method.upper(), path, attempt, len(delays))
+
+    async def _call_route(self, route: StoreRoute, values: Dict[str, Any]) -> Any:
+        """Run one store call through its route: build the request from the call's arguments, decode the answer."""
+        path = route.path.format(**{name: quote(str(values.pop(name)), safe="") for name in route.path_params})
+        if route.body_param is not None:
+            payload: Any = values[route.body_param]
+        elif route.bundled:
+            (payload,) = values.values()
+        else:
+            payload = {name: value for name, value in values.items() if not isinstance(value, Unset)} or None
+        json, params = (None, _query_params(payload)) if route.verb == "GET" else (payload, None)
+        try:
+            data = await self._request_json(
+                "get" if route.verb == "GET" else "post",
+                path,
+                json=json,
+                params=params,
+                idempotent=route.idempotent,
+                retry=route.retried,
+            )
+        except Exception as exc:
+            if route.on_failure == "raise" or is_auth_error(exc):
+                raise
+            self._log_swallowed_failure(route, exc)
+            return None if route.on_failure == "none" else []
+        return route.decode(data)
+
+    def _log_swallowed_failure(self, route: StoreRoute, exc: BaseException) -> None:
+        if route.on_failure == "empty":  # dequeue: polled constantly, so one warning after it last worked
+            if self._dequeue_succeeded and not self._dequeue_failure_logged:
+                logger.warning("%s on %s failed: %s", route.store_method, self.server_address_root, _describe(exc))
+                self._dequeue_failure_logged = True
+            else:
+                logger.debug("%s on %s failed: %s", route.store_method, self.server_address_root, _describe(exc))
+            return
+        logger.error("%s %s failed: %s", route.verb, route.path, _describe(exc))
+
+    # -- store methods with client-side behaviour of their own ---------------------------------------------------
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """See :meth:`LightningStore.enqueue_many_rollouts`; an empty list sends nothing."""
+        if not rollouts:
+            return []
+        return await self._call_route(ROUTES_BY_METHOD["enqueue_many_rollouts"], {"rollouts": list(rollouts)})  # type: ignore[no-any-return]
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[Any]:
+        """See :meth:`LightningStore.dequeue_rollout`; failures (other than auth) yield ``None``."""
+        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
+        return claimed[0] if claimed else None
+
+    async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: Optional[str] = None) -> Sequence[Any]:
+        """See :meth:`LightningStore.dequeue_many_rollouts`; never retried, failures (other than auth) yield ``[]``."""
+        if limit <= 0:
+            return []
+        route = ROUTES_BY_METHOD["dequeue_many_rollouts"]
+        claimed = await self._call_route(route, {"limit": limit, "worker_id": worker_id})
+        if claimed:
+            self._dequeue_succeeded = True
+            self._dequeue_failure_logged = False
+        return claimed  # type: ignore[no-any-return]
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_many_spans`; one request for the whole batch."""
+        spans = list(spans)
+        if not spans:
+            return []
+        positions = await self._call_route(ROUTES_BY_METHOD["add_many_spans"], {"spans": spans})
+        return [spans[i] for i in positions]
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """See :meth:`LightningStore.add_spans_with_new_sequence_ids`; one request for the whole batch.
+
+        Safe to resend: the store skips spans it already holds (same attempt and span id).
+        """
+        spans = list(spans)
+        if not spans:
+            return []
+        data = await self._call_route(ROUTES_BY_METHOD["add_spans_with_new_sequence_ids"], {"spans": spans})
+        return [
+            spans[i].model_copy(update={"sequence_id": sequence_id})
+            for i, sequence_id in zip(data["inserted"], data["sequence_ids"], strict=True)
+        ]
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        """See :meth:`LightningStore.get_many_span_sequence_ids`; one request for all pairs."""
+        pairs = [[rollout_id, attempt_id] for rollout_id, attempt_id in rollout_attempt_ids]
+        if not pairs:
+            return []
+        route = ROUTES_BY_METHOD["get_many_span_sequence_ids"]
+        return await self._call_route(route, {"rollout_attempt_ids": pairs})  # type: ignore[no-any-return]
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
+    ) -> Optional[Span]:
+        """Convert the span here and send it (asking the server for a sequence id when none is given)."""
+        if sequence_id is None:
+            sequence_id = await self.get_next_span_sequence_id(rollout_id, attempt_id)
+        return await self.add_span(Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id))
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """See :meth:`LightningStore.wait_for_rollouts`.
+
+        Raises:
+            ValueError: ``timeout`` above 0.1 s on a client created without ``long_waits=True`` (as in the
+                reference, the client refuses long blocking requests).
+        """
+        if not self.long_waits:
+            if timeout is not None and timeout > MAX_SHORT_WAIT_SECONDS:
+                raise ValueError(
+                    f"wait_for_rollouts timeout {timeout:g} s is too long for a LightningStoreClient: use at most "
+                    f"{MAX_SHORT_WAIT_SECONDS:g} s and poll, or create the client with long_waits=True"
+                )
+            return await self._wait(rollout_ids, timeout, request_timeout=None if timeout is None else UNSET)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        finished: Dict[str, Rollout] = {}
+        pending = list(dict.fromkeys(rollout_ids))
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = self.wait_slice_seconds if remaining is None else min(self.wait_slice_seconds, remaining)
+            started = time.monotonic()
+            for rollout in await self._wait(pending, wait, request_timeout=wait + self._request_timeout):
+                finished[rollout.rollout_id] = rollout
+            pending = [rid for rid in pending if rid not in finished]
+            # A server-side wait that ends before its slice means every known rollout finished (unknown ids are
+            # never waited for); only a slice that ran out calls for another one.
+            returned_early = time.monotonic() - started < wait * 0.9
+            if not pending or returned_early or (deadline is not None and time.monotonic() >= deadline):
+                break
+        return [finished[rid] for rid in rollout_ids if rid in finished]
+
+    async def _wait(
+        self, rollout_ids: List[str], timeout: Optional[float], *, request_timeout: Optional[float] | Unset
+    ) -> List[Rollout]:
+        route = ROUTES_BY_METHOD["wait_for_rollouts"]
+        data = await self._request_json(
+            "post",
+            route.path,
+            json={"rollout_ids": rollout_ids, "timeout": timeout},
+            timeout=request_timeout,
+        )
+        return [parse_rollout(item) for item in data]  # type: ignore[misc]
+
+
+def _query_params(payload: Any) -> Optional[List[Tuple[str, str]]]:
+    """Query parameters of a ``GET`` route: the non-``None`` fields of the request (lists as repeated keys)."""
+    if payload is None:
+        return None
+    fields = payload.model_dump() if hasattr(payload, "model_dump") else dict(payload)
+    params: List[Tuple[str, str]] = []
+    for name, value in fields.items():
+        if value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            params.append((name, str(item)))
+    return params
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{exc.status} {exc.message}"
+    return repr(exc)
+
+
+def _route_method(route: StoreRoute) -> Any:
+    """The client method of ``route``: binds the arguments like the :class:`LightningStore` method it implements."""
+    declared = getattr(LightningStore, route.method)
+    signature = inspect.signature(declared)
+
+    @functools.wraps(declared)
+    async def method(self: LightningStoreClient, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        del values["self"]
+        return await self._call_route(route, values)
+
+    return method
+
+
+for _route in ROUTES:
+    if _route.method not in vars(LightningStoreClient):
+        setattr(LightningStoreClient, _route.method, _route_method(_route))

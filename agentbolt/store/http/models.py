@@ -1,0 +1,179 @@
+"""Bodies and answers of the store's HTTP API (``/v1/agl``), as pydantic models.
+
+The list requests and the rollout request are :mod:`agentbolt.store.requests` (what store implementations receive);
+the models here are the other bodies: queue operations, updates, sequence ids, waits, and the batch extensions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from pydantic import BaseModel, RootModel
+
+from agentbolt.store.requests import (
+    QueryAttemptsRequest,
+    QueryResourcesRequest,
+    QueryRolloutsRequest,
+    QuerySpansRequest,
+    QueryWorkersRequest,
+    RolloutRequest,
+)
+from agentbolt.types import (
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    MetricsRecord,
+    NamedResources,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    TaskInput,
+)
+
+__all__ = [
+    "RolloutRequest",
+    "DequeueRolloutRequest",
+    "StartAttemptRequest",
+    "EnqueueManyRolloutsRequest",
+    "DequeueManyRolloutsRequest",
+    "QueryRolloutsRequest",
+    "WaitForRolloutsRequest",
+    "NextSequenceIdRequest",
+    "NextSequenceIdResponse",
+    "ManySequenceIdsRequest",
+    "ManySequenceIdsResponse",
+    "AddManySpansRequest",
+    "AddManySpansResponse",
+    "AddSequencedSpansResponse",
+    "NamedResourcesBody",
+    "UpdateRolloutRequest",
+    "UpdateAttemptRequest",
+    "UpdateWorkerRequest",
+    "QueryAttemptsRequest",
+    "QueryResourcesRequest",
+    "QuerySpansRequest",
+    "QueryWorkersRequest",
+    "AddMetricsRequest",
+    "QueryMetricsRequest",
+]
+
+
+class DequeueRolloutRequest(BaseModel):
+    """Body of a single dequeue."""
+
+    worker_id: Optional[str] = None
+
+
+class StartAttemptRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}/attempts``."""
+
+    worker_id: Optional[str] = None
+
+
+class EnqueueManyRolloutsRequest(BaseModel):
+    """Body of ``POST /queues/rollouts/enqueue``."""
+
+    rollouts: List[EnqueueRolloutRequest]
+
+
+class DequeueManyRolloutsRequest(BaseModel):
+    """Body of ``POST /queues/rollouts/dequeue``."""
+
+    limit: int = 1
+    worker_id: Optional[str] = None
+
+
+class WaitForRolloutsRequest(BaseModel):
+    """Body of ``POST /waits/rollouts``."""
+
+    rollout_ids: List[str]
+    timeout: Optional[float] = None
+
+
+class NextSequenceIdRequest(BaseModel):
+    """Body of ``POST /spans/next``."""
+
+    rollout_id: str
+    attempt_id: str
+
+
+class NextSequenceIdResponse(BaseModel):
+    """Answer of ``POST /spans/next``."""
+
+    sequence_id: int
+
+
+class ManySequenceIdsRequest(BaseModel):
+    """Body of ``POST /spans/next/batch`` (extension): one sequence id per pair, in order."""
+
+    rollout_attempt_ids: List[Tuple[str, str]]
+
+
+class ManySequenceIdsResponse(BaseModel):
+    """Answer of ``POST /spans/next/batch``."""
+
+    sequence_ids: List[int]
+
+
+class AddManySpansRequest(BaseModel):
+    """Body of ``POST /spans/batch`` (extension)."""
+
+    spans: List[Span]
+
+
+class AddManySpansResponse(BaseModel):
+    """Answer of ``POST /spans/batch``: positions (in the request) of the spans actually inserted."""
+
+    inserted: List[int]
+
+
+class AddSequencedSpansResponse(BaseModel):
+    """Answer of ``POST /spans/batch/sequenced``: positions (in the request) of the spans actually inserted, and the
+    sequence id issued to each of them."""
+
+    inserted: List[int]
+    sequence_ids: List[int]
+
+
+class NamedResourcesBody(RootModel[NamedResources]):
+    """Body of ``POST /resources`` and ``POST /resources/{resources_id}``: resources by name."""
+
+
+class UpdateRolloutRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}``; only the fields present are written."""
+
+    input: Optional[TaskInput] = None
+    mode: Optional[RolloutMode] = None
+    resources_id: Optional[str] = None
+    status: Optional[RolloutStatus] = None
+    config: Optional[RolloutConfig] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateAttemptRequest(BaseModel):
+    """Body of ``POST /rollouts/{rollout_id}/attempts/{attempt_id}``; only the fields present are written."""
+
+    status: Optional[AttemptStatus] = None
+    worker_id: Optional[str] = None
+    last_heartbeat_time: Optional[float] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateWorkerRequest(BaseModel):
+    """Body of ``POST /workers/{worker_id}``."""
+
+    heartbeat_stats: Optional[Dict[str, Any]] = None
+
+
+class AddMetricsRequest(BaseModel):
+    """Body of ``POST /metrics`` (extension): training metrics, one record per run step."""
+
+    records: List[MetricsRecord]
+
+
+class QueryMetricsRequest(BaseModel):
+    """Query of ``GET /metrics`` (extension): one run's records, or every run's, in the order first written."""
+
+    run_id: Optional[str] = None
+    limit: int = -1
+    offset: int = 0

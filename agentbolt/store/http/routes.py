@@ -1,0 +1,476 @@
+"""The store's HTTP API, written once: each :class:`StoreRoute` binds one :class:`LightningStore` method to a route.
+
+The server registers a handler per row (and the ``GET`` form of the list routes); the client implements every store
+method it does not write out itself from its row. Adding a store method to the HTTP API is one row here, plus its
+implementation in the stores.
+
+How a row maps a call to a request:
+
+* path parameters are the method parameters named in the path;
+* the body is the method's remaining arguments as a JSON object (``None`` values kept, ``UNSET`` ones left out), or
+  the one argument named by ``body_param`` (a span, named resources), or, for the private methods receiving a
+  bundled request (``_start_rollout(request)``, ``_update_rollout(rollout_id, fields)``...), that bundle;
+* the server validates the body with ``body`` and calls the public store method (the row's name without its
+  leading ``_``) with the path parameters and the body's fields as keyword arguments (``only_given``: only the
+  fields present in the body); ``serve`` replaces that call where the route needs more;
+* the client decodes the JSON answer with ``decode``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+
+from pydantic import BaseModel, RootModel, TypeAdapter
+
+from agentbolt.store.http.models import (
+    AddManySpansRequest,
+    AddMetricsRequest,
+    DequeueManyRolloutsRequest,
+    EnqueueManyRolloutsRequest,
+    ManySequenceIdsRequest,
+    NamedResourcesBody,
+    NextSequenceIdRequest,
+    QueryMetricsRequest,
+    StartAttemptRequest,
+    UpdateAttemptRequest,
+    UpdateRolloutRequest,
+    UpdateWorkerRequest,
+    WaitForRolloutsRequest,
+)
+from agentbolt.store.requests import (
+    QueryAttemptsRequest,
+    QueryResourcesRequest,
+    QueryRolloutsRequest,
+    QuerySpansRequest,
+    QueryWorkersRequest,
+    RolloutRequest,
+)
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    MetricsRecord,
+    PaginatedResult,
+    ResourcesUpdate,
+    Rollout,
+    Span,
+    Worker,
+)
+
+__all__ = [
+    "API_V1_PREFIX",
+    "API_AGL_PREFIX",
+    "API_V1_AGL_PREFIX",
+    "STORE_ID_HEADER",
+    "StoreRoute",
+    "StoreCall",
+    "ROUTES",
+    "ROUTES_BY_METHOD",
+    "parse_rollout",
+    "paginated_content",
+    "RawJson",
+]
+
+API_V1_PREFIX = "/v1"
+API_AGL_PREFIX = "/agl"
+API_V1_AGL_PREFIX = API_V1_PREFIX + API_AGL_PREFIX
+STORE_ID_HEADER = "x-agentbolt-store-id"
+"""Request header naming the server a client expects (its ``server_id``); any other server answers 409."""
+
+StoreCall = Callable[..., Awaitable[Any]]
+"""``call(method_name, *args, **kwargs)``: how the server runs one store call."""
+
+Decoder = Callable[[Any], Any]
+
+
+def parse_rollout(item: Dict[str, Any]) -> Union[Rollout, AttemptedRollout]:
+    """A rollout answer: an :class:`AttemptedRollout` when it carries its latest attempt."""
+    if item.get("attempt") is not None:
+        return AttemptedRollout.model_validate(item)
+    return Rollout.model_validate(item)
+
+
+def _model(model: Type[BaseModel]) -> Decoder:
+    return model.model_validate
+
+
+def _optional(decode: Decoder) -> Decoder:
+    return lambda data: None if data is None else decode(data)
+
+
+def _list_of(model: Type[BaseModel]) -> Decoder:
+    return TypeAdapter(List[model]).validate_python  # type: ignore[valid-type]
+
+
+def _page(decode_items: Decoder) -> Decoder:
+    def decode(data: Dict[str, Any]) -> PaginatedResult[Any]:
+        return PaginatedResult(
+            items=decode_items(data["items"]), limit=data["limit"], offset=data["offset"], total=data["total"]
+        )
+
+    return decode
+
+
+def _page_of(model: Type[BaseModel]) -> Decoder:
+    return _page(_list_of(model))
+
+
+def paginated_content(result: Sequence[Any], limit: int, offset: int) -> Dict[str, Any]:
+    """The JSON content of a page (a plain list from a store is one page holding everything)."""
+    if isinstance(result, PaginatedResult):
+        return {"items": list(result.items), "limit": result.limit, "offset": result.offset, "total": result.total}
+    items = list(result)
+    return {"items": items, "limit": limit, "offset": offset, "total": len(items)}
+
+
+class RawJson(bytes):
+    """An answer already encoded as JSON, sent as it is."""
+
+
+@dataclass(frozen=True)
+class StoreRoute:
+    """One store method over HTTP.
+
+    Attributes:
+        method: The :class:`LightningStore` method the client implements with this route.
+        verb: HTTP method.
+        path: Path under ``/v1/agl``; ``{name}`` segments are method parameters.
+        decode: Turns the JSON answer into the method's return value (client side).
+        body: Model validating the request body (server side); for ``GET`` routes, the query parameters.
+        body_param: Method parameter that is the whole body.
+        body_optional: An empty body stands for ``body()``.
+        status: Status of a successful answer.
+        idempotent: Sending the request twice has the effect of sending it once, so the client may resend it after a
+            failure whose outcome is unknown. Other requests are resent only when certainly not applied.
+        retried: Whether the client retries the request at all (dequeues are never retried).
+        on_failure: What the client returns when the call finally fails (other than authentication errors):
+            ``"raise"``, ``"none"`` or ``"empty"`` (an empty list).
+        page_of: List route over this model: pagination options are validated against its fields.
+        get_path: Path of the ``GET`` form of a list route (the body's fields as query parameters).
+        only_given: Only the body fields present in the request are passed on (updates).
+        not_null: Fields that may be absent but not ``null``.
+        serve: Server side replacing the plain store call: ``serve(call, path_values, body) -> content``.
+    """
+
+    method: str
+    verb: Literal["GET", "POST"]
+    path: str
+    decode: Decoder
+    body: Optional[Type[BaseModel]] = None
+    body_param: Optional[str] = None
+    body_optional: bool = False
+    status: int = 200
+    idempotent: bool = True
+    retried: bool = True
+    on_failure: Literal["raise", "none", "empty"] = "raise"
+    page_of: Optional[Type[BaseModel]] = None
+    get_path: Optional[str] = None
+    only_given: bool = False
+    not_null: Tuple[str, ...] = ()
+    serve: Optional[Callable[[StoreCall, Dict[str, str], Any], Awaitable[Any]]] = None
+
+    @property
+    def store_method(self) -> str:
+        """The public store method the server calls."""
+        return self.method.lstrip("_")
+
+    @property
+    def path_params(self) -> Tuple[str, ...]:
+        """Names of the path parameters."""
+        return tuple(re.findall(r"{(\w+)}", self.path))
+
+    @property
+    def bundled(self) -> bool:
+        """Whether the client method receives the request as one bundle (a private method)."""
+        return self.method.startswith("_")
+
+    def arguments(self, body: Optional[BaseModel]) -> Dict[str, Any]:
+        """Keyword arguments of the store call carried by a validated ``body``."""
+        if body is None:
+            return {}
+        if self.body_param is not None:
+            return {self.body_param: body.root if isinstance(body, RootModel) else body}
+        names = body.model_fields_set if self.only_given else type(body).model_fields
+        return {name: getattr(body, name) for name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Server sides that do more than one plain store call
+
+
+async def _serve_enqueue(call: StoreCall, path: Dict[str, str], body: EnqueueManyRolloutsRequest) -> Any:
+    if not body.rollouts:
+        return []
+    if len(body.rollouts) == 1:
+        one = body.rollouts[0]
+        return [await call("enqueue_rollout", one.input, one.mode, one.resources_id, one.config, one.metadata)]
+    return list(await call("enqueue_many_rollouts", body.rollouts))
+
+
+async def _serve_dequeue(call: StoreCall, path: Dict[str, str], body: DequeueManyRolloutsRequest) -> Any:
+    if body.limit <= 0:
+        return []
+    if body.limit == 1:
+        claimed = await call("dequeue_rollout", worker_id=body.worker_id)
+        return [claimed] if claimed is not None else []
+    return list(await call("dequeue_many_rollouts", limit=body.limit, worker_id=body.worker_id))
+
+
+def _positions(spans: Sequence[Span], inserted: Sequence[Span]) -> List[int]:
+    positions = {(s.rollout_id, s.attempt_id, s.span_id): i for i, s in enumerate(spans)}
+    return [positions[(s.rollout_id, s.attempt_id, s.span_id)] for s in inserted]
+
+
+async def _serve_add_many_spans(call: StoreCall, path: Dict[str, str], body: AddManySpansRequest) -> Any:
+    inserted = await call("add_many_spans", body.spans)
+    return {"inserted": _positions(body.spans, inserted)}
+
+
+async def _serve_sequenced_spans(call: StoreCall, path: Dict[str, str], body: AddManySpansRequest) -> Any:
+    inserted = await call("add_spans_with_new_sequence_ids", body.spans)
+    return {"inserted": _positions(body.spans, inserted), "sequence_ids": [s.sequence_id for s in inserted]}
+
+
+async def _serve_next_sequence_id(call: StoreCall, path: Dict[str, str], body: NextSequenceIdRequest) -> Any:
+    return {"sequence_id": await call("get_next_span_sequence_id", body.rollout_id, body.attempt_id)}
+
+
+async def _serve_sequence_ids(call: StoreCall, path: Dict[str, str], body: ManySequenceIdsRequest) -> Any:
+    return {"sequence_ids": list(await call("get_many_span_sequence_ids", body.rollout_attempt_ids))}
+
+
+async def _serve_query_spans(call: StoreCall, path: Dict[str, str], body: QuerySpansRequest) -> RawJson:
+    return RawJson(await call("_query_spans_json", body))
+
+
+async def _serve_query_metrics(call: StoreCall, path: Dict[str, str], body: QueryMetricsRequest) -> Any:
+    if body.limit == 0 or body.limit < -1:
+        raise ValueError("Limit must be greater than 0 or -1 for no limit")
+    if body.offset < 0:
+        raise ValueError("Offset must be greater than or equal to 0")
+    page = await call("query_metrics", run_id=body.run_id, limit=body.limit, offset=body.offset)
+    return paginated_content(page, body.limit, body.offset)
+
+
+def _decode_positions(data: Dict[str, Any]) -> List[int]:
+    return [int(i) for i in data["inserted"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The table. Span routes come first: the busiest routes are matched first.
+
+_ROLLOUT_PAGE = _page(lambda items: [parse_rollout(item) for item in items])
+
+ROUTES: Tuple[StoreRoute, ...] = (
+    StoreRoute("add_span", "POST", "/spans", _optional(_model(Span)), body=Span, body_param="span", status=201),
+    StoreRoute(
+        "add_many_spans",
+        "POST",
+        "/spans/batch",
+        _decode_positions,
+        body=AddManySpansRequest,
+        status=201,
+        serve=_serve_add_many_spans,
+    ),
+    StoreRoute(
+        "add_spans_with_new_sequence_ids",
+        "POST",
+        "/spans/batch/sequenced",
+        lambda data: data,
+        body=AddManySpansRequest,
+        status=201,
+        serve=_serve_sequenced_spans,
+    ),
+    StoreRoute(
+        "_query_spans",
+        "POST",
+        "/spans/search",
+        _page_of(Span),
+        body=QuerySpansRequest,
+        page_of=Span,
+        get_path="/spans",
+        serve=_serve_query_spans,
+    ),
+    StoreRoute(
+        "get_next_span_sequence_id",
+        "POST",
+        "/spans/next",
+        lambda data: int(data["sequence_id"]),
+        body=NextSequenceIdRequest,
+        serve=_serve_next_sequence_id,
+    ),
+    StoreRoute(
+        "get_many_span_sequence_ids",
+        "POST",
+        "/spans/next/batch",
+        lambda data: [int(x) for x in data["sequence_ids"]],
+        body=ManySequenceIdsRequest,
+        serve=_serve_sequence_ids,
+    ),
+    StoreRoute(
+        "wait_for_rollouts",
+        "POST",
+        "/waits/rollouts",
+        lambda data: [parse_rollout(item) for item in data],
+        body=WaitForRolloutsRequest,
+    ),
+    StoreRoute(
+        "enqueue_many_rollouts",
+        "POST",
+        "/queues/rollouts/enqueue",
+        _list_of(Rollout),
+        body=EnqueueManyRolloutsRequest,
+        status=201,
+        idempotent=False,
+        serve=_serve_enqueue,
+    ),
+    StoreRoute(
+        "dequeue_many_rollouts",
+        "POST",
+        "/queues/rollouts/dequeue",
+        _list_of(AttemptedRollout),
+        body=DequeueManyRolloutsRequest,
+        body_optional=True,
+        idempotent=False,
+        retried=False,
+        on_failure="empty",
+        serve=_serve_dequeue,
+    ),
+    StoreRoute(
+        "_start_rollout",
+        "POST",
+        "/rollouts",
+        _model(AttemptedRollout),
+        body=RolloutRequest,
+        status=201,
+        idempotent=False,
+    ),
+    StoreRoute(
+        "_query_rollouts",
+        "POST",
+        "/rollouts/search",
+        _ROLLOUT_PAGE,
+        body=QueryRolloutsRequest,
+        body_optional=True,
+        page_of=Rollout,
+        get_path="/rollouts",
+    ),
+    StoreRoute("get_rollout_by_id", "GET", "/rollouts/{rollout_id}", _optional(parse_rollout), on_failure="none"),
+    StoreRoute(
+        "_update_rollout",
+        "POST",
+        "/rollouts/{rollout_id}",
+        parse_rollout,
+        body=UpdateRolloutRequest,
+        only_given=True,
+        not_null=("status", "config"),
+    ),
+    StoreRoute(
+        "start_attempt",
+        "POST",
+        "/rollouts/{rollout_id}/attempts",
+        _model(AttemptedRollout),
+        body=StartAttemptRequest,
+        body_optional=True,
+        status=201,
+        idempotent=False,
+    ),
+    StoreRoute(
+        "_query_attempts",
+        "POST",
+        "/rollouts/{rollout_id}/attempts/search",
+        _page_of(Attempt),
+        body=QueryAttemptsRequest,
+        body_optional=True,
+        page_of=Attempt,
+        get_path="/rollouts/{rollout_id}/attempts",
+    ),
+    StoreRoute(
+        "get_latest_attempt",
+        "GET",
+        "/rollouts/{rollout_id}/attempts/latest",
+        _optional(_model(Attempt)),
+        on_failure="none",
+    ),
+    StoreRoute(
+        "_update_attempt",
+        "POST",
+        "/rollouts/{rollout_id}/attempts/{attempt_id}",
+        _model(Attempt),
+        body=UpdateAttemptRequest,
+        only_given=True,
+        not_null=("status", "worker_id", "last_heartbeat_time"),
+    ),
+    StoreRoute(
+        "_query_workers",
+        "POST",
+        "/workers/search",
+        _page_of(Worker),
+        body=QueryWorkersRequest,
+        body_optional=True,
+        page_of=Worker,
+        get_path="/workers",
+    ),
+    StoreRoute("get_worker_by_id", "GET", "/workers/{worker_id}", _optional(_model(Worker)), on_failure="none"),
+    StoreRoute(
+        "update_worker",
+        "POST",
+        "/workers/{worker_id}",
+        _model(Worker),
+        body=UpdateWorkerRequest,
+        body_optional=True,
+        only_given=True,
+        not_null=("heartbeat_stats",),
+    ),
+    StoreRoute("statistics", "GET", "/statistics", dict),
+    StoreRoute(
+        "_query_resources",
+        "GET",
+        "/resources",
+        _page_of(ResourcesUpdate),
+        body=QueryResourcesRequest,
+        page_of=ResourcesUpdate,
+    ),
+    StoreRoute(
+        "add_resources",
+        "POST",
+        "/resources",
+        _model(ResourcesUpdate),
+        body=NamedResourcesBody,
+        body_param="resources",
+        status=201,
+        idempotent=False,
+    ),
+    StoreRoute(
+        "get_latest_resources", "GET", "/resources/latest", _optional(_model(ResourcesUpdate)), on_failure="none"
+    ),
+    StoreRoute(
+        "update_resources",
+        "POST",
+        "/resources/{resources_id}",
+        _model(ResourcesUpdate),
+        body=NamedResourcesBody,
+        body_param="resources",
+        idempotent=False,
+    ),
+    StoreRoute(
+        "get_resources_by_id",
+        "GET",
+        "/resources/{resources_id}",
+        _optional(_model(ResourcesUpdate)),
+        on_failure="none",
+    ),
+    StoreRoute("add_metrics", "POST", "/metrics", _list_of(MetricsRecord), body=AddMetricsRequest, status=201),
+    StoreRoute(
+        "query_metrics",
+        "GET",
+        "/metrics",
+        _page_of(MetricsRecord),
+        body=QueryMetricsRequest,
+        serve=_serve_query_metrics,
+    ),
+)
+
+ROUTES_BY_METHOD: Dict[str, StoreRoute] = {route.method: route for route in ROUTES}
+"""Rows by the store method they implement."""

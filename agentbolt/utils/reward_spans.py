@@ -1,0 +1,81 @@
+"""Reading rewards back from spans: the one rule shared by emitters, adapters, algorithms and the store's dashboard.
+
+Rewards are recorded as ``agentlightning.annotation`` spans carrying ``agentlightning.reward.<i>.name/value``
+(index 0 is the primary reward); two legacy formats are still understood.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, List, Optional, Sequence
+
+from pydantic import TypeAdapter
+
+from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPydanticModel
+from agentbolt.types.tracer import SpanLike
+from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
+
+__all__ = ["REWARD_SPAN_NAME", "get_rewards_from_span", "get_reward_value", "find_final_reward"]
+
+logger = logging.getLogger("agentbolt.emitter.reward")
+
+REWARD_SPAN_NAME = AGL_ANNOTATION
+"""Name of the spans ``emit_reward`` records (annotation spans)."""
+
+_REWARD_PREFIX = LightningSpanAttributes.REWARD.value
+_REWARD_LIST: TypeAdapter[List[RewardPydanticModel]] = TypeAdapter(List[RewardPydanticModel])
+_LEGACY_OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
+
+
+def get_rewards_from_span(span: SpanLike) -> List[RewardPydanticModel]:
+    """All reward dimensions stored on a span (primary first); empty when it has none."""
+    attributes = span.attributes or {}
+    if not filter_attributes(attributes, _REWARD_PREFIX):
+        return []
+    return _REWARD_LIST.validate_python(filter_and_unflatten_attributes(attributes, _REWARD_PREFIX))
+
+
+def _legacy_agentops_reward(attributes: Any) -> Optional[float]:
+    for key in _LEGACY_OUTPUT_KEYS:
+        raw = attributes.get(key)
+        if raw is None:
+            continue
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                continue
+        if isinstance(raw, dict) and raw.get("type") == "reward":
+            logger.warning("Reading a reward in the legacy AgentOps format; emit rewards with emit_reward().")
+            value = raw.get("value")
+            return None if value is None else float(value)
+    return None
+
+
+def get_reward_value(span: SpanLike) -> Optional[float]:
+    """The primary reward of a span, or None when the span carries no reward.
+
+    Understands the current format (``agentlightning.reward.0.value``) and two legacy ones (AgentOps
+    ``{"type": "reward", "value": v}`` outputs, and annotation spans with a ``reward`` attribute).
+    """
+    rewards = get_rewards_from_span(span)
+    if rewards:
+        return rewards[0].value
+    attributes = span.attributes or {}
+    legacy = _legacy_agentops_reward(attributes)
+    if legacy is not None:
+        return legacy
+    if span.name == AGL_ANNOTATION and "reward" in attributes:
+        value = attributes["reward"]
+        return float(value) if isinstance(value, (int, float)) else None
+    return None
+
+
+def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
+    """The reward of the last span that has one, or None."""
+    for span in reversed(spans):
+        value = get_reward_value(span)
+        if value is not None:
+            return value
+    return None

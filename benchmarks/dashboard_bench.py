@@ -1,0 +1,184 @@
+"""How fast the dashboard is on a large store: first paint and paging with 10,000 rollouts, in headless chromium.
+
+Starts ``agentbolt store`` on a fresh SQLite file, enqueues ``--rollouts`` rollouts (a quarter of them validation),
+finishes ``--finished`` of them on a worker with a reward span each, then opens the Rollouts page in Debian's
+chromium through Playwright (install both with ``make browser`` and ``pip install 'agentbolt[browser-tests]'``).
+
+Measured, ``--repeats`` times each (median and max reported, in milliseconds):
+
+* ``first_paint_ms``: from the start of navigation to ``/rollouts`` until the first page of rows is on screen
+  (HTML, script, the API call, rendering);
+* ``next_page_ms`` / ``last_page_ms``: from a click on "next" / "last page" until that page's rows are shown;
+* ``api_page_ms``: the ``/v1/agl/dashboard/rollouts`` call of one page at offset 0 and at the last offset (the store
+  pages it), and ``api_scan_ms``: the same call with a text filter, which reads every rollout.
+
+Usage::
+
+    python benchmarks/dashboard_bench.py [--rollouts 10000] [--finished 500] [--repeats 5]
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from dashboard.browser import LAUNCH_ARGS, chromium_path  # noqa: E402
+from dashboard.seeding import reward_span  # noqa: E402
+
+
+def _free_port() -> int:
+    from agentbolt.utils.server_launcher import pick_free_port
+
+    return pick_free_port("127.0.0.1")
+
+
+async def _seed(url: str, rollouts: int, finished: int) -> None:
+    from agentbolt.store.client_server import LightningStoreClient
+    from agentbolt.types import EnqueueRolloutRequest
+
+    client = LightningStoreClient(url)
+    try:
+        for start in range(0, rollouts, 1000):
+            batch = [
+                EnqueueRolloutRequest(input={"task": f"task {i}"}, mode="val" if i % 4 == 0 else "train")
+                for i in range(start, min(start + 1000, rollouts))
+            ]
+            await client.enqueue_many_rollouts(batch)
+        for claimed in await client.dequeue_many_rollouts(limit=finished, worker_id="Worker-0"):
+            rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+            sequence_id = await client.get_next_span_sequence_id(rollout_id, attempt_id)
+            span = reward_span(rollout_id, attempt_id, sequence_id, 0.5)
+            await client.add_span(span)
+            await client.update_attempt(rollout_id, attempt_id, status="succeeded")
+    finally:
+        await client.close()
+
+
+def _summary(values: List[float]) -> Dict[str, float]:
+    return {"median": round(statistics.median(values), 1), "max": round(max(values), 1)}
+
+
+def _api_timings(url: str, rollouts: int, repeats: int) -> Dict[str, Any]:
+    endpoint = url + "/v1/agl/dashboard/rollouts"
+    cases = {
+        "api_page_first_ms": {"limit": 50},
+        "api_page_last_ms": {"limit": 50, "offset": max(0, rollouts - 50)},
+        "api_scan_text_ms": {"limit": 50, "text": "task 9"},
+    }
+    results: Dict[str, Any] = {}
+    with httpx.Client(timeout=120) as http:
+        for name, params in cases.items():
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                http.get(endpoint, params=params).raise_for_status()
+                times.append((time.perf_counter() - started) * 1000)
+            results[name] = _summary(times)
+    return results
+
+
+def _browser_timings(url: str, repeats: int) -> Dict[str, Any]:
+    from playwright.sync_api import sync_playwright
+
+    chromium = chromium_path()
+    if chromium is None:
+        raise SystemExit("Debian's chromium is not installed: run `make browser` (as root)")
+    first, following, last = [], [], []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            for _ in range(repeats):
+                context = browser.new_context(viewport={"width": 1400, "height": 900})
+                page = context.new_page()
+                started = time.perf_counter()
+                page.goto(url + "/rollouts", wait_until="commit")
+                page.locator("table.rollouts tbody tr").nth(49).wait_for()
+                first.append((time.perf_counter() - started) * 1000)
+                for button, target in (("next page", following), ("last page", last)):
+                    before = page.locator("table.rollouts tbody tr").first.get_attribute("data-rollout-id")
+                    started = time.perf_counter()
+                    page.get_by_role("button", name=button).click()
+                    page.wait_for_function(
+                        "(before) => { const r = document.querySelector('table.rollouts tbody tr');"
+                        " return r && r.dataset.rolloutId !== before; }",
+                        arg=before,
+                    )
+                    target.append((time.perf_counter() - started) * 1000)
+                context.close()
+        finally:
+            browser.close()
+    return {"first_paint_ms": _summary(first), "next_page_ms": _summary(following), "last_page_ms": _summary(last)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=10_000)
+    parser.add_argument("--finished", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="agentbolt-dashboard-bench-") as work:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        store = subprocess.Popen(
+            [sys.executable, "-m", "agentbolt", "store", "--path", str(Path(work) / "store.db"), "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(url + "/v1/agl/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            seeding_started = time.perf_counter()
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, _seed(url, args.rollouts, args.finished)).result()
+            seed_seconds = time.perf_counter() - seeding_started
+            api = _api_timings(url, args.rollouts, args.repeats)
+            browser = _browser_timings(url, args.repeats)
+        finally:
+            store.terminate()
+            store.wait(timeout=30)
+    print(
+        json.dumps(
+            {
+                "benchmark": "dashboard",
+                "rollouts": args.rollouts,
+                "finished_with_reward": args.finished,
+                "repeats": args.repeats,
+                "seed_seconds": round(seed_seconds, 1),
+                **api,
+                **browser,
+                "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+                "date": time.strftime("%Y-%m-%d"),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

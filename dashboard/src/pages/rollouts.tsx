@@ -1,0 +1,252 @@
+// Rollouts: a filterable, sortable, paginated table, refreshed live; the filters live in the URL.
+import { useEffect, useState } from "preact/hooks";
+import { api, type Query } from "../api";
+import { ErrorNote, Link, Loading, Pagination, StatusBadge } from "../components/common";
+import { formatDuration, formatReward, formatTime } from "../format";
+import { useData } from "../hooks";
+import { navigate, withQuery, type Location } from "../router";
+
+export const STATUSES = ["queuing", "preparing", "running", "requeuing", "succeeded", "failed", "cancelled"];
+const MODES = ["train", "val", "test", "none"];
+const PAGE_SIZES = [25, 50, 100, 200];
+
+const COLUMNS: Array<{ key: string; label: string; sort?: string }> = [
+  { key: "rollout_id", label: "Rollout", sort: "rollout_id" },
+  { key: "status", label: "Status", sort: "status" },
+  { key: "mode", label: "Mode", sort: "mode" },
+  { key: "input", label: "Input" },
+  { key: "reward", label: "Reward", sort: "reward" },
+  { key: "attempts", label: "Attempts" },
+  { key: "worker", label: "Worker" },
+  { key: "start_time", label: "Started", sort: "start_time" },
+  { key: "duration", label: "Duration", sort: "duration" },
+  { key: "resources_id", label: "Resources", sort: "resources_id" },
+];
+
+const FILTER_KEYS = ["status", "mode", "resources_id", "worker_id", "text", "reward_min", "reward_max", "start_after", "start_before"];
+
+function toEpoch(local: string | null): number | undefined {
+  if (!local) return undefined;
+  const t = new Date(local).getTime();
+  return Number.isFinite(t) ? t / 1000 : undefined;
+}
+
+export function RolloutsPage(props: { location: Location }) {
+  const params = props.location.params;
+  const status = params.getAll("status");
+  const mode = params.getAll("mode");
+  const sortBy = params.get("sort") ?? "start_time";
+  const order = params.get("order") === "asc" ? "asc" : "desc";
+  const limit = PAGE_SIZES.includes(Number(params.get("size"))) ? Number(params.get("size")) : 50;
+  const offset = Math.max(0, Number(params.get("offset")) || 0);
+  const query: Query = {
+    status,
+    mode,
+    resources_id: params.get("resources_id"),
+    worker_id: params.get("worker_id"),
+    text: params.get("text"),
+    reward_min: params.get("reward_min"),
+    reward_max: params.get("reward_max"),
+    start_after: toEpoch(params.get("start_after")),
+    start_before: toEpoch(params.get("start_before")),
+    sort_by: sortBy,
+    sort_order: order,
+    limit,
+    offset,
+  };
+  const key = JSON.stringify(query);
+  const { data, error, updatedAt } = useData(() => api.rollouts(query), key);
+
+  const update = (changes: Record<string, string | string[] | null>, keepOffset = false) => {
+    const next = new URLSearchParams(params);
+    for (const [k, v] of Object.entries(changes)) {
+      next.delete(k);
+      if (Array.isArray(v)) v.forEach((item) => next.append(k, item));
+      else if (v !== null && v !== "") next.set(k, v);
+    }
+    if (!keepOffset) next.delete("offset");
+    const text = next.toString();
+    navigate(text ? `/rollouts?${text}` : "/rollouts", { replace: true });
+  };
+
+  const toggleSort = (column: string) => update({ sort: column, order: sortBy === column && order === "desc" ? "asc" : "desc" }, false);
+
+  return (
+    <section aria-labelledby="rollouts-title">
+      <div class="page-head">
+        <h1 id="rollouts-title">Rollouts</h1>
+        <span class="muted live" aria-live="off">
+          {updatedAt ? `updated ${new Date(updatedAt).toLocaleTimeString()}` : ""}
+        </span>
+      </div>
+      <StatusChips counts={data?.counts} selected={status} onSelect={(s) => update({ status: s })} />
+      <Filters params={params} onChange={update} />
+      <ErrorNote error={error} what="the rollouts" />
+      {!data && !error && <Loading what="rollouts" />}
+      {data && (
+        <>
+          <div class="table-wrap">
+            <table class="rollouts" aria-label="rollouts">
+              <thead>
+                <tr>
+                  {COLUMNS.map((c) => (
+                    <th
+                      key={c.key}
+                      scope="col"
+                      aria-sort={c.sort && c.sort === sortBy ? (order === "asc" ? "ascending" : "descending") : undefined}
+                    >
+                      {c.sort ? (
+                        <button type="button" class="sort" onClick={() => toggleSort(c.sort!)}>
+                          {c.label}
+                          <span aria-hidden="true">{c.sort === sortBy ? (order === "asc" ? " ▲" : " ▼") : ""}</span>
+                        </button>
+                      ) : (
+                        c.label
+                      )}
+                    </th>
+                  ))}
+                </tr>
+              </thead>
+              <tbody>
+                {data.items.map((r) => (
+                  <tr key={r.rollout_id} data-rollout-id={r.rollout_id}>
+                    <td>
+                      <Link to={`/rollouts/${encodeURIComponent(r.rollout_id)}`} class="mono">
+                        {r.rollout_id}
+                      </Link>
+                    </td>
+                    <td>
+                      <StatusBadge status={r.status} />
+                    </td>
+                    <td>{r.mode ?? "–"}</td>
+                    <td class="input-preview" title={r.input_preview}>
+                      {r.input_preview}
+                    </td>
+                    <td class="num">{formatReward(r.reward)}</td>
+                    <td class="num">{r.attempt?.sequence_id ?? 0}</td>
+                    <td class="mono">{r.attempt?.worker_id ?? "–"}</td>
+                    <td>{formatTime(r.start_time)}</td>
+                    <td class="num">{formatDuration(r.duration)}</td>
+                    <td class="mono">
+                      {r.resources_id ? <Link to={`/resources/${encodeURIComponent(r.resources_id)}`}>{r.resources_id}</Link> : "–"}
+                    </td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+            {!data.items.length && <p class="muted empty">No rollout matches.</p>}
+          </div>
+          <div class="table-foot">
+            <Pagination total={data.total} offset={offset} limit={limit} onPage={(o) => update({ offset: String(Math.max(0, o)) }, true)} />
+            <label>
+              Rows per page{" "}
+              <select value={String(limit)} onChange={(e) => update({ size: (e.target as HTMLSelectElement).value })}>
+                {PAGE_SIZES.map((s) => (
+                  <option key={s} value={String(s)}>
+                    {s}
+                  </option>
+                ))}
+              </select>
+            </label>
+          </div>
+        </>
+      )}
+    </section>
+  );
+}
+
+function StatusChips(props: { counts?: Record<string, number>; selected: string[]; onSelect: (s: string[]) => void }) {
+  return (
+    <div class="chips" role="group" aria-label="filter by status">
+      <button type="button" class={`chip ${props.selected.length ? "" : "active"}`} aria-pressed={!props.selected.length} onClick={() => props.onSelect([])}>
+        all {props.counts ? `(${Object.values(props.counts).reduce((a, b) => a + b, 0).toLocaleString()})` : ""}
+      </button>
+      {STATUSES.map((s) => {
+        const active = props.selected.includes(s);
+        return (
+          <button
+            key={s}
+            type="button"
+            class={`chip status-${s} ${active ? "active" : ""}`}
+            aria-pressed={active}
+            onClick={() => props.onSelect(active ? props.selected.filter((x) => x !== s) : [...props.selected, s])}
+          >
+            {s} {props.counts ? `(${(props.counts[s] ?? 0).toLocaleString()})` : ""}
+          </button>
+        );
+      })}
+    </div>
+  );
+}
+
+function Filters(props: { params: URLSearchParams; onChange: (changes: Record<string, string | string[] | null>) => void }) {
+  const [draft, setDraft] = useState<Record<string, string>>({});
+  useEffect(() => {
+    const values: Record<string, string> = {};
+    for (const k of FILTER_KEYS) if (k !== "status" && k !== "mode") values[k] = props.params.get(k) ?? "";
+    setDraft(values);
+  }, [props.params.toString()]);
+  const set = (k: string) => (e: Event) => setDraft({ ...draft, [k]: (e.target as HTMLInputElement).value });
+  const modes = props.params.getAll("mode");
+  const active = FILTER_KEYS.some((k) => props.params.getAll(k).length);
+  return (
+    <form
+      class="filters"
+      aria-label="rollout filters"
+      onSubmit={(e) => {
+        e.preventDefault();
+        props.onChange(draft);
+      }}
+    >
+      <label>
+        Search input or id
+        <input type="search" value={draft.text ?? ""} onInput={set("text")} placeholder="text in the input" />
+      </label>
+      <fieldset class="modes">
+        <legend>Mode</legend>
+        {MODES.map((m) => (
+          <label key={m} class="inline">
+            <input
+              type="checkbox"
+              checked={modes.includes(m)}
+              onChange={() => props.onChange({ mode: modes.includes(m) ? modes.filter((x) => x !== m) : [...modes, m] })}
+            />
+            {m}
+          </label>
+        ))}
+      </fieldset>
+      <label>
+        Worker
+        <input value={draft.worker_id ?? ""} onInput={set("worker_id")} placeholder="worker id" />
+      </label>
+      <label>
+        Resources
+        <input value={draft.resources_id ?? ""} onInput={set("resources_id")} placeholder="rs-…" />
+      </label>
+      <label>
+        Reward ≥
+        <input type="number" step="any" value={draft.reward_min ?? ""} onInput={set("reward_min")} class="short" />
+      </label>
+      <label>
+        Reward ≤
+        <input type="number" step="any" value={draft.reward_max ?? ""} onInput={set("reward_max")} class="short" />
+      </label>
+      <label>
+        Started after
+        <input type="datetime-local" step="1" value={draft.start_after ?? ""} onInput={set("start_after")} />
+      </label>
+      <label>
+        Started before
+        <input type="datetime-local" step="1" value={draft.start_before ?? ""} onInput={set("start_before")} />
+      </label>
+      <div class="filter-actions">
+        <button type="submit">Apply filters</button>
+        {active && (
+          <button type="button" class="secondary" onClick={() => navigate(withQuery("/rollouts", {}), { replace: true })}>
+            Clear
+          </button>
+        )}
+      </div>
+    </form>
+  );
+}

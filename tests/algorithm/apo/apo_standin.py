@@ -1,0 +1,175 @@
+"""A scripted stand-in for the hosted models prompt optimization talks to (none can be reached here).
+
+One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat completions for three model names:
+
+* ``agent``: the model of the test agent. It answers the last capital-city question of its prompt ("Capital of X?")
+  with the bare city when its prompt says ``ONLY THE CITY`` or holds worked examples (``Examples of solved
+  tasks``); otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it
+  always answers with the bare city, so a seed prompt earns some reward (and few-shot bootstrapping has examples).
+* ``critic`` / ``editor`` / ``reflector``: the optimizer. Each call pops the next scripted step of its queue: a reply
+  text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
+  says the answer format is unclear and the editor / reflector return :data:`GOOD_TEMPLATE`.
+
+Every request is recorded in ``requests`` (model, messages). :func:`capital_agent` is the test agent and :func:`fit`
+runs an optimizer on it under a Trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+import agentbolt as agl
+
+CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Chile": "Santiago",
+    "Egypt": "Cairo",
+    "Spain": "Madrid",
+    "Italy": "Rome",
+    "Canada": "Ottawa",
+    "Norway": "Oslo",
+}
+EASY = {"France", "Japan", "Kenya"}
+
+SEED_TEMPLATE = "Answer the question. Capital of {country}?"
+GOOD_TEMPLATE = "Answer with ONLY THE CITY name. Capital of {country}?"
+
+BASE_URL: Dict[str, str] = {}
+"""Where the running stand-in listens (set by the ``standin`` fixture)."""
+
+Step = Union[str, int, float]
+"""A scripted optimizer step: reply text (str), HTTP error status (int) or a delay in seconds (float)."""
+
+
+@dataclass
+class Script:
+    """What the optimizer models answer, in order, per model name."""
+
+    queues: Dict[str, Deque[Step]] = field(default_factory=lambda: defaultdict(deque))
+    requests: List[Dict[str, Any]] = field(default_factory=list)
+
+    def push(self, model: str, *steps: Step) -> None:
+        self.queues[model].extend(steps)
+
+    def calls(self, model: str) -> List[Dict[str, Any]]:
+        return [r for r in self.requests if r["model"] == model]
+
+
+def _agent_reply(prompt: str) -> str:
+    question = prompt.rsplit("Capital of ", 1)[1] if "Capital of " in prompt else ""
+    country = next((c for c in CAPITALS if question.startswith(c)), None)
+    if country is None:
+        return "I do not know."
+    city = CAPITALS[country]
+    if "ONLY THE CITY" in prompt or "Examples of solved tasks" in prompt or country in EASY:
+        return city
+    return f"The capital of {country} is {city}."
+
+
+def _completion(model: str, text: str, prompt_chars: int) -> Dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": prompt_chars // 4,
+            "completion_tokens": len(text) // 4 + 1,
+            "total_tokens": prompt_chars // 4 + len(text) // 4 + 1,
+        },
+    }
+
+
+def _default_reply(model: str) -> str:
+    if model == "critic":
+        return "The prompt does not say that the answer must be the city name alone."
+    return f"```\n{GOOD_TEMPLATE}\n```" if model == "reflector" else GOOD_TEMPLATE
+
+
+def create_app(script: Script) -> FastAPI:
+    """The stand-in server's app, driven by ``script``."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = await request.json()
+        model, messages = body["model"], body["messages"]
+        script.requests.append({"model": model, "messages": messages})
+        prompt = "\n".join(str(m.get("content") or "") for m in messages)
+        if model == "agent":
+            return _completion(model, _agent_reply(prompt), len(prompt))
+        queue = script.queues[model]
+        step: Step = queue.popleft() if queue else _default_reply(model)
+        if isinstance(step, int):
+            return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, status_code=step)
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+            step = _default_reply(model)
+        return _completion(model, step, len(prompt))
+
+    return app
+
+
+@agl.rollout
+async def capital_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    """Ask the stand-in's agent model; reward 1 for the bare city name."""
+    from openai import AsyncOpenAI
+
+    if task.get("crash"):
+        raise RuntimeError("the agent crashed on purpose")
+    client = AsyncOpenAI(base_url=BASE_URL["url"], api_key="stand-in", max_retries=0)
+    response = await client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": prompt_template.format(country=task["country"])}]
+    )
+    await client.close()
+    answer = response.choices[0].message.content
+    agl.emit_message(f"expected {CAPITALS[task['country']]}, got {answer}")
+    return 1.0 if answer == CAPITALS[task["country"]] else 0.0
+
+
+def capital_tasks(countries: List[str]) -> List[Dict[str, Any]]:
+    return [{"country": c} for c in countries]
+
+
+TRAIN = capital_tasks(["France", "Chile", "Egypt", "Spain", "Japan", "Italy"])
+VAL = capital_tasks(["Kenya", "Peru", "Canada", "Norway"])
+
+
+def fit(
+    algorithm: agl.Algorithm,
+    *,
+    train: Optional[List[Dict[str, Any]]] = None,
+    val: Optional[List[Dict[str, Any]]] = None,
+    store: Any = None,
+    initial_resources: Any = "seed",
+    adapter: Any = None,
+) -> Any:
+    """Run ``algorithm`` on the capital agent in one process (shared-memory strategy); returns the store."""
+    store = store if store is not None else agl.InMemoryLightningStore()
+    resources = (
+        {"prompt_template": agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string")}
+        if initial_resources == "seed"
+        else initial_resources
+    )
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=store,
+        strategy=agl.SharedMemoryExecutionStrategy(n_runners=1),
+        initial_resources=resources,
+        adapter=adapter if adapter is not None else agl.TraceToMessages(),
+        runner=agl.LitAgentRunner(tracer=agl.AgentOpsTracer(), poll_interval=0.02),
+    )
+    trainer.fit(capital_agent, train_dataset=TRAIN if train is None else train, val_dataset=VAL if val is None else val)
+    return store

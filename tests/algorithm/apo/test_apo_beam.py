@@ -1,0 +1,221 @@
+"""APO's beam search run by a Trainer against a scripted optimizer served over HTTP (apo_standin.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit
+
+import agentbolt as agl
+from agentbolt.algorithm.apo import APO, load_search_run
+
+
+def make_apo(client: Any, **overrides: Any) -> APO:
+    options = {
+        "gradient_model": "critic",
+        "apply_edit_model": "editor",
+        "gradient_batch_size": 2,
+        "val_batch_size": 2,
+        "beam_width": 1,
+        "branch_factor": 1,
+        "beam_rounds": 1,
+        "optimizer_backoff": 0.01,
+        "seed": 0,
+        "use_poml": False,  # POML itself is covered by test_apo_prompts.py and the first test below
+    }
+    options.update(overrides)
+    return APO(client, **options)
+
+
+def test_apo_is_the_class_behind_agl_and_keeps_the_contract_defaults() -> None:
+    assert agl.APO is APO and agl.algorithm.APO is APO
+    apo = APO(None)
+    assert (apo.gradient_model, apo.apply_edit_model) == ("gpt-5-mini", "gpt-4.1-mini")
+    assert (apo.diversity_temperature, apo.gradient_batch_size, apo.val_batch_size) == (1.0, 4, 16)
+    assert (apo.beam_width, apo.branch_factor, apo.beam_rounds) == (4, 4, 3)
+    assert (apo.rollout_batch_timeout, apo.run_initial_validation) == (3600.0, True)
+    assert apo._history_best_prompt is None and apo._history_best_score == float("-inf")
+    assert apo._history_best_version is None and apo._version_counter == 0
+    with pytest.raises(ValueError, match="No best prompt found"):
+        apo.get_best_prompt()
+
+
+def test_log_prefix_and_versions() -> None:
+    apo = APO(None)
+    assert apo._format_log_prefix(round_num=1, beam_idx=2, branch_idx=3, prompt_version="v4") == (
+        "[Round 01 | Beam 02 | Branch 03 | Prompt v4]"
+    )
+    assert apo._format_log_prefix(round_num=12) == "[Round 12]"
+    assert apo._format_log_prefix() == ""
+    template = agl.PromptTemplate(template="x", engine="f-string")
+    assert [apo._create_versioned_prompt(template).version for _ in range(3)] == ["v0", "v1", "v2"]
+
+
+def test_beam_search_finds_the_better_prompt(script: Script, optimizer_client: Any, caplog: Any) -> None:
+    apo = make_apo(optimizer_client, use_poml=None)
+    with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
+        store = fit(apo)
+    assert apo.get_best_prompt().template == GOOD_TEMPLATE
+    assert apo.best_version == "v1" and apo.best_score == 1.0
+    # the critique saw the parent's training rollouts: messages of the agent, reward and status
+    critique_request = script.calls("critic")[0]["messages"][-1]["content"]
+    assert "reward" in critique_request and "Capital of" in critique_request and SEED_TEMPLATE in critique_request
+    # the edit call got the critique and the placeholders to keep
+    edit_request = script.calls("editor")[0]["messages"][-1]["content"]
+    assert "city name alone" in edit_request and "{country}" in edit_request
+    assert "[Round 01 | Beam 00 | Branch 00 | Prompt v0]" in caplog.text
+    # every candidate is in the store with its scores; the best is the latest resources
+    records = asyncio.run(load_search_run(store, apo.run_id))
+    assert [r.version for r in records] == ["v0", "v1"]
+    assert records[0].mean("val-full") == pytest.approx(0.25)  # only Kenya is easy
+    assert records[1].origin == "edit" and records[1].parents == ["v0"] and "city name" in records[1].note
+    assert records[1].scores["val-full"] == {str(i): 1.0 for i in range(len(VAL))}
+    latest = asyncio.run(store.get_latest_resources())
+    assert latest.resources_id == f"{apo.run_id}-best"
+    assert latest.resources["prompt_template"].template == GOOD_TEMPLATE
+    summary = apo.summary()
+    assert summary["optimizer_calls"] == 2 and summary["optimizer_prompt_tokens"] > 0
+    assert summary["rollouts"] == len(VAL) + 2 + 2 * 2 + len(VAL)
+
+
+def test_a_failing_optimizer_call_is_retried_with_backoff(script: Script, optimizer_client: Any) -> None:
+    script.push("critic", 500, 503)
+    apo = make_apo(optimizer_client)
+    fit(apo)
+    assert len(script.calls("critic")) == 3
+    assert apo.get_best_prompt().template == GOOD_TEMPLATE
+    assert apo.optimizer.usage.failed_calls == 0
+
+
+def test_an_optimizer_call_failing_every_retry_skips_the_candidate(
+    script: Script, optimizer_client: Any, caplog: Any
+) -> None:
+    script.push("critic", 500, 500, 0.5)
+    apo = make_apo(optimizer_client, optimizer_retries=2, optimizer_timeout=0.2, beam_rounds=1)
+    with caplog.at_level(logging.WARNING):
+        fit(apo)
+    assert "Optimizer critique call failed after 3 attempts (timed out)" in caplog.text
+    assert "Skipped this branch" in caplog.text
+    assert apo.optimizer.usage.failed_calls == 1 and apo.skipped_candidates == 1
+    assert apo.get_best_prompt().template == SEED_TEMPLATE  # the seed, never lost
+    assert apo.best_version == "v0"
+
+
+def test_an_edit_that_drops_a_placeholder_is_skipped(script: Script, optimizer_client: Any, caplog: Any) -> None:
+    script.push("editor", "Answer with ONLY THE CITY name. Capital of France?")
+    apo = make_apo(optimizer_client)
+    with caplog.at_level(logging.WARNING):
+        fit(apo)
+    assert "the rewritten template dropped ['country']" in caplog.text
+    assert apo.skipped_candidates == 1 and apo.get_best_prompt().template == SEED_TEMPLATE
+
+
+def test_failed_rollouts_score_zero_and_are_counted(optimizer_client: Any, caplog: Any) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=0)
+    val = [*VAL[:1], {"country": "Kenya", "crash": True}]
+    with caplog.at_level(logging.WARNING):
+        fit(apo, val=val)
+    assert apo.best_score == 0.5 and apo.rollouts_failed == 1
+    assert "1 rollout(s) failed and 0 timed out of 2" in caplog.text
+
+
+def test_rollouts_past_the_batch_timeout_are_cancelled_and_score_zero(optimizer_client: Any) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=0, rollout_batch_timeout=0.01)
+    store = fit(apo)
+    assert apo.rollouts_timed_out + apo.rollouts_failed >= 1 and apo.best_score < 0.25 + 1e-9
+    statuses = {r.status for r in asyncio.run(store.query_rollouts())}
+    assert statuses <= {"succeeded", "cancelled", "failed"}
+
+
+def test_the_token_budget_stops_the_search_with_the_best_prompt(script: Script, optimizer_client: Any) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=3, max_optimizer_tokens=1)
+    fit(apo)
+    assert apo.optimizer.usage.calls == 1  # the critique spent the budget; the edit never ran
+    assert apo.get_best_prompt().template == SEED_TEMPLATE
+
+
+def test_resume_continues_a_stored_run(script: Script, optimizer_client: Any, standin: Any, sqlite_path: Any) -> None:
+    from openai import AsyncOpenAI
+
+    first = make_apo(optimizer_client, run_id="resumable", beam_rounds=1)
+    fit(first, store=agl.SqliteLightningStore(sqlite_path))
+    assert first.best_version == "v1"
+    script.push("editor", "City only, please: ONLY THE CITY. Capital of {country}?")
+    # a new process would build a new client; one client's connections belong to the event loop that opened them
+    client = AsyncOpenAI(base_url=standin.base_url, api_key="stand-in", max_retries=0)
+    second = make_apo(client, run_id="resumable", resume=True, beam_rounds=2)
+    store = fit(second, store=agl.SqliteLightningStore(sqlite_path))
+    assert second.best_version == "v1" and second.best_score == 1.0  # restored, not recomputed
+    records = asyncio.run(load_search_run(store, "resumable"))
+    assert [r.version for r in records] == ["v0", "v1", "v2"]
+    assert records[2].round == 2 and records[2].parents == ["v1"]
+    assert len(script.calls("critic")) == 2  # one per round: round 1 was not redone
+
+
+def test_resume_of_an_unknown_run_is_an_error(optimizer_client: Any) -> None:
+    apo = make_apo(optimizer_client, run_id="never-ran", resume=True)
+    with pytest.raises(ValueError, match="no candidates of run 'never-ran'"):
+        fit(apo)
+    assert apo.get_best_prompt().template == SEED_TEMPLATE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"train": []}, "non-empty train_dataset"),
+        ({"val": []}, "non-empty val_dataset"),
+        ({"initial_resources": None}, "No initial resources"),
+        ({"initial_resources": {"llm": agl.LLM(endpoint="http://x", model="m")}}, "No PromptTemplate"),
+        ({"adapter": agl.TracerTraceToTriplet()}, "TraceToMessages"),
+    ],
+)
+def test_bad_input_is_a_clear_error(optimizer_client: Any, kwargs: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit(make_apo(optimizer_client), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beam_width": 0}, "beam_width must be an integer >= 1"),
+        ({"beam_rounds": -1}, "beam_rounds"),
+        ({"rollout_batch_timeout": 0}, "rollout_batch_timeout"),
+        ({"resume": True}, "needs the run_id"),
+        ({"max_optimizer_tokens": 0}, "max_optimizer_tokens"),
+        ({"gradient_prompt_files": ["/no/such.poml"]}, "does not exist"),
+    ],
+)
+def test_bad_options_are_rejected(kwargs: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        APO(None, **kwargs)
+
+
+def test_apo_is_built_from_a_plain_dict_spec(optimizer_client: Any) -> None:
+    apo = agl.build_component(
+        {"type": "agentbolt.algorithm.apo.APO", "async_openai_client": optimizer_client, "beam_rounds": 1},
+        expected_type=agl.Algorithm,
+        spec_name="algorithm",
+    )
+    assert isinstance(apo, APO) and apo.beam_rounds == 1
+    assert TRAIN and SEED_TEMPLATE  # the module's datasets are the ones the runs above use
+
+
+def test_the_optimizer_client_can_be_given_as_plain_values() -> None:
+    from openai import AsyncOpenAI
+
+    by_url = APO("http://127.0.0.1:9/v1")
+    assert isinstance(by_url.async_openai_client, AsyncOpenAI)
+    assert str(by_url.async_openai_client.base_url) == "http://127.0.0.1:9/v1/"
+    apo = agl.build_component(
+        {
+            "type": "agentbolt.algorithm.apo.APO",
+            "async_openai_client": {"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "max_retries": 0},
+            "gradient_model": "critic",
+        },
+        expected_type=agl.Algorithm,
+        spec_name="algorithm",
+    )
+    assert apo.async_openai_client.api_key == "k" and apo.async_openai_client.max_retries == 0

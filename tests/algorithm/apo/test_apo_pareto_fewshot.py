@@ -1,0 +1,196 @@
+"""ParetoAPO's front bookkeeping and reflective search; FewShotAPO's demonstrations and selection search."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Dict, List
+
+import pytest
+from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, VAL, Script, fit
+
+import agentbolt as agl
+from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO, load_search_run, pareto_front
+from agentbolt.algorithm.apo.fewshot import Demonstration, render_demonstration
+from agentbolt.algorithm.apo.search import RolloutResultForAPO
+
+# -- Pareto front ---------------------------------------------------------------------------------------------------
+
+
+def test_front_keeps_candidates_best_on_some_task() -> None:
+    scores = {
+        "v0": {"a": 1.0, "b": 0.0, "c": 0.0},
+        "v1": {"a": 0.0, "b": 1.0, "c": 0.0},
+        "v2": {"a": 0.5, "b": 0.5, "c": 0.0},
+    }
+    assert pareto_front(scores) == {"v0": ["a"], "v1": ["b"]}
+
+
+def test_front_drops_dominated_candidates_even_when_tied_best() -> None:
+    scores = {"v0": {"a": 1.0, "b": 0.0}, "v1": {"a": 1.0, "b": 1.0}}
+    assert pareto_front(scores) == {"v1": ["a", "b"]}
+
+
+def test_ties_count_for_every_tied_candidate_and_unsolved_tasks_are_ignored() -> None:
+    scores = {"v0": {"a": 1.0, "b": 0.0}, "v1": {"a": 1.0, "b": 0.0}}
+    assert pareto_front(scores) == {"v0": ["a"], "v1": ["a"]}
+    assert pareto_front({"v0": {"a": 0.0}}) == {}
+    assert pareto_front({}) == {}
+
+
+def test_a_missing_score_counts_as_zero() -> None:
+    assert pareto_front({"v0": {"a": 1.0}, "v1": {"b": 1.0}}) == {"v0": ["a"], "v1": ["b"]}
+
+
+def test_pareto_search_reflects_on_traces_and_admits_a_better_child(script: Script, optimizer_client: Any) -> None:
+    search = ParetoAPO(
+        optimizer_client,
+        reflection_model="reflector",
+        reflection_batch_size=3,
+        rounds=1,
+        use_poml=False,
+        optimizer_backoff=0.01,
+        seed=1,
+    )
+    store = fit(search)
+    assert search.get_best_prompt().template == GOOD_TEMPLATE and search.best_version == "v1"
+    assert set(search.pool) == {"v0", "v1"} and search.front() == {"v1": ["0", "1", "2", "3"]}
+    reflection = script.calls("reflector")[0]["messages"][-1]["content"]
+    assert "[assistant] The capital of" in reflection and "[feedback] expected" in reflection and "reward" in reflection
+    records = asyncio.run(load_search_run(store, search.run_id))
+    assert records[1].origin == "reflection" and records[1].parents == ["v0"]
+
+
+def test_pareto_rejects_a_child_that_does_no_better_on_the_minibatch(script: Script, optimizer_client: Any) -> None:
+    script.push("reflector", f"```\n{SEED_TEMPLATE} Think first.\n```")
+    search = ParetoAPO(optimizer_client, reflection_model="reflector", rounds=1, use_poml=False, seed=1)
+    fit(search)
+    assert set(search.pool) == {"v0"} and search.best_version == "v0"
+
+
+def test_pareto_merges_two_complementary_front_candidates(script: Script, optimizer_client: Any) -> None:
+    search = ParetoAPO(optimizer_client, reflection_model="reflector", rounds=3, merge_every=3, use_poml=False)
+    search.set_store(agl.InMemoryLightningStore())
+    seed = agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string")
+    other = agl.PromptTemplate(template="Reply briefly. Capital of {country}?", engine="f-string")
+    a, b = search._create_versioned_prompt(seed), search._create_versioned_prompt(other)
+    search.pool = {"v0": a, "v1": b}
+    search.val_scores = {"v0": {"0": 1.0, "1": 0.0}, "v1": {"0": 0.0, "1": 1.0}}
+    assert search._merge_pair() == (a, b)
+
+
+# -- few-shot -------------------------------------------------------------------------------------------------------
+
+
+def _result(messages: List[Dict[str, Any]], status: str = "succeeded") -> RolloutResultForAPO:
+    return RolloutResultForAPO(status=status, final_reward=1.0, spans=[], messages=[{"messages": messages}])  # type: ignore[typeddict-item]
+
+
+def test_a_demonstration_keeps_the_request_data_tool_calls_results_and_answer() -> None:
+    seed = agl.PromptTemplate(template="Book a room.\nDate: {date}", engine="f-string")
+    messages = [
+        {"role": "user", "content": "Book a room.\nDate: 2025-10-01"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "rooms", "arguments": '{"d": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '[{"room": "Nova"}]'},
+        {"role": "assistant", "content": "Nova"},
+    ]
+    text = render_demonstration(messages, seed)
+    assert text == (
+        "Request: Date: 2025-10-01\n"
+        'Assistant: <tool_call>{"name": "rooms", "arguments": {"d": 1}}</tool_call>\n'
+        'Tool result: [{"room": "Nova"}]\n'
+        "Assistant: Nova"
+    )
+    assert render_demonstration(messages[:2], seed) is None  # no final answer: no demonstration
+
+
+def test_demonstrations_are_rewarded_runs_one_per_task_best_first() -> None:
+    seed = agl.PromptTemplate(template="Q: {q}", engine="f-string")
+    search = FewShotAPO(demo_min_reward=1.0)
+
+    def run(answer: str) -> RolloutResultForAPO:
+        return _result([{"role": "user", "content": "Q: x"}, {"role": "assistant", "content": answer}])
+
+    demos = search.collect_demonstrations(
+        [
+            ("0", 1.0, run("a much longer answer")),
+            ("0", 1.0, run("short")),
+            ("1", 0.0, run("wrong")),
+            ("2", 1.0, _result([{"role": "assistant", "content": "x"}], status="failed")),
+            ("3", 1.0, run("three")),
+        ],
+        seed,
+    )
+    assert [(d.task_key, d.text.splitlines()[-1]) for d in demos] == [
+        ("0", "Assistant: short"),
+        ("3", "Assistant: three"),
+    ]
+
+
+def test_demonstrations_are_escaped_for_the_template_engine() -> None:
+    search = FewShotAPO()
+    demo = Demonstration("0", 1.0, 'Tool result: {"room": "Nova"}')
+    for engine, fields in (("f-string", {"q": "Q"}), ("jinja", {"q": "Q"})):
+        template = agl.PromptTemplate(template="{q}" if engine == "f-string" else "{{ q }}", engine=engine)
+        filled = search.with_demonstrations(template, [demo]).format(**fields)
+        assert filled.startswith("Examples of solved tasks:\n\nExample 1:") and filled.endswith("\n\nQ")
+        assert '{"room": "Nova"}' in filled
+    after = FewShotAPO(demo_position="after").with_demonstrations(
+        agl.PromptTemplate(template="{q}", engine="f-string"), [demo]
+    )
+    assert after.format(q="Q").startswith("Q\n\nExamples of solved tasks:")
+
+
+def test_candidate_selections_start_with_the_top_and_are_distinct() -> None:
+    search = FewShotAPO(max_demos=2, num_candidate_sets=5, seed=3)
+    selections = search.candidate_selections(4)
+    assert selections[0] == (0, 1) and len(selections) == len(set(selections)) == 5
+    assert all(1 <= len(s) <= 2 for s in selections)
+    assert search.candidate_selections(1) == [(0,)] and search.candidate_selections(0) == []
+
+
+def test_fewshot_search_adds_demonstrations_that_raise_the_score(script: Script, optimizer_client: Any) -> None:
+    search = FewShotAPO(max_demos=2, bootstrap_tasks=6, num_candidate_sets=3, val_batch_size=2, use_poml=False)
+    store = fit(search)
+    best = search.get_best_prompt()
+    assert search.best_score == 1.0 and "Examples of solved tasks" in best.template
+    assert best.format(country="Peru").endswith("Answer the question. Capital of Peru?")
+    assert {d.task_key for d in search.demonstrations} == {"0", "4"}  # France and Japan, the easy training tasks
+    assert not script.calls("critic")  # no optimizer model needed
+    records = asyncio.run(load_search_run(store, search.run_id))
+    assert records[0].scores["bootstrap"] and records[1].origin == "demonstrations"
+
+
+def test_fewshot_without_any_rewarded_run_keeps_the_seed(optimizer_client: Any, caplog: Any) -> None:
+    search = FewShotAPO(bootstrap_tasks=2, use_poml=False)
+    with caplog.at_level(logging.WARNING):
+        fit(search, train=[{"country": "Chile"}, {"country": "Egypt"}])
+    assert "no demonstration to add" in caplog.text
+    assert search.get_best_prompt().template == SEED_TEMPLATE and search.best_version == "v0"
+
+
+def test_the_rollout_budget_stops_the_search(optimizer_client: Any, caplog: Any) -> None:
+    search = FewShotAPO(bootstrap_tasks=6, use_poml=False, max_rollouts=len(VAL) + 1)
+    with caplog.at_level(logging.WARNING):
+        fit(search)
+    assert "rollout budget spent" in caplog.text and search.rollouts_enqueued == len(VAL)
+    assert search.get_best_prompt().template == SEED_TEMPLATE
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (FewShotAPO, {"max_demos": 0}, "max_demos"),
+        (FewShotAPO, {"demo_position": "middle"}, "demo_position"),
+        (FewShotAPO, {"max_rollouts": 0}, "max_rollouts"),
+        (ParetoAPO, {"rounds": -1}, "rounds"),
+        (ParetoAPO, {"reflection_batch_size": 0}, "reflection_batch_size"),
+    ],
+)
+def test_bad_options_are_rejected(cls: Any, kwargs: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cls(None, **kwargs)

@@ -1,0 +1,153 @@
+"""The optimizer's prompt files, rendered by POML and by the plain fallback; prompt templates of every engine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import agentbolt as agl
+from agentbolt.algorithm.apo.prompts import (
+    APPLY_EDIT_PROMPT_FILES,
+    GRADIENT_PROMPT_FILES,
+    MERGE_PROMPT_FILES,
+    REFLECT_PROMPT_FILES,
+    extract_template_text,
+    format_experiments,
+    render_prompt_file,
+)
+from agentbolt.algorithm.apo.templates import (
+    PlaceholderMismatchError,
+    check_placeholders,
+    escape_literal,
+    template_placeholders,
+)
+
+ALL_FILES = GRADIENT_PROMPT_FILES + APPLY_EDIT_PROMPT_FILES + REFLECT_PROMPT_FILES + MERGE_PROMPT_FILES
+CONTEXT = {
+    "prompt_template": "Book a room for {attendees} people.\nReply <with> the name & nothing else.",
+    "placeholders": "{attendees}",
+    "experiments": [],
+    "experiments_text": "### Run 1: reward 0.0, status succeeded\n[user] hi",
+    "critique": "Say which room.",
+    "template_a": "A {attendees}",
+    "template_b": "B {attendees}",
+    "wins_a": 2,
+    "wins_b": 1,
+}
+HAS_POML = importlib.util.find_spec("poml") is not None
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: Path(p).name)
+def test_plain_rendering_keeps_the_template_verbatim(path: Path) -> None:
+    messages = render_prompt_file(path, CONTEXT, use_poml=False)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "{{" not in messages[1]["content"]
+    if "prompt_template" in path.read_text():
+        assert CONTEXT["prompt_template"] in messages[1]["content"]
+
+
+@pytest.mark.skipif(not HAS_POML, reason="the poml package (extra agentbolt[apo]) is not installed")
+def test_poml_and_the_plain_fallback_render_the_same_messages() -> None:
+    for path in ALL_FILES:
+        assert render_prompt_file(path, CONTEXT, use_poml=True) == render_prompt_file(path, CONTEXT, use_poml=False)
+
+
+def test_plain_rendering_names_a_missing_value() -> None:
+    with pytest.raises(KeyError, match="critique"):
+        render_prompt_file(APPLY_EDIT_PROMPT_FILES[0], {"prompt_template": "x", "placeholders": ""}, use_poml=False)
+
+
+def test_experiments_show_messages_tool_calls_reward_status_and_feedback() -> None:
+    text = format_experiments(
+        [
+            {
+                "status": "succeeded",
+                "final_reward": None,
+                "feedback": ["expected Atlas"],
+                "messages": [
+                    {
+                        "messages": [
+                            {"role": "user", "content": "Find a room"},
+                            {
+                                "role": "assistant",
+                                "content": None,
+                                "tool_calls": [{"function": {"name": "rooms", "arguments": "{}"}}],
+                            },
+                            {"role": "tool", "content": "x" * 50},
+                        ]
+                    }
+                ],
+            }
+        ],
+        max_message_chars=12,
+    )
+    assert text.splitlines() == [
+        "### Run 1: reward none (counted as 0), status succeeded",
+        "[user] Find a room",
+        "[assistant calls tool] rooms({})",
+        "[tool] xxxxxxxxxxxx [... 38 more characters]",
+        "[feedback] expected Atlas",
+    ]
+    assert format_experiments([]) == "(no runs)"
+
+
+def test_the_template_is_taken_from_the_last_fenced_block() -> None:
+    assert extract_template_text("Here:\n```\nfirst\n```\nbetter:\n```text\nNew {x}\n```") == "New {x}"
+    assert extract_template_text("  Just the text {x} ") == "Just the text {x}"
+    assert extract_template_text("   ") is None and extract_template_text(None) is None
+
+
+def test_prompt_template_formats_with_every_engine() -> None:
+    assert agl.PromptTemplate(template="Hi {name}", engine="f-string").format(name="Ann") == "Hi Ann"
+    jinja = agl.PromptTemplate(template="Hi {{ name }}{% if vip %}!{% endif %}", engine="jinja")
+    assert jinja.format(name="Ann", vip=True) == "Hi Ann!"
+    with pytest.raises(ValueError, match="'name' is undefined"):
+        jinja.format(vip=False)
+    with pytest.raises(ValueError, match="Cannot render the jinja prompt template"):
+        agl.PromptTemplate(template="{% if %}", engine="jinja").format()
+
+
+@pytest.mark.skipif(not HAS_POML, reason="the poml package (extra agentbolt[apo]) is not installed")
+def test_prompt_template_formats_poml() -> None:
+    template = agl.PromptTemplate(template="<poml><p>Hello {{ name }}</p></poml>", engine="poml")
+    assert template.format(name="Ann") == "Hello Ann"
+
+
+def test_poml_engine_without_the_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "poml", None)
+    with pytest.raises(ImportError, match=r"agentbolt\[apo\]"):
+        agl.PromptTemplate(template="<p>x</p>", engine="poml").format()
+
+
+def test_placeholders_of_each_engine() -> None:
+    assert template_placeholders(agl.PromptTemplate(template="{a} {b.c} {d[0]} {{lit}}", engine="f-string")) == {
+        "a",
+        "b",
+        "d",
+    }
+    assert template_placeholders(
+        agl.PromptTemplate(template="{{ a }}{% for x in b %}{{ x }}{% endfor %}", engine="jinja")
+    ) == {"a", "b"}
+    assert template_placeholders(agl.PromptTemplate(template="<p>{{ a }} {{b.c}}</p>", engine="poml")) == {"a", "b"}
+    with pytest.raises(ValueError, match="named placeholders"):
+        template_placeholders(agl.PromptTemplate(template="{} {0}", engine="f-string"))
+
+
+def test_a_rewrite_must_keep_exactly_the_placeholders() -> None:
+    required = frozenset({"date", "time"})
+    check_placeholders(agl.PromptTemplate(template="{time} then {date}", engine="f-string"), required)
+    with pytest.raises(PlaceholderMismatchError, match=r"dropped \['time'\] and added unknown \['when'\]"):
+        check_placeholders(agl.PromptTemplate(template="{date} {when}", engine="f-string"), required)
+    with pytest.raises(PlaceholderMismatchError, match="Single '}'"):
+        check_placeholders(agl.PromptTemplate(template="{date} {time} }", engine="f-string"), required)
+
+
+@pytest.mark.parametrize("engine", ["f-string", "jinja"])
+def test_escaped_text_comes_out_verbatim(engine: str) -> None:
+    literal = 'Tool result: {"room": "Nova"} {{ x }} {% raw %} {% endraw %}'
+    template = agl.PromptTemplate(template=escape_literal(literal, engine), engine=engine)
+    assert template.format() == literal

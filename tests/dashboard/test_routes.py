@@ -1,0 +1,124 @@
+"""The dashboard's read routes on a real store server: rollout summaries with filters, workers, resource scores."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Dict, List, Tuple
+
+import httpx
+import pytest
+from support.servers import free_port
+
+from agentbolt.store.client_server import LightningStoreServer
+from agentbolt.store.memory import InMemoryLightningStore
+
+from .seeding import seed_small
+
+
+@pytest.fixture
+async def seeded() -> AsyncIterator[Tuple[httpx.AsyncClient, Dict[str, List[str]]]]:
+    store = InMemoryLightningStore(thread_safe=True)
+    ids = await seed_small(store)
+    server = LightningStoreServer(store, host="127.0.0.1", port=free_port())
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
+            yield http, ids
+    finally:
+        await server.stop()
+
+
+async def _rollouts(http: httpx.AsyncClient, **params: Any) -> Dict[str, Any]:
+    answer = await http.get("/rollouts", params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def test_a_page_of_summaries_carries_the_latest_attempt_reward_and_counts(seeded: Any) -> None:
+    http, ids = seeded
+    page = await _rollouts(http, limit=2, sort_by="start_time", sort_order="asc")
+
+    assert page["total"] == 6 and len(page["items"]) == 2
+    first = page["items"][0]
+    assert first["rollout_id"] == ids["train"][0]
+    assert first["reward"] == 0.0 and first["attempt"]["worker_id"] == "Worker-0"
+    assert first["input_preview"].startswith('{"question":"what is 0 + 0?"')
+    assert page["counts"]["succeeded"] == 4 and page["counts"]["failed"] == 1 and page["counts"]["queuing"] == 1
+
+
+async def test_filters_combine(seeded: Any) -> None:
+    http, ids = seeded
+    by_mode = await _rollouts(http, mode=["val", "test"])
+    assert {r["rollout_id"] for r in by_mode["items"]} == {*ids["val"], *ids["queued"]}
+    by_worker = await _rollouts(http, worker_id="Worker-1", mode="train")
+    assert {r["rollout_id"] for r in by_worker["items"]} == {ids["train"][1], ids["train"][3]}
+    by_text = await _rollouts(http, text="FRANCE")
+    assert [r["rollout_id"] for r in by_text["items"]] == ids["val"]
+    by_reward = await _rollouts(http, reward_min=0.3, reward_max=0.6)
+    assert [r["reward"] for r in by_reward["items"]] == [0.5]
+    by_status = await _rollouts(http, status="failed")
+    assert [r["rollout_id"] for r in by_status["items"]] == ids["val"]
+    none_mode = await _rollouts(http, mode="none")
+    assert none_mode["total"] == 0
+
+
+async def test_time_range_and_resources_filters(seeded: Any) -> None:
+    http, ids = seeded
+    everything = await _rollouts(http, start_after=time.time() - 3600, start_before=time.time() + 1)
+    assert everything["total"] == 6
+    assert (await _rollouts(http, start_after=time.time() + 3600))["total"] == 0
+    resources_id = everything["items"][-1]["resources_id"]
+    assert resources_id is not None
+    used = await _rollouts(http, resources_id=resources_id)
+    assert {r["rollout_id"] for r in used["items"]} == {
+        r["rollout_id"] for r in everything["items"] if r["resources_id"] == resources_id
+    }
+    assert set(ids["train"]) <= {r["rollout_id"] for r in used["items"]}
+    assert (await _rollouts(http, resources_id="rs-other"))["total"] == 0
+
+
+async def test_sorting_by_reward_puts_missing_rewards_last_and_pages(seeded: Any) -> None:
+    http, _ = seeded
+    descending = await _rollouts(http, sort_by="reward", sort_order="desc")
+    assert [r["reward"] for r in descending["items"]] == [0.75, 0.5, 0.25, 0.0, None, None]
+    second = await _rollouts(http, sort_by="reward", sort_order="asc", limit=2, offset=2)
+    assert [r["reward"] for r in second["items"]] == [0.5, 0.75]
+    assert second["total"] == 6
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"limit": 0}, 422),
+        ({"limit": 501}, 422),
+        ({"offset": -1}, 422),
+        ({"sort_by": "input"}, 422),
+        ({"status": "bogus"}, 422),
+        ({"reward_min": "high"}, 422),
+        ({"reward_min": 1, "reward_max": 0}, 400),
+        ({"start_after": 10, "start_before": 5}, 400),
+    ],
+)
+async def test_bad_query_parameters_are_rejected_with_a_message(
+    seeded: Any, params: Dict[str, Any], status: int
+) -> None:
+    http, _ = seeded
+    answer = await http.get("/rollouts", params=params)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["detail"]
+
+
+async def test_workers_report_their_recent_throughput(seeded: Any) -> None:
+    http, _ = seeded
+    answer = await http.get("/workers")
+    workers = {w["worker_id"]: w for w in answer.json()["items"]}
+    assert workers["Worker-0"]["finished_recently"] == 2
+    assert workers["Worker-1"]["finished_recently"] == 3
+    assert workers["Worker-1"]["throughput_per_minute"] == pytest.approx(3 / 10)
+
+
+async def test_resource_scores_average_the_final_rewards_of_finished_rollouts(seeded: Any) -> None:
+    http, _ = seeded
+    (score,) = (await http.get("/resources")).json()["items"]
+    assert score["rollouts"] == 5 and score["rewarded"] == 4  # the failed rollout recorded no reward
+    assert score["mean_reward"] == pytest.approx((0 + 0.25 + 0.5 + 0.75) / 4)

@@ -1,0 +1,79 @@
+"""The room selector's grader against adversarial answers, its tasks and splits, and a whole run on the embedded model."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from examples.apo.room_selector import (
+    ROOMS,
+    TASKS_FILE,
+    best_room,
+    format_rooms,
+    get_rooms_and_availability,
+    load_room_tasks,
+    room_selection_grader,
+)
+
+TASK = load_room_tasks("val")[0]
+GOLD = TASK["expected_choice"]
+OTHER = next(name for name in ROOMS if name != GOLD)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reward"),
+    [
+        (GOLD, 1.0),
+        (f"The best room is {GOLD}.", 1.0),
+        (GOLD.lower(), 1.0),
+        (None, 0.0),
+        ("", 0.0),
+        (OTHER, 0.0),
+        (f"{GOLD} or {OTHER}", 0.0),  # several candidates
+        (", ".join(ROOMS), 0.0),  # every room: the gold among distractors
+        (json.dumps(get_rooms_and_availability(TASK["date"], TASK["time"], TASK["duration_min"])), 0.0),  # tool output
+        (f"Find a room for {TASK['attendees']} people on {TASK['date']} at {TASK['time']}", 0.0),  # question copied
+        ("x" * 100_000 + GOLD, 0.0),  # very long: no word boundary before the name
+        ("word " * 20_000 + GOLD, 1.0),  # very long but naming only the gold room
+        (f"{GOLD}ville", 0.0),  # not a room name
+    ],
+)
+def test_grader_against_adversarial_answers(answer: str, reward: float) -> None:
+    assert room_selection_grader(answer, GOLD) == reward
+
+
+def test_every_shipped_task_has_the_answer_of_the_rule() -> None:
+    for split in ("train", "val", "test"):
+        for task in load_room_tasks(split):
+            fields = {k: task[k] for k in ("date", "time", "duration_min", "attendees", "needs", "accessible_required")}
+            assert best_room(**fields) == task["expected_choice"], task["id"]
+
+
+def test_splits_share_no_request_and_no_date() -> None:
+    splits = {name: load_room_tasks(name) for name in ("train", "val", "test")}
+    assert [len(tasks) for tasks in splits.values()] == [40, 24, 48]
+    dates = {name: {task["date"] for task in tasks} for name, tasks in splits.items()}
+    assert (
+        not (dates["train"] & dates["val"])
+        and not (dates["train"] & dates["test"])
+        and not (dates["val"] & dates["test"])
+    )
+    for tasks in splits.values():
+        most_common = Counter(task["expected_choice"] for task in tasks).most_common(1)[0][1]
+        assert most_common <= len(tasks) // 4  # naming one room always scores at most 25%
+
+
+def test_the_generator_reproduces_the_shipped_file(tmp_path: pytest.TempPathFactory) -> None:
+    from examples.apo.make_room_tasks import main
+
+    output = tmp_path / "tasks.jsonl"  # type: ignore[operator]
+    main(["--output", str(output)])
+    assert output.read_text(encoding="utf-8") == TASKS_FILE.read_text(encoding="utf-8")
+
+
+def test_the_lookup_variant_lists_every_room() -> None:
+    lines = format_rooms(TASK).splitlines()
+    assert [line.split(":")[0] for line in lines] == list(ROOMS)
+    assert all(line.endswith(("free", "booked")) for line in lines)

@@ -1,0 +1,229 @@
+"""Block-quantized serving: the kernels' products, GGUF blocks read exactly, engines that refuse to train on them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, List
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from agentbolt.models.marker import MARKER_FILE, write_marker
+from agentbolt.serving.decode_kernels import load_decode_kernels
+from agentbolt.serving.fast_forward import FastForward
+from agentbolt.serving.kv_cache import KVCache
+from agentbolt.serving.params import EngineError, SamplingParams
+from agentbolt.serving.quantized import (
+    block_linear,
+    dequantize_blocks,
+    gguf_source,
+    load_gguf_blocks,
+    quantize_blocks,
+    quantize_model,
+)
+from agentbolt.serving.transformers_engine import TransformersEngine
+
+pytestmark = pytest.mark.skipif(load_decode_kernels() is None, reason="the decoding kernels cannot be built here")
+
+Q4_1, Q8_0 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+
+
+def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's conversion of Llama Q and K rows (the two rotary halves of each head interleaved)."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+def _llama_unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    return (
+        weight.reshape(heads, weight.shape[0] // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+@pytest.fixture(scope="module")
+def gguf_model_dir(kernel_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny kernel model written as a GGUF file (Q4_1 projections, Q8_0 embedding, as the embedded model ships)
+    and the float32 directory made from it the way ``agentbolt models pull`` makes the embedded model's: weights
+    equal to the file's dequantized values, a marker naming the file."""
+    root = tmp_path_factory.mktemp("tiny-gguf")
+    model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.float32)
+    config = model.config
+    writer = gguf.GGUFWriter(str(root / "tiny.Q4_1.gguf"), "llama")
+
+    def write(name: str, weight: torch.Tensor, kind: Any, heads: int = 0) -> torch.Tensor:
+        values = weight.detach().numpy()
+        if heads:
+            values = _llama_permute(values, heads)
+        blocks = gguf.quants.quantize(values, kind)
+        writer.add_tensor(name, blocks, raw_dtype=kind)
+        restored = gguf.quants.dequantize(blocks, kind).reshape(values.shape)
+        return torch.from_numpy(np.ascontiguousarray(_llama_unpermute(restored, heads) if heads else restored))
+
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            parts = [
+                ("attn_q", attention.q_proj, config.num_attention_heads),
+                ("attn_k", attention.k_proj, config.num_key_value_heads),
+                ("attn_v", attention.v_proj, 0),
+                ("attn_output", attention.o_proj, 0),
+                ("ffn_gate", mlp.gate_proj, 0),
+                ("ffn_up", mlp.up_proj, 0),
+                ("ffn_down", mlp.down_proj, 0),
+            ]
+            for name, linear, heads in parts:
+                linear.weight.copy_(write(f"blk.{index}.{name}.weight", linear.weight, Q4_1, heads))
+            writer.add_tensor(f"blk.{index}.attn_norm.weight", layer.input_layernorm.weight.numpy())
+            writer.add_tensor(f"blk.{index}.ffn_norm.weight", layer.post_attention_layernorm.weight.numpy())
+        model.model.embed_tokens.weight.copy_(write("token_embd.weight", model.model.embed_tokens.weight, Q8_0))
+        if not config.tie_word_embeddings:
+            model.lm_head.weight.copy_(write("output.weight", model.lm_head.weight, Q8_0))
+        writer.add_tensor("output_norm.weight", model.model.norm.weight.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    directory = root / "converted"
+    shutil.copytree(kernel_model_dir, directory)
+    (directory / MARKER_FILE).unlink()
+    model.save_pretrained(directory)
+    write_marker(directory, {"converted_from": str(root / "tiny.Q4_1.gguf")})
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_quantized_blocks_are_the_reference_quantizers_and_dequantize_within_half_a_step(kind: str) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 96, generator=generator) * 0.05
+    blocks = quantize_blocks(weight, kind)
+    reference = gguf.quants.quantize(weight.numpy(), Q8_0 if kind == "q8_0" else Q4_1)
+    assert np.array_equal(blocks.numpy().reshape(reference.shape), reference)  # llama.cpp's bytes
+    restored = dequantize_blocks(blocks, 96)
+    grouped = weight.view(48, 3, 32)
+    span = grouped.abs().amax(-1) / 127 if kind == "q8_0" else (grouped.amax(-1) - grouped.amin(-1)) / 15
+    # Half a step, plus what storing d (and m) as float16 moves the levels.
+    bound = 0.6 * span + (grouped.amin(-1).abs() * 2**-10 if kind == "q4_1" else 0)
+    assert ((restored - weight).view(48, 3, 32).abs() <= bound.unsqueeze(-1)).all()
+    assert torch.equal(restored, torch.from_numpy(gguf.quants.dequantize(reference, Q8_0 if kind == "q8_0" else Q4_1)))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21])
+def test_block_products_equal_the_float32_products_of_the_dequantized_weights(kind: str, rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = quantize_blocks(torch.randn(70, 128, generator=generator), kind)
+    inputs = torch.randn(2, rows, 128, generator=generator)
+    bias = torch.randn(70, generator=generator)
+    expected = inputs.double() @ dequantize_blocks(weight, 128).double().T + bias.double()
+    result = block_linear(inputs, weight, bias)
+    assert result.shape == (2, rows, 70) and result.dtype == torch.float32
+    torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_bad_block_tensors_are_refused() -> None:
+    weight = quantize_blocks(torch.randn(4, 64), "q8_0")
+    with pytest.raises(RuntimeError, match="neither Q4_1 nor Q8_0"):
+        block_linear(torch.randn(1, 96), weight, None)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        block_linear(torch.randn(1, 40), weight, None)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_blocks(torch.randn(4, 40), "q8_0")
+
+
+def test_gguf_blocks_are_exactly_the_converted_float32_weights(gguf_model_dir: Path) -> None:
+    source = gguf_source(gguf_model_dir)
+    assert source is not None and source.name == "tiny.Q4_1.gguf"
+    config = AutoConfig.from_pretrained(gguf_model_dir)
+    blocks = load_gguf_blocks(source, config)
+    assert blocks.exact and blocks.kinds == {"q4_1": 7 * config.num_hidden_layers, "q8_0": 1}
+    model = AutoModelForCausalLM.from_pretrained(gguf_model_dir, dtype=torch.float32)
+    hidden = config.hidden_size
+    for layer, block in zip(model.model.layers, blocks.layers, strict=True):
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+        assert torch.equal(dequantize_blocks(block["qkv"], hidden), qkv)  # Q and K rows back in transformers' order
+        assert torch.equal(dequantize_blocks(block["o"], hidden), attention.o_proj.weight)
+        assert torch.equal(
+            dequantize_blocks(block["gate_up"], hidden), torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        )
+        assert torch.equal(dequantize_blocks(block["down"], config.intermediate_size), mlp.down_proj.weight)
+        assert torch.equal(block["norm_attention"], layer.input_layernorm.weight)
+    assert torch.equal(dequantize_blocks(blocks.embedding, hidden), model.model.embed_tokens.weight)
+    assert torch.equal(blocks.final_norm, model.model.norm.weight)
+
+
+def _greedy(engine: TransformersEngine, prompts: List[List[int]]) -> List[Any]:
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True)
+    return [engine.generate_sync(prompt, params, timeout=300).choices[0] for prompt in prompts]
+
+
+def test_serving_the_gguf_blocks_computes_what_the_float32_model_computes(gguf_model_dir: Path) -> None:
+    blocks = TransformersEngine(gguf_model_dir, dtype="float32", quantization="auto", max_batch_size=4)
+    floats = TransformersEngine(gguf_model_dir, dtype="float32", quantization="none", max_batch_size=4)
+    blocks.start()
+    floats.start()
+    try:
+        assert blocks.blocks is not None and blocks.blocks.exact and floats.blocks is None
+        assert next(blocks.model.parameters()).device.type == "meta"  # the float weights were never loaded
+        prompts = [blocks.encode(text) for text in ("hello", "a longer prompt with more words", "x")]
+        for mine, theirs in zip(_greedy(blocks, prompts), _greedy(floats, prompts), strict=True):
+            assert mine.token_ids == theirs.token_ids
+            np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-4)
+    finally:
+        blocks.stop()
+        floats.stop()
+
+
+def test_quantizing_at_load_stays_close_to_the_float_logits(kernel_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(kernel_model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7, 250, 12]])
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    gaps = {}
+    with torch.inference_mode():
+        reference = FastForward(model)(ids, positions, mask, KVCache())
+        for kind in ("q8_0", "q4_1"):
+            quantized = FastForward(model, blocks=quantize_model(model, kind))(ids, positions, mask, KVCache())
+            gaps[kind] = float((quantized - reference).abs().mean() / reference.std())
+    # The tiny random model amplifies weight errors far more than a trained one (initializer range 0.5).
+    assert gaps["q8_0"] < 0.1 and gaps["q8_0"] < gaps["q4_1"] < 0.5, gaps
+
+
+def test_auto_serves_float_weights_without_a_gguf_and_explicit_formats_quantize(kernel_model_dir: Path) -> None:
+    auto = TransformersEngine(kernel_model_dir, dtype="float32", quantization="auto")
+    auto.start()
+    try:
+        assert auto.blocks is None
+    finally:
+        auto.stop()
+    quantized = TransformersEngine(kernel_model_dir, quantization="q8_0")
+    quantized.start()
+    try:
+        assert quantized.blocks is not None and not quantized.blocks.exact
+        assert quantized.generate_sync(quantized.encode("hi"), SamplingParams(max_tokens=4)).choices[0].token_ids
+    finally:
+        quantized.stop()
+
+
+def test_block_weights_are_never_trained_on(gguf_model_dir: Path, tmp_path: Path) -> None:
+    engine = TransformersEngine(gguf_model_dir, quantization="auto")
+    engine.start()
+    try:
+        with pytest.raises(EngineError, match="quantization='none'"), engine.weights_update():
+            pass
+        with pytest.raises(EngineError, match="need the float weights"):
+            engine.load_state_dict({})
+        with pytest.raises(EngineError, match="LoRA adapters need the float weights"):
+            engine.load_adapter("sql", tmp_path)
+    finally:
+        engine.stop()
+
+
+def test_unknown_quantization_is_refused(kernel_model_dir: Path) -> None:
+    with pytest.raises(EngineError, match="unknown quantization 'int3'"):
+        TransformersEngine(kernel_model_dir, quantization="int3")

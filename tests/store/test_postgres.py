@@ -1,0 +1,214 @@
+"""What only the PostgreSQL store does: migrations, start-up errors, cross-process wake-ups and watchdog, compact
+payloads, and a PostgreSQL restart in the middle of a load served over HTTP.
+
+The semantics every backend shares are in test_semantics.py (run on PostgreSQL too); these tests use the session's
+real PostgreSQL server (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Dict, List, Set
+
+import pytest
+from support.servers import free_port
+
+from agentbolt.store.http import LightningStoreClient, LightningStoreServer
+from agentbolt.types import EnqueueRolloutRequest
+
+from .conftest import drop_postgres_schema, make_span, postgres_schema, postgres_server
+
+postgres = pytest.importorskip("agentbolt.store.postgres")
+collection = pytest.importorskip("agentbolt.store.collection.postgres")
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[str]:
+    name = postgres_schema()
+    yield name
+    drop_postgres_schema(name)
+
+
+def open_store(schema: str, **kwargs: Any) -> Any:
+    return postgres.PostgresLightningStore(postgres_server().dsn(), schema=schema, **kwargs)
+
+
+async def test_migrations_are_recorded_and_applied_once(schema: str) -> None:
+    first = open_store(schema)
+    assert first.collections.migrated_from == 0
+    await first.close()
+    second = open_store(schema)
+    assert second.collections.migrated_from == collection.SCHEMA_VERSION
+    await second.close()
+    rows = postgres_server().psql(f"SELECT version, description FROM {schema}.schema_migrations ORDER BY version")
+    assert rows.splitlines() == [f"{m.version}|{m.description}" for m in collection.MIGRATIONS]
+
+
+async def test_a_schema_from_a_newer_version_is_refused_untouched(schema: str) -> None:
+    (await _closed(open_store(schema)))
+    server = postgres_server()
+    server.psql(f"INSERT INTO {schema}.schema_migrations VALUES (999, 'from the future', 0)")
+    with pytest.raises(postgres.PostgresSchemaVersionError, match=r"newer version of agentbolt.*999"):
+        open_store(schema)
+    assert server.psql(f"SELECT max(version) FROM {schema}.schema_migrations").strip() == "999"
+
+
+async def test_wrong_dsn_is_one_clear_error_without_the_password() -> None:
+    server = postgres_server()
+    with pytest.raises(postgres.PostgresConnectionError, match='database "no_such_db" does not exist') as info:
+        postgres.PostgresLightningStore(server.dsn("no_such_db", password="s3cret"))
+    assert "s3cret" not in str(info.value) and "***" in str(info.value)
+    with pytest.raises(postgres.PostgresConnectionError, match="Cannot connect"):
+        postgres.PostgresLightningStore(f"host=127.0.0.1 port={free_port()} dbname=x connect_timeout=2")
+
+
+async def test_missing_privileges_are_one_clear_error() -> None:
+    server = postgres_server()
+    role = "limited_" + uuid.uuid4().hex[:8]
+    server.psql(f"CREATE ROLE {role} LOGIN")
+    try:
+        dsn = server.dsn().replace("user=agentbolt", f"user={role}")
+        with pytest.raises(postgres.PostgresPermissionError, match=r"lacks a privilege.*Grant it CREATE"):
+            postgres.PostgresLightningStore(dsn, schema=postgres_schema())
+    finally:
+        server.psql(f"DROP ROLE {role}")
+
+
+async def test_invalid_options_are_rejected() -> None:
+    with pytest.raises(ValueError, match="Invalid schema name"):
+        postgres.PostgresLightningStore("host=x", schema="drop table;")
+    with pytest.raises(ValueError, match="Invalid pool sizes"):
+        postgres.PostgresLightningStore("host=x", pool_min_size=5, pool_max_size=2)
+
+
+async def test_span_payloads_do_not_repeat_indexed_fields(schema: str) -> None:
+    store = open_store(schema)
+    try:
+        attempted = await store.start_rollout("x")
+        added = make_span(attempted.rollout_id, attempted.attempt.attempt_id, 1, "s1", attributes={"k": "v" * 50})
+        await store.add_span(added)
+        keys = postgres_server().psql(
+            f"SELECT string_agg(k, ',' ORDER BY k) FROM {schema}.spans, jsonb_object_keys(data) k"
+        )
+        assert set(keys.strip().split(",")) == set(type(added).model_fields) - {
+            "rollout_id",
+            "attempt_id",
+            "span_id",
+            "sequence_id",
+            "trace_id",
+            "parent_id",
+            "name",
+            "start_time",
+            "end_time",
+        }
+        assert (await store.query_spans(attempted.rollout_id)).items == [added]
+    finally:
+        await store.close()
+
+
+async def test_a_rollout_finished_elsewhere_wakes_waiters_without_polling(schema: str) -> None:
+    waiting, finishing = open_store(schema), open_store(schema)  # two store objects, like two processes
+    waiting._wait_poll_interval = 600.0  # only a notification can wake it before the deadline
+    try:
+        attempted = await finishing.start_rollout("x")
+        waiter = asyncio.ensure_future(waiting.wait_for_rollouts(rollout_ids=[attempted.rollout_id], timeout=60))
+        await asyncio.sleep(0.5)
+        assert not waiter.done()
+        await finishing.update_attempt(attempted.rollout_id, "latest", status="succeeded")
+        (done,) = await asyncio.wait_for(waiter, timeout=60)
+        assert done.status == "succeeded"
+    finally:
+        await waiting.close()
+        await finishing.close()
+
+
+async def test_the_watchdog_runs_once_per_period_among_all_processes(schema: str) -> None:
+    stores = [open_store(schema, scan_debounce_seconds=1.0) for _ in range(3)]  # like three server workers
+    try:
+        for store in stores:
+            assert await store._should_scan_for_unhealthy_rollouts() is True  # the first scan of each object
+        now = time.time()
+        assert [await s.collections.claim_periodic_run("watchdog", 1.0, now) for s in stores] == [True, False, False]
+        await asyncio.sleep(1.1)
+        # A period later, each store's own debounce allows a scan, and exactly one of them wins it.
+        assert sorted([await s._should_scan_for_unhealthy_rollouts() for s in stores]) == [False, False, True]
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_postgres_restart_mid_load_loses_nothing_and_applies_nothing_twice(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Calls in flight while PostgreSQL restarts fail or are retried; none is applied twice, none acknowledged lost."""
+    caplog.set_level(logging.WARNING, logger="agentbolt.store.client")
+    store = open_store(schema, pool_timeout=5.0)
+    server = LightningStoreServer(store, "127.0.0.1", free_port(), launch_mode="asyncio")
+    await server.start()
+    client = LightningStoreClient(server.endpoint, retry_delays=(0.5, 1.0, 2.0, 4.0, 8.0))
+    acked: List[int] = []
+    failed: List[int] = []
+    acked_spans: Set[str] = set()
+    stop = asyncio.Event()
+
+    async def enqueue_load() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                await client.enqueue_many_rollouts([EnqueueRolloutRequest(input={"i": i})])
+                acked.append(i)
+            except Exception:
+                failed.append(i)
+            i += 1
+
+    async def span_load() -> None:
+        attempted = await client.start_rollout("spans")
+        sequence = 0
+        while not stop.is_set():
+            sequence += 1
+            span = make_span(attempted.rollout_id, attempted.attempt.attempt_id, sequence, f"s{sequence}")
+            try:
+                if await client.add_many_spans([span]):
+                    acked_spans.add(span.span_id)
+            except Exception:
+                pass
+
+    try:
+        loads = [asyncio.ensure_future(enqueue_load()), asyncio.ensure_future(span_load())]
+        while len(acked) < 50:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(postgres_server().restart, "immediate", 1.0)
+        before = len(acked)
+        while len(acked) < before + 50:  # the load goes on after the restart
+            await asyncio.sleep(0.05)
+            assert not any(load.done() for load in loads)
+        stop.set()
+        await asyncio.gather(*loads)
+        inputs: Dict[int, int] = {}
+        for rollout in await store.query_rollouts():
+            if isinstance(rollout.input, dict):
+                inputs[rollout.input["i"]] = inputs.get(rollout.input["i"], 0) + 1
+        # The restart hit calls in flight: the server answered 503 (nothing applied) and the client sent them again.
+        assert any("will retry" in record.getMessage() for record in caplog.records)
+        assert all(count == 1 for count in inputs.values())  # nothing applied twice
+        assert set(acked) <= set(inputs)  # nothing acknowledged lost
+        assert set(inputs) <= set(acked) | set(failed)
+        stored_spans = {
+            span.span_id
+            for span in await store.query_spans(
+                (await store.query_rollouts(status_in=["running", "preparing"]))[0].rollout_id
+            )
+        }
+        assert acked_spans <= stored_spans
+    finally:
+        stop.set()
+        await client.close()
+        await server.stop()
+        await store.close()
+
+
+async def _closed(store: Any) -> None:
+    await store.close()
