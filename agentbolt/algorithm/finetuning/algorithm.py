@@ -20,6 +20,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     AsyncIterator,
+    Callable,
     ClassVar,
     Dict,
     List,
@@ -417,6 +418,21 @@ class FinetuningAlgorithm(Algorithm):
             "val/total": float(len(outcomes)),
             "val/failed_rollouts": float(sum(1 for o in outcomes if not o.usable)),
         }
+
+    @staticmethod
+    async def _update_weights(
+        server: PolicyServer, trainer: ModelTrainer, train: Callable[[], Dict[str, float]]
+    ) -> Dict[str, float]:
+        """Run ``train`` (an update of ``trainer``'s weights) in a worker thread while ``server`` pauses generation,
+        then make the server use the new weights; returns what ``train`` returned."""
+
+        def update() -> Dict[str, float]:
+            with server.weights_update():
+                metrics = train()
+            server.after_update(trainer)
+            return metrics
+
+        return await asyncio.to_thread(update)
 
     def _record(self, metrics: Any, step: int, record: Dict[str, float]) -> None:
         self.history.append({"step": float(step), **record})

@@ -21,7 +21,6 @@ which records prompt/response token ids and log-probs for training.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
@@ -161,14 +160,7 @@ class GRPO(FinetuningAlgorithm):
         }
         update_started = time.perf_counter()
         if kept:
-
-            def update() -> Dict[str, float]:
-                with server.weights_update():
-                    metrics = trainer.train_step(kept)
-                server.after_update(trainer)
-                return metrics
-
-            metrics = await asyncio.to_thread(update)
+            metrics = await self._update_weights(server, trainer, lambda: trainer.train_step(kept))
         else:
             metrics = trainer.skip_step()
             logger.warning("Step %d: no sample with a non-zero advantage; the policy is unchanged.", step)

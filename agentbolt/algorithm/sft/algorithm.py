@@ -19,7 +19,6 @@ whose selection is empty is logged and skipped: the weights stay as they are.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import logging
 import random
@@ -191,14 +190,7 @@ class SFT(FinetuningAlgorithm):
         }
         update_started = time.perf_counter()
         if selected:
-
-            def update() -> Dict[str, float]:
-                with server.weights_update():
-                    metrics = trainer.train_epochs(selected)
-                server.after_update(trainer)
-                return metrics
-
-            metrics = await asyncio.to_thread(update)
+            metrics = await self._update_weights(server, trainer, lambda: trainer.train_epochs(selected))
         else:
             metrics = trainer.skip_step()
             logger.warning(
