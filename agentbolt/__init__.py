@@ -1,7 +1,7 @@
 """agentbolt: train AI agents from the traces of their LLM calls.
 
-``import agentbolt as agl`` exposes the top-level names of Agent Lightning v0.3, plus ``GRPO``, ``ParetoAPO``,
-``FewShotAPO`` and ``SqliteLightningStore``. Each name is imported on first access, so ``import agentbolt`` stays fast and pulls in no
+``import agentbolt as agl`` exposes the top-level names of Agent Lightning v0.3, plus ``GRPO``, ``SFT``,
+``ParetoAPO``, ``FewShotAPO`` and ``SqliteLightningStore``. Each name is imported on first access, so ``import agentbolt`` stays fast and pulls in no
 heavy dependency; type checkers and IDEs see the same names as ordinary imports (the ``TYPE_CHECKING`` block below).
 """
 
@@ -27,6 +27,7 @@ _EXPORTS: Dict[str, List[str]] = {
     "agentbolt.algorithm": ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL"],
     "agentbolt.algorithm.apo": ["ParetoAPO", "FewShotAPO"],
     "agentbolt.algorithm.grpo": ["GRPO"],
+    "agentbolt.algorithm.sft": ["SFT"],
     "agentbolt.client": ["AgentLightningClient", "DevTaskLoader"],
     "agentbolt.server": ["AgentLightningServer"],
     "agentbolt.config": ["lightning_cli"],
@@ -165,6 +166,8 @@ __all__ = [
     "FewShotAPO",
     # agentbolt.algorithm.grpo
     "GRPO",
+    # agentbolt.algorithm.sft
+    "SFT",
     # agentbolt.client
     "AgentLightningClient",
     "DevTaskLoader",
@@ -300,6 +303,7 @@ if TYPE_CHECKING:
     from agentbolt.algorithm import APO, VERL, Algorithm, Baseline, FastAlgorithm, algo
     from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO
     from agentbolt.algorithm.grpo.algorithm import GRPO  # what agentbolt.algorithm.grpo.GRPO loads
+    from agentbolt.algorithm.sft.algorithm import SFT  # what agentbolt.algorithm.sft.SFT loads
     from agentbolt.client import AgentLightningClient, DevTaskLoader
     from agentbolt.config import lightning_cli
     from agentbolt.emitter import (

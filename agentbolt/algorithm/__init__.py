@@ -1,8 +1,8 @@
 """Algorithms: the training side that enqueues rollouts, publishes resources and learns from spans.
 
 ``VERL`` is a factory function that imports its implementation (and its heavy dependencies) only when called.
-``APO`` (and the other prompt optimizers, ``ParetoAPO`` and ``FewShotAPO``) and ``GRPO`` are the classes themselves,
-imported on first access (importing them loads no torch, no openai and no poml until used).
+``APO`` (and the other prompt optimizers, ``ParetoAPO`` and ``FewShotAPO``), ``GRPO`` and ``SFT`` are the classes
+themselves, imported on first access (importing them loads no torch, no openai and no poml until used).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from .fast import Baseline, FastAlgorithm
 if TYPE_CHECKING:
     from .apo import APO, FewShotAPO, ParetoAPO
     from .grpo import GRPO
+    from .sft import SFT
 
-__all__ = ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL", "GRPO", "ParetoAPO", "FewShotAPO"]
+__all__ = ["Algorithm", "algo", "FastAlgorithm", "Baseline", "APO", "VERL", "GRPO", "ParetoAPO", "FewShotAPO", "SFT"]
 
 # Classes loaded on first access: name -> module.
 _LAZY_CLASSES = {
@@ -26,6 +27,7 @@ _LAZY_CLASSES = {
     "ParetoAPO": "agentbolt.algorithm.apo",
     "FewShotAPO": "agentbolt.algorithm.apo",
     "GRPO": "agentbolt.algorithm.grpo",
+    "SFT": "agentbolt.algorithm.sft",
 }
 
 

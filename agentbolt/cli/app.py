@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import typer
 
-from agentbolt.cli import demo, models, prometheus, proxy, serve, store, vllm
+from agentbolt.cli import demo, export, models, prometheus, proxy, serve, store, train, vllm
 from agentbolt.cli.invocation import run_app
 
 __all__ = ["app", "run"]
@@ -35,6 +35,8 @@ app.command("proxy", help=proxy.HELP)(proxy.proxy_command)
 app.command("serve", help=serve.HELP)(serve.serve_command)
 app.add_typer(models.app, name="models", help=models.HELP)
 app.command("demo", help=demo.HELP)(demo.demo_command)
+app.command("export", help=export.HELP)(export.export_command)
+app.command("train", help=train.HELP)(train.train_command)
 app.command("vllm", help=vllm.HELP, context_settings=vllm.CONTEXT_SETTINGS)(vllm.vllm_command)
 app.command("prometheus", help=prometheus.HELP)(prometheus.prometheus_command)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["body_hidden_states", "float32_head", "float32_logits", "plain_output_head"]
+__all__ = ["body_hidden_states", "float32_head", "float32_logits", "float32_logits_at", "plain_output_head"]
 
 
 def _language_model(model: Any) -> Any:
@@ -53,6 +53,20 @@ def float32_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
     if not plain_output_head(model):
         return model(**inputs).logits[:, -keep:, :].float()
     return float32_head(model, body_hidden_states(model, **inputs)[:, -keep:, :])
+
+
+def float32_logits_at(model: Any, positions: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """Float32 logits ``[N, vocab]`` of the ``N`` positions where the boolean ``positions`` ``[batch, length]`` is
+    True, in row-major order: only those hidden states are projected (as :func:`float32_logits` does).
+
+    Args:
+        model: A transformers causal LM or a PEFT model around one.
+        positions: Which positions to return.
+        **inputs: Keyword arguments of the model's forward.
+    """
+    if not plain_output_head(model):
+        return model(**inputs).logits[positions].float()
+    return float32_head(model, body_hidden_states(model, **inputs)[positions])
 
 
 def body_hidden_states(model: Any, **inputs: Any) -> torch.Tensor:

@@ -76,11 +76,11 @@ class JsonlSink:
 class ConsoleSink:
     """A rich progress bar over the training steps plus one summary line per step."""
 
-    def __init__(self, total_steps: int, start_step: int = 0) -> None:
+    def __init__(self, total_steps: int, start_step: int = 0, title: str = "GRPO") -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._progress = Progress(
-            TextColumn("[bold]GRPO"),
+            TextColumn(f"[bold]{title}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
@@ -277,7 +277,7 @@ def read_metrics(path: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_reward_curve(records: List[Dict[str, Any]], path: Path) -> Optional[Path]:
+def plot_reward_curve(records: List[Dict[str, Any]], path: Path, title: str = "GRPO") -> Optional[Path]:
     """Plot training reward (mean ± std) and validation accuracy per step to a PNG.
 
     Returns:
@@ -312,7 +312,7 @@ def plot_reward_curve(records: List[Dict[str, Any]], path: Path) -> Optional[Pat
         axis.plot([v[0] for v in val], [v[1] for v in val], marker="s", label="validation accuracy")
     axis.set_xlabel("training step")
     axis.set_ylabel("reward")
-    axis.set_title("GRPO")
+    axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -333,6 +333,7 @@ class TrainingLogger:
         tensorboard: Log to TensorBoard (needs ``log_dir``).
         wandb_project: Log to this Weights & Biases project.
         run_config: Configuration recorded with the W&B run (its ``run_id``, if any, names the run in the store).
+        title: Algorithm name shown on the progress bar, in log lines and on the reward curve.
     """
 
     def __init__(
@@ -345,7 +346,9 @@ class TrainingLogger:
         tensorboard: bool = False,
         wandb_project: Optional[str] = None,
         run_config: Optional[Dict[str, Any]] = None,
+        title: str = "GRPO",
     ) -> None:
+        self.title = title
         self.log_dir = Path(log_dir) if log_dir else None
         self.sinks: List[MetricsSink] = []
         self.history: List[Dict[str, Any]] = []
@@ -358,8 +361,8 @@ class TrainingLogger:
         if wandb_project:
             self.sinks.append(WandbSink(wandb_project, run_config or {}, self.log_dir))
         if console:
-            self.sinks.append(ConsoleSink(total_steps, start_step))
-        self.run_id = (run_config or {}).get("run_id") or _default_run_id(self.log_dir, "grpo")
+            self.sinks.append(ConsoleSink(total_steps, start_step, title))
+        self.run_id = (run_config or {}).get("run_id") or _default_run_id(self.log_dir, title.lower())
         self._add_environment_sinks()
 
     def _add_environment_sinks(self) -> None:
@@ -373,12 +376,12 @@ class TrainingLogger:
             self.sinks.append(StoreMetricsSink(store, self.run_id))
         tracker = default_tracker()
         if tracker is not None:
-            self.sinks.append(TrackerMetricsSink(tracker))
+            self.sinks.append(TrackerMetricsSink(tracker, self.title.lower()))
 
     def log(self, step: int, record: Dict[str, float]) -> None:
         """Send one step's record to every sink (a failing sink is logged, not fatal)."""
         self.history.append({"step": step, **record})
-        logger.info("GRPO step %d: %s", step, {k: round(v, 5) for k, v in record.items()})
+        logger.info("%s step %d: %s", self.title, step, {k: round(v, 5) for k, v in record.items()})
         for sink in self.sinks:
             try:
                 sink.log(step, record)
@@ -399,4 +402,4 @@ class TrainingLogger:
         if self.log_dir is None:
             return None
         records = read_metrics(self.log_dir / METRICS_FILE) or self.history
-        return plot_reward_curve(records, self.log_dir / CURVE_FILE)
+        return plot_reward_curve(records, self.log_dir / CURVE_FILE, self.title)

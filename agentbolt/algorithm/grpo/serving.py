@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from agentbolt.algorithm.grpo.trainer import PolicyTrainer
+    from agentbolt.algorithm.finetuning.trainer import ModelTrainer
 
 __all__ = ["InProcessPolicyServer", "RemoteAdapterPolicyServer"]
 
@@ -31,7 +31,7 @@ class InProcessPolicyServer:
     """An OpenAI-compatible server (127.0.0.1, free port) over the trainer's live model.
 
     Args:
-        trainer: The policy trainer whose model is served.
+        trainer: The trainer whose model is served.
         tokenizer: The model's tokenizer (its chat template renders prompts).
         model_name: Name clients request.
         threads: torch threads of the engine (None keeps torch's setting).
@@ -40,7 +40,7 @@ class InProcessPolicyServer:
 
     def __init__(
         self,
-        trainer: PolicyTrainer,
+        trainer: ModelTrainer,
         tokenizer: Any,
         *,
         model_name: str,
@@ -66,7 +66,7 @@ class InProcessPolicyServer:
         """Hold generation while the trainer updates the shared weights."""
         return self.engine.weights_update()
 
-    def after_update(self, trainer: PolicyTrainer) -> None:
+    def after_update(self, trainer: ModelTrainer) -> None:
         """Nothing to copy: the engine already uses the updated tensors."""
 
     def stop(self) -> None:
@@ -83,7 +83,7 @@ class RemoteAdapterPolicyServer:
     stays loaded: each load unloads the previous one, and :meth:`stop` the last (best effort, logged).
 
     Args:
-        trainer: The policy trainer (must train LoRA adapters).
+        trainer: The trainer (must train LoRA adapters).
         base_url: OpenAI-compatible base URL of the server, ending in ``/v1``.
         adapter_dir: Where adapters are saved for the server to load.
         name_prefix: Adapters are named ``{name_prefix}-{run_id}-v{N}`` (``N`` counts this object's loads) and
@@ -100,7 +100,7 @@ class RemoteAdapterPolicyServer:
 
     def __init__(
         self,
-        trainer: PolicyTrainer,
+        trainer: ModelTrainer,
         *,
         base_url: str,
         adapter_dir: str | os.PathLike[str],
@@ -132,7 +132,7 @@ class RemoteAdapterPolicyServer:
         """Nothing to hold: the server keeps serving the previous adapter until the new one is loaded."""
         return nullcontext()
 
-    def after_update(self, trainer: PolicyTrainer) -> None:
+    def after_update(self, trainer: ModelTrainer) -> None:
         """Save the current adapter, load it under a new name, and unload the previous one."""
         name = f"{self.name_prefix}-{self.run_id}-v{self._version}"
         path = (self.adapter_dir / name).resolve()

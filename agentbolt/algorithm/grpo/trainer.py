@@ -1,12 +1,13 @@
 """The torch policy trainer behind GRPO.
 
-:class:`PolicyTrainer` owns the policy (optionally wrapped with PEFT LoRA), the frozen reference used for the KL
-term, an AdamW optimizer over the trainable parameters only, a learning-rate schedule counted in optimizer steps,
-and everything needed to checkpoint and resume exactly (weights or adapter, optimizer, scheduler, step counters and
-every RNG state).
+:class:`PolicyTrainer` is a :class:`~agentbolt.algorithm.finetuning.trainer.ModelTrainer` (the policy, optionally
+wrapped with PEFT LoRA, an AdamW optimizer over the trainable parameters only, a learning-rate schedule counted in
+optimizer steps, and exact checkpoints and resume) that adds the frozen reference used for the KL term and the GRPO
+update.
 
-Batches are left-padded with explicit position ids, so each response ends at the last position and the model only
-projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
+Micro-batches are packed as one prefix tree (:mod:`~agentbolt.algorithm.grpo.packing`, ``pack_shared_prefixes``), so
+tokens shared by samples are computed once, or left-padded with explicit position ids, so each response ends at the
+last position and the model only projects the last ``max_response_length + 1`` hidden states to the vocabulary. All forwards run with dropout off
 (``eval()``) unless ``lora_dropout > 0``.
 
 The PPO ratio's old and new log-probs are both the trainer's own, of the distribution each response was sampled from
@@ -16,28 +17,30 @@ measure how closely the served model agrees with the trained one (``logprob_engi
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
-import os
-import random
-import shutil
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from agentbolt.algorithm.finetuning.trainer import (
+    CHECKPOINT_PREFIX,
+    ModelTrainer,
+    chunks,
+    latest_checkpoint,
+    lr_multiplier,
+    resolve_device,
+)
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
 from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = [
+    "CHECKPOINT_PREFIX",
     "PolicyTrainer",
     "ResponseBatch",
     "collate",
@@ -50,8 +53,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CHECKPOINT_PREFIX = "step_"
+_chunks = chunks
 
 
 @dataclass
@@ -113,25 +115,6 @@ def collate(samples: Sequence[TokenSample], pad_token_id: int = 0) -> ResponseBa
     return ResponseBatch(input_ids, attention_mask, position_ids, targets, response_mask)
 
 
-def resolve_device(name: Optional[str]) -> torch.device:
-    """The torch device for ``name`` (``None``: CUDA when available, else the CPU).
-
-    Raises:
-        ValueError: Not a device name, or a device this machine does not have.
-    """
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"invalid device {name!r}: {exc}") from None
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise ValueError(f"device {name!r} is not available: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {name!r} is not available on this machine")
-    return device
-
-
 def right_aligned(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     """Stack 1-D float tensors right-aligned into ``[len(rows), width]`` (zeros on the left)."""
     out = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -139,34 +122,6 @@ def right_aligned(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
         if len(row):
             out[i, width - len(row) :] = row
     return out
-
-
-def lr_multiplier(optimizer_step: int, config: GRPOConfig) -> float:
-    """Learning-rate factor after ``optimizer_step`` optimizer steps: linear warmup, then the configured decay."""
-    warmup = config.warmup_steps
-    if warmup and optimizer_step < warmup:
-        return (optimizer_step + 1) / (warmup + 1)
-    if config.lr_scheduler == "constant":
-        return 1.0
-    total = config.schedule_steps()
-    progress = min(1.0, (optimizer_step - warmup) / max(1, total - warmup))
-    floor = config.min_lr_ratio
-    if config.lr_scheduler == "linear":
-        return floor + (1.0 - floor) * (1.0 - progress)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
-    """The complete checkpoint with the highest step in ``checkpoint_dir`` (None if there is none)."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return None
-    found = []
-    for child in root.iterdir():
-        suffix = child.name[len(CHECKPOINT_PREFIX) :]
-        if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / "trainer_state.json").exists():
-            found.append((int(suffix), child))
-    return max(found)[1] if found else None
 
 
 def rollout_minibatches(samples: Sequence[TokenSample], count: int, generator: torch.Generator) -> List[List[int]]:
@@ -213,15 +168,6 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
-def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``forward`` under non-reentrant activation checkpointing when gradients are being recorded."""
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    from torch.utils.checkpoint import checkpoint
-
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
 def _packable(model: Any) -> bool:
     """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
     from agentbolt.serving.logits import plain_output_head
@@ -230,12 +176,7 @@ def _packable(model: Any) -> bool:
     return plain_output_head(model) and attention in ("sdpa", "eager")
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-class PolicyTrainer:
+class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
     Args:
@@ -245,93 +186,23 @@ class PolicyTrainer:
         pad_token_id: Id used for padding (masked out, any valid id works).
     """
 
+    checkpoint_kind = "grpo"
+    config: GRPOConfig
+
     def __init__(self, model: Any, config: GRPOConfig, *, pad_token_id: int = 0) -> None:
-        self.config = config
-        self.pad_token_id = pad_token_id
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-        random.seed(config.seed)
-        torch.manual_seed(config.seed)
-        self.generator = torch.Generator().manual_seed(config.seed)
-        self.device = resolve_device(config.device)
-        model = model.to(device=self.device, dtype=_DTYPES[config.dtype])
         self.ref_model: Optional[Any] = None
-        if config.finetune == "lora":
-            self.model = self._with_lora(model)
-        else:
-            self.model = model
-            for param in self.model.parameters():
-                param.requires_grad_(True)
-            if config.kl_coef > 0:
-                import copy
-
-                self.ref_model = copy.deepcopy(model).eval()
-                for param in self.ref_model.parameters():
-                    param.requires_grad_(False)
-        self.model.eval()
+        super().__init__(model, config, pad_token_id=pad_token_id)
         self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
-        if config.gradient_checkpointing:
-            self._checkpoint_blocks()
-        if self.device.type == "cpu":
-            from agentbolt.utils.memory import return_large_blocks_to_os
 
-            return_large_blocks_to_os()  # activation buffers go back to the system between steps
-        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
-        if not self.trainable_parameters:
-            raise ValueError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters,
-            lr=config.learning_rate,
-            betas=config.adam_betas,
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(step, config))
-        self.global_step = 0
-        self.optimizer_steps = 0
-        self.skipped_optimizer_steps = 0
+    def _keep_reference(self, model: Any) -> None:
+        """Full fine-tuning with a KL term keeps a frozen copy of the initial weights as the reference."""
+        if self.uses_lora or self.config.kl_coef <= 0:
+            return  # LoRA's reference is the base model with the adapters disabled
+        import copy
 
-    # ------------------------------------------------------------------------------------------------ model set-up
-    def _with_lora(self, model: Any) -> Any:
-        try:
-            from peft import LoraConfig, PeftModel, get_peft_model
-        except ImportError as exc:  # pragma: no cover - peft is part of the train extra
-            raise ImportError("LoRA training needs peft: pip install 'agentbolt[train]'") from exc
-        if isinstance(model, PeftModel):
-            return model
-        lora = LoraConfig(
-            r=self.config.lora_r,
-            lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]  # peft accepts float scaling
-            lora_dropout=self.config.lora_dropout,
-            target_modules=self.config.lora_target_modules,
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(model, lora)
-
-    def _checkpoint_blocks(self) -> None:
-        """Recompute every transformer block in the backward pass instead of keeping its activations.
-
-        Blocks are the modules the model lists in ``_no_split_modules`` (``LlamaDecoderLayer``...). The wrapper works
-        whatever ``train()``/``eval()`` says (transformers' own checkpointing only runs in training mode, and these
-        forwards run in eval mode) and does nothing when gradients are off (scoring passes, the engine).
-
-        Raises:
-            ValueError: The model does not name its blocks.
-        """
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        names = set(getattr(base, "_no_split_modules", None) or ())
-        blocks = [module for module in base.modules() if type(module).__name__ in names]
-        if not blocks:
-            raise ValueError(
-                f"gradient_checkpointing: {type(base).__name__} does not name its transformer blocks (_no_split_modules)"
-            )
-        for block in blocks:
-            block.forward = functools.partial(_checkpointed, block.forward)
-
-    @property
-    def uses_lora(self) -> bool:
-        """True when the trained parameters are LoRA adapters."""
-        return self.config.finetune == "lora"
+        self.ref_model = copy.deepcopy(model).eval()
+        for param in self.ref_model.parameters():
+            param.requires_grad_(False)
 
     # ---------------------------------------------------------------------------------------------------- forwards
     def _batch(self, samples: Sequence[TokenSample]) -> Union[ResponseBatch, PackedBatch]:
@@ -570,112 +441,3 @@ class PolicyTrainer:
             self._skip_optimizer_step()
         self.global_step += 1
         return self.schedule_metrics()
-
-    def schedule_metrics(self) -> Dict[str, float]:
-        """``lr`` (current learning rate), ``optimizer_steps`` and ``skipped_optimizer_steps`` (cumulative)."""
-        return {
-            "lr": float(self.scheduler.get_last_lr()[0]),
-            "optimizer_steps": float(self.optimizer_steps),
-            "skipped_optimizer_steps": float(self.skipped_optimizer_steps),
-        }
-
-    def _skip_optimizer_step(self) -> None:
-        with warnings.catch_warnings():  # stepping the schedule alone is intended here
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()
-        self.skipped_optimizer_steps += 1
-
-    def _clip_and_step(self) -> float:
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
-        else:
-            grads = [p.grad.detach().norm() for p in self.trainable_parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer_steps += 1
-        return float(norm)
-
-    # ---------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(
-        self, checkpoint_dir: str | os.PathLike[str], extra_state: Optional[Dict[str, Any]] = None
-    ) -> Path:
-        """Write ``checkpoint_dir/step_{global_step:06d}`` atomically and return its path.
-
-        Contents: ``adapter/`` (PEFT format, loadable by vLLM ``--lora-modules``) or ``model.safetensors``,
-        ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (counters plus ``extra_state``).
-        """
-        from safetensors.torch import save_model
-
-        root = Path(checkpoint_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"{CHECKPOINT_PREFIX}{self.global_step:06d}"
-        staging = root / f".{final.name}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        if self.uses_lora:
-            self.model.save_pretrained(str(staging / "adapter"))
-        else:
-            save_model(self.model, str(staging / "model.safetensors"))
-        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-        torch.save(
-            {
-                "python": random.getstate(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "generator": self.generator.get_state(),
-            },
-            staging / "rng.pt",
-        )
-        state = {
-            "global_step": self.global_step,
-            "optimizer_steps": self.optimizer_steps,
-            "skipped_optimizer_steps": self.skipped_optimizer_steps,
-            "finetune": self.config.finetune,
-            "extra": extra_state or {},
-        }
-        (staging / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
-        logger.info("Saved checkpoint %s", final)
-        return final
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> Dict[str, Any]:
-        """Restore weights, optimizer, scheduler, counters and RNG states from a checkpoint directory.
-
-        Returns:
-            The ``extra_state`` saved with the checkpoint.
-        """
-        from safetensors.torch import load_file, load_model
-
-        path = Path(path)
-        state_file = path / "trainer_state.json"
-        if not state_file.exists():
-            raise FileNotFoundError(f"{path} is not a checkpoint (no trainer_state.json)")
-        state = json.loads(state_file.read_text())
-        if state.get("finetune") != self.config.finetune:
-            raise ValueError(f"checkpoint {path} was saved with finetune={state.get('finetune')!r}")
-        if self.uses_lora:
-            from peft import set_peft_model_state_dict
-
-            weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
-            result = set_peft_model_state_dict(self.model, weights)
-            unexpected = getattr(result, "unexpected_keys", None)
-            if unexpected:
-                raise ValueError(f"adapter in {path} does not fit the model: {unexpected[:3]}")
-        else:
-            load_model(self.model, str(path / "model.safetensors"))
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-        rng = torch.load(path / "rng.pt", weights_only=False)
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-        if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.generator.set_state(rng["generator"])
-        self.global_step = int(state["global_step"])
-        self.optimizer_steps = int(state["optimizer_steps"])
-        self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
-        logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
-        return dict(state.get("extra") or {})

@@ -1,0 +1,539 @@
+"""What GRPO and SFT share on the algorithm side: loading and serving the model they train, and running rollouts.
+
+:class:`FinetuningAlgorithm` loads the model (a registry name, a local directory or a model object), builds the
+algorithm's trainer around it, serves the very weights being trained (in process, or on a remote vLLM-compatible
+server that loads each new LoRA adapter), routes agents to it through the LLM gateway, publishes a new ``main_llm``
+resource snapshot after each update, and enqueues rollouts and waits for them, collecting each one's final reward
+and the triplets of its LLM calls. Subclasses write the training step and the run loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from contextlib import AbstractContextManager
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    ClassVar,
+    Dict,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
+
+from agentbolt.algorithm.base import Algorithm
+from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.store.utils import wait_for_finished_rollouts
+from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
+
+if TYPE_CHECKING:
+    from agentbolt.algorithm.finetuning.trainer import ModelTrainer
+    from agentbolt.llm_proxy import LLMProxy
+    from agentbolt.store.base import LightningStore
+    from agentbolt.utils.server_launcher import LaunchMode
+
+__all__ = [
+    "FinetuningAlgorithm",
+    "POLICY_RESOURCE",
+    "PolicyServer",
+    "RolloutOutcome",
+    "TaskSampler",
+    "mean_std",
+]
+
+logger = logging.getLogger(__name__)
+
+POLICY_RESOURCE = "main_llm"
+SPAN_SETTLE_SECONDS = 2.0
+
+
+class PolicyServer(Protocol):
+    """Serves the model being trained over an OpenAI-compatible endpoint."""
+
+    base_url: str
+    """Endpoint agents (or the gateway) call, ending in ``/v1``."""
+    model_name: str
+    """Model name to request."""
+
+    def weights_update(self) -> AbstractContextManager[Any]:
+        """Context held while the trainer changes the weights (generation pauses)."""
+
+    def after_update(self, trainer: ModelTrainer) -> None:
+        """Make the server use the weights just trained (no-op when it shares the model object)."""
+
+    def stop(self) -> None:
+        """Release the server."""
+
+
+class TaskSampler:
+    """Deterministic, resumable batches of dataset indices.
+
+    Each epoch is a permutation drawn from ``seed`` and the epoch number; batches run through it and continue into the
+    next epoch, so every task is used once per epoch. The state is two integers, saved with checkpoints.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("the training dataset is empty")
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> List[int]:
+        order = list(range(self.size))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> List[int]:
+        """The next ``batch_size`` indices."""
+        order = self._order()
+        batch: List[int] = []
+        while len(batch) < self.batch_size:
+            if self.position >= self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order()
+            batch.append(order[self.position])
+            self.position += 1
+        return batch
+
+    def state(self) -> Dict[str, int]:
+        """Position to save."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state(self, state: Dict[str, Any]) -> None:
+        """Restore a saved position."""
+        self.epoch, self.position = int(state.get("epoch", 0)), int(state.get("position", 0))
+
+
+class RolloutOutcome:
+    """What came back from one rollout.
+
+    ``status`` is the rollout's final status, or ``"late"`` when it did not finish in time (it is then cancelled).
+    ``reward`` is the final reward of a succeeded rollout (None otherwise); ``triplets`` are the LLM calls of its
+    latest attempt, whatever its status.
+    """
+
+    def __init__(self, rollout_id: str, group_id: str, status: str, reward: Optional[float], triplets: List[Any]):
+        self.rollout_id = rollout_id
+        self.group_id = group_id
+        self.status = status
+        self.reward = reward
+        self.triplets = triplets
+
+    @property
+    def usable(self) -> bool:
+        """Succeeded with a reward."""
+        return self.status == "succeeded" and self.reward is not None
+
+    def reached(self, reward: float) -> bool:
+        """Succeeded with a final reward of at least ``reward``."""
+        return self.status == "succeeded" and self.reward is not None and self.reward >= reward
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    """Mean and population standard deviation (NaN, NaN for no values)."""
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+class FinetuningAlgorithm(Algorithm):
+    """Base of the algorithms that train the weights of the model their agents call.
+
+    Args:
+        config: The algorithm's config object, a dict of its fields, or None for the defaults.
+        model: The model to train: a model name or directory (overrides ``config.model``), or an already loaded
+            transformers causal LM (then ``tokenizer`` is required). Default: the embedded model.
+        tokenizer: Tokenizer of a model object (its chat template renders prompts).
+        adapter: Spans-to-triplets adapter (default: :meth:`_default_adapter`).
+        **overrides: Config fields overriding ``config``.
+
+    Raises:
+        pydantic.ValidationError: An option is invalid.
+        ValueError: A model object without its tokenizer.
+    """
+
+    config_class: ClassVar[Type[FinetuningConfig]] = FinetuningConfig
+    """The config model of the algorithm."""
+    group_metadata_key: ClassVar[str] = "group"
+    """Rollout metadata key holding the id of the task a rollout belongs to."""
+    title: ClassVar[str] = "Finetuning"
+    """The algorithm's name in logs, on the progress bar and on the reward curve."""
+    trainer: Optional[ModelTrainer] = None
+    """The trainer of the current run (set when :meth:`run` starts)."""
+
+    def __init__(
+        self,
+        config: Union[FinetuningConfig, Dict[str, Any], None] = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        adapter: Any = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        base = config.model_dump() if isinstance(config, FinetuningConfig) else dict(config or {})
+        base.update(overrides)
+        if isinstance(model, str):
+            base["model"] = model
+            model = None
+        self.config = self.config_class(**base)
+        if model is not None and tokenizer is None:
+            name = type(self).__name__
+            raise ValueError(f"a model object needs its tokenizer: {name}(model=model, tokenizer=tokenizer)")
+        self._model = model
+        self._tokenizer = tokenizer
+        self._adapter = adapter
+        self._gateway: Optional[LLMProxy] = None  # the proxy recording the rollouts' LLM calls, once started
+        self.history: List[Dict[str, float]] = []
+
+    @property
+    def reports_progress(self) -> bool:
+        """With ``console`` on, the algorithm shows its own progress bar and per-step metrics."""
+        return self.config.console
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    def _load_policy(self) -> Tuple[Any, Any]:
+        """The model to train and its tokenizer (loaded in float32; the trainer casts to ``config.dtype``)."""
+        if self._model is not None:
+            return self._model, self._tokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from agentbolt.models import DEFAULT_MODEL, resolve_model
+
+        name = self.config.model or DEFAULT_MODEL
+        resolved = resolve_model(name)
+        if resolved.source == "gguf":
+            raise ValueError(f"{type(self).__name__} trains a Hugging Face model directory, not a GGUF file: {name!r}")
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype="float32")
+        return model, tokenizer
+
+    def _served_name(self) -> str:
+        return self.config.served_model_name or self.config.model or "policy"
+
+    def _default_adapter(self) -> Any:
+        """The adapter used when none was passed to the constructor."""
+        from agentbolt.adapter import LlmProxyTraceToTriplet
+
+        return LlmProxyTraceToTriplet()
+
+    def _triplet_adapter(self) -> Any:
+        return self._adapter if self._adapter is not None else self._default_adapter()
+
+    def _model_entries(self, server: PolicyServer) -> List[Dict[str, Any]]:
+        """The gateway's model list: the served model (subclasses may add other backends)."""
+        return [
+            {
+                "model_name": server.model_name,
+                "litellm_params": {"model": f"agentbolt/{server.model_name}", "api_base": server.base_url},
+            }
+        ]
+
+    async def _start_gateway(self, store: LightningStore, server: PolicyServer) -> Tuple[LLMProxy, bool]:
+        """Route the served model through the LLM gateway (the trainer's proxy, or one started here)."""
+        from agentbolt.llm_proxy import LLMProxy
+
+        proxy = self.get_llm_proxy()
+        owned = proxy is None
+        if proxy is None:
+            capabilities = store.capabilities
+            mode: LaunchMode = (
+                "thread" if capabilities.get("thread_safe") else "asyncio" if capabilities.get("async_safe") else "mp"
+            )
+            proxy = LLMProxy(store=store, launch_mode=mode, host="127.0.0.1")
+            proxy.server_launcher_args.log_level = logging.WARNING  # an internal server: no uvicorn lifecycle lines
+        else:
+            proxy.set_store(store)
+        changed = self._route(proxy, server)
+        if not proxy.is_running():
+            await proxy.start()
+        elif changed and proxy.server_launcher_args.launch_mode == "mp":
+            await proxy.restart()  # a server in another process only reads the model list when it starts
+        self._gateway = proxy
+        return proxy, owned
+
+    def _route(self, proxy: LLMProxy, server: PolicyServer) -> bool:
+        """Point the gateway's model list at the served model; True when it changed."""
+        entries = self._model_entries(server)
+        if proxy.model_list == entries:
+            return False
+        proxy.update_model_list(entries)  # type: ignore[arg-type]
+        return True
+
+    async def _publish(
+        self,
+        store: LightningStore,
+        proxy: LLMProxy,
+        server: PolicyServer,
+        sampling_parameters: Dict[str, Any],
+        model: Optional[str] = None,
+    ) -> str:
+        """Store a new resource snapshot whose ``main_llm`` routes to ``model`` (default: the current weights)."""
+        if self._route(proxy, server) and proxy.is_running() and proxy.server_launcher_args.launch_mode == "mp":
+            await proxy.restart()  # a server in another process only reads the model list when it starts
+        resources: NamedResources = dict(self.get_initial_resources() or {})
+        llm: LLM = proxy.as_resource(model=model or server.model_name, sampling_parameters=dict(sampling_parameters))
+        resources[POLICY_RESOURCE] = llm
+        update = await store.add_resources(resources)
+        return update.resources_id
+
+    def _start_server(self, trainer: ModelTrainer, tokenizer: Any) -> PolicyServer:
+        config = self.config
+        if config.policy_server_url is not None:
+            import tempfile
+
+            from agentbolt.algorithm.grpo.serving import RemoteAdapterPolicyServer
+
+            adapter_dir = config.adapter_dir or (
+                os.path.join(config.checkpoint_dir, "adapters")
+                if config.checkpoint_dir
+                else tempfile.mkdtemp(prefix="agentbolt-adapters-")
+            )
+            return RemoteAdapterPolicyServer(
+                trainer,
+                base_url=config.policy_server_url,
+                adapter_dir=adapter_dir,
+                name_prefix=self._served_name().replace("/", "-"),
+                api_key=config.policy_server_api_key,
+            )
+        from agentbolt.algorithm.grpo.serving import InProcessPolicyServer
+
+        return InProcessPolicyServer(
+            trainer,
+            tokenizer,
+            model_name=self._served_name(),
+            threads=config.threads,
+            max_batch_size=config.serve_max_batch_size,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _serving(
+        self, store: LightningStore, trainer: ModelTrainer, tokenizer: Any
+    ) -> AsyncIterator[Tuple[PolicyServer, LLMProxy]]:
+        """Serve the trained model and route the gateway to it; both are stopped on exit (a proxy set by the
+        trainer is left running)."""
+        server = await asyncio.to_thread(self._start_server, trainer, tokenizer)
+        proxy: Optional[LLMProxy] = None
+        owned_proxy = False
+        try:
+            proxy, owned_proxy = await self._start_gateway(store, server)
+            yield server, proxy
+        finally:
+            if proxy is not None and owned_proxy and proxy.is_running():
+                await proxy.stop()
+            await asyncio.to_thread(server.stop)
+
+    # -------------------------------------------------------------------------------------------------- rollouts
+    async def _run_rollouts(
+        self,
+        store: LightningStore,
+        tasks: Sequence[Tuple[Any, str]],
+        *,
+        mode: RolloutMode,
+        resources_id: str,
+    ) -> List[RolloutOutcome]:
+        """Enqueue ``(task, group_id)`` pairs, wait for them and collect rewards and triplets."""
+        requests = [
+            EnqueueRolloutRequest(
+                input=task,
+                mode=mode,
+                resources_id=resources_id,
+                metadata={self.group_metadata_key: group},  # type: ignore[arg-type]
+            )
+            for task, group in tasks
+        ]
+        rollouts = list(await store.enqueue_many_rollouts(requests))
+        groups = {r.rollout_id: group for r, (_, group) in zip(rollouts, tasks, strict=True)}
+        finished = await self._wait(store, [r.rollout_id for r in rollouts])
+        adapter = self._triplet_adapter()
+        from agentbolt.emitter import find_final_reward
+
+        outcomes: List[RolloutOutcome] = []
+        for rollout in rollouts:
+            done = finished.get(rollout.rollout_id)
+            status = "late" if done is None else done.status
+            if done is None:
+                await store.update_rollout(rollout.rollout_id, status="cancelled")
+            # The calls of failed and late rollouts are collected too; each algorithm decides what to do with them.
+            spans = await self._settled_spans(store, rollout.rollout_id)
+            triplets = list(adapter.adapt(spans)) if spans else []
+            reward = find_final_reward(spans) if status == "succeeded" else None
+            outcomes.append(RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], status, reward, triplets))
+        return outcomes
+
+    async def _settled_spans(self, store: LightningStore, rollout_id: str) -> List[Span]:
+        """The latest attempt's spans, once every span whose sequence id the store issued has arrived.
+
+        Spans are written asynchronously (the gateway writes its call spans off the hot path), so a rollout can be
+        reported finished while the span of its last LLM call is still on its way: the gateway's ``flush`` waits
+        for those. For spans of other sources, the store issues sequence ids 1, 2, 3... per rollout, so a gap below
+        the highest stored id means a span is still in flight: wait for it, at most ``SPAN_SETTLE_SECONDS``.
+        """
+        if self._gateway is not None:
+            await self._gateway.flush(SPAN_SETTLE_SECONDS)
+        deadline = time.monotonic() + SPAN_SETTLE_SECONDS
+        while True:
+            spans = list(await store.query_spans(rollout_id))
+            ids = {span.sequence_id for span in spans}
+            if not ids or len(ids) >= max(ids) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        if ids and len(ids) < max(ids):
+            logger.warning("Rollout %s: spans %s never arrived.", rollout_id, sorted(set(range(1, max(ids) + 1)) - ids))
+        latest = await store.get_latest_attempt(rollout_id)
+        return [span for span in spans if latest is None or span.attempt_id == latest.attempt_id]
+
+    async def _wait(self, store: LightningStore, rollout_ids: List[str]) -> Dict[str, Rollout]:
+        return await wait_for_finished_rollouts(store, rollout_ids, timeout=self.config.rollout_timeout)
+
+    # ---------------------------------------------------------------------------------------------- validation
+    def _score(self, outcome: RolloutOutcome) -> Optional[float]:
+        """The final reward a rollout counts with in reward means (None: not counted)."""
+        return outcome.reward if outcome.usable else None
+
+    async def _validate(
+        self, store: LightningStore, proxy: LLMProxy, server: PolicyServer, val_dataset: Sequence[Any], step: int
+    ) -> Dict[str, float]:
+        resources_id = await self._publish(store, proxy, server, self.config.val_sampling_parameters)
+        tasks = [(task, f"val-{step}-{i}") for i, task in enumerate(val_dataset)]
+        outcomes = await self._run_rollouts(store, tasks, mode="val", resources_id=resources_id)
+        correct = sum(1 for o in outcomes if o.reached(self.config.val_success_reward))
+        mean, _ = mean_std([score for score in map(self._score, outcomes) if score is not None])
+        return {
+            "val/reward_mean": mean,
+            "val/accuracy": correct / len(outcomes) if outcomes else float("nan"),
+            "val/correct": float(correct),
+            "val/total": float(len(outcomes)),
+            "val/failed_rollouts": float(sum(1 for o in outcomes if not o.usable)),
+        }
+
+    @staticmethod
+    async def _update_weights(
+        server: PolicyServer, trainer: ModelTrainer, train: Callable[[], Dict[str, float]]
+    ) -> Dict[str, float]:
+        """Run ``train`` (an update of ``trainer``'s weights) in a worker thread while ``server`` pauses generation,
+        then make the server use the new weights; returns what ``train`` returned."""
+
+        def update() -> Dict[str, float]:
+            with server.weights_update():
+                metrics = train()
+            server.after_update(trainer)
+            return metrics
+
+        return await asyncio.to_thread(update)
+
+    def _record(self, metrics: Any, step: int, record: Dict[str, float]) -> None:
+        self.history.append({"step": float(step), **record})
+        metrics.log(step, record)
+
+    # ------------------------------------------------------------------------------------------------------ run
+    def _build_trainer(self) -> Tuple[ModelTrainer, Any]:
+        """The algorithm's trainer around the loaded model, and the model's tokenizer."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _build_trainer()")
+
+    async def _train_step(
+        self,
+        store: LightningStore,
+        proxy: LLMProxy,
+        server: PolicyServer,
+        trainer: Any,
+        tokenizer: Any,
+        tasks: Sequence[Any],
+        resources_id: str,
+        step: int,
+    ) -> Dict[str, float]:
+        """Roll out ``tasks`` with the resources ``resources_id``, update the weights; the step's metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _train_step()")
+
+    def _check_run(self) -> None:
+        """Refuse options that cannot run, before any model is loaded (nothing to check by default)."""
+
+    def _after_resume(self, trainer: Any) -> None:
+        """Called once the trainer is built and resumed, before the first step."""
+
+    def _after_last_step(self, trainer: Any, start_step: int) -> None:
+        """Called after the last step of the run (its checkpoint is written)."""
+
+    async def run(  # type: ignore[override]  # datasets must be sized sequences here
+        self, train_dataset: Optional[Sequence[Any]] = None, val_dataset: Optional[Sequence[Any]] = None
+    ) -> None:
+        """Train on ``train_dataset`` for ``max_steps`` steps, validating on ``val_dataset``.
+
+        The run resumes from the latest checkpoint in ``checkpoint_dir`` when ``resume`` is set. It validates before
+        the first step (``val_before_train``), every ``val_interval`` steps and after the last one, publishes a
+        new ``main_llm`` resource snapshot after every update, and checkpoints every ``checkpoint_interval`` steps
+        and after the last one.
+
+        Raises:
+            ValueError: No training data while ``max_steps > 0``, no store set, or options the algorithm refuses.
+            CheckpointError: The checkpoint to resume from is corrupt or does not fit, or one cannot be written.
+        """
+        config = self.config
+        store = self.get_store()
+        train = list(train_dataset or [])
+        val = list(val_dataset or [])
+        if config.max_steps > 0 and not train:
+            raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
+        self._check_run()
+        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+        from agentbolt.algorithm.grpo.metrics import TrainingLogger
+
+        trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
+        self.trainer = trainer
+        sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
+        if config.checkpoint_dir and config.resume:
+            path = latest_checkpoint(config.checkpoint_dir)
+            if path is not None:
+                extra = await asyncio.to_thread(trainer.load_checkpoint, path)
+                if sampler is not None:
+                    sampler.load_state(extra.get("sampler", {}))
+        start_step = trainer.global_step
+        self._after_resume(trainer)
+        metrics = TrainingLogger(
+            log_dir=config.log_dir,
+            total_steps=config.max_steps,
+            start_step=start_step,
+            console=config.console,
+            tensorboard=config.tensorboard,
+            wandb_project=config.wandb_project,
+            run_config=config.model_dump(),
+            title=self.title,
+        )
+        try:
+            async with self._serving(store, trainer, tokenizer) as (server, proxy):
+                if val and config.val_before_train and start_step == 0:
+                    self._record(metrics, 0, await self._validate(store, proxy, server, val, 0))
+                resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                for step in range(start_step + 1, config.max_steps + 1):
+                    assert sampler is not None
+                    tasks = [train[i] for i in sampler.next_batch()]
+                    record = await self._train_step(store, proxy, server, trainer, tokenizer, tasks, resources_id, step)
+                    resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                    periodic = config.val_interval > 0 and step % config.val_interval == 0
+                    if val and (periodic or step == config.max_steps):
+                        record.update(await self._validate(store, proxy, server, val, step))
+                        resources_id = await self._publish(store, proxy, server, config.sampling_parameters)
+                    self._record(metrics, step, record)
+                    last = step == config.max_steps
+                    if config.checkpoint_dir and (
+                        last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
+                    ):
+                        extra = {"sampler": sampler.state()}
+                        await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
+                self._after_last_step(trainer, start_step)
+        finally:
+            curve = metrics.close()
+            if curve is not None:
+                logger.info("Reward curve written to %s", curve)

@@ -1,0 +1,437 @@
+"""The torch side shared by the trainers of GRPO and SFT: model set-up, optimizer, schedule and checkpoints.
+
+:class:`ModelTrainer` places the model on its device and dtype, wraps it with PEFT LoRA adapters (or makes every
+weight trainable), optionally recomputes each transformer block in the backward pass, and owns an AdamW optimizer
+over the trainable parameters only, a learning-rate schedule counted in optimizer steps (:func:`lr_multiplier`),
+and everything needed to checkpoint and resume exactly: weights or adapter, optimizer, scheduler, step counters and
+every RNG state. Each algorithm's trainer adds its loss and its update step on top.
+
+Checkpoints are directories ``step_{N:06d}`` written under a staging name and renamed into place, so a crash or a
+full disk while saving leaves the previous checkpoint as the latest valid one. Loading reads and checks every file
+before changing anything, and names the file at fault.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from agentbolt.algorithm.finetuning.config import FinetuningConfig
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "CheckpointError",
+    "ModelTrainer",
+    "chunks",
+    "latest_checkpoint",
+    "lr_multiplier",
+    "resolve_device",
+]
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECKPOINT_PREFIX = "step_"
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written, or cannot be read back into this trainer; the message names the file."""
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    """The torch device for ``name`` (``None``: CUDA when available, else the CPU).
+
+    Raises:
+        ValueError: Not a device name, or a device this machine does not have.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"invalid device {name!r}: {exc}") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"device {name!r} is not available: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} is not available on this machine")
+    return device
+
+
+def lr_multiplier(optimizer_step: int, config: FinetuningConfig) -> float:
+    """Learning-rate factor after ``optimizer_step`` optimizer steps: linear warmup, then the configured decay."""
+    warmup = config.warmup_steps
+    if warmup and optimizer_step < warmup:
+        return (optimizer_step + 1) / (warmup + 1)
+    if config.lr_scheduler == "constant":
+        return 1.0
+    total = config.schedule_steps()
+    progress = min(1.0, (optimizer_step - warmup) / max(1, total - warmup))
+    floor = config.min_lr_ratio
+    if config.lr_scheduler == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
+    """The complete checkpoint with the highest step in ``checkpoint_dir`` (None if there is none)."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
+    found = []
+    for child in root.iterdir():
+        suffix = child.name[len(CHECKPOINT_PREFIX) :]
+        if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / STATE_FILE).exists():
+            found.append((int(suffix), child))
+    return max(found)[1] if found else None
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of ``items`` of ``size`` elements (the last one may be shorter)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``forward`` under non-reentrant activation checkpointing when gradients are being recorded."""
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _is_quantized(model: Any) -> bool:
+    """Whether ``model`` holds quantized weights (bitsandbytes 4/8-bit), which cannot be moved or cast."""
+    return bool(
+        getattr(model, "is_loaded_in_4bit", False)
+        or getattr(model, "is_loaded_in_8bit", False)
+        or getattr(model, "hf_quantizer", None) is not None
+    )
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory descriptors
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class ModelTrainer:
+    """A causal LM made trainable, with its optimizer, learning-rate schedule and checkpoints.
+
+    Args:
+        model: A transformers causal LM (a ``PeftModel`` is used as is). With ``finetune="lora"`` it is wrapped with
+            fresh LoRA adapters; with ``"full"`` all its weights train. Quantized models (4/8-bit) stay where they
+            were loaded.
+        config: Model and optimisation options.
+        pad_token_id: Id used for padding (masked out, any valid id works).
+
+    Raises:
+        ValueError: The model has no trainable parameters, or the device does not exist.
+    """
+
+    checkpoint_kind = "model"
+    """Written into each checkpoint; a checkpoint of another kind is refused on load."""
+
+    def __init__(self, model: Any, config: FinetuningConfig, *, pad_token_id: int = 0) -> None:
+        self.config = config
+        self.pad_token_id = pad_token_id
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.device = resolve_device(config.device)
+        if not _is_quantized(model):
+            model = model.to(device=self.device, dtype=DTYPES[config.dtype])
+        if config.finetune == "lora":
+            self.model = self._with_lora(model)
+        else:
+            self.model = model
+            for param in self.model.parameters():
+                param.requires_grad_(True)
+        self._keep_reference(model)
+        self.model.eval()
+        if config.gradient_checkpointing:
+            self._checkpoint_blocks()
+        if self.device.type == "cpu":
+            from agentbolt.utils.memory import return_large_blocks_to_os
+
+            return_large_blocks_to_os()  # activation buffers go back to the system between steps
+        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.trainable_parameters:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters,
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(step, config))
+        self.global_step = 0
+        self.optimizer_steps = 0
+        self.skipped_optimizer_steps = 0
+
+    # ------------------------------------------------------------------------------------------------ model set-up
+    def _keep_reference(self, model: Any) -> None:
+        """Hook called once the trained model is set up, before any step (a frozen reference can be copied here)."""
+
+    def _with_lora(self, model: Any) -> Any:
+        try:
+            from peft import LoraConfig, PeftModel, get_peft_model
+        except ImportError as exc:  # pragma: no cover - peft is part of the train extra
+            raise ImportError("LoRA training needs peft: pip install 'agentbolt[train]'") from exc
+        if isinstance(model, PeftModel):
+            return model
+        lora = LoraConfig(
+            r=self.config.lora_r,
+            lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]  # peft accepts float scaling
+            lora_dropout=self.config.lora_dropout,
+            target_modules=self.config.lora_target_modules,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+
+    def _checkpoint_blocks(self) -> None:
+        """Recompute every transformer block in the backward pass instead of keeping its activations.
+
+        Blocks are the modules the model lists in ``_no_split_modules`` (``LlamaDecoderLayer``...). The wrapper works
+        whatever ``train()``/``eval()`` says (transformers' own checkpointing only runs in training mode, and these
+        forwards run in eval mode) and does nothing when gradients are off (scoring passes, the engine).
+
+        Raises:
+            ValueError: The model does not name its blocks.
+        """
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        names = set(getattr(base, "_no_split_modules", None) or ())
+        blocks = [module for module in base.modules() if type(module).__name__ in names]
+        if not blocks:
+            raise ValueError(
+                f"gradient_checkpointing: {type(base).__name__} does not name its transformer blocks (_no_split_modules)"
+            )
+        for block in blocks:
+            block.forward = functools.partial(_checkpointed, block.forward)
+
+    @property
+    def uses_lora(self) -> bool:
+        """True when the trained parameters are LoRA adapters."""
+        return self.config.finetune == "lora"
+
+    # ------------------------------------------------------------------------------------------- optimizer steps
+    def schedule_metrics(self) -> Dict[str, float]:
+        """``lr`` (current learning rate), ``optimizer_steps`` and ``skipped_optimizer_steps`` (cumulative)."""
+        return {
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "optimizer_steps": float(self.optimizer_steps),
+            "skipped_optimizer_steps": float(self.skipped_optimizer_steps),
+        }
+
+    def _skip_optimizer_step(self) -> None:
+        with warnings.catch_warnings():  # stepping the schedule alone is intended here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.skipped_optimizer_steps += 1
+
+    def _clip_and_step(self) -> float:
+        """Clip the gradient norm (when configured), step the optimizer and the schedule; returns the norm."""
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in self.trainable_parameters if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(norm)
+
+    # ---------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(
+        self, checkpoint_dir: str | os.PathLike[str], extra_state: Optional[Dict[str, Any]] = None
+    ) -> Path:
+        """Write ``checkpoint_dir/step_{global_step:06d}`` atomically and return its path.
+
+        Contents: ``adapter/`` (PEFT format, loadable by vLLM ``--lora-modules``) or ``model.safetensors``,
+        ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (counters plus ``extra_state``).
+        Everything is written under a staging name, flushed to disk, then renamed into place.
+
+        Raises:
+            CheckpointError: Writing failed (a full disk, say); the staging files are removed and the checkpoints
+                already in ``checkpoint_dir`` are untouched.
+        """
+        from safetensors.torch import save_model
+
+        root = Path(checkpoint_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{CHECKPOINT_PREFIX}{self.global_step:06d}"
+        staging = root / f".{final.name}.tmp"
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            if self.uses_lora:
+                self.model.save_pretrained(str(staging / "adapter"))
+            else:
+                save_model(self.model, str(staging / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+            torch.save(
+                {
+                    "python": random.getstate(),
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "generator": self.generator.get_state(),
+                },
+                staging / "rng.pt",
+            )
+            state = {
+                "kind": self.checkpoint_kind,
+                "global_step": self.global_step,
+                "optimizer_steps": self.optimizer_steps,
+                "skipped_optimizer_steps": self.skipped_optimizer_steps,
+                "finetune": self.config.finetune,
+                "extra": extra_state or {},
+            }
+            with open(staging / STATE_FILE, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(state, indent=2))
+                handle.flush()
+                os.fsync(handle.fileno())
+            for written in staging.rglob("*"):
+                if written.is_file():
+                    with open(written, "rb") as handle:
+                        os.fsync(handle.fileno())
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(staging, final)
+            _fsync_dir(root)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            previous = latest_checkpoint(root)
+            kept = f"the latest checkpoint is still {previous}" if previous else "no earlier checkpoint exists"
+            raise CheckpointError(f"could not write checkpoint {final}: {exc}; {kept}") from exc
+        logger.info("Saved checkpoint %s", final)
+        return final
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Dict[str, Any]:
+        """Restore weights, optimizer, scheduler, counters and RNG states from a checkpoint directory.
+
+        Every file is read and checked against this trainer before anything changes, so a refused checkpoint leaves
+        the weights and the optimizer as they were.
+
+        Returns:
+            The ``extra_state`` saved with the checkpoint.
+
+        Raises:
+            FileNotFoundError: ``path`` holds no ``trainer_state.json``.
+            CheckpointError: A file is missing, corrupt, or does not fit this model or configuration (the message
+                names it).
+        """
+        path = Path(path)
+        state_file = path / STATE_FILE
+        if not state_file.exists():
+            raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE})")
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            counters = (int(state["global_step"]), int(state["optimizer_steps"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{state_file} is corrupt: {exc}") from exc
+        kind = state.get("kind", self.checkpoint_kind)
+        if kind != self.checkpoint_kind:
+            raise CheckpointError(
+                f"{state_file} is a {kind!r} checkpoint; this {self.checkpoint_kind!r} trainer cannot resume from it"
+            )
+        if state.get("finetune") != self.config.finetune:
+            raise ValueError(f"checkpoint {path} was saved with finetune={state.get('finetune')!r}")
+        weights_file = path / "adapter" / "adapter_model.safetensors" if self.uses_lora else path / "model.safetensors"
+        self._check_weights(weights_file)
+        optimizer_state = self._read_torch(path / "optimizer.pt", weights_only=True)
+        scheduler_state = self._read_torch(path / "scheduler.pt", weights_only=True)
+        rng = self._read_torch(path / "rng.pt", weights_only=False)
+        saved_groups = [len(group["params"]) for group in optimizer_state.get("param_groups", [])]
+        current_groups = [len(group["params"]) for group in self.optimizer.param_groups]
+        if saved_groups != current_groups:
+            raise CheckpointError(
+                f"{path / 'optimizer.pt'} holds {saved_groups} parameters per group; this model trains {current_groups}"
+            )
+        self._apply_weights(weights_file)
+        self.optimizer.load_state_dict(optimizer_state)
+        self.scheduler.load_state_dict(scheduler_state)
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.generator.set_state(rng["generator"])
+        self.global_step, self.optimizer_steps = counters
+        self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
+        logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
+        return dict(state.get("extra") or {})
+
+    @staticmethod
+    def _read_torch(path: Path, *, weights_only: bool) -> Any:
+        if not path.exists():
+            raise CheckpointError(f"{path} is missing")
+        try:
+            return torch.load(path, weights_only=weights_only)
+        except Exception as exc:  # torch raises several types for truncated or foreign files
+            raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+
+    def _check_weights(self, path: Path) -> None:
+        """Check that ``path`` holds exactly the trained weights' tensors, with their shapes (headers only)."""
+        from safetensors import safe_open
+
+        if not path.exists():
+            raise CheckpointError(f"{path} is missing")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+        groups = self._saved_weight_groups()
+        expected = {name: shape for names, shape in groups for name in names}
+        unexpected = sorted(set(shapes) - set(expected))
+        if unexpected:
+            raise CheckpointError(f"{path} does not fit the model: unexpected tensors {unexpected[:3]}")
+        missing = [names[0] for names, _ in groups if not any(name in shapes for name in names)]
+        if missing:
+            raise CheckpointError(f"{path} does not fit the model: missing tensors {missing[:3]}")
+        for name, shape in shapes.items():
+            if shape != expected[name]:
+                raise CheckpointError(
+                    f"{path} does not fit the model: {name} has shape {shape}, the model's is {expected[name]}"
+                )
+
+    def _saved_weight_groups(self) -> List[Tuple[List[str], Tuple[int, ...]]]:
+        """The tensors a checkpoint of this trainer holds: names that share storage (tied weights, saved once)
+        grouped, with their shape."""
+        if self.uses_lora:
+            from peft import get_peft_model_state_dict
+
+            return [([name], tuple(t.shape)) for name, t in get_peft_model_state_dict(self.model).items()]
+        groups: Dict[Tuple[int, Tuple[int, ...]], List[str]] = {}
+        for name, tensor in self.model.state_dict().items():
+            groups.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(name)
+        return [(names, shape) for (_, shape), names in groups.items()]
+
+    def _apply_weights(self, path: Path) -> None:
+        if self.uses_lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.model, load_file(str(path)))
+        else:
+            from safetensors.torch import load_model
+
+            load_model(self.model, str(path))

@@ -1,0 +1,561 @@
+"""SFT's data path: from the LLM calls of rollouts (or from files) to token sequences with a loss mask.
+
+Two kinds of objects travel through it:
+
+* :class:`ChatSample`: one conversation to learn from, with its reward and where it came from. A sample read from a
+  trace is one LLM call: its prompt messages followed by the assistant reply (``train_turns="last"``), the tools it
+  was offered, and, when the gateway recorded them, the exact prompt and response token ids. A sample read from a
+  ``{"messages": [...]}`` file is a whole conversation whose assistant turns are all learned (``"all"``). Samples
+  are written to and read from JSONL in the layouts TRL reads: ``{"prompt": [...], "completion": [...]}`` for a
+  call, ``{"messages": [...]}`` for a conversation, with ``tools`` and our own fields beside them.
+* :class:`TokenSample`: the token ids a sample trains on and, for each, whether it is a target of the loss.
+
+:func:`tokenize_sample` makes one from the other: the recorded ids when they are to be used (the response tokens are
+the targets), else the messages rendered with the model's chat template exactly as the inference engine renders a
+prompt (template to text, then the tokenizer without special tokens) and cut into context and assistant segments;
+each assistant segment is a target up to and including its end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
+
+from agentbolt.adapter.messages import convert_to_openai_messages
+from agentbolt.types import Triplet
+
+__all__ = [
+    "CallStats",
+    "Counters",
+    "ChatSample",
+    "DataError",
+    "TokenSample",
+    "TokenizeStats",
+    "propagate_rewards",
+    "read_samples",
+    "samples_from_triplets",
+    "task_key",
+    "tokenize_sample",
+    "write_samples",
+]
+
+logger = logging.getLogger(__name__)
+
+TrainTurns = Literal["last", "all"]
+RewardPropagation = Literal["backward", "final", "none"]
+
+
+class DataError(ValueError):
+    """A file or a record cannot be read as SFT data; the message names the file and line."""
+
+
+def task_key(task: Any) -> str:
+    """A short stable id of a task (a rollout input): the hash of its canonical JSON."""
+    text = json.dumps(task, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class ChatSample:
+    """One conversation to learn from.
+
+    Attributes:
+        messages: OpenAI chat messages (with ``tool_calls`` and ``tool`` results); for a call, the prompt messages
+            followed by the assistant reply.
+        tools: The function tools offered (OpenAI ``{"type": "function", "function": {...}}`` entries), or None.
+        train_turns: ``"last"``: learn the last message (an assistant reply); ``"all"``: learn every assistant turn.
+        prompt_token_ids: The prompt exactly as the engine tokenized it (None when not recorded).
+        response_token_ids: The tokens the engine generated for the reply (None when not recorded).
+        reward: The reward this sample is ranked by (after propagation), None when unknown.
+        final_reward: The final reward of the rollout it comes from.
+        agent_name: The agent that made the call, when the trace names it.
+        rollout_id: The rollout it comes from.
+        task_id: Id of the task; rollouts of the same task share it (best-of-n compares them).
+        metadata: Anything else kept with the sample (attempt id, mode, status...).
+    """
+
+    messages: List[Dict[str, Any]]
+    tools: Optional[List[Dict[str, Any]]] = None
+    train_turns: TrainTurns = "last"
+    prompt_token_ids: Optional[List[int]] = None
+    response_token_ids: Optional[List[int]] = None
+    reward: Optional[float] = None
+    final_reward: Optional[float] = None
+    agent_name: Optional[str] = None
+    rollout_id: Optional[str] = None
+    task_id: Optional[str] = None
+    metadata: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_token_ids(self) -> bool:
+        """Both the prompt and the response token ids were recorded."""
+        return bool(self.prompt_token_ids) and bool(self.response_token_ids)
+
+    def group_key(self) -> str:
+        """The task this sample belongs to: ``task_id``, else the conversation up to its first assistant turn."""
+        if self.task_id:
+            return self.task_id
+        head = []
+        for message in self.messages:
+            if message.get("role") == "assistant":
+                break
+            head.append(message)
+        return task_key(head)
+
+    def to_record(self) -> Dict[str, Any]:
+        """The JSON record: TRL's prompt-completion layout for a call, its messages layout for a conversation."""
+        record: Dict[str, Any]
+        if self.train_turns == "last":
+            record = {"prompt": self.messages[:-1], "completion": self.messages[-1:]}
+        else:
+            record = {"messages": self.messages}
+        record["tools"] = self.tools
+        for name in ("prompt_token_ids", "response_token_ids", "reward", "final_reward", "agent_name"):
+            record[name] = getattr(self, name)
+        record["rollout_id"], record["task_id"] = self.rollout_id, self.task_id
+        if self.metadata:
+            record["metadata"] = self.metadata
+        return record
+
+    @classmethod
+    def from_record(cls, record: Any, where: str = "record") -> ChatSample:
+        """Read a record of :meth:`to_record`, or any ``{"messages": ...}`` / ``{"prompt", "completion"}`` dict.
+
+        Raises:
+            DataError: The record is not a dict, has neither layout, or holds a malformed message or id list.
+        """
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        if "messages" in record:
+            raw, turns = record["messages"], "all"
+        elif "prompt" in record and "completion" in record:
+            prompt, completion = record["prompt"], record["completion"]
+            if not isinstance(prompt, list) or not isinstance(completion, list) or len(completion) != 1:
+                raise DataError(f"{where}: 'prompt' must be a list of messages and 'completion' a list of one")
+            raw, turns = [*prompt, *completion], "last"
+        else:
+            raise DataError(f"{where}: needs 'messages', or 'prompt' and 'completion'")
+        messages, tools = _checked_conversation(raw, record.get("tools"), where)
+        if turns == "last" and messages[-1]["role"] != "assistant":
+            raise DataError(f"{where}: the completion must be an assistant message")
+        if turns == "all" and not any(m["role"] == "assistant" for m in messages):
+            raise DataError(f"{where}: the conversation has no assistant message to learn")
+        sample = cls(messages=messages, tools=tools, train_turns=turns)  # type: ignore[arg-type]
+        for name in ("prompt_token_ids", "response_token_ids"):
+            value = record.get(name)
+            if value is not None and not _is_id_list(value):
+                raise DataError(f"{where}: {name} must be a list of non-negative integers")
+            setattr(sample, name, list(value) if value else None)
+        for name in ("reward", "final_reward"):
+            value = record.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise DataError(f"{where}: {name} must be a number or null, got {value!r}")
+            setattr(sample, name, None if value is None else float(value))
+        for name in ("agent_name", "rollout_id", "task_id"):
+            value = record.get(name)
+            setattr(sample, name, value if isinstance(value, str) and value else None)
+        metadata = record.get("metadata")
+        sample.metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        return sample
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def _checked_conversation(
+    messages: Any, tools: Any, where: str
+) -> Tuple[List[Dict[str, Any]], Optional[List[Dict[str, Any]]]]:
+    """Messages and tools validated and normalised like trace messages (OpenAI shapes)."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: messages must be a non-empty list")
+    functions = None
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise DataError(f"{where}: tools must be a list")
+        functions = [tool.get("function", tool) if isinstance(tool, dict) else tool for tool in tools]
+    try:
+        (converted,) = convert_to_openai_messages([{"prompt": messages, "request": {"functions": functions}}])
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}") from None
+    return [dict(m) for m in converted["messages"]], converted["tools"]  # type: ignore[return-value]
+
+
+def read_samples(path: Union[str, os.PathLike[str]]) -> List[ChatSample]:
+    """Read a JSONL file of chat samples (one JSON object per line; blank lines are skipped).
+
+    Raises:
+        DataError: The file is missing or a line is not valid JSON or not a valid record (named by line number).
+    """
+    return [ChatSample.from_record(record, f"{path}:{number}") for number, record in iter_jsonl(path)]
+
+
+def write_samples(samples: Iterable[ChatSample], path: Union[str, os.PathLike[str]]) -> int:
+    """Write samples as JSONL (:meth:`ChatSample.to_record`); returns how many were written."""
+    count = 0
+    with Path(path).open("w", encoding="utf-8") as handle:
+        for sample in samples:
+            handle.write(json.dumps(sample.to_record(), ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# From traces
+
+
+def propagate_rewards(
+    rewards: Sequence[Optional[float]], final_reward: Optional[float], mode: RewardPropagation
+) -> List[Optional[float]]:
+    """The reward each call of one rollout is ranked by.
+
+    Args:
+        rewards: The reward the adapter matched to each call (in call order), None where it has none.
+        final_reward: The rollout's final reward.
+        mode: ``"backward"``: a call gets the first reward at or after it (a later call's, or the final reward
+            when no call after it was rewarded); ``"final"``: every call gets ``final_reward``; ``"none"``: a call
+            keeps its own reward.
+    """
+    if mode == "final":
+        return [final_reward] * len(rewards)
+    if mode == "none":
+        return list(rewards)
+    propagated: List[Optional[float]] = []
+    recent = final_reward
+    for reward in reversed(rewards):
+        if reward is not None:
+            recent = reward
+        propagated.append(recent)
+    return propagated[::-1]
+
+
+class Counters:
+    """A dataclass of integer counters that add up and turn into a flat metrics record."""
+
+    def add(self, other: Counters) -> None:
+        """Accumulate another counter set of the same kind into this one."""
+        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_metrics(self, prefix: str) -> Dict[str, float]:
+        """The counters as ``{prefix + name: value}``."""
+        return {prefix + name: float(getattr(self, name)) for name in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
+@dataclass
+class CallStats(Counters):
+    """The LLM calls of rollouts and those :func:`samples_from_triplets` could not turn into samples."""
+
+    calls: int = 0
+    """LLM calls seen."""
+    other_agents: int = 0
+    """Skipped: made by an agent ``agent_match`` does not select."""
+    without_data: int = 0
+    """Skipped: the trace holds neither the call's messages nor its token ids."""
+
+
+def _first_choice(raw: Any) -> List[Any]:
+    if isinstance(raw, list):
+        return raw[:1]
+    if isinstance(raw, dict) and raw:
+        return [raw]
+    return []
+
+
+def _triplet_messages(triplet: Triplet) -> Optional[Tuple[List[Dict[str, Any]], Optional[List[Dict[str, Any]]]]]:
+    """The call's prompt messages plus its (first) reply, and the tools offered; None when the trace lacks them."""
+    prompt = triplet.prompt.get("raw_content") if isinstance(triplet.prompt, dict) else None
+    completion = _first_choice(triplet.response.get("raw_content") if isinstance(triplet.response, dict) else None)
+    request = triplet.metadata.get("request")
+    if not isinstance(prompt, list) or not prompt or not completion:
+        return None
+    try:
+        (converted,) = convert_to_openai_messages(
+            [{"prompt": prompt, "completion": completion, "request": request if isinstance(request, dict) else {}}]
+        )
+    except ValueError as exc:
+        logger.warning("An LLM call with malformed messages is skipped: %s", exc)
+        return None
+    messages: List[Dict[str, Any]] = [dict(m) for m in converted["messages"]]
+    if messages[-1].get("role") != "assistant":
+        return None
+    return messages, converted["tools"]  # type: ignore[return-value]
+
+
+def _token_ids(part: Any) -> Optional[List[int]]:
+    ids = part.get("token_ids") if isinstance(part, dict) else None
+    return list(ids) if _is_id_list(ids) and ids else None
+
+
+def samples_from_triplets(
+    triplets: Sequence[Triplet],
+    *,
+    final_reward: Optional[float],
+    propagation: RewardPropagation = "backward",
+    agent_match: Optional[str] = None,
+    rollout_id: Optional[str] = None,
+    task_id: Optional[str] = None,
+    metadata: Optional[Dict[str, Any]] = None,
+) -> Tuple[List[ChatSample], CallStats]:
+    """The chat samples of one rollout's LLM calls.
+
+    Rewards are propagated over all the rollout's calls first, then calls of agents not matching ``agent_match``
+    are dropped (so a reward matched to another agent's later call still reaches the trained agent's earlier ones).
+    A call needs either its messages or both token id lists to become a sample.
+
+    Args:
+        triplets: The rollout's calls in order (from an adapter that keeps ``raw_content`` and token ids).
+        final_reward: The rollout's final reward.
+        propagation: See :func:`propagate_rewards`.
+        agent_match: Regex over the call's agent name (a call without one is kept only when this is None).
+        rollout_id: Recorded on each sample.
+        task_id: Recorded on each sample.
+        metadata: Recorded on each sample.
+
+    Returns:
+        The samples, and the calls skipped (:class:`CallStats`).
+    """
+    pattern = re.compile(agent_match) if agent_match is not None else None
+    rewards = propagate_rewards([t.reward for t in triplets], final_reward, propagation)
+    samples: List[ChatSample] = []
+    stats = CallStats(calls=len(triplets))
+    for triplet, reward in zip(triplets, rewards, strict=True):
+        agent = triplet.metadata.get("agent_name")
+        agent = agent if isinstance(agent, str) and agent else None
+        if pattern is not None and (agent is None or not pattern.search(agent)):
+            stats.other_agents += 1
+            continue
+        conversation = _triplet_messages(triplet)
+        prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
+        if conversation is None and not (prompt_ids and response_ids):
+            stats.without_data += 1
+            continue
+        messages, tools = conversation if conversation is not None else ([], None)
+        samples.append(
+            ChatSample(
+                messages=messages,
+                tools=tools,
+                train_turns="last",
+                prompt_token_ids=prompt_ids,
+                response_token_ids=response_ids,
+                reward=reward,
+                final_reward=final_reward,
+                agent_name=agent,
+                rollout_id=rollout_id,
+                task_id=task_id,
+                metadata=dict(metadata or {}),
+            )
+        )
+    return samples, stats
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tokenization
+
+
+@dataclass
+class TokenSample:
+    """Token ids to train on and the loss mask.
+
+    Attributes:
+        input_ids: The tokens.
+        loss_mask: One flag per token: True where the token is a target of the loss (predicted from the tokens
+            before it). The first token is never a target.
+        reward: The sample's reward (selection ranks by it).
+        final_reward: The final reward of its rollout (best-of-n compares it).
+        task: Key of the task (rollouts of one task share it).
+        rollout_id: The rollout it comes from (None for samples from files without one).
+    """
+
+    input_ids: List[int]
+    loss_mask: List[bool]
+    reward: Optional[float] = None
+    final_reward: Optional[float] = None
+    task: str = ""
+    rollout_id: Optional[str] = None
+
+    @property
+    def num_targets(self) -> int:
+        """Tokens the loss is computed on."""
+        return sum(self.loss_mask)
+
+    def dedup_key(self) -> str:
+        """Equal for samples with the same tokens and targets."""
+        digest = hashlib.sha1()
+        digest.update(json.dumps([self.input_ids, [int(m) for m in self.loss_mask]]).encode())
+        return digest.hexdigest()
+
+
+@dataclass
+class TokenizeStats(Counters):
+    """What :func:`tokenize_sample` could not use, counted."""
+
+    samples: int = 0
+    """Samples seen."""
+    from_tokens: int = 0
+    """Samples trained on their recorded token ids."""
+    from_messages: int = 0
+    """Samples trained on their messages rendered with the chat template."""
+    missing_tokens: int = 0
+    """Skipped: token ids were required (``data="tokens"``) and not recorded."""
+    unusable: int = 0
+    """Skipped: neither usable messages nor token ids (or the chat template failed on them)."""
+    too_long: int = 0
+    """Skipped: longer than the limit with ``overlong="skip"`` (or nothing left to learn after truncation)."""
+    truncated: int = 0
+    """Kept with the start cut off (``overlong="truncate"``)."""
+
+
+def _render(tokenizer: Any, messages: Sequence[Dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
+    return str(
+        tokenizer.apply_chat_template(
+            list(messages), tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+        )
+    )
+
+
+def _segments(
+    tokenizer: Any, messages: Sequence[Dict[str, Any]], tools: Any, turns: TrainTurns
+) -> List[Tuple[str, bool]]:
+    """The rendered conversation cut into ``(text, is_target)`` segments.
+
+    Raises:
+        ValueError: The template does not render the conversation as a growing text (a turn's rendering is not a
+            prefix of the next one), or fails.
+    """
+    full = _render(tokenizer, messages, tools, generation_prompt=False)
+    positions = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if turns == "last":
+        positions = positions[-1:] if positions and positions[-1] == len(messages) - 1 else []
+    if not positions:
+        raise ValueError("no assistant turn to learn")
+    eos = getattr(tokenizer, "eos_token", None)
+    segments: List[Tuple[str, bool]] = []
+    cursor = 0
+    for index in positions:
+        before = _render(tokenizer, messages[:index], tools, generation_prompt=True)
+        through = _render(tokenizer, messages[: index + 1], tools, generation_prompt=False)
+        if not (through.startswith(before) and full.startswith(through) and len(before) >= cursor):
+            raise ValueError("the chat template does not render this conversation as a growing text")
+        turn = through[len(before) :]
+        stripped = turn.rstrip()
+        end = len(stripped) if eos and stripped.endswith(eos) else len(turn)
+        segments.append((full[cursor : len(before)], False))
+        segments.append((turn[:end], True))
+        cursor = len(before) + end
+    segments.append((full[cursor:], False))
+    return [(text, target) for text, target in segments if text]
+
+
+def _encode(tokenizer: Any, text: str) -> List[int]:
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def tokenize_sample(
+    sample: ChatSample,
+    tokenizer: Any,
+    *,
+    use_token_ids: bool = True,
+    require_token_ids: bool = False,
+    max_length: Optional[int] = None,
+    overlong: Literal["skip", "truncate"] = "skip",
+) -> Tuple[Optional[TokenSample], TokenizeStats]:
+    """The token ids and loss mask of one sample (None when it cannot be used; the stats say why).
+
+    Args:
+        sample: The sample.
+        tokenizer: The trained model's tokenizer (its chat template renders messages).
+        use_token_ids: Train on the recorded ids when the sample has them (targets: the response tokens).
+        require_token_ids: Skip samples without recorded ids (counted as ``missing_tokens``).
+        max_length: Longest sample in tokens (None: no limit).
+        overlong: ``"skip"`` or ``"truncate"`` (keep the last ``max_length`` tokens) a longer sample.
+    """
+    stats = TokenizeStats(samples=1)
+    ids: List[int]
+    mask: List[bool]
+    if use_token_ids and sample.has_token_ids:
+        assert sample.prompt_token_ids is not None and sample.response_token_ids is not None
+        ids = [*sample.prompt_token_ids, *sample.response_token_ids]
+        mask = [False] * len(sample.prompt_token_ids) + [True] * len(sample.response_token_ids)
+        stats.from_tokens = 1
+    elif require_token_ids:
+        stats.missing_tokens = 1
+        return None, stats
+    else:
+        if not sample.messages:
+            stats.unusable = 1
+            return None, stats
+        try:
+            segments = _segments(tokenizer, sample.messages, sample.tools, sample.train_turns)
+        except Exception as exc:  # jinja errors on odd messages, or a template that rewrites history
+            logger.warning("A sample is skipped: its messages cannot be rendered for training (%s)", exc)
+            stats.unusable = 1
+            return None, stats
+        ids, mask = [], []
+        for text, target in segments:
+            tokens = _encode(tokenizer, text)
+            ids.extend(tokens)
+            mask.extend([target] * len(tokens))
+        stats.from_messages = 1
+    if mask and mask[0]:
+        mask[0] = False  # nothing predicts the first token
+    if max_length is not None and len(ids) > max_length:
+        ids, mask = ids[-max_length:], mask[-max_length:]
+        mask[0] = False
+        if overlong == "skip" or not any(mask):
+            stats.too_long = 1
+            return None, stats
+        stats.truncated = 1
+    if not any(mask):
+        stats.unusable = 1
+        return None, stats
+    return (
+        TokenSample(
+            input_ids=ids,
+            loss_mask=mask,
+            reward=sample.reward,
+            final_reward=sample.final_reward,
+            task=sample.group_key(),
+            rollout_id=sample.rollout_id,
+        ),
+        stats,
+    )
+
+
+def tokenize_samples(
+    samples: Iterable[ChatSample], tokenizer: Any, **options: Any
+) -> Tuple[List[TokenSample], TokenizeStats]:
+    """:func:`tokenize_sample` over many samples; the usable ones and the summed stats."""
+    kept: List[TokenSample] = []
+    total = TokenizeStats()
+    for sample in samples:
+        tokenized, stats = tokenize_sample(sample, tokenizer, **options)
+        total.add(stats)
+        if tokenized is not None:
+            kept.append(tokenized)
+    return kept, total
+
+
+def iter_jsonl(path: Union[str, os.PathLike[str]]) -> Iterator[Tuple[int, Any]]:
+    """``(line number, parsed JSON)`` of each non-blank line of ``path``.
+
+    Raises:
+        DataError: The file is missing, or a line is not valid JSON.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None

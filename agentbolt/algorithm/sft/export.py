@@ -1,0 +1,334 @@
+"""Export what a store holds for training elsewhere: rollouts, spans or samples, as JSONL or parquet.
+
+* ``rollouts``: one record per rollout (its input, status, mode, times, metadata, attempts and final reward);
+* ``spans``: one record per span of the selected rollouts' latest attempts (the stored span, attributes as they are);
+* ``samples``: one record per LLM call of the selected rollouts, in the layout TRL reads
+  (``{"prompt": [...], "completion": [...], "tools": [...]}``) plus the exact token ids when the gateway recorded
+  them, the call's reward (propagated as SFT propagates it), the rollout's final reward and the agent name. The SFT
+  offline trainer reads these files back (:func:`agentbolt.algorithm.sft.read_samples`).
+
+Filters: rollout ``mode`` and ``status``, a reward range (the rollout's final reward for rollouts and spans; the
+call's reward for samples) and an agent-name regex (samples: the call's agent; rollouts and spans: rollouts with at
+least one call of a matching agent). Reading never changes the store: the health watchdog that a store runs before
+its calls is suppressed while exporting.
+
+Parquet needs pyarrow (``pip install 'agentbolt[parquet]'``). Scalar columns and lists of scalars (token ids) are
+native columns; nested values (messages, tools, span attributes, rollout inputs...) are written as JSON text, named
+in the file's ``agentbolt.json_columns`` metadata, so :func:`read_records` gives back exactly what was written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
+
+from agentbolt.algorithm.sft.data import ChatSample, RewardPropagation, samples_from_triplets, task_key
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
+    from agentbolt.types import Rollout, Span
+
+__all__ = [
+    "ExportFilter",
+    "ExportKind",
+    "export_store",
+    "open_store",
+    "read_records",
+    "resolve_format",
+    "store_samples",
+    "write_records",
+]
+
+logger = logging.getLogger(__name__)
+
+ExportKind = Literal["rollouts", "spans", "samples"]
+ExportFormat = Literal["jsonl", "parquet"]
+_JSON_COLUMNS_KEY = b"agentbolt.json_columns"
+
+
+@dataclass
+class ExportFilter:
+    """Which rollouts (and calls) to export.
+
+    Attributes:
+        mode: Rollout modes to keep (``train``, ``val``, ``test``); None keeps all.
+        status: Rollout statuses to keep; None keeps all.
+        min_reward: Lowest reward kept (inclusive).
+        max_reward: Highest reward kept (inclusive).
+        agent: Regex over agent names (see the module docstring).
+    """
+
+    mode: Optional[Sequence[str]] = None
+    status: Optional[Sequence[str]] = None
+    min_reward: Optional[float] = None
+    max_reward: Optional[float] = None
+    agent: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.agent is not None:
+            try:
+                re.compile(self.agent)
+            except re.error as exc:
+                raise ValueError(f"invalid agent regex {self.agent!r}: {exc}") from None
+        if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
+            raise ValueError(f"min_reward {self.min_reward} is above max_reward {self.max_reward}")
+
+    def reward_ok(self, reward: Optional[float]) -> bool:
+        """Whether ``reward`` lies in the range (a missing reward passes only when no bound is set)."""
+        if self.min_reward is None and self.max_reward is None:
+            return True
+        if reward is None:
+            return False
+        return (self.min_reward is None or reward >= self.min_reward) and (
+            self.max_reward is None or reward <= self.max_reward
+        )
+
+
+def open_store(location: Union[str, os.PathLike[str]]) -> LightningStore:
+    """The store at ``location``: an ``http(s)://`` URL of a store server, or an existing SQLite file.
+
+    Raises:
+        ValueError: The file does not exist (it is never created here) or is not a store.
+    """
+    text = str(location)
+    if text.startswith(("http://", "https://")):
+        from agentbolt.store.client_server import LightningStoreClient
+
+        return LightningStoreClient(text)
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{path}: no such store file")
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    try:
+        return SqliteLightningStore(path)
+    except Exception as exc:  # corrupt or foreign files raise the store's own error types
+        raise ValueError(f"{path} is not a readable store: {exc}") from exc
+
+
+async def close_store(store: Any) -> None:
+    """Close a store opened by :func:`open_store`."""
+    close = getattr(store, "close", None)
+    if close is not None:
+        await close()
+
+
+def _default_adapter() -> Any:
+    from agentbolt.adapter import TracerTraceToTriplet
+    from agentbolt.algorithm.sft.algorithm import LLM_CALL_SPANS
+
+    return TracerTraceToTriplet(llm_call_match=LLM_CALL_SPANS)
+
+
+async def _selected_rollouts(store: LightningStore, filters: ExportFilter) -> List[Rollout]:
+    statuses: Optional[List[Any]] = list(filters.status) if filters.status else None
+    rollouts = await store.query_rollouts(status_in=statuses)
+    if filters.mode:
+        rollouts = [r for r in rollouts if r.mode in filters.mode]
+    return sorted(rollouts, key=lambda r: (r.start_time or 0.0, r.rollout_id))
+
+
+async def _latest_spans(store: LightningStore, rollout_id: str) -> List[Span]:
+    latest = await store.get_latest_attempt(rollout_id)
+    if latest is None:
+        return []
+    return list(await store.query_spans(rollout_id, latest.attempt_id))
+
+
+async def _walk(store: LightningStore, filters: ExportFilter, propagation: RewardPropagation, adapter: Any) -> Any:
+    """Yield ``(rollout, spans, final_reward, samples)`` of each rollout that passes the rollout-level filters."""
+    from agentbolt.emitter import find_final_reward
+    from agentbolt.store.collection_based import healthcheck_suppressed
+
+    with healthcheck_suppressed():
+        for rollout in await _selected_rollouts(store, filters):
+            spans = await _latest_spans(store, rollout.rollout_id)
+            final = find_final_reward(spans) if spans else None
+            triplets = list(adapter.adapt(spans)) if spans else []
+            samples, _ = samples_from_triplets(
+                triplets,
+                final_reward=final,
+                propagation=propagation,
+                agent_match=filters.agent,
+                rollout_id=rollout.rollout_id,
+                task_id=task_key(rollout.input),
+                metadata={"mode": rollout.mode, "status": rollout.status},
+            )
+            yield rollout, spans, final, samples
+
+
+async def store_samples(
+    store: LightningStore,
+    filters: Optional[ExportFilter] = None,
+    *,
+    propagation: RewardPropagation = "backward",
+    adapter: Any = None,
+) -> List[ChatSample]:
+    """The chat samples (one per LLM call) of the store's rollouts that pass ``filters``.
+
+    Args:
+        store: The store.
+        filters: Rollout and call filters (the reward range applies to each call's propagated reward).
+        propagation: How a rollout's rewards reach its calls (see :func:`~agentbolt.algorithm.sft.data.propagate_rewards`).
+        adapter: Spans-to-triplets adapter (default: the gateway's and the OpenAI SDK's call spans).
+    """
+    filters = filters or ExportFilter()
+    adapter = adapter or _default_adapter()
+    found: List[ChatSample] = []
+    async for _, _, _, samples in _walk(store, filters, propagation, adapter):
+        found.extend(s for s in samples if filters.reward_ok(s.reward))
+    return found
+
+
+def _rollout_record(rollout: Rollout, final_reward: Optional[float]) -> Dict[str, Any]:
+    record = rollout.model_dump(mode="json")
+    record["final_reward"] = final_reward
+    return record
+
+
+async def export_records(
+    store: LightningStore,
+    kind: ExportKind,
+    filters: Optional[ExportFilter] = None,
+    *,
+    propagation: RewardPropagation = "backward",
+) -> List[Dict[str, Any]]:
+    """The records :func:`export_store` writes, in rollout order."""
+    filters = filters or ExportFilter()
+    adapter = _default_adapter()
+    records: List[Dict[str, Any]] = []
+    async for rollout, spans, final, samples in _walk(store, filters, propagation, adapter):
+        if kind == "samples":
+            records.extend(s.to_record() for s in samples if filters.reward_ok(s.reward))
+            continue
+        if not filters.reward_ok(final) or (filters.agent is not None and not samples):
+            continue
+        if kind == "rollouts":
+            records.append(_rollout_record(rollout, final))
+        else:
+            records.extend(span.model_dump(mode="json") for span in spans)
+    return records
+
+
+async def export_store(
+    store: LightningStore,
+    path: Union[str, Path],
+    kind: ExportKind = "samples",
+    *,
+    format: Optional[ExportFormat] = None,
+    filters: Optional[ExportFilter] = None,
+    propagation: RewardPropagation = "backward",
+) -> int:
+    """Write the store's rollouts, spans or samples to ``path``; returns the number of records.
+
+    Args:
+        store: The store to read.
+        path: Output file (its parent directory must exist).
+        kind: ``"rollouts"``, ``"spans"`` or ``"samples"``.
+        format: ``"jsonl"`` or ``"parquet"`` (default: from the file suffix, ``.parquet`` or else JSONL).
+        filters: Which rollouts and calls to export.
+        propagation: How rewards reach the calls of a rollout (samples).
+
+    Raises:
+        ValueError: An unknown kind or format.
+        ImportError: Parquet without pyarrow.
+    """
+    if kind not in ("rollouts", "spans", "samples"):
+        raise ValueError(f"unknown export kind {kind!r}; expected rollouts, spans or samples")
+    records = await export_records(store, kind, filters, propagation=propagation)
+    write_records(records, path, format=format)
+    return len(records)
+
+
+def resolve_format(path: Union[str, os.PathLike[str]], format: Optional[str] = None) -> str:
+    """``format``, else ``parquet`` for a ``.parquet`` file and ``jsonl`` otherwise.
+
+    Raises:
+        ValueError: An unknown format.
+        ImportError: Parquet without pyarrow.
+    """
+    chosen = format or ("parquet" if Path(path).suffix == ".parquet" else "jsonl")
+    if chosen not in ("jsonl", "parquet"):
+        raise ValueError(f"unknown format {chosen!r}; expected jsonl or parquet")
+    if chosen == "parquet":
+        _pyarrow()
+    return chosen
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet  # the submodule is used through the package
+    except ImportError as exc:
+        raise ImportError("parquet files need pyarrow: pip install 'agentbolt[parquet]'") from exc
+    return pyarrow
+
+
+def write_records(
+    records: Sequence[Dict[str, Any]], path: Union[str, os.PathLike[str]], *, format: Optional[str] = None
+) -> None:
+    """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns)."""
+    path = Path(path)
+    if resolve_format(path, format) == "jsonl":
+        with path.open("w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return
+    pa = _pyarrow()
+    names: List[str] = list(dict.fromkeys(name for record in records for name in record))
+    columns: Dict[str, Any] = {}
+    json_columns: List[str] = []
+    for name in names:
+        values = [record.get(name) for record in records]
+        if not any(_nested(value) for value in values):
+            try:
+                columns[name] = pa.array(values)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+                pass  # mixed scalar types: kept exactly as JSON text
+        columns[name] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values])
+        json_columns.append(name)
+    table = pa.table(columns) if columns else pa.table({})
+    table = table.replace_schema_metadata({_JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
+    pa.parquet.write_table(table, str(path))
+
+
+def _nested(value: Any) -> bool:
+    """Dicts, and lists holding dicts or lists: written as JSON text so they read back exactly."""
+    return isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value))
+
+
+def read_records(path: Union[str, os.PathLike[str]]) -> List[Dict[str, Any]]:
+    """Read records written by :func:`write_records` (JSONL or parquet, by suffix).
+
+    Raises:
+        agentbolt.algorithm.sft.data.DataError: The file is missing or a JSONL line is not JSON.
+    """
+    from agentbolt.algorithm.sft.data import DataError, iter_jsonl
+
+    path = Path(path)
+    if resolve_format(path) == "jsonl":
+        return [record for _, record in iter_jsonl(path)]
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    pa = _pyarrow()
+    table = pa.parquet.read_table(str(path))
+    metadata = table.schema.metadata or {}
+    json_columns = set(json.loads(metadata.get(_JSON_COLUMNS_KEY, b"[]")))
+    records = []
+    for row in table.to_pylist():
+        record = {}
+        for name, value in row.items():
+            record[name] = json.loads(value) if name in json_columns and isinstance(value, str) else value
+        records.append(record)
+    return records
+
+
+def samples_from_records(records: Iterable[Dict[str, Any]], where: str) -> List[ChatSample]:
+    """Chat samples of exported (or hand-written) records; ``where`` names the source in errors."""
+    return [ChatSample.from_record(record, f"{where} record {i + 1}") for i, record in enumerate(records)]

@@ -1,0 +1,159 @@
+"""The whole SFT example in one process tree: store, algorithm and runners wired by ``Trainer``.
+
+Reads ``examples/sft/config.yaml`` (the same file ``agentbolt train`` runs), trains the embedded model on the
+training problems, and prints held-out accuracy before and after with 95 % Wilson intervals, the wall time and the
+peak resident memory. Everything of the run goes to a new directory under ``--output-dir``: the SQLite store,
+checkpoints, ``metrics.jsonl``, the reward curve and ``summary.json``.
+
+Usage (from the repository root)::
+
+    python -m examples.sft.allinone                                   # the configuration of docs/benchmarks.md
+    python -m examples.sft.allinone --option max_steps=1 --n-val 40   # a quick look
+    python -m examples.sft.allinone --option model=/path/to/hf-model  # any option of the config file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from examples.sft.data import load_split
+from examples.sft.settings import CONFIG_FILE, load_options, parse_options
+
+__all__ = ["main", "run", "summarize"]
+
+logger = logging.getLogger(__name__)
+
+
+def _run_dir(output_dir: Path) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir, suffix = output_dir / f"run-{stamp}", 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = output_dir / f"run-{stamp}-{suffix}"
+    run_dir.mkdir()
+    return run_dir
+
+
+def summarize(history: Sequence[Dict[str, float]], wall_seconds: float, run_dir: Path) -> Dict[str, Any]:
+    """Accuracy before and after (with 95 % Wilson intervals), per-step figures, time and peak memory."""
+    from examples.flow_grpo.evaluation import wilson_interval
+
+    validations = [r for r in history if "val/correct" in r]
+    if not validations:
+        raise RuntimeError("the run did not validate; see the log for the failure")
+
+    def accuracy(record: Dict[str, float]) -> Dict[str, Any]:
+        correct, total = int(record["val/correct"]), int(record["val/total"])
+        low, high = wilson_interval(correct, total)
+        return {"correct": correct, "total": total, "accuracy": correct / total, "ci95": [low, high]}
+
+    steps = [r for r in history if r["step"] > 0]
+    before, after = accuracy(validations[0]), accuracy(validations[-1])
+    return {
+        "held_out_before": before,
+        "held_out_after": after,
+        "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 1),
+        "steps": [
+            {
+                "step": int(r["step"]),
+                "train_success": r.get("train/success"),
+                "selected": r.get("select/selected"),
+                "loss": r.get("update/loss"),
+                "collect_seconds": r.get("time/collect_seconds"),
+                "update_seconds": r.get("time/update_seconds"),
+            }
+            for r in steps
+        ],
+        "wall_seconds": round(wall_seconds, 1),
+        "peak_rss_mb": {
+            "main": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        },
+        "run_dir": str(run_dir),
+    }
+
+
+def run(
+    options: Dict[str, Any], *, output_dir: Path, n_val: Optional[int], n_runners: int, console: bool = True
+) -> Dict[str, Any]:
+    """Train as ``options`` say (the config file's options, overridden) and return the summary."""
+    started = time.perf_counter()
+    from agentbolt.serving.transformers_engine import configure_openmp
+
+    configure_openmp()
+    import agentbolt as agl
+    from agentbolt.serving.server import find_free_port
+    from agentbolt.store.sqlite import SqliteLightningStore
+    from examples.sft.agent import math_agent
+
+    run_dir = _run_dir(output_dir)
+    options = {
+        **options,
+        "checkpoint_dir": str(run_dir / "checkpoints"),
+        "log_dir": str(run_dir / "logs"),
+        "resume": False,
+        "console": console,
+    }
+    (run_dir / "options.json").write_text(json.dumps(options, indent=1), encoding="utf-8")
+    train, val = load_split("train"), load_split("val")
+    val = val[:n_val] if n_val is not None else val
+    algorithm = agl.SFT(**options)
+    tracer = agl.OtelTracer()
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=SqliteLightningStore(run_dir / "store.db"),
+        tracer=tracer,
+        strategy=agl.ClientServerExecutionStrategy(
+            n_runners=n_runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
+        ),
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+    )
+    import openai  # noqa: F401  # imported before the runners fork, so they share its pages
+
+    trainer.fit(math_agent, train_dataset=train, val_dataset=val)
+    summary = summarize(algorithm.history, time.perf_counter() - started, run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    return summary
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Command line of the all-in-one example."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=CONFIG_FILE, help="Config file whose options are used.")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="Override an option.")
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/sft"), help="Runs go under this directory.")
+    parser.add_argument("--n-val", type=int, default=None, help="Held-out problems (default: all 200).")
+    parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: the config's).")
+    parser.add_argument("--summary-json", type=Path, default=None, help="Also write the summary here.")
+    parser.add_argument("--verbose", "-v", action="store_true", help="Show library logs.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    options, runners = load_options(args.config)
+    options.update(parse_options(args.option))
+    summary = run(options, output_dir=args.output_dir, n_val=args.n_val, n_runners=args.runners or runners)
+    if args.summary_json is not None:
+        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        args.summary_json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    before, after = summary["held_out_before"], summary["held_out_after"]
+
+    def show(result: Dict[str, Any]) -> str:
+        low, high = result["ci95"]
+        return f"{100 * result['accuracy']:.1f}% ({result['correct']}/{result['total']}, 95% CI {100 * low:.1f}-{100 * high:.1f})"
+
+    print(f"held-out accuracy before: {show(before)}")
+    print(f"held-out accuracy after:  {show(after)}  ({summary['gain_points']:+.1f} points)")
+    print(f"wall time {summary['wall_seconds']:.0f} s; run directory {summary['run_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

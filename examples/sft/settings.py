@@ -1,0 +1,51 @@
+"""The example's options, read from ``config.yaml`` (the one place they are written), and ``KEY=VALUE`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+import yaml  # type: ignore[import-untyped]
+
+__all__ = ["CONFIG_FILE", "load_options", "parse_options"]
+
+CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
+"""The example's configuration, also run by ``agentbolt train examples/sft/config.yaml``."""
+
+_PATH_OPTIONS = ("checkpoint_dir", "log_dir", "adapter_dir")
+
+
+def load_options(path: Path = CONFIG_FILE) -> Tuple[Dict[str, Any], int]:
+    """The SFT options of a run config file (paths made absolute) and its runner count.
+
+    Raises:
+        ValueError: The file is not a valid run config.
+    """
+    from agentbolt.cli.errors import CliError
+    from agentbolt.cli.train import load_run_config
+
+    try:
+        config = load_run_config(path)
+    except CliError as exc:
+        raise ValueError(str(exc)) from None
+    options = dict(config.options)
+    for key in _PATH_OPTIONS:
+        if isinstance(options.get(key), str):
+            options[key] = str((path.resolve().parent / options[key]).resolve())
+    return options, config.trainer.n_runners
+
+
+def parse_options(pairs: Sequence[str]) -> Dict[str, Any]:
+    """``["max_steps=2", "model=/m"]`` -> ``{"max_steps": 2, "model": "/m"}`` (values read as YAML).
+
+    Raises:
+        ValueError: A pair without ``=``.
+    """
+    options: Dict[str, Any] = {}
+    bad: List[str] = [pair for pair in pairs if "=" not in pair]
+    if bad:
+        raise ValueError(f"options must be KEY=VALUE, got {bad[0]!r}")
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        options[key.strip()] = yaml.safe_load(value)
+    return options

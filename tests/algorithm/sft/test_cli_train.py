@@ -1,0 +1,140 @@
+"""``agentbolt train CONFIG.yaml``: GRPO and SFT from one config file, ``--resume``, the registry, bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import yaml
+from support.word_model import build_word_model
+
+from agentbolt.algorithm.registry import (
+    ALGORITHMS,
+    UnknownAlgorithmError,
+    algorithm_names,
+    build_algorithm,
+    register_algorithm,
+)
+from agentbolt.cli.train import main as train_main
+
+
+def _config(tmp_path: Path, algorithm: str, **options: Any) -> Path:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "ping", "answer": "yes"}) + "\n")
+    model = tmp_path / "word"
+    if not model.exists():
+        build_word_model(model)
+    config: Dict[str, Any] = {
+        "algorithm": algorithm,
+        "options": {
+            "model": str(model),
+            "finetune": "full",
+            "batch_size": 1,
+            "max_steps": 1,
+            "console": False,
+            "rollout_timeout": 120,
+            "checkpoint_dir": "ckpt",  # relative to the config file
+            "log_dir": "logs",
+            **options,
+        },
+        "agent": "support.word_model:ping_agent",
+        "data": {"train": "tasks.jsonl", "val": "tasks.jsonl"},
+        "trainer": {"n_runners": 1, "strategy": "shm"},
+    }
+    path = tmp_path / f"{algorithm}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _steps(tmp_path: Path) -> list:
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+@pytest.mark.parametrize(("algorithm", "options"), [("sft", {"rollouts_per_task": 4}), ("grpo", {"group_size": 4})])
+def test_one_config_file_runs_grpo_or_sft_and_resume_continues(
+    tmp_path: Path, capsys, algorithm: str, options: Dict[str, Any]
+) -> None:
+    config = _config(tmp_path, algorithm, **options)
+    assert train_main([str(config)]) == 0
+    assert f"agentbolt train: {algorithm} finished" in capsys.readouterr().out
+    assert _steps(tmp_path) == [0, 1] and (tmp_path / "ckpt" / "step_000001").is_dir()
+    # Two steps now: --resume starts after the checkpoint of step 1 (no second baseline validation).
+    config = _config(tmp_path, algorithm, **options, max_steps=2)
+    assert train_main([str(config), "--resume"]) == 0
+    assert _steps(tmp_path) == [0, 1, 2] and (tmp_path / "ckpt" / "step_000002").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(algorithm="dpo"), "algorithm: unknown algorithm 'dpo'; registered: grpo, sft"),
+        (lambda c: c["options"].update(learning_rate=-1), "options.learning_rate: Input should be greater than 0"),
+        (lambda c: c["options"].update(no_such_option=1), "options.no_such_option: Extra inputs are not permitted"),
+        (lambda c: c.update(agent="support.word_model:nobody"), "support.word_model has no attribute 'nobody'"),
+        (lambda c: c.update(agent="no_such_module:agent"), "cannot import no_such_module"),
+        (lambda c: c.update(agent="support.word_model:WORDS"), "is not a LitAgent"),
+        (lambda c: c["data"].update(train="missing.jsonl"), "data.train:"),
+        (lambda c: c["trainer"].update(n_runners=0), "trainer.n_runners: Input should be greater than or equal to 1"),
+        (lambda c: c.pop("agent"), "agent: Field required"),
+    ],
+)
+def test_a_bad_config_exits_2_with_one_line_naming_the_field(tmp_path: Path, capsys, edit, message: str) -> None:
+    path = _config(tmp_path, "sft")
+    capsys.readouterr()  # the model's building output
+    config = yaml.safe_load(path.read_text())
+    edit(config)
+    path.write_text(yaml.safe_dump(config))
+    assert train_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_files_that_are_not_configs_exit_2(tmp_path: Path, capsys) -> None:
+    assert train_main([str(tmp_path / "none.yaml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("algorithm: [sft\n")
+    assert train_main([str(broken)]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- sft\n")
+    assert train_main([str(listed)]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+
+
+def test_resume_needs_a_checkpoint_directory(tmp_path: Path, capsys) -> None:
+    path = _config(tmp_path, "sft")
+    capsys.readouterr()
+    config = yaml.safe_load(path.read_text())
+    del config["options"]["checkpoint_dir"]
+    path.write_text(yaml.safe_dump(config))
+    assert train_main([str(path), "--resume"]) == 2
+    assert "--resume needs options.checkpoint_dir" in capsys.readouterr().err
+
+
+def test_another_algorithm_plugs_in_by_name() -> None:
+    class Echo:
+        def __init__(self, **options: Any) -> None:
+            self.options = options
+
+    register_algorithm("echo", Echo)
+    try:
+        assert "echo" in algorithm_names()
+        assert build_algorithm("echo", {"rounds": 3}).options == {"rounds": 3}
+        with pytest.raises(ValueError, match="already registered"):
+            register_algorithm("echo", Echo)
+        register_algorithm("echo", "tests_nothing.module:Echo", replace=True)
+        with pytest.raises(ModuleNotFoundError):
+            build_algorithm("echo")
+    finally:
+        ALGORITHMS.pop("echo", None)
+    with pytest.raises(ValueError, match="'module:attribute'"):
+        register_algorithm("bad", "no_colon")
+    with pytest.raises(UnknownAlgorithmError, match="unknown algorithm 'nope'"):
+        build_algorithm("nope")
+    sft = build_algorithm("sft", {"max_steps": 3})
+    assert type(sft).__name__ == "SFT" and sft.config.max_steps == 3

@@ -1,0 +1,215 @@
+"""SFT's data path: chat records, reward propagation, and token ids with the loss mask on known conversations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentbolt.algorithm.sft.data import (
+    ChatSample,
+    DataError,
+    propagate_rewards,
+    read_samples,
+    samples_from_triplets,
+    tokenize_sample,
+    write_samples,
+)
+from agentbolt.types import Triplet
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "content": "Use the calculator."},
+    {"role": "user", "content": "What is 6 * 7?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    {"role": "assistant", "content": "### 42 ###"},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _targets(tokenizer, sample) -> str:
+    return tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+
+
+def _context(tokenizer, sample) -> str:
+    return tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m])
+
+
+def test_every_assistant_turn_is_a_target_up_to_its_end_of_turn_token(tokenizer) -> None:
+    sample, stats = tokenize_sample(ChatSample.from_record({"messages": CONVERSATION, "tools": TOOLS}), tokenizer)
+    assert sample is not None and stats.from_messages == 1
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>'
+    assert _targets(tokenizer, sample) == call + "### 42 ###<|im_end|>"
+    # The tokens are the engine's rendering of the whole conversation: template to text, tokenized without specials.
+    full = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert sample.input_ids == tokenizer(full, add_special_tokens=False).input_ids
+    # Context: the system turn with the tools, the question, the tool result, each turn's header and the newlines.
+    context = _context(tokenizer, sample)
+    assert "What is 6 * 7?" in context and "<tool_response>\n42\n</tool_response>" in context
+    assert context.count("<|im_start|>assistant\n") == 2 and "###" not in context
+
+
+def test_a_prompt_completion_record_learns_only_the_completion(tokenizer) -> None:
+    record = {"prompt": CONVERSATION[:-1], "completion": CONVERSATION[-1:], "tools": TOOLS}
+    sample, _ = tokenize_sample(ChatSample.from_record(record), tokenizer)
+    assert sample is not None
+    assert _targets(tokenizer, sample) == "### 42 ###<|im_end|>"
+    prompt = tokenizer.apply_chat_template(CONVERSATION[:-1], tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    # The prompt is tokenized exactly as the inference engine tokenizes a request.
+    assert sample.input_ids[: len(tokenizer(prompt).input_ids)] == tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def test_recorded_token_ids_are_used_as_they_are_with_the_response_as_targets(tokenizer) -> None:
+    sample = ChatSample(messages=CONVERSATION, prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9])
+    tokens, stats = tokenize_sample(sample, tokenizer)
+    assert tokens is not None and stats.from_tokens == 1
+    assert tokens.input_ids == [5, 6, 7, 8, 9]
+    assert tokens.loss_mask == [False, False, False, True, True]
+    # Without using ids the messages are rendered instead; requiring ids skips a sample that has none.
+    by_messages, _ = tokenize_sample(sample, tokenizer, use_token_ids=False)
+    assert by_messages is not None and by_messages.input_ids != tokens.input_ids
+    missing, stats = tokenize_sample(ChatSample(messages=CONVERSATION), tokenizer, require_token_ids=True)
+    assert missing is None and stats.missing_tokens == 1
+
+
+def test_over_long_samples_are_skipped_or_truncated_and_counted(tokenizer) -> None:
+    sample = ChatSample(messages=[], prompt_token_ids=list(range(3, 13)), response_token_ids=[20, 21])
+    skipped, stats = tokenize_sample(sample, tokenizer, max_length=8)
+    assert skipped is None and stats.too_long == 1
+    cut, stats = tokenize_sample(sample, tokenizer, max_length=8, overlong="truncate")
+    assert cut is not None and stats.truncated == 1
+    assert cut.input_ids == [7, 8, 9, 10, 11, 12, 20, 21]  # the start of the prompt is cut, the response kept
+    assert cut.loss_mask == [False] * 6 + [True, True]
+    # Cutting away every target leaves nothing to learn: skipped and counted, never a crash.
+    only, stats = tokenize_sample(sample, tokenizer, max_length=1, overlong="truncate")
+    assert only is None and stats.too_long == 1
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for m in messages | reverse %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",  # rewrites history
+        "{{ raise_exception('this template refuses every conversation') }}",
+    ],
+)
+def test_a_conversation_the_template_cannot_render_as_growing_text_is_skipped_and_counted(tokenizer, template) -> None:
+    import copy
+
+    odd = copy.deepcopy(tokenizer)
+    odd.chat_template = template
+    sample, stats = tokenize_sample(ChatSample.from_record({"messages": CONVERSATION}), odd)
+    assert sample is None and stats.unusable == 1
+    empty, stats = tokenize_sample(ChatSample(messages=[]), tokenizer)
+    assert empty is None and stats.unusable == 1
+
+
+def test_propagation_gives_each_call_the_next_reward_the_final_one_or_its_own() -> None:
+    rewards = [None, 0.5, None, None]
+    assert propagate_rewards(rewards, 1.0, "backward") == [0.5, 0.5, 1.0, 1.0]
+    assert propagate_rewards(rewards, 1.0, "final") == [1.0, 1.0, 1.0, 1.0]
+    assert propagate_rewards(rewards, 1.0, "none") == [None, 0.5, None, None]
+    # The reference's rule: calls after the last reward get nothing when the rollout has no final reward either.
+    assert propagate_rewards([0.2, None], None, "backward") == [0.2, None]
+
+
+def _call(agent: str, reward=None, *, content: str = "ok") -> Triplet:
+    return Triplet(
+        prompt={"token_ids": [1, 2], "raw_content": [{"role": "user", "content": "q"}]},
+        response={"token_ids": [3], "raw_content": [{"role": "assistant", "content": content}]},
+        reward=reward,
+        metadata={"agent_name": agent, "request": {"functions": [TOOLS[0]["function"]]}},
+    )
+
+
+def test_rewards_are_propagated_over_all_agents_before_the_agent_filter() -> None:
+    # The planner calls, then the executor; the reward lands on the executor's call (the latest before it).
+    triplets = [_call("planner", content="plan"), _call("executor", reward=1.0, content="do")]
+    samples, stats = samples_from_triplets(triplets, final_reward=1.0, agent_match="^planner$", rollout_id="r1")
+    assert (stats.calls, stats.other_agents, stats.without_data) == (2, 1, 0) and len(samples) == 1
+    planner = samples[0]
+    assert planner.reward == 1.0 and planner.agent_name == "planner" and planner.rollout_id == "r1"
+    assert planner.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "plan"}]
+    assert planner.tools == TOOLS[:1] and planner.prompt_token_ids == [1, 2] and planner.response_token_ids == [3]
+    none, _ = samples_from_triplets(triplets, final_reward=1.0, propagation="none", agent_match="planner")
+    assert none[0].reward is None
+    # A call recorded without messages and without token ids cannot become a sample: counted, not an error.
+    bare = Triplet(prompt={"token_ids": []}, response={"token_ids": []}, metadata={"agent_name": "planner"})
+    samples, stats = samples_from_triplets([bare, *triplets], final_reward=1.0, agent_match="planner")
+    assert len(samples) == 1 and stats.without_data == 1
+
+
+def test_samples_round_trip_through_jsonl(tmp_path: Path) -> None:
+    samples = [
+        ChatSample(messages=CONVERSATION, tools=TOOLS, train_turns="all", task_id="t1"),
+        ChatSample(
+            messages=[*CONVERSATION[:2], {"role": "assistant", "content": "x"}],
+            prompt_token_ids=[1, 2],
+            response_token_ids=[3],
+            reward=0.5,
+            final_reward=1.0,
+            agent_name="solver",
+            rollout_id="ro-1",
+            metadata={"mode": "train"},
+        ),
+    ]
+    path = tmp_path / "samples.jsonl"
+    assert write_samples(samples, path) == 2
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert set(lines[0]) >= {"messages", "tools"} and set(lines[1]) >= {"prompt", "completion"}
+    assert read_samples(path) == samples
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", "samples.jsonl:2: not valid JSON"),
+        ("[1, 2]", "samples.jsonl:2: expected a JSON object"),
+        ('{"text": "hi"}', "needs 'messages', or 'prompt' and 'completion'"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "Invalid chat message role 'robot'"),
+        ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message to learn"),
+        ('{"prompt": [], "completion": [{"role": "user", "content": "x"}]}', "must be an assistant message"),
+        (
+            '{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}], '
+            '"prompt_token_ids": [1, -2]}',
+            "prompt_token_ids must be a list of non-negative integers",
+        ),
+        (
+            '{"messages": [{"role": "assistant", "content": "a"}], "reward": "high"}',
+            "reward must be a number or null",
+        ),
+    ],
+)
+def test_a_bad_record_names_the_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "samples.jsonl"
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    path.write_text(json.dumps(good) + "\n" + line + "\n")
+    with pytest.raises(DataError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        read_samples(path)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"nothing\.jsonl: no such file"):
+        read_samples(tmp_path / "nothing.jsonl")

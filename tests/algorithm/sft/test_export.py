@@ -1,0 +1,177 @@
+"""Exporting a store: rollouts, spans and samples to JSONL and parquet, filters, round trips, the CLI, bad input.
+
+The store is a real SQLite file filled by a short SFT run of the word model through the full stack (train and
+validation rollouts, gateway spans with token ids, rewards), so every record comes from the real span pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+from support.word_model import PingAgent, build_word_model, fit
+
+from agentbolt.algorithm.sft import SFT
+from agentbolt.algorithm.sft.export import (
+    ExportFilter,
+    close_store,
+    export_records,
+    open_store,
+    read_records,
+    samples_from_records,
+    store_samples,
+)
+from agentbolt.algorithm.sft.offline import train_from_store
+from agentbolt.cli.export import main as export_main
+
+
+@pytest.fixture(scope="module")
+def store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    root = tmp_path_factory.mktemp("export")
+    path = root / "store.db"
+    algorithm = SFT(
+        model=str(build_word_model(root / "word")),
+        finetune="full",
+        batch_size=1,
+        rollouts_per_task=6,
+        max_steps=1,
+        learning_rate=1e-2,
+        console=False,
+        rollout_timeout=120,
+    )
+    store = SqliteLightningStore(path)
+    fit(
+        algorithm,
+        PingAgent(agent_name="pinger"),
+        train=[{"prompt": "ping", "answer": "yes"}],
+        val=[{"prompt": "ping", "answer": "yes"}],
+        store=store,
+    )
+    asyncio.run(store.close())
+    return path
+
+
+def _records(path: Path, kind: str, filters: ExportFilter | None = None) -> List[dict]:
+    async def run() -> List[dict]:
+        store = open_store(path)
+        try:
+            return await export_records(store, kind, filters)  # type: ignore[arg-type]
+        finally:
+            await close_store(store)
+
+    return asyncio.run(run())
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("kind", ["rollouts", "spans", "samples"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_export_round_trips_every_record_exactly(store_file: Path, tmp_path: Path, kind: str, suffix: str) -> None:
+    out = tmp_path / f"{kind}{suffix}"
+    assert export_main([str(store_file), "--what", kind, "--output", str(out)]) == 0
+    expected = _records(store_file, kind)
+    assert expected and read_records(out) == json.loads(json.dumps(expected))
+
+
+def test_samples_carry_token_ids_messages_rewards_and_read_back_as_the_stores_samples(
+    store_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "samples.jsonl"
+    assert export_main([str(store_file), "--output", str(out), "--mode", "train"]) == 0
+    records = read_records(out)
+    assert len(records) == 6  # one per LLM call of the six training rollouts
+    for record in records:
+        assert record["prompt"] == [{"role": "user", "content": "ping"}]
+        assert record["completion"][0]["role"] == "assistant"
+        assert record["prompt_token_ids"] and len(record["response_token_ids"]) == 1
+        assert record["agent_name"] == "pinger" and record["reward"] == record["final_reward"] in (0.0, 1.0)
+        assert record["metadata"] == {"mode": "train", "status": "succeeded"}
+
+    async def from_store() -> List[Any]:
+        store = open_store(store_file)
+        try:
+            return await store_samples(store, ExportFilter(mode=["train"]))
+        finally:
+            await close_store(store)
+
+    assert samples_from_records(records, str(out)) == asyncio.run(from_store())
+
+
+def test_filters_select_by_mode_status_reward_and_agent(store_file: Path) -> None:
+    everything = _records(store_file, "rollouts")
+    assert sorted(r["mode"] for r in everything) == ["train"] * 6 + ["val"] * 2  # validation before and after
+    assert {r["mode"] for r in _records(store_file, "rollouts", ExportFilter(mode=["val"]))} == {"val"}
+    assert _records(store_file, "rollouts", ExportFilter(status=["failed"])) == []
+    winners = _records(store_file, "rollouts", ExportFilter(min_reward=1.0))
+    assert all(r["final_reward"] == 1.0 for r in winners)
+    losers = _records(store_file, "samples", ExportFilter(max_reward=0.0))
+    assert len(winners) + len({r["rollout_id"] for r in losers}) == len(everything)
+    assert _records(store_file, "samples", ExportFilter(agent="^other$")) == []
+    assert _records(store_file, "spans", ExportFilter(agent="^other$")) == []
+    spans = _records(store_file, "spans", ExportFilter(agent="pinger", mode=["val"]))
+    assert spans and {s["rollout_id"] for s in spans} == {r["rollout_id"] for r in everything if r["mode"] == "val"}
+
+
+def test_exporting_leaves_the_store_file_unchanged(store_file: Path, tmp_path: Path) -> None:
+    before = _digest(store_file)
+    assert export_main([str(store_file), "--what", "spans", "--output", str(tmp_path / "s.jsonl")]) == 0
+    assert _digest(store_file) == before
+
+
+def test_offline_sft_trains_on_the_calls_recorded_in_a_store(store_file: Path, tmp_path: Path) -> None:
+    result = train_from_store(
+        store_file, model=str(build_word_model(tmp_path / "word")), finetune="full", min_reward=1.0, epochs=2
+    )
+    assert result.finished and result.data["samples/from_tokens"] == 8  # six training and two validation calls
+    assert result.data["select/below_min_reward"] + result.data["select/duplicates"] > 0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--what", "traces"], "'traces' is not one of"),
+        (["--mode", "dev"], "--mode 'dev' is not one of train, val, test"),
+        (["--status", "done"], "--status 'done' is not one of"),
+        (["--agent", "(unclosed"], "invalid agent regex '(unclosed'"),
+        (["--min-reward", "1", "--max-reward", "0"], "min_reward 1.0 is above max_reward 0.0"),
+        (["--format", "csv"], "'csv' is not one of"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(store_file: Path, tmp_path: Path, capsys, arguments, message) -> None:
+    code = export_main([str(store_file), "--output", str(tmp_path / "out.jsonl"), *arguments])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_a_missing_store_or_output_directory_exits_2_and_creates_nothing(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nothing.db"
+    assert export_main([str(missing), "--output", str(tmp_path / "out.jsonl")]) == 2
+    assert "no such store file" in capsys.readouterr().err and not missing.exists()
+    assert export_main([str(missing), "--output", str(tmp_path / "no" / "out.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_a_store_exits_2(tmp_path: Path, capsys) -> None:
+    bogus = tmp_path / "bogus.db"
+    bogus.write_text("not a database")
+    assert export_main([str(bogus), "--output", str(tmp_path / "out.jsonl")]) == 2
+    assert "is not a readable store" in capsys.readouterr().err
+    assert bogus.read_text() == "not a database"
+
+
+def test_an_unreachable_store_server_is_one_line_and_exit_1(tmp_path: Path, capsys) -> None:
+    from support.servers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert export_main([url, "--output", str(tmp_path / "out.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentbolt: error: cannot read the store at {url}") and err.count("\n") == 1
+    assert not (tmp_path / "out.jsonl").exists()

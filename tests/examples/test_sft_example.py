@@ -1,0 +1,123 @@
+"""The SFT example: its grader against adversarial answers, its data, and its separate-processes layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.servers import REPO, free_port, start_store_process, wait_healthy
+from support.split_overlap import describe, find_overlaps
+
+from agentbolt.demo.agent import calculate
+from examples.sft.data import DATA_DIR, load_split, make_splits
+from examples.sft.grader import compute_reward
+
+QUESTION = "A cinema has 23 rows with 14 seats in every row. How many seats does the cinema have?"
+GOLD = 322
+
+
+@pytest.mark.parametrize(
+    ("reply", "reward"),
+    [
+        ("### 322 ###", 1.0),
+        ("23 rows of 14 seats is 23 * 14.\n### 322 ###", 1.0),  # reasoning before the answer line is fine
+        ("###322###", 1.0),
+        ("### 322.0 ###", 1.0),
+        ("### 321 ###", 0.0),
+        (QUESTION, 0.0),  # the question copied back
+        (f"{QUESTION}\n### 23 ###", 0.0),  # the question copied back, committing to one of its numbers
+        ("### 14 ###\n### 322 ###", 0.0),  # several candidates
+        ("### 322 or 323 ###", 0.0),
+        ("### 14, 23, 322, 337 ###", 0.0),  # the gold among distractors
+        ("### 14 ### ### 23 ### ### 322 ###", 0.0),
+        ("", 0.0),
+        ("   \n  ", 0.0),
+        (None, 0.0),
+        ("### 322 ###\nI hope this helps!", 0.0),  # the answer line must be the last one
+        ("The answer is 322.", 0.0),  # right number, no answer line
+        (" ".join(f"### {n} ###" for n in range(2000)), 0.0),  # very long: every candidate
+        ("\n".join(str(n) for n in range(5000)), 0.0),  # very long: every number, no answer line
+        ("Let me think step by step. " * 300 + "\n### 322 ###", 1.0),  # long, but one committed answer
+        ("### 1,322 ###", 0.0),
+    ],
+)
+def test_the_grader_rewards_only_one_committed_right_answer(reply, reward) -> None:
+    assert compute_reward(reply, GOLD) == reward
+
+
+def test_thousands_separators_are_read() -> None:
+    assert compute_reward("### 1,346 ###", 1346) == 1.0 and compute_reward("### 1,34,6 ###", 1346) == 0.0
+
+
+def test_the_shipped_data_is_what_the_generator_writes() -> None:
+    train, val = make_splits()
+    assert load_split("train") == train and load_split("val") == val
+    assert (len(train), len(val)) == (400, 200)
+    assert sorted(DATA_DIR.iterdir()) == [DATA_DIR / "train.jsonl", DATA_DIR / "val.jsonl"]
+    for problem in train + val:
+        assert calculate(problem["expression"]) == str(problem["answer"])
+    assert len({p["id"] for p in train + val}) == 600
+
+
+def test_no_held_out_problem_is_a_training_problem_reworded() -> None:
+    train, val = make_splits()
+    overlaps = find_overlaps([p["question"] for p in train], [p["question"] for p in val])
+    assert overlaps == [], describe(overlaps)
+    train_words = {w for p in train for w in p["question"].split()}
+    assert not {"cinema", "museum", "tank", "cartons", "gardener", "chore"} & train_words  # other stories
+
+
+def test_a_bad_split_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        load_split("test")
+
+
+@pytest.mark.slow
+def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: Path, tiny_model_dir: Path) -> None:
+    port = free_port()
+    store = start_store_process(tmp_path / "store.db", port, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    url = f"http://127.0.0.1:{port}"
+    runners = None
+    try:
+        wait_healthy(f"{url}/v1/agl/health", store)
+        runners = subprocess.Popen(
+            [sys.executable, "-m", "examples.sft.runners", "--store", url, "--runners", "2"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        options = {
+            "model": str(tiny_model_dir),
+            "max_steps": 1,
+            "batch_size": 2,
+            "rollouts_per_task": 2,
+            "min_reward": None,  # the random tiny model never answers right: train on every call
+            "best_of_n": False,
+            "gradient_checkpointing": False,
+            "threads": 1,
+            "console": False,
+            "checkpoint_dir": str(tmp_path / "ckpt"),
+            "log_dir": str(tmp_path / "logs"),
+            "rollout_timeout": 300,
+        }
+        command = [sys.executable, "-m", "examples.sft.algorithm", "--store", url, "--n-val", "2"]
+        for key, value in options.items():
+            command += ["--option", f"{key}={json.dumps(value)}"]
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads(done.stdout)
+        assert summary["held_out_before"]["total"] == summary["held_out_after"]["total"] == 2
+        (step,) = summary["steps"]
+        assert step["selected"] > 0 and step["loss"] > 0
+        assert (tmp_path / "ckpt" / "step_000001").is_dir()
+    finally:
+        for process in (runners, store):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=60)
