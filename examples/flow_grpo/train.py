@@ -49,7 +49,9 @@ __all__ = [
     "FlowTrainConfig",
     "SolverSection",
     "TrainSummary",
+    "WarmStartSection",
     "build_grpo_config",
+    "build_solver",
     "load_config",
     "load_split",
     "main",
@@ -61,7 +63,9 @@ logger = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """Where the named configurations (``cpu.yaml``, ``gpu.yaml``) live."""
 
-OWNED_GRPO_KEYS = frozenset({"model", "served_model_name", "log_dir", "checkpoint_dir", "resume", "console"})
+OWNED_GRPO_KEYS = frozenset(
+    {"model", "served_model_name", "log_dir", "checkpoint_dir", "resume", "console", "init_adapter"}
+)
 """GRPO options this script sets itself (from the top-level config and the run directory)."""
 
 
@@ -123,6 +127,34 @@ class DataSection(BaseModel):
     val_limit: Optional[int] = Field(default=None, ge=1)
 
 
+class WarmStartSection(BaseModel):
+    """Supervised warm start of the planner before GRPO (:mod:`examples.flow_grpo.warmstart`).
+
+    The training tasks are solved with their reference plans by the real fixed roles; the planner turns of the solves
+    the strict reward accepts are the SFT data. The adapter is cached under ``cache_dir`` by a digest of everything
+    that shapes it, so later runs of the same configuration reuse it.
+
+    Attributes:
+        epochs: Passes over the planner conversations.
+        learning_rate: Peak learning rate of the LoRA adapters.
+        train_batch_size: Conversations per optimizer step.
+        micro_batch_size: Conversations per forward pass.
+        tasks: Training tasks solved with their reference plans, taken in turn from each source (None: all).
+        workers: Reference solves run concurrently during collection.
+        cache_dir: Where warm starts are kept (one folder per digest).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(default=2, ge=1)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    train_batch_size: int = Field(default=8, ge=1)
+    micro_batch_size: int = Field(default=8, ge=1)
+    tasks: Optional[int] = Field(default=None, ge=1)
+    workers: int = Field(default=12, ge=1)
+    cache_dir: str = "runs/flow-grpo/warmstart"
+
+
 class FlowTrainConfig(BaseModel):
     """One training configuration (a YAML file under ``configs/`` or anywhere).
 
@@ -141,6 +173,7 @@ class FlowTrainConfig(BaseModel):
         train_format_bonus: Training-only reward credit for a well-formed trajectory (every planner step names a
             real tool or the stop action, and a tool ran), added to the binary reward; held-out validation always
             uses the strict binary reward. 0 disables it.
+        warm_start: Supervised warm start of the planner before GRPO (None: GRPO starts from the base model).
         grpo: :class:`agentbolt.algorithm.grpo.GRPOConfig` options, except those the script sets itself
             (:data:`OWNED_GRPO_KEYS`). ``agent_match`` defaults to ``"planner"`` and ``credit`` to ``"final"``.
     """
@@ -158,6 +191,7 @@ class FlowTrainConfig(BaseModel):
     solver: SolverSection = Field(default_factory=SolverSection)
     data: DataSection = Field(default_factory=DataSection)
     train_format_bonus: float = Field(default=0.0, ge=0.0, lt=1.0)
+    warm_start: Optional[WarmStartSection] = None
     grpo: Dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("grpo")
@@ -207,8 +241,11 @@ def load_config(name_or_path: str | os.PathLike[str], overrides: Optional[Dict[s
         raise ValueError(f"{path}: invalid configuration:\n{exc}") from None
 
 
-def build_grpo_config(config: FlowTrainConfig, model_path: str, run_dir: Path, console: bool = True) -> Any:
-    """The :class:`~agentbolt.algorithm.grpo.GRPOConfig` of a run: the file's options plus the ones owned here."""
+def build_grpo_config(
+    config: FlowTrainConfig, model_path: str, run_dir: Path, console: bool = True, init_adapter: Optional[str] = None
+) -> Any:
+    """The :class:`~agentbolt.algorithm.grpo.GRPOConfig` of a run: the file's options plus the ones owned here
+    (``init_adapter``: the warm start's adapter, or None)."""
     from agentbolt.algorithm.grpo.config import GRPOConfig
 
     options: Dict[str, Any] = {"agent_match": "planner", "credit": "final", "dtype": config.dtype}
@@ -222,8 +259,16 @@ def build_grpo_config(config: FlowTrainConfig, model_path: str, run_dir: Path, c
         checkpoint_dir=str(run_dir / "checkpoints"),
         resume=False,
         console=console,
+        init_adapter=init_adapter,
     )
     return GRPOConfig(**options)
+
+
+def build_solver(config: FlowTrainConfig) -> Any:
+    """The solve loop of a configuration (the same for training, held-out validation and the warm start)."""
+    from examples.flow_grpo.solver import FlowSolver, SolverConfig
+
+    return FlowSolver(SolverConfig(**config.solver.model_dump()))
 
 
 def load_split(spec: str, sources: Optional[Sequence[str]], limit: Optional[int]) -> List[Dict[str, Any]]:
@@ -264,6 +309,8 @@ class TrainSummary(BaseModel):
             validated only once.
         copied_question_check: How many copied-back questions the run's reward credits (must be 0).
         trajectories: Markdown file with the example questions' trajectories before and after training.
+        warm_start: The warm start GRPO started from (adapter, whether reused, build time, reference-solve counts,
+            SFT figures); None without one. ``baseline_val_success`` is then the warm-started planner's.
     """
 
     config: str
@@ -286,6 +333,7 @@ class TrainSummary(BaseModel):
     evaluation: Optional[PassComparison] = None
     copied_question_check: Optional[CopiedQuestionSummary] = None
     trajectories: Optional[str] = None
+    warm_start: Optional[Dict[str, Any]] = None
 
 
 @contextlib.contextmanager
@@ -354,7 +402,7 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
-    from examples.flow_grpo import FlowGRPOAgent, FlowSolver, SolverConfig
+    from examples.flow_grpo import FlowGRPOAgent
 
     started = time.perf_counter()
     if (run_dir / "store.sqlite").exists() or (run_dir / "checkpoints").exists():
@@ -363,22 +411,20 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
     train = load_split(config.data.train, config.data.sources, config.data.train_limit)
     val = load_split(config.data.val, config.data.sources, config.data.val_limit)
     model_path = str(resolve_model(config.model).path)
-    grpo_config = build_grpo_config(config, model_path, run_dir, console=console)
-    (run_dir / "config.json").write_text(
-        json.dumps({"flow": config.model_dump(), "grpo": grpo_config.model_dump()}, indent=1, default=str),
-        encoding="utf-8",
-    )
     logger.info("Flow-GRPO run %s: %d training / %d held-out tasks", run_dir, len(train), len(val))
-
-    solver = FlowSolver(
-        SolverConfig(
-            max_turns=config.solver.max_turns,
-            planner_max_tokens=config.solver.planner_max_tokens,
-            python_timeout=config.solver.python_timeout,
-            memory_result_chars=config.solver.memory_result_chars,
-        )
-    )
+    solver = build_solver(config)
     with fixed_model(config, model_path, run_dir / "logs" / "fixed-server.log") as fixed:
+        warm_start = None
+        if config.warm_start is not None:
+            from examples.flow_grpo.warmstart import ensure_warm_start
+
+            warm_start = ensure_warm_start(config, model_path, fixed, train)
+        init_adapter = None if warm_start is None else str(warm_start.adapter_dir)
+        grpo_config = build_grpo_config(config, model_path, run_dir, console=console, init_adapter=init_adapter)
+        (run_dir / "config.json").write_text(
+            json.dumps({"flow": config.model_dump(), "grpo": grpo_config.model_dump()}, indent=1, default=str),
+            encoding="utf-8",
+        )
         algorithm = GRPO(grpo_config)
         tracer = agl.OtelTracer()
         trainer = agl.Trainer(
@@ -399,6 +445,14 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
         trainer.fit(agent, train_dataset=train, val_dataset=val)
     store = trainer.store
     summary = _summarize(config, algorithm.history, run_dir, started, len(val))
+    if warm_start is not None:
+        summary.warm_start = {
+            "adapter_dir": str(warm_start.adapter_dir),
+            "reused": warm_start.reused,
+            "build_seconds": warm_start.wall_seconds,
+            "collect": warm_start.collect,
+            "sft": warm_start.sft,
+        }
     _add_evaluation(summary, store, val, agent, run_dir)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return summary
@@ -525,7 +579,7 @@ def _evaluation_table(evaluation: PassComparison) -> Any:
     return table
 
 
-def _exit_cleanly_on_sigterm() -> None:
+def exit_cleanly_on_sigterm() -> None:
     """Make SIGTERM unwind like Ctrl-C in this process, so the fixed model server and the gateways are stopped.
 
     Forked runner processes inherit the handler; there it restores the default action and re-raises the signal, so
@@ -557,7 +611,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         config.data.val_limit = args.val_limit
     if not config.runnable_here:
         print(f"warning: configuration {config.name!r} is not meant for this machine: {config.description}")
-    _exit_cleanly_on_sigterm()
+    exit_cleanly_on_sigterm()
     if args.quiet:
         from agentbolt.logging import quiet_model_loading
 

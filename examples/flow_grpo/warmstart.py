@@ -17,29 +17,48 @@ Held-out tasks are never used: their plans stay unseen, and held-out success mea
 The output directory holds ``turns.jsonl`` (the conversations), ``collect.json`` (per-source solve counts) and
 ``adapter/`` (the PEFT adapter GRPO loads).
 
+The configuration's ``warm_start`` section sets the SFT options; the warm start is cached under its ``cache_dir`` in
+a folder named by a digest of the model, the solve loop, the training data, those options and the LoRA shape, so a
+second run of the same configuration reuses it.
+
 Examples::
 
-    python -m examples.flow_grpo.warmstart --output-dir runs/flow-grpo/warmstart
-    python -m examples.flow_grpo.train --config cpu     # builds the warm start first when it is missing
+    python -m examples.flow_grpo.warmstart --config cpu     # builds (or finds) the cached warm start
+    python -m examples.flow_grpo.train --config cpu         # builds it first when it is missing
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import hashlib
 import json
 import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from examples.flow_grpo.agents import RoleLLM
 from examples.flow_grpo.diagnose import DEFAULT_ORACLE_TOOLS, OraclePlanner, oracle_steps
 from examples.flow_grpo.reward import RuleReward
 from examples.flow_grpo.solver import FlowSolver
 
-__all__ = ["CollectSummary", "ReferenceSolve", "collect_reference_turns", "write_turns"]
+if TYPE_CHECKING:
+    from examples.flow_grpo.train import FlowTrainConfig
+
+__all__ = [
+    "CollectSummary",
+    "ReferenceSolve",
+    "WarmStart",
+    "collect_reference_turns",
+    "ensure_warm_start",
+    "take_by_source",
+    "warm_start_dir",
+    "write_turns",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +190,196 @@ def collect_to(output_dir: Path, tasks: Sequence[Mapping[str, Any]], fixed: Mapp
         written,
     )
     return summary
+
+
+@dataclass
+class WarmStart:
+    """A built warm start: the adapter GRPO starts from, and how it was made.
+
+    Attributes:
+        adapter_dir: The PEFT adapter (``adapter_config.json`` and weights).
+        directory: The warm start's folder (``turns.jsonl``, ``collect.json``, ``sft/``, ``warmstart.json``).
+        reused: True when an earlier run had built it.
+        collect: Per-source counts of the reference solves.
+        sft: Training figures (optimizer steps, loss first/last, held-out NLL when measured).
+        wall_seconds: Time spent building it in this process (0 when reused).
+    """
+
+    adapter_dir: Path
+    directory: Path
+    reused: bool
+    collect: Dict[str, Any]
+    sft: Dict[str, Any]
+    wall_seconds: float
+
+
+def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
+    """The cache folder of a configuration's warm start: ``cache_dir/<digest>``.
+
+    Raises:
+        ValueError: The configuration has no ``warm_start`` section.
+    """
+    if config.warm_start is None:
+        raise ValueError(f"configuration {config.name!r} has no warm_start section")
+    shaping = {
+        "model": model_path,
+        "dtype": config.dtype,
+        "solver": config.solver.model_dump(),
+        "data": config.data.model_dump(exclude={"val", "val_limit"}),
+        "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers"}),
+        "lora": {key: config.grpo.get(key) for key in ("lora_r", "lora_alpha", "lora_target_modules")},
+    }
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return Path(config.warm_start.cache_dir) / f"{config.name}-{digest}"
+
+
+def fixed_endpoint(model_entry: Mapping[str, Any]) -> Dict[str, Any]:
+    """``{"base_url", "model", "api_key"}`` of the fixed model from its gateway ``model_list`` entry."""
+    params = model_entry["litellm_params"]
+    return {
+        "base_url": params["api_base"],
+        "model": str(params["model"]).split("/", 1)[1],
+        "api_key": params.get("api_key"),
+    }
+
+
+def collect_cached(
+    directory: Path, config: FlowTrainConfig, fixed_model_entry: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]
+) -> CollectSummary:
+    """The reference turns of ``directory`` (collected by an earlier call), or collect them now."""
+    from examples.flow_grpo.train import build_solver
+
+    assert config.warm_start is not None
+    summary_path = directory / "collect.json"
+    if summary_path.is_file() and (directory / "turns.jsonl").is_file():
+        logger.info("Reusing the reference turns in %s", directory)
+        return CollectSummary(**json.loads(summary_path.read_text(encoding="utf-8")))
+    directory.mkdir(parents=True, exist_ok=True)
+    chosen = take_by_source(tasks, config.warm_start.tasks)
+    return collect_to(
+        directory, chosen, fixed_endpoint(fixed_model_entry), build_solver(config), config.warm_start.workers
+    )
+
+
+def take_by_source(tasks: Sequence[Mapping[str, Any]], limit: Optional[int]) -> List[Mapping[str, Any]]:
+    """At most ``limit`` tasks, taken in turn from each source (in dataset order within a source); None: all."""
+    if limit is None or limit >= len(tasks):
+        return list(tasks)
+    queues: Dict[str, collections.deque[Mapping[str, Any]]] = {}
+    for task in tasks:
+        queues.setdefault(str(task.get("source", "")), collections.deque()).append(task)
+    chosen: List[Mapping[str, Any]] = []
+    while len(chosen) < limit:
+        for queue in queues.values():
+            if queue and len(chosen) < limit:
+                chosen.append(queue.popleft())
+    return chosen
+
+
+def ensure_warm_start(
+    config: FlowTrainConfig, model_path: str, fixed_model_entry: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]
+) -> WarmStart:
+    """Find the configuration's cached warm start, or build it: collect reference turns, then train LoRA adapters.
+
+    Args:
+        config: The training configuration (its ``warm_start``, ``solver``, ``dtype``, ``threads`` and LoRA shape).
+        model_path: The planner's base model directory.
+        fixed_model_entry: The fixed model's gateway ``model_list`` entry (the fixed roles of the reference solves).
+        tasks: The training tasks (never held-out ones).
+
+    Raises:
+        ValueError: No warm_start section, or no reference solve succeeded (nothing to train on).
+    """
+    from agentbolt.algorithm.sft import train_from_messages
+
+    assert config.warm_start is not None  # warm_start_dir raises first
+    directory = warm_start_dir(config, model_path)
+    record_path = directory / "warmstart.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        adapter_dir = Path(record["adapter_dir"])
+        if (adapter_dir / "adapter_config.json").is_file():
+            logger.info("Reusing the warm start in %s", directory)
+            return WarmStart(adapter_dir, directory, True, record["collect"], record["sft"], 0.0)
+    started = time.perf_counter()
+    summary = collect_cached(directory, config, fixed_model_entry, tasks)
+    if summary.turns == 0:
+        raise ValueError(f"no reference solve of the {summary.tasks} training tasks succeeded; nothing to train on")
+    settings = config.warm_start
+    result = train_from_messages(
+        directory / "turns.jsonl",
+        model=model_path,
+        output_dir=directory / "sft",
+        epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        train_batch_size=settings.train_batch_size,
+        micro_batch_size=settings.micro_batch_size,
+        lr_scheduler="constant",
+        dtype=config.dtype,
+        threads=config.threads,
+        **{key: config.grpo[key] for key in ("lora_r", "lora_alpha", "lora_target_modules") if key in config.grpo},
+    )
+    if result.adapter_dir is None:
+        raise RuntimeError("the warm start's SFT run saved no adapter")
+    losses = [row["loss"] for row in result.history if "loss" in row]
+    sft = {
+        "optimizer_steps": result.optimizer_steps,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "samples": summary.turns,
+    }
+    wall = time.perf_counter() - started
+    record = {"adapter_dir": str(result.adapter_dir), "collect": asdict(summary), "sft": sft, "wall_seconds": wall}
+    record_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    logger.info("Warm start built in %.0f s: %d planner turns, adapter %s", wall, summary.turns, result.adapter_dir)
+    return WarmStart(result.adapter_dir, directory, False, asdict(summary), sft, wall)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Build (or find) the warm start of a configuration; prints where it is. Exit status 2 for bad arguments."""
+    from examples.flow_grpo.train import exit_cleanly_on_sigterm, fixed_model, load_config, load_split
+
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.flow_grpo.warmstart",
+        description="Warm-start the Flow-GRPO planner by SFT on reference-plan solves of the training tasks.",
+    )
+    parser.add_argument("--config", default="cpu", help="'cpu' or a YAML file with a warm_start section.")
+    parser.add_argument(
+        "--collect-only", action="store_true", help="Only solve the training tasks with their reference plans."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="Show library logs.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+        if config.warm_start is None:
+            raise ValueError(f"configuration {config.name!r} has no warm_start section")
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from agentbolt.models import resolve_model
+
+    exit_cleanly_on_sigterm()  # so the fixed model server is stopped
+    model_path = str(resolve_model(config.model).path)
+    tasks = load_split(config.data.train, config.data.sources, config.data.train_limit)
+    directory = warm_start_dir(config, model_path)
+    with fixed_model(config, model_path, directory / "fixed-server.log") as entry:
+        if args.collect_only:
+            summary = collect_cached(directory, config, entry, tasks)
+            print(f"reference solves: {summary.solved} of {summary.tasks} training tasks, {summary.turns} planner "
+                  f"turns in {directory / 'turns.jsonl'}")  # fmt: skip
+            return 0
+        built = ensure_warm_start(config, model_path, entry, tasks)
+    collect = built.collect
+    print(
+        f"warm start {'reused' if built.reused else 'built'}: {built.adapter_dir}\n"
+        f"reference solves: {collect['solved']} of {collect['tasks']} training tasks, {collect['turns']} planner turns; "
+        f"SFT: {built.sft['optimizer_steps']} optimizer steps, loss {built.sft['loss_first']} -> {built.sft['loss_last']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,6 +49,12 @@ class FinetuningConfig(BaseModel):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         description="Module names that receive LoRA adapters, or 'all-linear'.",
     )
+    init_adapter: Optional[str] = Field(
+        default=None,
+        description="Start from this PEFT LoRA adapter directory (an SFT warm start, a checkpoint's adapter/) instead "
+        "of fresh adapters; its rank and alpha must equal lora_r and lora_alpha. The KL reference stays the base "
+        "model. Needs finetune='lora'.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Dtype of the model weights; log-probabilities are always computed in float32."
     )
@@ -165,6 +171,8 @@ class FinetuningConfig(BaseModel):
     def _consistent_serving(self) -> FinetuningConfig:
         if self.policy_server_url is not None and self.finetune != "lora":
             raise ValueError("policy_server_url publishes LoRA adapters: it needs finetune='lora'")
+        if self.init_adapter is not None and self.finetune != "lora":
+            raise ValueError("init_adapter starts from LoRA adapters: it needs finetune='lora'")
         if self.tensorboard and self.log_dir is None:
             raise ValueError("tensorboard=True needs a log_dir")
         return self

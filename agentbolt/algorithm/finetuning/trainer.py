@@ -199,6 +199,8 @@ class ModelTrainer:
             raise ImportError("LoRA training needs peft: pip install 'agentbolt[train]'") from exc
         if isinstance(model, PeftModel):
             return model
+        if self.config.init_adapter is not None:
+            return self._load_adapter(model, self.config.init_adapter)
         lora = LoraConfig(
             r=self.config.lora_r,
             lora_alpha=self.config.lora_alpha,  # type: ignore[arg-type]  # peft accepts float scaling
@@ -207,6 +209,27 @@ class ModelTrainer:
             task_type="CAUSAL_LM",
         )
         return get_peft_model(model, lora)
+
+    def _load_adapter(self, model: Any, adapter_dir: str) -> Any:
+        """``model`` wrapped with the trainable LoRA adapter saved in ``adapter_dir`` (PEFT format).
+
+        Raises:
+            FileNotFoundError: No ``adapter_config.json`` in ``adapter_dir``.
+            ValueError: The adapter's rank or alpha differs from ``lora_r`` / ``lora_alpha``.
+        """
+        from peft import PeftConfig, PeftModel
+
+        if not (Path(adapter_dir) / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"init_adapter {adapter_dir!r} holds no adapter_config.json (a PEFT adapter)")
+        saved = PeftConfig.from_pretrained(adapter_dir)
+        found = (getattr(saved, "r", None), float(getattr(saved, "lora_alpha", 0.0)))
+        if found != (self.config.lora_r, float(self.config.lora_alpha)):
+            raise ValueError(
+                f"init_adapter {adapter_dir!r} has rank {found[0]} and alpha {found[1]:g}, but lora_r is "
+                f"{self.config.lora_r} and lora_alpha {self.config.lora_alpha:g}: set them to the adapter's"
+            )
+        logger.info("Starting from the LoRA adapter in %s", adapter_dir)
+        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
 
     def _checkpoint_blocks(self) -> None:
         """Recompute every transformer block in the backward pass instead of keeping its activations.

@@ -236,3 +236,27 @@ def test_a_full_disk_while_saving_leaves_the_previous_checkpoint_valid(tmp_path:
     fresh.load_checkpoint(first)
     assert fresh.global_step == 1 and fresh.optimizer_steps == 1
     assert math.isfinite(fresh.evaluate(_samples(2)))
+
+
+def test_training_can_start_from_a_saved_adapter_and_refuses_a_mismatched_one(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    saved = _saved(tmp_path, tiny_model_dir) / "adapter"
+    first = _trainer(tiny_model_dir)
+    first.optimizer_step(_samples(3))
+    trained = {n.replace(".default", ""): p for n, p in _trainable(first).items()}
+
+    resumed = _trainer(tiny_model_dir, init_adapter=str(saved))
+    loaded = {n.replace(".default", ""): p for n, p in _trainable(resumed).items()}
+    assert loaded.keys() == trained.keys() and loaded  # the adapter's weights, trainable
+    assert any(bool(p.abs().sum() > 0) for n, p in loaded.items() if "lora_B" in n)  # not a fresh (zero) B
+    before = _trainable(resumed)
+    resumed.optimizer_step(_samples(3))
+    assert any(not torch.equal(before[n], p) for n, p in _trainable(resumed).items())
+
+    with pytest.raises(ValueError, match="has rank 8 and alpha 16, but lora_r is 4"):
+        _trainer(tiny_model_dir, init_adapter=str(saved), lora_r=4)
+    with pytest.raises(FileNotFoundError, match=r"no adapter_config\.json"):
+        _trainer(tiny_model_dir, init_adapter=str(tmp_path))
+    with pytest.raises(ValueError, match="init_adapter starts from LoRA adapters"):
+        SFTConfig(init_adapter=str(saved), finetune="full")
