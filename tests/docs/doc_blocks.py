@@ -292,6 +292,10 @@ class PageRun:
                 f"{block.where()}: still running after {self.timeout:g} s\n{shown}\n"
                 f"--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}{self._server_logs()}"
             ) from None
+        except BaseException:  # pytest-timeout's or Ctrl-C's exception: the block's processes must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
         if process.returncode != 0:
             raise DocBlockError(
                 f"{block.where()}: exit code {process.returncode} after {time.monotonic() - started:.1f} s\n{shown}\n"
