@@ -21,16 +21,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate, load_search_run
 from agentbolt.utils.server_launcher import pick_free_port
+from agentbolt.utils.stats import wilson_interval
 from examples.apo.room_selector import (
     RoomSelectionTask,
     load_room_tasks,
@@ -43,16 +43,6 @@ from examples.apo.room_selector import (
 logger = logging.getLogger("examples.apo.room_selector_apo")
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-
-
-def wilson_interval(successes: int, total: int, z: float = 1.959964) -> Tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion."""
-    if total == 0:
-        return (0.0, 1.0)
-    p = successes / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def task_slice(task: RoomSelectionTask) -> str:

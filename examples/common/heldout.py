@@ -19,6 +19,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
+from agentbolt.utils.stats import wilson_interval
+
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
     "SliceChange",
@@ -30,7 +32,6 @@ __all__ = [
 ]
 
 BOOTSTRAP_RESAMPLES = 4000
-Z95 = 1.959964
 
 
 @dataclass(frozen=True)
@@ -78,26 +79,6 @@ class SliceChange:
     def as_dict(self) -> Dict[str, Any]:
         """The row as a JSON-able dict (values rounded to 4 decimals)."""
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-def wilson_interval(successes: int, total: int, z: float = Z95) -> Tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % with the default ``z``).
-
-    Returns:
-        ``(low, high)`` within [0, 1]; ``(0.0, 1.0)`` when ``total`` is 0.
-
-    Raises:
-        ValueError: ``successes`` is negative or above ``total``.
-    """
-    if total < 0 or not 0 <= successes <= max(total, 0):
-        raise ValueError(f"need 0 <= successes <= total, got {successes} of {total}")
-    if total == 0:
-        return 0.0, 1.0
-    p = successes / total
-    denominator = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -13,12 +13,12 @@ approximation would reach below 0 or above 1.
 from __future__ import annotations
 
 import collections
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
 
 from pydantic import BaseModel
 
+from agentbolt.utils.stats import wilson_interval
 from examples.flow_grpo.tools.calculator import extract_expression
 
 if TYPE_CHECKING:
@@ -41,31 +41,6 @@ __all__ = [
 
 SOLVE_RECORD_KIND = "flow_grpo.solve"
 """Value of the ``flow_grpo.kind`` attribute on the object span that holds a rollout's solve record."""
-
-
-def wilson_interval(successes: int, total: int, z: float = 1.959964) -> Tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % with the default ``z``).
-
-    Args:
-        successes: Successful trials.
-        total: Trials.
-        z: Standard normal quantile of the interval (1.96 for 95 %).
-
-    Returns:
-        ``(low, high)`` within ``[0, 1]``; ``(0.0, 1.0)`` when ``total`` is 0 (nothing is known).
-
-    Raises:
-        ValueError: ``successes`` is negative or larger than ``total``.
-    """
-    if total < 0 or not 0 <= successes <= max(total, 0):
-        raise ValueError(f"need 0 <= successes <= total, got {successes} of {total}")
-    if total == 0:
-        return 0.0, 1.0
-    p = successes / total
-    denominator = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class SourceSuccess(BaseModel):
