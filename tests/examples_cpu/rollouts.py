@@ -35,6 +35,7 @@ def run_rollouts(
     """Run ``agent`` on the tasks with ``llm`` as ``main_llm`` (one runner, a SQLite store) and read them back."""
     trainer = agl.Trainer(
         n_runners=1,
+        port=0,  # a free port: never another process's store on the default 4747
         store=store_path,
         runner=FAST_RUNNER,
         algorithm=agl.Baseline(polling_interval=0.05, span_verbosity="none"),
