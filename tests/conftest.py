@@ -7,10 +7,17 @@ that time out of whichever test happens to start the first inference engine.
 from __future__ import annotations
 
 import importlib.util
+import signal
 
 import pytest
 
 pytest_plugins = ["support.models"]
+
+# The tests send SIGINT to the processes they start, as Ctrl-C would. A suite started as a background job of a
+# non-interactive shell inherits SIGINT ignored, and an ignored signal stays ignored across exec, so those children
+# would never see it. A handler set here is reset to the default in every child instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
