@@ -19,9 +19,9 @@ __all__ = [
     "wait_for_finished_rollouts",
 ]
 
-WAIT_SLICE_SECONDS = 0.1
-"""Longest single ``wait_for_rollouts`` call of :func:`wait_for_finished_rollouts`: the most a
-``LightningStoreClient`` accepts, so the same loop serves local and remote stores."""
+MAX_SHORT_WAIT_SECONDS = 0.1
+"""Longest ``wait_for_rollouts`` timeout a ``LightningStoreClient`` accepts unless created with ``long_waits=True``;
+:func:`wait_for_finished_rollouts` waits in slices of it, so the same loop serves local and remote stores."""
 
 UpdateRolloutStatus = RolloutStatus
 """Statuses accepted by ``update_rollout``."""
@@ -98,13 +98,15 @@ async def wait_for_finished_rollouts(
     """Wait until every rollout in ``rollout_ids`` finished or ``timeout`` seconds passed (``None``: no limit).
 
     Returns the finished rollouts by id; those missing did not finish in time. Waits in slices of
-    :data:`WAIT_SLICE_SECONDS`, so any store works, a remote client included.
+    :data:`MAX_SHORT_WAIT_SECONDS`, so any store works, a remote client included.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     finished: Dict[str, Rollout] = {}
     pending = list(dict.fromkeys(rollout_ids))
     while pending:
-        remaining = WAIT_SLICE_SECONDS if deadline is None else min(WAIT_SLICE_SECONDS, deadline - time.monotonic())
+        remaining = (
+            MAX_SHORT_WAIT_SECONDS if deadline is None else min(MAX_SHORT_WAIT_SECONDS, deadline - time.monotonic())
+        )
         if remaining <= 0:
             break
         for rollout in await store.wait_for_rollouts(rollout_ids=pending, timeout=remaining):

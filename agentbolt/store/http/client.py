@@ -33,6 +33,7 @@ from agentbolt.store.http.routes import (
     StoreRoute,
     parse_rollout,
 )
+from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
 
 __all__ = ["LightningStoreClient"]
@@ -41,9 +42,6 @@ logger = logging.getLogger("agentbolt.store.client")
 
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
 """Answers after which a request may be sent again (the contract's 5xx and 408; 501 is final)."""
-
-MAX_SHORT_WAIT_SECONDS = 0.1
-"""Longest ``wait_for_rollouts`` timeout the client accepts unless created with ``long_waits=True``."""
 
 
 class LightningStoreClient(LightningStore):
