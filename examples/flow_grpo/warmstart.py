@@ -213,6 +213,10 @@ class WarmStart:
     wall_seconds: float
 
 
+LORA_SHAPE_KEYS = ("lora_r", "lora_alpha", "lora_target_modules")
+"""GRPO options that shape the adapters: the warm start trains with the same ones, so GRPO can load it."""
+
+
 def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
     """The cache folder of a configuration's warm start: ``cache_dir/<digest>``.
 
@@ -227,7 +231,7 @@ def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
         "solver": config.solver.model_dump(),
         "data": config.data.model_dump(exclude={"val", "val_limit"}),
         "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers"}),
-        "lora": {key: config.grpo.get(key) for key in ("lora_r", "lora_alpha", "lora_target_modules")},
+        "lora": {key: config.grpo.get(key) for key in LORA_SHAPE_KEYS},
     }
     digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return Path(config.warm_start.cache_dir) / f"{config.name}-{digest}"
@@ -317,7 +321,7 @@ def ensure_warm_start(
         lr_scheduler="constant",
         dtype=config.dtype,
         threads=config.threads,
-        **{key: config.grpo[key] for key in ("lora_r", "lora_alpha", "lora_target_modules") if key in config.grpo},
+        **{key: config.grpo[key] for key in LORA_SHAPE_KEYS if key in config.grpo},
     )
     if result.adapter_dir is None:
         raise RuntimeError("the warm start's SFT run saved no adapter")
