@@ -226,12 +226,14 @@ def plan_next_step(
     turn: int,
     max_turns: int,
     max_tokens: int = 128,
+    examples: bool = True,
 ) -> RoleOutput:
-    """Planner (trained). Fallback: an empty step, which the solver records as an invalid action."""
+    """Planner (trained), with its worked examples as earlier turns unless ``examples`` is False. Fallback: an
+    empty step, which the solver records as an invalid action."""
     fallback = NextStep(sub_goal="", tool_name="")
     user = prompts.planner_user(question, analysis, memory, turn, max_turns)
-    examples = prompts.planner_examples(max_turns)
-    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, examples)
+    worked = prompts.planner_examples(max_turns) if examples else []
+    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, worked)
 
 
 def generate_command(

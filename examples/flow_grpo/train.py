@@ -105,6 +105,7 @@ class SolverSection(BaseModel):
     planner_max_tokens: int = Field(default=128, ge=8)
     python_timeout: float = Field(default=10.0, gt=0)
     memory_result_chars: int = Field(default=400, ge=40)
+    planner_examples: bool = True
 
 
 class DataSection(BaseModel):

@@ -320,7 +320,8 @@ def ensure_warm_start(
         micro_batch_size=settings.micro_batch_size,
         lr_scheduler="constant",
         dtype=config.dtype,
-        threads=config.threads,
+        # The fixed model's server is idle while the adapters train: the update's thread count applies.
+        threads=config.grpo.get("update_threads", config.threads),
         **{key: config.grpo[key] for key in LORA_SHAPE_KEYS if key in config.grpo},
     )
     if result.adapter_dir is None:

@@ -427,7 +427,7 @@ class FinetuningAlgorithm(Algorithm):
         then make the server use the new weights; returns what ``train`` returned."""
 
         def update() -> Dict[str, float]:
-            with server.weights_update():
+            with server.weights_update(), trainer.update_threads():
                 metrics = train()
             server.after_update(trainer)
             return metrics

@@ -59,6 +59,12 @@ class FinetuningConfig(BaseModel):
         default="float32", description="Dtype of the model weights; log-probabilities are always computed in float32."
     )
     threads: Optional[int] = Field(default=None, ge=1, description="torch intra-op threads (None keeps torch's).")
+    update_threads: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="torch intra-op threads of the weight updates (None: as threads). Rollouts and updates take turns, "
+        "so an update may use the cores that the engines leave idle meanwhile; the engines keep `threads`.",
+    )
     device: Optional[str] = Field(
         default=None,
         description="Device of the model being trained and of its in-process engine: 'cpu', 'cuda', 'cuda:1', "

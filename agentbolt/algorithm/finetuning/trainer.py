@@ -13,6 +13,7 @@ before changing anything, and names the file at fault.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -250,6 +251,24 @@ class ModelTrainer:
             )
         for block in blocks:
             block.forward = functools.partial(_checkpointed, block.forward)
+
+    @contextlib.contextmanager
+    def update_threads(self) -> Iterator[None]:
+        """Run the body with ``config.update_threads`` torch threads in the calling thread, restored after.
+
+        torch's intra-op thread count is taken per thread, so a weight update in a worker thread can use more cores
+        than the engine threads it pauses, without changing theirs.
+        """
+        wanted = self.config.update_threads
+        before = torch.get_num_threads()
+        if wanted is None or wanted == before:
+            yield
+            return
+        torch.set_num_threads(wanted)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     @property
     def uses_lora(self) -> bool:

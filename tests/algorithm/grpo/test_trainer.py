@@ -295,3 +295,19 @@ def test_device_is_resolved_and_unavailable_devices_are_rejected() -> None:
     assert trainer.device == torch.device("cpu") and next(trainer.model.parameters()).device.type == "cpu"
     metrics = trainer.train_step(make_samples(4))
     assert metrics["first_minibatch_ratio_max_dev"] < 1e-5
+
+
+def test_update_threads_apply_to_the_update_only() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        trainer = PolicyTrainer(tiny_llama(), _config(threads=1, update_threads=2))
+        with trainer.update_threads():
+            assert torch.get_num_threads() == 2
+            trainer.train_step(make_samples(4, model=trainer.model))
+        assert torch.get_num_threads() == 1
+        same = PolicyTrainer(tiny_llama(), _config(threads=1))
+        with same.update_threads():
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
