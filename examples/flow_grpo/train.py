@@ -212,8 +212,8 @@ def load_config(name_or_path: str | os.PathLike[str], overrides: Optional[Dict[s
 
     Args:
         name_or_path: Configuration name or file.
-        overrides: Top-level fields replaced after reading (``{"model": ...}``); a ``grpo`` dict is merged into
-            the file's ``grpo`` section.
+        overrides: Top-level fields replaced after reading (``{"model": ...}``); a ``grpo`` or ``solver`` dict is
+            merged into the file's section of that name.
 
     Raises:
         FileNotFoundError: No such configuration.
@@ -232,8 +232,8 @@ def load_config(name_or_path: str | os.PathLike[str], overrides: Optional[Dict[s
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping of options at the top level")
     for key, value in (overrides or {}).items():
-        if key == "grpo":
-            raw["grpo"] = {**(raw.get("grpo") or {}), **value}
+        if key in ("grpo", "solver"):
+            raw[key] = {**(raw.get(key) or {}), **value}
         else:
             raw[key] = value
     try:
@@ -492,6 +492,11 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=None, help="Run directory (default: runs/flow-grpo/...).")
     parser.add_argument("--model", default=None, help="Planner base model (overrides the config's).")
     parser.add_argument("--val-limit", type=int, default=None, help="Held-out questions used (default: config).")
+    parser.add_argument(
+        "--untrained",
+        action="store_true",
+        help="Only validate the untrained planner (no warm start, worked examples shown, no steps): the baseline.",
+    )
     parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: config).")
     parser.add_argument("--quiet", action="store_true", help="No progress bars (training or weight loading).")
     parser.add_argument("-v", "--verbose", action="store_true", help="Show library logs.")
@@ -511,6 +516,9 @@ def _overrides(args: argparse.Namespace) -> Dict[str, Any]:
         overrides["runners"] = args.runners
     if args.steps is not None:
         overrides["grpo"] = {"max_steps": args.steps}
+    if args.untrained:
+        # The untrained planner at its best: no warm start, its worked examples shown, validated once.
+        overrides.update(warm_start=None, solver={"planner_examples": True}, grpo={"max_steps": 0})
     return overrides
 
 

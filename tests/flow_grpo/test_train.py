@@ -44,6 +44,17 @@ def test_overrides_replace_fields_and_merge_into_the_grpo_section() -> None:
     assert config.grpo["max_steps"] == 3 and config.grpo["group_size"] == load_config("cpu").grpo["group_size"]
 
 
+def test_untrained_baseline_validates_the_base_planner_with_its_examples_and_trains_nothing() -> None:
+    from examples.flow_grpo.train import _overrides, _parse_args
+
+    shipped = load_config("cpu")
+    config = load_config("cpu", _overrides(_parse_args(["--untrained"])))
+    assert config.warm_start is None and config.solver.planner_examples is True and config.grpo["max_steps"] == 0
+    # Everything else is the configuration's: same held-out questions, same solve loop otherwise.
+    assert config.data == shipped.data and config.solver.max_turns == shipped.solver.max_turns
+    assert config.grpo["val_sampling_parameters"] == shipped.grpo["val_sampling_parameters"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
