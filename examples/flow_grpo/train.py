@@ -306,8 +306,8 @@ class TrainSummary(BaseModel):
         steps: Training steps run.
         wall_seconds: Wall time of the whole run (model loads, validations, training).
         evaluation: Per-source success before and after training with 95 % Wilson intervals, loop statistics
-            (planner turns, tool calls, stop reasons, first actions) and the example questions; None when the run
-            validated only once.
+            (planner turns, tool calls, stop reasons, first actions) and the example questions; a run that
+            validated once (0 steps) has that pass on both sides.
         copied_question_check: How many copied-back questions the run's reward credits (must be 0).
         trajectories: Markdown file with the example questions' trajectories before and after training.
         warm_start: The warm start GRPO started from (adapter, whether reused, build time, reference-solve counts,
@@ -471,9 +471,10 @@ def _add_evaluation(summary: TrainSummary, store: Any, val: List[Dict[str, Any]]
     check = copied_question_credit(val, agent.reward)
     summary.copied_question_check = CopiedQuestionSummary(**vars(check))
     passes = read_validation_records(store)
-    if len(passes) < 2:
-        logger.warning("Fewer than two validation passes were recorded; no before/after comparison.")
+    if not passes:
+        logger.warning("No validation pass was recorded; no per-source evaluation.")
         return
+    # With one pass (a run of 0 steps, such as --untrained) "before" and "after" are that pass.
     before, after = passes[min(passes)], passes[max(passes)]
     summary.evaluation = compare(before, after)
     path = run_dir / "trajectories.md"
