@@ -64,7 +64,17 @@ def _build_key(cflags: list[str]) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(cflags).encode(), _cpu_flags().encode()):
+    # The torch install is part of the key: a build names its torch headers and libraries by path, so two virtual
+    # environments sharing one key would rebuild over each other, each waiting on the other's build lock.
+    torch_home = os.path.dirname(torch.__file__).encode()
+    parts = (
+        _SOURCE.read_bytes(),
+        torch.__version__.encode(),
+        torch_home,
+        " ".join(cflags).encode(),
+        _cpu_flags().encode(),
+    )
+    for part in parts:
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]

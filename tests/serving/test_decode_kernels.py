@@ -391,3 +391,14 @@ def test_a_build_another_process_holds_for_too_long_leaves_decoding_in_python(
             assert decode_kernels._build_and_load() is None
     assert "Another process has been building the decoding kernels" in caplog.text
     assert decode_kernels._build_and_load() is not None  # released: the next load proceeds
+
+
+def test_two_torch_installs_build_into_separate_directories(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    flags = [*decode_kernels._CFLAGS, "-march=native"]
+    here = decode_kernels._build_key(flags)
+    monkeypatch.setattr(torch, "__file__", "/elsewhere/venv/lib/python3.11/site-packages/torch/__init__.py")
+    # Another virtual environment's build names other header and library paths: it must not share (and rebuild)
+    # this one's directory, or each would wait on the other's build lock.
+    assert decode_kernels._build_key(flags) != here
