@@ -48,8 +48,9 @@ def span_attributes(event: Dict[str, Any]) -> Dict[str, Any]:
 
 async def report(event: Dict[str, Any], store_url: str, rollout_id: str, attempt_id: str) -> None:
     """Write the event as a span of the rollout attempt, through the store server."""
-    store = LightningStoreClient(store_url)
-    tracer = agl.OtelTracer()
+    # Short retries and timeouts: Claude Code stops a hook after its timeout (30 s in the driver's settings).
+    store = LightningStoreClient(store_url, retry_delays=(0.5,), request_timeout=10.0)
+    tracer = agl.OtelTracer(write_timeout=5.0)
     tracer.init_worker(0, store)
     try:
         async with tracer.trace_context(rollout_id=rollout_id, attempt_id=attempt_id) as otel:

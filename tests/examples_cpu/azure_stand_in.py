@@ -7,7 +7,7 @@ known file, model and deployment names. Files are ``pending`` until first read; 
 ``succeeded`` one poll at a time; deployments are ``Creating`` until polled once.
 
 Chat completions (``/openai/v1/chat/completions``, Azure's OpenAI-compatible v1 route) play a model that calls the
-first offered tool with the last word of the question as ``country``, then answers with the tool's result.
+first offered tool with the question's last capitalised word (not a question word) as ``country``, then answers with the tool's result.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 API_KEY = "stand-in-api-key"
 MANAGEMENT_TOKEN = "stand-in-management-token"
+QUESTION_WORDS = {"What", "Which", "Name", "Where"}
 DEPLOYMENTS_PATH = (
     "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.CognitiveServices/accounts/{account}"
     "/deployments/{name}"
@@ -209,7 +210,8 @@ def create_app(state: AzureState) -> FastAPI:
         messages = body["messages"]
         last = messages[-1]
         if last["role"] == "user" and body.get("tools"):
-            country = last["content"].rstrip("?.").split()[-1].rstrip(":")
+            names = [w.strip("?.:,") for w in last["content"].split() if w[:1].isupper()]
+            country = [w for w in names if w not in QUESTION_WORDS][-1]
             name = body["tools"][0]["function"]["name"]
             message: Dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": f"call_{next(ids)}", "type": "function",

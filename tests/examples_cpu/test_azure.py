@@ -37,24 +37,24 @@ def azure() -> Iterator[tuple[AzureState, AzureOpenAIConfig]]:
         yield state, config
 
 
-def test_three_iterations_fine_tune_deploy_prune_and_evaluate(azure: tuple[AzureState, AzureOpenAIConfig]) -> None:
+def test_iterations_fine_tune_deploy_prune_and_evaluate(azure: tuple[AzureState, AzureOpenAIConfig]) -> None:
     state, config = azure
     tasks = load_tasks()[:6]
     algorithm = AzureOpenAIFinetune(
-        config, n_iterations=3, max_deployments=2, poll_interval=0.01, data_filter_ratio=0.5
+        config, n_iterations=2, max_deployments=1, poll_interval=0.01, data_filter_ratio=0.5
     )
-    trainer = agl.Trainer(algorithm=algorithm, n_runners=2, port=free_port())
+    trainer = agl.Trainer(algorithm=algorithm, n_runners=1, port=free_port())
     trainer.fit(capital_agent, train_dataset=tasks[:4], val_dataset=tasks[4:])
 
-    assert [record.deployment for record in algorithm.history] == [f"gpt-4.1-mini-ft_v0{i}" for i in (1, 2, 3)]
-    # Each job fine-tunes the previous job's model; the oldest deployment of the loop is deleted past two.
-    jobs = list(state.jobs.values())
-    assert jobs[0]["model"] == "gpt-4.1-mini-2025-04-14"
-    assert [job["model"] for job in jobs[1:]] == [job["fine_tuned_model"] for job in jobs[:-1]]
-    assert "delete gpt-4.1-mini-ft_v01" in state.calls and "gpt-4.1-mini-ft_v01" not in state.deployments
-    assert {"gpt-4.1-mini", "gpt-4.1-mini-ft_v02", "gpt-4.1-mini-ft_v03"} == set(state.deployments)
-    # Rollouts ran on the base deployment, then on each new one (training and validation).
-    assert state.chat_models[0] == "gpt-4.1-mini" and "gpt-4.1-mini-ft_v03" in state.chat_models
+    assert [record.deployment for record in algorithm.history] == ["gpt-4.1-mini-ft_v01", "gpt-4.1-mini-ft_v02"]
+    # The second job fine-tunes the first job's model; the loop's older deployment is deleted past one.
+    first_job, second_job = state.jobs.values()
+    assert first_job["model"] == "gpt-4.1-mini-2025-04-14"
+    assert second_job["model"] == first_job["fine_tuned_model"]
+    assert state.calls.index("delete gpt-4.1-mini-ft_v01") < state.calls.index("deploy gpt-4.1-mini-ft_v02")
+    assert set(state.deployments) == {"gpt-4.1-mini", "gpt-4.1-mini-ft_v02"}
+    # Rollouts ran on the base deployment first, then on each new one (training and validation).
+    assert state.chat_models[0] == "gpt-4.1-mini" and "gpt-4.1-mini-ft_v02" in state.chat_models
     for record in algorithm.history:
         assert record.train_reward == 1.0 and record.val_reward == 1.0 and record.examples == 2
     # The uploaded file is the chat fine-tuning format: the whole exchange, the tool offered.
