@@ -29,6 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
 import agentbolt as agl
 from agentbolt.adapter.triplet import LlmProxyTraceToTriplet
 from agentbolt.store.utils import wait_for_finished_rollouts
@@ -130,10 +133,7 @@ class TinkerChatServer:
                       "total_tokens": len(prompt_ids) + len(tokens)},
         }  # fmt: skip
 
-    def _app(self) -> Any:
-        from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
-
+    def _app(self) -> FastAPI:
         app = FastAPI()
 
         @app.get("/health")
