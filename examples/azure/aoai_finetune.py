@@ -35,7 +35,7 @@ import httpx
 
 import agentbolt as agl
 from agentbolt.adapter.messages import TraceToMessages
-from agentbolt.store.utils import wait_for_finished_rollouts
+from examples.common.rollouts import roll_out
 
 logger = logging.getLogger("examples.azure.aoai_finetune")
 
@@ -312,20 +312,14 @@ class AzureOpenAIFinetune(agl.Algorithm):
         store = self.get_store()
         llm = agl.LLM(endpoint=self.config.inference_base_url, model=deployment, api_key=self.config.api_key)
         resources = await store.update_resources(f"deployment-{deployment}", {"llm": llm})
-        ids = [
-            (await store.enqueue_rollout(input=task, mode=mode, resources_id=resources.resources_id)).rollout_id  # type: ignore[arg-type]
-            for task in tasks
-        ]
-        finished = await wait_for_finished_rollouts(store, ids, timeout=self.rollout_timeout)
+        finished = await roll_out(
+            store, tasks, resources_id=resources.resources_id, mode=mode, timeout=self.rollout_timeout
+        )
         adapter = TraceToMessages()
         results = []
-        for rollout_id in ids:
-            spans = await store.query_spans(rollout_id, "latest")
-            reward = agl.find_final_reward(spans) if rollout_id in finished else None
-            succeeded = rollout_id in finished and finished[rollout_id].status == "succeeded"
-            conversations = adapter.adapt(spans) if succeeded else []
-            results.append(RolledOut(reward if succeeded and reward is not None else 0.0,
-                                     dict(conversations[-1]) if conversations else None))  # fmt: skip
+        for rollout in finished:
+            conversations = adapter.adapt(rollout.spans) if rollout.succeeded else []
+            results.append(RolledOut(rollout.reward, dict(conversations[-1]) if conversations else None))
         return results
 
     async def run(self, train_dataset: Optional[Any] = None, val_dataset: Optional[Any] = None) -> None:

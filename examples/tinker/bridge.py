@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse
 
 import agentbolt as agl
 from agentbolt.adapter.triplet import LlmProxyTraceToTriplet
-from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.utils.server_launcher import pick_free_port
+from examples.common.rollouts import roll_out
 
 logger = logging.getLogger("examples.tinker.bridge")
 
@@ -287,21 +287,13 @@ class TinkerGRPO(agl.Algorithm):
     async def _roll_out(
         self, tasks: Sequence[Any], mode: str, resources_id: str, group_size: int
     ) -> List[TracedRollout]:
-        store = self.get_store()
-        enqueued = []
-        for index, task in enumerate(tasks):
-            for _ in range(group_size):
-                rollout = await store.enqueue_rollout(input=task, mode=mode, resources_id=resources_id)  # type: ignore[arg-type]
-                enqueued.append((f"{mode}-{index}", rollout.rollout_id))
-        finished = await wait_for_finished_rollouts(store, [rid for _, rid in enqueued], timeout=self.rollout_timeout)
+        finished = await roll_out(self.get_store(), tasks, resources_id=resources_id, mode=mode,
+                                  timeout=self.rollout_timeout, repeats=group_size)  # fmt: skip
         adapter = LlmProxyTraceToTriplet()
-        traced = []
-        for group, rollout_id in enqueued:
-            spans = await store.query_spans(rollout_id, "latest")
-            ok = rollout_id in finished and finished[rollout_id].status == "succeeded"
-            reward = agl.find_final_reward(spans) if ok else None
-            traced.append(TracedRollout(group, float(reward or 0.0), adapter.adapt(spans) if ok else []))
-        return traced
+        return [
+            TracedRollout(f"{mode}-{r.task_index}", r.reward, adapter.adapt(r.spans) if r.succeeded else [])
+            for r in finished
+        ]
 
     async def run(self, train_dataset: Optional[Any] = None, val_dataset: Optional[Any] = None) -> None:
         """Train for ``n_steps`` steps; validation (one rollout per task) before the first and after the last."""
