@@ -105,7 +105,7 @@ class TrainingClient:
             ratio = torch.exp(logp - torch.tensor(inputs["logprobs"].data))
             loss = -(ratio * torch.tensor(inputs["advantages"].data)).sum()
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         self.log.forward_backward.append(len(data))
         assert math.isfinite(total)
         return Future(
