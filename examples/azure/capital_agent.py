@@ -1,0 +1,121 @@
+"""A tool-calling agent for the Azure OpenAI fine-tuning loop: it must look capitals up with a tool.
+
+The agent offers one function tool, ``country_capital_lookup(country)``, answers from a fixed table, and is rewarded
+1.0 when its final answer names the expected capital (0.0 otherwise). It is written with the OpenAI SDK against any
+OpenAI-compatible endpoint: Azure OpenAI's v1 API (``https://RESOURCE.openai.azure.com/openai/v1``, the deployment
+name as the model) in the fine-tuning loop.
+
+Run it once against an endpoint of your own::
+
+    OPENAI_BASE_URL=https://RESOURCE.openai.azure.com/openai/v1 OPENAI_API_KEY=... \\
+        python -m examples.azure.capital_agent --model gpt-4.1-mini
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TypedDict
+
+from openai import AsyncOpenAI
+
+import agentbolt as agl
+
+SAMPLES = Path(__file__).with_name("capital_samples.csv")
+SYSTEM_PROMPT = "You answer questions about capital cities. Always call country_capital_lookup, then answer briefly."
+LOOKUP_TOOL: Dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "country_capital_lookup",
+        "description": "The capital city of a country.",
+        "parameters": {
+            "type": "object",
+            "properties": {"country": {"type": "string", "description": "The country's name in English."}},
+            "required": ["country"],
+        },
+    },
+}
+MAX_TURNS = 3
+
+
+class CapitalTask(TypedDict):
+    question: str
+    country: str
+    capital: str
+
+
+def load_tasks(path: Path = SAMPLES) -> List[CapitalTask]:
+    """The prompt/answer pairs of ``capital_samples.csv``."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [
+            CapitalTask(question=r["question"], country=r["country"], capital=r["capital"])
+            for r in csv.DictReader(handle)
+        ]
+
+
+CAPITALS: Dict[str, str] = {task["country"].lower(): task["capital"] for task in load_tasks()}
+
+
+def country_capital_lookup(country: str) -> str:
+    """The tool: the capital of ``country`` from the table, or a message saying it is unknown."""
+    return CAPITALS.get(country.strip().lower(), f"unknown country: {country}")
+
+
+def capital_reward(answer: str, task: CapitalTask) -> float:
+    """1.0 when the answer names the expected capital (case-insensitive), else 0.0."""
+    return 1.0 if task["capital"].lower() in answer.lower() else 0.0
+
+
+async def answer_question(client: AsyncOpenAI, model: str, question: str) -> str:
+    """The chat loop: the model may call the lookup tool (up to ``MAX_TURNS`` turns); returns its final text."""
+    messages: List[Dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": question},
+    ]
+    for _ in range(MAX_TURNS):
+        response = await client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP_TOOL])  # type: ignore[arg-type]
+        message = response.choices[0].message
+        if not message.tool_calls:
+            return message.content or ""
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            try:
+                country = json.loads(call.function.arguments).get("country", "")
+                result = country_capital_lookup(str(country))
+            except (json.JSONDecodeError, AttributeError):
+                result = "error: the arguments are not a JSON object with a country"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return ""
+
+
+@agl.rollout
+async def capital_agent(task: CapitalTask, llm: agl.LLM) -> float:
+    """One rollout: answer the task's question through ``llm`` and score the answer."""
+    async with AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused") as client:
+        answer = await answer_question(client, llm.model, task["question"])
+    return capital_reward(answer, task)
+
+
+async def _debug(model: str, limit: int) -> None:
+    async with AsyncOpenAI(
+        base_url=os.environ.get("OPENAI_BASE_URL"), api_key=os.environ.get("OPENAI_API_KEY")
+    ) as client:
+        for task in load_tasks()[:limit]:
+            answer = await answer_question(client, model, task["question"])
+            print(f"{task['question']} -> {answer!r} (reward {capital_reward(answer, task)})")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.azure.capital_agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="the model (on Azure: the deployment name)")
+    parser.add_argument("--limit", type=int, default=5)
+    args = parser.parse_args(argv)
+    asyncio.run(_debug(args.model, args.limit))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Fine-tune the capital agent on Azure OpenAI: three fine-tune -> deploy -> evaluate iterations.
+
+Needs an Azure OpenAI resource where fine-tuning is available, a base deployment, and (for deployments) an Azure AD
+token: ``az login``, or ``AZURE_MANAGEMENT_TOKEN``. Configuration comes from the environment::
+
+    export AZURE_OPENAI_ENDPOINT=https://RESOURCE.openai.azure.com AZURE_OPENAI_API_KEY=...
+    export AZURE_SUBSCRIPTION_ID=... AZURE_RESOURCE_GROUP=... AZURE_OPENAI_RESOURCE_NAME=RESOURCE
+    python -m examples.azure.train_capital_agent --base-deployment gpt-4.1-mini --base-model gpt-4.1-mini-2025-04-14
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import List, Optional
+
+import agentbolt as agl
+from agentbolt.utils.server_launcher import pick_free_port
+from examples.azure.aoai_finetune import AzureOpenAIConfig, AzureOpenAIFinetune
+from examples.azure.capital_agent import capital_agent, load_tasks
+
+
+def train(args: argparse.Namespace, config: AzureOpenAIConfig) -> AzureOpenAIFinetune:
+    """Split the samples 80/20 and run the loop under a ``Trainer`` with ``args.n_runners`` runners."""
+    tasks = load_tasks()
+    cut = int(len(tasks) * 0.8)
+    algorithm = AzureOpenAIFinetune(
+        config,
+        base_deployment=args.base_deployment,
+        base_model=args.base_model,
+        n_iterations=args.iterations,
+        data_filter_ratio=args.data_filter_ratio,
+        max_deployments=args.max_deployments,
+        poll_interval=args.poll_interval,
+    )
+    trainer = agl.Trainer(algorithm=algorithm, n_runners=args.n_runners, port=pick_free_port("127.0.0.1"))
+    trainer.fit(capital_agent, train_dataset=tasks[:cut], val_dataset=tasks[cut:])
+    return algorithm
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.azure.train_capital_agent", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--base-deployment", default="gpt-4.1-mini")
+    parser.add_argument("--base-model", default="gpt-4.1-mini-2025-04-14")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--data-filter-ratio", type=float, default=0.5)
+    parser.add_argument("--max-deployments", type=int, default=2)
+    parser.add_argument("--poll-interval", type=float, default=30.0)
+    parser.add_argument("--n-runners", type=int, default=2)
+    args = parser.parse_args(argv)
+    agl.setup_logging("INFO")
+    try:
+        config = AzureOpenAIConfig.from_env()
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    algorithm = train(args, config)
+    for record in algorithm.history:
+        logging.getLogger(__name__).info("%s", record)
+        print(f"iteration {record.iteration}: {record.deployment} ({record.model}), train reward "
+              f"{record.train_reward:.3f}, {record.examples} examples, validation reward {record.val_reward:.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Claude Code as an agent: each rollout runs the ``claude`` CLI on a coding task, with hooks that record its steps.
+
+For a task (a few files, an instruction, a test command) the agent
+
+1. writes the files into a fresh working directory and, in it, a ``.claude/settings.json`` whose hooks run
+   ``examples.claude_code.hook_reporter`` on ``UserPromptSubmit``, ``PreToolUse``, ``PostToolUse`` and ``Stop``:
+   each event becomes a span of the rollout, sent to the store server (``AGENTBOLT_STORE_URL``);
+2. runs ``claude -p INSTRUCTION --output-format json --permission-mode acceptEdits`` there (``--model`` and
+   ``--max-turns`` when given), with ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY`` passed on when configured, so
+   the CLI can talk to Anthropic or to any Anthropic-compatible endpoint;
+3. runs the task's test command in the directory: the reward is 1.0 when it exits 0, else 0.0; the CLI's JSON result
+   (turns, cost, session id) is recorded as a span too.
+
+Run it on the shipped tasks (needs the ``claude`` CLI, ``npm install -g @anthropic-ai/claude-code``, and a store)::
+
+    agl store --port 4747
+    ANTHROPIC_API_KEY=sk-ant-... python -m examples.claude_code.claude_code_agent --store http://127.0.0.1:4747
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TypedDict
+
+import agentbolt as agl
+from examples.claude_code.hook_reporter import ENV_ATTEMPT, ENV_ROLLOUT, ENV_STORE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TASKS = Path(__file__).with_name("tasks.jsonl")
+HOOK_EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
+
+
+class CodingTask(TypedDict):
+    id: str
+    instruction: str
+    files: Dict[str, str]
+    test_command: List[str]
+
+
+def load_tasks(path: Path = TASKS) -> List[CodingTask]:
+    """The shipped coding tasks."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def hook_settings(python: str = sys.executable) -> Dict[str, Any]:
+    """Claude Code settings whose hooks report every event of :data:`HOOK_EVENTS` to the store."""
+    command = f"{shlex.quote(python)} -m examples.claude_code.hook_reporter"
+    hook = {"type": "command", "command": command, "timeout": 30}
+    hooks: Dict[str, Any] = {}
+    for event in HOOK_EVENTS:
+        entry: Dict[str, Any] = {"hooks": [hook]}
+        if event in ("PreToolUse", "PostToolUse"):
+            entry["matcher"] = "*"
+        hooks[event] = [entry]
+    return {"hooks": hooks}
+
+
+def prepare_workdir(task: CodingTask, directory: Path) -> Path:
+    """Write the task's files and the hook settings; returns the settings file."""
+    for name, content in task["files"].items():
+        target = (directory / name).resolve()
+        if not target.is_relative_to(directory.resolve()):
+            raise ValueError(f"task {task['id']}: file {name!r} is outside the working directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    settings = directory / ".claude" / "settings.json"
+    settings.parent.mkdir(exist_ok=True)
+    settings.write_text(json.dumps(hook_settings(), indent=2), encoding="utf-8")
+    return settings
+
+
+class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
+    """Runs the Claude Code CLI on one task per rollout (see the module docstring).
+
+    Args:
+        store_url: The store server the hooks report to (the one the runner uses).
+        claude_command: The CLI (``["claude"]``; tests pass a stand-in executable).
+        model: ``--model`` for the CLI (None: its default).
+        max_turns: ``--max-turns`` (None: no limit).
+        timeout: Seconds the CLI may run before it is stopped (the rollout then fails).
+        anthropic_base_url: Endpoint the CLI calls (default: ``$ANTHROPIC_BASE_URL``, else Anthropic's).
+    """
+
+    def __init__(
+        self,
+        store_url: str,
+        *,
+        claude_command: Sequence[str] = ("claude",),
+        model: Optional[str] = None,
+        max_turns: Optional[int] = 10,
+        timeout: float = 1800.0,
+        anthropic_base_url: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        self.store_url = store_url
+        self.claude_command = list(claude_command)
+        self.model = model
+        self.max_turns = max_turns
+        self.timeout = timeout
+        self.anthropic_base_url = anthropic_base_url
+
+    def command(self, instruction: str, settings: Path) -> List[str]:
+        """The CLI's arguments for one task."""
+        argv = [*self.claude_command, "-p", instruction, "--output-format", "json", "--settings", str(settings)]
+        argv += ["--permission-mode", "acceptEdits"]
+        if self.model:
+            argv += ["--model", self.model]
+        if self.max_turns is not None:
+            argv += ["--max-turns", str(self.max_turns)]
+        return argv
+
+    def environment(self, rollout: agl.Rollout) -> Dict[str, str]:
+        """The CLI's environment: the hook reporter's variables, the repository importable, the endpoint."""
+        env = dict(os.environ)
+        env.update(
+            {ENV_STORE: self.store_url, ENV_ROLLOUT: rollout.rollout_id, ENV_ATTEMPT: rollout.attempt.attempt_id}
+        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        if self.anthropic_base_url:
+            env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url
+        return env
+
+    async def rollout_async(self, task: CodingTask, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        with tempfile.TemporaryDirectory(prefix=f"claude-code-{task['id']}-") as folder:
+            directory = Path(folder)
+            settings = prepare_workdir(task, directory)
+            process = await asyncio.create_subprocess_exec(
+                *self.command(task["instruction"], settings), cwd=directory, env=self.environment(rollout),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                stdout, stderr = await asyncio.wait_for(process.communicate(), self.timeout)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+                raise RuntimeError(f"task {task['id']}: claude did not finish within {self.timeout:g} s") from None
+            if process.returncode != 0:
+                raise RuntimeError(f"task {task['id']}: claude exited {process.returncode}: {stderr.decode()[-500:]}")
+            result = json.loads(stdout.decode() or "{}")
+            agl.emit_object(
+                {key: result.get(key) for key in ("subtype", "is_error", "num_turns", "total_cost_usd", "session_id")}
+            )
+            test = subprocess.run(task["test_command"], cwd=directory, capture_output=True, timeout=120)
+            return 1.0 if test.returncode == 0 and not result.get("is_error") else 0.0
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.claude_code.claude_code_agent", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--store", default="http://127.0.0.1:4747", help="a running agl store")
+    parser.add_argument("--claude", default="claude", help="the Claude Code CLI command")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--max-turns", type=int, default=10)
+    args = parser.parse_args(argv)
+    agl.setup_logging("INFO")
+    agent = ClaudeCodeAgent(
+        args.store, claude_command=shlex.split(args.claude), model=args.model, max_turns=args.max_turns
+    )
+    asyncio.run(run_tasks(agent, args.store, load_tasks()))
+
+
+async def run_tasks(agent: ClaudeCodeAgent, store_url: str, tasks: List[CodingTask]) -> None:
+    """Enqueue the tasks in the store and run them with one runner; prints each rollout's status and reward."""
+    store = agl.LightningStoreClient(store_url)
+    runner = agl.LitAgentRunner(agl.AgentOpsTracer(), max_rollouts=len(tasks))
+    try:
+        ids = [(await store.enqueue_rollout(input=task)).rollout_id for task in tasks]  # type: ignore[arg-type]
+        with runner.run_context(agent=agent, store=store):
+            await runner.iter()
+        for rollout_id, task in zip(ids, tasks, strict=True):
+            [rollout] = await store.query_rollouts(rollout_id_in=[rollout_id])
+            reward = agl.find_final_reward(await store.query_spans(rollout_id, "latest"))
+            print(f"{task['id']}: {rollout.status}, reward {reward}")
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    main()

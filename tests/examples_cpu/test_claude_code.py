@@ -1,0 +1,86 @@
+"""The Claude Code driver and its hooks, with the CLI replaced by a stand-in executable (claude_stand_in/claude)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import pytest
+from support.servers import free_port
+
+import agentbolt as agl
+from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from examples.claude_code.claude_code_agent import ClaudeCodeAgent, hook_settings, load_tasks, prepare_workdir
+
+STAND_IN = [sys.executable, str(Path(__file__).with_name("claude_stand_in") / "claude")]
+
+
+async def run_task(task: Any, claude: List[str]) -> Tuple[float, List[agl.Span]]:
+    server = LightningStoreServer(agl.InMemoryLightningStore(thread_safe=True), host="127.0.0.1", port=free_port())
+    await server.start()
+    client = LightningStoreClient(server.endpoint)
+    tracer = agl.OtelTracer()
+    tracer.init_worker(0, client)
+    try:
+        rollout = await client.start_rollout(input=task)
+        agent = ClaudeCodeAgent(server.endpoint, claude_command=claude, max_turns=5)
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+            reward = await agent.rollout_async(task, {}, rollout)
+        return reward, list(await client.query_spans(rollout.rollout_id, sort_by="sequence_id"))
+    finally:
+        tracer.teardown_worker(0)
+        await client.close()
+        await server.stop()
+
+
+def test_a_session_fixes_the_task_and_its_hook_events_become_spans() -> None:
+    task = load_tasks()[0]
+    reward, spans = asyncio.run(run_task(task, STAND_IN))
+    assert reward == 1.0
+    hooks = [span for span in spans if span.name.startswith("claude_code.")]
+    assert [span.name for span in hooks] == [
+        "claude_code.UserPromptSubmit", "claude_code.PreToolUse", "claude_code.PostToolUse",
+        "claude_code.PreToolUse", "claude_code.PostToolUse", "claude_code.Stop",
+    ]  # fmt: skip
+    edit = hooks[4].attributes
+    assert edit["tool.name"] == "Edit" and json.loads(edit["tool.parameters"])["new_string"] == "return a + b"
+    assert hooks[0].attributes["claude_code.prompt"] == task["instruction"]
+    assert len({span.attributes["claude_code.session_id"] for span in hooks}) == 1
+    result = next(span for span in spans if span.name == "agentlightning.object")
+    assert "num_turns" in json.dumps(dict(result.attributes))
+
+
+def test_an_unfixed_task_scores_zero(tmp_path: Path) -> None:
+    # A CLI that changes nothing: the task's tests still fail.
+    script = tmp_path / "idle-claude"
+    script.write_text('import json\nprint(json.dumps({"type": "result", "subtype": "success", "is_error": False}))\n')
+    reward, spans = asyncio.run(run_task(load_tasks()[2], [sys.executable, str(script)]))
+    assert reward == 0.0 and not [span for span in spans if span.name.startswith("claude_code.")]
+
+
+def test_a_failing_cli_fails_the_rollout_with_its_message(tmp_path: Path) -> None:
+    script = tmp_path / "broken-claude"
+    script.write_text("import sys\nsys.stderr.write('Invalid API key')\nsys.exit(1)\n")
+    with pytest.raises(RuntimeError, match="claude exited 1: Invalid API key"):
+        asyncio.run(run_task(load_tasks()[1], [sys.executable, str(script)]))
+
+
+def test_settings_hook_every_event_and_files_stay_in_the_working_directory(tmp_path: Path) -> None:
+    settings = hook_settings("python3")
+    assert set(settings["hooks"]) == {"UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"}
+    assert settings["hooks"]["PreToolUse"][0]["matcher"] == "*"
+    escaping = {"id": "x", "instruction": "", "files": {"../outside.py": ""}, "test_command": ["true"]}
+    with pytest.raises(ValueError, match="outside the working directory"):
+        prepare_workdir(escaping, tmp_path)  # type: ignore[arg-type]
+
+
+def test_the_hook_reporter_never_breaks_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run([sys.executable, "-m", "examples.claude_code.hook_reporter"], input="{not json",
+                            capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert result.returncode == 0 and "agentbolt hook reporter" in result.stderr
