@@ -1,9 +1,9 @@
 """Each trained example's real training on the embedded model, with its default (measured) configuration.
 
 One run per example, about 10 to 15 minutes each on 2 cores (``make test-slow``). A run must complete every step,
-record both held-out passes over every held-out task, and leave its LoRA checkpoint. Whether it gained is asserted
-only where the measured gain (docs/benchmarks.md, "Examples") was clear of its interval: greedy decoding on the CPU
-is deterministic for a given machine, but a different CPU may take other branches.
+record both held-out passes over every held-out task, and leave its LoRA checkpoint. Whether it gained is not
+asserted: no measured run of these configurations establishes yet which gain is clear of its interval (see
+docs/benchmarks.md); the held-out table is in the returned result.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("mcp")
 pytest.importorskip("langgraph")
-
-GAINS_EXPECTED = {"calc": True, "sql": False, "rag": False, "search_r1": False}
-"""Whether the measured run's held-out accuracy rose clear of its paired interval."""
 
 
 def _embedded_model_available() -> bool:
@@ -49,5 +46,3 @@ def test_default_training_run(example: str, tmp_path: Path) -> None:
     for metric in module.SPEC.metrics:
         assert 0.0 <= result.row("all", metric)["after"] <= 1.0
     assert (Path(result.checkpoint_dir or "") / "adapter").is_dir()
-    if GAINS_EXPECTED[example]:
-        assert overall["after"] > overall["before"], overall
