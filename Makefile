@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-frameworks test-weave test-verl test-browser browser dashboard demo docs lint format bench clean
+.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-examples test-frameworks test-weave test-verl test-browser browser dashboard demo docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -70,6 +70,10 @@ test-verl: $(VERL_STAMP)
 
 test-demo: $(STAMP)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/demo
+
+# The calc, sql, rag and search_r1 examples' real training on the embedded model (10 to 15 minutes each).
+test-examples: $(STAMP)
+	$(PY) -m pytest -q -m slow -p no:cacheprovider tests/examples_cpu
 
 test-frameworks: $(STAMP)
 	$(PY) -m pytest -q -m frameworks -p no:cacheprovider tests/frameworks

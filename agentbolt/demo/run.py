@@ -1,7 +1,8 @@
 """The orchestration behind ``agentbolt demo``: train the embedded model to use a calculator, end to end.
 
 One call of :func:`run_demo` pulls the embedded model (cached after the first time), opens a SQLite store, and
-runs :class:`~agentbolt.algorithm.grpo.GRPO` under an :class:`agentbolt.Trainer` with several runner threads. GRPO
+runs :class:`~agentbolt.algorithm.grpo.GRPO` under an :class:`agentbolt.Trainer` with several runner processes
+(:func:`fit_grpo`, which the trained examples under ``examples/`` use too). GRPO
 serves the policy with the in-process transformers engine behind the LLM gateway; the runners execute the
 :class:`~agentbolt.demo.agent.CalculatorAgent` (plain OpenAI-SDK code) against the gateway, which records token ids
 and log-probs into the store; GRPO reads them back, updates LoRA adapters, and measures held-out accuracy before
@@ -16,55 +17,60 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from agentbolt.demo.agent import CalculatorAgent, RewardConfig
 from agentbolt.demo.task import make_splits
 from agentbolt.serving.transformers_engine import configure_openmp
 
-__all__ = ["DemoConfig", "DemoResult", "resolve_demo_dtype", "run_demo", "step_time_split"]
+if TYPE_CHECKING:
+    from agentbolt.algorithm.grpo import GRPO
+
+__all__ = [
+    "DemoConfig",
+    "DemoResult",
+    "GrpoRunConfig",
+    "fit_grpo",
+    "new_run_dir",
+    "resolve_demo_dtype",
+    "run_demo",
+    "step_time_split",
+]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class DemoConfig:
-    """Everything the demo run uses; the defaults are the measured configuration (docs/first-agent.md).
+class GrpoRunConfig:
+    """The settings of a GRPO run on the embedded model, shared by the demo and the trained examples.
 
     Attributes:
-        output_dir: Where the run directory is created.
         model: Model to train (registry name or local Hugging Face directory).
         steps: GRPO training steps.
-        n_train: Training questions generated.
-        n_val: Held-out validation questions.
-        seed: Seed of the data, of sampling and of the trainer.
-        batch_size: Questions per step.
-        group_size: Rollouts per question (one GRPO group).
+        batch_size: Training tasks per step.
+        group_size: Rollouts per task (one GRPO group).
         learning_rate: Peak LoRA learning rate.
-        lora_r: LoRA rank.
+        lora_r: LoRA rank (alpha is twice the rank).
         temperature: Sampling temperature of training rollouts (validation is greedy).
         max_tokens: Completion budget of each LLM call.
-        runners: Runner processes executing rollouts concurrently (the engine batches their calls).
-        threads: torch threads.
+        runners: Runner processes executing rollouts concurrently (the engine decodes their calls as one batch).
+        threads: torch threads (None: torch's default).
         dtype: Weights dtype of the policy (shared by the engine and the trainer); ``"auto"``: bfloat16 where the
             CPU multiplies bfloat16 natively (AVX-512, AMX), else float32 (bfloat16 is emulated, several times
             slower, on AVX2-only CPUs).
+        device: Device of the policy and its engine (None: CUDA when available, else the CPU).
         micro_batch_size: Samples per training forward/backward (gradients accumulate over them). The trainer packs a
-            micro-batch's samples as a prefix tree, so a group's calls, which share their ~500-token prompt, compute
-            it once when they share a micro-batch: 16 holds a group's two calls per rollout.
+            micro-batch's samples as a prefix tree, so a group's calls, which share their long prompt, compute it
+            once when they share a micro-batch: 16 holds a group's two calls per rollout.
         gradient_checkpointing: Recompute each transformer block in the backward pass instead of keeping its
-            activations (prompts are about 500 tokens, so without it a micro-batch's activations take gigabytes).
-        tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
-        format_credit: Training reward for the ``ANSWER: <n>`` format when the answer is wrong.
+            activations (prompts with worked examples are hundreds of tokens, so without it a micro-batch's
+            activations take gigabytes).
+        seed: Seed of sampling, task order and the trainer.
         console: Show GRPO's per-step progress.
     """
 
-    output_dir: Path = field(default_factory=lambda: Path("agentbolt-demo"))
     model: str = "smollm2-135m-instruct"
     steps: int = 4
-    n_train: int = 256
-    n_val: int = 48
-    seed: int = 0
     batch_size: int = 4
     group_size: int = 8
     learning_rate: float = 1e-3
@@ -74,11 +80,32 @@ class DemoConfig:
     runners: int = 8
     threads: Optional[int] = None
     dtype: str = "auto"
+    device: Optional[str] = None
     micro_batch_size: int = 16
     gradient_checkpointing: bool = True
+    seed: int = 0
+    console: bool = True
+
+
+@dataclass
+class DemoConfig(GrpoRunConfig):
+    """Everything the demo run uses; the defaults are the measured configuration (docs/first-agent.md).
+
+    The GRPO settings are those of :class:`GrpoRunConfig`; the demo adds:
+
+    Attributes:
+        output_dir: Where the run directory is created.
+        n_train: Training questions generated.
+        n_val: Held-out validation questions.
+        tool_credit: Training reward for a well-formed calculator call when the answer is wrong.
+        format_credit: Training reward for the ``ANSWER: <n>`` format when the answer is wrong.
+    """
+
+    output_dir: Path = field(default_factory=lambda: Path("agentbolt-demo"))
+    n_train: int = 256
+    n_val: int = 48
     tool_credit: float = 0.1
     format_credit: float = 0.1
-    console: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
@@ -158,16 +185,96 @@ def resolve_demo_dtype(dtype: str) -> str:
     return "bfloat16" if bfloat16_is_native() else "float32"
 
 
-def _new_run_dir(output_dir: Path) -> Path:
+def new_run_dir(output_dir: Path) -> Path:
+    """A new, empty ``run-<date>-<time>[-N]`` directory under ``output_dir``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = output_dir / f"run-{stamp}"
-    suffix = 1
+    run_dir, suffix = output_dir / f"run-{stamp}", 1
     while run_dir.exists():
         suffix += 1
         run_dir = output_dir / f"run-{stamp}-{suffix}"
     run_dir.mkdir()
     return run_dir
+
+
+def fit_grpo(
+    config: GrpoRunConfig,
+    agent: Any,
+    train: List[Any],
+    val: List[Any],
+    run_dir: Path,
+    *,
+    agent_match: Optional[str] = None,
+) -> GRPO:
+    """Train ``agent`` with GRPO under a :class:`agentbolt.Trainer`, validating greedily before and after.
+
+    The run keeps a SQLite store (``store.sqlite``), the metrics (``logs/``) and the LoRA checkpoints
+    (``checkpoints/``) in ``run_dir``; GRPO serves the policy with the in-process engine behind the gateway, and
+    ``config.runners`` runner processes execute the rollouts.
+
+    Args:
+        config: The run's settings.
+        agent: The ``LitAgent`` to train.
+        train: Training tasks.
+        val: Held-out tasks (validated before the first step and after the last).
+        run_dir: The run directory (see :func:`new_run_dir`).
+        agent_match: Train only the LLM calls of the agents this pattern matches (None: every call).
+
+    Returns:
+        The algorithm, whose ``history`` holds every step's metrics.
+
+    Raises:
+        agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
+    """
+    configure_openmp()
+    import agentbolt as agl
+    from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.models import resolve_model
+
+    algorithm = GRPO(
+        model=str(resolve_model(config.model).path),
+        served_model_name=config.model,
+        dtype=resolve_demo_dtype(config.dtype),  # type: ignore[arg-type]
+        device=config.device,
+        threads=config.threads,
+        lora_r=config.lora_r,
+        lora_alpha=2.0 * config.lora_r,
+        batch_size=config.batch_size,
+        group_size=config.group_size,
+        max_steps=config.steps,
+        serve_max_batch_size=max(config.runners, 1),
+        sampling_parameters={"temperature": config.temperature, "max_tokens": config.max_tokens},
+        val_sampling_parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
+        learning_rate=config.learning_rate,
+        micro_batch_size=config.micro_batch_size,
+        gradient_checkpointing=config.gradient_checkpointing,
+        seed=config.seed,
+        val_before_train=True,
+        val_interval=0,
+        log_dir=str(run_dir / "logs"),
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume=False,
+        console=config.console,
+        rollout_timeout=1800.0,
+        agent_match=agent_match,
+    )
+    tracer = agl.OtelTracer()
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        store=run_dir / "store.sqlite",
+        tracer=tracer,
+        # One process per runner: a tracer records one rollout at a time per process, and separate processes let
+        # the runners' rollouts overlap so the engine decodes them as one batch.
+        n_runners=config.runners,
+        port=0,
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+    )
+    # The runner processes are forked from this one: with the agents' OpenAI SDK imported here they share its
+    # modules' memory instead of importing a private copy each.
+    import openai  # noqa: F401
+
+    trainer.fit(agent, train_dataset=train, val_dataset=val)
+    return algorithm
 
 
 def _val_accuracies(history: List[Dict[str, float]]) -> List[float]:
@@ -187,14 +294,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
         RuntimeError: Validation did not run (no accuracy to report).
     """
-    configure_openmp()
-    import agentbolt as agl
-    from agentbolt.algorithm.grpo import GRPO
-    from agentbolt.models import resolve_model
-
     started = time.perf_counter()
-    model_path = str(resolve_model(config.model).path)
-    run_dir = _new_run_dir(Path(config.output_dir))
+    run_dir = new_run_dir(Path(config.output_dir))
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
     train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
     (run_dir / "data.json").write_text(json.dumps({"train": train, "val": val}, indent=1), encoding="utf-8")
@@ -203,52 +304,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
     logger.info(
         "Demo run directory %s (%d train / %d held-out questions, %s weights)", run_dir, len(train), len(val), dtype
     )
-
-    algorithm = GRPO(
-        model=model_path,
-        served_model_name=config.model,
-        dtype=dtype,  # type: ignore[arg-type]
-        threads=config.threads,
-        lora_r=config.lora_r,
-        lora_alpha=2.0 * config.lora_r,
-        batch_size=config.batch_size,
-        group_size=config.group_size,
-        max_steps=config.steps,
-        serve_max_batch_size=max(config.runners, 1),
-        sampling_parameters={"temperature": config.temperature, "max_tokens": config.max_tokens},
-        val_sampling_parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
-        learning_rate=config.learning_rate,
-        micro_batch_size=config.micro_batch_size,
-        gradient_checkpointing=config.gradient_checkpointing,
-        seed=config.seed,
-        val_before_train=True,
-        val_interval=0,
-        log_dir=str(log_dir),
-        checkpoint_dir=str(checkpoint_dir),
-        resume=False,
-        console=config.console,
-        rollout_timeout=1800.0,
-    )
     agent = CalculatorAgent(
         reward=RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit),
         max_tokens=config.max_tokens,
     )
-    tracer = agl.OtelTracer()
-    trainer = agl.Trainer(
-        algorithm=algorithm,
-        store=store_path,
-        tracer=tracer,
-        # One process per runner: a tracer records one rollout at a time per process, and separate processes let
-        # the runners' rollouts overlap so the engine decodes them as one batch.
-        n_runners=config.runners,
-        port=0,
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
-    )
-    # The runner processes are forked from this one: with the agent's OpenAI SDK imported here they share its
-    # modules' memory instead of importing a private copy each.
-    import openai  # noqa: F401
-
-    trainer.fit(agent, train_dataset=train, val_dataset=val)
+    algorithm = fit_grpo(config, agent, train, val, run_dir)
 
     accuracies = _val_accuracies(algorithm.history)
     if len(accuracies) < (2 if config.steps > 0 else 1):

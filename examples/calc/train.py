@@ -19,7 +19,7 @@ SPEC = ExampleSpec(
     load_train=lambda: list(load_split("train")),
     load_test=lambda: list(load_split("test")),
     slice_of=lambda task: str(task["operation"]),
-    defaults=TrainingConfig(steps=4, batch_size=4, group_size=8, max_tokens=40),
+    defaults=TrainingConfig(steps=4, batch_size=4, group_size=8, max_tokens=40, n_test=64),
 )
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from agentbolt.demo.run import GrpoRunConfig, fit_grpo, new_run_dir, resolve_demo_dtype, step_time_split
 from examples.common.heldout import SliceChange, TaskScore, compare, format_table
 
 _BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
@@ -45,51 +46,19 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainingConfig:
-    """The GRPO run of an example; every example sets its own defaults.
+class TrainingConfig(GrpoRunConfig):
+    """The GRPO run of an example (the settings of :class:`agentbolt.demo.run.GrpoRunConfig`); every example sets
+    its own defaults.
 
     Attributes:
-        model: Model to train (registry name or local Hugging Face directory).
-        steps: GRPO training steps.
-        batch_size: Training tasks per step.
-        group_size: Rollouts per task (one GRPO group).
-        learning_rate: Peak LoRA learning rate.
-        lora_r: LoRA rank (alpha is twice the rank).
-        temperature: Sampling temperature of training rollouts (validation is greedy).
-        max_tokens: Completion budget of each LLM call.
-        runners: Runner processes executing rollouts concurrently (the engine decodes their calls as one batch).
-        dtype: Weights dtype; ``"auto"`` is bfloat16 where the CPU multiplies it natively, else float32.
-        device: Device of the trained policy and its engine (None: CUDA when available, else the CPU).
-        micro_batch_size: Samples per training forward/backward; a group's calls share their prompt when they share
-            a micro-batch (shared-prompt packing).
-        gradient_checkpointing: Recompute activations in the backward pass (prompts with worked examples are long).
-        seed: Seed of sampling, task order and the trainer.
-        threads: torch threads (None: torch's default).
         n_train: Use the first N training tasks (None: all).
         n_test: Use the first N held-out tasks (None: all).
         format_credit: Training-only partial credit the agent gives for steps done right (0: strict rewards).
-        console: Show GRPO's per-step progress.
     """
 
-    model: str = "smollm2-135m-instruct"
-    steps: int = 4
-    batch_size: int = 4
-    group_size: int = 8
-    learning_rate: float = 1e-3
-    lora_r: int = 16
-    temperature: float = 1.0
-    max_tokens: int = 48
-    runners: int = 8
-    dtype: str = "auto"
-    device: Optional[str] = None
-    micro_batch_size: int = 16
-    gradient_checkpointing: bool = True
-    seed: int = 0
-    threads: Optional[int] = None
     n_train: Optional[int] = None
     n_test: Optional[int] = None
     format_credit: float = 0.1
-    console: bool = True
 
 
 @dataclass(frozen=True)
@@ -177,17 +146,6 @@ class TrainingResult:
         return document
 
 
-def _new_run_dir(output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir, suffix = output_dir / f"run-{stamp}", 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = output_dir / f"run-{stamp}-{suffix}"
-    run_dir.mkdir()
-    return run_dir
-
-
 async def read_validation_passes(
     store_path: Path, task_ids: Sequence[str], slice_of: Callable[[Mapping[str, Any]], str], metrics: Sequence[str]
 ) -> Dict[int, List[TaskScore]]:
@@ -236,68 +194,17 @@ def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -
         agentbolt.models.ModelNotAvailableError: The model cannot be found.
         RuntimeError: The run did not record both validation passes.
     """
-    from agentbolt.serving.transformers_engine import configure_openmp
-
-    configure_openmp()
-    import agentbolt as agl
-    from agentbolt.demo.run import resolve_demo_dtype, step_time_split
-    from agentbolt.models import resolve_model
-    from agentbolt.serving.server import find_free_port
-
     started = time.perf_counter()
     train = spec.load_train()[: config.n_train]
     test = spec.load_test()[: config.n_test]
-    model_path = str(resolve_model(config.model).path)
-    run_dir = _new_run_dir(output_dir)
+    run_dir = new_run_dir(output_dir)
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
     (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=1), encoding="utf-8")
     dtype = resolve_demo_dtype(config.dtype)
     logger.info(
         "%s: run directory %s (%d train / %d held-out tasks, %s)", spec.name, run_dir, len(train), len(test), dtype
     )
-
-    algorithm = agl.GRPO(
-        model=model_path,
-        served_model_name=config.model,
-        dtype=dtype,
-        device=config.device,
-        threads=config.threads,
-        lora_r=config.lora_r,
-        lora_alpha=2.0 * config.lora_r,
-        batch_size=config.batch_size,
-        group_size=config.group_size,
-        max_steps=config.steps,
-        serve_max_batch_size=max(config.runners, 1),
-        sampling_parameters={"temperature": config.temperature, "max_tokens": config.max_tokens},
-        val_sampling_parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
-        learning_rate=config.learning_rate,
-        micro_batch_size=config.micro_batch_size,
-        gradient_checkpointing=config.gradient_checkpointing,
-        seed=config.seed,
-        val_before_train=True,
-        val_interval=0,
-        log_dir=str(log_dir),
-        checkpoint_dir=str(checkpoint_dir),
-        resume=False,
-        console=config.console,
-        rollout_timeout=1800.0,
-        agent_match=spec.agent_match,
-    )
-    tracer = agl.OtelTracer()
-    trainer = agl.Trainer(
-        algorithm=algorithm,
-        store=store_path,
-        tracer=tracer,
-        # One process per runner: a tracer records one rollout at a time per process, and separate processes let
-        # the rollouts overlap so that the engine decodes their calls together.
-        strategy=agl.ClientServerExecutionStrategy(
-            n_runners=config.runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
-        ),
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
-    )
-    import openai  # noqa: F401  # imported before the runners fork, so they share its modules' memory
-
-    trainer.fit(spec.make_agent(config), train_dataset=train, val_dataset=test)
+    algorithm = fit_grpo(config, spec.make_agent(config), train, test, run_dir, agent_match=spec.agent_match)
 
     passes = asyncio.run(read_validation_passes(store_path, [t["id"] for t in test], spec.slice_of, spec.metrics))
     if len(passes) < 2:

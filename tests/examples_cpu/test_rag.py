@@ -31,6 +31,8 @@ from examples.rag.corpus import (
 
 TASK = next(q for q in load_questions("test") if q["kind"] == "founder")
 GOLD = TASK["answers"][0]
+PASSAGE = next(p for p in load_corpus() if p["id"] == TASK["passages"][0])
+PASTED = f"{PASSAGE['title']}: {PASSAGE['text']}"
 
 
 def test_shipped_data_is_the_generated_data() -> None:
@@ -71,6 +73,12 @@ def test_retrieval_finds_the_evidence_of_one_hop_questions() -> None:
         (f"ANSWER: Ada Brook or {GOLD}", 0.0, 0.0),  # the gold among distractors
         (f"ANSWER: {GOLD}\nANSWER: Ada Brook", 0.0, 0.0),
         ("ANSWER: " + " ".join([GOLD] * 20), 0.0, 0.0),  # very long
+        (PASTED, 0.0, 0.0),  # the whole passage pasted
+        (f"ANSWER: {PASTED}", 0.0, 0.0),  # the whole passage as the answer
+        (f"ANSWER: {PASSAGE['text'].split('. ')[1]}", 0.0, 0.0),  # the sentence holding the answer
+        (f"ANSWER: {GOLD} {GOLD}", 0.0, pytest.approx(2 / 3)),  # repeated: no exact match, F1 pays precision
+        (f"ANSWER: {TASK['question']}", 0.0, 0.0),  # the question as the answer
+        ("word " * 5000 + f"\nANSWER: {GOLD}\nANSWER: x", 0.0, 0.0),  # very long, then two answers
     ],
 )
 def test_answer_scores(reply: str, em: float, f1: float) -> None:

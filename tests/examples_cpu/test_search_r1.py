@@ -14,7 +14,7 @@ from .scripted_chat import ScriptedChat
 
 pytest.importorskip("rank_bm25")
 
-from examples.rag.corpus import Retriever, load_questions
+from examples.rag.corpus import Retriever, exact_match, f1_score, load_corpus, load_questions
 from examples.search_r1.agent import SearchR1Agent, parse_answer, parse_search, solve
 
 TWO_HOP = next(q for q in load_questions("test") if q["kind"] == "founder_of_birthplace")
@@ -39,6 +39,32 @@ GOLD = TWO_HOP["answers"][0]
 def test_parsers(text: str, query: str, answer: str) -> None:
     assert parse_search(text) == query
     assert parse_answer(text) == answer
+
+
+PASSAGE = next(p for p in load_corpus() if p["id"] == TWO_HOP["passages"][-1])  # the town's passage, holding GOLD
+
+
+@pytest.mark.parametrize(
+    ("text", "em", "f1"),
+    [
+        (f"<answer> {GOLD} </answer>", 1.0, 1.0),
+        (f"<answer> {GOLD}", 1.0, 1.0),  # generation stopped at </answer>
+        ("", 0.0, 0.0),
+        ("<answer> </answer>", 0.0, 0.0),
+        (TWO_HOP["question"], 0.0, 0.0),  # the question copied back
+        (f"<answer> {TWO_HOP['question']} </answer>", 0.0, 0.0),
+        (f"<answer> Ada Brook, {GOLD} </answer>", 0.0, 0.0),  # several candidates
+        (f"<answer> Ada Brook or {GOLD} </answer>", 0.0, 0.0),  # the gold among distractors
+        (f"<answer> {GOLD} </answer><answer> Ada Brook </answer>", 0.0, 0.0),
+        (f"<answer> {PASSAGE['title']}: {PASSAGE['text']} </answer>", 0.0, 0.0),  # the whole passage pasted
+        (f"<information> {PASSAGE['text']} </information>", 0.0, 0.0),  # the passage without an answer
+        ("<answer> " + " ".join([GOLD] * 20) + " </answer>", 0.0, 0.0),  # very long
+        (f"<search> {GOLD} </search>", 0.0, 0.0),  # a search is not an answer
+    ],
+)
+def test_adversarial_answers_score_nothing(text: str, em: float, f1: float) -> None:
+    answer = parse_answer(text)
+    assert (exact_match(answer, TWO_HOP["answers"]), f1_score(answer, TWO_HOP["answers"])) == (em, f1)
 
 
 def test_two_hop_question_with_two_searches() -> None:

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from support.split_overlap import describe, find_overlaps
 
 import agentbolt as agl
 
@@ -44,6 +45,8 @@ def test_held_out_questions_are_about_databases_never_trained_on() -> None:
     assert {t["db_id"] for t in train} == set(TRAIN_DATABASES)
     assert {t["db_id"] for t in test} == set(TEST_DATABASES)
     assert not {t["question"] for t in train} & {t["question"] for t in test}
+    overlaps = find_overlaps([t["question"] for t in train], [t["question"] for t in test])
+    assert not overlaps, describe(overlaps)
     for task in train + test:  # every gold query runs and returns something
         assert execute(task["db_id"], task["query"]), task
 
@@ -60,6 +63,12 @@ def test_held_out_questions_are_about_databases_never_trained_on() -> None:
         ("DELETE FROM animals", False),  # writes are refused (read-only connection)
         ("SELECT name FROM animals", False),  # every name: the gold among distractors
         ("SELECT name FROM animals ORDER BY name LIMIT 1", False),  # ordered, but other rows
+        ("SELECT * FROM animals", False),  # a query that returns everything
+        ("SELECT name FROM animals ORDER BY weight DESC", False),  # the gold first, then every distractor
+        (f"{TASK['query']} UNION ALL SELECT name FROM animals WHERE id = 1", False),  # the gold plus a candidate
+        (f"-- {TASK['question']}", False),  # a comment only: no statement to run
+        ("word " * 5000, False),  # very long, no query
+        ("SELECT name FROM animals WHERE name = 'x'; " + TASK["query"], False),  # only one statement runs
     ],
 )
 def test_execution_match(predicted: str, expected: bool) -> None:
