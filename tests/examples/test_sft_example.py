@@ -13,7 +13,7 @@ from support.servers import REPO, free_port, start_store_process, wait_healthy
 from support.split_overlap import describe, find_overlaps
 
 from agentbolt.demo.agent import calculate
-from examples.sft.data import DATA_DIR, load_split, make_splits
+from examples.sft.data import DATA_DIR, family_of, load_split, make_splits
 from examples.sft.grader import compute_reward
 
 QUESTION = "A cinema has 23 rows with 14 seats in every row. How many seats does the cinema have?"
@@ -121,3 +121,12 @@ def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: P
             if process is not None:
                 process.terminate()
                 process.wait(timeout=60)
+
+
+def test_every_problem_has_the_shape_of_its_family() -> None:
+    train, val = load_split("train"), load_split("val")
+    shapes = {family_of(problem) for problem in train + val}
+    assert shapes == {"product", "sum", "difference", "quotient", "product minus", "product plus"}
+    assert {family_of(problem) for problem in val} == {"product", "sum", "difference", "quotient", "product plus"}
+    with pytest.raises(ValueError, match="no known arithmetic shape"):
+        family_of({"id": "x", "question": "?", "expression": "(1 + 2) * 3", "answer": 9})
