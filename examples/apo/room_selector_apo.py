@@ -51,7 +51,7 @@ def task_slices(task: RoomSelectionTask) -> List[str]:
     The second slicing shows whether a prompt solves requests or only names one room more often: a model that
     always answers the same room scores 1.0 on that room's slice and 0 on every other.
     """
-    return [f"{len(task['needs'])} need(s)", f"expected {task['expected_choice']}"]
+    return [f"needs-{len(task['needs'])}", f"expected-{task['expected_choice']}"]
 
 
 def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -> Dict[str, Any]:

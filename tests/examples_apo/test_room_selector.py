@@ -89,9 +89,9 @@ def test_the_report_slices_by_needs_and_by_expected_room() -> None:
     rewards = [1.0 if task["expected_choice"] == room else 0.0 for task in tasks]
     report = slice_report(tasks, rewards)
     assert report["all"]["solved"] == frequency and report["all"]["total"] == len(tasks)
-    assert report[f"expected {room}"]["score"] == 1.0
-    assert all(report[f"expected {other}"]["score"] == 0.0 for other in counts if other != room)
-    assert sum(report[f"{n} need(s)"]["total"] for n in range(4) if f"{n} need(s)" in report) == len(tasks)
+    assert report[f"expected-{room}"]["score"] == 1.0
+    assert all(report[f"expected-{other}"]["score"] == 0.0 for other in counts if other != room)
+    assert sum(report[f"needs-{n}"]["total"] for n in range(4) if f"needs-{n}" in report) == len(tasks)
     low, high = report["all"]["ci95"]
     assert low < frequency / len(tasks) < high
     assert constant_answer_score(tasks) == {"room": room, "score": frequency / len(tasks)}
