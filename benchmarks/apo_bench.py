@@ -1,13 +1,19 @@
 """Held-out score of the room selector before and after each prompt optimizer, with the embedded model as the agent.
 
 Runs ``python -m examples.apo.room_selector_apo --algorithm NAME`` once per optimizer (each in its own process, one
-after the other) and prints one JSON document: the machine (CPU model, cores, load before each run, date) and, per
-optimizer, the test-split score of the seed and of the best prompt (overall and per slice, with 95% Wilson
-intervals), rollouts and optimizer tokens spent, and wall time. Hold the machine-wide measurement lock while it runs:
+after the other) and writes one result file (``benchmarks/results/NAME.json``, see ``benchmarks/result_files.py``):
+per optimizer, the test-split score of the seed and of the best prompt (overall, per number of needs and per
+expected room, with 95% Wilson intervals), the score of the best constant answer (naming one room whatever the
+request), rollouts and optimizer tokens spent, wall time and the load before the run.
 
-    flock /tmp/agentbolt-measure.lock .venv/bin/python benchmarks/apo_bench.py --output /tmp/apo_bench.json \\
-        --log-dir /tmp/apo_logs
-    .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot --rounds 1     # one optimizer
+``--demo-format`` chooses how ``FewShotAPO`` puts its demonstrations into the prompt: as text inside the template
+(``text``) or as earlier chat turns of the template's ``examples`` (``messages``). Other options (``--rounds``,
+``--val-batch-size``, ``--runners``, ``--threads``, ``--limit``...) are passed on to the example. Hold the
+machine-wide measurement lock while it runs:
+
+    flock /tmp/agentbolt-measure.lock nice -n -19 .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot \\
+        --demo-format messages --log-dir /tmp/apo_logs --result-name apo_fewshot_messages
+    .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot --limit 8 --no-result     # a quick look
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -23,21 +28,21 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from result_files import RunRecord, add_result_options
+
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+DEMO_FORMATS = ("text", "messages")
+"""How FewShotAPO writes demonstrations: into the template's text, or as chat turns (with real tool calls)."""
 
 
-def run_one(algorithm: str, extra: Sequence[str], log_dir: Optional[Path] = None) -> Dict[str, Any]:
+def example_command(algorithm: str, output: Path, demo_format: str, extra: Sequence[str]) -> List[str]:
+    """The command line of one optimizer's run of the example."""
+    command = [sys.executable, "-m", "examples.apo.room_selector_apo", "--algorithm", algorithm]
+    return [*command, "--demo-format", demo_format, "--output", str(output), *extra]
+
+
+def run_one(algorithm: str, demo_format: str, extra: Sequence[str], log_dir: Optional[Path] = None) -> Dict[str, Any]:
     """One optimizer run in a fresh process; its result document plus the load before it started.
 
     The run's log (every critique, candidate score and new best prompt) goes to ``log_dir/ALGORITHM.log`` when a
@@ -45,8 +50,7 @@ def run_one(algorithm: str, extra: Sequence[str], log_dir: Optional[Path] = None
     """
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "result.json"
-        command = [sys.executable, "-m", "examples.apo.room_selector_apo", "--algorithm", algorithm]
-        command += ["--output", str(output), *extra]
+        command = example_command(algorithm, output, demo_format, extra)
         load = os.getloadavg()
         started = time.perf_counter()
         completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -57,32 +61,27 @@ def run_one(algorithm: str, extra: Sequence[str], log_dir: Optional[Path] = None
         if completed.returncode != 0:
             return {"algorithm": algorithm, "error": completed.stderr[-4000:], "returncode": completed.returncode}
         result = json.loads(output.read_text(encoding="utf-8"))
-    result["load_before"] = list(load)
-    result["process_wall_seconds"] = wall
+    result["load_before"] = [round(value, 2) for value in load]
+    result["process_wall_seconds"] = round(wall, 1)
+    if "test_seed" in result and "test_best" in result:
+        result["gain_points"] = round(
+            100 * (result["test_best"]["all"]["score"] - result["test_seed"]["all"]["score"]), 1
+        )
     return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    record = RunRecord.start(__file__, argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithms", nargs="+", default=["fewshot", "apo", "pareto"])
-    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--demo-format", choices=DEMO_FORMATS, default="text", help="FewShotAPO's demonstrations")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each run's log here")
+    add_result_options(parser)
     args, extra = parser.parse_known_args(argv)
-    runs: List[Dict[str, Any]] = []
-    for algorithm in args.algorithms:
-        runs.append(run_one(algorithm, extra, args.log_dir))
-    document = {
-        "benchmark": "apo_room_selector",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "extra_args": extra,
-        "runs": runs,
-    }
-    text = json.dumps(document, indent=1)
-    if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    runs = {algorithm: run_one(algorithm, args.demo_format, extra, args.log_dir) for algorithm in args.algorithms}
+    record.finish(
+        {"benchmark": "apo_room_selector", "demo_format": args.demo_format, "example_args": extra, "runs": runs}, args
+    )
 
 
 if __name__ == "__main__":

@@ -13,23 +13,27 @@ response tokens being the targets) this times, on the same model and LoRA parame
 
 and prints JSON with samples/s of each and ``overhead_ratio`` = sft time / bare time for both bare loops (target:
 at most 1.15 against ``bare_targets``, the loop that does the same work). The runs alternate, after one warm-up
-each, and the medians of ``--repeats`` runs are reported, so load changes affect all alike.
+each, and the medians of ``--repeats`` runs are reported, so load changes affect all alike. The report is written to
+a result file, ``benchmarks/results/NAME.json`` (see ``benchmarks/result_files.py``).
+
+The defaults are the SFT example's training set-up (``examples/sft/config.yaml``): the embedded SmolLM2-135M-Instruct
+in float32 with LoRA r=16 on the attention projections, 2 threads, and a batch of 8 samples the length of the
+example's calls (a prompt of about 320 tokens: system prompt, tool schema, worked example, question; a reply of
+about 32). ``--gradient-checkpointing`` turns it on for every loop (the example uses it to bound memory).
 
 Usage:
-    .venv/bin/python benchmarks/sft_bench.py                 # embedded SmolLM2-135M, LoRA r=16, float32, 2 threads
-    .venv/bin/python benchmarks/sft_bench.py --model tiny    # tiny random Llama (seconds)
+    flock /tmp/agentbolt-measure.lock nice -n -19 .venv/bin/python benchmarks/sft_bench.py --result-name sft_bench
+    .venv/bin/python benchmarks/sft_bench.py --model tiny --no-result    # tiny random Llama (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
-import platform
 from typing import Any, Callable, Dict, List
 
 import torch
+from result_files import RunRecord, add_result_options
 from train_bench import _interleaved_medians, _load
 
 from agentbolt.algorithm.sft.config import SFTConfig
@@ -55,6 +59,7 @@ def _trainer(args: argparse.Namespace, packing: bool) -> SFTTrainer:
         micro_batch_size=args.batch,
         train_batch_size=args.batch,
         packing=packing,
+        gradient_checkpointing=args.gradient_checkpointing,
         learning_rate=1e-6,
     )
     return SFTTrainer(_load(args.model, args.dtype), config, max_length=args.batch * (args.prompt + args.response))
@@ -99,6 +104,7 @@ def _bare_targets_step(model: Any, samples: List[TokenSample]) -> Callable[[], N
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded", help="'embedded', 'tiny', or a model directory")
     parser.add_argument("--batch", type=int, default=8)
@@ -108,6 +114,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute blocks in the backward")
+    add_result_options(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -122,33 +130,24 @@ def main() -> None:
     }
     seconds = _interleaved_medians(fns, args.repeats)
     tokens = args.batch * (args.prompt + args.response)
-    print(
-        json.dumps(
-            {
-                "benchmark": "sft_step",
-                "model": args.model,
-                "finetune": f"lora r={args.lora_r}",
-                "dtype": args.dtype,
-                "threads": args.threads,
-                "batch": {"samples": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response},
-                "tokens_per_step": tokens,
-                "repeats": args.repeats,
-                "step_seconds": {name: round(value, 4) for name, value in seconds.items()},
-                "samples_per_second": {name: round(args.batch / value, 3) for name, value in seconds.items()},
-                "overhead_ratio_vs_bare_targets": round(seconds["sft"] / seconds["bare_targets"], 3),
-                "overhead_ratio_vs_bare_hf": round(seconds["sft"] / seconds["bare_hf"], 3),
-                "target_overhead_ratio": 1.15,
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                    "load_average_1m": round(os.getloadavg()[0], 2),
-                    "platform": platform.platform(),
-                    "torch": torch.__version__,
-                },
-            },
-            indent=2,
-        )
-    )
+    report = {
+        "benchmark": "sft_step",
+        "model": args.model,
+        "finetune": f"lora r={args.lora_r}",
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "torch_threads": torch.get_num_threads(),
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "batch": {"samples": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response},
+        "tokens_per_step": tokens,
+        "repeats": args.repeats,
+        "step_seconds": {name: round(value, 4) for name, value in seconds.items()},
+        "samples_per_second": {name: round(args.batch / value, 3) for name, value in seconds.items()},
+        "overhead_ratio_vs_bare_targets": round(seconds["sft"] / seconds["bare_targets"], 3),
+        "overhead_ratio_vs_bare_hf": round(seconds["sft"] / seconds["bare_hf"], 3),
+        "target_overhead_ratio": 1.15,
+    }
+    record.finish(report, args)
 
 
 if __name__ == "__main__":

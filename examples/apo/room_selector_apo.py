@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -45,9 +45,13 @@ logger = logging.getLogger("examples.apo.room_selector_apo")
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 
-def task_slice(task: RoomSelectionTask) -> str:
-    """The slice a test task is reported in: how many equipment needs it has."""
-    return f"{len(task['needs'])} need(s)"
+def task_slices(task: RoomSelectionTask) -> List[str]:
+    """The slices a test task is reported in: how many equipment needs it has, and which room is right.
+
+    The second slicing shows whether a prompt solves requests or only names one room more often: a model that
+    always answers the same room scores 1.0 on that room's slice and 0 on every other.
+    """
+    return [f"needs-{len(task['needs'])}", f"expected-{task['expected_choice']}"]
 
 
 def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -> Dict[str, Any]:
@@ -55,13 +59,21 @@ def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -
     groups: Dict[str, List[float]] = defaultdict(list)
     for task, reward in zip(tasks, rewards, strict=True):
         groups["all"].append(reward)
-        groups[task_slice(task)].append(reward)
+        for name in task_slices(task):
+            groups[name].append(reward)
     report = {}
     for name, values in sorted(groups.items()):
         solved = sum(1 for v in values if v >= 1.0)
         low, high = wilson_interval(solved, len(values))
         report[name] = {"solved": solved, "total": len(values), "score": solved / len(values), "ci95": [low, high]}
     return report
+
+
+def constant_answer_score(tasks: Sequence[RoomSelectionTask]) -> Dict[str, Any]:
+    """The best score an answer that ignores the request can reach: always naming the most frequent right room."""
+    counts = Counter(task["expected_choice"] for task in tasks)
+    room, solved = counts.most_common(1)[0] if counts else ("", 0)
+    return {"room": room, "score": solved / len(tasks) if tasks else 0.0}
 
 
 class OptimizeThenTest(agl.Algorithm):
@@ -95,6 +107,7 @@ class OptimizeThenTest(agl.Algorithm):
             "best_prompt": best.template,
             "test_seed": slice_report(self.test_tasks, seed_eval.rewards),
             "test_best": slice_report(self.test_tasks, best_eval.rewards),
+            "test_constant_answer": constant_answer_score(self.test_tasks),
             "candidates": [
                 {
                     "version": record.version,

@@ -147,13 +147,17 @@ class TrainingResult:
 
 
 async def read_validation_passes(
-    store_path: Path, task_ids: Sequence[str], slice_of: Callable[[Mapping[str, Any]], str], metrics: Sequence[str]
+    store_path: Path,
+    task_ids: Sequence[str],
+    slice_of: Callable[[Mapping[str, Any]], str],
+    metrics: Sequence[str],
+    metadata_key: str = "grpo_group",
 ) -> Dict[int, List[TaskScore]]:
     """Every validation pass recorded in a run's store: step -> one :class:`TaskScore` per held-out task.
 
-    GRPO tags validation rollouts ``val-<step>-<index>`` (``metadata["grpo_group"]``); a task's scores are its
-    final reward span's dimensions, ``accuracy`` being 1 when the rollout succeeded with a primary reward of at
-    least 1. A failed rollout scores 0 everywhere.
+    GRPO and SFT tag validation rollouts ``val-<step>-<index>`` (in ``metadata[metadata_key]``: ``"grpo_group"``
+    for GRPO, ``"sft_task"`` for SFT); a task's scores are its final reward span's dimensions, ``accuracy`` being 1
+    when the rollout succeeded with a primary reward of at least 1. A failed rollout scores 0 everywhere.
     """
     from agentbolt.emitter import find_reward_spans, get_rewards_from_span
     from agentbolt.store.sqlite import SqliteLightningStore
@@ -162,7 +166,7 @@ async def read_validation_passes(
     try:
         passes: Dict[int, List[TaskScore]] = {}
         for rollout in await store.query_rollouts():
-            group = str((rollout.metadata or {}).get("grpo_group", ""))
+            group = str((rollout.metadata or {}).get(metadata_key, ""))
             if rollout.mode != "val" or not group.startswith("val-"):
                 continue
             step, index = (int(part) for part in group.split("-")[1:3])

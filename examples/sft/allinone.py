@@ -1,28 +1,37 @@
 """The whole SFT example in one process tree: store, algorithm and runners wired by ``Trainer``.
 
 Reads ``examples/sft/config.yaml`` (the same file ``agentbolt train`` runs), trains the embedded model on the
-training problems, and prints held-out accuracy before and after with 95 % Wilson intervals, the wall time and the
-peak resident memory. Everything of the run goes to a new directory under ``--output-dir``: the SQLite store,
-checkpoints, ``metrics.jsonl``, the reward curve and ``summary.json``.
+training problems, and prints held-out accuracy before and after, overall and per arithmetic shape (product, sum,
+difference, quotient, product plus), with 95 % Wilson intervals, the wall time and the peak resident memory.
+Everything of the run goes to a new directory under ``--output-dir``: the SQLite store, checkpoints,
+``metrics.jsonl``, the reward curve and ``summary.json``; the summary is also written as a result file,
+``benchmarks/results/NAME.json`` (``--result-name NAME``; ``--no-result`` for none), as the benchmarks do.
 
 Usage (from the repository root)::
 
     python -m examples.sft.allinone                                   # the configuration of docs/benchmarks.md
-    python -m examples.sft.allinone --option max_steps=1 --n-val 40   # a quick look
+    python -m examples.sft.allinone --option max_steps=1 --n-val 40 --no-result   # a quick look
     python -m examples.sft.allinone --option model=/path/to/hf-model  # any option of the config file
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import resource
+import shlex
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from examples.sft.data import load_split
+from agentbolt.utils.stats import wilson_interval
+from examples.common.heldout import compare, format_table
+from examples.common.training import RunRecord, add_result_options, read_validation_passes
+from examples.sft.data import family_of, load_split
 from examples.sft.settings import CONFIG_FILE, load_options, parse_options
 
 __all__ = ["main", "run", "summarize"]
@@ -41,10 +50,17 @@ def _run_dir(output_dir: Path) -> Path:
     return run_dir
 
 
-def summarize(history: Sequence[Dict[str, float]], wall_seconds: float, run_dir: Path) -> Dict[str, Any]:
-    """Accuracy before and after (with 95 % Wilson intervals), per-step figures, time and peak memory."""
-    from examples.flow_grpo.evaluation import wilson_interval
+def summarize(
+    history: Sequence[Dict[str, float]],
+    wall_seconds: float,
+    run_dir: Path,
+    heldout: Optional[Sequence[Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
+    """Accuracy before and after (with 95 % Wilson intervals), per-slice rows, per-step figures, time and memory.
 
+    ``heldout`` holds the per-slice rows of :func:`examples.common.heldout.compare` (as dicts) when the run's store
+    could be read back.
+    """
     validations = [r for r in history if "val/correct" in r]
     if not validations:
         raise RuntimeError("the run did not validate; see the log for the failure")
@@ -60,6 +76,7 @@ def summarize(history: Sequence[Dict[str, float]], wall_seconds: float, run_dir:
         "held_out_before": before,
         "held_out_after": after,
         "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 1),
+        "heldout": list(heldout or []),
         "steps": [
             {
                 "step": int(r["step"]),
@@ -68,6 +85,7 @@ def summarize(history: Sequence[Dict[str, float]], wall_seconds: float, run_dir:
                 "loss": r.get("update/loss"),
                 "collect_seconds": r.get("time/collect_seconds"),
                 "update_seconds": r.get("time/update_seconds"),
+                "update_samples_per_second": r.get("update/samples_per_second"),
             }
             for r in steps
         ],
@@ -78,6 +96,17 @@ def summarize(history: Sequence[Dict[str, float]], wall_seconds: float, run_dir:
         },
         "run_dir": str(run_dir),
     }
+
+
+def heldout_rows(store_path: Path, val: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per-slice (arithmetic shape) and overall rows of the first and last validation pass in the run's store."""
+    passes = asyncio.run(
+        read_validation_passes(store_path, [p["id"] for p in val], family_of, ("accuracy",), metadata_key="sft_task")
+    )
+    if len(passes) < 2:
+        logger.warning("the store holds %d validation pass(es); no per-slice comparison", len(passes))
+        return []
+    return [row.as_dict() for row in compare(passes[min(passes)], passes[max(passes)])]
 
 
 def run(
@@ -106,9 +135,10 @@ def run(
     val = val[:n_val] if n_val is not None else val
     algorithm = agl.SFT(**options)
     tracer = agl.OtelTracer()
+    store_path = run_dir / "store.db"
     trainer = agl.Trainer(
         algorithm=algorithm,
-        store=SqliteLightningStore(run_dir / "store.db"),
+        store=SqliteLightningStore(store_path),
         tracer=tracer,
         strategy=agl.ClientServerExecutionStrategy(
             n_runners=n_runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
@@ -118,13 +148,18 @@ def run(
     import openai  # noqa: F401  # imported before the runners fork, so they share its pages
 
     trainer.fit(math_agent, train_dataset=train, val_dataset=val)
-    summary = summarize(algorithm.history, time.perf_counter() - started, run_dir)
+    rows = heldout_rows(store_path, val)
+    summary = summarize(algorithm.history, time.perf_counter() - started, run_dir, rows)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Command line of the all-in-one example."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    record = replace(
+        RunRecord.start("sft_allinone", words), command=shlex.join(["python", "-m", "examples.sft.allinone", *words])
+    )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=CONFIG_FILE, help="Config file whose options are used.")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="Override an option.")
@@ -133,7 +168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: the config's).")
     parser.add_argument("--summary-json", type=Path, default=None, help="Also write the summary here.")
     parser.add_argument("--verbose", "-v", action="store_true", help="Show library logs.")
-    args = parser.parse_args(argv)
+    add_result_options(parser)
+    args = parser.parse_args(words)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -151,7 +187,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print(f"held-out accuracy before: {show(before)}")
     print(f"held-out accuracy after:  {show(after)}  ({summary['gain_points']:+.1f} points)")
+    if summary["heldout"]:
+        from examples.common.heldout import SliceChange
+
+        print(format_table([SliceChange(**row) for row in summary["heldout"]]))
     print(f"wall time {summary['wall_seconds']:.0f} s; run directory {summary['run_dir']}")
+    record.finish({**summary, "options": options, "n_runners": args.runners or runners}, args)
     return 0
 
 

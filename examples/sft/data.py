@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple, TypedDict
 
 from agentbolt.demo.agent import calculate
 
-__all__ = ["DATA_DIR", "GsmProblem", "load_split", "make_splits"]
+__all__ = ["DATA_DIR", "GsmProblem", "family_of", "load_split", "make_splits"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """Where the shipped ``train.jsonl`` and ``val.jsonl`` live."""
@@ -91,6 +92,24 @@ FAMILIES: Dict[str, Family] = {
     "product minus": Family(_two_steps, "{a} * {b} - {c}"),
     "product plus": Family(_two_steps, "{a} * {b} + {c}"),
 }
+
+_FAMILY_OF_SHAPE: Dict[str, str] = {
+    re.sub(r"\{\w\}", "#", family.expression): name for name, family in FAMILIES.items()
+}
+
+
+def family_of(problem: GsmProblem) -> str:
+    """The arithmetic shape of a problem (``"product"``, ``"product plus"``...), read from its expression.
+
+    Raises:
+        ValueError: The expression has none of the shapes of :data:`FAMILIES`.
+    """
+    shape = re.sub(r"\d+", "#", problem["expression"])
+    try:
+        return _FAMILY_OF_SHAPE[shape]
+    except KeyError:
+        raise ValueError(f"{problem['expression']!r} has no known arithmetic shape") from None
+
 
 TRAIN_TEMPLATES: Sequence[Tuple[str, str]] = (
     ("product", "{name} buys {a} packs of stickers. Each pack holds {b} stickers. How many stickers does {name} buy?"),

@@ -13,7 +13,7 @@ from support.servers import REPO, free_port, start_store_process, wait_healthy
 from support.split_overlap import describe, find_overlaps
 
 from agentbolt.demo.agent import calculate
-from examples.sft.data import DATA_DIR, load_split, make_splits
+from examples.sft.data import DATA_DIR, family_of, load_split, make_splits
 from examples.sft.grader import compute_reward
 
 QUESTION = "A cinema has 23 rows with 14 seats in every row. How many seats does the cinema have?"
@@ -121,3 +121,43 @@ def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: P
             if process is not None:
                 process.terminate()
                 process.wait(timeout=60)
+
+
+def test_every_problem_has_the_shape_of_its_family() -> None:
+    train, val = load_split("train"), load_split("val")
+    shapes = {family_of(problem) for problem in train + val}
+    assert shapes == {"product", "sum", "difference", "quotient", "product minus", "product plus"}
+    assert {family_of(problem) for problem in val} == {"product", "sum", "difference", "quotient", "product plus"}
+    with pytest.raises(ValueError, match="no known arithmetic shape"):
+        family_of({"id": "x", "question": "?", "expression": "(1 + 2) * 3", "answer": 9})
+
+
+@pytest.mark.slow
+def test_the_all_in_one_run_writes_a_result_file_with_per_shape_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from examples.sft.allinone import main
+
+    options = {
+        "model": str(tiny_model_dir),
+        "max_steps": 1,
+        "batch_size": 2,
+        "rollouts_per_task": 2,
+        "min_reward": None,  # the random tiny model never answers right: train on every call
+        "best_of_n": False,
+        "gradient_checkpointing": False,
+        "threads": 1,
+        "console": False,
+        "rollout_timeout": 300,
+    }
+    argv = ["--output-dir", str(tmp_path / "runs"), "--n-val", "6", "--runners", "2"]
+    argv += ["--results-dir", str(tmp_path), "--result-name", "sft-tiny"]
+    for key, value in options.items():
+        argv += ["--option", f"{key}={json.dumps(value)}"]
+    assert main(argv) == 0
+    document = json.loads((tmp_path / "sft-tiny.json").read_text())
+    assert document["benchmark"] == "sft_allinone" and document["command"].startswith("python -m examples.sft.allinone")
+    results = document["results"]
+    assert results["held_out_before"]["total"] == results["held_out_after"]["total"] == 6
+    rows = {row["slice"]: row for row in results["heldout"]}
+    assert rows["all"]["n"] == 6 and sum(row["n"] for name, row in rows.items() if name != "all") == 6
+    assert set(rows) - {"all"} <= {"product", "sum", "difference", "quotient", "product plus"}
+    assert results["peak_rss_mb"]["main"] > 0 and results["options"]["max_steps"] == 1

@@ -77,3 +77,22 @@ def test_the_lookup_variant_lists_every_room() -> None:
     lines = format_rooms(TASK).splitlines()
     assert [line.split(":")[0] for line in lines] == list(ROOMS)
     assert all(line.endswith(("free", "booked")) for line in lines)
+
+
+def test_the_report_slices_by_needs_and_by_expected_room() -> None:
+    from examples.apo.room_selector_apo import constant_answer_score, slice_report
+
+    tasks = load_room_tasks("test")
+    counts = Counter(task["expected_choice"] for task in tasks)
+    room, frequency = counts.most_common(1)[0]
+    # an answer that ignores the request: right exactly when the expected room is the most frequent one
+    rewards = [1.0 if task["expected_choice"] == room else 0.0 for task in tasks]
+    report = slice_report(tasks, rewards)
+    assert report["all"]["solved"] == frequency and report["all"]["total"] == len(tasks)
+    assert report[f"expected-{room}"]["score"] == 1.0
+    assert all(report[f"expected-{other}"]["score"] == 0.0 for other in counts if other != room)
+    assert sum(report[f"needs-{n}"]["total"] for n in range(4) if f"needs-{n}" in report) == len(tasks)
+    low, high = report["all"]["ci95"]
+    assert low < frequency / len(tasks) < high
+    assert constant_answer_score(tasks) == {"room": room, "score": frequency / len(tasks)}
+    assert constant_answer_score([]) == {"room": "", "score": 0.0}
