@@ -76,6 +76,24 @@ def test_a_bad_split_name_is_refused() -> None:
         load_split("test")
 
 
+def _tiny_run_options(model_dir: Path, **extra: object) -> list[str]:
+    """``--option key=value`` arguments of a one-step SFT run on the tiny random model."""
+    options = {
+        "model": str(model_dir),
+        "max_steps": 1,
+        "batch_size": 2,
+        "rollouts_per_task": 2,
+        "min_reward": None,  # the random tiny model never answers right: train on every call
+        "best_of_n": False,
+        "gradient_checkpointing": False,
+        "threads": 1,
+        "console": False,
+        "rollout_timeout": 300,
+        **extra,
+    }
+    return [part for key, value in options.items() for part in ("--option", f"{key}={json.dumps(value)}")]
+
+
 @pytest.mark.slow
 def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: Path, tiny_model_dir: Path) -> None:
     port = free_port()
@@ -92,23 +110,10 @@ def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: P
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        options = {
-            "model": str(tiny_model_dir),
-            "max_steps": 1,
-            "batch_size": 2,
-            "rollouts_per_task": 2,
-            "min_reward": None,  # the random tiny model never answers right: train on every call
-            "best_of_n": False,
-            "gradient_checkpointing": False,
-            "threads": 1,
-            "console": False,
-            "checkpoint_dir": str(tmp_path / "ckpt"),
-            "log_dir": str(tmp_path / "logs"),
-            "rollout_timeout": 300,
-        }
-        command = [sys.executable, "-m", "examples.sft.algorithm", "--store", url, "--n-val", "2"]
-        for key, value in options.items():
-            command += ["--option", f"{key}={json.dumps(value)}"]
+        options = _tiny_run_options(
+            tiny_model_dir, checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs")
+        )
+        command = [sys.executable, "-m", "examples.sft.algorithm", "--store", url, "--n-val", "2", *options]
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         summary = json.loads(done.stdout)
@@ -136,22 +141,8 @@ def test_every_problem_has_the_shape_of_its_family() -> None:
 def test_the_all_in_one_run_writes_a_result_file_with_per_shape_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
     from examples.sft.allinone import main
 
-    options = {
-        "model": str(tiny_model_dir),
-        "max_steps": 1,
-        "batch_size": 2,
-        "rollouts_per_task": 2,
-        "min_reward": None,  # the random tiny model never answers right: train on every call
-        "best_of_n": False,
-        "gradient_checkpointing": False,
-        "threads": 1,
-        "console": False,
-        "rollout_timeout": 300,
-    }
     argv = ["--output-dir", str(tmp_path / "runs"), "--n-val", "6", "--runners", "2"]
-    argv += ["--results-dir", str(tmp_path), "--result-name", "sft-tiny"]
-    for key, value in options.items():
-        argv += ["--option", f"{key}={json.dumps(value)}"]
+    argv += ["--results-dir", str(tmp_path), "--result-name", "sft-tiny", *_tiny_run_options(tiny_model_dir)]
     assert main(argv) == 0
     document = json.loads((tmp_path / "sft-tiny.json").read_text())
     assert document["benchmark"] == "sft_allinone" and document["command"].startswith("python -m examples.sft.allinone")
