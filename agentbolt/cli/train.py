@@ -21,12 +21,9 @@ Module paths are imported with the current directory on ``sys.path``; file paths
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional
 
@@ -35,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
+from agentbolt.utils.imports import ImportReferenceError, import_reference
 
 __all__ = ["HELP", "TrainRunConfig", "load_run_config", "main", "train_command"]
 
@@ -109,18 +107,10 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def _import(reference: str, what: str) -> Any:
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise CliError(f"{what} {reference!r} must be 'module:attribute'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"{what} {reference!r}: cannot import {module_name} ({exc})") from None
-    if not hasattr(module, attribute):
-        raise CliError(f"{what} {reference!r}: {module_name} has no attribute {attribute!r}")
-    return getattr(module, attribute)
+        return import_reference(reference, what)
+    except ImportReferenceError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _agent(reference: str) -> Any:

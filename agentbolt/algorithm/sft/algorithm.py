@@ -33,7 +33,15 @@ from agentbolt.algorithm.finetuning.algorithm import (
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 from agentbolt.algorithm.sft.config import SFTConfig
-from agentbolt.algorithm.sft.data import CallStats, ChatSample, TokenizeStats, samples_from_triplets, tokenize_samples
+from agentbolt.algorithm.sft.data import (
+    CallStats,
+    ChatSample,
+    StudentPrompt,
+    TokenizeStats,
+    load_student_prompt,
+    samples_from_triplets,
+    tokenize_samples,
+)
 from agentbolt.algorithm.sft.selection import SelectionStats, select_samples
 
 if TYPE_CHECKING:
@@ -93,6 +101,7 @@ class SFT(FinetuningAlgorithm):
     title: ClassVar[str] = "SFT"
     config: SFTConfig
     trainer: Optional[SFTTrainer] = None
+    _student_prompt: Optional[StudentPrompt] = None
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _default_adapter(self) -> Any:
@@ -139,6 +148,7 @@ class SFT(FinetuningAlgorithm):
                 agent_match=self.config.agent_match,
                 rollout_id=outcome.rollout_id,
                 task_id=outcome.group_id,
+                student_prompt=self._student_prompt,
             )
             samples.extend(found)
             stats.add(found_stats)
@@ -208,13 +218,15 @@ class SFT(FinetuningAlgorithm):
         return record
 
     def _check_run(self) -> None:
-        """A decaying learning rate needs its length: how many optimizer steps a run takes depends on what each
-        step selects.
+        """A decaying learning rate needs its length (how many optimizer steps a run takes depends on what each
+        step selects), and a student prompt must be importable before anything runs.
 
         Raises:
             ValueError: ``lr_scheduler`` is not constant and ``total_optimizer_steps`` is not set.
+            agentbolt.utils.imports.ImportReferenceError: ``student_prompt`` names no importable function.
         """
         config = self.config
+        self._student_prompt = load_student_prompt(config.student_prompt)
         if config.lr_scheduler != "constant" and config.total_optimizer_steps is None:
             raise ValueError(
                 f"lr_scheduler={config.lr_scheduler!r} needs total_optimizer_steps: the optimizer steps of a run "

@@ -40,6 +40,13 @@ class SFTConfig(FinetuningConfig):
     teacher_api_key: Optional[str] = Field(
         default=None, description="Bearer token of teacher_url (or os.environ/NAME to read it from a variable)."
     )
+    student_prompt: Optional[str] = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="Context distillation: 'module:function' that maps the prompt messages of a recorded call (one "
+        "the agent made with a richer teacher prompt, e.g. more worked examples) to the prompt the trained model is "
+        "asked with when deployed. Each call is learned from the prompt it returns, rendered from messages.",
+    )
     data: Literal["auto", "tokens", "messages"] = Field(
         default="auto",
         description="What a call is trained on. 'tokens': the exact prompt/response token ids the gateway recorded "
@@ -103,6 +110,11 @@ class SFTConfig(FinetuningConfig):
             raise ValueError("distillation needs both teacher_url and teacher_model")
         if self.teacher_url is not None and self.data == "tokens":
             raise ValueError("a teacher's token ids are not the student's: use data='messages' (or 'auto')")
+        if self.student_prompt is not None and self.data == "tokens":
+            raise ValueError(
+                "student_prompt rewrites the recorded prompts, whose token ids no longer apply: use "
+                "data='messages' (or 'auto')"
+            )
         if self.teacher_model is not None and self.teacher_model == (self.served_model_name or self.model):
             raise ValueError("teacher_model must differ from the served name of the model being trained")
         if self.backend == "unsloth" and self.finetune != "lora":

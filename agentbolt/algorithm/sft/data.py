@@ -23,9 +23,9 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 from agentbolt.adapter.messages import convert_to_openai_messages
 from agentbolt.types import Triplet
@@ -36,12 +36,15 @@ __all__ = [
     "ChatSample",
     "DataError",
     "TokenSample",
+    "StudentPrompt",
     "TokenizeStats",
+    "load_student_prompt",
     "propagate_rewards",
     "read_samples",
     "samples_from_triplets",
     "task_key",
     "tokenize_sample",
+    "with_student_prompt",
     "write_samples",
 ]
 
@@ -49,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 TrainTurns = Literal["last", "all"]
 RewardPropagation = Literal["backward", "final", "none"]
+StudentPrompt = Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]
+"""Maps the prompt messages of a recorded call to the prompt the trained model is asked with (context distillation)."""
 
 
 class DataError(ValueError):
@@ -257,7 +262,9 @@ class CallStats(Counters):
     other_agents: int = 0
     """Skipped: made by an agent ``agent_match`` does not select."""
     without_data: int = 0
-    """Skipped: the trace holds neither the call's messages nor its token ids."""
+    """Skipped: the trace holds neither the call's messages nor its token ids (with a student prompt: no messages)."""
+    student_prompts: int = 0
+    """Calls whose prompt was replaced by the student prompt (learned from messages)."""
 
 
 def _first_choice(raw: Any) -> List[Any]:
@@ -293,6 +300,41 @@ def _token_ids(part: Any) -> Optional[List[int]]:
     return list(ids) if _is_id_list(ids) and ids else None
 
 
+def load_student_prompt(reference: Optional[str]) -> Optional[StudentPrompt]:
+    """The function a ``student_prompt`` option (``"module:function"``) names; None for None.
+
+    Raises:
+        agentbolt.utils.imports.ImportReferenceError: It cannot be imported, or is not callable.
+    """
+    if reference is None:
+        return None
+    from agentbolt.utils.imports import ImportReferenceError, import_reference
+
+    function = import_reference(reference, "student_prompt")
+    if not callable(function):
+        raise ImportReferenceError(f"student_prompt {reference!r} is not a function but {type(function).__name__}")
+    return function  # type: ignore[no-any-return]
+
+
+def with_student_prompt(sample: ChatSample, student_prompt: StudentPrompt) -> ChatSample:
+    """``sample`` with its prompt (every message but the learned reply) replaced by ``student_prompt(prompt)``.
+
+    Context distillation: the call was made with a richer prompt (a teacher's: more instructions, more worked
+    examples); the returned sample asks the trained model with the prompt it gets when deployed and keeps the reply.
+    The recorded token ids describe the other prompt, so the sample keeps none and is learned from its messages. The
+    function receives copies of the messages and the tools stay as they were.
+
+    Raises:
+        DataError: The function's result is not a non-empty list of valid chat messages.
+    """
+    name = getattr(student_prompt, "__qualname__", repr(student_prompt))
+    prompt = student_prompt([json.loads(json.dumps(m)) for m in sample.messages[:-1]])
+    if not isinstance(prompt, list) or not prompt:
+        raise DataError(f"student prompt {name} must return a non-empty list of messages, got {prompt!r:.80}")
+    messages, _ = _checked_conversation([*prompt, sample.messages[-1]], None, f"student prompt {name}")
+    return replace(sample, messages=messages, prompt_token_ids=None, response_token_ids=None)
+
+
 def samples_from_triplets(
     triplets: Sequence[Triplet],
     *,
@@ -302,6 +344,7 @@ def samples_from_triplets(
     rollout_id: Optional[str] = None,
     task_id: Optional[str] = None,
     metadata: Optional[Dict[str, Any]] = None,
+    student_prompt: Optional[StudentPrompt] = None,
 ) -> Tuple[List[ChatSample], CallStats]:
     """The chat samples of one rollout's LLM calls.
 
@@ -317,6 +360,8 @@ def samples_from_triplets(
         rollout_id: Recorded on each sample.
         task_id: Recorded on each sample.
         metadata: Recorded on each sample.
+        student_prompt: Replace each call's prompt with the one this returns (:func:`with_student_prompt`); a call
+            without recorded messages is then skipped (``without_data``).
 
     Returns:
         The samples, and the calls skipped (:class:`CallStats`).
@@ -333,25 +378,27 @@ def samples_from_triplets(
             continue
         conversation = _triplet_messages(triplet)
         prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
-        if conversation is None and not (prompt_ids and response_ids):
+        if conversation is None and (student_prompt is not None or not (prompt_ids and response_ids)):
             stats.without_data += 1
             continue
         messages, tools = conversation if conversation is not None else ([], None)
-        samples.append(
-            ChatSample(
-                messages=messages,
-                tools=tools,
-                train_turns="last",
-                prompt_token_ids=prompt_ids,
-                response_token_ids=response_ids,
-                reward=reward,
-                final_reward=final_reward,
-                agent_name=agent,
-                rollout_id=rollout_id,
-                task_id=task_id,
-                metadata=dict(metadata or {}),
-            )
+        sample = ChatSample(
+            messages=messages,
+            tools=tools,
+            train_turns="last",
+            prompt_token_ids=prompt_ids,
+            response_token_ids=response_ids,
+            reward=reward,
+            final_reward=final_reward,
+            agent_name=agent,
+            rollout_id=rollout_id,
+            task_id=task_id,
+            metadata=dict(metadata or {}),
         )
+        if student_prompt is not None:
+            sample = with_student_prompt(sample, student_prompt)
+            stats.student_prompts += 1
+        samples.append(sample)
     return samples, stats
 
 

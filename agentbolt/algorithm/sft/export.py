@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
 
-from agentbolt.algorithm.sft.data import ChatSample, RewardPropagation, samples_from_triplets, task_key
+from agentbolt.algorithm.sft.data import ChatSample, RewardPropagation, StudentPrompt, samples_from_triplets, task_key
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
@@ -140,7 +140,13 @@ async def _latest_spans(store: LightningStore, rollout_id: str) -> List[Span]:
     return list(await store.query_spans(rollout_id, latest.attempt_id))
 
 
-async def _walk(store: LightningStore, filters: ExportFilter, propagation: RewardPropagation, adapter: Any) -> Any:
+async def _walk(
+    store: LightningStore,
+    filters: ExportFilter,
+    propagation: RewardPropagation,
+    adapter: Any,
+    student_prompt: Optional[StudentPrompt] = None,
+) -> Any:
     """Yield ``(rollout, spans, final_reward, samples)`` of each rollout that passes the rollout-level filters."""
     from agentbolt.emitter import find_final_reward
     from agentbolt.store.collection_based import healthcheck_suppressed
@@ -158,6 +164,7 @@ async def _walk(store: LightningStore, filters: ExportFilter, propagation: Rewar
                 rollout_id=rollout.rollout_id,
                 task_id=task_key(rollout.input),
                 metadata={"mode": rollout.mode, "status": rollout.status},
+                student_prompt=student_prompt,
             )
             yield rollout, spans, final, samples
 
@@ -168,6 +175,7 @@ async def store_samples(
     *,
     propagation: RewardPropagation = "backward",
     adapter: Any = None,
+    student_prompt: Optional[StudentPrompt] = None,
 ) -> List[ChatSample]:
     """The chat samples (one per LLM call) of the store's rollouts that pass ``filters``.
 
@@ -176,11 +184,13 @@ async def store_samples(
         filters: Rollout and call filters (the reward range applies to each call's propagated reward).
         propagation: How a rollout's rewards reach its calls (see :func:`~agentbolt.algorithm.sft.data.propagate_rewards`).
         adapter: Spans-to-triplets adapter (default: the gateway's and the OpenAI SDK's call spans).
+        student_prompt: Replace each call's prompt with the one this returns (context distillation, see
+            :func:`~agentbolt.algorithm.sft.data.with_student_prompt`).
     """
     filters = filters or ExportFilter()
     adapter = adapter or _default_adapter()
     found: List[ChatSample] = []
-    async for _, _, _, samples in _walk(store, filters, propagation, adapter):
+    async for _, _, _, samples in _walk(store, filters, propagation, adapter, student_prompt):
         found.extend(s for s in samples if filters.reward_ok(s.reward))
     return found
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from agentbolt.algorithm.sft.config import SFTConfig
-from agentbolt.algorithm.sft.data import ChatSample, DataError, TokenSample, tokenize_samples
+from agentbolt.algorithm.sft.data import ChatSample, DataError, TokenSample, load_student_prompt, tokenize_samples
 from agentbolt.algorithm.sft.selection import select_samples
 
 __all__ = ["OfflineResult", "load_chat_samples", "train_from_messages", "train_from_store", "train_samples"]
@@ -216,7 +216,7 @@ def train_from_store(
     """Fine-tune a model on the LLM calls recorded in a store (a store object, a SQLite file or a server URL).
 
     Calls are read as SFT reads them while collecting (rewards propagated by ``reward_propagation``, agents
-    filtered by ``agent_match``), then tokenized, selected and trained on as in :func:`train_from_messages`.
+    filtered by ``agent_match``, prompts replaced by ``student_prompt``), then tokenized, selected and trained on as in :func:`train_from_messages`.
 
     Args:
         store: A :class:`~agentbolt.store.base.LightningStore`, a SQLite store file, or an ``http://`` store URL.
@@ -233,11 +233,14 @@ def train_from_store(
 
     settings = _config(config, overrides)
     chosen = filters or ExportFilter(status=["succeeded"], agent=settings.agent_match)
+    student_prompt = load_student_prompt(settings.student_prompt)
 
     async def read() -> List[ChatSample]:
         opened = open_store(store) if isinstance(store, (str, os.PathLike)) else None
         try:
-            return await store_samples(opened or store, chosen, propagation=settings.reward_propagation)
+            return await store_samples(
+                opened or store, chosen, propagation=settings.reward_propagation, student_prompt=student_prompt
+            )
         finally:
             if opened is not None:
                 await close_store(opened)
