@@ -82,6 +82,7 @@ def summarize(
                 "step": int(r["step"]),
                 "train_success": r.get("train/success"),
                 "selected": r.get("select/selected"),
+                "student_prompts": r.get("samples/student_prompts"),
                 "loss": r.get("update/loss"),
                 "collect_seconds": r.get("time/collect_seconds"),
                 "update_seconds": r.get("time/update_seconds"),

@@ -13,7 +13,8 @@ from support.servers import REPO, free_port, start_store_process, wait_healthy
 from support.split_overlap import describe, find_overlaps
 
 from agentbolt.demo.agent import calculate
-from examples.sft.data import DATA_DIR, family_of, load_split, make_splits
+from examples.sft.agent import FEW_SHOT, SYSTEM_PROMPT, TEACHER_FEW_SHOT, prompt_messages, student_prompt
+from examples.sft.data import DATA_DIR, TRAIN_TEMPLATES, VAL_TEMPLATES, family_of, load_split, make_splits
 from examples.sft.grader import compute_reward
 
 QUESTION = "A cinema has 23 rows with 14 seats in every row. How many seats does the cinema have?"
@@ -120,12 +121,52 @@ def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: P
         assert summary["held_out_before"]["total"] == summary["held_out_after"]["total"] == 2
         (step,) = summary["steps"]
         assert step["selected"] > 0 and step["loss"] > 0
+        assert step["student_prompts"] > 0  # the teacher's calls were learned with the deployed prompt
         assert (tmp_path / "ckpt" / "step_000001").is_dir()
     finally:
         for process in (runners, store):
             if process is not None:
                 process.terminate()
                 process.wait(timeout=60)
+
+
+def _worked_examples(shots: list) -> list:
+    """``(question, expression, tool result, answer line)`` of each worked conversation."""
+    return [
+        (
+            shots[i]["content"],
+            json.loads(shots[i + 1]["tool_calls"][0]["function"]["arguments"])["expression"],
+            shots[i + 2]["content"],
+            shots[i + 3]["content"],
+        )
+        for i in range(0, len(shots), 4)
+    ]
+
+
+def test_the_teacher_shows_one_right_worked_example_per_shape_from_stories_of_neither_split() -> None:
+    examples = _worked_examples(TEACHER_FEW_SHOT)
+    shapes = [family_of({"id": "x", "question": q, "expression": e, "answer": 0}) for q, e, _, _ in examples]
+    assert sorted(shapes) == sorted({family_of(p) for p in load_split("train")})
+    assert all(result == calculate(e) and answer == f"### {result} ###" for _, e, result, answer in examples)
+    assert TEACHER_FEW_SHOT[: len(FEW_SHOT)] == FEW_SHOT
+    stories = [story for _, story in (*TRAIN_TEMPLATES, *VAL_TEMPLATES)]
+    for question, _, _, _ in examples:
+        words = set(question.lower().split())
+        # No worked example retells a split's story: each shares under half its words with every template.
+        assert all(len(words & set(story.lower().split())) < len(words) / 2 for story in stories), question
+
+
+def test_the_student_prompt_puts_a_teacher_call_back_into_the_deployed_prompt() -> None:
+    question = load_split("train")[0]["question"]
+    turns = [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "calculator", "arguments": '{"expression": "1 + 1"}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "2"},
+    ]  # fmt: skip
+    for shots in (TEACHER_FEW_SHOT, FEW_SHOT):
+        assert student_prompt(prompt_messages(question, shots)) == prompt_messages(question)
+        assert student_prompt([*prompt_messages(question, shots), *turns]) == [*prompt_messages(question), *turns]
+    assert prompt_messages(question)[0] == {"role": "system", "content": SYSTEM_PROMPT}
 
 
 def test_every_problem_has_the_shape_of_its_family() -> None:
