@@ -14,7 +14,7 @@ from support.split_overlap import describe, find_overlaps
 
 from agentbolt.demo.agent import calculate
 from examples.sft.agent import FEW_SHOT, SYSTEM_PROMPT, TEACHER_FEW_SHOT, prompt_messages, student_prompt
-from examples.sft.data import DATA_DIR, TRAIN_TEMPLATES, VAL_TEMPLATES, family_of, load_split, make_splits
+from examples.sft.data import DATA_DIR, family_of, load_split, make_splits
 from examples.sft.grader import compute_reward
 
 QUESTION = "A cinema has 23 rows with 14 seats in every row. How many seats does the cinema have?"
@@ -149,11 +149,10 @@ def test_the_teacher_shows_one_right_worked_example_per_shape_from_stories_of_ne
     assert sorted(shapes) == sorted({family_of(p) for p in load_split("train")})
     assert all(result == calculate(e) and answer == f"### {result} ###" for _, e, result, answer in examples)
     assert TEACHER_FEW_SHOT[: len(FEW_SHOT)] == FEW_SHOT
-    stories = [story for _, story in (*TRAIN_TEMPLATES, *VAL_TEMPLATES)]
-    for question, _, _, _ in examples:
-        words = set(question.lower().split())
-        # No worked example retells a split's story: each shares under half its words with every template.
-        assert all(len(words & set(story.lower().split())) < len(words) / 2 for story in stories), question
+    # No worked example is a problem of either split reworded, or holds a problem's numbers.
+    problems = [p["question"] for p in (*load_split("train"), *load_split("val"))]
+    overlaps = find_overlaps([question for question, _, _, _ in examples], problems)
+    assert overlaps == [], describe(overlaps)
 
 
 def test_the_student_prompt_puts_a_teacher_call_back_into_the_deployed_prompt() -> None:
