@@ -77,6 +77,14 @@ def test_a_bad_split_name_is_refused() -> None:
         load_split("test")
 
 
+@pytest.fixture(scope="module")
+def long_context_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama with a 4096-token context: its tokenizer writes the teacher's prompt in ~2500 tokens."""
+    from agentbolt.models.tiny import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("tiny-llama-4k"), seed=0, max_position_embeddings=4096)
+
+
 def _tiny_run_options(model_dir: Path, **extra: object) -> list[str]:
     """``--option key=value`` arguments of a one-step SFT run on the tiny random model."""
     options = {
@@ -96,7 +104,9 @@ def _tiny_run_options(model_dir: Path, **extra: object) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_the_separate_processes_layout_trains_through_a_store_server(
+    tmp_path: Path, long_context_tiny_model: Path
+) -> None:
     port = free_port()
     store = start_store_process(tmp_path / "store.db", port, stderr=subprocess.DEVNULL)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -112,7 +122,7 @@ def test_the_separate_processes_layout_trains_through_a_store_server(tmp_path: P
             stderr=subprocess.DEVNULL,
         )
         options = _tiny_run_options(
-            tiny_model_dir, checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs")
+            long_context_tiny_model, checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs")
         )
         command = [sys.executable, "-m", "examples.sft.algorithm", "--store", url, "--n-val", "2", *options]
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -178,11 +188,13 @@ def test_every_problem_has_the_shape_of_its_family() -> None:
 
 
 @pytest.mark.slow
-def test_the_all_in_one_run_writes_a_result_file_with_per_shape_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_the_all_in_one_run_writes_a_result_file_with_per_shape_rows(
+    tmp_path: Path, long_context_tiny_model: Path
+) -> None:
     from examples.sft.allinone import main
 
     argv = ["--output-dir", str(tmp_path / "runs"), "--n-val", "6", "--runners", "2"]
-    argv += ["--results-dir", str(tmp_path), "--result-name", "sft-tiny", *_tiny_run_options(tiny_model_dir)]
+    argv += ["--results-dir", str(tmp_path), "--result-name", "sft-tiny", *_tiny_run_options(long_context_tiny_model)]
     assert main(argv) == 0
     document = json.loads((tmp_path / "sft-tiny.json").read_text())
     assert document["benchmark"] == "sft_allinone" and document["command"].startswith("python -m examples.sft.allinone")
@@ -192,3 +204,5 @@ def test_the_all_in_one_run_writes_a_result_file_with_per_shape_rows(tmp_path: P
     assert rows["all"]["n"] == 6 and sum(row["n"] for name, row in rows.items() if name != "all") == 6
     assert set(rows) - {"all"} <= {"product", "sum", "difference", "quotient", "product plus"}
     assert results["peak_rss_mb"]["main"] > 0 and results["options"]["max_steps"] == 1
+    (step,) = results["steps"]
+    assert step["student_prompts"] > 0 and step["selected"] > 0  # the teacher's calls, learned from the deployed prompt
