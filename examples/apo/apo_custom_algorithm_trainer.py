@@ -1,5 +1,7 @@
 """Run the custom algorithm of ``apo_custom_algorithm.py`` and its runners under one Trainer (one command).
 
+Usage::
+
     python -m examples.apo.apo_custom_algorithm_trainer              # every candidate on all 24 validation tasks
     python -m examples.apo.apo_custom_algorithm_trainer --tasks 4    # a quick look: the first 4 only
 """
