@@ -98,3 +98,18 @@ def test_servers_are_recognised_and_ports_mapped_consistently() -> None:
     )
     assert ports.ports.keys() == {4747, 8000, 4000}
     assert text.count(str(ports[4747])) == 2 and "max=8000" in text and "47470" in text
+
+
+def test_a_benchmark_run_by_a_page_writes_its_result_file_into_the_page_folder(tmp_path: Path) -> None:
+    from .doc_blocks import REPO, Block
+
+    code = (
+        "import sys\nsys.path.insert(0, 'benchmarks')\nfrom result_files import RunRecord\n"
+        "RunRecord.start('benchmarks/doc_test_probe.py', []).finish({'probe': 1})\n"
+    )
+    block = Block("page.md", 1, "python", code, (), "run")
+    with page_run(tmp_path, FAST_TIMEOUT) as run:
+        run.run_block(block)
+    written = list((tmp_path / "results").glob("doc_test_probe-*.json"))
+    assert len(written) == 1 and '"probe": 1' in written[0].read_text()
+    assert not list((REPO / "benchmarks" / "results").glob("doc_test_probe-*"))
