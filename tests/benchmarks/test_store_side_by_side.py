@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SERVER = REPO / ".venv-ref" / "bin" / "agl"
 
 
+@pytest.mark.timeout(1200)
 def test_side_by_side_with_the_reference_gives_ratios(tmp_path: Path) -> None:
     if not REFERENCE_SERVER.exists():
         pytest.skip(f"{REFERENCE_SERVER} is missing: run `make bench-reference` (installs agentlightning from PyPI)")
@@ -27,7 +28,7 @@ def test_side_by_side_with_the_reference_gives_ratios(tmp_path: Path) -> None:
     command = [sys.executable, str(REPO / "benchmarks" / "store_bench.py"), "--side-by-side", "--targets", *targets]
     command += ["--rounds", "1", "--count", "10", "--queries", "3", "--concurrency", "1", "4"]
     command += ["--results-dir", str(tmp_path), "--result-name", "side-by-side"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1100)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "side-by-side.json").read_text())["results"]["side_by_side"]
     assert {row["backend"] for row in rows} == set(targets)
