@@ -35,6 +35,9 @@ def test_every_block_runs_or_is_marked(page: str) -> None:
     assert rule_violations(PAGES[page]) == []
 
 
+# A whole page (the tutorial: its four steps, training included) may take longer than one test's default limit;
+# each block keeps its own limit (FAST_TIMEOUT).
+@pytest.mark.timeout(2 * FAST_TIMEOUT)
 @pytest.mark.parametrize("page", sorted(p for p, blocks in PAGES.items() if _fast_part(blocks)))
 def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
     with page_run(tmp_path, FAST_TIMEOUT) as run:
@@ -43,6 +46,7 @@ def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * SLOW_TIMEOUT)
 @pytest.mark.parametrize("page", sorted(p for p, blocks in PAGES.items() if any(b.kind == "slow" for b in blocks)))
 def test_page_runs_as_written_with_its_slow_blocks(page: str, tmp_path: Path) -> None:
     with page_run(tmp_path, SLOW_TIMEOUT) as run:
