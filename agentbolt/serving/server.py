@@ -75,6 +75,7 @@ from agentbolt.serving.params import (
     GenerationOutput,
     SamplingParams,
     SequenceDelta,
+    SequenceOutput,
 )
 from agentbolt.serving.protocol import (
     ChatCompletionRequest,
@@ -304,15 +305,7 @@ class _Handler:
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
                     finish = "tool_calls" if finish == "stop" else finish
-            entry: Dict[str, Any] = {
-                "index": choice.index,
-                "message": message,
-                "logprobs": self.chat_logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs),
-                "finish_reason": finish,
-            }
-            if body.return_token_ids:
-                entry["token_ids"] = choice.token_ids
-            choices.append(entry)
+            choices.append(self._chat_choice(body, choice, "message", message, finish))
         response: Dict[str, Any] = {
             "id": f"chatcmpl-{generate_id(24)}",
             "object": "chat.completion",
@@ -398,14 +391,26 @@ class _Handler:
             payload["tool_calls"] = [self._indexed(call, call_counts, delta.index) for call in calls]
         if finish == "stop" and call_counts[delta.index]:
             finish = "tool_calls"
+        return self._chat_choice(body, delta, "delta", payload, finish)
+
+    def _chat_choice(
+        self,
+        body: ChatCompletionRequest,
+        sequence: Union[SequenceOutput, SequenceDelta],
+        key: str,
+        content: Dict[str, Any],
+        finish: Optional[str],
+    ) -> Dict[str, Any]:
+        """One entry of ``choices``: the ``message`` (or streamed ``delta``) of a sequence, its logprobs and finish
+        reason, and its token ids when the request asks for them."""
         choice: Dict[str, Any] = {
-            "index": delta.index,
-            "delta": payload,
-            "logprobs": self.chat_logprobs(delta.token_ids, delta.logprobs, delta.top_logprobs),
+            "index": sequence.index,
+            key: content,
+            "logprobs": self.chat_logprobs(sequence.token_ids, sequence.logprobs, sequence.top_logprobs),
             "finish_reason": finish,
         }
         if body.return_token_ids:
-            choice["token_ids"] = delta.token_ids
+            choice["token_ids"] = sequence.token_ids
         return choice
 
     @staticmethod
