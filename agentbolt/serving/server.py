@@ -97,6 +97,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+G = TypeVar("G", ChatCompletionRequest, CompletionRequest)
 
 ServerError = ApiError
 """An error answered with an OpenAI-style body (the shared :class:`~agentbolt.openai_api.errors.ApiError`)."""
@@ -173,6 +174,15 @@ class _Handler:
         if model in engine.adapters:
             return model
         raise ApiError(404, f"The model `{model}` does not exist.", "not_found_error", "model")
+
+    async def open_generation(
+        self, request: Request, model: Type[G], sampling: Callable[[G], SamplingParams]
+    ) -> Tuple[G, Optional[str], SamplingParams]:
+        """A generation request's body, the adapter it names (None: the base model) and its sampling parameters,
+        once the model is loaded."""
+        body = await self.read(request, model)
+        self.require_loaded()
+        return body, self.adapter_for(body.model), sampling(body)
 
     def model_name(self, model: Optional[str]) -> str:
         return model or self.engine.served_name
@@ -636,10 +646,7 @@ def create_app(
 
     @app.post("/v1/chat/completions", include_in_schema=False)
     async def chat(request: Request) -> Response:
-        body = await handler.read(request, ChatCompletionRequest)
-        handler.require_loaded()
-        adapter = handler.adapter_for(body.model)
-        params = chat_sampling_params(body)
+        body, adapter, params = await handler.open_generation(request, ChatCompletionRequest, chat_sampling_params)
         forced = handler.forced_tool_prefix(body)
         prompt = handler.chat_prompt(body, forced)
         handler.admit([prompt], params)
@@ -653,10 +660,7 @@ def create_app(
 
     @app.post("/v1/completions", include_in_schema=False)
     async def completions(request: Request) -> Response:
-        body = await handler.read(request, CompletionRequest)
-        handler.require_loaded()
-        adapter = handler.adapter_for(body.model)
-        params = completion_sampling_params(body)
+        body, adapter, params = await handler.open_generation(request, CompletionRequest, completion_sampling_params)
         prompts = handler.completion_prompts(body)
         handler.admit(prompts, params)
         base = {

@@ -17,20 +17,12 @@ from pydantic import BaseModel
 from agentbolt.store.collection import memory
 from agentbolt.store.collection.base import (
     DuplicatedPrimaryKeyError,
+    FilterOptions,
+    SortOptions,
     normalize_filter_options,
     resolve_sort_options,
 )
-from agentbolt.types import (
-    Attempt,
-    FilterField,
-    FilterOptions,
-    MetricsRecord,
-    ResourcesUpdate,
-    Rollout,
-    SortOptions,
-    Span,
-    Worker,
-)
+from agentbolt.types import Attempt, FilterField, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
 
 __all__ = [
     "Column",
