@@ -8,13 +8,12 @@ import weakref
 from typing import TYPE_CHECKING, Any, Collection, Dict, Optional
 
 from agentbolt.types import Dataset, NamedResources
-from agentbolt.utils.weak import deref
+from agentbolt.utils.weak import TrainerReference, deref
 
 if TYPE_CHECKING:
     from agentbolt.adapter import TraceAdapter
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
-    from agentbolt.trainer import Trainer
 
 __all__ = ["Algorithm", "dataset_arguments", "running_algorithm"]
 
@@ -52,7 +51,7 @@ def dataset_arguments(
     return kwargs
 
 
-class Algorithm:
+class Algorithm(TrainerReference):
     """Base class of training algorithms.
 
     An algorithm enqueues rollouts into the store, publishes resources (prompt templates, LLM endpoints) for the
@@ -60,7 +59,6 @@ class Algorithm:
     adapter, LLM proxy and initial resources before calling :meth:`run`. ``run`` may be a coroutine or a plain method.
     """
 
-    _trainer_ref: Optional[weakref.ReferenceType[Any]] = None
     _llm_proxy_ref: Optional[weakref.ReferenceType[Any]] = None
     _adapter_ref: Optional[weakref.ReferenceType[Any]] = None
     _store: Optional[LightningStore] = None
@@ -121,18 +119,6 @@ class Algorithm:
         raise NotImplementedError("get_client() is no longer supported; use get_store().")
 
     # -- weakly held collaborators -------------------------------------------------------------------------------
-
-    def set_trainer(self, trainer: Trainer) -> None:
-        """Remember the trainer driving this algorithm (weakly referenced)."""
-        self._trainer_ref = weakref.ref(trainer)
-
-    def get_trainer(self) -> Trainer:
-        """The trainer driving this algorithm.
-
-        Raises:
-            ValueError: If no trainer was set or it has been garbage-collected.
-        """
-        return deref(self._trainer_ref, "Trainer", "agent")
 
     def set_llm_proxy(self, llm_proxy: Optional[LLMProxy]) -> None:
         """Remember the LLM proxy serving the trained model (weakly referenced); None clears it."""

@@ -56,7 +56,6 @@ from typing import (
 import orjson
 from pydantic import BaseModel
 
-from agentbolt.store.collection import memory
 from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
@@ -67,8 +66,6 @@ from agentbolt.store.collection.base import (
     StorageOutcomeUnknownError,
     StorageUnavailableError,
     ensure_numeric,
-    normalize_filter_options,
-    resolve_sort_options,
 )
 from agentbolt.store.collection.sql import (
     ATTEMPTS,
@@ -79,11 +76,9 @@ from agentbolt.store.collection.sql import (
     TABLES,
     WORKERS,
     SqlDialect,
+    SqlQuery,
     SqlTable,
     TableSpec,
-    compile_filter,
-    memory_predicate,
-    order_clause,
 )
 from agentbolt.types import (
     Attempt,
@@ -749,14 +744,11 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         raw: bool = False,
     ) -> Tuple[List[Any], int]:
         """Matching items (as JSON when ``raw``) and the total."""
-        filters, must, aggregate = normalize_filter_options(filter)
-        sort_name, order = resolve_sort_options(sort)
-        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
-        order_sql = order_clause(self._spec, sort_name, order)
-        memory.paginate([], limit, offset)  # same validation of limit/offset
+        query = SqlQuery.build(_DIALECT, self._spec, filter, sort, limit, offset)
+        plan = query.plan
         async with self._db.for_read() as conn:
-            if plan.exact and order_sql is not None:
-                sql = f"{self._select} WHERE {plan.where} ORDER BY {order_sql}"
+            if query.in_sql:
+                sql = f"{self._select} WHERE {plan.where} ORDER BY {query.order_sql}"
                 params = list(plan.params)
                 if limit >= 0 or offset > 0:
                     sql += " LIMIT %s OFFSET %s"
@@ -771,14 +763,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 return items, int(total)
             # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
             rows = await (await conn.execute(f"{self._select} WHERE {plan.where} ORDER BY ord", plan.params)).fetchall()
-        items = [self._decode(row) for row in rows]
-        if not plan.exact:
-            matches = memory_predicate()
-            items = [item for item in items if matches(item, filters, aggregate, must)]
-        if sort_name is not None:
-            items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        page = memory.paginate(items, limit, offset)
-        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+        return query.finish([self._decode(row) for row in rows], limit, offset, raw)
 
     async def query_json(
         self,

@@ -15,7 +15,13 @@ from typing import Any, Callable, Dict, Generic, List, Literal, Optional, Sequen
 from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
-from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+from agentbolt.store.collection.base import (
+    DuplicatedPrimaryKeyError,
+    FilterOptions,
+    SortOptions,
+    normalize_filter_options,
+    resolve_sort_options,
+)
 from agentbolt.types import Attempt, FilterField, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
 
 __all__ = [
@@ -23,6 +29,7 @@ __all__ = [
     "TableSpec",
     "SqlDialect",
     "QueryPlan",
+    "SqlQuery",
     "ROLLOUTS",
     "ATTEMPTS",
     "SPANS",
@@ -287,6 +294,59 @@ def order_clause(spec: TableSpec, sort_name: Optional[str], order: str) -> Optio
 def memory_predicate() -> Callable[..., bool]:
     """The in-memory filter predicate: the single definition of filter semantics, used for what SQL can't express."""
     return memory._item_matches_filters  # looked up on each call, like the in-memory collections do
+
+
+@dataclass
+class SqlQuery:
+    """One collection query, planned once for both SQL backends: the ``WHERE`` and ``ORDER BY`` SQL can run, and the
+    in-memory rules that finish what SQL cannot express."""
+
+    spec: TableSpec
+    filters: Any
+    must: Any
+    aggregate: Any
+    sort_name: Optional[str]
+    order: str
+    plan: QueryPlan
+    order_sql: Optional[str]
+
+    @classmethod
+    def build(
+        cls,
+        dialect: SqlDialect,
+        spec: TableSpec,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+    ) -> SqlQuery:
+        """Plan a query (``limit``/``offset`` are validated like the in-memory collections do)."""
+        filters, must, aggregate = normalize_filter_options(filter)
+        sort_name, order = resolve_sort_options(sort)
+        plan = compile_filter(dialect, spec, filters, must, aggregate)
+        order_sql = order_clause(spec, sort_name, order)
+        memory.paginate([], limit, offset)
+        return cls(spec, filters, must, aggregate, sort_name, order, plan, order_sql)
+
+    @property
+    def in_sql(self) -> bool:
+        """Whether SQL expresses the whole query (filter and order), pagination included."""
+        return self.plan.exact and self.order_sql is not None
+
+    def finish(self, items: List[Any], limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        """Filter (what SQL could not), sort and paginate the decoded ``items`` SQL narrowed down, in memory.
+
+        Returns:
+            The page (each item as JSON when ``raw``) and the number of matches.
+        """
+        if not self.plan.exact:
+            matches = memory_predicate()
+            items = [item for item in items if matches(item, self.filters, self.aggregate, self.must)]
+        if self.sort_name is not None:
+            key = memory.sort_key_function(self.spec.item_type, self.sort_name)
+            items.sort(key=key, reverse=self.order == "desc")
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
 
 
 def format_key(names: Sequence[str], values: Sequence[Any]) -> str:
