@@ -174,14 +174,17 @@ def _val_accuracies(history: List[Dict[str, float]]) -> List[float]:
     return [record["val/accuracy"] for record in history if "val/accuracy" in record]
 
 
-def run_demo(config: DemoConfig) -> DemoResult:
+def run_demo(config: DemoConfig) -> Optional[DemoResult]:
     """Run the demo: baseline validation, GRPO training, final validation.
+
+    Under ``torchrun --nproc_per_node N`` the updates are data-parallel: rank 0 runs the demo as in one process and
+    the other ranks only compute their share of each update (docs/scaling.md).
 
     Args:
         config: The run's settings.
 
     Returns:
-        Accuracies, timings and where the outputs are.
+        Accuracies, timings and where the outputs are; None on a follower rank of a data-parallel run.
 
     Raises:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
@@ -190,10 +193,15 @@ def run_demo(config: DemoConfig) -> DemoResult:
     configure_openmp()
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.algorithm.grpo.distributed import launched_rank
     from agentbolt.models import resolve_model
 
     started = time.perf_counter()
     model_path = str(resolve_model(config.model).path)
+    if launched_rank()[0] > 0:
+        # A follower rank: it builds the trainer from rank 0's options and takes its share of every update.
+        GRPO(model=model_path, console=False).follow()
+        return None
     run_dir = _new_run_dir(Path(config.output_dir))
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
     train, val = make_splits(config.n_train, config.n_val, seed=config.seed)

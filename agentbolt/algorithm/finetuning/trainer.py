@@ -251,6 +251,9 @@ class ModelTrainer:
         for block in blocks:
             block.forward = functools.partial(_checkpointed, block.forward)
 
+    def close(self) -> None:
+        """Release what the trainer holds besides memory (nothing here; a data-parallel trainer leaves its run)."""
+
     @property
     def uses_lora(self) -> bool:
         """True when the trained parameters are LoRA adapters."""
