@@ -82,7 +82,7 @@ class GRPO(FinetuningAlgorithm):
         from agentbolt.algorithm.grpo.distributed import DataParallel
         from agentbolt.algorithm.grpo.trainer import PolicyTrainer
 
-        if self._data_parallel is None:
+        if self._data_parallel is None or self._data_parallel.closed:
             self._data_parallel = DataParallel.from_environment(
                 device=self.config.device, timeout=self.config.distributed_timeout
             )

@@ -256,6 +256,7 @@ class DataParallel:
                 message = _ConfigMessage(config=None, error=str(exc))
         received = self._broadcast_object(message, "sending the leader's config")
         if received.error is not None:
+            self.close()  # a refused run is over on every rank
             raise ValueError(received.error)
         assert received.config is not None
         return received.config
@@ -323,7 +324,10 @@ class DataParallel:
                     (f"{a} on rank 0, {b} on rank {rank}" for a, b in zip(layouts[0], other, strict=False) if a != b),
                     f"{len(layouts[0])} tensors on rank 0, {len(other)} on rank {rank}",
                 )
-                raise ValueError(f"the ranks loaded different models ({mismatch}): launch every rank with the same model")
+                self.close()  # every rank refuses: the run is over
+                raise ValueError(
+                    f"the ranks loaded different models ({mismatch}): launch every rank with the same model"
+                )
         with _failures("sharing the leader's weights", self.rank, self.world_size, self.timeout):
             for _, tensor in tensors:
                 dist.broadcast(tensor.data, src=0, group=self.update_group)

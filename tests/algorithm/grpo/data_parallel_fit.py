@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for support.word_model
 
-from support.word_model import PingAgent, build_word_model, fit  # noqa: E402
+from support.word_model import PingAgent, build_word_model, fit
 
-from agentbolt.algorithm.grpo.algorithm import GRPO  # noqa: E402
+from agentbolt.algorithm.grpo.algorithm import GRPO
 
 TASKS = [{"prompt": "ping", "answer": "yes"}]
 

@@ -57,8 +57,16 @@ def main() -> None:
         if behaviour == "exit":
             os._exit(3)
         if behaviour == "other_model":
-            model = LlamaForCausalLM(LlamaConfig(vocab_size=24, hidden_size=16, intermediate_size=32,
-                                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+            model = LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=24,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                )
+            )
         else:
             model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)])
         trainer = PolicyTrainer(model, config, data_parallel=data_parallel)

@@ -30,6 +30,8 @@ def _two_threads() -> None:
     """One torch thread, as in the workers (the same float summation order), and no second thread to wait for on
     busy cores. Overrides the GRPO tests' two-thread fixture of the same name."""
     torch.set_num_threads(1)
+
+
 BASE = {"learning_rate": 1e-2, "max_grad_norm": 1.0, "batch_size": 2, "group_size": 4, "seed": 3}
 
 
@@ -59,7 +61,9 @@ def _run_ranks(tmp_path: Path, case: Dict[str, Any], world_size: int = 2, timeou
     for rank, proc in enumerate(procs):
         out = tmp_path / f"rank{rank}.pt"
         log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-        results.append(torch.load(out, weights_only=False) if out.exists() else {"exit_code": proc.returncode, "log": log})
+        results.append(
+            torch.load(out, weights_only=False) if out.exists() else {"exit_code": proc.returncode, "log": log}
+        )
     return results
 
 
@@ -108,7 +112,16 @@ def test_two_ranks_equal_one_process_after_an_update(tmp_path: Path, name: str) 
     _assert_same_params(leader["params"], alone["params"])
     _assert_same_params(follower["params"], leader["params"])
     assert follower["updates"] == 1
-    for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean", "clip_fraction", "grad_norm", "first_minibatch_ratio_max_dev"):
+    for key in (
+        "loss",
+        "pg_loss",
+        "kl",
+        "entropy",
+        "ratio_mean",
+        "clip_fraction",
+        "grad_norm",
+        "first_minibatch_ratio_max_dev",
+    ):
         assert leader["metrics"][key] == pytest.approx(alone["metrics"][key], rel=1e-4, abs=1e-6), key
     for key in ("optimizer_steps", "samples", "response_tokens", "forward_tokens", "logprob_engine_diff_max"):
         assert leader["metrics"][key] == pytest.approx(alone["metrics"][key], rel=1e-5, abs=1e-6), key
@@ -149,7 +162,9 @@ def test_a_config_leaving_a_rank_without_work_is_refused_on_every_rank(tmp_path:
 def test_world_size_beyond_the_rollouts_of_a_minibatch_names_the_fix() -> None:
     config = GRPOConfig(batch_size=1, group_size=2, micro_batch_size=1)
     check_data_parallel_config(config, 2)  # two rollouts, one each
-    with pytest.raises(ValueError, match=r"over 4 ranks .* a minibatch of 2 rollouts .* raise batch_size \* group_size"):
+    with pytest.raises(
+        ValueError, match=r"over 4 ranks .* a minibatch of 2 rollouts .* raise batch_size \* group_size"
+    ):
         check_data_parallel_config(config, 4)
 
 
@@ -189,8 +204,20 @@ def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path) -> Non
     the updates; the policy learns as in one process, and both ranks end when the run ends."""
     script = Path(__file__).resolve().parent / "data_parallel_fit.py"
     port = free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), str(script), str(tmp_path), "8"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        str(script),
+        str(tmp_path),
+        "8",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
