@@ -83,7 +83,7 @@ class GRPOConfig(FinetuningConfig):
 
     # --- data parallelism ---------------------------------------------------------------------------------------
     distributed_timeout: float = Field(
-        default=600.0,
+        default=1800.0,
         gt=0,
         description="Under torchrun (data-parallel updates, docs/scaling.md): seconds a rank waits for the others in "
         "an update's collective before failing. A rank that dies fails the others at once; one that stalls, after "
