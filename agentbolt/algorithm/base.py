@@ -74,6 +74,12 @@ class Algorithm(TrainerReference):
         per-rollout lines of its own."""
         return False
 
+    def _run_as_follower(self) -> bool:
+        """On a follower rank of a data-parallel run (``torchrun`` rank > 0), take part in the leader's updates until
+        its run ends and return True; :meth:`Trainer.fit` then starts nothing else in this process. False (the
+        default, and on rank 0): this process runs the algorithm itself."""
+        return False
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Same as :meth:`run`."""
         return self.run(*args, **kwargs)
