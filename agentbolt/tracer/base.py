@@ -145,6 +145,12 @@ class Tracer(ParallelWorkerBase):
             return store
         return self._store
 
+    @staticmethod
+    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
+        """Reject a trace context given only one of the rollout and attempt ids."""
+        if (rollout_id is None) != (attempt_id is None):
+            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
+
     def trace_context(
         self,
         name: Optional[str] = None,

@@ -623,11 +623,6 @@ class OtelTracer(Tracer):
         provider, _ = self._require_initialized()
         return provider.get_tracer(_TRACER_NAME)
 
-    @staticmethod
-    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
-        if (rollout_id is None) != (attempt_id is None):
-            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
-
     @contextmanager
     def _collect(
         self,

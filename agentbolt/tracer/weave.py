@@ -276,11 +276,6 @@ class WeaveTracer(Tracer):
 
     # ---- trace contexts ----
 
-    @staticmethod
-    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
-        if (rollout_id is None) != (attempt_id is None):
-            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
-
     def _open_root(self, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]) -> Any:
         client = self._require_client()
         self._check_ids(rollout_id, attempt_id)

@@ -82,12 +82,9 @@ from agentbolt.store.collection.sql import (
 )
 from agentbolt.types import (
     Attempt,
-    FilterOptions,
     MetricsRecord,
-    PaginatedResult,
     ResourcesUpdate,
     Rollout,
-    SortOptions,
     Span,
     Worker,
 )
@@ -684,6 +681,8 @@ class _Backed:
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items: indexed field columns plus the rest of the item as ``jsonb``."""
 
+    _dialect = _DIALECT
+
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database, spec.table)
         Collection.__init__(self, tracker=tracker)
@@ -735,16 +734,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             data[name] = value
         return orjson.dumps(data)
 
-    async def _run_query(
-        self,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
-    ) -> Tuple[List[Any], int]:
-        """Matching items (as JSON when ``raw``) and the total."""
-        query = SqlQuery.build(_DIALECT, self._spec, filter, sort, limit, offset)
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
         plan = query.plan
         async with self._db.for_read() as conn:
             if query.in_sql:
@@ -764,35 +754,6 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
             rows = await (await conn.execute(f"{self._select} WHERE {plan.where} ORDER BY ord", plan.params)).fetchall()
         return query.finish([self._decode(row) for row in rows], limit, offset, raw)
-
-    async def query_json(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Tuple[List[bytes], int]:
-        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
-        async with self.tracking_context("query", self.collection_name):
-            return await self._run_query(filter, sort, limit, offset, raw=True)
-
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[M]:
-        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
-        async with self.tracking_context("query", self.collection_name):
-            items, total = await self._run_query(filter, sort, limit, offset)
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
-
-    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
-        """First match by ``sort`` (insertion order without), or None."""
-        async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._run_query(filter, sort, 1, 0)
-            return items[0] if items else None
 
     # -- writes ---------------------------------------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
 from agentbolt.store.collection.base import (
+    Collection,
     DuplicatedPrimaryKeyError,
     FilterOptions,
+    PaginatedResult,
     SortOptions,
     normalize_filter_options,
     resolve_sort_options,
@@ -354,8 +356,14 @@ def format_key(names: Sequence[str], values: Sequence[Any]) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
 
 
-class SqlTable(Generic[M]):
-    """What a SQL collection knows of its table: names, keys, and the checks made before any statement runs."""
+class SqlTable(Collection[M], Generic[M]):
+    """What a SQL collection knows of its table: names, keys, the checks made before any statement runs, and reads.
+
+    A backend provides :meth:`_query_page`; :meth:`query`, :meth:`query_json` and :meth:`get` are built on it.
+    """
+
+    _dialect: SqlDialect
+    """How the backend spells what differs between SQL databases."""
 
     def __init__(self, spec: TableSpec) -> None:
         self._spec = spec
@@ -404,3 +412,43 @@ class SqlTable(Generic[M]):
         return DuplicatedPrimaryKeyError(
             f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
         )
+
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        """The page of ``query`` (each item as JSON bytes when ``raw``) and the number of matches."""
+        raise NotImplementedError()
+
+    async def _page(
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
+    ) -> Tuple[List[Any], int]:
+        """Plan the query (checking ``limit`` and ``offset``) and read its page."""
+        query = SqlQuery.build(self._dialect, self._spec, filter, sort, limit, offset)
+        return await self._query_page(query, limit, offset, raw)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._page(filter, sort, limit, offset, raw=True)
+
+    async def query(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[M]:
+        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
+        async with self.tracking_context("query", self.collection_name):
+            items, total = await self._page(filter, sort, limit, offset)
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+
+    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
+        """First match by ``sort`` (insertion order without), or None."""
+        async with self.tracking_context("get", self.collection_name):
+            items, _ = await self._page(filter, sort, 1, 0)
+            return items[0] if items else None

@@ -82,12 +82,9 @@ from agentbolt.store.collection.sql import (
 )
 from agentbolt.types import (
     Attempt,
-    FilterOptions,
     MetricsRecord,
-    PaginatedResult,
     ResourcesUpdate,
     Rollout,
-    SortOptions,
     Span,
     Worker,
 )
@@ -765,6 +762,8 @@ _DIALECT = SqlDialect(placeholder="?", contains=lambda name: f"instr({name}, ?) 
 class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items stored as JSON rows with indexed field columns."""
 
+    _dialect = _DIALECT
+
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
@@ -807,16 +806,9 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             )
 
     def _run_query(
-        self,
-        conn: sqlite3.Connection,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
+        self, conn: sqlite3.Connection, query: SqlQuery, limit: int, offset: int, raw: bool
     ) -> Tuple[List[Any], int]:
         """Matching items (their stored JSON when ``raw``) and the total."""
-        query = SqlQuery.build(_DIALECT, self._spec, filter, sort, limit, offset)
         plan = query.plan
         table = self._spec.table
         if query.in_sql:
@@ -835,34 +827,8 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
         return query.finish([self._decode(row[0]) for row in rows], limit, offset, raw)
 
-    async def query_json(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Tuple[List[bytes], int]:
-        """Like :meth:`query`, with each item's stored JSON (no model is built), and the total."""
-        async with self.tracking_context("query", self.collection_name):
-            return await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset, raw=True))
-
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[M]:
-        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
-        async with self.tracking_context("query", self.collection_name):
-            items, total = await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset))
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
-
-    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
-        """First match by ``sort`` (insertion order without), or None."""
-        async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._read(lambda conn: self._run_query(conn, filter, sort, 1, 0))
-            return items[0] if items else None
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        return await self._read(lambda conn: self._run_query(conn, query, limit, offset, raw))
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
