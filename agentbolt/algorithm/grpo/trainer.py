@@ -36,7 +36,7 @@ from agentbolt.algorithm.finetuning.trainer import (
 )
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
-from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
+from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, packable, prefix_order, tree_logits
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = [
@@ -168,14 +168,6 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
-def _packable(model: Any) -> bool:
-    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
-    from agentbolt.serving.logits import plain_output_head
-
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return plain_output_head(model) and attention in ("sdpa", "eager")
-
-
 class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
@@ -192,7 +184,7 @@ class PolicyTrainer(ModelTrainer):
     def __init__(self, model: Any, config: GRPOConfig, *, pad_token_id: int = 0) -> None:
         self.ref_model: Optional[Any] = None
         super().__init__(model, config, pad_token_id=pad_token_id)
-        self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
+        self.packs_prefixes = config.pack_shared_prefixes and packable(self.model)
 
     def _keep_reference(self, model: Any) -> None:
         """Full fine-tuning with a KL term keeps a frozen copy of the initial weights as the reference."""
@@ -219,17 +211,10 @@ class PolicyTrainer(ModelTrainer):
         packed batch runs the body once over the prefix tree and projects only the hidden states that predict
         response tokens.
         """
-        from agentbolt.serving.logits import body_hidden_states, float32_head, float32_logits
+        from agentbolt.serving.logits import float32_logits
 
         if isinstance(batch, PackedBatch):
-            hidden = body_hidden_states(
-                model,
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask(self.model.dtype, self.device),
-                position_ids=batch.position_ids,
-                use_cache=False,
-            )[0]
-            return float32_head(model, hidden[batch.source_positions])
+            return tree_logits(model, batch, batch.source_positions)
         width = batch.response_width
         logits = float32_logits(
             model,
@@ -288,7 +273,8 @@ class PolicyTrainer(ModelTrainer):
         untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         with context:
-            for micro in _chunks(prefix_order(samples, range(len(samples))), self.config.micro_batch_size):
+            sequences = [sample.token_ids for sample in samples]
+            for micro in _chunks(prefix_order(sequences, range(len(samples))), self.config.micro_batch_size):
                 chunk = [samples[i] for i in micro]
                 batch = self._batch(chunk)
                 logits = self._response_logits(model, batch)
@@ -351,6 +337,7 @@ class PolicyTrainer(ModelTrainer):
         forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
+        sequences = [sample.token_ids for sample in samples]
         try:
             for epoch in range(config.ppo_epochs):
                 minibatches = rollout_minibatches(samples, config.minibatches_per_epoch, self.generator)
@@ -360,7 +347,7 @@ class PolicyTrainer(ModelTrainer):
                         continue
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    for micro in _chunks(prefix_order(samples, mb), config.micro_batch_size):
+                    for micro in _chunks(prefix_order(sequences, mb), config.micro_batch_size):
                         chunk = [samples[i] for i in micro]
                         batch = self._batch(chunk)
                         forward_tokens += batch.computed_tokens
