@@ -63,6 +63,11 @@ class TokenSample:
     temperature: float = 1.0
 
     @property
+    def token_ids(self) -> List[int]:
+        """The prompt then the response: the sequence the trainer runs."""
+        return self.prompt_ids + self.response_ids
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus response length."""
         return len(self.prompt_ids) + len(self.response_ids)

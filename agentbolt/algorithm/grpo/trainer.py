@@ -36,7 +36,7 @@ from agentbolt.algorithm.finetuning.trainer import (
 )
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
-from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
+from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, packable, prefix_order, tree_logits
 from agentbolt.algorithm.grpo.samples import TokenSample
 
 if TYPE_CHECKING:
@@ -171,14 +171,6 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
-def _packable(model: Any) -> bool:
-    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
-    from agentbolt.serving.logits import plain_output_head
-
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return plain_output_head(model) and attention in ("sdpa", "eager")
-
-
 class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
@@ -208,7 +200,7 @@ class PolicyTrainer(ModelTrainer):
     ) -> None:
         self.ref_model: Optional[Any] = None
         super().__init__(model, config, pad_token_id=pad_token_id)
-        self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
+        self.packs_prefixes = config.pack_shared_prefixes and packable(self.model)
         if data_parallel is not None and data_parallel.device.type != self.device.type:
             raise ValueError(
                 f"the data-parallel ranks communicate on {data_parallel.device.type} but the trainer runs on "
@@ -241,17 +233,10 @@ class PolicyTrainer(ModelTrainer):
         packed batch runs the body once over the prefix tree and projects only the hidden states that predict
         response tokens.
         """
-        from agentbolt.serving.logits import body_hidden_states, float32_head, float32_logits
+        from agentbolt.serving.logits import float32_logits
 
         if isinstance(batch, PackedBatch):
-            hidden = body_hidden_states(
-                model,
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask(self.model.dtype, self.device),
-                position_ids=batch.position_ids,
-                use_cache=False,
-            )[0]
-            return float32_head(model, hidden[batch.source_positions])
+            return tree_logits(model, batch, batch.source_positions)
         width = batch.response_width
         logits = float32_logits(
             model,
@@ -313,7 +298,8 @@ class PolicyTrainer(ModelTrainer):
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
         untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
-        micro_batches = list(_chunks(prefix_order(samples, range(len(samples))), self.config.micro_batch_size))
+        sequences = [sample.token_ids for sample in samples]
+        micro_batches = list(_chunks(prefix_order(sequences, range(len(samples))), self.config.micro_batch_size))
         with context:
             for micro in self._local_share(micro_batches, across_ranks):
                 chunk = [samples[i] for i in micro]
@@ -393,6 +379,7 @@ class PolicyTrainer(ModelTrainer):
         forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
+        sequences = [sample.token_ids for sample in samples]
         try:
             for epoch in range(config.ppo_epochs):
                 minibatches = rollout_minibatches(samples, config.minibatches_per_epoch, self.generator)
@@ -404,7 +391,7 @@ class PolicyTrainer(ModelTrainer):
                     # are the one-process gradient (see distributed.py).
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    micro_batches = list(_chunks(prefix_order(samples, mb), config.micro_batch_size))
+                    micro_batches = list(_chunks(prefix_order(sequences, mb), config.micro_batch_size))
                     for micro in self._local_share(micro_batches):
                         chunk = [samples[i] for i in micro]
                         batch = self._batch(chunk)
