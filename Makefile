@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
 
-.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-examples test-frameworks test-weave test-verl test-browser browser dashboard demo docs lint format bench clean
+.PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-examples test-frameworks test-weave test-verl test-browser browser dashboard dashboard-screenshots demo docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,10 @@ browser:
 
 test-browser: $(STAMP) browser
 	$(PY) -m pytest -q -m browser -p no:cacheprovider tests/dashboard
+
+# Retakes the screenshots of docs/dashboard.md (docs/images/dashboard-*.png) with the browser tests.
+dashboard-screenshots: $(STAMP) browser
+	AGENTBOLT_DOC_SCREENSHOTS=1 $(PY) -m pytest -q -m browser -p no:cacheprovider tests/dashboard/test_browser.py
 
 # Rebuilds agentbolt/dashboard/ (shipped in the package) from dashboard/ with the locked npm dependencies.
 dashboard:

@@ -7,8 +7,9 @@ heavy dependency; type checkers and IDEs see the same names as ordinary imports 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+
+from agentbolt.utils.lazy import LazyExports
 
 __version__ = "0.3.1"
 
@@ -139,10 +140,7 @@ _RENAMED: Dict[str, Tuple[str, str]] = {
     "setup_module_logging": ("agentbolt.logging", "setup_module"),
 }
 
-_NAME_TO_MODULE: Dict[str, Tuple[str, str]] = {
-    name: (module, name) for module, names in _EXPORTS.items() for name in names
-}
-_NAME_TO_MODULE.update(_RENAMED)
+_LAZY = LazyExports(__name__, _EXPORTS, renamed=_RENAMED)
 
 __all__ = [
     "__version__",
@@ -414,13 +412,7 @@ else:
 
     def __getattr__(name: str) -> Any:
         """Import an exported name on first access."""
-        try:
-            module_name, attribute = _NAME_TO_MODULE[name]
-        except KeyError:
-            raise AttributeError(f"module 'agentbolt' has no attribute {name!r}") from None
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
+        return _LAZY.load(name)
 
     def __dir__() -> List[str]:
-        return sorted(set(globals()) | set(_NAME_TO_MODULE))
+        return _LAZY.dir()

@@ -123,33 +123,30 @@ def _int_list(value: Any) -> Optional[List[int]]:
     return None
 
 
+def _str(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+def _put_given(attributes: Dict[str, Any], key: str, value: Optional[str]) -> None:
+    if value is not None:
+        attributes[key] = value
+
+
 def _put_tool_calls(attributes: Dict[str, Any], prefix: str, tool_calls: Iterable[Any]) -> None:
     for j, call in enumerate(tool_calls):
         key = f"{prefix}.tool_calls.{j}"
         function = _get(call, "function")
-        call_id = _get(call, "id")
-        if call_id is not None:
-            attributes[f"{key}.id"] = str(call_id)
+        _put_given(attributes, f"{key}.id", _str(_get(call, "id")))
         attributes[f"{key}.type"] = _get(call, "type") or "function"
-        name = _get(function, "name")
-        if name is not None:
-            attributes[f"{key}.name"] = str(name)
-        arguments = _text(_get(function, "arguments"))
-        if arguments is not None:
-            attributes[f"{key}.arguments"] = arguments
+        _put_given(attributes, f"{key}.name", _str(_get(function, "name")))
+        _put_given(attributes, f"{key}.arguments", _text(_get(function, "arguments")))
 
 
 def _put_message(attributes: Dict[str, Any], prefix: str, message: Any) -> None:
-    role = _get(message, "role")
-    if role is not None:
-        attributes[f"{prefix}.role"] = str(role)
-    content = _text(_get(message, "content"))
-    if content is not None:
-        attributes[f"{prefix}.content"] = content
+    _put_given(attributes, f"{prefix}.role", _str(_get(message, "role")))
+    _put_given(attributes, f"{prefix}.content", _text(_get(message, "content")))
     for field in ("name", "tool_call_id", "reasoning_content"):
-        value = _get(message, field)
-        if value is not None:
-            attributes[f"{prefix}.{field}"] = str(value)
+        _put_given(attributes, f"{prefix}.{field}", _str(_get(message, field)))
     tool_calls = _get(message, "tool_calls")
     if tool_calls:
         _put_tool_calls(attributes, prefix, tool_calls)

@@ -141,7 +141,7 @@ def main() -> None:
         "batch": {"samples": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response},
         "tokens_per_step": tokens,
         "repeats": args.repeats,
-        "step_seconds": {name: round(value, 4) for name, value in seconds.items()},
+        "step_seconds": {name: float(f"{value:.6g}") for name, value in seconds.items()},  # 6 significant digits
         "samples_per_second": {name: round(args.batch / value, 3) for name, value in seconds.items()},
         "overhead_ratio_vs_bare_targets": round(seconds["sft"] / seconds["bare_targets"], 3),
         "overhead_ratio_vs_bare_hf": round(seconds["sft"] / seconds["bare_hf"], 3),

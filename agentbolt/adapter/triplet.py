@@ -235,6 +235,24 @@ def _time_or(value: Optional[float], default: float) -> float:
 # -- trace tree -----------------------------------------------------------------------------------------------------
 
 
+def _enclosing_span(span_id: str, name: str, nodes: Sequence[TraceTree]) -> Span:
+    """A span standing for a missing parent of ``nodes``: same rollout, attempt and trace, spanning their times."""
+    first = nodes[0].span
+    starts = [node.start_time for node in nodes if node.start_time is not None]
+    ends = [node.end_time for node in nodes if node.end_time is not None]
+    return Span.from_attributes(
+        attributes={},
+        span_id=span_id,
+        name=name,
+        rollout_id=first.rollout_id,
+        attempt_id=first.attempt_id,
+        sequence_id=first.sequence_id,
+        trace_id=first.trace_id,
+        start_time=min(starts) if starts else None,
+        end_time=max(ends) if ends else None,
+    )
+
+
 class TraceTree:
     """A span and its children: the tree structure of one rollout's trace.
 
@@ -379,21 +397,7 @@ class TraceTree:
             if parent_id is not None and parent_id != node.id and parent_id not in nodes:
                 orphans.setdefault(parent_id, []).append(node)
         for parent_id, children in orphans.items():
-            first = children[0].span
-            starts = [c.start_time for c in children if c.start_time is not None]
-            ends = [c.end_time for c in children if c.end_time is not None]
-            virtual = Span.from_attributes(
-                attributes={},
-                span_id=parent_id,
-                name=AGL_VIRTUAL,
-                rollout_id=first.rollout_id,
-                attempt_id=first.attempt_id,
-                sequence_id=first.sequence_id,
-                trace_id=first.trace_id,
-                start_time=min(starts) if starts else None,
-                end_time=max(ends) if ends else None,
-            )
-            node = cls(parent_id, virtual)
+            node = cls(parent_id, _enclosing_span(parent_id, AGL_VIRTUAL, children))
             nodes[parent_id] = node
             ordered.append(node)
 
@@ -408,21 +412,7 @@ class TraceTree:
             raise ValueError("No root span found: the spans' parent links form a cycle.")
         if len(roots) == 1:
             return roots[0]
-        starts = [r.start_time for r in roots if r.start_time is not None]
-        ends = [r.end_time for r in roots if r.end_time is not None]
-        first = roots[0].span
-        root_span = Span.from_attributes(
-            attributes={},
-            span_id=VIRTUAL_ROOT_ID,
-            name=VIRTUAL_ROOT_ID,
-            rollout_id=first.rollout_id,
-            attempt_id=first.attempt_id,
-            sequence_id=first.sequence_id,
-            trace_id=first.trace_id,
-            start_time=min(starts) if starts else None,
-            end_time=max(ends) if ends else None,
-        )
-        return cls(VIRTUAL_ROOT_ID, root_span, roots)
+        return cls(VIRTUAL_ROOT_ID, _enclosing_span(VIRTUAL_ROOT_ID, VIRTUAL_ROOT_ID, roots), roots)
 
     def repair_hierarchy(self) -> None:
         """Re-attach top-level spans to the span that encloses them in time.

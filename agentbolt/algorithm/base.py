@@ -8,13 +8,12 @@ import weakref
 from typing import TYPE_CHECKING, Any, Collection, Dict, Optional
 
 from agentbolt.types import Dataset, NamedResources
-from agentbolt.utils.weak import deref
+from agentbolt.utils.weak import TrainerReference, deref
 
 if TYPE_CHECKING:
     from agentbolt.adapter import TraceAdapter
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
-    from agentbolt.trainer import Trainer
 
 __all__ = ["Algorithm", "dataset_arguments", "running_algorithm"]
 
@@ -52,7 +51,7 @@ def dataset_arguments(
     return kwargs
 
 
-class Algorithm:
+class Algorithm(TrainerReference):
     """Base class of training algorithms.
 
     An algorithm enqueues rollouts into the store, publishes resources (prompt templates, LLM endpoints) for the
@@ -60,7 +59,6 @@ class Algorithm:
     adapter, LLM proxy and initial resources before calling :meth:`run`. ``run`` may be a coroutine or a plain method.
     """
 
-    _trainer_ref: Optional[weakref.ReferenceType[Any]] = None
     _llm_proxy_ref: Optional[weakref.ReferenceType[Any]] = None
     _adapter_ref: Optional[weakref.ReferenceType[Any]] = None
     _store: Optional[LightningStore] = None
@@ -74,6 +72,12 @@ class Algorithm:
     def reports_progress(self) -> bool:
         """Whether the algorithm shows its own progress on the console; :meth:`Trainer.fit` then adds no
         per-rollout lines of its own."""
+        return False
+
+    def _run_as_follower(self) -> bool:
+        """On a follower rank of a data-parallel run (``torchrun`` rank > 0), take part in the leader's updates until
+        its run ends and return True; :meth:`Trainer.fit` then starts nothing else in this process. False (the
+        default, and on rank 0): this process runs the algorithm itself."""
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -121,18 +125,6 @@ class Algorithm:
         raise NotImplementedError("get_client() is no longer supported; use get_store().")
 
     # -- weakly held collaborators -------------------------------------------------------------------------------
-
-    def set_trainer(self, trainer: Trainer) -> None:
-        """Remember the trainer driving this algorithm (weakly referenced)."""
-        self._trainer_ref = weakref.ref(trainer)
-
-    def get_trainer(self) -> Trainer:
-        """The trainer driving this algorithm.
-
-        Raises:
-            ValueError: If no trainer was set or it has been garbage-collected.
-        """
-        return deref(self._trainer_ref, "Trainer", "agent")
 
     def set_llm_proxy(self, llm_proxy: Optional[LLMProxy]) -> None:
         """Remember the LLM proxy serving the trained model (weakly referenced); None clears it."""

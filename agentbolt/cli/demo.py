@@ -47,11 +47,23 @@ def demo_command(
         from agentbolt.logging import quiet_model_loading
 
         quiet_model_loading()
+    from agentbolt.algorithm.grpo.distributed import launched_rank
+
     console = Console()
     overrides = {"output_dir": output_dir, "seed": seed}
     if steps is not None:
         overrides["steps"] = steps
     config = DemoConfig.quick(**overrides) if quick else DemoConfig(**overrides)  # type: ignore[arg-type]
+    try:
+        rank, _ = launched_rank()
+    except ValueError as exc:  # malformed torchrun variables
+        raise CliError(str(exc)) from None
+    if rank > 0:  # a follower rank under torchrun: rank 0 reports
+        try:
+            run_demo(config)
+        except ModelNotAvailableError as exc:
+            raise CliError(str(exc)) from None
+        return 0
     console.print(
         f"[bold]agentbolt demo[/bold]: GRPO on {config.model}, {config.steps} steps x {config.batch_size} questions "
         f"x {config.group_size} rollouts; {config.n_val} held-out questions. Output under {output_dir}/"
@@ -66,6 +78,7 @@ def demo_command(
         result = run_demo(config)
     except ModelNotAvailableError as exc:
         raise CliError(str(exc)) from None
+    assert result is not None  # rank 0, or a run alone
     if summary_json is not None:
         summary_json.parent.mkdir(parents=True, exist_ok=True)
         summary_json.write_text(json.dumps(result.summary(), indent=2) + "\n", encoding="utf-8")

@@ -8,7 +8,7 @@ import logging
 import signal
 from typing import Any, AsyncIterator
 
-__all__ = ["shutdown_signals", "wait_for_shutdown"]
+__all__ = ["shutdown_signals", "wait_for_shutdown", "stop_when_asked"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,13 @@ async def wait_until_stopped(stop: asyncio.Event, server: Any, poll_seconds: flo
     while not stop.is_set() and server.is_running():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=poll_seconds)
+
+
+async def stop_when_asked(command: str, stop: asyncio.Event, server: Any) -> None:
+    """Wait as :func:`wait_until_stopped` does, then stop ``server``, printing that ``agentbolt COMMAND`` shuts down."""
+    await wait_until_stopped(stop, server)
+    print(f"agentbolt {command}: shutting down", flush=True)
+    await server.stop()
 
 
 async def wait_for_shutdown(server: Any) -> None:

@@ -17,7 +17,7 @@ import typer
 
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
-from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
+from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 
 __all__ = [
     "HELP",
@@ -136,9 +136,7 @@ async def _serve(app: Any, host: str, port: int, path: str, directory: str, acce
             raise CliError(f"cannot serve on {host}:{port}: {exc}", exit_code=1) from exc
         print(f"agentbolt prometheus: aggregating {directory}", flush=True)
         print(f"agentbolt prometheus: serving {launcher.access_endpoint}{path}", flush=True)
-        await wait_until_stopped(stop, launcher)
-        print("agentbolt prometheus: shutting down", flush=True)
-        await launcher.stop()
+        await stop_when_asked("prometheus", stop, launcher)
     return 0
 
 

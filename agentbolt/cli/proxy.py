@@ -21,7 +21,7 @@ import typer
 
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
-from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
+from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
 
@@ -155,9 +155,7 @@ async def _serve(
             models = ", ".join(dict.fromkeys(entry["model_name"] for entry in model_list)) or "(none)"
             print(f"agentbolt proxy: recording calls under /rollout/<id>/attempt/<id>/v1 into {store_spec}", flush=True)
             print(f"agentbolt proxy: serving {proxy.endpoint}/v1 (models: {models})", flush=True)
-            await wait_until_stopped(stop, proxy)
-            print("agentbolt proxy: shutting down", flush=True)
-            await proxy.stop()
+            await stop_when_asked("proxy", stop, proxy)
         finally:
             close = getattr(store, "close", None)
             if close is not None:

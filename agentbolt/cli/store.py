@@ -23,7 +23,7 @@ import typer
 
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
-from agentbolt.cli.lifecycle import shutdown_signals, wait_until_stopped
+from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
 
 __all__ = ["CONTEXT_SETTINGS", "HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
@@ -307,9 +307,7 @@ async def _serve(
                 print("agentbolt store: bearer token required", flush=True)
             print(f"agentbolt store: serving {_endpoint(server)}/v1/agl", flush=True)
             print(f"agentbolt store: dashboard at {_endpoint(server)}/", flush=True)
-            await wait_until_stopped(stop, server)
-            print("agentbolt store: shutting down", flush=True)
-            await server.stop()
+            await stop_when_asked("store", stop, server)
         finally:
             if store is not None:
                 await _close_store(store)

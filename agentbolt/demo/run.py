@@ -197,6 +197,26 @@ def new_run_dir(output_dir: Path) -> Path:
     return run_dir
 
 
+def follow_grpo_updates(config: GrpoRunConfig) -> bool:
+    """On a follower rank of a ``torchrun`` launch, take this rank's share of every update of rank 0's GRPO run.
+
+    Returns:
+        True once a follower rank's part is over (the caller has nothing else to do); False at once on rank 0 or
+        outside ``torchrun``.
+    """
+    from agentbolt.algorithm.grpo.distributed import launched_rank
+
+    if launched_rank()[0] == 0:
+        return False
+    configure_openmp()
+    from agentbolt.algorithm.grpo import GRPO
+    from agentbolt.models import resolve_model
+
+    # The trainer is built from rank 0's options; only the model must be found here.
+    GRPO(model=str(resolve_model(config.model).path), console=False).follow()
+    return True
+
+
 def fit_grpo(
     config: GrpoRunConfig,
     agent: Any,
@@ -281,20 +301,25 @@ def _val_accuracies(history: List[Dict[str, float]]) -> List[float]:
     return [record["val/accuracy"] for record in history if "val/accuracy" in record]
 
 
-def run_demo(config: DemoConfig) -> DemoResult:
+def run_demo(config: DemoConfig) -> Optional[DemoResult]:
     """Run the demo: baseline validation, GRPO training, final validation.
+
+    Under ``torchrun --nproc_per_node N`` the updates are data-parallel: rank 0 runs the demo as in one process and
+    the other ranks only compute their share of each update (docs/scaling.md).
 
     Args:
         config: The run's settings.
 
     Returns:
-        Accuracies, timings and where the outputs are.
+        Accuracies, timings and where the outputs are; None on a follower rank of a data-parallel run.
 
     Raises:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
         RuntimeError: Validation did not run (no accuracy to report).
     """
     started = time.perf_counter()
+    if follow_grpo_updates(config):
+        return None
     run_dir = new_run_dir(Path(config.output_dir))
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
     train, val = make_splits(config.n_train, config.n_val, seed=config.seed)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Protocol
+import asyncio
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Awaitable, Iterator, Optional, Protocol
+
+from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
 
 from .events import ExecutionEvent
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
 
-__all__ = ["AlgorithmBundle", "RunnerBundle", "ExecutionStrategy"]
+__all__ = ["AlgorithmBundle", "RunnerBundle", "ExecutionStrategy", "resolve_managed_store", "stopping_on_failure"]
 
 
 class AlgorithmBundle(Protocol):
@@ -32,3 +36,18 @@ class ExecutionStrategy:
     def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: LightningStore) -> None:
         """Run both sides until the algorithm finishes (or a side fails, or the user interrupts)."""
         raise NotImplementedError()
+
+
+def resolve_managed_store(managed_store: Optional[bool]) -> bool:
+    """Whether a strategy manages the store: ``managed_store`` when given, else ``AGL_MANAGED_STORE``, else True."""
+    return bool(resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True))
+
+
+@contextmanager
+def stopping_on_failure(stop_evt: ExecutionEvent) -> Iterator[None]:
+    """Set ``stop_evt`` when the block fails (an exception, a cancellation or Ctrl-C), so the other side stops too."""
+    try:
+        yield
+    except (Exception, asyncio.CancelledError, KeyboardInterrupt):
+        stop_evt.set()
+        raise

@@ -14,11 +14,11 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
 
-from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_int_env_var, resolve_str_env_var
+from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.utils.server_launcher import bind_socket
 
-from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
+from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store, stopping_on_failure
 from .events import ExecutionEvent, MultiprocessingEvent
 
 __all__ = ["ClientServerExecutionStrategy", "wait_for_own_server"]
@@ -130,9 +130,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.graceful_timeout = graceful_timeout
         self.terminate_timeout = terminate_timeout
         self.main_process = main_process
-        self.managed_store = bool(
-            resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
-        )
+        self.managed_store = resolve_managed_store(managed_store)
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
         self.startup_timeout = startup_timeout
 
@@ -148,21 +146,21 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     ) -> None:
         server: Optional[LightningStoreServer] = None
         try:
-            if self.managed_store:
-                server = LightningStoreServer(store, host=self.server_host, port=self.server_port, server_id=server_id)
-                server.launcher_args.log_level = logging.WARNING  # internal plumbing: no uvicorn lifecycle lines
-                await server.start()
-                logger.info("Store served at %s", server.endpoint)
-                store = server
-            await algorithm(store, stop_evt)
-            stop_evt.set()
-            if server is not None:
-                # The algorithm is done: keep serving while the local runners finish their current rollout and exit,
-                # so their last writes do not hit a store that is already gone.
-                await asyncio.to_thread(self._join_until_deadline, list(runner_processes), self.graceful_timeout)
-        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
-            stop_evt.set()
-            raise
+            with stopping_on_failure(stop_evt):
+                if self.managed_store:
+                    server = LightningStoreServer(
+                        store, host=self.server_host, port=self.server_port, server_id=server_id
+                    )
+                    server.launcher_args.log_level = logging.WARNING  # internal plumbing: no uvicorn lifecycle lines
+                    await server.start()
+                    logger.info("Store served at %s", server.endpoint)
+                    store = server
+                await algorithm(store, stop_evt)
+                stop_evt.set()
+                if server is not None:
+                    # The algorithm is done: keep serving while the local runners finish their current rollout and
+                    # exit, so their last writes do not hit a store that is already gone.
+                    await asyncio.to_thread(self._join_until_deadline, list(runner_processes), self.graceful_timeout)
         finally:
             if server is not None:
                 await server.stop()
@@ -177,17 +175,15 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     ) -> None:
         client: Optional[LightningStoreClient] = None
         try:
-            if self.managed_store:
-                client = LightningStoreClient(
-                    f"http://{self.server_host}:{self.server_port}", expected_server_id=server_id
-                )
-                store = client
-                if server_id is not None and not await self._wait_for_own_server(client, server_id, stop_evt):
-                    return
-            await runner(store, worker_id, stop_evt)
-        except (Exception, asyncio.CancelledError, KeyboardInterrupt):
-            stop_evt.set()
-            raise
+            with stopping_on_failure(stop_evt):
+                if self.managed_store:
+                    client = LightningStoreClient(
+                        f"http://{self.server_host}:{self.server_port}", expected_server_id=server_id
+                    )
+                    store = client
+                    if server_id is not None and not await self._wait_for_own_server(client, server_id, stop_evt):
+                        return
+                await runner(store, worker_id, stop_evt)
         finally:
             if client is not None:
                 await client.close()

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 from agentbolt.env_var import (
     API_KEY_ENV_VAR,
     LightningEnvVar,
-    resolve_bool_env_var,
     resolve_int_env_var,
     resolve_str_env_var,
 )
 from agentbolt.utils.server_launcher import pick_free_port
 
-from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
+from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
 from .events import ExecutionEvent, ThreadingEvent
 
 if TYPE_CHECKING:
@@ -222,9 +221,7 @@ class RayExecutionStrategy(ExecutionStrategy):
         self.server_port = resolve_int_env_var(LightningEnvVar.AGL_SERVER_PORT, override=server_port)
         self.advertised_host = advertised_host
         self.api_key = api_key
-        self.managed_store = bool(
-            resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
-        )
+        self.managed_store = resolve_managed_store(managed_store)
         self.graceful_timeout = graceful_timeout
         self.startup_timeout = startup_timeout
         self.poll_interval = poll_interval

@@ -7,9 +7,7 @@ import logging
 import threading
 from typing import Any, Awaitable, List, Literal, Optional, TypeVar
 
-from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
-
-from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle
+from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
 from .events import ExecutionEvent, ThreadingEvent
 
 __all__ = ["SharedMemoryExecutionStrategy"]
@@ -54,9 +52,7 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
         self.join_timeout = join_timeout
         self.graceful_delay = graceful_delay
         self.poll_interval = poll_interval
-        self.managed_store = bool(
-            resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True)
-        )
+        self.managed_store = resolve_managed_store(managed_store)
 
     async def _run_until_completed_or_canceled(self, coro: Awaitable[T], stop_evt: ExecutionEvent) -> Optional[T]:
         """Run ``coro``; once ``stop_evt`` is set, give it ``graceful_delay`` seconds, then cancel it."""

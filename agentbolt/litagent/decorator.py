@@ -148,6 +148,18 @@ def _validate_prompt_rollout_func(func: RolloutFunc) -> None:
     _validate_rollout_func(func, "prompt_template")
 
 
+def _agent_or_decorator(
+    func: Optional[RolloutFunc], validate: Callable[[RolloutFunc], None], strip_proxy: bool
+) -> Union[FunctionalLitAgent[Any], Callable[[RolloutFunc], FunctionalLitAgent[Any]]]:
+    """The agent made from ``func`` after ``validate`` accepts it; a decorator doing that when ``func`` is None."""
+
+    def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
+        validate(f)
+        return FunctionalLitAgent(f, strip_proxy=strip_proxy)
+
+    return decorator if func is None else decorator(func)
+
+
 @overload
 def llm_rollout(func: RolloutFunc, *, strip_proxy: bool = True) -> FunctionalLitAgent[Any]: ...
 
@@ -171,12 +183,7 @@ def llm_rollout(
     Raises:
         ValueError: If the function does not take ``task`` first and an ``llm`` parameter.
     """
-
-    def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
-        _validate_llm_rollout_func(f)
-        return FunctionalLitAgent(f, strip_proxy=strip_proxy)
-
-    return decorator if func is None else decorator(func)
+    return _agent_or_decorator(func, _validate_llm_rollout_func, strip_proxy)
 
 
 @overload
@@ -201,12 +208,7 @@ def prompt_rollout(
     Raises:
         ValueError: If the function does not take ``task`` first and a ``prompt_template`` parameter.
     """
-
-    def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
-        _validate_prompt_rollout_func(f)
-        return FunctionalLitAgent(f, strip_proxy=False)
-
-    return decorator if func is None else decorator(func)
+    return _agent_or_decorator(func, _validate_prompt_rollout_func, strip_proxy=False)
 
 
 def rollout(func: RolloutFunc) -> FunctionalLitAgent[Any]:

@@ -9,7 +9,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, Optional, TypeVar
 
 from agentbolt.types import NamedResources, Rollout, RolloutRawResult
-from agentbolt.utils.weak import deref
+from agentbolt.utils.weak import TrainerReference, deref
 
 if TYPE_CHECKING:
     from agentbolt.runner import Runner
@@ -40,7 +40,7 @@ def is_v0_1_rollout_api(func: Callable[..., Any]) -> bool:
         return False
 
 
-class LitAgent(Generic[T]):
+class LitAgent(TrainerReference, Generic[T]):
     """Base class of trainable agents.
 
     Subclasses implement :meth:`rollout` (synchronous) or :meth:`rollout_async` (coroutine), or the
@@ -58,7 +58,6 @@ class LitAgent(Generic[T]):
 
     # Class-level defaults keep subclasses that skip ``super().__init__()`` working.
     trained_agents: Optional[str] = None
-    _trainer_ref: Optional[weakref.ReferenceType[Any]] = None
     _runner_ref: Optional[weakref.ReferenceType[Any]] = None
 
     def __init__(self, *, trained_agents: Optional[str] = None) -> None:
@@ -91,18 +90,6 @@ class LitAgent(Generic[T]):
         return state
 
     # -- trainer / runner back references ------------------------------------------------------------------------
-
-    def set_trainer(self, trainer: Trainer) -> None:
-        """Remember the trainer driving this agent (weakly referenced)."""
-        self._trainer_ref = weakref.ref(trainer)
-
-    def get_trainer(self) -> Trainer:
-        """The trainer driving this agent.
-
-        Raises:
-            ValueError: If no trainer was set or it has been garbage-collected.
-        """
-        return deref(self._trainer_ref, "Trainer", "agent")
 
     @property
     def trainer(self) -> Trainer:

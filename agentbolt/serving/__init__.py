@@ -5,42 +5,33 @@ Importing this package is cheap; torch, transformers, fastapi and uvicorn load w
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import Any, List
 
-__all__ = [
-    "ContextOverflowError",
-    "EngineError",
-    "GenerationOutput",
-    "InferenceServer",
-    "SamplingParams",
-    "SequenceDelta",
-    "SequenceOutput",
-    "TransformersEngine",
-    "create_app",
-    "parse_tool_calls",
-]
+from agentbolt.utils.lazy import LazyExports
 
-_LOCATIONS = {
-    "ContextOverflowError": "agentbolt.serving.params",
-    "EngineError": "agentbolt.serving.params",
-    "GenerationOutput": "agentbolt.serving.params",
-    "SamplingParams": "agentbolt.serving.params",
-    "SequenceDelta": "agentbolt.serving.params",
-    "SequenceOutput": "agentbolt.serving.params",
-    "TransformersEngine": "agentbolt.serving.transformers_engine",
-    "InferenceServer": "agentbolt.serving.server",
-    "create_app": "agentbolt.serving.server",
-    "parse_tool_calls": "agentbolt.serving.tool_parser",
-}
+_LAZY = LazyExports(
+    __name__,
+    {
+        "agentbolt.serving.params": [
+            "ContextOverflowError",
+            "EngineError",
+            "GenerationOutput",
+            "SamplingParams",
+            "SequenceDelta",
+            "SequenceOutput",
+        ],
+        "agentbolt.serving.transformers_engine": ["TransformersEngine"],
+        "agentbolt.serving.server": ["InferenceServer", "create_app"],
+        "agentbolt.serving.tool_parser": ["parse_tool_calls"],
+    },
+)
+
+__all__ = sorted(_LAZY.names())
 
 
 def __getattr__(name: str) -> Any:
-    module = _LOCATIONS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return _LAZY.load(name)
 
 
-def __dir__() -> list[str]:
-    return sorted(__all__)
+def __dir__() -> List[str]:
+    return _LAZY.dir()

@@ -75,6 +75,7 @@ from agentbolt.serving.params import (
     GenerationOutput,
     SamplingParams,
     SequenceDelta,
+    SequenceOutput,
 )
 from agentbolt.serving.protocol import (
     ChatCompletionRequest,
@@ -96,6 +97,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+G = TypeVar("G", ChatCompletionRequest, CompletionRequest)
 
 ServerError = ApiError
 """An error answered with an OpenAI-style body (the shared :class:`~agentbolt.openai_api.errors.ApiError`)."""
@@ -172,6 +174,15 @@ class _Handler:
         if model in engine.adapters:
             return model
         raise ApiError(404, f"The model `{model}` does not exist.", "not_found_error", "model")
+
+    async def open_generation(
+        self, request: Request, model: Type[G], sampling: Callable[[G], SamplingParams]
+    ) -> Tuple[G, Optional[str], SamplingParams]:
+        """A generation request's body, the adapter it names (None: the base model) and its sampling parameters,
+        once the model is loaded."""
+        body = await self.read(request, model)
+        self.require_loaded()
+        return body, self.adapter_for(body.model), sampling(body)
 
     def model_name(self, model: Optional[str]) -> str:
         return model or self.engine.served_name
@@ -304,15 +315,7 @@ class _Handler:
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
                     finish = "tool_calls" if finish == "stop" else finish
-            entry: Dict[str, Any] = {
-                "index": choice.index,
-                "message": message,
-                "logprobs": self.chat_logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs),
-                "finish_reason": finish,
-            }
-            if body.return_token_ids:
-                entry["token_ids"] = choice.token_ids
-            choices.append(entry)
+            choices.append(self._chat_choice(body, choice, "message", message, finish))
         response: Dict[str, Any] = {
             "id": f"chatcmpl-{generate_id(24)}",
             "object": "chat.completion",
@@ -398,14 +401,26 @@ class _Handler:
             payload["tool_calls"] = [self._indexed(call, call_counts, delta.index) for call in calls]
         if finish == "stop" and call_counts[delta.index]:
             finish = "tool_calls"
+        return self._chat_choice(body, delta, "delta", payload, finish)
+
+    def _chat_choice(
+        self,
+        body: ChatCompletionRequest,
+        sequence: Union[SequenceOutput, SequenceDelta],
+        key: str,
+        content: Dict[str, Any],
+        finish: Optional[str],
+    ) -> Dict[str, Any]:
+        """One entry of ``choices``: the ``message`` (or streamed ``delta``) of a sequence, its logprobs and finish
+        reason, and its token ids when the request asks for them."""
         choice: Dict[str, Any] = {
-            "index": delta.index,
-            "delta": payload,
-            "logprobs": self.chat_logprobs(delta.token_ids, delta.logprobs, delta.top_logprobs),
+            "index": sequence.index,
+            key: content,
+            "logprobs": self.chat_logprobs(sequence.token_ids, sequence.logprobs, sequence.top_logprobs),
             "finish_reason": finish,
         }
         if body.return_token_ids:
-            choice["token_ids"] = delta.token_ids
+            choice["token_ids"] = sequence.token_ids
         return choice
 
     @staticmethod
@@ -631,10 +646,7 @@ def create_app(
 
     @app.post("/v1/chat/completions", include_in_schema=False)
     async def chat(request: Request) -> Response:
-        body = await handler.read(request, ChatCompletionRequest)
-        handler.require_loaded()
-        adapter = handler.adapter_for(body.model)
-        params = chat_sampling_params(body)
+        body, adapter, params = await handler.open_generation(request, ChatCompletionRequest, chat_sampling_params)
         forced = handler.forced_tool_prefix(body)
         prompt = handler.chat_prompt(body, forced)
         handler.admit([prompt], params)
@@ -648,10 +660,7 @@ def create_app(
 
     @app.post("/v1/completions", include_in_schema=False)
     async def completions(request: Request) -> Response:
-        body = await handler.read(request, CompletionRequest)
-        handler.require_loaded()
-        adapter = handler.adapter_for(body.model)
-        params = completion_sampling_params(body)
+        body, adapter, params = await handler.open_generation(request, CompletionRequest, completion_sampling_params)
         prompts = handler.completion_prompts(body)
         handler.admit(prompts, params)
         base = {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agentbolt.utils.lazy import LazyExports
+
 from .base import LightningStore, LightningStoreCapabilities, LightningStoreStatistics
 from .collection_based import CollectionBasedLightningStore
 from .memory import InMemoryLightningStore
@@ -27,14 +29,8 @@ __all__ = [
     "LightningStoreThreaded",
 ]
 
-_LAZY = {"LightningStoreClient", "LightningStoreServer"}
+_LAZY = LazyExports(__name__, {"agentbolt.store.client_server": ["LightningStoreClient", "LightningStoreServer"]})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from . import client_server
-
-        value = getattr(client_server, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _LAZY.load(name)

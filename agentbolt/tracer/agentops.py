@@ -9,15 +9,14 @@ spans of one rollout attempt form a single tree.
 from __future__ import annotations
 
 import logging
-from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
 
 from agentbolt.instrumentation import instrument_all, uninstrument_all
 from agentbolt.semconv import LightningResourceAttributes
-from agentbolt.tracer.base import with_active_tracer_context, with_active_tracer_context_sync
 from agentbolt.tracer.otel import DEFAULT_MAX_BUFFERED_SPANS, STORE_WRITE_TIMEOUT_SECONDS, OtelTracer
 
 if TYPE_CHECKING:
@@ -96,7 +95,7 @@ class AgentOpsTracer(OtelTracer):
     @contextmanager
     def _root_span(
         self, tracer: trace_api.Tracer, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]
-    ) -> Iterator[trace_api.Tracer]:
+    ) -> Iterator[None]:
         attributes: Dict[str, Any] = {ROOT_SPAN_KIND_ATTRIBUTE: True}
         if rollout_id is not None and attempt_id is not None:
             attributes[LightningResourceAttributes.ROLLOUT_ID.value] = rollout_id
@@ -107,56 +106,8 @@ class AgentOpsTracer(OtelTracer):
             record_exception=True,
             set_status_on_exception=True,
         ) as root:
-            yield tracer
+            yield
             root.set_status(Status(StatusCode.OK))
-
-    @with_active_tracer_context
-    @asynccontextmanager
-    async def trace_context(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
-    ) -> AsyncIterator[trace_api.Tracer]:
-        """Collect the spans of the block under one root span and write them to the store.
-
-        Args:
-            name: Name of the root span (default: the rollout id).
-            store: Deprecated; the store given to :meth:`init_worker` is used by default.
-            rollout_id: Rollout the spans belong to.
-            attempt_id: Attempt the spans belong to.
-
-        Raises:
-            RuntimeError: ``init_worker`` was not called.
-            ValueError: The store and the two ids are not all given (or all absent).
-        """
-        effective = self._resolve_store(store, rollout_id, attempt_id)
-        _, processor = self._require_initialized()
-        with self._collect(effective, rollout_id, attempt_id, flush_timeout=0) as tracer:
-            try:
-                with self._root_span(tracer, name, rollout_id, attempt_id):
-                    yield tracer
-            finally:
-                await processor.flush_async()
-
-    @with_active_tracer_context_sync
-    @contextmanager
-    def _trace_context_sync(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
-    ) -> Iterator[trace_api.Tracer]:
-        effective = self._resolve_store(store, rollout_id, attempt_id)
-        with (
-            self._collect(effective, rollout_id, attempt_id) as tracer,
-            self._root_span(tracer, name, rollout_id, attempt_id),
-        ):
-            yield tracer
 
     def get_langchain_handler(self, tags: Optional[List[str]] = None) -> Any:
         """A LangChain callback handler that records chains, LLM calls and tools as spans of this tracer.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import warnings
 from contextlib import asynccontextmanager, contextmanager
 from typing import (
     TYPE_CHECKING,
@@ -132,6 +133,23 @@ class Tracer(ParallelWorkerBase):
         """
         super().init_worker(worker_id)
         self._store = store
+
+    def _effective_store(self, store: Optional[LightningStore]) -> Optional[LightningStore]:
+        """The store of a trace context: ``store`` when given (deprecated, warned), else the worker's store."""
+        if store is not None:
+            warnings.warn(
+                "Passing store to trace_context() is deprecated; pass it to init_worker() instead.",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            return store
+        return self._store
+
+    @staticmethod
+    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
+        """Reject a trace context given only one of the rollout and attempt ids."""
+        if (rollout_id is None) != (attempt_id is None):
+            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
 
     def trace_context(
         self,

@@ -26,7 +26,6 @@ import logging
 import os
 import threading
 import time
-import warnings
 from contextlib import asynccontextmanager, contextmanager
 from itertools import groupby
 from typing import (
@@ -624,11 +623,6 @@ class OtelTracer(Tracer):
         provider, _ = self._require_initialized()
         return provider.get_tracer(_TRACER_NAME)
 
-    @staticmethod
-    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
-        if (rollout_id is None) != (attempt_id is None):
-            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
-
     @contextmanager
     def _collect(
         self,
@@ -681,16 +675,6 @@ class OtelTracer(Tracer):
         exporter.enable_store_otlp(store.otlp_traces_endpoint(), rollout_id, attempt_id, api_key=api_key)
         processor.disable_store_submission = True
 
-    def _effective_store(self, store: Optional[LightningStore]) -> Optional[LightningStore]:
-        if store is not None:
-            warnings.warn(
-                "Passing store to trace_context() is deprecated; pass it to init_worker() instead.",
-                DeprecationWarning,
-                stacklevel=4,
-            )
-            return store
-        return self._store
-
     @with_active_tracer_context
     @asynccontextmanager
     async def trace_context(
@@ -716,10 +700,12 @@ class OtelTracer(Tracer):
             RuntimeError: ``init_worker`` was not called.
             ValueError: Only one of the ids is given, or ids without a store.
         """
+        effective = self._resolve_store(store, rollout_id, attempt_id)
         _, processor = self._require_initialized()
-        with self._collect(self._effective_store(store), rollout_id, attempt_id, flush_timeout=0) as tracer:
+        with self._collect(effective, rollout_id, attempt_id, flush_timeout=0) as tracer:
             try:
-                yield tracer
+                with self._root_span(tracer, name, rollout_id, attempt_id):
+                    yield tracer
             finally:
                 await processor.flush_async()
 
@@ -733,8 +719,25 @@ class OtelTracer(Tracer):
         rollout_id: Optional[str] = None,
         attempt_id: Optional[str] = None,
     ) -> Iterator[trace_api.Tracer]:
-        with self._collect(self._effective_store(store), rollout_id, attempt_id) as tracer:
+        effective = self._resolve_store(store, rollout_id, attempt_id)
+        with (
+            self._collect(effective, rollout_id, attempt_id) as tracer,
+            self._root_span(tracer, name, rollout_id, attempt_id),
+        ):
             yield tracer
+
+    def _resolve_store(
+        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> Optional[LightningStore]:
+        """The store of a trace context (see :meth:`_effective_store`); subclasses add their own checks."""
+        return self._effective_store(store)
+
+    @contextmanager
+    def _root_span(
+        self, tracer: trace_api.Tracer, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> Iterator[None]:
+        """What encloses the spans of a trace context: nothing here; subclasses open a root span."""
+        yield
 
     def get_last_trace(self) -> List[Span]:
         """Spans collected by the current or most recent trace context."""

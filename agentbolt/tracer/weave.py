@@ -25,7 +25,6 @@ import json
 import logging
 import threading
 import time
-import warnings
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -277,11 +276,6 @@ class WeaveTracer(Tracer):
 
     # ---- trace contexts ----
 
-    @staticmethod
-    def _check_ids(rollout_id: Optional[str], attempt_id: Optional[str]) -> None:
-        if (rollout_id is None) != (attempt_id is None):
-            raise ValueError("rollout_id and attempt_id must be either all provided or all None")
-
     def _open_root(self, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]) -> Any:
         client = self._require_client()
         self._check_ids(rollout_id, attempt_id)
@@ -317,14 +311,10 @@ class WeaveTracer(Tracer):
         """
         effective = self._effective_store(store)
         root = self._open_root(name, rollout_id, attempt_id)
-        error: Optional[BaseException] = None
         try:
-            yield self._client
-        except BaseException as exc:
-            error = exc
-            raise
+            with self._finishing(root):
+                yield self._client
         finally:
-            self._require_client().finish_call(root, exception=error)
             await asyncio.to_thread(self._require_client().flush)
             await self._store_finished(effective, rollout_id, attempt_id)
 
@@ -340,26 +330,22 @@ class WeaveTracer(Tracer):
     ) -> Iterator[Any]:
         effective = self._effective_store(store)
         root = self._open_root(name, rollout_id, attempt_id)
-        error: Optional[BaseException] = None
         try:
-            yield self._client
-        except BaseException as exc:
-            error = exc
-            raise
+            with self._finishing(root):
+                yield self._client
         finally:
-            self._require_client().finish_call(root, exception=error)
             self._require_client().flush()
             asyncio.run(self._store_finished(effective, rollout_id, attempt_id))
 
-    def _effective_store(self, store: Optional[LightningStore]) -> Optional[LightningStore]:
-        if store is not None:
-            warnings.warn(
-                "Passing store to trace_context() is deprecated; pass it to init_worker() instead.",
-                DeprecationWarning,
-                stacklevel=4,
-            )
-            return store
-        return self._store
+    @contextmanager
+    def _finishing(self, root: Any) -> Iterator[None]:
+        """Finish the root call when the block exits, with the block's exception if it raised one."""
+        try:
+            yield
+        except BaseException as exc:
+            self._require_client().finish_call(root, exception=exc)
+            raise
+        self._require_client().finish_call(root, exception=None)
 
     async def _store_finished(
         self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]

@@ -440,6 +440,8 @@ class Trainer(TrainerLegacy):
         algorithm: Optional[Algorithm],
         follow_rollouts: bool = False,
     ) -> None:
+        if algorithm is not None and algorithm._run_as_follower():
+            return  # a data-parallel follower rank: the leader (rank 0) runs the store, the runners and the rollouts
         agent.set_trainer(self)
         algorithm_bundle = functools.partial(
             self._algorithm_bundle,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import weakref
-from typing import Optional, TypeVar
+from typing import TYPE_CHECKING, Optional, TypeVar
 
-__all__ = ["deref"]
+if TYPE_CHECKING:
+    from agentbolt.trainer import Trainer
+
+__all__ = ["deref", "TrainerReference"]
 
 T = TypeVar("T")
 
@@ -24,3 +27,21 @@ def deref(ref: Optional[weakref.ReferenceType[T]], label: str, owner: str) -> T:
         noun = label.split()[-1].lower()
         raise ValueError(f"{label} reference is no longer valid (the {noun} was garbage-collected).")
     return obj
+
+
+class TrainerReference:
+    """``set_trainer`` / ``get_trainer`` of the components a trainer drives (agents, algorithms): a weak reference."""
+
+    _trainer_ref: Optional[weakref.ReferenceType[Trainer]] = None
+
+    def set_trainer(self, trainer: Trainer) -> None:
+        """Remember the trainer driving this component (weakly referenced)."""
+        self._trainer_ref = weakref.ref(trainer)
+
+    def get_trainer(self) -> Trainer:
+        """The trainer driving this component.
+
+        Raises:
+            ValueError: If no trainer was set or it has been garbage-collected.
+        """
+        return deref(self._trainer_ref, "Trainer", "agent")

@@ -13,28 +13,26 @@ extra (``pip install 'agentbolt[verl]'``: VERL, Ray, Hydra) and load it only whe
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import Any, List
 
-__all__ = ["AgentDataset", "AgentLightningTrainer", "AgentModeDaemon", "LoadedDataset", "TaskRunner", "main", "run_ppo"]
+from agentbolt.utils.lazy import LazyExports
 
-_LOCATIONS = {
-    "AgentModeDaemon": "agentbolt.verl.daemon",
-    "AgentDataset": "agentbolt.verl.dataset",
-    "LoadedDataset": "agentbolt.verl.dataset",
-    "AgentLightningTrainer": "agentbolt.verl.trainer",
-    "TaskRunner": "agentbolt.verl.entrypoint",
-    "run_ppo": "agentbolt.verl.entrypoint",
-    "main": "agentbolt.verl.entrypoint",
-}
+_LAZY = LazyExports(
+    __name__,
+    {
+        "agentbolt.verl.daemon": ["AgentModeDaemon"],
+        "agentbolt.verl.dataset": ["AgentDataset", "LoadedDataset"],
+        "agentbolt.verl.trainer": ["AgentLightningTrainer"],
+        "agentbolt.verl.entrypoint": ["TaskRunner", "run_ppo", "main"],
+    },
+)
+
+__all__ = sorted(_LAZY.names())
 
 
 def __getattr__(name: str) -> Any:
-    module = _LOCATIONS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return _LAZY.load(name)
 
 
-def __dir__() -> list[str]:
-    return sorted(__all__)
+def __dir__() -> List[str]:
+    return _LAZY.dir()

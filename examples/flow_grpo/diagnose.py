@@ -124,7 +124,11 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--planner-model", help="Model name at --planner-url.")
     parser.add_argument("--fixed-url", help="Base URL of the fixed model (default: --planner-url).")
     parser.add_argument("--fixed-model", help="Model name at --fixed-url (default: --planner-model).")
-    parser.add_argument("--dtype", default="bfloat16", help="Local engine dtype (default bfloat16).")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="Local engine dtype (default auto: bfloat16 where the CPU multiplies it natively, else float32).",
+    )
     parser.add_argument("--threads", type=int, default=None, help="Local engine CPU threads.")
     parser.add_argument("--json", type=Path, default=None, help="Write one JSON record per solve here.")
     args = parser.parse_args(argv)

@@ -86,7 +86,11 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--api-key", default=None, help="API key for the endpoints.")
     parser.add_argument("--max-turns", type=int, default=4, help="Planner turns at most (default 4).")
     parser.add_argument("--temperature", type=float, default=0.0, help="Planner sampling temperature (default 0).")
-    parser.add_argument("--dtype", default="bfloat16", help="Local engine dtype (default bfloat16).")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="Local engine dtype (default auto: bfloat16 where the CPU multiplies it natively, else float32).",
+    )
     parser.add_argument("--threads", type=int, default=None, help="Local engine CPU threads.")
     parser.add_argument("--json", action="store_true", help="Print the result as one JSON object at the end.")
     args = parser.parse_args(argv)
@@ -132,13 +136,15 @@ def local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, s
     ``args`` needs ``model``, ``dtype`` and ``threads``, and ``checkpoint_kind`` / ``checkpoint_path`` (from
     :func:`resolve_checkpoint`) to load a planner checkpoint.
     """
+    from agentbolt.demo.run import resolve_demo_dtype
     from agentbolt.serving.server import InferenceServer
     from agentbolt.serving.transformers_engine import TransformersEngine
 
+    dtype = resolve_demo_dtype(args.dtype)
     servers: List[InferenceServer] = []
     try:
         base = InferenceServer(
-            TransformersEngine(args.model, dtype=args.dtype, threads=args.threads, served_name="base"), port=0
+            TransformersEngine(args.model, dtype=dtype, threads=args.threads, served_name="base"), port=0
         )
         base.start()
         servers.append(base)
@@ -151,7 +157,7 @@ def local_endpoints(args: argparse.Namespace) -> Iterator[Tuple[str, str, str, s
             from safetensors.torch import load_file
 
             planner = InferenceServer(
-                TransformersEngine(args.model, dtype=args.dtype, threads=args.threads, served_name="planner"), port=0
+                TransformersEngine(args.model, dtype=dtype, threads=args.threads, served_name="planner"), port=0
             )
             planner.start()
             servers.append(planner)

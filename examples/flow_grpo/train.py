@@ -39,6 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentbolt.algorithm.sft.config import Packing
 from examples.flow_grpo.data import load_offline_dataset, load_tasks
 from examples.flow_grpo.evaluation import PassComparison
 
@@ -140,6 +141,9 @@ class WarmStartSection(BaseModel):
         learning_rate: Peak learning rate of the LoRA adapters.
         train_batch_size: Conversations per optimizer step.
         micro_batch_size: Conversations per forward pass.
+        packing: Layout of each micro-batch (:attr:`agentbolt.algorithm.sft.SFTConfig.packing`): ``"prefix"``
+            computes the system prompt and the earlier turns the conversations share once per micro-batch. Every
+            layout trains the same adapter (up to float rounding), so it is not part of the cache key.
         tasks: Training tasks solved with their reference plans, taken in turn from each source (None: all).
         workers: Reference solves run concurrently during collection.
         cache_dir: Where warm starts are kept (one folder per digest).
@@ -151,6 +155,7 @@ class WarmStartSection(BaseModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     train_batch_size: int = Field(default=8, ge=1)
     micro_batch_size: int = Field(default=8, ge=1)
+    packing: Packing = "none"
     tasks: Optional[int] = Field(default=None, ge=1)
     workers: int = Field(default=12, ge=1)
     cache_dir: str = "runs/flow-grpo/warmstart"

@@ -18,8 +18,8 @@ The output directory holds ``turns.jsonl`` (the conversations), ``collect.json``
 ``adapter/`` (the PEFT adapter GRPO loads).
 
 The configuration's ``warm_start`` section sets the SFT options; the warm start is cached under its ``cache_dir`` in
-a folder named by a digest of the model, the solve loop, the training data, those options and the LoRA shape, so a
-second run of the same configuration reuses it.
+a folder named by a digest of the model, the solve loop, the training data, those options (but ``packing``: every
+micro-batch layout trains the same adapter) and the LoRA shape, so a second run of the same configuration reuses it.
 
 Examples::
 
@@ -57,6 +57,7 @@ __all__ = [
     "ensure_warm_start",
     "take_by_source",
     "warm_start_dir",
+    "warm_start_sft_options",
     "write_turns",
 ]
 
@@ -230,7 +231,8 @@ def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
         "dtype": config.dtype,
         "solver": config.solver.model_dump(),
         "data": config.data.model_dump(exclude={"val", "val_limit"}),
-        "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers"}),
+        # The micro-batch layout (packing) changes how a step is computed, not what it computes.
+        "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers", "packing"}),
         "lora": {key: config.grpo.get(key) for key in LORA_SHAPE_KEYS},
     }
     digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -280,6 +282,29 @@ def take_by_source(tasks: Sequence[Mapping[str, Any]], limit: Optional[int]) -> 
     return chosen
 
 
+def warm_start_sft_options(config: FlowTrainConfig) -> Dict[str, Any]:
+    """The :func:`~agentbolt.algorithm.sft.train_from_messages` options of a configuration's warm start.
+
+    Raises:
+        ValueError: The configuration has no ``warm_start`` section.
+    """
+    settings = config.warm_start
+    if settings is None:
+        raise ValueError(f"configuration {config.name!r} has no warm_start section")
+    return {
+        "epochs": settings.epochs,
+        "learning_rate": settings.learning_rate,
+        "train_batch_size": settings.train_batch_size,
+        "micro_batch_size": settings.micro_batch_size,
+        "packing": settings.packing,
+        "lr_scheduler": "constant",
+        "dtype": config.dtype,
+        # The fixed model's server is idle while the adapters train: the update's thread count applies.
+        "threads": config.grpo.get("update_threads", config.threads),
+        **{key: config.grpo[key] for key in LORA_SHAPE_KEYS if key in config.grpo},
+    }
+
+
 def ensure_warm_start(
     config: FlowTrainConfig, model_path: str, fixed_model_entry: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]
 ) -> WarmStart:
@@ -309,26 +334,17 @@ def ensure_warm_start(
     summary = collect_cached(directory, config, fixed_model_entry, tasks)
     if summary.turns == 0:
         raise ValueError(f"no reference solve of the {summary.tasks} training tasks succeeded; nothing to train on")
-    settings = config.warm_start
     result = train_from_messages(
-        directory / "turns.jsonl",
-        model=model_path,
-        output_dir=directory / "sft",
-        epochs=settings.epochs,
-        learning_rate=settings.learning_rate,
-        train_batch_size=settings.train_batch_size,
-        micro_batch_size=settings.micro_batch_size,
-        lr_scheduler="constant",
-        dtype=config.dtype,
-        # The fixed model's server is idle while the adapters train: the update's thread count applies.
-        threads=config.grpo.get("update_threads", config.threads),
-        **{key: config.grpo[key] for key in LORA_SHAPE_KEYS if key in config.grpo},
+        directory / "turns.jsonl", model=model_path, output_dir=directory / "sft", **warm_start_sft_options(config)
     )
     if result.adapter_dir is None:
         raise RuntimeError("the warm start's SFT run saved no adapter")
     losses = [row["loss"] for row in result.history if "loss" in row]
     sft = {
         "optimizer_steps": result.optimizer_steps,
+        "packing": config.warm_start.packing,
+        "train_seconds": sum(row["seconds"] for row in result.history),
+        "tokens_computed": sum(row["tokens"] for row in result.history),
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "samples": summary.turns,

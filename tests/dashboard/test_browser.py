@@ -2,12 +2,16 @@
 
 Each page is opened by its URL (so every view survives a reload), then used as a person would: filters, sorting,
 the trace tree of an attempt, resource diffs, training curves, settings. The screenshots in docs/dashboard.md are
-taken here (``docs/images/dashboard-*.png``).
+taken here: with ``AGENTBOLT_DOC_SCREENSHOTS=1`` (``make dashboard-screenshots``) they replace
+``docs/images/dashboard-*.png``; otherwise they go to a temporary folder, so a test run never changes the checkout.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 from typing import Any, Dict, List
 
 import httpx
@@ -18,7 +22,11 @@ from .seeding import SCRIPT_PAYLOAD
 
 pytestmark = pytest.mark.browser
 
-SHOTS = REPO / "docs" / "images"
+SHOTS = (
+    REPO / "docs" / "images"
+    if os.environ.get("AGENTBOLT_DOC_SCREENSHOTS") == "1"
+    else Path(tempfile.gettempdir()) / "agentbolt-dashboard-screenshots"
+)
 NO_VALUE = "\u2013"  # what the table shows for a missing value
 
 

@@ -17,7 +17,9 @@ The pages of docs/tutorial/ run as one document, in order (index.md first), sinc
 the previous ones. Each document runs in its own empty folder, with ``HOME`` pointing into it (so ``~/runs`` stays inside), the model
 cache of the machine, and a free port in place of each port the page names (4747, 8000, ...), so pages never
 collide with other servers; the repository's ``examples``, ``benchmarks``, ``tests`` and ``.venv`` are linked
-into the folder, which therefore works as the repository root the docs' commands assume.
+into the folder, which therefore works as the repository root the docs' commands assume. A benchmark a page runs
+writes its result file into the folder (``AGENTBOLT_RESULTS_DIR``), not into the repository's
+``benchmarks/results``, so a doc test never changes a figure the docs quote.
 """
 
 from __future__ import annotations
@@ -236,6 +238,8 @@ class PageRun:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONUNBUFFERED": "1",
             "AGL_SERVER_PORT": str(self.ports[4747]),
+            # Benchmarks a page runs write their result files here, never into the repository's benchmarks/results
+            "AGENTBOLT_RESULTS_DIR": str(self.folder / "results"),
             "COLUMNS": "200",
         }
         self.env.pop("PYTHONPATH", None)

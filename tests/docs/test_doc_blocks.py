@@ -1,7 +1,7 @@
 """Every fenced block of README.md and docs/ runs as written, or is saved as a file, a display or a fragment.
 
 Each page (the tutorial: all its pages) is followed in order in its own folder (see ``doc_blocks.py``). The default
-suite runs every page up to its first ``# slow:`` block; the slow suite runs pages with such blocks to the end.
+suite runs every block of a page but its ``# slow:`` ones; the slow suite runs pages with such blocks whole.
 """
 
 from __future__ import annotations
@@ -22,12 +22,8 @@ def _runnable(blocks: List[Block]) -> List[Block]:
 
 
 def _fast_part(blocks: List[Block]) -> List[Block]:
-    fast: List[Block] = []
-    for block in _runnable(blocks):
-        if block.kind == "slow":
-            break
-        fast.append(block)
-    return fast
+    """The blocks the default suite runs: all but the ``# slow:`` ones (no later block may need what they made)."""
+    return [block for block in _runnable(blocks) if block.kind != "slow"]
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
@@ -35,6 +31,9 @@ def test_every_block_runs_or_is_marked(page: str) -> None:
     assert rule_violations(PAGES[page]) == []
 
 
+# A whole page (the tutorial: its four steps, training included) may take longer than one test's default limit;
+# each block keeps its own limit (FAST_TIMEOUT).
+@pytest.mark.timeout(2 * FAST_TIMEOUT)
 @pytest.mark.parametrize("page", sorted(p for p, blocks in PAGES.items() if _fast_part(blocks)))
 def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
     with page_run(tmp_path, FAST_TIMEOUT) as run:
@@ -43,6 +42,7 @@ def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * SLOW_TIMEOUT)
 @pytest.mark.parametrize("page", sorted(p for p, blocks in PAGES.items() if any(b.kind == "slow" for b in blocks)))
 def test_page_runs_as_written_with_its_slow_blocks(page: str, tmp_path: Path) -> None:
     with page_run(tmp_path, SLOW_TIMEOUT) as run:
@@ -98,3 +98,18 @@ def test_servers_are_recognised_and_ports_mapped_consistently() -> None:
     )
     assert ports.ports.keys() == {4747, 8000, 4000}
     assert text.count(str(ports[4747])) == 2 and "max=8000" in text and "47470" in text
+
+
+def test_a_benchmark_run_by_a_page_writes_its_result_file_into_the_page_folder(tmp_path: Path) -> None:
+    from .doc_blocks import REPO, Block
+
+    code = (
+        "import sys\nsys.path.insert(0, 'benchmarks')\nfrom result_files import RunRecord\n"
+        "RunRecord.start('benchmarks/doc_test_probe.py', []).finish({'probe': 1})\n"
+    )
+    block = Block("page.md", 1, "python", code, (), "run")
+    with page_run(tmp_path, FAST_TIMEOUT) as run:
+        run.run_block(block)
+    written = list((tmp_path / "results").glob("doc_test_probe-*.json"))
+    assert len(written) == 1 and '"probe": 1' in written[0].read_text()
+    assert not list((REPO / "benchmarks" / "results").glob("doc_test_probe-*"))

@@ -21,6 +21,7 @@ from examples.flow_grpo.warmstart import (
     summarize,
     take_by_source,
     warm_start_dir,
+    warm_start_sft_options,
     write_turns,
 )
 
@@ -87,6 +88,8 @@ def test_the_cache_key_follows_what_shapes_the_adapter_only(tmp_path: Path) -> N
     same = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "workers": 3}})
     same.data.val_limit = 10  # held-out data never shapes the warm start
     assert warm_start_dir(base, "/m") == warm_start_dir(same, "/m")
+    packed = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "packing": "prefix"}})
+    assert warm_start_dir(packed, "/m") == warm_start_dir(base, "/m")  # every layout trains the same adapter
     assert warm_start_dir(base, "/m").parent == tmp_path
     for changed in (
         load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "epochs": 3}}),
@@ -98,6 +101,20 @@ def test_the_cache_key_follows_what_shapes_the_adapter_only(tmp_path: Path) -> N
     without = load_config("cpu", {"warm_start": None})
     with pytest.raises(ValueError, match="no warm_start section"):
         warm_start_dir(without, "/m")
+
+
+def test_the_warm_start_trains_with_its_section_and_the_grpo_lora_shape() -> None:
+    shipped = load_config("cpu").warm_start
+    assert shipped is not None and shipped.packing == "prefix"
+    config = load_config("cpu", {"warm_start": {"packing": "rows", "epochs": 2}})
+    options = warm_start_sft_options(config)
+    assert options["packing"] == "rows" and options["epochs"] == 2 and options["lr_scheduler"] == "constant"
+    assert (options["lora_r"], options["lora_alpha"]) == (config.grpo["lora_r"], config.grpo["lora_alpha"])
+    assert options["threads"] == config.grpo["update_threads"] and options["dtype"] == config.dtype
+    with pytest.raises(ValueError, match="'none', 'rows' or 'prefix'"):
+        load_config("cpu", {"warm_start": {"packing": "tree"}})
+    with pytest.raises(ValueError, match="no warm_start section"):
+        warm_start_sft_options(load_config("cpu", {"warm_start": None}))
 
 
 def test_fixed_endpoint_reads_the_gateway_entry() -> None:

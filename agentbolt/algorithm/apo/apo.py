@@ -398,8 +398,7 @@ class APO(PromptSearch, Generic[T_task]):
             self._rounds_done = max((r.validated_in_round for r in records), default=0)
             if beam:
                 return beam[: self.beam_width]
-        seed_version = self._create_versioned_prompt(seed)
-        seed_version.lineage = {"origin": "seed", "parents": [], "round": 0}
+        seed_version = self._create_seed_version(seed)
         if self.run_initial_validation:
             await self._validate_full(
                 seed_version,

@@ -331,8 +331,7 @@ class FewShotAPO(PromptSearch):
         async with self._search_session():
             if self.resume:
                 await self._resume_state()
-            seed_version = self._create_versioned_prompt(seed)
-            seed_version.lineage = {"origin": "seed", "parents": [], "round": 0}
+            seed_version = self._create_seed_version(seed)
             await self._validate_full(seed_version, val, prefix="[Seed]")
             self.current_round = 1
             runs = await self._bootstrap(seed_version, train)

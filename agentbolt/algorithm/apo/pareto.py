@@ -261,8 +261,7 @@ class ParetoAPO(PromptSearch):
             if self.resume:
                 first_round = await self._restore_pool() + 1
             if not self.pool:
-                seed_version = self._create_versioned_prompt(seed)
-                seed_version.lineage = {"origin": "seed", "parents": [], "round": 0}
+                seed_version = self._create_seed_version(seed)
                 await self._admit(seed_version, self._val, self._prefix(0, seed_version.version))
             for round_num in range(first_round, self.rounds + 1):
                 self.current_round = round_num

@@ -370,6 +370,12 @@ class PromptSearch(Algorithm):
         self._version_counter += 1
         return VersionedPromptTemplate(version=version, prompt_template=prompt_template, score=score)
 
+    def _create_seed_version(self, seed: PromptTemplate) -> VersionedPromptTemplate:
+        """A new version of the seed template, with the lineage of a seed (no parents, round 0)."""
+        seed_version = self._create_versioned_prompt(seed)
+        seed_version.lineage = {"origin": "seed", "parents": [], "round": 0}
+        return seed_version
+
     def _candidate_from_text(
         self, text: Optional[str], like: PromptTemplate, *, prefix: Optional[str] = None
     ) -> Optional[VersionedPromptTemplate]:

@@ -534,6 +534,7 @@ class FinetuningAlgorithm(Algorithm):
                         await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
                 self._after_last_step(trainer, start_step)
         finally:
+            await asyncio.to_thread(trainer.close)
             curve = metrics.close()
             if curve is not None:
                 logger.info("Reward curve written to %s", curve)

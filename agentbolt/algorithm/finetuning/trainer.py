@@ -270,6 +270,9 @@ class ModelTrainer:
         finally:
             torch.set_num_threads(before)
 
+    def close(self) -> None:
+        """Release what the trainer holds besides memory (nothing here; a data-parallel trainer leaves its run)."""
+
     @property
     def uses_lora(self) -> bool:
         """True when the trained parameters are LoRA adapters."""

@@ -38,6 +38,7 @@ from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
 
 if TYPE_CHECKING:
+    from agentbolt.algorithm.grpo.distributed import DataParallel
     from agentbolt.algorithm.grpo.trainer import PolicyTrainer
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
@@ -73,14 +74,60 @@ class GRPO(FinetuningAlgorithm):
     config: GRPOConfig
     trainer: Optional[PolicyTrainer] = None
     _start_position: int = 0  # optimizer steps (taken or skipped) when the run started or resumed
+    _data_parallel: Optional[DataParallel] = None  # this process's place in a torchrun launch, once joined
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _build_trainer(self) -> Tuple[PolicyTrainer, Any]:
+        """The policy trainer; under torchrun, one rank of the data-parallel run, built from the leader's config."""
+        from agentbolt.algorithm.grpo.distributed import DataParallel
         from agentbolt.algorithm.grpo.trainer import PolicyTrainer
 
+        if self._data_parallel is None or self._data_parallel.closed:
+            self._data_parallel = DataParallel.from_environment(
+                device=self.config.device, timeout=self.config.distributed_timeout
+            )
+        if self._data_parallel is not None:
+            self.config = self._data_parallel.agree_on_config(self.config)
         model, tokenizer = self._load_policy()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-        return PolicyTrainer(model, self.config, pad_token_id=int(pad)), tokenizer
+        return PolicyTrainer(model, self.config, pad_token_id=int(pad), data_parallel=self._data_parallel), tokenizer
+
+    # ------------------------------------------------------------------------------------------- data parallel
+    def follow(self) -> int:
+        """Take part in a data-parallel run as a follower: on ranks 1..N-1 of ``torchrun --nproc_per_node N``.
+
+        Builds the trainer from the leader's (rank 0's) config and model, then computes this rank's share of every
+        update the leader makes, until the leader's run ends. Rank 0 runs :meth:`run` (through
+        :meth:`agentbolt.Trainer.fit`) as in one process; ``Trainer.fit`` calls this method on the other ranks.
+
+        Returns:
+            The number of updates taken part in.
+
+        Raises:
+            ValueError: This process is not a follower rank, or the leader refused its config.
+            agentbolt.algorithm.grpo.distributed.DistributedUpdateError: The leader or another rank died or stalled.
+        """
+        from agentbolt.algorithm.grpo.distributed import launched_rank
+
+        rank, world_size = launched_rank()
+        if rank == 0:
+            raise ValueError(
+                f"GRPO.follow() runs on the ranks 1..N-1 of a torchrun launch; this process is rank 0 of {world_size}"
+            )
+        trainer, _ = self._build_trainer()
+        try:
+            assert trainer.data_parallel is not None
+            return trainer.data_parallel.follow(trainer)
+        finally:
+            trainer.close()
+
+    def _run_as_follower(self) -> bool:
+        from agentbolt.algorithm.grpo.distributed import launched_rank
+
+        if launched_rank()[0] == 0:
+            return False
+        self.follow()
+        return True
 
     def _default_adapter(self) -> Any:
         from agentbolt.adapter import LlmProxyTraceToTriplet

@@ -81,6 +81,15 @@ class GRPOConfig(FinetuningConfig):
         "share micro-batches. False: left-padded batches.",
     )
 
+    # --- data parallelism ---------------------------------------------------------------------------------------
+    distributed_timeout: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Under torchrun (data-parallel updates, docs/scaling.md): seconds a rank waits for the others in "
+        "an update's collective before failing. A rank that dies fails the others at once; one that stalls, after "
+        "this.",
+    )
+
     @property
     def rollouts_per_step(self) -> int:
         """Rollouts per training step (``batch_size * group_size``)."""

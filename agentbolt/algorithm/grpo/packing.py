@@ -18,7 +18,9 @@ Gradients flow from every sample's loss into the shared nodes and are summed the
 equals the padded batch's (up to float summation order). The saving is the shared prompt: a group of 8 rollouts
 whose first calls share a 500-token prompt packs 8 x 540 = 4,320 tokens into about 500 + 8 x 40 = 820.
 
-The result has the same response-aligned layout as :class:`~agentbolt.algorithm.grpo.trainer.ResponseBatch`
+:func:`prefix_tree` builds the tree of any token sequences and each sequence's path through it; the SFT trainer
+packs its samples (several target segments each) with it too (``packing="prefix"``). :func:`pack_samples` lays GRPO
+samples out with the same response-aligned layout as :class:`~agentbolt.algorithm.grpo.trainer.ResponseBatch`
 (``targets``, ``response_mask`` of shape ``[B, R]``, each response in the last columns of its row), plus
 ``source_positions``: the packed position whose hidden state predicts each target.
 """
@@ -26,34 +28,49 @@ The result has the same response-aligned layout as :class:`~agentbolt.algorithm.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
 from agentbolt.algorithm.grpo.samples import TokenSample
 
-__all__ = ["PackedBatch", "pack_samples", "prefix_order"]
+__all__ = [
+    "PackedBatch",
+    "PrefixTree",
+    "attention_implementation",
+    "pack_samples",
+    "packable",
+    "prefix_order",
+    "prefix_tree",
+    "tree_logits",
+]
+
+
+def packable(model: Any) -> bool:
+    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
+    from agentbolt.serving.logits import plain_output_head
+
+    return plain_output_head(model) and attention_implementation(model) in ("sdpa", "eager")
+
+
+def attention_implementation(model: Any) -> Any:
+    """The attention implementation ``model``'s config names (``sdpa``, ``eager``, ``flash_attention_2``...)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 @dataclass
-class PackedBatch:
-    """Samples packed as one prefix-tree sequence.
+class PrefixTree:
+    """Token sequences laid out as one sequence of prefix-tree nodes, each shared prefix token once.
 
     Attributes:
         input_ids: ``[1, L]`` the token of each tree node.
         position_ids: ``[1, L]`` each node's depth.
         parents: ``[L]`` each node's parent position (-1 for roots).
-        targets: ``[B, R]`` response tokens, right-aligned (padding columns hold 0).
-        response_mask: ``[B, R]`` true on response tokens.
-        source_positions: ``[B, R]`` packed position whose hidden state predicts ``targets`` (0 on padding).
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     parents: torch.Tensor
-    targets: torch.Tensor
-    response_mask: torch.Tensor
-    source_positions: torch.Tensor
 
     @property
     def length(self) -> int:
@@ -64,11 +81,6 @@ class PackedBatch:
     def computed_tokens(self) -> int:
         """Tokens a forward over this batch computes: ``L``."""
         return self.length
-
-    @property
-    def response_width(self) -> int:
-        """``R``, the number of response-aligned columns."""
-        return int(self.targets.shape[1])
 
     def attention_mask(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The additive ``[1, 1, L, L]`` mask: 0 where a node may attend (itself, its ancestors), else ``dtype``'s min.
@@ -83,6 +95,71 @@ class PackedBatch:
         mask = torch.full((self.length, self.length), torch.finfo(dtype).min, dtype=dtype)
         mask.masked_fill_(allowed, 0.0)
         return mask.to(device)[None, None]
+
+    def to(self, device: torch.device) -> PrefixTree:
+        """The same tree with its model inputs on ``device``."""
+        return PrefixTree(self.input_ids.to(device), self.position_ids.to(device), self.parents)
+
+
+def prefix_tree(sequences: Sequence[Sequence[int]]) -> Tuple[PrefixTree, List[List[int]]]:
+    """Build the prefix tree (trie) of token sequences.
+
+    Returns:
+        The tree, and for each sequence its path: the node of each of its tokens, so the hidden state that predicts
+        token ``t`` of sequence ``i`` is the one at packed position ``paths[i][t - 1]``.
+
+    Raises:
+        ValueError: No sequences, or an empty one.
+    """
+    if not sequences:
+        raise ValueError("cannot pack an empty list of samples")
+    tokens: List[int] = []
+    parents: List[int] = []
+    depths: List[int] = []
+    children: Dict[Tuple[int, int], int] = {}
+    paths: List[List[int]] = []
+    for index, sequence in enumerate(sequences):
+        if not sequence:
+            raise ValueError(f"sample {index} has no tokens")
+        parent = -1
+        path: List[int] = []
+        for depth, token in enumerate(sequence):
+            node = children.get((parent, token))
+            if node is None:
+                node = len(tokens)
+                children[(parent, token)] = node
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth)
+            path.append(node)
+            parent = node
+        paths.append(path)
+    tree = PrefixTree(
+        input_ids=torch.tensor([tokens], dtype=torch.long),
+        position_ids=torch.tensor([depths], dtype=torch.long),
+        parents=torch.tensor(parents, dtype=torch.long),
+    )
+    return tree, paths
+
+
+@dataclass
+class PackedBatch(PrefixTree):
+    """GRPO samples packed as one prefix-tree sequence, with response-aligned views.
+
+    Attributes:
+        targets: ``[B, R]`` response tokens, right-aligned (padding columns hold 0).
+        response_mask: ``[B, R]`` true on response tokens.
+        source_positions: ``[B, R]`` packed position whose hidden state predicts ``targets`` (0 on padding).
+    """
+
+    targets: torch.Tensor
+    response_mask: torch.Tensor
+    source_positions: torch.Tensor
+
+    @property
+    def response_width(self) -> int:
+        """``R``, the number of response-aligned columns."""
+        return int(self.targets.shape[1])
 
     def to(self, device: torch.device) -> PackedBatch:
         """The same batch with every tensor on ``device``."""
@@ -103,30 +180,10 @@ def pack_samples(samples: Sequence[TokenSample]) -> PackedBatch:
         ValueError: No samples, or a sample with an empty prompt or response (a response token needs a previous
             token to be predicted from).
     """
-    if not samples:
-        raise ValueError("cannot pack an empty list of samples")
-    tokens: List[int] = []
-    parents: List[int] = []
-    depths: List[int] = []
-    children: Dict[Tuple[int, int], int] = {}
-    paths: List[List[int]] = []
     for index, sample in enumerate(samples):
         if not sample.prompt_ids or not sample.response_ids:
             raise ValueError(f"sample {index} has an empty prompt or response")
-        parent = -1
-        path: List[int] = []
-        for depth, token in enumerate(sample.prompt_ids + sample.response_ids):
-            node = children.get((parent, token))
-            if node is None:
-                node = len(tokens)
-                children[(parent, token)] = node
-                tokens.append(token)
-                parents.append(parent)
-                depths.append(depth)
-            path.append(node)
-            parent = node
-        paths.append(path)
-
+    tree, paths = prefix_tree([sample.token_ids for sample in samples])
     width = max(len(sample.response_ids) for sample in samples)
     targets = torch.zeros((len(samples), width), dtype=torch.long)
     response_mask = torch.zeros((len(samples), width), dtype=torch.bool)
@@ -136,19 +193,31 @@ def pack_samples(samples: Sequence[TokenSample]) -> PackedBatch:
         targets[row, width - count :] = torch.tensor(sample.response_ids, dtype=torch.long)
         response_mask[row, width - count :] = True
         source_positions[row, width - count :] = torch.tensor(path[start - 1 : start - 1 + count], dtype=torch.long)
-    return PackedBatch(
-        input_ids=torch.tensor([tokens], dtype=torch.long),
-        position_ids=torch.tensor([depths], dtype=torch.long),
-        parents=torch.tensor(parents, dtype=torch.long),
-        targets=targets,
-        response_mask=response_mask,
-        source_positions=source_positions,
-    )
+    return PackedBatch(tree.input_ids, tree.position_ids, tree.parents, targets, response_mask, source_positions)
 
 
-def prefix_order(samples: Sequence[TokenSample], indices: Sequence[int]) -> List[int]:
-    """``indices`` sorted so that samples sharing a prompt prefix are neighbours (lexicographic token order).
+def tree_logits(model: Any, tree: PrefixTree, sources: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of the hidden states at packed positions ``sources`` (any shape; result ``[*sources, V]``).
 
-    Chunking the sorted list into micro-batches keeps a group's samples together, so packing shares their prompt.
+    The model body runs once over the whole tree (with its tree mask, on the tree's device); only the hidden states
+    at ``sources`` are projected to the vocabulary, in float32 (:func:`~agentbolt.serving.logits.float32_head`).
+    ``model`` must be :func:`packable`.
     """
-    return sorted(indices, key=lambda i: samples[i].prompt_ids + samples[i].response_ids)
+    from agentbolt.serving.logits import body_hidden_states, float32_head
+
+    hidden = body_hidden_states(
+        model,
+        input_ids=tree.input_ids,
+        attention_mask=tree.attention_mask(model.dtype, tree.input_ids.device),
+        position_ids=tree.position_ids,
+        use_cache=False,
+    )[0]
+    return float32_head(model, hidden[sources])
+
+
+def prefix_order(sequences: Sequence[List[int]], indices: Iterable[int]) -> List[int]:
+    """``indices`` sorted so that sequences sharing a prefix are neighbours (lexicographic token order).
+
+    Chunking the sorted list into micro-batches keeps sequences with a common prompt together, so packing shares it.
+    """
+    return sorted(indices, key=sequences.__getitem__)

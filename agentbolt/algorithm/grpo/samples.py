@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
 from agentbolt.types import Triplet
+from agentbolt.utils.counters import Counters
 
 __all__ = [
     "SampleStats",
@@ -62,6 +63,11 @@ class TokenSample:
     temperature: float = 1.0
 
     @property
+    def token_ids(self) -> List[int]:
+        """The prompt then the response: the sequence the trainer runs."""
+        return self.prompt_ids + self.response_ids
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus response length."""
         return len(self.prompt_ids) + len(self.response_ids)
@@ -73,7 +79,7 @@ class TokenSample:
 
 
 @dataclass
-class SampleStats:
+class SampleStats(Counters):
     """Counters of what :func:`triplets_to_samples` skipped."""
 
     calls: int = 0
@@ -86,11 +92,6 @@ class SampleStats:
     """Calls skipped because prompt + response exceed ``max_sequence_length``."""
     missing_logprobs: int = 0
     """Kept calls whose behaviour log-probs are missing or malformed (recomputed by the trainer)."""
-
-    def add(self, other: SampleStats) -> None:
-        """Accumulate another counter set into this one."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:

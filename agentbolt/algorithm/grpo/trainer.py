@@ -22,7 +22,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -36,8 +36,11 @@ from agentbolt.algorithm.finetuning.trainer import (
 )
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.loss import logprobs_and_entropy, policy_loss, token_logprobs
-from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, prefix_order
+from agentbolt.algorithm.grpo.packing import PackedBatch, pack_samples, packable, prefix_order, tree_logits
 from agentbolt.algorithm.grpo.samples import TokenSample
+
+if TYPE_CHECKING:
+    from agentbolt.algorithm.grpo.distributed import DataParallel
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -168,14 +171,6 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
-def _packable(model: Any) -> bool:
-    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
-    from agentbolt.serving.logits import plain_output_head
-
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return plain_output_head(model) and attention in ("sdpa", "eager")
-
-
 class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
@@ -184,15 +179,34 @@ class PolicyTrainer(ModelTrainer):
             fresh LoRA adapters; with ``"full"`` all its weights train.
         config: Optimisation options (see :class:`GRPOConfig`).
         pad_token_id: Id used for padding (masked out, any valid id works).
+        data_parallel: This process's place in a data-parallel run (:mod:`.distributed`), or None to train alone.
+            Every rank then calls :meth:`train_step` with the same samples (the leader's call sends them to the
+            followers, whose :meth:`DataParallel.follow` loop makes theirs) and computes its share of each minibatch.
+
+    Raises:
+        ValueError: ``data_parallel`` runs on another device than ``config.device`` resolves to.
     """
 
     checkpoint_kind = "grpo"
     config: GRPOConfig
 
-    def __init__(self, model: Any, config: GRPOConfig, *, pad_token_id: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        config: GRPOConfig,
+        *,
+        pad_token_id: int = 0,
+        data_parallel: Optional[DataParallel] = None,
+    ) -> None:
         self.ref_model: Optional[Any] = None
         super().__init__(model, config, pad_token_id=pad_token_id)
-        self.packs_prefixes = config.pack_shared_prefixes and _packable(self.model)
+        self.packs_prefixes = config.pack_shared_prefixes and packable(self.model)
+        if data_parallel is not None and data_parallel.device.type != self.device.type:
+            raise ValueError(
+                f"the data-parallel ranks communicate on {data_parallel.device.type} but the trainer runs on "
+                f"{self.device}: launch with the same device option on every rank"
+            )
+        self.data_parallel = data_parallel
 
     def _keep_reference(self, model: Any) -> None:
         """Full fine-tuning with a KL term keeps a frozen copy of the initial weights as the reference."""
@@ -219,17 +233,10 @@ class PolicyTrainer(ModelTrainer):
         packed batch runs the body once over the prefix tree and projects only the hidden states that predict
         response tokens.
         """
-        from agentbolt.serving.logits import body_hidden_states, float32_head, float32_logits
+        from agentbolt.serving.logits import float32_logits
 
         if isinstance(batch, PackedBatch):
-            hidden = body_hidden_states(
-                model,
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask(self.model.dtype, self.device),
-                position_ids=batch.position_ids,
-                use_cache=False,
-            )[0]
-            return float32_head(model, hidden[batch.source_positions])
+            return tree_logits(model, batch, batch.source_positions)
         width = batch.response_width
         logits = float32_logits(
             model,
@@ -280,15 +287,21 @@ class PolicyTrainer(ModelTrainer):
 
     @torch.no_grad()
     def _score(
-        self, samples: Sequence[TokenSample], *, reference: bool = False
+        self, samples: Sequence[TokenSample], *, reference: bool = False, across_ranks: bool = False
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """Untempered and tempered log-probs of every response token, from one forward per micro-batch."""
+        """Untempered and tempered log-probs of every response token, from one forward per micro-batch.
+
+        ``across_ranks`` (inside a data-parallel update, on every rank): each rank scores its share of the
+        micro-batches and the ranks exchange the results.
+        """
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
         untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
+        sequences = [sample.token_ids for sample in samples]
+        micro_batches = list(_chunks(prefix_order(sequences, range(len(samples))), self.config.micro_batch_size))
         with context:
-            for micro in _chunks(prefix_order(samples, range(len(samples))), self.config.micro_batch_size):
+            for micro in self._local_share(micro_batches, across_ranks):
                 chunk = [samples[i] for i in micro]
                 batch = self._batch(chunk)
                 logits = self._response_logits(model, batch)
@@ -299,7 +312,20 @@ class PolicyTrainer(ModelTrainer):
                     micro, self._rows(raw, chunk), self._rows(scaled, chunk), strict=True
                 ):
                     untempered[i], tempered[i] = raw_row, scaled_row
+        if across_ranks and self.data_parallel is not None:
+            local = {i for micro in self.data_parallel.shard(micro_batches) for i in micro}
+            merged = self.data_parallel.merge_per_sample(
+                [(untempered[i], tempered[i]) if i in local else None for i in range(len(samples))]
+            )
+            untempered = [row[0] for row in merged if row is not None]
+            tempered = [row[1] for row in merged if row is not None]
         return untempered, tempered
+
+    def _local_share(self, micro_batches: Sequence[Sequence[int]], across_ranks: bool = True) -> List[Sequence[int]]:
+        """The micro-batches this rank computes: all of them alone, else every ``world_size``-th from its rank."""
+        if not across_ranks or self.data_parallel is None:
+            return list(micro_batches)
+        return self.data_parallel.shard(micro_batches)
 
     # -------------------------------------------------------------------------------------------------- update
     def train_step(self, samples: Sequence[TokenSample]) -> Dict[str, float]:
@@ -335,15 +361,17 @@ class PolicyTrainer(ModelTrainer):
                     f"sample {index} has {len(sample.logprobs)} engine log-probs for {len(sample.response_ids)} "
                     "response tokens"
                 )
+        self._lead("train_step", samples)
+        dp = self.data_parallel
         # Old log-probs (CPU tensors, like compute_logprobs' results) and the trainer's untempered log-probs for the
         # engine comparison; with a single optimizer step both come from the training forward below.
         single_step = config.optimizer_steps_per_step == 1
         untempered: List[Optional[torch.Tensor]] = [None] * len(samples)
         old: List[torch.Tensor] = []
         if not single_step:
-            scored, old = self._score(samples)
+            scored, old = self._score(samples, across_ranks=True)
             untempered = list(scored)
-        ref = self.compute_logprobs(samples, reference=True) if config.kl_coef > 0 else None
+        ref = self._score(samples, reference=True, across_ranks=True)[1] if config.kl_coef > 0 else None
 
         training_mode = config.lora_dropout > 0
         self.model.train(training_mode)
@@ -351,6 +379,7 @@ class PolicyTrainer(ModelTrainer):
         forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
+        sequences = [sample.token_ids for sample in samples]
         try:
             for epoch in range(config.ppo_epochs):
                 minibatches = rollout_minibatches(samples, config.minibatches_per_epoch, self.generator)
@@ -358,9 +387,12 @@ class PolicyTrainer(ModelTrainer):
                     if not mb:
                         self._skip_optimizer_step()
                         continue
+                    # Every rank divides by the whole minibatch's token count, so the gradients summed over ranks
+                    # are the one-process gradient (see distributed.py).
                     normalizer = float(sum(len(samples[i].response_ids) for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    for micro in _chunks(prefix_order(samples, mb), config.micro_batch_size):
+                    micro_batches = list(_chunks(prefix_order(sequences, mb), config.micro_batch_size))
+                    for micro in self._local_share(micro_batches):
                         chunk = [samples[i] for i in micro]
                         batch = self._batch(chunk)
                         forward_tokens += batch.computed_tokens
@@ -404,11 +436,19 @@ class PolicyTrainer(ModelTrainer):
                         totals["ratio"] += parts.ratio_sum
                         totals["clipped"] += parts.clipped_tokens
                         totals["tokens"] += parts.tokens
+                    if dp is not None:
+                        dp.sum_gradients(self.trainable_parameters)
                     grad_norms.append(self._clip_and_step())
         finally:
             self.model.eval()
             self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
+        if dp is not None:
+            totals = dp.sum_values({**totals, "forward_tokens": float(forward_tokens)})
+            forward_tokens = int(totals.pop("forward_tokens"))
+            first_dev = dp.max_values({"first_dev": first_dev})["first_dev"]
+            if single_step:
+                untempered = dp.merge_per_sample(untempered)
         elapsed = time.perf_counter() - started
         tokens = max(totals["tokens"], 1.0)
         update_tokens = float(sum(s.num_tokens for s in samples) * config.ppo_epochs)
@@ -437,7 +477,35 @@ class PolicyTrainer(ModelTrainer):
         Returns:
             :meth:`schedule_metrics` after the skip.
         """
+        self._lead("skip_step")
         for _ in range(self.config.optimizer_steps_per_step):
             self._skip_optimizer_step()
         self.global_step += 1
         return self.schedule_metrics()
+
+    # ---------------------------------------------------------------------------------------------- data parallel
+    def _lead(self, kind: Literal["train_step", "skip_step", "stop"], samples: Sequence[TokenSample] = ()) -> None:
+        """On the leader of a data-parallel run, have the followers do ``kind`` too (with the leader's state first,
+        before the first update)."""
+        from agentbolt.algorithm.grpo.distributed import UpdateCommand
+
+        dp = self.data_parallel
+        if dp is None or not dp.is_leader or dp.closed:
+            return
+        share_state = kind != "stop" and not dp.state_shared
+        dp.send(UpdateCommand(kind=kind, samples=list(samples), share_state=share_state))
+        if share_state:
+            dp.share_state(self)
+
+    def close(self) -> None:
+        """Release the data-parallel run: the leader tells the followers to stop; every rank leaves the process
+        groups. Without data parallelism, nothing to do."""
+        if self.data_parallel is None:
+            return
+        from agentbolt.algorithm.grpo.distributed import DistributedUpdateError
+
+        try:
+            self._lead("stop")
+        except DistributedUpdateError as exc:  # a follower already gone: nothing left to stop
+            logger.warning("Could not tell the data-parallel followers to stop: %s", exc)
+        self.data_parallel.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import ChatSample, DataError, read_samples, write_samples
+from agentbolt.utils.lazy import LazyExports
 
 if TYPE_CHECKING:
     from agentbolt.algorithm.sft.algorithm import SFT
@@ -35,25 +36,20 @@ __all__ = [
     "write_samples",
 ]
 
-_LAZY = {
-    "SFT": "agentbolt.algorithm.sft.algorithm",
-    "ExportFilter": "agentbolt.algorithm.sft.export",
-    "export_store": "agentbolt.algorithm.sft.export",
-    "OfflineResult": "agentbolt.algorithm.sft.offline",
-    "train_from_messages": "agentbolt.algorithm.sft.offline",
-    "train_from_store": "agentbolt.algorithm.sft.offline",
-}
+_LAZY = LazyExports(
+    __name__,
+    {
+        "agentbolt.algorithm.sft.algorithm": ["SFT"],
+        "agentbolt.algorithm.sft.export": ["ExportFilter", "export_store"],
+        "agentbolt.algorithm.sft.offline": ["OfflineResult", "train_from_messages", "train_from_store"],
+    },
+)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name in ("SFT", "train_from_messages", "train_from_store"):
         # Before torch loads: idle OpenMP threads must sleep, since engine, trainer and runners share the CPUs.
         from agentbolt.serving.transformers_engine import configure_openmp
 
         configure_openmp()
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return _LAZY.load(name)

@@ -76,7 +76,8 @@ def resolve_backend(config: SFTConfig) -> str:
         if not cuda:
             raise ValueError("backend='unsloth' needs a CUDA device; use backend='transformers' on this machine")
         return "unsloth"
-    return "unsloth" if installed and cuda and config.finetune == "lora" else "transformers"
+    prefix = config.packing == "prefix"  # unsloth's attention does not read tree masks
+    return "unsloth" if installed and cuda and config.finetune == "lora" and not prefix else "transformers"
 
 
 class SFT(FinetuningAlgorithm):

@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 
-__all__ = ["SFTConfig"]
+__all__ = ["Packing", "SFTConfig"]
+
+Packing = Literal["none", "rows", "prefix"]
+"""Layouts of a micro-batch (:attr:`SFTConfig.packing`); all give the same loss and gradient."""
 
 
 class SFTConfig(FinetuningConfig):
@@ -90,10 +93,12 @@ class SFTConfig(FinetuningConfig):
     )
     epochs: int = Field(default=1, ge=1, description="Passes over the selected samples in each training step.")
     train_batch_size: int = Field(default=8, ge=1, description="Samples per optimizer step.")
-    packing: bool = Field(
-        default=False,
-        description="Concatenate samples into rows of up to max_sequence_length tokens (each attends only to "
-        "itself) instead of padding every sample of a micro-batch to the longest one.",
+    packing: Packing = Field(
+        default="none",
+        description="How each micro-batch's samples are laid out. 'none': one sample per row, right-padded to the "
+        "longest. 'rows': concatenated into rows of up to max_sequence_length tokens, each attending only to itself. "
+        "'prefix': one prefix tree, so tokens that samples share at their start (a system prompt, the earlier turns "
+        "of a conversation) are computed once (needs sdpa or eager attention). true and false mean 'rows' and 'none'.",
     )
     backend: Literal["auto", "transformers", "unsloth"] = Field(
         default="auto",
@@ -101,6 +106,13 @@ class SFTConfig(FinetuningConfig):
         "or 'auto': unsloth when it is installed and CUDA is available, else transformers.",
     )
     load_in_4bit: bool = Field(default=True, description="Unsloth backend: load the base weights in 4 bits.")
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _packing_from_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # the earlier on/off option
+            return "rows" if value else "none"
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> SFTConfig:
@@ -119,6 +131,8 @@ class SFTConfig(FinetuningConfig):
             raise ValueError("teacher_model must differ from the served name of the model being trained")
         if self.backend == "unsloth" and self.finetune != "lora":
             raise ValueError("the unsloth backend trains 4-bit LoRA adapters: it needs finetune='lora'")
+        if self.backend == "unsloth" and self.packing == "prefix":
+            raise ValueError("packing='prefix' needs an attention that reads a tree mask: use backend='transformers'")
         return self
 
     @property

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optio
 
 from agentbolt.adapter.messages import convert_to_openai_messages
 from agentbolt.types import Triplet
+from agentbolt.utils.counters import Counters
 
 __all__ = [
     "CallStats",
@@ -238,19 +239,6 @@ def propagate_rewards(
             recent = reward
         propagated.append(recent)
     return propagated[::-1]
-
-
-class Counters:
-    """A dataclass of integer counters that add up and turn into a flat metrics record."""
-
-    def add(self, other: Counters) -> None:
-        """Accumulate another counter set of the same kind into this one."""
-        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_metrics(self, prefix: str) -> Dict[str, float]:
-        """The counters as ``{prefix + name: value}``."""
-        return {prefix + name: float(getattr(self, name)) for name in self.__dataclass_fields__}  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -4,9 +4,12 @@
 learning-rate schedule, checkpoints) that adds the supervised update. One optimizer step takes a batch of
 :class:`~agentbolt.algorithm.sft.data.TokenSample` and
 
-* lays them out in rows: one sample per row, right-padded (``packing=False``), or several samples concatenated per
-  row up to ``max_sequence_length`` tokens, each restarting its position ids so it attends only to itself
-  (``packing=True``; transformers builds the block-diagonal mask from the position ids);
+* lays each micro-batch out as rows: one sample per row, right-padded (``packing="none"``); several samples
+  concatenated per row up to ``max_sequence_length`` tokens, each restarting its position ids so it attends only to
+  itself (``"rows"``; transformers builds the block-diagonal mask from the position ids); or one prefix tree of the
+  micro-batch's samples (``"prefix"``, :mod:`agentbolt.algorithm.grpo.packing`): a token several samples share at
+  the same place of their common start is computed once, with a tree attention mask that gives it exactly the
+  context it has in each of them, and samples are ordered so that those sharing a prefix fall in one micro-batch;
 * runs the rows in micro-batches of ``micro_batch_size``, projecting to the vocabulary only the hidden states that
   predict a target token (float32 projection, as the inference engine does);
 * sums the token NLL of every target and divides by the number of targets of the whole optimizer step, so the loss
@@ -20,16 +23,24 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
 from agentbolt.algorithm.finetuning.trainer import ModelTrainer, chunks
+from agentbolt.algorithm.grpo.packing import (
+    PrefixTree,
+    attention_implementation,
+    packable,
+    prefix_order,
+    prefix_tree,
+    tree_logits,
+)
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import TokenSample
 
-__all__ = ["SFTTrainer", "TargetBatch", "layout_rows", "pack_rows"]
+__all__ = ["PrefixBatch", "SFTTrainer", "TargetBatch", "layout_prefix_tree", "layout_rows", "pack_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +68,49 @@ class TargetBatch:
     def num_tokens(self) -> int:
         """Positions processed, padding included."""
         return int(self.input_ids.numel())
+
+
+@dataclass
+class PrefixBatch:
+    """A micro-batch laid out as one prefix tree (``packing="prefix"``).
+
+    Attributes:
+        tree: The samples' tokens, each shared prefix token once.
+        sources: ``[N]`` the packed position whose hidden state predicts each target, sample after sample.
+        labels: ``[N]`` the target tokens, in the same order.
+    """
+
+    tree: PrefixTree
+    sources: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def num_targets(self) -> int:
+        """Target tokens in the batch."""
+        return int(self.labels.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions processed: the tree's nodes."""
+        return self.tree.computed_tokens
+
+
+def layout_prefix_tree(samples: Sequence[TokenSample]) -> PrefixBatch:
+    """Lay ``samples`` out as their prefix tree; each target (any loss-mask segment) is read from the node of the
+    token before it in its own sample.
+
+    Raises:
+        ValueError: No samples, or an empty one.
+    """
+    tree, paths = prefix_tree([sample.input_ids for sample in samples])
+    sources: List[int] = []
+    labels: List[int] = []
+    for sample, path in zip(samples, paths, strict=True):
+        for t in range(1, len(sample.input_ids)):
+            if sample.loss_mask[t]:
+                sources.append(path[t - 1])
+                labels.append(sample.input_ids[t])
+    return PrefixBatch(tree, torch.tensor(sources, dtype=torch.long), torch.tensor(labels, dtype=torch.long))
 
 
 def pack_rows(samples: Sequence[TokenSample], row_length: int) -> List[List[TokenSample]]:
@@ -130,28 +184,50 @@ class SFTTrainer(ModelTrainer):
         config: The SFT options (LoRA or full, micro-batches, packing, optimizer, schedule...).
         pad_token_id: Id used for padding (never a target).
         max_length: Longest sample and packed row in tokens.
+
+    Raises:
+        ValueError: ``packing="prefix"`` with a model whose packed forward would not be exact (an attention that does
+            not read a 4-D mask, such as flash attention, or logits post-processed after the output projection).
     """
 
     checkpoint_kind = "sft"
     config: SFTConfig
 
     def __init__(self, model: Any, config: SFTConfig, *, pad_token_id: int = 0, max_length: int = 2048) -> None:
+        if config.packing == "prefix" and not packable(model):
+            from agentbolt.serving.logits import plain_output_head
+
+            raise ValueError(
+                "packing='prefix' needs sdpa or eager attention and logits that are the output projection; this "
+                f"model has attention {attention_implementation(model)!r} and "
+                f"{'a plain' if plain_output_head(model) else 'a post-processed'} output head: load it with "
+                "attn_implementation='sdpa', or use packing='rows'"
+            )
         super().__init__(model, config, pad_token_id=pad_token_id)
         self.max_length = max_length
 
-    def batches(self, samples: Sequence[TokenSample]) -> List[TargetBatch]:
-        """The micro-batches one optimizer step over ``samples`` runs (rows padded or packed)."""
-        if self.config.packing:
+    def batches(self, samples: Sequence[TokenSample]) -> List[Union[TargetBatch, PrefixBatch]]:
+        """The micro-batches one optimizer step over ``samples`` runs (rows padded or packed, or prefix trees)."""
+        layout = self.config.packing
+        if layout == "prefix":
+            order = prefix_order([sample.input_ids for sample in samples], range(len(samples)))
+            return [
+                layout_prefix_tree([samples[i] for i in group]) for group in chunks(order, self.config.micro_batch_size)
+            ]
+        if layout == "rows":
             rows = pack_rows(samples, self.max_length)
         else:
             rows = [[sample] for sample in sorted(samples, key=lambda s: len(s.input_ids))]
         return [
-            layout_rows(group, self.pad_token_id, packed=self.config.packing)
+            layout_rows(group, self.pad_token_id, packed=layout == "rows")
             for group in chunks(rows, self.config.micro_batch_size)
         ]
 
-    def loss_sum(self, batch: TargetBatch) -> torch.Tensor:
+    def loss_sum(self, batch: Union[TargetBatch, PrefixBatch]) -> torch.Tensor:
         """Summed next-token NLL of the batch's targets (with the graph, for backward)."""
+        if isinstance(batch, PrefixBatch):
+            logits = tree_logits(self.model, batch.tree.to(self.device), batch.sources.to(self.device))
+            return F.cross_entropy(logits, batch.labels.to(self.device), reduction="sum")
         batch = TargetBatch(
             batch.input_ids.to(self.device),
             batch.position_ids.to(self.device),

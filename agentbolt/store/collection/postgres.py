@@ -56,7 +56,6 @@ from typing import (
 import orjson
 from pydantic import BaseModel
 
-from agentbolt.store.collection import memory
 from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
@@ -67,8 +66,6 @@ from agentbolt.store.collection.base import (
     StorageOutcomeUnknownError,
     StorageUnavailableError,
     ensure_numeric,
-    normalize_filter_options,
-    resolve_sort_options,
 )
 from agentbolt.store.collection.sql import (
     ATTEMPTS,
@@ -79,20 +76,15 @@ from agentbolt.store.collection.sql import (
     TABLES,
     WORKERS,
     SqlDialect,
+    SqlQuery,
     SqlTable,
     TableSpec,
-    compile_filter,
-    memory_predicate,
-    order_clause,
 )
 from agentbolt.types import (
     Attempt,
-    FilterOptions,
     MetricsRecord,
-    PaginatedResult,
     ResourcesUpdate,
     Rollout,
-    SortOptions,
     Span,
     Worker,
 )
@@ -689,6 +681,8 @@ class _Backed:
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items: indexed field columns plus the rest of the item as ``jsonb``."""
 
+    _dialect = _DIALECT
+
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database, spec.table)
         Collection.__init__(self, tracker=tracker)
@@ -740,23 +734,11 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             data[name] = value
         return orjson.dumps(data)
 
-    async def _run_query(
-        self,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
-    ) -> Tuple[List[Any], int]:
-        """Matching items (as JSON when ``raw``) and the total."""
-        filters, must, aggregate = normalize_filter_options(filter)
-        sort_name, order = resolve_sort_options(sort)
-        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
-        order_sql = order_clause(self._spec, sort_name, order)
-        memory.paginate([], limit, offset)  # same validation of limit/offset
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        plan = query.plan
         async with self._db.for_read() as conn:
-            if plan.exact and order_sql is not None:
-                sql = f"{self._select} WHERE {plan.where} ORDER BY {order_sql}"
+            if query.in_sql:
+                sql = f"{self._select} WHERE {plan.where} ORDER BY {query.order_sql}"
                 params = list(plan.params)
                 if limit >= 0 or offset > 0:
                     sql += " LIMIT %s OFFSET %s"
@@ -771,43 +753,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 return items, int(total)
             # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
             rows = await (await conn.execute(f"{self._select} WHERE {plan.where} ORDER BY ord", plan.params)).fetchall()
-        items = [self._decode(row) for row in rows]
-        if not plan.exact:
-            matches = memory_predicate()
-            items = [item for item in items if matches(item, filters, aggregate, must)]
-        if sort_name is not None:
-            items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        page = memory.paginate(items, limit, offset)
-        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
-
-    async def query_json(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Tuple[List[bytes], int]:
-        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
-        async with self.tracking_context("query", self.collection_name):
-            return await self._run_query(filter, sort, limit, offset, raw=True)
-
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[M]:
-        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
-        async with self.tracking_context("query", self.collection_name):
-            items, total = await self._run_query(filter, sort, limit, offset)
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
-
-    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
-        """First match by ``sort`` (insertion order without), or None."""
-        async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._run_query(filter, sort, 1, 0)
-            return items[0] if items else None
+        return query.finish([self._decode(row) for row in rows], limit, offset, raw)
 
     # -- writes ---------------------------------------------------------------------------------------------------
 

@@ -15,7 +15,15 @@ from typing import Any, Callable, Dict, Generic, List, Literal, Optional, Sequen
 from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
-from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
+from agentbolt.store.collection.base import (
+    Collection,
+    DuplicatedPrimaryKeyError,
+    FilterOptions,
+    PaginatedResult,
+    SortOptions,
+    normalize_filter_options,
+    resolve_sort_options,
+)
 from agentbolt.types import Attempt, FilterField, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
 
 __all__ = [
@@ -23,6 +31,7 @@ __all__ = [
     "TableSpec",
     "SqlDialect",
     "QueryPlan",
+    "SqlQuery",
     "ROLLOUTS",
     "ATTEMPTS",
     "SPANS",
@@ -289,13 +298,72 @@ def memory_predicate() -> Callable[..., bool]:
     return memory._item_matches_filters  # looked up on each call, like the in-memory collections do
 
 
+@dataclass
+class SqlQuery:
+    """One collection query, planned once for both SQL backends: the ``WHERE`` and ``ORDER BY`` SQL can run, and the
+    in-memory rules that finish what SQL cannot express."""
+
+    spec: TableSpec
+    filters: Any
+    must: Any
+    aggregate: Any
+    sort_name: Optional[str]
+    order: str
+    plan: QueryPlan
+    order_sql: Optional[str]
+
+    @classmethod
+    def build(
+        cls,
+        dialect: SqlDialect,
+        spec: TableSpec,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+    ) -> SqlQuery:
+        """Plan a query (``limit``/``offset`` are validated like the in-memory collections do)."""
+        filters, must, aggregate = normalize_filter_options(filter)
+        sort_name, order = resolve_sort_options(sort)
+        plan = compile_filter(dialect, spec, filters, must, aggregate)
+        order_sql = order_clause(spec, sort_name, order)
+        memory.paginate([], limit, offset)
+        return cls(spec, filters, must, aggregate, sort_name, order, plan, order_sql)
+
+    @property
+    def in_sql(self) -> bool:
+        """Whether SQL expresses the whole query (filter and order), pagination included."""
+        return self.plan.exact and self.order_sql is not None
+
+    def finish(self, items: List[Any], limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        """Filter (what SQL could not), sort and paginate the decoded ``items`` SQL narrowed down, in memory.
+
+        Returns:
+            The page (each item as JSON when ``raw``) and the number of matches.
+        """
+        if not self.plan.exact:
+            matches = memory_predicate()
+            items = [item for item in items if matches(item, self.filters, self.aggregate, self.must)]
+        if self.sort_name is not None:
+            key = memory.sort_key_function(self.spec.item_type, self.sort_name)
+            items.sort(key=key, reverse=self.order == "desc")
+        page = memory.paginate(items, limit, offset)
+        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+
+
 def format_key(names: Sequence[str], values: Sequence[Any]) -> str:
     """``name='value', ...`` of a primary key, for error messages."""
     return ", ".join(f"{name}={value!r}" for name, value in zip(names, values, strict=True))
 
 
-class SqlTable(Generic[M]):
-    """What a SQL collection knows of its table: names, keys, and the checks made before any statement runs."""
+class SqlTable(Collection[M], Generic[M]):
+    """What a SQL collection knows of its table: names, keys, the checks made before any statement runs, and reads.
+
+    A backend provides :meth:`_query_page`; :meth:`query`, :meth:`query_json` and :meth:`get` are built on it.
+    """
+
+    _dialect: SqlDialect
+    """How the backend spells what differs between SQL databases."""
 
     def __init__(self, spec: TableSpec) -> None:
         self._spec = spec
@@ -344,3 +412,43 @@ class SqlTable(Generic[M]):
         return DuplicatedPrimaryKeyError(
             f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
         )
+
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        """The page of ``query`` (each item as JSON bytes when ``raw``) and the number of matches."""
+        raise NotImplementedError()
+
+    async def _page(
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
+    ) -> Tuple[List[Any], int]:
+        """Plan the query (checking ``limit`` and ``offset``) and read its page."""
+        query = SqlQuery.build(self._dialect, self._spec, filter, sort, limit, offset)
+        return await self._query_page(query, limit, offset, raw)
+
+    async def query_json(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Tuple[List[bytes], int]:
+        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
+        async with self.tracking_context("query", self.collection_name):
+            return await self._page(filter, sort, limit, offset, raw=True)
+
+    async def query(
+        self,
+        filter: Optional[FilterOptions] = None,
+        sort: Optional[SortOptions] = None,
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[M]:
+        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
+        async with self.tracking_context("query", self.collection_name):
+            items, total = await self._page(filter, sort, limit, offset)
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+
+    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
+        """First match by ``sort`` (insertion order without), or None."""
+        async with self.tracking_context("get", self.collection_name):
+            items, _ = await self._page(filter, sort, 1, 0)
+            return items[0] if items else None

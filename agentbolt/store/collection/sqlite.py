@@ -58,7 +58,6 @@ from typing import (
 import orjson
 from pydantic import BaseModel
 
-from agentbolt.store.collection import memory
 from agentbolt.store.collection.base import (
     AtomicLabels,
     AtomicMode,
@@ -67,8 +66,6 @@ from agentbolt.store.collection.base import (
     LightningCollections,
     Queue,
     ensure_numeric,
-    normalize_filter_options,
-    resolve_sort_options,
 )
 from agentbolt.store.collection.sql import (
     ATTEMPTS,
@@ -79,20 +76,15 @@ from agentbolt.store.collection.sql import (
     TABLES,
     WORKERS,
     SqlDialect,
+    SqlQuery,
     SqlTable,
     TableSpec,
-    compile_filter,
-    memory_predicate,
-    order_clause,
 )
 from agentbolt.types import (
     Attempt,
-    FilterOptions,
     MetricsRecord,
-    PaginatedResult,
     ResourcesUpdate,
     Rollout,
-    SortOptions,
     Span,
     Worker,
 )
@@ -770,6 +762,8 @@ _DIALECT = SqlDialect(placeholder="?", contains=lambda name: f"instr({name}, ?) 
 class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     """A collection of pydantic items stored as JSON rows with indexed field columns."""
 
+    _dialect = _DIALECT
+
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
@@ -812,23 +806,13 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             )
 
     def _run_query(
-        self,
-        conn: sqlite3.Connection,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
+        self, conn: sqlite3.Connection, query: SqlQuery, limit: int, offset: int, raw: bool
     ) -> Tuple[List[Any], int]:
         """Matching items (their stored JSON when ``raw``) and the total."""
-        filters, must, aggregate = normalize_filter_options(filter)
-        sort_name, order = resolve_sort_options(sort)
-        plan = compile_filter(_DIALECT, self._spec, filters, must, aggregate)
-        order_sql = order_clause(self._spec, sort_name, order)
+        plan = query.plan
         table = self._spec.table
-        memory.paginate([], limit, offset)  # same validation of limit/offset
-        if plan.exact and order_sql is not None:
-            sql = f"SELECT data FROM {table} WHERE {plan.where} ORDER BY {order_sql}"
+        if query.in_sql:
+            sql = f"SELECT data FROM {table} WHERE {plan.where} ORDER BY {query.order_sql}"
             params = list(plan.params)
             if limit >= 0 or offset > 0:
                 sql += " LIMIT ? OFFSET ?"
@@ -841,43 +825,10 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             return items, total
         # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
         rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
-        items = [self._decode(row[0]) for row in rows]
-        if not plan.exact:
-            matches = memory_predicate()
-            items = [item for item in items if matches(item, filters, aggregate, must)]
-        if sort_name is not None:
-            items.sort(key=memory.sort_key_function(self._spec.item_type, sort_name), reverse=order == "desc")
-        page = memory.paginate(items, limit, offset)
-        return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
+        return query.finish([self._decode(row[0]) for row in rows], limit, offset, raw)
 
-    async def query_json(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Tuple[List[bytes], int]:
-        """Like :meth:`query`, with each item's stored JSON (no model is built), and the total."""
-        async with self.tracking_context("query", self.collection_name):
-            return await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset, raw=True))
-
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[M]:
-        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
-        async with self.tracking_context("query", self.collection_name):
-            items, total = await self._read(lambda conn: self._run_query(conn, filter, sort, limit, offset))
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
-
-    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
-        """First match by ``sort`` (insertion order without), or None."""
-        async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._read(lambda conn: self._run_query(conn, filter, sort, 1, 0))
-            return items[0] if items else None
+    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+        return await self._read(lambda conn: self._run_query(conn, query, limit, offset, raw))
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
@@ -911,66 +862,61 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
         """Update existing items (whole or ``update_fields`` only); a missing one raises ``ValueError``, updating none."""
-        self._check_items(items)
-        self._check_update_fields(update_fields)
 
-        def job(conn: sqlite3.Connection) -> List[M]:
-            def apply(c: sqlite3.Connection) -> List[M]:
-                results: List[M] = []
-                for item in items:
-                    key = self._key(item)
-                    if update_fields is None:
-                        new = item
-                    else:
-                        existing = self._fetch(c, key)
-                        if existing is None:
-                            raise self._missing(key)
-                        new = self._merge(existing, item, update_fields)
-                    row = self._row(new)
-                    values = [
-                        v
-                        for c_, v in zip(self._spec.columns, row[:-1], strict=True)
-                        if c_.name not in self._spec.primary_keys
-                    ]
-                    cursor = c.execute(self._update_sql, [*values, row[-1], *key])
-                    if cursor.rowcount == 0:
-                        raise self._missing(key)
-                    results.append(new)
-                return results
+        def update_one(c: sqlite3.Connection, item: M) -> M:
+            key = self._key(item)
+            if update_fields is None:
+                new = item
+            else:
+                existing = self._fetch(c, key)
+                if existing is None:
+                    raise self._missing(key)
+                new = self._merge(existing, item, update_fields)
+            row = self._row(new)
+            values = [
+                v for c_, v in zip(self._spec.columns, row[:-1], strict=True) if c_.name not in self._spec.primary_keys
+            ]
+            cursor = c.execute(self._update_sql, [*values, row[-1], *key])
+            if cursor.rowcount == 0:
+                raise self._missing(key)
+            return new
 
-            return _atomically(conn, apply, len(items))
-
-        async with self.tracking_context("update", self.collection_name):
-            return await self._write(job)
+        return await self._write_each("update", items, update_fields, update_one)
 
     async def upsert(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
         """Insert or update: ``None`` replaces, a list updates those fields, ``[]`` gets or inserts."""
+
+        def upsert_one(c: sqlite3.Connection, item: M) -> M:
+            if update_fields is None:
+                c.execute(self._upsert_sql, self._row(item))
+                return item
+            existing = self._fetch(c, self._key(item))
+            if existing is None:
+                c.execute(self._insert_sql, self._row(item))
+                return item
+            if not update_fields:
+                return existing
+            new = self._merge(existing, item, update_fields)
+            c.execute(self._upsert_sql, self._row(new))
+            return new
+
+        return await self._write_each("upsert", items, update_fields, upsert_one)
+
+    async def _write_each(
+        self,
+        operation: str,
+        items: Sequence[M],
+        update_fields: Optional[Sequence[str]],
+        write_one: Callable[[sqlite3.Connection, M], M],
+    ) -> Sequence[M]:
+        """Check the arguments, then run ``write_one`` on each item in one transaction (all or none)."""
         self._check_items(items)
         self._check_update_fields(update_fields)
 
         def job(conn: sqlite3.Connection) -> List[M]:
-            def apply(c: sqlite3.Connection) -> List[M]:
-                results: List[M] = []
-                for item in items:
-                    if update_fields is None:
-                        c.execute(self._upsert_sql, self._row(item))
-                        results.append(item)
-                        continue
-                    existing = self._fetch(c, self._key(item))
-                    if existing is None:
-                        c.execute(self._insert_sql, self._row(item))
-                        results.append(item)
-                    elif not update_fields:
-                        results.append(existing)
-                    else:
-                        new = self._merge(existing, item, update_fields)
-                        c.execute(self._upsert_sql, self._row(new))
-                        results.append(new)
-                return results
+            return _atomically(conn, lambda c: [write_one(c, item) for item in items], len(items))
 
-            return _atomically(conn, apply, len(items))
-
-        async with self.tracking_context("upsert", self.collection_name):
+        async with self.tracking_context(operation, self.collection_name):
             return await self._write(job)
 
     async def delete(self, items: Sequence[M]) -> None:

@@ -10,14 +10,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel, RootModel
 
-from agentbolt.store.requests import (
-    QueryAttemptsRequest,
-    QueryResourcesRequest,
-    QueryRolloutsRequest,
-    QuerySpansRequest,
-    QueryWorkersRequest,
-    RolloutRequest,
-)
 from agentbolt.types import (
     AttemptStatus,
     EnqueueRolloutRequest,
@@ -31,12 +23,10 @@ from agentbolt.types import (
 )
 
 __all__ = [
-    "RolloutRequest",
     "DequeueRolloutRequest",
     "StartAttemptRequest",
     "EnqueueManyRolloutsRequest",
     "DequeueManyRolloutsRequest",
-    "QueryRolloutsRequest",
     "WaitForRolloutsRequest",
     "NextSequenceIdRequest",
     "NextSequenceIdResponse",
@@ -49,10 +39,6 @@ __all__ = [
     "UpdateRolloutRequest",
     "UpdateAttemptRequest",
     "UpdateWorkerRequest",
-    "QueryAttemptsRequest",
-    "QueryResourcesRequest",
-    "QuerySpansRequest",
-    "QueryWorkersRequest",
     "AddMetricsRequest",
     "QueryMetricsRequest",
 ]

@@ -78,7 +78,7 @@ def test_samples_without_prompt_or_response_cannot_be_packed() -> None:
 
 def test_prefix_order_puts_samples_sharing_a_prompt_side_by_side() -> None:
     samples = [_sample([2, 1], [1]), _sample([1, 5], [1]), _sample([2, 1], [0]), _sample([1, 5], [2])]
-    assert prefix_order(samples, range(4)) == [1, 3, 2, 0]
+    assert prefix_order([s.token_ids for s in samples], range(4)) == [1, 3, 2, 0]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

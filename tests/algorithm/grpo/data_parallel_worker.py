@@ -1,0 +1,90 @@
+"""One rank of a data-parallel GRPO update, run as its own process by test_data_parallel.py.
+
+Usage: ``python data_parallel_worker.py RANK WORLD_SIZE PORT OUT_DIR CASE_JSON``. The rank joins the run the way
+``torchrun`` would have it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). The leader
+(rank 0) makes the update on the case's samples; the followers run ``DataParallel.follow``. Each rank writes
+``OUT_DIR/rank{N}.pt``: its trainable parameters and, on the leader, the update's metrics; or the error it raised.
+
+Case keys: ``config`` (GRPOConfig fields), ``samples`` (how many), ``sample_seed``, ``model_seed`` (per rank: the
+leader's state must win), ``follower`` (``"follow"``, ``"exit"``: die before the update, ``"stall"``: sleep through
+it, ``"other_model"``: load a model of another shape).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def main() -> None:
+    rank, world_size, port, out_dir, case_text = sys.argv[1:6]
+    case = json.loads(case_text)
+    os.environ.update(
+        {
+            "RANK": rank,
+            "WORLD_SIZE": world_size,
+            "LOCAL_RANK": rank,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    from conftest import make_samples, tiny_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentbolt.algorithm.grpo.config import GRPOConfig
+    from agentbolt.algorithm.grpo.distributed import DataParallel
+    from agentbolt.algorithm.grpo.trainer import PolicyTrainer
+
+    out = Path(out_dir) / f"rank{rank}.pt"
+    leader = rank == "0"
+    behaviour = "lead" if leader else case.get("follower", "follow")
+    result: dict = {}
+    try:
+        config = GRPOConfig(**case["config"])
+        data_parallel = DataParallel.from_environment(device="cpu", timeout=config.distributed_timeout)
+        assert data_parallel is not None
+        config = data_parallel.agree_on_config(config)
+        if behaviour == "exit":
+            os._exit(3)
+        if behaviour == "other_model":
+            model = LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=24,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                )
+            )
+        else:
+            model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)])
+        trainer = PolicyTrainer(model, config, data_parallel=data_parallel)
+        if behaviour == "stall":
+            data_parallel.receive()
+            time.sleep(60)
+            return
+        if leader:
+            samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
+            result["metrics"] = trainer.train_step(samples)
+            trainer.close()
+        else:
+            result["updates"] = data_parallel.follow(trainer)
+        result["params"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    except Exception as exc:  # the test reads what each rank raised
+        result = {"error_type": type(exc).__name__, "error": str(exc), "traceback": traceback.format_exc()}
+    torch.save(result, out)
+
+
+if __name__ == "__main__":
+    main()
