@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from agentbolt.demo.run import new_run_dir
 from agentbolt.utils.stats import wilson_interval
 from examples.common.heldout import compare, format_table
 from examples.common.training import RunRecord, add_result_options, read_validation_passes
@@ -37,17 +38,6 @@ from examples.sft.settings import CONFIG_FILE, load_options, parse_options
 __all__ = ["main", "run", "summarize"]
 
 logger = logging.getLogger(__name__)
-
-
-def _run_dir(output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir, suffix = output_dir / f"run-{stamp}", 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = output_dir / f"run-{stamp}-{suffix}"
-    run_dir.mkdir()
-    return run_dir
 
 
 def summarize(
@@ -123,7 +113,7 @@ def run(
     from agentbolt.store.sqlite import SqliteLightningStore
     from examples.sft.agent import math_agent
 
-    run_dir = _run_dir(output_dir)
+    run_dir = new_run_dir(output_dir)
     options = {
         **options,
         "checkpoint_dir": str(run_dir / "checkpoints"),
