@@ -244,10 +244,10 @@ class APO(PromptSearch, Generic[T_task]):
     def _initialize_beam(
         self, train_dataset: Optional[Dataset[T_task]], val_dataset: Optional[Dataset[T_task]]
     ) -> Tuple[str, PromptTemplate, KeyedBatches, KeyedBatches]:
-        seed = self._set_seed(train_dataset, val_dataset)
-        assert train_dataset is not None and val_dataset is not None and self._resource_name is not None
-        grad_iter = batch_iter_over_dataset(keyed(train_dataset), self.gradient_batch_size)
-        val_iter = batch_iter_over_dataset(keyed(val_dataset), self.val_batch_size)
+        seed, train, val = self._start_run(train_dataset, val_dataset)
+        assert self._resource_name is not None
+        grad_iter = batch_iter_over_dataset(train, self.gradient_batch_size)
+        val_iter = batch_iter_over_dataset(val, self.val_batch_size)
         return self._resource_name, seed, grad_iter, val_iter
 
     def _sample_parent_prompts(

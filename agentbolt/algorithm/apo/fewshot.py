@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 from agentbolt.types import Dataset, PromptTemplate
 
 from .prompts import conversation_of, examples_position
-from .search import Evaluation, PromptSearch, RolloutResultForAPO, VersionedPromptTemplate, keyed
+from .search import Evaluation, PromptSearch, RolloutResultForAPO, VersionedPromptTemplate
 from .templates import escape_literal
 
 __all__ = ["Demonstration", "FewShotAPO", "demonstration_messages", "render_demonstration"]
@@ -325,9 +325,7 @@ class FewShotAPO(PromptSearch):
             ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
                 is not TraceToMessages.
         """
-        seed = self._set_seed(train_dataset, val_dataset)
-        assert train_dataset is not None and val_dataset is not None
-        val, train = keyed(val_dataset), keyed(train_dataset)
+        seed, train, val = self._start_run(train_dataset, val_dataset)
         async with self._search_session():
             if self.resume:
                 await self._resume_state()

@@ -31,7 +31,7 @@ from .prompts import (
     extract_template_text,
     format_experiments,
 )
-from .search import FULL_VAL, PromptSearch, VersionedPromptTemplate, keyed
+from .search import FULL_VAL, PromptSearch, VersionedPromptTemplate
 
 __all__ = ["ParetoAPO", "pareto_front"]
 
@@ -252,10 +252,7 @@ class ParetoAPO(PromptSearch):
             ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
                 is not TraceToMessages.
         """
-        seed = self._set_seed(train_dataset, val_dataset)
-        assert train_dataset is not None and val_dataset is not None
-        self._val = keyed(val_dataset)
-        train = keyed(train_dataset)
+        seed, train, self._val = self._start_run(train_dataset, val_dataset)
         first_round = 1
         async with self._search_session():
             if self.resume:

@@ -393,8 +393,13 @@ class PromptSearch(Algorithm):
             return None
         return self._create_versioned_prompt(template)
 
-    def _set_seed(self, train_dataset: Optional[Dataset[Any]], val_dataset: Optional[Dataset[Any]]) -> PromptTemplate:
+    def _start_run(
+        self, train_dataset: Optional[Dataset[Any]], val_dataset: Optional[Dataset[Any]]
+    ) -> Tuple[PromptTemplate, List[Tuple[str, Any]], List[Tuple[str, Any]]]:
         """Find the seed, check the datasets and reset the run's state.
+
+        Returns:
+            The seed template, then the training and validation tasks keyed by :func:`keyed`.
 
         Raises:
             ValueError: No seed template, or a dataset is missing or empty.
@@ -412,7 +417,8 @@ class PromptSearch(Algorithm):
         self._history_best_score = float("-inf")
         self._history_best_version = None
         self._version_counter = 0
-        return seed
+        assert train_dataset is not None and val_dataset is not None
+        return seed, keyed(train_dataset), keyed(val_dataset)
 
     # -- evaluation --------------------------------------------------------------------------------------------------
 
