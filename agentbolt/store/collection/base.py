@@ -363,45 +363,63 @@ class LightningCollections(TrackedCollection):
             tracker.register_histogram("agl.collections.latency", label_names, group_level=2)
             tracker.register_counter("agl.collections.total", label_names, group_level=2)
 
+    # Each backend sets these in its constructor (narrowing the types to its own classes); the properties below
+    # are the one way to reach them.
+    _rollouts: Collection[Rollout]
+    _attempts: Collection[Attempt]
+    _spans: Collection[Span]
+    _resources: Collection[ResourcesUpdate]
+    _workers: Collection[Worker]
+    _rollout_queue: Queue[str]
+    _span_sequence_ids: KeyValue[str, int]
+    _metrics: Optional[Collection[MetricsRecord]] = None
+
+    @property
+    def collection_name(self) -> str:
+        """Name used in metric labels."""
+        return "router"
+
     @property
     def rollouts(self) -> Collection[Rollout]:
         """Rollouts, keyed by ``rollout_id``."""
-        raise NotImplementedError()
+        return self._rollouts
 
     @property
     def attempts(self) -> Collection[Attempt]:
         """Attempts, keyed by ``(rollout_id, attempt_id)``."""
-        raise NotImplementedError()
+        return self._attempts
 
     @property
     def spans(self) -> Collection[Span]:
         """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
-        raise NotImplementedError()
+        return self._spans
 
     @property
     def resources(self) -> Collection[ResourcesUpdate]:
         """Resource snapshots, keyed by ``resources_id``."""
-        raise NotImplementedError()
+        return self._resources
 
     @property
     def workers(self) -> Collection[Worker]:
         """Workers, keyed by ``worker_id``."""
-        raise NotImplementedError()
+        return self._workers
 
     @property
     def rollout_queue(self) -> Queue[str]:
         """FIFO of rollout ids waiting to be dequeued."""
-        raise NotImplementedError()
+        return self._rollout_queue
 
     @property
     def span_sequence_ids(self) -> KeyValue[str, int]:
         """Per-rollout span sequence counters."""
-        raise NotImplementedError()
+        return self._span_sequence_ids
 
     @property
     def metrics(self) -> Collection[MetricsRecord]:
         """Training metrics, keyed by ``(run_id, step)`` (backends without it raise ``NotImplementedError``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+        if self._metrics is None:
+            raise NotImplementedError(f"{type(self).__name__} does not keep training metrics")
+        return self._metrics
 
     async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
         """Whether the caller should run the periodic task ``name`` now.

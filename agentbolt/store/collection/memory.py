@@ -884,42 +884,6 @@ class InMemoryLightningCollections(LightningCollections):
         self._locks = self._make_locks()
         self._lock_orders = {}
 
-    @property
-    def collection_name(self) -> str:
-        return "router"
-
-    @property
-    def rollouts(self) -> ListBasedCollection[Rollout]:
-        return self._rollouts
-
-    @property
-    def attempts(self) -> ListBasedCollection[Attempt]:
-        return self._attempts
-
-    @property
-    def spans(self) -> ListBasedCollection[Span]:
-        return self._spans
-
-    @property
-    def resources(self) -> ListBasedCollection[ResourcesUpdate]:
-        return self._resources
-
-    @property
-    def workers(self) -> ListBasedCollection[Worker]:
-        return self._workers
-
-    @property
-    def rollout_queue(self) -> DequeBasedQueue[str]:
-        return self._rollout_queue
-
-    @property
-    def span_sequence_ids(self) -> DictBasedKeyValue[str, int]:
-        return self._span_sequence_ids
-
-    @property
-    def metrics(self) -> ListBasedCollection[MetricsRecord]:
-        return self._metrics
-
     def atomic(
         self,
         *,

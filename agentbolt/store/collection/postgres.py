@@ -1100,8 +1100,8 @@ class PostgresLightningCollections(LightningCollections):
         self._resources: PostgresCollection[ResourcesUpdate] = PostgresCollection(db, RESOURCES, tracker)
         self._workers: PostgresCollection[Worker] = PostgresCollection(db, WORKERS, tracker)
         self._metrics: PostgresCollection[MetricsRecord] = PostgresCollection(db, METRICS, tracker)
-        self._queue = PostgresQueue(db, tracker)
-        self._sequence_ids = PostgresCounters(db, tracker)
+        self._rollout_queue = PostgresQueue(db, tracker)
+        self._span_sequence_ids = PostgresCounters(db, tracker)
         self._meta_table = f"{_quote(db.schema)}.store_meta"
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -1120,54 +1120,9 @@ class PostgresLightningCollections(LightningCollections):
         return self._db.dsn
 
     @property
-    def collection_name(self) -> str:
-        """Name used in metric labels."""
-        return "router"
-
-    @property
     def extra_tracking_labels(self) -> Dict[str, str]:
         """The schema, as an extra metric label."""
         return {"schema": self.schema}
-
-    @property
-    def rollouts(self) -> PostgresCollection[Rollout]:
-        """Rollouts, keyed by ``rollout_id``."""
-        return self._rollouts
-
-    @property
-    def attempts(self) -> PostgresCollection[Attempt]:
-        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
-        return self._attempts
-
-    @property
-    def spans(self) -> PostgresCollection[Span]:
-        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
-        return self._spans
-
-    @property
-    def resources(self) -> PostgresCollection[ResourcesUpdate]:
-        """Resource snapshots, keyed by ``resources_id``."""
-        return self._resources
-
-    @property
-    def workers(self) -> PostgresCollection[Worker]:
-        """Workers, keyed by ``worker_id``."""
-        return self._workers
-
-    @property
-    def metrics(self) -> PostgresCollection[MetricsRecord]:
-        """Training metrics, keyed by ``(run_id, step)``."""
-        return self._metrics
-
-    @property
-    def rollout_queue(self) -> PostgresQueue:
-        """FIFO of rollout ids waiting to be dequeued."""
-        return self._queue
-
-    @property
-    def span_sequence_ids(self) -> PostgresCounters:
-        """Per-rollout span sequence counters."""
-        return self._sequence_ids
 
     @asynccontextmanager
     async def atomic(

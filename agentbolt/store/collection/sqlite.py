@@ -1149,55 +1149,10 @@ class SqliteLightningCollections(LightningCollections):
         self._spans: SqliteCollection[Span] = SqliteCollection(self._db, SPANS, tracker)
         self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, RESOURCES, tracker)
         self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, WORKERS, tracker)
-        self._queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
-        self._sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
+        self._rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
+        self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
         self._metrics: SqliteCollection[MetricsRecord] = SqliteCollection(self._db, METRICS, tracker)
         self._meta = _Backed(self._db)
-
-    @property
-    def collection_name(self) -> str:
-        """Name used in metric labels."""
-        return "router"
-
-    @property
-    def rollouts(self) -> SqliteCollection[Rollout]:
-        """Rollouts, keyed by ``rollout_id``."""
-        return self._rollouts
-
-    @property
-    def attempts(self) -> SqliteCollection[Attempt]:
-        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
-        return self._attempts
-
-    @property
-    def spans(self) -> SqliteCollection[Span]:
-        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
-        return self._spans
-
-    @property
-    def resources(self) -> SqliteCollection[ResourcesUpdate]:
-        """Resource snapshots, keyed by ``resources_id``."""
-        return self._resources
-
-    @property
-    def workers(self) -> SqliteCollection[Worker]:
-        """Workers, keyed by ``worker_id``."""
-        return self._workers
-
-    @property
-    def rollout_queue(self) -> SqliteQueue[str]:
-        """FIFO of rollout ids waiting to be dequeued."""
-        return self._queue
-
-    @property
-    def span_sequence_ids(self) -> SqliteKeyValue[str, int]:
-        """Per-rollout span sequence counters."""
-        return self._sequence_ids
-
-    @property
-    def metrics(self) -> SqliteCollection[MetricsRecord]:
-        """Training metrics, keyed by ``(run_id, step)``."""
-        return self._metrics
 
     @property
     def commit_count(self) -> int:
