@@ -339,23 +339,29 @@ class FinetuningAlgorithm(Algorithm):
     async def _run_rollouts(
         self,
         store: LightningStore,
-        tasks: Sequence[Tuple[Any, str]],
+        tasks: Sequence[Any],
         *,
         mode: RolloutMode,
+        step: int,
         resources_id: str,
+        copies: int = 1,
     ) -> List[RolloutOutcome]:
-        """Enqueue ``(task, group_id)`` pairs, wait for them and collect rewards and triplets."""
+        """Enqueue each task ``copies`` times, wait for the rollouts and collect rewards and triplets.
+
+        The rollouts of one task form the group ``{mode}-{step}-{index of the task}``.
+        """
+        groups = [f"{mode}-{step}-{i}" for i in range(len(tasks)) for _ in range(copies)]
         requests = [
             EnqueueRolloutRequest(
-                input=task,
+                input=tasks[i // copies],
                 mode=mode,
                 resources_id=resources_id,
                 metadata={self.group_metadata_key: group},  # type: ignore[arg-type]
             )
-            for task, group in tasks
+            for i, group in enumerate(groups)
         ]
         rollouts = list(await store.enqueue_many_rollouts(requests))
-        groups = {r.rollout_id: group for r, (_, group) in zip(rollouts, tasks, strict=True)}
+        group_of = {r.rollout_id: group for r, group in zip(rollouts, groups, strict=True)}
         finished = await self._wait(store, [r.rollout_id for r in rollouts])
         adapter = self._triplet_adapter()
         from agentbolt.emitter import find_final_reward
@@ -370,7 +376,7 @@ class FinetuningAlgorithm(Algorithm):
             spans = await self._settled_spans(store, rollout.rollout_id)
             triplets = list(adapter.adapt(spans)) if spans else []
             reward = find_final_reward(spans) if status == "succeeded" else None
-            outcomes.append(RolloutOutcome(rollout.rollout_id, groups[rollout.rollout_id], status, reward, triplets))
+            outcomes.append(RolloutOutcome(rollout.rollout_id, group_of[rollout.rollout_id], status, reward, triplets))
         return outcomes
 
     async def _settled_spans(self, store: LightningStore, rollout_id: str) -> List[Span]:
@@ -407,8 +413,7 @@ class FinetuningAlgorithm(Algorithm):
         self, store: LightningStore, proxy: LLMProxy, server: PolicyServer, val_dataset: Sequence[Any], step: int
     ) -> Dict[str, float]:
         resources_id = await self._publish(store, proxy, server, self.config.val_sampling_parameters)
-        tasks = [(task, f"val-{step}-{i}") for i, task in enumerate(val_dataset)]
-        outcomes = await self._run_rollouts(store, tasks, mode="val", resources_id=resources_id)
+        outcomes = await self._run_rollouts(store, val_dataset, mode="val", step=step, resources_id=resources_id)
         correct = sum(1 for o in outcomes if o.reached(self.config.val_success_reward))
         mean, _ = mean_std([score for score in map(self._score, outcomes) if score is not None])
         return {

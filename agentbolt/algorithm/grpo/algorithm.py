@@ -179,8 +179,9 @@ class GRPO(FinetuningAlgorithm):
     ) -> Dict[str, float]:
         config = self.config
         started = time.perf_counter()
-        pairs = [(task, f"train-{step}-{i}") for i, task in enumerate(tasks) for _ in range(config.group_size)]
-        outcomes = await self._run_rollouts(store, pairs, mode="train", resources_id=resources_id)
+        outcomes = await self._run_rollouts(
+            store, tasks, mode="train", step=step, resources_id=resources_id, copies=config.group_size
+        )
         rollout_seconds = time.perf_counter() - started
         samples, sample_stats, scores = self._samples(outcomes)
         kept, adv_stats = assign_advantages(

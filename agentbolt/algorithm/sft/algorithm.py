@@ -172,8 +172,9 @@ class SFT(FinetuningAlgorithm):
             resources_id = await self._publish(
                 store, proxy, server, config.sampling_parameters, model=config.teacher_model
             )
-        pairs = [(task, f"train-{step}-{i}") for i, task in enumerate(tasks) for _ in range(config.rollouts_per_task)]
-        outcomes = await self._run_rollouts(store, pairs, mode="train", resources_id=resources_id)
+        outcomes = await self._run_rollouts(
+            store, tasks, mode="train", step=step, resources_id=resources_id, copies=config.rollouts_per_task
+        )
         collect_seconds = time.perf_counter() - started
         chat_samples, call_stats = self._chat_samples(outcomes)
         tokenized, token_stats = tokenize_samples(

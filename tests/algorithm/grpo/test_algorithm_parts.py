@@ -81,9 +81,9 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
 async def _outcomes(algorithm: GRPO, kinds: List[str]) -> List[RolloutOutcome]:
     store = agl.InMemoryLightningStore()
     algorithm.set_store(store)
-    tasks = [({"kind": kind}, f"g{i}") for i, kind in enumerate(kinds)]
+    tasks = [{"kind": kind} for kind in kinds]
     runner = asyncio.create_task(_play_runner(store, sum(1 for kind in kinds if kind != "never")))
-    outcomes = await algorithm._run_rollouts(store, tasks, mode="train", resources_id=None)  # type: ignore[arg-type]
+    outcomes = await algorithm._run_rollouts(store, tasks, mode="train", step=0, resources_id=None)  # type: ignore[arg-type]
     await runner
     for outcome in outcomes:
         if outcome.status == "late":
@@ -105,21 +105,21 @@ async def test_failed_late_and_rewardless_rollouts_are_scored_with_their_calls()
     # The calls of the failed, reward-less and late rollouts are trained on with failed_rollout_reward (0.0), so
     # what led to the failure is pushed down; the call span that arrived after its rollout finished was waited for.
     assert [(s.prompt_ids, s.response_ids, s.reward, s.group_id) for s in samples] == [
-        ([1, 2], [3], 0.75, "g0"),
-        ([1, 2], [3], 0.0, "g1"),
-        ([1, 2], [3], 0.0, "g2"),
-        ([1, 2], [3], 0.75, "g3"),
-        ([1, 2], [3], 0.0, "g4"),
+        ([1, 2], [3], 0.75, "train-0-0"),
+        ([1, 2], [3], 0.0, "train-0-1"),
+        ([1, 2], [3], 0.0, "train-0-2"),
+        ([1, 2], [3], 0.75, "train-0-3"),
+        ([1, 2], [3], 0.0, "train-0-4"),
     ]
     assert stats.calls == 5
     # Every rollout counts once in its group, the one that never made a call too.
     assert [(s.group_id, s.reward) for s in scores] == [
-        ("g0", 0.75),
-        ("g1", 0.0),
-        ("g2", 0.0),
-        ("g3", 0.75),
-        ("g4", 0.0),
-        ("g5", 0.0),
+        ("train-0-0", 0.75),
+        ("train-0-1", 0.0),
+        ("train-0-2", 0.0),
+        ("train-0-3", 0.75),
+        ("train-0-4", 0.0),
+        ("train-0-5", 0.0),
     ]
 
 
@@ -127,8 +127,8 @@ async def test_failed_rollouts_are_dropped_when_failed_rollout_reward_is_none() 
     algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=1.0, failed_rollout_reward=None)
     outcomes = await _outcomes(algorithm, KINDS)
     samples, stats, scores = algorithm._samples(outcomes)
-    assert [(s.reward, s.group_id) for s in samples] == [(0.75, "g0"), (0.75, "g3")]
-    assert [(s.group_id, s.reward) for s in scores] == [("g0", 0.75), ("g3", 0.75)]
+    assert [(s.reward, s.group_id) for s in samples] == [(0.75, "train-0-0"), (0.75, "train-0-3")]
+    assert [(s.group_id, s.reward) for s in scores] == [("train-0-0", 0.75), ("train-0-3", 0.75)]
     assert stats.calls == 2
 
 
