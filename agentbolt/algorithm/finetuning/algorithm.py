@@ -16,6 +16,7 @@ import os
 import random
 import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -115,6 +116,7 @@ class TaskSampler:
         self.epoch, self.position = int(state.get("epoch", 0)), int(state.get("position", 0))
 
 
+@dataclass(eq=False)
 class RolloutOutcome:
     """What came back from one rollout.
 
@@ -123,12 +125,11 @@ class RolloutOutcome:
     latest attempt, whatever its status.
     """
 
-    def __init__(self, rollout_id: str, group_id: str, status: str, reward: Optional[float], triplets: List[Any]):
-        self.rollout_id = rollout_id
-        self.group_id = group_id
-        self.status = status
-        self.reward = reward
-        self.triplets = triplets
+    rollout_id: str
+    group_id: str
+    status: str
+    reward: Optional[float]
+    triplets: List[Any]
 
     @property
     def usable(self) -> bool:
