@@ -29,13 +29,12 @@ class LightningEnvVar(Enum):
     AGL_SERVER_PORT = "AGL_SERVER_PORT"
 
 
-def _raw(env_var: LightningEnvVar | str) -> Optional[str]:
-    name = env_var.value if isinstance(env_var, LightningEnvVar) else env_var
-    return os.environ.get(name)
-
-
 def _name(env_var: LightningEnvVar | str) -> str:
     return env_var.value if isinstance(env_var, LightningEnvVar) else env_var
+
+
+def _raw(env_var: LightningEnvVar | str) -> Optional[str]:
+    return os.environ.get(_name(env_var))
 
 
 def resolve_bool_env_var(
