@@ -858,7 +858,7 @@ class InMemoryLightningCollections(LightningCollections):
         self._lock_orders: Dict[Tuple[str, ...], Tuple[AsyncLock, ...]] = {}
         self._rollouts = ListBasedCollection([], Rollout, ["rollout_id"], id="rollouts", tracker=tracker)
         self._attempts = ListBasedCollection([], Attempt, ["rollout_id", "attempt_id"], id="attempts", tracker=tracker)
-        self._spans = ListBasedCollection(
+        self._spans: ListBasedCollection[Span] = ListBasedCollection(
             [], Span, ["rollout_id", "attempt_id", "span_id"], id="spans", tracker=tracker
         )
         self._resources = ListBasedCollection([], ResourcesUpdate, ["resources_id"], id="resources", tracker=tracker)
