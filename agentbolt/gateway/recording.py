@@ -40,7 +40,7 @@ class CallRecord(PendingSpan):
         rollout_id: Rollout named in the request URL.
         attempt_id: Attempt named in the request URL.
         sequence_id: Future of the sequence id requested from the store when the request arrived.
-        endpoint: ``chat/completions`` or ``completions``.
+        endpoint: ``chat/completions``, ``completions`` or ``v1/messages`` (passed through to an Anthropic backend).
         request: The client's request body.
         start_time: When the request arrived (seconds since the epoch).
         agent_name: Value of the agent-name request header, if any.
