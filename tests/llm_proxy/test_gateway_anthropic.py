@@ -256,3 +256,19 @@ async def test_anthropic_backends_get_the_request_as_sent_and_the_call_is_record
     assert tool.attributes["gen_ai.completion.0.tool_calls.0.name"] == "get_weather"
     assert json.loads(tool.attributes["gen_ai.completion.0.tool_calls.0.arguments"]) == {"city": "Paris"}
     assert tool.attributes["gen_ai.completion.0.finish_reason"] == "tool_calls"
+
+
+async def test_a_stream_the_backend_drops_ends_with_an_error_event_and_a_failed_span(
+    make_proxy: ProxyFactory, store: InMemoryLightningStore, rollout: AttemptedRollout
+) -> None:
+    body: Dict[str, Any] = {"model": "drop", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    async with make_proxy() as proxy:
+        client = _client(proxy, rollout)
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            async with client.messages.stream(**body) as stream:
+                async for _ in stream:
+                    pass
+        await client.close()
+        [span] = await wait_for_spans(store, rollout.rollout_id, 1)
+    assert "dropped the stream connection" in str(raised.value)
+    assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "upstream_error"
