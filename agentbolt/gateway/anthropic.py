@@ -323,7 +323,10 @@ def messages_to_chat(body: Mapping[str, Any], strict: bool = True) -> Dict[str, 
         else:
             messages.append(_assistant_message(blocks, where, strict))
     chat: Dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": body["max_tokens"]}
-    for field in ("temperature", "top_p", "top_k"):
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise _invalid(f"top_k: must be a positive integer, got {top_k!r}")
+    for field in ("temperature", "top_p", "top_k"):  # ranges are checked with the chat request's schema
         if body.get(field) is not None:
             chat[field] = body[field]
     stops = body.get("stop_sequences")

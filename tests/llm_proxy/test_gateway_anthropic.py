@@ -272,3 +272,37 @@ async def test_a_stream_the_backend_drops_ends_with_an_error_event_and_a_failed_
         [span] = await wait_for_spans(store, rollout.rollout_id, 1)
     assert "dropped the stream connection" in str(raised.value)
     assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "upstream_error"
+
+
+HOSTILE_FIELDS: List[Dict[str, Any]] = [
+    {"system": 5},
+    {"system": [{"type": "text", "text": 5}]},
+    {"messages": [{"role": "user", "content": [5]}]},
+    {"messages": [{"role": "user", "content": [{"type": 3}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "image", "source": "x"}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}]},
+    {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "w", "input": "x"}]}]},
+    {"tools": {"name": "w"}},
+    {"tools": ["w"]},
+    {"tool_choice": "auto"},
+    {"tool_choice": {"type": "tool"}},
+    {"stop_sequences": [1]},
+    {"top_k": "many"},
+    {"top_p": 0},
+    {"max_tokens": "8"},
+    {"model": ["echo"]},
+]
+
+
+async def test_hostile_bodies_get_a_400_and_leave_the_gateway_serving(make_proxy: ProxyFactory) -> None:
+    good: Dict[str, Any] = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    async with make_proxy() as proxy, httpx.AsyncClient(timeout=30) as http:
+        url = f"{proxy.endpoint}/v1/messages"
+        answers = [await http.post(url, json={**good, **fields}) for fields in HOSTILE_FIELDS]
+        answers.append(await http.post(url, json=["not", "an", "object"]))
+        answers.append(await http.post(url, content=b"x" * 10, headers={"content-type": "text/plain"}))
+        after = await http.post(url, json=good)
+    for fields, answer in zip([*HOSTILE_FIELDS, "list", "text"], answers, strict=True):
+        assert 400 <= answer.status_code < 500, (fields, answer.text)
+        assert _error(answer)["type"] == "invalid_request_error", (fields, answer.text)
+    assert after.status_code == 200
