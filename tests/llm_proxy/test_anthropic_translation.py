@@ -318,3 +318,28 @@ def test_errors_are_rewritten_in_anthropics_shape() -> None:
         "type": "api_error",
         "message": "Bad Gateway",
     }
+
+
+def test_anthropic_model_list_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbolt.gateway.routing import ModelRouter
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "from-env")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:1/never-the-upstream")
+    router = ModelRouter(
+        [
+            {"model_name": "claude", "litellm_params": {"model": "anthropic/claude-sonnet-4-5"}},
+            {"model_name": "local", "litellm_params": {"model": "anthropic/x", "api_base": "http://127.0.0.1:9/v1/"}},
+        ]
+    )
+    [claude] = router.candidates("claude")
+    assert claude.speaks_messages and not claude.token_ids and claude.api_key == "from-env"
+    assert claude.url("v1/messages") == "https://api.anthropic.com/v1/messages"
+    assert router.candidates("local")[0].url("v1/messages") == "http://127.0.0.1:9/v1/messages"
+    with pytest.raises(ValueError, match="return_token_ids is not available"):
+        ModelRouter([{"model_name": "c", "litellm_params": {"model": "anthropic/x", "return_token_ids": True}}])
+    mixed = [
+        {"model_name": "c", "litellm_params": {"model": "anthropic/x"}},
+        {"model_name": "c", "litellm_params": {"model": "hosted_vllm/x", "api_base": "http://127.0.0.1:9/v1"}},
+    ]
+    with pytest.raises(ValueError, match=r"model_list\[1\]: model 'c' mixes"):
+        ModelRouter(mixed)
