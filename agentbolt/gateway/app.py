@@ -1,7 +1,9 @@
 """The gateway's FastAPI application: OpenAI-compatible routes that forward to backends and record each call.
 
 Routes (each also under ``/v1`` and under ``/rollout/{rollout_id}/attempt/{attempt_id}[/v1]``):
-``POST /chat/completions``, ``POST /completions``, ``GET /models``; plus ``GET /health`` and ``POST /flush``.
+``POST /chat/completions``, ``POST /completions``, ``GET /models``, and Anthropic's ``POST /messages`` (translated
+to a chat completion for OpenAI-compatible backends, see :mod:`agentbolt.gateway.anthropic`); plus ``GET /health``
+and ``POST /flush``.
 
 The hot path parses the request JSON once (orjson), picks a deployment, rewrites ``model`` (and adds the token-id
 extensions for backends that support them), and relays the answer: complete bodies as they are, streams event by
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence
 
 import orjson
 from fastapi import FastAPI, Request
@@ -26,6 +29,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.background import BackgroundTask
 
+from agentbolt.gateway import anthropic
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
 from agentbolt.gateway.recording import CallRecord
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
@@ -58,6 +62,8 @@ _writer_logger = logging.getLogger("agentbolt.gateway.writer")
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _DONE_EVENT = b"data: [DONE]"
+_MESSAGE_STOP_EVENT = b"event: message_stop"
+_ANTHROPIC_VERSION = "2023-06-01"
 _PREFIXES = ("", "/v1", "/rollout/{rollout_id}/attempt/{attempt_id}", "/rollout/{rollout_id}/attempt/{attempt_id}/v1")
 
 
@@ -73,7 +79,8 @@ class GatewaySettings:
         record_spans: Write one span per call bound to a rollout to the store.
         rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
         log_messages: Log request and response bodies at DEBUG level.
-        api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>``.
+        api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>`` (or
+            Anthropic's ``x-api-key: <api_key>``).
         max_queued_spans: Most calls waiting to be written (while the store is slow or down); beyond that new
             spans are dropped, counted and logged.
         sequence_wait: Longest time an answer is held back waiting for the store's sequence id; past it the answer
@@ -225,6 +232,33 @@ def _complete_events(buffer: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
+def _as_anthropic_error(response: Response) -> Response:
+    """``response`` with an error body in Anthropic's shape (successes and streams are returned as they are)."""
+    if response.status_code < 400 or isinstance(response, StreamingResponse):
+        return response
+    body = anthropic.anthropic_error_from_openai(response.status_code, bytes(response.body))
+    headers = {k: v for k, v in response.headers.items() if k in ("retry-after", "www-authenticate")}
+    return Response(body, status_code=response.status_code, media_type=_JSON, headers=headers)
+
+
+def _anthropic_error_event(error: GatewayError) -> bytes:
+    return anthropic.anthropic_error_event(error.status_code, error.message)
+
+
+async def _translated(chunks: AsyncIterator[Any], translator: anthropic.ChatStreamTranslator) -> AsyncIterator[bytes]:
+    """A chat completion stream as a Messages event stream."""
+    try:
+        async for chunk in chunks:
+            out = translator.feed(chunk if isinstance(chunk, bytes) else str(chunk).encode())
+            if out:
+                yield out
+        tail = translator.close()
+        if tail:
+            yield tail
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
 class _Handler:
     """Request handling bound to one :class:`Gateway`."""
 
@@ -282,9 +316,12 @@ class _Handler:
         )
 
     def _unauthorized(self, request: Request) -> Optional[Response]:
-        """A 401 answer when an API key is configured and the request does not carry it."""
+        """A 401 answer when an API key is configured and the request carries it in neither accepted header."""
         key = self.gateway.settings.api_key
         if key is None or bearer_token_matches(request.headers.get("authorization"), key):
+            return None
+        x_api_key = request.headers.get("x-api-key")
+        if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), key.encode()):
             return None
         return _error_response(unauthorized())
 
@@ -331,10 +368,29 @@ class _Handler:
         caller (and to agentbolt's SDK instrumentation) as the response's request id, which lets the adapters tell
         that the gateway's span and the SDK's span record the same call.
         """
+        return await self._answer(self._completion, request, endpoint, rollout_id, attempt_id)
+
+    async def messages(
+        self, request: Request, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
+    ) -> Response:
+        """Answer one Anthropic Messages request; the call's id is also in the ``request-id`` header (Anthropic's)."""
+        response = await self._answer(self._messages, request, "messages", rollout_id, attempt_id)
+        response.headers["request-id"] = response.headers[LLM_CALL_ID_HEADER]
+        return response
+
+    async def _answer(
+        self,
+        handle: Callable[..., Awaitable[Response]],
+        request: Request,
+        endpoint: str,
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+    ) -> Response:
+        """Run ``handle`` for one call with its id and metrics."""
         call_id = f"agentbolt-{secrets.token_hex(12)}"
         metrics = self.gateway.metrics
         outcome = CallOutcome(endpoint, time.perf_counter()) if metrics is not None else None
-        response = await self._completion(request, endpoint, rollout_id, attempt_id, call_id, outcome)
+        response = await handle(request, endpoint, rollout_id, attempt_id, call_id, outcome)
         response.headers[LLM_CALL_ID_HEADER] = call_id
         if metrics is not None and outcome is not None and not isinstance(response, StreamingResponse):
             outcome.status = response.status_code
@@ -372,20 +428,100 @@ class _Handler:
             candidates = gateway.router.candidates(model)
         except UnknownModelError as exc:
             return _error_response(GatewayError(404, str(exc), "model_not_found"), available_models=exc.available)
+        if candidates[0].speaks_messages:
+            message = f"Model {model!r} is served by an Anthropic Messages API backend: call POST /v1/messages"
+            return _error_response(GatewayError(400, message, "invalid_request_error", "model"))
+        return await self._forward(request, endpoint, body, model, candidates, rollout_id, attempt_id, call_id, outcome)
+
+    async def _messages(
+        self,
+        request: Request,
+        endpoint: str,
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+        call_id: str,
+        outcome: Optional[CallOutcome] = None,
+    ) -> Response:
+        """A Messages call: passed through to Anthropic-compatible backends, translated for the others."""
+        if self._unauthorized(request) is not None:
+            message = "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
+            return Response(anthropic.anthropic_error_body(401, message), status_code=401, media_type=_JSON)
+        gateway = self.gateway
+        try:
+            raw = await read_body(request, gateway.settings.max_request_bytes)
+            body = parse_json_object(raw, request.headers.get("content-type"))
+            model = anthropic.validate_messages_request(body)
+            candidates = gateway.router.candidates(model)
+            if candidates[0].speaks_messages:
+                headers = {
+                    "anthropic-version": request.headers.get("anthropic-version", _ANTHROPIC_VERSION),
+                    **(
+                        {"anthropic-beta": request.headers["anthropic-beta"]}
+                        if "anthropic-beta" in request.headers
+                        else {}
+                    ),
+                }
+                response = await self._forward(
+                    request, "v1/messages", body, model, candidates, rollout_id, attempt_id, call_id, outcome, headers
+                )
+                return _as_anthropic_error(response)
+            stops = body.get("stop_sequences") or []
+            chat = anthropic.messages_to_chat(body)
+            validate_request(ChatCompletionRequest, chat)
+        except UnknownModelError as exc:
+            return Response(anthropic.anthropic_error_body(404, str(exc)), status_code=404, media_type=_JSON)
+        except ApiError as exc:
+            return Response(
+                anthropic.anthropic_error_body(exc.status, exc.message), status_code=exc.status, media_type=_JSON
+            )
+        response = await self._forward(
+            request, "chat/completions", chat, model, candidates, rollout_id, attempt_id, call_id, outcome
+        )
+        if isinstance(response, StreamingResponse):
+            translator = anthropic.ChatStreamTranslator(model, stops)
+            response.body_iterator = _translated(response.body_iterator, translator)
+            return response
+        if response.status_code >= 400:
+            return _as_anthropic_error(response)
+        message = anthropic.chat_to_message(orjson.loads(bytes(response.body)), model, stops)
+        return Response(orjson.dumps(message), status_code=response.status_code, media_type=_JSON)
+
+    async def _forward(
+        self,
+        request: Request,
+        endpoint: str,
+        body: Dict[str, Any],
+        model: str,
+        candidates: Sequence[Deployment],
+        rollout_id: Optional[str],
+        attempt_id: Optional[str],
+        call_id: str,
+        outcome: Optional[CallOutcome] = None,
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> Response:
+        """Send a checked request to ``candidates``, record the call, and relay the answer."""
+        gateway = self.gateway
+        messages_api = candidates[0].speaks_messages
         if outcome is not None:
             outcome.model = model
         upstream_client = gateway.upstream
         if upstream_client is None:
             return _error_response(GatewayError(503, "The gateway is not serving yet", "gateway_not_ready"))
         if gateway.settings.log_messages:
-            logger.debug("Request to %s: %s", endpoint, raw[:4000])
+            logger.debug("Request to %s: %s", endpoint, orjson.dumps(body)[:4000])
 
-        if rollout_id is not None and gateway.sampling is not None:
-            body = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
-        call = self._start_call(request, endpoint, body, rollout_id, attempt_id, call_id)
+        recorded = body
+        if messages_api:
+            if rollout_id is not None:  # recorded as the chat call it is equivalent to, like every other call
+                recorded = anthropic.messages_to_chat(body, strict=False)
+        elif rollout_id is not None and gateway.sampling is not None:
+            body = recorded = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
+        call = self._start_call(request, endpoint, recorded, rollout_id, attempt_id, call_id)
+        if call is not None:
+            call.messages_api = messages_api
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:
-            upstream = await upstream_client.send(candidates, endpoint, payloads)
+            upstream = await upstream_client.send(candidates, endpoint, payloads, headers)
         except GatewayError as exc:
             if call is not None:
                 call.fail(exc.status_code, exc.message, exc.error_type)
@@ -398,8 +534,13 @@ class _Handler:
             call.deployment = upstream.deployment
         if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in upstream.content_type:
             await self._await_sequence_id(call)
+            relay = (
+                self._relay(upstream, call, outcome, _MESSAGE_STOP_EVENT, _anthropic_error_event)
+                if messages_api
+                else self._relay(upstream, call, outcome)
+            )
             return StreamingResponse(
-                self._relay(upstream, call, outcome),
+                relay,
                 status_code=upstream.status_code,
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
@@ -460,9 +601,18 @@ class _Handler:
         return _error_response(error)
 
     async def _relay(
-        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+        self,
+        upstream: UpstreamResponse,
+        call: Optional[CallRecord],
+        outcome: Optional[CallOutcome] = None,
+        done_marker: bytes = _DONE_EVENT,
+        error_event: Callable[[GatewayError], bytes] = lambda error: b"data: " + error.to_body() + b"\n\n",
     ) -> AsyncIterator[bytes]:
-        """Forward complete server-sent events as they arrive; keep a copy for the span."""
+        """Forward complete server-sent events as they arrive; keep a copy for the span.
+
+        ``done_marker`` is how the stream's last event starts; ``error_event`` writes the event that ends a stream
+        broken by the backend.
+        """
         received: List[bytes] = []
         pending = b""
         error: Optional[GatewayError] = None
@@ -477,7 +627,7 @@ class _Handler:
                     cut = _complete_events(pending)
                     if cut:
                         out, pending = pending[:cut], pending[cut:]
-                        if not submitted and _DONE_EVENT in out and call is not None:
+                        if not submitted and done_marker in out and call is not None:
                             # Hand the span over before the client reads the end of the stream: once the agent is
                             # done with the answer, a flush covers this call.
                             call.stream_finished(b"".join(received), None)
@@ -490,7 +640,7 @@ class _Handler:
                 # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
                 error = exc
                 logger.warning("%s", error.message)
-                yield b"data: " + error.to_body() + b"\n\n"
+                yield error_event(error)
         except BaseException:
             # The client went away (or the server is shutting down) before the stream ended.
             if error is None:
@@ -547,8 +697,13 @@ def create_app(gateway: Gateway) -> FastAPI:
         params = request.path_params
         return await handler.completion(request, "completions", params.get("rollout_id"), params.get("attempt_id"))
 
+    async def messages(request: Request) -> Response:
+        params = request.path_params
+        return await handler.messages(request, params.get("rollout_id"), params.get("attempt_id"))
+
     prefixes = _PREFIXES if gateway.settings.rollout_routes else _PREFIXES[:2]
     for prefix in prefixes:
+        app.add_route(f"{prefix}/messages", messages, methods=["POST"], include_in_schema=False)
         app.add_route(f"{prefix}/chat/completions", chat, methods=["POST"], include_in_schema=False)
         app.add_route(f"{prefix}/completions", text, methods=["POST"], include_in_schema=False)
         app.add_route(f"{prefix}/models", handler.models, methods=["GET"], include_in_schema=False)

@@ -40,7 +40,7 @@ class CallRecord(PendingSpan):
         rollout_id: Rollout named in the request URL.
         attempt_id: Attempt named in the request URL.
         sequence_id: Future of the sequence id requested from the store when the request arrived.
-        endpoint: ``chat/completions`` or ``completions``.
+        endpoint: ``chat/completions``, ``completions`` or ``v1/messages`` (passed through to an Anthropic backend).
         request: The client's request body.
         start_time: When the request arrived (seconds since the epoch).
         agent_name: Value of the agent-name request header, if any.
@@ -52,6 +52,8 @@ class CallRecord(PendingSpan):
         stream_body: Raw server-sent events (streaming).
         error: Failure description, None on success.
         error_type: Short failure category.
+        messages_api: The backend spoke Anthropic's Messages API: ``response`` and ``stream_body`` are in that
+            shape (``request`` is its chat translation), and are recorded as the chat call they are equivalent to.
     """
 
     rollout_id: str
@@ -69,6 +71,7 @@ class CallRecord(PendingSpan):
     stream_body: Optional[bytes] = None
     error: Optional[str] = None
     error_type: Optional[str] = None
+    messages_api: bool = False
 
     def succeed(self, status_code: int, response: Dict[str, Any]) -> None:
         """Mark the call complete with a parsed response body."""
@@ -157,7 +160,7 @@ def call_attributes(call: CallRecord, response: Optional[CompletionRecord]) -> D
     attributes = llm_call_attributes(
         call.request,
         response,
-        operation="chat" if call.endpoint == "chat/completions" else "text_completion",
+        operation="text_completion" if call.endpoint == "completions" else "chat",
         provider=deployment.provider if deployment is not None else None,
     )
     if deployment is not None:
@@ -172,13 +175,26 @@ def call_attributes(call: CallRecord, response: Optional[CompletionRecord]) -> D
     return attributes
 
 
+def _recorded_response(call: CallRecord) -> Tuple[Optional[CompletionRecord], Optional[str]]:
+    """The call's answer as one chat completion, and the stream's error (if it was a stream that broke)."""
+    if call.messages_api:
+        from agentbolt.gateway.anthropic import assemble_message_stream, message_to_chat_completion
+
+        message, stream_error = (
+            (call.response, None) if call.stream_body is None else assemble_message_stream(call.stream_body)
+        )
+        completion = message_to_chat_completion(message) if message is not None else None
+        return (CompletionRecord.from_completion(completion) if completion is not None else None), stream_error
+    if call.stream_body is not None:
+        return assemble_stream(call.stream_body)
+    return (CompletionRecord.from_completion(call.response) if call.response is not None else None), None
+
+
 def build_span(call: CallRecord, sequence_id: int) -> Span:
     """The ``agentbolt.llm_call`` span of ``call``."""
-    response = CompletionRecord.from_completion(call.response) if call.response is not None else None
-    if call.stream_body is not None:
-        response, stream_error = assemble_stream(call.stream_body)
-        if call.error is None and stream_error is not None:
-            call.error, call.error_type = stream_error, "stream_incomplete"
+    response, stream_error = _recorded_response(call)
+    if call.error is None and stream_error is not None:
+        call.error, call.error_type = stream_error, "stream_incomplete"
     error = call.error
     attributes = call_attributes(call, response)
     status = TraceStatus(status_code="ERROR", description=error) if error is not None else TraceStatus(status_code="OK")

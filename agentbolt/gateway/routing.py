@@ -7,6 +7,9 @@ decides how the gateway talks to the backend:
 * ``hosted_vllm/<model>`` and ``agentbolt/<model>`` (our own ``agentbolt serve``): OpenAI-compatible servers that
   return token ids; the gateway asks them for ``return_token_ids`` and logprobs.
 * ``openai/<model>`` (or no prefix): forwarded without those extensions.
+* ``anthropic/<model>``: a backend that speaks Anthropic's Messages API (``POST {api_base}/v1/messages``, default
+  ``api_base`` ``https://api.anthropic.com``, key from ``ANTHROPIC_API_KEY``). Only the gateway's ``/v1/messages``
+  route serves these models; it passes requests through unchanged.
 
 Several entries may share a ``model_name``; calls are spread over them round-robin and retries move on to the next.
 """
@@ -18,7 +21,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["Deployment", "ModelRouter", "UnknownModelError", "TOKEN_ID_PROVIDERS", "PLAIN_PROVIDERS"]
+__all__ = [
+    "ANTHROPIC_PROVIDER",
+    "Deployment",
+    "ModelRouter",
+    "PLAIN_PROVIDERS",
+    "TOKEN_ID_PROVIDERS",
+    "UnknownModelError",
+]
 
 TOKEN_ID_PROVIDERS = ("hosted_vllm", "agentbolt")
 """Providers whose servers understand ``return_token_ids`` (vLLM and ``agentbolt serve``)."""
@@ -26,7 +36,11 @@ TOKEN_ID_PROVIDERS = ("hosted_vllm", "agentbolt")
 PLAIN_PROVIDERS = ("openai",)
 """Providers forwarded without the token-id and logprob extensions."""
 
+ANTHROPIC_PROVIDER = "anthropic"
+"""Provider of backends that speak Anthropic's Messages API (served by the gateway's ``/v1/messages`` only)."""
+
 _DEFAULT_OPENAI_BASE = "https://api.openai.com/v1"
+_DEFAULT_ANTHROPIC_BASE = "https://api.anthropic.com"
 
 
 class UnknownModelError(LookupError):
@@ -45,9 +59,10 @@ class Deployment:
 
     Attributes:
         model_name: Name clients use in the ``model`` field.
-        provider: Provider prefix (``hosted_vllm``, ``agentbolt`` or ``openai``).
+        provider: Provider prefix (``hosted_vllm``, ``agentbolt``, ``openai`` or ``anthropic``).
         upstream_model: Model name sent to the backend (the part after the provider prefix).
-        api_base: Base URL of the backend, ending in ``/v1`` for OpenAI-compatible servers.
+        api_base: Base URL of the backend, ending in ``/v1`` for OpenAI-compatible servers; for Anthropic-compatible
+            ones, the URL ``/v1/messages`` is appended to (as the Anthropic SDK's ``base_url``).
         api_key: Bearer token sent to the backend, if any.
         token_ids: Whether the backend is asked for ``return_token_ids`` and logprobs.
         timeout: Per-deployment timeout in seconds (``None`` uses the gateway default).
@@ -64,6 +79,11 @@ class Deployment:
     def url(self, endpoint: str) -> str:
         """Absolute URL of ``endpoint`` (e.g. ``chat/completions``) on this backend."""
         return f"{self.api_base}/{endpoint}"
+
+    @property
+    def speaks_messages(self) -> bool:
+        """Whether the backend speaks Anthropic's Messages API rather than OpenAI's."""
+        return self.provider == ANTHROPIC_PROVIDER
 
 
 def _resolve_secret(value: Any, where: str) -> Optional[str]:
@@ -100,12 +120,14 @@ def parse_deployment(entry: Mapping[str, Any], index: int) -> Deployment:
     if not isinstance(model, str) or not model:
         raise ValueError(f"{where}.litellm_params.model must be a non-empty string such as 'hosted_vllm/<model>'")
     provider, sep, upstream_model = model.partition("/")
-    if not sep or provider not in (*TOKEN_ID_PROVIDERS, *PLAIN_PROVIDERS):
+    if not sep or provider not in (*TOKEN_ID_PROVIDERS, *PLAIN_PROVIDERS, ANTHROPIC_PROVIDER):
         # No known prefix: the whole string is the model name of an OpenAI-compatible backend.
         provider, upstream_model = "openai", model
     if not upstream_model:
         raise ValueError(f"{where}.litellm_params.model has an empty model name after the provider prefix")
     api_base = _resolve_secret(params.get("api_base", params.get("base_url")), f"{where}.litellm_params.api_base")
+    if api_base is None and provider == ANTHROPIC_PROVIDER:
+        api_base = _DEFAULT_ANTHROPIC_BASE  # never ANTHROPIC_BASE_URL: clients set it to point at this gateway
     if api_base is None:
         if provider != "openai":
             raise ValueError(f"{where}.litellm_params.api_base is required for {provider}/ models")
@@ -113,11 +135,16 @@ def parse_deployment(entry: Mapping[str, Any], index: int) -> Deployment:
     if not api_base.startswith(("http://", "https://")):
         raise ValueError(f"{where}.litellm_params.api_base must be an http(s) URL, got {api_base!r}")
     api_key = _resolve_secret(params.get("api_key"), f"{where}.litellm_params.api_key")
-    if api_key is None and provider == "openai":
-        api_key = os.environ.get("OPENAI_API_KEY")
+    if api_key is None and provider in ("openai", ANTHROPIC_PROVIDER):
+        api_key = os.environ.get("OPENAI_API_KEY" if provider == "openai" else "ANTHROPIC_API_KEY")
     token_ids = params.get("return_token_ids", provider in TOKEN_ID_PROVIDERS)
     if not isinstance(token_ids, bool):
         raise ValueError(f"{where}.litellm_params.return_token_ids must be a boolean")
+    if token_ids and provider == ANTHROPIC_PROVIDER:
+        raise ValueError(f"{where}.litellm_params.return_token_ids is not available for anthropic/ models")
+    api_base = api_base.rstrip("/")
+    if provider == ANTHROPIC_PROVIDER and api_base.endswith("/v1"):
+        api_base = api_base[: -len("/v1")]  # the Messages URL is {api_base}/v1/messages
     timeout = params.get("timeout", params.get("request_timeout"))
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ValueError(f"{where}.litellm_params.timeout must be a positive number of seconds")
@@ -125,7 +152,7 @@ def parse_deployment(entry: Mapping[str, Any], index: int) -> Deployment:
         model_name=model_name,
         provider=provider,
         upstream_model=upstream_model,
-        api_base=api_base.rstrip("/"),
+        api_base=api_base,
         api_key=api_key,
         token_ids=token_ids,
         timeout=float(timeout) if timeout is not None else None,
@@ -148,7 +175,13 @@ class ModelRouter:
         grouped: Dict[str, List[Deployment]] = {}
         for index, entry in enumerate(model_list):
             deployment = parse_deployment(entry, index)
-            grouped.setdefault(deployment.model_name, []).append(deployment)
+            group = grouped.setdefault(deployment.model_name, [])
+            if group and group[0].speaks_messages != deployment.speaks_messages:
+                raise ValueError(
+                    f"model_list[{index}]: model {deployment.model_name!r} mixes anthropic/ and OpenAI-compatible "
+                    "deployments; give each kind its own model_name"
+                )
+            group.append(deployment)
         self._groups: Dict[str, Tuple[Deployment, ...]] = {name: tuple(items) for name, items in grouped.items()}
         self._cycles: Dict[str, Iterator[int]] = {
             name: itertools.cycle(range(len(items))) for name, items in grouped.items()

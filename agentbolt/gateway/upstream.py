@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Dict, Optional, Sequence
+from typing import AsyncIterator, Dict, Mapping, Optional, Sequence
 
 import aiohttp
 import orjson
@@ -174,14 +174,23 @@ class UpstreamClient:
         """Close every pooled connection."""
         await self._session.close()
 
-    def _headers(self, deployment: Deployment) -> Dict[str, str]:
+    def _headers(self, deployment: Deployment, extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
         headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if extra:
+            headers.update(extra)
         if deployment.api_key:
-            headers["authorization"] = f"Bearer {deployment.api_key}"
+            if deployment.speaks_messages:
+                headers["x-api-key"] = deployment.api_key
+            else:
+                headers["authorization"] = f"Bearer {deployment.api_key}"
         return headers
 
     async def send(
-        self, candidates: Sequence[Deployment], endpoint: str, payloads: Sequence[bytes]
+        self,
+        candidates: Sequence[Deployment],
+        endpoint: str,
+        payloads: Sequence[bytes],
+        headers: Optional[Mapping[str, str]] = None,
     ) -> UpstreamResponse:
         """POST to the first candidate, retrying on the next ones; returns once response headers arrive.
 
@@ -189,6 +198,7 @@ class UpstreamClient:
             candidates: Deployments in the order to try (retries cycle through them).
             endpoint: Path under the deployment's ``api_base`` (``chat/completions`` or ``completions``).
             payloads: Request body for each candidate (same order; retries cycle through them too).
+            headers: Extra request headers (such as ``anthropic-version``); the deployment's key is added to them.
 
         Returns:
             The open response: a success, or a non-retryable (or exhausted) 4xx the caller passes through.
@@ -207,7 +217,7 @@ class UpstreamClient:
                 response = await self._session.post(
                     deployment.url(endpoint),
                     data=payloads[index],
-                    headers=self._headers(deployment),
+                    headers=self._headers(deployment, headers),
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(timeout, 10.0), sock_read=timeout),
                 )
             except asyncio.TimeoutError as exc:

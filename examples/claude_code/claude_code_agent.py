@@ -7,7 +7,9 @@ For a task (a few files, an instruction, a test command) the agent
    each event becomes a span of the rollout, sent to the store server (``AGENTBOLT_STORE_URL``);
 2. runs ``claude -p INSTRUCTION --output-format json --permission-mode acceptEdits`` there (``--model`` and
    ``--max-turns`` when given), with ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY`` passed on when configured, so
-   the CLI can talk to Anthropic or to any Anthropic-compatible endpoint;
+   the CLI can talk to Anthropic or to any Anthropic-compatible endpoint. Given an LLM gateway (``gateway_url``),
+   ``ANTHROPIC_BASE_URL`` is the gateway's URL for this rollout's attempt, so every model call of the session is
+   recorded as an LLM-call span of the rollout (with token ids when the model is served by agentbolt or vLLM);
 3. runs the task's test command in the directory: the reward is 1.0 when it exits 0, else 0.0; the CLI's JSON result
    (turns, cost, session id) is recorded as a span too.
 
@@ -87,6 +89,9 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
         max_turns: ``--max-turns`` (None: no limit).
         timeout: Seconds the CLI may run before it is stopped (the rollout then fails).
         anthropic_base_url: Endpoint the CLI calls (default: ``$ANTHROPIC_BASE_URL``, else Anthropic's).
+        gateway_url: An agentbolt LLM gateway (``LLMProxy.endpoint``) the CLI calls through instead, at the URL of
+            the rollout's attempt, so its calls are recorded in the rollout. ``model`` must then be a model name the
+            gateway serves; it is also the CLI's small-model choice, so background calls go to the same backend.
     """
 
     def __init__(
@@ -98,14 +103,18 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
         max_turns: Optional[int] = 10,
         timeout: float = 1800.0,
         anthropic_base_url: Optional[str] = None,
+        gateway_url: Optional[str] = None,
     ) -> None:
         super().__init__()
+        if anthropic_base_url and gateway_url:
+            raise ValueError("give either anthropic_base_url or gateway_url, not both")
         self.store_url = store_url
         self.claude_command = list(claude_command)
         self.model = model
         self.max_turns = max_turns
         self.timeout = timeout
         self.anthropic_base_url = anthropic_base_url
+        self.gateway_url = gateway_url.rstrip("/") if gateway_url else None
 
     def command(self, instruction: str, settings: Path) -> List[str]:
         """The CLI's arguments for one task."""
@@ -126,6 +135,11 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         if self.anthropic_base_url:
             env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url
+        if self.gateway_url:
+            attempt = f"/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
+            env["ANTHROPIC_BASE_URL"] = self.gateway_url + attempt
+            if self.model:
+                env["ANTHROPIC_SMALL_FAST_MODEL"] = env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] = self.model
         return env
 
     async def rollout_async(self, task: CodingTask, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
@@ -160,10 +174,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--claude", default="claude", help="the Claude Code CLI command")
     parser.add_argument("--model", default=None)
     parser.add_argument("--max-turns", type=int, default=10)
+    parser.add_argument("--gateway", default=None, help="an agentbolt LLM gateway recording the CLI's model calls")
     args = parser.parse_args(argv)
     agl.setup_logging("INFO")
     agent = ClaudeCodeAgent(
-        args.store, claude_command=shlex.split(args.claude), model=args.model, max_turns=args.max_turns
+        args.store,
+        claude_command=shlex.split(args.claude),
+        model=args.model,
+        max_turns=args.max_turns,
+        gateway_url=args.gateway,
     )
     asyncio.run(run_tasks(agent, args.store, load_tasks()))
 

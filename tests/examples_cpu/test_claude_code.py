@@ -6,9 +6,10 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
+from support.fake_openai import MODEL, FakeOpenAIServer
 from support.servers import free_port
 
 import agentbolt as agl
@@ -18,19 +19,32 @@ from examples.claude_code.claude_code_agent import ClaudeCodeAgent, hook_setting
 STAND_IN = [sys.executable, str(Path(__file__).with_name("claude_stand_in") / "claude")]
 
 
-async def run_task(task: Any, claude: List[str]) -> Tuple[float, List[agl.Span]]:
+async def run_task(task: Any, claude: List[str], backend_url: Optional[str] = None) -> Tuple[float, List[agl.Span]]:
+    """Run one task; with ``backend_url``, the CLI calls an LLM gateway in front of that OpenAI-compatible backend."""
     server = LightningStoreServer(agl.InMemoryLightningStore(thread_safe=True), host="127.0.0.1", port=free_port())
     await server.start()
     client = LightningStoreClient(server.endpoint)
     tracer = agl.OtelTracer()
     tracer.init_worker(0, client)
+    proxy = None
+    if backend_url is not None:
+        model_list = [
+            {"model_name": "coder", "litellm_params": {"model": f"hosted_vllm/{MODEL}", "api_base": backend_url}}
+        ]
+        proxy = agl.LLMProxy(model_list=model_list, store=client, launch_mode="asyncio")
+        await proxy.start()
     try:
         rollout = await client.start_rollout(input=task)
-        agent = ClaudeCodeAgent(server.endpoint, claude_command=claude, max_turns=5)
+        gateway = {"model": "coder", "gateway_url": proxy.endpoint} if proxy is not None else {}
+        agent = ClaudeCodeAgent(server.endpoint, claude_command=claude, max_turns=5, **gateway)  # type: ignore[arg-type]
         async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
             reward = await agent.rollout_async(task, {}, rollout)
+        if proxy is not None:
+            await proxy.flush()
         return reward, list(await client.query_spans(rollout.rollout_id, sort_by="sequence_id"))
     finally:
+        if proxy is not None:
+            await proxy.stop()
         tracer.teardown_worker(0)
         await client.close()
         await server.stop()
@@ -51,6 +65,21 @@ def test_a_session_fixes_the_task_and_its_hook_events_become_spans() -> None:
     assert len({span.attributes["claude_code.session_id"] for span in hooks}) == 1
     result = next(span for span in spans if span.name == "agentlightning.object")
     assert "num_turns" in json.dumps(dict(result.attributes))
+
+
+def test_through_the_gateway_the_clis_model_calls_are_spans_of_the_rollout() -> None:
+    task = load_tasks()[0]
+    with FakeOpenAIServer() as backend:
+        reward, spans = asyncio.run(run_task(task, STAND_IN, backend.base_url))
+        sent = backend.config.requests
+    [call] = [span for span in spans if span.name == "agentbolt.llm_call"]
+    attrs = call.attributes
+    assert reward == 1.0 and sent[0]["return_token_ids"] is True and sent[0]["model"] == MODEL
+    assert attrs["gen_ai.prompt.0.role"] == "system" and attrs["gen_ai.prompt.1.content"] == task["instruction"]
+    assert attrs["gen_ai.request.functions.0.name"] == "Read"
+    assert attrs["gen_ai.completion.0.tool_calls.0.name"] == "Read"
+    assert attrs["prompt_token_ids"] and attrs["response_token_ids"]
+    assert call.sequence_id < min(span.sequence_id for span in spans if span.name == "claude_code.Stop")
 
 
 def test_an_unfixed_task_scores_zero(tmp_path: Path) -> None:

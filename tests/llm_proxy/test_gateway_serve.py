@@ -162,3 +162,37 @@ async def test_triplet_adapter_rebuilds_exact_token_ids(
     assert [t.prompt["token_ids"] for t in triplets] == [t["prompt_token_ids"] for t in truths]
     assert [t.response["token_ids"] for t in triplets] == [t["choices"][0]["token_ids"] for t in truths]
     assert [t.reward for t in triplets] == [None, 1.0]
+
+
+async def test_anthropic_messages_reach_the_engine_and_become_triplets_with_its_token_ids(
+    proxy: LLMProxy, serve: InferenceServer, store: InMemoryLightningStore, rollout: AttemptedRollout
+) -> None:
+    import anthropic
+
+    base_url = f"{proxy.endpoint}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="unused", max_retries=0)
+    request: Dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 8,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Count to three."}],
+        "extra_body": {"temperature": 0.0},
+    }
+    message = await client.messages.create(**request)
+    async with client.messages.stream(**request) as stream:
+        streamed = await stream.get_final_message()
+    await client.close()
+    truth = await _engine_answer(serve, {"messages": MESSAGES, **GREEDY})
+    spans = await wait_for_spans(store, rollout.rollout_id, 2)
+    answer = truth["choices"][0]
+    assert message.content[0].text == answer["message"]["content"] == streamed.content[0].text  # type: ignore[union-attr]
+    assert (
+        message.stop_reason
+        == streamed.stop_reason
+        == {"length": "max_tokens", "stop": "end_turn"}[answer["finish_reason"]]
+    )
+    assert message.usage.input_tokens == len(truth["prompt_token_ids"]) == streamed.usage.input_tokens
+    assert message.usage.output_tokens == len(answer["token_ids"]) == streamed.usage.output_tokens
+    triplets = LlmProxyTraceToTriplet().adapt(spans)
+    assert [t.prompt["token_ids"] for t in triplets] == [truth["prompt_token_ids"]] * 2
+    assert [t.response["token_ids"] for t in triplets] == [answer["token_ids"]] * 2
