@@ -15,13 +15,32 @@ if TYPE_CHECKING:
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
 
-__all__ = ["Algorithm", "dataset_arguments", "running_algorithm"]
+__all__ = ["Algorithm", "dataset_arguments", "refuse_data_parallel_launch", "running_algorithm"]
 
 _DATASET_PARAMETERS = ("train_dataset", "val_dataset")
 
 _running_algorithm: contextvars.ContextVar[Optional[Algorithm]] = contextvars.ContextVar(
     "agentbolt_running_algorithm", default=None
 )
+
+
+def refuse_data_parallel_launch(algorithm: Algorithm) -> None:
+    """Refuse a ``torchrun`` launch of several ranks for an algorithm that trains in one process.
+
+    Without this, every rank would run the whole algorithm: N stores, N sets of runners and N copies of the same
+    training, competing for the same ports and files.
+
+    Raises:
+        ValueError: This process is one of several ranks (``WORLD_SIZE`` > 1), or the variables are malformed.
+    """
+    from agentbolt.algorithm.grpo.distributed import launched_rank
+
+    rank, world_size = launched_rank()
+    if world_size > 1:
+        raise ValueError(
+            f"{type(algorithm).__name__} trains in one process, but this is rank {rank} of {world_size} of a "
+            "torchrun launch: run the script as one process (data-parallel training is available for GRPO)"
+        )
 
 
 def running_algorithm() -> Optional[Algorithm]:

@@ -218,3 +218,30 @@ def test_lazy_factories_name_the_missing_implementation(factory: str, module: st
         pytest.skip(f"{module} is installed")
     with pytest.raises(ImportError, match=f"{factory} is not available"):
         getattr(agl, factory)()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_process_algorithms_refuse_a_torchrun_launch_of_several_ranks(
+    monkeypatch: pytest.MonkeyPatch, rank: int
+) -> None:
+    """SFT and the prompt searches would run whole on every rank (N stores, N trainings): each rank refuses at once."""
+    from agentbolt.algorithm.apo import FewShotAPO
+    from agentbolt.algorithm.sft import SFT
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    for algorithm in (SFT(), FewShotAPO()):
+        trainer = agl.Trainer(algorithm=algorithm, n_runners=1)
+        with pytest.raises(ValueError, match=f"trains in one process, but this is rank {rank} of 2 of a torchrun"):
+            trainer.fit(agl.LitAgent(), train_dataset=[{"q": 1}])
+
+
+def test_one_process_algorithms_run_without_torchrun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbolt.algorithm.base import refuse_data_parallel_launch
+    from agentbolt.algorithm.sft import SFT
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    refuse_data_parallel_launch(SFT())
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    refuse_data_parallel_launch(SFT())

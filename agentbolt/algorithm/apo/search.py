@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, 
 from typing_extensions import NotRequired, TypedDict
 
 from agentbolt.adapter import TraceToMessages
-from agentbolt.algorithm.base import Algorithm
+from agentbolt.algorithm.base import Algorithm, refuse_data_parallel_launch
 from agentbolt.emitter.message import get_message_value
 from agentbolt.emitter.reward import find_final_reward
 from agentbolt.store.utils import wait_for_finished_rollouts
@@ -301,6 +301,10 @@ class PromptSearch(Algorithm):
         self._logger = logging.getLogger(self.log_name)
 
     # -- logging ---------------------------------------------------------------------------------------------------
+
+    def _run_as_follower(self) -> bool:
+        refuse_data_parallel_launch(self)
+        return False
 
     def _log(self, level: int, message: str, *, prefix: Optional[str] = None) -> None:
         self._logger.log(level, f"{prefix} {message}" if prefix else message)

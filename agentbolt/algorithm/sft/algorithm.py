@@ -25,6 +25,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
+from agentbolt.algorithm.base import refuse_data_parallel_launch
 from agentbolt.algorithm.finetuning.algorithm import (
     FinetuningAlgorithm,
     PolicyServer,
@@ -105,6 +106,10 @@ class SFT(FinetuningAlgorithm):
     _student_prompt: Optional[StudentPrompt] = None
 
     # ------------------------------------------------------------------------------------------------ set-up
+    def _run_as_follower(self) -> bool:
+        refuse_data_parallel_launch(self)
+        return False
+
     def _default_adapter(self) -> Any:
         from agentbolt.adapter import TracerTraceToTriplet
 
