@@ -58,9 +58,14 @@ class Figure:
 
 
 def doc_pages(root: Path = REPO_ROOT) -> List[Path]:
-    """The pages whose figures are checked: README.md, docs/ (tutorial pages included) and the examples' READMEs
-    (the site shows each as a page)."""
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md")), *sorted(root.glob("examples/*/README.md"))]
+    """The pages whose figures are checked: README.md, CHANGELOG.md, docs/ (tutorial pages included) and the examples'
+    READMEs (the site shows each as a page)."""
+    return [
+        root / "README.md",
+        root / "CHANGELOG.md",
+        *sorted((root / "docs").rglob("*.md")),
+        *sorted(root.glob("examples/*/README.md")),
+    ]
 
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
