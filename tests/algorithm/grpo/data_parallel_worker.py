@@ -7,7 +7,12 @@ Usage: ``python data_parallel_worker.py RANK WORLD_SIZE PORT OUT_DIR CASE_JSON``
 
 Case keys: ``config`` (GRPOConfig fields), ``samples`` (how many), ``sample_seed``, ``model_seed`` (per rank: the
 leader's state must win), ``follower`` (``"follow"``, ``"exit"``: die before the update, ``"stall"``: sleep through
-it, ``"other_model"``: load a model of another shape).
+it, ``"other_model"``: load a model of another shape), ``resume_from`` (a checkpoint the leader loads before the
+update), ``checkpoint`` (a directory the leader checkpoints into after the update).
+
+With ``config.data_parallel == "fsdp"`` each rank also writes ``shards`` (its local part of each trained parameter)
+and ``held`` (elements of the trained model's parameters, of its trainable parameters and of the optimizer state this
+rank holds); the leader's ``params`` are those of its full copy, the weights it serves and checkpoints.
 """
 
 from __future__ import annotations
@@ -75,12 +80,29 @@ def main() -> None:
             time.sleep(60)
             return
         if leader:
+            if case.get("resume_from"):
+                trainer.load_checkpoint(case["resume_from"])
             samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
             result["metrics"] = trainer.train_step(samples)
-            trainer.close()
+            if case.get("checkpoint"):
+                result["checkpoint"] = str(trainer.save_checkpoint(case["checkpoint"]))
         else:
             result["updates"] = data_parallel.follow(trainer)
-        result["params"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trained = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+        if trainer.shards_model:
+            local = {name: p.to_local() for name, p in trainer.model.named_parameters()}
+            result["shards"] = {name: local[name].detach().clone() for name in trained}
+            state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+            result["held"] = {
+                "params": sum(t.numel() for t in local.values()),
+                "trainable": sum(local[name].numel() for name in trained),
+                "optimizer": sum(t.to_local().numel() for t in state if t.dim() > 0),
+            }
+        full = dict(trainer.served_model.named_parameters())
+        if leader or not trainer.shards_model:
+            result["params"] = {name: full[name].detach().clone() for name in trained}
+        if leader:
+            trainer.close()
     except Exception as exc:  # the test reads what each rank raised
         result = {"error_type": type(exc).__name__, "error": str(exc), "traceback": traceback.format_exc()}
     torch.save(result, out)

@@ -72,7 +72,13 @@ def _one_process(case: Dict[str, Any]) -> Dict[str, Any]:
     samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
     metrics = trainer.train_step(samples)
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    return {"metrics": metrics, "params": params}
+    state = [t for s in trainer.optimizer.state.values() for t in s.values() if t.dim() > 0]
+    held = {
+        "params": sum(p.numel() for p in trainer.model.parameters()),
+        "trainable": sum(p.numel() for p in params.values()),
+        "optimizer": sum(t.numel() for t in state),
+    }
+    return {"metrics": metrics, "params": params, "held": held}
 
 
 def _assert_same_params(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
@@ -103,15 +109,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_two_ranks_equal_one_process_after_an_update(tmp_path: Path, name: str) -> None:
-    case = {**CASES[name], "model_seed": [0, 7]}  # the follower starts from other weights: the leader's must win
-    leader, follower = _run_ranks(tmp_path, case)
-    assert "error" not in leader and "error" not in follower, (leader, follower)
-    alone = _one_process(case)
-    _assert_same_params(leader["params"], alone["params"])
-    _assert_same_params(follower["params"], leader["params"])
-    assert follower["updates"] == 1
+def _assert_same_metrics(ranks: Dict[str, Any], alone: Dict[str, Any]) -> None:
     for key in (
         "loss",
         "pg_loss",
@@ -122,9 +120,53 @@ def test_two_ranks_equal_one_process_after_an_update(tmp_path: Path, name: str) 
         "grad_norm",
         "first_minibatch_ratio_max_dev",
     ):
-        assert leader["metrics"][key] == pytest.approx(alone["metrics"][key], rel=1e-4, abs=1e-6), key
+        assert ranks[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
     for key in ("optimizer_steps", "samples", "response_tokens", "forward_tokens", "logprob_engine_diff_max"):
-        assert leader["metrics"][key] == pytest.approx(alone["metrics"][key], rel=1e-5, abs=1e-6), key
+        assert ranks[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_ranks_equal_one_process_after_an_update(tmp_path: Path, name: str) -> None:
+    case = {**CASES[name], "model_seed": [0, 7]}  # the follower starts from other weights: the leader's must win
+    leader, follower = _run_ranks(tmp_path, case)
+    assert "error" not in leader and "error" not in follower, (leader, follower)
+    alone = _one_process(case)
+    _assert_same_params(leader["params"], alone["params"])
+    _assert_same_params(follower["params"], leader["params"])
+    assert follower["updates"] == 1
+    _assert_same_metrics(leader["metrics"], alone["metrics"])
+
+
+def _fsdp(case: Dict[str, Any]) -> Dict[str, Any]:
+    return {**case, "config": {**case["config"], "data_parallel": "fsdp"}}
+
+
+def _assert_shards_of(results: List[Dict[str, Any]], params: Dict[str, torch.Tensor]) -> None:
+    """Each rank's local part of every trained parameter is its dim-0 chunk of ``params`` (FSDP's layout)."""
+    for rank, result in enumerate(results):
+        assert result["shards"].keys() == params.keys()
+        for name, shard in result["shards"].items():
+            expected = params[name].chunk(len(results), dim=0)[rank]
+            torch.testing.assert_close(shard, expected, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, name: str) -> None:
+    """Sharded over 2 ranks: the leader's full copy (what it serves and checkpoints) equals the one-process
+    parameters, every rank's shards are its chunks of them, and each rank holds half of the parameters, the
+    trainable ones and the optimizer state that one process (or a replicating rank) holds."""
+    case = {**_fsdp(CASES[name]), "model_seed": [0, 7]}
+    leader, follower = _run_ranks(tmp_path, case)
+    assert "error" not in leader and "error" not in follower, (leader, follower)
+    alone = _one_process(case)
+    _assert_same_params(leader["params"], alone["params"])
+    _assert_shards_of([leader, follower], alone["params"])
+    assert follower["updates"] == 1
+    _assert_same_metrics(leader["metrics"], alone["metrics"])
+    for key, replicated in alone["held"].items():
+        held = [leader["held"][key], follower["held"][key]]
+        assert sum(held) == replicated, key  # the shards partition the model: nothing is held twice
+        assert max(held) <= 0.55 * replicated, (key, held, replicated)
 
 
 def test_a_follower_that_dies_fails_the_update_with_a_clear_error(tmp_path: Path) -> None:
