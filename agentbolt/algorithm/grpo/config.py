@@ -101,7 +101,11 @@ class GRPOConfig(FinetuningConfig):
 
     @model_validator(mode="after")
     def _shardable(self) -> GRPOConfig:
-        if self.data_parallel == "fsdp" and self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+        if (
+            self.data_parallel == "fsdp"
+            and self.device is not None
+            and self.device.split(":")[0] not in ("cpu", "cuda")
+        ):
             raise ValueError(
                 f"data_parallel='fsdp' shards over CPU (gloo) or CUDA (NCCL) ranks, not device={self.device!r}: "
                 "set device='cpu' or 'cuda', or data_parallel='replicate'"

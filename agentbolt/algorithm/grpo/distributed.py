@@ -47,7 +47,20 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 import torch
 
@@ -520,7 +533,9 @@ def module_tensors(models: Sequence[Tuple[str, torch.nn.Module]]) -> List[Tuple[
 
 def _state_tensors(trainer: PolicyTrainer) -> List[Tuple[str, torch.Tensor]]:
     """Every tensor of the trainer's model and reference (tied weights once)."""
-    return module_tensors([("", trainer.model)] + ([("ref.", trainer.ref_model)] if trainer.ref_model is not None else []))
+    return module_tensors(
+        [("", trainer.model)] + ([("ref.", trainer.ref_model)] if trainer.ref_model is not None else [])
+    )
 
 
 def _buckets(grads: Sequence[torch.Tensor]) -> Iterator[List[torch.Tensor]]:

@@ -467,7 +467,7 @@ class PolicyTrainer(ModelTrainer):
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
         if self.shards_model and not across_ranks:  # one rank alone cannot run the sharded model
-            if self._full_copy is None or self.ref_model is not None and reference:
+            if self._full_copy is None or (self.ref_model is not None and reference):
                 raise ValueError(
                     "with data_parallel='fsdp', log-probs outside an update are computed on the leader from its full "
                     "copy of the policy (or of the LoRA base model); the full fine-tuning reference is sharded"
@@ -676,7 +676,9 @@ class PolicyTrainer(ModelTrainer):
         return self.schedule_metrics()
 
     # ---------------------------------------------------------------------------------------------- data parallel
-    def _lead(self, kind: Literal["train_step", "skip_step", "checkpoint", "stop"], samples: Sequence[TokenSample] = ()) -> None:
+    def _lead(
+        self, kind: Literal["train_step", "skip_step", "checkpoint", "stop"], samples: Sequence[TokenSample] = ()
+    ) -> None:
         """On the leader of a data-parallel run, have the followers do ``kind`` too (with the leader's state first,
         before the first update)."""
         from agentbolt.algorithm.grpo.distributed import UpdateCommand
