@@ -270,3 +270,45 @@ def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path) -> Non
     first = sum(r["train/reward_mean"] for r in train[:2]) / 2
     last = sum(r["train/reward_mean"] for r in train[-2:]) / 2
     assert first < 0.35 and last > first + 0.3, [r["train/reward_mean"] for r in train]
+
+
+def _checkpoint_tensors(path: Path, finetune: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = path / "adapter" / "adapter_model.safetensors" if finetune == "lora" else path / "model.safetensors"
+    tensors = load_file(str(weights))
+    optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+    for index, state in optimizer["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"optimizer.{index}.{key}"] = state[key]
+    return tensors
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_fsdp_leader_checkpoints_full_state_and_resumes_into_shards(tmp_path: Path, finetune: str) -> None:
+    """The sharded leader's checkpoint holds the full weights and optimizer state, equal to one process's; a sharded
+    run resumed from it takes a second step exactly as the one process does."""
+    config = {**BASE, "micro_batch_size": 3, "finetune": finetune}
+    alone = PolicyTrainer(tiny_llama(seed=0), GRPOConfig(**config))
+    alone.train_step(make_samples(8, seed=0, model=tiny_llama(seed=0)))
+    alone_checkpoint = alone.save_checkpoint(tmp_path / "alone")
+    alone.train_step(make_samples(8, seed=5, model=tiny_llama(seed=0)))
+    second = {n: p.detach().clone() for n, p in alone.model.named_parameters() if p.requires_grad}
+
+    first_run = tmp_path / "first"
+    first_run.mkdir()
+    case = {"config": {**config, "data_parallel": "fsdp"}, "samples": 8, "checkpoint": str(tmp_path / "sharded")}
+    leader, follower = _run_ranks(first_run, case)
+    assert "error" not in leader and "error" not in follower, (leader, follower)
+    written, expected = (_checkpoint_tensors(p, finetune) for p in (Path(leader["checkpoint"]), alone_checkpoint))
+    assert written.keys() == expected.keys()
+    _assert_same_params(written, expected)
+
+    resumed_run = tmp_path / "resumed"
+    resumed_run.mkdir()
+    case = {**case, "checkpoint": None, "resume_from": leader["checkpoint"], "sample_seed": 5, "model_seed": [0, 7]}
+    leader, follower = _run_ranks(resumed_run, case)
+    assert "error" not in leader and "error" not in follower, (leader, follower)
+    assert leader["metrics"]["optimizer_steps"] == 2
+    _assert_same_params(leader["params"], second)
+    _assert_shards_of([leader, follower], second)
