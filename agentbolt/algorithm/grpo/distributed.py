@@ -28,8 +28,9 @@ With ``data_parallel="fsdp"`` the ranks do not hold replicas: :func:`shard_model
 gradient and optimizer state. The micro-batches are dealt as above, but FSDP gathers each block's parameters in every
 forward and reduce-scatters its gradients in every backward, collectives that every rank must call: a rank with fewer
 micro-batches than another runs *idle passes* (a one-token batch whose loss is multiplied by zero) so that all ranks
-run the same number of forwards and backwards. The gradient reduction is a plain sum (divide factor 1, SUM
-collectives: gloo has neither ``AVG`` nor ``PREMUL_SUM``), the same sum as above. The leader keeps a full, unsharded
+run the same number of forwards and backwards. The gradient reduction is the same sum as above: FSDP's divide factor
+is set to 1 and its collectives forced to ``SUM`` (otherwise it would reduce with ``PREMUL_SUM(1)``, which gloo
+refuses: "Cannot use ReduceOp.PREMUL_SUM with Gloo"). The leader keeps a full, unsharded
 copy of the policy for its engine and its checkpoints (:attr:`PolicyTrainer.served_model`), refreshed after every
 update by gathering the trained parameters; checkpoints gather the optimizer state to the leader and keep the
 replicated layout, so a run can resume in either mode.
@@ -484,8 +485,8 @@ def shard_model(
     Every transformer block (``_no_split_modules``) becomes an FSDP unit, gathered only while it computes; the rest
     (embeddings, final norm, output projection) forms the root unit, :class:`ShardedForward`. Parameters are
     resharded after each forward (and gathered again in the backward); gradients are **summed** over ranks (the
-    trainer's loss already divides by the whole minibatch's token count, see the module docstring) with SUM
-    collectives, which gloo and NCCL both have. FSDP moves each unit to ``device`` (``cuda:LOCAL_RANK`` or the CPU)
+    trainer's loss already divides by the whole minibatch's token count, see the module docstring) with ``SUM``
+    reduce-scatters, which gloo and NCCL both have (gloo lacks the ``PREMUL_SUM`` FSDP would otherwise use). FSDP moves each unit to ``device`` (``cuda:LOCAL_RANK`` or the CPU)
     as it shards it, so a model kept on the CPU until here never needs one device to hold all of it.
 
     Args:

@@ -184,8 +184,10 @@ def test_a_stalled_follower_fails_the_update_after_the_timeout(tmp_path: Path) -
     assert "did not answer within 3 s" in leader["error"]
 
 
-def test_ranks_with_different_models_are_refused_on_every_rank(tmp_path: Path) -> None:
-    case = {"config": {**BASE, "micro_batch_size": 2}, "samples": 8, "follower": "other_model"}
+@pytest.mark.parametrize("data_parallel", ["replicate", "fsdp"])
+def test_ranks_with_different_models_are_refused_on_every_rank(tmp_path: Path, data_parallel: str) -> None:
+    config = {**BASE, "micro_batch_size": 2, "data_parallel": data_parallel}
+    case = {"config": config, "samples": 8, "follower": "other_model"}
     leader, follower = _run_ranks(tmp_path, case)
     for result in (leader, follower):
         assert result["error_type"] == "ValueError", result
@@ -208,6 +210,26 @@ def test_world_size_beyond_the_rollouts_of_a_minibatch_names_the_fix() -> None:
         ValueError, match=r"over 4 ranks .* a minibatch of 2 rollouts .* raise batch_size \* group_size"
     ):
         check_data_parallel_config(config, 4)
+
+
+def test_fsdp_on_a_device_it_cannot_shard_over_is_refused_before_any_model_loads() -> None:
+    with pytest.raises(ValueError, match=r"data_parallel='fsdp' shards over CPU \(gloo\) or CUDA \(NCCL\) ranks, not "):
+        GRPOConfig(data_parallel="fsdp", device="mps")
+    with pytest.raises(ValueError, match="data_parallel"):
+        GRPOConfig(data_parallel="zero3")
+    assert GRPOConfig(data_parallel="fsdp", device="cuda").data_parallel == "fsdp"
+
+
+def test_fsdp_alone_trains_like_replicate() -> None:
+    """Without torchrun there is nothing to shard over: the option changes nothing."""
+    samples = make_samples(8, model=tiny_llama(seed=0))
+    params = []
+    for mode in ("replicate", "fsdp"):
+        trainer = PolicyTrainer(tiny_llama(seed=0), GRPOConfig(**BASE, micro_batch_size=3, data_parallel=mode))
+        assert not trainer.shards_model and trainer.served_model is trainer.model
+        trainer.train_step(samples)
+        params.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    _assert_same_params(params[0], params[1])
 
 
 def test_launch_variables_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,9 +263,11 @@ def test_follow_on_rank_zero_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.slow
-def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("data_parallel", ["replicate", "fsdp"])
+def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path, data_parallel: str) -> None:
     """``torchrun --nproc_per_node 2`` on a script calling ``Trainer.fit``: rank 0 runs the whole stack, rank 1 only
-    the updates; the policy learns as in one process, and both ranks end when the run ends."""
+    the updates; the policy learns as in one process (sharded or not: sharded, the leader's engine serves its full
+    copy), both ranks end when the run ends, and the leader writes the last step's checkpoint."""
     script = Path(__file__).resolve().parent / "data_parallel_fit.py"
     port = free_port()
     command = [
@@ -259,10 +283,12 @@ def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path) -> Non
         str(script),
         str(tmp_path),
         "8",
+        data_parallel,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
+    assert (tmp_path / "checkpoints" / "step_000008" / "model.safetensors").exists()
     history = json.loads((tmp_path / "history.json").read_text())
     train = [r for r in history if "train/reward_mean" in r]
     assert len(train) == 8
