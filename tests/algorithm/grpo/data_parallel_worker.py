@@ -8,7 +8,7 @@ Usage: ``python data_parallel_worker.py RANK WORLD_SIZE PORT OUT_DIR CASE_JSON``
 Case keys: ``config`` (GRPOConfig fields), ``samples`` (how many), ``sample_seed``, ``model_seed`` (per rank: the
 leader's state must win), ``follower`` (``"follow"``, ``"exit"``: die before the update, ``"stall"``: sleep through
 it, ``"other_model"``: load a model of another shape), ``resume_from`` (a checkpoint the leader loads before the
-update), ``checkpoint`` (a directory the leader checkpoints into after the update).
+update), ``checkpoint`` (a directory the leader checkpoints into after the update), ``tied`` (tied embeddings).
 
 With ``config.data_parallel == "fsdp"`` each rank also writes ``shards`` (its local part of each trained parameter)
 and ``held`` (elements of the trained model's parameters, of its trainable parameters and of the optimizer state this
@@ -73,7 +73,7 @@ def main() -> None:
                 )
             )
         else:
-            model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)])
+            model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)], tied=case.get("tied", False))
         trainer = PolicyTrainer(model, config, data_parallel=data_parallel)
         if behaviour == "stall":
             data_parallel.receive()

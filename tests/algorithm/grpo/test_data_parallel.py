@@ -68,7 +68,7 @@ def _run_ranks(tmp_path: Path, case: Dict[str, Any], world_size: int = 2, timeou
 
 
 def _one_process(case: Dict[str, Any]) -> Dict[str, Any]:
-    trainer = PolicyTrainer(tiny_llama(seed=0), GRPOConfig(**case["config"]))
+    trainer = PolicyTrainer(tiny_llama(seed=0, tied=case.get("tied", False)), GRPOConfig(**case["config"]))
     samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
     metrics = trainer.train_step(samples)
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -81,10 +81,16 @@ def _one_process(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"metrics": metrics, "params": params, "held": held}
 
 
-def _assert_same_params(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+def _assert_same_params(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], atol: float = 1e-6) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+SHARDED_ATOL = 1e-5
+"""FSDP sums gradients in another order than one process; AdamW divides each gradient by its running RMS, so an
+element whose gradient is near zero can carry that rounding into its update. 1e-5 is a thousandth of one step at
+the tests' learning rate of 1e-2."""
 
 
 CASES = {
@@ -138,7 +144,10 @@ def test_two_ranks_equal_one_process_after_an_update(tmp_path: Path, name: str) 
 
 
 def _fsdp(case: Dict[str, Any]) -> Dict[str, Any]:
-    return {**case, "config": {**case["config"], "data_parallel": "fsdp"}}
+    """``case`` sharded; full fine-tuning also ties the embeddings (one parameter used by the first and the root
+    unit's last computation) and recomputes its blocks in the backward, inside FSDP's units."""
+    full = case["config"].get("finetune") == "full"
+    return {**case, "tied": full, "config": {**case["config"], "data_parallel": "fsdp", "gradient_checkpointing": full}}
 
 
 def _assert_shards_of(results: List[Dict[str, Any]], params: Dict[str, torch.Tensor]) -> None:
@@ -147,7 +156,7 @@ def _assert_shards_of(results: List[Dict[str, Any]], params: Dict[str, torch.Ten
         assert result["shards"].keys() == params.keys()
         for name, shard in result["shards"].items():
             expected = params[name].chunk(len(results), dim=0)[rank]
-            torch.testing.assert_close(shard, expected, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")
+            torch.testing.assert_close(shard, expected, rtol=1e-5, atol=SHARDED_ATOL, msg=f"rank {rank}: {name}")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -159,7 +168,7 @@ def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, na
     leader, follower = _run_ranks(tmp_path, case)
     assert "error" not in leader and "error" not in follower, (leader, follower)
     alone = _one_process(case)
-    _assert_same_params(leader["params"], alone["params"])
+    _assert_same_params(leader["params"], alone["params"], atol=SHARDED_ATOL)
     _assert_shards_of([leader, follower], alone["params"])
     assert follower["updates"] == 1
     _assert_same_metrics(leader["metrics"], alone["metrics"])
@@ -328,7 +337,7 @@ def test_fsdp_leader_checkpoints_full_state_and_resumes_into_shards(tmp_path: Pa
     assert "error" not in leader and "error" not in follower, (leader, follower)
     written, expected = (_checkpoint_tensors(p, finetune) for p in (Path(leader["checkpoint"]), alone_checkpoint))
     assert written.keys() == expected.keys()
-    _assert_same_params(written, expected)
+    _assert_same_params(written, expected, atol=SHARDED_ATOL)
 
     resumed_run = tmp_path / "resumed"
     resumed_run.mkdir()
@@ -336,5 +345,5 @@ def test_fsdp_leader_checkpoints_full_state_and_resumes_into_shards(tmp_path: Pa
     leader, follower = _run_ranks(resumed_run, case)
     assert "error" not in leader and "error" not in follower, (leader, follower)
     assert leader["metrics"]["optimizer_steps"] == 2
-    _assert_same_params(leader["params"], second)
+    _assert_same_params(leader["params"], second, atol=SHARDED_ATOL)
     _assert_shards_of([leader, follower], second)
