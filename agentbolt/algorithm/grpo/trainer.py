@@ -473,7 +473,7 @@ class PolicyTrainer(ModelTrainer):
                     "copy of the policy (or of the LoRA base model); the full fine-tuning reference is sharded"
                 )
             model = self._full_copy
-            context = model.disable_adapter() if reference else nullcontext()
+            context = model.disable_adapter() if reference and self.uses_lora else nullcontext()
         untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         sequences = [sample.token_ids for sample in samples]
