@@ -349,7 +349,7 @@ class DataParallel:
         else:
             tensors = _state_tensors(trainer)
             self.check_same_models(tensors)
-            with _failures("sharing the leader's weights", self.rank, self.world_size, self.timeout):
+            with self.failures("sharing the leader's weights"):
                 for _, tensor in tensors:
                     dist.broadcast(tensor.data, src=0, group=self.update_group)
         state = {

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -67,10 +67,11 @@ def _run_ranks(tmp_path: Path, case: Dict[str, Any], world_size: int = 2, timeou
     return results
 
 
-def _one_process(case: Dict[str, Any]) -> Dict[str, Any]:
+def _one_process(case: Dict[str, Any], checkpoint_dir: Optional[Path] = None) -> Dict[str, Any]:
     trainer = PolicyTrainer(tiny_llama(seed=0, tied=case.get("tied", False)), GRPOConfig(**case["config"]))
     samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
     metrics = trainer.train_step(samples)
+    checkpoint = trainer.save_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     state = [t for s in trainer.optimizer.state.values() for t in s.values() if t.dim() > 0]
     held = {
@@ -78,7 +79,7 @@ def _one_process(case: Dict[str, Any]) -> Dict[str, Any]:
         "trainable": sum(p.numel() for p in params.values()),
         "optimizer": sum(t.numel() for t in state),
     }
-    return {"metrics": metrics, "params": params, "held": held}
+    return {"metrics": metrics, "params": params, "held": held, "checkpoint": checkpoint}
 
 
 def _assert_same_params(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], atol: float = 1e-6) -> None:
@@ -164,16 +165,32 @@ def _assert_shards_of(results: List[Dict[str, Any]], params: Dict[str, torch.Ten
             torch.testing.assert_close(shard, expected, rtol=1e-5, atol=SHARDED_ATOL, msg=f"rank {rank}: {name}")
 
 
+def _checkpoint_tensors(path: Path, finetune: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = path / "adapter" / "adapter_model.safetensors" if finetune == "lora" else path / "model.safetensors"
+    tensors = load_file(str(weights))
+    optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+    for index, state in optimizer["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"optimizer.{index}.{key}"] = state[key]
+    return tensors
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, name: str) -> None:
-    """Sharded over 2 ranks: the leader's full copy (what it serves and checkpoints) equals the one-process
-    parameters, every rank's shards are its chunks of them, and each rank holds half of the parameters, the
-    trainable ones and the optimizer state that one process (or a replicating rank) holds."""
-    case = {**_fsdp(CASES[name]), "model_seed": [0, 7]}
+    """Sharded over 2 ranks: the leader's full copy (what it serves) and its checkpoint (weights and optimizer
+    state) equal one process's, every rank's shards are their chunks, and each rank holds half of the parameters,
+    the trainable ones and the optimizer state that one process (or a replicating rank) holds."""
+    case = {**_fsdp(CASES[name]), "model_seed": [0, 7], "checkpoint": str(tmp_path / "sharded")}
     leader, follower = _run_ranks(tmp_path, case)
     assert "error" not in leader and "error" not in follower, (leader, follower)
-    alone = _one_process(case)
+    alone = _one_process(case, tmp_path / "alone")
     _assert_same_params(leader["params"], alone["params"], atol=SHARDED_ATOL)
+    finetune = case["config"].get("finetune", "lora")
+    written, expected = (_checkpoint_tensors(p, finetune) for p in (Path(leader["checkpoint"]), alone["checkpoint"]))
+    assert written.keys() == expected.keys()
+    _assert_same_params(written, expected, atol=SHARDED_ATOL)
     _assert_shards_of([leader, follower], alone["params"])
     assert follower["updates"] == 1
     _assert_same_metrics(leader["metrics"], alone["metrics"])
@@ -312,42 +329,20 @@ def test_torchrun_trains_the_toy_task_through_trainer_fit(tmp_path: Path, data_p
     assert first < 0.35 and last > first + 0.3, [r["train/reward_mean"] for r in train]
 
 
-def _checkpoint_tensors(path: Path, finetune: str) -> Dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    weights = path / "adapter" / "adapter_model.safetensors" if finetune == "lora" else path / "model.safetensors"
-    tensors = load_file(str(weights))
-    optimizer = torch.load(path / "optimizer.pt", weights_only=True)
-    for index, state in optimizer["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            tensors[f"optimizer.{index}.{key}"] = state[key]
-    return tensors
-
-
 @pytest.mark.parametrize("finetune", ["lora", "full"])
-def test_fsdp_leader_checkpoints_full_state_and_resumes_into_shards(tmp_path: Path, finetune: str) -> None:
-    """The sharded leader's checkpoint holds the full weights and optimizer state, equal to one process's; a sharded
-    run resumed from it takes a second step exactly as the one process does."""
+def test_fsdp_resumes_a_checkpoint_into_the_shards(tmp_path: Path, finetune: str) -> None:
+    """A sharded run resumed on the leader from a checkpoint (the same whichever mode wrote it, see above) takes its
+    next step exactly as the one process that wrote it: the shards take the checkpoint's weights and AdamW state."""
     config = {**BASE, "micro_batch_size": 3, "finetune": finetune}
     alone = PolicyTrainer(tiny_llama(seed=0), GRPOConfig(**config))
     alone.train_step(make_samples(8, seed=0, model=tiny_llama(seed=0)))
-    alone_checkpoint = alone.save_checkpoint(tmp_path / "alone")
+    checkpoint = alone.save_checkpoint(tmp_path / "alone")
     alone.train_step(make_samples(8, seed=5, model=tiny_llama(seed=0)))
     second = {n: p.detach().clone() for n, p in alone.model.named_parameters() if p.requires_grad}
 
-    first_run = tmp_path / "first"
-    first_run.mkdir()
-    case = {"config": {**config, "data_parallel": "fsdp"}, "samples": 8, "checkpoint": str(tmp_path / "sharded")}
-    leader, follower = _run_ranks(first_run, case)
-    assert "error" not in leader and "error" not in follower, (leader, follower)
-    written, expected = (_checkpoint_tensors(p, finetune) for p in (Path(leader["checkpoint"]), alone_checkpoint))
-    assert written.keys() == expected.keys()
-    _assert_same_params(written, expected, atol=SHARDED_ATOL)
-
-    resumed_run = tmp_path / "resumed"
-    resumed_run.mkdir()
-    case = {**case, "checkpoint": None, "resume_from": leader["checkpoint"], "sample_seed": 5, "model_seed": [0, 7]}
-    leader, follower = _run_ranks(resumed_run, case)
+    config = {**config, "data_parallel": "fsdp"}
+    case = {"config": config, "samples": 8, "sample_seed": 5, "resume_from": str(checkpoint), "model_seed": [0, 7]}
+    leader, follower = _run_ranks(tmp_path, case)
     assert "error" not in leader and "error" not in follower, (leader, follower)
     assert leader["metrics"]["optimizer_steps"] == 2
     _assert_same_params(leader["params"], second, atol=SHARDED_ATOL)
