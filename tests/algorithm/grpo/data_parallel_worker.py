@@ -12,7 +12,8 @@ update), ``checkpoint`` (a directory the leader checkpoints into after the updat
 
 With ``config.data_parallel == "fsdp"`` each rank also writes ``shards`` (its local part of each trained parameter)
 and ``held`` (elements of the trained model's parameters, of its trainable parameters and of the optimizer state this
-rank holds); the leader's ``params`` are those of its full copy, the weights it serves and checkpoints.
+rank holds), and the log-probs of 4 other samples it computes alone (``logprobs``, or ``logprobs_error``); the
+leader's ``params`` are those of its full copy, the weights it serves and checkpoints.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def main() -> None:
         full = dict(trainer.served_model.named_parameters())
         if leader or not trainer.shards_model:
             result["params"] = {name: full[name].detach().clone() for name in trained}
+        if trainer.shards_model:  # scoring outside an update: the leader's full copy; a follower has none
+            try:
+                result["logprobs"] = trainer.compute_logprobs(make_samples(4, seed=9))
+            except ValueError as exc:
+                result["logprobs_error"] = str(exc)
         if leader:
             trainer.close()
     except Exception as exc:  # the test reads what each rank raised

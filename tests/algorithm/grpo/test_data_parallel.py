@@ -72,6 +72,7 @@ def _one_process(case: Dict[str, Any], checkpoint_dir: Optional[Path] = None) ->
     samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
     metrics = trainer.train_step(samples)
     checkpoint = trainer.save_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    logprobs = trainer.compute_logprobs(make_samples(4, seed=9))
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     state = [t for s in trainer.optimizer.state.values() for t in s.values() if t.dim() > 0]
     held = {
@@ -79,7 +80,7 @@ def _one_process(case: Dict[str, Any], checkpoint_dir: Optional[Path] = None) ->
         "trainable": sum(p.numel() for p in params.values()),
         "optimizer": sum(t.numel() for t in state),
     }
-    return {"metrics": metrics, "params": params, "held": held, "checkpoint": checkpoint}
+    return {"metrics": metrics, "params": params, "held": held, "checkpoint": checkpoint, "logprobs": logprobs}
 
 
 def _assert_same_params(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], atol: float = 1e-6) -> None:
@@ -179,9 +180,10 @@ def _checkpoint_tensors(path: Path, finetune: str) -> Dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, name: str) -> None:
-    """Sharded over 2 ranks: the leader's full copy (what it serves) and its checkpoint (weights and optimizer
-    state) equal one process's, every rank's shards are their chunks, and each rank holds half of the parameters,
-    the trainable ones and the optimizer state that one process (or a replicating rank) holds."""
+    """Sharded over 2 ranks: the leader's full copy (what it serves and scores with alone) and its checkpoint
+    (weights and optimizer state) equal one process's, every rank's shards are their chunks, and each rank holds
+    half of the parameters, the trainable ones and the optimizer state that one process (or a replicating rank)
+    holds."""
     case = {**_fsdp(CASES[name]), "model_seed": [0, 7], "checkpoint": str(tmp_path / "sharded")}
     leader, follower = _run_ranks(tmp_path, case)
     assert "error" not in leader and "error" not in follower, (leader, follower)
@@ -192,6 +194,9 @@ def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, na
     assert written.keys() == expected.keys()
     _assert_same_params(written, expected, atol=SHARDED_ATOL)
     _assert_shards_of([leader, follower], alone["params"])
+    for mine, expected in zip(leader["logprobs"], alone["logprobs"], strict=True):
+        torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-5)
+    assert "computed on the leader from its full copy" in follower["logprobs_error"]
     assert follower["updates"] == 1
     _assert_same_metrics(leader["metrics"], alone["metrics"])
     for key, replicated in alone["held"].items():
