@@ -37,6 +37,7 @@ __all__ = [
     "latest_checkpoint",
     "lr_multiplier",
     "resolve_device",
+    "transformer_blocks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,21 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+def transformer_blocks(model: Any, purpose: str) -> List[Any]:
+    """The transformer blocks of ``model`` (a causal LM or a PEFT model around one): the modules whose class the
+    model lists in ``_no_split_modules`` (``LlamaDecoderLayer``...).
+
+    Raises:
+        ValueError: The model does not name its blocks; the message starts with ``purpose``.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    blocks = [module for module in base.modules() if type(module).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{purpose}: {type(base).__name__} does not name its transformer blocks (_no_split_modules)")
+    return blocks
+
+
 def _is_quantized(model: Any) -> bool:
     """Whether ``model`` holds quantized weights (bitsandbytes 4/8-bit), which cannot be moved or cast."""
     return bool(
@@ -159,7 +175,7 @@ class ModelTrainer:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.device = resolve_device(config.device)
         if not _is_quantized(model):
-            model = model.to(device=self.device, dtype=DTYPES[config.dtype])
+            model = model.to(device=self._placement(), dtype=DTYPES[config.dtype])
         if config.finetune == "lora":
             self.model = self._with_lora(model)
         else:
@@ -170,6 +186,7 @@ class ModelTrainer:
         self.model.eval()
         if config.gradient_checkpointing:
             self._checkpoint_blocks()
+        self._prepare_model()
         if self.device.type == "cpu":
             from agentbolt.utils.memory import return_large_blocks_to_os
 
@@ -192,6 +209,21 @@ class ModelTrainer:
     # ------------------------------------------------------------------------------------------------ model set-up
     def _keep_reference(self, model: Any) -> None:
         """Hook called once the trained model is set up, before any step (a frozen reference can be copied here)."""
+
+    def _placement(self) -> torch.device:
+        """Where the loaded model is placed before training (the trainer's device; a sharded trainer keeps it on the
+        CPU until each shard moves to the device)."""
+        return self.device
+
+    def _prepare_model(self) -> None:
+        """Hook called once the trained model is complete (adapters, checkpointed blocks), before the optimizer is
+        built over its trainable parameters (a data-parallel trainer shards it here)."""
+
+    @property
+    def served_model(self) -> Any:
+        """The model whose full weights are served and checkpointed: the trained model itself (a sharded trainer
+        keeps a full copy instead)."""
+        return self.model
 
     def _with_lora(self, model: Any) -> Any:
         try:
@@ -242,14 +274,7 @@ class ModelTrainer:
         Raises:
             ValueError: The model does not name its blocks.
         """
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        names = set(getattr(base, "_no_split_modules", None) or ())
-        blocks = [module for module in base.modules() if type(module).__name__ in names]
-        if not blocks:
-            raise ValueError(
-                f"gradient_checkpointing: {type(base).__name__} does not name its transformer blocks (_no_split_modules)"
-            )
-        for block in blocks:
+        for block in transformer_blocks(self.model, "gradient_checkpointing"):
             block.forward = functools.partial(_checkpointed, block.forward)
 
     @contextlib.contextmanager
@@ -298,12 +323,13 @@ class ModelTrainer:
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
         else:
-            grads = [p.grad.detach().norm() for p in self.trainable_parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
+            grads = [p.grad for p in self.trainable_parameters if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
-        return float(norm)
+        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when the gradients are sharded
+        return float(full_tensor() if full_tensor is not None else norm)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(
@@ -329,10 +355,10 @@ class ModelTrainer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             if self.uses_lora:
-                self.model.save_pretrained(str(staging / "adapter"))
+                self.served_model.save_pretrained(str(staging / "adapter"))
             else:
-                save_model(self.model, str(staging / "model.safetensors"))
-            torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+                save_model(self.served_model, str(staging / "model.safetensors"))
+            torch.save(self._optimizer_state(), staging / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
             torch.save(
                 {
@@ -412,7 +438,7 @@ class ModelTrainer:
                 f"{path / 'optimizer.pt'} holds {saved_groups} parameters per group; this model trains {current_groups}"
             )
         self._apply_weights(weights_file)
-        self.optimizer.load_state_dict(optimizer_state)
+        self._load_optimizer_state(optimizer_state)
         self.scheduler.load_state_dict(scheduler_state)
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
@@ -423,6 +449,15 @@ class ModelTrainer:
         self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
         logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
         return dict(state.get("extra") or {})
+
+    def _optimizer_state(self) -> Dict[str, Any]:
+        """The optimizer state a checkpoint holds (``optimizer.state_dict()``: parameters numbered in the order of
+        :attr:`trainable_parameters`)."""
+        return self.optimizer.state_dict()
+
+    def _load_optimizer_state(self, state: Dict[str, Any]) -> None:
+        """Restore the optimizer from a checkpoint's :meth:`_optimizer_state` (already checked)."""
+        self.optimizer.load_state_dict(state)
 
     @staticmethod
     def _read_torch(path: Path, *, weights_only: bool) -> Any:
@@ -464,9 +499,9 @@ class ModelTrainer:
         if self.uses_lora:
             from peft import get_peft_model_state_dict
 
-            return [([name], tuple(t.shape)) for name, t in get_peft_model_state_dict(self.model).items()]
+            return [([name], tuple(t.shape)) for name, t in get_peft_model_state_dict(self.served_model).items()]
         groups: Dict[Tuple[int, Tuple[int, ...]], List[str]] = {}
-        for name, tensor in self.model.state_dict().items():
+        for name, tensor in self.served_model.state_dict().items():
             groups.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(name)
         return [(names, shape) for (_, shape), names in groups.items()]
 
@@ -475,8 +510,8 @@ class ModelTrainer:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
-            set_peft_model_state_dict(self.model, load_file(str(path)))
+            set_peft_model_state_dict(self.served_model, load_file(str(path)))
         else:
             from safetensors.torch import load_model
 
-            load_model(self.model, str(path))
+            load_model(self.served_model, str(path))

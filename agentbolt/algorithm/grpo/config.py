@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 
@@ -89,6 +89,28 @@ class GRPOConfig(FinetuningConfig):
         "an update's collective before failing. A rank that dies fails the others at once; one that stalls, after "
         "this.",
     )
+
+    data_parallel: Literal["replicate", "fsdp"] = Field(
+        default="replicate",
+        description="Under torchrun, how the ranks hold the policy. 'replicate': every rank holds the whole model, its "
+        "gradients and optimizer state, and gradients are summed over ranks. 'fsdp': the trained model's parameters, "
+        "gradients and optimizer state are sharded over the ranks with PyTorch FSDP2 (fully_shard), each rank "
+        "holding about 1/N of them; the leader keeps a full copy of the policy to serve and checkpoint. Alone "
+        "(no torchrun), both train the same way.",
+    )
+
+    @model_validator(mode="after")
+    def _shardable(self) -> GRPOConfig:
+        if (
+            self.data_parallel == "fsdp"
+            and self.device is not None
+            and self.device.split(":")[0] not in ("cpu", "cuda")
+        ):
+            raise ValueError(
+                f"data_parallel='fsdp' shards over CPU (gloo) or CUDA (NCCL) ranks, not device={self.device!r}: "
+                "set device='cpu' or 'cuda', or data_parallel='replicate'"
+            )
+        return self
 
     @property
     def rollouts_per_step(self) -> int:

@@ -23,6 +23,18 @@ the *followers*, only take part in the policy updates:
 5. Every rank clips the same summed gradient and steps the same optimizer, so parameters stay equal; metrics are
    summed (maxima taken) over ranks, so the leader reports the whole batch's.
 
+With ``data_parallel="fsdp"`` the ranks do not hold replicas: :func:`shard_model` applies PyTorch's FSDP2
+(``fully_shard``) to every transformer block and to the whole model, so each rank holds ``1/N`` of every parameter,
+gradient and optimizer state. The micro-batches are dealt as above, but FSDP gathers each block's parameters in every
+forward and reduce-scatters its gradients in every backward, collectives that every rank must call: a rank with fewer
+micro-batches than another runs *idle passes* (a one-token batch whose loss is multiplied by zero) so that all ranks
+run the same number of forwards and backwards. The gradient reduction is the same sum as above: FSDP's divide factor
+is set to 1 and its collectives forced to ``SUM`` (otherwise it would reduce with ``PREMUL_SUM(1)``, which gloo
+refuses: "Cannot use ReduceOp.PREMUL_SUM with Gloo"). The leader keeps a full, unsharded
+copy of the policy for its engine and its checkpoints (:attr:`PolicyTrainer.served_model`), refreshed after every
+update by gathering the trained parameters; checkpoints gather the optimizer state to the leader and keep the
+replicated layout, so a run can resume in either mode.
+
 A rank that dies breaks its peers' connections, and they fail at once with :class:`DistributedUpdateError`; one that
 stalls fails them after ``distributed_timeout`` seconds. Followers wait for the leader's next batch (it may spend
 many minutes rolling out) for up to :data:`LEADER_WAIT`.
@@ -36,7 +48,20 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 import torch
 
@@ -52,6 +77,7 @@ __all__ = [
     "UpdateCommand",
     "check_data_parallel_config",
     "launched_rank",
+    "shard_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,12 +150,13 @@ class UpdateCommand:
     """What the leader asks the followers to do next.
 
     Attributes:
-        kind: ``"train_step"`` (with ``samples``), ``"skip_step"`` (advance the schedule only) or ``"stop"``.
+        kind: ``"train_step"`` (with ``samples``), ``"skip_step"`` (advance the schedule only), ``"checkpoint"``
+            (gather the sharded optimizer state to the leader) or ``"stop"``.
         samples: The step's samples, advantages set.
         share_state: The leader's trainer state follows this command (before the first update).
     """
 
-    kind: Literal["train_step", "skip_step", "stop"]
+    kind: Literal["train_step", "skip_step", "checkpoint", "stop"]
     samples: List[TokenSample] = field(default_factory=list)
     share_state: bool = False
 
@@ -254,7 +281,7 @@ class DataParallel:
                 message = _ConfigMessage(config=config, error=None)
             except ValueError as exc:
                 message = _ConfigMessage(config=None, error=str(exc))
-        received = self._broadcast_object(message, "sending the leader's config")
+        received = self.broadcast_object(message, "sending the leader's config")
         if received.error is not None:
             self.close()  # a refused run is over on every rank
             raise ValueError(received.error)
@@ -274,11 +301,11 @@ class DataParallel:
     # ------------------------------------------------------------------------------------------- leader's commands
     def send(self, command: UpdateCommand) -> None:
         """Leader: broadcast ``command`` to the followers."""
-        self._broadcast_object(command, f"sending {command.kind}")
+        self.broadcast_object(command, f"sending {command.kind}")
 
     def receive(self) -> UpdateCommand:
         """Follower: the leader's next command (waits up to :data:`LEADER_WAIT`)."""
-        return self._broadcast_object(None, "waiting for the leader's next command")
+        return self.broadcast_object(None, "waiting for the leader's next command")
 
     def follow(self, trainer: PolicyTrainer) -> int:
         """Follower: run the leader's commands on ``trainer`` until it says stop; returns the updates taken part in.
@@ -297,6 +324,8 @@ class DataParallel:
                 return updates
             if command.kind == "skip_step":
                 trainer.skip_step()
+            elif command.kind == "checkpoint":
+                trainer.gather_optimizer_state()
             else:
                 trainer.train_step(command.samples)
                 updates += 1
@@ -315,7 +344,35 @@ class DataParallel:
         """
         import torch.distributed as dist
 
-        tensors = _state_tensors(trainer)
+        if trainer.shards_model:
+            trainer.load_leader_state()  # the shards take the leader's full weights (and resumed optimizer state)
+        else:
+            tensors = _state_tensors(trainer)
+            self.check_same_models(tensors)
+            with self.failures("sharing the leader's weights"):
+                for _, tensor in tensors:
+                    dist.broadcast(tensor.data, src=0, group=self.update_group)
+        state = {
+            "optimizer": None if trainer.shards_model else trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "counters": (trainer.global_step, trainer.optimizer_steps, trainer.skipped_optimizer_steps),
+            "generator": trainer.generator.get_state(),
+        }
+        state = self.broadcast_object(state if self.is_leader else None, "sharing the leader's optimizer state")
+        if not self.is_leader:
+            if state["optimizer"] is not None:
+                trainer.optimizer.load_state_dict(state["optimizer"])
+            trainer.scheduler.load_state_dict(state["scheduler"])
+            trainer.global_step, trainer.optimizer_steps, trainer.skipped_optimizer_steps = state["counters"]
+            trainer.generator.set_state(state["generator"])
+        self.state_shared = True
+
+    def check_same_models(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Compare the names, shapes and dtypes of ``tensors`` (this rank's model) over the ranks.
+
+        Raises:
+            ValueError: The ranks hold different models; every rank raises, naming the first difference.
+        """
         layout = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
         layouts = self._all_gather_object(layout, "comparing the ranks' models")
         for rank, other in enumerate(layouts):
@@ -328,22 +385,10 @@ class DataParallel:
                 raise ValueError(
                     f"the ranks loaded different models ({mismatch}): launch every rank with the same model"
                 )
-        with _failures("sharing the leader's weights", self.rank, self.world_size, self.timeout):
-            for _, tensor in tensors:
-                dist.broadcast(tensor.data, src=0, group=self.update_group)
-        state = {
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict(),
-            "counters": (trainer.global_step, trainer.optimizer_steps, trainer.skipped_optimizer_steps),
-            "generator": trainer.generator.get_state(),
-        }
-        state = self._broadcast_object(state if self.is_leader else None, "sharing the leader's optimizer state")
-        if not self.is_leader:
-            trainer.optimizer.load_state_dict(state["optimizer"])
-            trainer.scheduler.load_state_dict(state["scheduler"])
-            trainer.global_step, trainer.optimizer_steps, trainer.skipped_optimizer_steps = state["counters"]
-            trainer.generator.set_state(state["generator"])
-        self.state_shared = True
+
+    def failures(self, what: str) -> ContextManager[None]:
+        """Context turning a failed collective into a :class:`DistributedUpdateError` that says it was ``what``."""
+        return _failures(what, self.rank, self.world_size, self.timeout)
 
     def sum_gradients(self, parameters: Sequence[torch.Tensor]) -> None:
         """Replace each parameter's gradient by its sum over ranks (a missing gradient counts as zeros)."""
@@ -391,7 +436,8 @@ class DataParallel:
             dist.all_reduce(flat, op=op, group=self.update_group)
         return dict(zip(keys, flat.tolist(), strict=True))
 
-    def _broadcast_object(self, value: Any, what: str) -> Any:
+    def broadcast_object(self, value: Any, what: str) -> Any:
+        """The leader's ``value`` (a picklable object) on every rank; ``what`` names it in errors."""
         import torch.distributed as dist
 
         box = [value]
@@ -409,11 +455,73 @@ class DataParallel:
         return out
 
 
-def _state_tensors(trainer: PolicyTrainer) -> List[Tuple[str, torch.Tensor]]:
-    """Every tensor of the trainer's model and reference, each storage once (tied weights appear once)."""
+class ShardedForward(torch.nn.Module):
+    """The root FSDP unit of a sharded model: calling it runs ``compute(model, *args)``.
+
+    FSDP gathers a unit's parameters around the unit's ``forward``; the trainer runs the model's body and then its
+    output projection as two calls (:func:`~agentbolt.serving.logits.float32_logits`), so the root unit is this
+    wrapper, whose forward is the whole computation, rather than the model, whose forward is not called.
+
+    Args:
+        model: The model, whose transformer blocks are FSDP units of their own.
+        compute: What a forward computes from the model and the call's arguments.
+    """
+
+    def __init__(self, model: torch.nn.Module, compute: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.compute = compute
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        """``compute(model, *args)`` with every parameter of the model gathered where it is used."""
+        return self.compute(self.model, *args)
+
+
+def shard_model(
+    model: torch.nn.Module, compute: Callable[..., torch.Tensor], device: torch.device, world_size: int
+) -> ShardedForward:
+    """Shard ``model`` in place over the ``world_size`` ranks of the default process group with FSDP2.
+
+    Every transformer block (``_no_split_modules``) becomes an FSDP unit, gathered only while it computes; the rest
+    (embeddings, final norm, output projection) forms the root unit, :class:`ShardedForward`. Parameters are
+    resharded after each forward (and gathered again in the backward); gradients are **summed** over ranks (the
+    trainer's loss already divides by the whole minibatch's token count, see the module docstring) with ``SUM``
+    reduce-scatters, which gloo and NCCL both have (gloo lacks the ``PREMUL_SUM`` FSDP would otherwise use). FSDP moves each unit to ``device`` (``cuda:LOCAL_RANK`` or the CPU)
+    as it shards it, so a model kept on the CPU until here never needs one device to hold all of it.
+
+    Args:
+        model: A transformers causal LM or a PEFT model around one.
+        compute: The forward computation (see :class:`ShardedForward`).
+        device: This rank's device.
+        world_size: Number of ranks (the mesh is the default process group).
+
+    Returns:
+        The root unit: call it instead of ``compute(model, ...)``.
+
+    Raises:
+        ValueError: The model does not name its transformer blocks.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    from agentbolt.algorithm.finetuning.trainer import transformer_blocks
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    for block in transformer_blocks(model, "data_parallel='fsdp'"):
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    root = ShardedForward(model, compute)
+    fully_shard(root, mesh=mesh, reshard_after_forward=True)
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return root
+
+
+def module_tensors(models: Sequence[Tuple[str, torch.nn.Module]]) -> List[Tuple[str, torch.Tensor]]:
+    """Every tensor of the ``(prefix, module)`` pairs' state dicts, each storage once (tied weights appear once)."""
     seen = set()
     tensors: List[Tuple[str, torch.Tensor]] = []
-    models = [("", trainer.model)] + ([("ref.", trainer.ref_model)] if trainer.ref_model is not None else [])
     for prefix, model in models:
         for name, tensor in model.state_dict(keep_vars=True).items():
             key = (tensor.data_ptr(), tuple(tensor.shape))
@@ -422,6 +530,13 @@ def _state_tensors(trainer: PolicyTrainer) -> List[Tuple[str, torch.Tensor]]:
             seen.add(key)
             tensors.append((prefix + name, tensor))
     return tensors
+
+
+def _state_tensors(trainer: PolicyTrainer) -> List[Tuple[str, torch.Tensor]]:
+    """Every tensor of the trainer's model and reference (tied weights once)."""
+    return module_tensors(
+        [("", trainer.model)] + ([("ref.", trainer.ref_model)] if trainer.ref_model is not None else [])
+    )
 
 
 def _buckets(grads: Sequence[torch.Tensor]) -> Iterator[List[torch.Tensor]]:

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 class InProcessPolicyServer:
-    """An OpenAI-compatible server (127.0.0.1, free port) over the trainer's live model.
+    """An OpenAI-compatible server (127.0.0.1, free port) over the trainer's live model (its
+    :attr:`~agentbolt.algorithm.finetuning.trainer.ModelTrainer.served_model`).
 
     Args:
         trainer: The trainer whose model is served.
@@ -52,11 +53,11 @@ class InProcessPolicyServer:
 
         self.model_name = model_name
         self.engine = TransformersEngine.from_model(
-            trainer.model, tokenizer, served_name=model_name, threads=threads, max_batch_size=max_batch_size
+            trainer.served_model, tokenizer, served_name=model_name, threads=threads, max_batch_size=max_batch_size
         )
         if trainer.uses_lora:
             # Requests for the served name must run through the adapter being trained, not the bare base model.
-            self.engine.default_adapter = trainer.model.active_adapter
+            self.engine.default_adapter = trainer.served_model.active_adapter
         self.server = InferenceServer(self.engine, host="127.0.0.1", port=0)
         self.server.start()
         self.base_url = self.server.base_url
@@ -136,7 +137,7 @@ class RemoteAdapterPolicyServer:
         """Save the current adapter, load it under a new name, and unload the previous one."""
         name = f"{self.name_prefix}-{self.run_id}-v{self._version}"
         path = (self.adapter_dir / name).resolve()
-        trainer.model.save_pretrained(str(path))
+        trainer.served_model.save_pretrained(str(path))
         self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         previous, self.model_name = self.model_name, name
         self._version += 1

@@ -171,6 +171,12 @@ def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequen
     return {"logprob_engine_diff_mean": float(flat.mean()), "logprob_engine_diff_max": float(flat.max())}
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: its local shard when it is a sharded DTensor, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
 class PolicyTrainer(ModelTrainer):
     """GRPO policy optimisation on a causal LM.
 
@@ -182,9 +188,13 @@ class PolicyTrainer(ModelTrainer):
         data_parallel: This process's place in a data-parallel run (:mod:`.distributed`), or None to train alone.
             Every rank then calls :meth:`train_step` with the same samples (the leader's call sends them to the
             followers, whose :meth:`DataParallel.follow` loop makes theirs) and computes its share of each minibatch.
+            With ``config.data_parallel="fsdp"`` the model (and a full fine-tuning reference) is sharded over the
+            ranks and the leader keeps a full copy, :attr:`served_model`; every rank must then build its trainer at
+            the same time (the reference weights are shared while building).
 
     Raises:
-        ValueError: ``data_parallel`` runs on another device than ``config.device`` resolves to.
+        ValueError: ``data_parallel`` runs on another device than ``config.device`` resolves to, or a sharded
+            trainer is given a quantized model.
     """
 
     checkpoint_kind = "grpo"
@@ -199,14 +209,19 @@ class PolicyTrainer(ModelTrainer):
         data_parallel: Optional[DataParallel] = None,
     ) -> None:
         self.ref_model: Optional[Any] = None
-        super().__init__(model, config, pad_token_id=pad_token_id)
-        self.packs_prefixes = config.pack_shared_prefixes and packable(self.model)
-        if data_parallel is not None and data_parallel.device.type != self.device.type:
+        if data_parallel is not None and data_parallel.device.type != resolve_device(config.device).type:
             raise ValueError(
                 f"the data-parallel ranks communicate on {data_parallel.device.type} but the trainer runs on "
-                f"{self.device}: launch with the same device option on every rank"
+                f"{resolve_device(config.device)}: launch with the same device option on every rank"
             )
         self.data_parallel = data_parallel
+        self.shards_model = data_parallel is not None and config.data_parallel == "fsdp"
+        """Whether the model is sharded over the ranks (``data_parallel="fsdp"`` under torchrun)."""
+        self._full_copy: Optional[Any] = None  # the leader's unsharded policy, when the model is sharded
+        self._sharded_roots: Dict[int, Any] = {}  # id(model) -> its root FSDP unit
+        self._resumed_optimizer_state: Optional[Dict[str, Any]] = None  # a checkpoint's, until shared
+        super().__init__(model, config, pad_token_id=pad_token_id)
+        self.packs_prefixes = config.pack_shared_prefixes and packable(self.model)
 
     def _keep_reference(self, model: Any) -> None:
         """Full fine-tuning with a KL term keeps a frozen copy of the initial weights as the reference."""
@@ -226,6 +241,12 @@ class PolicyTrainer(ModelTrainer):
         return collate(samples, self.pad_token_id).to(self.device)
 
     def _response_logits(self, model: Any, batch: Union[ResponseBatch, PackedBatch]) -> torch.Tensor:
+        """:meth:`_logits` of ``model``, through its root FSDP unit when it is sharded."""
+        root = self._sharded_roots.get(id(model))
+        return root(batch) if root is not None else self._logits(model, batch)
+
+    @staticmethod
+    def _logits(model: Any, batch: Union[ResponseBatch, PackedBatch]) -> torch.Tensor:
         """Float32 logits ``[B, R, V]`` predicting the response-aligned targets.
 
         The output projection runs in float32 (:func:`~agentbolt.serving.logits.float32_logits`), as in the inference
@@ -247,6 +268,155 @@ class PolicyTrainer(ModelTrainer):
             use_cache=False,
         )
         return logits[:, :-1, :]
+
+    # ------------------------------------------------------------------------------------------------ sharding
+    def _placement(self) -> torch.device:
+        return torch.device("cpu") if self.shards_model else self.device
+
+    def _prepare_model(self) -> None:
+        """Shard the model (and a full fine-tuning reference) over the ranks; the leader keeps a full copy of the
+        policy. The reference takes the leader's weights here; the policy takes them before the first update
+        (:meth:`load_leader_state`), after the leader has resumed from a checkpoint if it does."""
+        if not self.shards_model:
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from agentbolt.algorithm.finetuning.trainer import _is_quantized
+        from agentbolt.algorithm.grpo.distributed import module_tensors, shard_model
+
+        dp = self.data_parallel
+        assert dp is not None
+        if _is_quantized(self.model):
+            raise ValueError("data_parallel='fsdp' cannot shard a quantized (4/8-bit) model: load it unquantized")
+        models = [("", self.model)] + ([("ref.", self.ref_model)] if self.ref_model is not None else [])
+        dp.check_same_models(module_tensors(models))
+        if dp.is_leader:
+            import copy
+
+            self._full_copy = copy.deepcopy(self.model).to(self.device).eval()
+            for param in self._full_copy.parameters():
+                param.requires_grad_(False)
+        reference_state = self.ref_model.state_dict() if self.ref_model is not None and dp.is_leader else {}
+        for _, model in models:
+            self._sharded_roots[id(model)] = shard_model(model, self._logits, dp.device, dp.world_size)
+        if self.ref_model is not None:
+            with dp.failures("sharing the leader's reference weights"):
+                set_model_state_dict(
+                    self.ref_model,
+                    reference_state,
+                    options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+                )
+        logger.info(
+            "Rank %d holds %d of the policy's %d parameters (data_parallel='fsdp' over %d ranks)",
+            dp.rank,
+            sum(_local(p).numel() for p in self.model.parameters()),
+            sum(p.numel() for p in self.model.parameters()),
+            dp.world_size,
+        )
+
+    @property
+    def served_model(self) -> Any:
+        """The unsharded policy that is served and checkpointed: the trained model itself, or, when the model is
+        sharded, the leader's full copy (refreshed after every update)."""
+        return self._full_copy if self._full_copy is not None else self.model
+
+    def load_leader_state(self) -> None:
+        """Every rank, once before the first update of a sharded run: the shards take the leader's full weights
+        (its initial or resumed ones) and, after a resume, the checkpoint's optimizer state."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        dp = self.data_parallel
+        assert dp is not None and self.shards_model
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        resumed = self._resumed_optimizer_state
+        with dp.failures("sharing the leader's weights"):
+            set_model_state_dict(
+                self.model, self._full_copy.state_dict() if self._full_copy is not None else {}, options=options
+            )
+        if dp.broadcast_object(resumed is not None, "telling whether the leader resumed"):
+            state = self._named_optimizer_state(resumed) if resumed is not None else {}
+            with dp.failures("sharing the leader's optimizer state"):
+                set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+        self._resumed_optimizer_state = None
+
+    def gather_optimizer_state(self) -> Dict[str, Any]:
+        """Every rank of a sharded run: the full optimizer state, numbered like ``optimizer.state_dict()``'s, on the
+        leader (an empty dict elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        dp = self.data_parallel
+        assert dp is not None and self.shards_model
+        with dp.failures("gathering the optimizer state"):
+            named = get_optimizer_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        if not dp.is_leader:
+            return {}
+        index = {name: i for i, name in enumerate(self._trainable_names())}
+        return {
+            "state": {index[name]: value for name, value in named["state"].items()},
+            "param_groups": [
+                {**group, "params": [index[name] for name in group["params"]]} for group in named["param_groups"]
+            ],
+        }
+
+    def _named_optimizer_state(self, numbered: Dict[str, Any]) -> Dict[str, Any]:
+        """A numbered optimizer state (``optimizer.state_dict()``'s layout) keyed by parameter names instead."""
+        names = self._trainable_names()
+        return {
+            "state": {names[int(i)]: value for i, value in numbered["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[int(i)] for i in group["params"]]} for group in numbered["param_groups"]
+            ],
+        }
+
+    def _trainable_names(self) -> List[str]:
+        """Names of :attr:`trainable_parameters`, in their order (the optimizer's numbering)."""
+        return [name for name, param in self.model.named_parameters() if param.requires_grad]
+
+    def _optimizer_state(self) -> Dict[str, Any]:
+        if not self.shards_model:
+            return super()._optimizer_state()
+        self._lead("checkpoint")
+        return self.gather_optimizer_state()
+
+    def _load_optimizer_state(self, state: Dict[str, Any]) -> None:
+        if not self.shards_model:
+            super()._load_optimizer_state(state)
+        else:
+            self._resumed_optimizer_state = state  # shared with the shards before the first update
+
+    @torch.no_grad()
+    def _refresh_full_copy(self) -> None:
+        """Every rank of a sharded run, after an update: gather each trained parameter into the leader's full copy."""
+        dp = self.data_parallel
+        assert dp is not None
+        full_params = dict(self._full_copy.named_parameters()) if self._full_copy is not None else {}
+        with dp.failures("gathering the updated weights"):
+            for name, param in self.model.named_parameters():
+                if param.requires_grad:
+                    full = param.full_tensor()
+                    if full_params:
+                        full_params[name].copy_(full)
+
+    def _idle_pass(self, model: Any, *, backward: bool) -> None:
+        """A forward (and backward) over one padding token that changes nothing: a sharded rank with fewer
+        micro-batches than another runs these, so that every rank calls FSDP's collectives equally often."""
+        idle = TokenSample(
+            prompt_ids=[self.pad_token_id],
+            response_ids=[self.pad_token_id],
+            logprobs=None,
+            reward=0.0,
+            group_id="",
+            rollout_id="",
+        )
+        logits = self._response_logits(model, self._batch([idle]))
+        if backward:
+            (logits.sum() * 0.0).backward()
 
     def _reference_context(self) -> ContextManager[Any]:
         return self.model.disable_adapter() if self.uses_lora else nullcontext()
@@ -296,12 +466,23 @@ class PolicyTrainer(ModelTrainer):
         """
         model = self.ref_model if (reference and self.ref_model is not None) else self.model
         context = self._reference_context() if (reference and self.ref_model is None) else nullcontext()
+        if self.shards_model and not across_ranks:  # one rank alone cannot run the sharded model
+            if self._full_copy is None or (self.ref_model is not None and reference):
+                raise ValueError(
+                    "with data_parallel='fsdp', log-probs outside an update are computed on the leader from its full "
+                    "copy of the policy (or of the LoRA base model); the full fine-tuning reference is sharded"
+                )
+            model = self._full_copy
+            context = model.disable_adapter() if reference and self.uses_lora else nullcontext()
         untempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         tempered: List[torch.Tensor] = [torch.empty(0)] * len(samples)
         sequences = [sample.token_ids for sample in samples]
         micro_batches = list(_chunks(prefix_order(sequences, range(len(samples))), self.config.micro_batch_size))
         with context:
             for micro in self._local_share(micro_batches, across_ranks):
+                if micro is None:
+                    self._idle_pass(model, backward=False)
+                    continue
                 chunk = [samples[i] for i in micro]
                 batch = self._batch(chunk)
                 logits = self._response_logits(model, batch)
@@ -321,11 +502,17 @@ class PolicyTrainer(ModelTrainer):
             tempered = [row[1] for row in merged if row is not None]
         return untempered, tempered
 
-    def _local_share(self, micro_batches: Sequence[Sequence[int]], across_ranks: bool = True) -> List[Sequence[int]]:
-        """The micro-batches this rank computes: all of them alone, else every ``world_size``-th from its rank."""
+    def _local_share(
+        self, micro_batches: Sequence[Sequence[int]], across_ranks: bool = True
+    ) -> List[Optional[Sequence[int]]]:
+        """The micro-batches this rank computes: all of them alone, else every ``world_size``-th from its rank; a
+        sharded rank's share is padded with None (an idle pass) to the longest share, ``ceil(M / world_size)``."""
         if not across_ranks or self.data_parallel is None:
             return list(micro_batches)
-        return self.data_parallel.shard(micro_batches)
+        share: List[Optional[Sequence[int]]] = list(self.data_parallel.shard(micro_batches))
+        if self.shards_model:
+            share += [None] * (-(-len(micro_batches) // self.data_parallel.world_size) - len(share))
+        return share
 
     # -------------------------------------------------------------------------------------------------- update
     def train_step(self, samples: Sequence[TokenSample]) -> Dict[str, float]:
@@ -393,6 +580,9 @@ class PolicyTrainer(ModelTrainer):
                     self.optimizer.zero_grad(set_to_none=True)
                     micro_batches = list(_chunks(prefix_order(sequences, mb), config.micro_batch_size))
                     for micro in self._local_share(micro_batches):
+                        if micro is None:
+                            self._idle_pass(self.model, backward=True)
+                            continue
                         chunk = [samples[i] for i in micro]
                         batch = self._batch(chunk)
                         forward_tokens += batch.computed_tokens
@@ -436,13 +626,15 @@ class PolicyTrainer(ModelTrainer):
                         totals["ratio"] += parts.ratio_sum
                         totals["clipped"] += parts.clipped_tokens
                         totals["tokens"] += parts.tokens
-                    if dp is not None:
+                    if dp is not None and not self.shards_model:  # FSDP sums them in each backward
                         dp.sum_gradients(self.trainable_parameters)
                     grad_norms.append(self._clip_and_step())
         finally:
             self.model.eval()
             self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
+        if self.shards_model:
+            self._refresh_full_copy()
         if dp is not None:
             totals = dp.sum_values({**totals, "forward_tokens": float(forward_tokens)})
             forward_tokens = int(totals.pop("forward_tokens"))
@@ -484,7 +676,9 @@ class PolicyTrainer(ModelTrainer):
         return self.schedule_metrics()
 
     # ---------------------------------------------------------------------------------------------- data parallel
-    def _lead(self, kind: Literal["train_step", "skip_step", "stop"], samples: Sequence[TokenSample] = ()) -> None:
+    def _lead(
+        self, kind: Literal["train_step", "skip_step", "checkpoint", "stop"], samples: Sequence[TokenSample] = ()
+    ) -> None:
         """On the leader of a data-parallel run, have the followers do ``kind`` too (with the leader's state first,
         before the first update)."""
         from agentbolt.algorithm.grpo.distributed import UpdateCommand

@@ -14,8 +14,9 @@ from agentbolt.algorithm.grpo.samples import TokenSample
 VOCAB = 24
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer Llama with a 24-token vocabulary; identical weights for the same seed."""
+def tiny_llama(seed: int = 0, tied: bool = False) -> LlamaForCausalLM:
+    """A 2-layer Llama with a 24-token vocabulary; identical weights for the same seed (``tied``: the output
+    projection is the input embedding, as in SmolLM2)."""
     config = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -24,7 +25,7 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         pad_token_id=0,
         bos_token_id=None,
         eos_token_id=None,

@@ -1,9 +1,10 @@
 """The toy task of test_end_to_end.py trained through ``Trainer.fit`` under ``torchrun`` (run by test_data_parallel.py).
 
-Usage: ``torchrun --nproc_per_node 2 data_parallel_fit.py OUT_DIR``. Every rank runs this same script, as users'
+Usage: ``torchrun --nproc_per_node 2 data_parallel_fit.py OUT_DIR [STEPS [DATA_PARALLEL]]`` (``DATA_PARALLEL``:
+``replicate``, the default, or ``fsdp``). Every rank runs this same script, as users'
 scripts do: rank 0's ``Trainer.fit`` runs the store, the runner, the gateway, the engine and GRPO; the other ranks'
 ``Trainer.fit`` only take part in the updates. Rank 0 writes ``OUT_DIR/history.json``; every rank writes
-``OUT_DIR/rank{N}.done`` when ``fit`` returns.
+``OUT_DIR/rank{N}.done`` when ``fit`` returns; the last step's checkpoint goes to ``OUT_DIR/checkpoints``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
         rollout_timeout=120,
         distributed_timeout=60,
         seed=0,
+        data_parallel=sys.argv[3] if len(sys.argv) > 3 else "replicate",
+        checkpoint_dir=str(out / "checkpoints"),
     )
     fit(algorithm, PingAgent(), train=TASKS)
     if rank == 0:

@@ -7,7 +7,13 @@ Usage: ``python data_parallel_worker.py RANK WORLD_SIZE PORT OUT_DIR CASE_JSON``
 
 Case keys: ``config`` (GRPOConfig fields), ``samples`` (how many), ``sample_seed``, ``model_seed`` (per rank: the
 leader's state must win), ``follower`` (``"follow"``, ``"exit"``: die before the update, ``"stall"``: sleep through
-it, ``"other_model"``: load a model of another shape).
+it, ``"other_model"``: load a model of another shape), ``resume_from`` (a checkpoint the leader loads before the
+update), ``checkpoint`` (a directory the leader checkpoints into after the update), ``tied`` (tied embeddings).
+
+With ``config.data_parallel == "fsdp"`` each rank also writes ``shards`` (its local part of each trained parameter)
+and ``held`` (elements of the trained model's parameters, of its trainable parameters and of the optimizer state this
+rank holds), and the log-probs of 4 other samples it computes alone (``logprobs``, or ``logprobs_error``); the
+leader's ``params`` are those of its full copy, the weights it serves and checkpoints.
 """
 
 from __future__ import annotations
@@ -68,19 +74,41 @@ def main() -> None:
                 )
             )
         else:
-            model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)])
+            model = tiny_llama(seed=case.get("model_seed", [0] * 8)[int(rank)], tied=case.get("tied", False))
         trainer = PolicyTrainer(model, config, data_parallel=data_parallel)
         if behaviour == "stall":
             data_parallel.receive()
             time.sleep(60)
             return
         if leader:
+            if case.get("resume_from"):
+                trainer.load_checkpoint(case["resume_from"])
             samples = make_samples(case["samples"], seed=case.get("sample_seed", 0), model=tiny_llama(seed=0))
             result["metrics"] = trainer.train_step(samples)
-            trainer.close()
+            if case.get("checkpoint"):
+                result["checkpoint"] = str(trainer.save_checkpoint(case["checkpoint"]))
         else:
             result["updates"] = data_parallel.follow(trainer)
-        result["params"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trained = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+        if trainer.shards_model:
+            local = {name: p.to_local() for name, p in trainer.model.named_parameters()}
+            result["shards"] = {name: local[name].detach().clone() for name in trained}
+            state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+            result["held"] = {
+                "params": sum(t.numel() for t in local.values()),
+                "trainable": sum(local[name].numel() for name in trained),
+                "optimizer": sum(t.to_local().numel() for t in state if t.dim() > 0),
+            }
+        full = dict(trainer.served_model.named_parameters())
+        if leader or not trainer.shards_model:
+            result["params"] = {name: full[name].detach().clone() for name in trained}
+        if trainer.shards_model:  # scoring outside an update: the leader's full copy; a follower has none
+            try:
+                result["logprobs"] = trainer.compute_logprobs(make_samples(4, seed=9))
+            except ValueError as exc:
+                result["logprobs_error"] = str(exc)
+        if leader:
+            trainer.close()
     except Exception as exc:  # the test reads what each rank raised
         result = {"error_type": type(exc).__name__, "error": str(exc), "traceback": traceback.format_exc()}
     torch.save(result, out)
