@@ -98,9 +98,25 @@ def test_killed_runner_actor_is_restarted_and_its_rollout_retried(cluster: Local
     _run(store, check)
 
 
+class EnqueueOnceActorsStarted(EnqueueAndWait):
+    """Enqueue only after ``count`` runner actors have started, so that a quick run still records all of them."""
+
+    def __init__(self, strategy: RayExecutionStrategy, count: int) -> None:
+        super().__init__()
+        self.strategy = strategy
+        self.count = count
+
+    async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
+        deadline = time.monotonic() + 60
+        while len(self.strategy.actor_info) < self.count and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await super().run(train_dataset, val_dataset)
+
+
 def test_runners_asking_for_a_custom_resource_are_placed_on_the_node_that_has_it(cluster: LocalRayCluster) -> None:
     strategy = _strategy(cluster, n_runners=2, resources_per_runner={WORKER_NODE_RESOURCE: 1})
-    trainer = agl.Trainer(algorithm=EnqueueAndWait(), strategy=strategy, runner=FAST_RUNNER, initial_resources={})
+    algorithm = EnqueueOnceActorsStarted(strategy, count=2)
+    trainer = agl.Trainer(algorithm=algorithm, strategy=strategy, runner=FAST_RUNNER, initial_resources={})
     trainer.fit(PidAgent(), [{"i": 0}])
     nodes = {info["node_id"] for info in strategy.actor_info.values()}
     assert len(strategy.actor_info) == 2 and len(nodes) == 1
