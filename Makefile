@@ -21,7 +21,7 @@ postgres:
 	@bash scripts/install-postgres.sh
 
 test: $(STAMP) browser postgres
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40
 
 test-slow: $(STAMP) postgres
 	$(PY) -m pytest -q -m slow -p no:cacheprovider

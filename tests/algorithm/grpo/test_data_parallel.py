@@ -178,7 +178,12 @@ def _checkpoint_tensors(path: Path, finetune: str) -> Dict[str, torch.Tensor]:
     return tensors
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The LoRA case runs with the slow tests: the default suite shards LoRA in the resume test below, and this full
+# fine-tuning case adds what only the sharded equality shows (tied embeddings, recomputed blocks, two epochs).
+FSDP_CASES = [pytest.param(name, marks=pytest.mark.slow) if name.startswith("lora") else name for name in sorted(CASES)]
+
+
+@pytest.mark.parametrize("name", FSDP_CASES)
 def test_fsdp_two_ranks_equal_one_process_and_each_holds_half(tmp_path: Path, name: str) -> None:
     """Sharded over 2 ranks: the leader's full copy (what it serves and scores with alone) and its checkpoint
     (weights and optimizer state) equal one process's, every rank's shards are their chunks, and each rank holds
