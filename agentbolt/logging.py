@@ -13,7 +13,14 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional, Union
 
-__all__ = ["setup", "configure_logger", "setup_module", "quiet_model_loading"]
+__all__ = [
+    "setup",
+    "configure_logger",
+    "setup_module",
+    "quiet_model_loading",
+    "setup_logging",
+    "setup_module_logging",
+]
 
 DEFAULT_FORMAT = "%(asctime)s [%(levelname)s] (Process-%(process)d %(name)s)   %(message)s"
 DATE_FORMAT = "%H:%M:%S"
@@ -185,6 +192,11 @@ def configure_logger(level: int = logging.INFO, name: str = BASE_LOGGER) -> logg
         "configure_logger is deprecated; use agentbolt.setup_logging instead.", DeprecationWarning, stacklevel=2
     )
     return setup_module(level, name=name, console=True, color=True, propagate=False)
+
+
+# The names the package exports these two under (``agentbolt.setup_logging``, ``agentbolt.setup_module_logging``).
+setup_logging = setup
+setup_module_logging = setup_module
 
 
 def quiet_model_loading() -> None:

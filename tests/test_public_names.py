@@ -1,7 +1,7 @@
 """Every name in ``agentbolt.__all__`` resolves at run time and is typed for type checkers.
 
-``agentbolt/__init__.py`` lists its names three times: ``__all__``, the run-time table of lazy imports, and the
-``if TYPE_CHECKING:`` imports that type checkers read. These tests keep the three in agreement and run mypy over a
+``agentbolt/__init__.py`` lists its names twice: the run-time table of lazy imports (``__all__`` is built from it),
+and the ``if TYPE_CHECKING:`` imports that type checkers read. These tests keep the two in agreement and run mypy over a
 user-style snippet to show that the names carry their real types (not ``Any``).
 """
 
@@ -36,7 +36,8 @@ def _type_checking_imports() -> Dict[str, Tuple[str, str]]:
     for node in blocks[0].body:
         assert isinstance(node, ast.ImportFrom) and node.module is not None, ast.dump(node)
         for alias in node.names:
-            names[alias.asname or alias.name] = (node.module, alias.name)
+            assert alias.asname == alias.name, f"{alias.name}: write `import {alias.name} as {alias.name}`"
+            names[alias.name] = (node.module, alias.name)
     return names
 
 
@@ -106,6 +107,7 @@ def _mypy_errors(tmp_path: Path, code: str) -> List[Tuple[int, str]]:
         "mypy",
         "--no-site-packages",
         "--follow-imports=silent",
+        "--no-implicit-reexport",  # as under --strict: a name is public only if re-exported explicitly
         "--cache-dir",
         str(tmp_path / "mypy-cache"),
         "--show-error-codes",

@@ -232,6 +232,11 @@ def _complete_events(buffer: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
+def _anthropic_error(status: int, message: str) -> Response:
+    """An error response in Anthropic's shape."""
+    return Response(anthropic.anthropic_error_body(status, message), status_code=status, media_type=_JSON)
+
+
 def _as_anthropic_error(response: Response) -> Response:
     """``response`` with an error body in Anthropic's shape (successes and streams are returned as they are)."""
     if response.status_code < 400 or isinstance(response, StreamingResponse):
@@ -445,7 +450,7 @@ class _Handler:
         """A Messages call: passed through to Anthropic-compatible backends, translated for the others."""
         if self._unauthorized(request) is not None:
             message = "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
-            return Response(anthropic.anthropic_error_body(401, message), status_code=401, media_type=_JSON)
+            return _anthropic_error(401, message)
         gateway = self.gateway
         try:
             raw = await read_body(request, gateway.settings.max_request_bytes)
@@ -469,11 +474,9 @@ class _Handler:
             chat = anthropic.messages_to_chat(body)
             validate_request(ChatCompletionRequest, chat)
         except UnknownModelError as exc:
-            return Response(anthropic.anthropic_error_body(404, str(exc)), status_code=404, media_type=_JSON)
+            return _anthropic_error(404, str(exc))
         except ApiError as exc:
-            return Response(
-                anthropic.anthropic_error_body(exc.status, exc.message), status_code=exc.status, media_type=_JSON
-            )
+            return _anthropic_error(exc.status, exc.message)
         response = await self._forward(
             request, "chat/completions", chat, model, candidates, rollout_id, attempt_id, call_id, outcome
         )

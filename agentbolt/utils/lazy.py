@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 __all__ = ["LazyExports"]
 
@@ -17,20 +17,17 @@ class LazyExports:
     Args:
         package: The package's ``__name__``.
         modules: Module name -> the names it provides, exported under the same names.
-        renamed: Exported name -> ``(module, attribute)`` for a value exported under another name.
     """
 
     def __init__(
         self,
         package: str,
         modules: Mapping[str, Sequence[str]],
-        renamed: Optional[Mapping[str, Tuple[str, str]]] = None,
     ) -> None:
         self.package = package
         self.locations: Dict[str, Tuple[str, str]] = {
             name: (module, name) for module, names in modules.items() for name in names
         }
-        self.locations.update(renamed or {})
 
     def names(self) -> List[str]:
         """The exported names, in table order."""
