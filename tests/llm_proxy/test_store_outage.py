@@ -100,6 +100,12 @@ class Load:
             for index, (rollout_id, attempt_id) in enumerate(self.rollouts)
         ]
 
+    async def wait_until_each_answered(self, timeout: float) -> None:
+        """Return once every client has had at least one call answered."""
+        async with asyncio.timeout(timeout):
+            while not all(self.answered.values()):
+                await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
@@ -131,6 +137,16 @@ async def _assert_each_answered_call_has_one_span_in_order(endpoint: str, load: 
         await client.close()
 
 
+async def _answered_during_outage(load: Load, before: int, seconds: float) -> int:
+    """Keep the store out for ``seconds``, longer (up to 30 s more) until some call was answered meanwhile; how many
+    were. On a loaded machine the first answers (each held ``sequence_wait`` for its id) can come late."""
+    await asyncio.sleep(seconds)
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while load.calls == before and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    return load.calls - before
+
+
 async def _outage_under_load(backend: FakeBackend, store: StoreProcess, action: str) -> None:
     rollouts = await _rollouts(store.endpoint, ROLLOUTS)
     gateway_store = LightningStoreClient(store.endpoint)
@@ -139,17 +155,19 @@ async def _outage_under_load(backend: FakeBackend, store: StoreProcess, action: 
     load = Load(proxy.endpoint, rollouts)
     try:
         load.start()
-        await asyncio.sleep(1.5)
+        # Every client's first call looks its rollout up in the store; wait until each is past it (a fixed delay was
+        # too short on a loaded machine, and clients still waiting on the store when it pauses answer nothing).
+        await load.wait_until_each_answered(timeout=60.0)
+        await asyncio.sleep(0.5)
         before = load.calls
         if action == "pause":
             store.signal(signal.SIGSTOP)
-            await asyncio.sleep(5.0)
+            during = await _answered_during_outage(load, before, seconds=5.0)
             store.signal(signal.SIGCONT)
         else:
             store.kill()
-            await asyncio.sleep(4.0)
+            during = await _answered_during_outage(load, before, seconds=4.0)
             await store.start()
-        during = load.calls - before
         await asyncio.sleep(1.5)
         await load.stop()
         assert await proxy.flush(120.0)
