@@ -101,7 +101,13 @@ def heldout_rows(store_path: Path, val: Sequence[Dict[str, Any]]) -> List[Dict[s
 
 
 def run(
-    options: Dict[str, Any], *, output_dir: Path, n_val: Optional[int], n_runners: int, console: bool = True
+    options: Dict[str, Any],
+    *,
+    output_dir: Path,
+    n_val: Optional[int],
+    n_runners: int,
+    poll_interval: float,
+    console: bool = True,
 ) -> Dict[str, Any]:
     """Train as ``options`` say (the config file's options, overridden) and return the summary."""
     started = time.perf_counter()
@@ -134,7 +140,7 @@ def run(
         strategy=agl.ClientServerExecutionStrategy(
             n_runners=n_runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
         ),
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=poll_interval),
     )
     import openai  # noqa: F401  # imported before the runners fork, so they share its pages
 
@@ -164,9 +170,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    options, runners = load_options(args.config)
+    options, trainer_config = load_options(args.config)
     options.update(parse_options(args.option))
-    summary = run(options, output_dir=args.output_dir, n_val=args.n_val, n_runners=args.runners or runners)
+    n_runners = args.runners or trainer_config.n_runners
+    summary = run(
+        options,
+        output_dir=args.output_dir,
+        n_val=args.n_val,
+        n_runners=n_runners,
+        poll_interval=trainer_config.poll_interval,
+    )
     if args.summary_json is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
@@ -183,7 +196,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         print(format_table([SliceChange(**row) for row in summary["heldout"]]))
     print(f"wall time {summary['wall_seconds']:.0f} s; run directory {summary['run_dir']}")
-    record.finish({**summary, "options": options, "n_runners": args.runners or runners}, args)
+    record.finish(
+        {**summary, "options": options, "n_runners": n_runners, "poll_interval": trainer_config.poll_interval}, args
+    )
     return 0
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 import yaml  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from agentbolt.cli.train import RunnerConfig
 
 __all__ = ["CONFIG_FILE", "load_options", "parse_options"]
 
@@ -15,8 +18,8 @@ CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
 _PATH_OPTIONS = ("checkpoint_dir", "log_dir", "adapter_dir")
 
 
-def load_options(path: Path = CONFIG_FILE) -> Tuple[Dict[str, Any], int]:
-    """The SFT options of a run config file (paths made absolute) and its runner count.
+def load_options(path: Path = CONFIG_FILE) -> Tuple[Dict[str, Any], RunnerConfig]:
+    """The SFT options of a run config file (paths made absolute) and its ``trainer`` section (runners, polling).
 
     Raises:
         ValueError: The file is not a valid run config.
@@ -32,7 +35,7 @@ def load_options(path: Path = CONFIG_FILE) -> Tuple[Dict[str, Any], int]:
     for key in _PATH_OPTIONS:
         if isinstance(options.get(key), str):
             options[key] = str((path.resolve().parent / options[key]).resolve())
-    return options, config.trainer.n_runners
+    return options, config.trainer
 
 
 def parse_options(pairs: Sequence[str]) -> Dict[str, Any]:
