@@ -585,6 +585,13 @@ class PromptSearch(Algorithm):
     ) -> Evaluation:
         """Score ``candidate`` on the whole validation set and make it the best prompt if it beats the best."""
         evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, lineage=lineage, prefix=prefix)
+        self._offer_best(candidate, evaluation, prefix=prefix)
+        return evaluation
+
+    def _offer_best(
+        self, candidate: VersionedPromptTemplate, evaluation: Evaluation, *, prefix: Optional[str] = None
+    ) -> None:
+        """Make ``candidate`` the best prompt if its full-validation ``evaluation`` beats the best so far."""
         if evaluation.mean > self._history_best_score:
             self._log(
                 logging.INFO,
@@ -602,7 +609,6 @@ class PromptSearch(Algorithm):
                 f"{self._history_best_version} ({self._history_best_score:.3f}).",
                 prefix=prefix,
             )
-        return evaluation
 
     async def _resume_state(self) -> List[CandidateRecord]:
         """Read back this run's candidates, restoring the version counter, the score cache and the best prompt."""
