@@ -37,8 +37,20 @@ from typing import Any, Collection, Dict, List, Literal, Mapping, Optional, Sequ
 from agentbolt.types import Dataset, PromptTemplate
 
 from .prompts import conversation_of, examples_position
-from .search import FULL_VAL, Evaluation, PromptSearch, RolloutResultForAPO, VersionedPromptTemplate
+from .search import (
+    FULL_VAL,
+    METADATA_KEY,
+    Evaluation,
+    PromptSearch,
+    RolloutResultForAPO,
+    VersionedPromptTemplate,
+    template_key,
+)
 from .templates import escape_literal
+
+REFUSED_FULL_VAL = "val-full-refused"
+"""Purpose the full-validation runs of a candidate refused by the repetition guard are filed under, so that a resumed
+run does not take the candidate for the best prompt."""
 
 __all__ = [
     "Demonstration",
@@ -450,6 +462,20 @@ class FewShotAPO(PromptSearch):
                 evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, prefix=prefix)
                 if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
                     self._offer_best(candidate, evaluation, prefix=prefix)
+                else:
+                    await self._file_as_refused(candidate, evaluation)
+
+    async def _file_as_refused(self, candidate: VersionedPromptTemplate, evaluation: Evaluation) -> None:
+        """Re-file a refused candidate's full-validation runs under :data:`REFUSED_FULL_VAL`."""
+        self._full_val_cache.pop(template_key(candidate.prompt_template), None)
+        store = self.get_store()
+        for rollout_id in evaluation.rollout_ids:
+            rollout = await store.get_rollout_by_id(rollout_id)
+            if rollout is None:
+                continue
+            metadata = dict(rollout.metadata or {})
+            metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), "purpose": REFUSED_FULL_VAL}
+            await store.update_rollout(rollout_id, metadata=metadata)
 
     def _passes_echo_check(
         self,

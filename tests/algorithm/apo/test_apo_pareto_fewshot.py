@@ -20,13 +20,20 @@ from apo_standin import (
 import agentbolt as agl
 from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO, load_search_run, pareto_front
 from agentbolt.algorithm.apo.fewshot import (
+    REFUSED_FULL_VAL,
     Demonstration,
     demonstration_messages,
     echo_check,
     final_answer,
     render_demonstration,
 )
-from agentbolt.algorithm.apo.search import Evaluation, RolloutResultForAPO, template_key
+from agentbolt.algorithm.apo.search import (
+    METADATA_KEY,
+    Evaluation,
+    RolloutResultForAPO,
+    VersionedPromptTemplate,
+    template_key,
+)
 
 # -- Pareto front ---------------------------------------------------------------------------------------------------
 
@@ -323,6 +330,24 @@ def test_fewshot_refuses_a_demonstration_the_model_only_parrots(
     # unguarded, the parroting candidate would have won: it scores 0.5 where the seed scores 0
     scores = {e.version: e.mean for e in search.evaluations if e.purpose == "val-batch"}
     assert scores == {"v1": 0.5} and search.best_score == 0.0
+
+
+def test_a_refused_finalist_is_filed_apart_so_that_a_resumed_run_ignores_it() -> None:
+    store = agl.InMemoryLightningStore()
+    search = FewShotAPO()
+    search.set_store(store)
+    candidate = VersionedPromptTemplate("v1", agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string"))
+    search._full_val_cache[template_key(candidate.prompt_template)] = {"0": 1.0}
+
+    async def refuse() -> List[Any]:
+        tag = {"run_id": search.run_id, "version": "v1", "purpose": "val-full", "task": "0", "reward": 1.0}
+        rollout = await store.enqueue_rollout(input={}, mode="val", metadata={METADATA_KEY: tag})
+        evaluation = Evaluation("v1", "val-full", ["0"], [1.0], rollout_ids=[rollout.rollout_id])
+        await search._file_as_refused(candidate, evaluation)
+        return await load_search_run(store, search.run_id)
+
+    records = asyncio.run(refuse())
+    assert records[0].scores == {REFUSED_FULL_VAL: {"0": 1.0}} and not search._full_val_cache
 
 
 @pytest.mark.parametrize(
