@@ -25,7 +25,7 @@ import os
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate, load_search_run
@@ -54,12 +54,14 @@ def task_slices(task: RoomSelectionTask) -> List[str]:
     return [f"needs-{len(task['needs'])}", f"expected-{task['expected_choice']}"]
 
 
-def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -> Dict[str, Any]:
-    """Score overall and per slice, with 95% Wilson intervals."""
+def slice_report(
+    tasks: Sequence[Any], rewards: Sequence[float], slices_of: Callable[[Any], List[str]] = task_slices
+) -> Dict[str, Any]:
+    """Score overall and per slice (``slices_of(task)`` names a task's slices), with 95% Wilson intervals."""
     groups: Dict[str, List[float]] = defaultdict(list)
     for task, reward in zip(tasks, rewards, strict=True):
         groups["all"].append(reward)
-        for name in task_slices(task):
+        for name in slices_of(task):
             groups[name].append(reward)
     report = {}
     for name, values in sorted(groups.items()):
@@ -69,19 +71,37 @@ def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -
     return report
 
 
-def constant_answer_score(tasks: Sequence[RoomSelectionTask]) -> Dict[str, Any]:
-    """The best score an answer that ignores the request can reach: always naming the most frequent right room."""
-    counts = Counter(task["expected_choice"] for task in tasks)
-    room, solved = counts.most_common(1)[0] if counts else ("", 0)
-    return {"room": room, "score": solved / len(tasks) if tasks else 0.0}
+def _expected_room(task: RoomSelectionTask) -> str:
+    return task["expected_choice"]
+
+
+def constant_answer_score(tasks: Sequence[Any], expected_of: Callable[[Any], str] = _expected_room) -> Dict[str, Any]:
+    """The best score an answer that ignores the request can reach: always giving the most frequent right answer
+    (``expected_of(task)``; by default the room)."""
+    counts = Counter(expected_of(task) for task in tasks)
+    answer, solved = counts.most_common(1)[0] if counts else ("", 0)
+    return {"answer": answer, "score": solved / len(tasks) if tasks else 0.0}
 
 
 class OptimizeThenTest(agl.Algorithm):
-    """Run a prompt optimizer, then score the seed and its best prompt on held-out tasks with the same runners."""
+    """Run a prompt optimizer, then score the seed and its best prompt on held-out tasks with the same runners.
 
-    def __init__(self, optimizer: PromptSearch, test_tasks: Sequence[RoomSelectionTask]) -> None:
+    ``slices_of`` and ``expected_of`` describe the test tasks (by default the room selector's): the slices a task
+    is reported in and its right answer (for the constant-answer baseline).
+    """
+
+    def __init__(
+        self,
+        optimizer: PromptSearch,
+        test_tasks: Sequence[Any],
+        *,
+        slices_of: Callable[[Any], List[str]] = task_slices,
+        expected_of: Callable[[Any], str] = _expected_room,
+    ) -> None:
         self.optimizer = optimizer
         self.test_tasks = list(test_tasks)
+        self.slices_of = slices_of
+        self.expected_of = expected_of
         self.report: Dict[str, Any] = {}
 
     async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
@@ -105,9 +125,9 @@ class OptimizeThenTest(agl.Algorithm):
             "search_seconds": search_seconds,
             "search": optimizer.summary(),
             "best_prompt": best.template,
-            "test_seed": slice_report(self.test_tasks, seed_eval.rewards),
-            "test_best": slice_report(self.test_tasks, best_eval.rewards),
-            "test_constant_answer": constant_answer_score(self.test_tasks),
+            "test_seed": slice_report(self.test_tasks, seed_eval.rewards, self.slices_of),
+            "test_best": slice_report(self.test_tasks, best_eval.rewards, self.slices_of),
+            "test_constant_answer": constant_answer_score(self.test_tasks, self.expected_of),
             "candidates": [
                 {
                     "version": record.version,
