@@ -10,7 +10,8 @@ slices per number of needs and per expected room) or ``names`` (``python -m exam
 name formatter, FewShotAPO only; slices per shape of the name).
 
 ``--demo-format`` chooses how ``FewShotAPO`` puts its demonstrations into the prompt: as text inside the template
-(``text``) or as earlier chat turns of the template's ``examples`` (``messages``). Other options (``--rounds``,
+(``text``) or as earlier chat turns of the template's ``examples`` (``messages``); by default the example's own
+choice. Other options (``--rounds``,
 ``--val-batch-size``, ``--runners``, ``--threads``, ``--limit``...) are passed on to the example. Hold the
 machine-wide measurement lock while it runs:
 
@@ -48,19 +49,21 @@ EXAMPLES: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 
 
 def example_command(
-    algorithm: str, output: Path, demo_format: str, extra: Sequence[str], example: str = "room_selector"
+    algorithm: str, output: Path, demo_format: Optional[str], extra: Sequence[str], example: str = "room_selector"
 ) -> List[str]:
-    """The command line of one optimizer's run of the example."""
+    """The command line of one optimizer's run of the example (``demo_format`` None: the example's default)."""
     module, algorithms = EXAMPLES[example]
     if algorithm not in algorithms:
         raise ValueError(f"the {example} example runs {', '.join(algorithms)}, not {algorithm}")
     command = [sys.executable, "-m", module] + (["--algorithm", algorithm] if len(algorithms) > 1 else [])
-    return [*command, "--demo-format", demo_format, "--output", str(output), *extra]
+    if demo_format is not None:
+        command += ["--demo-format", demo_format]
+    return [*command, "--output", str(output), *extra]
 
 
 def run_one(
     algorithm: str,
-    demo_format: str,
+    demo_format: Optional[str],
     extra: Sequence[str],
     log_dir: Optional[Path] = None,
     example: str = "room_selector",
@@ -97,7 +100,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="room_selector")
     parser.add_argument("--algorithms", nargs="+", default=None, help="default: every optimizer the example runs")
-    parser.add_argument("--demo-format", choices=DEMO_FORMATS, default="text", help="FewShotAPO's demonstrations")
+    parser.add_argument(
+        "--demo-format",
+        choices=DEMO_FORMATS,
+        default=None,
+        help="FewShotAPO's demonstrations (default: the example's: text for room_selector, messages for names)",
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each run's log here")
     add_result_options(parser)
     args, extra = parser.parse_known_args(argv)

@@ -51,9 +51,10 @@ def test_the_names_example_runs_fewshot_with_its_own_options(apo_bench: ModuleTy
     from examples.apo.fewshot_names import parse_args
 
     command = apo_bench.example_command(
-        "fewshot", Path("out.json"), "messages", ["--limit", "8", "--candidates", "3"], "names"
+        "fewshot", Path("out.json"), None, ["--limit", "8", "--candidates", "3"], "names"
     )
     assert command[:3] == [sys.executable, "-m", "examples.apo.fewshot_names"] and "--algorithm" not in command
+    assert "--demo-format" not in command  # the example's own default: chat turns
     args = parse_args(command[3:])
     assert (args.demo_format, args.limit, args.candidates, args.output) == ("messages", 8, 3, Path("out.json"))
     with pytest.raises(ValueError, match="runs fewshot, not apo"):
