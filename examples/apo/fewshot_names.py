@@ -17,23 +17,19 @@ optimizer's repetition guard per candidate (``search.echo_checks``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 import agentbolt as agl
-from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.name_formatter import (
     make_name_tasks,
     name_formatter,
     name_task_slices,
     prompt_template_names_baseline,
 )
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, OptimizeThenTest, embedded_model
+from examples.apo.room_selector_apo import OptimizeThenTest, add_run_options, agent_endpoint, fit, write_report
 
 logger = logging.getLogger("examples.apo.fewshot_names")
 
@@ -71,17 +67,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="messages",
         help="examples sent as earlier chat turns (default: what the 135M model follows), or written into the prompt",
     )
-    parser.add_argument("--runners", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--limit", type=int, default=None, help="use only the first N requests of each split (a quick look)"
-    )
-    parser.add_argument("--port", type=int, default=None, help="port of the trainer's store server (default: free)")
-    parser.add_argument(
-        "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
-    )
-    parser.add_argument("--output", type=Path, default=None, help="write the result JSON here too")
+    add_run_options(parser)
     return parser.parse_args(argv)
 
 
@@ -89,31 +75,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if args.hosted:
-            agent_model = args.agent_model or "gpt-4.1-nano"
-        else:
-            base_url = stack.enter_context(embedded_model(args.runners, args.threads))
-            os.environ["OPENAI_BASE_URL"] = base_url
-            os.environ["OPENAI_API_KEY"] = "local"
-            agent_model = args.agent_model or EMBEDDED_MODEL
+    with agent_endpoint(args) as agent_model:
         os.environ["NAME_FORMATTER_MODEL"] = agent_model
         os.environ["NAME_FORMATTER_MAX_TOKENS"] = str(args.max_tokens)
         train, val, test = (make_name_tasks(split)[: args.limit] for split in ("train", "val", "test"))
         algorithm = OptimizeThenTest(
             build_optimizer(args), test, slices_of=name_task_slices, expected_of=lambda task: task["expected"]
         )
-        trainer = agl.Trainer(
-            algorithm=algorithm,
-            n_runners=args.runners,
-            port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
-            store=args.store,
-            initial_resources={"prompt_template": prompt_template_names_baseline()},
-            adapter=agl.TraceToMessages(),
-        )
-        import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
-
-        trainer.fit(name_formatter, train_dataset=train, val_dataset=val)
+        fit(args, algorithm, name_formatter, prompt_template_names_baseline(), train, val)
     report = {
         **algorithm.report,
         "agent_model": agent_model,
@@ -121,10 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "runners": args.runners,
         "wall_seconds": time.perf_counter() - started,
     }
-    text = json.dumps(report, indent=1)
-    if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_report(report, args.output)
     return report
 
 

@@ -230,6 +230,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="fewshot: examples written into the prompt, or sent as earlier chat turns with their tool calls",
     )
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
+    add_run_options(parser)
+    return parser.parse_args(argv)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options every optimize-then-test example shares: runners, engine threads, seed, limit, store, output."""
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     parser.add_argument("--seed", type=int, default=0)
@@ -241,21 +247,51 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
     )
     parser.add_argument("--output", type=Path, default=None, help="write the result JSON here too")
-    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def agent_endpoint(args: argparse.Namespace) -> Iterator[str]:
+    """Point the OpenAI environment at the agent's model: the embedded one served here, or with ``--hosted`` the
+    service already named by ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. Yields the agent's model name."""
+    if args.hosted:
+        yield args.agent_model or "gpt-4.1-nano"
+        return
+    with embedded_model(args.runners, args.threads) as base_url:
+        os.environ["OPENAI_BASE_URL"] = base_url
+        os.environ["OPENAI_API_KEY"] = "local"
+        yield args.agent_model or EMBEDDED_MODEL
+
+
+def fit(
+    args: argparse.Namespace, algorithm: agl.Algorithm, agent: Any, seed: agl.PromptTemplate, train: Any, val: Any
+) -> None:
+    """Run ``algorithm`` on ``agent`` under a Trainer with ``args.runners`` runner processes."""
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        n_runners=args.runners,
+        port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
+        store=args.store,
+        initial_resources={"prompt_template": seed},
+        adapter=agl.TraceToMessages(),
+    )
+    import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
+
+    trainer.fit(agent, train_dataset=train, val_dataset=val)
+
+
+def write_report(report: Dict[str, Any], output: Optional[Path]) -> None:
+    """Print the report as JSON, and write it to ``output`` too when given."""
+    text = json.dumps(report, indent=1)
+    if output:
+        output.write_text(text + "\n", encoding="utf-8")
+    print(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if args.hosted:
-            agent_model = args.agent_model or "gpt-4.1-nano"
-        else:
-            base_url = stack.enter_context(embedded_model(args.runners, args.threads))
-            os.environ["OPENAI_BASE_URL"] = base_url
-            os.environ["OPENAI_API_KEY"] = "local"
-            agent_model = args.agent_model or EMBEDDED_MODEL
+    with agent_endpoint(args) as agent_model:
         os.environ["ROOM_SELECTOR_MODEL"] = agent_model
         variant = args.variant or ("tool" if args.hosted else "lookup")
         max_tokens = args.max_tokens or (120 if args.hosted else 24)
@@ -270,17 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             agent, seed = room_selector, prompt_template_baseline()
         else:
             agent, seed = room_selector_lookup, prompt_template_lookup_baseline()
-        trainer = agl.Trainer(
-            algorithm=algorithm,
-            n_runners=args.runners,
-            port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
-            store=args.store,
-            initial_resources={"prompt_template": seed},
-            adapter=agl.TraceToMessages(),
-        )
-        import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
-
-        trainer.fit(agent, train_dataset=train, val_dataset=val)
+        fit(args, algorithm, agent, seed, train, val)
     report = {
         **algorithm.report,
         "agent_model": agent_model,
@@ -290,10 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "runners": args.runners,
         "wall_seconds": time.perf_counter() - started,
     }
-    text = json.dumps(report, indent=1)
-    if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_report(report, args.output)
     return report
 
 

@@ -39,7 +39,6 @@ from agentbolt.types import Dataset, PromptTemplate
 from .prompts import conversation_of, examples_position
 from .search import (
     FULL_VAL,
-    METADATA_KEY,
     Evaluation,
     PromptSearch,
     RolloutResultForAPO,
@@ -468,14 +467,8 @@ class FewShotAPO(PromptSearch):
     async def _file_as_refused(self, candidate: VersionedPromptTemplate, evaluation: Evaluation) -> None:
         """Re-file a refused candidate's full-validation runs under :data:`REFUSED_FULL_VAL`."""
         self._full_val_cache.pop(template_key(candidate.prompt_template), None)
-        store = self.get_store()
         for rollout_id in evaluation.rollout_ids:
-            rollout = await store.get_rollout_by_id(rollout_id)
-            if rollout is None:
-                continue
-            metadata = dict(rollout.metadata or {})
-            metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), "purpose": REFUSED_FULL_VAL}
-            await store.update_rollout(rollout_id, metadata=metadata)
+            await self._update_tag(rollout_id, purpose=REFUSED_FULL_VAL)
 
     def _passes_echo_check(
         self,

@@ -521,12 +521,16 @@ class PromptSearch(Algorithm):
         return evaluation
 
     async def _record_reward(self, rollout_id: str, reward: float) -> None:
+        await self._update_tag(rollout_id, reward=reward)
+
+    async def _update_tag(self, rollout_id: str, **fields: Any) -> None:
+        """Set ``fields`` in what the optimizer recorded about a rollout (its metadata under ``METADATA_KEY``)."""
         store = self.get_store()
         rollout = await store.get_rollout_by_id(rollout_id)
         if rollout is None:
             return
         metadata = dict(rollout.metadata or {})
-        metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), "reward": reward}
+        metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), **fields}
         await store.update_rollout(rollout_id, metadata=metadata)
 
     async def _wait(self, rollout_ids: List[str], *, prefix: Optional[str]) -> Dict[str, Rollout]:
