@@ -25,7 +25,7 @@ import os
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import PromptSearch, VersionedPromptTemplate, load_search_run
@@ -54,12 +54,14 @@ def task_slices(task: RoomSelectionTask) -> List[str]:
     return [f"needs-{len(task['needs'])}", f"expected-{task['expected_choice']}"]
 
 
-def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -> Dict[str, Any]:
-    """Score overall and per slice, with 95% Wilson intervals."""
+def slice_report(
+    tasks: Sequence[Any], rewards: Sequence[float], slices_of: Callable[[Any], List[str]] = task_slices
+) -> Dict[str, Any]:
+    """Score overall and per slice (``slices_of(task)`` names a task's slices), with 95% Wilson intervals."""
     groups: Dict[str, List[float]] = defaultdict(list)
     for task, reward in zip(tasks, rewards, strict=True):
         groups["all"].append(reward)
-        for name in task_slices(task):
+        for name in slices_of(task):
             groups[name].append(reward)
     report = {}
     for name, values in sorted(groups.items()):
@@ -69,19 +71,37 @@ def slice_report(tasks: Sequence[RoomSelectionTask], rewards: Sequence[float]) -
     return report
 
 
-def constant_answer_score(tasks: Sequence[RoomSelectionTask]) -> Dict[str, Any]:
-    """The best score an answer that ignores the request can reach: always naming the most frequent right room."""
-    counts = Counter(task["expected_choice"] for task in tasks)
-    room, solved = counts.most_common(1)[0] if counts else ("", 0)
-    return {"room": room, "score": solved / len(tasks) if tasks else 0.0}
+def _expected_room(task: RoomSelectionTask) -> str:
+    return task["expected_choice"]
+
+
+def constant_answer_score(tasks: Sequence[Any], expected_of: Callable[[Any], str] = _expected_room) -> Dict[str, Any]:
+    """The best score an answer that ignores the request can reach: always giving the most frequent right answer
+    (``expected_of(task)``; by default the room)."""
+    counts = Counter(expected_of(task) for task in tasks)
+    answer, solved = counts.most_common(1)[0] if counts else ("", 0)
+    return {"answer": answer, "score": solved / len(tasks) if tasks else 0.0}
 
 
 class OptimizeThenTest(agl.Algorithm):
-    """Run a prompt optimizer, then score the seed and its best prompt on held-out tasks with the same runners."""
+    """Run a prompt optimizer, then score the seed and its best prompt on held-out tasks with the same runners.
 
-    def __init__(self, optimizer: PromptSearch, test_tasks: Sequence[RoomSelectionTask]) -> None:
+    ``slices_of`` and ``expected_of`` describe the test tasks (by default the room selector's): the slices a task
+    is reported in and its right answer (for the constant-answer baseline).
+    """
+
+    def __init__(
+        self,
+        optimizer: PromptSearch,
+        test_tasks: Sequence[Any],
+        *,
+        slices_of: Callable[[Any], List[str]] = task_slices,
+        expected_of: Callable[[Any], str] = _expected_room,
+    ) -> None:
         self.optimizer = optimizer
         self.test_tasks = list(test_tasks)
+        self.slices_of = slices_of
+        self.expected_of = expected_of
         self.report: Dict[str, Any] = {}
 
     async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
@@ -105,9 +125,9 @@ class OptimizeThenTest(agl.Algorithm):
             "search_seconds": search_seconds,
             "search": optimizer.summary(),
             "best_prompt": best.template,
-            "test_seed": slice_report(self.test_tasks, seed_eval.rewards),
-            "test_best": slice_report(self.test_tasks, best_eval.rewards),
-            "test_constant_answer": constant_answer_score(self.test_tasks),
+            "test_seed": slice_report(self.test_tasks, seed_eval.rewards, self.slices_of),
+            "test_best": slice_report(self.test_tasks, best_eval.rewards, self.slices_of),
+            "test_constant_answer": constant_answer_score(self.test_tasks, self.expected_of),
             "candidates": [
                 {
                     "version": record.version,
@@ -210,6 +230,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="fewshot: examples written into the prompt, or sent as earlier chat turns with their tool calls",
     )
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
+    add_run_options(parser)
+    return parser.parse_args(argv)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options every optimize-then-test example shares: runners, engine threads, seed, limit, store, output."""
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     parser.add_argument("--seed", type=int, default=0)
@@ -221,21 +247,51 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--store", default=None, help="SQLite file keeping every rollout and candidate (default: memory)"
     )
     parser.add_argument("--output", type=Path, default=None, help="write the result JSON here too")
-    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def agent_endpoint(args: argparse.Namespace) -> Iterator[str]:
+    """Point the OpenAI environment at the agent's model: the embedded one served here, or with ``--hosted`` the
+    service already named by ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. Yields the agent's model name."""
+    if args.hosted:
+        yield args.agent_model or "gpt-4.1-nano"
+        return
+    with embedded_model(args.runners, args.threads) as base_url:
+        os.environ["OPENAI_BASE_URL"] = base_url
+        os.environ["OPENAI_API_KEY"] = "local"
+        yield args.agent_model or EMBEDDED_MODEL
+
+
+def fit(
+    args: argparse.Namespace, algorithm: agl.Algorithm, agent: Any, seed: agl.PromptTemplate, train: Any, val: Any
+) -> None:
+    """Run ``algorithm`` on ``agent`` under a Trainer with ``args.runners`` runner processes."""
+    trainer = agl.Trainer(
+        algorithm=algorithm,
+        n_runners=args.runners,
+        port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
+        store=args.store,
+        initial_resources={"prompt_template": seed},
+        adapter=agl.TraceToMessages(),
+    )
+    import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
+
+    trainer.fit(agent, train_dataset=train, val_dataset=val)
+
+
+def write_report(report: Dict[str, Any], output: Optional[Path]) -> None:
+    """Print the report as JSON, and write it to ``output`` too when given."""
+    text = json.dumps(report, indent=1)
+    if output:
+        output.write_text(text + "\n", encoding="utf-8")
+    print(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if args.hosted:
-            agent_model = args.agent_model or "gpt-4.1-nano"
-        else:
-            base_url = stack.enter_context(embedded_model(args.runners, args.threads))
-            os.environ["OPENAI_BASE_URL"] = base_url
-            os.environ["OPENAI_API_KEY"] = "local"
-            agent_model = args.agent_model or EMBEDDED_MODEL
+    with agent_endpoint(args) as agent_model:
         os.environ["ROOM_SELECTOR_MODEL"] = agent_model
         variant = args.variant or ("tool" if args.hosted else "lookup")
         max_tokens = args.max_tokens or (120 if args.hosted else 24)
@@ -250,17 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             agent, seed = room_selector, prompt_template_baseline()
         else:
             agent, seed = room_selector_lookup, prompt_template_lookup_baseline()
-        trainer = agl.Trainer(
-            algorithm=algorithm,
-            n_runners=args.runners,
-            port=args.port or pick_free_port("127.0.0.1"),  # the store server the runner processes talk to
-            store=args.store,
-            initial_resources={"prompt_template": seed},
-            adapter=agl.TraceToMessages(),
-        )
-        import openai  # noqa: F401  (loaded before the runner processes fork, so they share it)
-
-        trainer.fit(agent, train_dataset=train, val_dataset=val)
+        fit(args, algorithm, agent, seed, train, val)
     report = {
         **algorithm.report,
         "agent_model": agent_model,
@@ -270,10 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "runners": args.runners,
         "wall_seconds": time.perf_counter() - started,
     }
-    text = json.dumps(report, indent=1)
-    if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_report(report, args.output)
     return report
 
 

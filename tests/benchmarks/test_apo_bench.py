@@ -45,3 +45,26 @@ def test_an_unknown_demo_format_is_refused_with_exit_code_2() -> None:
     )
     assert done.returncode == 2
     assert "--demo-format: invalid choice: 'html'" in done.stderr
+
+
+def test_the_names_example_runs_fewshot_with_its_own_options(apo_bench: ModuleType) -> None:
+    from examples.apo.fewshot_names import parse_args
+
+    command = apo_bench.example_command(
+        "fewshot", Path("out.json"), None, ["--limit", "8", "--candidates", "3"], "names"
+    )
+    assert command[:3] == [sys.executable, "-m", "examples.apo.fewshot_names"] and "--algorithm" not in command
+    assert "--demo-format" not in command  # the example's own default: chat turns
+    args = parse_args(command[3:])
+    assert (args.demo_format, args.limit, args.candidates, args.output) == ("messages", 8, 3, Path("out.json"))
+    with pytest.raises(ValueError, match="runs fewshot, not apo"):
+        apo_bench.example_command("apo", Path("out.json"), "text", [], "names")
+
+
+def test_an_optimizer_the_example_does_not_run_is_refused_with_exit_code_2() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--example", "names", "--algorithms", "pareto", "--no-result"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "the names example runs fewshot, not pareto" in done.stderr

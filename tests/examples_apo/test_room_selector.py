@@ -94,5 +94,5 @@ def test_the_report_slices_by_needs_and_by_expected_room() -> None:
     assert sum(report[f"needs-{n}"]["total"] for n in range(4) if f"needs-{n}" in report) == len(tasks)
     low, high = report["all"]["ci95"]
     assert low < frequency / len(tasks) < high
-    assert constant_answer_score(tasks) == {"room": room, "score": frequency / len(tasks)}
-    assert constant_answer_score([]) == {"room": "", "score": 0.0}
+    assert constant_answer_score(tasks) == {"answer": room, "score": frequency / len(tasks)}
+    assert constant_answer_score([]) == {"answer": "", "score": 0.0}

@@ -16,7 +16,13 @@ chat turns in the template's ``examples`` (``demo_format="messages"``: the reque
 real ``tool_calls``, the ``tool`` results and the answer, sent before the request by
 :meth:`~agentbolt.types.PromptTemplate.format_messages`). Small models call tools far more reliably from the second.
 
-The best prompt is the seed or the candidate with the highest full-validation score.
+The best prompt is the seed or the candidate with the highest full-validation score, under one guard against
+repetition (:func:`echo_check`). A small model shown an example often answers every request with the example's
+answer; when the grader rewards that answer on some tasks, the candidate gains without having learnt anything. So,
+for each candidate, the demonstration answer it repeats most often on validation tasks is found, and the candidate
+must beat the seed on the *other* tasks (summed reward, same tasks): a candidate whose whole gain sits on the tasks
+where it gave that answer is refused, neither a finalist nor the best prompt. The repeated answer, its share of the
+validation answers and the gain elsewhere are logged and reported per candidate (``summary()["echo_checks"]``).
 """
 
 from __future__ import annotations
@@ -24,16 +30,36 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Collection, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import Dataset, PromptTemplate
 
 from .prompts import conversation_of, examples_position
-from .search import Evaluation, PromptSearch, RolloutResultForAPO, VersionedPromptTemplate
+from .search import (
+    FULL_VAL,
+    Evaluation,
+    PromptSearch,
+    RolloutResultForAPO,
+    VersionedPromptTemplate,
+    template_key,
+)
 from .templates import escape_literal
 
-__all__ = ["Demonstration", "FewShotAPO", "demonstration_messages", "render_demonstration"]
+REFUSED_FULL_VAL = "val-full-refused"
+"""Purpose the full-validation runs of a candidate refused by the repetition guard are filed under, so that a resumed
+run does not take the candidate for the best prompt."""
+
+__all__ = [
+    "Demonstration",
+    "EchoCheck",
+    "FewShotAPO",
+    "demonstration_messages",
+    "echo_check",
+    "final_answer",
+    "render_demonstration",
+]
 
 
 @dataclass
@@ -45,12 +71,74 @@ class Demonstration:
         reward: The reward its run earned.
         text: The example written as text (what ``demo_format="text"`` puts in the template).
         messages: The example as chat messages (what ``demo_format="messages"`` adds to the template's examples).
+        answer: Its final answer, normalized (:func:`final_answer`); what a candidate could merely repeat.
     """
 
     task_key: str
     reward: float
     text: str
     messages: List[Dict[str, Any]] = field(default_factory=list)
+    answer: str = ""
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def final_answer(result: RolloutResultForAPO) -> Optional[str]:
+    """A run's final answer: the text of its last assistant message, whitespace collapsed and case-folded.
+
+    Returns:
+        The answer, or None when the run has no assistant message with text.
+    """
+    conversation = result.get("conversation")
+    return _conversation_answer(conversation_of(result["messages"]) if conversation is None else conversation)
+
+
+def _conversation_answer(conversation: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    for message in reversed(conversation):
+        if message.get("role") == "assistant":
+            return _normalized(_message_text(message)) or None
+    return None
+
+
+@dataclass
+class EchoCheck:
+    """How much of a candidate's gain over the seed could be the repetition of a demonstration's answer.
+
+    Attributes:
+        answer: The demonstration answer the candidate gave most often on the evaluated tasks (None: it gave none).
+        share: Share of the evaluated tasks answered with ``answer``.
+        gain_elsewhere: On the other tasks, the candidate's summed reward minus the seed's, divided by the number of
+            evaluated tasks (so it reads in the same units as a score).
+        refused: ``answer`` is set and ``gain_elsewhere`` is not positive: the gain, if any, is only repetition.
+    """
+
+    answer: Optional[str]
+    share: float
+    gain_elsewhere: float
+    refused: bool
+
+
+def echo_check(evaluation: Evaluation, seed_rewards: Mapping[str, float], demo_answers: Collection[str]) -> EchoCheck:
+    """Apply the repetition guard to one candidate's evaluation (see the module description).
+
+    Args:
+        evaluation: The candidate's scores and runs on some validation tasks.
+        seed_rewards: The seed's reward per validation task key (a missing task counts 0).
+        demo_answers: The normalized final answers of the candidate's demonstrations.
+    """
+    answers = [final_answer(outcome) if outcome is not None else None for outcome in evaluation.outcomes]
+    answers += [None] * (len(evaluation.task_keys) - len(answers))  # cached scores carry no runs
+    repeated = Counter(answer for answer in answers if answer is not None and answer in demo_answers)
+    echoed = repeated.most_common(1)[0][0] if repeated else None
+    gain = 0.0
+    for key, reward, answer in zip(evaluation.task_keys, evaluation.rewards, answers, strict=True):
+        if echoed is None or answer != echoed:
+            gain += reward - seed_rewards.get(key, 0.0)
+    total = max(1, len(evaluation.task_keys))
+    share = repeated[echoed] / total if echoed is not None else 0.0
+    return EchoCheck(echoed, share, gain / total, refused=echoed is not None and gain <= 0.0)
 
 
 def _static_lines(template: PromptTemplate) -> set[str]:
@@ -224,6 +312,8 @@ class FewShotAPO(PromptSearch):
         self.demo_position = demo_position
         self.max_demo_chars = max_demo_chars
         self.demonstrations: List[Demonstration] = []
+        self.echo_checks: Dict[str, EchoCheck] = {}
+        """The repetition guard's verdict per candidate version (on the full validation set for finalists)."""
 
     def collect_demonstrations(
         self, results: Sequence[Tuple[str, float, RolloutResultForAPO]], seed: PromptTemplate
@@ -247,7 +337,7 @@ class FewShotAPO(PromptSearch):
                 continue
             current = best.get(key)
             if current is None or (reward, -len(text)) > (current.reward, -len(current.text)):
-                best[key] = Demonstration(key, reward, text, messages)
+                best[key] = Demonstration(key, reward, text, messages, _conversation_answer(conversation) or "")
         return sorted(best.values(), key=lambda d: (-d.reward, len(d.text), d.task_key))
 
     def with_demonstrations(self, seed: PromptTemplate, demos: Sequence[Demonstration]) -> PromptTemplate:
@@ -330,7 +420,7 @@ class FewShotAPO(PromptSearch):
             if self.resume:
                 await self._resume_state()
             seed_version = self._create_seed_version(seed)
-            await self._validate_full(seed_version, val, prefix="[Seed]")
+            seed_rewards = (await self._validate_full(seed_version, val, prefix="[Seed]")).by_task()
             self.current_round = 1
             runs = await self._bootstrap(seed_version, train)
             self.demonstrations = self.collect_demonstrations(runs, seed)
@@ -342,9 +432,11 @@ class FewShotAPO(PromptSearch):
                 return
             self._log(logging.INFO, f"{len(self.demonstrations)} demonstration(s) collected.")
             candidates = []
+            demo_answers: Dict[str, List[str]] = {}
             for selection in self.candidate_selections(len(self.demonstrations)):
                 demos = [self.demonstrations[i] for i in selection]
                 candidate = self._create_versioned_prompt(self.with_demonstrations(seed, demos))
+                demo_answers[candidate.version] = [d.answer for d in demos if d.answer]
                 candidate.lineage = {
                     "origin": "demonstrations",
                     "parents": [seed_version.version],
@@ -353,14 +445,54 @@ class FewShotAPO(PromptSearch):
                 }
                 candidates.append(candidate)
             batch = self.rng.sample(val, min(self.val_batch_size, len(val)))
+            admitted = []
             for candidate in candidates:
-                evaluation = await self.evaluate(
-                    candidate, batch, mode="val", purpose="val-batch", prefix=f"[Search | Prompt {candidate.version}]"
-                )
+                prefix = f"[Search | Prompt {candidate.version}]"
+                evaluation = await self.evaluate(candidate, batch, mode="val", purpose="val-batch", prefix=prefix)
                 if self.demo_format == "messages" and candidate is candidates[0]:
                     self._check_examples_sent(candidate, evaluation)
-            ranked = sorted(candidates, key=lambda c: c.score or 0.0, reverse=True)
-            scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked)
+                if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
+                    admitted.append(candidate)
+            ranked = sorted(admitted, key=lambda c: c.score or 0.0, reverse=True)
+            scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked) or "none admitted"
             self._log(logging.INFO, f"Validation batch scores: {scores}", prefix="[Search]")
             for candidate in ranked[: self.finalists]:
-                await self._validate_full(candidate, val, prefix=f"[Final | Prompt {candidate.version}]")
+                prefix = f"[Final | Prompt {candidate.version}]"
+                evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, prefix=prefix)
+                if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
+                    self._offer_best(candidate, evaluation, prefix=prefix)
+                else:
+                    await self._file_as_refused(candidate, evaluation)
+
+    async def _file_as_refused(self, candidate: VersionedPromptTemplate, evaluation: Evaluation) -> None:
+        """Re-file a refused candidate's full-validation runs under :data:`REFUSED_FULL_VAL`."""
+        self._full_val_cache.pop(template_key(candidate.prompt_template), None)
+        for rollout_id in evaluation.rollout_ids:
+            await self._update_tag(rollout_id, purpose=REFUSED_FULL_VAL)
+
+    def _passes_echo_check(
+        self,
+        candidate: VersionedPromptTemplate,
+        evaluation: Evaluation,
+        seed_rewards: Mapping[str, float],
+        demo_answers: Mapping[str, Sequence[str]],
+        *,
+        prefix: str,
+    ) -> bool:
+        """Apply :func:`echo_check` to ``candidate``, record and log the verdict; True when it is admitted."""
+        check = echo_check(evaluation, seed_rewards, set(demo_answers.get(candidate.version, ())))
+        self.echo_checks[candidate.version] = check
+        if check.answer is not None:
+            verdict = "refused: its gain is only repetition" if check.refused else "admitted"
+            self._log(
+                logging.WARNING if check.refused else logging.INFO,
+                f"Repeats the demonstration answer {check.answer[:80]!r} on {check.share:.0%} of "
+                f"{len(evaluation.task_keys)} validation tasks; gain over the seed on the others "
+                f"{check.gain_elsewhere:+.3f}: {verdict}.",
+                prefix=prefix,
+            )
+        return not check.refused
+
+    def summary(self) -> Dict[str, Any]:
+        """The search's summary (:meth:`PromptSearch.summary`) with the repetition guard's verdict per candidate."""
+        return {**super().summary(), "echo_checks": {v: asdict(c) for v, c in self.echo_checks.items()}}

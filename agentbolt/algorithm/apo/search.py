@@ -521,12 +521,16 @@ class PromptSearch(Algorithm):
         return evaluation
 
     async def _record_reward(self, rollout_id: str, reward: float) -> None:
+        await self._update_tag(rollout_id, reward=reward)
+
+    async def _update_tag(self, rollout_id: str, **fields: Any) -> None:
+        """Set ``fields`` in what the optimizer recorded about a rollout (its metadata under ``METADATA_KEY``)."""
         store = self.get_store()
         rollout = await store.get_rollout_by_id(rollout_id)
         if rollout is None:
             return
         metadata = dict(rollout.metadata or {})
-        metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), "reward": reward}
+        metadata[METADATA_KEY] = {**metadata.get(METADATA_KEY, {}), **fields}
         await store.update_rollout(rollout_id, metadata=metadata)
 
     async def _wait(self, rollout_ids: List[str], *, prefix: Optional[str]) -> Dict[str, Rollout]:
@@ -585,6 +589,13 @@ class PromptSearch(Algorithm):
     ) -> Evaluation:
         """Score ``candidate`` on the whole validation set and make it the best prompt if it beats the best."""
         evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, lineage=lineage, prefix=prefix)
+        self._offer_best(candidate, evaluation, prefix=prefix)
+        return evaluation
+
+    def _offer_best(
+        self, candidate: VersionedPromptTemplate, evaluation: Evaluation, *, prefix: Optional[str] = None
+    ) -> None:
+        """Make ``candidate`` the best prompt if its full-validation ``evaluation`` beats the best so far."""
         if evaluation.mean > self._history_best_score:
             self._log(
                 logging.INFO,
@@ -602,7 +613,6 @@ class PromptSearch(Algorithm):
                 f"{self._history_best_version} ({self._history_best_score:.3f}).",
                 prefix=prefix,
             )
-        return evaluation
 
     async def _resume_state(self) -> List[CandidateRecord]:
         """Read back this run's candidates, restoring the version counter, the score cache and the best prompt."""

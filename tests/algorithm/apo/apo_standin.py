@@ -6,6 +6,8 @@ One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat comple
   with the bare city when its prompt says ``ONLY THE CITY`` or holds worked examples (``Examples of solved
   tasks`` in its text, or earlier assistant turns); otherwise with a sentence (which the exact-match reward scores 0). For countries in :data:`EASY` it
   always answers with the bare city, so a seed prompt earns some reward (and few-shot bootstrapping has examples).
+* ``parrot``: a model that learns nothing from worked examples and repeats the last one's answer (see
+  :func:`parrot_agent`).
 * ``critic`` / ``editor`` / ``reflector``: the optimizer. Each call pops the next scripted step of its queue: a reply
   text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
   says the answer format is unclear and the editor / reflector return :data:`GOOD_TEMPLATE`.
@@ -79,6 +81,18 @@ def _agent_reply(messages: List[Dict[str, Any]]) -> str:
     return f"The capital of {country} is {city}."
 
 
+def _parrot_reply(messages: List[Dict[str, Any]]) -> str:
+    """A model that learns nothing from examples: it repeats the last worked example's answer."""
+    prompt = "\n".join(str(m.get("content") or "") for m in messages)
+    question = prompt.rsplit("Capital of ", 1)[1] if "Capital of " in prompt else ""
+    country = next((c for c in CAPITALS if question.startswith(c)), None)
+    if country is not None and question.startswith(f"{country} (easy)"):
+        return CAPITALS[country]
+    shown = [str(m.get("content")) for m in messages[:-1] if m.get("role") == "assistant"]
+    shown += [line.split(": ", 1)[1] for line in prompt.splitlines() if line.startswith("Assistant: ")]
+    return shown[-1] if shown else f"The capital of {country} is {CAPITALS.get(country or '', '?')}."
+
+
 def _completion(model: str, text: str, prompt_chars: int) -> Dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
@@ -112,6 +126,8 @@ def create_app(script: Script) -> FastAPI:
         prompt = "\n".join(str(m.get("content") or "") for m in messages)
         if model == "agent":
             return _completion(model, _agent_reply(messages), len(prompt))
+        if model == "parrot":
+            return _completion(model, _parrot_reply(messages), len(prompt))
         queue = script.queues[model]
         step: Step = queue.popleft() if queue else _default_reply(model)
         if isinstance(step, int):
@@ -124,13 +140,13 @@ def create_app(script: Script) -> FastAPI:
     return app
 
 
-async def _ask_capital(task: Dict[str, Any], messages: List[Dict[str, Any]]) -> float:
+async def _ask_capital(task: Dict[str, Any], messages: List[Dict[str, Any]], model: str = "agent") -> float:
     from openai import AsyncOpenAI
 
     if task.get("crash"):
         raise RuntimeError("the agent crashed on purpose")
     client = AsyncOpenAI(base_url=BASE_URL["url"], api_key="stand-in", max_retries=0)
-    response = await client.chat.completions.create(model="agent", messages=messages)  # type: ignore[arg-type]
+    response = await client.chat.completions.create(model=model, messages=messages)  # type: ignore[arg-type]
     await client.close()
     answer = response.choices[0].message.content
     agl.emit_message(f"expected {CAPITALS[task['country']]}, got {answer}")
@@ -147,6 +163,14 @@ async def capital_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplat
 async def capital_agent_without_examples(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
     """The same agent sending only the filled template (it ignores the template's worked examples)."""
     return await _ask_capital(task, [{"role": "user", "content": prompt_template.format(country=task["country"])}])
+
+
+@agl.rollout
+async def parrot_agent(task: Dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    """The capital agent on the ``parrot`` model: bare city only for tasks marked ``easy`` (the prompt says so),
+    otherwise the last worked example's answer, or a sentence when there is none."""
+    country = task["country"] + (" (easy)" if task.get("easy") else "")
+    return await _ask_capital(task, prompt_template.format_messages(country=country), model="parrot")
 
 
 def capital_tasks(countries: List[str]) -> List[Dict[str, Any]]:

@@ -7,12 +7,33 @@ import logging
 from typing import Any, Dict, List
 
 import pytest
-from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, VAL, Script, capital_agent_without_examples, fit
+from apo_standin import (
+    GOOD_TEMPLATE,
+    SEED_TEMPLATE,
+    VAL,
+    Script,
+    capital_agent_without_examples,
+    fit,
+    parrot_agent,
+)
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import FewShotAPO, ParetoAPO, load_search_run, pareto_front
-from agentbolt.algorithm.apo.fewshot import Demonstration, demonstration_messages, render_demonstration
-from agentbolt.algorithm.apo.search import RolloutResultForAPO, template_key
+from agentbolt.algorithm.apo.fewshot import (
+    REFUSED_FULL_VAL,
+    Demonstration,
+    demonstration_messages,
+    echo_check,
+    final_answer,
+    render_demonstration,
+)
+from agentbolt.algorithm.apo.search import (
+    METADATA_KEY,
+    Evaluation,
+    RolloutResultForAPO,
+    VersionedPromptTemplate,
+    template_key,
+)
 
 # -- Pareto front ---------------------------------------------------------------------------------------------------
 
@@ -252,6 +273,81 @@ def test_the_rollout_budget_stops_the_search(optimizer_client: Any, caplog: Any)
         fit(search)
     assert "rollout budget spent" in caplog.text and search.rollouts_enqueued == len(VAL)
     assert search.get_best_prompt().template == SEED_TEMPLATE
+
+
+# -- the repetition guard -------------------------------------------------------------------------------------------
+
+
+def _answered(*answers: str) -> Evaluation:
+    """A candidate's evaluation on tasks "0", "1", ...: reward 1 where the answer is the task's gold ``g<key>`` or
+    ``Paris`` on task 0 (the only task whose gold is the demonstration's answer)."""
+    keys = [str(i) for i in range(len(answers))]
+    rewards = [1.0 if a == f"g{i}" or (i == 0 and a.strip().lower() == "paris") else 0.0 for i, a in enumerate(answers)]
+    outcomes = [_result([{"role": "user", "content": "Q"}, {"role": "assistant", "content": a}]) for a in answers]
+    return Evaluation("v1", "val-batch", keys, rewards, outcomes)
+
+
+def test_a_candidate_gaining_only_where_it_repeats_a_demonstration_is_refused() -> None:
+    seed = {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
+    check = echo_check(_answered(" PARIS", "Paris", "paris ", "Paris"), seed, {"paris"})
+    assert check.answer == "paris" and check.share == 1.0 and check.gain_elsewhere == 0.0 and check.refused
+    # repeating on some tasks, wrong on the rest: still nothing gained elsewhere
+    assert echo_check(_answered("Paris", "Paris", "x", "y"), seed, {"paris"}).refused
+
+
+def test_a_candidate_that_also_gains_elsewhere_or_repeats_nothing_is_admitted() -> None:
+    seed = {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
+    check = echo_check(_answered("Paris", "g1", "Paris", "x"), seed, {"paris", "tokyo"})
+    assert check.answer == "paris" and check.share == 0.5 and check.gain_elsewhere == 0.25 and not check.refused
+    fresh = echo_check(_answered("g0", "g1", "x", "y"), seed, {"paris"})
+    assert fresh.answer is None and fresh.share == 0.0 and fresh.gain_elsewhere == 0.5 and not fresh.refused
+    # the seed already solved the task gained elsewhere: no gain there, so refused
+    assert echo_check(_answered("Paris", "g1", "Paris", "x"), {**seed, "1": 1.0}, {"paris"}).refused
+
+
+def test_scores_without_runs_or_answers_are_not_taken_for_repetition() -> None:
+    cached = Evaluation("v1", "val-full", ["0", "1"], [1.0, 0.0])  # scores reused from the store: no runs
+    assert not echo_check(cached, {}, {"paris"}).refused
+    silent = _result([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "  "}])
+    assert final_answer(silent) is None
+    assert final_answer(_result([{"role": "user", "content": "Q"}])) is None
+
+
+def test_fewshot_refuses_a_demonstration_the_model_only_parrots(
+    script: Script, optimizer_client: Any, caplog: Any
+) -> None:
+    search = FewShotAPO(max_demos=1, bootstrap_tasks=3, num_candidate_sets=1, val_batch_size=4, use_poml=False)
+    train = [{"country": "France", "easy": True}, {"country": "Chile"}, {"country": "Egypt"}]
+    val = [{"country": c} for c in ("France", "France", "Peru", "Canada")]
+    with caplog.at_level(logging.INFO):
+        fit(search, agent=parrot_agent, train=train, val=val)
+    assert [d.answer for d in search.demonstrations] == ["paris"]
+    check = search.echo_checks["v1"]
+    assert check.refused and check.answer == "paris" and check.share == 1.0
+    assert search.best_version == "v0" and search.get_best_prompt().template == SEED_TEMPLATE
+    assert "refused: its gain is only repetition" in caplog.text
+    assert search.summary()["echo_checks"]["v1"]["refused"] is True
+    # unguarded, the parroting candidate would have won: it scores 0.5 where the seed scores 0
+    scores = {e.version: e.mean for e in search.evaluations if e.purpose == "val-batch"}
+    assert scores == {"v1": 0.5} and search.best_score == 0.0
+
+
+def test_a_refused_finalist_is_filed_apart_so_that_a_resumed_run_ignores_it() -> None:
+    store = agl.InMemoryLightningStore()
+    search = FewShotAPO()
+    search.set_store(store)
+    candidate = VersionedPromptTemplate("v1", agl.PromptTemplate(template=SEED_TEMPLATE, engine="f-string"))
+    search._full_val_cache[template_key(candidate.prompt_template)] = {"0": 1.0}
+
+    async def refuse() -> List[Any]:
+        tag = {"run_id": search.run_id, "version": "v1", "purpose": "val-full", "task": "0", "reward": 1.0}
+        rollout = await store.enqueue_rollout(input={}, mode="val", metadata={METADATA_KEY: tag})
+        evaluation = Evaluation("v1", "val-full", ["0"], [1.0], rollout_ids=[rollout.rollout_id])
+        await search._file_as_refused(candidate, evaluation)
+        return await load_search_run(store, search.run_id)
+
+    records = asyncio.run(refuse())
+    assert records[0].scores == {REFUSED_FULL_VAL: {"0": 1.0}} and not search._full_val_cache
 
 
 @pytest.mark.parametrize(
