@@ -26,6 +26,7 @@ import re
 from typing import Dict, List, Tuple, TypedDict
 
 import agentbolt as agl
+from examples.apo.room_selector import model_settings
 
 __all__ = [
     "NameTask",
@@ -125,14 +126,6 @@ def prompt_template_names_baseline() -> agl.PromptTemplate:
     )
 
 
-def _model_settings(rollout: agl.Rollout) -> Tuple[str, int, float]:
-    model = os.environ.get("NAME_FORMATTER_MODEL", "gpt-4.1-nano")
-    max_tokens = int(os.environ.get("NAME_FORMATTER_MAX_TOKENS", "16"))
-    # training runs sample (so the few-shot bootstrap gets varied attempts); validation and test runs are greedy
-    temperature = float(os.environ.get("NAME_FORMATTER_TRAIN_TEMPERATURE", "0.7")) if rollout.mode == "train" else 0.0
-    return model, max_tokens, temperature
-
-
 @agl.rollout
 def name_formatter(task: NameTask, prompt_template: agl.PromptTemplate, rollout: agl.Rollout) -> float:
     """One request: the model answers in one line (the reply stops at the first line break); graded exactly."""
@@ -141,7 +134,7 @@ def name_formatter(task: NameTask, prompt_template: agl.PromptTemplate, rollout:
     client = OpenAI(
         base_url=os.environ.get("OPENAI_BASE_URL"), api_key=os.environ.get("OPENAI_API_KEY") or "no-key-needed"
     )
-    model, max_tokens, temperature = _model_settings(rollout)
+    model, max_tokens, temperature = model_settings(rollout, "NAME_FORMATTER", 16)
     response = client.chat.completions.create(
         model=model,
         messages=prompt_template.format_messages(name=task["name"]),  # type: ignore[arg-type]

@@ -187,11 +187,13 @@ def _run_tool_call(call: Any) -> str:
     return json.dumps(rooms)
 
 
-def _model_settings(rollout: agl.Rollout) -> Tuple[str, int, float]:
-    model = os.environ.get("ROOM_SELECTOR_MODEL", "gpt-4.1-nano")
-    max_tokens = int(os.environ.get("ROOM_SELECTOR_MAX_TOKENS", "120"))
+def model_settings(rollout: agl.Rollout, env_prefix: str, default_max_tokens: int) -> Tuple[str, int, float]:
+    """Model, completion budget and temperature of an example agent's call, read from ``{env_prefix}_MODEL``,
+    ``{env_prefix}_MAX_TOKENS`` and ``{env_prefix}_TRAIN_TEMPERATURE``."""
+    model = os.environ.get(f"{env_prefix}_MODEL", "gpt-4.1-nano")
+    max_tokens = int(os.environ.get(f"{env_prefix}_MAX_TOKENS", str(default_max_tokens)))
     # training runs sample (so a few-shot bootstrap gets varied attempts); validation and test runs are greedy
-    temperature = float(os.environ.get("ROOM_SELECTOR_TRAIN_TEMPERATURE", "0.7")) if rollout.mode == "train" else 0.0
+    temperature = float(os.environ.get(f"{env_prefix}_TRAIN_TEMPERATURE", "0.7")) if rollout.mode == "train" else 0.0
     return model, max_tokens, temperature
 
 
@@ -199,7 +201,7 @@ def _model_settings(rollout: agl.Rollout) -> Tuple[str, int, float]:
 def room_selector(task: RoomSelectionTask, prompt_template: agl.PromptTemplate, rollout: agl.Rollout) -> float:
     """One booking: the model may call the lookup tool, then names a room; the grader scores the answer."""
     client = _client()
-    model, max_tokens, temperature = _model_settings(rollout)
+    model, max_tokens, temperature = model_settings(rollout, "ROOM_SELECTOR", 120)
     messages: List[Dict[str, Any]] = prompt_template.format_messages(**_prompt_fields(task))
     first = client.chat.completions.create(
         model=model,
@@ -253,7 +255,7 @@ def room_selector_lookup(task: RoomSelectionTask, prompt_template: agl.PromptTem
     grader and leaves the model only the choice.
     """
     client = _client()
-    model, max_tokens, temperature = _model_settings(rollout)
+    model, max_tokens, temperature = model_settings(rollout, "ROOM_SELECTOR", 120)
     fields = {**_prompt_fields(task), "rooms": format_rooms(task)}
     response = client.chat.completions.create(
         model=model,
