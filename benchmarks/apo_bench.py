@@ -18,7 +18,7 @@ machine-wide measurement lock while it runs:
     flock /tmp/agentbolt-measure.lock nice -n -19 .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot \\
         --demo-format messages --log-dir /tmp/apo_logs --result-name apo_fewshot_messages
     .venv/bin/python benchmarks/apo_bench.py --algorithms fewshot --limit 8 --no-result     # a quick look
-    flock /tmp/agentbolt-measure.lock nice -n -19 .venv/bin/python benchmarks/apo_bench.py --example names \
+    flock /tmp/agentbolt-measure.lock nice -n -19 .venv/bin/python benchmarks/apo_bench.py --example names \\
         --algorithms fewshot --demo-format messages --log-dir /tmp/apo_logs --result-name apo_fewshot_names
 """
 
@@ -48,13 +48,19 @@ EXAMPLES: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 """Example name -> (its module, the optimizers it runs)."""
 
 
+def check_algorithm(example: str, algorithm: str) -> None:
+    """Raises ValueError unless ``example`` runs the optimizer ``algorithm``."""
+    algorithms = EXAMPLES[example][1]
+    if algorithm not in algorithms:
+        raise ValueError(f"the {example} example runs {', '.join(algorithms)}, not {algorithm}")
+
+
 def example_command(
     algorithm: str, output: Path, demo_format: Optional[str], extra: Sequence[str], example: str = "room_selector"
 ) -> List[str]:
     """The command line of one optimizer's run of the example (``demo_format`` None: the example's default)."""
+    check_algorithm(example, algorithm)
     module, algorithms = EXAMPLES[example]
-    if algorithm not in algorithms:
-        raise ValueError(f"the {example} example runs {', '.join(algorithms)}, not {algorithm}")
     command = [sys.executable, "-m", module] + (["--algorithm", algorithm] if len(algorithms) > 1 else [])
     if demo_format is not None:
         command += ["--demo-format", demo_format]
@@ -111,8 +117,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args, extra = parser.parse_known_args(argv)
     algorithms = args.algorithms or list(EXAMPLES[args.example][1])
     for algorithm in algorithms:
-        if algorithm not in EXAMPLES[args.example][1]:
-            parser.error(f"the {args.example} example runs {', '.join(EXAMPLES[args.example][1])}, not {algorithm}")
+        try:
+            check_algorithm(args.example, algorithm)
+        except ValueError as exc:
+            parser.error(str(exc))
     runs = {
         algorithm: run_one(algorithm, args.demo_format, extra, args.log_dir, args.example) for algorithm in algorithms
     }
