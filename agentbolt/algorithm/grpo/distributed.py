@@ -347,7 +347,7 @@ class DataParallel:
         if trainer.shards_model:
             trainer.load_leader_state()  # the shards take the leader's full weights (and resumed optimizer state)
         else:
-            tensors = _state_tensors(trainer)
+            tensors = module_tensors(trainer.named_models())
             self.check_same_models(tensors)
             with self.failures("sharing the leader's weights"):
                 for _, tensor in tensors:
@@ -530,13 +530,6 @@ def module_tensors(models: Sequence[Tuple[str, torch.nn.Module]]) -> List[Tuple[
             seen.add(key)
             tensors.append((prefix + name, tensor))
     return tensors
-
-
-def _state_tensors(trainer: PolicyTrainer) -> List[Tuple[str, torch.Tensor]]:
-    """Every tensor of the trainer's model and reference (tied weights once)."""
-    return module_tensors(
-        [("", trainer.model)] + ([("ref.", trainer.ref_model)] if trainer.ref_model is not None else [])
-    )
 
 
 def _buckets(grads: Sequence[torch.Tensor]) -> Iterator[List[torch.Tensor]]:

@@ -269,6 +269,10 @@ class PolicyTrainer(ModelTrainer):
         )
         return logits[:, :-1, :]
 
+    def named_models(self) -> List[Tuple[str, Any]]:
+        """``(prefix, module)`` of the trained model (``""``) and of a frozen reference (``"ref."``) when there is one."""
+        return [("", self.model)] + ([("ref.", self.ref_model)] if self.ref_model is not None else [])
+
     # ------------------------------------------------------------------------------------------------ sharding
     def _placement(self) -> torch.device:
         return torch.device("cpu") if self.shards_model else self.device
@@ -288,7 +292,7 @@ class PolicyTrainer(ModelTrainer):
         assert dp is not None
         if _is_quantized(self.model):
             raise ValueError("data_parallel='fsdp' cannot shard a quantized (4/8-bit) model: load it unquantized")
-        models = [("", self.model)] + ([("ref.", self.ref_model)] if self.ref_model is not None else [])
+        models = self.named_models()
         dp.check_same_models(module_tensors(models))
         if dp.is_leader:
             import copy
