@@ -159,7 +159,11 @@ def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
             from agentbolt.store.client_server import LightningStoreClient
 
             client = LightningStoreClient(f"http://127.0.0.1:{port}")
-            algorithm = EnqueueAndWait(deadline=120)
+            # A call that meets the outage can be given up by the client (it retries only while the server's
+            # health endpoint answers), leaving its attempt without an outcome; the rollout config retries such
+            # attempts, as a deployment riding out store restarts would set it.
+            retry = agl.RolloutConfig(unresponsive_seconds=5.0, max_attempts=3, retry_condition=["unresponsive"])
+            algorithm = EnqueueAndWait(config=retry, deadline=120)
             trainer = agl.Trainer(
                 store=client,
                 runner=FAST_RUNNER,
