@@ -277,14 +277,14 @@ def _loose_answer(raw: str) -> str:
     return ""
 
 
-def generate_solution(
-    llm: RoleLLM, question: str, memory: str, last_result: str = "none", max_tokens: int = 32
-) -> RoleOutput:
-    """Solution generator. Fallback: the answer read loosely from the raw text (see :func:`_loose_answer`)."""
+def generate_solution(llm: RoleLLM, question: str, last_result: str = "none", max_tokens: int = 32) -> RoleOutput:
+    """Solution generator: the answer to ``question`` copied from the newest tool result.
+
+    Fallback: the answer read loosely from the raw text (see :func:`_loose_answer`)."""
     raw = llm.chat(
         SOLUTION_GENERATOR,
         prompts.SOLUTION_SYSTEM,
-        prompts.solution_user(question, memory, last_result),
+        prompts.solution_user(question, last_result),
         max_tokens=max_tokens,
         examples=prompts.solution_examples(),
     )

@@ -7,8 +7,10 @@ gets worked examples as earlier chat turns: a 135M model copies a demonstrated a
 follows a described format. The examples are about places, people and events that are not in the shipped dataset,
 and their questions follow other patterns than the dataset's.
 
-The memory of earlier steps is rendered one line per step (``Step 1 (search): <input> -> <result>``), and the
-solution generator also gets the newest result on a line of its own, which is where it copies the answer from.
+The memory of earlier steps is rendered one line per step (``Step 1 (search): <input> -> <result>``) for the planner
+and the verifier. The solution generator gets the question and the newest result only: the planner decides which
+step comes last, and shown every step, a 135M generator copied a name or a year of the first look-up of a two-step
+question (the city, not its founding year) far more often than the answer in the last one.
 """
 
 from __future__ import annotations
@@ -67,8 +69,7 @@ VERIFIER_SYSTEM = (
 )
 
 SOLUTION_SYSTEM = (
-    "You give the final answer to a question from the results of the steps: copy the value the question asks for "
-    "from the last result. Answer with the value only: a number, a name or a word, no sentence.\n"
+    "You give the final answer to a question: copy the value the question asks for from the last result. Answer with the value only: a number, a name or a word, no sentence.\n"
     'Reply with JSON only: {"answer": "..."}'
 )
 
@@ -132,22 +133,19 @@ def verifier_examples() -> List[Tuple[str, str]]:
 
 
 def solution_examples() -> List[Tuple[str, str]]:
-    """Worked examples for the solution generator: a place, a year, a person and a computed number copied from
-    the last result."""
-    signed = "The Iron Treaty was signed in Brookvale in 1620."
-    signer = "Mara Vell signed the Iron Treaty in 1620."
-    who = "Who signed the Iron Treaty?"
+    """Worked examples for the solution generator, each copying the asked value from a result sentence that holds
+    other names or numbers: a place, a person, a name found from a computed year, a computed number, and a year whose
+    sentence starts with a name. A 135M generator leans towards the kind of value of the last example; the year comes
+    last because the two-step year questions are where it otherwise copies the name."""
     return [
-        (solution_user(_LAKE, f"{_SIGNED}\n{_LAKE_FOUND}", "Lake Oren lies next to Brookvale."), '{"answer": "Lake Oren"}'),
+        (solution_user(_LAKE, "Lake Oren lies next to Brookvale."), '{"answer": "Lake Oren"}'),
+        (solution_user("Who signed the Iron Treaty?", "Mara Vell signed the Iron Treaty in 1620."), '{"answer": "Mara Vell"}'),
+        (solution_user("Which bridge opened in the year 1700 + 52?", "The Salt Bridge opened in 1752."), '{"answer": "Salt Bridge"}'),
+        (solution_user(_YEARS, "68"), '{"answer": "68"}'),
         (
-            solution_user("In what year was the Iron Treaty signed?", f"Step 1 (search): {_LAKE} -> {signed}", signed),
-            '{"answer": "1620"}',
+            solution_user("In what year was the town where the Iron Treaty was signed founded?", "Brookvale was founded in 1388."),
+            '{"answer": "1388"}',
         ),
-        (
-            solution_user(who, f"Step 1 (search): {who} -> {signer}", signer),
-            '{"answer": "Mara Vell"}',
-        ),
-        (solution_user(_YEARS, f"{_IN_FORCE}\n{_COMPUTED}", "68"), '{"answer": "68"}'),
     ]  # fmt: skip
 
 
@@ -179,6 +177,6 @@ def verifier_user(question: str, memory: str) -> str:
     return f"Question: {question}\nSteps so far:\n{memory}\nJSON:"
 
 
-def solution_user(question: str, memory: str, last_result: str) -> str:
-    """Solution generator input: the steps, then the newest result on its own line."""
-    return f"Question: {question}\nSteps:\n{memory}\nLast result: {last_result}\nJSON:"
+def solution_user(question: str, last_result: str) -> str:
+    """Solution generator input: the question and the newest result."""
+    return f"Question: {question}\nLast result: {last_result}\nJSON:"

@@ -218,7 +218,7 @@ class FlowSolver:
                 stop_reason = "verifier"
                 break
 
-        final = agents.generate_solution(fixed, question, memory.render(), memory.last_result())
+        final = agents.generate_solution(fixed, question, memory.last_result())
         answer = final.value.answer
         emit("answer", {"answer": answer, "stop_reason": stop_reason, "parsed": final.parsed.ok})
         return SolveResult(question, analysis, turns, answer, stop_reason, memory)

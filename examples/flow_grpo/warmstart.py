@@ -63,6 +63,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_SOLVE_LOOP_MODULES = ("agents", "memory", "parsing", "prompts", "reward", "expressions", "schemas", "solver")
+"""Modules of this package whose code shapes a demonstration (with every module of ``tools``)."""
+
 
 @dataclass
 class ReferenceSolve:
@@ -218,8 +221,25 @@ LORA_SHAPE_KEYS = ("lora_r", "lora_alpha", "lora_target_modules")
 """GRPO options that shape the adapters: the warm start trains with the same ones, so GRPO can load it."""
 
 
-def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
-    """The cache folder of a configuration's warm start: ``cache_dir/<digest>``.
+def _solve_loop_sources() -> str:
+    """Digest of the code that writes the demonstrations: the roles' prompts, the solve loop, the tools, the reward."""
+    from examples.flow_grpo import tools
+
+    package = Path(__file__).parent
+    files = [package / f"{name}.py" for name in _SOLVE_LOOP_MODULES]
+    files += sorted(Path(tools.__file__).parent.glob("*.py"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def warm_start_dir(config: FlowTrainConfig, model_path: str, tasks: Sequence[Mapping[str, Any]]) -> Path:
+    """The cache folder of a configuration's warm start: ``cache_dir/<name>-<digest>``.
+
+    The digest covers everything that shapes the adapter: the model, the solve loop's settings and code (prompts,
+    roles, tools, reward), the training tasks themselves, the warm start's options and the LoRA shape. Editing a
+    prompt or regenerating the dataset therefore builds a new warm start instead of reusing a stale one.
 
     Raises:
         ValueError: The configuration has no ``warm_start`` section.
@@ -230,6 +250,8 @@ def warm_start_dir(config: FlowTrainConfig, model_path: str) -> Path:
         "model": model_path,
         "dtype": config.dtype,
         "solver": config.solver.model_dump(),
+        "solve_loop_code": _solve_loop_sources(),
+        "tasks": hashlib.sha256(json.dumps(list(tasks), sort_keys=True, default=str).encode()).hexdigest(),
         "data": config.data.model_dump(exclude={"val", "val_limit"}),
         # The micro-batch layout (packing) changes how a step is computed, not what it computes.
         "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers", "packing"}),
@@ -322,7 +344,7 @@ def ensure_warm_start(
     from agentbolt.algorithm.sft import train_from_messages
 
     assert config.warm_start is not None  # warm_start_dir raises first
-    directory = warm_start_dir(config, model_path)
+    directory = warm_start_dir(config, model_path, tasks)
     record_path = directory / "warmstart.json"
     if record_path.is_file():
         record = json.loads(record_path.read_text(encoding="utf-8"))
@@ -385,7 +407,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     exit_cleanly_on_sigterm()  # so the fixed model server is stopped
     model_path = str(resolve_model(config.model).path)
     tasks = load_split(config.data.train, config.data.sources, config.data.train_limit)
-    directory = warm_start_dir(config, model_path)
+    directory = warm_start_dir(config, model_path, tasks)
     with fixed_model(config, model_path, directory / "fixed-server.log") as entry:
         if args.collect_only:
             summary = collect_cached(directory, config, entry, tasks)

@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from examples.flow_grpo import warmstart
 from examples.flow_grpo.data import load_offline_dataset
 from examples.flow_grpo.diagnose import oracle_steps
 from examples.flow_grpo.train import build_grpo_config, build_solver, load_config
@@ -83,24 +84,29 @@ def test_tasks_without_a_reference_plan_are_refused() -> None:
         collect_reference_turns([task], {"base_url": "http://127.0.0.1:1/v1", "model": "m"}, None)  # type: ignore[arg-type]
 
 
-def test_the_cache_key_follows_what_shapes_the_adapter_only(tmp_path: Path) -> None:
+def test_the_cache_key_follows_what_shapes_the_adapter_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks = [{"id": 1, "question": "Who wrote Hamlet?", "source": "multihop", "extra_info": {"ground_truth": ["x"]}}]
     base = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}})
     same = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "workers": 3}})
     same.data.val_limit = 10  # held-out data never shapes the warm start
-    assert warm_start_dir(base, "/m") == warm_start_dir(same, "/m")
+    key = warm_start_dir(base, "/m", tasks)
+    assert warm_start_dir(same, "/m", tasks) == key
     packed = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "packing": "prefix"}})
-    assert warm_start_dir(packed, "/m") == warm_start_dir(base, "/m")  # every layout trains the same adapter
-    assert warm_start_dir(base, "/m").parent == tmp_path
+    assert warm_start_dir(packed, "/m", tasks) == key  # every layout trains the same adapter
+    assert key.parent == tmp_path
     for changed in (
-        load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "epochs": 3}}),
+        load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "epochs": 5}}),
         load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}, "grpo": {"lora_r": 4}}),
         load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}, "solver": {"max_turns": 2}}),
     ):
-        assert warm_start_dir(changed, "/m") != warm_start_dir(base, "/m")
-    assert warm_start_dir(base, "/other") != warm_start_dir(base, "/m")
+        assert warm_start_dir(changed, "/m", tasks) != key
+    assert warm_start_dir(base, "/other", tasks) != key
+    assert warm_start_dir(base, "/m", [{**tasks[0], "question": "Who wrote Macbeth?"}]) != key  # other tasks
+    monkeypatch.setattr(warmstart, "_SOLVE_LOOP_MODULES", ("prompts",))
+    assert warm_start_dir(base, "/m", tasks) != key  # other solve-loop code (prompts, roles, tools, reward)
     without = load_config("cpu", {"warm_start": None})
     with pytest.raises(ValueError, match="no warm_start section"):
-        warm_start_dir(without, "/m")
+        warm_start_dir(without, "/m", tasks)
 
 
 def test_the_warm_start_trains_with_its_section_and_the_grpo_lora_shape() -> None:

@@ -434,14 +434,12 @@ def _python(world: World, rng: random.Random) -> List[Draft]:
             letter = rng.choice(sorted({c for c in word if word.count(c) > 1} or set(word)))
             question = f"How many times does '{letter}' occur in '{word}'?"
             answer, relation = str(word.count(letter)), f"count {letter}"
-            sub_goal = f"Count the letter '{letter}' in '{word}'"
         elif kind == 1:
             question = f"What is the word '{word}' written backwards?"
-            answer, relation, sub_goal = word[::-1], "reverse", f"Reverse '{word}'"
+            answer, relation = word[::-1], "reverse"
         elif kind == 2:
             question = f"How many vowels are in the word '{word}'?"
             answer, relation = str(sum(c in "aeiou" for c in word)), "vowels"
-            sub_goal = f"Count the vowels in '{word}'"
         else:
             others = rng.sample([w for w in words if w != word], 3)
             group = [word, *others]
@@ -449,9 +447,10 @@ def _python(world: World, rng: random.Random) -> List[Draft]:
             listed = ", ".join(group[:-1]) + f" and {group[-1]}"
             question = f"Which of the words {listed} comes last in alphabetical order?"
             answer, relation = max(group), "last alphabetically"
-            sub_goal = f"Sort {', '.join(group)} and take the last"
             word = "+".join(sorted(group))
-        drafts.append(Draft("python", question, (answer,), ((word, relation),), (("python", sub_goal),)))
+        # The sub-goal is the question itself: the executor's worked examples for the python tool are written
+        # from questions of these shapes, and a 135M executor turns a rephrased sub-goal into broken code.
+        drafts.append(Draft("python", question, (answer,), ((word, relation),), (("python", question),)))
     rng.shuffle(drafts)
     return drafts
 
