@@ -97,9 +97,13 @@ class TaskSampler:
 
     def next_batch(self) -> List[int]:
         """The next ``batch_size`` indices."""
+        return self.take(self.batch_size)
+
+    def take(self, count: int) -> List[int]:
+        """The next ``count`` indices."""
         order = self._order()
         batch: List[int] = []
-        while len(batch) < self.batch_size:
+        while len(batch) < count:
             if self.position >= self.size:
                 self.epoch, self.position = self.epoch + 1, 0
                 order = self._order()
@@ -173,6 +177,8 @@ class FinetuningAlgorithm(Algorithm):
     """The algorithm's name in logs, on the progress bar and on the reward curve."""
     trainer: Optional[ModelTrainer] = None
     """The trainer of the current run (set when :meth:`run` starts)."""
+    _draw_tasks: Optional[Callable[[int], List[Any]]] = None
+    """The next ``count`` training tasks from the run's sampler (set when :meth:`run` starts with training data)."""
 
     def __init__(
         self,
@@ -346,12 +352,13 @@ class FinetuningAlgorithm(Algorithm):
         step: int,
         resources_id: str,
         copies: int = 1,
+        first_group: int = 0,
     ) -> List[RolloutOutcome]:
         """Enqueue each task ``copies`` times, wait for the rollouts and collect rewards and triplets.
 
-        The rollouts of one task form the group ``{mode}-{step}-{index of the task}``.
+        The rollouts of task ``i`` form the group ``{mode}-{step}-{first_group + i}``.
         """
-        groups = [f"{mode}-{step}-{i}" for i in range(len(tasks)) for _ in range(copies)]
+        groups = [f"{mode}-{step}-{first_group + i}" for i in range(len(tasks)) for _ in range(copies)]
         requests = [
             EnqueueRolloutRequest(
                 input=tasks[i // copies],
@@ -499,6 +506,8 @@ class FinetuningAlgorithm(Algorithm):
         trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
         self.trainer = trainer
         sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
+        if sampler is not None:
+            self._draw_tasks = lambda count: [train[i] for i in sampler.take(count)]
         if config.checkpoint_dir and config.resume:
             path = latest_checkpoint(config.checkpoint_dir)
             if path is not None:

@@ -5,7 +5,8 @@ One training step:
 1. take ``batch_size`` tasks and enqueue each ``group_size`` times (one group per task) with the current
    ``main_llm`` resource;
 2. wait for the rollouts; failed, cancelled, late and reward-less ones are counted and scored with
-   ``failed_rollout_reward`` (or dropped when it is None);
+   ``failed_rollout_reward`` (or dropped when it is None); with ``resample_rounds``, groups whose rewards are all
+   equal are made up for by more rounds of fresh tasks (dynamic sampling);
 3. adapt each rollout's spans to triplets and turn every LLM call of the trained agent(s) into a token sample
    carrying the rollout's reward (credit rule) — see :mod:`~agentbolt.algorithm.grpo.samples`;
 4. normalise rewards within each group, each rollout weighing one (zero-variance groups are skipped) —
@@ -33,7 +34,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     mean_std,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
-from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages
+from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages, group_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
 
@@ -166,6 +167,13 @@ class GRPO(FinetuningAlgorithm):
             stats.add(found_stats)
         return samples, stats, scores
 
+    def _flat_groups(self, outcomes: Sequence[RolloutOutcome]) -> int:
+        """Groups of ``outcomes`` whose counted rollouts all have the same score (no learning signal)."""
+        scored = [(o.group_id, score) for o in outcomes if (score := self._score(o)) is not None]
+        _, _, flat = group_advantages([s for _, s in scored], [g for g, _ in scored])
+        uncounted = {o.group_id for o in outcomes} - {g for g, _ in scored}  # every rollout dropped
+        return flat + len(uncounted)
+
     async def _train_step(
         self,
         store: LightningStore,
@@ -182,6 +190,22 @@ class GRPO(FinetuningAlgorithm):
         outcomes = await self._run_rollouts(
             store, tasks, mode="train", step=step, resources_id=resources_id, copies=config.group_size
         )
+        groups_run, resampled = len(tasks), 0
+        for _ in range(config.resample_rounds):
+            missing = len(tasks) - (groups_run - self._flat_groups(outcomes))  # groups with a signal still wanted
+            if missing <= 0 or self._draw_tasks is None:
+                break
+            more = self._draw_tasks(missing)
+            outcomes += await self._run_rollouts(
+                store,
+                more,
+                mode="train",
+                step=step,
+                resources_id=resources_id,
+                copies=config.group_size,
+                first_group=groups_run,
+            )
+            groups_run, resampled = groups_run + len(more), resampled + len(more)
         rollout_seconds = time.perf_counter() - started
         samples, sample_stats, scores = self._samples(outcomes)
         kept, adv_stats = assign_advantages(
@@ -205,6 +229,7 @@ class GRPO(FinetuningAlgorithm):
             "samples/missing_logprobs": float(sample_stats.missing_logprobs),
             "groups/total": float(adv_stats.groups),
             "groups/zero_variance": float(adv_stats.zero_variance_groups),
+            "groups/resampled": float(resampled),
         }
         update_started = time.perf_counter()
         if kept:

@@ -39,6 +39,16 @@ class GRPOConfig(FinetuningConfig):
         "reward means count it too). None drops such rollouts and their calls, so groups are judged on the "
         "survivors only.",
     )
+    resample_rounds: int = Field(
+        default=0,
+        ge=0,
+        description="Dynamic sampling: while fewer than batch_size of a step's groups carry a learning signal (the "
+        "others have equal rewards), run up to this many more rounds, each with as many fresh training tasks as "
+        "signal-carrying groups are missing (each rolled out group_size times); the update trains on every group "
+        "with a signal. The extra tasks come "
+        "from the same sampler (they count towards its epoch) and the step's minibatches grow instead of multiplying, "
+        "so the learning-rate schedule is unchanged. 0: off.",
+    )
     credit: Literal["final", "per_call"] = Field(
         default="final",
         description="'final': every call of a rollout gets the rollout's final reward. 'per_call': a call gets the "

@@ -101,3 +101,40 @@ def test_the_lr_schedule_spans_exactly_the_optimizer_steps_taken(word_model: Pat
     counts = [(r.get("update/optimizer_steps"), r.get("update/skipped_optimizer_steps")) for r in train]
     assert counts == [(6, 0), (6, 6), (12, 6), (18, 6)]
     assert [r["samples/trained"] > 0 for r in train] == [True, False, True, True]
+
+
+def _step_counts(algorithm: GRPO) -> list[dict[str, float]]:
+    train = [r for r in algorithm.history if "train/reward_mean" in r]
+    return [{k: v for k, v in r.items() if k.startswith(("rollouts/", "samples/", "groups/"))} for r in train]
+
+
+def test_dynamic_sampling_makes_up_for_groups_without_a_signal(word_model: Path) -> None:
+    counter = itertools.count()
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        n = next(counter)  # rollouts 0-3: the first group, 4-7 the second, 8-11 the group drawn to make up
+        await ask(llm, task["prompt"])
+        return 1.0 if n < 4 else float(n % 2)  # the first group scores all alike: no signal
+
+    algorithm = _algorithm(word_model, batch_size=2, group_size=4, max_steps=1, resample_rounds=3)
+    fit(algorithm, agent, train=[{"prompt": "ping"}, {"prompt": "pong"}, {"prompt": "pang"}])
+
+    # One round of one task was enough: two groups with a signal, as many as batch_size.
+    [counts] = _step_counts(algorithm)
+    assert (counts["groups/total"], counts["groups/zero_variance"], counts["groups/resampled"]) == (3, 1, 1)
+    assert (counts["rollouts/total"], counts["samples/trained"]) == (12, 8)
+
+
+def test_dynamic_sampling_stops_after_its_rounds(word_model: Path) -> None:
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        await ask(llm, task["prompt"])
+        return 1.0  # no group ever carries a signal
+
+    algorithm = _algorithm(word_model, batch_size=2, group_size=2, max_steps=1, resample_rounds=2)
+    fit(algorithm, agent, train=[{"prompt": "ping"}, {"prompt": "pong"}, {"prompt": "pang"}])
+
+    [counts] = _step_counts(algorithm)
+    assert (counts["groups/total"], counts["groups/zero_variance"], counts["groups/resampled"]) == (6, 6, 4)
+    assert (counts["rollouts/total"], counts["samples/trained"]) == (12, 0)
