@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from agentbolt.env_var import parse_bool_word
+
 __all__ = ["lightning_cli"]
 
 logger = logging.getLogger(__name__)
@@ -63,11 +65,9 @@ def _str_to_bool(value: Union[str, bool]) -> bool:
     """
     if isinstance(value, bool):
         return value
-    lowered = value.strip().lower()
-    if lowered in _TRUE_WORDS:
-        return True
-    if lowered in _FALSE_WORDS:
-        return False
+    parsed = parse_bool_word(value, _TRUE_WORDS, _FALSE_WORDS)
+    if parsed is not None:
+        return parsed
     raise argparse.ArgumentTypeError(f"Boolean value expected, got {value!r}.")
 
 

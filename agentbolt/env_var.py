@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from enum import Enum
-from typing import Optional
+from typing import AbstractSet, Optional
 
 __all__ = ["LightningEnvVar", "resolve_bool_env_var", "resolve_int_env_var", "resolve_str_env_var"]
 
@@ -37,6 +37,16 @@ def _raw(env_var: LightningEnvVar | str) -> Optional[str]:
     return os.environ.get(_name(env_var))
 
 
+def parse_bool_word(value: str, true_words: AbstractSet[str], false_words: AbstractSet[str]) -> Optional[bool]:
+    """``True``/``False`` for a word of ``true_words``/``false_words`` (after stripping, any case), else ``None``."""
+    word = value.strip().lower()
+    if word in true_words:
+        return True
+    if word in false_words:
+        return False
+    return None
+
+
 def resolve_bool_env_var(
     env_var: LightningEnvVar | str, override: Optional[bool] = None, fallback: Optional[bool] = None
 ) -> Optional[bool]:
@@ -46,11 +56,9 @@ def resolve_bool_env_var(
     raw = _raw(env_var)
     if raw is None:
         return fallback
-    value = raw.strip().lower()
-    if value in _TRUTHY:
-        return True
-    if value in _FALSY:
-        return False
+    value = parse_bool_word(raw, _TRUTHY, _FALSY)
+    if value is not None:
+        return value
     raise ValueError(f"{_name(env_var)} must be a boolean (one of {sorted(_TRUTHY | _FALSY)}), got {raw!r}")
 
 
