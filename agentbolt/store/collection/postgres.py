@@ -686,25 +686,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database, spec.table)
         Collection.__init__(self, tracker=tracker)
-        SqlTable.__init__(self, spec)
-        self._names = spec.column_names
+        SqlTable.__init__(self, spec, self._table)
         self._payload_exclude = set(self._names)
         self._select = f"SELECT {', '.join(self._names)}, data FROM {self._table}"
-        self._pk_where = " AND ".join(f"{k} = %s" for k in spec.primary_keys)
-        self._row_placeholders = "(" + ", ".join(["%s"] * (len(self._names) + 1)) + ")"
-        self._insert_head = f"INSERT INTO {self._table} ({', '.join(self._names)}, data) VALUES "
-        self._non_pk = [n for n in self._names if n not in spec.primary_keys]
-        self._update_sql = (
-            f"UPDATE {self._table} SET "
-            + ", ".join(f"{n} = %s" for n in [*self._non_pk, "data"])
-            + f" WHERE {self._pk_where}"
-        )
-        conflict = ", ".join(spec.primary_keys)
-        assignments = ", ".join(f"{n} = EXCLUDED.{n}" for n in [*self._non_pk, "data"])
-        self._replace_sql = (
-            f"{self._insert_head}{self._row_placeholders} ON CONFLICT ({conflict}) DO UPDATE SET {assignments}"
-        )
-        self._conflict = conflict
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -778,10 +762,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     async def insert(self, items: Sequence[M]) -> None:
         """Insert new items; any duplicated primary key raises :class:`DuplicatedPrimaryKeyError`, inserting none."""
-        self._check_items(items)
+        self._check_items(items, unique=True)
         if not items:
             return
-        self._check_unique(items)
         async with self.tracking_context("insert", self.collection_name), self._db.for_write() as conn:
             inserted = await self._insert_skipping(conn, items)
             if len(inserted) != len(items):
@@ -841,9 +824,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     async def _update_one(self, conn: Any, item: M, update_fields: Optional[Sequence[str]]) -> M:
         key = self._key(item)
         if update_fields is None:
-            row = self._row(item)
-            values = [v for name, v in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]
-            cursor = await conn.execute(self._update_sql, [*values, row[-1], *key])
+            cursor = await conn.execute(self._update_sql, self._update_params(self._row(item), key))
             if cursor.rowcount == 0:
                 raise self._missing(key)
             return item
