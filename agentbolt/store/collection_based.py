@@ -286,6 +286,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         """No capability is claimed by the generic implementation."""
         return LightningStoreCapabilities()
 
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[T_collections]:
+        """A read-only section of the collections: the last committed state, one snapshot with ``read_snapshot``."""
+        return self.collections.atomic(mode="r", snapshot=self._read_snapshot)
+
     # =================================================================================================================
     # Watchdog
     # =================================================================================================================
@@ -344,7 +348,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("_scan_for_unhealthy_rollouts")
     async def _scan_for_unhealthy_rollouts(self) -> None:
         """Mark attempts that timed out or went silent, exactly as ``update_attempt(status=...)`` would."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             verdicts = await self._judge(await self._health_checked_rollouts(collections))
         if not verdicts:
             return
@@ -824,7 +828,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans(self, query: QuerySpansRequest) -> PaginatedResult[Span]:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             filter_options = await self._span_filter(collections, query)
             if filter_options is None:
                 return PaginatedResult(items=[], limit=query.limit, offset=query.offset, total=0)
@@ -833,7 +837,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans_json(self, query: QuerySpansRequest) -> bytes:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             filter_options = await self._span_filter(collections, query)
             if filter_options is None:
                 return page_json([], query.limit, query.offset, 0)
@@ -878,7 +882,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             status={"within": query.status_in},
             rollout_id={"within": query.rollout_id_in, "contains": query.rollout_id_contains},
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             page = await collections.rollouts.query(filter=filter_options, **_page_options(query))
             latest = await self._latest_attempts(collections, [rollout.rollout_id for rollout in page])
         return PaginatedResult(
@@ -892,7 +896,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
         """One rollout with its latest attempt attached when it has one; ``None`` when unknown."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
             if rollout is None:
                 return None
@@ -901,14 +905,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_attempts")
     @healthcheck_before
     async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> PaginatedResult[Attempt]:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.attempts.query(filter=_rollout_key(rollout_id), **_page_options(query))
 
     @tracked("get_latest_attempt")
     @healthcheck_before
     async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
         """The attempt with the highest sequence id, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await self._latest_attempt(collections, rollout_id)
 
     # =================================================================================================================
@@ -972,19 +976,19 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         filter_options = _filter_with(
             "and", resources_id={"exact": query.resources_id, "contains": query.resources_id_contains}
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.resources.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_resources_by_id")
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
         """One resource snapshot, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.resources.get(filter={"_must": {"resources_id": {"exact": resources_id}}})
 
     @tracked("get_latest_resources")
     async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
         """The most recently added or updated snapshot, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             latest_id = await self._latest_resources_id_in(collections)
             if latest_id is None:
                 return None
@@ -1051,13 +1055,13 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             status={"within": query.status_in},
             worker_id={"contains": query.worker_id_contains},
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.workers.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_worker_by_id")
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
         """One worker, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.workers.get(filter={"_must": {"worker_id": {"exact": worker_id}}})
 
     @tracked("update_worker")
@@ -1099,7 +1103,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     ) -> PaginatedResult[MetricsRecord]:
         """Training metrics in the order first written, optionally of one run only."""
         filter_options: FilterOptions = {"_must": {"run_id": {"exact": run_id}}} if run_id is not None else {}
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.metrics.query(filter=filter_options or None, limit=limit, offset=offset)
 
     # =================================================================================================================
@@ -1147,7 +1151,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                     await self._healthcheck()
                 first = False
                 waiter.event.clear()
-                async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+                async with self._reading() as collections:
                     known = await collections.rollouts.query(filter={"_must": {"rollout_id": {"within": pending}}})
                 finished.update((rollout.rollout_id, rollout) for rollout in known if is_finished(rollout))
                 pending = [rollout.rollout_id for rollout in known if not is_finished(rollout)]
@@ -1186,7 +1190,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("statistics")
     async def statistics(self) -> LightningStoreStatistics:
         """Counts of stored items and uptime."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return LightningStoreStatistics(
                 name=type(self).__name__,
                 total_rollouts=await collections.rollouts.size(),
