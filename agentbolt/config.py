@@ -10,7 +10,10 @@ import argparse
 import inspect
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from agentbolt.env_var import parse_bool_word
 
 __all__ = ["lightning_cli"]
 
@@ -27,18 +30,23 @@ def nullable_str(value: str) -> Optional[str]:
     return None if value.strip().lower() in _NULL_WORDS else value
 
 
+def _nullable_number(value: str, parse: Callable[[str], T], kind: str) -> Optional[T]:
+    """``None`` for null words, else ``parse(value)``; a ``ValueError`` becomes an argparse error naming ``kind``."""
+    if value.strip().lower() in _NULL_WORDS:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid {kind} value: {value!r}") from None
+
+
 def nullable_int(value: str) -> Optional[int]:
     """``None`` for null words, else an int.
 
     Raises:
         argparse.ArgumentTypeError: Not an integer.
     """
-    if value.strip().lower() in _NULL_WORDS:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer value: {value!r}") from None
+    return _nullable_number(value, int, "integer")
 
 
 def nullable_float(value: str) -> Optional[float]:
@@ -47,12 +55,7 @@ def nullable_float(value: str) -> Optional[float]:
     Raises:
         argparse.ArgumentTypeError: Not a number.
     """
-    if value.strip().lower() in _NULL_WORDS:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+    return _nullable_number(value, float, "float")
 
 
 def _str_to_bool(value: Union[str, bool]) -> bool:
@@ -63,11 +66,9 @@ def _str_to_bool(value: Union[str, bool]) -> bool:
     """
     if isinstance(value, bool):
         return value
-    lowered = value.strip().lower()
-    if lowered in _TRUE_WORDS:
-        return True
-    if lowered in _FALSE_WORDS:
-        return False
+    parsed = parse_bool_word(value, _TRUE_WORDS, _FALSE_WORDS)
+    if parsed is not None:
+        return parsed
     raise argparse.ArgumentTypeError(f"Boolean value expected, got {value!r}.")
 
 

@@ -192,12 +192,9 @@ def _page_options(query: Any) -> Dict[str, Any]:
     return {"sort": _sort_with(query.sort_by, query.sort_order), "limit": query.limit, "offset": query.offset}
 
 
-def _rollout_key(rollout_id: str) -> FilterOptions:
-    return {"_must": {"rollout_id": {"exact": rollout_id}}}
-
-
-def _attempt_key(rollout_id: str, attempt_id: str) -> FilterOptions:
-    return {"_must": {"rollout_id": {"exact": rollout_id}, "attempt_id": {"exact": attempt_id}}}
+def _key(**fields: str) -> FilterOptions:
+    """The filter of the items whose fields equal ``fields`` (a whole primary key: the one item)."""
+    return {"_must": {name: {"exact": value} for name, value in fields.items()}}
 
 
 def _validated_copy(model: Any, updates: Dict[str, Any]) -> Any:
@@ -286,6 +283,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         """No capability is claimed by the generic implementation."""
         return LightningStoreCapabilities()
 
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[T_collections]:
+        """A read-only section of the collections: the last committed state, one snapshot with ``read_snapshot``."""
+        return self.collections.atomic(mode="r", snapshot=self._read_snapshot)
+
     # =================================================================================================================
     # Watchdog
     # =================================================================================================================
@@ -344,7 +345,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("_scan_for_unhealthy_rollouts")
     async def _scan_for_unhealthy_rollouts(self) -> None:
         """Mark attempts that timed out or went silent, exactly as ``update_attempt(status=...)`` would."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             verdicts = await self._judge(await self._health_checked_rollouts(collections))
         if not verdicts:
             return
@@ -423,13 +424,13 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         )
 
     async def _get_rollout(self, collections: LightningCollections, rollout_id: str) -> Rollout:
-        rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+        rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
         if rollout is None:
             raise ValueError(f"Rollout {rollout_id} not found")
         return rollout
 
     async def _latest_attempt(self, collections: LightningCollections, rollout_id: str) -> Optional[Attempt]:
-        return await collections.attempts.get(filter=_rollout_key(rollout_id), sort=_LATEST_FIRST)
+        return await collections.attempts.get(filter=_key(rollout_id=rollout_id), sort=_LATEST_FIRST)
 
     async def _latest_attempts(
         self, collections: LightningCollections, rollout_ids: Sequence[str]
@@ -479,7 +480,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         changes: RolloutChanges,
     ) -> AttemptedRollout:
         """A new ``preparing`` attempt (sequence = attempts so far + 1); the rollout becomes ``preparing``."""
-        existing = await collections.attempts.query(filter=_rollout_key(rollout.rollout_id), limit=0)
+        existing = await collections.attempts.query(filter=_key(rollout_id=rollout.rollout_id), limit=0)
         attempt = Attempt(
             rollout_id=rollout.rollout_id,
             attempt_id="at-" + generate_id(8),
@@ -568,7 +569,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _mark_worker_idle_after_empty_dequeue(
         self, collections: LightningCollections, worker_id: str, now: float
     ) -> None:
-        worker = await collections.workers.get(filter={"_must": {"worker_id": {"exact": worker_id}}})
+        worker = await collections.workers.get(filter=_key(worker_id=worker_id))
         fields: Dict[str, Any] = {"last_dequeue_time": now}
         if worker is None or worker.status != "idle":
             fields.update(status="idle", last_idle_time=now)
@@ -662,7 +663,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 if not rollout_ids:
                     break
                 for rollout_id in rollout_ids:
-                    rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+                    rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
                     if rollout is None or not is_queuing(rollout):
                         logger.warning(
                             "Skipping queued rollout %s: it is %s",
@@ -734,7 +735,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             targets: Dict[Tuple[str, str], Tuple[Rollout, Attempt]] = {}
             for rollout_id, attempt_id in groups:  # validate everything before writing anything
                 rollout = await self._get_rollout(collections, rollout_id)
-                attempt = await collections.attempts.get(filter=_attempt_key(rollout_id, attempt_id))
+                attempt = await collections.attempts.get(filter=_key(rollout_id=rollout_id, attempt_id=attempt_id))
                 if attempt is None:
                     raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
                 targets[(rollout_id, attempt_id)] = (rollout, attempt)
@@ -824,7 +825,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans(self, query: QuerySpansRequest) -> PaginatedResult[Span]:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             filter_options = await self._span_filter(collections, query)
             if filter_options is None:
                 return PaginatedResult(items=[], limit=query.limit, offset=query.offset, total=0)
@@ -833,7 +834,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_spans")
     @healthcheck_before
     async def _query_spans_json(self, query: QuerySpansRequest) -> bytes:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             filter_options = await self._span_filter(collections, query)
             if filter_options is None:
                 return page_json([], query.limit, query.offset, 0)
@@ -878,7 +879,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             status={"within": query.status_in},
             rollout_id={"within": query.rollout_id_in, "contains": query.rollout_id_contains},
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             page = await collections.rollouts.query(filter=filter_options, **_page_options(query))
             latest = await self._latest_attempts(collections, [rollout.rollout_id for rollout in page])
         return PaginatedResult(
@@ -892,8 +893,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Union[Rollout, AttemptedRollout]]:
         """One rollout with its latest attempt attached when it has one; ``None`` when unknown."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+        async with self._reading() as collections:
+            rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
             if rollout is None:
                 return None
             return _attach(rollout, await self._latest_attempt(collections, rollout_id))
@@ -901,14 +902,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("query_attempts")
     @healthcheck_before
     async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> PaginatedResult[Attempt]:
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.attempts.query(filter=_rollout_key(rollout_id), **_page_options(query))
+        async with self._reading() as collections:
+            return await collections.attempts.query(filter=_key(rollout_id=rollout_id), **_page_options(query))
 
     @tracked("get_latest_attempt")
     @healthcheck_before
     async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
         """The attempt with the highest sequence id, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await self._latest_attempt(collections, rollout_id)
 
     # =================================================================================================================
@@ -919,11 +920,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         resources = dict(resources)
         async with self.collections.atomic(mode="rw", labels=["resources"]) as collections:
             latest_id = await self._latest_resources_id_in(collections)
-            latest = (
-                None
-                if latest_id is None
-                else await collections.resources.get(filter={"_must": {"resources_id": {"exact": latest_id}}})
-            )
+            latest = None if latest_id is None else await collections.resources.get(filter=_key(resources_id=latest_id))
             # "Latest" is the snapshot with the greatest update_time: keep update times strictly increasing.
             now = time.time()
             if latest is not None and latest.update_time >= now:
@@ -931,7 +928,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             existing = (
                 None
                 if resources_id is None
-                else await collections.resources.get(filter={"_must": {"resources_id": {"exact": resources_id}}})
+                else await collections.resources.get(filter=_key(resources_id=resources_id))
             )
             if existing is None:
                 update = ResourcesUpdate(
@@ -972,23 +969,23 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         filter_options = _filter_with(
             "and", resources_id={"exact": query.resources_id, "contains": query.resources_id_contains}
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.resources.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_resources_by_id")
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
         """One resource snapshot, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.resources.get(filter={"_must": {"resources_id": {"exact": resources_id}}})
+        async with self._reading() as collections:
+            return await collections.resources.get(filter=_key(resources_id=resources_id))
 
     @tracked("get_latest_resources")
     async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
         """The most recently added or updated snapshot, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             latest_id = await self._latest_resources_id_in(collections)
             if latest_id is None:
                 return None
-            return await collections.resources.get(filter={"_must": {"resources_id": {"exact": latest_id}}})
+            return await collections.resources.get(filter=_key(resources_id=latest_id))
 
     # =================================================================================================================
     # Updates
@@ -1005,7 +1002,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         now = time.time()
         changes: RolloutChanges = []
         async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
-            rollout = await collections.rollouts.get(filter=_rollout_key(rollout_id))
+            rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
             if rollout is None:
                 raise ValueError(missing_item_message({"rollout_id": rollout_id}))
             updated = await self._write_rollout(collections, rollout, updates, now, changes, validate=True)
@@ -1030,7 +1027,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             attempt = (
                 latest
                 if attempt_id == "latest" or attempt_id == latest.attempt_id
-                else await collections.attempts.get(filter=_attempt_key(rollout_id, attempt_id))
+                else await collections.attempts.get(filter=_key(rollout_id=rollout_id, attempt_id=attempt_id))
             )
             if attempt is None:
                 raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
@@ -1051,14 +1048,14 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             status={"within": query.status_in},
             worker_id={"contains": query.worker_id_contains},
         )
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return await collections.workers.query(filter=filter_options, **_page_options(query))
 
     @tracked("get_worker_by_id")
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
         """One worker, or ``None``."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
-            return await collections.workers.get(filter={"_must": {"worker_id": {"exact": worker_id}}})
+        async with self._reading() as collections:
+            return await collections.workers.get(filter=_key(worker_id=worker_id))
 
     @tracked("update_worker")
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
@@ -1098,8 +1095,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         self, *, run_id: Optional[str] = None, limit: int = -1, offset: int = 0
     ) -> PaginatedResult[MetricsRecord]:
         """Training metrics in the order first written, optionally of one run only."""
-        filter_options: FilterOptions = {"_must": {"run_id": {"exact": run_id}}} if run_id is not None else {}
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        filter_options: FilterOptions = _key(run_id=run_id) if run_id is not None else {}
+        async with self._reading() as collections:
             return await collections.metrics.query(filter=filter_options or None, limit=limit, offset=offset)
 
     # =================================================================================================================
@@ -1147,7 +1144,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                     await self._healthcheck()
                 first = False
                 waiter.event.clear()
-                async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+                async with self._reading() as collections:
                     known = await collections.rollouts.query(filter={"_must": {"rollout_id": {"within": pending}}})
                 finished.update((rollout.rollout_id, rollout) for rollout in known if is_finished(rollout))
                 pending = [rollout.rollout_id for rollout in known if not is_finished(rollout)]
@@ -1186,7 +1183,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("statistics")
     async def statistics(self) -> LightningStoreStatistics:
         """Counts of stored items and uptime."""
-        async with self.collections.atomic(mode="r", snapshot=self._read_snapshot) as collections:
+        async with self._reading() as collections:
             return LightningStoreStatistics(
                 name=type(self).__name__,
                 total_rollouts=await collections.rollouts.size(),

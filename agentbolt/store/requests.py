@@ -6,11 +6,11 @@ these bundles; the HTTP client sends it as the request body and the server parse
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from pydantic import BaseModel
 
-from agentbolt.types import RolloutConfig, RolloutMode, RolloutStatus, TaskInput, WorkerStatus
+from agentbolt.types import EnqueueRolloutRequest, RolloutStatus, WorkerStatus
 
 __all__ = [
     "RolloutRequest",
@@ -22,14 +22,9 @@ __all__ = [
 ]
 
 
-class RolloutRequest(BaseModel):
-    """Body of ``POST /rollouts`` (start_rollout)."""
+class RolloutRequest(EnqueueRolloutRequest):
+    """Body of ``POST /rollouts`` (start_rollout): the fields of an enqueued rollout, and the worker starting it."""
 
-    input: TaskInput
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
-    config: Optional[RolloutConfig] = None
-    metadata: Optional[Dict[str, Any]] = None
     worker_id: Optional[str] = None
 
 

@@ -675,7 +675,13 @@ _DIALECT = SqlDialect(placeholder="%s", contains=lambda name: f"strpos({name}, %
 class _Backed:
     def __init__(self, database: _Database, table: str) -> None:
         self._db = database
+        self._name = table
         self._table = f"{_quote(database.schema)}.{table}"
+
+    @property
+    def collection_name(self) -> str:
+        """Table name."""
+        return self._name
 
 
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
@@ -686,25 +692,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database, spec.table)
         Collection.__init__(self, tracker=tracker)
-        SqlTable.__init__(self, spec)
-        self._names = spec.column_names
+        SqlTable.__init__(self, spec, self._table)
         self._payload_exclude = set(self._names)
         self._select = f"SELECT {', '.join(self._names)}, data FROM {self._table}"
-        self._pk_where = " AND ".join(f"{k} = %s" for k in spec.primary_keys)
-        self._row_placeholders = "(" + ", ".join(["%s"] * (len(self._names) + 1)) + ")"
-        self._insert_head = f"INSERT INTO {self._table} ({', '.join(self._names)}, data) VALUES "
-        self._non_pk = [n for n in self._names if n not in spec.primary_keys]
-        self._update_sql = (
-            f"UPDATE {self._table} SET "
-            + ", ".join(f"{n} = %s" for n in [*self._non_pk, "data"])
-            + f" WHERE {self._pk_where}"
-        )
-        conflict = ", ".join(spec.primary_keys)
-        assignments = ", ".join(f"{n} = EXCLUDED.{n}" for n in [*self._non_pk, "data"])
-        self._replace_sql = (
-            f"{self._insert_head}{self._row_placeholders} ON CONFLICT ({conflict}) DO UPDATE SET {assignments}"
-        )
-        self._conflict = conflict
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -778,10 +768,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     async def insert(self, items: Sequence[M]) -> None:
         """Insert new items; any duplicated primary key raises :class:`DuplicatedPrimaryKeyError`, inserting none."""
-        self._check_items(items)
+        self._check_items(items, unique=True)
         if not items:
             return
-        self._check_unique(items)
         async with self.tracking_context("insert", self.collection_name), self._db.for_write() as conn:
             inserted = await self._insert_skipping(conn, items)
             if len(inserted) != len(items):
@@ -841,9 +830,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     async def _update_one(self, conn: Any, item: M, update_fields: Optional[Sequence[str]]) -> M:
         key = self._key(item)
         if update_fields is None:
-            row = self._row(item)
-            values = [v for name, v in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]
-            cursor = await conn.execute(self._update_sql, [*values, row[-1], *key])
+            cursor = await conn.execute(self._update_sql, self._update_params(self._row(item), key))
             if cursor.rowcount == 0:
                 raise self._missing(key)
             return item
@@ -917,11 +904,6 @@ class PostgresQueue(_Backed, Queue[str]):
         _Backed.__init__(self, database, "rollout_queue")
         Queue.__init__(self, tracker=tracker)
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return "rollout_queue"
-
     def item_type(self) -> Type[str]:
         """Queued items are rollout ids."""
         return str
@@ -933,7 +915,7 @@ class PostgresQueue(_Backed, Queue[str]):
     async def has(self, item: str) -> bool:
         """Whether ``item`` is queued."""
         self._check(item)
-        async with self.tracking_context("has", "rollout_queue"), self._db.for_read() as conn:
+        async with self.tracking_context("has", self._name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT 1 FROM {self._table} WHERE item = %s LIMIT 1", (item,))
             return await cursor.fetchone() is not None
 
@@ -943,7 +925,7 @@ class PostgresQueue(_Backed, Queue[str]):
             self._check(item)
         if not items:
             return list(items)
-        async with self.tracking_context("enqueue", "rollout_queue"), self._db.for_write() as conn:
+        async with self.tracking_context("enqueue", self._name), self._db.for_write() as conn:
             await conn.execute(
                 f"INSERT INTO {self._table} (item) SELECT item FROM unnest(%s::text[]) WITH ORDINALITY AS t(item, n) "
                 "ORDER BY n",
@@ -959,7 +941,7 @@ class PostgresQueue(_Backed, Queue[str]):
             f"DELETE FROM {self._table} WHERE pos IN (SELECT pos FROM {self._table} ORDER BY pos LIMIT %s "
             "FOR UPDATE SKIP LOCKED) RETURNING pos, item"
         )
-        async with self.tracking_context("dequeue", "rollout_queue"), self._db.for_write() as conn:
+        async with self.tracking_context("dequeue", self._name), self._db.for_write() as conn:
             rows = await (await conn.execute(sql, (limit,))).fetchall()
         return [item for _, item in sorted(rows)]
 
@@ -967,13 +949,13 @@ class PostgresQueue(_Backed, Queue[str]):
         """Up to ``limit`` items from the head, not removed."""
         if limit <= 0:
             return []
-        async with self.tracking_context("peek", "rollout_queue"), self._db.for_read() as conn:
+        async with self.tracking_context("peek", self._name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT item FROM {self._table} ORDER BY pos LIMIT %s", (limit,))
             return [row[0] for row in await cursor.fetchall()]
 
     async def size(self) -> int:
         """Number of queued items."""
-        async with self.tracking_context("size", "rollout_queue"), self._db.for_read() as conn:
+        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 
@@ -983,11 +965,6 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
     def __init__(self, database: _Database, tracker: Any = None) -> None:
         _Backed.__init__(self, database, "span_sequence_ids")
         KeyValue.__init__(self, tracker=tracker)
-
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return "span_sequence_ids"
 
     @staticmethod
     def _integer(value: Any, description: str) -> int:
@@ -1002,7 +979,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def get(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Value of ``key`` or ``default``."""
-        async with self.tracking_context("get", "span_sequence_ids"), self._db.for_read() as conn:
+        async with self.tracking_context("get", self._name), self._db.for_read() as conn:
             row = await (await conn.execute(f"SELECT value FROM {self._table} WHERE key = %s", (key,))).fetchone()
             return default if row is None else int(row[0])
 
@@ -1011,7 +988,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
             f"INSERT INTO {self._table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
             f"DO UPDATE SET value = {update} RETURNING value"
         )
-        async with self.tracking_context(operation, "span_sequence_ids"), self._db.for_write() as conn:
+        async with self.tracking_context(operation, self._name), self._db.for_write() as conn:
             return int((await (await conn.execute(sql, (key, value))).fetchone())[0])
 
     async def set(self, key: str, value: int) -> None:
@@ -1028,14 +1005,14 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def pop(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Remove ``key`` and return its value (or ``default``)."""
-        async with self.tracking_context("pop", "span_sequence_ids"), self._db.for_write() as conn:
+        async with self.tracking_context("pop", self._name), self._db.for_write() as conn:
             cursor = await conn.execute(f"DELETE FROM {self._table} WHERE key = %s RETURNING value", (key,))
             row = await cursor.fetchone()
             return default if row is None else int(row[0])
 
     async def size(self) -> int:
         """Number of keys."""
-        async with self.tracking_context("size", "span_sequence_ids"), self._db.for_read() as conn:
+        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 

@@ -365,8 +365,33 @@ class SqlTable(Collection[M], Generic[M]):
     _dialect: SqlDialect
     """How the backend spells what differs between SQL databases."""
 
-    def __init__(self, spec: TableSpec) -> None:
+    def __init__(self, spec: TableSpec, table: str) -> None:
+        """Build the statements every SQL backend writes alike, for ``table`` (the name as the statements spell it,
+        schema-qualified where the backend needs it) laid out as ``spec``."""
         self._spec = spec
+        self._table = table
+        ph = self._dialect.placeholder
+        self._names = spec.column_names
+        self._non_pk = [name for name in self._names if name not in spec.primary_keys]
+        self._pk_where = " AND ".join(f"{key} = {ph}" for key in spec.primary_keys)
+        self._update_sql = (
+            f"UPDATE {table} SET "
+            + ", ".join(f"{name} = {ph}" for name in [*self._non_pk, "data"])
+            + f" WHERE {self._pk_where}"
+        )
+        self._insert_head = f"INSERT INTO {table} ({', '.join(self._names)}, data) VALUES "
+        """The ``INSERT`` up to its rows; one row's values are :attr:`_row_placeholders`."""
+        self._row_placeholders = "(" + ", ".join([ph] * (len(self._names) + 1)) + ")"
+        self._insert_sql = self._insert_head + self._row_placeholders
+        self._conflict = ", ".join(spec.primary_keys)
+        assignments = ", ".join(f"{name} = excluded.{name}" for name in [*self._non_pk, "data"])
+        self._replace_sql = f"{self._insert_sql} ON CONFLICT ({self._conflict}) DO UPDATE SET {assignments}"
+        """Insert one row, or replace every column of the stored one with the same key."""
+
+    def _update_params(self, row: Sequence[Any], key: Sequence[Any]) -> List[Any]:
+        """Parameters of :attr:`_update_sql` writing the encoded ``row`` (see ``_row``) to the item with ``key``."""
+        values = [value for name, value in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]
+        return [*values, row[-1], *key]
 
     @property
     def collection_name(self) -> str:
@@ -381,13 +406,15 @@ class SqlTable(Collection[M], Generic[M]):
         """The stored pydantic model."""
         return cast(Type[M], self._spec.item_type)
 
-    def _check_items(self, items: Sequence[M]) -> None:
+    def _check_items(self, items: Sequence[M], *, unique: bool = False) -> None:
+        """Reject items of another type and, with ``unique``, items repeating a primary key among themselves."""
         for item in items:
             if not isinstance(item, self._spec.item_type):
                 raise TypeError(f"{self._spec.table} stores {self._spec.item_type.__name__}, got {type(item).__name__}")
+        if unique:
+            self._check_unique(items)
 
     def _check_unique(self, items: Sequence[M]) -> None:
-        """Reject items repeating a primary key among themselves."""
         seen: set[Tuple[Any, ...]] = set()
         for item in items:
             key = self._key(item)

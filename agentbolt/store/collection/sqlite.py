@@ -767,20 +767,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
         Collection.__init__(self, tracker=tracker)
-        SqlTable.__init__(self, spec)
-        names = [c.name for c in spec.columns]
-        self._insert_sql = (
-            f"INSERT INTO {spec.table} ({', '.join(names)}, data) VALUES ({', '.join('?' * (len(names) + 1))})"
-        )
-        assignments = ", ".join(f"{n} = excluded.{n}" for n in [*names, "data"] if n not in spec.primary_keys)
-        self._upsert_sql = f"{self._insert_sql} ON CONFLICT({', '.join(spec.primary_keys)}) DO UPDATE SET {assignments}"
-        self._pk_where = " AND ".join(f"{k} = ?" for k in spec.primary_keys)
-        self._update_sql = (
-            f"UPDATE {spec.table} SET "
-            + ", ".join(f"{n} = ?" for n in [*names, "data"] if n not in spec.primary_keys)
-            + f" WHERE {self._pk_where}"
-        )
-        self._non_pk = [n for n in names if n not in spec.primary_keys]
+        SqlTable.__init__(self, spec, spec.table)
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -793,7 +780,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         return cast(M, self._spec.item_type.model_validate_json(data))
 
     def _fetch(self, conn: sqlite3.Connection, key: Sequence[Any]) -> Optional[M]:
-        row = conn.execute(f"SELECT data FROM {self._spec.table} WHERE {self._pk_where}", tuple(key)).fetchone()
+        row = conn.execute(f"SELECT data FROM {self._table} WHERE {self._pk_where}", tuple(key)).fetchone()
         return None if row is None else self._decode(row[0])
 
     # -- reads ----------------------------------------------------------------------------------------------------
@@ -834,10 +821,9 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     async def insert(self, items: Sequence[M]) -> None:
         """Insert new items; any duplicated primary key raises :class:`DuplicatedPrimaryKeyError`, inserting none."""
-        self._check_items(items)
+        self._check_items(items, unique=True)
         if not items:
             return
-        self._check_unique(items)
         rows = [self._row(item) for item in items]
 
         def job(conn: sqlite3.Connection) -> None:
@@ -872,11 +858,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 if existing is None:
                     raise self._missing(key)
                 new = self._merge(existing, item, update_fields)
-            row = self._row(new)
-            values = [
-                v for c_, v in zip(self._spec.columns, row[:-1], strict=True) if c_.name not in self._spec.primary_keys
-            ]
-            cursor = c.execute(self._update_sql, [*values, row[-1], *key])
+            cursor = c.execute(self._update_sql, self._update_params(self._row(new), key))
             if cursor.rowcount == 0:
                 raise self._missing(key)
             return new
@@ -888,7 +870,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
         def upsert_one(c: sqlite3.Connection, item: M) -> M:
             if update_fields is None:
-                c.execute(self._upsert_sql, self._row(item))
+                c.execute(self._replace_sql, self._row(item))
                 return item
             existing = self._fetch(c, self._key(item))
             if existing is None:
@@ -897,7 +879,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             if not update_fields:
                 return existing
             new = self._merge(existing, item, update_fields)
-            c.execute(self._upsert_sql, self._row(new))
+            c.execute(self._replace_sql, self._row(new))
             return new
 
         return await self._write_each("upsert", items, update_fields, upsert_one)
@@ -927,7 +909,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             def apply(c: sqlite3.Connection) -> None:
                 for item in items:
                     key = self._key(item)
-                    if c.execute(f"DELETE FROM {self._spec.table} WHERE {self._pk_where}", key).rowcount == 0:
+                    if c.execute(f"DELETE FROM {self._table} WHERE {self._pk_where}", key).rowcount == 0:
                         raise self._missing(key)
 
             _atomically(conn, apply, len(items))
