@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------------------------ configurations
 def test_named_configurations_train_only_the_planner_with_trajectory_credit(tmp_path: Path) -> None:
-    assert sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) == ["cpu", "gpu"]
-    cpu, gpu = load_config("cpu"), load_config("gpu")
-    assert cpu.runnable_here and not gpu.runnable_here
+    assert sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) == ["cpu", "cpu-warmstart", "gpu"]
+    cpu, warm, gpu = load_config("cpu"), load_config("cpu-warmstart"), load_config("gpu")
+    assert cpu.runnable_here and warm.runnable_here and not gpu.runnable_here
     assert cpu.model == "smollm2-135m-instruct" and cpu.fixed.url is None  # the same base model, no adapter
+    assert cpu.warm_start is None and warm.warm_start is not None
     assert gpu.fixed.url is not None and gpu.fixed.model and gpu.grpo["policy_server_url"].endswith("/v1")
-    for config in (cpu, gpu):
+    for config in (cpu, warm, gpu):
         grpo = build_grpo_config(config, "/models/base", tmp_path / "run", console=False)
         assert grpo.agent_match == "planner" and grpo.credit == "final" and grpo.finetune == "lora"
         assert grpo.model == "/models/base" and grpo.served_model_name == "planner"

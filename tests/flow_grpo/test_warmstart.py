@@ -52,7 +52,7 @@ def _fixed(llm: ScriptedLLM) -> Dict[str, Any]:
 
 def test_a_solved_task_gives_one_conversation_per_planner_turn(tmp_path: Path) -> None:
     task = _two_step_task()
-    config = load_config("cpu")
+    config = load_config("cpu-warmstart")
     with ScriptedLLM(_script(task, str(task["result"]))) as llm:
         (solve,) = collect_reference_turns([task], _fixed(llm), build_solver(config), workers=1)
         assert "planner" not in {role for role, _ in llm.requests}  # the reference plan needs no planner model
@@ -70,7 +70,7 @@ def test_a_solved_task_gives_one_conversation_per_planner_turn(tmp_path: Path) -
 def test_failed_solves_are_counted_but_give_no_training_data(tmp_path: Path) -> None:
     task = _two_step_task()
     with ScriptedLLM(_script(task, "a wrong answer")) as llm:
-        solves = collect_reference_turns([task], _fixed(llm), build_solver(load_config("cpu")), workers=1)
+        solves = collect_reference_turns([task], _fixed(llm), build_solver(load_config("cpu-warmstart")), workers=1)
     assert solves[0].reward == 0.0 and solves[0].turns
     assert write_turns(solves, tmp_path / "turns.jsonl") == 0
     summary = summarize(solves, 1.0)
@@ -86,41 +86,41 @@ def test_tasks_without_a_reference_plan_are_refused() -> None:
 
 def test_the_cache_key_follows_what_shapes_the_adapter_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tasks = [{"id": 1, "question": "Who wrote Hamlet?", "source": "multihop", "extra_info": {"ground_truth": ["x"]}}]
-    base = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}})
-    same = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "workers": 3}})
+    base = load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path)}})
+    same = load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path), "workers": 3}})
     same.data.val_limit = 10  # held-out data never shapes the warm start
     key = warm_start_dir(base, "/m", tasks)
     assert warm_start_dir(same, "/m", tasks) == key
-    packed = load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "packing": "prefix"}})
+    packed = load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path), "packing": "prefix"}})
     assert warm_start_dir(packed, "/m", tasks) == key  # every layout trains the same adapter
     assert key.parent == tmp_path
     for changed in (
-        load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path), "epochs": 5}}),
-        load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}, "grpo": {"lora_r": 4}}),
-        load_config("cpu", {"warm_start": {"cache_dir": str(tmp_path)}, "solver": {"max_turns": 2}}),
+        load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path), "epochs": 5}}),
+        load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path)}, "grpo": {"lora_r": 4}}),
+        load_config("cpu-warmstart", {"warm_start": {"cache_dir": str(tmp_path)}, "solver": {"max_turns": 2}}),
     ):
         assert warm_start_dir(changed, "/m", tasks) != key
     assert warm_start_dir(base, "/other", tasks) != key
     assert warm_start_dir(base, "/m", [{**tasks[0], "question": "Who wrote Macbeth?"}]) != key  # other tasks
     monkeypatch.setattr(warmstart, "_SOLVE_LOOP_MODULES", ("prompts",))
     assert warm_start_dir(base, "/m", tasks) != key  # other solve-loop code (prompts, roles, tools, reward)
-    without = load_config("cpu", {"warm_start": None})
+    without = load_config("cpu-warmstart", {"warm_start": None})
     with pytest.raises(ValueError, match="no warm_start section"):
         warm_start_dir(without, "/m", tasks)
 
 
 def test_the_warm_start_trains_with_its_section_and_the_grpo_lora_shape() -> None:
-    shipped = load_config("cpu").warm_start
+    shipped = load_config("cpu-warmstart").warm_start
     assert shipped is not None and shipped.packing == "prefix"
-    config = load_config("cpu", {"warm_start": {"packing": "rows", "epochs": 2}})
+    config = load_config("cpu-warmstart", {"warm_start": {"packing": "rows", "epochs": 2}})
     options = warm_start_sft_options(config)
     assert options["packing"] == "rows" and options["epochs"] == 2 and options["lr_scheduler"] == "constant"
     assert (options["lora_r"], options["lora_alpha"]) == (config.grpo["lora_r"], config.grpo["lora_alpha"])
     assert options["threads"] == config.grpo["update_threads"] and options["dtype"] == config.dtype
     with pytest.raises(ValueError, match="'none', 'rows' or 'prefix'"):
-        load_config("cpu", {"warm_start": {"packing": "tree"}})
+        load_config("cpu-warmstart", {"warm_start": {"packing": "tree"}})
     with pytest.raises(ValueError, match="no warm_start section"):
-        warm_start_sft_options(load_config("cpu", {"warm_start": None}))
+        warm_start_sft_options(load_config("cpu-warmstart", {"warm_start": None}))
 
 
 def test_fixed_endpoint_reads_the_gateway_entry() -> None:
