@@ -68,6 +68,5 @@ async def test_inside_the_block_a_call_still_failing_raises_a_typed_error(client
 
 
 def test_the_block_refuses_a_negative_time() -> None:
-    with pytest.raises(ValueError, match="at least 0"):
-        with ride_out_outages(-1.0):
-            pass
+    with pytest.raises(ValueError, match="at least 0"), ride_out_outages(-1.0):
+        pass
