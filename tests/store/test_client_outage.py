@@ -11,9 +11,11 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
+from support.flaky_proxy import FlakyProxy
 from support.servers import free_port
 
-from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from agentbolt.store.client_server import LightningStoreClient, LightningStoreHTTPError, LightningStoreServer
+from agentbolt.store.http.errors import NOT_APPLIED_HEADER
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance, ride_out_outages
 from agentbolt.types import PromptTemplate
@@ -65,6 +67,31 @@ async def test_inside_the_block_a_call_still_failing_raises_a_typed_error(client
         # Dequeues are never retried and report failure as nothing to do, inside the block too.
         assert await client.dequeue_rollout() is None
     assert outage_tolerance() is None
+
+
+async def test_inside_the_block_a_server_failure_gets_only_the_usual_retries() -> None:
+    server = LightningStoreServer(InMemoryLightningStore(), "127.0.0.1", free_port(), launch_mode="asyncio")
+    await server.start()
+    try:
+        async with FlakyProxy(int(server.endpoint.rsplit(":", 1)[1])) as proxy:
+            client = LightningStoreClient(proxy.endpoint, retry_delays=(0.01, 0.01), health_retry_delays=())
+            try:
+                with ride_out_outages(30.0):
+                    # 503 (storage unreachable, nothing applied): waited for however many times the server says so.
+                    not_applied = [f"{NOT_APPLIED_HEADER}: 1"]
+                    proxy.fail_next("status", "/resources", count=5, status=503, headers=not_applied)
+                    added = await client.add_resources(RESOURCES)
+                    assert proxy.count("/resources") == 6
+                    # 500: the server failed; after 1 + len(retry_delays) tries the error is raised as it is.
+                    proxy.fail_next("status", "/resources/", count=10, status=500)
+                    with pytest.raises(LightningStoreHTTPError) as caught:
+                        await client.get_resources_by_id(added.resources_id)
+                    assert caught.value.status == 500
+                    assert proxy.count("/resources/") == 3
+            finally:
+                await client.close()
+    finally:
+        await server.stop()
 
 
 def test_the_block_refuses_a_negative_time() -> None:

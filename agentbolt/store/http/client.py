@@ -309,7 +309,8 @@ class LightningStoreClient(LightningStore):
 
         The health endpoint is not consulted (a server being restarted does not answer it either); the waits are
         ``delays`` with the last one repeated, cut to the time left. Which failures may be retried is decided as
-        outside the block (:meth:`_may_resend`).
+        outside the block (:meth:`_may_resend`); a 500 answer (the server failing rather than unreachable) is retried
+        only ``len(delays)`` times, as outside the block.
 
         Raises:
             StoreUnreachableError: Retryable failures went on for ``tolerance`` seconds.
@@ -322,6 +323,9 @@ class LightningStoreClient(LightningStore):
                 answer = await self._send(verb, path, body, params, timeout)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 if not self._may_resend(exc, idempotent):
+                    raise
+                # A 500 is the server failing, not the store being away: it gets only the usual retries.
+                if isinstance(exc, LightningStoreHTTPError) and exc.status == 500 and attempt >= len(delays):
                     raise
                 waited = time.monotonic() - started
                 if waited >= tolerance:
