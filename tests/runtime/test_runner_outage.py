@@ -95,7 +95,8 @@ async def test_attempt_fails_when_the_store_comes_back_after_the_runner_gave_up(
 ) -> None:
     rollout_id = await _enqueue(server.endpoint)
     ended: List[threading.Thread] = []
-    store = OutageOnClaim(server.endpoint, lambda: ended.append(server.outage("kill", 4.0)))
+    # The store stays away well past the runner's 1 s limit, so the runner gives up while it is still down.
+    store = OutageOnClaim(server.endpoint, lambda: ended.append(server.outage("kill", 6.0)))
     runner: LitAgentRunner[Any] = LitAgentRunner(
         OtelTracer(), poll_interval=0.1, heartbeat_interval=0, store_outage_timeout=1.0
     )
