@@ -97,7 +97,7 @@ class StoreServerProcess:
         with open(log, "wb") as stderr:
             self.process = start_store_process(self.db, self.port, stderr=stderr.fileno())
         try:
-            wait_healthy(self.endpoint + STORE_HEALTH_PATH, self.process, timeout=30)
+            wait_healthy(self.endpoint + STORE_HEALTH_PATH, self.process, timeout=60)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its log:\n{log.read_text(errors='replace')[-3000:]}") from None
 
