@@ -8,11 +8,27 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Literal, Optional, Sequence, TypeVar, Union, cast
+from collections import deque
+from dataclasses import dataclass
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+    cast,
+)
 
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.semconv import AGL_EXCEPTION
+from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT, StoreUnreachableError, ride_out_outages
 from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
 from agentbolt.types import (
@@ -45,6 +61,15 @@ logger = logging.getLogger("agentbolt.runner.agent")
 T_task = TypeVar("T_task")
 
 
+@dataclass
+class _StoreWrite:
+    """A write a rollout's record needs (a span, the attempt's outcome), kept while the store is unreachable."""
+
+    rollout_id: str
+    what: str
+    write: Callable[[], Awaitable[Any]]
+
+
 class LitAgentRunner(Runner[T_task]):
     """The standard runner for :class:`~agentbolt.litagent.LitAgent` agents.
 
@@ -57,6 +82,11 @@ class LitAgentRunner(Runner[T_task]):
             the interval).
         heartbeat_launch_mode: ``"thread"`` (a background thread schedules heartbeats) or ``"asyncio"`` (a task).
         heartbeat_include_gpu: Include GPU statistics in heartbeats.
+        store_outage_timeout: Seconds each store call made for a rollout (fetching its resources, storing its spans,
+            recording its outcome) keeps retrying while the store is unreachable, before the rollout fails with a
+            logged error (see :func:`~agentbolt.store.outage.ride_out_outages`). A write that still fails is kept
+            and made when the store is back, before the runner claims another rollout. ``None`` or ``0``: the
+            store client's own retry policy only.
     """
 
     def __init__(
@@ -68,10 +98,13 @@ class LitAgentRunner(Runner[T_task]):
         interval_jitter: float = 0.5,
         heartbeat_launch_mode: Literal["asyncio", "thread"] = "thread",
         heartbeat_include_gpu: bool = False,
+        store_outage_timeout: Optional[float] = DEFAULT_STORE_OUTAGE_TIMEOUT,
     ) -> None:
         super().__init__()
         if heartbeat_launch_mode not in ("asyncio", "thread"):
             raise ValueError(f"heartbeat_launch_mode must be 'thread' or 'asyncio', got {heartbeat_launch_mode!r}")
+        if store_outage_timeout is not None and not store_outage_timeout >= 0:
+            raise ValueError(f"store_outage_timeout must be None or at least 0 seconds, got {store_outage_timeout!r}")
         self._tracer = tracer
         self._max_rollouts = max_rollouts
         self._poll_interval = poll_interval
@@ -79,6 +112,8 @@ class LitAgentRunner(Runner[T_task]):
         self._interval_jitter = interval_jitter
         self._heartbeat_launch_mode = heartbeat_launch_mode
         self._heartbeat_include_gpu = heartbeat_include_gpu
+        self._store_outage_timeout = store_outage_timeout
+        self._unwritten: Deque[_StoreWrite] = deque()
         self._hooks: List[Hook] = []
         self._agent: Optional[LitAgent[T_task]] = None
         self._store: Optional[LightningStore] = None
@@ -158,15 +193,30 @@ class LitAgentRunner(Runner[T_task]):
         return await asyncio.to_thread(sync_method, rollout.input, resources=resources, rollout=rollout)
 
     async def _step_impl(self, next_rollout: AttemptedRollout, raise_on_exception: bool = False) -> str:
-        """Run the agent on one claimed rollout and record the attempt's outcome; returns the rollout id."""
+        """Run the agent on one claimed rollout and record the attempt's outcome; returns the rollout id.
+
+        Every store call made for the rollout rides out a store outage of up to ``store_outage_timeout`` seconds.
+        """
+        with ride_out_outages(self._store_outage_timeout):
+            return await self._run_rollout(next_rollout, raise_on_exception)
+
+    async def _run_rollout(self, next_rollout: AttemptedRollout, raise_on_exception: bool) -> str:
         store = self.get_store()
         agent = self.get_agent()
         rollout_id = next_rollout.rollout_id
-        resources_update = (
-            await store.get_resources_by_id(next_rollout.resources_id)
-            if next_rollout.resources_id
-            else await store.get_latest_resources()
-        )
+        started = time.perf_counter()
+        try:
+            resources_update = (
+                await store.get_resources_by_id(next_rollout.resources_id)
+                if next_rollout.resources_id
+                else await store.get_latest_resources()
+            )
+        except Exception as exc:  # the store stayed unreachable for longer than the runner rides out
+            logger.error("[Rollout %s] Could not fetch its resources (%s); the attempt fails.", rollout_id, exc)
+            await self._finish_attempt(next_rollout, exc, started)
+            if raise_on_exception:
+                raise
+            return rollout_id
         if resources_update is None:
             message = f"[Rollout {rollout_id}] No resources found (resources_id={next_rollout.resources_id!r})."
             if raise_on_exception:
@@ -176,7 +226,6 @@ class LitAgentRunner(Runner[T_task]):
 
         spans: Union[List[ReadableSpan], List[Span]] = []
         error: Optional[BaseException] = None
-        started = time.perf_counter()
         await self._call_hooks("on_rollout_start", agent=agent, runner=self, rollout=next_rollout)
         try:
             async with self._tracer.trace_context(
@@ -193,22 +242,27 @@ class LitAgentRunner(Runner[T_task]):
         except BaseException as exc:
             error = exc
             logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
-            await self._record_exception(next_rollout, exc)
             if raise_on_exception or not isinstance(exc, Exception):
                 raise
         finally:
             await self._call_hooks("on_rollout_end", agent=agent, runner=self, rollout=next_rollout, spans=spans)
-            try:
-                await store.update_attempt(
-                    rollout_id, next_rollout.attempt.attempt_id, status="failed" if error is not None else "succeeded"
-                )
-            except Exception:
-                logger.exception("[Rollout %s] Could not record the attempt's outcome", rollout_id)
-            metrics = self._metrics
-            if metrics is not None:
-                status = "failed" if error is not None else "succeeded"
-                await metrics.record(status, next_rollout.mode, time.perf_counter() - started)
+            await self._finish_attempt(next_rollout, error, started)
         return rollout_id
+
+    async def _finish_attempt(self, rollout: AttemptedRollout, error: Optional[BaseException], started: float) -> None:
+        """Record the attempt's outcome (after an ``agentlightning.exception`` span when it failed) and count it."""
+        status: Literal["failed", "succeeded"] = "failed" if error is not None else "succeeded"
+        if error is not None:
+            await self._record_exception(rollout, error)
+        store = self.get_store()
+        await self._write_or_keep(
+            rollout.rollout_id,
+            f"the attempt's outcome ({status})",
+            lambda: store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, status=status),
+        )
+        metrics = self._metrics
+        if metrics is not None:
+            await metrics.record(status, rollout.mode, time.perf_counter() - started)
 
     async def _record_exception(self, rollout: AttemptedRollout, exc: BaseException) -> None:
         """Store an ``agentlightning.exception`` span describing why the attempt failed."""
@@ -220,18 +274,79 @@ class LitAgentRunner(Runner[T_task]):
         await self._store_core_spans(rollout, [core])
 
     async def _store_core_spans(self, rollout: AttemptedRollout, cores: Sequence[SpanCoreFields]) -> List[Span]:
-        # The store issues the sequence ids (the placeholder 0 is replaced) and stores the spans in one call.
+        # The store issues the sequence ids (the placeholder 0 is replaced) and stores the spans in one call; the
+        # call is safe to repeat (the store skips spans it already holds), so it may be kept for later.
         spans = [
             Span.from_core_fields(
                 core, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, sequence_id=0
             )
             for core in cores
         ]
-        try:
-            return list(await self.get_store().add_spans_with_new_sequence_ids(spans))
-        except Exception:
-            logger.exception("[Rollout %s] Could not store %d spans", rollout.rollout_id, len(spans))
-            return []
+        store = self.get_store()
+        stored = await self._write_or_keep(
+            rollout.rollout_id, f"{len(spans)} spans", lambda: store.add_spans_with_new_sequence_ids(spans)
+        )
+        return list(stored) if stored is not None else []
+
+    # ------------------------------------------------------------------ writes kept through an outage
+
+    async def _write_or_keep(self, rollout_id: str, what: str, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Make a write the rollout's record needs; keep it for later when the store cannot be reached.
+
+        Writes reach the store in the order they were made: while earlier ones are kept, a new one is kept behind
+        them. Kept writes are made by :meth:`_write_kept`.
+
+        Returns:
+            What the write returned; None when it was kept, or when the store rejected it (logged).
+        """
+        if not self._unwritten:
+            try:
+                return await write()
+            except StoreUnreachableError as exc:
+                reason = str(exc)
+            except Exception:
+                logger.exception("[Rollout %s] Could not write %s", rollout_id, what)
+                return None
+        else:
+            reason = f"{len(self._unwritten)} earlier writes are waiting for the store"
+        logger.error(
+            "[Rollout %s] Could not write %s: %s; it is written once the store is back.", rollout_id, what, reason
+        )
+        self._unwritten.append(_StoreWrite(rollout_id, what, write))
+        return None
+
+    async def _write_kept(self) -> bool:
+        """Make the writes kept during an outage, oldest first; whether none is left.
+
+        Stops at the first write the store still cannot take (:class:`StoreUnreachableError`, so call this inside
+        :func:`ride_out_outages`); a write failing otherwise is logged and dropped.
+        """
+        while self._unwritten:
+            kept = self._unwritten[0]
+            try:
+                await kept.write()
+            except StoreUnreachableError:
+                return False
+            except Exception:
+                logger.exception("[Rollout %s] Could not write %s", kept.rollout_id, kept.what)
+            else:
+                logger.info("[Rollout %s] Wrote %s now that the store is back.", kept.rollout_id, kept.what)
+            self._unwritten.popleft()
+        return True
+
+    async def _write_kept_before_stopping(self) -> None:
+        """Give the kept writes one last bounded chance; log those the store still could not take."""
+        if not self._unwritten:
+            return
+        with ride_out_outages(self._store_outage_timeout):
+            await self._write_kept()
+        for kept in self._unwritten:
+            logger.error(
+                "[Rollout %s] %s is not written: the store was still unreachable when %s stopped.",
+                kept.rollout_id,
+                kept.what,
+                self.get_worker_id(),
+            )
 
     async def _post_process_rollout_result(
         self, rollout: AttemptedRollout, raw_result: RolloutRawResult
@@ -391,10 +506,15 @@ class LitAgentRunner(Runner[T_task]):
                 while next_rollout is None:
                     if event is not None and event.is_set():
                         return
-                    try:
-                        next_rollout = await store.dequeue_rollout(worker_id=self.get_worker_id())
-                    except Exception as exc:
-                        logger.warning("%s could not dequeue: %s", self.get_worker_id(), exc)
+                    # No new work while the outcome of earlier work is not in the store yet; waiting for the store
+                    # lasts about one poll interval, so that the stop event is still seen.
+                    with ride_out_outages(max(self._poll_interval, 0.01)):
+                        written = await self._write_kept()
+                    if written:
+                        try:
+                            next_rollout = await store.dequeue_rollout(worker_id=self.get_worker_id())
+                        except Exception as exc:
+                            logger.warning("%s could not dequeue: %s", self.get_worker_id(), exc)
                     if next_rollout is None:
                         await self._sleep_until_next_poll(event)
                 try:
@@ -403,6 +523,7 @@ class LitAgentRunner(Runner[T_task]):
                     logger.exception("[Rollout %s] Runner step failed", next_rollout.rollout_id)
                 completed += 1
         finally:
+            await self._write_kept_before_stopping()
             if stop_heartbeat is not None:
                 await stop_heartbeat()
 
@@ -421,6 +542,11 @@ class LitAgentRunner(Runner[T_task]):
             input=input, mode=mode, resources_id=resources_id, worker_id=self.get_worker_id()
         )
         await self._step_impl(attempted, raise_on_exception=True)
+        with ride_out_outages(self._store_outage_timeout):
+            if not await self._write_kept():
+                raise RuntimeError(
+                    f"The outcome of rollout {attempted.rollout_id} could not be recorded: the store is unreachable"
+                )
         finished = await store.get_rollout_by_id(attempted.rollout_id)
         if finished is None:
             raise RuntimeError(f"Rollout {attempted.rollout_id} disappeared from the store")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -188,7 +189,9 @@ class SpanWriter:
         assert self._loop is not None
         self._loop_thread = threading.get_ident()
         self._wakeup = asyncio.Event()
-        self._task = self._loop.create_task(self._run(), name="agentbolt-span-writer")
+        # A fresh context: the writer has its own retry policy and must not inherit the context of whichever caller
+        # started it (a runner's ride_out_outages block, a rollout's trace context).
+        self._task = self._loop.create_task(self._run(), name="agentbolt-span-writer", context=contextvars.Context())
 
     @property
     def started(self) -> bool:

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import httpx
 import psutil
 import pytest
 from support.fake_openai import FakeOpenAIConfig, FakeOpenAIServer
-from support.servers import free_port, start_store_process, wait_healthy
+from support.servers import OutageKind, StoreServerProcess, free_port
 
 import agentbolt as agl
 from agentbolt.store.memory import InMemoryLightningStore
@@ -138,32 +139,28 @@ def test_killed_runner_attempt_becomes_unresponsive_and_is_retried(
     asyncio.run(check())
 
 
-def _start_store_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    log = db.with_name(f"store-{time.monotonic_ns()}.log")  # kept for the failure report
-    with open(log, "wb") as stderr:
-        process = start_store_process(db, port, stderr=stderr.fileno())
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/v1/agl/health", process, timeout=30)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; its log:\n{log.read_text(errors='replace')[-3000:]}") from None
-    return process
+def _succeeded(endpoint: str) -> int:
+    """How many rollouts the store at ``endpoint`` holds as succeeded."""
+    response = httpx.get(f"{endpoint}/v1/agl/rollouts", params={"status_in": "succeeded"}, timeout=5)
+    response.raise_for_status()
+    return int(response.json()["total"])
 
 
-def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
-    db = tmp_path / "store.db"
-    port = free_port()
-    server = _start_store_server(db, port)
+@pytest.mark.parametrize("kind", ["restart", "pause"])
+def test_store_outage_delays_but_loses_no_span(tmp_path: Path, kind: OutageKind) -> None:
+    """The store is stopped and restarted on the same data, or paused, while two runner processes work.
+
+    No rollout config asks for retries: every rollout must succeed on its first attempt with all of its spans.
+    """
+    server = StoreServerProcess(tmp_path / "store.db")
+    server.start()
     n_tasks = 12
     try:
         with FakeOpenAIServer(FakeOpenAIConfig(token_ids=True, delay=0.15)) as slow_openai:
             from agentbolt.store.client_server import LightningStoreClient
 
-            client = LightningStoreClient(f"http://127.0.0.1:{port}")
-            # A call that meets the outage can be given up by the client (it retries only while the server's
-            # health endpoint answers), leaving its attempt without an outcome; the rollout config retries such
-            # attempts, as a deployment riding out store restarts would set it.
-            retry = agl.RolloutConfig(unresponsive_seconds=5.0, max_attempts=3, retry_condition=["unresponsive"])
-            algorithm = EnqueueAndWait(config=retry, deadline=120)
+            client = LightningStoreClient(server.endpoint)
+            algorithm = EnqueueAndWait(deadline=120)
             trainer = agl.Trainer(
                 store=client,
                 runner=FAST_RUNNER,
@@ -172,18 +169,12 @@ def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
                 strategy={"type": "cs", "n_runners": 2, "managed_store": False},
             )
 
-            outage_errors: list[BaseException] = []
-
             def outage() -> None:
-                nonlocal server
-                try:
-                    time.sleep(2.0)
-                    server.send_signal(signal.SIGTERM)
-                    server.wait(20)
-                    time.sleep(3.0)
-                    server = _start_store_server(db, port)
-                except BaseException as exc:  # reported by the test below, not lost in the thread
-                    outage_errors.append(exc)
+                # Once the runners are at work (two rollouts done), so that the outage meets rollouts midway.
+                deadline = time.monotonic() + 60
+                while _succeeded(server.endpoint) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                server.outage(kind, 3.0 if kind == "restart" else 5.0).join()
 
             import threading
 
@@ -193,13 +184,15 @@ def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
                 trainer.fit(two_call_agent, [{"question": f"q{i}"} for i in range(n_tasks)])
             finally:
                 thread.join(30)
-                assert not outage_errors, f"the store did not restart: {outage_errors[0]!r}"
+                assert not server.errors, f"the store did not come back: {server.errors[0]!r}"
 
         async def check() -> None:
             rollouts = await client.query_rollouts()
             assert len(rollouts) == n_tasks
             assert {r.status for r in rollouts} == {"succeeded"}
             for rollout in rollouts:
+                attempts = list(await client.query_attempts(rollout.rollout_id))
+                assert [a.status for a in attempts] == ["succeeded"], rollout.rollout_id
                 spans = await client.query_spans(rollout.rollout_id, "latest")
                 names = sorted(s.name for s in spans)
                 assert names.count("openai.chat.completion") == 2, names
@@ -208,8 +201,7 @@ def test_store_outage_delays_but_loses_no_span(tmp_path: Path) -> None:
 
         asyncio.run(check())
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(20)
+        server.stop()
 
 
 def test_ctrl_c_stops_every_child_process(tmp_path: Path, fake_openai: FakeOpenAIServer) -> None:

@@ -1,15 +1,17 @@
-"""Ports and server processes for tests: free and taken ports, ``agentbolt store`` subprocesses."""
+"""Ports and server processes for tests: free and taken ports, ``agentbolt store`` subprocesses and their outages."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, List, Literal, Optional, Sequence
 
 import httpx
 
@@ -70,3 +72,66 @@ def wait_healthy(url: str, process: Optional[subprocess.Popen[bytes]] = None, ti
                 return
         time.sleep(0.1)
     raise AssertionError(f"{url} did not answer 200 within {timeout:g} seconds")
+
+
+OutageKind = Literal["pause", "restart", "kill"]
+
+
+class StoreServerProcess:
+    """An ``agentbolt store`` subprocess on a SQLite file that a test pauses, or stops and restarts on the same data.
+
+    Its stderr goes to a log file next to the database, quoted when the server fails to start.
+    """
+
+    def __init__(self, db: Path, port: Optional[int] = None) -> None:
+        self.db = db
+        self.port = port if port is not None else free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.errors: List[BaseException] = []
+        """Failures of outages ended in the background (a restart that did not come up)."""
+
+    def start(self) -> None:
+        """Start the server and wait until it answers its health route."""
+        log = self.db.with_name(f"store-{time.monotonic_ns()}.log")
+        with open(log, "wb") as stderr:
+            self.process = start_store_process(self.db, self.port, stderr=stderr.fileno())
+        try:
+            wait_healthy(self.endpoint + STORE_HEALTH_PATH, self.process, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log:\n{log.read_text(errors='replace')[-3000:]}") from None
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop the server with ``signum`` (a paused server is resumed first so that it can exit)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+            self.process.send_signal(signal.SIGCONT)
+            self.process.wait(20)
+
+    def outage(self, kind: OutageKind, seconds: float) -> threading.Thread:
+        """Begin an outage now and end it ``seconds`` later from a background thread (returned, to join).
+
+        ``"pause"`` stops the process (SIGSTOP) and resumes it; ``"restart"`` stops it with SIGTERM and ``"kill"``
+        with SIGKILL, then starts a new server on the same file and port. When this returns, the server is already
+        unreachable.
+        """
+        assert self.process is not None
+        if kind == "pause":
+            self.process.send_signal(signal.SIGSTOP)
+        else:
+            self.stop(signal.SIGTERM if kind == "restart" else signal.SIGKILL)
+
+        def end() -> None:
+            try:
+                time.sleep(seconds)
+                if kind == "pause":
+                    assert self.process is not None
+                    self.process.send_signal(signal.SIGCONT)
+                else:
+                    self.start()
+            except BaseException as exc:  # reported by the test through `errors`, not lost in the thread
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=end, name=f"store-{kind}", daemon=True)
+        thread.start()
+        return thread

@@ -33,6 +33,7 @@ from agentbolt.store.http.routes import (
     StoreRoute,
     parse_rollout,
 )
+from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
 
@@ -59,6 +60,11 @@ class LightningStoreClient(LightningStore):
     connection could not be opened, or the server answered 503 for a storage outage, which it guarantees changed
     nothing); after an ambiguous failure (connection lost mid-request, timeout) they raise. Dequeues are never
     retried and return nothing on failure.
+
+    Inside :func:`~agentbolt.store.outage.ride_out_outages` (as a runner opens around each rollout), retryable
+    calls keep retrying for the block's total time instead, whether or not the health endpoint answers, and a call
+    that still fails raises :class:`~agentbolt.store.outage.StoreUnreachableError` rather than returning ``None``:
+    a store paused or restarted for a few seconds only delays the caller.
 
     Errors answered by the server raise :class:`~agentbolt.store.http.errors.LightningStoreHTTPError` (an
     :class:`aiohttp.ClientResponseError`) carrying the server's message.
@@ -269,6 +275,9 @@ class LightningStoreClient(LightningStore):
         """
         body = pydantic_core.to_json(json) if json is not None else None
         delays = self._retry_delays if retry else ()
+        tolerance = outage_tolerance() if delays else None
+        if tolerance is not None:
+            return await self._request_riding_out(method, path, body, params, timeout, idempotent, delays, tolerance)
         attempt = 0
         while True:
             try:
@@ -284,6 +293,62 @@ class LightningStoreClient(LightningStore):
             await asyncio.sleep(delays[attempt])
             attempt += 1
             logger.info("Retrying %s %s (retry %d of %d)", method.upper(), path, attempt, len(delays))
+
+    async def _request_riding_out(
+        self,
+        method: str,
+        path: str,
+        body: Optional[bytes],
+        params: Optional[Any],
+        timeout: Optional[float] | Unset,
+        idempotent: bool,
+        delays: Tuple[float, ...],
+        tolerance: float,
+    ) -> Any:
+        """Send a request inside :func:`~agentbolt.store.outage.ride_out_outages`: retry for up to ``tolerance`` s.
+
+        The health endpoint is not consulted (a server being restarted does not answer it either); the waits are
+        ``delays`` with the last one repeated, cut to the time left. Which failures may be retried is decided as
+        outside the block (:meth:`_may_resend`); a 500 answer (the server failing rather than unreachable) is retried
+        only ``len(delays)`` times, as outside the block.
+
+        Raises:
+            StoreUnreachableError: Retryable failures went on for ``tolerance`` seconds.
+        """
+        verb = method.upper()
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                answer = await self._send(verb, path, body, params, timeout)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                if not self._may_resend(exc, idempotent):
+                    raise
+                # A 500 is the server failing, not the store being away: it gets only the usual retries.
+                if isinstance(exc, LightningStoreHTTPError) and exc.status == 500 and attempt >= len(delays):
+                    raise
+                waited = time.monotonic() - started
+                if waited >= tolerance:
+                    message = (
+                        f"{verb} {path} gave up: the store at {self.server_address_root} stayed unreachable for "
+                        f"{waited:.1f} s (limit {tolerance:g} s); last error: {_describe(exc)}"
+                    )
+                    logger.error("%s", message)
+                    raise StoreUnreachableError(message) from exc
+                if attempt == 0:
+                    logger.warning(
+                        "%s %s failed (%s); retrying for up to %g s while the store is unreachable",
+                        verb,
+                        path,
+                        _describe(exc),
+                        tolerance,
+                    )
+                await asyncio.sleep(min(delays[min(attempt, len(delays) - 1)], tolerance - waited))
+                attempt += 1
+                continue
+            if attempt:
+                logger.info("%s %s succeeded after %.1f s of store outage", verb, path, time.monotonic() - started)
+            return answer
 
     async def _call_route(self, route: StoreRoute, values: Dict[str, Any]) -> Any:
         """Run one store call through its route: build the request from the call's arguments, decode the answer."""
@@ -305,7 +370,8 @@ class LightningStoreClient(LightningStore):
                 retry=route.retried,
             )
         except Exception as exc:
-            if route.on_failure == "raise" or is_auth_error(exc):
+            # Inside ride_out_outages a call that still fails raises, so that "no answer" is not taken for "none".
+            if route.on_failure == "raise" or is_auth_error(exc) or (route.retried and outage_tolerance() is not None):
                 raise
             self._log_swallowed_failure(route, exc)
             return None if route.on_failure == "none" else []

@@ -1,0 +1,135 @@
+"""A runner in the middle of a rollout when its store server goes away: the rollout waits, it is not abandoned.
+
+The store is a real ``agentbolt store`` subprocess on SQLite; the outage starts the moment the runner has claimed a
+rollout, so the runner meets it exactly while fetching the rollout's resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional
+
+import pytest
+from support.servers import OutageKind, StoreServerProcess
+
+import agentbolt as agl
+from agentbolt.execution import ThreadingEvent
+from agentbolt.runner import LitAgentRunner
+from agentbolt.store.client_server import LightningStoreClient
+from agentbolt.tracer import OtelTracer
+from agentbolt.types import AttemptedRollout
+
+PROMPT = {"prompt": agl.PromptTemplate(template="Say {word}", engine="f-string")}
+
+
+@agl.rollout
+def rewarded_agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+    with agl.operation(name="work"):
+        pass
+    return 0.5
+
+
+class OutageOnClaim(LightningStoreClient):
+    """The real client, which sets off ``on_claim`` once, right after it claimed a rollout (a test hook)."""
+
+    def __init__(self, endpoint: str, on_claim: Callable[[], None]) -> None:
+        super().__init__(endpoint)
+        self._on_claim: Optional[Callable[[], None]] = on_claim
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        claimed = await super().dequeue_rollout(worker_id=worker_id)
+        if claimed is not None and self._on_claim is not None:
+            on_claim, self._on_claim = self._on_claim, None
+            on_claim()
+        return claimed
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[StoreServerProcess]:
+    server = StoreServerProcess(tmp_path / "store.db")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _enqueue(endpoint: str) -> str:
+    client = LightningStoreClient(endpoint)
+    try:
+        resources_id = (await client.add_resources(PROMPT)).resources_id
+        return (await client.enqueue_rollout(input={"word": "hi"}, resources_id=resources_id)).rollout_id
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("kind", ["kill", "pause"])
+async def test_runner_rides_out_an_outage_that_starts_when_it_fetches_resources(
+    server: StoreServerProcess, kind: OutageKind
+) -> None:
+    rollout_id = await _enqueue(server.endpoint)
+    ended: List[threading.Thread] = []
+    store = OutageOnClaim(server.endpoint, lambda: ended.append(server.outage(kind, 3.0)))
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), max_rollouts=1, poll_interval=0.1, heartbeat_interval=0)
+    try:
+        with runner.run_context(agent=rewarded_agent, store=store):
+            await runner.iter()
+        await asyncio.to_thread(ended[0].join, 30)
+        assert not server.errors
+
+        rollout = await store.get_rollout_by_id(rollout_id)
+        assert rollout is not None and rollout.status == "succeeded"
+        attempts = list(await store.query_attempts(rollout_id))
+        assert [a.status for a in attempts] == ["succeeded"]
+        names = [span.name for span in await store.query_spans(rollout_id)]
+        assert sorted(names) == ["agentlightning.annotation", "agentlightning.operation"], names
+    finally:
+        await store.close()
+
+
+async def test_attempt_fails_when_the_store_comes_back_after_the_runner_gave_up(
+    server: StoreServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    rollout_id = await _enqueue(server.endpoint)
+    ended: List[threading.Thread] = []
+    # The store stays away well past the runner's 1 s limit, so the runner gives up while it is still down.
+    store = OutageOnClaim(server.endpoint, lambda: ended.append(server.outage("kill", 6.0)))
+    runner: LitAgentRunner[Any] = LitAgentRunner(
+        OtelTracer(), poll_interval=0.1, heartbeat_interval=0, store_outage_timeout=1.0
+    )
+    event = ThreadingEvent()
+    try:
+        with runner.run_context(agent=rewarded_agent, store=store):
+            serving = asyncio.create_task(runner.iter(event=event))
+            try:
+                deadline = time.monotonic() + 60
+                attempt = None
+                while attempt is None or attempt.status != "failed":
+                    assert time.monotonic() < deadline, f"the attempt was never recorded as failed: {attempt}"
+                    assert not serving.done(), serving
+                    await asyncio.sleep(0.2)
+                    if ended and not ended[0].is_alive():
+                        attempt = await store.get_latest_attempt(rollout_id)
+            finally:
+                event.set()
+                await serving
+        assert not server.errors
+
+        attempts = list(await store.query_attempts(rollout_id))
+        assert [a.status for a in attempts] == ["failed"]
+        spans = list(await store.query_spans(rollout_id))
+        exceptions = [s for s in spans if s.name == "agentlightning.exception"]
+        assert len(exceptions) == 1
+        assert exceptions[0].attributes["exception.type"] == "StoreUnreachableError"
+        assert "stayed unreachable" in str(exceptions[0].attributes["exception.message"])
+        assert any("Could not fetch its resources" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
+
+
+def test_store_outage_timeout_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="store_outage_timeout"):
+        LitAgentRunner(OtelTracer(), store_outage_timeout=-1.0)
