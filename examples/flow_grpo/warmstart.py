@@ -23,8 +23,8 @@ micro-batch layout trains the same adapter) and the LoRA shape, so a second run 
 
 Examples::
 
-    python -m examples.flow_grpo.warmstart --config cpu     # builds (or finds) the cached warm start
-    python -m examples.flow_grpo.train --config cpu         # builds it first when it is missing
+    python -m examples.flow_grpo.warmstart --config cpu-warmstart     # builds (or finds) the cached warm start
+    python -m examples.flow_grpo.train --config cpu-warmstart         # builds it first when it is missing
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class GRPO(FinetuningAlgorithm):
         outcomes = await self._run_rollouts(
             store, tasks, mode="train", step=step, resources_id=resources_id, copies=config.group_size
         )
-        groups_run, resampled = len(tasks), 0
+        groups_run = len(tasks)
         for _ in range(config.resample_rounds):
             missing = len(tasks) - (groups_run - self._flat_groups(outcomes))  # groups with a signal still wanted
             if missing <= 0 or self._draw_tasks is None:
@@ -205,7 +205,7 @@ class GRPO(FinetuningAlgorithm):
                 copies=config.group_size,
                 first_group=groups_run,
             )
-            groups_run, resampled = groups_run + len(more), resampled + len(more)
+            groups_run += len(more)
         rollout_seconds = time.perf_counter() - started
         samples, sample_stats, scores = self._samples(outcomes)
         kept, adv_stats = assign_advantages(
@@ -229,7 +229,7 @@ class GRPO(FinetuningAlgorithm):
             "samples/missing_logprobs": float(sample_stats.missing_logprobs),
             "groups/total": float(adv_stats.groups),
             "groups/zero_variance": float(adv_stats.zero_variance_groups),
-            "groups/resampled": float(resampled),
+            "groups/resampled": float(groups_run - len(tasks)),
         }
         update_started = time.perf_counter()
         if kept:

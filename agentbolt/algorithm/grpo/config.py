@@ -45,9 +45,8 @@ class GRPOConfig(FinetuningConfig):
         description="Dynamic sampling: while fewer than batch_size of a step's groups carry a learning signal (the "
         "others have equal rewards), run up to this many more rounds, each with as many fresh training tasks as "
         "signal-carrying groups are missing (each rolled out group_size times); the update trains on every group "
-        "with a signal. The extra tasks come "
-        "from the same sampler (they count towards its epoch) and the step's minibatches grow instead of multiplying, "
-        "so the learning-rate schedule is unchanged. 0: off.",
+        "with a signal. The extra tasks come from the same sampler (they count towards its epoch) and the step's "
+        "minibatches grow instead of multiplying, so the learning-rate schedule is unchanged. 0: off.",
     )
     credit: Literal["final", "per_call"] = Field(
         default="final",
