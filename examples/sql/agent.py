@@ -32,6 +32,7 @@ __all__ = [
     "build_graph",
     "extract_query",
     "format_result",
+    "writer_messages",
 ]
 
 AGENT_MATCH = "write"
@@ -48,16 +49,33 @@ CHECK_PROMPT = (
 CORRECT = "THE QUERY IS CORRECT"
 
 _EXAMPLE_SCHEMA = "CREATE TABLE ships (id INTEGER PRIMARY KEY, name TEXT, port TEXT, tons INTEGER);"
-_WRITE_EXAMPLES: List[Dict[str, str]] = [
-    {"role": "user", "content": f"Schema: {_EXAMPLE_SCHEMA}\nQuestion: How many ships have port Bergen?"},
-    {"role": "assistant", "content": "```sql\nSELECT COUNT(*) FROM ships WHERE port = 'Bergen'\n```"},
-    {
-        "role": "user",
-        "content": f"Schema: {_EXAMPLE_SCHEMA}\nQuestion: Which ship has the highest tons? Give its name.",
-    },
-    {"role": "assistant", "content": "```sql\nSELECT name FROM ships ORDER BY tons DESC LIMIT 1\n```"},
-]
-"""Worked examples on a table that is in no database of the example."""
+_EXAMPLE_PAIRS = (
+    ("How many ships have port Bergen?", "SELECT COUNT(*) FROM ships WHERE port = 'Bergen'"),
+    ("Which ship has the highest tons? Give its name.", "SELECT name FROM ships ORDER BY tons DESC LIMIT 1"),
+    ("What is the lowest tons of all ships?", "SELECT MIN(tons) FROM ships"),
+    ("What is the port of the ship named Nordlys?", "SELECT port FROM ships WHERE name = 'Nordlys'"),
+    ("List the names of the ships whose tons is less than 500.", "SELECT name FROM ships WHERE tons < 500"),
+)
+
+
+def _question_turn(schema: str, question: str) -> str:
+    return f"Schema: {schema}\nQuestion: {question}"
+
+
+def writer_messages(content: str) -> List[Dict[str, str]]:
+    """The query writer's conversation: one worked example per kind of question, then ``content``.
+
+    The examples use a table that is in no database of the example. The instruction opens the first user turn, so
+    the conversation is the same for the writer and the rewriter.
+    """
+    messages: List[Dict[str, str]] = []
+    for question, query in _EXAMPLE_PAIRS:
+        messages.append({"role": "user", "content": _question_turn(_EXAMPLE_SCHEMA, question)})
+        messages.append({"role": "assistant", "content": f"```sql\n{query}\n```"})
+    messages.append({"role": "user", "content": content})
+    messages[0] = {"role": "user", "content": f"{WRITE_PROMPT}\n\n{messages[0]['content']}"}
+    return messages
+
 
 _FENCED = re.compile(r"```(?:sql)?\s*(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
 _SELECT = re.compile(r"\b(SELECT|WITH)\b.*", re.DOTALL | re.IGNORECASE)
@@ -121,28 +139,27 @@ def build_graph(llm: agl.LLM, base_url: str, *, max_turns: int = 1, max_tokens: 
 
     writer, checker, rewriter = model("write_query"), model("check_query"), model("rewrite_query")
 
-    def ask(chat: Any, system: str, examples: List[Dict[str, str]], content: str) -> str:
-        messages = [{"role": "system", "content": system}, *examples, {"role": "user", "content": content}]
+    def ask(chat: Any, messages: List[Dict[str, str]]) -> str:
         return str(chat.invoke(messages).content or "")
 
     def write_query(state: SqlState) -> SqlState:
-        content = f"Schema: {schema_text(state['db_id'])}\nQuestion: {state['question']}"
-        return {"query": extract_query(ask(writer, WRITE_PROMPT, _WRITE_EXAMPLES, content)), "turn": 0}
+        content = _question_turn(schema_text(state["db_id"]), state["question"])
+        return {"query": extract_query(ask(writer, writer_messages(content))), "turn": 0}
 
     def execute_query(state: SqlState) -> SqlState:
         return {"result": format_result(state["db_id"], state["query"])}
 
     def check_query(state: SqlState) -> SqlState:
         content = f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}"
-        feedback = ask(checker, CHECK_PROMPT, [], content)
+        feedback = ask(checker, [{"role": "system", "content": CHECK_PROMPT}, {"role": "user", "content": content}])
         return {"feedback": feedback, "done": CORRECT in feedback.upper()}
 
     def rewrite_query(state: SqlState) -> SqlState:
         content = (
-            f"Schema: {schema_text(state['db_id'])}\nQuestion: {state['question']}\n"
+            f"{_question_turn(schema_text(state['db_id']), state['question'])}\n"
             f"Previous query: {state['query']}\nResult: {state['result']}\nProblem: {state['feedback']}"
         )
-        query = extract_query(ask(rewriter, WRITE_PROMPT, _WRITE_EXAMPLES, content))
+        query = extract_query(ask(rewriter, writer_messages(content)))
         return {"query": query, "turn": state.get("turn", 0) + 1}
 
     builder = StateGraph(SqlState)

@@ -19,7 +19,7 @@ SPEC = ExampleSpec(
     load_train=lambda: list(load_split("train")),
     load_test=lambda: list(load_split("test")),
     slice_of=lambda task: str(task["kind"]),
-    defaults=TrainingConfig(steps=4, batch_size=4, group_size=8, max_tokens=64),
+    defaults=TrainingConfig(steps=4, batch_size=4, group_size=6, temperature=0.7, max_tokens=48),
     agent_match=AGENT_MATCH,
 )
 
