@@ -62,7 +62,11 @@ class RunnerConfig(BaseModel):
     store: Optional[str] = Field(default=None, description="SQLite store file (None: in memory).")
     host: str = Field(default="127.0.0.1", description="Interface of the store server (cs).")
     port: Optional[int] = Field(default=None, ge=1, le=65535, description="Port of the store server (None: free).")
-    poll_interval: float = Field(default=0.05, gt=0, description="Seconds between a runner's polls for work.")
+    poll_interval: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="Seconds between an idle runner's polls for work (None: agentbolt.runner.agent.TRAINING_POLL_INTERVAL).",
+    )
 
 
 class TrainRunConfig(BaseModel):
@@ -216,6 +220,7 @@ def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig,
 
     configure_openmp()
     import agentbolt as agl
+    from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
     from agentbolt.serving.server import find_free_port
 
     store = _store(config, base)
@@ -233,7 +238,7 @@ def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig,
         store=store,
         tracer=tracer,
         strategy=strategy,
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=config.poll_interval),
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=config.poll_interval or TRAINING_POLL_INTERVAL),
     )
     trainer.fit(agent, train_dataset=train, val_dataset=val)
 

@@ -250,6 +250,7 @@ def fit_grpo(
     import agentbolt as agl
     from agentbolt.algorithm.grpo import GRPO
     from agentbolt.models import resolve_model
+    from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
 
     algorithm = GRPO(
         model=str(resolve_model(config.model).path),
@@ -287,7 +288,7 @@ def fit_grpo(
         # the runners' rollouts overlap so the engine decodes them as one batch.
         n_runners=config.runners,
         port=0,
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=TRAINING_POLL_INTERVAL),
     )
     # The runner processes are forked from this one: with the agents' OpenAI SDK imported here they share its
     # modules' memory instead of importing a private copy each.

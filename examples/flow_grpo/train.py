@@ -40,6 +40,7 @@ import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentbolt.algorithm.sft.config import Packing
+from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
 from examples.flow_grpo.data import load_offline_dataset, load_tasks
 from examples.flow_grpo.evaluation import PassComparison
 
@@ -441,7 +442,7 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
             # let rollouts overlap so each engine decodes them as one batch.
             n_runners=config.runners,
             port=0,
-            runner=agl.LitAgentRunner(tracer=tracer, poll_interval=0.05),
+            runner=agl.LitAgentRunner(tracer=tracer, poll_interval=TRAINING_POLL_INTERVAL),
             # The fixed roles call the fixed model through a gateway of their own, recording into the run's store:
             # the trace then holds every call with its token ids, and agent_match="planner" keeps them out of
             # training.

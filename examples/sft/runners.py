@@ -22,11 +22,12 @@ __all__ = ["main", "run_runner"]
 def run_runner(store_url: str, worker_id: int) -> None:
     """One runner: iterate over the store's rollouts until SIGTERM / SIGINT."""
     import agentbolt as agl
+    from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
     from examples.sft.agent import math_agent
 
     store = agl.LightningStoreClient(store_url)
     tracer = agl.OtelTracer()
-    runner = agl.LitAgentRunner(tracer=tracer, poll_interval=0.05)
+    runner = agl.LitAgentRunner(tracer=tracer, poll_interval=TRAINING_POLL_INTERVAL)
     stop = agl.ThreadingEvent()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
-import subprocess
 from pathlib import Path
-from typing import AsyncIterator, Dict, List, Optional
+from typing import AsyncIterator, Dict, List
 
 import httpx
 import pytest
-from support.servers import free_port, start_store_process, wait_healthy
+from support.servers import StoreServerProcess
 
 from agentbolt.gateway.app import Gateway, GatewaySettings, create_app
 from agentbolt.llm_proxy import LLMProxy
@@ -31,37 +29,19 @@ from .fake_backend import FakeBackend
 ROLLOUTS = 6
 
 
-class StoreProcess:
-    """An ``agentbolt store`` subprocess on a SQLite file, which tests pause, kill and restart."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-
-    async def start(self) -> None:
-        self.proc = start_store_process(self.path, self.port)
-        await asyncio.to_thread(wait_healthy, f"{self.endpoint}/v1/agl/health", self.proc)
-
-    def signal(self, signum: int) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signum)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL also ends a stopped process
-            self.proc.wait(10)
+def _send(store: StoreServerProcess, signum: int) -> None:
+    assert store.process is not None
+    store.process.send_signal(signum)
 
 
 @pytest.fixture
-async def store_process(tmp_path: Path) -> AsyncIterator[StoreProcess]:
-    server = StoreProcess(tmp_path / "store.db")
-    await server.start()
+async def store_process(tmp_path: Path) -> AsyncIterator[StoreServerProcess]:
+    server = StoreServerProcess(tmp_path / "store.db")
+    await asyncio.to_thread(server.start)
     try:
         yield server
     finally:
-        server.kill()
+        server.stop(signal.SIGKILL)
 
 
 class Load:
@@ -147,7 +127,7 @@ async def _answered_during_outage(load: Load, before: int, seconds: float) -> in
     return load.calls - before
 
 
-async def _outage_under_load(backend: FakeBackend, store: StoreProcess, action: str) -> None:
+async def _outage_under_load(backend: FakeBackend, store: StoreServerProcess, action: str) -> None:
     rollouts = await _rollouts(store.endpoint, ROLLOUTS)
     gateway_store = LightningStoreClient(store.endpoint)
     proxy = LLMProxy(model_list=model_list_for(backend), store=gateway_store, launch_mode="asyncio")  # type: ignore[arg-type]
@@ -161,13 +141,13 @@ async def _outage_under_load(backend: FakeBackend, store: StoreProcess, action: 
         await asyncio.sleep(0.5)
         before = load.calls
         if action == "pause":
-            store.signal(signal.SIGSTOP)
+            _send(store, signal.SIGSTOP)
             during = await _answered_during_outage(load, before, seconds=5.0)
-            store.signal(signal.SIGCONT)
+            _send(store, signal.SIGCONT)
         else:
-            store.kill()
+            store.stop(signal.SIGKILL)
             during = await _answered_during_outage(load, before, seconds=4.0)
-            await store.start()
+            await asyncio.to_thread(store.start)
         await asyncio.sleep(1.5)
         await load.stop()
         assert await proxy.flush(120.0)
@@ -184,18 +164,18 @@ async def _outage_under_load(backend: FakeBackend, store: StoreProcess, action: 
     await _assert_each_answered_call_has_one_span_in_order(store.endpoint, load)
 
 
-async def test_store_paused_under_load_loses_no_span(backend: FakeBackend, store_process: StoreProcess) -> None:
+async def test_store_paused_under_load_loses_no_span(backend: FakeBackend, store_process: StoreServerProcess) -> None:
     await _outage_under_load(backend, store_process, "pause")
 
 
 async def test_store_killed_and_restarted_under_load_loses_no_span(
-    backend: FakeBackend, store_process: StoreProcess
+    backend: FakeBackend, store_process: StoreServerProcess
 ) -> None:
     await _outage_under_load(backend, store_process, "kill")
 
 
 async def test_full_buffer_drops_are_counted_and_reported(
-    backend: FakeBackend, store_process: StoreProcess, caplog: pytest.LogCaptureFixture
+    backend: FakeBackend, store_process: StoreServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     [(rollout_id, attempt_id)] = await _rollouts(store_process.endpoint, 1)
     store = LightningStoreClient(store_process.endpoint)
@@ -207,7 +187,7 @@ async def test_full_buffer_drops_are_counted_and_reported(
     url = f"{launcher.access_endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
     try:
         async with httpx.AsyncClient(timeout=60) as client:
-            store_process.signal(signal.SIGSTOP)
+            _send(store_process, signal.SIGSTOP)
             try:
                 with caplog.at_level(logging.WARNING, logger="agentbolt.gateway.writer"):
                     ids = []
@@ -219,7 +199,7 @@ async def test_full_buffer_drops_are_counted_and_reported(
                         ids.append(response.json()["id"])
                     paused = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
             finally:
-                store_process.signal(signal.SIGCONT)
+                _send(store_process, signal.SIGCONT)
             assert await gateway.flush(60.0)
             after = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
     finally:
@@ -238,7 +218,7 @@ async def test_full_buffer_drops_are_counted_and_reported(
 
 
 async def test_flush_waits_for_the_store_and_times_out_cleanly(
-    backend: FakeBackend, store_process: StoreProcess
+    backend: FakeBackend, store_process: StoreServerProcess
 ) -> None:
     [(rollout_id, attempt_id)] = await _rollouts(store_process.endpoint, 1)
     store = LightningStoreClient(store_process.endpoint)
@@ -251,7 +231,7 @@ async def test_flush_waits_for_the_store_and_times_out_cleanly(
         url = f"{proxy.endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
         headers = {"authorization": "Bearer k"}
         async with httpx.AsyncClient(timeout=60, headers=headers) as client:
-            store_process.signal(signal.SIGSTOP)
+            _send(store_process, signal.SIGSTOP)
             try:
                 response = await client.post(
                     url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
@@ -259,7 +239,7 @@ async def test_flush_waits_for_the_store_and_times_out_cleanly(
                 assert response.status_code == 200
                 assert not await proxy.flush(0.5)  # the store cannot take the span: flush gives up after 0.5 s
             finally:
-                store_process.signal(signal.SIGCONT)
+                _send(store_process, signal.SIGCONT)
             assert await proxy.flush(60.0)
             # No polling: once flush returned, the span is in the store.
             spans = await store.query_spans(rollout_id)
