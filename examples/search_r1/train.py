@@ -20,7 +20,7 @@ SPEC = ExampleSpec(
     load_test=lambda: list(load_questions("test")),
     slice_of=lambda task: str(task["kind"]),
     metrics=("accuracy", "f1"),
-    defaults=TrainingConfig(steps=4, batch_size=4, group_size=8, max_tokens=32, n_test=64),
+    defaults=TrainingConfig(steps=8, batch_size=4, group_size=8, temperature=0.7, max_tokens=32, n_test=64),
 )
 
 
