@@ -2,8 +2,8 @@
 
 One run per example, about 10 to 15 minutes each on 2 cores (``make test-slow``). A run must complete every step,
 record both held-out passes over every held-out task, and leave its LoRA checkpoint. Whether it gained is not
-asserted: no measured run of these configurations establishes yet which gain is clear of its interval (see
-docs/benchmarks.md); the held-out table is in the returned result.
+asserted: the measured runs are in docs/benchmarks.md, and the sql example's gain is within its interval of none.
+The held-out table is in the returned result.
 """
 
 from __future__ import annotations
