@@ -123,6 +123,7 @@ class LitAgentRunner(Runner[T_task]):
         self._heartbeat_include_gpu = heartbeat_include_gpu
         self._store_outage_timeout = store_outage_timeout
         self._unwritten: Deque[_StoreWrite] = deque()
+        self._claim_in_doubt = False
         self._hooks: List[Hook] = []
         self._agent: Optional[LitAgent[T_task]] = None
         self._store: Optional[LightningStore] = None
@@ -519,10 +520,14 @@ class LitAgentRunner(Runner[T_task]):
                     # lasts about one poll interval, so that the stop event is still seen.
                     with ride_out_outages(max(self._poll_interval, 0.01)):
                         written = await self._write_kept()
-                    if written:
+                    if written and self._claim_in_doubt:
+                        next_rollout = await self._claim_lost_in_transit(store)
+                    if written and not self._claim_in_doubt and next_rollout is None:
                         try:
                             next_rollout = await store.dequeue_rollout(worker_id=self.get_worker_id())
                         except Exception as exc:
+                            # The store may have claimed a rollout for this worker and lost the answer on the way.
+                            self._claim_in_doubt = True
                             logger.warning("%s could not dequeue: %s", self.get_worker_id(), exc)
                     if next_rollout is None:
                         await self._sleep_until_next_poll(event)
@@ -535,6 +540,46 @@ class LitAgentRunner(Runner[T_task]):
             await self._write_kept_before_stopping()
             if stop_heartbeat is not None:
                 await stop_heartbeat()
+
+    async def _claim_lost_in_transit(self, store: LightningStore) -> Optional[AttemptedRollout]:
+        """After a dequeue that failed on the way: the rollout the store handed this worker anyway, if any.
+
+        A store records a claim on its worker (``current_attempt_id``) in the same transaction as the claim, so when
+        the answer was lost (the server killed after committing, the connection dropped), the worker still names an
+        attempt that is ``preparing``: this runner never received it, and takes it up now instead of leaving it to
+        the store's watchdog. Clears the doubt once the store answered; while it does not, the doubt stays.
+        """
+        worker_id = self.get_worker_id()
+        try:
+            # An unreachable store raises here (StoreUnreachableError) instead of answering None.
+            with ride_out_outages(max(self._poll_interval, 0.01)):
+                worker = await store.get_worker_by_id(worker_id)
+                if worker is None or worker.current_rollout_id is None or worker.current_attempt_id is None:
+                    self._claim_in_doubt = False
+                    return None
+                rollout = await store.get_rollout_by_id(worker.current_rollout_id)
+                attempt = await store.get_latest_attempt(worker.current_rollout_id)
+        except NotImplementedError:
+            self._claim_in_doubt = False
+            return None
+        except Exception as exc:
+            logger.warning("%s could not check for a claim lost in transit: %s", worker_id, exc)
+            return None
+        self._claim_in_doubt = False
+        if (
+            rollout is None
+            or attempt is None
+            or attempt.attempt_id != worker.current_attempt_id
+            or attempt.status != "preparing"
+        ):
+            return None
+        logger.warning(
+            "%s takes up rollout %s (attempt %s): the store claimed it for this worker, but its answer was lost",
+            worker_id,
+            rollout.rollout_id,
+            attempt.attempt_id,
+        )
+        return AttemptedRollout(**rollout.model_dump(exclude={"attempt"}), attempt=attempt)
 
     async def step(
         self,

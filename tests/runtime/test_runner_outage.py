@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
+import aiohttp
 import pytest
 from support.servers import OutageKind, StoreServerProcess
 
@@ -126,6 +127,61 @@ async def test_attempt_fails_when_the_store_comes_back_after_the_runner_gave_up(
         assert exceptions[0].attributes["exception.type"] == "StoreUnreachableError"
         assert "stayed unreachable" in str(exceptions[0].attributes["exception.message"])
         assert any("Could not fetch its resources" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
+
+
+class ClaimAnswerLost(LightningStoreClient):
+    """The real client whose first dequeue never gets its answer (a test hook standing in for a dropped response).
+
+    With ``claim=True`` the dequeue reaches the server, which claims a rollout for the worker and commits it; then
+    the server is killed (and restarted on the same file after 2 s) and the call raises the error the client raises
+    when the server dies mid-request. With ``claim=False`` the call fails before reaching the server.
+    """
+
+    def __init__(self, server: StoreServerProcess, *, claim: bool) -> None:
+        super().__init__(server.endpoint)
+        self._server = server
+        self._claim = claim
+        self.outages: List[threading.Thread] = []
+        self.lost: List[AttemptedRollout] = []
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        if self.outages:
+            return await super().dequeue_rollout(worker_id=worker_id)
+        if self._claim:
+            claimed = await super().dequeue_rollout(worker_id=worker_id)
+            assert claimed is not None
+            self.lost.append(claimed)
+        self.outages.append(self._server.outage("kill", 2.0))
+        raise aiohttp.ServerDisconnectedError()
+
+
+@pytest.mark.parametrize("claim", [True, False], ids=["claimed", "not-claimed"])
+async def test_a_claim_whose_answer_was_lost_is_taken_up_once_the_store_is_back(
+    server: StoreServerProcess, claim: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    rollout_id = await _enqueue(server.endpoint)
+    store = ClaimAnswerLost(server, claim=claim)
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), max_rollouts=1, poll_interval=0.1, heartbeat_interval=0)
+    try:
+        with runner.run_context(agent=rewarded_agent, store=store):
+            worker_id = runner.get_worker_id()
+            await asyncio.wait_for(runner.iter(), 60)
+        await asyncio.to_thread(store.outages[0].join, 30)
+        assert not server.errors
+
+        rollout = await store.get_rollout_by_id(rollout_id)
+        assert rollout is not None and rollout.status == "succeeded"
+        # One attempt: the runner ran the claim it never received, instead of leaving it to the watchdog.
+        attempts = list(await store.query_attempts(rollout_id))
+        assert [a.status for a in attempts] == ["succeeded"]
+        if claim:
+            assert attempts[0].attempt_id == store.lost[0].attempt.attempt_id
+        taken_up = [r for r in caplog.records if "its answer was lost" in r.getMessage()]
+        assert len(taken_up) == (1 if claim else 0)
+        worker = await store.get_worker_by_id(worker_id)
+        assert worker is not None and worker.current_attempt_id is None, worker
     finally:
         await store.close()
 
