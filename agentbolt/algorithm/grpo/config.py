@@ -72,6 +72,15 @@ class GRPOConfig(FinetuningConfig):
     kl_coef: float = Field(
         default=0.0, ge=0, description="Weight of the per-token k3 KL to the frozen reference (0: no reference pass)."
     )
+    loss_aggregation: Literal["token_mean", "rollout_mean"] = Field(
+        default="token_mean",
+        description="'token_mean': every response token of the minibatch weighs the same. 'rollout_mean' (Flow-GRPO's "
+        "objective): every rollout weighs the same, split equally among its trained calls and each call's share "
+        "among its tokens, so a group's advantages, which sum to zero over its rollouts, also sum to zero in the "
+        "gradient whatever the rollouts' lengths. With several trained calls per rollout, 'token_mean' weighs a "
+        "rollout by its token count: when failed rollouts take more turns, the tokens all rollouts share (the "
+        "reply format, the most common action) are pushed down.",
+    )
 
     # --- optimisation --------------------------------------------------------------------------------------------
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over the step's samples.")

@@ -124,6 +124,7 @@ def policy_loss(
     normalizer: float,
     ref_logp: Optional[torch.Tensor] = None,
     kl_coef: float = 0.0,
+    token_weights: Optional[torch.Tensor] = None,
 ) -> LossParts:
     """Clipped policy-gradient loss (plus optional k3 KL) of one micro-batch.
 
@@ -134,12 +135,14 @@ def policy_loss(
         mask: Response-token mask ``[B, T]``.
         clip_low: Lower clip range (ratio floor ``1 - clip_low``).
         clip_high: Upper clip range (ratio ceiling ``1 + clip_high``).
-        normalizer: Response tokens in the whole minibatch (token-mean aggregation).
+        normalizer: The whole minibatch's weight: its response tokens (token-mean aggregation), or the sum of its
+            samples' weights (see :func:`agentbolt.algorithm.grpo.trainer.sample_weights`).
         ref_logp: Reference log-probs ``[B, T]``; required when ``kl_coef > 0``.
         kl_coef: Weight of the k3 KL term.
+        token_weights: Weight of each sample's tokens ``[B]`` (None: 1, token-mean aggregation).
     """
     if normalizer <= 0:
-        raise ValueError("normalizer must be the (positive) number of response tokens in the minibatch")
+        raise ValueError("normalizer must be the (positive) total weight of the minibatch's response tokens")
     maskf = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
@@ -154,7 +157,8 @@ def policy_loss(
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + kl_coef * kl
         kl_sum = float((kl.detach() * maskf).sum())
-    loss = (per_token * maskf).sum() / normalizer
+    weighted = maskf if token_weights is None else maskf * token_weights.to(logp.dtype).unsqueeze(-1)
+    loss = (per_token * weighted).sum() / normalizer
     with torch.no_grad():
         was_clipped = (clipped < unclipped) & mask.bool()
         return LossParts(

@@ -149,6 +149,26 @@ def rollout_minibatches(samples: Sequence[TokenSample], count: int, generator: t
     return minibatches
 
 
+def sample_weights(samples: Sequence[TokenSample], aggregation: str) -> List[float]:
+    """What each sample weighs in the loss, summed over its response tokens.
+
+    ``"token_mean"``: its response token count (every token weighs 1). ``"rollout_mean"``: ``1 / T`` for each of the
+    ``T`` samples of its rollout, so every rollout weighs 1 in all, shared equally among its calls (and each call's
+    share equally among its tokens). A minibatch's normalizer is the sum over its samples.
+
+    Raises:
+        ValueError: Unknown aggregation.
+    """
+    if aggregation == "token_mean":
+        return [float(len(sample.response_ids)) for sample in samples]
+    if aggregation == "rollout_mean":
+        calls: Dict[str, int] = {}
+        for sample in samples:
+            calls[sample.rollout_id] = calls.get(sample.rollout_id, 0) + 1
+        return [1.0 / calls[sample.rollout_id] for sample in samples]
+    raise ValueError(f"loss aggregation must be 'token_mean' or 'rollout_mean', got {aggregation!r}")
+
+
 def engine_logprob_diff(samples: Sequence[TokenSample], trainer_logprobs: Sequence[torch.Tensor]) -> Dict[str, float]:
     """How far the engine's log-probs are from the trainer's, over the response tokens of samples that carry them.
 
@@ -566,11 +586,14 @@ class PolicyTrainer(ModelTrainer):
 
         training_mode = config.lora_dropout > 0
         self.model.train(training_mode)
-        totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0}
+        totals = {
+            "loss": 0.0, "weight": 0.0, "pg": 0.0, "kl": 0.0, "ratio": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0
+        }  # fmt: skip
         forward_tokens = 0
         grad_norms: List[float] = []
         first_dev = 0.0
         sequences = [sample.token_ids for sample in samples]
+        weights = sample_weights(samples, config.loss_aggregation)
         try:
             for epoch in range(config.ppo_epochs):
                 minibatches = rollout_minibatches(samples, config.minibatches_per_epoch, self.generator)
@@ -578,9 +601,9 @@ class PolicyTrainer(ModelTrainer):
                     if not mb:
                         self._skip_optimizer_step()
                         continue
-                    # Every rank divides by the whole minibatch's token count, so the gradients summed over ranks
-                    # are the one-process gradient (see distributed.py).
-                    normalizer = float(sum(len(samples[i].response_ids) for i in mb))
+                    # Every rank divides by the whole minibatch's weight, so the gradients summed over ranks are the
+                    # one-process gradient (see distributed.py).
+                    normalizer = float(sum(weights[i] for i in mb))
                     self.optimizer.zero_grad(set_to_none=True)
                     micro_batches = list(_chunks(prefix_order(sequences, mb), config.micro_batch_size))
                     for micro in self._local_share(micro_batches):
@@ -617,6 +640,13 @@ class PolicyTrainer(ModelTrainer):
                             if ref is None
                             else right_aligned([ref[i] for i in micro], width).to(self.device),
                             kl_coef=config.kl_coef,
+                            token_weights=None
+                            if config.loss_aggregation == "token_mean"
+                            else torch.tensor(
+                                [weights[i] / max(len(samples[i].response_ids), 1) for i in micro],
+                                dtype=torch.float32,
+                                device=self.device,
+                            ),
                         )
                         parts.loss.backward()
                         with torch.no_grad():
@@ -625,6 +655,7 @@ class PolicyTrainer(ModelTrainer):
                                 dev = (torch.exp(logp.detach() - old_aligned) - 1.0).abs()[batch.response_mask]
                                 first_dev = max(first_dev, float(dev.max()) if dev.numel() else 0.0)
                         totals["loss"] += float(parts.loss.detach()) * normalizer
+                        totals["weight"] += sum(weights[i] for i in micro)
                         totals["pg"] += parts.pg_sum
                         totals["kl"] += parts.kl_sum
                         totals["ratio"] += parts.ratio_sum
@@ -649,7 +680,7 @@ class PolicyTrainer(ModelTrainer):
         tokens = max(totals["tokens"], 1.0)
         update_tokens = float(sum(s.num_tokens for s in samples) * config.ppo_epochs)
         return {
-            "loss": totals["loss"] / tokens,
+            "loss": totals["loss"] / max(totals["weight"], 1e-12),
             "pg_loss": totals["pg"] / tokens,
             "kl": totals["kl"] / tokens,
             "clip_fraction": totals["clipped"] / tokens,

@@ -19,6 +19,7 @@ from agentbolt.algorithm.grpo.loss import (
     token_logprobs,
 )
 from agentbolt.algorithm.grpo.samples import TokenSample, parse_logprobs, triplets_to_samples
+from agentbolt.algorithm.grpo.trainer import sample_weights
 from agentbolt.types import Triplet
 
 
@@ -161,6 +162,51 @@ def test_clipped_objective_per_token() -> None:
     # A<0: min(-r, -clip(r)) -> [-1.5, -0.8, -1.1]
     assert float(negative.loss) == pytest.approx((1.5 + 0.8 + 1.1) / 3, rel=1e-6)
     assert negative.clipped_tokens == 1
+
+
+def _shared_token_gradient(aggregation: str) -> float:
+    """The gradient on the logit of a token that every call of a group sends: one rollout solved it in 1 call
+    (advantage +1), the other failed in 3 calls (advantage -1), and each call replies with that one token."""
+    logit = torch.zeros(2, requires_grad=True)
+    samples = [TokenSample([1], [0], None, 1.0, "q", "solved", advantage=1.0)] + [
+        TokenSample([1], [0], None, 0.0, "q", "failed", advantage=-1.0) for _ in range(3)
+    ]
+    weights = sample_weights(samples, aggregation)
+    logp = torch.log_softmax(logit, dim=0)[0].expand(len(samples), 1)
+    parts = policy_loss(
+        logp,
+        logp.detach(),
+        torch.tensor([s.advantage for s in samples]),
+        torch.ones(len(samples), 1, dtype=torch.bool),
+        clip_low=0.2,
+        clip_high=0.2,
+        normalizer=sum(weights),
+        token_weights=torch.tensor([w / len(s.response_ids) for w, s in zip(weights, samples)]),
+    )
+    parts.loss.backward()
+    assert logit.grad is not None
+    return float(logit.grad[0])
+
+
+def test_rollout_mean_leaves_what_every_rollout_shares_alone() -> None:
+    # token_mean: the failed rollout's three calls outweigh the solved one's call, so gradient descent pushes the
+    # shared token down (a positive gradient on its logit) although neither rollout did better by choosing it.
+    assert _shared_token_gradient("token_mean") == pytest.approx(0.25)  # -(1 - 3) / 4 * d logp/d logit (0.5)
+    assert _shared_token_gradient("rollout_mean") == pytest.approx(0.0, abs=1e-7)
+
+
+def test_sample_weights() -> None:
+    samples = [
+        TokenSample([1], [5, 6, 7], None, 1.0, "q", "a"),
+        TokenSample([1], [5], None, 0.0, "q", "b"),
+        TokenSample([1], [5, 6], None, 0.0, "q", "b"),
+    ]
+    assert sample_weights(samples, "token_mean") == [3.0, 1.0, 2.0]
+    assert sample_weights(samples, "rollout_mean") == [1.0, 0.5, 0.5]
+    with pytest.raises(ValueError, match="rollout_mean"):
+        sample_weights(samples, "sequence_mean")
+    with pytest.raises(ValidationError):
+        GRPOConfig(model="m", loss_aggregation="sequence_mean")
 
 
 def test_clipped_tokens_get_no_gradient() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -95,16 +96,44 @@ def test_stale_engine_logprobs_show_in_the_engine_diff_not_in_the_ratio(ppo_epoc
     assert metrics["logprob_engine_diff_max"] == pytest.approx(0.5, abs=1e-4)
 
 
-def test_gradient_accumulation_equals_one_large_batch() -> None:
+@pytest.mark.parametrize("aggregation", ["token_mean", "rollout_mean"])
+def test_gradient_accumulation_equals_one_large_batch(aggregation: str) -> None:
     samples = make_samples(4, model=tiny_llama())
     results = []
     for micro in (4, 2, 1):
-        trainer = PolicyTrainer(tiny_llama(), _config(finetune="full", micro_batch_size=micro, kl_coef=0.1))
+        config = _config(finetune="full", micro_batch_size=micro, kl_coef=0.1, loss_aggregation=aggregation)
+        trainer = PolicyTrainer(tiny_llama(), config)
         trainer.train_step(samples)
         results.append(_trainable_state(trainer))
+    # Adam's first step divides each gradient by its own magnitude, so float rounding in gradients near zero shows
+    # in the weights; the per-sample weights of rollout_mean add a multiplication, hence its wider tolerance.
+    atol = 1e-6 if aggregation == "token_mean" else 5e-5
     for other in results[1:]:
         for name, value in results[0].items():
-            assert torch.allclose(value, other[name], atol=1e-6, rtol=1e-5), name
+            assert torch.allclose(value, other[name], atol=atol, rtol=1e-5), name
+
+
+def test_rollout_mean_weighs_each_rollout_once_whatever_its_calls_and_tokens() -> None:
+    samples = make_samples(4, model=tiny_llama())
+    # Rollout ro-0 now made two calls (the second a copy of the first): under rollout_mean it still weighs one
+    # rollout, so the update is the same as with its single call; under token_mean it doubles ro-0's weight.
+    doubled = [*samples, TokenSample(**{**samples[0].__dict__})]
+    results = {}
+    for aggregation in ("token_mean", "rollout_mean"):
+        for name, batch in (("once", samples), ("twice", doubled)):
+            trainer = PolicyTrainer(tiny_llama(), _config(finetune="full", loss_aggregation=aggregation))
+            metrics = trainer.train_step(batch)
+            assert math.isfinite(metrics["loss"])
+            results[aggregation, name] = _trainable_state(trainer)
+
+    def largest_difference(aggregation: str) -> float:
+        once, twice = results[aggregation, "once"], results[aggregation, "twice"]
+        return max(float((once[name] - twice[name]).abs().max()) for name in once)
+
+    # Adam's first step moves a weight by about the learning rate (1e-2) in its gradient's sign: a changed weighting
+    # flips signs and moves weights by that much; rounding alone stays far below it.
+    assert largest_difference("rollout_mean") < 1e-4
+    assert largest_difference("token_mean") > 1e-3
 
 
 def test_lora_trains_only_adapters_and_reference_is_the_base_model() -> None:
