@@ -547,7 +547,7 @@ class LitAgentRunner(Runner[T_task]):
         A store records a claim on its worker (``current_attempt_id``) in the same transaction as the claim, so when
         the answer was lost (the server killed after committing, the connection dropped), the worker still names an
         attempt that is ``preparing``: this runner never received it, and takes it up now instead of leaving it to
-        the store's watchdog. Clears the doubt once the store answered; while it does not, the doubt stays.
+        the store's watchdog. Clears the doubt once the store answered; while it is unreachable, the doubt stays.
         """
         worker_id = self.get_worker_id()
         try:
@@ -559,11 +559,13 @@ class LitAgentRunner(Runner[T_task]):
                     return None
                 rollout = await store.get_rollout_by_id(worker.current_rollout_id)
                 attempt = await store.get_latest_attempt(worker.current_rollout_id)
-        except NotImplementedError:
-            self._claim_in_doubt = False
+        except StoreUnreachableError as exc:
+            logger.warning("%s will check for a claim lost in transit when the store is back: %s", worker_id, exc)
             return None
-        except Exception as exc:
-            logger.warning("%s could not check for a claim lost in transit: %s", worker_id, exc)
+        except Exception as exc:  # the store answered (a store without workers, an error): nothing to take up
+            self._claim_in_doubt = False
+            if not isinstance(exc, NotImplementedError):
+                logger.warning("%s could not check for a claim lost in transit: %s", worker_id, exc)
             return None
         self._claim_in_doubt = False
         if (

@@ -186,6 +186,38 @@ async def test_a_claim_whose_answer_was_lost_is_taken_up_once_the_store_is_back(
         await store.close()
 
 
+class BrokenWorkerRecords(agl.InMemoryLightningStore):
+    """An in-process store whose first dequeue fails and whose worker records cannot be read (a test hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dequeues = 0
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        self.dequeues += 1
+        if self.dequeues == 1:
+            raise RuntimeError("the first dequeue fails")
+        return await super().dequeue_rollout(worker_id=worker_id)
+
+    async def get_worker_by_id(self, worker_id: str) -> Any:
+        raise ValueError("worker records are broken")
+
+
+async def test_a_check_the_store_answers_with_an_error_does_not_stop_the_runner(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = BrokenWorkerRecords()
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    rollout_id = (await store.enqueue_rollout(input={"word": "hi"}, resources_id=resources_id)).rollout_id
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), max_rollouts=1, poll_interval=0.05, heartbeat_interval=0)
+    with runner.run_context(agent=rewarded_agent, store=store):
+        await asyncio.wait_for(runner.iter(), 30)
+    rollout = await store.get_rollout_by_id(rollout_id)
+    assert rollout is not None and rollout.status == "succeeded"
+    assert store.dequeues == 2  # the check failed once and was given up; the next poll dequeued
+    assert any("worker records are broken" in r.getMessage() for r in caplog.records)
+
+
 def test_store_outage_timeout_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="store_outage_timeout"):
         LitAgentRunner(OtelTracer(), store_outage_timeout=-1.0)
