@@ -181,7 +181,7 @@ def _shared_token_gradient(aggregation: str) -> float:
         clip_low=0.2,
         clip_high=0.2,
         normalizer=sum(weights),
-        token_weights=torch.tensor([w / len(s.response_ids) for w, s in zip(weights, samples)]),
+        token_weights=torch.tensor([w / len(s.response_ids) for w, s in zip(weights, samples, strict=True)]),
     )
     parts.loss.backward()
     assert logit.grad is not None
