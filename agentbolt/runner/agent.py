@@ -59,9 +59,9 @@ __all__ = ["TRAINING_POLL_INTERVAL", "LitAgentRunner"]
 TRAINING_POLL_INTERVAL = 0.5
 """A ``poll_interval`` for runners whose store is served by a process that also trains or serves the model.
 
-While an update runs, every idle runner polls the empty queue; at 0.05 s, eight runners made 160 dequeue calls a
-second, and the store's server and SQLite writer threads used a fifth of a core beside an update that used 1.3 on
-2 cores. Twice a second costs each step at most half a second before its first rollouts start (a runner
+While an update runs, every idle runner polls the empty queue; at 0.05 s, eight runners poll about 160 times a
+second, and the store's server and SQLite writer threads used a fifth of a core (measured per thread) beside an
+update that used 1.3 on 2 cores. Twice a second costs each step at most half a second before its first rollouts start (a runner
 that finishes a rollout asks for the next at once).
 """
 
