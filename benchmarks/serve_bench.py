@@ -18,6 +18,7 @@ Usage:
     python benchmarks/serve_bench.py --dtype float32 --quantization none --concurrency 1 8 16
     python benchmarks/serve_bench.py --omp-wait passive --no-fast-forward --compare-generate
     python benchmarks/serve_bench.py --llama-server "$(bash benchmarks/build_llama_server.sh)" --rounds 3
+    python benchmarks/serve_bench.py --int8-activations --llama-server "$(bash benchmarks/build_llama_server.sh)"
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ def _start_server(args: argparse.Namespace, model_dir: str, port: int) -> subpro
     command += ["--dtype", args.dtype, "--threads", str(args.threads), "--max-batch-size", str(args.max_batch_size)]
     command += ["--omp-wait", args.omp_wait, "--served-name", args.model, "--log-level", "WARNING"]
     command += ["--quantization", args.quantization]
+    if args.int8_activations:
+        command.append("--int8-activations")
     if not args.fast_forward:
         command.append("--no-fast-forward")
     return _wait_healthy(subprocess.Popen(command, stderr=subprocess.PIPE, text=True), port, "agentbolt serve")
@@ -217,6 +220,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "q8_0", "q4_1"])
+    parser.add_argument(
+        "--int8-activations", action="store_true", help="Serve with --int8-activations (integer block products)."
+    )
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, measured side by side.")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-batch-size", type=int, default=8)
@@ -287,6 +293,7 @@ def main() -> None:
         "omp_wait": args.omp_wait,
         "fast_forward": args.fast_forward,
         "quantization": args.quantization,
+        "int8_activations": args.int8_activations,
         "load_seconds": round(load_seconds, 2),
         "levels": levels,
         "plain_generate": reference,

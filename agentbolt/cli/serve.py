@@ -115,6 +115,13 @@ def serve_command(
         "same numbers as its float32 weights, ~3x fewer bytes per token) and float weights otherwise; q8_0 / q4_1 "
         "quantize every projection (lossy); none serves float weights in --dtype. Adapters (--lora-dir) need none.",
     ),
+    int8_activations: bool = typer.Option(
+        False,
+        "--int8-activations",
+        help="With block weights (--quantization auto on a GGUF-converted model, q8_0, q4_1): quantize each "
+        "product's inputs to int8 per block of 32 and multiply in integers, as llama.cpp does. Faster on one stream; "
+        "logits no longer equal the float32 model's (docs/serving.md).",
+    ),
 ) -> int:
     """Serve MODEL until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -152,6 +159,7 @@ def serve_command(
                 limits=limits,
                 max_queued_tokens=max_queued_tokens,
                 quantization=_quantization_for(quantization.value, bool(lora_dirs)),
+                int8_activations=int8_activations,
             )
         from agentbolt.serving import launchers
 
@@ -222,6 +230,7 @@ def _serve_transformers(
     limits: ServingLimits,
     max_queued_tokens: int,
     quantization: str,
+    int8_activations: bool = False,
 ) -> int:
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
@@ -242,6 +251,7 @@ def _serve_transformers(
         prefix_cache_mb=prefix_cache_mb,
         max_queued_tokens=max_queued_tokens,
         quantization=quantization,
+        int8_activations=int8_activations,
     )
     server = InferenceServer(
         engine, host=host, port=port, log_level="warning", api_key=api_key, adapter_dirs=lora_dirs, limits=limits

@@ -61,7 +61,7 @@ class FastForward:
             :func:`~agentbolt.serving.decode_kernels.load_decode_kernels`); ``False`` keeps every step in Python.
         blocks: Serve these block-quantized weights (:mod:`agentbolt.serving.quantized`) instead of the model's
             parameters; the model then only gives the architecture (it may live on the ``meta`` device). Activations
-            are float32.
+            are float32, or int8 where ``blocks.int8_activations``.
     """
 
     def __init__(
@@ -196,10 +196,12 @@ class FastForward:
         self._set_layers(layers)
 
     def _use_blocks(self, blocks: BlockWeights) -> None:
-        """Take every projection, the head and the norms from block-quantized weights (float32 activations)."""
+        """Take every projection, the head and the norms from block-quantized weights (float32 activations, or int8
+        ones where ``blocks.int8_activations``)."""
         from agentbolt.serving.quantized import block_linear
 
-        self._linear = self._head_linear = block_linear
+        self._linear = functools.partial(block_linear, int8_inputs=blocks.int8_activations)
+        self._head_linear = block_linear
         self._prepare = _identity
         self._head = blocks.head
         layers = [
@@ -376,6 +378,7 @@ class FastForward:
             self.eps,
             self._linear is _packed_linear,
             self._head_linear is _packed_linear,
+            self.blocks is not None and self.blocks.int8_activations,
         )
 
 

@@ -65,6 +65,9 @@ class BlockWeights:
         final_norm: The last RMSNorm's weight (float32).
         description: What was loaded, for logs and ``/v1/models`` (e.g. ``"q4_1 projections, q8_0 head (GGUF)"``).
         exact: The blocks are the model's own (its float weights are their dequantized values).
+        int8_activations: Quantize the inputs of the layers' block products to int8 per block of 32 (as llama.cpp
+            does) and multiply in integers: faster, no longer equal to the float32 model (docs/serving.md has the
+            measured effect). The output head keeps float32 inputs. ``False``: float32 inputs everywhere.
     """
 
     layers: List[Dict[str, Any]]
@@ -74,6 +77,7 @@ class BlockWeights:
     description: str
     exact: bool
     kinds: Dict[str, int] = field(default_factory=dict)
+    int8_activations: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -112,9 +116,15 @@ def dequantize_blocks(weight: torch.Tensor, in_features: int) -> torch.Tensor:
     return _kernels().dequantize_blocks(weight.contiguous(), in_features)
 
 
-def block_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``inputs @ W.T + bias`` for block weights ``W``: float32 inputs ``[..., in_features]``, float32 result."""
-    return _kernels().block_linear(inputs.float(), weight, bias)
+def block_linear(
+    inputs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], int8_inputs: bool = False
+) -> torch.Tensor:
+    """``inputs @ W.T + bias`` for block weights ``W``: float32 inputs ``[..., in_features]``, float32 result.
+
+    ``int8_inputs``: quantize the inputs to int8 per block of 32 (scale ``max|x| / 127``) and multiply in integers,
+    as llama.cpp does; Q4_1's offsets still multiply the exact float sums of the inputs.
+    """
+    return _kernels().block_linear(inputs.float(), weight, bias, int8_inputs)
 
 
 def embedding_rows(embedding: torch.Tensor, token_ids: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -228,6 +228,10 @@ class TransformersEngine:
             block format (quantized at load where the file does not already hold it: lossy). Block weights compute
             with float32 activations and refuse weight updates and LoRA adapters: they are for plain serving,
             never for training.
+        int8_activations: With block weights: quantize each product's inputs to int8 per block of 32 and multiply
+            in integers, as llama.cpp does (faster on one stream; logits no longer equal the float32 model's, see
+            docs/serving.md). Needs block weights: an error with ``quantization='none'`` or when ``auto`` finds
+            none.
         prefix_cache_mb: Memory for the key/value states of prompt prefixes reused by later prompts that start the
             same (:mod:`agentbolt.serving.prefix_cache`); 0 disables the cache.
     """
@@ -246,11 +250,14 @@ class TransformersEngine:
         max_queued_tokens: Optional[int] = None,
         quantization: str = "none",
         prefix_cache_mb: int = 256,
+        int8_activations: bool = False,
     ) -> None:
         from agentbolt.serving.quantized import QUANTIZATIONS
 
         if quantization not in QUANTIZATIONS:
             raise EngineError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
+        if int8_activations and quantization == "none":
+            raise EngineError("int8 activations need block weights: use quantization 'auto', 'q8_0' or 'q4_1'")
         if max_queued_tokens is not None and max_queued_tokens < 1:
             raise EngineError(f"max_queued_tokens must be at least 1, got {max_queued_tokens}")
         if max_batch_size < 1:
@@ -291,6 +298,7 @@ class TransformersEngine:
         self._queued_tokens = 0
         self._generated_tokens = 0
         self.quantization = quantization
+        self.int8_activations = int8_activations
         self.blocks: Optional[BlockWeights] = None  # block-quantized weights being served, if any
         if prefix_cache_mb < 0:
             raise EngineError(f"prefix_cache_mb must be at least 0, got {prefix_cache_mb}")
@@ -399,8 +407,9 @@ class TransformersEngine:
         explicit = self.quantization != "auto"
 
         def refuse(reason: str) -> None:
-            if explicit:
-                raise EngineError(f"quantization {self.quantization!r} is not possible here: {reason}")
+            if explicit or self.int8_activations:
+                activations = " with int8 activations" if self.int8_activations else ""
+                raise EngineError(f"quantization {self.quantization!r}{activations} is not possible here: {reason}")
             logger.info("Serving float weights (quantization 'auto'): %s", reason)
 
         gguf = gguf_source(path)
@@ -435,6 +444,9 @@ class TransformersEngine:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             self.blocks = quantize_model(model, kind)
             model = model.to("meta")  # the float weights are no longer needed
+        if self.int8_activations:
+            self.blocks.int8_activations = True
+            self.blocks.description += ", int8 activations"
         with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(path)
         return model.eval()

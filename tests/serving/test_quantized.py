@@ -125,6 +125,42 @@ def test_block_products_equal_the_float32_products_of_the_dequantized_weights(ki
     torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)
 
 
+def _int8_blocks(inputs: torch.Tensor) -> torch.Tensor:
+    """What the kernels multiply for int8 inputs: per block of 32, ``s * round(x / s)`` with ``s = max|x| / 127``."""
+    grouped = inputs.double().reshape(*inputs.shape[:-1], -1, 32)
+    scale = (grouped.abs().amax(-1, keepdim=True) / 127).float().double()  # the kernels keep the scale in float32
+    quantized = torch.where(scale > 0, torch.round(grouped / scale.clamp_min(1e-30)), torch.zeros_like(grouped))
+    return (quantized * scale).reshape(inputs.shape)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21])
+def test_int8_input_products_are_the_products_of_the_int8_blocks(kind: str, rows: int) -> None:
+    generator = torch.Generator().manual_seed(100 + rows)
+    weight = quantize_blocks(torch.randn(70, 128, generator=generator), kind)
+    inputs = torch.randn(2, rows, 128, generator=generator) * 3
+    inputs[0, 0, :32] = 0.0  # an all-zero block: scale 0
+    bias = torch.randn(70, generator=generator)
+    blocks = weight.view(torch.uint8).reshape(70, 4, -1)
+    scales = blocks[..., :2].contiguous().view(torch.float16).double().squeeze(-1)  # d, per row and block
+    dequantized = dequantize_blocks(weight, 128).double()
+    if kind == "q4_1":
+        # Q4_1's offsets m multiply the exact sums of the float inputs; d * q multiplies the int8 blocks.
+        offsets = blocks[..., 2:4].contiguous().view(torch.float16).double().squeeze(-1)
+        scaled = (dequantized.view(70, 4, 32) - offsets.unsqueeze(-1)).view(70, 128)
+        sums = inputs.double().view(2, rows, 4, 32).sum(-1)
+        expected = _int8_blocks(inputs) @ scaled.T + sums @ offsets.T
+    else:
+        expected = _int8_blocks(inputs) @ dequantized.T
+    assert scales.shape == (70, 4)
+    result = block_linear(inputs, weight, bias, int8_inputs=True)
+    assert result.shape == (2, rows, 70) and result.dtype == torch.float32
+    torch.testing.assert_close(result.double(), expected + bias.double(), rtol=1e-5, atol=1e-4)
+    # ... and within int8 rounding of the float32 product.
+    floats = block_linear(inputs, weight, bias)
+    assert float((result - floats).abs().max() / floats.abs().max()) < 0.02
+
+
 def test_bad_block_tensors_are_refused() -> None:
     weight = quantize_blocks(torch.randn(4, 64), "q8_0")
     with pytest.raises(RuntimeError, match="neither Q4_1 nor Q8_0"):
@@ -192,6 +228,46 @@ def test_quantizing_at_load_stays_close_to_the_float_logits(kernel_model_dir: Pa
             gaps[kind] = float((quantized - reference).abs().mean() / reference.std())
     # The tiny random model amplifies weight errors far more than a trained one (initializer range 0.5).
     assert gaps["q8_0"] < 0.1 and gaps["q8_0"] < gaps["q4_1"] < 0.5, gaps
+
+
+def test_int8_activations_stay_close_to_the_exact_blocks(gguf_model_dir: Path) -> None:
+    config = AutoConfig.from_pretrained(gguf_model_dir)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    source = gguf_source(gguf_model_dir)
+    assert source is not None
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7, 250, 12]])
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    exact = load_gguf_blocks(source, config)
+    approximate = load_gguf_blocks(source, config)
+    approximate.int8_activations = True
+    with torch.inference_mode():
+        reference = FastForward(skeleton, blocks=exact)(ids, positions, mask, KVCache())
+        logits = FastForward(skeleton, blocks=approximate)(ids, positions, mask, KVCache())
+    gap = float((logits - reference).abs().mean() / reference.std())
+    # Below what quantizing the weights to q8_0 moves the same tiny model's logits (the test above: < 0.1).
+    assert 0 < gap < 0.05, gap
+
+
+def test_an_engine_with_int8_activations_serves_and_says_so(gguf_model_dir: Path, kernel_model_dir: Path) -> None:
+    engine = TransformersEngine(gguf_model_dir, quantization="auto", int8_activations=True, max_batch_size=4)
+    engine.start()
+    try:
+        assert engine.blocks is not None and engine.blocks.int8_activations
+        assert "int8 activations" in engine.blocks.description
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, n=3)
+        choices = engine.generate_sync(engine.encode("hello there"), params, timeout=300).choices
+        assert [len(choice.token_ids) for choice in choices] == [6, 6, 6]
+        assert choices[0].token_ids == choices[1].token_ids == choices[2].token_ids  # batched rows agree
+    finally:
+        engine.stop()
+    with pytest.raises(EngineError, match="int8 activations need block weights"):
+        TransformersEngine(gguf_model_dir, quantization="none", int8_activations=True)
+    without_gguf = TransformersEngine(kernel_model_dir, quantization="auto", int8_activations=True)
+    with pytest.raises(EngineError, match=r"with int8 activations is not possible here: .* not converted from a GGUF"):
+        without_gguf.start()
+    without_gguf.stop()
 
 
 def test_auto_serves_float_weights_without_a_gguf_and_explicit_formats_quantize(kernel_model_dir: Path) -> None:

@@ -498,14 +498,98 @@ void block_dot_rows(BlockKind kind, const uint8_t* row, int64_t blocks, const fl
 #endif
 }
 
+// Inputs quantized to int8 per block of 32 (llama.cpp's Q8_1 activations): q = round(x / s) with s = max|x| / 127,
+// so |q| <= 127. The integer products below then need no unpacking to float: Q4_1's unsigned nibbles or Q8_0's
+// magnitudes times signed int8 inputs, 32 at a time (maddubs; no int16 overflow since 2 * 127 * 127 < 32768).
+void quantize_inputs(const float* x, int64_t count, int8_t* q, float* scales) {
+  for (int64_t b = 0; b < count / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.0f;
+    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.0f;
+    const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int j = 0; j < kBlock; ++j) q[b * kBlock + j] = static_cast<int8_t>(std::nearbyint(xb[j] * inverse));
+    scales[b] = scale;
+  }
+}
+
+// As block_dot_rows, for inputs quantized by quantize_inputs: out = sum over b of d_b * s_rb * (q_b . qx_rb)
+// (+ m_b * sums[r][b], the exact sum of the float inputs, for Q4_1).
+template <int R>
+void block_dot_rows_int8(BlockKind kind, const uint8_t* row, int64_t blocks, const int8_t* x, int64_t x_stride,
+                         const float* scales, const float* sums, float* out, int64_t out_stride) {
+  const int64_t bytes = block_bytes(kind);
+  float offset[R];
+  for (int r = 0; r < R; ++r) offset[r] = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * bytes;
+    const float d = half_at(block);
+    const float m = kind == BlockKind::q4_1 ? half_at(block + 2) : 0.0f;
+    __m256i weights;  // unsigned factors of maddubs: Q4_1's nibbles in order, or |q| of Q8_0
+    __m256i signs;    // Q8_0's q, whose signs move onto the inputs
+    if (kind == BlockKind::q4_1) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
+      weights = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), _mm_and_si128(packed, mask));
+      signs = weights;
+    } else {
+      signs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+      weights = _mm256_sign_epi8(signs, signs);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256i inputs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kBlock));
+      if (kind == BlockKind::q8_0) inputs = _mm256_sign_epi8(inputs, signs);
+      const __m256i products = _mm256_madd_epi16(_mm256_maddubs_epi16(weights, inputs), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * scales[r * blocks + b]), _mm256_cvtepi32_ps(products), acc[r]);
+      if (kind == BlockKind::q4_1) offset[r] += m * sums[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = horizontal_sum(acc[r]) + offset[r];
+#else
+  float total[R] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * bytes;
+    const float d = half_at(block);
+    int32_t q[kBlock];
+    if (kind == BlockKind::q4_1) {
+      for (int j = 0; j < 16; ++j) {
+        q[j] = block[4 + j] & 0x0F;
+        q[j + 16] = block[4 + j] >> 4;
+      }
+    } else {
+      for (int j = 0; j < kBlock; ++j) q[j] = static_cast<int8_t>(block[2 + j]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xr = x + r * x_stride + b * kBlock;
+      int32_t dot = 0;
+      for (int j = 0; j < kBlock; ++j) dot += q[j] * xr[j];
+      total[r] += d * scales[r * blocks + b] * static_cast<float>(dot);
+      if (kind == BlockKind::q4_1) offset[r] += half_at(block + 2) * sums[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = total[r] + offset[r];
+#endif
+}
+
 using BlockDot = void (*)(BlockKind, const uint8_t*, int64_t, const float*, int64_t, const float*, float*, int64_t);
 constexpr int kMaxTile = 8;
 const BlockDot kBlockDots[kMaxTile] = {block_dot_rows<1>, block_dot_rows<2>, block_dot_rows<3>, block_dot_rows<4>,
                                        block_dot_rows<5>, block_dot_rows<6>, block_dot_rows<7>, block_dot_rows<8>};
+using BlockDotInt8 = void (*)(BlockKind, const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*,
+                              float*, int64_t);
+const BlockDotInt8 kBlockDotsInt8[kMaxTile] = {
+    block_dot_rows_int8<1>, block_dot_rows_int8<2>, block_dot_rows_int8<3>, block_dot_rows_int8<4>,
+    block_dot_rows_int8<5>, block_dot_rows_int8<6>, block_dot_rows_int8<7>, block_dot_rows_int8<8>};
 
 // inputs [..., in_features] (float32) times a block-quantized weight [out_features, bytes]: [..., out_features].
+// With int8_inputs the inputs are first quantized per block of 32 (quantize_inputs) and the products are integer:
+// about twice as fast, no longer equal to the float32 product (see docs/serving.md for the measured effect).
 torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& weight,
-                           const c10::optional<torch::Tensor>& bias) {
+                           const c10::optional<torch::Tensor>& bias, bool int8_inputs) {
   TORCH_CHECK(inputs.scalar_type() == torch::kFloat && inputs.device().is_cpu(), "inputs must be float32 on the CPU");
   const int64_t in_features = inputs.size(-1);
   const BlockKind kind = block_kind(weight, in_features);
@@ -524,6 +608,16 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
       }
     }
   }
+  std::vector<int8_t> quantized;
+  std::vector<float> scales;
+  if (int8_inputs) {
+    quantized.resize(rows * in_features);
+    scales.resize(rows * blocks);
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_inputs(values + r * in_features, in_features, quantized.data() + r * in_features,
+                      scales.data() + r * blocks);
+    }
+  }
   auto out = torch::empty({rows, out_features}, x.options());
   float* result = out.data_ptr<float>();
   const uint8_t* packed = weight.data_ptr<uint8_t>();
@@ -535,11 +629,16 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
       const int64_t first = c * chunk, last = std::min(out_features, first + chunk);
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
         const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
-        const BlockDot dot = kBlockDots[tile - 1];
         const float* tile_sums = sums.empty() ? nullptr : sums.data() + r0 * blocks;
         for (int64_t n = first; n < last; ++n) {
-          dot(kind, packed + n * row_bytes, blocks, values + r0 * in_features, in_features, tile_sums,
-              result + r0 * out_features + n, out_features);
+          if (int8_inputs) {
+            kBlockDotsInt8[tile - 1](kind, packed + n * row_bytes, blocks, quantized.data() + r0 * in_features,
+                                     in_features, scales.data() + r0 * blocks, tile_sums,
+                                     result + r0 * out_features + n, out_features);
+          } else {
+            kBlockDots[tile - 1](kind, packed + n * row_bytes, blocks, values + r0 * in_features, in_features,
+                                 tile_sums, result + r0 * out_features + n, out_features);
+          }
         }
       }
     }
@@ -578,11 +677,11 @@ using AdapterWeights =
                c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
                c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>;
 
-// The matrix product of the fast forward: oneDNN's on weights reordered by mkldnn::_reorder_linear_weight
-// (packed), else at::linear.
+// The matrix product of the fast forward: block_linear on block-quantized weights (int8_inputs: see there),
+// oneDNN's on weights reordered by mkldnn::_reorder_linear_weight (packed), else at::linear.
 torch::Tensor project(const torch::Tensor& inputs, const torch::Tensor& weight,
-                      const c10::optional<torch::Tensor>& bias, bool packed) {
-  if (weight.scalar_type() == torch::kByte) return block_linear(inputs, weight, bias);
+                      const c10::optional<torch::Tensor>& bias, bool packed, bool int8_inputs) {
+  if (weight.scalar_type() == torch::kByte) return block_linear(inputs, weight, bias, int8_inputs);
   if (!packed) return at::linear(inputs, weight, bias);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -606,13 +705,14 @@ torch::Tensor with_lora(const torch::Tensor& inputs, const torch::Tensor& projec
 // Every layer of one decoding step plus the final norm and the output projection: returns the logits
 // [batch, vocab] in the head's dtype. `hidden` holds the new tokens' embeddings [batch, hidden]; each layer's
 // key/value buffers have room at `column`, where this step's keys and values are written. `adapters` is empty (no
-// LoRA) or holds one entry per layer.
+// LoRA) or holds one entry per layer. int8_inputs: the layers' block-quantized projections take int8-quantized
+// inputs (the output projection keeps float32 ones).
 torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
                           const torch::Tensor& mask, int64_t column, const std::vector<LayerWeights>& layers,
                           const std::vector<AdapterWeights>& adapters, const std::vector<torch::Tensor>& key_caches,
                           const std::vector<torch::Tensor>& value_caches, const torch::Tensor& final_norm,
                           const torch::Tensor& head, int64_t heads, int64_t kv_heads, int64_t intermediate,
-                          double eps, bool packed, bool head_packed) {
+                          double eps, bool packed, bool head_packed, bool int8_inputs) {
   TORCH_CHECK(key_caches.size() == layers.size() && value_caches.size() == layers.size(),
               "one key and one value cache per layer");
   TORCH_CHECK(adapters.empty() || adapters.size() == layers.size(), "no adapter, or one adapter entry per layer");
@@ -625,22 +725,23 @@ torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const 
         adapters.empty() ? no_adapter : adapters[index];
     auto [normed, summed] = add_rms_norm(hidden, residual, norm_attention, eps);
     hidden = summed;
-    auto query = rotary_kv(with_lora(normed, project(normed, qkv, qkv_bias, packed), qkv_a, qkv_b), cos, sin,
-                           key_caches[index], value_caches[index], column, heads, kv_heads);
+    auto query = rotary_kv(with_lora(normed, project(normed, qkv, qkv_bias, packed, int8_inputs), qkv_a, qkv_b),
+                           cos, sin, key_caches[index], value_caches[index], column, heads, kv_heads);
     auto attended = decode_attention(query, key_caches[index], value_caches[index], mask, column + 1);
-    std::tie(normed, hidden) =
-        add_rms_norm(hidden, with_lora(attended, project(attended, o, o_bias, packed), o_a, o_b), norm_mlp, eps);
-    auto projected = with_lora(normed, project(normed, gate_up, gate_up_bias, packed), gate_up_a, gate_up_b);
+    const auto output = with_lora(attended, project(attended, o, o_bias, packed, int8_inputs), o_a, o_b);
+    std::tie(normed, hidden) = add_rms_norm(hidden, output, norm_mlp, eps);
+    auto projected =
+        with_lora(normed, project(normed, gate_up, gate_up_bias, packed, int8_inputs), gate_up_a, gate_up_b);
     TORCH_CHECK(projected.size(1) == 2 * intermediate, "gate/up projection width disagrees with the config");
     auto activated = at::silu(projected.narrow(1, 0, intermediate));
     activated.mul_(projected.narrow(1, intermediate, intermediate));
-    residual = with_lora(activated, project(activated, down, down_bias, packed), down_a, down_b);
+    residual = with_lora(activated, project(activated, down, down_bias, packed, int8_inputs), down_a, down_b);
   }
   const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
   // The output projection runs in the head's dtype (float32: logits rounded once, in float32; block-quantized heads
-  // take float32 inputs).
+  // take float32 inputs, with int8_inputs too: the head reads its bytes at memory speed either way).
   const auto head_dtype = head.scalar_type() == torch::kByte ? torch::kFloat : head.scalar_type();
-  return project(normed.to(head_dtype), head, c10::nullopt, head_packed);
+  return project(normed.to(head_dtype), head, c10::nullopt, head_packed, false);
 }
 
 }  // namespace
@@ -651,7 +752,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("decode_attention", &decode_attention, "Attention of one new token per row over the cache");
   module.def("sample_tokens", &sample_tokens, "Greedy or inverse-CDF sampling of one token per row");
   module.def("vector_width", [] { return Vec::size(); }, "Floats per SIMD vector (head_dim must be a multiple)");
-  module.def("block_linear", &block_linear, "float32 inputs times Q4_1 / Q8_0 block-quantized weights");
+  module.def("block_linear", &block_linear, "float32 inputs (or their int8 blocks) times Q4_1 / Q8_0 block weights",
+             pybind11::arg("inputs"), pybind11::arg("weight"), pybind11::arg("bias"),
+             pybind11::arg("int8_inputs") = false);
   module.def("dequantize_blocks", &dequantize_blocks, "The float32 weights of Q4_1 / Q8_0 blocks");
   module.def("decode_step", &decode_step, "All layers, final norm and output projection of one decoding step");
 }
