@@ -22,11 +22,13 @@ answer is retried until it does; an export the store answered with an error is g
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -121,30 +123,20 @@ class _OtlpStoreTarget(LightningStore):
         return []
 
 
+@dataclass(eq=False, slots=True)
 class _PendingWrite(PendingSpan):
     """A finished span waiting to be written, with the store and ids it belongs to.
 
     ``exported`` spans are bound for an :class:`_OtlpStoreTarget`: they carry their OpenTelemetry span.
     """
 
-    __slots__ = ("attempt_id", "exported", "local_sequence_id", "rollout_id", "span", "store", "stored")
-
-    def __init__(
-        self,
-        store: LightningStore,
-        rollout_id: str,
-        attempt_id: str,
-        span: ReadableSpan,
-        local_sequence_id: int,
-        exported: bool = False,
-    ) -> None:
-        self.store = store
-        self.rollout_id = rollout_id
-        self.attempt_id = attempt_id
-        self.span = span
-        self.local_sequence_id = local_sequence_id
-        self.exported = exported
-        self.stored: Optional[Span] = None
+    store: LightningStore
+    rollout_id: str
+    attempt_id: str
+    span: ReadableSpan
+    local_sequence_id: int
+    exported: bool = False
+    stored: Optional[Span] = field(default=None, init=False)
 
     def to_span(self, sequence_id: int) -> Span:
         """The span to store (the store issues its sequence id)."""
@@ -206,13 +198,18 @@ class LightningSpanProcessor(SpanProcessor):
         if write_delay < 0:
             raise ValueError("write_delay must not be negative")
         self._disable_store_submission = disable_store_submission
-        self._max_buffered_spans = max_buffered_spans
         self._write_timeout = write_timeout
-        self._retry_initial_delay = retry_initial_delay
-        self._retry_max_delay = retry_max_delay
         self._ignored_scopes = frozenset(ignored_scopes)
-        self._max_batch_size = max(1, max_batch_size)
-        self._write_delay = write_delay
+        # One writer per store, each with the processor's buffering and retry settings.
+        self._new_writer = functools.partial(
+            SpanWriter,
+            max_buffered=max_buffered_spans,
+            max_batch=max(1, max_batch_size),
+            write_delay=write_delay,
+            retry_initial_delay=retry_initial_delay,
+            retry_max_delay=retry_max_delay,
+            logger=logger,
+        )
         self._otlp_exporter = otlp_exporter
         self._otlp_target: Optional[_OtlpStoreTarget] = None
 
@@ -434,15 +431,7 @@ class LightningSpanProcessor(SpanProcessor):
             writer = self._writers.get(id(store))
             if writer is not None and writer.store is store:
                 return writer
-            writer = SpanWriter(
-                store,
-                max_buffered=self._max_buffered_spans,
-                max_batch=self._max_batch_size,
-                write_delay=self._write_delay,
-                retry_initial_delay=self._retry_initial_delay,
-                retry_max_delay=self._retry_max_delay,
-                logger=logger,
-            )
+            writer = self._new_writer(store)
             writer.start(loop)
             self._writers[id(store)] = writer
         return writer

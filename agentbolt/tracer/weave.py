@@ -118,23 +118,21 @@ class InMemoryWeaveTraceServer:
     def call_start(self, req: Any) -> Any:
         """Record the start of a call."""
         start = _field(req, "start")
-        call_id = str(_field(start, "id"))
-        with self._lock:
-            self._starts[call_id] = start
-            self._pair(call_id)
+        call_id = self._arrived(self._starts, start)
         return CallStartResponse(id=call_id, trace_id=str(_field(start, "trace_id")))
 
     def call_end(self, req: Any) -> None:
         """Record the end of a call; the call is finished once its start is known too."""
-        end = _field(req, "end")
-        call_id = str(_field(end, "id"))
-        with self._lock:
-            self._ends[call_id] = end
-            self._pair(call_id)
+        self._arrived(self._ends, _field(req, "end"))
 
-    def _pair(self, call_id: str) -> None:
-        if call_id in self._starts and call_id in self._ends:
-            self._finished.append((self._starts.pop(call_id), self._ends.pop(call_id)))
+    def _arrived(self, records: Dict[str, Any], record: Any) -> str:
+        """Keep the start or end ``record`` of a call in ``records``; a call with both is finished. Returns its id."""
+        call_id = str(_field(record, "id"))
+        with self._lock:
+            records[call_id] = record
+            if call_id in self._starts and call_id in self._ends:
+                self._finished.append((self._starts.pop(call_id), self._ends.pop(call_id)))
+        return call_id
 
     def pop_finished(self) -> List[Tuple[Any, Any]]:
         """The ``(start, end)`` records of the calls finished since the last call, in the order they finished."""
