@@ -12,7 +12,7 @@ import logging
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import typer
 
@@ -163,28 +163,19 @@ def serve_command(
             )
         from agentbolt.serving import launchers
 
+        # What either launched server is told the same way; each engine adds its own options.
+        server: Dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "served_name": name,
+            "max_model_len": max_model_len,
+            "extra_args": extra or (),
+        }
         if engine is Engine.vllm:
             path = resolve_model(model, progress=_progress).path if _is_local_or_registry(model) else model
-            command = launchers.vllm_command(
-                str(path),
-                host=host,
-                port=port,
-                dtype=dtype,
-                max_batch_size=max_batch_size,
-                served_name=name,
-                max_model_len=max_model_len,
-                extra_args=extra or (),
-            )
+            command = launchers.vllm_command(str(path), dtype=dtype, max_batch_size=max_batch_size, **server)
         else:
-            command = launchers.llamacpp_command(
-                str(resolve_gguf(model)),
-                host=host,
-                port=port,
-                threads=threads,
-                served_name=name,
-                max_model_len=max_model_len,
-                extra_args=extra or (),
-            )
+            command = launchers.llamacpp_command(str(resolve_gguf(model)), threads=threads, **server)
         if dry_run:
             print(command.shell())
             return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, Awaitable, List, Literal, Optional, TypeVar
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
@@ -17,6 +18,7 @@ logger = logging.getLogger("agentbolt.execution.shared_memory")
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
 class SharedMemoryExecutionStrategy(ExecutionStrategy):
     """Algorithm and runners as threads sharing one store (alias ``"shm"``).
 
@@ -32,27 +34,21 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
 
     alias = "shm"
 
-    def __init__(
-        self,
-        n_runners: int = 1,
-        main_thread: Literal["algorithm", "runner"] = "runner",
-        join_timeout: float = 15.0,
-        graceful_delay: float = 5.0,
-        poll_interval: float = 0.05,
-        managed_store: Optional[bool] = None,
-    ) -> None:
-        if main_thread not in ("algorithm", "runner"):
-            raise ValueError(f"main_thread must be 'algorithm' or 'runner', got {main_thread!r}")
-        if main_thread == "runner" and n_runners != 1:
+    n_runners: int = 1
+    main_thread: Literal["algorithm", "runner"] = "runner"
+    join_timeout: float = 15.0
+    graceful_delay: float = 5.0
+    poll_interval: float = 0.05
+    managed_store: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if self.main_thread not in ("algorithm", "runner"):
+            raise ValueError(f"main_thread must be 'algorithm' or 'runner', got {self.main_thread!r}")
+        if self.main_thread == "runner" and self.n_runners != 1:
             raise ValueError("main_thread='runner' requires n_runners == 1")
-        if n_runners < 1:
+        if self.n_runners < 1:
             raise ValueError("n_runners must be at least 1")
-        self.n_runners = n_runners
-        self.main_thread = main_thread
-        self.join_timeout = join_timeout
-        self.graceful_delay = graceful_delay
-        self.poll_interval = poll_interval
-        self.managed_store = resolve_managed_store(managed_store)
+        self.managed_store = resolve_managed_store(self.managed_store)
 
     async def _run_until_completed_or_canceled(self, coro: Awaitable[T], stop_evt: ExecutionEvent) -> Optional[T]:
         """Run ``coro``; once ``stop_evt`` is set, give it ``graceful_delay`` seconds, then cancel it."""

@@ -264,6 +264,18 @@ async def _translated(chunks: AsyncIterator[Any], translator: anthropic.ChatStre
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
+@dataclass
+class _IncomingCall:
+    """One call as it reached the gateway: its HTTP request, the rollout attempt it belongs to (both ids None outside
+    one), the id its answer and span carry, and its metrics record (None without metrics)."""
+
+    request: Request
+    rollout_id: Optional[str]
+    attempt_id: Optional[str]
+    call_id: str
+    outcome: Optional[CallOutcome] = None
+
+
 class _Handler:
     """Request handling bound to one :class:`Gateway`."""
 
@@ -295,16 +307,9 @@ class _Handler:
         except Exception:  # failures are logged by the writer, which drops the span
             pass
 
-    def _start_call(
-        self,
-        request: Request,
-        endpoint: str,
-        body: Dict[str, Any],
-        rollout_id: Optional[str],
-        attempt_id: Optional[str],
-        call_id: str,
-    ) -> Optional[CallRecord]:
+    def _start_call(self, incoming: _IncomingCall, endpoint: str, body: Dict[str, Any]) -> Optional[CallRecord]:
         gateway = self.gateway
+        rollout_id, attempt_id = incoming.rollout_id, incoming.attempt_id
         if rollout_id is None or attempt_id is None or gateway.sequences is None:
             return None
         # The sequence id is taken when the request starts; the store call overlaps with the upstream call.
@@ -316,8 +321,8 @@ class _Handler:
             endpoint=endpoint,
             request=body,
             start_time=time.time(),
-            agent_name=request.headers.get(LLM_AGENT_NAME_HEADER),
-            call_id=call_id,
+            agent_name=incoming.request.headers.get(LLM_AGENT_NAME_HEADER),
+            call_id=incoming.call_id,
         )
 
     def _unauthorized(self, request: Request) -> Optional[Response]:
@@ -385,7 +390,7 @@ class _Handler:
 
     async def _answer(
         self,
-        handle: Callable[..., Awaitable[Response]],
+        handle: Callable[[_IncomingCall, str], Awaitable[Response]],
         request: Request,
         endpoint: str,
         rollout_id: Optional[str],
@@ -395,7 +400,7 @@ class _Handler:
         call_id = f"agentbolt-{secrets.token_hex(12)}"
         metrics = self.gateway.metrics
         outcome = CallOutcome(endpoint, time.perf_counter()) if metrics is not None else None
-        response = await handle(request, endpoint, rollout_id, attempt_id, call_id, outcome)
+        response = await handle(_IncomingCall(request, rollout_id, attempt_id, call_id, outcome), endpoint)
         response.headers[LLM_CALL_ID_HEADER] = call_id
         if metrics is not None and outcome is not None and not isinstance(response, StreamingResponse):
             outcome.status = response.status_code
@@ -403,15 +408,8 @@ class _Handler:
             response.background = BackgroundTask(metrics.record, outcome, time.perf_counter())
         return response
 
-    async def _completion(
-        self,
-        request: Request,
-        endpoint: str,
-        rollout_id: Optional[str],
-        attempt_id: Optional[str],
-        call_id: str,
-        outcome: Optional[CallOutcome] = None,
-    ) -> Response:
+    async def _completion(self, incoming: _IncomingCall, endpoint: str) -> Response:
+        request = incoming.request
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
@@ -436,18 +434,11 @@ class _Handler:
         if candidates[0].speaks_messages:
             message = f"Model {model!r} is served by an Anthropic Messages API backend: call POST /v1/messages"
             return _error_response(GatewayError(400, message, "invalid_request_error", "model"))
-        return await self._forward(request, endpoint, body, model, candidates, rollout_id, attempt_id, call_id, outcome)
+        return await self._forward(incoming, endpoint, body, model, candidates)
 
-    async def _messages(
-        self,
-        request: Request,
-        endpoint: str,
-        rollout_id: Optional[str],
-        attempt_id: Optional[str],
-        call_id: str,
-        outcome: Optional[CallOutcome] = None,
-    ) -> Response:
+    async def _messages(self, incoming: _IncomingCall, endpoint: str) -> Response:
         """A Messages call: passed through to Anthropic-compatible backends, translated for the others."""
+        request = incoming.request
         if self._unauthorized(request) is not None:
             message = "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
             return _anthropic_error(401, message)
@@ -466,9 +457,7 @@ class _Handler:
                         else {}
                     ),
                 }
-                response = await self._forward(
-                    request, "v1/messages", body, model, candidates, rollout_id, attempt_id, call_id, outcome, headers
-                )
+                response = await self._forward(incoming, "v1/messages", body, model, candidates, headers)
                 return _as_anthropic_error(response)
             stops = body.get("stop_sequences") or []
             chat = anthropic.messages_to_chat(body)
@@ -477,9 +466,7 @@ class _Handler:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:
             return _anthropic_error(exc.status, exc.message)
-        response = await self._forward(
-            request, "chat/completions", chat, model, candidates, rollout_id, attempt_id, call_id, outcome
-        )
+        response = await self._forward(incoming, "chat/completions", chat, model, candidates)
         if isinstance(response, StreamingResponse):
             translator = anthropic.ChatStreamTranslator(model, stops)
             response.body_iterator = _translated(response.body_iterator, translator)
@@ -491,19 +478,16 @@ class _Handler:
 
     async def _forward(
         self,
-        request: Request,
+        incoming: _IncomingCall,
         endpoint: str,
         body: Dict[str, Any],
         model: str,
         candidates: Sequence[Deployment],
-        rollout_id: Optional[str],
-        attempt_id: Optional[str],
-        call_id: str,
-        outcome: Optional[CallOutcome] = None,
         headers: Optional[Mapping[str, str]] = None,
     ) -> Response:
         """Send a checked request to ``candidates``, record the call, and relay the answer."""
         gateway = self.gateway
+        rollout_id, outcome = incoming.rollout_id, incoming.outcome
         messages_api = candidates[0].speaks_messages
         if outcome is not None:
             outcome.model = model
@@ -519,7 +503,7 @@ class _Handler:
                 recorded = anthropic.messages_to_chat(body, strict=False)
         elif rollout_id is not None and gateway.sampling is not None:
             body = recorded = with_sampling_defaults(body, await gateway.sampling.for_call(rollout_id, model))
-        call = self._start_call(request, endpoint, recorded, rollout_id, attempt_id, call_id)
+        call = self._start_call(incoming, endpoint, recorded)
         if call is not None:
             call.messages_api = messages_api
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]

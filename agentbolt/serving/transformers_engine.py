@@ -143,6 +143,7 @@ def _base_model(model: Any) -> Any:
     return model.get_base_model() if getattr(model, "peft_config", None) else model
 
 
+@dataclass(eq=False)
 class _Request:
     """A submitted request and its channel back to the caller.
 
@@ -150,24 +151,20 @@ class _Request:
     a cancelled request's sequences leave the batch at the next step.
     """
 
-    def __init__(
-        self,
-        prompt: List[int],
-        params: SamplingParams,
-        adapter: Optional[str],
-        emit: Callable[[List[SequenceDelta]], object],
-        fail: Callable[[BaseException], object],
-    ) -> None:
-        self.prompt = prompt
-        self.params = params
-        self.adapter = adapter
-        self.emit = emit
-        self.fail = fail
-        self.cancelled = False
-        self.remaining = params.n
-        self.weight_version = 0
-        self.cost = 0  # queued tokens it holds (see TransformersEngine.request_cost) until released
-        self.released = True
+    prompt: List[int]
+    params: SamplingParams
+    adapter: Optional[str]
+    emit: Callable[[List[SequenceDelta]], object]
+    fail: Callable[[BaseException], object]
+    cancelled: bool = field(default=False, init=False)
+    remaining: int = field(init=False)
+    weight_version: int = field(default=0, init=False)
+    # Queued tokens it holds (see TransformersEngine.request_cost) until released.
+    cost: int = field(default=0, init=False)
+    released: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        self.remaining = self.params.n
 
 
 @dataclass

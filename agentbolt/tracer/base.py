@@ -23,6 +23,7 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Tuple,
     TypeVar,
 )
 
@@ -151,28 +152,68 @@ class Tracer(ParallelWorkerBase):
         if (rollout_id is None) != (attempt_id is None):
             raise ValueError("rollout_id and attempt_id must be either all provided or all None")
 
-    def trace_context(
+    def _resolve_store(
+        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> Optional[LightningStore]:
+        """The store of a trace context (see :meth:`_effective_store`); subclasses add their own checks."""
+        return self._effective_store(store)
+
+    @with_active_tracer_context
+    @asynccontextmanager
+    async def trace_context(
         self,
         name: Optional[str] = None,
         *,
         store: Optional[LightningStore] = None,
         rollout_id: Optional[str] = None,
         attempt_id: Optional[str] = None,
-    ) -> AsyncContextManager[Any]:
+    ) -> AsyncIterator[Any]:
         """Async context in which spans are collected (and stored when rollout/attempt ids are given).
+
+        The tracer is the active tracer inside the block.
 
         Args:
             name: Name of the trace (often the rollout id).
-            store: Deprecated; pass the store to :meth:`init_worker`.
+            store: Deprecated; the store given to :meth:`init_worker` is used by default.
             rollout_id: Rollout the spans belong to.
             attempt_id: Attempt the spans belong to.
+
+        Yields:
+            What the tracer offers for recording by hand (an OpenTelemetry tracer, a Weave client...).
+
+        Raises:
+            RuntimeError: ``init_worker`` was not called.
+            ValueError: Only one of the ids is given, or ids without a store.
         """
+        effective = self._resolve_store(store, rollout_id, attempt_id)
+        async with self._trace(name, effective, rollout_id, attempt_id) as value:
+            yield value
+
+    @with_active_tracer_context_sync
+    @contextmanager
+    def _trace_context_sync(
+        self,
+        name: Optional[str] = None,
+        *,
+        store: Optional[LightningStore] = None,
+        rollout_id: Optional[str] = None,
+        attempt_id: Optional[str] = None,
+    ) -> Iterator[Any]:
+        """Synchronous trace context (legacy API)."""
+        effective = self._resolve_store(store, rollout_id, attempt_id)
+        with self._trace_sync(name, effective, rollout_id, attempt_id) as value:
+            yield value
+
+    def _trace(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
+    ) -> AsyncContextManager[Any]:
+        """The tracer's own work in :meth:`trace_context` (the store is resolved, the tracer is active)."""
         raise NotImplementedError()
 
-    def _trace_context_sync(
-        self, name: Optional[str] = None, *, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None
+    def _trace_sync(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> ContextManager[Any]:
-        """Synchronous trace context (legacy API)."""
+        """The tracer's own work in :meth:`_trace_context_sync`."""
         raise NotImplementedError()
 
     def get_last_trace(self) -> List[Span]:
@@ -201,12 +242,24 @@ class Tracer(ParallelWorkerBase):
         Args:
             name: Span name.
             attributes: Span attributes (already flat and sanitised).
-            timestamp: Time of the span in seconds since the epoch (default: now).
+            timestamp: Time of the span in seconds since the epoch (default: now; a tracer that timestamps spans
+                itself ignores it).
             status: Span status (default OK).
 
         Returns:
-            The recorded core fields.
+            The recorded core fields: the span starts and ends at the same moment.
+
+        Raises:
+            RuntimeError: The tracer needs ``init_worker`` and it was not called.
         """
+        status = status or TraceStatus(status_code="OK")
+        moment, recorded = self._record_instant_span(name, dict(attributes or {}), timestamp, status)
+        return SpanCoreFields(name=name, status=status, attributes=recorded, start_time=moment, end_time=moment)
+
+    def _record_instant_span(
+        self, name: str, attributes: Attributes, timestamp: Optional[float], status: TraceStatus
+    ) -> Tuple[float, Attributes]:
+        """The tracer's own work in :meth:`create_span`: record the span, return its time and attributes as recorded."""
         raise NotImplementedError()
 
     def operation_context(
@@ -218,11 +271,34 @@ class Tracer(ParallelWorkerBase):
     ) -> ContextManager[SpanRecordingContext]:
         """Context manager recording a span around a block of code.
 
+        An exception raised in the block is recorded on the span (which is then failed) and re-raised.
+
         Args:
             name: Span name.
             attributes: Initial attributes.
-            start_time: Explicit start time in seconds (default: now).
-            end_time: Explicit end time in seconds (default: when the block exits).
+            start_time: Explicit start time in seconds (default: now; a tracer that times spans itself ignores it).
+            end_time: Explicit end time in seconds (default: when the block exits; a tracer that times spans itself
+                ignores it).
+        """
+        return self._recording_operation(name, attributes, start_time, end_time)
+
+    @contextmanager
+    def _recording_operation(
+        self, name: str, attributes: Optional[Attributes], start_time: Optional[float], end_time: Optional[float]
+    ) -> Iterator[SpanRecordingContext]:
+        with self._open_operation(name, attributes, start_time, end_time) as recording:
+            try:
+                yield recording
+            except BaseException as exc:
+                recording.record_exception(exc)
+                raise
+
+    def _open_operation(
+        self, name: str, attributes: Optional[Attributes], start_time: Optional[float], end_time: Optional[float]
+    ) -> ContextManager[SpanRecordingContext]:
+        """The tracer's own work in :meth:`operation_context`: open the span and yield its recording; close it on exit.
+
+        An exception of the block is already recorded on the recording when it reaches this context manager.
         """
         raise NotImplementedError()
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, AsyncContextManager, ContextManager, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, AsyncContextManager, Iterator, List, Optional, Tuple
 
 from agentbolt.tracer.base import Tracer
 from agentbolt.types.tracer import Attributes, Span, SpanCoreFields, StatusCode, TraceStatus
 from agentbolt.utils.otel import format_exception_attributes
+
+if TYPE_CHECKING:
+    from agentbolt.store.base import LightningStore
 
 __all__ = ["DummyTracer", "DummySpanRecordingContext"]
 
@@ -63,60 +66,37 @@ class DummySpanRecordingContext:
         )
 
 
-class DummyTracer(Tracer):
-    """Builds span core fields without exporting or storing anything."""
+_NO_TRACES = "DummyTracer does not collect traces; use OtelTracer or AgentOpsTracer."
 
-    def trace_context(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Any = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
+
+class DummyTracer(Tracer):
+    """Builds span core fields without exporting or storing anything.
+
+    :meth:`create_span` returns the span at ``timestamp`` (default: now); :meth:`operation_context` records the
+    span in memory (with the given start and end times, if any). Trace contexts are not supported: entering one
+    raises ``NotImplementedError``.
+    """
+
+    def _trace(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> AsyncContextManager[Any]:
-        """Not supported: a dummy tracer collects no traces."""
-        raise NotImplementedError("DummyTracer does not collect traces; use OtelTracer or AgentOpsTracer.")
+        raise NotImplementedError(_NO_TRACES)
 
     def get_last_trace(self) -> List[Span]:
         """Not supported: a dummy tracer collects no traces."""
-        raise NotImplementedError("DummyTracer does not collect traces; use OtelTracer or AgentOpsTracer.")
+        raise NotImplementedError(_NO_TRACES)
 
-    def create_span(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        timestamp: Optional[float] = None,
-        status: Optional[TraceStatus] = None,
-    ) -> SpanCoreFields:
-        """Core fields of an instantaneous span at ``timestamp`` (default: now)."""
-        moment = timestamp if timestamp is not None else time.time()
-        return SpanCoreFields(
-            name=name,
-            attributes=dict(attributes or {}),
-            start_time=moment,
-            end_time=moment,
-            status=status or TraceStatus(status_code="OK"),
-        )
-
-    def operation_context(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        start_time: Optional[float] = None,
-        end_time: Optional[float] = None,
-    ) -> ContextManager[DummySpanRecordingContext]:
-        """Record a span in memory around a block; exceptions are recorded and re-raised."""
-        return self._operation(name, attributes, start_time, end_time)
+    def _record_instant_span(
+        self, name: str, attributes: Attributes, timestamp: Optional[float], status: TraceStatus
+    ) -> Tuple[float, Attributes]:
+        return (timestamp if timestamp is not None else time.time()), attributes
 
     @contextmanager
-    def _operation(
+    def _open_operation(
         self, name: str, attributes: Optional[Attributes], start_time: Optional[float], end_time: Optional[float]
     ) -> Iterator[DummySpanRecordingContext]:
         recording = DummySpanRecordingContext(name, attributes, start_time)
         try:
             yield recording
-        except BaseException as exc:
-            recording.record_exception(exc)
-            raise
         finally:
             recording.finalize(end_time)

@@ -22,24 +22,15 @@ answer is retried until it does; an export the store answered with an error is g
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from itertools import groupby
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    AsyncIterator,
-    Dict,
-    Iterator,
-    List,
-    Optional,
-    Sequence,
-    Tuple,
-    Union,
-)
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
@@ -51,15 +42,8 @@ from pydantic import PrivateAttr
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
-from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
-from agentbolt.types.tracer import (
-    Attributes,
-    Span,
-    SpanCoreFields,
-    StatusCode,
-    TraceStatus,
-    convert_timestamp,
-)
+from agentbolt.tracer.base import Tracer
+from agentbolt.types.tracer import Attributes, Span, SpanCoreFields, StatusCode, TraceStatus, convert_timestamp
 from agentbolt.utils.otel import format_exception_attributes
 
 if TYPE_CHECKING:
@@ -139,30 +123,20 @@ class _OtlpStoreTarget(LightningStore):
         return []
 
 
+@dataclass(eq=False, slots=True)
 class _PendingWrite(PendingSpan):
     """A finished span waiting to be written, with the store and ids it belongs to.
 
     ``exported`` spans are bound for an :class:`_OtlpStoreTarget`: they carry their OpenTelemetry span.
     """
 
-    __slots__ = ("attempt_id", "exported", "local_sequence_id", "rollout_id", "span", "store", "stored")
-
-    def __init__(
-        self,
-        store: LightningStore,
-        rollout_id: str,
-        attempt_id: str,
-        span: ReadableSpan,
-        local_sequence_id: int,
-        exported: bool = False,
-    ) -> None:
-        self.store = store
-        self.rollout_id = rollout_id
-        self.attempt_id = attempt_id
-        self.span = span
-        self.local_sequence_id = local_sequence_id
-        self.exported = exported
-        self.stored: Optional[Span] = None
+    store: LightningStore
+    rollout_id: str
+    attempt_id: str
+    span: ReadableSpan
+    local_sequence_id: int
+    exported: bool = False
+    stored: Optional[Span] = field(default=None, init=False)
 
     def to_span(self, sequence_id: int) -> Span:
         """The span to store (the store issues its sequence id)."""
@@ -224,13 +198,18 @@ class LightningSpanProcessor(SpanProcessor):
         if write_delay < 0:
             raise ValueError("write_delay must not be negative")
         self._disable_store_submission = disable_store_submission
-        self._max_buffered_spans = max_buffered_spans
         self._write_timeout = write_timeout
-        self._retry_initial_delay = retry_initial_delay
-        self._retry_max_delay = retry_max_delay
         self._ignored_scopes = frozenset(ignored_scopes)
-        self._max_batch_size = max(1, max_batch_size)
-        self._write_delay = write_delay
+        # One writer per store, each with the processor's buffering and retry settings.
+        self._new_writer = functools.partial(
+            SpanWriter,
+            max_buffered=max_buffered_spans,
+            max_batch=max(1, max_batch_size),
+            write_delay=write_delay,
+            retry_initial_delay=retry_initial_delay,
+            retry_max_delay=retry_max_delay,
+            logger=logger,
+        )
         self._otlp_exporter = otlp_exporter
         self._otlp_target: Optional[_OtlpStoreTarget] = None
 
@@ -452,15 +431,7 @@ class LightningSpanProcessor(SpanProcessor):
             writer = self._writers.get(id(store))
             if writer is not None and writer.store is store:
                 return writer
-            writer = SpanWriter(
-                store,
-                max_buffered=self._max_buffered_spans,
-                max_batch=self._max_batch_size,
-                write_delay=self._write_delay,
-                retry_initial_delay=self._retry_initial_delay,
-                retry_max_delay=self._retry_max_delay,
-                logger=logger,
-            )
+            writer = self._new_writer(store)
             writer.start(loop)
             self._writers[id(store)] = writer
         return writer
@@ -675,62 +646,28 @@ class OtelTracer(Tracer):
         exporter.enable_store_otlp(store.otlp_traces_endpoint(), rollout_id, attempt_id, api_key=api_key)
         processor.disable_store_submission = True
 
-    @with_active_tracer_context
     @asynccontextmanager
-    async def trace_context(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
+    async def _trace(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> AsyncIterator[trace_api.Tracer]:
-        """Collect spans (and write them to the store when both ids are given) inside the block.
-
-        Args:
-            name: Name of the trace (unused by this tracer).
-            store: Deprecated; the store given to :meth:`init_worker` is used by default.
-            rollout_id: Rollout the spans belong to.
-            attempt_id: Attempt the spans belong to.
-
-        Yields:
-            An OpenTelemetry tracer for creating spans manually.
-
-        Raises:
-            RuntimeError: ``init_worker`` was not called.
-            ValueError: Only one of the ids is given, or ids without a store.
-        """
-        effective = self._resolve_store(store, rollout_id, attempt_id)
+        """Collect spans (written to the store when both ids are given); yields an OpenTelemetry tracer."""
         _, processor = self._require_initialized()
-        with self._collect(effective, rollout_id, attempt_id, flush_timeout=0) as tracer:
+        with self._collect(store, rollout_id, attempt_id, flush_timeout=0) as tracer:
             try:
                 with self._root_span(tracer, name, rollout_id, attempt_id):
                     yield tracer
             finally:
                 await processor.flush_async()
 
-    @with_active_tracer_context_sync
     @contextmanager
-    def _trace_context_sync(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
+    def _trace_sync(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> Iterator[trace_api.Tracer]:
-        effective = self._resolve_store(store, rollout_id, attempt_id)
         with (
-            self._collect(effective, rollout_id, attempt_id) as tracer,
+            self._collect(store, rollout_id, attempt_id) as tracer,
             self._root_span(tracer, name, rollout_id, attempt_id),
         ):
             yield tracer
-
-    def _resolve_store(
-        self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
-    ) -> Optional[LightningStore]:
-        """The store of a trace context (see :meth:`_effective_store`); subclasses add their own checks."""
-        return self._effective_store(store)
 
     @contextmanager
     def _root_span(
@@ -744,52 +681,25 @@ class OtelTracer(Tracer):
         _, processor = self._require_initialized()
         return processor.spans()
 
-    def create_span(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        timestamp: Optional[float] = None,
-        status: Optional[TraceStatus] = None,
-    ) -> SpanCoreFields:
-        """Record an instantaneous span (child of the current span, if any).
-
-        Raises:
-            RuntimeError: ``init_worker`` was not called.
-        """
+    def _record_instant_span(
+        self, name: str, attributes: Attributes, timestamp: Optional[float], status: TraceStatus
+    ) -> Tuple[float, Attributes]:
+        """Record the span as a child of the current span, if any (``init_worker`` must have been called)."""
         tracer = self.get_otel_tracer()
         moment = timestamp if timestamp is not None else time.time()
         nanos = int(moment * 1e9)
         span = tracer.start_span(name, attributes=attributes, start_time=nanos)
-        status = status or TraceStatus(status_code="OK")
         OtelSpanRecordingContext(span).record_status(status.status_code, status.description)
         span.end(end_time=nanos)
-        return SpanCoreFields(
-            name=name,
-            status=status,
-            attributes=dict(getattr(span, "attributes", None) or attributes or {}),
-            start_time=moment,
-            end_time=moment,
-        )
-
-    def operation_context(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        start_time: Optional[float] = None,
-        end_time: Optional[float] = None,
-    ) -> Any:
-        """Record a span around a block, as the current span (exceptions are recorded and re-raised).
-
-        ``end_time`` is ignored: the span ends when the block exits.
-        """
-        if end_time is not None:
-            logger.warning("OtelTracer.operation_context ignores end_time; the span ends when the block exits.")
-        return self._operation(name, attributes, start_time)
+        return moment, dict(getattr(span, "attributes", None) or attributes)
 
     @contextmanager
-    def _operation(
-        self, name: str, attributes: Optional[Attributes], start_time: Optional[float]
+    def _open_operation(
+        self, name: str, attributes: Optional[Attributes], start_time: Optional[float], end_time: Optional[float]
     ) -> Iterator[OtelSpanRecordingContext]:
+        """Record the span as the current span; ``end_time`` is ignored: the span ends when the block exits."""
+        if end_time is not None:
+            logger.warning("OtelTracer.operation_context ignores end_time; the span ends when the block exits.")
         tracer = self.get_otel_tracer()
         with tracer.start_as_current_span(
             name,
@@ -802,6 +712,5 @@ class OtelTracer(Tracer):
             try:
                 yield recording
             except BaseException as exc:
-                recording.record_exception(exc)
                 recording.record_attributes(format_exception_attributes(exc))
                 raise

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, AsyncContextManager, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Tuple
 
 try:
     from weave.trace import weave_client
@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from agentbolt.semconv import LightningResourceAttributes, LightningSpanAttributes
 from agentbolt.store.base import LightningStore
-from agentbolt.tracer.base import Tracer, with_active_tracer_context, with_active_tracer_context_sync
+from agentbolt.tracer.base import Tracer
 from agentbolt.types import OtelResource, Span, SpanContext, SpanCoreFields, TraceStatus
 from agentbolt.types.tracer import Attributes, StatusCode
 from agentbolt.utils.id import generate_id
@@ -118,23 +118,21 @@ class InMemoryWeaveTraceServer:
     def call_start(self, req: Any) -> Any:
         """Record the start of a call."""
         start = _field(req, "start")
-        call_id = str(_field(start, "id"))
-        with self._lock:
-            self._starts[call_id] = start
-            self._pair(call_id)
+        call_id = self._arrived(self._starts, start)
         return CallStartResponse(id=call_id, trace_id=str(_field(start, "trace_id")))
 
     def call_end(self, req: Any) -> None:
         """Record the end of a call; the call is finished once its start is known too."""
-        end = _field(req, "end")
-        call_id = str(_field(end, "id"))
-        with self._lock:
-            self._ends[call_id] = end
-            self._pair(call_id)
+        self._arrived(self._ends, _field(req, "end"))
 
-    def _pair(self, call_id: str) -> None:
-        if call_id in self._starts and call_id in self._ends:
-            self._finished.append((self._starts.pop(call_id), self._ends.pop(call_id)))
+    def _arrived(self, records: Dict[str, Any], record: Any) -> str:
+        """Keep the start or end ``record`` of a call in ``records``; a call with both is finished. Returns its id."""
+        call_id = str(_field(record, "id"))
+        with self._lock:
+            records[call_id] = record
+            if call_id in self._starts and call_id in self._ends:
+                self._finished.append((self._starts.pop(call_id), self._ends.pop(call_id)))
+        return call_id
 
     def pop_finished(self) -> List[Tuple[Any, Any]]:
         """The ``(start, end)`` records of the calls finished since the last call, in the order they finished."""
@@ -276,6 +274,16 @@ class WeaveTracer(Tracer):
 
     # ---- trace contexts ----
 
+    def trace_context(self, name: Optional[str] = None, **kwargs: Any) -> AsyncContextManager[Any]:
+        """:meth:`Tracer.trace_context` (keywords ``store``, ``rollout_id``, ``attempt_id``; others are ignored).
+
+        The block is recorded under one root Weave call (named ``name``, default: the project name) and every call
+        that finished in it is stored. Yields the Weave client.
+        """
+        return super().trace_context(
+            name, store=kwargs.get("store"), rollout_id=kwargs.get("rollout_id"), attempt_id=kwargs.get("attempt_id")
+        )
+
     def _open_root(self, name: Optional[str], rollout_id: Optional[str], attempt_id: Optional[str]) -> Any:
         client = self._require_client()
         self._check_ids(rollout_id, attempt_id)
@@ -283,59 +291,29 @@ class WeaveTracer(Tracer):
         inputs = {"rollout_id": rollout_id, "attempt_id": attempt_id} if rollout_id is not None else {}
         return client.create_call(name or self.project_name.rsplit("/", 1)[-1], inputs)
 
-    @with_active_tracer_context
     @asynccontextmanager
-    async def trace_context(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
-        **kwargs: Any,
+    async def _trace(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> AsyncIterator[Any]:
-        """Record the block under one root Weave call and store every call that finished in it.
-
-        Args:
-            name: Name of the root call (default: the project name).
-            store: Deprecated; the store given to :meth:`init_worker` is used by default.
-            rollout_id: Rollout the spans belong to.
-            attempt_id: Attempt the spans belong to.
-
-        Yields:
-            The Weave client.
-
-        Raises:
-            RuntimeError: ``init_worker`` was not called.
-            ValueError: Only one of the ids is given, or ids without a store.
-        """
-        effective = self._effective_store(store)
         root = self._open_root(name, rollout_id, attempt_id)
         try:
             with self._finishing(root):
                 yield self._client
         finally:
             await asyncio.to_thread(self._require_client().flush)
-            await self._store_finished(effective, rollout_id, attempt_id)
+            await self._store_finished(store, rollout_id, attempt_id)
 
-    @with_active_tracer_context_sync
     @contextmanager
-    def _trace_context_sync(
-        self,
-        name: Optional[str] = None,
-        *,
-        store: Optional[LightningStore] = None,
-        rollout_id: Optional[str] = None,
-        attempt_id: Optional[str] = None,
+    def _trace_sync(
+        self, name: Optional[str], store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]
     ) -> Iterator[Any]:
-        effective = self._effective_store(store)
         root = self._open_root(name, rollout_id, attempt_id)
         try:
             with self._finishing(root):
                 yield self._client
         finally:
             self._require_client().flush()
-            asyncio.run(self._store_finished(effective, rollout_id, attempt_id))
+            asyncio.run(self._store_finished(store, rollout_id, attempt_id))
 
     @contextmanager
     def _finishing(self, root: Any) -> Iterator[None]:
@@ -439,49 +417,25 @@ class WeaveTracer(Tracer):
 
     # ---- spans recorded by hand (emitters) ----
 
-    def create_span(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        timestamp: Optional[float] = None,
-        status: Optional[TraceStatus] = None,
-    ) -> SpanCoreFields:
-        """Record an instantaneous Weave call (a child of the current call, if any).
-
-        ``timestamp`` is ignored: Weave timestamps calls itself.
-
-        Raises:
-            RuntimeError: ``init_worker`` was not called.
-        """
+    def _record_instant_span(
+        self, name: str, attributes: Attributes, timestamp: Optional[float], status: TraceStatus
+    ) -> Tuple[float, Attributes]:
+        """Record a finished Weave call (a child of the current call, if any); ``timestamp`` is ignored."""
         client = self._require_client()
         if timestamp is not None:
             logger.warning("WeaveTracer.create_span ignores timestamp; Weave records the time of the call.")
-        status = status or TraceStatus(status_code="OK")
-        call = client.create_call(name, {}, attributes=dict(attributes or {}))
-        self._recorded[str(call.id)] = {"attributes": dict(attributes or {}), "status": status}
+        call = client.create_call(name, {}, attributes=dict(attributes))
+        self._recorded[str(call.id)] = {"attributes": dict(attributes), "status": status}
         client.finish_call(call)
-        moment = time.time()
-        return SpanCoreFields(
-            name=name, attributes=dict(attributes or {}), status=status, start_time=moment, end_time=moment
-        )
-
-    def operation_context(
-        self,
-        name: str,
-        attributes: Optional[Attributes] = None,
-        start_time: Optional[float] = None,
-        end_time: Optional[float] = None,
-    ) -> Any:
-        """Record a Weave call around a block, as the current call (exceptions are recorded and re-raised).
-
-        ``start_time`` and ``end_time`` are ignored: Weave times the call itself.
-        """
-        if start_time is not None or end_time is not None:
-            logger.warning("WeaveTracer.operation_context ignores start_time/end_time; Weave times the call itself.")
-        return self._operation(name, attributes)
+        return time.time(), attributes
 
     @contextmanager
-    def _operation(self, name: str, attributes: Optional[Attributes]) -> Iterator[WeaveSpanRecordingContext]:
+    def _open_operation(
+        self, name: str, attributes: Optional[Attributes], start_time: Optional[float], end_time: Optional[float]
+    ) -> Iterator[WeaveSpanRecordingContext]:
+        """Record a Weave call as the current call; ``start_time`` and ``end_time`` are ignored."""
+        if start_time is not None or end_time is not None:
+            logger.warning("WeaveTracer.operation_context ignores start_time/end_time; Weave times the call itself.")
         client = self._require_client()
         call = client.create_call(name, {}, attributes=dict(attributes or {}))
         recorded: Dict[str, Any] = {}
@@ -492,7 +446,6 @@ class WeaveTracer(Tracer):
             yield recording
         except BaseException as exc:
             error = exc
-            recording.record_exception(exc)
             raise
         finally:
             recording._finalize()

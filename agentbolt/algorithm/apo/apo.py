@@ -95,16 +95,14 @@ class APO(PromptSearch, Generic[T_task]):
         _poml_trace: bool = False,
         **search_options: Any,
     ) -> None:
-        for name, value in (
-            ("gradient_batch_size", gradient_batch_size),
-            ("val_batch_size", val_batch_size),
-            ("beam_width", beam_width),
-            ("branch_factor", branch_factor),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not isinstance(beam_rounds, int) or beam_rounds < 0:
-            raise ValueError(f"beam_rounds must be an integer >= 0, got {beam_rounds!r}")
+        self._check_counts(
+            1,
+            gradient_batch_size=gradient_batch_size,
+            val_batch_size=val_batch_size,
+            beam_width=beam_width,
+            branch_factor=branch_factor,
+        )
+        self._check_counts(0, beam_rounds=beam_rounds)
         super().__init__(async_openai_client, rollout_batch_timeout=rollout_batch_timeout, **search_options)
         self.gradient_model = gradient_model
         self.apply_edit_model = apply_edit_model

@@ -285,16 +285,8 @@ class FewShotAPO(PromptSearch):
         max_demo_chars: int = 600,
         **search_options: Any,
     ) -> None:
-        for name, value in (
-            ("max_demos", max_demos),
-            ("bootstrap_tasks", bootstrap_tasks),
-            ("bootstrap_repeats", bootstrap_repeats),
-            ("num_candidate_sets", num_candidate_sets),
-            ("val_batch_size", val_batch_size),
-            ("finalists", finalists),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self._check_counts(1, max_demos=max_demos, bootstrap_tasks=bootstrap_tasks, bootstrap_repeats=bootstrap_repeats)
+        self._check_counts(1, num_candidate_sets=num_candidate_sets, val_batch_size=val_batch_size, finalists=finalists)
         if demo_position not in ("before", "after"):
             raise ValueError(f"demo_position must be 'before' or 'after', got {demo_position!r}")
         if demo_format not in ("text", "messages"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Dict, List, Optional
 
 __all__ = ["SearchBudgetExhausted", "OptimizerCalls", "OptimizerUsage"]
@@ -43,6 +43,7 @@ def _estimated_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
+@dataclass(eq=False)
 class OptimizerCalls:
     """Ask the optimizer model for chat completions, surviving a flaky server.
 
@@ -60,29 +61,23 @@ class OptimizerCalls:
         completion_tokens: Completion budget of each call (None: the server's default).
     """
 
-    def __init__(
-        self,
-        client: Any,
-        *,
-        timeout: float = 120.0,
-        retries: int = 3,
-        backoff: float = 1.0,
-        max_tokens: Optional[int] = None,
-        completion_tokens: Optional[int] = None,
-    ) -> None:
-        if timeout <= 0:
-            raise ValueError(f"optimizer timeout must be > 0 seconds, got {timeout}")
-        if retries < 0:
-            raise ValueError(f"optimizer retries must be >= 0, got {retries}")
-        if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_optimizer_tokens must be > 0 or None, got {max_tokens}")
-        self.client = client
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_tokens = max_tokens
-        self.completion_tokens = completion_tokens
-        self.usage = OptimizerUsage()
+    client: Any
+    _: KW_ONLY
+    timeout: float = 120.0
+    retries: int = 3
+    backoff: float = 1.0
+    max_tokens: Optional[int] = None
+    completion_tokens: Optional[int] = None
+    usage: OptimizerUsage = field(default_factory=OptimizerUsage, init=False)
+    """What the calls have cost so far."""
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0:
+            raise ValueError(f"optimizer timeout must be > 0 seconds, got {self.timeout}")
+        if self.retries < 0:
+            raise ValueError(f"optimizer retries must be >= 0, got {self.retries}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError(f"max_optimizer_tokens must be > 0 or None, got {self.max_tokens}")
 
     def check_budget(self) -> None:
         """Raise :class:`SearchBudgetExhausted` when the token budget is spent."""

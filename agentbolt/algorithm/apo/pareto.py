@@ -105,12 +105,8 @@ class ParetoAPO(PromptSearch):
         merge_prompt_files: Optional[List[Path]] = None,
         **search_options: Any,
     ) -> None:
-        if not isinstance(reflection_batch_size, int) or reflection_batch_size < 1:
-            raise ValueError(f"reflection_batch_size must be an integer >= 1, got {reflection_batch_size!r}")
-        if not isinstance(rounds, int) or rounds < 0:
-            raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
-        if not isinstance(merge_every, int) or merge_every < 0:
-            raise ValueError(f"merge_every must be an integer >= 0, got {merge_every!r}")
+        self._check_counts(1, reflection_batch_size=reflection_batch_size)
+        self._check_counts(0, rounds=rounds, merge_every=merge_every)
         super().__init__(async_openai_client, **search_options)
         self.reflection_model = reflection_model
         self.temperature = temperature

@@ -658,6 +658,17 @@ class PromptSearch(Algorithm):
             )
 
     @staticmethod
+    def _check_counts(minimum: int, **counts: Any) -> None:
+        """Require each of ``counts`` (option name -> value) to be an integer of at least ``minimum``.
+
+        Raises:
+            ValueError: The first count that is not, named.
+        """
+        for name, value in counts.items():
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+    @staticmethod
     def _prompt_files(given: Optional[Sequence[Any]], default: Sequence[Path]) -> List[Path]:
         """``given`` (else ``default``) as paths.
 

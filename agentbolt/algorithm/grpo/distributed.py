@@ -169,6 +169,7 @@ class _ConfigMessage:
     error: Optional[str]
 
 
+@dataclass(eq=False, kw_only=True)
 class DataParallel:
     """This process's place in a data-parallel GRPO run, and the collectives the update uses.
 
@@ -185,26 +186,15 @@ class DataParallel:
         timeout: Seconds an update collective waits for the other ranks.
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        local_rank: int,
-        device: torch.device,
-        update_group: Any,
-        control_group: Any,
-        timeout: float,
-    ) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.local_rank = local_rank
-        self.device = device
-        self.update_group = update_group
-        self.control_group = control_group
-        self.timeout = timeout
-        self.state_shared = False
-        self.closed = False
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    update_group: Any
+    control_group: Any
+    timeout: float
+    state_shared: bool = field(default=False, init=False)
+    closed: bool = field(default=False, init=False)
 
     # ------------------------------------------------------------------------------------------------- set-up
     @classmethod

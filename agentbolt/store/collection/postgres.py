@@ -68,25 +68,13 @@ from agentbolt.store.collection.base import (
     ensure_numeric,
 )
 from agentbolt.store.collection.sql import (
-    ATTEMPTS,
     METRICS,
-    RESOURCES,
-    ROLLOUTS,
-    SPANS,
     TABLES,
-    WORKERS,
     SqlDialect,
     SqlQuery,
     SqlTable,
     TableSpec,
-)
-from agentbolt.types import (
-    Attempt,
-    MetricsRecord,
-    ResourcesUpdate,
-    Rollout,
-    Span,
-    Worker,
+    set_table_collections,
 )
 
 __all__ = [
@@ -383,54 +371,45 @@ _current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.Conte
 )
 
 
+@dataclass(frozen=True)
+class _ConnectionSettings:
+    """Where and how a process connects: all that a copy of the store in another process needs."""
+
+    dsn: str
+    schema: str
+    pool_min_size: int
+    pool_max_size: int
+    pool_timeout: float
+    connect_timeout: float
+
+    @property
+    def connect_timeout_seconds(self) -> int:
+        """``connect_timeout`` as libpq takes it: whole seconds, at least 1."""
+        return max(1, round(self.connect_timeout))
+
+
 class _Database:
     """Connection pools (one per process and event loop), atomic sections, and the notification listener."""
 
-    def __init__(
-        self,
-        dsn: str,
-        schema: str,
-        *,
-        pool_min_size: int,
-        pool_max_size: int,
-        pool_timeout: float,
-        connect_timeout: float,
-    ) -> None:
-        self.dsn = dsn
-        self.schema = schema
-        self.where = redact_dsn(dsn)
-        self.channel = f"agentbolt:{schema}"
-        self.pool_min_size = pool_min_size
-        self.pool_max_size = pool_max_size
-        self.pool_timeout = pool_timeout
-        self.connect_timeout = connect_timeout
+    def __init__(self, settings: _ConnectionSettings) -> None:
+        self.settings = settings
+        self.dsn = settings.dsn
+        self.schema = settings.schema
+        self.where = redact_dsn(settings.dsn)
+        self.channel = f"agentbolt:{settings.schema}"
         self._pools: Dict[Tuple[int, int], Tuple[weakref.ref[asyncio.AbstractEventLoop], Any]] = {}
         self._pools_lock = threading.Lock()
-        self._label_locks = {label: _lock_key(schema, "label", label) for label in _ALL_LABELS}
+        self._label_locks = {label: _lock_key(settings.schema, "label", label) for label in _ALL_LABELS}
         self._closed = False
         self._listener: Optional[_Listener] = None
         self._background: Set[asyncio.Future[None]] = set()
         self.on_notification: Optional[Callable[[str], None]] = None
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {
-            "dsn": self.dsn,
-            "schema": self.schema,
-            "pool_min_size": self.pool_min_size,
-            "pool_max_size": self.pool_max_size,
-            "pool_timeout": self.pool_timeout,
-            "connect_timeout": self.connect_timeout,
-        }
+        return {"settings": self.settings}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(  # type: ignore[misc]
-            state["dsn"],
-            state["schema"],
-            pool_min_size=state["pool_min_size"],
-            pool_max_size=state["pool_max_size"],
-            pool_timeout=state["pool_timeout"],
-            connect_timeout=state["connect_timeout"],
-        )
+        self.__init__(state["settings"])  # type: ignore[misc]
 
     # -- pools -------------------------------------------------------------------------------------------------
 
@@ -448,12 +427,13 @@ class _Database:
         async def configure(conn: Any) -> None:
             _configure_adapters(conn)
 
+        settings = self.settings
         pool = AsyncConnectionPool(
-            self.dsn,
-            min_size=self.pool_min_size,
-            max_size=self.pool_max_size,
-            timeout=self.pool_timeout,
-            kwargs={"autocommit": True, "connect_timeout": max(1, round(self.connect_timeout))},
+            settings.dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout,
+            kwargs={"autocommit": True, "connect_timeout": settings.connect_timeout_seconds},
             configure=configure,
             open=False,
             name=f"agentbolt-{self.schema}",
@@ -636,7 +616,7 @@ class _Listener:
                 conn = await psycopg.AsyncConnection.connect(
                     self.database.dsn,
                     autocommit=True,
-                    connect_timeout=max(1, round(self.database.connect_timeout)),
+                    connect_timeout=self.database.settings.connect_timeout_seconds,
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {_quote(self.database.channel)}")
@@ -1060,23 +1040,13 @@ class PostgresLightningCollections(LightningCollections):
         self.schema = schema
         self.migrated_from = apply_migrations(dsn, schema, connect_timeout)
         self._db = _Database(
-            dsn,
-            schema,
-            pool_min_size=pool_min_size,
-            pool_max_size=pool_max_size,
-            pool_timeout=pool_timeout,
-            connect_timeout=connect_timeout,
+            _ConnectionSettings(dsn, schema, pool_min_size, pool_max_size, pool_timeout, connect_timeout)
         )
         self._build(tracker)
 
     def _build(self, tracker: Any) -> None:
         db = self._db
-        self._rollouts: PostgresCollection[Rollout] = PostgresCollection(db, ROLLOUTS, tracker)
-        self._attempts: PostgresCollection[Attempt] = PostgresCollection(db, ATTEMPTS, tracker)
-        self._spans: PostgresCollection[Span] = PostgresCollection(db, SPANS, tracker)
-        self._resources: PostgresCollection[ResourcesUpdate] = PostgresCollection(db, RESOURCES, tracker)
-        self._workers: PostgresCollection[Worker] = PostgresCollection(db, WORKERS, tracker)
-        self._metrics: PostgresCollection[MetricsRecord] = PostgresCollection(db, METRICS, tracker)
+        set_table_collections(self, lambda spec: PostgresCollection(db, spec, tracker))
         self._rollout_queue = PostgresQueue(db, tracker)
         self._span_sequence_ids = PostgresCounters(db, tracker)
         self._meta_table = f"{_quote(db.schema)}.store_meta"

@@ -19,6 +19,7 @@ from agentbolt.store.collection.base import (
     Collection,
     DuplicatedPrimaryKeyError,
     FilterOptions,
+    LightningCollections,
     PaginatedResult,
     SortOptions,
     normalize_filter_options,
@@ -39,6 +40,8 @@ __all__ = [
     "WORKERS",
     "METRICS",
     "TABLES",
+    "ALL_TABLES",
+    "set_table_collections",
     "compile_filter",
     "order_clause",
     "memory_predicate",
@@ -175,6 +178,21 @@ METRICS = TableSpec(
     (_text("run_id", False), Column("step", "INTEGER", False), _real("time")),
 )
 """Training metrics (one record per algorithm step), added after the first schema version."""
+ALL_TABLES: Tuple[TableSpec, ...] = (*TABLES, METRICS)
+"""Every table a SQL backend keeps, one per collection of :class:`LightningCollections`."""
+
+
+def set_table_collections(collections: LightningCollections, make: Callable[[TableSpec], Collection[Any]]) -> None:
+    """Give ``collections`` its table collections, each ``make(spec)`` of its table in :data:`ALL_TABLES`.
+
+    The SQL backends differ only in ``make``; the queue and the counters are theirs to set.
+    """
+    collections._rollouts = make(ROLLOUTS)
+    collections._attempts = make(ATTEMPTS)
+    collections._spans = make(SPANS)
+    collections._resources = make(RESOURCES)
+    collections._workers = make(WORKERS)
+    collections._metrics = make(METRICS)
 
 
 @dataclass(frozen=True)

@@ -68,25 +68,13 @@ from agentbolt.store.collection.base import (
     ensure_numeric,
 )
 from agentbolt.store.collection.sql import (
-    ATTEMPTS,
+    ALL_TABLES,
     METRICS,
-    RESOURCES,
-    ROLLOUTS,
-    SPANS,
-    TABLES,
-    WORKERS,
     SqlDialect,
     SqlQuery,
     SqlTable,
     TableSpec,
-)
-from agentbolt.types import (
-    Attempt,
-    MetricsRecord,
-    ResourcesUpdate,
-    Rollout,
-    Span,
-    Worker,
+    set_table_collections,
 )
 
 __all__ = [
@@ -176,7 +164,6 @@ def _create_parent_folder(path: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # Table layout (shared with the PostgreSQL backend: see agentbolt.store.collection.sql)
 
-_ALL_TABLES: Tuple[TableSpec, ...] = (*TABLES, METRICS)
 _ADDED_TABLES: Tuple[TableSpec, ...] = (METRICS,)
 """Tables added to schema version 1 after its first release: created when a file lacks them (older readers ignore
 tables they do not know, so the version stays 1)."""
@@ -204,7 +191,7 @@ def _schema_statements() -> List[str]:
         "CREATE TABLE span_sequence_ids (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         _STORE_META,
     ]
-    for spec in _ALL_TABLES:
+    for spec in ALL_TABLES:
         statements.extend(_table_statements(spec))
     return statements
 
@@ -388,7 +375,7 @@ class _Database:
                     conn.execute(_STORE_META)
                     tables.add("store_meta")
                     logger.info("Added table store_meta to the agentbolt store in %s", self.path)
-                missing = {spec.table for spec in _ALL_TABLES} - tables
+                missing = {spec.table for spec in ALL_TABLES} - tables
                 if missing:
                     raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
             conn.execute("COMMIT")
@@ -1126,14 +1113,9 @@ class SqliteLightningCollections(LightningCollections):
             cache_size_mb=cache_size_mb,
             reader_threads=reader_threads,
         )
-        self._rollouts: SqliteCollection[Rollout] = SqliteCollection(self._db, ROLLOUTS, tracker)
-        self._attempts: SqliteCollection[Attempt] = SqliteCollection(self._db, ATTEMPTS, tracker)
-        self._spans: SqliteCollection[Span] = SqliteCollection(self._db, SPANS, tracker)
-        self._resources: SqliteCollection[ResourcesUpdate] = SqliteCollection(self._db, RESOURCES, tracker)
-        self._workers: SqliteCollection[Worker] = SqliteCollection(self._db, WORKERS, tracker)
+        set_table_collections(self, lambda spec: SqliteCollection(self._db, spec, tracker))
         self._rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
-        self._metrics: SqliteCollection[MetricsRecord] = SqliteCollection(self._db, METRICS, tracker)
         self._meta = _Backed(self._db)
 
     @property
