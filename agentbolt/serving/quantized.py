@@ -23,7 +23,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -212,6 +212,94 @@ def _unpermute_rows(heads: int, head_dim: int) -> Any:
     return (head + 2 * position + pair).reshape(-1)
 
 
+@dataclass
+class _GgufTensor:
+    """One tensor of a GGUF file: its type and its bytes, a view of the memory-mapped file (``[rows, row bytes]``
+    for block formats, ``[rows, columns]`` of the element type otherwise, as ``gguf.quants.dequantize`` takes)."""
+
+    name: str
+    tensor_type: Any
+    data: Any
+
+
+def _read_gguf(path: Path) -> Tuple[Dict[str, _GgufTensor], str]:
+    """The tensors of a GGUF file (views of the mapped file) and its ``general.architecture``.
+
+    ``gguf.GGUFReader`` builds a NumPy object for every part of every metadata value (about 245,000 for the embedded
+    model's tokenizer: ~160 MB while loading); this walks the metadata with ``struct`` and keeps only what loading
+    the weights needs.
+    """
+    import struct
+
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    scalar_formats = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    view = memoryview(mapped)  # type: ignore[arg-type]
+    position = 0
+
+    def read(fmt: str) -> Any:
+        nonlocal position
+        (value,) = struct.unpack_from("<" + fmt, view, position)
+        position += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal position
+        length = read("Q")
+        position += length
+        return bytes(view[position - length : position]).decode("utf-8", errors="replace")
+
+    def value(kind: int) -> Any:
+        nonlocal position
+        if kind == 8:
+            return string()
+        if kind == 9:
+            item_kind, count = read("I"), read("Q")
+            if item_kind in scalar_formats:  # skipped whole: loading the weights needs no array value
+                position += count * struct.calcsize(scalar_formats[item_kind])
+            else:
+                for _ in range(count):
+                    value(item_kind)
+            return None
+        if kind not in scalar_formats:
+            raise ValueError(f"{path.name}: unknown GGUF metadata value type {kind}")
+        return read(scalar_formats[kind])
+
+    if bytes(view[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    position = 4
+    try:
+        version, tensor_count, metadata_count = read("I"), read("Q"), read("Q")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported")
+        metadata: Dict[str, Any] = {}
+        for _ in range(metadata_count):
+            key = string()
+            metadata[key] = value(read("I"))
+        infos = []
+        for _ in range(tensor_count):
+            name = string()
+            dims = [read("Q") for _ in range(read("I"))]
+            infos.append((name, dims, GGMLQuantizationType(read("I")), read("Q")))
+        alignment = int(metadata.get("general.alignment") or 32)
+        start = -(-position // alignment) * alignment
+        tensors: Dict[str, _GgufTensor] = {}
+        for name, dims, tensor_type, offset in infos:
+            columns, rows = dims[0], int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
+            block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
+            row_bytes = columns // block_size * block_bytes
+            data = mapped[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
+            element = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(tensor_type)
+            if element is not None:  # shaped like the tensor (outermost dimension first)
+                data = data.view(element).reshape(tuple(reversed(dims)))
+            tensors[name] = _GgufTensor(name, tensor_type, data)
+    except (struct.error, ValueError, KeyError) as exc:  # truncated, or values no GGUF writer produces
+        raise ValueError(f"{path.name} is not a readable GGUF file: {exc}") from exc
+    return tensors, str(metadata.get("general.architecture") or "")
+
+
 def load_gguf_blocks(path: Path, config: Any, kind: Optional[str] = None) -> BlockWeights:
     """Read a Llama-architecture GGUF file into :class:`BlockWeights`.
 
@@ -228,14 +316,10 @@ def load_gguf_blocks(path: Path, config: Any, kind: Optional[str] = None) -> Blo
     """
     import numpy as np
     import torch
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
     sizes = _config_sizes(config)
-    reader = GGUFReader(str(path))
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    field_ = reader.fields.get("general.architecture")
-    architecture = bytes(field_.parts[field_.data[0]]).decode() if field_ is not None else ""
+    tensors, architecture = _read_gguf(path)
     counts: Dict[str, int] = {}
     requantized: List[str] = []
 

@@ -300,6 +300,20 @@ def test_block_weights_are_never_trained_on(gguf_model_dir: Path, tmp_path: Path
         engine.stop()
 
 
+def test_a_broken_gguf_file_is_a_clear_error(gguf_model_dir: Path, tmp_path: Path) -> None:
+    source = gguf_source(gguf_model_dir)
+    assert source is not None
+    config = AutoConfig.from_pretrained(gguf_model_dir)
+    not_gguf = tmp_path / "weights.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04" + bytes(64))
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        load_gguf_blocks(not_gguf, config)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(source.read_bytes()[:300])
+    with pytest.raises(ValueError, match=r"truncated\.gguf is not a readable GGUF file"):
+        load_gguf_blocks(truncated, config)
+
+
 def test_unknown_quantization_is_refused(kernel_model_dir: Path) -> None:
     with pytest.raises(EngineError, match="unknown quantization 'int3'"):
         TransformersEngine(kernel_model_dir, quantization="int3")
