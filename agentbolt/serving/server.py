@@ -893,7 +893,10 @@ class InferenceServer:
         async def serve() -> None:
             task = asyncio.current_task()
             assert task is not None
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+            # SIGINT too: a process started in the background by a non-interactive shell inherits SIGINT ignored,
+            # and Python then never turns it into KeyboardInterrupt.
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                asyncio.get_running_loop().add_signal_handler(signum, task.cancel)
             with contextlib.suppress(asyncio.CancelledError):
                 await launcher.run_forever()
 

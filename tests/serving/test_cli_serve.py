@@ -18,14 +18,24 @@ from agentbolt.serving.launchers import llamacpp_command, vllm_command
 from agentbolt.serving.server import find_free_port
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_serve_subprocess_answers_and_stops_on_a_signal(tiny_model_dir: Path, signum: int) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job of a non-interactive shell
+
+
+@pytest.mark.parametrize(
+    ("signum", "sigint_ignored_at_start"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+)
+def test_serve_subprocess_answers_and_stops_on_a_signal(
+    tiny_model_dir: Path, signum: int, sigint_ignored_at_start: bool
+) -> None:
     port = find_free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "agentbolt", "serve", str(tiny_model_dir), "--port", str(port), "--dtype", "float32"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored_at_start else None,
     )
     try:
         deadline = time.monotonic() + 120
