@@ -260,7 +260,15 @@ def main() -> None:
                 order = [False, True] if round_index % 2 == 0 else [True, False]
                 for is_peer in order if peer is not None else [False]:
                     url = f"http://127.0.0.1:{peer_port}/v1" if is_peer else base_url
-                    result = asyncio.run(_level(url, concurrency, 1, args.max_tokens, peer=is_peer))
+                    try:
+                        result = asyncio.run(_level(url, concurrency, 1, args.max_tokens, peer=is_peer))
+                    except httpx.HTTPError as exc:
+                        name = "llama-server" if is_peer else "agentbolt serve"
+                        running = (peer if is_peer else server).poll() is None  # type: ignore[union-attr]
+                        raise SystemExit(
+                            f"{name} failed at concurrency {concurrency}, round {round_index + 1}: {exc!r} "
+                            f"({'still running' if running else 'exited'}; its stderr follows this message)"
+                        ) from exc
                     (theirs if is_peer else ours).append(result)
             levels.append(_merge(ours))
             if theirs:
@@ -272,12 +280,15 @@ def main() -> None:
         for process in [server] if peer is None else [server, peer]:
             process.send_signal(signal.SIGINT)
             try:
-                process.communicate(timeout=60)
+                _, errors = process.communicate(timeout=60)
             except subprocess.TimeoutExpired:  # recorded: the figures above were measured before the stop
                 print(f"process {process.pid} did not stop within 60 s of SIGINT: killed", file=sys.stderr)
                 process.kill()
-                process.communicate()
+                _, errors = process.communicate()
                 stopped_on_sigint = False
+            if sys.exc_info()[0] is not None:  # failing: show what the server said
+                tail = "\n".join((errors or "").splitlines()[-30:])
+                print(f"--- stderr of {' '.join(process.args[:3])} (last lines) ---\n{tail}", file=sys.stderr)
     reference = None
     if args.compare_generate:  # after the server exited, with the same OpenMP policy and threads
         from agentbolt.serving.transformers_engine import configure_openmp
