@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import shutil
 from pathlib import Path
 from typing import Any, List
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from agentbolt.models.marker import MARKER_FILE, write_marker
+from agentbolt.serving import decode_kernels
 from agentbolt.serving.decode_kernels import load_decode_kernels
 from agentbolt.serving.fast_forward import FastForward
 from agentbolt.serving.kv_cache import KVCache
@@ -159,6 +161,22 @@ def test_int8_input_products_are_the_products_of_the_int8_blocks(kind: str, rows
     # ... and within int8 rounding of the float32 product.
     floats = block_linear(inputs, weight, bias)
     assert float((result - floats).abs().max() / floats.abs().max()) < 0.02
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 builds")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])  # AVX2, and the baseline's scalar fallback
+def test_portable_builds_compute_the_same_block_products(march: str) -> None:
+    module = decode_kernels._build_and_load(march)
+    assert module is not None
+    generator = torch.Generator().manual_seed(7)
+    for kind in ("q8_0", "q4_1"):
+        weight = quantize_blocks(torch.randn(40, 96, generator=generator), kind)
+        inputs = torch.randn(11, 96, generator=generator)
+        for int8_inputs in (False, True):
+            expected = block_linear(inputs, weight, None, int8_inputs=int8_inputs)
+            result = module.block_linear(inputs, weight, None, int8_inputs)
+            torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_block_tensors_are_refused() -> None:
