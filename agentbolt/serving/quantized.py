@@ -214,16 +214,27 @@ def _unpermute_rows(heads: int, head_dim: int) -> Any:
 
 @dataclass
 class _GgufTensor:
-    """One tensor of a GGUF file: its type and its bytes, a view of the memory-mapped file (``[rows, row bytes]``
-    for block formats, ``[rows, columns]`` of the element type otherwise, as ``gguf.quants.dequantize`` takes)."""
+    """Where one tensor of a GGUF file lies, and its type."""
 
     name: str
     tensor_type: Any
-    data: Any
+    path: Path
+    offset: int
+    shape: Tuple[int, ...]  # ``[rows, row bytes]`` for block formats, the tensor's shape for F32 / F16
+    element: Any  # NumPy dtype of the elements: uint8 for block formats
+
+    @property
+    def data(self) -> Any:
+        """The tensor's bytes, read from the file into memory of their own (a file mapping would count the pages it
+        touched in the process's resident memory until unmapped), shaped as ``gguf.quants.dequantize`` takes them."""
+        import numpy as np
+
+        count = int(np.prod(self.shape))
+        return np.fromfile(self.path, dtype=self.element, count=count, offset=self.offset).reshape(self.shape)
 
 
 def _read_gguf(path: Path) -> Tuple[Dict[str, _GgufTensor], str]:
-    """The tensors of a GGUF file (views of the mapped file) and its ``general.architecture``.
+    """The tensors of a GGUF file (read on access) and its ``general.architecture``.
 
     ``gguf.GGUFReader`` builds a NumPy object for every part of every metadata value (about 245,000 for the embedded
     model's tokenizer: ~160 MB while loading); this walks the metadata with ``struct`` and keeps only what loading
@@ -290,11 +301,14 @@ def _read_gguf(path: Path) -> Tuple[Dict[str, _GgufTensor], str]:
             columns, rows = dims[0], int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
             block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
             row_bytes = columns // block_size * block_bytes
-            data = mapped[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
+            if start + offset + rows * row_bytes > len(mapped):
+                raise ValueError(f"tensor {name!r} ends past the end of the file")
             element = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(tensor_type)
-            if element is not None:  # shaped like the tensor (outermost dimension first)
-                data = data.view(element).reshape(tuple(reversed(dims)))
-            tensors[name] = _GgufTensor(name, tensor_type, data)
+            if element is None:
+                shape, element = (rows, row_bytes), np.uint8
+            else:  # shaped like the tensor (outermost dimension first)
+                shape = tuple(int(size) for size in reversed(dims))
+            tensors[name] = _GgufTensor(name, tensor_type, path, start + offset, shape, element)
     except (struct.error, ValueError, KeyError) as exc:  # truncated, or values no GGUF writer produces
         raise ValueError(f"{path.name} is not a readable GGUF file: {exc}") from exc
     return tensors, str(metadata.get("general.architecture") or "")
@@ -329,9 +343,7 @@ def load_gguf_blocks(path: Path, config: Any, kind: Optional[str] = None) -> Blo
             raise ValueError(f"{path.name} has no tensor {name!r}")
         native = _GGUF_KINDS.get(tensor.tensor_type.name)
         if native is not None and (wanted is None or wanted == native):
-            data = torch.from_numpy(
-                np.array(tensor.data, dtype=np.uint8).reshape(-1, in_features // BLOCK * _BLOCK_BYTES[native])
-            )
+            data = torch.from_numpy(tensor.data.reshape(-1, in_features // BLOCK * _BLOCK_BYTES[native]))
             counts[native] = counts.get(native, 0) + 1
         else:
             values = dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(-1, in_features)
