@@ -147,7 +147,11 @@ def main() -> None:
     steps = len(prompts) * args.tokens
     report_variants = {
         name: {
-            **{key: round(value if key.startswith("max_") else value / steps, 6) for key, value in totals.items()},
+            **{
+                key: round(value if key.startswith("max_") else value / steps, 6)
+                for key, value in totals.items()
+                if key != "identical_greedy_prefix"  # a per-prompt mean, not per step
+            },
             "identical_greedy_prefix": round(totals["identical_greedy_prefix"] / len(prompts), 2),
             "prompts_with_identical_greedy_tokens": identical[name],
         }
