@@ -54,6 +54,8 @@ class SamplingParams:
         logprobs: Return the log-probability of every sampled token.
         top_logprobs: Also return this many most likely alternatives per position (0-20).
         ignore_eos: Keep generating after EOS (until ``max_tokens``).
+        guided_regex: Keep every choice's text a prefix of a match of this regular expression, and end it only once
+            it matches in full (vLLM's guided decoding; see :mod:`agentbolt.serving.guided`).
     """
 
     max_tokens: Optional[int] = None
@@ -66,6 +68,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    guided_regex: Optional[str] = None
 
     def validate(self) -> None:
         """Check types and ranges, so that nothing about these parameters can fail inside a batch step.
@@ -94,6 +97,12 @@ class SamplingParams:
             raise EngineError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(self.stop)}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise EngineError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.guided_regex is not None:
+            from agentbolt.serving.guided import RegexGuide
+
+            RegexGuide(self.guided_regex)
+            if self.ignore_eos:
+                raise EngineError("guided_regex cannot be combined with ignore_eos: a guided choice ends at its match")
 
 
 def _is_int(value: object) -> bool:

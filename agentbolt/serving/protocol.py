@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from agentbolt.serving.params import SamplingParams
+from agentbolt.serving.guided import choice_pattern
+from agentbolt.serving.params import EngineError, SamplingParams
 
 __all__ = [
     "ChatCompletionRequest",
@@ -32,8 +33,6 @@ _UNSUPPORTED_EXTRAS: Dict[str, tuple] = {
     "repetition_penalty": (None, 1, 1.0),
     "min_tokens": (None, 0),
     "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
     "guided_grammar": (None,),
 }
 
@@ -57,6 +56,24 @@ def _check_supported(body: SamplingRequest) -> None:
             raise _unsupported(name)
 
 
+def _guided_regex(body: SamplingRequest) -> Optional[str]:
+    """vLLM's ``guided_regex`` or ``guided_choice`` (one of them) as one regular expression."""
+    extra = body.model_extra or {}
+    regex, choices = extra.get("guided_regex"), extra.get("guided_choice")
+    if regex is not None and choices is not None:
+        raise ApiError(400, "give guided_regex or guided_choice, not both", param="guided_regex")
+    if choices is not None:
+        if not isinstance(choices, list):
+            raise ApiError(400, "guided_choice must be a list of strings", param="guided_choice")
+        try:
+            return choice_pattern(choices)
+        except EngineError as exc:
+            raise ApiError(400, str(exc), param="guided_choice") from None
+    if regex is not None and not isinstance(regex, str):
+        raise ApiError(400, "guided_regex must be a string", param="guided_regex")
+    return regex
+
+
 def _sampling(body: SamplingRequest, max_tokens: Optional[int], logprobs: bool, top_logprobs: int) -> SamplingParams:
     _check_supported(body)
     return SamplingParams(
@@ -70,6 +87,7 @@ def _sampling(body: SamplingRequest, max_tokens: Optional[int], logprobs: bool, 
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=bool(body.ignore_eos),
+        guided_regex=_guided_regex(body),
     )
 
 

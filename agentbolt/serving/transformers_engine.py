@@ -51,6 +51,7 @@ from typing import (
     Union,
 )
 
+from agentbolt.serving.guided import RegexGuide, TokenTexts, guided_row
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import (
     ContextOverflowError,
@@ -158,6 +159,7 @@ class _Request:
     fail: Callable[[BaseException], object]
     cancelled: bool = field(default=False, init=False)
     remaining: int = field(init=False)
+    guide: Optional[RegexGuide] = field(default=None, init=False)
     weight_version: int = field(default=0, init=False)
     # Queued tokens it holds (see TransformersEngine.request_cost) until released.
     cost: int = field(default=0, init=False)
@@ -277,6 +279,7 @@ class TransformersEngine:
         self.default_adapter: Optional[str] = None
         self.adapters: Dict[str, str] = {}
         self._eos_ids: set[int] = set()
+        self._token_texts: Optional[TokenTexts] = None  # built at the first guided request
         self._waiting: Deque[_Request] = deque()
         self._cond = threading.Condition()
         self._pausers = 0
@@ -726,6 +729,8 @@ class TransformersEngine:
 
     def _submit(self, request: _Request) -> None:
         self.check_request(request.prompt, request.params, request.adapter)
+        if request.params.guided_regex is not None:
+            request.guide = RegexGuide(request.params.guided_regex)
         if self._thread is None:
             raise EngineError("engine is not started")
         cost = self.request_cost(request.prompt, request.params)
@@ -1218,7 +1223,7 @@ class TransformersEngine:
     def _sample_and_emit(self, seqs: List[_Sequence], logits: torch.Tensor) -> None:
         import torch
 
-        chosen = self._sample_isolated(seqs, logits)
+        chosen = self._sample_isolated(seqs, self._guided_logits(seqs, logits))
         top = None
         chosen_logprobs: List[float] = []
         if any(s.request.params.logprobs for s in seqs):
@@ -1257,6 +1262,33 @@ class TransformersEngine:
             request.remaining -= sum(1 for delta in deltas if delta.finish_reason is not None)
             if request.remaining <= 0:
                 self._release(request)
+
+    def _guided_logits(self, seqs: List[_Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` with each guided row restricted to the tokens its guide allows (a copy; the reported
+        log-probabilities keep coming from ``logits``). A row whose guide allows nothing fails its request alone."""
+        guided = [row for row, seq in enumerate(seqs) if seq.request.guide is not None and not seq.request.cancelled]
+        if not guided:
+            return logits
+        if self._token_texts is None:
+            self._token_texts = TokenTexts.of_tokenizer(self.tokenizer, logits.shape[-1])
+        texts = self._token_texts
+        restricted = logits.clone()
+        for row in guided:
+            seq = seqs[row]
+            guide = seq.request.guide
+            assert guide is not None
+            try:
+                restricted[row] = guided_row(
+                    logits[row],
+                    texts.text_of(seq.token_ids),
+                    guide,
+                    texts,
+                    seq.request.params.temperature,
+                    self._eos_ids,
+                )
+            except Exception as exc:
+                self._fail_request(seq.request, exc)
+        return restricted
 
     @staticmethod
     def _sample(seqs: List[_Sequence], logits: torch.Tensor, kernels: Any = None) -> List[int]:
