@@ -123,6 +123,7 @@ class RoleLLM:
         max_tokens: int,
         temperature: float = 0.0,
         examples: Sequence[Tuple[str, str]] = (),
+        extra_body: Optional[Dict[str, Any]] = None,
     ) -> str:
         """One chat completion by ``role``; returns the answer text (empty when the model said nothing).
 
@@ -133,6 +134,7 @@ class RoleLLM:
             max_tokens: Answer budget (the resource's sampling parameters may override it).
             temperature: Default temperature (idem).
             examples: Worked examples, sent as (user, assistant) turns before ``user``.
+            extra_body: Extra request fields the endpoint understands (e.g. vLLM's ``guided_regex``).
 
         Raises:
             openai.OpenAIError: The endpoint failed (the rollout fails; the runner decides about retries).
@@ -144,6 +146,7 @@ class RoleLLM:
                 model=self.model,
                 messages=messages,  # type: ignore[arg-type]
                 extra_headers={LLM_AGENT_NAME_HEADER: role},
+                extra_body=extra_body,
                 **params,
             )
         content = response.choices[0].message.content if response.choices else None
@@ -195,8 +198,9 @@ def _ask(
     fallback: M,
     max_tokens: int,
     examples: Sequence[Tuple[str, str]] = (),
+    extra_body: Optional[Dict[str, Any]] = None,
 ) -> RoleOutput:
-    raw = llm.chat(role, system, user, max_tokens=max_tokens, examples=examples)
+    raw = llm.chat(role, system, user, max_tokens=max_tokens, examples=examples, extra_body=extra_body)
     parsed = parse_output(raw, schema, fallback)
     if not parsed.ok:
         logger.debug("%s answer did not parse (%s): %r", role, parsed.error, raw[:200])
@@ -227,13 +231,21 @@ def plan_next_step(
     max_turns: int,
     max_tokens: int = 128,
     examples: bool = True,
+    guided_tools: Optional[Sequence[str]] = None,
+    guided_sub_goal: Optional[str] = None,
 ) -> RoleOutput:
-    """Planner (trained), with its worked examples as earlier turns unless ``examples`` is False. Fallback: an
-    empty step, which the solver records as an invalid action."""
+    """Planner (trained), with its worked examples as earlier turns unless ``examples`` is False. Given
+    ``guided_tools``, its decoding is guided to a step naming one of them or the stop action, with
+    ``guided_sub_goal`` as its sub-goal when that is given (:func:`examples.flow_grpo.prompts.planner_step_pattern`).
+    Fallback: an empty step, which the solver records as an invalid action."""
     fallback = NextStep(sub_goal="", tool_name="")
     user = prompts.planner_user(question, analysis, memory, turn, max_turns)
     worked = prompts.planner_examples(max_turns) if examples else []
-    return _ask(llm, PLANNER, prompts.planner_system(tools), user, NextStep, fallback, max_tokens, worked)
+    guide = None
+    if guided_tools is not None:
+        guide = {"guided_regex": prompts.planner_step_pattern(guided_tools, guided_sub_goal)}
+    system = prompts.planner_system(tools)
+    return _ask(llm, PLANNER, system, user, NextStep, fallback, max_tokens, worked, extra_body=guide)
 
 
 def generate_command(

@@ -117,6 +117,12 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         help="Oracle tool for a source's tasks without a reference plan (default: arithmetic=calculator, fact=search).",
     )
     parser.add_argument("--max-turns", type=int, default=3, help="Planner turns at most (default 3).")
+    parser.add_argument(
+        "--planner-guide",
+        choices=["none", "tools", "question"],
+        default="none",
+        help="Guide the planner's decoding (SolverConfig.planner_guide; default none).",
+    )
     parser.add_argument("--workers", type=int, default=12, help="Questions solved concurrently (default 12).")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="Base model served locally for every role.")
     parser.add_argument("--checkpoint", type=Path, help="Planner checkpoint (as in examples.flow_grpo.solve).")
@@ -168,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: no --oracle-tool for source(s) {', '.join(unknown)}", file=sys.stderr)
             return 2
     temperature = args.temperature if args.planner == "sample" else 0.0
-    solver = FlowSolver(SolverConfig(max_turns=args.max_turns))
+    solver = FlowSolver(SolverConfig(max_turns=args.max_turns, planner_guide=args.planner_guide))
     reward_fn = RuleReward()
     with contextlib.ExitStack() as stack:
         from examples.flow_grpo.solve import open_endpoints

@@ -16,7 +16,8 @@ question (the city, not its founding year) far more often than the answer in the
 from __future__ import annotations
 
 import json
-from typing import List, Tuple
+import re
+from typing import List, Optional, Sequence, Tuple
 
 from examples.flow_grpo.tools.base import ToolMetadata
 
@@ -32,6 +33,7 @@ __all__ = [
     "executor_examples",
     "executor_user",
     "planner_examples",
+    "planner_step_pattern",
     "planner_step",
     "planner_system",
     "planner_user",
@@ -103,6 +105,31 @@ def planner_user(question: str, analysis: str, memory: str, turn: int, max_turns
 def planner_step(tool: str, sub_goal: str) -> str:
     """A planner answer in the format its worked examples show: ``{"tool_name": ..., "sub_goal": ...}``."""
     return json.dumps({"tool_name": tool, "sub_goal": sub_goal})
+
+
+_JSON_STRING_BODY = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*'
+"""The characters of a JSON string between its quotes."""
+
+
+def planner_step_pattern(tools: Sequence[str], sub_goal: Optional[str] = None) -> str:
+    """The regular expression of one planner answer naming one of ``tools`` or the stop action, written as
+    :func:`planner_step` writes it: ``{"tool_name": "<tool>", "sub_goal": "<any JSON string>"}``. Given
+    ``sub_goal``, a tool step has exactly that sub-goal and the stop action an empty one, as the worked examples
+    show."""
+    if sub_goal is None:
+        names = "|".join(re.escape(name) for name in [*tools, STOP_ACTION])
+        return r'\{"tool_name": "(?:' + names + r')", "sub_goal": "' + _JSON_STRING_BODY + r'"\}'
+    names = "|".join(re.escape(name) for name in tools)
+    goal = re.escape(json.dumps(sub_goal)[1:-1])
+    return (
+        r'\{"tool_name": "(?:(?:'
+        + names
+        + r')", "sub_goal": "'
+        + goal
+        + r'"|'
+        + re.escape(STOP_ACTION)
+        + r'", "sub_goal": "")\}'
+    )
 
 
 def planner_examples(max_turns: int) -> List[Tuple[str, str]]:

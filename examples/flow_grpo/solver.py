@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional
 
 from agentbolt.litagent import LitAgent
 from agentbolt.tracer.base import get_active_tracer
@@ -52,6 +52,12 @@ class SolverConfig:
         planner_examples: Show the planner its worked examples as earlier chat turns. A planner that was never
             trained needs them to answer in its format; one warm-started by SFT has learnt the format, and without
             them each planner call is about 300 tokens shorter, in every rollout and every update.
+        planner_guide: Guide the planner's decoding (the endpoint's ``guided_regex``, see
+            :func:`examples.flow_grpo.prompts.planner_step_pattern`): ``"none"``, free text; ``"tools"``, every
+            answer is a step in its JSON format naming a real tool or the stop action, so that sampling explores
+            the tools instead of invented names; ``"question"``, the same with the question, verbatim, as the
+            sub-goal: the planner then decides which tool each turn calls and when to stop, and nothing else. The
+            endpoint reports the unguided model's log-probabilities either way.
     """
 
     max_turns: int = 4
@@ -59,10 +65,13 @@ class SolverConfig:
     python_timeout: float = 10.0
     memory_result_chars: int = 400
     planner_examples: bool = True
+    planner_guide: Literal["none", "tools", "question"] = "none"
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+        if self.planner_guide not in ("none", "tools", "question"):
+            raise ValueError(f"planner_guide must be 'none', 'tools' or 'question', got {self.planner_guide!r}")
 
 
 @dataclass
@@ -194,6 +203,8 @@ class FlowSolver:
                 config.max_turns,
                 max_tokens=config.planner_max_tokens,
                 examples=config.planner_examples,
+                guided_tools=None if config.planner_guide == "none" else toolbox.names,
+                guided_sub_goal=question if config.planner_guide == "question" else None,
             )
             record = self._plan_record(turn, plan_out)
             turns.append(record)

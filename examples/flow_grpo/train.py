@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence
 
 import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -108,6 +108,7 @@ class SolverSection(BaseModel):
     python_timeout: float = Field(default=10.0, gt=0)
     memory_result_chars: int = Field(default=400, ge=40)
     planner_examples: bool = True
+    planner_guide: Literal["none", "tools", "question"] = "none"
 
 
 class DataSection(BaseModel):

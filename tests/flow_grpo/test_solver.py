@@ -11,7 +11,7 @@ import agentbolt as agl
 from examples.flow_grpo import FlowGRPOAgent, FlowSolver, RoleLLM, SolverConfig
 from examples.flow_grpo.agents import generate_solution
 from examples.flow_grpo.memory import Memory, truncate
-from examples.flow_grpo.prompts import solution_examples
+from examples.flow_grpo.prompts import planner_step, solution_examples
 from examples.flow_grpo.tools import CalculatorTool, Document, SearchTool
 
 from .scripted_llm import ScriptedLLM
@@ -236,3 +236,39 @@ def test_format_bonus_is_training_only_and_needs_a_well_formed_trajectory(
         assert agent.rollout(task, resources, rollout) == pytest.approx(reward)
     with pytest.raises(ValueError, match="train_format_bonus"):
         FlowGRPOAgent(train_format_bonus=1.0)
+
+
+@pytest.mark.parametrize("guide", ["none", "tools", "question"])
+def test_planner_guide_reaches_only_the_planner_and_matches_its_format(guide: str) -> None:
+    import regex
+
+    question = 'Which event was held in "Garford"?'
+    script = {
+        "planner": [planner_step("search", question), planner_step("finish", question)],
+        "executor": ['{"tool_input": "Garford"}'],
+        "verifier": ['{"stop": false}'],
+        "solution_generator": ['{"answer": "Silverleaf Regatta"}'],
+    }
+    events: List[Tuple[str, Dict[str, Any]]] = []
+    with ScriptedLLM({"query_analyzer": [ANALYSIS], **script}) as llm:
+        planner = RoleLLM.from_endpoint(llm.base_url, "planner-model")
+        fixed = RoleLLM.from_endpoint(llm.base_url, "fixed-model")
+        config = SolverConfig(max_turns=3, planner_guide=guide)  # type: ignore[arg-type]
+        FlowSolver(config, search=SearchTool(CORPUS)).solve(
+            question, planner, fixed, lambda e, d: events.append((e, d))
+        )
+    patterns = {role: body.get("guided_regex") for role, body in llm.requests}
+    assert {role for role, pattern in patterns.items() if pattern} == (set() if guide == "none" else {"planner"})
+    if guide == "none":
+        return
+    pattern = patterns["planner"]
+    assert regex.fullmatch(pattern, planner_step("calculator", question))
+    assert not regex.fullmatch(pattern, planner_step("math", question))  # only real tools and the stop action
+    other_goal = planner_step("search", "Garford")
+    assert bool(regex.fullmatch(pattern, other_goal)) == (guide == "tools")
+    assert regex.fullmatch(pattern, planner_step("finish", ""))  # the stop action as the worked examples write it
+
+
+def test_planner_guide_is_checked() -> None:
+    with pytest.raises(ValueError, match="planner_guide"):
+        SolverConfig(planner_guide="always")  # type: ignore[arg-type]
