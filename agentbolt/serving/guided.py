@@ -9,26 +9,31 @@ What it changes and what it does not:
 
 * Only the draw is restricted. Reported log-probabilities stay those of the unrestricted model, the distribution a
   trainer computes, so a policy-gradient ratio compares like with like.
-* Greedy decoding picks the most likely allowed token, exactly. Sampling scans tokens from the most likely down and
-  stops once the tokens not yet scanned hold less than :data:`UNSCANNED_MASS` of the allowed mass found so far
-  (at the sampling temperature); the tail beyond that is left out.
+* Greedy decoding picks the most likely allowed token, exactly. Sampling draws from the model's tempered
+  distribution and refuses disallowed tokens until one is allowed, which samples the allowed tokens exactly in
+  proportion to their probabilities. Only with top-p, or after :data:`MAX_DRAWS` refusals in one step, are the
+  allowed tokens found by scanning from the most likely down, which stops once the tokens not yet scanned hold less
+  than :data:`UNSCANNED_MASS` of the allowed mass found so far: that tail is left out.
 * Tokens whose text is an incomplete UTF-8 character, and special tokens other than EOS, are never allowed: a
   guided answer is written with whole-character tokens.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence
 
 from agentbolt.serving.params import EngineError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["UNSCANNED_MASS", "RegexGuide", "TokenTexts", "choice_pattern", "guided_row"]
+__all__ = ["MAX_DRAWS", "UNSCANNED_MASS", "RegexGuide", "TokenTexts", "choice_pattern", "guided_row"]
 
 UNSCANNED_MASS = 1e-4
 """Sampling stops scanning once the unscanned tokens hold less than this share of the allowed probability mass."""
+
+MAX_DRAWS = 32
+"""Draws a sampled guided token may refuse before the row is scanned instead."""
 
 _SCAN_CHUNK = 64
 
@@ -112,45 +117,90 @@ def guided_row(
     token_texts: TokenTexts,
     temperature: float,
     eos_ids: Iterable[int],
+    top_p: float = 1.0,
+    generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
-    """``logits`` (one row) with every token the guide does not allow after ``text`` set to ``-inf``.
+    """``logits`` (one row) restricted to what the guide allows after ``text``: the other tokens set to ``-inf``.
+
+    Greedy (``temperature`` 0) keeps the most likely allowed token, found among the top tokens in growing windows.
+    Sampling without top-p draws from the tempered distribution with ``generator`` and refuses disallowed tokens
+    until one is allowed (up to :data:`MAX_DRAWS` draws; the first allowed token of draws without replacement follows
+    the allowed tokens' renormalized distribution, so this is exact), and keeps only that token. With top-p, or
+    after that many refusals, it scans tokens from the most likely down and keeps every allowed one until the
+    unscanned tokens hold less than :data:`UNSCANNED_MASS` of the allowed mass; the caller's sampler then draws.
 
     Raises:
         EngineError: No token can continue ``text`` and it is not a complete match (or it is, but there is no EOS).
     """
     import torch
 
-    allowed: List[int] = []
-    if guide.is_complete(text):
-        allowed.extend(token for token in eos_ids if token < logits.shape[0])
-    order = torch.argsort(logits, descending=True)
-    greedy = temperature <= 0
-    probs = None if greedy else torch.softmax(logits / temperature, dim=-1)
-    sorted_probs = None if probs is None else probs[order]
-    unscanned = None if sorted_probs is None else (1.0 - sorted_probs.cumsum(0)).clamp_(min=0.0)
-    allowed_mass = 0.0 if probs is None else float(probs[allowed].sum()) if allowed else 0.0
-    found_first = False
+    ends = {token for token in eos_ids if token < logits.shape[0]} if guide.is_complete(text) else set()
     vocabulary = len(token_texts.texts)
+
+    def allowed(token: int) -> bool:
+        if token in ends:
+            return True
+        piece = token_texts.texts[token] if token < vocabulary else None
+        return piece is not None and guide.can_continue(text + piece)
+
+    if temperature <= 0:
+        token = _most_likely_allowed(logits, allowed)
+        return _keep(logits, [token])
+    if top_p >= 1.0:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        for _ in range(MAX_DRAWS):
+            cumulative = probs.cumsum(0)
+            target = torch.rand(1, generator=generator, device=logits.device) * cumulative[-1]
+            token = min(int(torch.searchsorted(cumulative, target, right=True)), probs.shape[0] - 1)
+            if allowed(token):
+                return _keep(logits, [token])
+            probs[token] = 0.0
+    return _keep(logits, _scan_allowed(logits, temperature, allowed))
+
+
+def _keep(logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    import torch
+
+    kept = torch.full_like(logits, float("-inf"))
+    index = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)
+    kept[index] = logits[index]
+    return kept
+
+
+def _most_likely_allowed(logits: torch.Tensor, allowed: Callable[[int], bool]) -> int:
+    """The allowed token with the highest logit (the first among equals), looked for in growing top-k windows."""
+    import torch
+
+    size = logits.shape[0]
+    checked = 0
+    window = 16
+    while checked < size:
+        window = min(window, size)
+        for token in torch.topk(logits, window).indices.tolist()[checked:]:
+            if allowed(token):
+                return token
+        checked, window = window, window * 16
+    raise EngineError("guided_regex: no token can continue the text towards a match")
+
+
+def _scan_allowed(logits: torch.Tensor, temperature: float, allowed: Callable[[int], bool]) -> List[int]:
+    """The allowed tokens, scanned from the most likely down until the unscanned ones hold less than
+    :data:`UNSCANNED_MASS` of the allowed probability mass at ``temperature``."""
+    import torch
+
+    order = torch.argsort(logits, descending=True)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    unscanned = (1.0 - probs[order].cumsum(0)).clamp_(min=0.0)
+    kept: List[int] = []
+    kept_mass = 0.0
     for start in range(0, order.shape[0], _SCAN_CHUNK):
-        chunk = order[start : start + _SCAN_CHUNK].tolist()
-        for token in chunk:
-            piece = token_texts.texts[token] if token < vocabulary else None
-            if piece is not None and guide.can_continue(text + piece):
-                allowed.append(token)
-                if probs is not None:
-                    allowed_mass += float(probs[token])
-                found_first = True
-                if greedy:
-                    break
-        if greedy and found_first:
+        for token in order[start : start + _SCAN_CHUNK].tolist():
+            if allowed(token):
+                kept.append(token)
+                kept_mass += float(probs[token])
+        end = min(start + _SCAN_CHUNK, order.shape[0]) - 1
+        if kept_mass > 0 and float(unscanned[end]) <= UNSCANNED_MASS * kept_mass:
             break
-        if unscanned is not None and allowed_mass > 0:
-            end = min(start + _SCAN_CHUNK, order.shape[0]) - 1
-            if float(unscanned[end]) <= UNSCANNED_MASS * allowed_mass:
-                break
-    if not allowed:
-        raise EngineError(f"guided_regex: no token can continue the text {text[-80:]!r} towards a match")
-    masked = torch.full_like(logits, float("-inf"))
-    index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
-    masked[index] = logits[index]
-    return masked
+    if not kept:
+        raise EngineError("guided_regex: no token can continue the text towards a match")
+    return kept

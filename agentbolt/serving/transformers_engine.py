@@ -1285,6 +1285,8 @@ class TransformersEngine:
                     texts,
                     seq.request.params.temperature,
                     self._eos_ids,
+                    top_p=seq.request.params.top_p,
+                    generator=seq.generator,
                 )
             except Exception as exc:
                 self._fail_request(seq.request, exc)

@@ -13,7 +13,7 @@ import regex
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentbolt.serving.guided import RegexGuide, TokenTexts, choice_pattern, guided_row
+from agentbolt.serving.guided import MAX_DRAWS, RegexGuide, TokenTexts, choice_pattern, guided_row
 from agentbolt.serving.params import EngineError, SamplingParams
 from agentbolt.serving.server import InferenceServer
 from agentbolt.serving.transformers_engine import TransformersEngine
@@ -60,24 +60,47 @@ def test_greedy_guided_picks_the_most_likely_allowed_token(engine: TransformersE
     row = guided_row(logits, "", guide, texts, 0.0, engine._eos_ids)
     allowed = [token for token, text in enumerate(texts.texts) if text is not None and guide.can_continue(text)]
     best = max(allowed, key=lambda token: float(logits[token]))
-    assert int(row.argmax()) == best
-    assert torch.isinf(row).sum() == engine.vocab_size - 1  # greedy needs only the best allowed token
+    assert torch.nonzero(~torch.isinf(row)).flatten().tolist() == [best]  # greedy keeps only the best allowed token
 
 
-def test_sampling_keeps_every_allowed_token_with_its_logit() -> None:
+def test_sampling_draws_allowed_tokens_in_proportion_to_their_probabilities() -> None:
     texts = TokenTexts(["a", "b", "c", "ab", "\ufffd", "", "<eos>"], special_ids=[6])
     assert texts.texts == ["a", "b", "c", "ab", None, None, None]
     logits = torch.tensor([0.5, 0.375, 3.0, 0.25, 9.0, 9.0, 1.0])
-    row = guided_row(logits, "", RegexGuide("ab?"), texts, 1.0, eos_ids=[6])
+    generator = torch.Generator().manual_seed(0)
+    counts = [0] * len(logits)
+    for _ in range(4000):
+        row = guided_row(logits, "", RegexGuide("ab?"), texts, 1.0, eos_ids=[6], generator=generator)
+        (kept,) = torch.nonzero(~torch.isinf(row)).flatten().tolist()
+        assert row[kept] == logits[kept]  # the kept token keeps its logit
+        counts[kept] += 1
+    assert counts[0] + counts[3] == 4000  # only "a" and "ab" can start a match of "ab?"
+    expected = float(torch.softmax(torch.tensor([0.5, 0.25]), dim=0)[0])  # 0.562
+    assert abs(counts[0] / 4000 - expected) < 0.03
+
+
+def test_top_p_rows_keep_every_allowed_token_for_the_nucleus() -> None:
+    texts = TokenTexts(["a", "b", "c", "ab", "\ufffd", "", "<eos>"], special_ids=[6])
+    logits = torch.tensor([0.5, 0.375, 3.0, 0.25, 9.0, 9.0, 1.0])
+    row = guided_row(logits, "", RegexGuide("ab?"), texts, 1.0, eos_ids=[6], top_p=0.9)
     assert row.tolist() == [0.5, float("-inf"), float("-inf"), 0.25, float("-inf"), float("-inf"), float("-inf")]
-    complete = guided_row(logits, "a", RegexGuide("ab?"), texts, 1.0, eos_ids=[6])
+    complete = guided_row(logits, "a", RegexGuide("ab?"), texts, 1.0, eos_ids=[6], top_p=0.9)
     assert complete.tolist() == [float("-inf"), 0.375, float("-inf"), float("-inf"), float("-inf"), float("-inf"), 1.0]
+
+
+def test_a_sampled_row_refused_too_often_is_scanned() -> None:
+    # More likely refused tokens than MAX_DRAWS: every draw is refused, then the scan finds "a".
+    texts = TokenTexts(["a"] + ["c"] * (MAX_DRAWS + 8))
+    logits = torch.tensor([-30.0] + [30.0] * (MAX_DRAWS + 8))
+    row = guided_row(logits, "", RegexGuide("a"), texts, 1.0, eos_ids=[])
+    assert row[0] == -30.0 and torch.isinf(row[1:]).all()
 
 
 def test_a_finished_match_can_only_end() -> None:
     texts = TokenTexts(["a", "b", "<eos>"], special_ids=[2])
-    row = guided_row(torch.tensor([5.0, 4.0, -2.0]), "ab", RegexGuide("ab"), texts, 0.7, eos_ids=[2])
-    assert row.tolist() == [float("-inf"), float("-inf"), -2.0]
+    for temperature in (0.0, 0.7):
+        row = guided_row(torch.tensor([5.0, 4.0, -2.0]), "ab", RegexGuide("ab"), texts, temperature, eos_ids=[2])
+        assert row.tolist() == [float("-inf"), float("-inf"), -2.0]
 
 
 @pytest.mark.parametrize(
@@ -88,7 +111,9 @@ def test_a_finished_match_can_only_end() -> None:
         (SamplingParams(guided_regex="a", ignore_eos=True), "ignore_eos"),
     ],
 )
-def test_bad_guides_are_refused_before_running(engine: TransformersEngine, params: SamplingParams, fragment: str) -> None:
+def test_bad_guides_are_refused_before_running(
+    engine: TransformersEngine, params: SamplingParams, fragment: str
+) -> None:
     with pytest.raises(EngineError, match=fragment):
         engine.generate_sync(_prompt(engine), params)
 
