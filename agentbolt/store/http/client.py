@@ -36,6 +36,7 @@ from agentbolt.store.http.routes import (
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
+from agentbolt.utils.collector import collection_paused
 
 __all__ = ["LightningStoreClient"]
 
@@ -214,7 +215,10 @@ class LightningStoreClient(LightningStore):
             payload = await response.read()
             if response.status >= 400:
                 raise error_from_response(response, payload)
-            return orjson.loads(payload) if payload else None
+            if not payload:
+                return None
+            with collection_paused():
+                return orjson.loads(payload)
 
     async def _probe_health(self) -> bool:
         """Whether the server's health endpoint answers, probing once per health delay plus a final time."""
@@ -375,7 +379,8 @@ class LightningStoreClient(LightningStore):
                 raise
             self._log_swallowed_failure(route, exc)
             return None if route.on_failure == "none" else []
-        return route.decode(data)
+        with collection_paused():
+            return route.decode(data)
 
     def _log_swallowed_failure(self, route: StoreRoute, exc: BaseException) -> None:
         if route.on_failure == "empty":  # dequeue: polled constantly, so one warning after it last worked
