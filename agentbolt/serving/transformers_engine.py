@@ -682,6 +682,8 @@ class TransformersEngine:
         if not self.loaded:
             raise EngineError("model is still loading")
         params.validate()
+        if params.guided_regex is not None:
+            RegexGuide(params.guided_regex)  # a pattern that does not compile is refused here
         if not prompt:
             raise EngineError("prompt is empty")
         vocab = self.vocab_size
