@@ -132,7 +132,6 @@ def guided_row(
     Raises:
         EngineError: No token can continue ``text`` and it is not a complete match (or it is, but there is no EOS).
     """
-    import torch
 
     ends = {token for token in eos_ids if token < logits.shape[0]} if guide.is_complete(text) else set()
     vocabulary = len(token_texts.texts)
@@ -144,8 +143,25 @@ def guided_row(
         return piece is not None and guide.can_continue(text + piece)
 
     if temperature <= 0:
-        token = _most_likely_allowed(logits, allowed)
-        return _keep(logits, [token])
+        best = _most_likely_allowed(logits, allowed)
+        kept = [] if best is None else [best]
+    else:
+        kept = _sampled_or_scanned(logits, temperature, top_p, allowed, generator)
+    if not kept:
+        raise EngineError(f"guided_regex: no token can continue the text {text[-80:]!r} towards a match")
+    return _keep(logits, kept)
+
+
+def _sampled_or_scanned(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    allowed: Callable[[int], bool],
+    generator: Optional[torch.Generator],
+) -> List[int]:
+    """One allowed token drawn and refused as :func:`guided_row` describes, or every allowed token of a scan."""
+    import torch
+
     if top_p >= 1.0:
         probs = torch.softmax(logits / temperature, dim=-1)
         for _ in range(MAX_DRAWS):
@@ -153,9 +169,9 @@ def guided_row(
             target = torch.rand(1, generator=generator, device=logits.device) * cumulative[-1]
             token = min(int(torch.searchsorted(cumulative, target, right=True)), probs.shape[0] - 1)
             if allowed(token):
-                return _keep(logits, [token])
+                return [token]
             probs[token] = 0.0
-    return _keep(logits, _scan_allowed(logits, temperature, allowed))
+    return _scan_allowed(logits, temperature, allowed)
 
 
 def _keep(logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
@@ -167,8 +183,9 @@ def _keep(logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
     return kept
 
 
-def _most_likely_allowed(logits: torch.Tensor, allowed: Callable[[int], bool]) -> int:
-    """The allowed token with the highest logit (the first among equals), looked for in growing top-k windows."""
+def _most_likely_allowed(logits: torch.Tensor, allowed: Callable[[int], bool]) -> Optional[int]:
+    """The allowed token with the highest logit (the first among equals), looked for in growing top-k windows;
+    None when no token is allowed."""
     import torch
 
     size = logits.shape[0]
@@ -180,12 +197,12 @@ def _most_likely_allowed(logits: torch.Tensor, allowed: Callable[[int], bool]) -
             if allowed(token):
                 return token
         checked, window = window, window * 16
-    raise EngineError("guided_regex: no token can continue the text towards a match")
+    return None
 
 
 def _scan_allowed(logits: torch.Tensor, temperature: float, allowed: Callable[[int], bool]) -> List[int]:
     """The allowed tokens, scanned from the most likely down until the unscanned ones hold less than
-    :data:`UNSCANNED_MASS` of the allowed probability mass at ``temperature``."""
+    :data:`UNSCANNED_MASS` of the allowed probability mass at ``temperature`` (empty when none is allowed)."""
     import torch
 
     order = torch.argsort(logits, descending=True)
@@ -201,6 +218,4 @@ def _scan_allowed(logits: torch.Tensor, temperature: float, allowed: Callable[[i
         end = min(start + _SCAN_CHUNK, order.shape[0]) - 1
         if kept_mass > 0 and float(unscanned[end]) <= UNSCANNED_MASS * kept_mass:
             break
-    if not kept:
-        raise EngineError("guided_regex: no token can continue the text towards a match")
     return kept
