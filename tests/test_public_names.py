@@ -1,8 +1,9 @@
 """Every name in ``agentbolt.__all__`` resolves at run time and is typed for type checkers.
 
-``agentbolt/__init__.py`` lists its names twice: the run-time table of lazy imports (``__all__`` is built from it),
-and the ``if TYPE_CHECKING:`` imports that type checkers read. These tests keep the two in agreement and run mypy over a
-user-style snippet to show that the names carry their real types (not ``Any``).
+``agentbolt/__init__.pyi`` lists the exported names once, as explicit re-exports: type checkers read it, and the lazy
+loader in ``agentbolt/__init__.py`` imports each name from the module given there. These tests check the stub's form,
+that the run-time names are the objects it names, and run mypy over a user-style snippet to show that the names carry
+their real types (not ``Any``).
 """
 
 from __future__ import annotations
@@ -21,19 +22,16 @@ import pytest
 import agentbolt
 
 INIT = Path(agentbolt.__file__)
+STUB = INIT.with_suffix(".pyi")
 
 
-def _type_checking_imports() -> Dict[str, Tuple[str, str]]:
-    """Exported name -> (module, attribute), read from the ``if TYPE_CHECKING:`` block of ``agentbolt/__init__.py``."""
-    tree = ast.parse(INIT.read_text(encoding="utf-8"))
-    blocks = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-    ]
-    assert len(blocks) == 1
+def _stub_imports() -> Dict[str, Tuple[str, str]]:
+    """Exported name -> (module, attribute), read from ``agentbolt/__init__.pyi``; every import must re-export."""
+    tree = ast.parse(STUB.read_text(encoding="utf-8"))
     names: Dict[str, Tuple[str, str]] = {}
-    for node in blocks[0].body:
+    for node in tree.body:
+        if isinstance(node, ast.Expr | ast.AnnAssign):  # the docstring and ``__version__: str``
+            continue
         assert isinstance(node, ast.ImportFrom) and node.module is not None, ast.dump(node)
         for alias in node.names:
             assert alias.asname == alias.name, f"{alias.name}: write `import {alias.name} as {alias.name}`"
@@ -50,8 +48,8 @@ def test_every_name_in_all_resolves() -> None:
     assert set(agentbolt.__all__) <= set(dir(agentbolt))
 
 
-def test_type_checking_imports_are_the_run_time_objects() -> None:
-    static = _type_checking_imports()
+def test_stub_imports_are_the_run_time_objects() -> None:
+    static = _stub_imports()
     assert set(static) == set(agentbolt.__all__) - {"__version__"}
     assert len(agentbolt.__all__) == len(set(agentbolt.__all__))
     for name, (module, attribute) in static.items():
