@@ -1,32 +1,14 @@
 """Emit rewards, messages, objects, exceptions, annotations and operations into the current trace."""
 
-from .annotation import emit_annotation, operation
-from .exception import emit_exception
-from .message import emit_message, get_message_value
-from .object import emit_object, get_object_value
-from .reward import (
-    emit_reward,
-    find_final_reward,
-    find_reward_spans,
-    get_reward_value,
-    get_rewards_from_span,
-    is_reward_span,
-    reward,
-)
+from .annotation import *  # noqa: F403
+from .annotation import __all__ as _annotation_all
+from .exception import *  # noqa: F403
+from .exception import __all__ as _exception_all
+from .message import *  # noqa: F403
+from .message import __all__ as _message_all
+from .object import *  # noqa: F403
+from .object import __all__ as _object_all
+from .reward import *  # noqa: F403
+from .reward import __all__ as _reward_all
 
-__all__ = [
-    "reward",
-    "operation",
-    "emit_reward",
-    "get_reward_value",
-    "get_rewards_from_span",
-    "is_reward_span",
-    "find_reward_spans",
-    "find_final_reward",
-    "emit_message",
-    "emit_object",
-    "emit_exception",
-    "emit_annotation",
-    "get_message_value",
-    "get_object_value",
-]
+__all__ = [*_annotation_all, *_exception_all, *_message_all, *_object_all, *_reward_all]

@@ -1,30 +1,8 @@
 """Storage primitives the store lifecycle is written against, and their in-memory implementation."""
 
-from .base import (
-    AtomicLabels,
-    AtomicMode,
-    Collection,
-    FilterOptions,
-    KeyValue,
-    LightningCollections,
-    PaginatedResult,
-    Queue,
-    SortOptions,
-)
-from .memory import DequeBasedQueue, DictBasedKeyValue, InMemoryLightningCollections, ListBasedCollection
+from .base import *  # noqa: F403
+from .base import __all__ as _base_all
+from .memory import *  # noqa: F403
+from .memory import __all__ as _memory_all
 
-__all__ = [
-    "AtomicLabels",
-    "AtomicMode",
-    "Collection",
-    "Queue",
-    "KeyValue",
-    "FilterOptions",
-    "SortOptions",
-    "PaginatedResult",
-    "LightningCollections",
-    "ListBasedCollection",
-    "DequeBasedQueue",
-    "DictBasedKeyValue",
-    "InMemoryLightningCollections",
-]
+__all__ = [*_base_all, *_memory_all]

@@ -4,14 +4,8 @@
 """
 
 from .client import LightningStoreClient
-from .errors import (
-    LightningStoreHTTPError,
-    LightningStoreLookupError,
-    LightningStoreNotImplementedError,
-    LightningStoreRuntimeError,
-    LightningStoreTypeError,
-    LightningStoreValueError,
-)
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors_all
 from .routes import API_AGL_PREFIX, API_V1_AGL_PREFIX, API_V1_PREFIX, ROUTES, STORE_ID_HEADER, StoreRoute
 from .server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, LightningStoreServer, build_store_app
 
@@ -26,11 +20,6 @@ __all__ = [
     "StoreRoute",
     "LightningStoreServer",
     "LightningStoreClient",
-    "LightningStoreHTTPError",
-    "LightningStoreValueError",
-    "LightningStoreTypeError",
-    "LightningStoreLookupError",
-    "LightningStoreRuntimeError",
-    "LightningStoreNotImplementedError",
     "build_store_app",
+    *_errors_all,
 ]
