@@ -16,6 +16,7 @@ from agentbolt.store.requests import (
     QuerySpansRequest,
     QueryWorkersRequest,
     RolloutRequest,
+    request_from_arguments,
 )
 from agentbolt.types import (
     Attempt,
@@ -259,19 +260,9 @@ class LightningStore:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        status_in = status_in if status_in is not None else status
-        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
-        query = QueryRolloutsRequest.model_construct(
-            status_in=None if status_in is None else list(status_in),
-            rollout_id_in=None if rollout_id_in is None else list(rollout_id_in),
-            rollout_id_contains=rollout_id_contains,
-            filter_logic=filter_logic,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-        )
-        return await self._query_rollouts(query)
+        status_in = _listed(status_in if status_in is not None else status)
+        rollout_id_in = _listed(rollout_id_in if rollout_id_in is not None else rollout_ids)
+        return await self._query_rollouts(request_from_arguments(QueryRolloutsRequest, locals()))
 
     async def _query_rollouts(self, query: QueryRolloutsRequest) -> Sequence[Union[Rollout, AttemptedRollout]]:
         """Implementation of :meth:`query_rollouts` (the deprecated aliases already resolved)."""
@@ -287,8 +278,7 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[Attempt]:
         """Attempts of one rollout (empty for an unknown rollout)."""
-        query = QueryAttemptsRequest.model_construct(sort_by=sort_by, sort_order=sort_order, limit=limit, offset=offset)
-        return await self._query_attempts(rollout_id, query)
+        return await self._query_attempts(rollout_id, request_from_arguments(QueryAttemptsRequest, locals()))
 
     async def _query_attempts(self, rollout_id: str, query: QueryAttemptsRequest) -> Sequence[Attempt]:
         """Implementation of :meth:`query_attempts`."""
@@ -313,15 +303,7 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[ResourcesUpdate]:
         """Resource snapshots matching both filters."""
-        query = QueryResourcesRequest.model_construct(
-            resources_id=resources_id,
-            resources_id_contains=resources_id_contains,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-        )
-        return await self._query_resources(query)
+        return await self._query_resources(request_from_arguments(QueryResourcesRequest, locals()))
 
     async def _query_resources(self, query: QueryResourcesRequest) -> Sequence[ResourcesUpdate]:
         """Implementation of :meth:`query_resources`."""
@@ -370,24 +352,7 @@ class LightningStore:
 
         The optional id/name filters combine with ``filter_logic``; an unknown rollout gives an empty result.
         """
-        query = QuerySpansRequest.model_construct(
-            rollout_id=rollout_id,
-            attempt_id=attempt_id,
-            trace_id=trace_id,
-            trace_id_contains=trace_id_contains,
-            span_id=span_id,
-            span_id_contains=span_id_contains,
-            parent_id=parent_id,
-            parent_id_contains=parent_id_contains,
-            name=name,
-            name_contains=name_contains,
-            filter_logic=filter_logic,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-        )
-        return await self._query_spans(query)
+        return await self._query_spans(request_from_arguments(QuerySpansRequest, locals()))
 
     async def _query_spans(self, query: QuerySpansRequest) -> Sequence[Span]:
         """Implementation of :meth:`query_spans`."""
@@ -475,16 +440,8 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[Worker]:
         """Workers matching the filters."""
-        query = QueryWorkersRequest.model_construct(
-            status_in=None if status_in is None else list(status_in),
-            worker_id_contains=worker_id_contains,
-            filter_logic=filter_logic,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            limit=limit,
-            offset=offset,
-        )
-        return await self._query_workers(query)
+        status_in = _listed(status_in)
+        return await self._query_workers(request_from_arguments(QueryWorkersRequest, locals()))
 
     async def _query_workers(self, query: QueryWorkersRequest) -> Sequence[Worker]:
         """Implementation of :meth:`query_workers`."""
@@ -521,6 +478,11 @@ class LightningStore:
 def page_json(items: Sequence[bytes], limit: int, offset: int, total: int) -> bytes:
     """JSON of a page of items already serialized as JSON."""
     return b'{"items":[' + b",".join(items) + b'],"limit":%d,"offset":%d,"total":%d}' % (limit, offset, total)
+
+
+def _listed(values: Optional[Sequence[Any]]) -> Optional[List[Any]]:
+    """``values`` as a list, as the request models declare their sequences; ``None`` stays ``None``."""
+    return None if values is None else list(values)
 
 
 def _given(**fields: Any) -> Dict[str, Any]:

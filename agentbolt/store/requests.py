@@ -6,7 +6,7 @@ these bundles; the HTTP client sends it as the request body and the server parse
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Type, TypeVar
 
 from pydantic import BaseModel
 
@@ -19,7 +19,10 @@ __all__ = [
     "QueryResourcesRequest",
     "QuerySpansRequest",
     "QueryWorkersRequest",
+    "request_from_arguments",
 ]
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 class RolloutRequest(EnqueueRolloutRequest):
@@ -82,3 +85,11 @@ class QueryWorkersRequest(_PaginationFields):
     status_in: Optional[List[WorkerStatus]] = None
     worker_id_contains: Optional[str] = None
     filter_logic: str = "and"
+
+
+def request_from_arguments(model: Type[RequestT], arguments: Dict[str, Any]) -> RequestT:
+    """A ``model`` holding the arguments of a store call (the method's ``locals()``) named like the model's fields.
+
+    Built without validation: the method's signature already says what each argument is.
+    """
+    return model.model_construct(**{name: arguments[name] for name in model.model_fields})
