@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
-from agentbolt.types import Dataset, PromptTemplate
+from agentbolt.types import PromptTemplate
 
 from .prompts import conversation_of, examples_position
 from .search import (
@@ -398,63 +398,54 @@ class FewShotAPO(PromptSearch):
         )
         return runs
 
-    async def run(
-        self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
-    ) -> None:
-        """Bootstrap demonstrations and search over them; the result is :meth:`get_best_prompt`.
-
-        Raises:
-            ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
-                is not TraceToMessages.
-        """
-        seed, train, val = self._start_run(train_dataset, val_dataset)
-        async with self._search_session():
-            if self.resume:
-                await self._resume_state()
-            seed_version = self._create_seed_version(seed)
-            seed_rewards = (await self._validate_full(seed_version, val, prefix="[Seed]")).by_task()
-            self.current_round = 1
-            runs = await self._bootstrap(seed_version, train)
-            self.demonstrations = self.collect_demonstrations(runs, seed)
-            if not self.demonstrations:
-                self._log(
-                    logging.WARNING,
-                    f"No bootstrap run reached reward {self.demo_min_reward}: no demonstration to add; the seed stays.",
-                )
-                return
-            self._log(logging.INFO, f"{len(self.demonstrations)} demonstration(s) collected.")
-            candidates = []
-            demo_answers: Dict[str, List[str]] = {}
-            for selection in self.candidate_selections(len(self.demonstrations)):
-                demos = [self.demonstrations[i] for i in selection]
-                candidate = self._create_versioned_prompt(self.with_demonstrations(seed, demos))
-                demo_answers[candidate.version] = [d.answer for d in demos if d.answer]
-                candidate.lineage = {
-                    "origin": "demonstrations",
-                    "parents": [seed_version.version],
-                    "note": "demonstrations from training tasks " + ", ".join(d.task_key for d in demos),
-                    "round": 1,
-                }
-                candidates.append(candidate)
-            batch = self.rng.sample(val, min(self.val_batch_size, len(val)))
-            admitted = []
-            for candidate in candidates:
-                prefix = f"[Search | Prompt {candidate.version}]"
-                evaluation = await self.evaluate(candidate, batch, mode="val", purpose="val-batch", prefix=prefix)
-                if self.demo_format == "messages" and candidate is candidates[0]:
-                    self._check_examples_sent(candidate, evaluation)
-                if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
-                    admitted.append(candidate)
-            ranked = sorted(admitted, key=lambda c: c.score or 0.0, reverse=True)
-            scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked) or "none admitted"
-            self._log(logging.INFO, f"Validation batch scores: {scores}", prefix="[Search]")
-            for candidate in ranked[: self.finalists]:
-                prefix = f"[Final | Prompt {candidate.version}]"
-                evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, prefix=prefix)
-                if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
-                    self._offer_best(candidate, evaluation, prefix=prefix)
-                else:
-                    await self._file_as_refused(candidate, evaluation)
+    async def _search(self, seed: PromptTemplate, train: List[Tuple[str, Any]], val: List[Tuple[str, Any]]) -> None:
+        """Bootstrap demonstrations and search over them."""
+        if self.resume:
+            await self._resume_state()
+        seed_version = self._create_seed_version(seed)
+        seed_rewards = (await self._validate_full(seed_version, val, prefix="[Seed]")).by_task()
+        self.current_round = 1
+        runs = await self._bootstrap(seed_version, train)
+        self.demonstrations = self.collect_demonstrations(runs, seed)
+        if not self.demonstrations:
+            self._log(
+                logging.WARNING,
+                f"No bootstrap run reached reward {self.demo_min_reward}: no demonstration to add; the seed stays.",
+            )
+            return
+        self._log(logging.INFO, f"{len(self.demonstrations)} demonstration(s) collected.")
+        candidates = []
+        demo_answers: Dict[str, List[str]] = {}
+        for selection in self.candidate_selections(len(self.demonstrations)):
+            demos = [self.demonstrations[i] for i in selection]
+            candidate = self._create_versioned_prompt(self.with_demonstrations(seed, demos))
+            demo_answers[candidate.version] = [d.answer for d in demos if d.answer]
+            candidate.lineage = {
+                "origin": "demonstrations",
+                "parents": [seed_version.version],
+                "note": "demonstrations from training tasks " + ", ".join(d.task_key for d in demos),
+                "round": 1,
+            }
+            candidates.append(candidate)
+        batch = self.rng.sample(val, min(self.val_batch_size, len(val)))
+        admitted = []
+        for candidate in candidates:
+            prefix = f"[Search | Prompt {candidate.version}]"
+            evaluation = await self.evaluate(candidate, batch, mode="val", purpose="val-batch", prefix=prefix)
+            if self.demo_format == "messages" and candidate is candidates[0]:
+                self._check_examples_sent(candidate, evaluation)
+            if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
+                admitted.append(candidate)
+        ranked = sorted(admitted, key=lambda c: c.score or 0.0, reverse=True)
+        scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked) or "none admitted"
+        self._log(logging.INFO, f"Validation batch scores: {scores}", prefix="[Search]")
+        for candidate in ranked[: self.finalists]:
+            prefix = f"[Final | Prompt {candidate.version}]"
+            evaluation = await self.evaluate(candidate, val, mode="val", purpose=FULL_VAL, prefix=prefix)
+            if self._passes_echo_check(candidate, evaluation, seed_rewards, demo_answers, prefix=prefix):
+                self._offer_best(candidate, evaluation, prefix=prefix)
+            else:
+                await self._file_as_refused(candidate, evaluation)
 
     async def _file_as_refused(self, candidate: VersionedPromptTemplate, evaluation: Evaluation) -> None:
         """Re-file a refused candidate's full-validation runs under :data:`REFUSED_FULL_VAL`."""

@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agentbolt.types import Dataset
+from agentbolt.types import PromptTemplate
 
 from .prompts import (
     MERGE_PROMPT_FILES,
@@ -239,30 +239,22 @@ class ParetoAPO(PromptSearch):
             bars.append(evaluation.mean)
         await self._accept_if_better(child, batch, max(bars), round_num)
 
-    async def run(
-        self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
-    ) -> None:
-        """Evolve the prompt; the result is :meth:`get_best_prompt` (also stored as ``{run_id}-best``).
-
-        Raises:
-            ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
-                is not TraceToMessages.
-        """
-        seed, train, self._val = self._start_run(train_dataset, val_dataset)
+    async def _search(self, seed: PromptTemplate, train: List[Tuple[str, Any]], val: List[Tuple[str, Any]]) -> None:
+        """Evolve the prompt from the seed, or from the stored pool with ``resume``."""
+        self._val = val
         first_round = 1
-        async with self._search_session():
-            if self.resume:
-                first_round = await self._restore_pool() + 1
-            if not self.pool:
-                seed_version = self._create_seed_version(seed)
-                await self._admit(seed_version, self._val, self._prefix(0, seed_version.version))
-            for round_num in range(first_round, self.rounds + 1):
-                self.current_round = round_num
-                batch = self.rng.sample(train, min(self.reflection_batch_size, len(train)))
-                if self.merge_every and round_num % self.merge_every == 0 and len(self.front()) >= 2:
-                    await self._merge(batch, round_num)
-                else:
-                    await self._reflect(self._pick_parent(), batch, round_num)
+        if self.resume:
+            first_round = await self._restore_pool() + 1
+        if not self.pool:
+            seed_version = self._create_seed_version(seed)
+            await self._admit(seed_version, self._val, self._prefix(0, seed_version.version))
+        for round_num in range(first_round, self.rounds + 1):
+            self.current_round = round_num
+            batch = self.rng.sample(train, min(self.reflection_batch_size, len(train)))
+            if self.merge_every and round_num % self.merge_every == 0 and len(self.front()) >= 2:
+                await self._merge(batch, round_num)
+            else:
+                await self._reflect(self._pick_parent(), batch, round_num)
 
     _val: List[Tuple[str, Any]] = []
 

@@ -424,6 +424,23 @@ class PromptSearch(Algorithm):
         assert train_dataset is not None and val_dataset is not None
         return seed, keyed(train_dataset), keyed(val_dataset)
 
+    async def run(
+        self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
+    ) -> None:
+        """Search for a better prompt; the result is :meth:`get_best_prompt` (also stored as ``{run_id}-best``).
+
+        Raises:
+            ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
+                is not TraceToMessages.
+        """
+        seed, train, val = self._start_run(train_dataset, val_dataset)
+        async with self._search_session():
+            await self._search(seed, train, val)
+
+    async def _search(self, seed: PromptTemplate, train: List[Tuple[str, Any]], val: List[Tuple[str, Any]]) -> None:
+        """The search of :meth:`run` over the keyed tasks, from ``seed`` or, with ``resume``, from the stored run."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _search().")
+
     # -- evaluation --------------------------------------------------------------------------------------------------
 
     def _tag(

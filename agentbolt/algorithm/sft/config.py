@@ -146,13 +146,7 @@ class SFTConfig(FinetuningConfig):
 
     def selection_options(self) -> Dict[str, Any]:
         """Keyword arguments of :func:`~agentbolt.algorithm.sft.selection.select_samples` from these options."""
-        return {
-            "min_reward": self.min_reward,
-            "best_of_n": self.best_of_n,
-            "top_k": self.top_k,
-            "top_fraction": self.top_fraction,
-            "dedup": self.dedup,
-        }
+        return self.model_dump(include={"min_reward", "best_of_n", "top_k", "top_fraction", "dedup"})
 
     def tokenize_options(self, max_length: int) -> Dict[str, Any]:
         """Keyword arguments of :func:`~agentbolt.algorithm.sft.data.tokenize_sample` from these options."""
