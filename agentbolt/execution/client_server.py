@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import multiprocessing
@@ -12,7 +13,7 @@ import time
 import uuid
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
@@ -21,7 +22,7 @@ from agentbolt.utils.server_launcher import bind_socket
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store, stopping_on_failure
 from .events import ExecutionEvent, MultiprocessingEvent
 
-__all__ = ["ClientServerExecutionStrategy", "wait_for_own_server"]
+__all__ = ["ClientServerExecutionStrategy", "run_runner_with_client", "wait_for_own_server"]
 
 logger = logging.getLogger("agentbolt.execution.client_server")
 
@@ -62,6 +63,27 @@ async def wait_for_own_server(
             )
         await asyncio.sleep(0.1)
     return False
+
+
+async def run_runner_with_client(
+    runner: RunnerBundle, worker_id: int, client: LightningStoreClient, stop_evt: ExecutionEvent, timeout: float
+) -> None:
+    """Run the runner bundle against ``client``'s store server, then close the client.
+
+    When the client expects a server id, the bundle starts only once that server answers (see
+    :func:`wait_for_own_server`, which ``timeout`` is passed to); it does not start when the stop event comes first.
+    """
+    try:
+        server_id = client.expected_server_id
+        if server_id is None or await wait_for_own_server(client, server_id, stop_evt, timeout):
+            await runner(client, worker_id, stop_evt)
+    finally:
+        await client.close()
+
+
+def _run_in_event_loop(side: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Entry point of a child process: run one side of the run to its end."""
+    asyncio.run(side())
 
 
 class ClientServerExecutionStrategy(ExecutionStrategy):
@@ -173,26 +195,14 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         stop_evt: ExecutionEvent,
         server_id: Optional[str] = None,
     ) -> None:
-        client: Optional[LightningStoreClient] = None
-        try:
-            with stopping_on_failure(stop_evt):
-                if self.managed_store:
-                    client = LightningStoreClient(
-                        f"http://{self.server_host}:{self.server_port}", expected_server_id=server_id
-                    )
-                    store = client
-                    if server_id is not None and not await self._wait_for_own_server(client, server_id, stop_evt):
-                        return
+        with stopping_on_failure(stop_evt):
+            if self.managed_store:
+                client = LightningStoreClient(
+                    f"http://{self.server_host}:{self.server_port}", expected_server_id=server_id
+                )
+                await run_runner_with_client(runner, worker_id, client, stop_evt, self.startup_timeout)
+            else:
                 await runner(store, worker_id, stop_evt)
-        finally:
-            if client is not None:
-                await client.close()
-
-    async def _wait_for_own_server(
-        self, client: LightningStoreClient, server_id: str, stop_evt: ExecutionEvent
-    ) -> bool:
-        """Wait until the server at the client's address is the one with ``server_id`` (see :func:`wait_for_own_server`)."""
-        return await wait_for_own_server(client, server_id, stop_evt, self.startup_timeout)
 
     def _check_port_free(self) -> None:
         """Fail before starting any process when the store server's port is already taken."""
@@ -205,22 +215,14 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 f"store?) holds the port; choose a free one with Trainer(port=...) or AGL_SERVER_PORT."
             ) from exc
 
-    # ------------------------------------------------------------------ child process entry points
+    # ------------------------------------------------------------------ child processes
 
-    def _runner_process_main(
-        self,
-        runner: RunnerBundle,
-        worker_id: int,
-        store: Any,
-        stop_evt: ExecutionEvent,
-        server_id: Optional[str] = None,
-    ) -> None:
-        asyncio.run(self._execute_runner(runner, worker_id, store, stop_evt, server_id))
-
-    def _algorithm_process_main(
-        self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, server_id: Optional[str] = None
-    ) -> None:
-        asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, server_id=server_id))
+    @staticmethod
+    def _start_process(ctx: BaseContext, name: str, side: Callable[[], Coroutine[Any, Any, None]]) -> BaseProcess:
+        """Start a child process that runs ``side`` (one side's coroutine) in an event loop of its own."""
+        process = ctx.Process(target=_run_in_event_loop, args=(side,), name=name)  # type: ignore[attr-defined]
+        process.start()
+        return process
 
     def _spawn_runners(
         self,
@@ -231,37 +233,20 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         ctx: BaseContext,
         server_id: Optional[str] = None,
     ) -> List[BaseProcess]:
-        processes: List[BaseProcess] = []
         if ctx.get_start_method() == "fork":
             # Forked runners share this process's memory until a page is written, and a garbage collection writes to
             # every object it visits. Frozen objects are never visited, so their pages stay shared; they stay frozen
             # here too, since this process's collections would otherwise copy the same pages.
             gc.collect()
             gc.freeze()
-        for worker_id in range(self.n_runners):
-            process = ctx.Process(  # type: ignore[attr-defined]
-                target=self._runner_process_main,
-                args=(runner, worker_id, store, stop_evt, server_id),
-                name=f"runner-{worker_id}",
+        return [
+            self._start_process(
+                ctx,
+                f"runner-{worker_id}",
+                functools.partial(self._execute_runner, runner, worker_id, store, stop_evt, server_id),
             )
-            process.start()
-            processes.append(process)
-        return processes
-
-    def _spawn_algorithm_process(
-        self,
-        algorithm: AlgorithmBundle,
-        store: Any,
-        stop_evt: ExecutionEvent,
-        *,
-        ctx: BaseContext,
-        server_id: Optional[str] = None,
-    ) -> BaseProcess:
-        process = ctx.Process(  # type: ignore[attr-defined]
-            target=self._algorithm_process_main, args=(algorithm, store, stop_evt, server_id), name="algorithm"
-        )
-        process.start()
-        return process
+            for worker_id in range(self.n_runners)
+        ]
 
     # ------------------------------------------------------------------ orchestration
 
@@ -294,7 +279,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx, server_id=server_id)
                 asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, processes, server_id))
             else:
-                processes = [self._spawn_algorithm_process(algorithm, store, stop_evt, ctx=ctx, server_id=server_id)]
+                side = functools.partial(self._execute_algorithm, algorithm, store, stop_evt, server_id=server_id)
+                processes = [self._start_process(ctx, "algorithm", side)]
                 asyncio.run(self._execute_runner(runner, 0, store, stop_evt, server_id))
                 processes[0].join()
         except KeyboardInterrupt:

@@ -112,14 +112,10 @@ async def _run_runner_bundle(
         return
     from agentbolt.store.client_server import LightningStoreClient
 
-    from .client_server import wait_for_own_server
+    from .client_server import run_runner_with_client
 
     client = LightningStoreClient(store.address, api_key=store.api_key, expected_server_id=store.server_id)
-    try:
-        if await wait_for_own_server(client, store.server_id, stop_evt, store.startup_timeout):
-            await runner(client, worker_id, stop_evt)
-    finally:
-        await client.close()
+    await run_runner_with_client(runner, worker_id, client, stop_evt, store.startup_timeout)
 
 
 class RayExecutionStrategy(ExecutionStrategy):
