@@ -229,6 +229,16 @@ class Collection(TrackedCollection, Generic[T]):
         """Number of items."""
         raise NotImplementedError()
 
+    async def _page(
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
+    ) -> Tuple[List[Any], int]:
+        """The page of items matching ``filter`` (each as JSON bytes when ``raw``) and the number of matches.
+
+        Backends implement this (checking ``limit`` and ``offset``); :meth:`query`, :meth:`query_json` and
+        :meth:`get` are built on it.
+        """
+        raise NotImplementedError()
+
     async def query(
         self,
         filter: Optional[FilterOptions] = None,
@@ -237,11 +247,15 @@ class Collection(TrackedCollection, Generic[T]):
         offset: int = 0,
     ) -> PaginatedResult[T]:
         """Items matching ``filter``, sorted, paginated (``limit=-1`` means no limit)."""
-        raise NotImplementedError()
+        async with self.tracking_context("query", self.collection_name):
+            items, total = await self._page(filter, sort, limit, offset)
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
     async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[T]:
         """The first matching item (by ``sort`` when given), or ``None``."""
-        raise NotImplementedError()
+        async with self.tracking_context("get", self.collection_name):
+            items, _ = await self._page(filter, sort, 1, 0)
+            return items[0] if items else None
 
     async def query_json(
         self,
@@ -252,10 +266,10 @@ class Collection(TrackedCollection, Generic[T]):
     ) -> Tuple[List[bytes], int]:
         """Like :meth:`query`, with each item as JSON (an object with the item's fields), and the total.
 
-        Backends storing items as JSON override this to skip building the models.
+        Backends storing items as JSON return them without building the models.
         """
-        page = await self.query(filter=filter, sort=sort, limit=limit, offset=offset)
-        return [item.model_dump_json().encode() for item in page.items], page.total  # type: ignore[attr-defined]
+        async with self.tracking_context("query", self.collection_name):
+            return await self._page(filter, sort, limit, offset, raw=True)
 
     async def insert(self, items: Sequence[T]) -> None:
         """Insert new items; a duplicated primary key raises :class:`DuplicatedPrimaryKeyError`."""

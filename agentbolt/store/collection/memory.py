@@ -45,7 +45,6 @@ from agentbolt.types import (
     FilterField,
     FilterOptions,
     MetricsRecord,
-    PaginatedResult,
     ResourcesUpdate,
     Rollout,
     SortOptions,
@@ -466,22 +465,14 @@ class ListBasedCollection(Collection[T]):
     async def size(self) -> int:
         return len(self._items)
 
-    @_tracked_operation("query")
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[T]:
+    async def _page(
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
+    ) -> Tuple[List[Any], int]:
         items = self._matching(filter, sort)
         page = paginate(items, limit, offset)
-        return PaginatedResult(
-            items=[item.model_copy() for item in page],  # type: ignore[attr-defined]
-            limit=limit,
-            offset=offset,
-            total=len(items),
-        )
+        if raw:
+            return [item.model_dump_json().encode() for item in page], len(items)  # type: ignore[attr-defined]
+        return [item.model_copy() for item in page], len(items)  # type: ignore[attr-defined]
 
     @_tracked_operation("get")
     async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[T]:

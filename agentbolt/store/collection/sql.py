@@ -20,7 +20,6 @@ from agentbolt.store.collection.base import (
     DuplicatedPrimaryKeyError,
     FilterOptions,
     LightningCollections,
-    PaginatedResult,
     SortOptions,
     normalize_filter_options,
     resolve_sort_options,
@@ -468,32 +467,3 @@ class SqlTable(Collection[M], Generic[M]):
         """Plan the query (checking ``limit`` and ``offset``) and read its page."""
         query = SqlQuery.build(self._dialect, self._spec, filter, sort, limit, offset)
         return await self._query_page(query, limit, offset, raw)
-
-    async def query_json(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Tuple[List[bytes], int]:
-        """Like :meth:`query`, with each item as JSON (no model is built), and the total."""
-        async with self.tracking_context("query", self.collection_name):
-            return await self._page(filter, sort, limit, offset, raw=True)
-
-    async def query(
-        self,
-        filter: Optional[FilterOptions] = None,
-        sort: Optional[SortOptions] = None,
-        limit: int = -1,
-        offset: int = 0,
-    ) -> PaginatedResult[M]:
-        """Items matching ``filter`` (same semantics as the in-memory collections), sorted and paginated."""
-        async with self.tracking_context("query", self.collection_name):
-            items, total = await self._page(filter, sort, limit, offset)
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
-
-    async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[M]:
-        """First match by ``sort`` (insertion order without), or None."""
-        async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._page(filter, sort, 1, 0)
-            return items[0] if items else None
