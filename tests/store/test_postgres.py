@@ -13,11 +13,13 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Dict, List, Set
 
+import orjson
 import pytest
 from support.servers import free_port
 
 from agentbolt.store.http import LightningStoreClient, LightningStoreServer
-from agentbolt.types import EnqueueRolloutRequest
+from agentbolt.store.requests import QuerySpansRequest
+from agentbolt.types import EnqueueRolloutRequest, Span
 
 from .conftest import drop_postgres_schema, make_span, postgres_schema, postgres_server
 
@@ -105,6 +107,31 @@ async def test_span_payloads_do_not_repeat_indexed_fields(schema: str) -> None:
             "end_time",
         }
         assert (await store.query_spans(attempted.rollout_id)).items == [added]
+    finally:
+        await store.close()
+
+
+async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -> None:
+    """query_spans over HTTP answers with JSON the collection joins from the columns and the payload's text."""
+    store = open_store(schema)
+    try:
+        attempted = await store.start_rollout("x")
+        rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
+        tricky = {
+            "text": 'caf\u00e9 \U0001f600 "q" \\ \n\t\u0001',
+            "float": 0.1 + 0.2,
+            "big": 2**53 + 1,
+            "nested": [1.5e-300],
+        }
+        spans = [
+            make_span(rollout_id, attempt_id, 1, "s1", attributes=tricky, parent_id="p", start_time=1732870000.123456),
+            make_span(rollout_id, attempt_id, 2, "s2", attributes={}, end_time=None, name="n\u00e9"),
+        ]
+        await store.add_many_spans(spans)
+        query = QuerySpansRequest(rollout_id=rollout_id)
+        page = orjson.loads(await store._query_spans_json(query))
+        assert [Span.model_validate(item) for item in page["items"]] == spans
+        assert (page["limit"], page["offset"], page["total"]) == (-1, 0, 2)
     finally:
         await store.close()
 

@@ -674,7 +674,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         Collection.__init__(self, tracker=tracker)
         SqlTable.__init__(self, spec, self._table)
         self._payload_exclude = set(self._names)
-        self._select = f"SELECT {', '.join(self._names)}, data FROM {self._table}"
+        columns = ", ".join(self._names)
+        self._select = f"SELECT {columns}, data FROM {self._table}"
+        self._select_json = f"SELECT {columns}, data::text FROM {self._table}"  # the payload's text, not parsed
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -698,23 +700,22 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             return int(row[0])
 
     def _row_json(self, row: Sequence[Any]) -> bytes:
-        """The JSON object of a row's item, without building the model."""
-        data: Dict[str, Any] = row[-1]
-        for name, value in zip(self._names, row, strict=False):
-            data[name] = value
-        return orjson.dumps(data)
+        """The JSON object of a row read with ``data::text``: the indexed columns, then the payload's fields."""
+        columns = orjson.dumps(dict(zip(self._names, row, strict=False)))
+        payload: str = row[-1]
+        return columns[:-1] + b"," + payload[1:].encode() if payload != "{}" else columns
 
     async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
         plan = query.plan
         async with self._db.for_read() as conn:
             if query.in_sql:
-                sql = f"{self._select} WHERE {plan.where} ORDER BY {query.order_sql}"
+                sql = f"{self._select_json if raw else self._select} WHERE {plan.where} ORDER BY {query.order_sql}"
                 params = list(plan.params)
                 if limit >= 0 or offset > 0:
                     sql += " LIMIT %s OFFSET %s"
                     params += [None if limit < 0 else limit, offset]
                 rows = await (await conn.execute(sql, params)).fetchall()
-                items: List[Any] = [self._row_json(row) if raw else self._decode(row) for row in rows]
+                items: List[Any] = [self._row_json(row) for row in rows] if raw else [self._decode(row) for row in rows]
                 # The page itself tells the total when it ends before the limit and is not past the end.
                 if (limit < 0 or len(items) < limit) and (items or offset == 0) and limit != 0:
                     return items, offset + len(items)
