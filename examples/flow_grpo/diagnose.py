@@ -9,7 +9,8 @@ held-out success per source and where each failure happened:
 * ``--planner oracle``: a scripted planner that follows each task's reference plan (``extra_info.plan``: the
   tool and sub-goal of every step, written by the dataset generator), then stops; tasks without a plan get one step:
   the tool named for their source (``--oracle-tool SOURCE=TOOL``) with the question as sub-goal. Its success is the
-  ceiling that planner training can reach with these fixed roles.
+  ceiling that planner training can reach with these fixed roles. With ``--planner-guide question`` it follows the
+  reference plan's tools with the question as every sub-goal: the ceiling of a planner guided that way.
 
 Failure categories (first match): ``planner_invalid`` (no valid JSON step), ``planner_unknown_tool``,
 ``planner_stopped_at_once`` (the stop action before any tool), ``tool_error`` (the chosen tool returned an error or
@@ -71,12 +72,19 @@ class OraclePlanner(RoleLLM):
         """Nothing to close."""
 
 
-def oracle_steps(task: Mapping[str, Any], tools_by_source: Mapping[str, str]) -> Optional[List[Tuple[str, str]]]:
-    """The oracle's steps for a task: its reference plan, else its source's tool on the question; None if neither."""
+def oracle_steps(
+    task: Mapping[str, Any], tools_by_source: Mapping[str, str], question_sub_goals: bool = False
+) -> Optional[List[Tuple[str, str]]]:
+    """The oracle's steps for a task: its reference plan, else its source's tool on the question; None if neither.
+
+    With ``question_sub_goals`` every step's sub-goal is the question, as a planner guided with
+    ``planner_guide: question`` writes it: the oracle then follows the reference plan's tools only.
+    """
     extra = task.get("extra_info") or {}
     plan = extra.get("plan") if isinstance(extra, Mapping) else None
     if plan:
-        return [(str(step["tool"]), str(step["sub_goal"])) for step in plan]
+        question = str(task["question"])
+        return [(str(step["tool"]), question if question_sub_goals else str(step["sub_goal"])) for step in plan]
     tool = tools_by_source.get(str(task.get("source")))
     return None if tool is None else [(tool, str(task["question"]))]
 
@@ -185,7 +193,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             fixed = RoleLLM.from_endpoint(fixed_url, fixed_model)
             planner: RoleLLM
             if args.planner == "oracle":
-                planner = OraclePlanner(oracle_steps(task, args.oracle_tools) or [])
+                steps = oracle_steps(task, args.oracle_tools, question_sub_goals=args.planner_guide == "question")
+                planner = OraclePlanner(steps or [])
             else:
                 planner = RoleLLM.from_endpoint(
                     planner_url, planner_model, sampling_parameters={"temperature": temperature}

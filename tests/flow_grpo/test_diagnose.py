@@ -54,6 +54,15 @@ def test_oracle_planner_uses_the_sources_tool_then_stops(tmp_path: Path, capsys:
     )
 
 
+def test_oracle_with_question_sub_goals_keeps_the_plans_tools_only() -> None:
+    task = next(t for t in load_offline_dataset("val") if t["source"] == "calc_lookup")
+    plan = oracle_steps(task, {})
+    guided = oracle_steps(task, {}, question_sub_goals=True)
+    assert plan is not None and guided is not None
+    assert [tool for tool, _ in guided] == [tool for tool, _ in plan]
+    assert {sub_goal for _, sub_goal in guided} == {task["question"]} != {sub_goal for _, sub_goal in plan}
+
+
 def test_oracle_follows_a_tasks_reference_plan_step_by_step(tmp_path: Path) -> None:
     task = next(t for t in load_offline_dataset("val") if t["source"] == "calc_lookup")
     steps = oracle_steps(task, {})

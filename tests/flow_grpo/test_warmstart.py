@@ -67,6 +67,18 @@ def test_a_solved_task_gives_one_conversation_per_planner_turn(tmp_path: Path) -
     assert record["source"] == "calc_lookup" and record["messages"] == solve.turns[0]
 
 
+def test_a_planner_guided_to_the_question_learns_the_plans_tools_with_the_question(tmp_path: Path) -> None:
+    task = _two_step_task()
+    config = load_config("cpu-warmstart", {"solver": {"planner_guide": "question"}})
+    script = _script(task, str(task["result"]))
+    script["executor"] = [json.dumps({"tool_input": sub_goal}) for _, sub_goal in oracle_steps(task, {}) or []]
+    with ScriptedLLM(script) as llm:
+        (solve,) = collect_reference_turns([task], _fixed(llm), build_solver(config), workers=1)
+    steps = [json.loads(turn[-1]["content"]) for turn in solve.turns]
+    assert [step["tool_name"] for step in steps[:-1]] == [tool for tool, _ in oracle_steps(task, {}) or []]
+    assert {step["sub_goal"] for step in steps[:-1]} == {task["question"]} and steps[-1]["sub_goal"] == ""
+
+
 def test_failed_solves_are_counted_but_give_no_training_data(tmp_path: Path) -> None:
     task = _two_step_task()
     with ScriptedLLM(_script(task, "a wrong answer")) as llm:
