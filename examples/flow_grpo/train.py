@@ -120,6 +120,8 @@ class DataSection(BaseModel):
         sources: Keep only tasks whose ``source`` is listed (None: all).
         train_limit: Use at most this many training tasks (None: all).
         val_limit: Use at most this many held-out tasks (None: all).
+        val_offset: Skip this many held-out tasks first (after the source filter), e.g. to validate on questions
+            that no configuration was chosen on.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -129,6 +131,7 @@ class DataSection(BaseModel):
     sources: Optional[List[str]] = None
     train_limit: Optional[int] = Field(default=None, ge=1)
     val_limit: Optional[int] = Field(default=None, ge=1)
+    val_offset: int = Field(default=0, ge=0)
 
 
 class WarmStartSection(BaseModel):
@@ -279,8 +282,11 @@ def build_solver(config: FlowTrainConfig) -> Any:
     return FlowSolver(SolverConfig(**config.solver.model_dump()))
 
 
-def load_split(spec: str, sources: Optional[Sequence[str]], limit: Optional[int]) -> List[Dict[str, Any]]:
-    """Tasks of one split: a shipped split name or a file, filtered by source, cut to ``limit``.
+def load_split(
+    spec: str, sources: Optional[Sequence[str]], limit: Optional[int], offset: int = 0
+) -> List[Dict[str, Any]]:
+    """Tasks of one split: a shipped split name or a file, filtered by source, the first ``offset`` skipped, cut to
+    ``limit``.
 
     Raises:
         ValueError: No task left.
@@ -288,8 +294,7 @@ def load_split(spec: str, sources: Optional[Sequence[str]], limit: Optional[int]
     tasks = load_offline_dataset(spec) if spec in ("train", "val") else load_tasks(spec)
     if sources is not None:
         tasks = [t for t in tasks if t.get("source") in set(sources)]
-    if limit is not None:
-        tasks = tasks[:limit]
+    tasks = tasks[offset:] if limit is None else tasks[offset : offset + limit]
     if not tasks:
         raise ValueError(f"no task in {spec!r} (sources={sources})")
     return [dict(t) for t in tasks]
@@ -399,8 +404,13 @@ def _summarize(
     )
 
 
-def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -> TrainSummary:
+def run_training(
+    config: FlowTrainConfig, run_dir: Path, console: bool = True, adapter: Optional[Path] = None
+) -> TrainSummary:
     """Validate, train the planner with GRPO, validate again; write ``summary.json`` into ``run_dir``.
+
+    ``adapter``: a LoRA adapter directory (a checkpoint's ``adapter/``) the planner starts from instead of the
+    configuration's warm start; with ``grpo.max_steps`` 0 the run only validates it.
 
     Raises:
         FileExistsError: ``run_dir`` already holds a run.
@@ -417,17 +427,18 @@ def run_training(config: FlowTrainConfig, run_dir: Path, console: bool = True) -
         raise FileExistsError(f"{run_dir} already holds a run; choose another --output-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     train = load_split(config.data.train, config.data.sources, config.data.train_limit)
-    val = load_split(config.data.val, config.data.sources, config.data.val_limit)
+    val = load_split(config.data.val, config.data.sources, config.data.val_limit, config.data.val_offset)
     model_path = str(resolve_model(config.model).path)
     logger.info("Flow-GRPO run %s: %d training / %d held-out tasks", run_dir, len(train), len(val))
     solver = build_solver(config)
     with fixed_model(config, model_path, run_dir / "logs" / "fixed-server.log") as fixed:
         warm_start = None
-        if config.warm_start is not None:
+        init_adapter = None if adapter is None else str(adapter)
+        if config.warm_start is not None and adapter is None:
             from examples.flow_grpo.warmstart import ensure_warm_start
 
             warm_start = ensure_warm_start(config, model_path, fixed, train)
-        init_adapter = None if warm_start is None else str(warm_start.adapter_dir)
+            init_adapter = str(warm_start.adapter_dir)
         grpo_config = build_grpo_config(config, model_path, run_dir, console=console, init_adapter=init_adapter)
         (run_dir / "config.json").write_text(
             json.dumps({"flow": config.model_dump(), "grpo": grpo_config.model_dump()}, indent=1, default=str),
@@ -501,18 +512,35 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="Planner base model (overrides the config's).")
     parser.add_argument("--val-limit", type=int, default=None, help="Held-out questions used (default: config).")
     parser.add_argument(
+        "--val-offset", type=int, default=None, help="Held-out questions skipped first (default: config, 0)."
+    )
+    parser.add_argument(
         "--untrained",
         action="store_true",
         help="Only validate the untrained planner (no warm start, worked examples shown, no steps): the baseline.",
+    )
+    parser.add_argument(
+        "--adapter",
+        type=Path,
+        default=None,
+        help="Start the planner from this LoRA adapter (a checkpoint's adapter/) instead of the warm start; "
+        "with --steps 0, only validate it.",
     )
     parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: config).")
     parser.add_argument("--quiet", action="store_true", help="No progress bars (training or weight loading).")
     parser.add_argument("-v", "--verbose", action="store_true", help="Show library logs.")
     args = parser.parse_args(argv)
-    for name in ("steps", "val_limit", "runners"):
+    for name in ("steps", "val_limit", "val_offset", "runners"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "steps" else 1):
-            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'steps' else '>= 1'}")
+        if value is not None and value < (0 if name in ("steps", "val_offset") else 1):
+            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name in ('steps', 'val_offset') else '>= 1'}")
+    if args.adapter is not None:
+        if args.untrained:
+            parser.error("--adapter and --untrained exclude each other")
+        if not (args.adapter / "adapter_config.json").is_file():
+            parser.error(
+                f"--adapter {args.adapter}: no adapter_config.json there (give a checkpoint's adapter/ folder)"
+            )
     return args
 
 
@@ -626,6 +654,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if args.val_limit is not None:
         config.data.val_limit = args.val_limit
+    if args.val_offset is not None:
+        config.data.val_offset = args.val_offset
     if not config.runnable_here:
         print(f"warning: configuration {config.name!r} is not meant for this machine: {config.description}")
     exit_cleanly_on_sigterm()
@@ -635,7 +665,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         quiet_model_loading()
     run_dir = args.output_dir or Path("runs") / "flow-grpo" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        summary = run_training(config, run_dir, console=not args.quiet)
+        summary = run_training(config, run_dir, console=not args.quiet, adapter=args.adapter)
     except FileExistsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -254,7 +254,7 @@ def warm_start_dir(config: FlowTrainConfig, model_path: str, tasks: Sequence[Map
         "solver": config.solver.model_dump(),
         "solve_loop_code": _solve_loop_sources(),
         "tasks": hashlib.sha256(json.dumps(list(tasks), sort_keys=True, default=str).encode()).hexdigest(),
-        "data": config.data.model_dump(exclude={"val", "val_limit"}),
+        "data": config.data.model_dump(exclude={"val", "val_limit", "val_offset"}),
         # The micro-batch layout (packing) changes how a step is computed, not what it computes.
         "warm_start": config.warm_start.model_dump(exclude={"cache_dir", "workers", "packing"}),
         "lora": {key: config.grpo.get(key) for key in LORA_SHAPE_KEYS},

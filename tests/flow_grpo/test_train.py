@@ -26,7 +26,8 @@ def test_named_configurations_train_only_the_planner_with_trajectory_credit(tmp_
     cpu, warm, gpu = load_config("cpu"), load_config("cpu-warmstart"), load_config("gpu")
     assert cpu.runnable_here and warm.runnable_here and not gpu.runnable_here
     assert cpu.model == "smollm2-135m-instruct" and cpu.fixed.url is None  # the same base model, no adapter
-    assert cpu.warm_start is None and warm.warm_start is not None
+    assert cpu.warm_start is not None and warm.warm_start is not None
+    assert cpu.solver.planner_guide == "question" and warm.solver.planner_guide == "none"
     assert gpu.fixed.url is not None and gpu.fixed.model and gpu.grpo["policy_server_url"].endswith("/v1")
     for config in (cpu, warm, gpu):
         grpo = build_grpo_config(config, "/models/base", tmp_path / "run", console=False)
@@ -87,9 +88,24 @@ def test_cli_reports_a_bad_configuration_with_exit_status_2(tmp_path: Path, caps
     assert not (tmp_path / "run").exists()
 
 
+def test_cli_refuses_an_adapter_folder_without_an_adapter_and_with_untrained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--adapter", str(tmp_path), "--steps", "0"])
+    assert exc.value.code == 2 and "no adapter_config.json" in capsys.readouterr().err
+    (tmp_path / "adapter_config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(SystemExit) as exc:
+        main(["--adapter", str(tmp_path), "--untrained"])
+    assert exc.value.code == 2 and "exclude each other" in capsys.readouterr().err
+
+
 def test_data_section_filters_by_source_and_limit() -> None:
     tasks = load_split("val", ["multihop"], 5)
     assert len(tasks) == 5 and {t["source"] for t in tasks} == {"multihop"}
+    every = load_split("val", None, None)
+    assert [t["id"] for t in load_split("val", None, 60, 40)] == [t["id"] for t in every[40:100]]
+    assert load_split("val", None, None, 95) == every[95:]
     with pytest.raises(ValueError, match="no task"):
         load_split("val", ["no-such-source"], None)
 
