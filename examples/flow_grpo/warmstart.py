@@ -118,12 +118,12 @@ def collect_reference_turns(
         ValueError: A task has neither a plan nor a source with a default tool.
     """
     reward = RuleReward()
+    missing = [task.get("id") for task in tasks if oracle_steps(task, DEFAULT_ORACLE_TOOLS) is None]
+    if missing:
+        raise ValueError(f"tasks without a reference plan: {missing[:5]}")
     # A planner guided to the question as its sub-goal (planner_guide: question) learns the plans' tools only.
     question_sub_goals = solver.config.planner_guide == "question"
     plans = [oracle_steps(task, DEFAULT_ORACLE_TOOLS, question_sub_goals) for task in tasks]
-    missing = [task.get("id") for task, plan in zip(tasks, plans, strict=True) if plan is None]
-    if missing:
-        raise ValueError(f"tasks without a reference plan: {missing[:5]}")
 
     def solve(index: int) -> ReferenceSolve:
         task, planner = tasks[index], OraclePlanner(plans[index] or [])
