@@ -3,7 +3,9 @@
 Every layer keeps one key and one value buffer of shape ``[batch, kv_heads, capacity, head_dim]``; columns
 ``[0, length)`` hold the states of the tokens seen so far (left padding included, masked by the engine's attention
 mask). Appending a decoding step writes one column in place, and capacity grows geometrically, so a step copies
-only the new token's states instead of the whole cache (what concatenation-based caches do).
+only the new token's states instead of the whole cache (what concatenation-based caches do). Growth stops at
+:attr:`KVCache.planned_length` when the engine knows it (the most columns its sequences can still fill), so a batch
+never holds room it cannot use.
 
 The engine reshapes the batch between steps: it keeps some rows (:meth:`KVCache.select_rows`, also used to repeat a
 prompt's row for ``n`` choices), drops leading columns nobody attends to any more (:meth:`KVCache.drop_leading`) and
@@ -32,6 +34,8 @@ class KVCache:
         self.keys: List[Optional[torch.Tensor]] = []
         self.values: List[Optional[torch.Tensor]] = []
         self.lengths: List[int] = []
+        self.planned_length: Optional[int] = None
+        """The most columns the cache will need (set by the engine before each step); growth stops there."""
 
     @property
     def length(self) -> int:
@@ -61,6 +65,8 @@ class KVCache:
         buffer_k, buffer_v = self.keys[layer], self.values[layer]
         if buffer_k is None or buffer_v is None or end > buffer_k.shape[-2]:
             capacity = max(end + _HEADROOM, 2 * (buffer_k.shape[-2] if buffer_k is not None else 0))
+            if self.planned_length is not None:
+                capacity = max(end, min(capacity, self.planned_length))
             shape = (like.shape[0], like.shape[1], capacity, like.shape[-1])
             grown_k, grown_v = like.new_empty(shape), like.new_empty(shape)
             if buffer_k is not None and buffer_v is not None and start:

@@ -1154,6 +1154,9 @@ class TransformersEngine:
         import torch
 
         last = torch.tensor([[s.token_ids[-1]] for s in batch["seqs"]], device=batch["mask"].device)
+        # A sequence holding g of its max_tokens tokens feeds at most max_tokens - g more (this step's included).
+        width = batch["mask"].shape[1]
+        batch["cache"].planned_length = width + max(s.max_tokens - len(s.token_ids) for s in batch["seqs"])
         mask = torch.cat([batch["mask"], torch.ones_like(batch["mask"][:, :1])], dim=1)
         batch["logits"] = self._forward(last, mask, batch["positions"].unsqueeze(1), batch["cache"])
         batch["mask"] = mask

@@ -54,6 +54,38 @@ def test_kv_cache_select_drop_and_merge() -> None:
     assert torch.equal(merged[:3], keys)
 
 
+def test_kv_cache_growth_stops_at_the_planned_length() -> None:
+    cache = KVCache()
+    cache.append(0, _states(1, 100, 1.0), _states(1, 100, 1.0))  # a prefill: room for 64 more columns
+    cache.planned_length = 180
+    for _ in range(80):
+        cache.append(0, _states(1, 1, 2.0), _states(1, 1, 2.0))
+    assert cache.keys[0] is not None and cache.keys[0].shape[-2] == 180  # not the doubled 328
+    cache.planned_length = 150  # a plan below what is filled never shrinks or refuses: the cache grows as needed
+    keys, _ = cache.append(0, _states(1, 5, 3.0), _states(1, 5, 3.0))
+    assert keys.shape[-2] == 185 and cache.keys[0].shape[-2] == 185
+    assert keys[:, :, :100].eq(1.0).all() and keys[:, :, 100:180].eq(2.0).all() and keys[:, :, 180:].eq(3.0).all()
+
+
+def test_engine_reserves_no_more_cache_than_its_sequences_can_fill(
+    engine: TransformersEngine, monkeypatch: Any
+) -> None:
+    capacities: List[int] = []
+    reserve = KVCache.reserve
+
+    def recording(self: KVCache, layer: int, like: torch.Tensor, new: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        buffer_k, buffer_v, start = reserve(self, layer, like, new)
+        capacities.append(buffer_k.shape[-2])
+        return buffer_k, buffer_v, start
+
+    monkeypatch.setattr(KVCache, "reserve", recording)
+    prompt = engine.encode_chat([{"role": "user", "content": "count"}])
+    out = engine.generate_sync(prompt, SamplingParams(max_tokens=150, temperature=0, ignore_eos=True))
+    assert len(out.choices[0].token_ids) == 150
+    # The last token is sampled, never fed: prompt + 149 columns are written, and the doubling stops there.
+    assert capacities and max(capacities) == len(prompt) + 149
+
+
 def _engines(model_dir: Path, dtype: str) -> Tuple[TransformersEngine, TransformersEngine]:
     fast = TransformersEngine(model_dir, dtype=dtype, max_batch_size=4, served_name="fast")
     slow = TransformersEngine(model_dir, dtype=dtype, max_batch_size=4, served_name="slow", fast_forward=False)
