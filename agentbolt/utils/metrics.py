@@ -128,9 +128,7 @@ class MetricsBackend:
         Raises:
             ValueError: The name is registered with a different kind or labels.
         """
-        spec = _MetricSpec("counter", _normalize_label_names(label_names), None, group_level)
-        if self._register(name, spec):
-            self._on_register(name, spec)
+        self._declare(name, _MetricSpec("counter", _normalize_label_names(label_names), None, group_level))
 
     def register_histogram(
         self,
@@ -156,6 +154,10 @@ class MetricsBackend:
             tuple(buckets) if buckets is not None else DEFAULT_BUCKETS,
             group_level,
         )
+        self._declare(name, spec)
+
+    def _declare(self, name: str, spec: _MetricSpec) -> None:
+        """Register ``spec`` under ``name``; a new metric is then handed to :meth:`_on_register`."""
         if self._register(name, spec):
             self._on_register(name, spec)
 
@@ -494,23 +496,10 @@ class MultiMetricsBackend(MetricsBackend):
         """True when any backend exports to Prometheus."""
         return any(backend.has_prometheus() for backend in self.backends)
 
-    def register_counter(
-        self, name: str, label_names: Optional[Sequence[str]] = None, group_level: Optional[int] = None
-    ) -> None:
-        """Register the counter on every backend."""
+    def _declare(self, name: str, spec: _MetricSpec) -> None:
+        """Register the metric on every backend."""
         for backend in self.backends:
-            backend.register_counter(name, label_names=label_names, group_level=group_level)
-
-    def register_histogram(
-        self,
-        name: str,
-        label_names: Optional[Sequence[str]] = None,
-        buckets: Optional[Sequence[float]] = None,
-        group_level: Optional[int] = None,
-    ) -> None:
-        """Register the histogram on every backend."""
-        for backend in self.backends:
-            backend.register_histogram(name, label_names=label_names, buckets=buckets, group_level=group_level)
+            backend._declare(name, spec)
 
     async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
         """Increase the counter on every backend."""
