@@ -65,6 +65,7 @@ from agentbolt.store.collection.base import (
     Queue,
     StorageOutcomeUnknownError,
     StorageUnavailableError,
+    TrackedCollection,
     ensure_numeric,
 )
 from agentbolt.store.collection.sql import (
@@ -652,16 +653,13 @@ _DIALECT = SqlDialect(placeholder="%s", contains=lambda name: f"strpos({name}, %
 # Collections
 
 
-class _Backed:
-    def __init__(self, database: _Database, table: str) -> None:
-        self._db = database
-        self._name = table
-        self._table = f"{_quote(database.schema)}.{table}"
+class _Backed(TrackedCollection):
+    """A collection kept in ``table`` of the schema; its metric label is the table's name."""
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._name
+    def __init__(self, database: _Database, table: str, tracker: Any) -> None:
+        super().__init__(tracker=tracker, name=table)
+        self._db = database
+        self._table = f"{_quote(database.schema)}.{table}"
 
 
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
@@ -670,8 +668,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     _dialect = _DIALECT
 
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, spec.table)
-        Collection.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, spec.table, tracker)
         SqlTable.__init__(self, spec, self._table)
         self._payload_exclude = set(self._names)
         columns = ", ".join(self._names)
@@ -882,8 +879,7 @@ class PostgresQueue(_Backed, Queue[str]):
     """The FIFO of rollout ids; positions only grow. A claimed head is never handed to two transactions."""
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, "rollout_queue")
-        Queue.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, "rollout_queue", tracker)
 
     def item_type(self) -> Type[str]:
         """Queued items are rollout ids."""
@@ -944,8 +940,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
     """Integer counters by key (the span sequence ids); every read-modify-write is one statement."""
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, "span_sequence_ids")
-        KeyValue.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, "span_sequence_ids", tracker)
 
     @staticmethod
     def _integer(value: Any, description: str) -> int:
