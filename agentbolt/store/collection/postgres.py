@@ -892,7 +892,7 @@ class PostgresQueue(_Backed, Queue[str]):
     async def has(self, item: str) -> bool:
         """Whether ``item`` is queued."""
         self._check(item)
-        async with self.tracking_context("has", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("has", self.collection_name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT 1 FROM {self._table} WHERE item = %s LIMIT 1", (item,))
             return await cursor.fetchone() is not None
 
@@ -902,7 +902,7 @@ class PostgresQueue(_Backed, Queue[str]):
             self._check(item)
         if not items:
             return list(items)
-        async with self.tracking_context("enqueue", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("enqueue", self.collection_name), self._db.for_write() as conn:
             await conn.execute(
                 f"INSERT INTO {self._table} (item) SELECT item FROM unnest(%s::text[]) WITH ORDINALITY AS t(item, n) "
                 "ORDER BY n",
@@ -918,7 +918,7 @@ class PostgresQueue(_Backed, Queue[str]):
             f"DELETE FROM {self._table} WHERE pos IN (SELECT pos FROM {self._table} ORDER BY pos LIMIT %s "
             "FOR UPDATE SKIP LOCKED) RETURNING pos, item"
         )
-        async with self.tracking_context("dequeue", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("dequeue", self.collection_name), self._db.for_write() as conn:
             rows = await (await conn.execute(sql, (limit,))).fetchall()
         return [item for _, item in sorted(rows)]
 
@@ -926,13 +926,13 @@ class PostgresQueue(_Backed, Queue[str]):
         """Up to ``limit`` items from the head, not removed."""
         if limit <= 0:
             return []
-        async with self.tracking_context("peek", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("peek", self.collection_name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT item FROM {self._table} ORDER BY pos LIMIT %s", (limit,))
             return [row[0] for row in await cursor.fetchall()]
 
     async def size(self) -> int:
         """Number of queued items."""
-        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("size", self.collection_name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 
@@ -955,7 +955,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def get(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Value of ``key`` or ``default``."""
-        async with self.tracking_context("get", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("get", self.collection_name), self._db.for_read() as conn:
             row = await (await conn.execute(f"SELECT value FROM {self._table} WHERE key = %s", (key,))).fetchone()
             return default if row is None else int(row[0])
 
@@ -964,7 +964,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
             f"INSERT INTO {self._table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
             f"DO UPDATE SET value = {update} RETURNING value"
         )
-        async with self.tracking_context(operation, self._name), self._db.for_write() as conn:
+        async with self.tracking_context(operation, self.collection_name), self._db.for_write() as conn:
             return int((await (await conn.execute(sql, (key, value))).fetchone())[0])
 
     async def set(self, key: str, value: int) -> None:
@@ -981,14 +981,14 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def pop(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Remove ``key`` and return its value (or ``default``)."""
-        async with self.tracking_context("pop", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("pop", self.collection_name), self._db.for_write() as conn:
             cursor = await conn.execute(f"DELETE FROM {self._table} WHERE key = %s RETURNING value", (key,))
             row = await cursor.fetchone()
             return default if row is None else int(row[0])
 
     async def size(self) -> int:
         """Number of keys."""
-        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("size", self.collection_name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 
