@@ -102,19 +102,13 @@ class PostgresLightningStore(CollectionBasedLightningStore[PostgresLightningColl
     def __getstate__(self) -> Dict[str, Any]:
         return {
             "collections": self.collections,
-            "schema": self.schema,
-            "_read_snapshot": self._read_snapshot,
-            "_scan_debounce_seconds": self._scan_debounce_seconds,
+            "read_snapshot": self._read_snapshot,
+            "scan_debounce_seconds": self._scan_debounce_seconds,
         }
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        CollectionBasedLightningStore.__init__(
-            self,
-            state["collections"],
-            read_snapshot=state["_read_snapshot"],
-            scan_debounce_seconds=state["_scan_debounce_seconds"],
-        )
-        self.schema = state["schema"]
+        CollectionBasedLightningStore.__init__(self, **state)
+        self.schema = self.collections.schema
         self.collections.subscribe(self._on_notification)
 
     @property

@@ -171,8 +171,9 @@ def resolve_sort_options(sort: Optional[SortOptions]) -> Tuple[Optional[str], Li
 class TrackedCollection:
     """Mixin recording per-operation counters and latencies when a metrics tracker is attached."""
 
-    def __init__(self, tracker: MetricsBackend | None = None) -> None:
+    def __init__(self, tracker: MetricsBackend | None = None, name: Optional[str] = None) -> None:
         self._tracker = tracker
+        self._name = name
 
     @property
     def tracker(self) -> MetricsBackend | None:
@@ -181,8 +182,10 @@ class TrackedCollection:
 
     @property
     def collection_name(self) -> str:
-        """Name used in metric labels."""
-        raise NotImplementedError()
+        """Name used in metric labels: the ``name`` given to the constructor."""
+        if self._name is None:
+            raise NotImplementedError()
+        return self._name
 
     @property
     def extra_tracking_labels(self) -> Dict[str, str]:
@@ -370,7 +373,7 @@ class LightningCollections(TrackedCollection):
     """
 
     def __init__(self, tracker: MetricsBackend | None = None, extra_labels: Optional[Sequence[str]] = None) -> None:
-        super().__init__(tracker=tracker)
+        super().__init__(tracker=tracker, name="router")
         self._extra_labels = list(extra_labels or [])
         if tracker is not None:
             label_names = ["store_pubmeth", "operation", "collection", "store_privmeth", "status", *self._extra_labels]
@@ -387,11 +390,6 @@ class LightningCollections(TrackedCollection):
     _rollout_queue: Queue[str]
     _span_sequence_ids: KeyValue[str, int]
     _metrics: Optional[Collection[MetricsRecord]] = None
-
-    @property
-    def collection_name(self) -> str:
-        """Name used in metric labels."""
-        return "router"
 
     @property
     def rollouts(self) -> Collection[Rollout]:

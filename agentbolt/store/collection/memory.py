@@ -300,24 +300,19 @@ class ListBasedCollection(Collection[T]):
         id: Optional[str] = None,
         tracker: MetricsBackend | None = None,
     ) -> None:
-        super().__init__(tracker=tracker)
         if not primary_keys:
             raise ValueError("primary_keys must not be empty")
         if not (isinstance(item_type, type) and issubclass(item_type, BaseModel)):
             raise TypeError(f"ListBasedCollection stores pydantic models, not {item_type!r}")
+        super().__init__(tracker=tracker, name=id or item_type.__name__.lower())
         self._item_type = item_type
         self._primary_keys = tuple(primary_keys)
-        self._id = id or item_type.__name__.lower()
         self._items: Dict[Tuple[Any, ...], T] = {}
         self._groups: Dict[Any, Dict[Tuple[Any, ...], T]] = {}
         self._ordinals: Dict[Tuple[Any, ...], int] = {}
         self._next_ordinal = 0
         if items:
             self._insert_now(items)
-
-    @property
-    def collection_name(self) -> str:
-        return self._id
 
     def primary_keys(self) -> Sequence[str]:
         return self._primary_keys
@@ -575,17 +570,12 @@ class DequeBasedQueue(Queue[T]):
         id: Optional[str] = None,
         tracker: MetricsBackend | None = None,
     ) -> None:
-        super().__init__(tracker=tracker)
+        super().__init__(tracker=tracker, name=id or "queue")
         self._item_type = item_type
-        self._id = id or "queue"
         self._items: Deque[T] = deque()
         self._counts: Dict[T, int] = {}
         if items:
             self._append(items)
-
-    @property
-    def collection_name(self) -> str:
-        return self._id
 
     def item_type(self) -> Type[T]:
         return self._item_type
@@ -647,13 +637,8 @@ class DictBasedKeyValue(KeyValue[K, V]):
     def __init__(
         self, data: Optional[Mapping[K, V]] = None, id: Optional[str] = None, tracker: MetricsBackend | None = None
     ) -> None:
-        super().__init__(tracker=tracker)
-        self._id = id or "key_value"
+        super().__init__(tracker=tracker, name=id or "key_value")
         self._data: Dict[K, V] = dict(data or {})
-
-    @property
-    def collection_name(self) -> str:
-        return self._id
 
     @_tracked_operation("has")
     async def has(self, key: K) -> bool:

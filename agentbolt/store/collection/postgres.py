@@ -65,6 +65,7 @@ from agentbolt.store.collection.base import (
     Queue,
     StorageOutcomeUnknownError,
     StorageUnavailableError,
+    TrackedCollection,
     ensure_numeric,
 )
 from agentbolt.store.collection.sql import (
@@ -652,16 +653,13 @@ _DIALECT = SqlDialect(placeholder="%s", contains=lambda name: f"strpos({name}, %
 # Collections
 
 
-class _Backed:
-    def __init__(self, database: _Database, table: str) -> None:
-        self._db = database
-        self._name = table
-        self._table = f"{_quote(database.schema)}.{table}"
+class _Backed(TrackedCollection):
+    """A collection kept in ``table`` of the schema; its metric label is the table's name."""
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._name
+    def __init__(self, database: _Database, table: str, tracker: Any) -> None:
+        super().__init__(tracker=tracker, name=table)
+        self._db = database
+        self._table = f"{_quote(database.schema)}.{table}"
 
 
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
@@ -670,8 +668,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     _dialect = _DIALECT
 
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, spec.table)
-        Collection.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, spec.table, tracker)
         SqlTable.__init__(self, spec, self._table)
         self._payload_exclude = set(self._names)
         columns = ", ".join(self._names)
@@ -882,8 +879,7 @@ class PostgresQueue(_Backed, Queue[str]):
     """The FIFO of rollout ids; positions only grow. A claimed head is never handed to two transactions."""
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, "rollout_queue")
-        Queue.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, "rollout_queue", tracker)
 
     def item_type(self) -> Type[str]:
         """Queued items are rollout ids."""
@@ -896,7 +892,7 @@ class PostgresQueue(_Backed, Queue[str]):
     async def has(self, item: str) -> bool:
         """Whether ``item`` is queued."""
         self._check(item)
-        async with self.tracking_context("has", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("has", self.collection_name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT 1 FROM {self._table} WHERE item = %s LIMIT 1", (item,))
             return await cursor.fetchone() is not None
 
@@ -906,7 +902,7 @@ class PostgresQueue(_Backed, Queue[str]):
             self._check(item)
         if not items:
             return list(items)
-        async with self.tracking_context("enqueue", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("enqueue", self.collection_name), self._db.for_write() as conn:
             await conn.execute(
                 f"INSERT INTO {self._table} (item) SELECT item FROM unnest(%s::text[]) WITH ORDINALITY AS t(item, n) "
                 "ORDER BY n",
@@ -922,7 +918,7 @@ class PostgresQueue(_Backed, Queue[str]):
             f"DELETE FROM {self._table} WHERE pos IN (SELECT pos FROM {self._table} ORDER BY pos LIMIT %s "
             "FOR UPDATE SKIP LOCKED) RETURNING pos, item"
         )
-        async with self.tracking_context("dequeue", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("dequeue", self.collection_name), self._db.for_write() as conn:
             rows = await (await conn.execute(sql, (limit,))).fetchall()
         return [item for _, item in sorted(rows)]
 
@@ -930,13 +926,13 @@ class PostgresQueue(_Backed, Queue[str]):
         """Up to ``limit`` items from the head, not removed."""
         if limit <= 0:
             return []
-        async with self.tracking_context("peek", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("peek", self.collection_name), self._db.for_read() as conn:
             cursor = await conn.execute(f"SELECT item FROM {self._table} ORDER BY pos LIMIT %s", (limit,))
             return [row[0] for row in await cursor.fetchall()]
 
     async def size(self) -> int:
         """Number of queued items."""
-        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("size", self.collection_name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 
@@ -944,8 +940,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
     """Integer counters by key (the span sequence ids); every read-modify-write is one statement."""
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
-        _Backed.__init__(self, database, "span_sequence_ids")
-        KeyValue.__init__(self, tracker=tracker)
+        _Backed.__init__(self, database, "span_sequence_ids", tracker)
 
     @staticmethod
     def _integer(value: Any, description: str) -> int:
@@ -960,7 +955,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def get(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Value of ``key`` or ``default``."""
-        async with self.tracking_context("get", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("get", self.collection_name), self._db.for_read() as conn:
             row = await (await conn.execute(f"SELECT value FROM {self._table} WHERE key = %s", (key,))).fetchone()
             return default if row is None else int(row[0])
 
@@ -969,7 +964,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
             f"INSERT INTO {self._table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
             f"DO UPDATE SET value = {update} RETURNING value"
         )
-        async with self.tracking_context(operation, self._name), self._db.for_write() as conn:
+        async with self.tracking_context(operation, self.collection_name), self._db.for_write() as conn:
             return int((await (await conn.execute(sql, (key, value))).fetchone())[0])
 
     async def set(self, key: str, value: int) -> None:
@@ -986,14 +981,14 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def pop(self, key: str, default: Optional[int] = None) -> Optional[int]:
         """Remove ``key`` and return its value (or ``default``)."""
-        async with self.tracking_context("pop", self._name), self._db.for_write() as conn:
+        async with self.tracking_context("pop", self.collection_name), self._db.for_write() as conn:
             cursor = await conn.execute(f"DELETE FROM {self._table} WHERE key = %s RETURNING value", (key,))
             row = await cursor.fetchone()
             return default if row is None else int(row[0])
 
     async def size(self) -> int:
         """Number of keys."""
-        async with self.tracking_context("size", self._name), self._db.for_read() as conn:
+        async with self.tracking_context("size", self.collection_name), self._db.for_read() as conn:
             return int((await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone())[0])
 
 

@@ -410,11 +410,6 @@ class SqlTable(Collection[M], Generic[M]):
         values = [value for name, value in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]
         return [*values, row[-1], *key]
 
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._spec.table
-
     def primary_keys(self) -> Sequence[str]:
         """Primary-key field names."""
         return list(self._spec.primary_keys)

@@ -753,7 +753,7 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     def __init__(self, database: _Database, spec: TableSpec, tracker: Any = None) -> None:
         _Backed.__init__(self, database)
-        Collection.__init__(self, tracker=tracker)
+        Collection.__init__(self, tracker=tracker, name=spec.table)
         SqlTable.__init__(self, spec, spec.table)
 
     # -- encoding -------------------------------------------------------------------------------------------------
@@ -910,14 +910,9 @@ class SqliteQueue(_Backed, Queue[T], Generic[T]):
 
     def __init__(self, database: _Database, item_type: Type[T], table: str = "rollout_queue", tracker: Any = None):
         _Backed.__init__(self, database)
-        Queue.__init__(self, tracker=tracker)
+        Queue.__init__(self, tracker=tracker, name=table)
         self._item_type = item_type
         self._table = table
-
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._table
 
     def item_type(self) -> Type[T]:
         """Type of the queued items."""
@@ -987,13 +982,8 @@ class SqliteKeyValue(_Backed, KeyValue[K, V], Generic[K, V]):
 
     def __init__(self, database: _Database, table: str = "span_sequence_ids", tracker: Any = None):
         _Backed.__init__(self, database)
-        KeyValue.__init__(self, tracker=tracker)
+        KeyValue.__init__(self, tracker=tracker, name=table)
         self._table = table
-
-    @property
-    def collection_name(self) -> str:
-        """Table name."""
-        return self._table
 
     def _load(self, conn: sqlite3.Connection, key: K) -> Tuple[bool, Any]:
         row = conn.execute(f"SELECT value FROM {self._table} WHERE key = ?", (key,)).fetchone()

@@ -508,6 +508,19 @@ def _add_otlp_routes(app: FastAPI, call: StoreCall) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The server object
 
+_PROCESS_LOCAL: Dict[str, Any] = {
+    "store": None,
+    "app": None,
+    "server_launcher": None,
+    "tracker": None,
+    "_single_loop": False,
+    "_client": None,
+    "_cors_origins": [],
+    "_max_request_bytes": DEFAULT_MAX_REQUEST_BYTES,
+}
+"""Attributes of a :class:`LightningStoreServer` that stay with the creating process, each with the value a pickled
+copy holds instead."""
+
 
 class LightningStoreServer(LightningStore):
     """Serve a :class:`LightningStore` over HTTP, and act as that store in the creating process.
@@ -593,25 +606,10 @@ class LightningStoreServer(LightningStore):
     # -- pickling / lifecycle -----------------------------------------------------------------------------------
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {
-            "launcher_args": self.launcher_args,
-            "_owner_pid": self._owner_pid,
-            "_endpoint": self._endpoint,
-            "_api_key": self._api_key,
-            "_zero_copy": self._zero_copy,
-            "server_id": self.server_id,
-        }
+        return {name: value for name, value in self.__dict__.items() if name not in _PROCESS_LOCAL}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.store = None
-        self.app = None
-        self.server_launcher = None
-        self.tracker = None
-        self._single_loop = False
-        self._client = None
-        self._cors_origins = []
-        self._max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
+        self.__dict__.update(state, **_PROCESS_LOCAL)
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
