@@ -502,12 +502,15 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         updates: Dict[str, Any],
         now: float,
         changes: RolloutChanges,
+        latest: Optional[Attempt] = None,
     ) -> Attempt:
         """Write attempt fields and propagate a status change to the rollout and the worker.
 
         Used by ``update_attempt`` and by the watchdog. ``failed``/``succeeded`` stamp ``end_time``. When the
         attempt is the rollout's latest, the rollout takes the status derived by
         :func:`~agentbolt.store.utils.rollout_status_from_attempt` (a cancelled rollout stays cancelled).
+        ``latest`` is the rollout's latest attempt when the caller has read it in this transaction (no attempt
+        update changes which attempt is the latest); otherwise it is read here.
         """
         status = updates.get("status")
         if status in ("failed", "succeeded"):
@@ -515,7 +518,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         updated = _validated_copy(attempt, updates)
         await collections.attempts.update([updated])
         if "status" in updates:
-            latest = await self._latest_attempt(collections, rollout.rollout_id)
+            if latest is None:
+                latest = await self._latest_attempt(collections, rollout.rollout_id)
             if latest is not None and latest.attempt_id == updated.attempt_id and rollout.status != "cancelled":
                 new_status = await rollout_status_from_attempt(updated, rollout.config)
                 if new_status != rollout.status:
@@ -1032,7 +1036,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             if attempt is None:
                 raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
             _validated_copy(attempt, updates)  # reject bad values before anything is written
-            updated = await self._apply_attempt_update(collections, rollout, attempt, updates, now, changes)
+            updated = await self._apply_attempt_update(collections, rollout, attempt, updates, now, changes, latest)
         await self._post_update_rollout(changes)
         return updated
 

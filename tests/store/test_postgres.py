@@ -136,6 +136,40 @@ async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -
         await store.close()
 
 
+async def test_reads_by_key_and_attempt_updates_send_no_needless_statements(schema: str, monkeypatch: Any) -> None:
+    """A read of one item sends no count, counting attempts reads no rows, and an attempt update reads the latest
+    attempt once: each statement is a round trip to the server."""
+    import psycopg
+
+    store = open_store(schema)
+    try:
+        attempted = await store.start_rollout("x")
+        rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
+        sent: List[str] = []
+        execute = psycopg.AsyncConnection.execute
+
+        async def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query))
+            return await execute(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+        rollout = await store.get_rollout_by_id(rollout_id)
+        assert rollout is not None and rollout.attempt.attempt_id == attempt_id
+        assert len(sent) == 2 and not any("count(" in statement for statement in sent)  # the rollout, its attempt
+
+        sent.clear()
+        await store.update_attempt(rollout_id, attempt_id, status="running")
+        reads = [statement for statement in sent if statement.lstrip().startswith("SELECT rollout_id, attempt_id")]
+        assert len(reads) == 1 and not any("count(" in statement for statement in sent)
+
+        sent.clear()
+        retried = await store.start_attempt(rollout_id)
+        assert retried.attempt.sequence_id == 2  # attempts so far, counted without reading them
+        assert not any("LIMIT" in statement and "attempts" in statement for statement in sent)
+    finally:
+        await store.close()
+
+
 async def test_a_rollout_finished_elsewhere_wakes_waiters_without_polling(schema: str) -> None:
     waiting, finishing = open_store(schema), open_store(schema)  # two store objects, like two processes
     waiting._wait_poll_interval = 600.0  # only a notification can wake it before the deadline

@@ -702,7 +702,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         payload: str = row[-1]
         return columns[:-1] + b"," + payload[1:].encode() if payload != "{}" else columns
 
-    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
+    async def _query_page(
+        self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
+    ) -> Tuple[List[Any], int]:
         plan = query.plan
         async with self._db.for_read() as conn:
             if query.in_sql:
@@ -711,11 +713,13 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 if limit >= 0 or offset > 0:
                     sql += " LIMIT %s OFFSET %s"
                     params += [None if limit < 0 else limit, offset]
-                rows = await (await conn.execute(sql, params)).fetchall()
-                items: List[Any] = [self._row_json(row) for row in rows] if raw else [self._decode(row) for row in rows]
-                # The page itself tells the total when it ends before the limit and is not past the end.
-                if (limit < 0 or len(items) < limit) and (items or offset == 0) and limit != 0:
-                    return items, offset + len(items)
+                items: List[Any] = []
+                if limit != 0:  # limit 0 asks only for the count
+                    rows = await (await conn.execute(sql, params)).fetchall()
+                    items = [self._row_json(row) for row in rows] if raw else [self._decode(row) for row in rows]
+                    # The page itself tells the total when it ends before the limit and is not past the end.
+                    if not count or ((limit < 0 or len(items) < limit) and (items or offset == 0)):
+                        return items, offset + len(items)
                 count_sql = f"SELECT count(*) FROM {self._table} WHERE {plan.where}"
                 total = (await (await conn.execute(count_sql, plan.params)).fetchone())[0]
                 return items, int(total)

@@ -452,13 +452,21 @@ class SqlTable(Collection[M], Generic[M]):
             f"Item already exists with primary key(s): {format_key(self._spec.primary_keys, key)}"
         )
 
-    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
-        """The page of ``query`` (each item as JSON bytes when ``raw``) and the number of matches."""
+    async def _query_page(
+        self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
+    ) -> Tuple[List[Any], int]:
+        """The page of ``query`` (each item as JSON bytes when ``raw``) and the number of matches (when ``count``)."""
         raise NotImplementedError()
 
     async def _page(
-        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
+        self,
+        filter: Optional[FilterOptions],
+        sort: Optional[SortOptions],
+        limit: int,
+        offset: int,
+        raw: bool = False,
+        count: bool = True,
     ) -> Tuple[List[Any], int]:
         """Plan the query (checking ``limit`` and ``offset``) and read its page."""
         query = SqlQuery.build(self._dialect, self._spec, filter, sort, limit, offset)
-        return await self._query_page(query, limit, offset, raw)
+        return await self._query_page(query, limit, offset, raw, count)

@@ -780,9 +780,9 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             )
 
     def _run_query(
-        self, conn: sqlite3.Connection, query: SqlQuery, limit: int, offset: int, raw: bool
+        self, conn: sqlite3.Connection, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
     ) -> Tuple[List[Any], int]:
-        """Matching items (their stored JSON when ``raw``) and the total."""
+        """Matching items (their stored JSON when ``raw``) and the total (counted only when ``count``)."""
         plan = query.plan
         table = self._spec.table
         if query.in_sql:
@@ -793,16 +793,18 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 params += [limit, offset]
             rows = conn.execute(sql, params)
             items: List[Any] = [row[0].encode() for row in rows] if raw else [self._decode(row[0]) for row in rows]
-            if limit < 0 and offset == 0:
-                return items, len(items)
+            if not count or (limit < 0 and offset == 0):
+                return items, offset + len(items)
             total = int(conn.execute(f"SELECT COUNT(*) FROM {table} WHERE {plan.where}", plan.params).fetchone()[0])
             return items, total
         # Fallback for what SQL cannot express: narrow with SQL, finish in Python with the in-memory rules.
         rows = conn.execute(f"SELECT data FROM {table} WHERE {plan.where} ORDER BY ord", plan.params)
         return query.finish([self._decode(row[0]) for row in rows], limit, offset, raw)
 
-    async def _query_page(self, query: SqlQuery, limit: int, offset: int, raw: bool) -> Tuple[List[Any], int]:
-        return await self._read(lambda conn: self._run_query(conn, query, limit, offset, raw))
+    async def _query_page(
+        self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
+    ) -> Tuple[List[Any], int]:
+        return await self._read(lambda conn: self._run_query(conn, query, limit, offset, raw, count))
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
