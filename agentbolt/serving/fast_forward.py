@@ -31,7 +31,11 @@ architectures, other adapter types, GPUs) run through transformers.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
     from agentbolt.serving.quantized import BlockWeights
 
-__all__ = ["FastForward", "bfloat16_is_native"]
+__all__ = ["BlockModel", "FastForward", "bfloat16_is_native"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,71 @@ _ARCHITECTURES = {"llama", "qwen2"}
 LoraFactors = Tuple["torch.Tensor", "torch.Tensor"]
 """An adapter's ``(a, b)`` for one fused projection: ``a`` ``[rank, in]``, ``b`` ``[out, rank]`` with the scale in."""
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_BLOCK_MODEL_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "intermediate_size",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_parameters",
+)
+"""What a model directory's ``config.json`` must state for :meth:`BlockModel.from_directory` to read it alone."""
+
+
+@dataclass
+class BlockModel:
+    """What a forward on block weights needs of a model besides the weights: its config and generation config, read
+    from the directory's JSON files.
+
+    Serving a GGUF file's blocks needs no transformers model: its modules are never run. Even a transformers config
+    imports most of the library (about 60 MB of the server's memory and seconds of start-up with transformers 5), so
+    :meth:`from_directory` reads the files itself where they state every field the forward uses, and the engine
+    falls back to transformers' own config and a ``meta``-device skeleton otherwise.
+    """
+
+    config: SimpleNamespace
+    generation_config: SimpleNamespace
+
+    @classmethod
+    def from_directory(cls, path: Path) -> Optional[BlockModel]:
+        """The model of ``path`` when its ``config.json`` states every field in full, with plain rotary embeddings
+        (``rope_type`` ``default``, as transformers 5 writes them); ``None`` when transformers must read it."""
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        rope = config.get("rope_parameters")
+        if any(key not in config for key in _BLOCK_MODEL_KEYS) or not isinstance(rope, dict):
+            return None
+        if rope.get("rope_type") != "default" or not isinstance(rope.get("rope_theta"), (int, float)):
+            return None
+        try:
+            generation = json.loads((path / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            generation = {}
+        return cls(SimpleNamespace(**config), SimpleNamespace(eos_token_id=generation.get("eos_token_id")))
+
+
+class _ConfigRotary:
+    """Rotary cos/sin of a :class:`BlockModel` (plain RoPE), computed as the Llama and Qwen2 rotary modules of
+    transformers compute them."""
+
+    def __init__(self, config: SimpleNamespace, head_dim: int) -> None:
+        import torch
+
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+        self.inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** exponents)
+
+    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        freqs = positions[..., None].float() * self.inv_freq.to(device=hidden.device, dtype=torch.float)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(hidden.dtype), angles.sin().to(hidden.dtype)
 
 
 class FastForward:
@@ -73,10 +142,10 @@ class FastForward:
         self.model = model
         self.adapter = adapter
         self.blocks = blocks
-        self._rotary = _rotary_embedding(model)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self._rotary = _rotary_embedding(model, self.head_dim)
         self.intermediate = int(config.intermediate_size)
         self.eps = float(config.rms_norm_eps)
         self._linear: Callable[..., torch.Tensor] = _plain_linear
@@ -124,6 +193,8 @@ class FastForward:
         """
         import torch
 
+        if isinstance(model, BlockModel):
+            return FastForward.config_reason(model.config)
         if getattr(model, "peft_config", None):
             reason = _unsupported_adapters(model)
             if reason is not None:
@@ -382,8 +453,11 @@ class FastForward:
         )
 
 
-def _rotary_embedding(model: Any) -> Any:
-    """The model's rotary embedding module, or a CPU copy of it when the model lives on the ``meta`` device."""
+def _rotary_embedding(model: Any, head_dim: int) -> Any:
+    """The model's rotary embedding module, or a CPU copy of it when the model lives on the ``meta`` device (for a
+    :class:`BlockModel`: the same computation from the config)."""
+    if isinstance(model, BlockModel):
+        return _ConfigRotary(model.config, head_dim)
     rotary = model.model.rotary_emb
     buffer = next(rotary.buffers(), None)
     if buffer is None or buffer.device.type != "meta":

@@ -51,6 +51,7 @@ from typing import (
     Union,
 )
 
+from agentbolt.serving.fast_forward import BlockModel
 from agentbolt.serving.guided import RegexGuide, TokenTexts, guided_row
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import (
@@ -193,6 +194,35 @@ def _check_unicode(text: str, field: str) -> None:
             f"{field} holds a character that is not valid Unicode at position {exc.start} "
             f"({text[exc.start]!r}, a lone surrogate)"
         ) from None
+
+
+def _transformers_config(path: Path) -> Any:
+    """The model's config as transformers reads it."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+_FAST_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def _block_model_tokenizer(path: Path) -> Any:
+    """The model's tokenizer loaded as the ``tokenizers``-backed class its config names, or ``None`` for any other class.
+
+    ``AutoTokenizer`` would load the same class, but it first imports the modeling code of transformers, which a
+    :class:`~agentbolt.serving.fast_forward.BlockModel` exists to avoid.
+    """
+    import json
+
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("tokenizer_class") not in _FAST_TOKENIZER_CLASSES or not (path / "tokenizer.json").is_file():
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(path)
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -357,7 +387,6 @@ class TransformersEngine:
         if self.loaded:
             return
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from agentbolt.models import resolve_model
 
@@ -371,14 +400,21 @@ class TransformersEngine:
         device = self.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(self.dtype_name)
         started = time.monotonic()
-        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         plan = self._block_plan(resolved.path, device)
         if plan is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
             model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).to(device)  # type: ignore[arg-type]
             model.eval()
             logger.info("Loaded %s (%s, %s) in %.1f s", resolved.path, dtype, device, time.monotonic() - started)
         else:
             model = self._load_blocks(resolved.path, *plan)
+            tokenizer = _block_model_tokenizer(resolved.path) if isinstance(model, BlockModel) else None
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(resolved.path)
             assert self.blocks is not None
             logger.info(
                 "Loaded %s as block-quantized weights (%s; %.0f MB) in %.1f s",
@@ -396,7 +432,6 @@ class TransformersEngine:
             EngineError: An explicit block format (``q8_0`` / ``q4_1``) cannot be served here.
         """
         import torch
-        from transformers import AutoConfig
 
         from agentbolt.serving.decode_kernels import load_decode_kernels
         from agentbolt.serving.fast_forward import FastForward
@@ -419,7 +454,8 @@ class TransformersEngine:
             return refuse(f"block weights are served on CPUs, not {device}")
         if not self.fast_forward:
             return refuse("block weights need the lean forward (fast_forward=False was given)")
-        reason = FastForward.config_reason(AutoConfig.from_pretrained(path))
+        light = BlockModel.from_directory(path)
+        reason = FastForward.config_reason(light.config if light is not None else _transformers_config(path))
         if reason is not None:
             return refuse(reason)
         kernels = load_decode_kernels()
@@ -428,18 +464,24 @@ class TransformersEngine:
         return gguf, None if self.quantization == "auto" else self.quantization
 
     def _load_blocks(self, path: Path, gguf: Optional[Path], kind: Optional[str]) -> Any:
-        """Load block weights into :attr:`blocks`; return a model skeleton (architecture only, ``meta`` device)."""
+        """Load block weights into :attr:`blocks`; return a :class:`BlockModel` (the config alone) or, where
+        transformers must read the config, a model skeleton (architecture only, ``meta`` device)."""
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         from agentbolt.serving.quantized import load_gguf_blocks, quantize_model
 
-        config = AutoConfig.from_pretrained(path)
+        model: Any
         if gguf is not None:
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config)
-            self.blocks = load_gguf_blocks(gguf, config, kind)
+            model = BlockModel.from_directory(path)  # the config alone, without transformers' modeling code
+            if model is None:
+                from transformers import AutoModelForCausalLM
+
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(_transformers_config(path))
+            self.blocks = load_gguf_blocks(gguf, model.config, kind)
         else:
+            from transformers import AutoModelForCausalLM
+
             assert kind is not None
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
             self.blocks = quantize_model(model, kind)
@@ -447,6 +489,10 @@ class TransformersEngine:
         if self.int8_activations:
             self.blocks.int8_activations = True
             self.blocks.description += ", int8 activations"
+        if isinstance(model, BlockModel):
+            return model
+        from transformers import GenerationConfig
+
         with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(path)
         return model.eval()
@@ -670,6 +716,8 @@ class TransformersEngine:
     @property
     def vocab_size(self) -> int:
         """Rows of the input embedding: token ids must be below it."""
+        if isinstance(self.model, BlockModel):
+            return int(self.model.config.vocab_size)
         return int(self.model.get_input_embeddings().num_embeddings)
 
     def check_request(self, prompt: List[int], params: SamplingParams, adapter: Optional[str] = None) -> None:

@@ -11,12 +11,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from agentbolt.models.marker import MARKER_FILE, write_marker
 from agentbolt.serving import decode_kernels
 from agentbolt.serving.decode_kernels import load_decode_kernels
-from agentbolt.serving.fast_forward import FastForward
+from agentbolt.serving.fast_forward import BlockModel, FastForward
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import EngineError, SamplingParams
 from agentbolt.serving.quantized import (
@@ -223,7 +223,7 @@ def test_serving_the_gguf_blocks_computes_what_the_float32_model_computes(gguf_m
     floats.start()
     try:
         assert blocks.blocks is not None and blocks.blocks.exact and floats.blocks is None
-        assert next(blocks.model.parameters()).device.type == "meta"  # the float weights were never loaded
+        assert isinstance(blocks.model, BlockModel)  # no float weights, no transformers model: the config alone
         prompts = [blocks.encode(text) for text in ("hello", "a longer prompt with more words", "x")]
         for mine, theirs in zip(_greedy(blocks, prompts), _greedy(floats, prompts), strict=True):
             assert mine.token_ids == theirs.token_ids
@@ -231,6 +231,95 @@ def test_serving_the_gguf_blocks_computes_what_the_float32_model_computes(gguf_m
     finally:
         blocks.stop()
         floats.stop()
+
+
+def test_a_block_model_is_read_from_the_directory_as_transformers_reads_it(gguf_model_dir: Path) -> None:
+    """The config fields, the rotary embedding and the tokenizer of a BlockModel are transformers' own."""
+    import json
+
+    from agentbolt.serving.fast_forward import _ConfigRotary
+    from agentbolt.serving.transformers_engine import _block_model_tokenizer
+
+    light = BlockModel.from_directory(gguf_model_dir)
+    assert light is not None
+    config = AutoConfig.from_pretrained(gguf_model_dir)
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        assert getattr(light.config, key) == getattr(config, key)
+    assert light.config.rms_norm_eps == config.rms_norm_eps and light.config.model_type == config.model_type
+
+    model = AutoModelForCausalLM.from_config(config)
+    hidden = torch.zeros(2, 5, config.hidden_size)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 500, 4000]])
+    head_dim = config.hidden_size // config.num_attention_heads
+    for theirs, ours in zip(
+        model.model.rotary_emb(hidden, positions), _ConfigRotary(light.config, head_dim)(hidden, positions), strict=True
+    ):
+        assert torch.equal(theirs, ours)
+
+    tokenizer, reference = _block_model_tokenizer(gguf_model_dir), AutoTokenizer.from_pretrained(gguf_model_dir)
+    assert type(tokenizer) is type(reference)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\u00e9 <b> 12 + 30?"}]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True) == reference.apply_chat_template(
+        messages, add_generation_prompt=True
+    )
+    assert tokenizer("a b  c\n").input_ids == reference("a b  c\n").input_ids
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (reference.eos_token_id, reference.pad_token_id)
+
+    # A config that leaves a field to transformers' defaults, or uses another rotary type, is not read by hand.
+    stated = json.loads((gguf_model_dir / "config.json").read_text())
+    for change in ({"rms_norm_eps": None}, {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}):
+        edited = gguf_model_dir.parent / f"edited-{len(change)}-{next(iter(change))}"
+        shutil.copytree(gguf_model_dir, edited)
+        fields = {**stated, **change}
+        (edited / "config.json").write_text(json.dumps({k: v for k, v in fields.items() if v is not None}))
+        assert BlockModel.from_directory(edited) is None
+
+
+def test_a_config_transformers_must_read_is_served_on_a_model_skeleton(gguf_model_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    directory = tmp_path / "model"
+    shutil.copytree(gguf_model_dir, directory)
+    stated = json.loads((directory / "config.json").read_text())
+    del stated[
+        "max_position_embeddings"
+    ]  # transformers fills in its default (2048, as stated); BlockModel does not guess
+    (directory / "config.json").write_text(json.dumps(stated))
+    skeleton = TransformersEngine(directory, dtype="float32", quantization="auto", max_batch_size=2)
+    light = TransformersEngine(gguf_model_dir, dtype="float32", quantization="auto", max_batch_size=2)
+    skeleton.start()
+    light.start()
+    try:
+        assert not isinstance(skeleton.model, BlockModel) and skeleton.blocks is not None
+        assert next(skeleton.model.parameters()).device.type == "meta"  # the float weights were never loaded
+        prompts = [light.encode(text) for text in ("hello", "a longer prompt")]
+        for mine, theirs in zip(_greedy(skeleton, prompts), _greedy(light, prompts), strict=True):
+            assert mine.token_ids == theirs.token_ids and mine.logprobs == theirs.logprobs
+    finally:
+        skeleton.stop()
+        light.stop()
+
+
+def test_serving_a_block_model_imports_no_transformers_model_code(gguf_model_dir: Path) -> None:
+    """Not even a transformers config: in transformers 5 that alone imports most of the library (tens of MB)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from agentbolt.serving.params import SamplingParams\n"
+        "from agentbolt.serving.transformers_engine import TransformersEngine\n"
+        f"engine = TransformersEngine({str(gguf_model_dir)!r}, dtype='float32', quantization='auto')\n"
+        "engine.start()\n"
+        "prompt = engine.encode_chat([{'role': 'user', 'content': 'hi'}])\n"
+        "engine.generate_sync(prompt, SamplingParams(max_tokens=3, temperature=0), timeout=120)\n"
+        "engine.stop()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('transformers.modeling_utils', "
+        "'transformers.configuration_utils', 'accelerate'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_quantizing_at_load_stays_close_to_the_float_logits(kernel_model_dir: Path) -> None:
