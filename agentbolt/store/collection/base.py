@@ -233,18 +233,9 @@ class Collection(TrackedCollection, Generic[T]):
         raise NotImplementedError()
 
     async def _page(
-        self,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
-        count: bool = True,
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
     ) -> Tuple[List[Any], int]:
         """The page of items matching ``filter`` (each as JSON bytes when ``raw``) and the number of matches.
-
-        With ``count=False`` the matches are not counted (a backend may then return any total): :meth:`get` needs
-        only the page, and counting would cost a database backend a second statement.
 
         Backends implement this (checking ``limit`` and ``offset``); :meth:`query`, :meth:`query_json` and
         :meth:`get` are built on it.
@@ -266,8 +257,13 @@ class Collection(TrackedCollection, Generic[T]):
     async def get(self, filter: Optional[FilterOptions] = None, sort: Optional[SortOptions] = None) -> Optional[T]:
         """The first matching item (by ``sort`` when given), or ``None``."""
         async with self.tracking_context("get", self.collection_name):
-            items, _ = await self._page(filter, sort, 1, 0, count=False)
-            return items[0] if items else None
+            return await self._first(filter, sort)
+
+    async def _first(self, filter: Optional[FilterOptions], sort: Optional[SortOptions]) -> Optional[T]:
+        """The first item matching ``filter``: the first page of one. A backend for which counting the matches costs
+        a statement of its own overrides this to skip the count."""
+        items, _ = await self._page(filter, sort, 1, 0)
+        return items[0] if items else None
 
     async def query_json(
         self,

@@ -461,13 +461,7 @@ class ListBasedCollection(Collection[T]):
         return len(self._items)
 
     async def _page(
-        self,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
-        count: bool = True,
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
     ) -> Tuple[List[Any], int]:
         items = self._matching(filter, sort)
         page = paginate(items, limit, offset)

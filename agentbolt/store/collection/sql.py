@@ -459,14 +459,14 @@ class SqlTable(Collection[M], Generic[M]):
         raise NotImplementedError()
 
     async def _page(
-        self,
-        filter: Optional[FilterOptions],
-        sort: Optional[SortOptions],
-        limit: int,
-        offset: int,
-        raw: bool = False,
-        count: bool = True,
+        self, filter: Optional[FilterOptions], sort: Optional[SortOptions], limit: int, offset: int, raw: bool = False
     ) -> Tuple[List[Any], int]:
         """Plan the query (checking ``limit`` and ``offset``) and read its page."""
         query = SqlQuery.build(self._dialect, self._spec, filter, sort, limit, offset)
-        return await self._query_page(query, limit, offset, raw, count)
+        return await self._query_page(query, limit, offset, raw, count=True)
+
+    async def _first(self, filter: Optional[FilterOptions], sort: Optional[SortOptions]) -> Optional[M]:
+        """The first matching item, read without counting the matches (a statement of its own)."""
+        query = SqlQuery.build(self._dialect, self._spec, filter, sort, 1, 0)
+        items, _ = await self._query_page(query, 1, 0, raw=False, count=False)
+        return items[0] if items else None
