@@ -4,8 +4,10 @@ Agent prompts repeat themselves: every call of a role starts with the same syste
 examples (often hundreds of tokens), and the rollouts of a GRPO group send the same prompt many times over. Prefilling
 that prefix again for every request is most of the cost of a rollout on a CPU. :class:`PrefixCache` keeps the
 key/value states of prompt prefixes in blocks of ``block_size`` tokens, chained like a trie: a block is found by its
-parent block and its own tokens, so two prompts share exactly the blocks of their common prefix. A new request
-reuses the longest chain of cached blocks that starts its prompt and prefills only the rest.
+parent block and its own tokens, so two prompts share exactly the blocks of their common prefix. A prompt's last,
+partial block is kept too, as a *tail* that later prompts reuse where they continue it token for token (the same
+prompt sent again, as the rollouts of a group do, then prefills only its last token). A new request reuses the
+longest chain of cached blocks that starts its prompt, and the tail after it, and prefills only the rest.
 
 Reuse is exact: the states of a token depend only on the tokens before it and on the weights, so the cache is valid
 for one set of weights and one adapter (its *namespace*); the engine resets it whenever either changes.
@@ -37,6 +39,11 @@ class CachedBlock:
     keys: List[torch.Tensor]
     values: List[torch.Tensor]
     nbytes: int
+
+    @property
+    def length(self) -> int:
+        """Tokens whose states the block holds (``block_size``, or fewer for a prompt's tail)."""
+        return len(self.key[1])
 
 
 class PrefixCache:
@@ -97,28 +104,41 @@ class PrefixCache:
         return len(self._chain(tokens)) * self.block_size
 
     def match(self, tokens: Sequence[int], limit: int) -> List[CachedBlock]:
-        """The cached blocks that start ``tokens``, covering at most ``limit`` tokens; marks them recently used."""
-        keys = self._chain(tokens)[: max(0, limit) // self.block_size]
+        """The cached blocks that start ``tokens``, whole blocks then the longest tail continuing them, for up to
+        ``limit`` tokens; marks them recently used. The last block may hold more than ``limit`` allows: the caller
+        uses only the first ``limit`` tokens' states."""
+        size = self.block_size
+        chain = self._chain(tokens)
+        keys = chain[: -(-max(0, limit) // size)]  # whole blocks, the last one possibly reaching past the limit
+        covered = len(keys) * size
+        if covered < limit and len(keys) == len(chain):
+            parent = self._ids[keys[-1]] if keys else 0
+            for length in range(min(size - 1, len(tokens) - covered), 0, -1):
+                tail = (parent, tuple(tokens[covered : covered + length]))
+                if tail in self._blocks:
+                    keys.append(tail)
+                    break
         blocks = []
         for key in keys:
             self._blocks.move_to_end(key)
             blocks.append(self._blocks[key])
         if blocks:
             self.hits += 1
-            self.reused_tokens += len(blocks) * self.block_size
+            self.reused_tokens += min(sum(block.length for block in blocks), max(0, limit))
         return blocks
 
     def insert(self, tokens: Sequence[int], states: LayerStates, layers: int) -> None:
-        """Cache the whole blocks of ``tokens`` not cached yet; ``states`` reads their key/value states."""
+        """Cache the blocks of ``tokens`` not cached yet, the whole ones and the tail; ``states`` reads their
+        key/value states."""
         size = self.block_size
         parent = 0
-        for start in range(0, len(tokens) - size + 1, size):
+        for start in range(0, len(tokens), size):
             key = (parent, tuple(tokens[start : start + size]))
             block_id = self._ids.get(key)
             if block_id is None:
                 keys, values = [], []
                 for layer in range(layers):
-                    layer_keys, layer_values = states(layer, start, start + size)
+                    layer_keys, layer_values = states(layer, start, start + len(key[1]))
                     keys.append(layer_keys.clone())
                     values.append(layer_values.clone())
                 nbytes = sum(t.numel() * t.element_size() for t in keys + values)

@@ -1094,8 +1094,12 @@ class TransformersEngine:
             prefix.use_namespace((self._batch_adapter, self.weight_version))
             self._share_prefixes(prompts)
             matched = [prefix.match(prompt, len(prompt) - 1) for prompt in prompts]
-        block = prefix.block_size if prefix is not None else 0
-        new = max(len(prompt) - len(blocks) * block for prompt, blocks in zip(prompts, matched, strict=True))
+        # Every row computes at least its last token (its logits are needed), whatever its blocks hold.
+        reusable = [
+            min(sum(block.length for block in blocks), len(prompt) - 1)
+            for prompt, blocks in zip(prompts, matched, strict=True)
+        ]
+        new = max(len(prompt) - reused for prompt, reused in zip(prompts, reusable, strict=True))
         past = max(len(prompt) - min(new, len(prompt)) for prompt in prompts)
         width = past + new
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -25,15 +25,30 @@ def _states(value: float, layers: int = 2) -> object:
     return states
 
 
-def test_blocks_chain_by_prefix_and_only_whole_blocks_are_kept() -> None:
+def test_blocks_chain_by_prefix_and_a_prompt_keeps_its_tail() -> None:
     cache = PrefixCache(block_size=4)
-    cache.insert(list(range(10)), _states(1.0), layers=2)  # two whole blocks; tokens 8 and 9 are not kept
-    assert len(cache) == 2 and cache.cached_length(list(range(10))) == 8
+    cache.insert(list(range(10)), _states(1.0), layers=2)  # two whole blocks, and the tail (8, 9)
+    assert len(cache) == 3 and cache.cached_length(list(range(10))) == 8  # whole blocks only
     assert cache.cached_length([0, 1, 2, 3, 9, 9, 9, 9]) == 4  # shares the first block only
     assert cache.cached_length([9, 1, 2, 3]) == 0
-    blocks = cache.match(list(range(12)), limit=7)  # at most 7 tokens may be reused: one block
-    assert len(blocks) == 1 and blocks[0].keys[1].shape == (1, 4, 2) and float(blocks[0].keys[1][0, 0, 0]) == 2.0
-    assert cache.stats()["hits"] == 1 and cache.stats()["reused_tokens"] == 4
+    blocks = cache.match(list(range(12)), limit=7)  # 7 tokens may be reused: the second block reaches past them
+    assert [block.length for block in blocks] == [4, 4]
+    assert blocks[0].keys[1].shape == (1, 4, 2) and float(blocks[0].keys[1][0, 0, 0]) == 2.0
+    assert cache.stats()["hits"] == 1 and cache.stats()["reused_tokens"] == 7
+
+
+def test_a_tail_serves_only_prompts_that_continue_it_token_for_token() -> None:
+    cache = PrefixCache(block_size=4)
+    cache.insert(list(range(10)), _states(1.0), layers=1)
+    same = cache.match(list(range(10)), limit=9)  # the same prompt again: all but its last token
+    assert [block.length for block in same] == [4, 4, 2] and same[-1].keys[0].shape == (1, 2, 2)
+    assert cache.stats()["reused_tokens"] == 9
+    longer = cache.match([*range(10), 42, 43], limit=11)  # continues the tail: reuses it whole
+    assert [block.length for block in longer] == [4, 4, 2]
+    assert [block.length for block in cache.match([*range(8), 8, 5], limit=9)] == [4, 4]  # (8, 5) is not (8, 9)
+    assert [block.length for block in cache.match([*range(8), 8], limit=8)] == [4, 4]  # shorter than the tail
+    cache.insert([*range(8), 7], _states(2.0), layers=1)  # a second tail under the same block
+    assert [block.length for block in cache.match([*range(8), 7, 1], limit=9)] == [4, 4, 1]
 
 
 def test_a_new_namespace_empties_the_cache() -> None:
@@ -113,6 +128,9 @@ def test_later_requests_reuse_cached_prefixes_of_any_length(engines) -> None:
     for prompt in prompts:  # one at a time: the second reuses the first's blocks
         _assert_same(_together(cached, [prompt]), _together(plain, [prompt]))
     again = prompts[1]  # a prompt cached whole: its last token is still computed to get the logits
+    before = cached._prefix_cache.stats()["reused_tokens"]
+    _assert_same(_together(cached, [again]), _together(plain, [again]))
+    assert cached._prefix_cache.stats()["reused_tokens"] - before == len(again) - 1  # its tail too
     _assert_same(_together(cached, [again, prompts[0]]), _together(plain, [again, prompts[0]]))
     extended = prompts[0] + prompts[1][-20:]  # a prompt longer than a cached one
     _assert_same(_together(cached, [extended]), _together(plain, [extended]))
