@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -209,11 +210,9 @@ _FAST_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 def _block_model_tokenizer(path: Path) -> Any:
     """The model's tokenizer loaded as the ``tokenizers``-backed class its config names, or ``None`` for any other class.
 
-    ``AutoTokenizer`` would load the same class, but it first imports the modeling code of transformers, which a
-    :class:`~agentbolt.serving.fast_forward.BlockModel` exists to avoid.
+    ``AutoTokenizer`` would load the same class, but it first imports transformers' config classes and, with them,
+    most of the library, which a :class:`~agentbolt.serving.fast_forward.BlockModel` exists to avoid.
     """
-    import json
-
     try:
         config = json.loads((path / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
@@ -425,8 +424,10 @@ class TransformersEngine:
             )
         self._attach(model, tokenizer)
 
-    def _block_plan(self, path: Path, device: str) -> Optional[Tuple[Optional[Path], Optional[str]]]:
-        """``(GGUF file or None, block format or None for the file's own)`` when block weights are served, else None.
+    def _block_plan(self, path: Path, device: str) -> Optional[Tuple[Optional[Path], Optional[str], Any]]:
+        """``(GGUF file or None, block format or None for the file's own, architecture)`` when block weights are
+        served, else None. The architecture is the model's :class:`BlockModel` where its JSON config can be read
+        alone, else its config as transformers reads it.
 
         Raises:
             EngineError: An explicit block format (``q8_0`` / ``q4_1``) cannot be served here.
@@ -454,30 +455,30 @@ class TransformersEngine:
             return refuse(f"block weights are served on CPUs, not {device}")
         if not self.fast_forward:
             return refuse("block weights need the lean forward (fast_forward=False was given)")
-        light = BlockModel.from_directory(path)
-        reason = FastForward.config_reason(light.config if light is not None else _transformers_config(path))
+        architecture = BlockModel.from_directory(path) or _transformers_config(path)
+        reason = FastForward.config_reason(getattr(architecture, "config", architecture))
         if reason is not None:
             return refuse(reason)
         kernels = load_decode_kernels()
         if kernels is None or not hasattr(kernels, "block_linear"):
             return refuse("the compiled decoding kernels are unavailable (see the warning logged about them)")
-        return gguf, None if self.quantization == "auto" else self.quantization
+        return gguf, None if self.quantization == "auto" else self.quantization, architecture
 
-    def _load_blocks(self, path: Path, gguf: Optional[Path], kind: Optional[str]) -> Any:
-        """Load block weights into :attr:`blocks`; return a :class:`BlockModel` (the config alone) or, where
-        transformers must read the config, a model skeleton (architecture only, ``meta`` device)."""
+    def _load_blocks(self, path: Path, gguf: Optional[Path], kind: Optional[str], architecture: Any) -> Any:
+        """Load block weights into :attr:`blocks`; return the :class:`BlockModel` ``architecture`` or, for a
+        transformers config, a model skeleton (architecture only, ``meta`` device)."""
         import torch
 
         from agentbolt.serving.quantized import load_gguf_blocks, quantize_model
 
         model: Any
         if gguf is not None:
-            model = BlockModel.from_directory(path)  # the config alone, without transformers' modeling code
-            if model is None:
+            model = architecture
+            if not isinstance(model, BlockModel):
                 from transformers import AutoModelForCausalLM
 
                 with torch.device("meta"):
-                    model = AutoModelForCausalLM.from_config(_transformers_config(path))
+                    model = AutoModelForCausalLM.from_config(architecture)
             self.blocks = load_gguf_blocks(gguf, model.config, kind)
         else:
             from transformers import AutoModelForCausalLM
