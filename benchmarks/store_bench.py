@@ -433,6 +433,10 @@ async def served_target(target: str, tmp: str, postgres: Any) -> Any:
     from agentbolt.store.http import LightningStoreClient
 
     port = free_port()
+    backend, _, loop = target.partition("-")  # "postgres-asyncio": the postgres server on asyncio's own loop
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if loop:
+        env["AGENTBOLT_EVENT_LOOP"] = loop
     if target == "reference":
         agl = REFERENCE_VENV / "bin" / "agl"
         if not agl.exists():
@@ -441,13 +445,12 @@ async def served_target(target: str, tmp: str, postgres: Any) -> Any:
     else:
         command = [sys.executable, "-m", "agentbolt", "store", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--log-level", "WARNING"]
-        if target == "sqlite":
+        if backend == "sqlite":
             command += ["--backend", "sqlite", "--path", os.path.join(tmp, f"bench-{port}.db")]
-        elif target == "postgres":
+        elif backend == "postgres":
             command += ["--backend", "postgres", "--dsn", postgres.dsn(), "--schema", f"bench_{port}"]
         else:
             command += ["--backend", "memory"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # The reference imports LiteLLM, which otherwise tries to download a price list at start-up.
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -527,7 +530,7 @@ async def prepare_query_spans(store: LightningStore) -> Tuple[Callable[[int, int
 async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
     """Interleaved rounds: in each round every target serves every operation at each concurrency."""
     postgres = None
-    if "postgres" in args.targets:
+    if any(target.startswith("postgres") for target in args.targets):
         sys.path.insert(0, str(ROOT / "tests"))
         from support.postgres import LocalPostgres
 
@@ -596,9 +599,9 @@ def summarize(rows: List[Dict[str, Any]], targets: Sequence[str]) -> Dict[str, A
     for item in rows:
         key = f"{item['op']}@c{item['concurrency']}"
         entry = summary.setdefault(key, {})
-        entry.setdefault(item["backend"], {"ops_per_s": [], "p50_ms": [], "p99_ms": []})
-        for field in ("ops_per_s", "p50_ms", "p99_ms"):
-            entry[item["backend"]][field].append(item[field])
+        entry.setdefault(item["backend"], {"ops_per_s": [], "p50_ms": [], "p99_ms": [], "server_cpu_ms_per_call": []})
+        for field in ("ops_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_call"):
+            entry[item["backend"]][field].append(item.get(field))
     if "reference" in targets:
         for entry in summary.values():
             reference = entry.get("reference")
@@ -794,7 +797,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--targets",
         nargs="+",
         default=["reference", "sqlite", "postgres"],
-        choices=["reference", "sqlite", "postgres", "memory"],
+        choices=["reference", "sqlite", "postgres", "memory", "sqlite-asyncio", "postgres-asyncio"],
+        help="servers to compare; NAME-asyncio serves NAME on asyncio's own event loop instead of uvloop",
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds for --side-by-side")
     parser.add_argument(

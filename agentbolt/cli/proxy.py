@@ -13,7 +13,6 @@ optionally ``litellm_settings``: ``num_retries``, ``request_timeout``)::
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -22,6 +21,7 @@ import typer
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
+from agentbolt.utils import event_loop
 
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
 
@@ -117,7 +117,7 @@ def proxy_command(
     if timeout is not None:
         settings["request_timeout"] = timeout
     litellm_config["litellm_settings"] = settings
-    return asyncio.run(_serve(model_list, litellm_config, store, host, port, api_key or None))
+    return event_loop.run(_serve(model_list, litellm_config, store, host, port, api_key or None))
 
 
 async def _serve(

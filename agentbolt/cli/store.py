@@ -8,7 +8,6 @@ SIGINT / SIGTERM shut the server down cleanly: in-flight requests finish, then t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -25,6 +24,7 @@ from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
+from agentbolt.utils import event_loop
 
 __all__ = ["CONTEXT_SETTINGS", "HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
 
@@ -123,7 +123,7 @@ def store_command(
         workers=workers,
     )
     _check_port_free(host, port)
-    return asyncio.run(
+    return event_loop.run(
         _serve(
             host=host,
             port=port,

@@ -88,6 +88,7 @@ from agentbolt.serving.protocol import (
 )
 from agentbolt.serving.tool_parser import TOOL_CALL_OPEN, ParsedToolCall, ToolCallParser, parse_tool_calls
 from agentbolt.serving.transformers_engine import TransformersEngine
+from agentbolt.utils import event_loop
 from agentbolt.utils.id import generate_id
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs, pick_free_port
 
@@ -900,7 +901,7 @@ class InferenceServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await launcher.run_forever()
 
-        asyncio.run(serve())
+        event_loop.run(serve())
 
     def start(self, wait_loaded: bool = True, timeout: float = 600.0) -> None:
         """Serve in a background thread; return once listening (and, if ``wait_loaded``, once the model is loaded).

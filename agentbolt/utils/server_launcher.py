@@ -24,6 +24,8 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 
 import uvicorn
 
+from agentbolt.utils import event_loop
+
 __all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode"]
 
 logger = logging.getLogger(__name__)
@@ -303,7 +305,7 @@ def run_uvicorn_thread(
             await asyncio.sleep(0.05)
         await shutdown_uvicorn_server(uvicorn_server, task)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def run_uvicorn_subprocess(
@@ -330,7 +332,7 @@ def run_uvicorn_subprocess(
         stop_task.cancel()
         await shutdown_uvicorn_server(uvicorn_server, task)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 class PythonServerLauncher:
