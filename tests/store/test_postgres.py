@@ -125,13 +125,14 @@ async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -
         }
         spans = [
             make_span(rollout_id, attempt_id, 1, "s1", attributes=tricky, parent_id="p", start_time=1732870000.123456),
-            make_span(rollout_id, attempt_id, 2, "s2", attributes={}, end_time=None, name="n\u00e9"),
+            make_span(rollout_id, attempt_id, 2, "s2", attributes={}, end_time=None, name='n\u00e9 "q" \\ \n\t\u0001'),
+            make_span(rollout_id, attempt_id, 3, "s3", attributes={}, start_time=0.1 + 0.2, end_time=1e-300),
         ]
         await store.add_many_spans(spans)
         query = QuerySpansRequest(rollout_id=rollout_id)
         page = orjson.loads(await store._query_spans_json(query))
         assert [Span.model_validate(item) for item in page["items"]] == spans
-        assert (page["limit"], page["offset"], page["total"]) == (-1, 0, 2)
+        assert (page["limit"], page["offset"], page["total"]) == (-1, 0, 3)
     finally:
         await store.close()
 

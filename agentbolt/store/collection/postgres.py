@@ -673,7 +673,10 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         self._payload_exclude = set(self._names)
         columns = ", ".join(self._names)
         self._select = f"SELECT {columns}, data FROM {self._table}"
-        self._select_json = f"SELECT {columns}, data::text FROM {self._table}"  # the payload's text, not parsed
+        # A row's JSON for a client: the indexed columns as one JSON object (PostgreSQL writes it, floats in their
+        # shortest exact form) and the payload's text, joined without parsing either.
+        pairs = ", ".join(f"'{name}', {name}" for name in self._names)
+        self._select_json = f"SELECT json_build_object({pairs})::text, data::text FROM {self._table}"
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -696,11 +699,11 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
             row = await (await conn.execute(f"SELECT count(*) FROM {self._table}")).fetchone()
             return int(row[0])
 
-    def _row_json(self, row: Sequence[Any]) -> bytes:
-        """The JSON object of a row read with ``data::text``: the indexed columns, then the payload's fields."""
-        columns = orjson.dumps(dict(zip(self._names, row, strict=False)))
-        payload: str = row[-1]
-        return columns[:-1] + b"," + payload[1:].encode() if payload != "{}" else columns
+    @staticmethod
+    def _row_json(row: Sequence[str]) -> bytes:
+        """The JSON object of a row read with ``_select_json``: the indexed columns, then the payload's fields."""
+        columns, payload = row
+        return (columns if payload == "{}" else f"{columns[:-1]}, {payload[1:]}").encode()
 
     async def _query_page(
         self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
