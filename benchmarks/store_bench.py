@@ -90,6 +90,15 @@ SERVER_SCRIPT = textwrap.dedent(
 # helpers
 
 
+def settle_collector() -> None:
+    """Collect, then move every object the benchmark holds so far (modules, servers, prepared spans, earlier
+    results) out of the collector's reach: a full collection walks every object it tracks, and one walking the
+    harness's own heap in the middle of a timed loop (tens of milliseconds) would be charged to whichever call it
+    interrupted. Collections of what the timed calls themselves create still count."""
+    gc.collect()
+    gc.freeze()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -372,7 +381,7 @@ async def bench_target(
             continue
         for concurrency in concurrencies:
             call, per_call, extra = await prepare_op(store, op, concurrency, count)
-            gc.collect()
+            settle_collector()
             cpu_before = cpu_seconds(serving)
             elapsed, lat = await run_concurrently(concurrency, count, call)
             extra["server_cpu_ms_per_call"] = round((cpu_seconds(serving) - cpu_before) / len(lat) * 1000, 3)
@@ -547,7 +556,7 @@ async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
                         for op in SIDE_BY_SIDE_OPS:
                             for concurrency in args.concurrency:
                                 call = await prepare_side_by_side_op(client, op, concurrency, args.count)
-                                gc.collect()
+                                settle_collector()
                                 cpu_before = cpu_seconds(server)
                                 elapsed, lat = await run_concurrently(concurrency, args.count, call)
                                 extra = {
@@ -560,7 +569,7 @@ async def side_by_side(args: argparse.Namespace) -> Dict[str, Any]:
                                 log(rows[-1])
                         for concurrency in args.concurrency:
                             call, extra = await prepare_query_spans(client)
-                            gc.collect()
+                            settle_collector()
                             elapsed, lat = await run_concurrently(concurrency, args.queries, call)
                             rows.append(
                                 row(
@@ -811,10 +820,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     record = RunRecord.start(__file__, argv)
     args = parse_args(argv)
-    # The benchmark process holds long-lived objects (modules, prepared spans); keep them out of GC scans so the
-    # client side does not add collector pauses to the measured latencies.
-    gc.collect()
-    gc.freeze()
+    settle_collector()
     record.finish(asyncio.run(main_async(args)), args)
     return 0
 
