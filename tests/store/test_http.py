@@ -7,9 +7,11 @@ store) and talks to it with raw HTTP requests or the LightningStoreClient.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict
 
@@ -656,3 +658,28 @@ async def test_http_metrics_and_prometheus_endpoint(tmp_path: Path) -> None:
         assert 'path="/v1/agl/queues/rollouts/enqueue"' in text and "agl_http_total" in text
         status, text = await running.request("GET", "/v1/prometheus")  # without the slash: redirected
         assert status == 200 and "agl_http_total" in (text.decode() if isinstance(text, bytes) else text)
+
+
+async def test_a_session_whose_event_loop_is_gone_is_closed(served: Served) -> None:
+    """close() from another loop closes the connector of a session whose loop has finished, awaiting aiohttp's
+    close (a coroutine in recent aiohttp) instead of leaving it never awaited."""
+    client = LightningStoreClient(served.server.endpoint, retry_delays=(), health_retry_delays=())
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def on_its_own_loop() -> Dict[str, Any]:
+        loop = asyncio.new_event_loop()
+        loops.append(loop)  # held, so that the client's session of this loop stays known to it
+        try:
+            return dict(loop.run_until_complete(client.statistics()))
+        finally:
+            loop.close()
+
+    assert "total_rollouts" in await asyncio.to_thread(on_its_own_loop)
+    connector = client._sessions[loops[0]].connector
+    assert connector is not None and not connector.closed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await client.close()
+        gc.collect()
+    assert connector.closed
+    assert not [w for w in caught if "never awaited" in str(w.message)]

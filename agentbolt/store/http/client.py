@@ -42,6 +42,13 @@ __all__ = ["LightningStoreClient"]
 
 logger = logging.getLogger("agentbolt.store.client")
 
+
+async def _awaited(result: Any) -> None:
+    """Await ``result`` if it is awaitable (aiohttp's ``close`` methods return an awaitable; old versions None)."""
+    if inspect.isawaitable(result):
+        await result
+
+
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
 """Answers after which a request may be sent again (the contract's 5xx and 408; 501 is final)."""
 
@@ -193,11 +200,13 @@ class LightningStoreClient(LightningStore):
                 except Exception as exc:  # the other loop is stopping or too busy; the process may be exiting
                     logger.debug("Could not close the session of another event loop: %r", exc)
             else:
+                # The loop is gone: its transports can no longer be shut down politely. Closing the connector here
+                # (aiohttp's close is awaitable, a coroutine in recent versions) marks it closed and drops them.
                 connector = session.connector
                 session.detach()
                 if connector is not None:
                     with contextlib.suppress(Exception):
-                        connector.close()
+                        await asyncio.wait_for(_awaited(connector.close()), timeout=5.0)
 
     async def _send(
         self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float] | Unset
