@@ -124,7 +124,7 @@ def main() -> None:
         skeleton = AutoModelForCausalLM.from_config(config)
     exact = FastForward(skeleton, blocks=load_gguf_blocks(source, config))
     int8_blocks = load_gguf_blocks(source, config)
-    int8_blocks.int8_activations = True
+    int8_blocks.use_int8_activations()
     variants = {
         "int8": FastForward(skeleton, blocks=int8_blocks),
         "bfloat16": FastForward(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()),

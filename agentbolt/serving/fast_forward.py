@@ -271,7 +271,7 @@ class FastForward:
         ones where ``blocks.int8_activations``)."""
         from agentbolt.serving.quantized import block_linear
 
-        self._linear = functools.partial(block_linear, int8_inputs=blocks.int8_activations)
+        self._linear = block_linear
         self._head_linear = block_linear
         self._prepare = _identity
         self._head = blocks.head
@@ -449,7 +449,6 @@ class FastForward:
             self.eps,
             self._linear is _packed_linear,
             self._head_linear is _packed_linear,
-            self.blocks is not None and self.blocks.int8_activations,
         )
 
 

@@ -65,9 +65,6 @@ class BlockWeights:
         final_norm: The last RMSNorm's weight (float32).
         description: What was loaded, for logs and ``/v1/models`` (e.g. ``"q4_1 projections, q8_0 head (GGUF)"``).
         exact: The blocks are the model's own (its float weights are their dequantized values).
-        int8_activations: Quantize the inputs of the layers' block products to int8 per block of 32 (as llama.cpp
-            does) and multiply in integers: faster, no longer equal to the float32 model (docs/serving.md has the
-            measured effect). The output head keeps float32 inputs. ``False``: float32 inputs everywhere.
     """
 
     layers: List[Dict[str, Any]]
@@ -77,7 +74,27 @@ class BlockWeights:
     description: str
     exact: bool
     kinds: Dict[str, int] = field(default_factory=dict)
-    int8_activations: bool = False
+
+    @property
+    def int8_activations(self) -> bool:
+        """The layers' products take int8 inputs (:meth:`use_int8_activations`); the head keeps float32 ones."""
+        return any(layer[name].dim() == 3 for layer in self.layers for name in _PROJECTIONS)
+
+    def use_int8_activations(self) -> None:
+        """Quantize the inputs of the layers' block products to int8 per block of 32 (as llama.cpp does) and multiply
+        in integers: several times faster, no longer equal to the float32 model (docs/serving.md has the measured
+        effect). The projections are rearranged in place into the interleaved layout those products read
+        (:func:`interleave_blocks`); the output head keeps float32 inputs.
+
+        Raises:
+            ValueError: A projection's output count is not a multiple of 8.
+        """
+        for layer in self.layers:
+            if layer["down"].dim() == 3:
+                continue
+            hidden, intermediate = layer["norm_attention"].numel(), layer["gate_up"].shape[0] // 2
+            for name in _PROJECTIONS:
+                layer[name] = interleave_blocks(layer[name], intermediate if name == "down" else hidden)
 
     @property
     def nbytes(self) -> int:
@@ -116,15 +133,30 @@ def dequantize_blocks(weight: torch.Tensor, in_features: int) -> torch.Tensor:
     return _kernels().dequantize_blocks(weight.contiguous(), in_features)
 
 
-def block_linear(
-    inputs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], int8_inputs: bool = False
-) -> torch.Tensor:
+def interleave_blocks(weight: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Block rows ``[out_features, bytes]`` rearranged for int8 inputs: ``[out_features / 8, blocks, 8 * block
+    bytes]``, the same bytes in groups of 8 rows (the layout is described in ``csrc/decode_kernels.cpp``).
+
+    Raises:
+        ValueError: ``out_features`` is not a multiple of 8, or the rows are not Q4_1 / Q8_0 blocks.
+    """
+    if weight.dim() != 2 or weight.shape[0] % 8:
+        raise ValueError(
+            f"interleaving needs block rows [out_features, bytes] with out_features a multiple of 8, got "
+            f"{tuple(weight.shape)}"
+        )
+    block_kind(weight, in_features)
+    return _kernels().interleave_blocks(weight.contiguous(), in_features)
+
+
+def block_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``inputs @ W.T + bias`` for block weights ``W``: float32 inputs ``[..., in_features]``, float32 result.
 
-    ``int8_inputs``: quantize the inputs to int8 per block of 32 (scale ``max|x| / 127``) and multiply in integers,
-    as llama.cpp does; Q4_1's offsets still multiply the exact float sums of the inputs.
+    Rows in GGUF order ``[out_features, bytes]`` multiply the float32 inputs. Interleaved rows
+    (:func:`interleave_blocks`) multiply the inputs quantized to int8 per block of 32 (scale ``max|x| / 127``), in
+    integers, as llama.cpp does; Q4_1's offsets still multiply the exact sums of the inputs.
     """
-    return _kernels().block_linear(inputs.float(), weight, bias, int8_inputs)
+    return _kernels().block_linear(inputs.float(), weight, bias)
 
 
 def embedding_rows(embedding: torch.Tensor, token_ids: torch.Tensor, hidden: int) -> torch.Tensor:

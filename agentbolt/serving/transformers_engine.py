@@ -488,7 +488,7 @@ class TransformersEngine:
             self.blocks = quantize_model(model, kind)
             model = model.to("meta")  # the float weights are no longer needed
         if self.int8_activations:
-            self.blocks.int8_activations = True
+            self.blocks.use_int8_activations()
             self.blocks.description += ", int8 activations"
         if isinstance(model, BlockModel):
             return model

@@ -23,6 +23,7 @@ from agentbolt.serving.quantized import (
     block_linear,
     dequantize_blocks,
     gguf_source,
+    interleave_blocks,
     load_gguf_blocks,
     quantize_blocks,
     quantize_model,
@@ -136,31 +137,58 @@ def _int8_blocks(inputs: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 21])
 def test_int8_input_products_are_the_products_of_the_int8_blocks(kind: str, rows: int) -> None:
     generator = torch.Generator().manual_seed(100 + rows)
-    weight = quantize_blocks(torch.randn(70, 128, generator=generator), kind)
+    weight = quantize_blocks(torch.randn(72, 128, generator=generator), kind)
     inputs = torch.randn(2, rows, 128, generator=generator) * 3
     inputs[0, 0, :32] = 0.0  # an all-zero block: scale 0
-    bias = torch.randn(70, generator=generator)
-    blocks = weight.view(torch.uint8).reshape(70, 4, -1)
+    bias = torch.randn(72, generator=generator)
+    blocks = weight.view(torch.uint8).reshape(72, 4, -1)
     scales = blocks[..., :2].contiguous().view(torch.float16).double().squeeze(-1)  # d, per row and block
     dequantized = dequantize_blocks(weight, 128).double()
     if kind == "q4_1":
         # Q4_1's offsets m multiply the exact sums of the float inputs; d * q multiplies the int8 blocks.
         offsets = blocks[..., 2:4].contiguous().view(torch.float16).double().squeeze(-1)
-        scaled = (dequantized.view(70, 4, 32) - offsets.unsqueeze(-1)).view(70, 128)
+        scaled = (dequantized.view(72, 4, 32) - offsets.unsqueeze(-1)).view(72, 128)
         sums = inputs.double().view(2, rows, 4, 32).sum(-1)
         expected = _int8_blocks(inputs) @ scaled.T + sums @ offsets.T
     else:
         expected = _int8_blocks(inputs) @ dequantized.T
-    assert scales.shape == (70, 4)
-    result = block_linear(inputs, weight, bias, int8_inputs=True)
-    assert result.shape == (2, rows, 70) and result.dtype == torch.float32
+    assert scales.shape == (72, 4)
+    interleaved = interleave_blocks(weight, 128)
+    assert interleaved.shape == (9, 4, weight.shape[1] // 4 * 8) and interleaved.dtype == torch.uint8
+    assert interleaved.numel() == weight.numel()  # the same bytes, rearranged
+    result = block_linear(inputs, interleaved, bias)
+    assert result.shape == (2, rows, 72) and result.dtype == torch.float32
     torch.testing.assert_close(result.double(), expected + bias.double(), rtol=1e-5, atol=1e-4)
     # ... and within int8 rounding of the float32 product.
     floats = block_linear(inputs, weight, bias)
     assert float((result - floats).abs().max() / floats.abs().max()) < 0.02
+
+
+def test_interleaving_refuses_what_it_cannot_group() -> None:
+    weight = quantize_blocks(torch.randn(70, 64), "q4_1")
+    with pytest.raises(ValueError, match="multiple of 8, got \\(70, 40\\)"):
+        interleave_blocks(weight, 64)
+    with pytest.raises(ValueError, match="not Q4_1 or Q8_0 blocks of 96 inputs"):
+        interleave_blocks(quantize_blocks(torch.randn(8, 64), "q4_1"), 96)
+    interleaved = interleave_blocks(quantize_blocks(torch.randn(8, 64), "q8_0"), 64)
+    with pytest.raises(RuntimeError, match="2 blocks per row, the inputs 96"):
+        block_linear(torch.randn(1, 96), interleaved, None)
+
+
+def test_int8_activations_interleave_every_projection_once(gguf_model_dir: Path) -> None:
+    config = AutoConfig.from_pretrained(gguf_model_dir)
+    source = gguf_source(gguf_model_dir)
+    assert source is not None
+    blocks = load_gguf_blocks(source, config)
+    size, head = blocks.nbytes, blocks.head
+    assert not blocks.int8_activations
+    blocks.use_int8_activations()
+    blocks.use_int8_activations()  # a second call changes nothing
+    assert blocks.int8_activations and blocks.nbytes == size and blocks.head is head
+    assert all(layer[name].dim() == 3 for layer in blocks.layers for name in ("qkv", "o", "gate_up", "down"))
 
 
 @pytest.mark.slow
@@ -173,9 +201,9 @@ def test_portable_builds_compute_the_same_block_products(march: str) -> None:
     for kind in ("q8_0", "q4_1"):
         weight = quantize_blocks(torch.randn(40, 96, generator=generator), kind)
         inputs = torch.randn(11, 96, generator=generator)
-        for int8_inputs in (False, True):
-            expected = block_linear(inputs, weight, None, int8_inputs=int8_inputs)
-            result = module.block_linear(inputs, weight, None, int8_inputs)
+        for layout in (weight, interleave_blocks(weight, 96)):
+            expected = block_linear(inputs, layout, None)
+            result = module.block_linear(inputs, layout, None)
             torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -348,7 +376,7 @@ def test_int8_activations_stay_close_to_the_exact_blocks(gguf_model_dir: Path) -
     mask = torch.ones_like(ids)
     exact = load_gguf_blocks(source, config)
     approximate = load_gguf_blocks(source, config)
-    approximate.int8_activations = True
+    approximate.use_int8_activations()
     with torch.inference_mode():
         reference = FastForward(skeleton, blocks=exact)(ids, positions, mask, KVCache())
         logits = FastForward(skeleton, blocks=approximate)(ids, positions, mask, KVCache())

@@ -513,65 +513,131 @@ void quantize_inputs(const float* x, int64_t count, int8_t* q, float* scales) {
   }
 }
 
-// As block_dot_rows, for inputs quantized by quantize_inputs: out = sum over b of d_b * s_rb * (q_b . qx_rb)
-// (+ m_b * sums[r][b], the exact sum of the float inputs, for Q4_1).
+// Interleaved blocks: the int8-input layout of a block weight. Rows go in groups of 8 and, per group and block of 32
+// inputs, the 8 rows' scales d (then, for Q4_1, offsets m) come first as fp16, then their values in 32-byte vectors
+// whose 4-byte lane i holds 4 consecutive values of row i. One broadcast of 4 int8 inputs then multiplies 8 rows at
+// once (maddubs), the integer sum of a block is exact, and the 8 rows' results come out as one vector: no unpacking
+// to float and no horizontal sums. For Q4_1 the 128 bytes after the scales pack 8 such vectors as nibbles: byte k of
+// vector p holds value 8p + (k % 4) of its row in the low nibble and value 8p + 4 + (k % 4) in the high one. A group
+// takes as many bytes as its 8 rows in GGUF order (160 for Q4_1, 272 for Q8_0).
+constexpr int64_t kGroup = 8;
+
+inline int64_t interleaved_scale_bytes(BlockKind kind) { return kind == BlockKind::q4_1 ? 32 : 16; }
+
+// weight [out_features, bytes] in GGUF order -> [out_features / 8, blocks, 8 * block bytes].
+torch::Tensor interleave_blocks(const torch::Tensor& weight, int64_t in_features) {
+  const BlockKind kind = block_kind(weight, in_features);
+  const int64_t rows = weight.size(0), blocks = in_features / kBlock, bytes = block_bytes(kind);
+  TORCH_CHECK(rows % kGroup == 0, "interleaving needs out_features a multiple of 8, got ", rows);
+  auto out = torch::zeros({rows / kGroup, blocks, kGroup * bytes}, weight.options());
+  const uint8_t* source = weight.data_ptr<uint8_t>();
+  uint8_t* target = out.data_ptr<uint8_t>();
+  const int64_t scale_bytes = interleaved_scale_bytes(kind);
+  for (int64_t g = 0; g < rows / kGroup; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* group = target + (g * blocks + b) * kGroup * bytes;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const uint8_t* block = source + (g * kGroup + i) * weight.size(1) + b * bytes;
+        std::memcpy(group + 2 * i, block, 2);  // d
+        if (kind == BlockKind::q4_1) std::memcpy(group + 16 + 2 * i, block + 2, 2);  // m
+        uint8_t* values = group + scale_bytes;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          if (kind == BlockKind::q4_1) {
+            // value j of the row: GGUF keeps values 0-15 in the low nibbles of bytes 4-19, values 16-31 in the high
+            const uint8_t q = j < 16 ? (block[4 + j] & 0x0F) : (block[4 + j - 16] >> 4);
+            const int64_t vector = j / 4, byte = (vector / 2) * 32 + i * 4 + j % 4;
+            values[byte] |= vector % 2 == 0 ? q : static_cast<uint8_t>(q << 4);
+          } else {
+            values[(j / 4) * 32 + i * 4 + j % 4] = block[2 + j];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// out[r * out_stride + i] for the 8 rows i of one group, for R input rows quantized by quantize_inputs:
+// sum over blocks b of d_ib * s_rb * (q_ib . qx_rb) (+ m_ib * sums[r][b] for Q4_1).
 template <int R>
-void block_dot_rows_int8(BlockKind kind, const uint8_t* row, int64_t blocks, const int8_t* x, int64_t x_stride,
-                         const float* scales, const float* sums, float* out, int64_t out_stride) {
-  const int64_t bytes = block_bytes(kind);
-  float offset[R];
-  for (int r = 0; r < R; ++r) offset[r] = 0.0f;
+void interleaved_dot_int8(BlockKind kind, const uint8_t* group, int64_t blocks, const int8_t* x, int64_t x_stride,
+                          const float* scales, const float* sums, float* out, int64_t out_stride) {
+  const int64_t bytes = kGroup * block_bytes(kind), scale_bytes = interleaved_scale_bytes(kind);
 #if defined(__AVX2__)
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * bytes;
-    const float d = half_at(block);
-    const float m = kind == BlockKind::q4_1 ? half_at(block + 2) : 0.0f;
-    __m256i weights;  // unsigned factors of maddubs: Q4_1's nibbles in order, or |q| of Q8_0
-    __m256i signs;    // Q8_0's q, whose signs move onto the inputs
+    const uint8_t* block = group + b * bytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const uint8_t* values = block + scale_bytes;
     if (kind == BlockKind::q4_1) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
-      weights = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), _mm_and_si128(packed, mask));
-      signs = weights;
-    } else {
-      signs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
-      weights = _mm256_sign_epi8(signs, signs);
-    }
-    for (int r = 0; r < R; ++r) {
-      __m256i inputs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kBlock));
-      if (kind == BlockKind::q8_0) inputs = _mm256_sign_epi8(inputs, signs);
-      const __m256i products = _mm256_madd_epi16(_mm256_maddubs_epi16(weights, inputs), ones);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * scales[r * blocks + b]), _mm256_cvtepi32_ps(products), acc[r]);
-      if (kind == BlockKind::q4_1) offset[r] += m * sums[r * blocks + b];
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = horizontal_sum(acc[r]) + offset[r];
-#else
-  float total[R] = {};
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * bytes;
-    const float d = half_at(block);
-    int32_t q[kBlock];
-    if (kind == BlockKind::q4_1) {
-      for (int j = 0; j < 16; ++j) {
-        q[j] = block[4 + j] & 0x0F;
-        q[j + 16] = block[4 + j] >> 4;
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+      __m256i q[8];
+      for (int p = 0; p < 4; ++p) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * p));
+        q[2 * p] = _mm256_and_si256(packed, mask);
+        q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = x + r * x_stride + b * kBlock;
+        // 8 pairs of products of at most 15 * 127 per int16 lane: their sum stays below 32768
+        __m256i pairs = _mm256_setzero_si256();
+        for (int v = 0; v < 8; ++v) {
+          int32_t four;
+          std::memcpy(&four, xr + 4 * v, sizeof(four));
+          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(q[v], _mm256_set1_epi32(four)));
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(scales[r * blocks + b])), dot, acc[r]);
+        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sums[r * blocks + b]), acc[r]);
       }
     } else {
-      for (int j = 0; j < kBlock; ++j) q[j] = static_cast<int8_t>(block[2 + j]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const int8_t* xr = x + r * x_stride + b * kBlock;
-      int32_t dot = 0;
-      for (int j = 0; j < kBlock; ++j) dot += q[j] * xr[j];
-      total[r] += d * scales[r * blocks + b] * static_cast<float>(dot);
-      if (kind == BlockKind::q4_1) offset[r] += half_at(block + 2) * sums[r * blocks + b];
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = x + r * x_stride + b * kBlock;
+        __m256i total = _mm256_setzero_si256();
+        for (int v = 0; v < 8; ++v) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * v));
+          int32_t four;
+          std::memcpy(&four, xr + 4 * v, sizeof(four));
+          const __m256i inputs = _mm256_sign_epi8(_mm256_set1_epi32(four), q);
+          total = _mm256_add_epi32(total, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), inputs), ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(scales[r * blocks + b])), _mm256_cvtepi32_ps(total),
+                                 acc[r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = total[r] + offset[r];
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
+#else
+  float total[R][kGroup] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = group + b * bytes;
+    const uint8_t* values = block + scale_bytes;
+    for (int64_t i = 0; i < kGroup; ++i) {
+      int32_t q[kBlock];
+      for (int64_t j = 0; j < kBlock; ++j) {
+        if (kind == BlockKind::q4_1) {
+          const uint8_t packed = values[(j / 8) * 32 + i * 4 + j % 4];
+          q[j] = (j / 4) % 2 == 0 ? (packed & 0x0F) : (packed >> 4);
+        } else {
+          q[j] = static_cast<int8_t>(values[(j / 4) * 32 + i * 4 + j % 4]);
+        }
+      }
+      const float d = half_at(block + 2 * i);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = x + r * x_stride + b * kBlock;
+        int32_t dot = 0;
+        for (int64_t j = 0; j < kBlock; ++j) dot += q[j] * xr[j];
+        total[r][i] += d * scales[r * blocks + b] * static_cast<float>(dot);
+        if (kind == BlockKind::q4_1) total[r][i] += half_at(block + 16 + 2 * i) * sums[r * blocks + b];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < kGroup; ++i) out[r * out_stride + i] = total[r][i];
+  }
 #endif
 }
 
@@ -579,22 +645,39 @@ using BlockDot = void (*)(BlockKind, const uint8_t*, int64_t, const float*, int6
 constexpr int kMaxTile = 8;
 const BlockDot kBlockDots[kMaxTile] = {block_dot_rows<1>, block_dot_rows<2>, block_dot_rows<3>, block_dot_rows<4>,
                                        block_dot_rows<5>, block_dot_rows<6>, block_dot_rows<7>, block_dot_rows<8>};
-using BlockDotInt8 = void (*)(BlockKind, const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*,
-                              float*, int64_t);
-const BlockDotInt8 kBlockDotsInt8[kMaxTile] = {
-    block_dot_rows_int8<1>, block_dot_rows_int8<2>, block_dot_rows_int8<3>, block_dot_rows_int8<4>,
-    block_dot_rows_int8<5>, block_dot_rows_int8<6>, block_dot_rows_int8<7>, block_dot_rows_int8<8>};
 
-// inputs [..., in_features] (float32) times a block-quantized weight [out_features, bytes]: [..., out_features].
-// With int8_inputs the inputs are first quantized per block of 32 (quantize_inputs) and the products are integer:
-// about twice as fast, no longer equal to the float32 product (see docs/serving.md for the measured effect).
+using InterleavedDot = void (*)(BlockKind, const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                                const float*, float*, int64_t);
+constexpr int kMaxInterleavedTile = 4;  // input rows per pass: 8 weight vectors and 4 accumulators fill the registers
+const InterleavedDot kInterleavedDots[kMaxInterleavedTile] = {interleaved_dot_int8<1>, interleaved_dot_int8<2>,
+                                                              interleaved_dot_int8<3>, interleaved_dot_int8<4>};
+
+// The block kind of weight: [out_features, bytes] in GGUF order or [out_features / 8, blocks, bytes] interleaved.
+BlockKind weight_kind(const torch::Tensor& weight, int64_t in_features) {
+  if (weight.dim() != 3) return block_kind(weight, in_features);
+  TORCH_CHECK(weight.scalar_type() == torch::kByte && weight.is_contiguous() && weight.device().is_cpu(),
+              "interleaved block weights must be a contiguous CPU uint8 tensor [out_features / 8, blocks, bytes]");
+  TORCH_CHECK(in_features % kBlock == 0 && weight.size(1) == in_features / kBlock,
+              "interleaved block weights hold ", weight.size(1), " blocks per row, the inputs ", in_features);
+  if (weight.size(2) == kGroup * kQ4_1Bytes) return BlockKind::q4_1;
+  TORCH_CHECK(weight.size(2) == kGroup * kQ8_0Bytes, "interleaved groups of ", weight.size(2),
+              " bytes are neither Q4_1 nor Q8_0");
+  return BlockKind::q8_0;
+}
+
+// inputs [..., in_features] (float32) times a block-quantized weight: [..., out_features]. Weights in GGUF order
+// multiply the float32 inputs; interleaved weights (interleave_blocks) multiply the inputs quantized to int8 per
+// block of 32 (quantize_inputs), in integers: several times faster, no longer equal to the float32 product (see
+// docs/serving.md for the measured effect).
 torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& weight,
-                           const c10::optional<torch::Tensor>& bias, bool int8_inputs) {
+                           const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(inputs.scalar_type() == torch::kFloat && inputs.device().is_cpu(), "inputs must be float32 on the CPU");
   const int64_t in_features = inputs.size(-1);
-  const BlockKind kind = block_kind(weight, in_features);
+  const BlockKind kind = weight_kind(weight, in_features);
+  const bool interleaved = weight.dim() == 3;
   const auto x = inputs.reshape({-1, in_features}).contiguous();
-  const int64_t rows = x.size(0), out_features = weight.size(0), blocks = in_features / kBlock;
+  const int64_t rows = x.size(0), blocks = in_features / kBlock;
+  const int64_t out_features = interleaved ? weight.size(0) * kGroup : weight.size(0);
   const float* values = x.data_ptr<float>();
   std::vector<float> sums;  // per row and block: the sum of the inputs, which Q4_1's offsets m multiply
   if (kind == BlockKind::q4_1) {
@@ -610,7 +693,7 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
   }
   std::vector<int8_t> quantized;
   std::vector<float> scales;
-  if (int8_inputs) {
+  if (interleaved) {
     quantized.resize(rows * in_features);
     scales.resize(rows * blocks);
     for (int64_t r = 0; r < rows; ++r) {
@@ -621,28 +704,40 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
   auto out = torch::empty({rows, out_features}, x.options());
   float* result = out.data_ptr<float>();
   const uint8_t* packed = weight.data_ptr<uint8_t>();
-  const int64_t row_bytes = weight.size(1);
   // Output features in chunks whose weights stay in cache while every tile of input rows passes over them.
   constexpr int64_t chunk = 32;
-  at::parallel_for(0, (out_features + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t first = c * chunk, last = std::min(out_features, first + chunk);
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
-        const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
-        const float* tile_sums = sums.empty() ? nullptr : sums.data() + r0 * blocks;
-        for (int64_t n = first; n < last; ++n) {
-          if (int8_inputs) {
-            kBlockDotsInt8[tile - 1](kind, packed + n * row_bytes, blocks, quantized.data() + r0 * in_features,
-                                     in_features, scales.data() + r0 * blocks, tile_sums,
-                                     result + r0 * out_features + n, out_features);
-          } else {
+  if (interleaved) {
+    const int64_t group_bytes = blocks * weight.size(2);
+    at::parallel_for(0, out_features / chunk + (out_features % chunk != 0), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t first = c * chunk / kGroup, last = std::min(weight.size(0), (c + 1) * chunk / kGroup);
+        for (int64_t r0 = 0; r0 < rows; r0 += kMaxInterleavedTile) {
+          const int64_t tile = std::min<int64_t>(kMaxInterleavedTile, rows - r0);
+          for (int64_t g = first; g < last; ++g) {
+            kInterleavedDots[tile - 1](kind, packed + g * group_bytes, blocks, quantized.data() + r0 * in_features,
+                                       in_features, scales.data() + r0 * blocks,
+                                       sums.empty() ? nullptr : sums.data() + r0 * blocks,
+                                       result + r0 * out_features + g * kGroup, out_features);
+          }
+        }
+      }
+    });
+  } else {
+    const int64_t row_bytes = weight.size(1);
+    at::parallel_for(0, (out_features + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t first = c * chunk, last = std::min(out_features, first + chunk);
+        for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
+          const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
+          const float* tile_sums = sums.empty() ? nullptr : sums.data() + r0 * blocks;
+          for (int64_t n = first; n < last; ++n) {
             kBlockDots[tile - 1](kind, packed + n * row_bytes, blocks, values + r0 * in_features, in_features,
                                  tile_sums, result + r0 * out_features + n, out_features);
           }
         }
       }
-    }
-  });
+    });
+  }
   if (bias) out.add_(bias->to(torch::kFloat));
   auto shape = inputs.sizes().vec();
   shape.back() = out_features;
@@ -677,11 +772,11 @@ using AdapterWeights =
                c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
                c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>;
 
-// The matrix product of the fast forward: block_linear on block-quantized weights (int8_inputs: see there),
+// The matrix product of the fast forward: block_linear on block-quantized weights (int8 inputs when interleaved),
 // oneDNN's on weights reordered by mkldnn::_reorder_linear_weight (packed), else at::linear.
 torch::Tensor project(const torch::Tensor& inputs, const torch::Tensor& weight,
-                      const c10::optional<torch::Tensor>& bias, bool packed, bool int8_inputs) {
-  if (weight.scalar_type() == torch::kByte) return block_linear(inputs, weight, bias, int8_inputs);
+                      const c10::optional<torch::Tensor>& bias, bool packed) {
+  if (weight.scalar_type() == torch::kByte) return block_linear(inputs, weight, bias);
   if (!packed) return at::linear(inputs, weight, bias);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -705,14 +800,14 @@ torch::Tensor with_lora(const torch::Tensor& inputs, const torch::Tensor& projec
 // Every layer of one decoding step plus the final norm and the output projection: returns the logits
 // [batch, vocab] in the head's dtype. `hidden` holds the new tokens' embeddings [batch, hidden]; each layer's
 // key/value buffers have room at `column`, where this step's keys and values are written. `adapters` is empty (no
-// LoRA) or holds one entry per layer. int8_inputs: the layers' block-quantized projections take int8-quantized
-// inputs (the output projection keeps float32 ones).
+// LoRA) or holds one entry per layer. Interleaved layer weights take int8-quantized inputs (block_linear); the
+// output projection keeps float32 ones.
 torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const torch::Tensor& sin,
                           const torch::Tensor& mask, int64_t column, const std::vector<LayerWeights>& layers,
                           const std::vector<AdapterWeights>& adapters, const std::vector<torch::Tensor>& key_caches,
                           const std::vector<torch::Tensor>& value_caches, const torch::Tensor& final_norm,
                           const torch::Tensor& head, int64_t heads, int64_t kv_heads, int64_t intermediate,
-                          double eps, bool packed, bool head_packed, bool int8_inputs) {
+                          double eps, bool packed, bool head_packed) {
   TORCH_CHECK(key_caches.size() == layers.size() && value_caches.size() == layers.size(),
               "one key and one value cache per layer");
   TORCH_CHECK(adapters.empty() || adapters.size() == layers.size(), "no adapter, or one adapter entry per layer");
@@ -725,23 +820,23 @@ torch::Tensor decode_step(torch::Tensor hidden, const torch::Tensor& cos, const 
         adapters.empty() ? no_adapter : adapters[index];
     auto [normed, summed] = add_rms_norm(hidden, residual, norm_attention, eps);
     hidden = summed;
-    auto query = rotary_kv(with_lora(normed, project(normed, qkv, qkv_bias, packed, int8_inputs), qkv_a, qkv_b),
+    auto query = rotary_kv(with_lora(normed, project(normed, qkv, qkv_bias, packed), qkv_a, qkv_b),
                            cos, sin, key_caches[index], value_caches[index], column, heads, kv_heads);
     auto attended = decode_attention(query, key_caches[index], value_caches[index], mask, column + 1);
-    const auto output = with_lora(attended, project(attended, o, o_bias, packed, int8_inputs), o_a, o_b);
+    const auto output = with_lora(attended, project(attended, o, o_bias, packed), o_a, o_b);
     std::tie(normed, hidden) = add_rms_norm(hidden, output, norm_mlp, eps);
     auto projected =
-        with_lora(normed, project(normed, gate_up, gate_up_bias, packed, int8_inputs), gate_up_a, gate_up_b);
+        with_lora(normed, project(normed, gate_up, gate_up_bias, packed), gate_up_a, gate_up_b);
     TORCH_CHECK(projected.size(1) == 2 * intermediate, "gate/up projection width disagrees with the config");
     auto activated = at::silu(projected.narrow(1, 0, intermediate));
     activated.mul_(projected.narrow(1, intermediate, intermediate));
-    residual = with_lora(activated, project(activated, down, down_bias, packed, int8_inputs), down_a, down_b);
+    residual = with_lora(activated, project(activated, down, down_bias, packed), down_a, down_b);
   }
   const auto normed = std::get<0>(add_rms_norm(hidden, residual, final_norm, eps));
   // The output projection runs in the head's dtype (float32: logits rounded once, in float32; block-quantized heads
-  // take float32 inputs, with int8_inputs too: the head reads its bytes at memory speed either way).
+  // take float32 inputs, next to int8 layers too: the head reads its bytes at memory speed either way).
   const auto head_dtype = head.scalar_type() == torch::kByte ? torch::kFloat : head.scalar_type();
-  return project(normed.to(head_dtype), head, c10::nullopt, head_packed, false);
+  return project(normed.to(head_dtype), head, c10::nullopt, head_packed);
 }
 
 }  // namespace
@@ -752,9 +847,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("decode_attention", &decode_attention, "Attention of one new token per row over the cache");
   module.def("sample_tokens", &sample_tokens, "Greedy or inverse-CDF sampling of one token per row");
   module.def("vector_width", [] { return Vec::size(); }, "Floats per SIMD vector (head_dim must be a multiple)");
-  module.def("block_linear", &block_linear, "float32 inputs (or their int8 blocks) times Q4_1 / Q8_0 block weights",
-             pybind11::arg("inputs"), pybind11::arg("weight"), pybind11::arg("bias"),
-             pybind11::arg("int8_inputs") = false);
+  module.def("block_linear", &block_linear,
+             "float32 inputs times Q4_1 / Q8_0 block weights (their int8 blocks times interleaved weights)",
+             pybind11::arg("inputs"), pybind11::arg("weight"), pybind11::arg("bias"));
+  module.def("interleave_blocks", &interleave_blocks, "Q4_1 / Q8_0 block rows in groups of 8, for int8 inputs");
   module.def("dequantize_blocks", &dequantize_blocks, "The float32 weights of Q4_1 / Q8_0 blocks");
   module.def("decode_step", &decode_step, "All layers, final norm and output projection of one decoding step");
 }
