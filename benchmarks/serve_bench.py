@@ -59,7 +59,15 @@ async def _one(
     started = time.perf_counter()
     first = None
     tokens = chunks = 0
-    async with client.stream("POST", "/chat/completions", json=body) as response:
+    request = client.build_request("POST", "/chat/completions", json=body)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        # A kept-alive connection the server closed as this request was sent (seen once with llama-server): the
+        # request never reached it, so send it again, once, on a new connection.
+        _RETRIED["llama_server" if peer else "serve"] += 1
+        response = await client.send(request, stream=True)
+    try:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -74,6 +82,8 @@ async def _one(
                 if count and first is None:
                     first = time.perf_counter() - started
                 chunks += count
+    finally:
+        await response.aclose()
     return {"ttft": first or 0.0, "latency": time.perf_counter() - started, "tokens": tokens or chunks}
 
 
@@ -101,6 +111,7 @@ async def _level(base_url: str, concurrency: int, rounds: int, max_tokens: int, 
 
 
 _END_TOKENS: List[int] = []  # the model's end-of-generation token ids (set in main)
+_RETRIED = {"serve": 0, "llama_server": 0}  # requests sent again after their connection closed, per server
 
 
 def _plain_generate(model_dir: str, dtype: str, threads: int, batch: int, max_tokens: int) -> Dict[str, Any]:
@@ -310,6 +321,7 @@ def main() -> None:
         "plain_generate": reference,
         "server_peak_rss_mb": peak_rss,
         "server_stopped_on_sigint": stopped_on_sigint,
+        "requests_sent_again": dict(_RETRIED),
         "llama_server": None
         if peer is None
         else {"binary": args.llama_server, "levels": peer_levels, "peak_rss_mb": peer_rss, "end_tokens": _END_TOKENS},
