@@ -158,6 +158,10 @@ class FastForward:
         self._kernels: Any = _decode_kernels_for(self.head_dim) if kernels else None
         self._kernel_layers: List[Tuple[Any, ...]] = []
         self._kernel_adapters: List[Tuple[Any, ...]] = []
+        self.cache_dtype: Any = None  # a torch.dtype, set by refresh()
+        """The dtype of the key/value states in the cache: the activations' (the model's dtype, float32 on block
+        weights), except with int8 activations, which keep them in float16 as llama.cpp does (half the memory of
+        float32 states; part of what int8 activations change, see docs/serving.md)."""
         self.refresh()
         logger.info(
             "Lean CPU forward for %s%s%s, decoding steps %s",
@@ -238,7 +242,8 @@ class FastForward:
         if self.blocks is not None:
             self._use_blocks(self.blocks)
             return
-        self._linear, self._prepare = _linear_kernels(next(self.model.parameters()).dtype)
+        self.cache_dtype = next(self.model.parameters()).dtype
+        self._linear, self._prepare = _linear_kernels(self.cache_dtype)
         self._head_linear = _linear_kernels(torch.float32)[0]
         layers: List[Dict[str, Any]] = []
         with torch.no_grad():
@@ -269,9 +274,12 @@ class FastForward:
     def _use_blocks(self, blocks: BlockWeights) -> None:
         """Take every projection, the head and the norms from block-quantized weights (float32 activations, or int8
         ones where ``blocks.int8_activations``)."""
+        import torch
+
         from agentbolt.serving.quantized import block_linear
 
         self._linear = block_linear
+        self.cache_dtype = torch.float16 if blocks.int8_activations else torch.float32
         self._head_linear = block_linear
         self._prepare = _identity
         self._head = blocks.head
@@ -392,9 +400,13 @@ class FastForward:
             query = _rotate(query.view(batch, new, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             key = _rotate(key.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             value = value.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = cache.append(index, key, value)
+            keys, values = cache.append(index, key.to(self.cache_dtype), value.to(self.cache_dtype))
             attended = F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=visible, enable_gqa=self.kv_heads != self.heads
+                query,
+                keys.to(query.dtype),
+                values.to(query.dtype),
+                attn_mask=visible,
+                enable_gqa=self.kv_heads != self.heads,
             )
             attended = attended.transpose(1, 2).reshape(batch, new, self.heads * self.head_dim)
             hidden = hidden + project(attended, layer, "o")
@@ -424,7 +436,7 @@ class FastForward:
 
         hidden = self._embed(input_ids[:, 0])
         cos, sin = self._rotary(hidden, positions)
-        like = hidden.new_empty(hidden.shape[0], self.kv_heads, 1, self.head_dim)
+        like = hidden.new_empty(hidden.shape[0], self.kv_heads, 1, self.head_dim, dtype=self.cache_dtype)
         keys, values = [], []
         column = 0
         for index in range(len(self._layers)):

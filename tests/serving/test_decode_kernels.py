@@ -121,6 +121,35 @@ def test_decode_attention_matches_sdpa_with_padding_and_grouped_heads(kernels: A
     assert torch.allclose(ours[3].float(), values[3, :, length - 1].float().repeat_interleave(3, 0).flatten())
 
 
+def test_float16_caches_take_the_float32_states_rounded_once(kernels: Any) -> None:
+    torch.manual_seed(3)
+    batch, heads, kv_heads, head_dim, length = 3, 6, 2, 32, 9
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim) * 4
+    cos, sin = _rotary(batch, head_dim, torch.float32)
+    keys = torch.zeros(batch, kv_heads, 12, head_dim, dtype=torch.float16)
+    values = torch.zeros(batch, kv_heads, 12, head_dim, dtype=torch.float16)
+    keys[:, :, : length - 1] = torch.randn(batch, kv_heads, length - 1, head_dim).half()
+    values[:, :, : length - 1] = torch.randn(batch, kv_heads, length - 1, head_dim).half()
+    query = kernels.rotary_kv(qkv, cos, sin, keys, values, length - 1, heads, kv_heads)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    assert query.dtype == torch.float32
+    assert torch.equal(query, _rotate(q.view(batch, heads, head_dim), cos[:, None], sin[:, None]))
+    rotated = _rotate(k.view(batch, kv_heads, head_dim), cos[:, None], sin[:, None])
+    assert torch.equal(keys[:, :, length - 1], rotated.half())
+    assert torch.equal(values[:, :, length - 1], v.view(batch, kv_heads, head_dim).half())
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, :4] = 0
+    ours = kernels.decode_attention(query, keys, values, mask, length)
+    expected = F.scaled_dot_product_attention(
+        query.unsqueeze(2),
+        keys[:, :, :length].float(),
+        values[:, :, :length].float(),
+        attn_mask=mask[:, None, None, :].bool(),
+        enable_gqa=True,
+    ).reshape(batch, heads * head_dim)
+    assert ours.dtype == torch.float32 and torch.allclose(ours, expected, atol=1e-5)
+
+
 def test_kernels_reject_bad_inputs_with_clear_errors(kernels: Any) -> None:
     hidden = torch.randn(2, 8)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
@@ -140,6 +169,13 @@ def test_kernels_reject_bad_inputs_with_clear_errors(kernels: Any) -> None:
         kernels.decode_attention(query, keys, keys, torch.ones(2, 9, dtype=torch.long), 9)
     with pytest.raises(RuntimeError, match="caches must be"):
         kernels.decode_attention(query, keys, keys[:, :, :3], torch.ones(2, 4, dtype=torch.long), 3)
+    ones = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="float16 caches go with float32 activations"):
+        kernels.decode_attention(query.bfloat16(), keys.half(), keys.half(), ones, 4)
+    with pytest.raises(RuntimeError, match="the activations' dtype, or float16"):
+        kernels.rotary_kv(qkv, cos, cos, keys.bfloat16(), keys.bfloat16(), 0, 1, 1)
+    with pytest.raises(RuntimeError, match="key and value caches must share a dtype"):
+        kernels.decode_attention(query, keys.half(), keys, ones, 4)
 
 
 def _sequences(params: SamplingParams, count: int, seed: int) -> List[Any]:

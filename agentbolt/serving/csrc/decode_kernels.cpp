@@ -38,12 +38,14 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 inline float load(const float* p) { return *p; }
 inline float load(const c10::BFloat16* p) { return c10::detail::f32_from_bits(p->x); }
+inline float load(const c10::Half* p) { return static_cast<float>(*p); }
 
 // Round a float result to the storage type, as an eager operator producing that type does.
 template <typename T>
@@ -51,13 +53,28 @@ inline float rounded(float value) {
   return static_cast<float>(static_cast<T>(value));
 }
 
-// Call body(scalar) with a value of the tensor dtype's C++ type (the checks admit float32 and bfloat16 only).
+// Call body(scalar) with a value of the tensor dtype's C++ type (the checks admit float32 and bfloat16 only; caches
+// may also be float16, see dispatch_with_cache).
 template <typename Body>
 void dispatch(at::ScalarType dtype, Body body) {
   if (dtype == at::kBFloat16) {
     body(c10::BFloat16());
   } else {
     body(0.0f);
+  }
+}
+
+// Call body(activation, cache) with values of the C++ types of the activations' dtype and the key/value caches'
+// dtype: the same type, or float16 caches for float32 activations (the int8-activation forward's cache, as
+// llama.cpp keeps it).
+template <typename Body>
+void dispatch_with_cache(at::ScalarType dtype, at::ScalarType cache_dtype, Body body) {
+  if (cache_dtype == at::kHalf) {
+    TORCH_CHECK(dtype == at::kFloat, "float16 caches go with float32 activations");
+    body(0.0f, c10::Half());
+  } else {
+    TORCH_CHECK(cache_dtype == dtype, "the caches must have the activations' dtype, or float16");
+    dispatch(dtype, [&](auto tag) { body(tag, tag); });
   }
 }
 
@@ -112,15 +129,17 @@ void add_rms_norm_impl(const T* hidden, const T* residual, const T* weight, T* n
 
 // Rotate the query and key heads of a fused q/k/v projection (rotate-half convention), write keys and values into
 // the cache at `column` and return the rotated queries [batch, heads, head_dim].
-template <typename T>
-void rotary_kv_impl(const T* qkv, const T* cos, const T* sin, T* key_cache, T* value_cache, T* query, int64_t batch,
+template <typename T, typename C>
+void rotary_kv_impl(const T* qkv, const T* cos, const T* sin, C* key_cache, C* value_cache, T* query, int64_t batch,
                     int64_t heads, int64_t kv_heads, int64_t head_dim, CacheStrides strides, int64_t column) {
   const int64_t half = head_dim / 2;
   const int64_t row_width = (heads + 2 * kv_heads) * head_dim;
-  auto rotate = [&](const T* in, const T* c, const T* s, T* out) {
+  auto rotate = [&](const T* in, const T* c, const T* s, auto* out) {
+    using Out = std::remove_pointer_t<decltype(out)>;
     for (int64_t d = 0; d < head_dim; ++d) {
       const float partner = d < half ? -load(in + d + half) : load(in + d - half);
-      out[d] = static_cast<T>(rounded<T>(load(in + d) * load(c + d)) + rounded<T>(partner * load(s + d)));
+      const T rotated = static_cast<T>(rounded<T>(load(in + d) * load(c + d)) + rounded<T>(partner * load(s + d)));
+      out[d] = static_cast<Out>(load(&rotated));
     }
   };
   for (int64_t b = 0; b < batch; ++b) {
@@ -132,7 +151,7 @@ void rotary_kv_impl(const T* qkv, const T* cos, const T* sin, T* key_cache, T* v
       const int64_t slot = b * strides.batch + g * strides.head + column * head_dim;
       rotate(row + (heads + g) * head_dim, c, s, key_cache + slot);
       const T* value = row + (heads + kv_heads + g) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) value_cache[slot + d] = value[d];
+      for (int64_t d = 0; d < head_dim; ++d) value_cache[slot + d] = static_cast<C>(load(value + d));
     }
   }
 }
@@ -145,12 +164,17 @@ inline Vec load_vec(const c10::BFloat16* p) {
   at::vec::load_to_float(p, out);
   return out;
 }
+inline Vec load_vec(const c10::Half* p) {
+  Vec out;
+  at::vec::load_to_float(p, out);
+  return out;
+}
 
 // Softmax attention of one new query per head over the first `length` cached positions of its row, skipping
 // positions whose mask entry is 0; query heads that share a key/value head are processed together, so each cached
 // key and value row is read (and widened to float) once.
-template <typename T>
-void decode_attention_impl(const T* query, const T* key_cache, const T* value_cache, const int64_t* mask, T* out,
+template <typename T, typename C>
+void decode_attention_impl(const T* query, const C* key_cache, const C* value_cache, const int64_t* mask, T* out,
                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, CacheStrides strides,
                            int64_t length, int64_t mask_stride, float scale) {
   const int64_t group = heads / kv_heads;
@@ -163,8 +187,8 @@ void decode_attention_impl(const T* query, const T* key_cache, const T* value_ca
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads;
       const int64_t g = item % kv_heads;
-      const T* keys = key_cache + b * strides.batch + g * strides.head;
-      const T* values = value_cache + b * strides.batch + g * strides.head;
+      const C* keys = key_cache + b * strides.batch + g * strides.head;
+      const C* values = value_cache + b * strides.batch + g * strides.head;
       const int64_t* visible = mask + b * mask_stride;
       int64_t count = 0;
       for (int64_t j = 0; j < length; ++j) {
@@ -173,7 +197,7 @@ void decode_attention_impl(const T* query, const T* key_cache, const T* value_ca
       for (int64_t i = 0; i < group * head_dim; ++i) queries[i] = load(query + (b * heads + g * group) * head_dim + i);
       std::fill(maxima.begin(), maxima.end(), -std::numeric_limits<float>::infinity());
       for (int64_t i = 0; i < count; ++i) {
-        const T* key = keys + positions[i] * head_dim;
+        const C* key = keys + positions[i] * head_dim;
         for (int64_t c = 0; c < chunks; ++c) row[c] = load_vec(key + c * Vec::size());
         for (int64_t h = 0; h < group; ++h) {
           const float* q = queries.data() + h * head_dim;
@@ -195,12 +219,12 @@ void decode_attention_impl(const T* query, const T* key_cache, const T* value_ca
           weight.store(weights + i, filled);
         }
         totals[h] = at::vec::vec_reduce_all([](Vec x, Vec y) { return x + y; }, total);
-        // The weights enter the product with the values in the storage type, as in torch's CPU flash attention.
+        // The weights enter the product with the values in the activations' type, as in torch's CPU flash attention.
         for (int64_t i = 0; i < count; ++i) weights[i] = rounded<T>(weights[i]);
       }
       std::fill(accumulated.begin(), accumulated.end(), 0.0f);
       for (int64_t i = 0; i < count; ++i) {
-        const T* value = values + positions[i] * head_dim;
+        const C* value = values + positions[i] * head_dim;
         for (int64_t c = 0; c < chunks; ++c) row[c] = load_vec(value + c * Vec::size());
         for (int64_t h = 0; h < group; ++h) {
           const Vec weight(scores[h * length + i]);
@@ -251,9 +275,10 @@ torch::Tensor rotary_kv(const torch::Tensor& qkv, const torch::Tensor& cos, cons
   check_cpu_contiguous(cos, "cos");
   check_cpu_contiguous(sin, "sin");
   const CacheStrides strides = cache_strides(key_cache, value_cache);
-  for (const torch::Tensor* tensor : {&cos, &sin, &key_cache, &value_cache}) {
-    TORCH_CHECK(tensor->scalar_type() == qkv.scalar_type(), "qkv, cos, sin and the caches must share a dtype");
+  for (const torch::Tensor* tensor : {&cos, &sin}) {
+    TORCH_CHECK(tensor->scalar_type() == qkv.scalar_type(), "qkv, cos and sin must share a dtype");
   }
+  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "the key and value caches must share a dtype");
   const int64_t batch = key_cache.size(0), head_dim = key_cache.size(3), capacity = key_cache.size(2);
   TORCH_CHECK(key_cache.size(1) == kv_heads && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(0) == batch && qkv.size(1) == (heads + 2 * kv_heads) * head_dim,
@@ -261,11 +286,12 @@ torch::Tensor rotary_kv(const torch::Tensor& qkv, const torch::Tensor& cos, cons
   TORCH_CHECK(cos.numel() == batch * head_dim && sin.numel() == batch * head_dim, "cos/sin must be [batch, head_dim]");
   TORCH_CHECK(head_dim % 2 == 0 && column >= 0 && column < capacity, "column outside the cache");
   auto query = torch::empty({batch, heads, head_dim}, qkv.options());
-  dispatch(qkv.scalar_type(), [&](auto tag) {
+  dispatch_with_cache(qkv.scalar_type(), key_cache.scalar_type(), [&](auto tag, auto cache_tag) {
     using scalar_t = decltype(tag);
-    rotary_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
-                             key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
-                             query.data_ptr<scalar_t>(), batch, heads, kv_heads, head_dim, strides, column);
+    using cache_t = decltype(cache_tag);
+    rotary_kv_impl<scalar_t, cache_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                                      key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(),
+                                      query.data_ptr<scalar_t>(), batch, heads, kv_heads, head_dim, strides, column);
   });
   return query;
 }
@@ -275,8 +301,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   check_cpu_contiguous(query, "query");
   const CacheStrides strides = cache_strides(key_cache, value_cache);
   TORCH_CHECK(query.dim() == 3, "query must be [batch, heads, head_dim]");
-  TORCH_CHECK(key_cache.scalar_type() == query.scalar_type() && value_cache.scalar_type() == query.scalar_type(),
-              "query and caches must share a dtype");
+  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "the key and value caches must share a dtype");
   const int64_t batch = query.size(0), heads = query.size(1), head_dim = query.size(2);
   const int64_t kv_heads = key_cache.size(1), capacity = key_cache.size(2);
   TORCH_CHECK(key_cache.size(0) == batch && key_cache.size(3) == head_dim && heads % kv_heads == 0,
@@ -287,12 +312,13 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
                   mask.size(0) == batch && mask.size(1) >= length && mask.stride(1) == 1,
               "mask must be int64 [batch, >= length] with contiguous rows");
   auto out = torch::empty({batch, heads * head_dim}, query.options());
-  dispatch(query.scalar_type(), [&](auto tag) {
+  dispatch_with_cache(query.scalar_type(), key_cache.scalar_type(), [&](auto tag, auto cache_tag) {
     using scalar_t = decltype(tag);
-    decode_attention_impl<scalar_t>(query.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(),
-                                    value_cache.data_ptr<scalar_t>(), mask.data_ptr<int64_t>(),
-                                    out.data_ptr<scalar_t>(), batch, heads, kv_heads, head_dim, strides, length,
-                                    mask.stride(0), 1.0f / std::sqrt(static_cast<float>(head_dim)));
+    using cache_t = decltype(cache_tag);
+    decode_attention_impl<scalar_t, cache_t>(query.data_ptr<scalar_t>(), key_cache.data_ptr<cache_t>(),
+                                             value_cache.data_ptr<cache_t>(), mask.data_ptr<int64_t>(),
+                                             out.data_ptr<scalar_t>(), batch, heads, kv_heads, head_dim, strides,
+                                             length, mask.stride(0), 1.0f / std::sqrt(static_cast<float>(head_dim)));
   });
   return out;
 }
