@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import shutil
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import gguf
 import numpy as np
@@ -365,12 +365,18 @@ def test_quantizing_at_load_stays_close_to_the_float_logits(kernel_model_dir: Pa
     assert gaps["q8_0"] < 0.1 and gaps["q8_0"] < gaps["q4_1"] < 0.5, gaps
 
 
-def test_int8_activations_stay_close_to_the_exact_blocks(gguf_model_dir: Path) -> None:
+def _block_model(gguf_model_dir: Path) -> Tuple[Any, Any, Path]:
+    """The config, a ``meta``-device skeleton and the GGUF file of the converted tiny model."""
     config = AutoConfig.from_pretrained(gguf_model_dir)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     source = gguf_source(gguf_model_dir)
     assert source is not None
+    return config, skeleton, source
+
+
+def test_int8_activations_stay_close_to_the_exact_blocks(gguf_model_dir: Path) -> None:
+    config, skeleton, source = _block_model(gguf_model_dir)
     ids = torch.tensor([[5, 17, 99, 3, 42, 7, 250, 12]])
     positions = torch.arange(ids.shape[1]).unsqueeze(0)
     mask = torch.ones_like(ids)
@@ -386,11 +392,7 @@ def test_int8_activations_stay_close_to_the_exact_blocks(gguf_model_dir: Path) -
 
 
 def test_int8_activations_keep_float16_states_and_decode_like_the_python_path(gguf_model_dir: Path) -> None:
-    config = AutoConfig.from_pretrained(gguf_model_dir)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    source = gguf_source(gguf_model_dir)
-    assert source is not None
+    config, skeleton, source = _block_model(gguf_model_dir)
     blocks = load_gguf_blocks(source, config)
     blocks.use_int8_activations()
     fused, python = FastForward(skeleton, blocks=blocks), FastForward(skeleton, blocks=blocks, kernels=False)
