@@ -732,9 +732,10 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
   const uint8_t* packed = weight.data_ptr<uint8_t>();
   // Output features in chunks whose weights stay in cache while every tile of input rows passes over them.
   constexpr int64_t chunk = 32;
+  const int64_t chunks = (out_features + chunk - 1) / chunk;
   if (interleaved) {
     const int64_t group_bytes = blocks * weight.size(2);
-    at::parallel_for(0, out_features / chunk + (out_features % chunk != 0), 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         const int64_t first = c * chunk / kGroup, last = std::min(weight.size(0), (c + 1) * chunk / kGroup);
         for (int64_t r0 = 0; r0 < rows; r0 += kMaxInterleavedTile) {
@@ -750,7 +751,7 @@ torch::Tensor block_linear(const torch::Tensor& inputs, const torch::Tensor& wei
     });
   } else {
     const int64_t row_bytes = weight.size(1);
-    at::parallel_for(0, (out_features + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         const int64_t first = c * chunk, last = std::min(out_features, first + chunk);
         for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
