@@ -616,7 +616,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         worker_id = request.worker_id
         _check_worker_id(worker_id)
         now = time.time()
-        async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
+        # A new rollout is nobody else's until this commits; only a worker's record is shared with other rollouts.
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "attempts", "workers"], rollout_ids=None if worker_id else ()
+        ) as collections:
             (rollout,) = await self._new_rollouts(collections, [request], "preparing", now)
             attempt = Attempt(
                 rollout_id=rollout.rollout_id,
@@ -635,7 +638,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _enqueue(self, requests: Sequence[EnqueueRolloutRequest]) -> List[Rollout]:
         """Create queued rollouts, in request order."""
         now = time.time()
-        async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
+        # New rollouts only: enqueues run side by side, and a dequeue (which locks the whole queue) waits for them.
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "rollout_queue"], rollout_ids=()
+        ) as collections:
             rollouts = await self._new_rollouts(collections, requests, "queuing", now)
             if rollouts:
                 await collections.rollouts.insert(rollouts)
@@ -734,7 +740,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         inserted: Dict[Tuple[str, str], List[Span]] = {}
         changes: RolloutChanges = []
         async with self.collections.atomic(
-            mode="rw", labels=["span_sequence_ids", "rollouts", "attempts", "spans"]
+            mode="rw",
+            labels=["span_sequence_ids", "rollouts", "attempts", "spans"],
+            rollout_ids=sorted({rollout_id for rollout_id, _ in groups}),
         ) as collections:
             targets: Dict[Tuple[str, str], Tuple[Rollout, Attempt]] = {}
             for rollout_id, attempt_id in groups:  # validate everything before writing anything
@@ -1021,8 +1029,13 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
         changes: RolloutChanges = []
+        # Without a status or worker change the update writes only this rollout's attempt; with one, it may requeue
+        # the rollout or move a worker, which other rollouts share.
+        confined = "status" not in updates and not updates.get("worker_id")
         async with self.collections.atomic(
-            mode="rw", labels=["rollouts", "attempts", "workers", "rollout_queue"]
+            mode="rw",
+            labels=["rollouts", "attempts", "workers", "rollout_queue"],
+            rollout_ids=[rollout_id] if confined else None,
         ) as collections:
             rollout = await self._get_rollout(collections, rollout_id)
             latest = await self._latest_attempt(collections, rollout_id)

@@ -171,6 +171,124 @@ async def test_reads_by_key_and_attempt_updates_send_no_needless_statements(sche
         await store.close()
 
 
+async def test_sections_confined_to_rollouts_overlap_only_across_rollouts(schema: str) -> None:
+    """A section confined to rollouts runs beside one on another rollout; one on the same rollout, or one locking
+    the whole labels, waits for it, and a section locking the whole labels holds off every confined one."""
+    store = open_store(schema)
+    collections = store.collections
+    labels = ["attempts", "rollouts", "spans"]
+    entered: List[str] = []
+
+    async def enter(name: str, rollout_ids: Any) -> None:
+        async with collections.atomic(mode="rw", labels=labels, rollout_ids=rollout_ids):
+            entered.append(name)
+
+    async def holding(rollout_ids: Any, held: asyncio.Event, release: asyncio.Event) -> None:
+        async with collections.atomic(mode="rw", labels=labels, rollout_ids=rollout_ids):
+            held.set()
+            await release.wait()
+
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.ensure_future(holding(["ro-a"], held, release))
+        await asyncio.wait_for(held.wait(), 30)
+        await asyncio.wait_for(enter("other rollout", ["ro-b", "ro-c"]), 30)  # while ro-a's section is open
+        same = asyncio.ensure_future(enter("same rollout", ["ro-c", "ro-a"]))
+        whole = asyncio.ensure_future(enter("whole labels", None))
+        await asyncio.sleep(0.5)
+        assert entered == ["other rollout"] and not same.done() and not whole.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(holder, same, whole), 30)
+        assert sorted(entered[1:]) == ["same rollout", "whole labels"]
+
+        entered.clear()
+        held, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.ensure_future(holding(None, held, release))
+        await asyncio.wait_for(held.wait(), 30)
+        confined = asyncio.ensure_future(enter("confined", ["ro-d"]))
+        await asyncio.sleep(0.5)
+        assert entered == [] and not confined.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(holder, confined), 30)
+        assert entered == ["confined"]
+    finally:
+        await store.close()
+
+
+async def test_spans_of_different_rollouts_are_added_side_by_side(schema: str, monkeypatch: Any) -> None:
+    """``add_span`` and an attempt update without a status change lock their rollout, not every rollout; a status
+    change (which may requeue the rollout or free a worker) still locks the whole labels."""
+    import psycopg
+
+    store = open_store(schema)
+    try:
+        attempted = await store.start_rollout("x")
+        rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
+        sent: List[str] = []
+        execute = psycopg.AsyncConnection.execute
+
+        async def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query))
+            return await execute(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+        await store.add_span(make_span(rollout_id, attempt_id, 1, "0000000000000001"))
+        await store.update_attempt(rollout_id, attempt_id, metadata={"step": 1})
+        await store.enqueue_rollout("y")
+        await store.start_rollout("z")
+        await store.update_attempt(rollout_id, attempt_id, status="failed")
+        await store.start_rollout("z", worker_id="worker-1")
+        locks = [statement for statement in sent if "pg_advisory_xact_lock" in statement]
+        assert ["pg_advisory_xact_lock_shared" in statement for statement in locks] == [True] * 4 + [False] * 2
+    finally:
+        await store.close()
+
+
+async def test_stores_sharing_a_database_keep_every_rule_with_confined_sections(schema: str) -> None:
+    """Four store objects (like four server processes) enqueue, claim, add spans and finish rollouts all at once:
+    every rollout is claimed exactly once and ends with its spans, in order, and its final status."""
+    stores = [open_store(schema) for _ in range(4)]
+    per_producer, spans_per_rollout = 12, 3
+
+    async def produce(store: Any, producer: int) -> List[str]:
+        return [(await store.enqueue_rollout({"producer": producer, "i": i})).rollout_id for i in range(per_producer)]
+
+    async def consume(store: Any) -> List[str]:
+        claimed: List[str] = []
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 2.0:
+            attempted = await store.dequeue_rollout()
+            if attempted is None:
+                await asyncio.sleep(0.02)
+                continue
+            rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
+            for n in range(spans_per_rollout):
+                sequence_id = await store.get_next_span_sequence_id(rollout_id, attempt_id)
+                await store.add_span(make_span(rollout_id, attempt_id, sequence_id, f"{n:016x}"))
+            await store.update_attempt(rollout_id, attempt_id, metadata={"spans": spans_per_rollout})
+            await store.update_attempt(rollout_id, attempt_id, status="succeeded")
+            claimed.append(rollout_id)
+            idle_since = time.monotonic()
+        return claimed
+
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(produce(s, k) for k, s in enumerate(stores)), *(consume(s) for s in stores)), 120
+        )
+        produced = [rollout_id for ids in results[:4] for rollout_id in ids]
+        claimed = [rollout_id for ids in results[4:] for rollout_id in ids]
+        assert len(produced) == 4 * per_producer and sorted(claimed) == sorted(produced)
+        for rollout_id in produced:
+            rollout = await stores[0].get_rollout_by_id(rollout_id)
+            assert rollout is not None and rollout.status == "succeeded" and rollout.attempt.sequence_id == 1
+            assert rollout.attempt.metadata == {"spans": spans_per_rollout}
+            spans = await stores[0].query_spans(rollout_id)
+            assert [span.sequence_id for span in spans] == list(range(1, spans_per_rollout + 1))
+    finally:
+        for store in stores:
+            await store.close()
+
+
 async def test_a_rollout_finished_elsewhere_wakes_waiters_without_polling(schema: str) -> None:
     waiting, finishing = open_store(schema), open_store(schema)  # two store objects, like two processes
     waiting._wait_poll_interval = 600.0  # only a notification can wake it before the deadline

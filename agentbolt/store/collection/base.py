@@ -454,9 +454,22 @@ class LightningCollections(TrackedCollection):
         snapshot: bool = False,
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
         **kwargs: Any,
     ) -> Any:
-        """Async context manager yielding collections usable as one atomic section."""
+        """Async context manager yielding collections usable as one atomic section.
+
+        Args:
+            mode: ``"r"`` (reads), ``"w"`` or ``"rw"`` (writes, applied together or not at all).
+            snapshot: Reads see one consistent state for the whole section.
+            commit: Write through at the end of the section (backends that buffer writes).
+            labels: The collections the section touches (all when empty); sections sharing a label are serialized.
+            rollout_ids: The section touches only the data of these rollouts (their rollout rows, attempts, spans and
+                sequence counters) and of rollouts it creates (an empty sequence: it only creates rollouts, and
+                queues them). Backends that lock across processes use it to run sections on different rollouts side
+                by side; a section without it (``None``) excludes every section on its labels. Backends that
+                serialize all writes anyway ignore it.
+        """
         raise NotImplementedError()
 
     async def execute(
@@ -467,8 +480,11 @@ class LightningCollections(TrackedCollection):
         snapshot: bool = False,
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
         **kwargs: Any,
     ) -> R:
         """Run ``callback(collections)`` inside :meth:`atomic`."""
-        async with self.atomic(mode=mode, snapshot=snapshot, commit=commit, labels=labels, **kwargs) as collections:
+        async with self.atomic(
+            mode=mode, snapshot=snapshot, commit=commit, labels=labels, rollout_ids=rollout_ids, **kwargs
+        ) as collections:
             return await callback(collections)

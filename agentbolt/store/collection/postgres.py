@@ -489,15 +489,32 @@ class _Database:
 
     # -- sections ----------------------------------------------------------------------------------------------
 
-    def lock_statement(self, labels: Optional[Sequence[AtomicLabels]]) -> str:
-        """``SELECT`` taking the advisory locks of ``labels`` (all labels when empty), in a fixed order."""
+    def lock_statement(
+        self, labels: Optional[Sequence[AtomicLabels]], rollout_ids: Optional[Sequence[str]] = None
+    ) -> str:
+        """``SELECT`` taking the advisory locks of ``labels`` (all labels when empty), in a fixed order.
+
+        With ``rollout_ids`` (possibly empty: the section only creates rollouts), the labels are locked shared and
+        each rollout exclusively (label locks first, then the rollouts in key order, so sections never deadlock):
+        sections on different rollouts run side by side, while a section locking a whole label excludes them all.
+        """
         chosen = sorted(set(labels)) if labels else list(_ALL_LABELS)
-        calls = ", ".join(f"pg_advisory_xact_lock({self._label_locks[label]})" for label in chosen)
-        return f"SELECT {calls}"
+        if rollout_ids is None:
+            calls = [f"pg_advisory_xact_lock({self._label_locks[label]})" for label in chosen]
+        else:
+            calls = [f"pg_advisory_xact_lock_shared({self._label_locks[label]})" for label in chosen]
+            keys = sorted({_lock_key(self.schema, "rollout", rollout_id) for rollout_id in rollout_ids})
+            calls += [f"pg_advisory_xact_lock({key})" for key in keys]
+        return f"SELECT {', '.join(calls)}"
 
     @asynccontextmanager
     async def section(
-        self, *, writes: bool, snapshot: bool, labels: Optional[Sequence[AtomicLabels]]
+        self,
+        *,
+        writes: bool,
+        snapshot: bool,
+        labels: Optional[Sequence[AtomicLabels]],
+        rollout_ids: Optional[Sequence[str]] = None,
     ) -> AsyncIterator[_Section]:
         """Bind one connection to the current task for the body: a locked transaction, a snapshot, or plain reads."""
         async with self.connection() as conn:
@@ -510,7 +527,9 @@ class _Database:
                     _current_section.reset(token)
                 return
             begin = (
-                f"BEGIN; {self.lock_statement(labels)}" if writes else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                f"BEGIN; {self.lock_statement(labels, rollout_ids)}"
+                if writes
+                else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             )
             await conn.execute(begin)
             token = _current_section.set(section)
@@ -1082,13 +1101,16 @@ class PostgresLightningCollections(LightningCollections):
         snapshot: bool = False,
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
+        rollout_ids: Optional[Sequence[str]] = None,
         **kwargs: Any,
     ) -> AsyncIterator[PostgresLightningCollections]:
         """One atomic section.
 
         ``"w"``/``"rw"`` sections run in one transaction after taking the advisory locks of ``labels`` (every label
-        when none is given), so sections sharing a label run one after the other across all processes; the section
-        is rolled back if the body raises and this returns once committed. ``"r"`` sections read the last committed
+        when none is given), so sections sharing a label run one after the other across all processes; with
+        ``rollout_ids``, the labels are locked shared and the rollouts exclusively, so that sections on different
+        rollouts run (and commit) side by side. The section is rolled back if the body raises and this returns once
+        committed. ``"r"`` sections read the last committed
         state on one connection (``snapshot=True``: one consistent snapshot). Nested sections join the enclosing
         one.
         """
@@ -1097,7 +1119,7 @@ class PostgresLightningCollections(LightningCollections):
         if current is not None and (current.writes or not writes):
             yield self
             return
-        async with self._db.section(writes=writes, snapshot=snapshot, labels=labels):
+        async with self._db.section(writes=writes, snapshot=snapshot, labels=labels, rollout_ids=rollout_ids):
             yield self
 
     async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
