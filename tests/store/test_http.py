@@ -683,3 +683,25 @@ async def test_a_session_whose_event_loop_is_gone_is_closed(served: Served) -> N
         gc.collect()
     assert connector.closed
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+async def test_sessions_of_finished_event_loops_are_closed_not_dropped(served: Served) -> None:
+    """A client used under ``asyncio.run`` several times (a loop each, not kept by the caller) closes the sessions of
+    the finished loops at its next call from another loop: none is left for the collector to find open."""
+    client = LightningStoreClient(served.server.endpoint, retry_delays=(), health_retry_delays=())
+
+    def under_asyncio_run() -> int:
+        return len(asyncio.run(client.query_rollouts()))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert await asyncio.to_thread(under_asyncio_run) == 0
+        old_connectors = [session.connector for session in client._sessions.values()]
+        gc.collect()
+        assert len(await client.query_rollouts()) == 0  # from this loop: the finished loops' sessions are released
+        assert list(client._sessions) == [asyncio.get_running_loop()]
+        assert all(connector is not None and connector.closed for connector in old_connectors)
+        await client.close()
+        gc.collect()
+    assert not [w for w in caught if "Unclosed" in str(w.message) or "never awaited" in str(w.message)]

@@ -13,7 +13,6 @@ import inspect
 import logging
 import os
 import time
-import weakref
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from urllib.parse import quote
 
@@ -47,6 +46,18 @@ async def _awaited(result: Any) -> None:
     """Await ``result`` if it is awaitable (aiohttp's ``close`` methods return an awaitable; old versions None)."""
     if inspect.isawaitable(result):
         await result
+
+
+async def _release(session: aiohttp.ClientSession) -> None:
+    """Release a session whose event loop is gone: its transports can no longer be shut down politely, so closing
+    its connector here (aiohttp's close is awaitable, a coroutine in recent versions) marks it closed and drops them."""
+    if session.closed:
+        return
+    connector = session.connector
+    session.detach()
+    if connector is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_awaited(connector.close()), timeout=5.0)
 
 
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
@@ -116,9 +127,9 @@ class LightningStoreClient(LightningStore):
         self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
         self.expected_server_id = expected_server_id
         self.long_waits = long_waits
-        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Loops are held (not weakly referenced) so that a session outliving its loop is still closed, by the next
+        # call from another loop or by close(), instead of being dropped open when the loop is collected.
+        self._sessions: Dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._dequeue_succeeded = False
         self._dequeue_failure_logged = False
 
@@ -129,7 +140,7 @@ class LightningStoreClient(LightningStore):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._sessions = weakref.WeakKeyDictionary()
+        self._sessions = {}
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
@@ -169,7 +180,7 @@ class LightningStoreClient(LightningStore):
         session = self._sessions.get(loop)
         if session is None or session.closed:
             for stale in [other for other in self._sessions if other.is_closed()]:
-                del self._sessions[stale]  # sessions of finished event loops cannot be used any more
+                await _release(self._sessions.pop(stale))  # sessions of finished event loops cannot be used any more
             timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
             connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
             session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
@@ -187,7 +198,7 @@ class LightningStoreClient(LightningStore):
         except RuntimeError:
             loop = None
         sessions = list(self._sessions.items())
-        self._sessions = weakref.WeakKeyDictionary()
+        self._sessions = {}
         for session_loop, session in sessions:
             if session.closed:
                 continue
@@ -200,13 +211,7 @@ class LightningStoreClient(LightningStore):
                 except Exception as exc:  # the other loop is stopping or too busy; the process may be exiting
                     logger.debug("Could not close the session of another event loop: %r", exc)
             else:
-                # The loop is gone: its transports can no longer be shut down politely. Closing the connector here
-                # (aiohttp's close is awaitable, a coroutine in recent versions) marks it closed and drops them.
-                connector = session.connector
-                session.detach()
-                if connector is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(_awaited(connector.close()), timeout=5.0)
+                await _release(session)
 
     async def _send(
         self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float] | Unset
