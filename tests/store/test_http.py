@@ -562,6 +562,8 @@ async def test_client_and_server_pickle(served: Served) -> None:
         await copy.start()
     await copy.stop()  # closes the copy's client only
     assert served.server.is_running()
+    other: LightningStoreServer = pickle.loads(pickle.dumps(served.server))
+    assert other._cors_origins == copy._cors_origins == [] and other._cors_origins is not copy._cors_origins
 
 
 async def test_server_delegates_in_process_and_reports_endpoints(served: Served) -> None:

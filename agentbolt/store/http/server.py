@@ -8,6 +8,7 @@ the store; store exceptions are mapped by :func:`agentbolt.store.http.errors.sta
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import re
@@ -609,7 +610,7 @@ class LightningStoreServer(LightningStore):
         return {name: value for name, value in self.__dict__.items() if name not in _PROCESS_LOCAL}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state, **_PROCESS_LOCAL)
+        self.__dict__.update(state, **{name: copy.copy(value) for name, value in _PROCESS_LOCAL.items()})
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
