@@ -322,7 +322,9 @@ class Tracer(ParallelWorkerBase):
             worker_initialized = True
             yield self
         finally:
-            if worker_initialized:
-                self.teardown_worker(0)
-            if initialized:
-                self.teardown()
+            try:
+                if worker_initialized:
+                    self.teardown_worker(0)
+            finally:  # a failed worker teardown still tears the tracer down, then raises
+                if initialized:
+                    self.teardown()

@@ -87,6 +87,10 @@ def test_lifespan_undoes_only_what_succeeded() -> None:
     with pytest.raises(RuntimeError), failing.lifespan():
         pass
     assert failing.calls == ["init", "init_worker", "teardown"]
+    failing_teardown = RecordingTracer(fail_in="teardown_worker")
+    with pytest.raises(RuntimeError, match="teardown_worker"), failing_teardown.lifespan():
+        pass
+    assert failing_teardown.calls == ["init", "init_worker", "teardown_worker", "teardown"]
 
 
 def test_base_tracer_defaults(caplog: pytest.LogCaptureFixture) -> None:
