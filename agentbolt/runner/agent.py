@@ -28,6 +28,7 @@ from typing import (
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.semconv import AGL_EXCEPTION
+from agentbolt.store.base import MAX_QUEUE_WAIT_SECONDS
 from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT, StoreUnreachableError, ride_out_outages
 from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
@@ -56,13 +57,13 @@ if TYPE_CHECKING:
 
 __all__ = ["TRAINING_POLL_INTERVAL", "LitAgentRunner"]
 
-TRAINING_POLL_INTERVAL = 0.5
+TRAINING_POLL_INTERVAL = 1.0
 """A ``poll_interval`` for runners whose store is served by a process that also trains or serves the model.
 
-While an update runs, every idle runner polls the empty queue; at 0.05 s, eight runners poll about 160 times a
-second, and the store's server and SQLite writer threads used a fifth of a core (measured per thread) beside an
-update that used 1.3 on 2 cores. Twice a second costs each step at most half a second before its first rollouts start (a runner
-that finishes a rollout asks for the next at once).
+An idle runner waits on the store's queue (``wait_for_queued_rollouts``), which wakes it as soon as the algorithm
+queues rollouts, so the interval bounds how often an idle runner asks (a dequeue and a wait per interval), not how
+long a step waits for its first rollouts. Polling 20 times a second, eight idle runners kept the store's server and
+SQLite writer threads busy with a fifth of a core (measured per thread) beside an update that used 1.3 on 2 cores.
 """
 
 logger = logging.getLogger("agentbolt.runner.agent")
@@ -493,14 +494,37 @@ class LitAgentRunner(Runner[T_task]):
 
     # ------------------------------------------------------------------ loops
 
-    async def _sleep_until_next_poll(self, event: Optional[ExecutionEvent] = None) -> None:
-        """Sleep about ``poll_interval`` seconds, returning early when ``event`` is set."""
+    async def _wait_until_next_poll(
+        self, event: Optional[ExecutionEvent] = None, store: Optional[LightningStore] = None
+    ) -> None:
+        """Wait about ``poll_interval`` seconds, returning early when ``event`` is set or, given the ``store`` whose
+        queue was just found empty, as soon as it has a rollout queued (``wait_for_queued_rollouts``)."""
         deadline = time.monotonic() + self._jittered(self._poll_interval)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or (event is not None and event.is_set()):
-                return
-            await asyncio.sleep(min(0.1, remaining))
+        waiting: Optional[asyncio.Future[bool]] = None
+        if store is not None:
+            timeout = min(max(deadline - time.monotonic(), 0.0), MAX_QUEUE_WAIT_SECONDS)
+            waiting = asyncio.ensure_future(store.wait_for_queued_rollouts(timeout))
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (event is not None and event.is_set()):
+                    return
+                if waiting is None:
+                    await asyncio.sleep(min(0.1, remaining))
+                    continue
+                await asyncio.wait({waiting}, timeout=min(0.1, remaining))
+                if not waiting.done():
+                    continue
+                error = None if waiting.cancelled() else waiting.exception()
+                if error is None:
+                    return  # a rollout is queued, or the store's wait ran out
+                logger.debug("%s could not wait for queued rollouts: %r", self.get_worker_id(), error)
+                waiting = None  # sleep out the interval instead
+        finally:
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiting
 
     async def iter(self, *, event: Optional[ExecutionEvent] = None) -> None:
         """Serve the store's queue until ``event`` is set or ``max_rollouts`` rollouts have run."""
@@ -516,6 +540,7 @@ class LitAgentRunner(Runner[T_task]):
                 while next_rollout is None:
                     if event is not None and event.is_set():
                         return
+                    queue_was_empty = False
                     # No new work while the outcome of earlier work is not in the store yet; waiting for the store
                     # lasts about one poll interval, so that the stop event is still seen.
                     with ride_out_outages(max(self._poll_interval, 0.01)):
@@ -525,12 +550,13 @@ class LitAgentRunner(Runner[T_task]):
                     if written and not self._claim_in_doubt and next_rollout is None:
                         try:
                             next_rollout = await store.dequeue_rollout(worker_id=self.get_worker_id())
+                            queue_was_empty = next_rollout is None
                         except Exception as exc:
                             # The store may have claimed a rollout for this worker and lost the answer on the way.
                             self._claim_in_doubt = True
                             logger.warning("%s could not dequeue: %s", self.get_worker_id(), exc)
                     if next_rollout is None:
-                        await self._sleep_until_next_poll(event)
+                        await self._wait_until_next_poll(event, store if queue_was_empty else None)
                 try:
                     await self._step_impl(next_rollout)
                 except Exception:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import math
 import warnings
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
@@ -47,6 +49,8 @@ __all__ = [
     "is_running",
     "is_finished",
     "store_api_methods",
+    "MAX_QUEUE_WAIT_SECONDS",
+    "queue_wait_seconds",
     "forward_store_api",
     "page_json",
 ]
@@ -119,6 +123,23 @@ class LightningStoreStatistics(TypedDict, total=False):
     eviction_threshold_bytes: int
     safe_threshold_bytes: int
     memory_capacity_bytes: int
+
+
+MAX_QUEUE_WAIT_SECONDS = 300.0
+"""Longest ``wait_for_queued_rollouts`` timeout: a runner waits about its poll interval, then asks again."""
+
+
+def queue_wait_seconds(timeout: Any) -> float:
+    """``timeout`` of ``wait_for_queued_rollouts`` as seconds.
+
+    Raises:
+        ValueError: Not a finite number of seconds between 0 and :data:`MAX_QUEUE_WAIT_SECONDS`.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
+        raise ValueError(f"timeout must be a finite number of seconds, got {timeout!r}")
+    if not 0 <= timeout <= MAX_QUEUE_WAIT_SECONDS:
+        raise ValueError(f"timeout must be between 0 and {MAX_QUEUE_WAIT_SECONDS:g} seconds, got {timeout!r}")
+    return float(timeout)
 
 
 class LightningStore:
@@ -328,6 +349,17 @@ class LightningStore:
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
         """The rollouts among ``rollout_ids`` that are finished by the deadline, in input order."""
         raise NotImplementedError()
+
+    async def wait_for_queued_rollouts(self, timeout: float) -> bool:
+        """Wait until the queue holds a rollout to claim (True) or ``timeout`` seconds have passed (False).
+
+        An agentbolt addition to the store API: a runner that found the queue empty waits here instead of sleeping
+        its poll interval, so that a rollout queued meanwhile starts at once. True does not promise that the next
+        dequeue gets the rollout (another runner may claim it first). This default, for stores that cannot tell,
+        sleeps the whole timeout and returns False.
+        """
+        await asyncio.sleep(queue_wait_seconds(timeout))
+        return False
 
     async def query_spans(
         self,

@@ -47,6 +47,7 @@ from agentbolt.store.base import (
     is_finished,
     is_queuing,
     page_json,
+    queue_wait_seconds,
 )
 from agentbolt.store.collection.base import LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
@@ -217,7 +218,7 @@ def _attach(rollout: Rollout, attempt: Optional[Attempt]) -> Union[Rollout, Atte
 
 
 class _Waiter:
-    """One coroutine waiting for rollouts to finish; woken from any thread."""
+    """One coroutine waiting for rollouts to finish, or for the queue to fill; woken from any thread."""
 
     __slots__ = ("event", "loop")
 
@@ -270,6 +271,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         self._latest_resources_id: Optional[str] | Unset = UNSET
         self._latest_resources_lock = threading.Lock()
         self._waiters: Dict[str, Set[_Waiter]] = {}
+        self._queue_waiters: Set[_Waiter] = set()
         self._waiters_lock = threading.Lock()
         if tracker is not None:
             store_labels = ["method", "store_pubmeth", "status"]
@@ -592,6 +594,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
 
         Re-enqueueing already happened inside the atomic section; ``skip_enqueue`` is accepted for compatibility.
         """
+        if any(rollout.status in QUEUING_STATUSES for rollout, _ in rollouts):
+            self._notify_queued()  # requeued: it was put back in the queue inside the section
         finished = [rollout for rollout, fields in rollouts if is_finished(rollout)]
         if not finished:
             return
@@ -646,6 +650,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             if rollouts:
                 await collections.rollouts.insert(rollouts)
                 await collections.rollout_queue.enqueue([rollout.rollout_id for rollout in rollouts])
+        if rollouts:
+            self._notify_queued()
         return rollouts
 
     @tracked("enqueue_rollout")
@@ -1126,7 +1132,17 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         for waiter in waiters:
             waiter.wake()
 
+    def _notify_queued(self) -> None:
+        with self._waiters_lock:
+            waiters = list(self._queue_waiters)
+        for waiter in waiters:
+            waiter.wake()
+
+    def _listen_for_changes(self) -> None:
+        """Hook run before a wait: start receiving other processes' changes (no-op: one process owns the data)."""
+
     def _register_waiter(self, waiter: _Waiter, rollout_ids: Sequence[str]) -> None:
+        self._listen_for_changes()
         with self._waiters_lock:
             for rollout_id in rollout_ids:
                 self._waiters.setdefault(rollout_id, set()).add(waiter)
@@ -1177,6 +1193,36 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                     await asyncio.wait_for(waiter.event.wait(), timeout=max(slice_seconds, 0.01))
         finally:
             self._unregister_waiter(waiter, unique_ids)
+
+    @tracked("wait_for_queued_rollouts")
+    async def wait_for_queued_rollouts(self, timeout: float) -> bool:
+        """Wait until the queue holds a rollout (True) or ``timeout`` seconds have passed (False).
+
+        Woken at once by rollouts queued (or requeued) through this store object; also re-checks at least every
+        ``_wait_poll_interval`` seconds, for rollouts queued by other processes sharing the data (a PostgreSQL store
+        is woken by their notifications). Cancellable.
+        """
+        timeout = queue_wait_seconds(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        waiter = _Waiter()
+        self._listen_for_changes()
+        with self._waiters_lock:
+            self._queue_waiters.add(waiter)
+        try:
+            while True:
+                waiter.event.clear()  # registered before the check: a rollout queued after it still wakes us
+                async with self._reading() as collections:
+                    if await collections.rollout_queue.size() > 0:
+                        return True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter.event.wait(), timeout=min(self._wait_poll_interval, remaining))
+        finally:
+            with self._waiters_lock:
+                self._queue_waiters.discard(waiter)
 
     async def wait_for_rollout(self, rollout_id: str, timeout: Optional[float] = None) -> Optional[Rollout]:
         """The rollout once finished; ``None`` if unknown or still unfinished at the deadline."""

@@ -11,7 +11,7 @@ for setup and operation.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from agentbolt.store.base import LightningStoreCapabilities
 from agentbolt.store.collection.postgres import (
@@ -24,7 +24,7 @@ from agentbolt.store.collection.postgres import (
     PostgresUnavailableError,
     redact_dsn,
 )
-from agentbolt.store.collection_based import CollectionBasedLightningStore, _Waiter
+from agentbolt.store.collection_based import CollectionBasedLightningStore
 
 if TYPE_CHECKING:
     from agentbolt.utils.metrics import MetricsBackend
@@ -121,18 +121,20 @@ class PostgresLightningStore(CollectionBasedLightningStore[PostgresLightningColl
         """The connection string."""
         return self.collections.dsn
 
-    def _register_waiter(self, waiter: _Waiter, rollout_ids: Sequence[str]) -> None:
+    def _listen_for_changes(self) -> None:
         self.collections.ensure_listening()
-        super()._register_waiter(waiter, rollout_ids)
 
     def _on_notification(self, payload: str) -> None:
         """A change committed by any process: wake the waiters it concerns (all of them after a reconnection)."""
         if payload.startswith("f:"):
             self._notify_finished([payload[2:]])
+        elif payload == "q":
+            self._notify_queued()
         elif payload == "*":
             with self._waiters_lock:
                 rollout_ids = list(self._waiters)
             self._notify_finished(rollout_ids)
+            self._notify_queued()
 
     async def close(self) -> None:
         """Close this process's connections (other processes using the same database are not affected)."""

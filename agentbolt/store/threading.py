@@ -17,8 +17,8 @@ class LightningStoreThreaded(LightningStore):
 
     Every public method of :class:`~agentbolt.store.base.LightningStore` is forwarded once, with the same arguments,
     while holding the facade's lock; the lock never blocks an event loop (waiting coroutines yield while another
-    thread holds it). ``wait_for_rollouts`` is forwarded without the lock so that long waits do not stall other
-    calls.
+    thread holds it). ``wait_for_rollouts`` and ``wait_for_queued_rollouts`` are forwarded without the lock so that
+    long waits do not stall other calls.
 
     Args:
         store: The store to protect.
@@ -49,6 +49,11 @@ class LightningStoreThreaded(LightningStore):
                 await self.store._healthcheck()
         with healthcheck_suppressed():
             return await self.store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=timeout)
+
+    async def wait_for_queued_rollouts(self, timeout: float) -> bool:
+        """Forwarded without the lock, like ``wait_for_rollouts``: the wait only reads."""
+        with healthcheck_suppressed():
+            return await self.store.wait_for_queued_rollouts(timeout)
 
     async def _call_locked(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         async with self._lock:

@@ -201,6 +201,32 @@ async def test_iter_serves_queue_until_max_rollouts_with_heartbeats() -> None:
     assert worker is not None and worker.heartbeat_stats is not None and "cpu_usage_pct" in worker.heartbeat_stats
 
 
+async def test_an_idle_runner_starts_a_rollout_queued_while_it_waits_before_its_poll_interval() -> None:
+    """With nothing queued, the runner waits on the store's queue rather than sleeping out its poll interval."""
+
+    @agl.rollout
+    def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        return 1.0
+
+    store = InMemoryLightningStore()
+    store._wait_poll_interval = 600.0  # only the enqueue's notification can wake the runner in time
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), max_rollouts=1, poll_interval=300, heartbeat_interval=0)
+    runner.init(agent=agent)
+    runner.init_worker(0, store)
+    try:
+        task = asyncio.create_task(runner.iter(event=ThreadingEvent()))
+        await asyncio.sleep(0.5)  # the runner found the queue empty and waits
+        assert not task.done()
+        rollout = await store.enqueue_rollout(input={"i": 1}, mode="train", resources_id=resources_id)
+        await asyncio.wait_for(task, timeout=30)  # its poll interval is 300 s
+    finally:
+        runner.teardown_worker(0)
+        runner.teardown()
+    finished = await store.get_rollout_by_id(rollout.rollout_id)
+    assert finished is not None and finished.status == "succeeded"
+
+
 async def test_iter_returns_when_event_is_set() -> None:
     @agl.rollout
     def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:

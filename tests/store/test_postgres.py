@@ -38,6 +38,21 @@ def open_store(schema: str, **kwargs: Any) -> Any:
     return postgres.PostgresLightningStore(postgres_server().dsn(), schema=schema, **kwargs)
 
 
+def record_statements(monkeypatch: Any) -> List[str]:
+    """The statements every PostgreSQL connection sends from now on (each is a round trip to the server)."""
+    import psycopg
+
+    sent: List[str] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return await execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+    return sent
+
+
 async def test_migrations_are_recorded_and_applied_once(schema: str) -> None:
     first = open_store(schema)
     assert first.collections.migrated_from == 0
@@ -140,20 +155,11 @@ async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -
 async def test_reads_by_key_and_attempt_updates_send_no_needless_statements(schema: str, monkeypatch: Any) -> None:
     """A read of one item sends no count, counting attempts reads no rows, and an attempt update reads the latest
     attempt once: each statement is a round trip to the server."""
-    import psycopg
-
     store = open_store(schema)
     try:
         attempted = await store.start_rollout("x")
         rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
-        sent: List[str] = []
-        execute = psycopg.AsyncConnection.execute
-
-        async def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            sent.append(str(query))
-            return await execute(self, query, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+        sent = record_statements(monkeypatch)
         rollout = await store.get_rollout_by_id(rollout_id)
         assert rollout is not None and rollout.attempt.attempt_id == attempt_id
         assert len(sent) == 2 and not any("count(" in statement for statement in sent)  # the rollout, its attempt
@@ -218,20 +224,11 @@ async def test_sections_confined_to_rollouts_overlap_only_across_rollouts(schema
 async def test_spans_of_different_rollouts_are_added_side_by_side(schema: str, monkeypatch: Any) -> None:
     """``add_span`` and an attempt update without a status change lock their rollout, not every rollout; a status
     change (which may requeue the rollout or free a worker) still locks the whole labels."""
-    import psycopg
-
     store = open_store(schema)
     try:
         attempted = await store.start_rollout("x")
         rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
-        sent: List[str] = []
-        execute = psycopg.AsyncConnection.execute
-
-        async def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            sent.append(str(query))
-            return await execute(self, query, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+        sent = record_statements(monkeypatch)
         await store.add_span(make_span(rollout_id, attempt_id, 1, "0000000000000001"))
         await store.update_attempt(rollout_id, attempt_id, metadata={"step": 1})
         await store.enqueue_rollout("y")
@@ -303,6 +300,20 @@ async def test_a_rollout_finished_elsewhere_wakes_waiters_without_polling(schema
     finally:
         await waiting.close()
         await finishing.close()
+
+
+async def test_a_rollout_queued_elsewhere_wakes_queue_waiters_without_polling(schema: str) -> None:
+    waiting, queuing = open_store(schema), open_store(schema)  # two store objects, like two processes
+    waiting._wait_poll_interval = 600.0  # only a notification can wake it before the deadline
+    try:
+        waiter = asyncio.ensure_future(waiting.wait_for_queued_rollouts(120))
+        await asyncio.sleep(0.5)
+        assert not waiter.done()
+        await queuing.enqueue_rollout("x")
+        assert await asyncio.wait_for(waiter, timeout=60) is True
+    finally:
+        await waiting.close()
+        await queuing.close()
 
 
 async def test_the_watchdog_runs_once_per_period_among_all_processes(schema: str) -> None:

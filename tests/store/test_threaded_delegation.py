@@ -62,7 +62,10 @@ def test_every_public_store_method_is_overridden_and_nothing_else_is_public() ->
     assert public == {name for name in dir(LightningStore) if not name.startswith("_")}
 
 
-@pytest.mark.parametrize("name", [name for name in STORE_METHODS if name != "wait_for_rollouts"])
+UNLOCKED_WAITS = ("wait_for_rollouts", "wait_for_queued_rollouts")
+
+
+@pytest.mark.parametrize("name", [name for name in STORE_METHODS if name not in UNLOCKED_WAITS])
 async def test_each_method_forwards_its_arguments_once_and_returns_the_result(name: str) -> None:
     facade, inner = _facade()
     args = (f"{name}-positional",)
@@ -80,6 +83,12 @@ async def test_wait_for_rollouts_is_delegated_once_with_the_same_arguments_witho
     facade, inner = _facade()
     assert await facade.wait_for_rollouts(rollout_ids=["ro-1"], timeout=timeout) == "result-of-wait_for_rollouts"
     assert inner.calls == [("wait_for_rollouts", (), {"rollout_ids": ["ro-1"], "timeout": timeout}, False)]
+
+
+async def test_wait_for_queued_rollouts_is_delegated_once_without_the_lock() -> None:
+    facade, inner = _facade()
+    assert await facade.wait_for_queued_rollouts(0.5) == "result-of-wait_for_queued_rollouts"
+    assert inner.calls == [("wait_for_queued_rollouts", (0.5,), {}, False)]
 
 
 async def test_a_long_wait_does_not_hold_up_other_calls() -> None:

@@ -22,7 +22,7 @@ import pydantic_core
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.env_var import API_KEY_ENV_VAR
-from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, Unset
+from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, Unset, queue_wait_seconds
 from agentbolt.store.http.errors import LightningStoreHTTPError, error_from_response, is_auth_error
 from agentbolt.store.http.routes import (
     API_V1_AGL_PREFIX,
@@ -132,6 +132,7 @@ class LightningStoreClient(LightningStore):
         self._sessions: Dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._dequeue_succeeded = False
         self._dequeue_failure_logged = False
+        self._queue_waits_unsupported = False
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
@@ -498,6 +499,39 @@ class LightningStoreClient(LightningStore):
             if not pending or returned_early or (deadline is not None and time.monotonic() >= deadline):
                 break
         return [finished[rid] for rid in rollout_ids if rid in finished]
+
+    async def wait_for_queued_rollouts(self, timeout: float) -> bool:
+        """See :meth:`LightningStore.wait_for_queued_rollouts`: one request, answered when a rollout is queued or the
+        timeout has passed on the server.
+
+        A server without this route (another implementation of the store API) is waited out by sleeping, as a store
+        that cannot tell does; the client asks such a server once and then remembers.
+
+        Raises:
+            ValueError: ``timeout`` is not a finite number of seconds in range (nothing is sent).
+            aiohttp.ClientError: The server could not be reached (the wait is not retried: the caller polls again).
+        """
+        timeout = queue_wait_seconds(timeout)
+        if not self._queue_waits_unsupported:
+            route = ROUTES_BY_METHOD["wait_for_queued_rollouts"]
+            try:
+                data = await self._request_json(
+                    "post",
+                    route.path,
+                    json={"timeout": timeout},
+                    timeout=timeout + self._request_timeout,
+                    retry=False,
+                )
+                return route.decode(data)  # type: ignore[no-any-return]
+            except LightningStoreHTTPError as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._queue_waits_unsupported = True
+                logger.info(
+                    "The store at %s cannot wait for queued rollouts; runners poll it instead",
+                    self.server_address_root,
+                )
+        return await super().wait_for_queued_rollouts(timeout)
 
     async def _wait(
         self, rollout_ids: List[str], timeout: Optional[float], *, request_timeout: Optional[float] | Unset

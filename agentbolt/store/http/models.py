@@ -27,6 +27,7 @@ __all__ = [
     "StartAttemptRequest",
     "EnqueueManyRolloutsRequest",
     "DequeueManyRolloutsRequest",
+    "WaitForQueuedRolloutsRequest",
     "WaitForRolloutsRequest",
     "NextSequenceIdRequest",
     "NextSequenceIdResponse",
@@ -74,6 +75,12 @@ class WaitForRolloutsRequest(BaseModel):
 
     rollout_ids: List[str]
     timeout: Optional[float] = None
+
+
+class WaitForQueuedRolloutsRequest(BaseModel):
+    """Body of ``POST /waits/queue``."""
+
+    timeout: float
 
 
 class NextSequenceIdRequest(BaseModel):

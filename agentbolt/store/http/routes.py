@@ -37,6 +37,7 @@ from agentbolt.store.http.models import (
     UpdateAttemptRequest,
     UpdateRolloutRequest,
     UpdateWorkerRequest,
+    WaitForQueuedRolloutsRequest,
     WaitForRolloutsRequest,
 )
 from agentbolt.store.requests import (
@@ -314,6 +315,13 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "/waits/rollouts",
         lambda data: [parse_rollout(item) for item in data],
         body=WaitForRolloutsRequest,
+    ),
+    StoreRoute(
+        "wait_for_queued_rollouts",
+        "POST",
+        "/waits/queue",
+        bool,
+        body=WaitForQueuedRolloutsRequest,
     ),
     StoreRoute(
         "enqueue_many_rollouts",
