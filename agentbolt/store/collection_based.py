@@ -666,11 +666,23 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         requests = [EnqueueRolloutRequest.model_validate(request) for request in rollouts]
         return await self._enqueue(requests)
 
+    async def _queue_has_rollouts(self) -> bool:
+        """Whether the queue holds a rollout (its last committed state, read without locking)."""
+        async with self._reading() as collections:
+            return len(await collections.rollout_queue.peek(1)) > 0
+
     async def _dequeue(self, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
         _check_worker_id(worker_id)
         now = time.time()
         claimed: List[AttemptedRollout] = []
         changes: RolloutChanges = []
+        if not await self._queue_has_rollouts():
+            # Idle runners ask often: an empty answer locks only the asking worker's record, so that it does not hold
+            # up the writes of every rollout (as locking the queue, rollouts and attempts would across processes).
+            if worker_id:
+                async with self.collections.atomic(mode="rw", labels=["workers"]) as collections:
+                    await self._mark_worker_idle_after_empty_dequeue(collections, worker_id, now)
+            return claimed
         async with self.collections.atomic(
             mode="rw", labels=["rollout_queue", "rollouts", "attempts", "workers"]
         ) as collections:
@@ -1212,9 +1224,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         try:
             while True:
                 waiter.event.clear()  # registered before the check: a rollout queued after it still wakes us
-                async with self._reading() as collections:
-                    if await collections.rollout_queue.size() > 0:
-                        return True
+                if await self._queue_has_rollouts():
+                    return True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
