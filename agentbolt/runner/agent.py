@@ -494,6 +494,10 @@ class LitAgentRunner(Runner[T_task]):
 
     # ------------------------------------------------------------------ loops
 
+    async def _sleep_until_next_poll(self, event: Optional[ExecutionEvent] = None) -> None:
+        """Sleep about ``poll_interval`` seconds, returning early when ``event`` is set."""
+        await self._wait_until_next_poll(event)
+
     async def _wait_until_next_poll(
         self, event: Optional[ExecutionEvent] = None, store: Optional[LightningStore] = None
     ) -> None:
@@ -555,8 +559,10 @@ class LitAgentRunner(Runner[T_task]):
                             # The store may have claimed a rollout for this worker and lost the answer on the way.
                             self._claim_in_doubt = True
                             logger.warning("%s could not dequeue: %s", self.get_worker_id(), exc)
-                    if next_rollout is None:
-                        await self._wait_until_next_poll(event, store if queue_was_empty else None)
+                    if next_rollout is None and queue_was_empty:
+                        await self._wait_until_next_poll(event, store)
+                    elif next_rollout is None:
+                        await self._sleep_until_next_poll(event)
                 try:
                     await self._step_impl(next_rollout)
                 except Exception:

@@ -206,3 +206,21 @@ def test_trainer_runner_bundle_logs_teardown_errors_of_runner_and_worker(caplog:
     errors = _logged_errors(caplog)
     assert any("teardown_worker exploded" in e for e in errors), errors
     assert any("teardown exploded" in e and "teardown_worker" not in e for e in errors), errors
+
+
+async def test_sleep_until_next_poll_sleeps_the_interval_or_until_the_event_is_set() -> None:
+    """``_sleep_until_next_poll(event=None)`` (contract §9): sleeps about ``poll_interval``, returning early when the
+    event is set; it never waits on a store (that is what an empty dequeue leads to)."""
+    import asyncio
+    import time
+
+    from agentbolt.execution import ThreadingEvent
+
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), poll_interval=0.3, interval_jitter=0.0)
+    started = time.monotonic()
+    await asyncio.wait_for(runner._sleep_until_next_poll(), timeout=10)
+    assert time.monotonic() - started >= 0.25
+    stopped = ThreadingEvent()
+    stopped.set()
+    patient: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), poll_interval=300)
+    await asyncio.wait_for(patient._sleep_until_next_poll(stopped), timeout=10)
