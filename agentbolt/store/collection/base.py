@@ -480,11 +480,8 @@ class LightningCollections(TrackedCollection):
         snapshot: bool = False,
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
-        rollout_ids: Optional[Sequence[str]] = None,
         **kwargs: Any,
     ) -> R:
         """Run ``callback(collections)`` inside :meth:`atomic`."""
-        async with self.atomic(
-            mode=mode, snapshot=snapshot, commit=commit, labels=labels, rollout_ids=rollout_ids, **kwargs
-        ) as collections:
+        async with self.atomic(mode=mode, snapshot=snapshot, commit=commit, labels=labels, **kwargs) as collections:
             return await callback(collections)

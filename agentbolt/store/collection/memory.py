@@ -867,13 +867,12 @@ class InMemoryLightningCollections(LightningCollections):
         snapshot: bool = False,
         commit: bool = False,
         labels: Optional[Sequence[AtomicLabels]] = None,
-        rollout_ids: Optional[Sequence[str]] = None,
         **kwargs: Any,
     ) -> _AtomicSection:
         """Hold the locks of ``labels`` (all when empty) in sorted order; plain reads take no lock.
 
-        ``rollout_ids`` is not needed here: a section holds the event loop between its awaits on storage it owns, so
-        label locks cost nothing that finer locks would save.
+        ``rollout_ids`` (in ``kwargs``) is ignored: a section never waits on I/O while it holds its locks, so finer
+        locks would save nothing.
 
         There is no rollback: a section that raises after mutating keeps its mutations, so callers validate
         before writing.
