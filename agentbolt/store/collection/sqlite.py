@@ -1135,8 +1135,8 @@ class SqliteLightningCollections(LightningCollections):
         ``"w"``/``"rw"`` sections (and ``"r"`` with ``snapshot=True``) run in one SQLite transaction, isolated from
         every other section and rolled back if the body raises; this returns only once the writes are committed.
         Plain ``"r"`` sections read the last committed state without taking the write gate. Nested sections join
-        the enclosing one. ``labels``, ``commit`` and ``rollout_ids`` (in ``kwargs``) need no special handling: one writer runs the
-        sections one after the other, and one transaction covers every table.
+        the enclosing one. ``labels``, ``commit`` and ``rollout_ids`` (in ``kwargs``) need no special handling: one
+        writer runs the sections one after the other, and one transaction covers every table.
         """
         current = _current_section.get()
         writes = mode != "r" or snapshot
