@@ -34,6 +34,8 @@ AttributeValue = Union[str, bool, int, float, Sequence[str], Sequence[bool], Seq
 Attributes = Dict[str, AttributeValue]
 
 _PRIMITIVES = (str, bool, int, float)
+_PRIMITIVE_TYPES = frozenset(_PRIMITIVES)
+_STR_ONLY = frozenset((str,))
 
 
 def _validate_attributes(value: Any) -> Dict[str, Any]:
@@ -44,13 +46,18 @@ def _validate_attributes(value: Any) -> Dict[str, Any]:
     """
     if not isinstance(value, dict):
         raise ValueError(f"attributes must be a mapping, got {type(value).__name__}")
+    # Fast path, checked in C: string keys and primitive values of exactly these types (what JSON decodes to).
+    if _STR_ONLY.issuperset(map(type, value)) and _PRIMITIVE_TYPES.issuperset(map(type, value.values())):
+        return value
     result = value
     for key, item in value.items():
         if not isinstance(key, str):
             raise ValueError(f"attribute keys must be strings, got {key!r}")
         if isinstance(item, _PRIMITIVES):
             continue
-        if isinstance(item, (list, tuple)) and all(isinstance(element, _PRIMITIVES) for element in item):
+        if isinstance(item, (list, tuple)) and (
+            _PRIMITIVE_TYPES.issuperset(map(type, item)) or all(isinstance(element, _PRIMITIVES) for element in item)
+        ):
             if isinstance(item, tuple):
                 if result is value:
                     result = dict(value)

@@ -148,6 +148,20 @@ def test_span_from_opentelemetry_round_trip() -> None:
     assert Span.model_validate_json(span.model_dump_json()) == span
 
 
+def test_span_attributes_accept_subclasses_of_the_primitive_types() -> None:
+    class Name(str):
+        pass
+
+    class Count(int):
+        pass
+
+    attributes = {Name("key"): Count(3), "ids": [Count(1), 2], "pair": (Name("a"), Name("b"))}
+    span = Span.from_attributes(attributes=attributes)  # type: ignore[arg-type]
+    assert span.attributes == {"key": 3, "ids": [1, 2], "pair": ["a", "b"]}
+    with pytest.raises(ValidationError, match="'ids' must be"):
+        Span.from_attributes(attributes={"ids": [Count(1), None]})  # type: ignore[list-item]
+
+
 def test_span_from_attributes_and_core_fields() -> None:
     span = Span.from_attributes(attributes={"a": 1}, parent_id="00000000000000ab")
     assert span.name == "agentlightning.virtual" and span.sequence_id == 0 and span.rollout_id == ""
