@@ -26,7 +26,7 @@ import uvicorn
 
 from agentbolt.utils import event_loop
 
-__all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode"]
+__all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode", "on_shutdown_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +84,36 @@ class ChildEvent:
     traceback: Optional[str] = None
 
 
+_SHUTDOWN_HOOKS = "agentbolt_shutdown_hooks"
+
+
+def on_shutdown_start(app: Any, hook: Callable[[], None]) -> None:
+    """Have ``hook()`` called on the serving event loop when a server of ``app`` (a Starlette or FastAPI app) begins
+    to shut down, before it waits for the requests in flight.
+
+    A request that would otherwise last long (a long poll) can then end at once, instead of holding up the shutdown
+    until the grace period runs out and being cancelled with a 500. Called once per shutdown, in every process
+    serving the app.
+    """
+    hooks: List[Callable[[], None]] = getattr(app.state, _SHUTDOWN_HOOKS, [])
+    setattr(app.state, _SHUTDOWN_HOOKS, [*hooks, hook])
+
+
 class _Server(uvicorn.Server):
-    """uvicorn server that leaves signal handling to the owner of the process."""
+    """uvicorn server that leaves signal handling to the owner of the process and runs the app's shutdown hooks."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
+        state = getattr(self.config.app, "state", None)
+        for hook in getattr(state, _SHUTDOWN_HOOKS, ()):
+            try:
+                hook()
+            except Exception:
+                logger.exception("A shutdown hook of the server failed")
+        await super().shutdown(sockets=sockets)
 
 
 def pick_free_port(host: str = DEFAULT_HOST) -> int:

@@ -105,3 +105,61 @@ async def test_a_server_without_the_route_is_waited_out_by_sleeping(tmp_path: Pa
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_a_server_shutting_down_ends_long_waits_with_a_retryable_503() -> None:
+    """Waits in flight would hold the shutdown until its grace period, then fail with a 500; they end at once."""
+    import aiohttp
+    from support.servers import free_port
+
+    from agentbolt.store.http import LightningStoreServer
+    from agentbolt.store.http.errors import NOT_APPLIED_HEADER
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    inner = InMemoryLightningStore(thread_safe=True)
+    running = await inner.start_rollout("x")
+    server = LightningStoreServer(inner, host="127.0.0.1", port=free_port())
+    await server.start()
+
+    async def wait(session: aiohttp.ClientSession, path: str, body: Any) -> Any:
+        async with session.post(server.endpoint + "/v1/agl" + path, json=body) as response:
+            return response.status, response.headers.get(NOT_APPLIED_HEADER), await response.json()
+
+    async with aiohttp.ClientSession() as session:
+        waits = asyncio.gather(
+            wait(session, "/waits/queue", {"timeout": 120}),
+            wait(session, "/waits/rollouts", {"rollout_ids": [running.rollout_id], "timeout": 120}),
+        )
+        await asyncio.sleep(0.5)
+        assert not waits.done()
+        await server.stop()
+        answers = await asyncio.wait_for(waits, 60)
+    for status, not_applied, body in answers:
+        assert (status, not_applied, body["error_type"]) == (503, "1", "ServerShuttingDownError")
+        assert "shutting down" in body["detail"]
+
+
+async def test_a_client_waiting_across_a_server_restart_keeps_waiting() -> None:
+    from support.servers import free_port
+
+    from agentbolt.store.http import LightningStoreClient, LightningStoreServer
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    inner = InMemoryLightningStore(thread_safe=True)
+    running = await inner.start_rollout("x")
+    server = LightningStoreServer(inner, host="127.0.0.1", port=free_port())
+    await server.start()
+    client = LightningStoreClient(
+        server.endpoint, retry_delays=(0.5, 1.0, 2.0, 4.0), health_retry_delays=(), long_waits=True
+    )
+    try:
+        waiting = asyncio.ensure_future(client.wait_for_rollouts(rollout_ids=[running.rollout_id], timeout=120))
+        await asyncio.sleep(0.5)
+        await server.stop()
+        await server.start()
+        await inner.update_attempt(running.rollout_id, running.attempt.attempt_id, status="succeeded")
+        (finished,) = await asyncio.wait_for(waiting, 60)
+        assert (finished.rollout_id, finished.status) == (running.rollout_id, "succeeded")
+    finally:
+        await client.close()
+        await server.stop()

@@ -17,6 +17,7 @@ from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
     PythonServerLauncherArgs,
+    on_shutdown_start,
     pick_free_port,
 )
 
@@ -112,6 +113,42 @@ async def test_in_flight_request_finishes_on_stop() -> None:
     await asyncio.sleep(0.2)
     await launcher.stop()
     assert await slow == (200, "slow done")
+
+
+async def test_shutdown_hooks_run_once_per_stop_before_in_flight_requests_finish(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    calls: List[str] = []
+    long_poll_ended = asyncio.Event()
+
+    async def long_poll(request: Any) -> PlainTextResponse:
+        await long_poll_ended.wait()
+        return PlainTextResponse("ended by the hook")
+
+    def failing_hook() -> None:
+        raise RuntimeError("hook failure")
+
+    starlette_app = Starlette(
+        routes=[Route("/health", lambda request: PlainTextResponse("ok")), Route("/poll", long_poll)]
+    )
+    on_shutdown_start(starlette_app, lambda: calls.append("first"))
+    on_shutdown_start(starlette_app, failing_hook)
+    on_shutdown_start(starlette_app, lambda: (calls.append("last"), long_poll_ended.set()))
+    launcher = PythonServerLauncher(starlette_app, args("asyncio"))
+    for stops in range(2):
+        await launcher.start()
+        long_poll_ended.clear()
+        poll = asyncio.ensure_future(get(launcher.access_endpoint + "/poll"))
+        await asyncio.sleep(0.2)
+        assert calls == ["first", "last"] * stops  # not before the server stops
+        await launcher.stop()
+        assert await poll == (200, "ended by the hook")
+    assert calls == ["first", "last", "first", "last"]
+    assert caplog.text.count("A shutdown hook of the server failed") == 2
 
 
 async def test_serve_context_wraps_serving() -> None:

@@ -13,7 +13,21 @@ import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Coroutine,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 from urllib.parse import parse_qs
 
 import orjson
@@ -48,13 +62,24 @@ from agentbolt.store.http.routes import (
 )
 from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.utils import LATENCY_BUCKETS
-from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs
+from agentbolt.utils.server_launcher import (
+    LaunchMode,
+    PythonServerLauncher,
+    PythonServerLauncherArgs,
+    on_shutdown_start,
+)
 
 if TYPE_CHECKING:
     from agentbolt.store.http.client import LightningStoreClient
     from agentbolt.utils.metrics import MetricsBackend
 
-__all__ = ["LightningStoreServer", "DEFAULT_PORT", "DEFAULT_MAX_REQUEST_BYTES", "build_store_app"]
+__all__ = [
+    "LightningStoreServer",
+    "DEFAULT_PORT",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "ServerShuttingDownError",
+    "build_store_app",
+]
 
 logger = logging.getLogger("agentbolt.store.server")
 
@@ -71,6 +96,10 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
     return Response(content=body, status_code=status_code, media_type="application/json")
 
 
+class ServerShuttingDownError(StorageUnavailableError):
+    """A long wait ended early because the store server is shutting down (answered 503: waiting again is safe)."""
+
+
 def _error_response(status_code: int, detail: Any, error_type: str, kind: str) -> Response:
     return Response(
         content=error_body(detail, error_type, kind), status_code=status_code, media_type="application/json"
@@ -79,7 +108,9 @@ def _error_response(status_code: int, detail: Any, error_type: str, kind: str) -
 
 def _exception_response(exc: Exception) -> Response:
     status_code = status_for_exception(exc)
-    if isinstance(exc, StorageUnavailableError):
+    if isinstance(exc, ServerShuttingDownError):
+        logger.info("%s", exc)
+    elif isinstance(exc, StorageUnavailableError):
         logger.warning("Store call failed, nothing applied: %s", exc)
     elif status_code >= 500:
         logger.exception("Store call failed")
@@ -395,6 +426,50 @@ def _add_store_routes(app: FastAPI, call: StoreCall, body_models: Dict[str, Type
         )
 
 
+class _LongWaits:
+    """The store's long waits in flight, ended when the server begins to shut down.
+
+    Left alone, a wait of minutes would hold the shutdown until uvicorn's grace period ran out and then be cancelled
+    with a 500. Ended at once, it answers 503 (nothing was applied): the client retries ``wait_for_rollouts`` as
+    any idempotent call, so a server restarted on the same address within its retries picks the wait up again,
+    and a runner whose ``wait_for_queued_rollouts`` fails polls again.
+    """
+
+    METHODS = frozenset({"wait_for_rollouts", "wait_for_queued_rollouts"})
+    _REASON = "agentbolt store server shutting down"
+
+    def __init__(self) -> None:
+        self._tasks: Set[asyncio.Task[Any]] = set()
+
+    def end_all(self) -> None:
+        """Cancel every wait in flight (on the serving loop)."""
+        for task in list(self._tasks):
+            task.cancel(self._REASON)
+
+    def guard(self, call: StoreCall) -> StoreCall:
+        """``call``, with the long waits made endable by :meth:`end_all`."""
+
+        async def guarded(method_name: str, /, *args: Any, **kwargs: Any) -> Any:
+            if method_name not in self.METHODS:
+                return await call(method_name, *args, **kwargs)
+            task = asyncio.current_task()
+            assert task is not None
+            self._tasks.add(task)
+            try:
+                return await call(method_name, *args, **kwargs)
+            except asyncio.CancelledError as exc:
+                if exc.args != (self._REASON,):
+                    raise
+                task.uncancel()
+                raise ServerShuttingDownError(
+                    f"The store server is shutting down: {method_name} ended early; waiting again is safe"
+                ) from None
+            finally:
+                self._tasks.discard(task)
+
+        return guarded
+
+
 def build_store_app(
     call: StoreCall,
     *,
@@ -415,6 +490,9 @@ def build_store_app(
         tracker: Metrics backend (HTTP metrics middleware and, when it supports it, the Prometheus mount).
     """
     app = _new_app(title="LightningStore Server", version="0.3.1")
+    long_waits = _LongWaits()
+    on_shutdown_start(app, long_waits.end_all)
+    call = long_waits.guard(call)
     # Routes are added to the app's own router (not an included one): requests are then matched in a single pass
     # over the routes, which matters at thousands of requests per second.
     app.router.route_class = _StoreRoute
