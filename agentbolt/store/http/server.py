@@ -436,15 +436,16 @@ class _LongWaits:
     """
 
     METHODS = frozenset({"wait_for_rollouts", "wait_for_queued_rollouts"})
-    _REASON = "agentbolt store server shutting down"
 
     def __init__(self) -> None:
         self._tasks: Set[asyncio.Task[Any]] = set()
+        self._ended: Set[asyncio.Task[Any]] = set()
 
     def end_all(self) -> None:
         """Cancel every wait in flight (on the serving loop)."""
-        for task in list(self._tasks):
-            task.cancel(self._REASON)
+        for task in self._tasks - self._ended:
+            self._ended.add(task)
+            task.cancel()
 
     def guard(self, call: StoreCall) -> StoreCall:
         """``call``, with the long waits made endable by :meth:`end_all`."""
@@ -457,15 +458,17 @@ class _LongWaits:
             self._tasks.add(task)
             try:
                 return await call(method_name, *args, **kwargs)
-            except asyncio.CancelledError as exc:
-                if exc.args != (self._REASON,):
+            except asyncio.CancelledError:
+                if task not in self._ended:
                     raise
-                task.uncancel()
+                if hasattr(task, "uncancel"):  # Python 3.11+: the request goes on to answer
+                    task.uncancel()
                 raise ServerShuttingDownError(
                     f"The store server is shutting down: {method_name} ended early; waiting again is safe"
                 ) from None
             finally:
                 self._tasks.discard(task)
+                self._ended.discard(task)
 
         return guarded
 
