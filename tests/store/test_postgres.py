@@ -73,6 +73,55 @@ async def test_a_schema_from_a_newer_version_is_refused_untouched(schema: str) -
     assert server.psql(f"SELECT max(version) FROM {schema}.schema_migrations").strip() == "999"
 
 
+async def test_payloads_written_before_nul_escaping_read_back_exactly_after_the_upgrade(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as version_2:
+        version_2.setattr(collection, "MIGRATIONS", collection.MIGRATIONS[:2])
+        version_2.setattr(collection, "SCHEMA_VERSION", 2)
+        store = open_store(schema)
+        rollout = await store.start_rollout("placeholder")
+        await store.close()
+    # What a version-2 store wrote for this input: the private-use characters as they are.
+    postgres_server().psql(
+        f"UPDATE {schema}.rollouts SET data = jsonb_set(data, '{{input}}', "
+        f"to_jsonb(chr(57344) || chr(57345) || 'x' || chr(57344) || chr(57346)))"
+    )
+    store = open_store(schema)
+    try:
+        assert store.collections.migrated_from == 2
+        read = await store.get_rollout_by_id(rollout.rollout_id)
+        assert read is not None and read.input == "\ue000\ue001x\ue000\ue002"
+    finally:
+        await store.close()
+
+
+async def test_nul_in_ids_and_names_is_a_clear_error_that_changes_nothing(schema: str) -> None:
+    inner = open_store(schema)
+    server = LightningStoreServer(inner, host="127.0.0.1", port=free_port())
+    await server.start()
+    client = LightningStoreClient(server.endpoint, retry_delays=(), health_retry_delays=())
+    try:
+        rollout = await inner.start_rollout("x")
+        nul_name = make_span(rollout.rollout_id, rollout.attempt.attempt_id, 1, "s1", name="llm\x00call")
+        for store in (inner, client):  # over HTTP: a 400 carrying the same message
+            with pytest.raises(ValueError, match=r"cannot hold the NUL character"):
+                await store.add_span(nul_name)
+            with pytest.raises(ValueError, match=r"cannot hold the NUL character"):
+                await store.update_resources("res\x00", {})
+            with pytest.raises(ValueError, match=r"cannot hold the NUL character"):
+                await store.update_worker("worker\x00")
+        with pytest.raises(ValueError, match=r"cannot hold the NUL character"):
+            await inner.get_rollout_by_id("ro-\x00")
+        assert await client.get_rollout_by_id("ro-\x00") is None  # the client's lookups answer None on errors
+        assert len(await inner.query_spans(rollout.rollout_id)) == 0
+        assert await inner.get_rollout_by_id(rollout.rollout_id) is not None
+    finally:
+        await client.close()
+        await server.stop()
+        await inner.close()
+
+
 async def test_wrong_dsn_is_one_clear_error_without_the_password() -> None:
     server = postgres_server()
     with pytest.raises(postgres.PostgresConnectionError, match='database "no_such_db" does not exist') as info:

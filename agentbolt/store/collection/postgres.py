@@ -240,9 +240,19 @@ def _initial_statements() -> Tuple[str, ...]:
     return tuple(statements)
 
 
+def _escape_stored_escape_statements() -> Tuple[str, ...]:
+    """Payloads written before NUL characters could be stored held U+E000 as it is: escape it as stored now."""
+    return tuple(
+        f"UPDATE {spec.table} SET data = replace(data::text, chr(57344), chr(57344) || chr(57345))::jsonb "
+        "WHERE strpos(data::text, chr(57344)) > 0"
+        for spec in (*TABLES, METRICS)
+    )
+
+
 MIGRATIONS: Tuple[Migration, ...] = (
     Migration(1, "initial layout", _initial_statements()),
     Migration(2, "training metrics", tuple(_table_statements(METRICS))),
+    Migration(3, "payloads may hold NUL characters", _escape_stored_escape_statements()),
 )
 """Every migration, oldest first. A new layout is a new entry here; existing entries never change."""
 
@@ -332,17 +342,49 @@ def _one_line(exc: BaseException) -> str:
 # Connections, sections
 
 
+# jsonb cannot hold the NUL character (it refuses the escape ``\u0000``), which SQLite and memory store like any
+# other. Payloads are stored with NUL as the private-use character U+E000 followed by U+E002, and U+E000 itself as
+# U+E000 followed by U+E001, so that every string survives the round trip exactly. Only the stored JSON is escaped:
+# indexed text columns (ids, names) refuse NUL with a ValueError instead.
+_ESCAPE = "\ue000".encode()
+_ESCAPED_ESCAPE = "\ue000\ue001".encode()
+_ESCAPED_NUL = "\ue000\ue002".encode()
+_JSON_NUL = b"\\u0000"
+_JSON_ESCAPE_SEQUENCE = re.compile(rb"\\(?:u0000|.)", re.DOTALL)  # left to right, so "\\u0000" is no NUL
+_STORED_ESCAPE_SEQUENCE = re.compile(_ESCAPE + rb"\xee\x80[\x81\x82]")
+
+
+def _storable_json(text: bytes) -> bytes:
+    """JSON text (as pydantic writes it: non-ASCII characters as they are) in the form stored as ``jsonb``."""
+    if _ESCAPE in text:
+        text = text.replace(_ESCAPE, _ESCAPED_ESCAPE)
+    if _JSON_NUL in text:
+        text = _JSON_ESCAPE_SEQUENCE.sub(lambda m: _ESCAPED_NUL if m.group() == _JSON_NUL else m.group(), text)
+    return text
+
+
+def _restored_json(text: bytes) -> bytes:
+    """The JSON text given to :func:`_storable_json`, from the stored form (read back as text)."""
+    if _ESCAPE not in text:
+        return text
+    return _STORED_ESCAPE_SEQUENCE.sub(lambda m: _JSON_NUL if m.group() == _ESCAPED_NUL else _ESCAPE, text)
+
+
+def _load_stored_json(data: bytes) -> Any:
+    return orjson.loads(_restored_json(data))
+
+
 class _RawJson:
-    """JSON text already serialized (by pydantic), passed to a ``jsonb`` parameter without re-encoding."""
+    """JSON text serialized by pydantic, passed to a ``jsonb`` parameter without re-encoding (escaped for storage)."""
 
     __slots__ = ("data",)
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    def __init__(self, text: str) -> None:
+        self.data = _storable_json(text.encode())
 
 
 def _configure_adapters(context: Any) -> None:
-    """psycopg adapters of a connection: jsonb parsed by orjson, :class:`_RawJson` sent as jsonb as it is."""
+    """psycopg adapters of a connection: jsonb restored and parsed by orjson, :class:`_RawJson` sent as it is."""
     from psycopg.adapt import Dumper
     from psycopg.types.json import set_json_loads
 
@@ -353,7 +395,7 @@ def _configure_adapters(context: Any) -> None:
             return obj.data
 
     context.adapters.register_dumper(_RawJson, RawJsonDumper)
-    set_json_loads(orjson.loads, context)
+    set_json_loads(_load_stored_json, context)
 
 
 class _Section:
@@ -461,6 +503,11 @@ class _Database:
                 task.add_done_callback(self._background.discard)
                 raise PostgresUnavailableError(
                     f"PostgreSQL is unavailable ({self.where}): {_one_line(exc)}; nothing was applied"
+                ) from exc
+            if isinstance(exc, _psycopg().DataError) and "NUL" in str(exc):
+                raise ValueError(
+                    "PostgreSQL cannot hold the NUL character (0x00) in ids, names and the other indexed text "
+                    f"fields; nothing was applied ({_one_line(exc)})"
                 ) from exc
             raise
 
@@ -701,7 +748,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     def _row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, name) for name in self._names]
-        values.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude).encode()))
+        values.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude)))
         return values
 
     def _decode(self, row: Sequence[Any]) -> M:
@@ -722,7 +769,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     def _row_json(row: Sequence[str]) -> bytes:
         """The JSON object of a row read with ``_select_json``: the indexed columns, then the payload's fields."""
         columns, payload = row
-        return (columns if payload == "{}" else f"{columns[:-1]}, {payload[1:]}").encode()
+        return _restored_json((columns if payload == "{}" else f"{columns[:-1]}, {payload[1:]}").encode())
 
     async def _query_page(
         self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
@@ -809,7 +856,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         payload_fields = {name for name in update_fields if name not in self._payload_exclude}
         if payload_fields:
             assignments.append(f"data = {self._table}.data || %s")
-            params.append(_RawJson(item.model_dump_json(include=payload_fields).encode()))
+            params.append(_RawJson(item.model_dump_json(include=payload_fields)))
         return ", ".join(assignments), params
 
     async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:

@@ -1,0 +1,54 @@
+"""Every backend keeps any string it is given, exactly: NUL characters, private-use characters, escape look-alikes.
+
+PostgreSQL's ``jsonb`` refuses NUL, so that store escapes payloads; these strings are the ones its escape uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from agentbolt.store.base import LightningStore
+
+from .conftest import make_span
+
+TRICKY = [
+    "a\x00b",
+    "\x00",
+    "\ue000",
+    "\ue000\ue001",
+    "\ue000\ue002",
+    "\ue000\x00\ue001",
+    "\\u0000",  # a backslash and five characters, not a NUL
+    "\\\x00",
+    'tab\tquote"nl\n\U0001f642',
+]
+
+
+def tricky_mapping() -> Dict[str, Any]:
+    mapping: Dict[str, Any] = {f"value {i}": text for i, text in enumerate(TRICKY)}
+    mapping.update({text: i for i, text in enumerate(TRICKY)})  # as keys too
+    return mapping
+
+
+async def test_strings_round_trip_exactly_in_inputs_metadata_and_spans(store: LightningStore) -> None:
+    rollout = await store.start_rollout(tricky_mapping(), metadata={"tricky": TRICKY})
+    assert rollout.input == tricky_mapping()
+    queued = await store.enqueue_rollout(TRICKY)
+    await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, metadata={"notes": TRICKY})
+    span = make_span(
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id),
+        "s1",
+        attributes={**{k: v for k, v in tricky_mapping().items()}, "list": TRICKY},
+    )
+    assert await store.add_span(span) is not None
+
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None and read.input == tricky_mapping() and read.metadata == {"tricky": TRICKY}
+    read_queued = await store.get_rollout_by_id(queued.rollout_id)
+    assert read_queued is not None and read_queued.input == TRICKY
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.metadata == {"notes": TRICKY}
+    (stored,) = await store.query_spans(rollout.rollout_id)
+    assert stored.attributes == span.attributes
