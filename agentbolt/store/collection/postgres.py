@@ -307,6 +307,10 @@ def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
                 for migration in MIGRATIONS:
                     if migration.version <= found:
                         continue
+                    logger.info(
+                        "Applying migration %d (%s) to schema %s", migration.version, migration.description, schema
+                    )
+                    started = time.monotonic()
                     with conn.transaction():
                         conn.execute(f"SET LOCAL search_path TO {quoted}")
                         for statement in migration.statements:
@@ -315,9 +319,7 @@ def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
                             "INSERT INTO schema_migrations (version, description, applied_at) VALUES (%s, %s, %s)",
                             (migration.version, migration.description, time.time()),
                         )
-                    logger.info(
-                        "Applied migration %d (%s) to schema %s", migration.version, migration.description, schema
-                    )
+                    logger.info("Applied migration %d in %.1f s", migration.version, time.monotonic() - started)
                 return found
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema, "migrations"),))
