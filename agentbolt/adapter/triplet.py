@@ -66,6 +66,7 @@ from agentbolt.semconv import (
     LightningSpanAttributes,
 )
 from agentbolt.types import Span, Triplet
+from agentbolt.types.wire import NON_FINITE_FLOATS
 
 from .base import TraceToTripletBase
 from .calls import CallIdentities, call_identity
@@ -165,10 +166,18 @@ def _response_id(span: Span) -> Optional[str]:
     return _first_str(span.attributes, _RESPONSE_ID_KEYS)
 
 
+def _as_float(value: Any) -> Optional[float]:
+    """A number as a float; also the strings stored JSON holds for non-finite floats (``"-Infinity"``...)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return NON_FINITE_FLOATS.get(value) if isinstance(value, str) else None
+
+
 def _as_float_list(value: Any) -> Optional[List[float]]:
-    if isinstance(value, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-        return [float(x) for x in value]
-    return None
+    if not isinstance(value, (list, tuple)):
+        return None
+    floats = [_as_float(x) for x in value]
+    return None if any(x is None for x in floats) else floats  # type: ignore[return-value]
 
 
 def _response_logprobs(span: Span) -> Optional[List[Any]]:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Type, TypeVar
 from pydantic import BaseModel
 
 from agentbolt.types import EnqueueRolloutRequest, RolloutStatus, WorkerStatus
+from agentbolt.types.wire import WireModel
 
 __all__ = [
     "RolloutRequest",
@@ -31,7 +32,7 @@ class RolloutRequest(EnqueueRolloutRequest):
     worker_id: Optional[str] = None
 
 
-class _PaginationFields(BaseModel):
+class _PaginationFields(WireModel):
     """Paging and ordering shared by the list requests."""
 
     limit: int = -1

@@ -21,7 +21,9 @@ from typing import (
     overload,
 )
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from .wire import WireModel
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -75,7 +77,7 @@ WorkerStatus = Literal["idle", "busy", "unknown"]
 TaskInput = Any
 
 
-class Triplet(BaseModel):
+class Triplet(WireModel):
     """One (prompt, response, reward) transition extracted from a trace."""
 
     prompt: Any
@@ -84,7 +86,7 @@ class Triplet(BaseModel):
     metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
-class Task(BaseModel):
+class Task(WireModel):
     """A task as handed out by the legacy (v0.1) server."""
 
     rollout_id: str
@@ -97,14 +99,14 @@ class Task(BaseModel):
     metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
-class TaskIfAny(BaseModel):
+class TaskIfAny(WireModel):
     """Legacy polling answer: a task when one is available."""
 
     is_available: bool
     task: Optional[Task] = None
 
 
-class RolloutLegacy(BaseModel):
+class RolloutLegacy(WireModel):
     """The result of a rollout as reported to the legacy (v0.1) server."""
 
     rollout_id: str
@@ -116,7 +118,7 @@ class RolloutLegacy(BaseModel):
     metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
-class GenericResponse(BaseModel):
+class GenericResponse(WireModel):
     """Legacy generic server response."""
 
     status: str = "success"
@@ -124,7 +126,7 @@ class GenericResponse(BaseModel):
     data: Optional[Dict[str, Any]] = None
 
 
-class Attempt(BaseModel):
+class Attempt(WireModel):
     """One execution of a rollout by a worker."""
 
     rollout_id: str
@@ -139,7 +141,7 @@ class Attempt(BaseModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class RolloutConfig(BaseModel):
+class RolloutConfig(WireModel):
     """Retry and health-check policy of a rollout."""
 
     timeout_seconds: Optional[float] = None
@@ -152,7 +154,7 @@ class RolloutConfig(BaseModel):
     """Attempt statuses that trigger a retry while attempts remain."""
 
 
-class Rollout(BaseModel):
+class Rollout(WireModel):
     """A unit of work: one task input run by an agent, possibly over several attempts."""
 
     rollout_id: str
@@ -180,7 +182,7 @@ class AttemptedRollout(Rollout):
         return self
 
 
-class EnqueueRolloutRequest(BaseModel):
+class EnqueueRolloutRequest(WireModel):
     """Arguments of one rollout for :meth:`LightningStore.enqueue_many_rollouts`."""
 
     input: TaskInput
@@ -190,7 +192,7 @@ class EnqueueRolloutRequest(BaseModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class Worker(BaseModel):
+class Worker(WireModel):
     """A runner worker as seen by the store."""
 
     worker_id: str
@@ -289,7 +291,7 @@ class SortOptions(TypedDict):
     order: Literal["asc", "desc"]
 
 
-class PaginatedResult(BaseModel, Sequence[T], Generic[T]):
+class PaginatedResult(WireModel, Sequence[T], Generic[T]):
     """One page of query results; behaves as a sequence of its items.
 
     ``total`` is the number of matching items before pagination.

@@ -7,7 +7,9 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
+
+from .wire import WireModel
 
 if TYPE_CHECKING:
     from .core import AttemptedRollout
@@ -22,7 +24,7 @@ _ALLOWED_ENDPOINT_READERS: contextvars.ContextVar[bool] = contextvars.ContextVar
 )
 
 
-class Resource(BaseModel):
+class Resource(WireModel):
     """Base class of everything the algorithm can hand to agents."""
 
     resource_type: Any
@@ -192,7 +194,7 @@ NamedResources = Dict[str, ResourceUnion]
 """Resources by name, e.g. ``{"main_llm": LLM(...), "system_prompt": PromptTemplate(...)}``."""
 
 
-class ResourcesUpdate(BaseModel):
+class ResourcesUpdate(WireModel):
     """A versioned snapshot of named resources stored in the LightningStore."""
 
     resources_id: str

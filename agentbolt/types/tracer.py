@@ -7,7 +7,9 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Protocol, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+
+from .wire import WireModel
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -137,7 +139,7 @@ def _format_span_id(value: int) -> str:
     return format(value, "016x")
 
 
-class SpanContext(BaseModel):
+class SpanContext(WireModel):
     """Identity of a span within its trace."""
 
     model_config = ConfigDict(extra="allow")
@@ -158,7 +160,7 @@ class SpanContext(BaseModel):
         )
 
 
-class TraceStatus(BaseModel):
+class TraceStatus(WireModel):
     """Status of a span."""
 
     model_config = ConfigDict(extra="allow")
@@ -172,7 +174,7 @@ class TraceStatus(BaseModel):
         return cls(status_code=src.status_code.name, description=src.description)
 
 
-class Event(BaseModel):
+class Event(WireModel):
     """A timestamped event inside a span."""
 
     model_config = ConfigDict(extra="allow")
@@ -187,7 +189,7 @@ class Event(BaseModel):
         return cls(name=src.name, attributes=dict(src.attributes or {}), timestamp=convert_timestamp(src.timestamp))
 
 
-class Link(BaseModel):
+class Link(WireModel):
     """A link from a span to another span."""
 
     model_config = ConfigDict(extra="allow")
@@ -204,7 +206,7 @@ class Link(BaseModel):
         )
 
 
-class OtelResource(BaseModel):
+class OtelResource(WireModel):
     """The OpenTelemetry resource (process-level attributes) a span came from."""
 
     attributes: ValidatedAttributes
@@ -216,7 +218,7 @@ class OtelResource(BaseModel):
         return cls(attributes=dict(src.attributes or {}), schema_url=src.schema_url or "")
 
 
-class SpanCoreFields(BaseModel):
+class SpanCoreFields(WireModel):
     """The essential fields of a span produced by an emitter, before the store assigns ids."""
 
     name: str
@@ -238,7 +240,7 @@ class SpanRecordingContext(Protocol):
     def get_recorded_span(self) -> SpanCoreFields: ...
 
 
-class Span(BaseModel):
+class Span(WireModel):
     """A span as stored by the LightningStore, bound to a rollout, an attempt and a sequence id."""
 
     model_config = ConfigDict(extra="allow")

@@ -30,6 +30,19 @@ def test_gateway_spans_give_token_ids_logprobs_and_rewards_in_sequence_order() -
     assert {t.metadata["agent_name"] for t in triplets} == {""}
 
 
+def test_logprobs_read_back_from_a_store_keep_their_non_finite_values() -> None:
+    """Stored JSON holds -inf as the string "-Infinity"; the triplet gets the float back."""
+    span = SpanFactory().gateway_call(
+        0, 1, response_id="x", prompt_token_ids=[1], response_token_ids=[2, 3], logprobs=[-0.25, "-Infinity"]
+    )
+    (triplet,) = LlmProxyTraceToTriplet()([span])
+    assert triplet.response == {"token_ids": [2, 3], "logprobs": [-0.25, float("-inf")]}
+    bad = SpanFactory().gateway_call(
+        0, 1, response_id="y", prompt_token_ids=[1], response_token_ids=[2], logprobs=["x"]
+    )
+    assert "logprobs" not in LlmProxyTraceToTriplet()([bad])[0].response
+
+
 def test_span_keys_are_the_shared_semconv_constants() -> None:
     span = SpanFactory().gateway_call(
         0, 1, response_id="x", prompt_token_ids=[1], response_token_ids=[2], logprobs=[-1.0], agent_name="a"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from pydantic import BaseModel, RootModel
+from pydantic import RootModel
 
 from agentbolt.types import (
     AttemptStatus,
@@ -21,6 +21,7 @@ from agentbolt.types import (
     Span,
     TaskInput,
 )
+from agentbolt.types.wire import WIRE_CONFIG, WireModel
 
 __all__ = [
     "DequeueRolloutRequest",
@@ -45,82 +46,82 @@ __all__ = [
 ]
 
 
-class DequeueRolloutRequest(BaseModel):
+class DequeueRolloutRequest(WireModel):
     """Body of a single dequeue."""
 
     worker_id: Optional[str] = None
 
 
-class StartAttemptRequest(BaseModel):
+class StartAttemptRequest(WireModel):
     """Body of ``POST /rollouts/{rollout_id}/attempts``."""
 
     worker_id: Optional[str] = None
 
 
-class EnqueueManyRolloutsRequest(BaseModel):
+class EnqueueManyRolloutsRequest(WireModel):
     """Body of ``POST /queues/rollouts/enqueue``."""
 
     rollouts: List[EnqueueRolloutRequest]
 
 
-class DequeueManyRolloutsRequest(BaseModel):
+class DequeueManyRolloutsRequest(WireModel):
     """Body of ``POST /queues/rollouts/dequeue``."""
 
     limit: int = 1
     worker_id: Optional[str] = None
 
 
-class WaitForRolloutsRequest(BaseModel):
+class WaitForRolloutsRequest(WireModel):
     """Body of ``POST /waits/rollouts``."""
 
     rollout_ids: List[str]
     timeout: Optional[float] = None
 
 
-class WaitForQueuedRolloutsRequest(BaseModel):
+class WaitForQueuedRolloutsRequest(WireModel):
     """Body of ``POST /waits/queue``."""
 
     timeout: float
 
 
-class NextSequenceIdRequest(BaseModel):
+class NextSequenceIdRequest(WireModel):
     """Body of ``POST /spans/next``."""
 
     rollout_id: str
     attempt_id: str
 
 
-class NextSequenceIdResponse(BaseModel):
+class NextSequenceIdResponse(WireModel):
     """Answer of ``POST /spans/next``."""
 
     sequence_id: int
 
 
-class ManySequenceIdsRequest(BaseModel):
+class ManySequenceIdsRequest(WireModel):
     """Body of ``POST /spans/next/batch`` (extension): one sequence id per pair, in order."""
 
     rollout_attempt_ids: List[Tuple[str, str]]
 
 
-class ManySequenceIdsResponse(BaseModel):
+class ManySequenceIdsResponse(WireModel):
     """Answer of ``POST /spans/next/batch``."""
 
     sequence_ids: List[int]
 
 
-class AddManySpansRequest(BaseModel):
+class AddManySpansRequest(WireModel):
     """Body of ``POST /spans/batch`` (extension)."""
 
     spans: List[Span]
 
 
-class AddManySpansResponse(BaseModel):
+class AddManySpansResponse(WireModel):
     """Answer of ``POST /spans/batch``: positions (in the request) of the spans actually inserted."""
 
     inserted: List[int]
 
 
-class AddSequencedSpansResponse(BaseModel):
+class AddSequencedSpansResponse(WireModel):
     """Answer of ``POST /spans/batch/sequenced``: positions (in the request) of the spans actually inserted, and the
     sequence id issued to each of them."""
 
@@ -131,8 +132,10 @@ class AddSequencedSpansResponse(BaseModel):
 class NamedResourcesBody(RootModel[NamedResources]):
     """Body of ``POST /resources`` and ``POST /resources/{resources_id}``: resources by name."""
 
+    model_config = WIRE_CONFIG
 
-class UpdateRolloutRequest(BaseModel):
+
+class UpdateRolloutRequest(WireModel):
     """Body of ``POST /rollouts/{rollout_id}``; only the fields present are written."""
 
     input: Optional[TaskInput] = None
@@ -143,7 +146,7 @@ class UpdateRolloutRequest(BaseModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class UpdateAttemptRequest(BaseModel):
+class UpdateAttemptRequest(WireModel):
     """Body of ``POST /rollouts/{rollout_id}/attempts/{attempt_id}``; only the fields present are written."""
 
     status: Optional[AttemptStatus] = None
@@ -152,19 +155,19 @@ class UpdateAttemptRequest(BaseModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class UpdateWorkerRequest(BaseModel):
+class UpdateWorkerRequest(WireModel):
     """Body of ``POST /workers/{worker_id}``."""
 
     heartbeat_stats: Optional[Dict[str, Any]] = None
 
 
-class AddMetricsRequest(BaseModel):
+class AddMetricsRequest(WireModel):
     """Body of ``POST /metrics`` (extension): training metrics, one record per run step."""
 
     records: List[MetricsRecord]
 
 
-class QueryMetricsRequest(BaseModel):
+class QueryMetricsRequest(WireModel):
     """Query of ``GET /metrics`` (extension): one run's records, or every run's, in the order first written."""
 
     run_id: Optional[str] = None

@@ -1,13 +1,16 @@
-"""Every backend keeps any string it is given, exactly: NUL characters, private-use characters, escape look-alikes.
+"""What every backend gives back: any string exactly (NUL characters, private-use characters, escape look-alikes),
+and non-finite floats either as they are or as the strings JSON stores for them.
 
 PostgreSQL's ``jsonb`` refuses NUL, so that store escapes payloads; these strings are the ones its escape uses.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict
 
 from agentbolt.store.base import LightningStore
+from agentbolt.types.wire import NON_FINITE_FLOATS
 
 from .conftest import make_span
 
@@ -52,3 +55,31 @@ async def test_strings_round_trip_exactly_in_inputs_metadata_and_spans(store: Li
     assert attempt is not None and attempt.metadata == {"notes": TRICKY}
     (stored,) = await store.query_spans(rollout.rollout_id)
     assert stored.attributes == span.attributes
+
+
+def same_float(read: Any, written: float) -> bool:
+    """``read`` is ``written`` itself (kept in memory) or the string JSON stores for it."""
+    value = NON_FINITE_FLOATS.get(read) if isinstance(read, str) else read
+    return isinstance(value, float) and (value == written or (math.isnan(value) and math.isnan(written)))
+
+
+async def test_non_finite_floats_never_make_a_stored_item_unreadable(store: LightningStore) -> None:
+    """JSON has no NaN or infinity: they used to be written as null, which span attributes refuse on reading."""
+    nan, inf = float("nan"), float("inf")
+    rollout = await store.start_rollout({"score": nan}, metadata={"bound": -inf})
+    span = make_span(
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id),
+        "s1",
+        attributes={"reward": nan, "logprobs": [-0.5, -inf], "high": inf},
+        start_time=1.0,
+        end_time=inf,
+    )
+    assert await store.add_span(span) is not None
+    (stored,) = await store.query_spans(rollout.rollout_id)
+    assert same_float(stored.attributes["reward"], nan) and same_float(stored.attributes["high"], inf)
+    assert stored.attributes["logprobs"][0] == -0.5 and same_float(stored.attributes["logprobs"][1], -inf)
+    assert stored.end_time == inf  # a float field reads the stored string back as the float
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None and same_float(read.input["score"], nan) and same_float(read.metadata["bound"], -inf)
