@@ -13,21 +13,7 @@ import logging
 import os
 import re
 import uuid
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Coroutine,
-    Dict,
-    List,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-    Type,
-    TypeVar,
-    Union,
-)
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 from urllib.parse import parse_qs
 
 import orjson
@@ -438,8 +424,8 @@ class _LongWaits:
     METHODS = frozenset({"wait_for_rollouts", "wait_for_queued_rollouts"})
 
     def __init__(self) -> None:
-        self._tasks: Set[asyncio.Task[Any]] = set()
-        self._ended: Set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ended: set[asyncio.Task[Any]] = set()
 
     def end_all(self) -> None:
         """Cancel every wait in flight (on the serving loop)."""
