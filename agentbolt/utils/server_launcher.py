@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import queue
 import signal
@@ -87,15 +88,15 @@ class ChildEvent:
 _SHUTDOWN_HOOKS = "agentbolt_shutdown_hooks"
 
 
-def on_shutdown_start(app: Any, hook: Callable[[], None]) -> None:
-    """Have ``hook()`` called on the serving event loop when a server of ``app`` (a Starlette or FastAPI app) begins
-    to shut down, before it waits for the requests in flight.
+def on_shutdown_start(app: Any, hook: Callable[[float], None]) -> None:
+    """Have ``hook(grace_seconds)`` called on the serving event loop when a server of ``app`` (a Starlette or FastAPI
+    app) begins to shut down, before it waits up to ``grace_seconds`` for the requests in flight.
 
-    A request that would otherwise last long (a long poll) can then end at once, instead of holding up the shutdown
-    until the grace period runs out and being cancelled with a 500. Called once per shutdown, in every process
-    serving the app.
+    A request that would outlast the grace period (a long poll) can then end at once, instead of holding up the
+    shutdown until the grace period runs out and being cancelled with a 500. Called once per shutdown, in every
+    process serving the app.
     """
-    hooks: List[Callable[[], None]] = getattr(app.state, _SHUTDOWN_HOOKS, [])
+    hooks: List[Callable[[float], None]] = getattr(app.state, _SHUTDOWN_HOOKS, [])
     setattr(app.state, _SHUTDOWN_HOOKS, [*hooks, hook])
 
 
@@ -108,9 +109,10 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
         state = getattr(self.config.app, "state", None)
+        grace = self.config.timeout_graceful_shutdown
         for hook in getattr(state, _SHUTDOWN_HOOKS, ()):
             try:
-                hook()
+                hook(math.inf if grace is None else float(grace))
             except Exception:
                 logger.exception("A shutdown hook of the server failed")
         await super().shutdown(sockets=sockets)

@@ -108,7 +108,8 @@ async def test_a_server_without_the_route_is_waited_out_by_sleeping(tmp_path: Pa
 
 
 async def test_a_server_shutting_down_ends_long_waits_with_a_retryable_503() -> None:
-    """Waits in flight would hold the shutdown until its grace period, then fail with a 500; they end at once."""
+    """Waits outlasting the shutdown's grace period would hold it up, then fail with a 500: they end at once. A
+    wait that ends within the grace period answers as usual."""
     import aiohttp
     from support.servers import free_port
 
@@ -118,7 +119,7 @@ async def test_a_server_shutting_down_ends_long_waits_with_a_retryable_503() -> 
 
     inner = InMemoryLightningStore(thread_safe=True)
     running = await inner.start_rollout("x")
-    server = LightningStoreServer(inner, host="127.0.0.1", port=free_port())
+    server = LightningStoreServer(inner, host="127.0.0.1", port=free_port())  # a grace period of 5 s
     await server.start()
 
     async def wait(session: aiohttp.ClientSession, path: str, body: Any) -> Any:
@@ -126,14 +127,19 @@ async def test_a_server_shutting_down_ends_long_waits_with_a_retryable_503() -> 
             return response.status, response.headers.get(NOT_APPLIED_HEADER), await response.json()
 
     async with aiohttp.ClientSession() as session:
-        waits = asyncio.gather(
+        long_waits = asyncio.gather(
             wait(session, "/waits/queue", {"timeout": 120}),
             wait(session, "/waits/rollouts", {"rollout_ids": [running.rollout_id], "timeout": 120}),
+            wait(session, "/waits/rollouts", {"rollout_ids": [running.rollout_id], "timeout": None}),
+        )
+        short_wait = asyncio.ensure_future(
+            wait(session, "/waits/rollouts", {"rollout_ids": [running.rollout_id], "timeout": 2})
         )
         await asyncio.sleep(0.5)
-        assert not waits.done()
+        assert not long_waits.done() and not short_wait.done()
         await server.stop()
-        answers = await asyncio.wait_for(waits, 60)
+        answers = await asyncio.wait_for(long_waits, 60)
+        assert await short_wait == (200, None, [])
     for status, not_applied, body in answers:
         assert (status, not_applied, body["error_type"]) == (503, "1", "ServerShuttingDownError")
         assert "shutting down" in body["detail"]

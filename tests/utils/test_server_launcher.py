@@ -122,32 +122,36 @@ async def test_shutdown_hooks_run_once_per_stop_before_in_flight_requests_finish
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    calls: List[str] = []
+    calls: List[Any] = []
     long_poll_ended = asyncio.Event()
 
     async def long_poll(request: Any) -> PlainTextResponse:
         await long_poll_ended.wait()
         return PlainTextResponse("ended by the hook")
 
-    def failing_hook() -> None:
+    def failing_hook(grace: float) -> None:
         raise RuntimeError("hook failure")
+
+    def last_hook(grace: float) -> None:
+        calls.append(("last", grace))
+        long_poll_ended.set()
 
     starlette_app = Starlette(
         routes=[Route("/health", lambda request: PlainTextResponse("ok")), Route("/poll", long_poll)]
     )
-    on_shutdown_start(starlette_app, lambda: calls.append("first"))
+    on_shutdown_start(starlette_app, lambda grace: calls.append(("first", grace)))
     on_shutdown_start(starlette_app, failing_hook)
-    on_shutdown_start(starlette_app, lambda: (calls.append("last"), long_poll_ended.set()))
-    launcher = PythonServerLauncher(starlette_app, args("asyncio"))
+    on_shutdown_start(starlette_app, last_hook)
+    launcher = PythonServerLauncher(starlette_app, args("asyncio", thread_join_timeout=8))
     for stops in range(2):
         await launcher.start()
         long_poll_ended.clear()
         poll = asyncio.ensure_future(get(launcher.access_endpoint + "/poll"))
         await asyncio.sleep(0.2)
-        assert calls == ["first", "last"] * stops  # not before the server stops
+        assert calls == [("first", 4.0), ("last", 4.0)] * stops  # not before the server stops
         await launcher.stop()
         assert await poll == (200, "ended by the hook")
-    assert calls == ["first", "last", "first", "last"]
+    assert calls == [("first", 4.0), ("last", 4.0)] * 2  # the grace period: half the join timeout
     assert caplog.text.count("A shutdown hook of the server failed") == 2
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import os
 import re
 import uuid
@@ -413,35 +414,41 @@ def _add_store_routes(app: FastAPI, call: StoreCall, body_models: Dict[str, Type
 
 
 class _LongWaits:
-    """The store's long waits in flight, ended when the server begins to shut down.
+    """The store's long waits in flight, and how they end when the server begins to shut down.
 
-    Left alone, a wait of minutes would hold the shutdown until uvicorn's grace period ran out and then be cancelled
-    with a 500. Ended at once, it answers 503 (nothing was applied): the client retries ``wait_for_rollouts`` as
-    any idempotent call, so a server restarted on the same address within its retries picks the wait up again,
-    and a runner whose ``wait_for_queued_rollouts`` fails polls again.
+    A wait that ends within the shutdown's grace period is left to answer as usual. A longer one (minutes, or no
+    timeout) would hold the shutdown until the grace period ran out and then be cancelled with a 500; it is ended at
+    once instead, with a 503 (nothing was applied). The client retries ``wait_for_rollouts`` as any idempotent
+    call, so a server restarted on the same address within its retries picks the wait up again; a runner whose
+    ``wait_for_queued_rollouts`` fails polls again.
     """
 
     METHODS = frozenset({"wait_for_rollouts", "wait_for_queued_rollouts"})
+    ANSWER_MARGIN_SECONDS = 0.5
+    """Time kept, at the end of the grace period, for a wait that ends by itself to send its answer."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._deadlines: Dict[asyncio.Task[Any], float] = {}
         self._ended: set[asyncio.Task[Any]] = set()
 
-    def end_all(self) -> None:
-        """Cancel every wait in flight (on the serving loop)."""
-        for task in self._tasks - self._ended:
-            self._ended.add(task)
-            task.cancel()
+    def end_long_ones(self, grace_seconds: float) -> None:
+        """Cancel the waits in flight that would not end within ``grace_seconds`` (on the serving loop)."""
+        cutoff = asyncio.get_running_loop().time() + grace_seconds - self.ANSWER_MARGIN_SECONDS
+        for task, deadline in list(self._deadlines.items()):
+            if deadline > cutoff and task not in self._ended:
+                self._ended.add(task)
+                task.cancel()
 
     def guard(self, call: StoreCall) -> StoreCall:
-        """``call``, with the long waits made endable by :meth:`end_all`."""
+        """``call``, with the long waits made endable by :meth:`end_long_ones`."""
 
         async def guarded(method_name: str, /, *args: Any, **kwargs: Any) -> Any:
             if method_name not in self.METHODS:
                 return await call(method_name, *args, **kwargs)
             task = asyncio.current_task()
             assert task is not None
-            self._tasks.add(task)
+            timeout = kwargs.get("timeout")
+            self._deadlines[task] = math.inf if timeout is None else asyncio.get_running_loop().time() + timeout
             try:
                 return await call(method_name, *args, **kwargs)
             except asyncio.CancelledError:
@@ -453,7 +460,7 @@ class _LongWaits:
                     f"The store server is shutting down: {method_name} ended early; waiting again is safe"
                 ) from None
             finally:
-                self._tasks.discard(task)
+                self._deadlines.pop(task, None)
                 self._ended.discard(task)
 
         return guarded
@@ -480,7 +487,7 @@ def build_store_app(
     """
     app = _new_app(title="LightningStore Server", version="0.3.1")
     long_waits = _LongWaits()
-    on_shutdown_start(app, long_waits.end_all)
+    on_shutdown_start(app, long_waits.end_long_ones)
     call = long_waits.guard(call)
     # Routes are added to the app's own router (not an included one): requests are then matched in a single pass
     # over the routes, which matters at thousands of requests per second.
