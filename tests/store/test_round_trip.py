@@ -1,8 +1,6 @@
 """What every backend gives back: any string exactly (NUL characters, private-use characters, escape look-alikes),
-and non-finite floats either as they are or as the strings JSON stores for them.
-
-PostgreSQL's ``jsonb`` refuses NUL, so that store escapes payloads; these strings are the ones its escape uses.
-"""
+mappings with their keys in the order written, and non-finite floats either as they are or as the strings JSON
+stores for them."""
 
 from __future__ import annotations
 
@@ -83,3 +81,23 @@ async def test_non_finite_floats_never_make_a_stored_item_unreadable(store: Ligh
     assert stored.end_time == inf  # a float field reads the stored string back as the float
     read = await store.get_rollout_by_id(rollout.rollout_id)
     assert read is not None and same_float(read.input["score"], nan) and same_float(read.metadata["bound"], -inf)
+
+
+async def test_mappings_keep_the_order_of_their_keys(store: LightningStore) -> None:
+    """PostgreSQL's ``jsonb`` would sort keys (shortest first); a prompt built from ``input.items()`` must not change."""
+    ordered = {"question": "q", "context": {"zeta": 1, "alpha": 2, "b": 3}, "a": [{"y": 1, "x": 2}]}
+    rollout = await store.start_rollout(ordered, metadata={"zz": 1, "a": 2})
+    span = make_span(
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id),
+        "s1",
+        attributes={"zeta": 1, "alpha": 2, "gen_ai.prompt.1.role": "user", "gen_ai.prompt.0.role": "system"},
+    )
+    await store.add_span(span)
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None
+    assert list(read.input) == list(ordered) and list(read.input["context"]) == ["zeta", "alpha", "b"]
+    assert list(read.input["a"][0]) == ["y", "x"] and list(read.metadata) == ["zz", "a"]
+    (stored,) = await store.query_spans(rollout.rollout_id)
+    assert list(stored.attributes) == list(span.attributes)

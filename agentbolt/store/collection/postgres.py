@@ -7,8 +7,10 @@ Layout (all tables in one schema, ``agentbolt`` by default, so that several stor
   newer version.
 * one table per collection (``rollouts``, ``attempts``, ``spans``, ``resources``, ``workers``). Each row holds the
   fields used to filter and sort in indexed columns (see :mod:`agentbolt.store.collection.sql`), an insertion
-  ordinal ``ord``, and the rest of the item as ``jsonb`` in ``data``: fields held by a column are not repeated in
-  the payload, so a span costs its attributes plus a few bytes.
+  ordinal ``ord``, and the rest of the item as ``json`` text in ``data`` (written as pydantic serialized it, so
+  keys keep their order and strings may hold NUL; migrations 1 and 2 created ``jsonb``, which migration 3
+  converts): fields held by a column are not repeated in the payload, so a span costs its attributes plus a few
+  bytes.
 * ``rollout_queue``: FIFO of rollout ids; positions only grow. ``span_sequence_ids``: per-rollout counters.
   ``store_meta``: timestamps of periodic work shared by all processes (the watchdog's last scan).
 * Triggers send ``NOTIFY`` on the schema's channel when a rollout reaches a terminal status (payload
@@ -240,19 +242,17 @@ def _initial_statements() -> Tuple[str, ...]:
     return tuple(statements)
 
 
-def _escape_stored_escape_statements() -> Tuple[str, ...]:
-    """Payloads written before NUL characters could be stored held U+E000 as it is: escape it as stored now."""
+def _payloads_as_json_statements() -> Tuple[str, ...]:
+    """``jsonb`` reorders object keys and cannot hold NUL characters; ``json`` keeps the text as written."""
     return tuple(
-        f"UPDATE {spec.table} SET data = replace(data::text, chr(57344), chr(57344) || chr(57345))::jsonb "
-        "WHERE strpos(data::text, chr(57344)) > 0"
-        for spec in (*TABLES, METRICS)
+        f"ALTER TABLE {spec.table} ALTER COLUMN data TYPE json USING data::json" for spec in (*TABLES, METRICS)
     )
 
 
 MIGRATIONS: Tuple[Migration, ...] = (
     Migration(1, "initial layout", _initial_statements()),
     Migration(2, "training metrics", tuple(_table_statements(METRICS))),
-    Migration(3, "payloads may hold NUL characters", _escape_stored_escape_statements()),
+    Migration(3, "payloads as json text, keeping key order and NUL characters", _payloads_as_json_statements()),
 )
 """Every migration, oldest first. A new layout is a new entry here; existing entries never change."""
 
@@ -344,60 +344,28 @@ def _one_line(exc: BaseException) -> str:
 # Connections, sections
 
 
-# jsonb cannot hold the NUL character (it refuses the escape ``\u0000``), which SQLite and memory store like any
-# other. Payloads are stored with NUL as the private-use character U+E000 followed by U+E002, and U+E000 itself as
-# U+E000 followed by U+E001, so that every string survives the round trip exactly. Only the stored JSON is escaped:
-# indexed text columns (ids, names) refuse NUL with a ValueError instead.
-_ESCAPE = "\ue000".encode()
-_ESCAPED_ESCAPE = "\ue000\ue001".encode()
-_ESCAPED_NUL = "\ue000\ue002".encode()
-_JSON_NUL = b"\\u0000"
-_JSON_ESCAPE_SEQUENCE = re.compile(rb"\\(?:u0000|.)", re.DOTALL)  # left to right, so "\\u0000" is no NUL
-_STORED_ESCAPE_SEQUENCE = re.compile(_ESCAPE + rb"\xee\x80[\x81\x82]")
-
-
-def _storable_json(text: bytes) -> bytes:
-    """JSON text (as pydantic writes it: non-ASCII characters as they are) in the form stored as ``jsonb``."""
-    if _ESCAPE in text:
-        text = text.replace(_ESCAPE, _ESCAPED_ESCAPE)
-    if _JSON_NUL in text:
-        text = _JSON_ESCAPE_SEQUENCE.sub(lambda m: _ESCAPED_NUL if m.group() == _JSON_NUL else m.group(), text)
-    return text
-
-
-def _restored_json(text: bytes) -> bytes:
-    """The JSON text given to :func:`_storable_json`, from the stored form (read back as text)."""
-    if _ESCAPE not in text:
-        return text
-    return _STORED_ESCAPE_SEQUENCE.sub(lambda m: _JSON_NUL if m.group() == _ESCAPED_NUL else _ESCAPE, text)
-
-
-def _load_stored_json(data: bytes) -> Any:
-    return orjson.loads(_restored_json(data))
-
-
 class _RawJson:
-    """JSON text serialized by pydantic, passed to a ``jsonb`` parameter without re-encoding (escaped for storage)."""
+    """JSON text serialized by pydantic, passed to a ``json`` parameter without re-encoding."""
 
     __slots__ = ("data",)
 
     def __init__(self, text: str) -> None:
-        self.data = _storable_json(text.encode())
+        self.data = text.encode()
 
 
 def _configure_adapters(context: Any) -> None:
-    """psycopg adapters of a connection: jsonb restored and parsed by orjson, :class:`_RawJson` sent as it is."""
+    """psycopg adapters of a connection: JSON parsed by orjson, :class:`_RawJson` sent as it is."""
     from psycopg.adapt import Dumper
     from psycopg.types.json import set_json_loads
 
     class RawJsonDumper(Dumper):
-        oid = context.adapters.types["jsonb"].oid
+        oid = context.adapters.types["json"].oid
 
         def dump(self, obj: _RawJson) -> bytes:
             return obj.data
 
     context.adapters.register_dumper(_RawJson, RawJsonDumper)
-    set_json_loads(_load_stored_json, context)
+    set_json_loads(orjson.loads, context)
 
 
 class _Section:
@@ -731,7 +699,7 @@ class _Backed(TrackedCollection):
 
 
 class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
-    """A collection of pydantic items: indexed field columns plus the rest of the item as ``jsonb``."""
+    """A collection of pydantic items: indexed field columns plus the rest of the item as ``json``."""
 
     _dialect = _DIALECT
 
@@ -771,7 +739,7 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
     def _row_json(row: Sequence[str]) -> bytes:
         """The JSON object of a row read with ``_select_json``: the indexed columns, then the payload's fields."""
         columns, payload = row
-        return _restored_json((columns if payload == "{}" else f"{columns[:-1]}, {payload[1:]}").encode())
+        return (columns if payload == "{}" else f"{columns[:-1]}, {payload[1:]}").encode()
 
     async def _query_page(
         self, query: SqlQuery, limit: int, offset: int, raw: bool, count: bool
@@ -857,7 +825,8 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 params.append(getattr(item, name))
         payload_fields = {name for name in update_fields if name not in self._payload_exclude}
         if payload_fields:
-            assignments.append(f"data = {self._table}.data || %s")
+            # Top-level fields merged as jsonb (only worker and metrics records are written field by field).
+            assignments.append(f"data = ({self._table}.data::jsonb || %s::jsonb)::json")
             params.append(_RawJson(item.model_dump_json(include=payload_fields)))
         return ", ".join(assignments), params
 
