@@ -7,12 +7,16 @@ from typing import Dict
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel"]
+__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel"]
+
+INF_NAN_MODE = "strings"
+"""How non-finite floats are written as JSON: ``pydantic_core.to_json(..., inf_nan_mode=INF_NAN_MODE)`` writes plain
+values (dicts, lists) as :class:`WireModel` writes models."""
 
 NON_FINITE_FLOATS: Dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 """The strings :class:`WireModel` writes for non-finite floats, and the float each stands for."""
 
-WIRE_CONFIG = ConfigDict(ser_json_inf_nan="strings")
+WIRE_CONFIG = ConfigDict(ser_json_inf_nan=INF_NAN_MODE)
 """Model configuration writing non-finite floats as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``."""
 
 

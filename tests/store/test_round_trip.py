@@ -101,3 +101,19 @@ async def test_mappings_keep_the_order_of_their_keys(store: LightningStore) -> N
     assert list(read.input["a"][0]) == ["y", "x"] and list(read.metadata) == ["zz", "a"]
     (stored,) = await store.query_spans(rollout.rollout_id)
     assert list(stored.attributes) == list(span.attributes)
+
+
+async def test_non_finite_floats_in_updates_reach_the_store(store: LightningStore) -> None:
+    """Updates send plain mappings, which JSON encoders write as the invalid token NaN unless told otherwise."""
+    nan, inf = float("nan"), float("inf")
+    rollout = await store.start_rollout("x")
+    await store.update_rollout(rollout.rollout_id, metadata={"loss": nan})
+    await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, metadata={"bound": inf})
+    (queued,) = await store.enqueue_many_rollouts([{"input": {"score": -inf}}])
+    worker = await store.update_worker("w1", heartbeat_stats={"load": nan})
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None and same_float(read.metadata["loss"], nan)
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and same_float(attempt.metadata["bound"], inf)
+    assert same_float(queued.input["score"], -inf)
+    assert worker.heartbeat_stats is not None and same_float(worker.heartbeat_stats["load"], nan)

@@ -35,6 +35,7 @@ from agentbolt.store.http.routes import (
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
+from agentbolt.types.wire import INF_NAN_MODE
 from agentbolt.utils.collector import collection_paused
 
 __all__ = ["LightningStoreClient"]
@@ -292,7 +293,7 @@ class LightningStoreClient(LightningStore):
             LightningStoreHTTPError: The server answered with an error.
             aiohttp.ClientError: The server could not be reached.
         """
-        body = pydantic_core.to_json(json) if json is not None else None
+        body = pydantic_core.to_json(json, inf_nan_mode=INF_NAN_MODE) if json is not None else None
         delays = self._retry_delays if retry else ()
         tolerance = outage_tolerance() if delays else None
         if tolerance is not None:

@@ -49,6 +49,7 @@ from agentbolt.store.http.routes import (
 )
 from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.utils import LATENCY_BUCKETS
+from agentbolt.types.wire import INF_NAN_MODE
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -79,7 +80,7 @@ DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 def _json_response(content: Any, status_code: int = 200) -> Response:
-    body = content if isinstance(content, RawJson) else pydantic_core.to_json(content)
+    body = content if isinstance(content, RawJson) else pydantic_core.to_json(content, inf_nan_mode=INF_NAN_MODE)
     return Response(content=body, status_code=status_code, media_type="application/json")
 
 
