@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any, List, Optional, Sequence
 
 from pydantic import TypeAdapter
@@ -16,7 +17,7 @@ from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPyd
 from agentbolt.types.tracer import SpanLike
 from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
 
-__all__ = ["REWARD_SPAN_NAME", "get_rewards_from_span", "get_reward_value", "find_final_reward"]
+__all__ = ["REWARD_SPAN_NAME", "get_rewards_from_span", "get_reward_value", "find_final_reward", "training_reward"]
 
 logger = logging.getLogger("agentbolt.emitter.reward")
 
@@ -79,3 +80,14 @@ def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
         if value is not None:
             return value
     return None
+
+
+def training_reward(spans: Sequence[SpanLike], rollout_id: str) -> Optional[float]:
+    """The final reward an algorithm trains or selects on: :func:`find_final_reward`, except that a reward which is
+    not a finite number (NaN, an infinity) counts as none, with a warning. One NaN in a group would turn every
+    advantage of the group, or a prompt's mean score, into NaN."""
+    reward = find_final_reward(spans)
+    if reward is not None and not math.isfinite(reward):
+        logger.warning("Rollout %s reported the reward %s: counted as a rollout without one", rollout_id, reward)
+        return None
+    return reward

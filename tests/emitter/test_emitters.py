@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import warnings
 from typing import Any, Iterator, List
 
@@ -80,6 +81,20 @@ def test_reward_spans(tracer: OtelTracer) -> None:
     assert all(is_reward_span(span) for span in spans)
     assert find_reward_spans(spans) == spans
     assert find_final_reward(spans) == 0.5
+
+
+def test_a_reward_that_is_not_finite_is_no_training_reward(
+    tracer: OtelTracer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentbolt.utils.reward_spans import training_reward
+
+    emit_reward(0.25)
+    emit_reward(float("nan"))
+    spans = spans_of(tracer)
+    assert math.isnan(find_final_reward(spans))  # the contract's reading keeps the value
+    assert training_reward(spans, "ro-1") is None
+    assert "ro-1 reported the reward nan" in caplog.text
+    assert training_reward(spans[:1], "ro-2") == 0.25
 
 
 @pytest.mark.parametrize(

@@ -27,9 +27,9 @@ from typing_extensions import NotRequired, TypedDict
 from agentbolt.adapter import TraceToMessages
 from agentbolt.algorithm.base import Algorithm, refuse_data_parallel_launch
 from agentbolt.emitter.message import get_message_value
-from agentbolt.emitter.reward import find_final_reward
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
+from agentbolt.utils.reward_spans import training_reward
 
 from .optimizer import OptimizerCalls, SearchBudgetExhausted
 from .prompts import conversation_of, render_prompt_file
@@ -589,7 +589,7 @@ class PromptSearch(Algorithm):
                 feedback.append(text)
         return RolloutResultForAPO(
             status=rollout.status,
-            final_reward=find_final_reward(spans),
+            final_reward=training_reward(spans, rollout.rollout_id),
             spans=[span.model_dump() for span in spans],
             messages=messages,
             feedback=feedback,

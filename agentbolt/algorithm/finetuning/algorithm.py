@@ -372,7 +372,7 @@ class FinetuningAlgorithm(Algorithm):
         group_of = {r.rollout_id: group for r, group in zip(rollouts, groups, strict=True)}
         finished = await self._wait(store, [r.rollout_id for r in rollouts])
         adapter = self._triplet_adapter()
-        from agentbolt.emitter import find_final_reward
+        from agentbolt.utils.reward_spans import training_reward
 
         outcomes: List[RolloutOutcome] = []
         for rollout in rollouts:
@@ -383,7 +383,7 @@ class FinetuningAlgorithm(Algorithm):
             # The calls of failed and late rollouts are collected too; each algorithm decides what to do with them.
             spans = await self._settled_spans(store, rollout.rollout_id)
             triplets = list(adapter.adapt(spans)) if spans else []
-            reward = find_final_reward(spans) if status == "succeeded" else None
+            reward = training_reward(spans, rollout.rollout_id) if status == "succeeded" else None
             outcomes.append(RolloutOutcome(rollout.rollout_id, group_of[rollout.rollout_id], status, reward, triplets))
         return outcomes
 

@@ -152,11 +152,12 @@ def assign_credit(
         triplets: The rollout's calls in order.
         final_reward: The rollout's final reward.
         credit: ``"final"`` gives every call ``final_reward``; ``"per_call"`` gives a call the reward matched to it in
-            the trace and falls back to ``final_reward`` for calls without one.
+            the trace and falls back to ``final_reward`` for calls without one (or with a reward that is not a finite
+            number).
     """
     if credit == "final":
         return [final_reward] * len(triplets)
-    return [final_reward if t.reward is None else float(t.reward) for t in triplets]
+    return [final_reward if t.reward is None or not math.isfinite(t.reward) else float(t.reward) for t in triplets]
 
 
 def triplets_to_samples(

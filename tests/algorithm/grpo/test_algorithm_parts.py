@@ -51,19 +51,20 @@ async def _play_runner(store: agl.LightningStore, n: int) -> None:
             await asyncio.sleep(0.01)
             continue
         rid, aid, kind = attempted.rollout_id, attempted.attempt.attempt_id, attempted.input["kind"]
-        if kind in ("ok", "no_reward", "fail", "hang"):
+        if kind in ("ok", "no_reward", "fail", "hang", "nan_reward"):
             await store.add_span(_call_span(rid, aid))
         if kind == "hang":
             handled += 1
             continue
-        if kind in ("ok", "slow_gateway"):
+        if kind in ("ok", "slow_gateway", "nan_reward"):
+            value = float("nan") if kind == "nan_reward" else 0.75
             await store.add_span(
                 Span.from_attributes(
                     rollout_id=rid,
                     attempt_id=aid,
                     sequence_id=2,
                     name="agentlightning.annotation",
-                    attributes={"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 0.75},
+                    attributes={"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": value},
                 )
             )
         await store.update_attempt(rid, aid, status="failed" if kind == "fail" else "succeeded")
@@ -130,6 +131,23 @@ async def test_failed_rollouts_are_dropped_when_failed_rollout_reward_is_none() 
     assert [(s.reward, s.group_id) for s in samples] == [(0.75, "train-0-0"), (0.75, "train-0-3")]
     assert [(s.group_id, s.reward) for s in scores] == [("train-0-0", 0.75), ("train-0-3", 0.75)]
     assert stats.calls == 2
+
+
+async def test_a_reward_that_is_not_a_finite_number_counts_as_no_reward(caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN reward in a group would make every advantage of the group, and then the update, NaN."""
+    algorithm = GRPO(adapter=TokensFromAttributes(), rollout_timeout=5.0)
+    outcomes = await _outcomes(algorithm, ["ok", "nan_reward"])
+    assert [(o.status, o.reward, o.usable) for o in outcomes] == [("succeeded", 0.75, True), ("succeeded", None, False)]
+    assert "reported the reward nan" in caplog.text
+    samples, _, scores = algorithm._samples(outcomes)
+    assert [s.reward for s in samples] == [0.75, 0.0] and [s.reward for s in scores] == [0.75, 0.0]
+
+
+def test_per_call_credit_falls_back_to_the_final_reward_for_a_call_reward_that_is_not_finite() -> None:
+    from agentbolt.algorithm.grpo.samples import assign_credit
+
+    calls = [Triplet(prompt={}, response={}, reward=r) for r in (0.5, float("nan"), None, float("-inf"))]
+    assert assign_credit(calls, 1.0, "per_call") == [0.5, 1.0, 1.0, 1.0]
 
 
 def test_task_sampler_covers_each_epoch_and_resumes_identically() -> None:
