@@ -41,10 +41,12 @@ class RolloutProgress:
 
     async def report(self, store: LightningStore, rollout: Rollout, duration: Optional[float] = None) -> None:
         """Log one line for a finished ``rollout``: its status, duration and final reward (read from its spans)."""
-        from agentbolt.emitter.reward import find_final_reward
+        from agentbolt.utils.reward_spans import training_reward
 
         try:
-            reward = find_final_reward(await store.query_spans(rollout.rollout_id, attempt_id="latest"))
+            reward = training_reward(
+                await store.query_spans(rollout.rollout_id, attempt_id="latest"), rollout.rollout_id
+            )
         except Exception:
             logger.exception("[Rollout %s] Could not read its reward.", rollout.rollout_id)
             reward = None

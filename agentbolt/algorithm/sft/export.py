@@ -148,13 +148,13 @@ async def _walk(
     student_prompt: Optional[StudentPrompt] = None,
 ) -> Any:
     """Yield ``(rollout, spans, final_reward, samples)`` of each rollout that passes the rollout-level filters."""
-    from agentbolt.emitter import find_final_reward
     from agentbolt.store.collection_based import healthcheck_suppressed
+    from agentbolt.utils.reward_spans import training_reward
 
     with healthcheck_suppressed():
         for rollout in await _selected_rollouts(store, filters):
             spans = await _latest_spans(store, rollout.rollout_id)
-            final = find_final_reward(spans) if spans else None
+            final = training_reward(spans, rollout.rollout_id) if spans else None
             triplets = list(adapter.adapt(spans)) if spans else []
             samples, _ = samples_from_triplets(
                 triplets,
