@@ -426,6 +426,7 @@ async def http_client(endpoint: str) -> Any:
 
 
 SIDE_BY_SIDE_OPS = [
+    "health",
     "enqueue_rollout",
     "dequeue_rollout",
     "start_rollout",
@@ -481,6 +482,17 @@ async def prepare_side_by_side_op(
     store: LightningStore, op: str, concurrency: int, count: int
 ) -> Callable[[int, int], Awaitable[None]]:
     """The timed call of ``op`` (data it needs prepared, untimed); only routes of the reference's API are used."""
+    if op == "health":
+        # One GET of the health route: the HTTP round trip and the client's own work, with no store operation. It is
+        # the floor under every other call, and the client's share of it is the same for every server.
+        from agentbolt.store.http import LightningStoreClient
+
+        assert isinstance(store, LightningStoreClient)
+
+        async def health(w: int, i: int) -> None:
+            await store.get_server_id()
+
+        return health
     if op == "enqueue_rollout":
 
         async def enqueue(w: int, i: int) -> None:
