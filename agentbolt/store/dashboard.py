@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from typing_extensions import Annotated
 
 from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
-from agentbolt.types.wire import INF_NAN_MODE
+from agentbolt.types.wire import INF_NAN_MODE, decode_json
 from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
 
 __all__ = [
@@ -388,11 +388,13 @@ async def _json_body(request: Request, model: Any) -> Any:
 
     body = await request.body()
     try:
-        return model.model_validate(orjson.loads(body))
-    except orjson.JSONDecodeError as exc:
+        data = decode_json(body)
+    except ValueError as exc:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}]
         ) from exc
+    try:
+        return model.model_validate(data)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_context=False)]
         raise RequestValidationError(errors) from exc

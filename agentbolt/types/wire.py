@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Any, Dict, Union
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel"]
+__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel", "decode_json"]
 
 INF_NAN_MODE = "strings"
 """How non-finite floats are written as JSON: ``pydantic_core.to_json(..., inf_nan_mode=INF_NAN_MODE)`` writes plain
@@ -31,3 +32,16 @@ class WireModel(BaseModel):
     """
 
     model_config = WIRE_CONFIG
+
+
+def decode_json(data: Union[bytes, bytearray, str]) -> Any:
+    """Decode JSON that the store wrote or received, keeping every integer exact.
+
+    orjson, faster by about a third, reads an integer beyond 64 bits as a float (``2**70`` comes back as
+    ``1.1805916207174113e+21``); a stored task input, metadata value or span attribute must come back as written. The
+    bare tokens ``NaN`` and ``Infinity`` are refused, as JSON refuses them.
+
+    Raises:
+        ValueError: ``data`` is not valid JSON (the message says where).
+    """
+    return pydantic_core.from_json(data, allow_inf_nan=False)

@@ -117,3 +117,35 @@ async def test_non_finite_floats_in_updates_reach_the_store(store: LightningStor
     assert attempt is not None and same_float(attempt.metadata["bound"], inf)
     assert same_float(queued.input["score"], -inf)
     assert worker.heartbeat_stats is not None and same_float(worker.heartbeat_stats["load"], nan)
+
+
+BIG_INTEGERS = [2**63 - 1, 2**63, -(2**63) - 1, 2**64, 2**70, -(10**30), 10**40 + 1]
+"""Integers at and beyond 64 bits: Python keeps them exactly, and so must every backend."""
+
+
+async def test_integers_beyond_64_bits_round_trip_exactly(store: LightningStore) -> None:
+    rollout = await store.start_rollout({"ids": BIG_INTEGERS, "seed": 2**70}, metadata={"big": 10**30})
+    queued = await store.enqueue_rollout(BIG_INTEGERS)
+    await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, metadata={"step": 2**65})
+    await store.update_rollout(rollout.rollout_id, metadata={"big": -(2**80)})
+    span = make_span(
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id),
+        "s1",
+        attributes={"token_ids": BIG_INTEGERS, "count": 2**64},
+    )
+    assert await store.add_span(span) is not None
+
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None and read.input == {"ids": BIG_INTEGERS, "seed": 2**70}
+    assert read.metadata == {"big": -(2**80)}
+    assert all(type(value) is int for value in read.input["ids"])
+    read_queued = await store.get_rollout_by_id(queued.rollout_id)
+    assert read_queued is not None and read_queued.input == BIG_INTEGERS
+    (listed,) = [r for r in await store.query_rollouts() if r.rollout_id == rollout.rollout_id]
+    assert listed.input == {"ids": BIG_INTEGERS, "seed": 2**70}
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.metadata == {"step": 2**65}
+    (stored,) = await store.query_spans(rollout.rollout_id)
+    assert stored.attributes == {"token_ids": BIG_INTEGERS, "count": 2**64}

@@ -55,7 +55,6 @@ from typing import (
     cast,
 )
 
-import orjson
 from pydantic import BaseModel
 
 from agentbolt.store.collection.base import (
@@ -79,6 +78,7 @@ from agentbolt.store.collection.sql import (
     TableSpec,
     set_table_collections,
 )
+from agentbolt.types.wire import decode_json
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -354,7 +354,8 @@ class _RawJson:
 
 
 def _configure_adapters(context: Any) -> None:
-    """psycopg adapters of a connection: JSON parsed by orjson, :class:`_RawJson` sent as it is."""
+    """psycopg adapters of a connection: JSON parsed by :func:`decode_json` (integers stay exact),
+    :class:`_RawJson` sent as it is."""
     from psycopg.adapt import Dumper
     from psycopg.types.json import set_json_loads
 
@@ -365,7 +366,7 @@ def _configure_adapters(context: Any) -> None:
             return obj.data
 
     context.adapters.register_dumper(_RawJson, RawJsonDumper)
-    set_json_loads(orjson.loads, context)
+    set_json_loads(decode_json, context)
 
 
 class _Section:

@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 import aiohttp
-import orjson
 import pydantic_core
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -35,7 +34,7 @@ from agentbolt.store.http.routes import (
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
-from agentbolt.types.wire import INF_NAN_MODE
+from agentbolt.types.wire import INF_NAN_MODE, decode_json
 from agentbolt.utils.collector import collection_paused
 
 __all__ = ["LightningStoreClient"]
@@ -234,7 +233,7 @@ class LightningStoreClient(LightningStore):
             if not payload:
                 return None
             with collection_paused():
-                return orjson.loads(payload)
+                return decode_json(payload)
 
     async def _probe_health(self) -> bool:
         """Whether the server's health endpoint answers, probing once per health delay plus a final time."""

@@ -17,7 +17,6 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 from urllib.parse import parse_qs
 
-import orjson
 import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,7 +48,7 @@ from agentbolt.store.http.routes import (
 )
 from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.utils import LATENCY_BUCKETS
-from agentbolt.types.wire import INF_NAN_MODE
+from agentbolt.types.wire import INF_NAN_MODE, decode_json
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -224,8 +223,8 @@ def _parse_body(body: bytes, model: Type[BodyT], *, optional: bool = False) -> B
     if optional and not body.strip():
         return model()
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        data = decode_json(body)
+    except ValueError as exc:
         invalid = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}
         raise RequestValidationError([invalid], body=body) from exc
     try:
