@@ -29,7 +29,6 @@ from agentbolt.store.http.routes import (
     ROUTES_BY_METHOD,
     STORE_ID_HEADER,
     StoreRoute,
-    parse_rollout,
 )
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
@@ -216,7 +215,7 @@ class LightningStoreClient(LightningStore):
 
     async def _send(
         self, method: str, path: str, body: Optional[bytes], params: Optional[Any], timeout: Optional[float] | Unset
-    ) -> Any:
+    ) -> bytes:
         session = await self._get_session()
         kwargs: Dict[str, Any] = {}
         if body is not None:
@@ -230,10 +229,7 @@ class LightningStoreClient(LightningStore):
             payload = await response.read()
             if response.status >= 400:
                 raise error_from_response(response, payload)
-            if not payload:
-                return None
-            with collection_paused():
-                return decode_json(payload)
+            return payload
 
     async def _probe_health(self) -> bool:
         """Whether the server's health endpoint answers, probing once per health delay plus a final time."""
@@ -266,7 +262,15 @@ class LightningStoreClient(LightningStore):
             return idempotent
         return False
 
-    async def _request_json(
+    async def _request_json(self, method: Literal["get", "post"], path: str, **options: Any) -> Any:
+        """Send a request (see :meth:`_request`) and return its answer parsed (``None`` for an empty answer)."""
+        raw = await self._request(method, path, **options)
+        if not raw:
+            return None
+        with collection_paused():
+            return decode_json(raw)
+
+    async def _request(
         self,
         method: Literal["get", "post"],
         path: str,
@@ -276,8 +280,8 @@ class LightningStoreClient(LightningStore):
         idempotent: bool = True,
         timeout: Optional[float] | Unset = UNSET,
         retry: bool = True,
-    ) -> Any:
-        """Send a request and return the decoded JSON answer, retrying per the client's policy.
+    ) -> bytes:
+        """Send a request and return the raw JSON answer, retrying per the client's policy.
 
         Args:
             method: HTTP method.
@@ -323,7 +327,7 @@ class LightningStoreClient(LightningStore):
         idempotent: bool,
         delays: Tuple[float, ...],
         tolerance: float,
-    ) -> Any:
+    ) -> bytes:
         """Send a request inside :func:`~agentbolt.store.outage.ride_out_outages`: retry for up to ``tolerance`` s.
 
         The health endpoint is not consulted (a server being restarted does not answer it either); the waits are
@@ -380,7 +384,7 @@ class LightningStoreClient(LightningStore):
             payload = {name: value for name, value in values.items() if not isinstance(value, Unset)} or None
         json, params = (None, _query_params(payload)) if route.verb == "GET" else (payload, None)
         try:
-            data = await self._request_json(
+            raw = await self._request(
                 "get" if route.verb == "GET" else "post",
                 path,
                 json=json,
@@ -395,7 +399,7 @@ class LightningStoreClient(LightningStore):
             self._log_swallowed_failure(route, exc)
             return None if route.on_failure == "none" else []
         with collection_paused():
-            return route.decode(data)
+            return route.decode(raw)
 
     def _log_swallowed_failure(self, route: StoreRoute, exc: BaseException) -> None:
         if route.on_failure == "empty":  # dequeue: polled constantly, so one warning after it last worked
@@ -515,14 +519,14 @@ class LightningStoreClient(LightningStore):
         if not self._queue_waits_unsupported:
             route = ROUTES_BY_METHOD["wait_for_queued_rollouts"]
             try:
-                data = await self._request_json(
+                raw = await self._request(
                     "post",
                     route.path,
                     json={"timeout": timeout},
                     timeout=timeout + self._request_timeout,
                     retry=False,
                 )
-                return route.decode(data)  # type: ignore[no-any-return]
+                return route.decode(raw)  # type: ignore[no-any-return]
             except LightningStoreHTTPError as exc:
                 if exc.status not in (404, 405):
                     raise
@@ -537,13 +541,13 @@ class LightningStoreClient(LightningStore):
         self, rollout_ids: List[str], timeout: Optional[float], *, request_timeout: Optional[float] | Unset
     ) -> List[Rollout]:
         route = ROUTES_BY_METHOD["wait_for_rollouts"]
-        data = await self._request_json(
+        raw = await self._request(
             "post",
             route.path,
             json={"rollout_ids": rollout_ids, "timeout": timeout},
             timeout=request_timeout,
         )
-        return [parse_rollout(item) for item in data]  # type: ignore[misc]
+        return route.decode(raw)  # type: ignore[no-any-return]
 
 
 def _query_params(payload: Any) -> Optional[List[Tuple[str, str]]]:

