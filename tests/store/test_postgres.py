@@ -174,6 +174,24 @@ async def test_span_payloads_do_not_repeat_indexed_fields(schema: str) -> None:
         await store.close()
 
 
+async def test_updates_of_some_payload_fields_keep_the_others_and_their_key_order(schema: str) -> None:
+    """A partial update writes its fields over the stored payload as ``dict.update`` would, without sorting keys."""
+    store = open_store(schema)
+    try:
+        ordered = {"question": "q", "context": {"zeta": 1, "alpha": 2}}
+        attempted = await store.start_rollout(ordered, metadata={"zz": 1, "a": 2})
+        rollout = attempted.model_copy(update={"metadata": {"y": 1, "b": {"d": 1, "c": 2}}, "input": "ignored"})
+        async with store.collections.atomic(mode="rw", labels=["rollouts"]) as collections:
+            (updated,) = await collections.rollouts.update([rollout], update_fields=["metadata"])
+        read = await store.get_rollout_by_id(attempted.rollout_id)
+        assert read is not None and read.input == ordered and list(read.input) == ["question", "context"]
+        assert list(read.input["context"]) == ["zeta", "alpha"]
+        assert read.metadata == {"y": 1, "b": {"d": 1, "c": 2}} and list(read.metadata["b"]) == ["d", "c"]
+        assert updated.metadata == read.metadata and updated.input == ordered
+    finally:
+        await store.close()
+
+
 async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -> None:
     """query_spans over HTTP answers with JSON the collection joins from the columns and the payload's text."""
     store = open_store(schema)

@@ -149,3 +149,15 @@ async def test_integers_beyond_64_bits_round_trip_exactly(store: LightningStore)
     assert attempt is not None and attempt.metadata == {"step": 2**65}
     (stored,) = await store.query_spans(rollout.rollout_id)
     assert stored.attributes == {"token_ids": BIG_INTEGERS, "count": 2**64}
+
+
+async def test_worker_and_metric_updates_keep_values_and_key_order(store: LightningStore) -> None:
+    """Worker records are updated field by field (a heartbeat beside a status change); what they hold must come back as
+    written all the same."""
+    stats = {"zz": 1, "a": {"y": 2, "x": 3}, "note": "a\x00b", "big": 2**70}
+    await store.update_worker("w1", heartbeat_stats={"first": True})
+    worker = await store.update_worker("w1", heartbeat_stats=stats)
+    assert list(worker.heartbeat_stats or {}) == list(stats)
+    (read,) = [w for w in await store.query_workers() if w.worker_id == "w1"]
+    assert read.heartbeat_stats == stats
+    assert list(read.heartbeat_stats or {}) == list(stats) and list((read.heartbeat_stats or {})["a"]) == ["y", "x"]

@@ -714,6 +714,24 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         # shortest exact form) and the payload's text, joined without parsing either.
         pairs = ", ".join(f"'{name}', {name}" for name in self._names)
         self._select_json = f"SELECT json_build_object({pairs})::text, data::text FROM {self._table}"
+        # Payload fields an update must give for the payload to be written whole (None: extra fields are kept).
+        model = spec.item_type
+        self._whole_payload: Optional[Set[str]] = (
+            set(model.model_fields) - self._payload_exclude if model.model_config.get("extra") != "allow" else None
+        )
+        # The payload with the top-level fields of a JSON object parameter (given twice) written over it, as
+        # ``dict.update`` does: fields already there keep their place, new ones follow in the parameter's order.
+        # ``json_each`` reads the record, so a NUL anywhere in it fails the update.
+        self._merged_payload = (
+            "(SELECT json_object_agg(key, value ORDER BY part, position) FROM ("
+            "SELECT old.key, COALESCE(new.value, old.value) AS value, 0 AS part, old.position "
+            f"FROM json_each({self._table}.data) WITH ORDINALITY AS old(key, value, position) "
+            "LEFT JOIN json_each(%s::json) AS new(key, value) ON new.key = old.key "
+            "UNION ALL SELECT new.key, new.value, 1, new.position "
+            "FROM json_each(%s::json) WITH ORDINALITY AS new(key, value, position) "
+            f"WHERE NOT EXISTS (SELECT FROM json_each({self._table}.data) AS old(key) WHERE old.key = new.key)"
+            ") AS merged)"
+        )
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -825,10 +843,15 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 assignments.append(f"{name} = %s")
                 params.append(getattr(item, name))
         payload_fields = {name for name in update_fields if name not in self._payload_exclude}
-        if payload_fields:
-            # Top-level fields merged as jsonb (only worker and metrics records are written field by field).
-            assignments.append(f"data = ({self._table}.data::jsonb || %s::jsonb)::json")
-            params.append(_RawJson(item.model_dump_json(include=payload_fields)))
+        if payload_fields and self._whole_payload is not None and self._whole_payload <= payload_fields:
+            # Worker and metrics records, the ones written field by field, keep one field in the payload: it is
+            # written as it is, like a whole item (``jsonb`` would sort its keys and refuse a NUL in it).
+            assignments.append("data = %s")
+            params.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude)))
+        elif payload_fields:
+            assignments.append(f"data = {self._merged_payload}")
+            fields = _RawJson(item.model_dump_json(include=payload_fields))
+            params += [fields, fields]
         return ", ".join(assignments), params
 
     async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
