@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import orjson
-import pydantic_core
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
@@ -36,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from typing_extensions import Annotated
 
 from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
-from agentbolt.types.wire import INF_NAN_MODE, decode_json
+from agentbolt.types.wire import decode_json, encode_json
 from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
 
 __all__ = [
@@ -102,11 +101,7 @@ class DashboardRolloutsRequest(BaseModel):
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(
-        content=pydantic_core.to_json(content, inf_nan_mode=INF_NAN_MODE),
-        status_code=status_code,
-        media_type="application/json",
-    )
+    return Response(content=encode_json(content), status_code=status_code, media_type="application/json")
 
 
 def _input_text(rollout: Rollout) -> str:

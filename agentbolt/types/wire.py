@@ -8,11 +8,11 @@ from typing import Any, Dict, Union
 import pydantic_core
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel", "decode_json"]
+__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel", "decode_json", "encode_json"]
 
 INF_NAN_MODE = "strings"
-"""How non-finite floats are written as JSON: ``pydantic_core.to_json(..., inf_nan_mode=INF_NAN_MODE)`` writes plain
-values (dicts, lists) as :class:`WireModel` writes models."""
+"""How non-finite floats are written as JSON (:func:`encode_json` writes plain values as :class:`WireModel` writes
+models)."""
 
 NON_FINITE_FLOATS: Dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 """The strings :class:`WireModel` writes for non-finite floats, and the float each stands for."""
@@ -45,3 +45,13 @@ def decode_json(data: Union[bytes, bytearray, str]) -> Any:
         ValueError: ``data`` is not valid JSON (the message says where).
     """
     return pydantic_core.from_json(data, allow_inf_nan=False)
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode ``value`` (models, dicts, lists, scalars) as JSON the way :class:`WireModel` writes models: non-finite
+    floats as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, integers of any size exact.
+
+    Raises:
+        pydantic_core.PydanticSerializationError: ``value`` holds something JSON cannot carry.
+    """
+    return pydantic_core.to_json(value, inf_nan_mode=INF_NAN_MODE)

@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 import aiohttp
-import pydantic_core
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.env_var import API_KEY_ENV_VAR
@@ -33,7 +32,7 @@ from agentbolt.store.http.routes import (
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
-from agentbolt.types.wire import INF_NAN_MODE, decode_json
+from agentbolt.types.wire import decode_json, encode_json
 from agentbolt.utils.collector import collection_paused
 
 __all__ = ["LightningStoreClient"]
@@ -296,7 +295,7 @@ class LightningStoreClient(LightningStore):
             LightningStoreHTTPError: The server answered with an error.
             aiohttp.ClientError: The server could not be reached.
         """
-        body = pydantic_core.to_json(json, inf_nan_mode=INF_NAN_MODE) if json is not None else None
+        body = encode_json(json) if json is not None else None
         delays = self._retry_delays if retry else ()
         tolerance = outage_tolerance() if delays else None
         if tolerance is not None:

@@ -17,7 +17,6 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 from urllib.parse import parse_qs
 
-import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -48,7 +47,7 @@ from agentbolt.store.http.routes import (
 )
 from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.utils import LATENCY_BUCKETS
-from agentbolt.types.wire import INF_NAN_MODE, decode_json
+from agentbolt.types.wire import decode_json, encode_json
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -79,7 +78,7 @@ DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 def _json_response(content: Any, status_code: int = 200) -> Response:
-    body = content if isinstance(content, RawJson) else pydantic_core.to_json(content, inf_nan_mode=INF_NAN_MODE)
+    body = content if isinstance(content, RawJson) else encode_json(content)
     return Response(content=body, status_code=status_code, media_type="application/json")
 
 
