@@ -135,3 +135,24 @@ def _run_on_writer(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
 
 for _name in _WRITER_OPERATIONS:
     setattr(SqliteLightningStore, _name, _run_on_writer(_name))
+
+
+_READER_OPERATIONS = ("get_rollout_by_id", "query_rollouts", "get_latest_resources")
+"""Operations that read more than once: each runs as a whole on a reader thread (see ``run_on_reader``), unless
+``read_snapshot`` makes its reads one transaction of the writer."""
+
+
+def _run_on_reader(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+    implementation = getattr(CollectionBasedLightningStore, name)
+
+    @functools.wraps(implementation)
+    async def operation(self: SqliteLightningStore, *args: Any, **kwargs: Any) -> Any:
+        if self._read_snapshot:
+            return await implementation(self, *args, **kwargs)
+        return await self.collections.run_on_reader(implementation, self, *args, **kwargs)
+
+    return operation
+
+
+for _name in _READER_OPERATIONS:
+    setattr(SqliteLightningStore, _name, _run_on_reader(_name))

@@ -734,3 +734,75 @@ async def test_store_acknowledges_only_committed_writes(tmp_path: Path) -> None:
         assert store.collections.commit_count <= store.collections.section_count
     finally:
         await store.close()
+
+
+async def test_operations_hand_work_over_once_and_never_run_sqlite_on_the_callers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from agentbolt.store.collection import sqlite as sqlite_module
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    sqlite_threads: List[int] = []
+    guard = sqlite_module._Database._guard
+
+    def recording_guard(self: Any, fn: Any, conn: sqlite3.Connection) -> Any:
+        sqlite_threads.append(threading.get_ident())
+        return guard(self, fn, conn)
+
+    monkeypatch.setattr(sqlite_module._Database, "_guard", recording_guard)
+    store = SqliteLightningStore(tmp_path / "hops.db")
+    database = store.collections._db
+    reader_jobs: List[str] = []
+    submit = database._readers.submit
+
+    def counting_submit(fn: Any, *args: Any) -> Any:
+        reader_jobs.append(fn.__name__)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(database._readers, "submit", counting_submit)
+    try:
+        started = await store.start_rollout({"x": 1})
+        await store.enqueue_rollout({"x": 2})
+        await store.add_resources({})
+
+        async def jobs_of(call: Any) -> List[str]:
+            reader_jobs.clear()
+            await call
+            return list(reader_jobs)
+
+        # Reads of several queries run as a whole on one reader thread.
+        assert await jobs_of(store.get_rollout_by_id(started.rollout_id)) == ["_run_read_operation"]
+        assert await jobs_of(store.query_rollouts()) == ["_run_read_operation"]
+        assert await jobs_of(store.get_latest_resources()) == ["_run_read_operation"]
+        # Dequeue checks the queue on the writer's connection, which has no transaction open between operations.
+        claimed = await jobs_of(store.dequeue_rollout())
+        assert claimed == []
+        assert (await store.get_rollout_by_id(started.rollout_id)) is not None
+        assert threading.get_ident() not in sqlite_threads
+    finally:
+        await store.close()
+
+
+async def test_reads_on_the_writer_thread_see_only_committed_writes(tmp_path: Path) -> None:
+    collections = SqliteLightningCollections(tmp_path / "committed.db")
+    seen: List[Any] = []
+
+    async def write_slowly() -> None:
+        async with collections.atomic(mode="rw") as c:
+            await c.rollouts.insert([Rollout(rollout_id="ro-pending", input=1, start_time=1.0)])
+            await asyncio.sleep(0.3)
+
+    async def read_meanwhile() -> None:
+        await asyncio.sleep(0.1)
+        async with collections.atomic(mode="r") as c:
+            seen.append(await c.rollouts.get(filter={"rollout_id": {"exact": "ro-pending"}}))
+
+    try:
+        await asyncio.gather(collections.run_on_writer(write_slowly), collections.run_on_writer(read_meanwhile))
+        assert seen == [None]  # the write's transaction was still open
+        await collections.run_on_writer(read_meanwhile)
+        assert seen[1] is not None and seen[1].rollout_id == "ro-pending"
+    finally:
+        await collections.close()
