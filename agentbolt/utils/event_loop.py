@@ -1,7 +1,9 @@
 """The event loop agentbolt's servers run on: uvloop where it is installed, asyncio's own loop otherwise.
 
 A store call over HTTP spends much of its server-side time in the event loop itself (parsing and answering the
-request, and for PostgreSQL one wait per statement), and uvloop does that work in C. ``AGENTBOLT_EVENT_LOOP=asyncio``
+request, and for PostgreSQL one wait per statement), and uvloop does that work in C. The SQLite store's writer
+and reader threads run their loops of the same kind: each store operation is handed to them from another thread,
+and uvloop wakes a loop from another thread faster. ``AGENTBOLT_EVENT_LOOP=asyncio``
 keeps the standard loop (to compare, or to rule uvloop out when debugging); ``uvloop`` requires it.
 """
 
@@ -12,7 +14,7 @@ import logging
 import os
 from typing import Any, Coroutine, TypeVar
 
-__all__ = ["EVENT_LOOP_ENV_VAR", "event_loop_name", "run"]
+__all__ = ["EVENT_LOOP_ENV_VAR", "event_loop_name", "new_event_loop", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +58,12 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop of the kind :func:`event_loop_name` chooses, for a thread of its own to run."""
+    if event_loop_name() == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import subprocess
 import sys
 
@@ -25,6 +26,22 @@ def test_servers_run_on_uvloop_when_it_is_installed(monkeypatch: pytest.MonkeyPa
 def test_the_standard_loop_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(event_loop.EVENT_LOOP_ENV_VAR, "asyncio")
     assert event_loop.run(_loop_module()) == "asyncio.unix_events"
+
+
+def test_threads_get_loops_of_the_same_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(event_loop.EVENT_LOOP_ENV_VAR, "asyncio")
+    loop = event_loop.new_event_loop()
+    try:
+        assert type(loop).__module__ == "asyncio.unix_events"
+    finally:
+        loop.close()
+    if importlib.util.find_spec("uvloop") is not None:
+        monkeypatch.delenv(event_loop.EVENT_LOOP_ENV_VAR)
+        loop = event_loop.new_event_loop()
+        try:
+            assert type(loop).__module__.startswith("uvloop")
+        finally:
+            loop.close()
 
 
 def test_an_unknown_loop_is_refused_and_the_coroutine_closed(monkeypatch: pytest.MonkeyPatch) -> None:

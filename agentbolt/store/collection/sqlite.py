@@ -76,6 +76,7 @@ from agentbolt.store.collection.sql import (
     TableSpec,
     set_table_collections,
 )
+from agentbolt.utils.event_loop import new_event_loop
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -267,7 +268,7 @@ class _Database:
         self._in_transaction = False  # only touched by the gate owner
         self.commits = 0
         self.sections = 0
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_writer_loop, name="agentbolt-sqlite-writer", daemon=True)
         self._thread.start()
         try:
@@ -458,7 +459,7 @@ class _Database:
         """Run a whole read operation on this reader thread's private event loop."""
         loop = getattr(self._reader_local, "loop", None)
         if loop is None:
-            loop = self._reader_local.loop = asyncio.new_event_loop()
+            loop = self._reader_local.loop = new_event_loop()
             with self._reader_lock:
                 self._reader_loops.append(loop)
         self._reader_local.running = True
