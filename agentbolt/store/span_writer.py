@@ -17,7 +17,9 @@ hand over :class:`PendingSpan` objects and go on; a task on the writer's event l
   (the first one of each full spell, then a total once there is room again).
 * **Rejected spans are given up one by one.** When the store rejects a batch as invalid (a 4xx answer, a
   ``ValueError`` / ``TypeError`` / ``KeyError``), its spans are written one at a time so only the offending span is
-  given up (``failed``).
+  given up (``failed``). A rejected span holding strings that JSON cannot carry (lone surrogates) is first written
+  once more with those strings repaired (see :func:`~agentbolt.types.wire.without_lone_surrogates`), with a warning:
+  the span is kept, with U+FFFD where the text had no valid form (``repaired``).
 
 :meth:`SpanWriter.flush` waits until every span handed over before the call has been written or given up.
 """
@@ -35,6 +37,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from agentbolt.store.base import LightningStore
 from agentbolt.types import Span
+from agentbolt.types.wire import without_lone_surrogates
 
 __all__ = ["PendingSpan", "SpanWriter", "is_permanent_store_error"]
 
@@ -97,7 +100,7 @@ class PendingSpan:
 class _Queued:
     """A pending span in the buffer, with what the writer learned about it so far."""
 
-    __slots__ = ("enqueued_at", "item", "numbered", "span", "stored", "written")
+    __slots__ = ("enqueued_at", "item", "numbered", "repaired", "span", "stored", "written")
 
     def __init__(self, item: PendingSpan) -> None:
         self.item = item
@@ -106,6 +109,7 @@ class _Queued:
         self.numbered = False  # the span carries an id issued up front (else the store issues it at write time)
         self.written = False  # stored, or given up
         self.stored: Optional[Span] = None
+        self.repaired = False  # its strings were made writable as JSON after the store rejected it
 
 
 class SpanWriter:
@@ -155,6 +159,7 @@ class SpanWriter:
         self.written = 0
         self.dropped = 0
         self.failed = 0
+        self.repaired = 0
         self.lost = 0
         self._dropped_while_full = 0
 
@@ -306,7 +311,8 @@ class SpanWriter:
         return self._outage_since is not None
 
     def stats(self) -> Dict[str, int]:
-        """Counters: ``queued``, ``written``, ``dropped`` (buffer full), ``failed`` (rejected) and ``lost``."""
+        """Counters: ``queued``, ``written``, ``dropped`` (buffer full), ``failed`` (rejected), ``repaired`` (written
+        after their strings were made writable as JSON) and ``lost``."""
         with self._lock:
             queued = len(self._pending)
         return {
@@ -314,6 +320,7 @@ class SpanWriter:
             "written": self.written,
             "dropped": self.dropped,
             "failed": self.failed,
+            "repaired": self.repaired,
             "lost": self.lost,
         }
 
@@ -425,6 +432,8 @@ class SpanWriter:
                 if len([q for q in batch if not q.written]) > 1:
                     self._isolate = len(batch)  # write them one by one to find the rejected span
                     continue
+                if self._repair(batch, exc):
+                    continue
                 for queued in batch:
                     if not queued.written:
                         self._give_up(queued, exc)
@@ -476,6 +485,30 @@ class SpanWriter:
             for queued, span in unnumbered:
                 # A span missing from the answer was already stored (a batch sent again after a lost answer).
                 self._stored(queued, by_id.get((span.rollout_id, span.span_id)))
+
+    def _repair(self, batch: Sequence[_Queued], exc: BaseException) -> bool:
+        """Make the strings of a rejected span writable as JSON, once; whether there was anything to repair."""
+        for queued in batch:
+            if queued.written or queued.span is None or queued.repaired:
+                continue
+            queued.repaired = True
+            dumped = queued.span.model_dump()
+            cleaned = without_lone_surrogates(dumped)
+            if cleaned is dumped:
+                continue
+            try:
+                queued.span = Span.model_validate(cleaned)
+            except ValueError:  # invalid for other reasons too: given up with the store's error
+                continue
+            self.repaired += 1
+            self._logger.warning(
+                "The store rejected %s (%s: %s); writing it again with U+FFFD for the lone surrogates in its text.",
+                queued.item.describe(),
+                type(exc).__name__,
+                exc,
+            )
+            return True
+        return False
 
     def _stored(self, queued: _Queued, stored: Optional[Span]) -> None:
         queued.written = True

@@ -8,7 +8,15 @@ from typing import Any, Dict, Union
 import pydantic_core
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["INF_NAN_MODE", "NON_FINITE_FLOATS", "WIRE_CONFIG", "WireModel", "decode_json", "encode_json"]
+__all__ = [
+    "INF_NAN_MODE",
+    "NON_FINITE_FLOATS",
+    "WIRE_CONFIG",
+    "WireModel",
+    "decode_json",
+    "encode_json",
+    "without_lone_surrogates",
+]
 
 INF_NAN_MODE = "strings"
 """How non-finite floats are written as JSON (:func:`encode_json` writes plain values as :class:`WireModel` writes
@@ -55,3 +63,33 @@ def encode_json(value: Any) -> bytes:
         pydantic_core.PydanticSerializationError: ``value`` holds something JSON cannot carry.
     """
     return pydantic_core.to_json(value, inf_nan_mode=INF_NAN_MODE)
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """``value`` with its strings (dict keys included, in nested dicts, lists and tuples) made writable as JSON.
+
+    A Python string may hold surrogate code points, which have no UTF-8 form: bytes decoded with
+    ``errors="surrogateescape"`` produce them, and so does ``json.loads`` of a ``"\\ud83d"`` escape without its pair. JSON
+    writers refuse such strings. Here a high and low surrogate that stand next to each other become the character
+    they encode and every other surrogate becomes U+FFFD (the replacement character); all else is kept. Values
+    without such strings come back unchanged (the same objects).
+    """
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        items = [(without_lone_surrogates(k), without_lone_surrogates(v)) for k, v in value.items()]
+        if all(k is old_k and v is old_v for (k, v), (old_k, old_v) in zip(items, value.items(), strict=True)):
+            return value
+        return dict(items)
+    if isinstance(value, (list, tuple)):
+        cleaned = [without_lone_surrogates(item) for item in value]
+        if all(new is old for new, old in zip(cleaned, value, strict=True)):
+            return value
+        return type(value)(cleaned) if isinstance(value, tuple) else cleaned
+    return value

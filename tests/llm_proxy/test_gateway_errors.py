@@ -199,7 +199,7 @@ async def test_a_hanging_store_does_not_stall_answers_and_spans_wait_for_it(back
             response = await client.post(url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 200
             spans = (await client.get(f"{launcher.access_endpoint}/health")).json()["spans"]
-        assert spans == {"queued": 2, "written": 0, "dropped": 0, "failed": 0, "lost": 0}
+        assert spans == {"queued": 2, "written": 0, "dropped": 0, "failed": 0, "repaired": 0, "lost": 0}
     finally:
         await launcher.stop()
         hanging.close()

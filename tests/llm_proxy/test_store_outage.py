@@ -205,8 +205,8 @@ async def test_full_buffer_drops_are_counted_and_reported(
     finally:
         await launcher.stop()
         await store.close()
-    assert paused == {"queued": 3, "written": 0, "dropped": 7, "failed": 0, "lost": 0}
-    assert after == {"queued": 0, "written": 3, "dropped": 7, "failed": 0, "lost": 0}
+    assert paused == {"queued": 3, "written": 0, "dropped": 7, "failed": 0, "repaired": 0, "lost": 0}
+    assert after == {"queued": 0, "written": 3, "dropped": 7, "failed": 0, "repaired": 0, "lost": 0}
     assert caplog.text.count("Span buffer full") == 1  # the first drop is logged, the next ones counted
     reader = LightningStoreClient(store_process.endpoint)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import List, Optional
 
 import pytest
@@ -73,7 +74,7 @@ async def test_ids_issued_up_front_are_kept_and_the_others_issued_in_order() -> 
     spans = await store.query_spans(rollout.rollout_id, sort_by="sequence_id")
     assert [(span.name, span.sequence_id) for span in spans] == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
     assert [item.stored[0].sequence_id for item in items if item.stored[0] is not None] == [1, 2, 3, 4]
-    assert writer.stats() == {"queued": 0, "written": 4, "dropped": 0, "failed": 0, "lost": 0}
+    assert writer.stats() == {"queued": 0, "written": 4, "dropped": 0, "failed": 0, "repaired": 0, "lost": 0}
     await writer.close()
 
 
@@ -116,7 +117,7 @@ async def test_buffer_full_drops_and_close_reports_what_was_lost() -> None:
     assert [writer.submit(item) for item in items] == [True, True, False]
     assert items[2].stored == [None]
     assert await writer.close(0.1) == 2  # nothing wrote them within the timeout
-    assert writer.stats() == {"queued": 0, "written": 0, "dropped": 1, "failed": 0, "lost": 2}
+    assert writer.stats() == {"queued": 0, "written": 0, "dropped": 1, "failed": 0, "repaired": 0, "lost": 2}
 
 
 def test_permanent_errors() -> None:
@@ -130,3 +131,44 @@ def test_permanent_errors() -> None:
 
     assert is_permanent_store_error(HTTPError(422)) and not is_permanent_store_error(HTTPError(503))
     assert not is_permanent_store_error(HTTPError(429))
+
+
+class TextItem(Item):
+    """A span carrying ``text`` in two attributes."""
+
+    def __init__(self, rollout_id: str, attempt_id: str, name: str, text: str) -> None:
+        super().__init__(rollout_id, attempt_id, name)
+        self.text = text
+
+    def to_span(self, sequence_id: int) -> Span:
+        span = super().to_span(sequence_id)
+        return span.model_copy(update={"attributes": {"tool.output": self.text, "tool.args": [self.text, "b"]}})
+
+
+async def test_a_span_with_lone_surrogates_is_repaired_not_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    store = SqliteLightningStore(tmp_path / "spans.db")  # writes JSON, so it refuses such strings
+    rollout = await store.start_rollout(input={})
+    writer = SpanWriter(store)
+    writer.start()
+    # What bytes decoded with errors="surrogateescape" give, and an emoji split into its two surrogates.
+    plain = Item(rollout.rollout_id, rollout.attempt.attempt_id, "plain")
+    broken_text = TextItem(rollout.rollout_id, rollout.attempt.attempt_id, "tool", "ok \udcff then \ud83d\ude00")
+    fine = TextItem(rollout.rollout_id, rollout.attempt.attempt_id, "fine", "caf\u00e9")
+    for item in (plain, broken_text, fine):
+        writer.submit(item)
+    try:
+        assert await writer.flush(10.0)
+        spans = {span.name: span for span in await store.query_spans(rollout.rollout_id)}
+        assert set(spans) == {"plain", "tool", "fine"}
+        repaired = "ok \ufffd then \U0001f600"
+        assert spans["tool"].attributes == {"tool.output": repaired, "tool.args": [repaired, "b"]}
+        assert spans["fine"].attributes["tool.output"] == "caf\u00e9"
+        assert writer.stats()["repaired"] == 1 and writer.failed == 0 and writer.written == 3
+        assert "writing it again with U+FFFD" in caplog.text
+    finally:
+        await writer.close()
+        await store.close()

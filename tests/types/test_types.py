@@ -187,3 +187,17 @@ def test_span_attributes_are_checked_and_tuples_become_lists() -> None:
         with pytest.raises(ValidationError):
             Span.from_attributes(attributes=bad)  # type: ignore[arg-type]
     assert Span.model_validate_json(span.model_dump_json()) == span
+
+
+def test_without_lone_surrogates_repairs_only_what_json_cannot_carry() -> None:
+    from agentbolt.types.wire import encode_json, without_lone_surrogates
+
+    clean = {"text": "caf\u00e9 \U0001f600", "ids": [1, 2.5, None, True], "nested": ("a", {"b": "c"})}
+    assert without_lone_surrogates(clean) is clean  # nothing to repair: the same object back
+    broken = {"k\udcff": ["x\ud800", ("\ud83d\ude00", 3)], "fine": "ok"}
+    repaired = without_lone_surrogates(broken)
+    assert repaired == {"k\ufffd": ["x\ufffd", ("\U0001f600", 3)], "fine": "ok"}
+    assert broken == {"k\udcff": ["x\ud800", ("\ud83d\ude00", 3)], "fine": "ok"}  # the input is not changed
+    assert encode_json(repaired)  # writable now
+    with pytest.raises(ValueError, match="surrogates not allowed"):
+        encode_json(broken)
