@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Dict, Union
 
@@ -14,9 +15,12 @@ __all__ = [
     "WIRE_CONFIG",
     "WireModel",
     "decode_json",
+    "encode_answer_json",
     "encode_json",
     "without_lone_surrogates",
 ]
+
+logger = logging.getLogger(__name__)
 
 INF_NAN_MODE = "strings"
 """How non-finite floats are written as JSON (:func:`encode_json` writes plain values as :class:`WireModel` writes
@@ -93,3 +97,26 @@ def without_lone_surrogates(value: Any) -> Any:
             return value
         return type(value)(cleaned) if isinstance(value, tuple) else cleaned
     return value
+
+
+def encode_answer_json(value: Any) -> bytes:
+    """Encode ``value`` like :func:`encode_json`, for an answer that a reader must get.
+
+    A store that keeps values in memory may hold strings no JSON can carry (lone surrogates, see
+    :func:`without_lone_surrogates`). Rather than failing every read of such an item, the answer carries U+FFFD in
+    their place and a warning is logged; the stored value is not changed.
+
+    Raises:
+        pydantic_core.PydanticSerializationError: ``value`` holds something else JSON cannot carry.
+    """
+    try:
+        return encode_json(value)
+    except pydantic_core.PydanticSerializationError:
+        plain = pydantic_core.to_jsonable_python(value)
+        repaired = without_lone_surrogates(plain)
+        if repaired is plain:
+            raise
+        logger.warning(
+            "An answer held strings with lone surrogates, which JSON cannot carry; sent U+FFFD in their place"
+        )
+        return encode_json(repaired)

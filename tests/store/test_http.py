@@ -707,3 +707,22 @@ async def test_sessions_of_finished_event_loops_are_closed_not_dropped(served: S
         await client.close()
         gc.collect()
     assert not [w for w in caught if "Unclosed" in str(w.message) or "never awaited" in str(w.message)]
+
+
+async def test_values_json_cannot_carry_are_answered_with_replacement_characters(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An in-memory store keeps strings with lone surrogates written in its process; readers over HTTP still get them."""
+    store = InMemoryLightningStore()
+    async with serve(store) as served:
+        rollout = await store.start_rollout({"path": "out\udcff.txt"})
+        span = make_span(rollout.rollout_id, rollout.attempt.attempt_id, 1, "s1")
+        await store.add_span(span.model_copy(update={"attributes": {"tool.output": "half \ud83d"}}))
+
+        spans = await served.client.query_spans(rollout.rollout_id)
+        assert [s.attributes["tool.output"] for s in spans] == ["half \ufffd"]
+        read = await served.client.get_rollout_by_id(rollout.rollout_id)
+        assert read is not None and read.input == {"path": "out\ufffd.txt"}
+        assert "lone surrogates" in caplog.text
+        # What the store holds is unchanged.
+        assert (await store.query_spans(rollout.rollout_id))[0].attributes["tool.output"] == "half \ud83d"
