@@ -776,7 +776,7 @@ async def test_operations_hand_work_over_once_and_never_run_sqlite_on_the_caller
         assert await jobs_of(store.get_rollout_by_id(started.rollout_id)) == ["_run_read_operation"]
         assert await jobs_of(store.query_rollouts()) == ["_run_read_operation"]
         assert await jobs_of(store.get_latest_resources()) == ["_run_read_operation"]
-        # Dequeue checks the queue on the writer's connection, which has no transaction open between operations.
+        # Dequeue checks the queue on the writer thread's own read-only connection.
         claimed = await jobs_of(store.dequeue_rollout())
         assert claimed == []
         assert (await store.get_rollout_by_id(started.rollout_id)) is not None
@@ -785,9 +785,16 @@ async def test_operations_hand_work_over_once_and_never_run_sqlite_on_the_caller
         await store.close()
 
 
-async def test_reads_on_the_writer_thread_see_only_committed_writes(tmp_path: Path) -> None:
+async def test_reads_on_the_writer_thread_see_only_committed_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     collections = SqliteLightningCollections(tmp_path / "committed.db")
     seen: List[Any] = []
+
+    def no_hand_off(*args: Any) -> Any:
+        raise AssertionError("a read on the writer thread was handed to a reader thread")
+
+    monkeypatch.setattr(collections._db._readers, "submit", no_hand_off)
 
     async def write_slowly() -> None:
         async with collections.atomic(mode="rw") as c:

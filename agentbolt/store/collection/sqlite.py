@@ -443,16 +443,14 @@ class _Database:
         return self._guard(fn, conn)
 
     async def read_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on a connection that sees the last committed state, never on the caller's loop.
+        """Run ``fn(connection)`` on a read-only connection, which sees the last committed state.
 
-        Operations running on a reader thread (see :meth:`run_on_reader`) call their connection directly, and so do
-        operations on the writer loop while no transaction is open there; anything else is handed to a reader thread.
+        Operations running on a reader thread (see :meth:`run_on_reader`) or on the writer loop call their thread's
+        own read-only connection directly; calls from any other loop are handed to a reader thread.
         """
         self._check_open()
-        if getattr(self._reader_local, "running", False):
+        if getattr(self._reader_local, "running", False) or self.on_writer_loop():
             return self._read_job(fn)
-        if self.on_writer_loop() and not self._conn.in_transaction:
-            return self._guard(fn, self._conn)
         return await asyncio.wrap_future(self._readers.submit(self._read_job, fn))
 
     def _run_read_operation(self, fn: Callable[..., Coroutine[Any, Any, T]], args: Any, kwargs: Any) -> T:
