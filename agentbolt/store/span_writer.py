@@ -100,7 +100,7 @@ class PendingSpan:
 class _Queued:
     """A pending span in the buffer, with what the writer learned about it so far."""
 
-    __slots__ = ("enqueued_at", "item", "numbered", "repaired", "span", "stored", "written")
+    __slots__ = ("enqueued_at", "item", "numbered", "repair_tried", "span", "stored", "written")
 
     def __init__(self, item: PendingSpan) -> None:
         self.item = item
@@ -109,7 +109,7 @@ class _Queued:
         self.numbered = False  # the span carries an id issued up front (else the store issues it at write time)
         self.written = False  # stored, or given up
         self.stored: Optional[Span] = None
-        self.repaired = False  # its strings were made writable as JSON after the store rejected it
+        self.repair_tried = False  # the store rejected it and its strings were checked for what JSON cannot carry
 
 
 class SpanWriter:
@@ -489,9 +489,9 @@ class SpanWriter:
     def _repair(self, batch: Sequence[_Queued], exc: BaseException) -> bool:
         """Make the strings of a rejected span writable as JSON, once; whether there was anything to repair."""
         for queued in batch:
-            if queued.written or queued.span is None or queued.repaired:
+            if queued.written or queued.span is None or queued.repair_tried:
                 continue
-            queued.repaired = True
+            queued.repair_tried = True
             dumped = queued.span.model_dump()
             cleaned = without_lone_surrogates(dumped)
             if cleaned is dumped:

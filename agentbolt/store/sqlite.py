@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Optional
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Literal, Optional
 
 from agentbolt.store.base import LightningStoreCapabilities
 from agentbolt.store.collection.sqlite import (
@@ -123,30 +123,19 @@ _WRITER_OPERATIONS = (
 """Operations that write: each runs as a whole on the database's writer thread (see ``run_on_writer``)."""
 
 
-def _run_on_writer(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
-    implementation = getattr(CollectionBasedLightningStore, name)
-
-    @functools.wraps(implementation)
-    async def operation(self: SqliteLightningStore, *args: Any, **kwargs: Any) -> Any:
-        return await self.collections.run_on_writer(implementation, self, *args, **kwargs)
-
-    return operation
-
-
-for _name in _WRITER_OPERATIONS:
-    setattr(SqliteLightningStore, _name, _run_on_writer(_name))
-
-
 _READER_OPERATIONS = ("get_rollout_by_id", "query_rollouts", "get_latest_resources")
 """Operations that read more than once: each runs as a whole on a reader thread (see ``run_on_reader``), unless
 ``read_snapshot`` makes its reads one transaction of the writer."""
 
 
-def _run_on_reader(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+def _run_whole(name: str, thread: Literal["writer", "reader"]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """The store operation ``name`` run as a whole on the writer thread or on a reader thread."""
     implementation = getattr(CollectionBasedLightningStore, name)
 
     @functools.wraps(implementation)
     async def operation(self: SqliteLightningStore, *args: Any, **kwargs: Any) -> Any:
+        if thread == "writer":
+            return await self.collections.run_on_writer(implementation, self, *args, **kwargs)
         if self._read_snapshot:
             return await implementation(self, *args, **kwargs)
         return await self.collections.run_on_reader(implementation, self, *args, **kwargs)
@@ -154,5 +143,7 @@ def _run_on_reader(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     return operation
 
 
+for _name in _WRITER_OPERATIONS:
+    setattr(SqliteLightningStore, _name, _run_whole(_name, "writer"))
 for _name in _READER_OPERATIONS:
-    setattr(SqliteLightningStore, _name, _run_on_reader(_name))
+    setattr(SqliteLightningStore, _name, _run_whole(_name, "reader"))

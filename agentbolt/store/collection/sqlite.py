@@ -449,9 +449,13 @@ class _Database:
         own read-only connection directly; calls from any other loop are handed to a reader thread.
         """
         self._check_open()
-        if getattr(self._reader_local, "running", False) or self.on_writer_loop():
+        if self._on_reader_loop() or self.on_writer_loop():
             return self._read_job(fn)
         return await asyncio.wrap_future(self._readers.submit(self._read_job, fn))
+
+    def _on_reader_loop(self) -> bool:
+        """Whether the caller runs a read operation on a reader thread's event loop."""
+        return getattr(self._reader_local, "running", False)
 
     def _run_read_operation(self, fn: Callable[..., Coroutine[Any, Any, T]], args: Any, kwargs: Any) -> T:
         """Run a whole read operation on this reader thread's private event loop."""
@@ -468,7 +472,7 @@ class _Database:
 
     async def run_on_reader(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn(*args, **kwargs)`` on a reader thread, where its reads need no further hand-off."""
-        if self.on_writer_loop() or getattr(self._reader_local, "running", False):
+        if self.on_writer_loop() or self._on_reader_loop():
             return await fn(*args, **kwargs)
         self._check_open()
         return await asyncio.wrap_future(self._readers.submit(self._run_read_operation, fn, args, kwargs))
