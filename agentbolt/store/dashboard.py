@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from typing_extensions import Annotated
 
 from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
-from agentbolt.types.wire import decode_json, encode_answer_json
+from agentbolt.types.wire import decode_json, encode_json_repairing
 from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
 
 __all__ = [
@@ -101,7 +101,7 @@ class DashboardRolloutsRequest(BaseModel):
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(content=encode_answer_json(content), status_code=status_code, media_type="application/json")
+    return Response(content=encode_json_repairing(content), status_code=status_code, media_type="application/json")
 
 
 def _input_text(rollout: Rollout) -> str:

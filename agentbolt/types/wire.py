@@ -15,8 +15,8 @@ __all__ = [
     "WIRE_CONFIG",
     "WireModel",
     "decode_json",
-    "encode_answer_json",
     "encode_json",
+    "encode_json_repairing",
     "without_lone_surrogates",
 ]
 
@@ -70,13 +70,15 @@ def encode_json(value: Any) -> bytes:
 
 
 def without_lone_surrogates(value: Any) -> Any:
-    """``value`` with its strings (dict keys included, in nested dicts, lists and tuples) made writable as JSON.
+    """``value`` with its strings (dict keys included, in nested dicts, lists, tuples and pydantic models) made writable
+    as JSON.
 
     A Python string may hold surrogate code points, which have no UTF-8 form: bytes decoded with
     ``errors="surrogateescape"`` produce them, and so does ``json.loads`` of a ``"\\ud83d"`` escape without its pair. JSON
     writers refuse such strings. Here a high and low surrogate that stand next to each other become the character
     they encode and every other surrogate becomes U+FFFD (the replacement character); all else is kept. Values
-    without such strings come back unchanged (the same objects).
+    without such strings come back unchanged (the same objects); a model with some comes back as a copy of its type,
+    validated again.
     """
     if isinstance(value, str):
         if value.isascii():
@@ -96,15 +98,19 @@ def without_lone_surrogates(value: Any) -> Any:
         if all(new is old for new, old in zip(cleaned, value, strict=True)):
             return value
         return type(value)(cleaned) if isinstance(value, tuple) else cleaned
+    if isinstance(value, BaseModel):
+        fields = value.model_dump()
+        repaired = without_lone_surrogates(fields)
+        return value if repaired is fields else type(value).model_validate(repaired)
     return value
 
 
-def encode_answer_json(value: Any) -> bytes:
-    """Encode ``value`` like :func:`encode_json`, for an answer that a reader must get.
+def encode_json_repairing(value: Any) -> bytes:
+    """Encode ``value`` like :func:`encode_json`, for a request or an answer that must get through.
 
-    A store that keeps values in memory may hold strings no JSON can carry (lone surrogates, see
-    :func:`without_lone_surrogates`). Rather than failing every read of such an item, the answer carries U+FFFD in
-    their place and a warning is logged; the stored value is not changed.
+    A value may hold strings no JSON can carry: lone surrogates (see :func:`without_lone_surrogates`), which a store
+    keeping items in memory holds as they were written. Rather than failing the request or every read of such an
+    item, the JSON carries U+FFFD in their place and a warning is logged; ``value`` itself is not changed.
 
     Raises:
         pydantic_core.PydanticSerializationError: ``value`` holds something else JSON cannot carry.
@@ -112,11 +118,10 @@ def encode_answer_json(value: Any) -> bytes:
     try:
         return encode_json(value)
     except pydantic_core.PydanticSerializationError:
-        plain = pydantic_core.to_jsonable_python(value)
-        repaired = without_lone_surrogates(plain)
-        if repaired is plain:
+        repaired = without_lone_surrogates(value)
+        if repaired is value:
             raise
         logger.warning(
-            "An answer held strings with lone surrogates, which JSON cannot carry; sent U+FFFD in their place"
+            "A value held strings with lone surrogates, which JSON cannot carry; wrote U+FFFD in their place"
         )
         return encode_json(repaired)

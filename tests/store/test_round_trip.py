@@ -55,6 +55,42 @@ async def test_strings_round_trip_exactly_in_inputs_metadata_and_spans(store: Li
     assert stored.attributes == span.attributes
 
 
+LONE = "ok \udcff then \ud83d\ude00 end \ud800"  # what surrogateescape decoding gives, a split emoji, a lone half
+LONE_REPAIRED = "ok \ufffd then \U0001f600 end \ufffd"
+
+
+async def test_lone_surrogates_are_kept_or_repaired_never_refused(store: LightningStore) -> None:
+    """No UTF-8 store can hold a lone surrogate: memory keeps it, the others store U+FFFD in its place."""
+
+    def kept(read: Any, written: Any) -> bool:
+        return read == written or read == replace_lone(written)
+
+    def replace_lone(value: Any) -> Any:
+        from agentbolt.types.wire import without_lone_surrogates
+
+        return without_lone_surrogates(value)
+
+    rollout = await store.start_rollout({LONE: LONE}, metadata={"note": LONE})
+    await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, metadata={"notes": [LONE]})
+    span = make_span(
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id),
+        "s1",
+        name=f"tool {LONE}",
+        attributes={"tool.output": LONE, LONE: [LONE, "b"]},
+    )
+    assert await store.add_span(span) is not None
+    assert replace_lone({LONE: LONE}) == {LONE_REPAIRED: LONE_REPAIRED}
+
+    read = await store.get_rollout_by_id(rollout.rollout_id)
+    assert read is not None and kept(read.input, {LONE: LONE}) and kept(read.metadata, {"note": LONE})
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and kept(attempt.metadata, {"notes": [LONE]})
+    (stored,) = await store.query_spans(rollout.rollout_id)
+    assert kept(stored.name, span.name) and kept(stored.attributes, span.attributes)
+
+
 def same_float(read: Any, written: float) -> bool:
     """``read`` is ``written`` itself (kept in memory) or the string JSON stores for it."""
     value = NON_FINITE_FLOATS.get(read) if isinstance(read, str) else read

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import pytest
 
@@ -14,6 +13,7 @@ from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.store.span_writer import PendingSpan, SpanWriter, is_permanent_store_error
 from agentbolt.types import Span
 from agentbolt.types.tracer import OtelResource, TraceStatus
+from agentbolt.types.wire import encode_json
 
 
 class Item(PendingSpan):
@@ -145,12 +145,23 @@ class TextItem(Item):
         return span.model_copy(update={"attributes": {"tool.output": self.text, "tool.args": [self.text, "b"]}})
 
 
-async def test_a_span_with_lone_surrogates_is_repaired_not_lost(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    from agentbolt.store.sqlite import SqliteLightningStore
+class JsonCheckingStore(InMemoryLightningStore):
+    """A store of the kind users write: it encodes spans as JSON before keeping them, so it refuses strings JSON
+    cannot carry (the stores of this package repair them themselves)."""
 
-    store = SqliteLightningStore(tmp_path / "spans.db")  # writes JSON, so it refuses such strings
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        for span in spans:
+            encode_json(span)
+        return await super().add_many_spans(spans)
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        for span in spans:
+            encode_json(span)
+        return await super().add_spans_with_new_sequence_ids(spans)
+
+
+async def test_a_span_with_lone_surrogates_is_repaired_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+    store = JsonCheckingStore()
     rollout = await store.start_rollout(input={})
     writer = SpanWriter(store)
     writer.start()
@@ -171,4 +182,3 @@ async def test_a_span_with_lone_surrogates_is_repaired_not_lost(
         assert "writing it again with U+FFFD" in caplog.text
     finally:
         await writer.close()
-        await store.close()

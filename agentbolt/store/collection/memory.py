@@ -51,7 +51,7 @@ from agentbolt.types import (
     Span,
     Worker,
 )
-from agentbolt.types.wire import encode_answer_json
+from agentbolt.types.wire import encode_json_repairing
 
 from .base import (
     AtomicLabels,
@@ -467,7 +467,7 @@ class ListBasedCollection(Collection[T]):
         items = self._matching(filter, sort)
         page = paginate(items, limit, offset)
         if raw:
-            return [encode_answer_json(item) for item in page], len(items)
+            return [encode_json_repairing(item) for item in page], len(items)
         return [item.model_copy() for item in page], len(items)  # type: ignore[attr-defined]
 
     @_tracked_operation("get")

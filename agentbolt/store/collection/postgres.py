@@ -344,6 +344,13 @@ def _one_line(exc: BaseException) -> str:
 # Connections, sections
 
 
+def _check_utf8(values: Sequence[Any]) -> None:
+    """Raise ``UnicodeEncodeError`` when a string among ``values`` has no UTF-8 form (psycopg would, later)."""
+    for value in values:
+        if isinstance(value, str) and not value.isascii():
+            value.encode("utf-8")
+
+
 class _RawJson:
     """JSON text serialized by pydantic, passed to a ``json`` parameter without re-encoding."""
 
@@ -735,8 +742,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
-    def _row(self, item: M) -> List[Any]:
+    def _encode_row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, name) for name in self._names]
+        _check_utf8(values)
         values.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude)))
         return values
 
@@ -835,13 +843,17 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         return added
 
     def _partial_sql(self, update_fields: Sequence[str], item: M) -> Tuple[str, List[Any]]:
-        """``SET`` clause and parameters writing only ``update_fields`` of ``item``."""
+        """``SET`` clause and parameters writing only ``update_fields`` of ``item`` (repaired if it must be)."""
+        return self._repairing(lambda writable: self._encode_partial(update_fields, writable), item)
+
+    def _encode_partial(self, update_fields: Sequence[str], item: M) -> Tuple[str, List[Any]]:
         assignments: List[str] = []
         params: List[Any] = []
         for name in update_fields:
             if name in self._payload_exclude and name not in self._spec.primary_keys:
                 assignments.append(f"{name} = %s")
                 params.append(getattr(item, name))
+        _check_utf8(params)
         payload_fields = {name for name in update_fields if name not in self._payload_exclude}
         if payload_fields and self._whole_payload is not None and self._whole_payload <= payload_fields:
             # Worker and metrics records, the ones written field by field, keep one field in the payload: it is

@@ -9,9 +9,11 @@ rows SQL pre-selected. The two backends differ only in a few spellings, gathered
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, cast
 
+import pydantic_core
 from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
@@ -25,6 +27,7 @@ from agentbolt.store.collection.base import (
     resolve_sort_options,
 )
 from agentbolt.types import Attempt, FilterField, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
+from agentbolt.types.wire import without_lone_surrogates
 
 __all__ = [
     "Column",
@@ -49,6 +52,9 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
 
 ColumnType = Literal["TEXT", "INTEGER", "REAL"]
 
@@ -404,6 +410,38 @@ class SqlTable(Collection[M], Generic[M]):
         assignments = ", ".join(f"{name} = excluded.{name}" for name in [*self._non_pk, "data"])
         self._replace_sql = f"{self._insert_sql} ON CONFLICT ({self._conflict}) DO UPDATE SET {assignments}"
         """Insert one row, or replace every column of the stored one with the same key."""
+
+    def _encode_row(self, item: M) -> List[Any]:
+        """The values of ``item``'s row: its column values in column order, then its payload.
+
+        Raises:
+            UnicodeEncodeError, pydantic_core.PydanticSerializationError: a string has no UTF-8 form.
+        """
+        raise NotImplementedError()
+
+    def _row(self, item: M) -> List[Any]:
+        """The values of ``item``'s row (see :meth:`_encode_row`), the item repaired if it must be to be stored."""
+        return self._repairing(self._encode_row, item)
+
+    def _repairing(self, encode: Callable[[M], R], item: M) -> R:
+        """``encode(item)``; when a string of ``item`` has no UTF-8 form, ``encode`` of the item repaired.
+
+        Strings holding lone surrogates (bytes decoded with ``errors="surrogateescape"``, half of an escaped emoji) fit
+        in no UTF-8 column. Rather than refusing the item, it is stored with U+FFFD in their place (see
+        :func:`~agentbolt.types.wire.without_lone_surrogates`) and a warning is logged, as the span writer and the
+        HTTP client do before sending: what an in-memory store keeps as written, a durable store keeps repaired.
+        """
+        try:
+            return encode(item)
+        except (UnicodeEncodeError, pydantic_core.PydanticSerializationError):
+            repaired = without_lone_surrogates(item)
+            if repaired is item:
+                raise
+        logger.warning(
+            "A %s item held strings with lone surrogates, which UTF-8 cannot hold; stored U+FFFD in their place",
+            self._spec.item_type.__name__,
+        )
+        return encode(repaired)
 
     def _update_params(self, row: Sequence[Any], key: Sequence[Any]) -> List[Any]:
         """Parameters of :attr:`_update_sql` writing the encoded ``row`` (see ``_row``) to the item with ``key``."""

@@ -794,9 +794,9 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
-    def _row(self, item: M) -> List[Any]:
+    def _encode_row(self, item: M) -> List[Any]:
         values: List[Any] = [getattr(item, c.name) for c in self._spec.columns]
-        values.append(item.model_dump_json())
+        values.append(item.model_dump_json())  # the whole item: it fails on any string UTF-8 cannot hold
         return values
 
     def _decode(self, data: str) -> M:

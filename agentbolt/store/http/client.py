@@ -32,7 +32,7 @@ from agentbolt.store.http.routes import (
 from agentbolt.store.outage import StoreUnreachableError, outage_tolerance
 from agentbolt.store.utils import MAX_SHORT_WAIT_SECONDS
 from agentbolt.types import EnqueueRolloutRequest, Rollout, Span
-from agentbolt.types.wire import decode_json, encode_json
+from agentbolt.types.wire import decode_json, encode_json_repairing
 from agentbolt.utils.collector import collection_paused
 
 __all__ = ["LightningStoreClient"]
@@ -295,7 +295,7 @@ class LightningStoreClient(LightningStore):
             LightningStoreHTTPError: The server answered with an error.
             aiohttp.ClientError: The server could not be reached.
         """
-        body = encode_json(json) if json is not None else None
+        body = encode_json_repairing(json) if json is not None else None
         delays = self._retry_delays if retry else ()
         tolerance = outage_tolerance() if delays else None
         if tolerance is not None:

@@ -47,7 +47,7 @@ from agentbolt.store.http.routes import (
 )
 from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.utils import LATENCY_BUCKETS
-from agentbolt.types.wire import decode_json, encode_answer_json
+from agentbolt.types.wire import decode_json, encode_json_repairing
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -78,7 +78,7 @@ DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 def _json_response(content: Any, status_code: int = 200) -> Response:
-    body = content if isinstance(content, RawJson) else encode_answer_json(content)
+    body = content if isinstance(content, RawJson) else encode_json_repairing(content)
     return Response(content=body, status_code=status_code, media_type="application/json")
 
 
