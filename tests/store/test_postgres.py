@@ -175,19 +175,31 @@ async def test_span_payloads_do_not_repeat_indexed_fields(schema: str) -> None:
 
 
 async def test_updates_of_some_payload_fields_keep_the_others_and_their_key_order(schema: str) -> None:
-    """A partial update writes its fields over the stored payload as ``dict.update`` would, without sorting keys."""
+    """A partial update writes its fields over the stored item, keeping the other fields, their key order and NULs."""
     store = open_store(schema)
     try:
-        ordered = {"question": "q", "context": {"zeta": 1, "alpha": 2}}
+        ordered = {"question": "q\x00", "context": {"zeta": 1, "alpha": 2}}
         attempted = await store.start_rollout(ordered, metadata={"zz": 1, "a": 2})
-        rollout = attempted.model_copy(update={"metadata": {"y": 1, "b": {"d": 1, "c": 2}}, "input": "ignored"})
+        rollout = attempted.model_copy(update={"metadata": {"y": "\x00", "b": {"d": 1, "c": 2}}, "input": "ignored"})
         async with store.collections.atomic(mode="rw", labels=["rollouts"]) as collections:
             (updated,) = await collections.rollouts.update([rollout], update_fields=["metadata"])
         read = await store.get_rollout_by_id(attempted.rollout_id)
         assert read is not None and read.input == ordered and list(read.input) == ["question", "context"]
         assert list(read.input["context"]) == ["zeta", "alpha"]
-        assert read.metadata == {"y": 1, "b": {"d": 1, "c": 2}} and list(read.metadata["b"]) == ["d", "c"]
+        assert read.metadata == {"y": "\x00", "b": {"d": 1, "c": 2}} and list(read.metadata["b"]) == ["d", "c"]
         assert updated.metadata == read.metadata and updated.input == ordered
+
+        # An upsert of some payload fields merges into a stored item and inserts a new one whole.
+        again = rollout.model_copy(update={"metadata": {"n": 2}, "status": "failed"})
+        new = again.model_copy(update={"rollout_id": "ro-new"})
+        async with store.collections.atomic(mode="rw", labels=["rollouts"]) as collections:
+            merged, inserted = await collections.rollouts.upsert([again, new], update_fields=["metadata", "status"])
+        assert merged.input == ordered and merged.metadata == {"n": 2} and merged.status == "failed"
+        read = await store.get_rollout_by_id(attempted.rollout_id)
+        assert read is not None and (read.input, read.metadata, read.status) == (ordered, {"n": 2}, "failed")
+        assert inserted == new
+        read_new = await store.get_rollout_by_id("ro-new")
+        assert read_new is not None and read_new.input == "ignored" and read_new.metadata == {"n": 2}
     finally:
         await store.close()
 

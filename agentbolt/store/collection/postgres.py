@@ -726,19 +726,6 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         self._whole_payload: Optional[Set[str]] = (
             set(model.model_fields) - self._payload_exclude if model.model_config.get("extra") != "allow" else None
         )
-        # The payload with the top-level fields of a JSON object parameter (given twice) written over it, as
-        # ``dict.update`` does: fields already there keep their place, new ones follow in the parameter's order.
-        # ``json_each`` reads the record, so a NUL anywhere in it fails the update.
-        self._merged_payload = (
-            "(SELECT json_object_agg(key, value ORDER BY part, position) FROM ("
-            "SELECT old.key, COALESCE(new.value, old.value) AS value, 0 AS part, old.position "
-            f"FROM json_each({self._table}.data) WITH ORDINALITY AS old(key, value, position) "
-            "LEFT JOIN json_each(%s::json) AS new(key, value) ON new.key = old.key "
-            "UNION ALL SELECT new.key, new.value, 1, new.position "
-            "FROM json_each(%s::json) WITH ORDINALITY AS new(key, value, position) "
-            f"WHERE NOT EXISTS (SELECT FROM json_each({self._table}.data) AS old(key) WHERE old.key = new.key)"
-            ") AS merged)"
-        )
 
     # -- encoding -------------------------------------------------------------------------------------------------
 
@@ -846,6 +833,16 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         """``SET`` clause and parameters writing only ``update_fields`` of ``item`` (repaired if it must be)."""
         return self._repairing(lambda writable: self._encode_partial(update_fields, writable), item)
 
+    def _merges_payload(self, update_fields: Sequence[str]) -> bool:
+        """Whether writing ``update_fields`` must merge them into the stored payload (read it, then write it whole).
+
+        Worker and metrics records, the ones written field by field, keep one field in the payload: an update of
+        that field writes the payload whole, in one statement. Any other update of part of a payload reads the
+        stored item first (PostgreSQL's JSON functions cannot read a payload holding a NUL character).
+        """
+        payload_fields = {name for name in update_fields if name not in self._payload_exclude}
+        return bool(payload_fields) and not (self._whole_payload is not None and self._whole_payload <= payload_fields)
+
     def _encode_partial(self, update_fields: Sequence[str], item: M) -> Tuple[str, List[Any]]:
         assignments: List[str] = []
         params: List[Any] = []
@@ -854,16 +851,9 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 assignments.append(f"{name} = %s")
                 params.append(getattr(item, name))
         _check_utf8(params)
-        payload_fields = {name for name in update_fields if name not in self._payload_exclude}
-        if payload_fields and self._whole_payload is not None and self._whole_payload <= payload_fields:
-            # Worker and metrics records, the ones written field by field, keep one field in the payload: it is
-            # written as it is, like a whole item (``jsonb`` would sort its keys and refuse a NUL in it).
+        if any(name not in self._payload_exclude for name in update_fields):  # the whole payload (_merges_payload)
             assignments.append("data = %s")
             params.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude)))
-        elif payload_fields:
-            assignments.append(f"data = {self._merged_payload}")
-            fields = _RawJson(item.model_dump_json(include=payload_fields))
-            params += [fields, fields]
         return ", ".join(assignments), params
 
     async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
@@ -885,8 +875,18 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 await conn.execute("RELEASE SAVEPOINT agentbolt_update")
             return results
 
+    async def _fetch_locked(self, conn: Any, key: Sequence[Any]) -> Optional[M]:
+        """The stored item with ``key``, its row locked until the transaction ends; ``None`` when there is none."""
+        row = await (await conn.execute(f"{self._select} WHERE {self._pk_where} FOR UPDATE", key)).fetchone()
+        return None if row is None else self._decode(row)
+
     async def _update_one(self, conn: Any, item: M, update_fields: Optional[Sequence[str]]) -> M:
         key = self._key(item)
+        if update_fields is not None and self._merges_payload(update_fields):
+            existing = await self._fetch_locked(conn, key)
+            if existing is None:
+                raise self._missing(key)
+            item, update_fields = self._merge(existing, item, update_fields), None
         if update_fields is None:
             cursor = await conn.execute(self._update_sql, self._update_params(self._row(item), key))
             if cursor.rowcount == 0:
@@ -918,6 +918,8 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         if update_fields is None:
             await conn.execute(self._replace_sql, self._row(item))
             return item
+        if self._merges_payload(update_fields):
+            return await self._upsert_merging(conn, item, update_fields)
         returning = f"RETURNING {', '.join(self._names)}, data"
         assignments, params = self._partial_sql(update_fields, item)
         if assignments:
@@ -932,6 +934,20 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         if row is None:  # already stored: get
             row = await (await conn.execute(f"{self._select} WHERE {self._pk_where}", self._key(item))).fetchone()
         return self._decode(row)
+
+    async def _upsert_merging(self, conn: Any, item: M, update_fields: Sequence[str]) -> M:
+        """Write ``update_fields`` of ``item`` over the stored item, read under a row lock; insert it if new."""
+        key = self._key(item)
+        insert = f"{self._insert_sql} ON CONFLICT ({self._conflict}) DO NOTHING RETURNING 1"
+        while True:
+            existing = await self._fetch_locked(conn, key)
+            if existing is not None:
+                merged = self._merge(existing, item, update_fields)
+                await conn.execute(self._update_sql, self._update_params(self._row(merged), key))
+                return merged
+            if await (await conn.execute(insert, self._row(item))).fetchone() is not None:
+                return item
+            # Another transaction inserted it since the read: read it again, locked, and merge into it.
 
     async def delete(self, items: Sequence[M]) -> None:
         """Delete existing items; a missing one raises ``ValueError``, deleting none."""

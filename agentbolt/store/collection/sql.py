@@ -443,6 +443,11 @@ class SqlTable(Collection[M], Generic[M]):
         )
         return encode(repaired)
 
+    @staticmethod
+    def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
+        """``existing`` with the ``update_fields`` of ``item`` written over it."""
+        return existing.model_copy(update={name: getattr(item, name) for name in update_fields})
+
     def _update_params(self, row: Sequence[Any], key: Sequence[Any]) -> List[Any]:
         """Parameters of :attr:`_update_sql` writing the encoded ``row`` (see ``_row``) to the item with ``key``."""
         values = [value for name, value in zip(self._names, row, strict=False) if name not in self._spec.primary_keys]

@@ -867,10 +867,6 @@ class SqliteCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
         async with self.tracking_context("insert", self.collection_name):
             await self._write(job)
 
-    @staticmethod
-    def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
-        return existing.model_copy(update={name: getattr(item, name) for name in update_fields})
-
     async def update(self, items: Sequence[M], update_fields: Optional[Sequence[str]] = None) -> Sequence[M]:
         """Update existing items (whole or ``update_fields`` only); a missing one raises ``ValueError``, updating none."""
 
