@@ -642,7 +642,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _enqueue(self, requests: Sequence[EnqueueRolloutRequest]) -> List[Rollout]:
         """Create queued rollouts, in request order."""
         now = time.time()
-        # New rollouts only: enqueues run side by side, and a dequeue (which locks the whole queue) waits for them.
+        # New rollouts only: enqueues run side by side with each other and with dequeues (which claim queue rows).
         async with self.collections.atomic(
             mode="rw", labels=["rollouts", "rollout_queue"], rollout_ids=()
         ) as collections:
@@ -683,13 +683,17 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 async with self.collections.atomic(mode="rw", labels=["workers"]) as collections:
                     await self._mark_worker_idle_after_empty_dequeue(collections, worker_id, now)
             return claimed
+        # Claiming a queue entry is row-level (two dequeues never claim the same entry), so a dequeue holds the
+        # labels shared, locks each rollout it claims, and writes its worker's record field by field: dequeues run
+        # side by side with each other and with the writes of other rollouts.
         async with self.collections.atomic(
-            mode="rw", labels=["rollout_queue", "rollouts", "attempts", "workers"]
+            mode="rw", labels=["rollout_queue", "rollouts", "attempts", "workers"], rollout_ids=()
         ) as collections:
             while len(claimed) < limit:
                 rollout_ids = await collections.rollout_queue.dequeue(limit - len(claimed))
                 if not rollout_ids:
                     break
+                await collections.lock_rollouts(rollout_ids)
                 for rollout_id in rollout_ids:
                     rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
                     if rollout is None or not is_queuing(rollout):

@@ -204,6 +204,55 @@ async def test_updates_of_some_payload_fields_keep_the_others_and_their_key_orde
         await store.close()
 
 
+async def test_a_dequeue_waits_only_for_sections_on_the_rollout_it_claims(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dequeue locks the rollout it claims, not whole collections: writes of other rollouts run beside it."""
+    store = open_store(schema)
+    try:
+        other = await store.start_rollout({"n": 0})
+        first, second, third = [await store.enqueue_rollout({"n": n}) for n in (1, 2, 3)]
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(rollout_id: str, cancel: bool) -> None:
+            async with store.collections.atomic(
+                mode="rw", labels=["rollouts", "attempts"], rollout_ids=[rollout_id]
+            ) as collections:
+                held.set()
+                await release.wait()
+                if cancel:
+                    (rollout,) = await collections.rollouts.query(filter={"rollout_id": {"exact": rollout_id}})
+                    await collections.rollouts.update([rollout.model_copy(update={"status": "cancelled"})])
+
+        # A section writing another rollout is open: the dequeue does not wait for it.
+        holding = asyncio.create_task(hold(other.rollout_id, cancel=False))
+        await held.wait()
+        claimed = await asyncio.wait_for(store.dequeue_rollout(worker_id="w1"), 10)
+        assert claimed is not None and claimed.rollout_id == first.rollout_id
+        release.set()
+        await holding
+
+        # A section on the next queued rollout is open: the dequeue claims its entry, waits for the section, then
+        # reads what it committed (cancelled, so skipped) and claims the one after.
+        held.clear()
+        release.clear()
+        holding = asyncio.create_task(hold(second.rollout_id, cancel=True))
+        await held.wait()
+        dequeue = asyncio.create_task(store.dequeue_rollout(worker_id="w2"))
+        await asyncio.sleep(0.5)
+        assert not dequeue.done()
+        release.set()
+        await holding
+        claimed = await asyncio.wait_for(dequeue, 10)
+        assert claimed is not None and claimed.rollout_id == third.rollout_id
+        assert f"Skipping queued rollout {second.rollout_id}: it is cancelled" in caplog.text
+        assert await store.dequeue_rollout(worker_id="w1") is None
+        workers = {worker.worker_id: worker for worker in await store.query_workers()}
+        assert workers["w2"].current_rollout_id == third.rollout_id and workers["w2"].status == "busy"
+    finally:
+        await store.close()
+
+
 async def test_the_json_page_the_server_sends_is_the_stored_spans(schema: str) -> None:
     """query_spans over HTTP answers with JSON the collection joins from the columns and the payload's text."""
     store = open_store(schema)

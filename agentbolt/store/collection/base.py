@@ -465,12 +465,22 @@ class LightningCollections(TrackedCollection):
             commit: Write through at the end of the section (backends that buffer writes).
             labels: The collections the section touches (all when empty); sections sharing a label are serialized.
             rollout_ids: The section touches only the data of these rollouts (their rollout rows, attempts, spans and
-                sequence counters) and of rollouts it creates (an empty sequence: it only creates rollouts, and
-                queues them). Backends that lock across processes use it to run sections on different rollouts side
-                by side; a section without it (``None``) excludes every section on its labels. Backends that
-                serialize all writes anyway ignore it.
+                sequence counters), of rollouts it creates (an empty sequence: it only creates rollouts, and
+                queues them) and of rollouts it adds with :meth:`lock_rollouts`. Backends that lock across processes
+                use it to run sections on different rollouts side by side; a section without it (``None``) excludes
+                every section on its labels. Backends that serialize all writes anyway ignore it.
         """
         raise NotImplementedError()
+
+    async def lock_rollouts(self, rollout_ids: Sequence[str]) -> None:
+        """Add ``rollout_ids`` to the rollouts the current section touches (see ``rollout_ids`` of :meth:`atomic`).
+
+        For a section that learns which rollouts it touches as it goes, such as a dequeue, which claims queue
+        entries first. A backend that locks rollouts one by one locks these now, so the section waits for any other
+        section on them and then reads their last committed state; backends that hold whole labels already (every
+        section without ``rollout_ids``, and all sections of backends that serialize writes) have nothing to do.
+        """
+        return None
 
     async def execute(
         self,

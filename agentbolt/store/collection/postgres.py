@@ -379,12 +379,14 @@ def _configure_adapters(context: Any) -> None:
 class _Section:
     """The connection of the atomic section running in the current task."""
 
-    __slots__ = ("conn", "owner", "writes")
+    __slots__ = ("conn", "owner", "rollout_level", "writes")
 
-    def __init__(self, owner: _Database, conn: Any, writes: bool) -> None:
+    def __init__(self, owner: _Database, conn: Any, writes: bool, rollout_level: bool = False) -> None:
         self.owner = owner
         self.conn = conn
         self.writes = writes
+        self.rollout_level = rollout_level
+        """Whether the section holds its labels shared and each rollout it touches exclusively."""
 
 
 _current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.ContextVar(
@@ -528,9 +530,19 @@ class _Database:
             calls = [f"pg_advisory_xact_lock({self._label_locks[label]})" for label in chosen]
         else:
             calls = [f"pg_advisory_xact_lock_shared({self._label_locks[label]})" for label in chosen]
-            keys = sorted({_lock_key(self.schema, "rollout", rollout_id) for rollout_id in rollout_ids})
-            calls += [f"pg_advisory_xact_lock({key})" for key in keys]
+            calls += self._rollout_lock_calls(rollout_ids)
         return f"SELECT {', '.join(calls)}"
+
+    def _rollout_lock_calls(self, rollout_ids: Sequence[str]) -> List[str]:
+        keys = sorted({_lock_key(self.schema, "rollout", rollout_id) for rollout_id in rollout_ids})
+        return [f"pg_advisory_xact_lock({key})" for key in keys]
+
+    async def lock_rollouts(self, rollout_ids: Sequence[str]) -> None:
+        """Lock ``rollout_ids`` in the current section if it locks rollouts one by one (see ``lock_statement``)."""
+        section = self.current()
+        if section is None or not section.rollout_level or not rollout_ids:
+            return
+        await section.conn.execute(f"SELECT {', '.join(self._rollout_lock_calls(rollout_ids))}")
 
     @asynccontextmanager
     async def section(
@@ -543,7 +555,7 @@ class _Database:
     ) -> AsyncIterator[_Section]:
         """Bind one connection to the current task for the body: a locked transaction, a snapshot, or plain reads."""
         async with self.connection() as conn:
-            section = _Section(self, conn, writes)
+            section = _Section(self, conn, writes, rollout_level=writes and rollout_ids is not None)
             if not writes and not snapshot:
                 token = _current_section.set(section)
                 try:
@@ -1191,6 +1203,10 @@ class PostgresLightningCollections(LightningCollections):
             return
         async with self._db.section(writes=writes, snapshot=snapshot, labels=labels, rollout_ids=rollout_ids):
             yield self
+
+    async def lock_rollouts(self, rollout_ids: Sequence[str]) -> None:
+        """In a section opened with ``rollout_ids``, lock these rollouts too (after its label locks, in key order)."""
+        await self._db.lock_rollouts(rollout_ids)
 
     async def claim_periodic_run(self, name: str, interval: float, now: float) -> bool:
         """Claim the periodic task ``name``: True for one caller per ``interval`` among all processes."""
