@@ -620,9 +620,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         worker_id = request.worker_id
         _check_worker_id(worker_id)
         now = time.time()
-        # A new rollout is nobody else's until this commits; only a worker's record is shared with other rollouts.
+        # A new rollout is nobody else's until this commits; its worker's record is written field by field.
         async with self.collections.atomic(
-            mode="rw", labels=["rollouts", "attempts", "workers"], rollout_ids=None if worker_id else ()
+            mode="rw", labels=["rollouts", "attempts", "workers"], rollout_ids=()
         ) as collections:
             (rollout,) = await self._new_rollouts(collections, [request], "preparing", now)
             attempt = Attempt(

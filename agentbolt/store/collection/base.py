@@ -466,9 +466,11 @@ class LightningCollections(TrackedCollection):
             labels: The collections the section touches (all when empty); sections sharing a label are serialized.
             rollout_ids: The section touches only the data of these rollouts (their rollout rows, attempts, spans and
                 sequence counters), of rollouts it creates (an empty sequence: it only creates rollouts, and
-                queues them) and of rollouts it adds with :meth:`lock_rollouts`. Backends that lock across processes
-                use it to run sections on different rollouts side by side; a section without it (``None``) excludes
-                every section on its labels. Backends that serialize all writes anyway ignore it.
+                queues them) and of rollouts it adds with :meth:`lock_rollouts`; it may also write worker records,
+                field by field with ``upsert(..., update_fields=...)`` (each such write is atomic on its own).
+                Backends that lock across processes use it to run sections on different rollouts side by side; a
+                section without it (``None``) excludes every section on its labels. Backends that serialize all
+                writes anyway ignore it.
         """
         raise NotImplementedError()
 
