@@ -738,7 +738,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         _check_worker_id(worker_id)
         now = time.time()
         changes: RolloutChanges = []
-        async with self.collections.atomic(mode="rw", labels=["rollouts", "attempts", "workers"]) as collections:
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "attempts", "workers"], rollout_ids=[rollout_id]
+        ) as collections:
             rollout = await self._get_rollout(collections, rollout_id)
             attempted = await self._create_attempt(collections, rollout, worker_id, now, changes)
             if worker_id:
@@ -1035,7 +1037,9 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
         changes: RolloutChanges = []
-        async with self.collections.atomic(mode="rw", labels=["rollouts", "rollout_queue"]) as collections:
+        async with self.collections.atomic(
+            mode="rw", labels=["rollouts", "rollout_queue"], rollout_ids=[rollout_id]
+        ) as collections:
             rollout = await collections.rollouts.get(filter=_key(rollout_id=rollout_id))
             if rollout is None:
                 raise ValueError(missing_item_message({"rollout_id": rollout_id}))
@@ -1051,13 +1055,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
         changes: RolloutChanges = []
-        # Without a status or worker change the update writes only this rollout's attempt; with one, it may requeue
-        # the rollout or move a worker, which other rollouts share.
-        confined = "status" not in updates and not updates.get("worker_id")
+        # The update writes this rollout's rows; a status or worker change may also queue this rollout again (a row
+        # of its own) and write worker records field by field.
         async with self.collections.atomic(
-            mode="rw",
-            labels=["rollouts", "attempts", "workers", "rollout_queue"],
-            rollout_ids=[rollout_id] if confined else None,
+            mode="rw", labels=["rollouts", "attempts", "workers", "rollout_queue"], rollout_ids=[rollout_id]
         ) as collections:
             rollout = await self._get_rollout(collections, rollout_id)
             latest = await self._latest_attempt(collections, rollout_id)

@@ -349,8 +349,8 @@ async def test_sections_confined_to_rollouts_overlap_only_across_rollouts(schema
 
 
 async def test_spans_of_different_rollouts_are_added_side_by_side(schema: str, monkeypatch: Any) -> None:
-    """``add_span``, an attempt update without a status change, creating rollouts and dequeuing lock their rollout, not
-    every rollout; a status change (which may requeue the rollout or free a worker) still locks the whole labels."""
+    """The lifecycle's writes (spans, attempt updates with or without a status change, creating rollouts, dequeuing)
+    lock the rollouts they touch, not every rollout."""
     store = open_store(schema)
     try:
         attempted = await store.start_rollout("x")
@@ -364,7 +364,7 @@ async def test_spans_of_different_rollouts_are_added_side_by_side(schema: str, m
         await store.start_rollout("z", worker_id="worker-1")
         assert await store.dequeue_rollout(worker_id="worker-1") is not None
         locks = [statement for statement in sent if "pg_advisory_xact_lock" in statement]
-        shared = [True] * 4 + [False] + [True] + [True, False]  # the dequeue: its labels, then the rollout it claimed
+        shared = [True] * 6 + [True, False]  # the dequeue: its labels, then the rollout it claimed
         assert ["pg_advisory_xact_lock_shared" in statement for statement in locks] == shared
         assert locks[-1].count("pg_advisory_xact_lock(") == 1
     finally:

@@ -20,8 +20,10 @@ Layout (all tables in one schema, ``agentbolt`` by default, so that several stor
 Connections and transactions: one psycopg connection pool per process and event loop. An atomic read-write
 section runs in one transaction on one connection and first takes a transaction-scoped advisory lock per label
 (sorted, so sections never deadlock); sections touching the same labels therefore run one after the other in every
-process, exactly like the in-memory collections' per-label locks in one process. Plain read sections use one
-connection without a transaction and see the last committed state; snapshot reads run in a read-only
+process, exactly like the in-memory collections' per-label locks in one process. A section given the rollouts it
+touches (``rollout_ids``, and :meth:`PostgresLightningCollections.lock_rollouts` for those it finds as it goes) takes
+its label locks shared and a lock per rollout, so sections on different rollouts run side by side. Plain read
+sections use one connection without a transaction and see the last committed state; snapshot reads run in a read-only
 ``REPEATABLE READ`` transaction. A section that raises is rolled back; a section whose connection is lost before its
 commit raises :class:`PostgresUnavailableError` (nothing was applied, the call can be retried).
 """
