@@ -575,6 +575,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     async def _mark_worker_idle_after_empty_dequeue(
         self, collections: LightningCollections, worker_id: str, now: float
     ) -> None:
+        # The worker's own record, read to keep ``last_idle_time`` when it was idle already; only the same worker's
+        # other calls write it, and a runner makes one call at a time.
         worker = await collections.workers.get(filter=_key(worker_id=worker_id))
         fields: Dict[str, Any] = {"last_dequeue_time": now}
         if worker is None or worker.status != "idle":
@@ -680,7 +682,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             # Idle runners ask often: an empty answer locks only the asking worker's record, so that it does not hold
             # up the writes of every rollout (as locking the queue, rollouts and attempts would across processes).
             if worker_id:
-                async with self.collections.atomic(mode="rw", labels=["workers"]) as collections:
+                async with self.collections.atomic(mode="rw", labels=["workers"], rollout_ids=()) as collections:
                     await self._mark_worker_idle_after_empty_dequeue(collections, worker_id, now)
             return claimed
         # Claiming a queue entry is row-level (two dequeues never claim the same entry), so a dequeue holds the
@@ -845,7 +847,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         return added[0] if added else None
 
     async def _allocate_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> List[int]:
-        async with self.collections.atomic(mode="rw", labels=["span_sequence_ids"]) as collections:
+        rollout_ids = sorted({rollout_id for rollout_id, _ in rollout_attempt_ids})
+        async with self.collections.atomic(
+            mode="rw", labels=["span_sequence_ids"], rollout_ids=rollout_ids
+        ) as collections:
             return [await collections.span_sequence_ids.inc(rollout_id, 1) for rollout_id, _ in rollout_attempt_ids]
 
     @tracked("get_next_span_sequence_id")
@@ -1105,7 +1110,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             if not isinstance(heartbeat_stats, dict):
                 raise TypeError(f"heartbeat_stats must be a dict, got {type(heartbeat_stats).__name__}")
             fields["heartbeat_stats"] = dict(heartbeat_stats)
-        async with self.collections.atomic(mode="rw", labels=["workers"]) as collections:
+        async with self.collections.atomic(mode="rw", labels=["workers"], rollout_ids=()) as collections:
             (worker,) = await collections.workers.upsert(
                 [Worker(worker_id=worker_id, **fields)], update_fields=list(fields)
             )

@@ -372,13 +372,13 @@ async def test_spans_of_different_rollouts_are_added_side_by_side(schema: str, m
 
 
 async def test_a_dequeue_from_an_empty_queue_locks_only_the_workers(schema: str, monkeypatch: Any) -> None:
-    """Idle runners ask often: their empty dequeues must not lock the queue, rollouts and attempts of everyone."""
+    """Idle runners ask often: their empty dequeues lock nobody else out, only write their own worker's record."""
     store = open_store(schema)
     try:
         sent = record_statements(monkeypatch)
         assert await store.dequeue_rollout(worker_id="worker-1") is None
         (lock,) = [statement for statement in sent if "pg_advisory_xact_lock" in statement]
-        assert lock.count("pg_advisory_xact_lock(") == 1  # the workers label
+        assert lock.count("pg_advisory_xact_lock_shared(") == 1 and "pg_advisory_xact_lock(" not in lock  # workers
         worker = await store.get_worker_by_id("worker-1")
         assert worker is not None and worker.status == "idle" and worker.last_dequeue_time is not None
     finally:
