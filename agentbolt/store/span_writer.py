@@ -492,14 +492,13 @@ class SpanWriter:
             if queued.written or queued.span is None or queued.repair_tried:
                 continue
             queued.repair_tried = True
-            dumped = queued.span.model_dump()
-            cleaned = without_lone_surrogates(dumped)
-            if cleaned is dumped:
-                continue
             try:
-                queued.span = Span.model_validate(cleaned)
+                cleaned = without_lone_surrogates(queued.span)
             except ValueError:  # invalid for other reasons too: given up with the store's error
                 continue
+            if cleaned is queued.span:
+                continue
+            queued.span = cleaned
             self.repaired += 1
             self._logger.warning(
                 "The store rejected %s (%s: %s); writing it again with U+FFFD for the lone surrogates in its text.",

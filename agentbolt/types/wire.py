@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Union
+from typing import Any, Callable, Dict, TypeVar, Union
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict
@@ -17,10 +17,14 @@ __all__ = [
     "decode_json",
     "encode_json",
     "encode_json_repairing",
+    "encode_repairing",
     "without_lone_surrogates",
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 INF_NAN_MODE = "strings"
 """How non-finite floats are written as JSON (:func:`encode_json` writes plain values as :class:`WireModel` writes
@@ -105,23 +109,35 @@ def without_lone_surrogates(value: Any) -> Any:
     return value
 
 
+def encode_repairing(encode: Callable[[T], R], value: T, what: str) -> R:
+    """``encode(value)``; when ``value`` holds lone surrogates, which have no UTF-8 form, ``encode`` of it repaired.
+
+    The repair is :func:`without_lone_surrogates`' (U+FFFD in their place) and a warning naming ``what`` is logged;
+    ``value`` itself is not changed. Used wherever a value must get through rather than be refused: requests and
+    answers over HTTP (:func:`encode_json_repairing`), rows of the SQL stores.
+
+    Raises:
+        UnicodeEncodeError, pydantic_core.PydanticSerializationError: ``value`` holds something else ``encode``
+            refuses.
+    """
+    try:
+        return encode(value)
+    except (UnicodeEncodeError, pydantic_core.PydanticSerializationError):
+        repaired = without_lone_surrogates(value)
+        if repaired is value:
+            raise
+    logger.warning("%s held strings with lone surrogates, which UTF-8 cannot carry; wrote U+FFFD in their place", what)
+    return encode(repaired)
+
+
 def encode_json_repairing(value: Any) -> bytes:
     """Encode ``value`` like :func:`encode_json`, for a request or an answer that must get through.
 
     A value may hold strings no JSON can carry: lone surrogates (see :func:`without_lone_surrogates`), which a store
     keeping items in memory holds as they were written. Rather than failing the request or every read of such an
-    item, the JSON carries U+FFFD in their place and a warning is logged; ``value`` itself is not changed.
+    item, the JSON carries U+FFFD in their place and a warning is logged (see :func:`encode_repairing`).
 
     Raises:
         pydantic_core.PydanticSerializationError: ``value`` holds something else JSON cannot carry.
     """
-    try:
-        return encode_json(value)
-    except pydantic_core.PydanticSerializationError:
-        repaired = without_lone_surrogates(value)
-        if repaired is value:
-            raise
-        logger.warning(
-            "A value held strings with lone surrogates, which JSON cannot carry; wrote U+FFFD in their place"
-        )
-        return encode_json(repaired)
+    return encode_repairing(encode_json, value, "A value sent as JSON")

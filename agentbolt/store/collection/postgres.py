@@ -865,7 +865,8 @@ class PostgresCollection(SqlTable[M], _Backed, Collection[M], Generic[M]):
                 assignments.append(f"{name} = %s")
                 params.append(getattr(item, name))
         _check_utf8(params)
-        if any(name not in self._payload_exclude for name in update_fields):  # the whole payload (_merges_payload)
+        # Payload fields reach here only when they are the whole payload (else the caller merges, _merges_payload).
+        if any(name not in self._payload_exclude for name in update_fields):
             assignments.append("data = %s")
             params.append(_RawJson(item.model_dump_json(exclude=self._payload_exclude)))
         return ", ".join(assignments), params

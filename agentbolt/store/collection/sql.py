@@ -9,11 +9,9 @@ rows SQL pre-selected. The two backends differ only in a few spellings, gathered
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, cast
 
-import pydantic_core
 from pydantic import BaseModel
 
 from agentbolt.store.collection import memory
@@ -27,7 +25,7 @@ from agentbolt.store.collection.base import (
     resolve_sort_options,
 )
 from agentbolt.types import Attempt, FilterField, MetricsRecord, ResourcesUpdate, Rollout, Span, Worker
-from agentbolt.types.wire import without_lone_surrogates
+from agentbolt.types.wire import encode_repairing
 
 __all__ = [
     "Column",
@@ -53,8 +51,6 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
-
-logger = logging.getLogger(__name__)
 
 ColumnType = Literal["TEXT", "INTEGER", "REAL"]
 
@@ -424,24 +420,14 @@ class SqlTable(Collection[M], Generic[M]):
         return self._repairing(self._encode_row, item)
 
     def _repairing(self, encode: Callable[[M], R], item: M) -> R:
-        """``encode(item)``; when a string of ``item`` has no UTF-8 form, ``encode`` of the item repaired.
+        """``encode(item)``, or ``encode`` of the item repaired when a string of it has no UTF-8 form.
 
         Strings holding lone surrogates (bytes decoded with ``errors="surrogateescape"``, half of an escaped emoji) fit
-        in no UTF-8 column. Rather than refusing the item, it is stored with U+FFFD in their place (see
-        :func:`~agentbolt.types.wire.without_lone_surrogates`) and a warning is logged, as the span writer and the
-        HTTP client do before sending: what an in-memory store keeps as written, a durable store keeps repaired.
+        in no UTF-8 column. Rather than refusing the item, it is stored with U+FFFD in their place and a warning is
+        logged (:func:`~agentbolt.types.wire.encode_repairing`), as the HTTP client does before sending: what an
+        in-memory store keeps as written, a durable store keeps repaired.
         """
-        try:
-            return encode(item)
-        except (UnicodeEncodeError, pydantic_core.PydanticSerializationError):
-            repaired = without_lone_surrogates(item)
-            if repaired is item:
-                raise
-        logger.warning(
-            "A %s item held strings with lone surrogates, which UTF-8 cannot hold; stored U+FFFD in their place",
-            self._spec.item_type.__name__,
-        )
-        return encode(repaired)
+        return encode_repairing(encode, item, f"A {self._spec.item_type.__name__} item")
 
     @staticmethod
     def _merge(existing: M, item: M, update_fields: Sequence[str]) -> M:
