@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import math
+import typing
 import warnings
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
@@ -38,6 +39,7 @@ from agentbolt.types import (
     Worker,
     WorkerStatus,
 )
+from agentbolt.utils.checks import check_list_of_str
 
 __all__ = [
     "UNSET",
@@ -50,7 +52,11 @@ __all__ = [
     "is_finished",
     "store_api_methods",
     "MAX_QUEUE_WAIT_SECONDS",
+    "ADDRESSED_IDS",
+    "ROUTE_WORDS",
+    "check_addressable_id",
     "queue_wait_seconds",
+    "rollout_wait_arguments",
     "forward_store_api",
     "page_json",
 ]
@@ -140,6 +146,38 @@ def queue_wait_seconds(timeout: Any) -> float:
     if not 0 <= timeout <= MAX_QUEUE_WAIT_SECONDS:
         raise ValueError(f"timeout must be between 0 and {MAX_QUEUE_WAIT_SECONDS:g} seconds, got {timeout!r}")
     return float(timeout)
+
+
+ROUTE_WORDS = frozenset({"latest", "search"})
+"""Path words of the store's HTTP routes (``/resources/latest``, ``/workers/search``): never ids of their own."""
+
+ADDRESSED_IDS = frozenset({"resources_id", "worker_id"})
+"""The ids that users choose and the routes address beside those words (``attempt_id`` may be ``"latest"``)."""
+
+
+def check_addressable_id(value: Any, what: str) -> None:
+    """Refuse an id that the HTTP routes could not address: it would name a route (``/resources/latest``) instead.
+
+    Raises:
+        ValueError: ``value`` is one of :data:`ROUTE_WORDS`.
+    """
+    if value in ROUTE_WORDS:
+        raise ValueError(f"{what} {value!r} cannot be used: it is a word of the store's routes (/{value})")
+
+
+def rollout_wait_arguments(rollout_ids: Any, timeout: Any) -> Tuple[List[str], Optional[float]]:
+    """``rollout_ids`` and ``timeout`` of ``wait_for_rollouts``, checked.
+
+    Raises:
+        TypeError: ``rollout_ids`` is a lone string or not a list of strings.
+        ValueError: ``timeout`` is not None or a number, or is NaN (``math.inf`` waits like None).
+    """
+    ids = check_list_of_str(rollout_ids, "rollout_ids")
+    if timeout is None:
+        return ids, None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
+        raise ValueError(f"timeout must be None or a number of seconds, got {timeout!r}")
+    return ids, float(timeout)
 
 
 class LightningStore:
@@ -281,8 +319,8 @@ class LightningStore:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        status_in = _listed(status_in if status_in is not None else status)
-        rollout_id_in = _listed(rollout_id_in if rollout_id_in is not None else rollout_ids)
+        status_in = _listed(status_in if status_in is not None else status, "status_in", RolloutStatus)
+        rollout_id_in = _listed(rollout_id_in if rollout_id_in is not None else rollout_ids, "rollout_id_in")
         return await self._query_rollouts(request_from_arguments(QueryRolloutsRequest, locals()))
 
     async def _query_rollouts(self, query: QueryRolloutsRequest) -> Sequence[Union[Rollout, AttemptedRollout]]:
@@ -472,7 +510,7 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[Worker]:
         """Workers matching the filters."""
-        status_in = _listed(status_in)
+        status_in = _listed(status_in, "status_in", WorkerStatus)
         return await self._query_workers(request_from_arguments(QueryWorkersRequest, locals()))
 
     async def _query_workers(self, query: QueryWorkersRequest) -> Sequence[Worker]:
@@ -512,9 +550,27 @@ def page_json(items: Sequence[bytes], limit: int, offset: int, total: int) -> by
     return b'{"items":[' + b",".join(items) + b'],"limit":%d,"offset":%d,"total":%d}' % (limit, offset, total)
 
 
-def _listed(values: Optional[Sequence[Any]]) -> Optional[List[Any]]:
-    """``values`` as a list, as the request models declare their sequences; ``None`` stays ``None``."""
-    return None if values is None else list(values)
+def _listed(values: Optional[Sequence[Any]], name: str, allowed: Optional[Any] = None) -> Optional[List[Any]]:
+    """``values`` as a list, as the request models declare their sequences; ``None`` stays ``None``.
+
+    Args:
+        values: The filter's values.
+        name: The argument's name, for the error messages.
+        allowed: A ``Literal`` type the values must be among (the statuses).
+
+    Raises:
+        TypeError: ``values`` is a lone string or holds something other than strings.
+        ValueError: A value is not among ``allowed``.
+    """
+    if values is None:
+        return None
+    listed = check_list_of_str(values, name)
+    if allowed is not None:
+        choices = typing.get_args(allowed)
+        for value in listed:
+            if value not in choices:
+                raise ValueError(f"{name} holds {value!r}, which is not one of {', '.join(choices)}")
+    return listed
 
 
 def _given(**fields: Any) -> Dict[str, Any]:

@@ -44,10 +44,12 @@ from agentbolt.store.base import (
     LightningStoreCapabilities,
     LightningStoreStatistics,
     Unset,
+    check_addressable_id,
     is_finished,
     is_queuing,
     page_json,
     queue_wait_seconds,
+    rollout_wait_arguments,
 )
 from agentbolt.store.collection.base import LightningCollections, resolve_error_type
 from agentbolt.store.collection.memory import missing_item_message
@@ -85,6 +87,7 @@ from agentbolt.types import (
     TaskInput,
     Worker,
 )
+from agentbolt.utils.checks import check_finite
 from agentbolt.utils.id import generate_id
 
 if TYPE_CHECKING:
@@ -209,6 +212,23 @@ def _check_worker_id(worker_id: Optional[str]) -> None:
     """Reject a bad worker id before any write (a dequeue must not pop rollouts it then cannot claim)."""
     if worker_id is not None and not isinstance(worker_id, str):
         raise TypeError(f"worker_id must be a string, got {type(worker_id).__name__}")
+    check_addressable_id(worker_id, "worker_id")
+
+
+MAX_DEQUEUE_LIMIT = 2**31
+"""Largest number of rollouts one dequeue claims; larger limits claim this many (the SQL stores' integers are 64-bit)."""
+
+
+def _checked_config(config: Any) -> RolloutConfig:
+    """A copy of ``config`` (a ``RolloutConfig`` or its fields) whose time limits the watchdog can apply.
+
+    Raises:
+        ValueError: A time limit is NaN, infinite or negative (NaN would never fire, a negative one at once).
+    """
+    checked = RolloutConfig.model_validate(config).model_copy(deep=True)
+    check_finite(checked.timeout_seconds, "config.timeout_seconds", minimum=0, optional=True)
+    check_finite(checked.unresponsive_seconds, "config.unresponsive_seconds", minimum=0, optional=True)
+    return checked
 
 
 def _attach(rollout: Rollout, attempt: Optional[Attempt]) -> Union[Rollout, AttemptedRollout]:
@@ -421,7 +441,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
             mode=mode,
             resources_id=resources_id,
             status=status,
-            config=RolloutConfig() if config is None else RolloutConfig.model_validate(config).model_copy(deep=True),
+            config=RolloutConfig() if config is None else _checked_config(config),
             metadata={} if metadata is None else dict(metadata),
         )
 
@@ -731,7 +751,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         """Claim up to ``limit`` queued rollouts, oldest first."""
         if limit <= 0:
             return []
-        return await self._dequeue(limit, worker_id)
+        return await self._dequeue(min(limit, MAX_DEQUEUE_LIMIT), worker_id)
 
     @tracked("start_attempt")
     @healthcheck_before
@@ -1003,6 +1023,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
         """Replace a snapshot's resources and bump its version, or create it; it becomes the latest."""
+        check_addressable_id(resources_id, "resources_id")
         return await self._write_resources(resources_id, resources)
 
     @tracked("query_resources")
@@ -1036,8 +1057,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def _update_rollout(self, rollout_id: str, fields: Dict[str, Any]) -> Rollout:
         updates = dict(fields)
-        if isinstance(updates.get("config"), RolloutConfig):
-            updates["config"] = updates["config"].model_copy(deep=True)
+        if updates.get("config") is not None:
+            updates["config"] = _checked_config(updates["config"])
         if isinstance(updates.get("metadata"), dict):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
@@ -1056,6 +1077,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @healthcheck_before
     async def _update_attempt(self, rollout_id: str, attempt_id: str, fields: Dict[str, Any]) -> Attempt:
         updates = dict(fields)
+        if updates.get("last_heartbeat_time") is not None:  # NaN: the attempt could never be found unresponsive
+            check_finite(updates["last_heartbeat_time"], "last_heartbeat_time")
         if isinstance(updates.get("metadata"), dict):
             updates["metadata"] = dict(updates["metadata"])
         now = time.time()
@@ -1105,6 +1128,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     @tracked("update_worker")
     async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] | Unset = UNSET) -> Worker:
         """Record a heartbeat (creating the worker as ``unknown`` when new); never changes the status."""
+        _check_worker_id(worker_id)
         fields: Dict[str, Any] = {"last_heartbeat_time": time.time()}
         if not isinstance(heartbeat_stats, Unset):
             if not isinstance(heartbeat_stats, dict):
@@ -1257,6 +1281,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         ``timeout=None`` waits until every known rollout finished (cancel the task to stop waiting);
         ``timeout <= 0`` checks once. Never modifies rollouts.
         """
+        rollout_ids, timeout = rollout_wait_arguments(rollout_ids, timeout)
         finished = await self._wait_until_finished(rollout_ids, timeout)
         return [finished[rollout_id] for rollout_id in rollout_ids if rollout_id in finished]
 

@@ -24,7 +24,7 @@ import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
 import orjson
 from fastapi import FastAPI, Query, Request
@@ -369,8 +369,23 @@ def _mount_app(app: FastAPI, directory: Path) -> None:
     @app.api_route("/{path:path}", methods=["GET", "HEAD"], include_in_schema=False)
     async def dashboard_page(request: Request, path: str) -> Response:
         if not is_public_page(request.url.path):
+            allowed = _methods_of_other_routes(request)
+            if allowed:  # an API route of this path, e.g. GET on a POST-only route
+                raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"allow": ", ".join(allowed)})
             raise HTTPException(status_code=404, detail="Not Found")
         return _index_page(index_html, request.url.path)
+
+
+def _methods_of_other_routes(request: Request) -> List[str]:
+    """The methods that the app's other routes serve at the request's path (none: the path is unknown)."""
+    from starlette.routing import Match
+
+    methods: Set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is Match.PARTIAL:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Protocol, Sequence, Union
 
-from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from .wire import WireModel
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttributeValue",
+    "MAX_SEQUENCE_ID",
     "Attributes",
     "TraceState",
     "SpanContext",
@@ -65,6 +66,12 @@ def _validate_attributes(value: Any) -> Dict[str, Any]:
                     result = dict(value)
                 result[key] = list(item)
             continue
+        if isinstance(item, (list, tuple)):
+            bad = next(element for element in item if not isinstance(element, _PRIMITIVES))
+            raise ValueError(
+                f"attribute {key!r} must be a list of strings, bools, ints or floats; it holds {type(bad).__name__} "
+                f"{bad!r}"
+            )
         raise ValueError(
             f"attribute {key!r} must be a string, bool, int, float or a list of them, got {type(item).__name__}"
         )
@@ -240,6 +247,11 @@ class SpanRecordingContext(Protocol):
     def get_recorded_span(self) -> SpanCoreFields: ...
 
 
+MAX_SEQUENCE_ID = 2**53
+"""Largest span sequence id: exact in every JSON reader (a browser's too), and far from the 64-bit integers of the
+SQL stores, so that the next id a store issues always fits."""
+
+
 class Span(WireModel):
     """A span as stored by the LightningStore, bound to a rollout, an attempt and a sequence id."""
 
@@ -247,7 +259,7 @@ class Span(WireModel):
 
     rollout_id: str
     attempt_id: str
-    sequence_id: int
+    sequence_id: Annotated[int, Field(ge=0, le=MAX_SEQUENCE_ID)]
     trace_id: str
     span_id: str
     parent_id: Optional[str]

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "INF_NAN_MODE",
+    "JSON_MAX_DEPTH",
     "NON_FINITE_FLOATS",
     "WIRE_CONFIG",
     "WireModel",
@@ -50,17 +51,41 @@ class WireModel(BaseModel):
     model_config = WIRE_CONFIG
 
 
-def decode_json(data: Union[bytes, bytearray, str]) -> Any:
+JSON_MAX_DEPTH = 201
+"""Deepest nesting of arrays and objects that pydantic's JSON parser (the client's and the server's) reads."""
+
+
+def decode_json(data: Union[bytes, bytearray, str], *, headroom: int = 0) -> Any:
     """Decode JSON that the store wrote or received, keeping every integer exact.
 
     orjson, faster by about a third, reads an integer beyond 64 bits as a float (``2**70`` comes back as
     ``1.1805916207174113e+21``); a stored task input, metadata value or span attribute must come back as written. The
     bare tokens ``NaN`` and ``Infinity`` are refused, as JSON refuses them.
 
+    Args:
+        data: The JSON text.
+        headroom: Refuse ``data`` nested deeper than :data:`JSON_MAX_DEPTH` minus this many levels. A server keeps
+            what it accepts readable when its answers put the value this many levels deeper (a page of rollouts
+            holds each task input three levels down). It costs no second parse: ``data`` is parsed inside
+            ``headroom`` extra arrays.
+
     Raises:
-        ValueError: ``data`` is not valid JSON (the message says where).
+        ValueError: ``data`` is not valid JSON (the message says where), or is nested too deep.
     """
-    return pydantic_core.from_json(data, allow_inf_nan=False)
+    if headroom <= 0:
+        return pydantic_core.from_json(data, allow_inf_nan=False)
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        value = pydantic_core.from_json(b"[" * headroom + raw + b"]" * headroom, allow_inf_nan=False)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):
+            raise ValueError(f"JSON nested more than {JSON_MAX_DEPTH - headroom} levels deep") from None
+        value = None  # invalid: parsed again below, for the message of the text as sent
+    for _ in range(headroom):
+        if not (isinstance(value, list) and len(value) == 1):
+            return pydantic_core.from_json(raw, allow_inf_nan=False)  # raises: the text is not one JSON value
+        value = value[0]
+    return value
 
 
 def encode_json(value: Any) -> bytes:

@@ -329,6 +329,8 @@ BAD_REQUESTS = [
     ("POST", "/queues/rollouts/dequeue", {"json": {"limit": "three"}}, 422),
     ("POST", "/rollouts", {"json": {"mode": "train"}}, 422),
     ("POST", "/rollouts/{rid}", {"json": {"status": "exploded"}}, 422),
+    ("POST", "/rollouts/{rid}", {"json": {"stauts": "cancelled"}}, 422),  # misspelt: not silently ignored
+    ("POST", "/rollouts/{rid}/attempts/latest", {"json": {"worker": "w"}}, 422),
     ("POST", "/rollouts/{rid}/attempts/latest", {"json": {"last_heartbeat_time": "yesterday"}}, 422),
     ("POST", "/resources", {"json": {"llm": {"resource_type": "llm"}}}, 422),
     ("POST", "/resources", {"json": ["not", "a", "mapping"]}, 422),
@@ -350,7 +352,26 @@ BAD_REQUESTS = [
     # values the store cannot handle: non-comparable sort keys, numbers beyond the database's range
     ("POST", "/rollouts/search", {"json": {"sort_by": "input"}}, 400),
     ("GET", "/rollouts", {"params": {"limit": str(10**30)}}, 400),
-    ("POST", "/spans", {"json": "SPAN:huge-sequence"}, 400),
+    ("POST", "/spans", {"json": "SPAN:huge-sequence"}, 422),
+    ("POST", "/rollouts/search", {"json": {"sort_by": "metadata"}}, 400),
+    ("GET", "/resources", {"params": {"sort_by": "resources"}}, 400),
+    # NaN and negative time limits, which the watchdog could never apply (or would apply at once)
+    ("POST", "/waits/rollouts", {"json": {"rollout_ids": ["{rid}"], "timeout": "NaN"}}, 400),
+    ("POST", "/rollouts", {"json": {"input": 1, "config": {"timeout_seconds": "NaN"}}}, 400),
+    ("POST", "/rollouts/{rid}", {"json": {"config": {"unresponsive_seconds": -5}}}, 400),
+    ("POST", "/rollouts/{rid}/attempts/latest", {"json": {"last_heartbeat_time": "NaN"}}, 400),
+    # JSON nested so deep that the answers holding it could not be read back
+    (
+        "POST",
+        "/rollouts",
+        {"data": b'{"input": ' + b"[" * 195 + b"]" * 195 + b"}", "headers": {"content-type": "application/json"}},
+        422,
+    ),
+    ("GET", "/spans/next", {}, 405),  # a POST-only route
+    # ids that would name a route
+    ("POST", "/resources/search", {"json": {}}, 400),
+    ("POST", "/resources/latest", {"json": {}}, 400),
+    ("POST", "/queues/rollouts/dequeue", {"json": {"worker_id": "search"}}, 400),
     # other OTLP signals
     ("POST", "/v1/metrics", {"data": b""}, 501),
     ("POST", "/v1/logs", {"data": b""}, 501),
@@ -365,8 +386,10 @@ async def test_bad_requests_get_clear_errors_and_leave_data_intact(served: Serve
         kwargs = dict(kwargs)
         if kwargs.get("json") == "SPAN:ro-missing":
             kwargs["json"] = make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")
-        elif kwargs.get("json") == "SPAN:huge-sequence":
-            kwargs["json"] = make_span(rid, aid, 2**63, "zz").model_dump(mode="json")
+        elif kwargs.get("json") == "SPAN:huge-sequence":  # the next id would not fit in 64 bits
+            kwargs["json"] = {**make_span(rid, aid, 1, "zz").model_dump(mode="json"), "sequence_id": 2**63 - 1}
+        elif isinstance(kwargs.get("json"), dict) and kwargs["json"].get("rollout_ids") == ["{rid}"]:
+            kwargs["json"] = {**kwargs["json"], "rollout_ids": [rid]}
         elif kwargs.get("json") == "BATCH:ro-missing":
             kwargs["json"] = {"spans": [make_span("ro-missing", aid, 1, "zz").model_dump(mode="json")]}
         url = path.replace("{rid}", rid) if path.startswith("/v1/") else PREFIX + path.replace("{rid}", rid)
@@ -726,3 +749,63 @@ async def test_values_json_cannot_carry_are_answered_with_replacement_characters
         assert "lone surrogates" in caplog.text
         # What the store holds is unchanged.
         assert (await store.query_spans(rollout.rollout_id))[0].attributes["tool.output"] == "half \ud83d"
+
+
+async def test_ids_holding_a_slash_are_addressable(served: Served) -> None:
+    client = served.client
+    claimed = await client.start_rollout(input="x", worker_id="host/gpu0")
+    worker = await client.get_worker_by_id("host/gpu0")
+    assert worker is not None and worker.current_rollout_id == claimed.rollout_id
+    assert (await client.update_worker("host/gpu0", {"gpu": 1})).heartbeat_stats == {"gpu": 1}
+    snapshot = await client.update_resources("a/b", {"llm": LLM(endpoint="http://x", model="m")})
+    assert (await client.get_resources_by_id("a/b")) == snapshot
+
+
+async def test_ids_that_name_a_route_are_refused_everywhere(served: Served) -> None:
+    for store in (served.store, served.client):
+        with pytest.raises(ValueError, match="word of the store's routes"):
+            await store.update_resources("latest", {"llm": LLM(endpoint="http://x", model="m")})
+        with pytest.raises(ValueError, match="word of the store's routes"):
+            await store.update_worker("search", {})
+        with pytest.raises(ValueError, match="word of the store's routes"):
+            await store.start_rollout(input=1, worker_id="search")
+    assert await served.client.get_worker_by_id("search") is None
+    assert await served.client.get_resources_by_id("latest") is None
+
+
+async def test_wait_arguments_are_checked_by_store_and_client(served: Served) -> None:
+    rollout = await served.client.start_rollout(input="x")
+    for store in (served.store, served.client):
+        with pytest.raises(TypeError, match="wrap it in a list"):
+            await store.wait_for_rollouts(rollout_ids=rollout.rollout_id, timeout=0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout must be None or a number"):
+            await store.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=float("nan"))
+
+
+async def test_a_client_that_goes_away_ends_its_wait(served: Served) -> None:
+    rollout = await served.client.start_rollout(input="x")
+    url = served.base + PREFIX + "/waits/rollouts"
+    for _ in range(5):
+        with pytest.raises(asyncio.TimeoutError):
+            await served.http.post(
+                url, json={"rollout_ids": [rollout.rollout_id]}, timeout=aiohttp.ClientTimeout(total=0.3)
+            )
+    for _ in range(50):  # the server notices each disconnection and cancels that wait
+        if not served.store._waiters:
+            break
+        await asyncio.sleep(0.1)
+    assert not served.store._waiters
+
+
+async def test_values_nested_near_the_parser_limit_are_refused_or_read_back(served: Served) -> None:
+    depth = 185
+    deep: Any = 1
+    for _ in range(depth):
+        deep = [deep]
+    enqueued = await served.client.enqueue_rollout(input=deep)
+    assert (await served.client.query_rollouts()).items[0].input == deep
+    assert (await served.client.dequeue_rollout(worker_id="w")).rollout_id == enqueued.rollout_id  # type: ignore[union-attr]
+    for _ in range(10):
+        deep = [deep]
+    with pytest.raises(LightningStoreHTTPError, match="nested more than"):
+        await served.client.enqueue_rollout(input=deep)

@@ -172,6 +172,11 @@ class TrackedCollection:
     """Mixin recording per-operation counters and latencies when a metrics tracker is attached."""
 
     def __init__(self, tracker: MetricsBackend | None = None, name: Optional[str] = None) -> None:
+        if tracker is not None and not callable(getattr(tracker, "register_histogram", None)):
+            raise TypeError(
+                f"tracker must be a metrics backend (e.g. agentbolt.utils.metrics.ConsoleMetricsBackend()), "
+                f"got {type(tracker).__name__}"
+            )
         self._tracker = tracker
         self._name = name
 

@@ -1129,6 +1129,11 @@ class SqliteLightningCollections(LightningCollections):
         if reader_threads < 1:
             raise ValueError("reader_threads must be >= 1")
         self.path = os.fspath(path)
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            raise ValueError(
+                f"SQLite store path {self.path!r}: give a file path (the store keeps its data in one file, in WAL "
+                "mode); for a store that keeps nothing use InMemoryLightningStore"
+            )
         _create_parent_folder(self.path)
         self._db = _Database(
             self.path,

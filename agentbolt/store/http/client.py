@@ -20,7 +20,17 @@ import aiohttp
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.env_var import API_KEY_ENV_VAR
-from agentbolt.store.base import UNSET, LightningStore, LightningStoreCapabilities, Unset, queue_wait_seconds
+from agentbolt.store.base import (
+    ADDRESSED_IDS,
+    ROUTE_WORDS,
+    UNSET,
+    LightningStore,
+    LightningStoreCapabilities,
+    Unset,
+    check_addressable_id,
+    queue_wait_seconds,
+    rollout_wait_arguments,
+)
 from agentbolt.store.http.errors import LightningStoreHTTPError, error_from_response, is_auth_error
 from agentbolt.store.http.routes import (
     API_V1_AGL_PREFIX,
@@ -116,7 +126,12 @@ class LightningStoreClient(LightningStore):
         expected_server_id: Optional[str] = None,
         long_waits: bool = False,
     ) -> None:
-        self.server_address_root = server_address.rstrip("/")
+        if not isinstance(server_address, str) or not server_address.startswith(("http://", "https://")):
+            raise ValueError(f"server_address must be an http:// or https:// URL, got {server_address!r}")
+        root = server_address.rstrip("/")
+        if root.endswith(API_V1_AGL_PREFIX):  # the API's own URL, as the server prints it
+            root = root[: -len(API_V1_AGL_PREFIX)]
+        self.server_address_root = root
         self.server_address = self.server_address_root + API_V1_AGL_PREFIX
         self._retry_delays = tuple(retry_delays)
         self._health_retry_delays = tuple(health_retry_delays)
@@ -374,6 +389,10 @@ class LightningStoreClient(LightningStore):
 
     async def _call_route(self, route: StoreRoute, values: Dict[str, Any]) -> Any:
         """Run one store call through its route: build the request from the call's arguments, decode the answer."""
+        for name in set(route.path_params) & ADDRESSED_IDS:
+            if route.verb == "GET" and values[name] in ROUTE_WORDS:
+                return None  # no stored id is a route word (see check_addressable_id); the path would name the route
+            check_addressable_id(values[name], name)
         path = route.path.format(**{name: quote(str(values.pop(name)), safe="") for name in route.path_params})
         if route.body_param is not None:
             payload: Any = values[route.body_param]
@@ -391,14 +410,14 @@ class LightningStoreClient(LightningStore):
                 idempotent=route.idempotent,
                 retry=route.retried,
             )
+            with collection_paused():
+                return route.decode(raw)
         except Exception as exc:
             # Inside ride_out_outages a call that still fails raises, so that "no answer" is not taken for "none".
             if route.on_failure == "raise" or is_auth_error(exc) or (route.retried and outage_tolerance() is not None):
                 raise
             self._log_swallowed_failure(route, exc)
             return None if route.on_failure == "none" else []
-        with collection_paused():
-            return route.decode(raw)
 
     def _log_swallowed_failure(self, route: StoreRoute, exc: BaseException) -> None:
         if route.on_failure == "empty":  # dequeue: polled constantly, so one warning after it last worked
@@ -479,6 +498,7 @@ class LightningStoreClient(LightningStore):
             ValueError: ``timeout`` above 0.1 s on a client created without ``long_waits=True`` (as in the
                 reference, the client refuses long blocking requests).
         """
+        rollout_ids, timeout = rollout_wait_arguments(rollout_ids, timeout)
         if not self.long_waits:
             if timeout is not None and timeout > MAX_SHORT_WAIT_SECONDS:
                 raise ValueError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from pydantic import RootModel
+from pydantic import ConfigDict, RootModel
 
 from agentbolt.types import (
     AttemptStatus,
@@ -135,8 +135,14 @@ class NamedResourcesBody(RootModel[NamedResources]):
     model_config = WIRE_CONFIG
 
 
+UPDATE_BODY_CONFIG = ConfigDict(**WIRE_CONFIG, extra="forbid")
+"""Update bodies refuse unknown fields: a misspelt field (``"stauts"``) is a 422, not an update that changes nothing."""
+
+
 class UpdateRolloutRequest(WireModel):
     """Body of ``POST /rollouts/{rollout_id}``; only the fields present are written."""
+
+    model_config = UPDATE_BODY_CONFIG
 
     input: Optional[TaskInput] = None
     mode: Optional[RolloutMode] = None
@@ -149,6 +155,8 @@ class UpdateRolloutRequest(WireModel):
 class UpdateAttemptRequest(WireModel):
     """Body of ``POST /rollouts/{rollout_id}/attempts/{attempt_id}``; only the fields present are written."""
 
+    model_config = UPDATE_BODY_CONFIG
+
     status: Optional[AttemptStatus] = None
     worker_id: Optional[str] = None
     last_heartbeat_time: Optional[float] = None
@@ -157,6 +165,8 @@ class UpdateAttemptRequest(WireModel):
 
 class UpdateWorkerRequest(WireModel):
     """Body of ``POST /workers/{worker_id}``."""
+
+    model_config = UPDATE_BODY_CONFIG
 
     heartbeat_stats: Optional[Dict[str, Any]] = None
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import math
 import os
 import re
+import types
+import typing
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -148,17 +151,44 @@ def _bad_request(message: str) -> HTTPException:
     return HTTPException(status_code=400, detail=message)
 
 
+@functools.cache
+def _unsortable_fields(model: Type[BaseModel]) -> frozenset[str]:
+    """Fields of ``model`` declared as objects or lists, whose values have no order (a free-form value such as a task
+    input is sorted when its values compare)."""
+    scalars = (str, int, float, bool)
+    unsortable = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        options = (
+            [a for a in typing.get_args(annotation) if a is not type(None)] if _is_union(annotation) else [annotation]
+        )
+        if not all(
+            a is Any or typing.get_origin(a) is typing.Literal or (isinstance(a, type) and issubclass(a, scalars))
+            for a in options
+        ):
+            unsortable.add(name)
+    return frozenset(unsortable)
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (Union, types.UnionType)
+
+
 def _validate_pagination(request: _PaginationFields, model: Type[BaseModel]) -> None:
     """Reject bad sort/pagination options with 400."""
     if request.sort_by is not None and request.sort_by not in model.model_fields:
         allowed = ", ".join(model.model_fields)
         raise _bad_request(f"Invalid sort_by: {request.sort_by}, allowed fields are: {allowed}")
+    if request.sort_by in _unsortable_fields(model):
+        raise _bad_request(f"Invalid sort_by: {request.sort_by} holds objects or lists, which have no order")
     if request.sort_order not in ("asc", "desc"):
         raise _bad_request(f"Invalid sort_order: {request.sort_order}, must be 'asc' or 'desc'")
     if request.limit == 0 or request.limit < -1:
         raise _bad_request("Limit must be greater than 0 or -1 for no limit")
     if request.offset < 0:
         raise _bad_request("Offset must be greater than or equal to 0")
+    if request.limit >= 2**63 or request.offset >= 2**63:
+        raise _bad_request("Limit and offset must be below 2**63")
     filter_logic = getattr(request, "filter_logic", "and")
     if filter_logic not in ("and", "or"):
         raise _bad_request(f"Invalid filter_logic: {filter_logic}, must be 'and' or 'or'")
@@ -207,6 +237,10 @@ def _install_body_docs(app: FastAPI) -> Dict[str, Type[BaseModel]]:
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
+ANSWER_NESTING = 8
+"""Levels an answer may add above a value the request carried (a page of rollouts puts each input three down):
+bodies nested deeper than the JSON parser reads minus these are refused, so that every answer stays readable."""
+
 
 def _parse_body(body: bytes, model: Type[BodyT], *, optional: bool = False) -> BodyT:
     """Decode (orjson) and validate a JSON body; invalid bodies become 422 errors.
@@ -222,7 +256,7 @@ def _parse_body(body: bytes, model: Type[BodyT], *, optional: bool = False) -> B
     if optional and not body.strip():
         return model()
     try:
-        data = decode_json(body)
+        data = decode_json(body, headroom=ANSWER_NESTING)
     except ValueError as exc:
         invalid = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}
         raise RequestValidationError([invalid], body=body) from exc
@@ -366,11 +400,15 @@ class _StoreDispatcher:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        matched = self._match(scope["method"], scope["path"])
+        # Matched on the path as sent, so that an id holding an escaped "/" (``%2F``) stays one path segment.
+        raw_path = scope.get("raw_path")
+        path = raw_path.decode("latin-1") if raw_path else scope["path"]
+        matched = self._match(scope["method"], path)
         if matched is None:
             await self.app(scope, receive, send)
             return
-        route, get_form, path_values = matched
+        route, get_form, escaped_values = matched
+        path_values = {name: unquote(value) for name, value in escaped_values.items()}
         chunks: List[bytes] = []
         while True:
             message = await receive()
@@ -379,8 +417,33 @@ class _StoreDispatcher:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        response = await _answer(route, self.call, get_form, path_values, b"".join(chunks), scope["query_string"])
+        answering = _answer(route, self.call, get_form, path_values, b"".join(chunks), scope["query_string"])
+        if route.path.startswith("/waits/"):
+            response = await _unless_disconnected(answering, receive)
+            if response is None:
+                return  # the client went away: its wait was cancelled, no one reads an answer
+        else:
+            response = await answering
         await response(scope, receive, send)
+
+
+async def _unless_disconnected(answering: Coroutine[Any, Any, Response], receive: Any) -> Optional[Response]:
+    """Await ``answering``, cancelled if the client disconnects first (a wait would otherwise run to its deadline,
+    and a client retrying after its own timeout would leave one running wait behind each try)."""
+    answer = asyncio.ensure_future(answering)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not answer.done():
+            answer.cancel()
+    return answer.result() if answer.done() and not answer.cancelled() else None
 
 
 def _add_store_routes(app: FastAPI, call: StoreCall, body_models: Dict[str, Type[BaseModel]]) -> None:
@@ -636,6 +699,8 @@ class LightningStoreServer(LightningStore):
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         server_id: Optional[str] = None,
     ) -> None:
+        if not isinstance(store, LightningStore):
+            raise TypeError(f"store must be a LightningStore, got {type(store).__name__}")
         if launcher_args is not None:
             if host is not None or port is not None or launch_mode != "thread":
                 raise ValueError("launcher_args cannot be combined with host, port or launch_mode.")
