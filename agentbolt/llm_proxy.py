@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, TypedDict
 
 from agentbolt.store.base import LightningStore
 from agentbolt.types import LLM, ProxyLLM
@@ -82,6 +82,8 @@ def set_active_llm_proxy(proxy: LLMProxy) -> None:
 def _resolve_aliases(
     values: Optional[Sequence[str]], default: List[str], known: Dict[str, str], kind: str
 ) -> List[str]:
+    if isinstance(values, str):
+        raise TypeError(f"{kind}s must be a list of aliases, got the string {values!r} (wrap it in a list)")
     chosen = list(default if values is None else values)
     for value in chosen:
         if not isinstance(value, str) or value not in known:
@@ -142,6 +144,8 @@ class LLMProxy:
             raise ValueError("num_retries must be >= 0")
         self.store = store
         self.model_list: List[ModelConfig] = list(model_list or [])
+        if litellm_config is not None and not isinstance(litellm_config, Mapping):
+            raise TypeError(f"litellm_config must be a dict, got {type(litellm_config).__name__}")
         self.litellm_config: Dict[str, Any] = dict(litellm_config or {})
         litellm_settings = dict(self.litellm_config.get("litellm_settings") or {})
         litellm_settings.setdefault("num_retries", num_retries)

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, List, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, List, Sequence, TypeVar
 
 from agentbolt.types import Span, Triplet
+from agentbolt.utils.checks import check_list_of
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
 
-__all__ = ["Adapter", "OtelTraceAdapter", "TraceAdapter", "TraceToTripletBase"]
+__all__ = ["Adapter", "OtelTraceAdapter", "TraceAdapter", "TraceToTripletBase", "span_list"]
 
 T_from = TypeVar("T_from")
 T_to = TypeVar("T_to")
+
+
+def span_list(source: Any) -> List[Any]:
+    """The spans of ``source``, one rollout's sequence of spans, as a list (None gives none).
+
+    Raises:
+        TypeError: ``source`` is one span, or not a sequence of spans.
+    """
+    if source is None:
+        return []
+    return check_list_of(source, "an adapter's source", lambda item: hasattr(item, "attributes"), "spans")
 
 
 class Adapter(Generic[T_from, T_to]):

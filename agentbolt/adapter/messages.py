@@ -16,7 +16,7 @@ from agentbolt.semconv import AGL_LLM_CALL, GEN_AI_COMPLETION, GEN_AI_PROMPT, LL
 from agentbolt.types import Span
 from agentbolt.utils.otel import filter_and_unflatten_attributes
 
-from .base import TraceAdapter
+from .base import TraceAdapter, span_list
 from .calls import CallIdentities, call_identity
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
             ValueError: If a span's ``gen_ai`` data has the wrong shape (prompt/completion not lists, request/response
                 not dicts) or holds malformed messages.
         """
-        records = [span for span in source if _has_genai_data(span.attributes)]
+        records = [span for span in span_list(source) if _has_genai_data(span.attributes)]
         identities = CallIdentities()
         kept: Set[int] = set()
         for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):

@@ -68,7 +68,7 @@ from agentbolt.semconv import (
 from agentbolt.types import Span, Triplet
 from agentbolt.types.wire import NON_FINITE_FLOATS
 
-from .base import TraceToTripletBase
+from .base import TraceToTripletBase, span_list
 from .calls import CallIdentities, call_identity
 from .messages import decode_content, group_genai_dict
 
@@ -774,6 +774,7 @@ class TracerTraceToTriplet(TraceToTripletBase):
         Returns:
             The triplets in call order.
         """
+        source = span_list(source)
         if not source:
             return []
         return self._tree(source).to_trajectory(
@@ -868,6 +869,7 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
             ``response_id``, ``agent_name`` and ``request`` (the request's model and sampling parameters, e.g.
             ``{"model": ..., "temperature": 0.7}``).
         """
+        source = span_list(source)
         if not source:
             return []
         spans = sorted(source, key=lambda s: (s.sequence_id, _time_or(s.start_time, 0.0)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
@@ -56,10 +57,14 @@ def emit_reward(
 
     Raises:
         TypeError: A scalar reward is not a number.
-        ValueError: A dimension is not a number, or ``primary_key`` is missing / not a dimension.
+        ValueError: A dimension is not a number or its name not a string, ``primary_key`` is missing / not a
+            dimension, or ``attributes`` sets a key of the reward's own (under ``agentlightning.reward``).
         RuntimeError: No active tracer (with ``propagate=True``).
     """
     if isinstance(reward, dict):
+        for name in reward:
+            if not isinstance(name, str):
+                raise ValueError(f"Reward dimension names must be strings, got {type(name).__name__}: {name!r}")
         values = {name: _as_number(value, f"Reward dimension {name!r}", ValueError) for name, value in reward.items()}
         if primary_key is None:
             raise ValueError("primary_key is required when the reward is a dict of dimensions.")
@@ -69,6 +74,18 @@ def emit_reward(
         dimensions = [{"name": name, "value": values[name]} for name in order]
     else:
         dimensions = [{"name": "primary", "value": _as_number(reward, "Reward", TypeError)}]
+    for dimension in dimensions:
+        if not math.isfinite(dimension["value"]):
+            logger.warning(
+                "Reward %s is %r: it is recorded, and training reads it as no reward.",
+                dimension["name"],
+                dimension["value"],
+            )
+    for key in attributes or {}:
+        if key == _REWARD_PREFIX or str(key).startswith(_REWARD_PREFIX + "."):
+            raise ValueError(
+                f"attributes may not set {key!r}: the reward's own attributes are under {_REWARD_PREFIX!r}"
+            )
     return emit_annotation({_REWARD_PREFIX: dimensions, **(attributes or {})}, propagate=propagate)
 
 

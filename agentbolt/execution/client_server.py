@@ -17,6 +17,7 @@ from typing import Any, Callable, Coroutine, Iterable, List, Literal, Optional, 
 
 from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from agentbolt.utils.checks import check_count, check_port
 from agentbolt.utils.server_launcher import bind_socket
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store, stopping_on_failure
@@ -137,8 +138,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             raise ValueError(f"main_process must be 'algorithm' or 'runner', got {main_process!r}")
         if main_process == "runner" and (resolved_role != "both" or n_runners != 1):
             raise ValueError("main_process='runner' requires role='both' and n_runners == 1")
-        if n_runners < 1:
-            raise ValueError("n_runners must be at least 1")
+        check_count(n_runners, "n_runners")
         self.role: Role = resolved_role  # type: ignore[assignment]
         self.server_host: str = resolve_str_env_var(
             LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback="localhost"
@@ -146,6 +146,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.server_port: int = resolve_int_env_var(
             LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747
         )  # type: ignore[assignment]
+        check_port(self.server_port, "server_port")
         if self.server_port == 0 and self.role != "both":
             raise ValueError("server_port=0 (any free port) needs role='both': separate processes cannot agree on it")
         self.n_runners = n_runners

@@ -8,6 +8,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, List, Literal, Optional, TypeVar
 
+from agentbolt.utils.checks import check_count
+
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
 from .events import ExecutionEvent, ThreadingEvent
 
@@ -44,10 +46,12 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
     def __post_init__(self) -> None:
         if self.main_thread not in ("algorithm", "runner"):
             raise ValueError(f"main_thread must be 'algorithm' or 'runner', got {self.main_thread!r}")
+        check_count(self.n_runners, "n_runners")
         if self.main_thread == "runner" and self.n_runners != 1:
-            raise ValueError("main_thread='runner' requires n_runners == 1")
-        if self.n_runners < 1:
-            raise ValueError("n_runners must be at least 1")
+            raise ValueError(
+                f"main_thread='runner' requires n_runners == 1, got {self.n_runners}: the one runner runs in the main "
+                "thread; use main_thread='algorithm' for several runner threads"
+            )
         self.managed_store = resolve_managed_store(self.managed_store)
 
     async def _run_until_completed_or_canceled(self, coro: Awaitable[T], stop_evt: ExecutionEvent) -> Optional[T]:

@@ -132,6 +132,10 @@ class FunctionalLitAgent(LitAgent[T]):
 def _validate_rollout_func(func: RolloutFunc, resource_param: str) -> None:
     names = _parameter_names(func)
     name = _callable_name(func)
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"{name} is a generator function: a rollout function returns its result (or None), it does not yield"
+        )
     if len(names) < 2:
         raise ValueError(f"{name} must take at least two parameters, `task` and `{resource_param}`; got {names}.")
     if names[0] != "task":

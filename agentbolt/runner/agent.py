@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from agentbolt.semconv import AGL_EXCEPTION
 from agentbolt.store.base import MAX_QUEUE_WAIT_SECONDS
 from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT, StoreUnreachableError, ride_out_outages
+from agentbolt.tracer.base import Tracer
 from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
 from agentbolt.types import (
@@ -43,6 +44,7 @@ from agentbolt.types import (
     SpanCoreFields,
     TraceStatus,
 )
+from agentbolt.utils.checks import check_count, check_finite
 from agentbolt.utils.otel import format_exception_attributes
 from agentbolt.utils.system_snapshot import system_snapshot
 
@@ -53,7 +55,6 @@ if TYPE_CHECKING:
     from agentbolt.execution.events import ExecutionEvent
     from agentbolt.litagent import LitAgent
     from agentbolt.store.base import LightningStore
-    from agentbolt.tracer.base import Tracer
 
 __all__ = ["TRAINING_POLL_INTERVAL", "LitAgentRunner"]
 
@@ -115,6 +116,11 @@ class LitAgentRunner(Runner[T_task]):
             raise ValueError(f"heartbeat_launch_mode must be 'thread' or 'asyncio', got {heartbeat_launch_mode!r}")
         if store_outage_timeout is not None and not store_outage_timeout >= 0:
             raise ValueError(f"store_outage_timeout must be None or at least 0 seconds, got {store_outage_timeout!r}")
+        if not isinstance(tracer, Tracer):
+            raise TypeError(f"tracer must be a Tracer (e.g. agl.OtelTracer()), got {type(tracer).__name__}")
+        check_count(max_rollouts, "max_rollouts", optional=True)
+        if check_finite(poll_interval, "poll_interval") <= 0:  # type: ignore[operator]
+            raise ValueError(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
         self._tracer = tracer
         self._max_rollouts = max_rollouts
         self._poll_interval = poll_interval

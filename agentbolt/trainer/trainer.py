@@ -11,7 +11,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
-from agentbolt.types import Dataset, Hook
+from agentbolt.types import Dataset, Hook, Resource
+from agentbolt.utils.checks import check_count, check_port
 
 from .init_utils import build_component
 from .legacy import TrainerLegacy
@@ -121,6 +122,56 @@ async def _resource_gateways(resources: Optional[Mapping[str, Any]], store: Ligh
     finally:
         for proxy in reversed(started):
             await proxy.stop()
+
+
+def _check_initial_resources(resources: Any) -> None:
+    """Refuse ``initial_resources`` that are not a mapping of names to resources, before anything starts.
+
+    Raises:
+        TypeError: Not a mapping, a name that is not a string, or a value that is not a resource (``LLM``,
+            ``ProxyLLM``, ``PromptTemplate``, a dict of one's fields, or an ``LLMProxy``).
+    """
+    if resources is None:
+        return
+    if not isinstance(resources, Mapping):
+        raise TypeError(
+            'initial_resources must map names to resources, e.g. {"main_llm": agl.LLM(...)}, '
+            f"got {type(resources).__name__}"
+        )
+    for name, value in resources.items():
+        if not isinstance(name, str):
+            raise TypeError(f"initial_resources names must be strings, got {type(name).__name__} {name!r}")
+        is_gateway = callable(getattr(value, "as_resource", None))  # an LLMProxy, without importing it here
+        if not (isinstance(value, (Resource, Mapping)) or is_gateway):
+            raise TypeError(
+                f"initial_resources[{name!r}] must be an LLM, ProxyLLM, PromptTemplate or LLMProxy, "
+                f"got {type(value).__name__}"
+            )
+
+
+def _check_run_inputs(agent: Any, train_dataset: Any, val_dataset: Any) -> None:
+    """Refuse an agent that is not a ``LitAgent`` and datasets without ``len`` and indexing, before anything starts.
+
+    Raises:
+        TypeError: The message names the argument and what it should be.
+    """
+    from agentbolt.litagent import LitAgent
+
+    if not isinstance(agent, LitAgent):
+        hint = " (decorate the function with @agl.rollout)" if callable(agent) and not isinstance(agent, type) else ""
+        raise TypeError(f"agent must be a LitAgent instance{hint}, got {type(agent).__name__}")
+    for name, dataset in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
+        if dataset is None:
+            continue
+        if (
+            isinstance(dataset, (str, bytes, Mapping))
+            or not hasattr(dataset, "__len__")
+            or not hasattr(dataset, "__getitem__")
+        ):
+            raise TypeError(
+                f"{name} must be a sequence of tasks (a list, or any object with __len__ and __getitem__ by index), "
+                f"got {type(dataset).__name__}"
+            )
 
 
 def _hooks_tuple(hooks: Union[Hook, Sequence[Hook], None]) -> Tuple[Hook, ...]:
@@ -243,6 +294,10 @@ class Trainer(TrainerLegacy):
                 max_rollouts = max_tasks
         if not daemon:
             warnings.warn("daemon=False: worker processes may outlive the trainer.", stacklevel=2)
+        check_count(n_runners, "n_runners", optional=True)
+        check_count(max_rollouts, "max_rollouts", optional=True)
+        check_port(port)
+        _check_initial_resources(initial_resources)
         self.n_runners: int = n_runners if n_runners is not None else 1
         self.n_workers: int = self.n_runners
         self.max_rollouts = max_rollouts
@@ -440,6 +495,7 @@ class Trainer(TrainerLegacy):
         algorithm: Optional[Algorithm],
         follow_rollouts: bool = False,
     ) -> None:
+        _check_run_inputs(agent, train_dataset, val_dataset)
         if algorithm is not None and algorithm._run_as_follower():
             return  # a data-parallel follower rank: the leader (rank 0) runs the store, the runners and the rollouts
         agent.set_trainer(self)

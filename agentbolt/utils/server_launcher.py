@@ -26,6 +26,7 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 import uvicorn
 
 from agentbolt.utils import event_loop
+from agentbolt.utils.checks import check_port
 
 __all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode", "on_shutdown_start"]
 
@@ -73,6 +74,9 @@ class PythonServerLauncherArgs:
     thread_join_timeout: float = 10.0
     process_join_timeout: float = 10.0
     timeout_keep_alive: int = 30
+
+    def __post_init__(self) -> None:
+        check_port(self.port)
 
 
 @dataclass

@@ -90,6 +90,7 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
 
     emit_reward(0.25)
     emit_reward(float("nan"))
+    assert "Reward primary is nan: it is recorded, and training reads it as no reward" in caplog.text
     spans = spans_of(tracer)
     assert math.isnan(find_final_reward(spans))  # the contract's reading keeps the value
     assert training_reward(spans, "ro-1") is None
@@ -105,6 +106,9 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
         ({"a": 1.0}, {}, ValueError),
         ({"a": 1.0}, {"primary_key": "b"}, ValueError),
         ({"a": "x"}, {"primary_key": "a"}, ValueError),
+        ({1: 1.0}, {"primary_key": 1}, ValueError),  # later reads of the span would fail on the name
+        (0.0, {"attributes": {"agentlightning.reward.0.value": 9.0}}, ValueError),  # would replace the reward
+        (1.0, {"attributes": {"agentlightning.reward": 5}}, ValueError),
     ],
 )
 def test_bad_rewards_are_rejected(tracer: OtelTracer, value: Any, kwargs: Any, error: type) -> None:

@@ -142,3 +142,17 @@ def test_signature_validation() -> None:
     def prompt_pattern(task: str, prompt_template: PromptTemplate) -> None: ...
 
     assert prompt_pattern._accepts_prompt_template() and not prompt_pattern._accepts_llm()
+
+
+def test_generator_functions_are_refused_at_decoration() -> None:
+    with pytest.raises(TypeError, match="is a generator function"):
+
+        @agl.rollout
+        def yields(task: str, llm: LLM) -> Any:
+            yield 1.0
+
+    with pytest.raises(TypeError, match="is a generator function"):
+
+        @agl.llm_rollout
+        async def yields_async(task: str, llm: LLM) -> Any:
+            yield 1.0

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import secrets
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -208,7 +209,14 @@ def optimizer_client(spec: Any) -> Any:
 
     Raises:
         ImportError: A client must be built and the ``openai`` package is missing (the message names the extra).
+        TypeError: ``spec`` is the synchronous ``openai.OpenAI`` client (the optimizers await their calls).
+        ValueError: ``spec`` is a string that is not an ``http(s)://`` URL (an API key given in its place, say).
     """
+    openai = sys.modules.get("openai")
+    if openai is not None and isinstance(spec, openai.OpenAI):
+        raise TypeError("the optimizer client must be asynchronous: use openai.AsyncOpenAI, not openai.OpenAI")
+    if isinstance(spec, str) and not spec.startswith(("http://", "https://")):
+        raise ValueError(f"an optimizer client given as a string must be a base URL (http://...), got {spec[:12]!r}...")
     if spec is None or not isinstance(spec, (str, Mapping)):
         return spec
     try:
@@ -690,8 +698,13 @@ class PromptSearch(Algorithm):
         """``given`` (else ``default``) as paths.
 
         Raises:
+            TypeError: ``given`` is one path instead of a list of them.
             ValueError: A file does not exist.
         """
+        if isinstance(given, (str, Path)):
+            raise TypeError(
+                f"prompt files must be a list of paths, got the single path {str(given)!r} (wrap it in a list)"
+            )
         paths = [Path(p) for p in given or default]
         for path in paths:
             if not path.is_file():

@@ -25,6 +25,7 @@ from typing import (
     ClassVar,
     Dict,
     List,
+    Mapping,
     Optional,
     Protocol,
     Sequence,
@@ -190,6 +191,10 @@ class FinetuningAlgorithm(Algorithm):
         **overrides: Any,
     ) -> None:
         super().__init__()
+        if config is not None and not isinstance(config, (FinetuningConfig, Mapping)):
+            raise TypeError(
+                f"config must be a {self.config_class.__name__} or a dict of its fields, got {type(config).__name__}"
+            )
         base = config.model_dump() if isinstance(config, FinetuningConfig) else dict(config or {})
         base.update(overrides)
         if isinstance(model, str):
