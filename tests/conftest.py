@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def _results_outside_the_repository(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Benchmarks run by tests write their result files to a temporary folder, never to benchmarks/results/."""
     monkeypatch.setenv("AGENTBOLT_RESULTS_DIR", str(tmp_path_factory.mktemp("results", numbered=True)))
+
+
+@pytest.fixture
+def file_in_the_way(tmp_path: Path) -> Path:
+    """A plain file, for options that name a directory to create: nothing can be created below it."""
+    path = tmp_path / "a-file"
+    path.write_text("not a directory")
+    return path

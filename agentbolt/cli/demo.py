@@ -50,6 +50,11 @@ def demo_command(
     from agentbolt.algorithm.grpo.distributed import launched_rank
 
     console = Console()
+    # Checked before minutes of training, not after.
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CliError(f"--output-dir {output_dir} is a file, not a directory")
+    if summary_json is not None and summary_json.is_dir():
+        raise CliError(f"--summary-json {summary_json} is a directory, not a file")
     overrides = {"output_dir": output_dir, "seed": seed}
     if steps is not None:
         overrides["steps"] = steps

@@ -11,6 +11,7 @@ import typer
 
 from agentbolt.cli.errors import CliError
 from agentbolt.cli.invocation import run_command
+from agentbolt.env_var import API_KEY_ENV_VAR
 
 __all__ = ["HELP", "export_command", "main"]
 
@@ -55,6 +56,9 @@ def export_command(
     min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Lowest reward kept (inclusive)."),
     max_reward: Optional[float] = typer.Option(None, "--max-reward", help="Highest reward kept (inclusive)."),
     agent: Optional[str] = typer.Option(None, "--agent", help="Regex over agent names (samples: the call's agent)."),
+    api_key: Optional[str] = typer.Option(
+        None, envvar=API_KEY_ENV_VAR, show_envvar=True, help="Bearer token of a store server that requires one."
+    ),
     propagation: Propagation = typer.Option(
         Propagation.backward, "--reward-propagation", case_sensitive=False, help="How rewards reach earlier calls."
     ),
@@ -62,6 +66,8 @@ def export_command(
 ) -> int:
     """Export what STORE holds; prints how many records were written."""
     import logging
+
+    import aiohttp
 
     from agentbolt.algorithm.sft.export import (
         ExportFilter,
@@ -85,6 +91,8 @@ def export_command(
             raise CliError(f"--status {value!r} is not one of {', '.join(known_statuses)}")
     if not output.parent.is_dir():
         raise CliError(f"--output {output}: directory {output.parent} does not exist")
+    if _is_part_of_store(output, store):
+        raise CliError(f"--output {output} is the store being exported (or one of its files): choose another file")
     try:
         chosen_format = resolve_format(output, format.value if format else None)
     except ImportError as exc:
@@ -93,7 +101,7 @@ def export_command(
         filters = ExportFilter(
             mode=mode or None, status=status or None, min_reward=min_reward, max_reward=max_reward, agent=agent
         )
-        opened = open_store(store)
+        opened = open_store(store, api_key=api_key)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -110,8 +118,8 @@ def export_command(
 
     try:
         records = asyncio.run(read())
-    except OSError as exc:  # aiohttp's connection errors are OSErrors too
-        raise CliError(f"cannot read the store at {store}: {exc}", exit_code=1) from None
+    except (OSError, aiohttp.ClientError) as exc:  # timeouts, refused connections, HTTP errors of the server
+        raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
     try:
         write_records(records, output, format=chosen_format)
     except OSError as exc:
@@ -119,6 +127,30 @@ def export_command(
     count = len(records)
     print(f"agentbolt export: {count} {what.value} written to {output}")
     return 0
+
+
+def _is_part_of_store(output: Path, store: str) -> bool:
+    """Whether writing ``output`` would overwrite the SQLite store ``store`` or its journal files."""
+    if store.startswith(("http://", "https://")):
+        return False
+    target = output.expanduser().resolve()
+    database = Path(store).expanduser().resolve()
+    return target in {database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")}
+
+
+def _reason(exc: BaseException) -> str:
+    """One line saying why reading the store failed."""
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientResponseError):
+        message = str(exc.message).strip()
+        if not message or message.startswith("<"):  # a web page: not a store server
+            return f"the server answered {exc.status} (is it a store server?)"
+        hint = f" (pass --api-key or set {API_KEY_ENV_VAR})" if exc.status == 401 else ""
+        return f"the server answered {exc.status}: {message.splitlines()[0]}{hint}"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time (is it a store server?)"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -39,7 +39,7 @@ def ensure_prometheus_dir() -> str:
     """The multiprocess directory named by ``PROMETHEUS_MULTIPROC_DIR``, created when missing.
 
     Raises:
-        ValueError: The variable is not set.
+        ValueError: The variable is not set, or the directory cannot be created.
     """
     directory = os.environ.get(MULTIPROC_ENV_VAR, "").strip()
     if not directory:
@@ -47,8 +47,9 @@ def ensure_prometheus_dir() -> str:
             f"{MULTIPROC_ENV_VAR} is not set: point it to the directory the agentbolt processes write their "
             "metrics to (the same value in every process)"
         )
-    os.makedirs(directory, exist_ok=True)
-    return directory
+    from agentbolt.utils.metrics import make_metrics_dir
+
+    return make_metrics_dir(directory)
 
 
 def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH) -> Any:

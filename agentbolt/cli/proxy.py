@@ -13,14 +13,16 @@ optionally ``litellm_settings``: ``num_retries``, ``request_timeout``)::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 
-from agentbolt.cli.errors import CliError
+from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
+from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.utils import event_loop
 
 __all__ = ["HELP", "main", "proxy_command", "load_config"]
@@ -44,21 +46,31 @@ def load_config(path: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise CliError(f"--config {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise CliError(f"--config {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise CliError(f"--config {path} is not valid YAML: {exc}") from exc
     if isinstance(data, list):
-        return data, {}
-    if isinstance(data, dict) and isinstance(data.get("model_list"), list):
+        model_list, settings = data, {}
+    elif isinstance(data, dict) and isinstance(data.get("model_list"), list):
+        model_list = data["model_list"]
         settings = {key: value for key, value in data.items() if key != "model_list"}
-        return data["model_list"], settings
-    raise CliError(f"--config {path} must hold a list of model entries or a mapping with a 'model_list' list")
+    else:
+        raise CliError(f"--config {path} must hold a list of model entries or a mapping with a 'model_list' list")
+    if not model_list:
+        raise CliError(f"--config {path} lists no models: the gateway would have nothing to serve")
+    if not isinstance(settings.get("litellm_settings") or {}, dict):
+        raise CliError(f"--config {path}: litellm_settings must be a mapping")
+    return model_list, settings
 
 
-def _open_store(spec: str) -> Any:
+def _open_store(spec: str, api_key: Optional[str]) -> Any:
     if spec.startswith(("http://", "https://")):
         from agentbolt.store.client_server import LightningStoreClient
 
-        return LightningStoreClient(spec)
+        return LightningStoreClient(spec, api_key=api_key)
+    if re.fullmatch(r"[\w.-]+:\d+", spec):
+        raise CliError(f"--store {spec} looks like a server address: write it as a URL, http://{spec}")
     path = Path(spec[len("sqlite:///") :] if spec.startswith("sqlite:///") else spec).expanduser().absolute()
     if path.is_dir():
         raise CliError(f"--store {spec}: {path} is a directory; give a store URL or a SQLite file")
@@ -72,19 +84,27 @@ def _open_store(spec: str) -> Any:
         raise CliError(f"--store {spec}: cannot open the SQLite store: {exc}") from exc
 
 
-async def _check_store_reachable(store: Any) -> None:
+async def _check_store_reachable(store: Any, api_key: Optional[str]) -> None:
     url = getattr(store, "server_address", None)
     if url is None:
         return
     import httpx
 
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
             response = await client.get(f"{url}/health")
+            if response.status_code == 200:  # and may spans be written: /health answers without a token
+                response = await client.get(f"{url}/statistics", headers=headers)
     except httpx.HTTPError as exc:
         raise CliError(f"--store: no store answers at {store.server_address_root} ({exc!r})", exit_code=1) from exc
+    if response.status_code == 401:
+        raise CliError(
+            f"--store: {store.server_address_root} requires an API key: pass --store-api-key or set {API_KEY_ENV_VAR}",
+            exit_code=1,
+        )
     if response.status_code != 200:
-        raise CliError(f"--store: {url}/health answered HTTP {response.status_code}", exit_code=1)
+        raise CliError(f"--store: {response.url} answered HTTP {response.status_code}", exit_code=1)
 
 
 def proxy_command(
@@ -102,6 +122,9 @@ def proxy_command(
     api_key: Optional[str] = typer.Option(
         None, envvar=PROXY_API_KEY_ENV_VAR, show_envvar=True, help="Require this bearer token from agents."
     ),
+    store_api_key: Optional[str] = typer.Option(
+        None, envvar=API_KEY_ENV_VAR, show_envvar=True, help="Bearer token of a store server that requires one."
+    ),
 ) -> int:
     """Serve the LLM gateway until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -117,7 +140,8 @@ def proxy_command(
     if timeout is not None:
         settings["request_timeout"] = timeout
     litellm_config["litellm_settings"] = settings
-    return event_loop.run(_serve(model_list, litellm_config, store, host, port, api_key or None))
+    check_port_free(host, port, "--port")
+    return event_loop.run(_serve(model_list, litellm_config, store, host, port, api_key or None, store_api_key or None))
 
 
 async def _serve(
@@ -127,6 +151,7 @@ async def _serve(
     host: str,
     port: int,
     api_key: Optional[str],
+    store_api_key: Optional[str],
 ) -> int:
     from agentbolt.llm_proxy import LLMProxy
 
@@ -141,12 +166,12 @@ async def _serve(
         )
     except ValueError as exc:
         raise CliError(f"--config: {exc}") from exc
-    store = _open_store(store_spec)
+    store = _open_store(store_spec, store_api_key)
     # Signals are handled over the whole run, shutdown included, so a second Ctrl-C cannot cut the flush of
     # queued spans or the closing of the store.
     async with shutdown_signals() as stop:
         try:
-            await _check_store_reachable(store)
+            await _check_store_reachable(store, store_api_key)
             proxy.set_store(store)
             try:
                 await proxy.start()

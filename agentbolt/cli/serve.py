@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import typer
 
-from agentbolt.cli.errors import CliError
+from agentbolt.cli.errors import CliError, check_port_free
 
 if TYPE_CHECKING:
     from agentbolt.serving.server import ServingLimits
@@ -94,7 +94,7 @@ def serve_command(
         None,
         envvar=SERVE_API_KEY_ENV_VAR,
         show_envvar=True,
-        help="transformers engine: require 'Authorization: Bearer KEY' on every route but /health.",
+        help="Require 'Authorization: Bearer KEY' on every route but /health (vllm and llamacpp get it too).",
     ),
     lora_dirs: Optional[List[Path]] = typer.Option(
         None,
@@ -128,7 +128,10 @@ def serve_command(
     from agentbolt.models import ModelNotAvailableError, resolve_gguf, resolve_model
     from agentbolt.serving.params import EngineError
 
-    setup_logging(log_level.upper())
+    try:
+        setup_logging(log_level.upper())
+    except ValueError as exc:
+        raise CliError(f"--log-level: {exc}") from None
     if engine is Engine.transformers:
         from agentbolt.serving.transformers_engine import configure_openmp
 
@@ -163,12 +166,22 @@ def serve_command(
             )
         from agentbolt.serving import launchers
 
+        transformers_only = {
+            "--lora-dir": bool(lora_dirs),
+            "--device": device is not None,
+            "--quantization": quantization is not Quantization.auto,
+            "--int8-activations": int8_activations,
+        }
+        for flag, given in transformers_only.items():
+            if given:
+                raise CliError(f"{flag} applies to the transformers engine only, not --engine {engine.value}")
         # What either launched server is told the same way; each engine adds its own options.
         server: Dict[str, Any] = {
             "host": host,
             "port": port,
             "served_name": name,
             "max_model_len": max_model_len,
+            "api_key": api_key or None,
             "extra_args": extra or (),
         }
         if engine is Engine.vllm:
@@ -228,7 +241,7 @@ def _serve_transformers(
     from agentbolt.serving.transformers_engine import TransformersEngine, resolve_dtype
 
     resolve_dtype(dtype)
-    _check_port_free(host, port)
+    check_port_free(host, port)
     resolved = resolve_model(model, progress=_progress)
     engine = TransformersEngine(
         resolved.path,
@@ -251,16 +264,10 @@ def _serve_transformers(
         _progress(f"warning: listening on {host} without --api-key: anyone who can reach it may use it")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")
     _progress(f"serving {name!r} at http://{host}:{port}/v1 (OpenAI-compatible)")
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, after shutting down
-        server.run()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, after shutting down
+            server.run(stop_on_load_error=True)
+    except RuntimeError as exc:
+        raise CliError(str(exc), exit_code=1) from None
     _progress("stopped")
     return 0
-
-
-def _check_port_free(host: str, port: int) -> None:
-    from agentbolt.utils.server_launcher import bind_socket
-
-    try:
-        bind_socket(host, port).close()
-    except OSError as exc:
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 
 import typer
 
-from agentbolt.cli.errors import CliError
+from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
@@ -122,7 +122,7 @@ def store_command(
         pool_size=pool_size,
         workers=workers,
     )
-    _check_port_free(host, port)
+    check_port_free(host, port)
     return event_loop.run(
         _serve(
             host=host,
@@ -173,16 +173,6 @@ def _resolve_db_path(path: Optional[Path]) -> Path:
     return resolved
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail early, before any data file is touched, when the address is taken."""
-    from agentbolt.utils.server_launcher import bind_socket
-
-    try:
-        bind_socket(host, port).close()
-    except OSError as exc:
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-
-
 def _make_tracker(names: List[str], n_workers: int) -> Any:
     if not names:
         return None
@@ -192,7 +182,10 @@ def _make_tracker(names: List[str], n_workers: int) -> Any:
     for name in dict.fromkeys(names):
         if name == "prometheus":
             if n_workers > 1:
-                metrics.setup_multiprocess_prometheus()
+                try:
+                    metrics.setup_multiprocess_prometheus()
+                except ValueError as exc:
+                    raise CliError(f"--tracker prometheus: {exc}") from None
             try:
                 backends.append(metrics.PrometheusMetricsBackend())
             except ImportError as exc:

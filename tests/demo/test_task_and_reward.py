@@ -188,10 +188,16 @@ async def test_agent_reports_bad_tool_calls_to_the_model(scripted_server: str) -
     assert _ScriptedChat.requests[1]["messages"][-1]["content"] == "error: arguments are not JSON"
 
 
-def test_cli_rejects_bad_arguments_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_rejects_bad_arguments_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agentbolt.cli.app import run
 
     assert run(["demo", "--steps", "-1"]) == 2
     assert "--steps" in capsys.readouterr().err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert run(["demo", "--output-dir", str(a_file)]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert run(["demo", "--output-dir", str(tmp_path / "out"), "--summary-json", str(tmp_path)]) == 2
+    assert "is a directory, not a file" in capsys.readouterr().err
     assert run(["demo", "--help"]) == 0
     assert "--summary-json" in capsys.readouterr().out

@@ -91,6 +91,40 @@ def test_proxy_command_argument_errors(tmp_path: Path) -> None:
     unreachable = _run(["--config", str(good), "--store", f"http://127.0.0.1:{port}", "--port", str(pick_free_port())])
     assert unreachable.returncode == 1 and "no store answers" in unreachable.stderr
 
+    no_scheme = _run(["--config", str(good), "--store", f"127.0.0.1:{port}"])
+    assert no_scheme.returncode == 2 and f"write it as a URL, http://127.0.0.1:{port}" in no_scheme.stderr
+    assert not Path(f"127.0.0.1:{port}").exists()
+
+    for name, content, message in [
+        ("empty.yaml", yaml.safe_dump({"model_list": []}), "lists no models"),
+        (
+            "settings.yaml",
+            yaml.safe_dump({"model_list": [{"model_name": "m"}], "litellm_settings": 5}),
+            "must be a mapping",
+        ),
+    ]:
+        (tmp_path / name).write_text(content)
+        result = _run(["--config", str(tmp_path / name), "--store", str(tmp_path / "s.db")])
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00model_list")
+    binary = _run(["--config", str(tmp_path / "binary.yaml"), "--store", str(tmp_path / "s.db")])
+    assert binary.returncode == 2 and "is not UTF-8 text" in binary.stderr
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_proxy_command_needs_the_key_of_a_store_that_requires_one(tmp_path: Path) -> None:
+    from agentbolt.store.client_server import LightningStoreServer
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump([{"model_name": "m", "litellm_params": {"model": "openai/m"}}]))
+    server = LightningStoreServer(SqliteLightningStore(tmp_path / "s.db"), "127.0.0.1", pick_free_port(), api_key="k")
+    asyncio.run(server.start())
+    try:
+        result = _run(["--config", str(good), "--store", server.endpoint, "--port", str(pick_free_port())])
+        assert result.returncode == 1 and "requires an API key: pass --store-api-key" in result.stderr
+    finally:
+        asyncio.run(server.stop())
+
 
 @pytest.mark.slow
 async def test_proxy_command_in_front_of_agentbolt_serve(tmp_path: Path) -> None:

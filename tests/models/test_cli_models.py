@@ -51,3 +51,12 @@ def test_errors_are_one_line_with_exit_code_2(
     assert run(argv) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(
+    file_in_the_way: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AGENTBOLT_CACHE_DIR", str(file_in_the_way))
+    assert run(["models", "pull"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write model 'smollm2-135m-instruct' to the cache" in err and err.count("\n") == 1

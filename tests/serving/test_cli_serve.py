@@ -65,6 +65,10 @@ def test_serve_subprocess_answers_and_stops_on_a_signal(
         (["serve", "--dtype", "int4"], "unknown dtype 'int4'"),
         (["serve", "--engine", "llamacpp", "./no-such-model"], "llama.cpp needs a GGUF file"),
         (["serve", "--omp-wait", "busy"], "'busy' is not one of"),
+        (["serve", "--log-level", "loud"], "--log-level: Unknown logging level 'LOUD'"),
+        (["serve", "--engine", "vllm", "--dry-run", "--device", "cuda"], "--device applies to the transformers"),
+        (["serve", "--engine", "llamacpp", "--dry-run", "--lora-dir", "."], "--lora-dir applies to the transformers"),
+        (["serve", "--engine", "vllm", "--dry-run", "--quantization", "q8_0"], "--quantization applies to the"),
     ],
 )
 def test_bad_arguments_give_one_line_errors(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,3 +111,20 @@ def test_llamacpp_command_uses_the_packaged_gguf(capsys: pytest.CaptureFixture[s
     line = capsys.readouterr().out.strip()
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in line and "--port 8123" in line
     assert os.path.isfile(line.split("--model ")[1].split(" ")[0])
+
+
+@pytest.mark.parametrize(("engine", "flag"), [("vllm", "--api-key"), ("llamacpp", "--api_key")])
+def test_launched_engines_get_the_api_key(
+    tiny_model_dir: Path, engine: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = str(tiny_model_dir) if engine == "vllm" else "smollm2-135m-instruct"
+    assert run(["serve", model, "--engine", engine, "--dry-run", "--api-key", "secret"]) == 0
+    assert f"{flag} secret" in capsys.readouterr().out
+
+
+def test_a_model_that_fails_to_load_stops_the_server_with_one_error(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["serve", str(tiny_model_dir), "--port", str(find_free_port()), "--device", "nowhere"]) == 1
+    err = capsys.readouterr().err
+    assert "agentbolt: error: the model failed to load" in err and "nowhere" in err

@@ -89,8 +89,12 @@ class ExportFilter:
         )
 
 
-def open_store(location: Union[str, os.PathLike[str]]) -> LightningStore:
+def open_store(location: Union[str, os.PathLike[str]], *, api_key: Optional[str] = None) -> LightningStore:
     """The store at ``location``: an ``http(s)://`` URL of a store server, or an existing SQLite file.
+
+    Args:
+        location: The URL or the file.
+        api_key: The server's bearer token, if it requires one.
 
     Raises:
         ValueError: The file does not exist (it is never created here) or is not a store.
@@ -99,10 +103,13 @@ def open_store(location: Union[str, os.PathLike[str]]) -> LightningStore:
     if text.startswith(("http://", "https://")):
         from agentbolt.store.client_server import LightningStoreClient
 
-        return LightningStoreClient(text)
+        return LightningStoreClient(text, api_key=api_key, retry_delays=(1.0,), request_timeout=10.0)
     path = Path(text).expanduser()
     if not path.is_file():
         raise ValueError(f"{path}: no such store file")
+    with path.open("rb") as file:
+        if file.read(16) != b"SQLite format 3\x00":
+            raise ValueError(f"{path} is not a readable store (not an SQLite database)")
     from agentbolt.store.sqlite import SqliteLightningStore
 
     try:

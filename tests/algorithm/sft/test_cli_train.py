@@ -77,6 +77,9 @@ def test_one_config_file_runs_grpo_or_sft_and_resume_continues(
         (lambda c: c.update(agent="no_such_module:agent"), "cannot import no_such_module"),
         (lambda c: c.update(agent="support.word_model:WORDS"), "is not a LitAgent"),
         (lambda c: c["data"].update(train="missing.jsonl"), "data.train:"),
+        (lambda c: c["data"].update(train="nosuch.txt"), "nosuch.txt: no such file (or write 'module:attribute'"),
+        (lambda c: c["data"].update(val="."), "is a directory; give a .jsonl or .json file"),
+        (lambda c: c["data"].update(val="support.word_model:build_word_model"), "is a function that needs arguments"),
         (lambda c: c["trainer"].update(n_runners=0), "trainer.n_runners: Input should be greater than or equal to 1"),
         (lambda c: c.pop("agent"), "agent: Field required"),
     ],
@@ -104,6 +107,26 @@ def test_files_that_are_not_configs_exit_2(tmp_path: Path, capsys) -> None:
     listed.write_text("- sft\n")
     assert train_main([str(listed)]) == 2
     assert "expected a mapping" in capsys.readouterr().err
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfealgorithm")
+    assert train_main([str(binary)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+    assert train_main([str(tmp_path)]) == 2
+    assert "is a directory, not a config file" in capsys.readouterr().err
+
+
+def test_a_store_port_in_use_is_named_before_anything_starts(tmp_path: Path, capsys) -> None:
+    from support.servers import taken_port
+
+    path = _config(tmp_path, "sft")
+    capsys.readouterr()
+    config = yaml.safe_load(path.read_text())
+    with taken_port() as port:
+        config["trainer"].update(strategy="cs", port=port)
+        path.write_text(yaml.safe_dump(config))
+        assert train_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"trainer.port {port}: cannot listen on 127.0.0.1:{port}" in err and err.count("\n") == 1
 
 
 def test_resume_needs_a_checkpoint_directory(tmp_path: Path, capsys) -> None:

@@ -175,3 +175,42 @@ def test_an_unreachable_store_server_is_one_line_and_exit_1(tmp_path: Path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"agentbolt: error: cannot read the store at {url}") and err.count("\n") == 1
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm"])
+def test_the_output_may_not_be_the_store_itself(store_file: Path, capsys, suffix: str) -> None:
+    before = _digest(store_file)
+    target = store_file.with_name(store_file.name + suffix)
+    assert export_main([str(store_file), "--what", "rollouts", "--output", str(target)]) == 2
+    assert "is the store being exported" in capsys.readouterr().err
+    assert _digest(store_file) == before
+
+
+def test_an_empty_file_is_not_a_store_and_is_left_empty(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert export_main([str(empty), "--output", str(tmp_path / "out.jsonl")]) == 2
+    assert "is not a readable store" in capsys.readouterr().err
+    assert empty.stat().st_size == 0
+
+
+def test_a_store_server_url_as_printed_and_its_api_key(store_file: Path, tmp_path: Path, capsys) -> None:
+    from support.servers import free_port
+
+    from agentbolt.store.client_server import LightningStoreServer
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(store_file.read_bytes())
+    server = LightningStoreServer(SqliteLightningStore(copy), "127.0.0.1", free_port(), api_key="secret")
+    asyncio.run(server.start())
+    try:
+        url = server.endpoint + "/v1/agl"  # what `agentbolt store` prints
+        assert export_main([url, "--what", "rollouts", "--output", str(tmp_path / "no-key.jsonl")]) == 1
+        err = capsys.readouterr().err
+        assert "answered 401" in err and "--api-key" in err and err.count("\n") == 1
+        out = tmp_path / "rollouts.jsonl"
+        assert export_main([url, "--what", "rollouts", "--output", str(out), "--api-key", "secret"]) == 0
+        assert len(out.read_text().splitlines()) == len(_records(store_file, "rollouts"))
+    finally:
+        asyncio.run(server.stop())
