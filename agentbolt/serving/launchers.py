@@ -72,6 +72,9 @@ def vllm_command(
         raise EngineError(f"unknown dtype {dtype!r} for vLLM; use bfloat16, float16, float32 or auto")
     argv = ["vllm", "serve", model, "--host", host, "--port", str(port), "--dtype", vllm_dtype]
     argv += ["--max-num-seqs", str(max_batch_size), "--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+    # vLLM otherwise applies the model's generation_config.json (top_k, top_p, repetition penalty) to every request
+    # that does not set them: samples would come from another distribution than the one the trainer scores.
+    argv += ["--generation-config", "vllm"]
     if served_name:
         argv += ["--served-model-name", served_name]
     if max_model_len:

@@ -1,7 +1,7 @@
 """The solver's roles: one OpenAI-SDK call each, tagged with the role's name, parsed into the role's schema.
 
-Every call carries its role name twice, so that an adapter's ``agent_match="planner"`` selects exactly the
-planner's calls whichever way the trace was recorded:
+Every call carries its role name twice, so that an adapter's ``agent_match="planner"`` selects the planner's
+calls whichever way the trace was recorded (a regex search: no other role's name holds ``planner``):
 
 * the ``x-agentbolt-agent-name`` request header, which the agentbolt LLM gateway copies into its span
   (``agentbolt.llm.agent_name``) — for :class:`~agentbolt.adapter.LlmProxyTraceToTriplet`;

@@ -424,6 +424,9 @@ def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verd
     return _number_sentence(plain, golds, question)
 
 
+_BEFORE_COMMON_ERA = re.compile(r"\s*b\.?\s?c\.?(?:e\.?)?(?![a-z])", re.IGNORECASE)
+
+
 def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Verdict:
     """A short sentence holding exactly one number (``It was completed in 1889.``)."""
     tokens = list(_NUMBER_TOKEN.finditer(text))
@@ -453,6 +456,8 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
     else:
         value = Fraction(number)
     after = text[token.end() :]
+    if _BEFORE_COMMON_ERA.match(after):  # "1345 BC" is the year -1345: signs matter
+        value = -value
     following = re.match(r"\s*(%|[^\W\d_]+)", after)
     next_word = following.group(1) if following else ""
     percent = next_word == "%" or next_word.lower() in _PERCENT_WORDS

@@ -439,3 +439,18 @@ def test_hostile_answers_score_0_within_a_bounded_time(answer: str) -> None:
 @pytest.mark.parametrize("gold", ["(((10^10)^10)^10)^10", "9^9^9^9", "{" * 1999 + "1" + "}" * 1999])
 def test_hostile_gold_answers_are_read_within_a_bounded_time(gold: str) -> None:
     assert _score_within({**ARITHMETIC, "extra_info": {"ground_truth": [gold]}}, "2", seconds=5.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("It was completed in 1889.", 1.0),
+        ("1889 AD", 1.0),
+        ("1889 BC", 0.0),  # the year -1889
+        ("It was completed in 1889 BCE.", 0.0),
+        ("1889 B.C.", 0.0),
+        ("1889 b.c", 0.0),
+    ],
+)
+def test_years_before_the_common_era_are_negative(answer: str, expected: float) -> None:
+    assert _score(YEAR, answer) == expected

@@ -91,8 +91,8 @@ def test_vllm_command(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) 
     )
     assert command.argv == [
         "vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", "9000", "--dtype", "bfloat16",
-        "--max-num-seqs", "32", "--enable-lora", "--max-lora-rank", "64", "--served-model-name", "policy",
-        "--max-model-len", "4096",
+        "--max-num-seqs", "32", "--enable-lora", "--max-lora-rank", "64", "--generation-config", "vllm",
+        "--served-model-name", "policy", "--max-model-len", "4096",
     ]  # fmt: skip
     assert command.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert run(["serve", str(tiny_model_dir), "--engine", "vllm", "--dry-run", "--extra-arg", "--enforce-eager"]) == 0

@@ -57,8 +57,8 @@ def test_the_launcher_builds_vllms_command_line_run_by_agentbolt_vllm() -> None:
     assert argv[: len(INSTRUMENTED_VLLM)] == INSTRUMENTED_VLLM
     assert argv[len(INSTRUMENTED_VLLM) :] == [
         "serve", "Qwen/Qwen2.5-0.5B-Instruct", "--host", "127.0.0.1", "--port", "8123", "--dtype", "bfloat16",
-        "--max-num-seqs", "256", "--enable-lora", "--max-lora-rank", "64", "--served-model-name", "policy",
-        "--max-model-len", "4096", "--api-key", "k",
+        "--max-num-seqs", "256", "--enable-lora", "--max-lora-rank", "64", "--generation-config", "vllm",
+        "--served-model-name", "policy", "--max-model-len", "4096", "--api-key", "k",
     ]  # fmt: skip
     assert launcher.command.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert launcher.base_url == "http://127.0.0.1:8123/v1"

@@ -103,8 +103,8 @@ class FinetuningConfig(BaseModel):
     )
     agent_match: Optional[str] = Field(
         default=None,
-        description="Regex over the agent name of each LLM call; only matching agents' calls are trained "
-        "(None: every call).",
+        description="Regex searched in the agent name of each LLM call (re.search: anchor it, '^planner$', to match "
+        "one name exactly); only matching agents' calls are trained (None: every call).",
     )
 
     # --- optimisation --------------------------------------------------------------------------------------------

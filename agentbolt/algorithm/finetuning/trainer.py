@@ -319,17 +319,29 @@ class ModelTrainer:
         self.skipped_optimizer_steps += 1
 
     def _clip_and_step(self) -> float:
-        """Clip the gradient norm (when configured), step the optimizer and the schedule; returns the norm."""
+        """Clip the gradient norm (when configured), step the optimizer and the schedule; returns the norm.
+
+        A gradient that is not finite (an overflow somewhere in the loss) skips the step, with a warning: one such
+        step would otherwise make every weight NaN for good. The schedule still advances, as for other skipped steps.
+        """
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, self.config.max_grad_norm)
         else:
             grads = [p.grad for p in self.trainable_parameters if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
+        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when the gradients are sharded
+        value = float(full_tensor() if full_tensor is not None else norm)
+        if not math.isfinite(value):
+            logger.warning(
+                "The gradient norm is %s: this optimizer step is skipped and the weights are unchanged.", value
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            self._skip_optimizer_step()
+            return value
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
-        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when the gradients are sharded
-        return float(full_tensor() if full_tensor is not None else norm)
+        return value
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(

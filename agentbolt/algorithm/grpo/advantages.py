@@ -18,6 +18,7 @@ instead of being trained on, so it neither costs compute nor dilutes the token m
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Literal, Optional, Sequence
@@ -70,13 +71,17 @@ def group_advantages(
         ``(advantages, n_groups, n_zero_variance_groups)``; members of zero-variance groups get None.
 
     Raises:
-        ValueError: The sequences differ in length, or a weight is not positive.
+        ValueError: The sequences differ in length, a weight is not positive, or a value is not a finite number
+            (callers count such rewards as no reward, see :func:`agentbolt.utils.reward_spans.training_reward`).
     """
     weights = [1.0] * len(values) if weights is None else [float(w) for w in weights]
     if not len(values) == len(group_ids) == len(weights):
         raise ValueError(f"got {len(values)} values, {len(group_ids)} group ids and {len(weights)} weights")
     if any(not w > 0 for w in weights):
         raise ValueError(f"weights must be positive, got {min(weights)}")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"values must be finite numbers, got {value!r} for member {index}")
     members: Dict[str, List[int]] = {}
     for index, group in enumerate(group_ids):
         members.setdefault(group, []).append(index)
@@ -84,8 +89,16 @@ def group_advantages(
     zero_variance = 0
     for indices in members.values():
         total = sum(weights[i] for i in indices)
-        mean = sum(weights[i] * float(values[i]) for i in indices) / total
-        std = math.sqrt(sum(weights[i] * (float(values[i]) - mean) ** 2 for i in indices) / total)
+        mean = sum(weights[i] / total * float(values[i]) for i in indices)
+        deviations = [float(values[i]) - mean for i in indices]
+        largest = max(abs(d) for d in deviations)
+        # Scaled by the largest deviation, so that squaring rewards of any size cannot overflow.
+        std = (
+            0.0
+            if largest == 0
+            else largest
+            * math.sqrt(sum(weights[i] / total * (d / largest) ** 2 for i, d in zip(indices, deviations, strict=True)))
+        )
         if std <= ZERO_VARIANCE_TOL:
             zero_variance += 1
             continue

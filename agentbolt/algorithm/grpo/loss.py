@@ -7,7 +7,8 @@ Notation for one response token ``t`` of sample ``i`` with advantage ``A_i``:
 * ``ratio_t = exp(logp_t - old_logp_t)`` where ``old_logp`` is ``logp`` under the weights that sampled the response,
   computed by the trainer (the same forward, precision and temperature as ``logp``);
 * ``pg_t = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_i)``;
-* ``kl_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (the k3 estimator: non-negative, unbiased for KL(pi||ref));
+* ``kl_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (the k3 estimator: non-negative, unbiased for KL(pi||ref);
+  as a loss its expected gradient is that of KL(ref||pi), the usual choice in GRPO);
 * ``loss_t = pg_t + kl_coef * kl_t``.
 
 Aggregation is the **token mean over the minibatch**: ``loss = sum_t loss_t / N`` where ``N`` is the number of
@@ -144,6 +145,12 @@ def policy_loss(
     if normalizer <= 0:
         raise ValueError("normalizer must be the (positive) total weight of the minibatch's response tokens")
     maskf = mask.to(logp.dtype)
+    keep = mask.bool()
+    # Masked columns (prompt, padding) hold arbitrary log-probs: the current model's for a prompt token, 0 as padding
+    # of the recorded ones. exp() of their differences can overflow, and inf * 0 is NaN in the loss and the gradient,
+    # so they are made equal to the current log-probs before anything is computed from them.
+    current = logp.detach()
+    old_logp = torch.where(keep, old_logp, current)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
@@ -154,13 +161,13 @@ def policy_loss(
     if kl_coef > 0:
         if ref_logp is None:
             raise ValueError("ref_logp is required when kl_coef > 0")
-        kl = k3_kl(logp, ref_logp)
+        kl = k3_kl(logp, torch.where(keep, ref_logp, current))
         per_token = per_token + kl_coef * kl
         kl_sum = float((kl.detach() * maskf).sum())
     weighted = maskf if token_weights is None else maskf * token_weights.to(logp.dtype).unsqueeze(-1)
     loss = (per_token * weighted).sum() / normalizer
     with torch.no_grad():
-        was_clipped = (clipped < unclipped) & mask.bool()
+        was_clipped = (clipped < unclipped) & keep
         return LossParts(
             loss=loss,
             pg_sum=float((pg * maskf).sum()),

@@ -40,6 +40,7 @@ __all__ = [
     "attention_implementation",
     "pack_samples",
     "packable",
+    "uses_sliding_window",
     "prefix_order",
     "prefix_tree",
     "tree_logits",
@@ -47,10 +48,27 @@ __all__ = [
 
 
 def packable(model: Any) -> bool:
-    """Whether packed forwards are exact for ``model``: a plain output head and an attention that reads 4-D masks."""
+    """Whether packed forwards are exact for ``model``: a plain output head, an attention that reads 4-D masks, and
+    no sliding-window attention (the packed forward's tree mask replaces the model's own mask, window included)."""
     from agentbolt.serving.logits import plain_output_head
 
-    return plain_output_head(model) and attention_implementation(model) in ("sdpa", "eager")
+    return (
+        plain_output_head(model)
+        and attention_implementation(model) in ("sdpa", "eager")
+        and not uses_sliding_window(model)
+    )
+
+
+def uses_sliding_window(model: Any) -> bool:
+    """Whether some attention layer of ``model`` sees only a window of the positions before it (Mistral v0.1,
+    Gemma 2-3, Phi-3, Qwen2 with ``use_sliding_window``)."""
+    config = getattr(model, "config", None)
+    get_text_config = getattr(config, "get_text_config", None)
+    config = get_text_config() if callable(get_text_config) else config
+    if not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    return layer_types is None or any("sliding" in str(kind) for kind in layer_types)
 
 
 def attention_implementation(model: Any) -> Any:

@@ -242,6 +242,29 @@ def test_k3_kl_and_its_use_in_the_loss() -> None:
         policy_loss(logp, logp, torch.tensor([0.0]), mask, clip_low=0.2, clip_high=0.2, normalizer=3, kl_coef=0.1)
 
 
+def test_masked_columns_never_reach_the_loss_or_its_gradient() -> None:
+    # A masked column (a prompt token, padding) may hold a log-prob far below the reference's 0 padding: exp() of the
+    # difference overflows in float32, and inf * 0 would make the loss and every gradient NaN.
+    logp = torch.tensor([[-95.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[False, True]])
+    parts = policy_loss(
+        logp,
+        torch.tensor([[0.0, -1.0]]),
+        torch.tensor([1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        normalizer=1.0,
+        ref_logp=torch.tensor([[0.0, -1.1]]),
+        kl_coef=1e-3,
+    )
+    parts.loss.backward()
+    kl = float(k3_kl(torch.tensor([-1.0]), torch.tensor([-1.1])))
+    assert float(parts.loss) == pytest.approx(-1.0 + 1e-3 * kl, rel=1e-6)
+    assert logp.grad is not None and torch.isfinite(logp.grad).all() and float(logp.grad[0, 0]) == 0.0
+    assert parts.kl_sum == pytest.approx(kl, rel=1e-5) and parts.ratio_sum == pytest.approx(1.0)
+
+
 def test_logprobs_entropy_and_masked_mean() -> None:
     logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
     targets = torch.tensor([[2, 1]])
@@ -289,3 +312,11 @@ def test_config_sizes_the_decay_to_the_run() -> None:
     assert config.schedule_steps() == 10 * 2 * 3
     assert GRPOConfig(batch_size=4, group_size=4).optimizer_steps_per_step == 1  # no minibatch_size: one
     assert GRPOConfig(total_optimizer_steps=7).schedule_steps() == 7
+
+
+def test_group_advantages_take_rewards_of_any_size_and_refuse_non_numbers() -> None:
+    advantages, groups, flat = group_advantages([1e200, -1e200, 0.0, 0.0], ["g"] * 4)
+    assert advantages == pytest.approx([math.sqrt(2), -math.sqrt(2), 0.0, 0.0]) and (groups, flat) == (1, 0)
+    for bad in (float("nan"), float("inf"), None, "1"):
+        with pytest.raises(ValueError, match="values must be finite numbers"):
+            group_advantages([1.0, bad], ["g", "g"])  # type: ignore[list-item]

@@ -10,7 +10,7 @@ import torch
 from conftest import VOCAB, sample_response, tiny_llama
 
 from agentbolt.algorithm.grpo.config import GRPOConfig
-from agentbolt.algorithm.grpo.packing import pack_samples, prefix_order
+from agentbolt.algorithm.grpo.packing import pack_samples, packable, prefix_order
 from agentbolt.algorithm.grpo.samples import TokenSample
 from agentbolt.algorithm.grpo.trainer import PolicyTrainer
 
@@ -131,3 +131,23 @@ def test_packed_update_counts_packed_tokens() -> None:
     metrics = PolicyTrainer(tiny_llama(), GRPOConfig(micro_batch_size=12)).train_step(samples)
     assert metrics["forward_tokens"] < metrics["update_tokens"]
     assert metrics["forward_tokens"] == float(pack_samples(samples).length)
+
+
+def _small(config_class: type, **options: object) -> object:
+    sizes = dict(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return config_class(
+        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa", **sizes, **options
+    )
+
+
+def test_models_with_sliding_window_attention_are_not_packed() -> None:
+    # The packed forward's tree mask replaces the model's mask, window included: its log-probs would be wrong once a
+    # sequence is longer than the window, so such models take the padded forward.
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    assert packable(tiny_llama())
+    assert not packable(MistralForCausalLM(_small(MistralConfig, sliding_window=3)))
+    assert packable(MistralForCausalLM(_small(MistralConfig, sliding_window=None)))
+    assert packable(Qwen2ForCausalLM(_small(Qwen2Config)))  # a window in the config, switched off
+    windowed = _small(Qwen2Config, use_sliding_window=True, sliding_window=3, max_window_layers=0)
+    assert not packable(Qwen2ForCausalLM(windowed))

@@ -340,3 +340,15 @@ def test_update_threads_apply_to_the_update_only() -> None:
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_gradient_that_is_not_finite_skips_the_step_and_keeps_the_weights(caplog: pytest.LogCaptureFixture) -> None:
+    trainer = PolicyTrainer(tiny_llama(), _config(finetune="full", max_grad_norm=1.0))
+    before = [p.detach().clone() for p in trainer.trainable_parameters]
+    for parameter in trainer.trainable_parameters:
+        parameter.grad = torch.full_like(parameter, float("nan"))
+    assert math.isnan(trainer._clip_and_step())
+    assert "this optimizer step is skipped" in caplog.text
+    assert trainer.optimizer_steps == 0 and trainer.skipped_optimizer_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.trainable_parameters, strict=True))
+    assert all(p.grad is None for p in trainer.trainable_parameters)

@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--enable-lora", action="store_true")
     serve.add_argument("--max-lora-rank", type=int, default=16)
+    serve.add_argument("--generation-config", default="auto")
     serve.add_argument("--served-model-name", nargs="+")
     serve.add_argument("--max-model-len", type=int)
     serve.add_argument("--api-key")
