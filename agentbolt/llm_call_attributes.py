@@ -117,6 +117,11 @@ def _number(value: Any) -> Optional[Union[int, float]]:
     return value if kind is int or kind is float else None
 
 
+def _items(value: Any) -> List[Any]:
+    """``value`` when it is a list (of choices, tool calls...), else none: a malformed answer records what it can."""
+    return value if isinstance(value, list) else []
+
+
 def _int_list(value: Any) -> Optional[List[int]]:
     if type(value) is list and value and all(type(v) is int for v in value):
         return value
@@ -299,14 +304,14 @@ class CompletionRecord:
         """The record of a complete (non-streamed) chat or text completion."""
         record = cls()
         record._take_response_fields(completion)
-        for position, raw in enumerate(_get(completion, "choices") or []):
+        for position, raw in enumerate(_items(_get(completion, "choices"))):
             choice = record._choice(raw, position)
             message = _get(raw, "message")
             if message is not None:
                 choice.role = _get(message, "role")
                 choice.content = _text(_get(message, "content"))
                 choice.reasoning = _text(_get(message, "reasoning_content"))
-                choice.tool_calls = {j: _tool_call(call) for j, call in enumerate(_get(message, "tool_calls") or [])}
+                choice.tool_calls = {j: _tool_call(call) for j, call in enumerate(_items(_get(message, "tool_calls")))}
             else:
                 choice.content = _text(_get(raw, "text"))
             choice.finish_reason = _get(raw, "finish_reason")
@@ -319,23 +324,23 @@ class CompletionRecord:
     def add_chunk(self, chunk: Any) -> None:
         """Merge one stream chunk (chat ``delta`` or text-completion ``text``)."""
         self._take_response_fields(chunk)
-        for position, raw in enumerate(_get(chunk, "choices") or []):
+        for position, raw in enumerate(_items(_get(chunk, "choices"))):
             choice = self._choice(raw, position)
             delta = _get(raw, "delta")
             if delta is not None:
                 role = _get(delta, "role")
                 if role:
                     choice.role = role
-                content = _get(delta, "content")
+                content = _text(_get(delta, "content"))
                 if content:
                     choice.content = (choice.content or "") + content
-                reasoning = _get(delta, "reasoning_content")
+                reasoning = _text(_get(delta, "reasoning_content"))
                 if reasoning:
                     choice.reasoning = (choice.reasoning or "") + reasoning
-                for slot, fragment in enumerate(_get(delta, "tool_calls") or []):
+                for slot, fragment in enumerate(_items(_get(delta, "tool_calls"))):
                     _merge_tool_call(choice.tool_calls, fragment, slot)
             else:
-                text = _get(raw, "text")
+                text = _text(_get(raw, "text"))
                 if text:
                     choice.content = (choice.content or "") + text
             finish_reason = _get(raw, "finish_reason")
@@ -415,10 +420,10 @@ def _merge_tool_call(calls: Dict[int, Dict[str, Any]], fragment: Any, position: 
             call[field] = value
     function = _get(fragment, "function")
     target = call["function"]
-    name = _get(function, "name")
+    name = _text(_get(function, "name"))
     if name and name != target["name"]:  # some servers repeat the whole name in every fragment
         target["name"] = (target["name"] or "") + name
-    arguments = _get(function, "arguments")
+    arguments = _text(_get(function, "arguments"))
     if arguments:
         target["arguments"] = (target["arguments"] or "") + arguments
 

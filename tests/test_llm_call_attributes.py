@@ -249,3 +249,27 @@ def test_llm_call_attributes_joins_request_and_response() -> None:
     assert attributes["gen_ai.request.model"] == "m" and attributes["gen_ai.system"] == "p"
     assert attributes["response_token_ids"] == [7, 8]
     assert llm_call_attributes({"model": "m"}, None) == request_attributes({"model": "m"})
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": [{"index": 0, "delta": {"content": 5}}]},
+        {
+            "choices": [
+                {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": 7, "arguments": {"x": 1}}}]}}
+            ]
+        },
+        {"choices": 5},
+        {"choices": [{"index": 0, "delta": {"tool_calls": "x"}}]},
+        {"choices": [{"index": 0, "text": ["a"]}]},
+    ],
+)
+def test_malformed_answers_are_recorded_as_far_as_they_go(chunk: Dict[str, Any]) -> None:
+    # A backend's odd field must not cost the span of the call: values that are not text are recorded as JSON.
+    streamed = CompletionRecord()
+    streamed.add_chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok "}}]})
+    streamed.add_chunk(chunk)
+    attributes = streamed.attributes()
+    assert attributes["gen_ai.completion.0.content"].startswith("ok ")
+    CompletionRecord.from_completion(chunk).attributes()

@@ -31,7 +31,7 @@ from starlette.background import BackgroundTask
 
 from agentbolt.gateway import anthropic
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
-from agentbolt.gateway.recording import CallRecord
+from agentbolt.gateway.recording import CallRecord, decode_answer
 from agentbolt.gateway.routing import Deployment, ModelRouter, UnknownModelError
 from agentbolt.gateway.sampling import SamplingDefaults, with_sampling_defaults
 from agentbolt.gateway.sequence import SequenceAllocator
@@ -183,9 +183,13 @@ class Gateway:
         if deployment.token_ids:
             if self.settings.return_token_ids:
                 payload["return_token_ids"] = True
-            if self.settings.logprobs and not payload.get("logprobs"):
-                # Chat completions take a boolean; legacy completions take the number of alternatives.
-                payload["logprobs"] = True if endpoint == "chat/completions" else 1
+            if self.settings.logprobs:
+                # Chat completions take a boolean; legacy completions take the number of alternatives, and 0 already
+                # returns each sampled token's log-probability.
+                if endpoint == "chat/completions" and not payload.get("logprobs"):
+                    payload["logprobs"] = True
+                elif endpoint != "chat/completions" and payload.get("logprobs") is None:
+                    payload["logprobs"] = 1
         return orjson.dumps(payload)
 
     def health(self) -> Dict[str, Any]:
@@ -225,6 +229,15 @@ def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
     return usage if isinstance(usage, dict) else None
 
 
+def _has_event(events: bytes, marker: bytes) -> bool:
+    """Whether one of the complete server-sent ``events`` starts with ``marker``.
+
+    Only at the start of a line: the marker's text inside an event's JSON (an answer quoting ``data: [DONE]``) is
+    escaped content, and JSON strings hold no raw line break.
+    """
+    return events.startswith(marker) or b"\n" + marker in events
+
+
 def _complete_events(buffer: bytes) -> int:
     """Length of the prefix of ``buffer`` made of complete server-sent events."""
     lf = buffer.rfind(b"\n\n")
@@ -251,10 +264,17 @@ def _anthropic_error_event(error: GatewayError) -> bytes:
 
 
 async def _translated(chunks: AsyncIterator[Any], translator: anthropic.ChatStreamTranslator) -> AsyncIterator[bytes]:
-    """A chat completion stream as a Messages event stream."""
+    """A chat completion stream as a Messages event stream; a chunk it cannot translate ends it with an error event."""
     try:
         async for chunk in chunks:
-            out = translator.feed(chunk if isinstance(chunk, bytes) else str(chunk).encode())
+            try:
+                out = translator.feed(chunk if isinstance(chunk, bytes) else str(chunk).encode())
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:
+                logger.warning("The backend's stream cannot be translated to the Messages API: %r", exc)
+                yield anthropic.anthropic_error_event(
+                    502, f"The backend sent a stream event that is not a chat chunk: {exc}"
+                )
+                return
             if out:
                 yield out
         tail = translator.close()
@@ -473,7 +493,13 @@ class _Handler:
             return response
         if response.status_code >= 400:
             return _as_anthropic_error(response)
-        message = anthropic.chat_to_message(orjson.loads(bytes(response.body)), model, stops)
+        try:
+            message = anthropic.chat_to_message(orjson.loads(bytes(response.body)), model, stops)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            logger.warning("The backend's answer cannot be translated to the Messages API: %r", exc)
+            return _anthropic_error(
+                502, f"The backend's answer is not a chat completion the gateway can translate: {exc}"
+            )
         return Response(orjson.dumps(message), status_code=response.status_code, media_type=_JSON)
 
     async def _forward(
@@ -532,12 +558,21 @@ class _Handler:
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        return await self._complete(upstream, call, outcome)
+        return await self._complete(upstream, call, outcome, incoming.request)
 
     async def _complete(
-        self, upstream: UpstreamResponse, call: Optional[CallRecord], outcome: Optional[CallOutcome] = None
+        self,
+        upstream: UpstreamResponse,
+        call: Optional[CallRecord],
+        outcome: Optional[CallOutcome] = None,
+        request: Optional[Request] = None,
     ) -> Response:
-        """Read a whole upstream body, check it, record it, and answer with it unchanged."""
+        """Read a whole upstream body, check it, record it, and answer with it unchanged.
+
+        A client that went away while the backend answered (it timed out, say) never saw the answer: the call is
+        recorded with its answer but as failed (499 ``client_closed``), as a stream the client left is, so that a
+        retried call does not leave a successful sample behind that the agent never read.
+        """
         deployment = upstream.deployment
         try:
             data = await upstream.read()
@@ -554,8 +589,8 @@ class _Handler:
             await self._await_sequence_id(call)
             return Response(data, status_code=status, media_type=upstream.content_type or _JSON)
         try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            parsed = decode_answer(data)
+        except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
             error = GatewayError(
@@ -569,6 +604,8 @@ class _Handler:
             logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
         if call is not None:
             call.succeed(status, parsed)
+            if request is not None and await request.is_disconnected():
+                call.fail(499, "The client closed the connection before the answer arrived", "client_closed")
         if outcome is not None:
             outcome.usage = parsed.get("usage")
         self._submit(call)
@@ -604,6 +641,7 @@ class _Handler:
         pending = b""
         error: Optional[GatewayError] = None
         submitted = False
+        finished = False
         try:
             try:
                 async for chunk in upstream.iter_chunks():
@@ -614,15 +652,20 @@ class _Handler:
                     cut = _complete_events(pending)
                     if cut:
                         out, pending = pending[:cut], pending[cut:]
-                        if not submitted and done_marker in out and call is not None:
-                            # Hand the span over before the client reads the end of the stream: once the agent is
-                            # done with the answer, a flush covers this call.
-                            call.stream_finished(b"".join(received), None)
-                            self._submit(call)
-                            submitted = True
+                        if not finished and _has_event(out, done_marker):
+                            finished = True
+                            if call is not None:
+                                # Hand the span over before the client reads the end of the stream: once the agent
+                                # is done with the answer, a flush covers this call.
+                                call.stream_finished(b"".join(received), None)
+                                self._submit(call)
+                                submitted = True
                         yield out
-                if pending:
+                if pending:  # a last event without its blank line
+                    finished = finished or _has_event(pending, done_marker)
                     yield pending
+                if not finished:
+                    raise GatewayError(502, "The backend's stream ended before its last event", "stream_incomplete")
             except GatewayError as exc:
                 # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
                 error = exc

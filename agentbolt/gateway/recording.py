@@ -10,6 +10,7 @@ instrumentation uses too), plus what only the gateway knows (backend, HTTP statu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from agentbolt.semconv import AGL_LLM_CALL, LLM_AGENT_NAME, LLM_CALL_ID, Lightni
 from agentbolt.store.span_writer import PendingSpan
 from agentbolt.types import OtelResource, Span, SpanContext, TraceStatus
 
-__all__ = ["CallRecord", "assemble_stream", "call_attributes", "build_span"]
+__all__ = ["CallRecord", "assemble_stream", "call_attributes", "build_span", "decode_answer"]
 
 logger = logging.getLogger("agentbolt.gateway.recording")
 
@@ -112,6 +113,21 @@ class CallRecord(PendingSpan):
             self.status_code = 200
 
 
+def decode_answer(data: bytes) -> Any:
+    """A backend's JSON, read as the OpenAI SDK reads it.
+
+    orjson is tried first (fast); what it refuses and Python's reader takes (an escaped lone surrogate, ``"\\ud83d"``,
+    which some servers write for half an emoji) is read by Python's reader instead.
+
+    Raises:
+        ValueError: ``data`` is not JSON.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def _sse_payloads(body: bytes) -> Tuple[List[Dict[str, Any]], bool]:
     """JSON payloads of the ``data:`` lines of a server-sent event stream, and whether ``[DONE]`` was seen."""
     payloads: List[Dict[str, Any]] = []
@@ -124,8 +140,8 @@ def _sse_payloads(body: bytes) -> Tuple[List[Dict[str, Any]], bool]:
             done = True
             continue
         try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            parsed = decode_answer(data)
+        except ValueError:
             logger.debug("Skipping a stream event that is not JSON: %r", data[:200])
             continue
         if isinstance(parsed, dict):

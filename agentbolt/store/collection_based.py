@@ -16,6 +16,7 @@ import functools
 import logging
 import threading
 import time
+from collections import Counter
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -774,7 +775,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     # Spans and sequence ids
     # =================================================================================================================
 
-    async def _add_spans(self, spans: Sequence[Span]) -> List[Span]:
+    async def _add_spans(self, spans: Sequence[Span], *, new_sequence_ids: bool = False) -> List[Span]:
+        """Insert ``spans`` (with ``new_sequence_ids``, numbered first) in one atomic section; returns those inserted."""
         if not spans:
             return []
         groups: Dict[Tuple[str, str], List[Span]] = {}
@@ -797,6 +799,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 if attempt is None:
                     raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
                 targets[(rollout_id, attempt_id)] = (rollout, attempt)
+            if new_sequence_ids:  # issued and inserted in one section: concurrent calls never interleave the two
+                groups = await self._numbered(collections, spans)
             for key, group in groups.items():
                 rollout, attempt = targets[key]
                 await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
@@ -817,6 +821,19 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         for (rollout_id, attempt_id), added in inserted.items():
             await self._post_add_spans(added, rollout_id, attempt_id)
         return [span for group in inserted.values() for span in group]
+
+    @staticmethod
+    async def _numbered(collections: LightningCollections, spans: Sequence[Span]) -> Dict[Tuple[str, str], List[Span]]:
+        """``spans`` with new sequence ids of their rollouts, in order, grouped by rollout attempt."""
+        next_ids: Dict[str, int] = {}
+        for rollout_id, count in Counter(span.rollout_id for span in spans).items():
+            next_ids[rollout_id] = await collections.span_sequence_ids.inc(rollout_id, count) - count + 1
+        groups: Dict[Tuple[str, str], List[Span]] = {}
+        for span in spans:
+            numbered = span.model_copy(update={"sequence_id": next_ids[span.rollout_id]})
+            next_ids[span.rollout_id] += 1
+            groups.setdefault((span.rollout_id, span.attempt_id), []).append(numbered)
+        return groups
 
     async def _record_heartbeat(
         self,
@@ -865,6 +882,15 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         span = Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id)
         added = await self._add_spans([span])
         return added[0] if added else None
+
+    @tracked("add_spans_with_new_sequence_ids")
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Issue a sequence id for each span (in order, per rollout) and store the spans, in one atomic section.
+
+        Concurrent calls never interleave: each call's ids are issued and its spans inserted before another call's
+        ids are issued, so the order of the ids is the order in which the spans were stored.
+        """
+        return await self._add_spans(spans, new_sequence_ids=True)
 
     async def _allocate_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> List[int]:
         rollout_ids = sorted({rollout_id for rollout_id, _ in rollout_attempt_ids})

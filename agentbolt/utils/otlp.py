@@ -24,10 +24,12 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.semconv import LightningResourceAttributes
 from agentbolt.types import Event, Link, OtelResource, Span, SpanContext, TraceStatus
+from agentbolt.types.tracer import MAX_SEQUENCE_ID
 
 __all__ = [
     "PROTOBUF_CT",
     "handle_otlp_export",
+    "spans_and_unnumbered_from_proto",
     "spans_from_proto",
     "LightningStoreOTLPExporter",
 ]
@@ -153,7 +155,10 @@ def _normalize_sequence_id(value: Any) -> Optional[int]:
     except ValueError:
         logger.warning("Ignoring invalid span sequence id %r", value)
         return None
-    return number if number >= 0 else None
+    if not 0 <= number <= MAX_SEQUENCE_ID:
+        logger.warning("Ignoring span sequence id %r: outside 0 to 2^53", value)
+        return None
+    return number
 
 
 async def spans_from_proto(
@@ -170,6 +175,18 @@ async def spans_from_proto(
 
     Returns:
         The converted spans, in request order.
+    """
+    spans, missing = spans_and_unnumbered_from_proto(request)
+    if missing:
+        issued = await sequence_id_bulk_issuer([(spans[i].rollout_id, spans[i].attempt_id) for i in missing])
+        for index, sequence_id in zip(missing, issued, strict=True):
+            spans[index].sequence_id = sequence_id
+    return spans
+
+
+def spans_and_unnumbered_from_proto(request: ExportTraceServiceRequest) -> Tuple[List[Span], List[int]]:
+    """The spans of an OTLP trace export request (as :func:`spans_from_proto`), and the positions of those without a
+    valid sequence id, which carry 0 in its place: a store numbers them with ``add_spans_with_new_sequence_ids``.
     """
     spans: List[Span] = []
     missing: List[int] = []
@@ -220,11 +237,7 @@ async def spans_from_proto(
                         resource=resource,
                     )
                 )
-    if missing:
-        issued = await sequence_id_bulk_issuer([(spans[i].rollout_id, spans[i].attempt_id) for i in missing])
-        for index, sequence_id in zip(missing, issued, strict=True):
-            spans[index].sequence_id = sequence_id
-    return spans
+    return spans, missing
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,21 @@ from agentbolt.types import AttemptedRollout, Span
 
 from .fake_backend import FakeBackend, running_backend
 
-BEHAVIOURS = ["echo", "slow", "fail500", "flaky", "ratelimit", "badrequest", "malformed", "drop", "gated"]
+BEHAVIOURS = [
+    "echo",
+    "slow",
+    "fail500",
+    "flaky",
+    "ratelimit",
+    "badrequest",
+    "malformed",
+    "drop",
+    "gated",
+    "quotes_done",
+    "nodone",
+    "oddchoices",
+    "surrogate",
+]
 
 
 def model_list_for(backend: FakeBackend, provider: str = "hosted_vllm") -> List[Dict[str, Any]]:

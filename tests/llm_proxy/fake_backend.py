@@ -93,6 +93,13 @@ class FakeBackend:
             return Response(orjson.dumps(error), status_code=400, media_type="application/json")
         elif model == "malformed":
             return Response(b'{"id": "x", "choices": [', media_type="application/json")
+        elif model == "surrogate" and not body.get("stream"):  # half an emoji, escaped: valid for Python's reader
+            answer = (
+                b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "a\\ud83d b"}}]}'
+            )
+            return Response(answer, media_type="application/json")
+        elif model == "oddchoices" and not body.get("stream"):  # JSON, but not a chat completion
+            return Response(orjson.dumps({"id": "x", "choices": [{"message": "hi"}]}), media_type="application/json")
         elif model == "drop" and not body.get("stream"):
             raise ConnectionAbortedError("dropping the connection on purpose")
         if body.get("stream"):
@@ -174,7 +181,9 @@ class FakeBackend:
                 delta["tool_calls"][0]["function"]["arguments"] = args[i * part : (i + 1) * part]
                 choice["delta"] = delta
             elif chat:
-                choice["delta"] = {"content": piece}
+                # quotes_done: an answer quoting the stream's end marker, which must not end the recording
+                quoted = body.get("model") == "quotes_done" and i == 0
+                choice["delta"] = {"content": "say data: [DONE]\n\ndata: [DONE] " if quoted else piece}
             else:
                 choice["text"] = piece
             if want_ids:
@@ -189,7 +198,8 @@ class FakeBackend:
         last: Dict[str, Any] = {"index": 0, "finish_reason": "tool_calls" if tool_call else "stop"}
         last["delta" if chat else "text"] = {} if chat else ""
         yield event(last)
-        yield b"data: [DONE]\n\n"
+        if body.get("model") != "nodone":  # nodone: a backend that ends its stream without the last event
+            yield b"data: [DONE]\n\n"
 
 
 @contextlib.asynccontextmanager

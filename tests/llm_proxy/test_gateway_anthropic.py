@@ -169,6 +169,7 @@ async def test_bad_requests_and_backend_failures_get_anthropic_errors(
             (await http.post(url, json={**good, "model": "fail500"}), 502, "HTTP 500"),
             (await http.post(url, json={**good, "model": "badrequest"}), 400, "max_tokens is too large"),
             (await http.post(url, json={**good, "model": "ratelimit"}), 429, "rate"),
+            (await http.post(url, json={**good, "model": "oddchoices"}), 502, "not a chat completion"),
         ]
         after = await http.post(url, json=good)
         sdk = anthropic.AsyncAnthropic(base_url=proxy.endpoint, api_key="unused", max_retries=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import openai
@@ -142,6 +143,72 @@ async def test_stream_dropped_midway_gives_error_event_and_failed_span(
     assert "dropped the stream" in (span.status.description or "")
     assert span.attributes["gen_ai.completion.0.content"] == "Hel"
     assert span.attributes["response_token_ids"] == [7]
+
+
+async def _streamed_text(proxy: Any, rollout: AttemptedRollout, model: str) -> str:
+    """The text of a streamed chat call through the SDK."""
+    client = openai.AsyncOpenAI(base_url=_url(proxy, rollout), api_key="unused", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    finally:
+        await client.close()
+
+
+async def test_an_answer_quoting_the_end_marker_is_recorded_whole(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy:
+        content = await _streamed_text(proxy, rollout, "quotes_done")
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert content.startswith("say data: [DONE]")
+    span = spans[0]
+    assert span.status.status_code == "OK"
+    assert span.attributes["gen_ai.completion.0.content"] == content
+
+
+async def test_a_stream_without_its_last_event_ends_with_an_error_event(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy:
+        with pytest.raises(openai.APIError, match="ended before its last event"):
+            await _streamed_text(proxy, rollout, "nodone")
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert spans[0].status.status_code == "ERROR"
+
+
+async def test_an_answer_with_an_escaped_lone_surrogate_is_relayed_and_recorded(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy:
+        client = openai.AsyncOpenAI(base_url=_url(proxy, rollout), api_key="unused", max_retries=0)
+        completion = await client.chat.completions.create(
+            model="surrogate", messages=[{"role": "user", "content": "hi"}]
+        )
+        await client.close()
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert completion.choices[0].message.content == "a\ud83d b"  # what the backend sent, as the SDK reads it
+    assert spans[0].status.status_code == "OK"
+    # kept by an in-memory store, replaced by U+FFFD where the store writes JSON
+    assert spans[0].attributes["gen_ai.completion.0.content"] in ("a\ud83d b", "a\ufffd b")
+
+
+async def test_an_answer_the_client_left_before_is_recorded_as_not_seen(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        with pytest.raises(httpx.TimeoutException):
+            await client.post(
+                f"{_url(proxy, rollout)}/v1/chat/completions",
+                json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=0.5,
+            )
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert spans[0].status.status_code == "ERROR"
+    assert spans[0].attributes["error.type"] == "client_closed"
+    assert spans[0].attributes["gen_ai.completion.0.content"]  # what the backend answered is kept
 
 
 async def test_unreachable_backend_is_502(make_proxy: ProxyFactory) -> None:

@@ -55,6 +55,17 @@ async def test_token_id_backends_get_extensions_and_openai_ones_do_not(
     assert plain_body == {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}
 
 
+async def test_text_completion_logprobs_are_asked_for_only_when_the_client_did_not(
+    make_proxy: ProxyFactory, backend: FakeBackend
+) -> None:
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        for logprobs in (None, 0, 3):
+            body = {"model": "echo", "prompt": "x", **({} if logprobs is None else {"logprobs": logprobs})}
+            assert (await client.post(f"{proxy.endpoint}/v1/completions", json=body)).status_code == 200
+    # 0 already returns each sampled token's log-probability: no alternative is added to the client's answer.
+    assert [request["logprobs"] for request in backend.requests] == [1, 0, 3]
+
+
 async def test_callbacks_choose_the_extensions(make_proxy: ProxyFactory, backend: FakeBackend) -> None:
     async with make_proxy(callbacks=["return_token_ids"]) as proxy, httpx.AsyncClient() as client:
         await client.post(f"{proxy.endpoint}/v1/completions", json={"model": "echo", "prompt": "x", "logprobs": 2})

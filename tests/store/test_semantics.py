@@ -679,3 +679,18 @@ async def test_generic_store_over_memory_collections_with_snapshot_reads() -> No
     assert done is not None and done.status == "succeeded"
     stats = await store.statistics()
     assert stats["name"] == "CollectionBasedLightningStore" and stats["total_attempts"] == 2
+
+
+async def test_spans_numbered_by_concurrent_calls_keep_the_order_of_their_ids(store: LightningStore) -> None:
+    # A span sent again (a retry beside its first try) and the spans after it: however the calls interleave, the
+    # stored sequence ids follow the spans' order, as each call issues its ids and stores its spans in one section.
+    rollout = await store.start_rollout(input="x")
+    rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
+    first, second, third = (make_span(rollout_id, attempt_id, 0, f"s{i}") for i in range(3))
+    for _ in range(5):
+        await asyncio.gather(
+            store.add_spans_with_new_sequence_ids([first]),
+            store.add_spans_with_new_sequence_ids([first, second, third]),
+        )
+    stored = await store.query_spans(rollout_id, sort_by="sequence_id")
+    assert [span.span_id for span in stored] == ["s0", "s1", "s2"]

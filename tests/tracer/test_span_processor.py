@@ -122,6 +122,11 @@ class RejectingStore(InMemoryLightningStore):
             raise ValueError("span rejected")
         return await super().add_many_spans(spans)
 
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        if any(span.name == "bad" for span in spans):
+            raise ValueError("span rejected")
+        return await super().add_spans_with_new_sequence_ids(spans)
+
 
 async def test_rejected_span_is_given_up_and_later_spans_are_written(caplog: pytest.LogCaptureFixture) -> None:
     store = RejectingStore(thread_safe=True)
@@ -268,6 +273,10 @@ class CountingStore(InMemoryLightningStore):
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
         self.writes.append(len(spans))
         return await super().add_many_spans(spans)
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        self.writes.append(len(spans))
+        return await super().add_spans_with_new_sequence_ids(spans)
 
 
 async def test_spans_of_a_short_context_are_written_in_one_batch() -> None:

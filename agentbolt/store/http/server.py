@@ -617,15 +617,18 @@ def _add_otlp_routes(app: FastAPI, call: StoreCall) -> None:
         ExportTraceServiceResponse,
     )
 
-    from agentbolt.utils.otlp import handle_otlp_export, spans_from_proto
+    from agentbolt.utils.otlp import handle_otlp_export, spans_and_unnumbered_from_proto
 
     async def ingest(message: Any) -> None:
-        async def issue(pairs: Sequence[Tuple[str, str]]) -> Sequence[int]:
-            return await call("get_many_span_sequence_ids", pairs)
-
-        spans = await spans_from_proto(message, issue)
-        if spans:
-            await call("add_many_spans", spans)
+        spans, missing = spans_and_unnumbered_from_proto(message)
+        unnumbered = set(missing)
+        numbered = [span for index, span in enumerate(spans) if index not in unnumbered]
+        if numbered:
+            await call("add_many_spans", numbered)
+        if missing:
+            # Issued and stored in one store call: two exports arriving together (a retry beside its first try)
+            # cannot interleave their ids and their insertions.
+            await call("add_spans_with_new_sequence_ids", [spans[index] for index in missing])
 
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP protobuf trace export."""
