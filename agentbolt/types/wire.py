@@ -142,14 +142,17 @@ def encode_repairing(encode: Callable[[T], R], value: T, what: str) -> R:
     answers over HTTP (:func:`encode_json_repairing`), rows of the SQL stores.
 
     Raises:
-        UnicodeEncodeError, pydantic_core.PydanticSerializationError: ``value`` holds something else ``encode``
-            refuses.
+        TypeError: ``value`` holds something JSON cannot carry (an object of a class of one's own, say); the message
+            names ``what`` and the type.
+        UnicodeEncodeError: ``value`` holds a string ``encode`` refuses for another reason.
     """
     try:
         return encode(value)
-    except (UnicodeEncodeError, pydantic_core.PydanticSerializationError):
+    except (UnicodeEncodeError, pydantic_core.PydanticSerializationError) as exc:
         repaired = without_lone_surrogates(value)
         if repaired is value:
+            if isinstance(exc, pydantic_core.PydanticSerializationError):
+                raise TypeError(f"{what} holds a value JSON cannot carry: {exc}") from exc
             raise
     logger.warning("%s held strings with lone surrogates, which UTF-8 cannot carry; wrote U+FFFD in their place", what)
     return encode(repaired)
@@ -163,6 +166,6 @@ def encode_json_repairing(value: Any) -> bytes:
     item, the JSON carries U+FFFD in their place and a warning is logged (see :func:`encode_repairing`).
 
     Raises:
-        pydantic_core.PydanticSerializationError: ``value`` holds something else JSON cannot carry.
+        TypeError: ``value`` holds something else JSON cannot carry.
     """
     return encode_repairing(encode_json, value, "A value sent as JSON")

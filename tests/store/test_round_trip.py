@@ -197,3 +197,21 @@ async def test_worker_and_metric_updates_keep_values_and_key_order(store: Lightn
     (read,) = [w for w in await store.query_workers() if w.worker_id == "w1"]
     assert read.heartbeat_stats == stats
     assert list(read.heartbeat_stats or {}) == list(stats) and list((read.heartbeat_stats or {})["a"]) == ["y", "x"]
+
+
+class _NotJson:
+    """An object of a class of one's own, which JSON cannot carry."""
+
+
+async def test_a_value_json_cannot_carry_is_named_by_stores_that_write_json(
+    store: LightningStore, backend: str
+) -> None:
+    if backend.startswith("memory") or backend == "threaded":
+        return  # an in-process memory store keeps Python objects as they are
+    try:
+        await store.start_rollout(input={"x": _NotJson()})
+    except TypeError as exc:
+        assert "holds a value JSON cannot carry" in str(exc) and "_NotJson" in str(exc)
+    else:
+        raise AssertionError("a store writing JSON accepted an object JSON cannot carry")
+    assert len(await store.query_rollouts()) == 0

@@ -411,7 +411,8 @@ class SqlTable(Collection[M], Generic[M]):
         """The values of ``item``'s row: its column values in column order, then its payload.
 
         Raises:
-            UnicodeEncodeError, pydantic_core.PydanticSerializationError: a string has no UTF-8 form.
+            UnicodeEncodeError, pydantic_core.PydanticSerializationError: a string has no UTF-8 form, or a value is
+                not JSON.
         """
         raise NotImplementedError()
 
