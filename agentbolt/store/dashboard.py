@@ -21,6 +21,7 @@ computed from the request path, so the app works behind a reverse proxy that ser
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -83,17 +84,19 @@ class DashboardRolloutsRequest(BaseModel):
     mode: Optional[List[Literal["train", "val", "test", "none"]]] = None
     resources_id: Optional[str] = None
     worker_id: Optional[str] = Field(default=None, description="Substring of the latest attempt's worker id.")
-    start_after: Optional[float] = Field(default=None, description="Started at or after (seconds since the epoch).")
-    start_before: Optional[float] = Field(default=None, description="Started at or before.")
-    reward_min: Optional[float] = None
-    reward_max: Optional[float] = None
+    start_after: Optional[float] = Field(
+        default=None, allow_inf_nan=False, description="Started at or after (seconds since the epoch)."
+    )
+    start_before: Optional[float] = Field(default=None, allow_inf_nan=False, description="Started at or before.")
+    reward_min: Optional[float] = Field(default=None, allow_inf_nan=False)
+    reward_max: Optional[float] = Field(default=None, allow_inf_nan=False)
     text: Optional[str] = Field(default=None, max_length=500, description="Substring of the input or rollout id.")
     sort_by: Literal["start_time", "end_time", "status", "mode", "rollout_id", "resources_id", "duration", "reward"] = (
         "start_time"
     )
     sort_order: Literal["asc", "desc"] = "desc"
     limit: int = Field(default=50, ge=1, le=500)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=2**53)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -160,7 +163,11 @@ class _Summaries:
         spans: Sequence[Span] = await self._call(
             "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
         )
-        value = find_final_reward(list(spans))
+        try:
+            value = find_final_reward(list(spans))
+        except (ValueError, TypeError) as exc:  # a reward span an agent wrote wrongly: shown as no reward
+            logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout.rollout_id, exc)
+            value = None
         settled = rollout.end_time is not None and time.time() - rollout.end_time > _REWARD_SETTLE_SECONDS
         if settled and rollout.status in _TERMINAL:
             self._rewards.put(key, value)
@@ -255,15 +262,18 @@ class _Summaries:
             if text is not None and text not in rollout.rollout_id.lower() and text not in _input_text(rollout).lower():
                 continue
             reward = await self.final_reward(rollout) if wants_reward else None
-            if query.reward_min is not None and (reward is None or reward < query.reward_min):
+            comparable = None if reward is None or math.isnan(reward) else reward  # NaN is in no range
+            if query.reward_min is not None and (comparable is None or comparable < query.reward_min):
                 continue
-            if query.reward_max is not None and (reward is None or reward > query.reward_max):
+            if query.reward_max is not None and (comparable is None or comparable > query.reward_max):
                 continue
             kept.append((rollout, reward))
         if query.sort_by in ("duration", "reward"):
             # Missing values go last in both directions.
             def key(item: Tuple[Rollout, Optional[float]]) -> Any:
                 value = _duration(item[0]) if query.sort_by == "duration" else item[1]
+                if value is not None and math.isnan(value):
+                    value = None  # no order: with the missing values
                 return (value is None, (-value if query.sort_order == "desc" else value) if value is not None else 0)
 
             kept.sort(key=key)
@@ -285,7 +295,7 @@ class _Summaries:
                 continue
             counts[rollout.resources_id] = counts.get(rollout.resources_id, 0) + 1
             reward = await self.final_reward(rollout)
-            if reward is not None:
+            if reward is not None and math.isfinite(reward):  # as training reads it: a non-finite reward is none
                 groups.setdefault(rollout.resources_id, []).append(reward)
         items = [
             {
@@ -366,14 +376,16 @@ def _mount_app(app: FastAPI, directory: Path) -> None:
             raise HTTPException(status_code=404, detail="Not Found")
         return FileResponse(favicon, media_type="image/svg+xml", headers={"cache-control": "public, max-age=86400"})
 
-    @app.api_route("/{path:path}", methods=["GET", "HEAD"], include_in_schema=False)
+    # Every method, so that an unknown path is a 404 whatever the method, and a known one answered with a method
+    # its routes do not serve is a 405 naming all the methods they do serve.
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def dashboard_page(request: Request, path: str) -> Response:
-        if not is_public_page(request.url.path):
-            allowed = _methods_of_other_routes(request)
-            if allowed:  # an API route of this path, e.g. GET on a POST-only route
-                raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"allow": ", ".join(allowed)})
-            raise HTTPException(status_code=404, detail="Not Found")
-        return _index_page(index_html, request.url.path)
+        if request.method in ("GET", "HEAD") and is_public_page(request.url.path):
+            return _index_page(index_html, request.url.path)
+        allowed = _methods_of_other_routes(request)
+        if allowed:
+            raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"allow": ", ".join(allowed)})
+        raise HTTPException(status_code=404, detail="Not Found")
 
 
 def _methods_of_other_routes(request: Request) -> List[str]:

@@ -18,14 +18,14 @@ class MetricsRecord(BaseModel):
 
     Attributes:
         run_id: Name of the training run (for example ``grpo-20260101-120000``).
-        step: Training step (0 for a validation before training).
-        time: When the step ended (seconds since the epoch).
+        step: Training step (0 for a validation before training; at most 2^53, exact in every JSON reader).
+        time: When the step ended (seconds since the epoch; a finite number).
         values: Metric name -> value, e.g. ``{"train/reward_mean": 0.4, "val/accuracy": 0.5}``.
     """
 
     run_id: str = Field(min_length=1, max_length=200)
-    step: int = Field(ge=0)
-    time: float
+    step: int = Field(ge=0, le=2**53)
+    time: float = Field(allow_inf_nan=False)
     values: Dict[str, Optional[float]] = Field(default_factory=dict)
 
     @field_validator("values")

@@ -11,6 +11,7 @@ from support.servers import free_port
 
 from agentbolt.store.client_server import LightningStoreServer
 from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.types import EnqueueRolloutRequest
 
 from .seeding import seed_small
 
@@ -97,6 +98,9 @@ async def test_sorting_by_reward_puts_missing_rewards_last_and_pages(seeded: Any
         ({"reward_min": "high"}, 422),
         ({"reward_min": 1, "reward_max": 0}, 400),
         ({"start_after": 10, "start_before": 5}, 400),
+        ({"reward_min": "nan"}, 422),  # NaN would switch the filter off
+        ({"start_after": "nan", "start_before": 0}, 422),
+        ({"offset": 2**63}, 422),
     ],
 )
 async def test_bad_query_parameters_are_rejected_with_a_message(
@@ -122,3 +126,36 @@ async def test_resource_scores_average_the_final_rewards_of_finished_rollouts(se
     (score,) = (await http.get("/resources")).json()["items"]
     assert score["rollouts"] == 5 and score["rewarded"] == 4  # the failed rollout recorded no reward
     assert score["mean_reward"] == pytest.approx((0 + 0.25 + 0.5 + 0.75) / 4)
+
+
+async def test_rewards_that_cannot_be_read_or_ordered_do_not_break_the_lists() -> None:
+    # An agent's reward span without a name, and a NaN reward: the rollouts list, its reward filters and sorting,
+    # and the resource scores keep working, as training reads such rewards (as none).
+    from .seeding import finish, reward_span
+
+    store = InMemoryLightningStore(thread_safe=True)
+    resources = await store.add_resources({})
+    rollouts = await store.enqueue_many_rollouts(
+        [EnqueueRolloutRequest(input=i, resources_id=resources.resources_id) for i in range(3)]
+    )
+    await finish(store, rollouts[0].rollout_id, "w", 0.5)
+    await finish(store, rollouts[1].rollout_id, "w", float("nan"))
+    unnamed = await store.start_attempt(rollouts[2].rollout_id, worker_id="w")
+    span = reward_span(rollouts[2].rollout_id, unnamed.attempt.attempt_id, 1, 1.0)
+    del span.attributes["agentlightning.reward.0.name"]
+    await store.add_span(span)
+    await store.update_attempt(rollouts[2].rollout_id, unnamed.attempt.attempt_id, status="succeeded")
+    server = LightningStoreServer(store, host="127.0.0.1", port=free_port())
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
+            listed = {item["rollout_id"]: item["reward"] for item in (await _rollouts(http))["items"]}
+            assert listed[rollouts[2].rollout_id] is None  # unreadable: no reward
+            in_range = await _rollouts(http, reward_min=0, reward_max=1)
+            assert [item["rollout_id"] for item in in_range["items"]] == [rollouts[0].rollout_id]
+            by_reward = await _rollouts(http, sort_by="reward", sort_order="asc")
+            assert by_reward["items"][0]["rollout_id"] == rollouts[0].rollout_id  # NaN and none go last
+            (score,) = (await http.get("/resources")).json()["items"]
+            assert score["rewarded"] == 1 and score["mean_reward"] == 0.5
+    finally:
+        await server.stop()

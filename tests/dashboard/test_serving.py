@@ -81,7 +81,7 @@ async def test_unknown_api_paths_stay_404_and_data_needs_the_key(server: Lightni
         assert (await http.get("/v1/agl/metrics")).status_code == 401
         assert (await http.get("/openapi.json")).status_code == 401
         assert (await http.get("/v1/agl/dashboard/rollouts", headers=auth)).status_code == 200
-        assert (await http.post("/rollouts")).status_code in (401, 405)
+        assert (await http.post("/rollouts")).status_code in (401, 404)  # no such path, whatever the method
 
 
 async def test_a_server_without_a_built_dashboard_still_serves_the_api(

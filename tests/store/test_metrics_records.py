@@ -95,11 +95,20 @@ async def test_the_http_route_rejects_malformed_records_and_keeps_stored_ones() 
             bad_step = await http.post("/v1/agl/metrics", json={"records": [{"run_id": "r", "step": -1, "time": 0}]})
             not_json = await http.post("/v1/agl/metrics", content=b"{", headers={"content-type": "application/json"})
             no_run = await http.post("/v1/agl/metrics", json={"records": [{"step": 1, "time": 0}]})
+            # A NaN time was stored as null, and every later read of the run failed validation.
+            nan_time = await http.post(
+                "/v1/agl/metrics", json={"records": [{"run_id": "run", "step": 2, "time": "NaN"}]}
+            )
+            huge_step = await http.post(
+                "/v1/agl/metrics", json={"records": [{"run_id": "r", "step": 2**63, "time": 0}]}
+            )
             zero_limit = await http.get("/v1/agl/metrics", params={"limit": 0})
             listed = await http.get("/v1/agl/metrics")
         assert bad_step.status_code == 422 and "step" in bad_step.text
         assert not_json.status_code == 422
         assert no_run.status_code == 422 and "run_id" in no_run.text
+        assert nan_time.status_code == 422 and "time" in nan_time.text
+        assert huge_step.status_code == 422 and "step" in huge_step.text
         assert zero_limit.status_code == 400
         assert listed.json()["total"] == 1 and listed.json()["items"][0]["values"] == {"loss": 1.0}
     finally:
@@ -133,3 +142,5 @@ def test_a_record_needs_a_run_and_a_non_negative_step() -> None:
         MetricsRecord(run_id="", step=1, time=0.0)
     with pytest.raises(ValueError, match="step"):
         MetricsRecord(run_id="r", step=-1, time=0.0)
+    with pytest.raises(ValueError, match="time"):
+        MetricsRecord(run_id="r", step=1, time=float("nan"))

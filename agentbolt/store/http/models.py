@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from pydantic import ConfigDict, RootModel
+from pydantic import ConfigDict, Field, RootModel
 
 from agentbolt.types import (
     AttemptStatus,
@@ -181,5 +181,5 @@ class QueryMetricsRequest(WireModel):
     """Query of ``GET /metrics`` (extension): one run's records, or every run's, in the order first written."""
 
     run_id: Optional[str] = None
-    limit: int = -1
-    offset: int = 0
+    limit: int = Field(default=-1, le=2**53)
+    offset: int = Field(default=0, le=2**53)
