@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "COMPLETION_DEFAULT_MAX_TOKENS",
     "MAX_CHOICES",
     "SEED_MAX",
     "SEED_MIN",
@@ -238,6 +239,17 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: Optional[Dict[str, Any]] = None
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, kwargs: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        reserved = sorted(set(kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own fields set them, and the "
+                "server's chat template is the model's (a template sent with a request could run without bound)"
+            )
+        return kwargs
+
     @model_validator(mode="after")
     def _tools_agree(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
@@ -274,11 +286,32 @@ class ChatCompletionRequest(SamplingRequest):
 Prompt = Union[str, List[str], List[int], List[List[int]]]
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "assistant_prefix",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+        "chat_template",
+        "tokenizer_kwargs",
+    }
+)
+"""``chat_template_kwargs`` keys a request may not set: the rendering's own arguments, and the template itself."""
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+"""Tokens a text completion generates when the request does not say (or says null), as in OpenAI's API."""
+
+
 class CompletionRequest(SamplingRequest):
     """Body of ``POST /v1/completions``."""
 
     prompt: Prompt
-    max_tokens: Optional[int] = Field(default=16, ge=1)
+    max_tokens: Optional[int] = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: Optional[bool] = None
     best_of: Optional[int] = Field(default=None, ge=1, le=MAX_CHOICES)

@@ -166,6 +166,8 @@ def _sampled_or_scanned(
         probs = torch.softmax(logits / temperature, dim=-1)
         for _ in range(MAX_DRAWS):
             cumulative = probs.cumsum(0)
+            if not float(cumulative[-1]) > 0:  # the refused tokens held all the mass (a low temperature): scan
+                break
             target = torch.rand(1, generator=generator, device=logits.device) * cumulative[-1]
             token = min(int(torch.searchsorted(cumulative, target, right=True)), probs.shape[0] - 1)
             if allowed(token):

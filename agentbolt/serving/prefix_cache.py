@@ -9,8 +9,11 @@ partial block is kept too, as a *tail* that later prompts reuse where they conti
 prompt sent again, as the rollouts of a group do, then prefills only its last token). A new request reuses the
 longest chain of cached blocks that starts its prompt, and the tail after it, and prefills only the rest.
 
-Reuse is exact: the states of a token depend only on the tokens before it and on the weights, so the cache is valid
-for one set of weights and one adapter (its *namespace*); the engine resets it whenever either changes.
+Reuse is exact in arithmetic: the states of a token depend only on the tokens before it and on the weights, so the
+cache is valid for one set of weights and one adapter (its *namespace*); the engine resets it whenever either
+changes. It is not bit-exact in every precision: prefilling a prompt in one piece and prefilling only its last token
+after cached states round differently in bfloat16 and with quantized blocks, so the log-probs of a repeated prompt
+can differ in their second or third decimal (and a seeded sample can differ).
 
 Memory is bounded by ``max_bytes``; the least recently used blocks go first. A lookup touches a chain from its root,
 so a block is always used at least as recently as its descendants, and eviction removes leaves before their parents.

@@ -12,7 +12,12 @@ from typing import Any, Dict, List, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentbolt.openai_api.errors import ApiError
-from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from agentbolt.openai_api.schema import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+)
 from agentbolt.serving.guided import choice_pattern
 from agentbolt.serving.params import EngineError, SamplingParams
 
@@ -112,7 +117,9 @@ def completion_sampling_params(body: CompletionRequest) -> SamplingParams:
         raise _unsupported("suffix")
     if body.best_of is not None and body.best_of != body.choices:
         raise _unsupported("best_of", " different from n")
-    return _sampling(body, body.max_tokens, body.logprobs is not None, body.logprobs or 0)
+    # An explicit null means the default, as in OpenAI's API: 16 for text completions (not the rest of the context).
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+    return _sampling(body, max_tokens, body.logprobs is not None, body.logprobs or 0)
 
 
 def normalize_messages(body: ChatCompletionRequest) -> List[Dict[str, Any]]:

@@ -464,6 +464,8 @@ class _Handler:
                 "adapters from DIR",
                 param="lora_path",
             )
+        if "\x00" in requested:
+            raise ApiError(400, "lora_path holds a NUL character, which no path can", param="lora_path")
         path = Path(requested).expanduser()
         resolved = path.resolve() if path.is_absolute() else (self.adapter_dirs[0] / path).resolve()
         if not any(resolved.is_relative_to(directory) for directory in self.adapter_dirs):
@@ -650,6 +652,7 @@ def create_app(
         body, adapter, params = await handler.open_generation(request, ChatCompletionRequest, chat_sampling_params)
         forced = handler.forced_tool_prefix(body)
         prompt = handler.chat_prompt(body, forced)
+        engine.check_request(prompt, params, adapter)  # a prompt beyond the context is named before the work limits
         handler.admit([prompt], params)
         if body.streaming:
             stream, first = await _open_stream(engine, prompt, params, adapter)
@@ -663,6 +666,9 @@ def create_app(
     async def completions(request: Request) -> Response:
         body, adapter, params = await handler.open_generation(request, CompletionRequest, completion_sampling_params)
         prompts = handler.completion_prompts(body)
+        handler.check_prompt_count(len(prompts))
+        for prompt in prompts:  # every prompt validated before any is generated, the context before the work limits
+            engine.check_request(prompt, params, adapter)
         handler.admit(prompts, params)
         base = {
             "id": f"cmpl-{generate_id(24)}",
@@ -677,8 +683,6 @@ def create_app(
             return StreamingResponse(
                 _completion_stream(handler, body, base, prompts[0], stream, first), media_type="text/event-stream"
             )
-        for prompt in prompts:  # validate every prompt before generating any
-            engine.check_request(prompt, params, adapter)
         outputs = await _until_disconnected(
             request, lambda: _gather_or_cancel([engine.generate(prompt, params, adapter) for prompt in prompts])
         )

@@ -622,6 +622,9 @@ class TransformersEngine:
             raise EngineError(f"adapter {name!r} is already loaded")
         if not (Path(path) / "adapter_config.json").is_file():
             raise EngineError(f"{os.fspath(path)!r} is not a PEFT adapter directory (no adapter_config.json)")
+        if not any((Path(path) / weights).is_file() for weights in ("adapter_model.safetensors", "adapter_model.bin")):
+            # peft would then take the path for a Hub repository id and fail with a message about repo ids
+            raise EngineError(f"{os.fspath(path)!r} holds no adapter weights (adapter_model.safetensors or .bin)")
         try:
             from peft import PeftModel
         except ImportError:  # pragma: no cover - depends on the environment

@@ -142,3 +142,13 @@ def test_without_directories_loading_adapters_over_http_is_refused(tiny_model_di
         )
     assert response.status_code == 403
     assert "disabled" in response.json()["error"]["message"] and "--lora-dir" in response.json()["error"]["message"]
+
+
+def test_adapter_paths_that_cannot_be_loaded_are_named(protected: InferenceServer, adapters: Path) -> None:
+    nul = _load(protected, "allowed/s\x00ql", name="nul")
+    assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
+    no_weights = adapters / "allowed" / "config-only"
+    no_weights.mkdir()
+    (no_weights / "adapter_config.json").write_text((adapters / "allowed" / "sql" / "adapter_config.json").read_text())
+    answer = _load(protected, no_weights, name="config-only")
+    assert answer.status_code == 400 and "holds no adapter weights" in answer.json()["error"]["message"]

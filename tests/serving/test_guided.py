@@ -96,6 +96,15 @@ def test_a_sampled_row_refused_too_often_is_scanned() -> None:
     assert row[0] == -30.0 and torch.isinf(row[1:]).all()
 
 
+def test_a_refused_token_holding_all_the_mass_leads_to_a_scan_not_to_the_last_token() -> None:
+    # At a low temperature the refused most likely token holds all the float32 probability: once it is refused, no
+    # mass is left to draw from, and the draw must not fall off the end of the vocabulary onto its last token.
+    texts = TokenTexts(["c", "a", "a"])
+    logits = torch.tensor([10.0, 1.0, 0.5])
+    row = guided_row(logits, "", RegexGuide("a"), texts, 0.01, eos_ids=[])
+    assert torch.isfinite(row).tolist() == [False, True, True]  # the scan keeps every allowed token
+
+
 def test_a_finished_match_can_only_end() -> None:
     texts = TokenTexts(["a", "b", "<eos>"], special_ids=[2])
     for temperature in (0.0, 0.7):

@@ -127,6 +127,13 @@ CASES: List[Case] = [
     Case("1000 prompts with n 128", TEXT, _text(prompt=["a"] * 1000, n=128), 400, "--max-prompts-per-request"),
     Case("n beyond 128", CHAT, _chat(n=129), 400, "n"),
     Case("context overflow", CHAT, _chat(max_tokens=10**6), 400, "maximum context length"),
+    # beyond the context and the work limit at once: the context is named, not max_tokens
+    Case("prompt beyond the context", TEXT, _text(prompt=[1] * 5_000, max_tokens=1), 400, "maximum context length"),
+    Case("template kwargs set the messages", CHAT, _chat(chat_template_kwargs={"messages": []}), 400, "may not set"),
+    Case(
+        "template sent with a request", CHAT, _chat(chat_template_kwargs={"chat_template": "{{ 1 }}"}), 400, "may not"
+    ),
+    Case("template kwargs set the prefix", CHAT, _chat(chat_template_kwargs={"assistant_prefix": "x"}), 400, "may not"),
     Case("unsupported penalty", CHAT, _chat(presence_penalty=0.5), 400, "not supported"),
     Case("unsupported json output", CHAT, _chat(response_format={"type": "json_object"}), 400, "not supported"),
     Case("unknown model", CHAT, _chat(model="gpt-9"), 404, "gpt-9"),

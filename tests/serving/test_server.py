@@ -235,3 +235,12 @@ async def test_start_and_stop_from_a_running_event_loop(tiny_model_dir: Path) ->
         server.stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://{server.host}:{server.port}/health")
+
+
+def test_a_null_max_tokens_is_the_default_of_text_completions() -> None:
+    from agentbolt.openai_api.schema import COMPLETION_DEFAULT_MAX_TOKENS, CompletionRequest
+    from agentbolt.serving.protocol import completion_sampling_params
+
+    for body in ({"prompt": "a"}, {"prompt": "a", "max_tokens": None}):
+        params = completion_sampling_params(CompletionRequest.model_validate(body))
+        assert params.max_tokens == COMPLETION_DEFAULT_MAX_TOKENS == 16
