@@ -64,6 +64,7 @@ from agentbolt.openai_api.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    ModelCard,
     ModelList,
     StatusResponse,
 )
@@ -502,6 +503,13 @@ def _operations() -> List[Operation]:
         ),
         Operation("get", "/v1/models", "The served model and loaded LoRA adapters.", ModelList, errors=(500, 503)),
         Operation(
+            "get",
+            "/v1/models/{model}",
+            "One model of the list: the served model or a loaded adapter.",
+            ModelCard,
+            errors=(404, 500, 503),
+        ),
+        Operation(
             "post",
             "/v1/chat/completions",
             "Generate the next assistant message of a conversation.",
@@ -610,7 +618,7 @@ def create_app(
     async def _generation_failed(_: Request, exc: GenerationFailedError) -> Response:
         return Response(ApiError(500, str(exc)).body(), status_code=500, media_type="application/json")
 
-    @app.get("/health", include_in_schema=False)
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
     async def health() -> JSONResponse:
         if handler.load_error is not None:
             return JSONResponse({"status": "error", "error": str(handler.load_error)}, status_code=500)
@@ -618,34 +626,35 @@ def create_app(
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", "weight_version": engine.weight_version})
 
-    @app.get("/v1/models", include_in_schema=False)
-    async def models() -> Response:
+    def model_cards() -> List[Dict[str, Any]]:
+        """The served model, then each loaded adapter (its parent is the served model)."""
         handler.require_loaded()
         created = int(time.time())
-        data = [
+        entries = [(engine.served_name, engine.model_ref, None)]
+        entries += [(name, path, engine.served_name) for name, path in engine.adapters.items()]
+        return [
             {
-                "id": engine.served_name,
+                "id": name,
                 "object": "model",
                 "created": created,
                 "owned_by": "agentbolt",
-                "root": engine.model_ref,
-                "parent": None,
+                "root": root,
+                "parent": parent,
                 "max_model_len": engine.max_model_len,
             }
+            for name, root, parent in entries
         ]
-        for name, path in engine.adapters.items():
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "agentbolt",
-                    "root": path,
-                    "parent": engine.served_name,
-                    "max_model_len": engine.max_model_len,
-                }
-            )
-        return _json({"object": "list", "data": data})
+
+    @app.api_route("/v1/models", methods=["GET", "HEAD"], include_in_schema=False)
+    async def models() -> Response:
+        return _json({"object": "list", "data": model_cards()})
+
+    @app.get("/v1/models/{model:path}", include_in_schema=False)
+    async def model(model: str) -> Response:
+        for card in model_cards():
+            if card["id"] == model:
+                return _json(card)
+        raise ApiError(404, f"The model {model!r} does not exist", param="model")
 
     @app.post("/v1/chat/completions", include_in_schema=False)
     async def chat(request: Request) -> Response:

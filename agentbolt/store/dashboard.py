@@ -27,7 +27,6 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
 
-import orjson
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
@@ -112,8 +111,8 @@ def _input_text(rollout: Rollout) -> str:
     if isinstance(value, str):
         return value
     try:
-        return orjson.dumps(value, default=str).decode()
-    except TypeError:
+        return encode_json_repairing(value).decode()  # integers of any size as written, as the store keeps them
+    except TypeError:  # an object JSON cannot carry, kept by an in-process memory store
         return str(value)
 
 

@@ -159,3 +159,16 @@ async def test_rewards_that_cannot_be_read_or_ordered_do_not_break_the_lists() -
             assert score["rewarded"] == 1 and score["mean_reward"] == 0.5
     finally:
         await server.stop()
+
+
+async def test_inputs_with_integers_beyond_64_bits_are_previewed_and_searched_as_json() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    await store.enqueue_rollout(input={"n": 2**70, "q": "bigint"})
+    server = LightningStoreServer(store, host="127.0.0.1", port=free_port())
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
+            found = await _rollouts(http, text='"q":"bigint"')
+    finally:
+        await server.stop()
+    assert found["items"][0]["input_preview"] == '{"n":1180591620717411303424,"q":"bigint"}'

@@ -39,6 +39,12 @@ def test_health_and_models(server: InferenceServer, http: httpx.Client) -> None:
     models = http.get("/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     assert models["data"][0]["max_model_len"] == 2048
+    # HEAD probes, and the SDK's models.retrieve()
+    assert httpx.head(f"http://{server.host}:{server.port}/health").status_code == 200
+    assert http.head("/models").status_code == 200
+    assert http.get("/models/tiny").json() == models["data"][0]
+    missing = http.get("/models/gpt-9")
+    assert missing.status_code == 404 and "gpt-9" in missing.json()["error"]["message"]
 
 
 def test_chat_returns_token_ids_and_logprobs(server: InferenceServer, http: httpx.Client) -> None:
