@@ -803,7 +803,8 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
                 groups = await self._numbered(collections, spans)
             for key, group in groups.items():
                 rollout, attempt = targets[key]
-                await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
+                if not new_sequence_ids:  # ids issued above are below the counter already
+                    await collections.span_sequence_ids.chmax(rollout.rollout_id, max(s.sequence_id for s in group))
                 added = list(await collections.spans.insert_new(group))
                 if len(added) < len(group):
                     kept = {id(span) for span in added}

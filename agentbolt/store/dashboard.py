@@ -106,6 +106,11 @@ def _json(content: Any, status_code: int = 200) -> Response:
     return Response(content=encode_json_repairing(content), status_code=status_code, media_type="application/json")
 
 
+def _orderable(value: Optional[float]) -> Optional[float]:
+    """``value`` for comparisons: NaN, which has no order (it is in no range and sorts last), counts as missing."""
+    return None if value is None or math.isnan(value) else value
+
+
 def _input_text(rollout: Rollout) -> str:
     value = rollout.input
     if isinstance(value, str):
@@ -261,7 +266,7 @@ class _Summaries:
             if text is not None and text not in rollout.rollout_id.lower() and text not in _input_text(rollout).lower():
                 continue
             reward = await self.final_reward(rollout) if wants_reward else None
-            comparable = None if reward is None or math.isnan(reward) else reward  # NaN is in no range
+            comparable = _orderable(reward)
             if query.reward_min is not None and (comparable is None or comparable < query.reward_min):
                 continue
             if query.reward_max is not None and (comparable is None or comparable > query.reward_max):
@@ -270,9 +275,7 @@ class _Summaries:
         if query.sort_by in ("duration", "reward"):
             # Missing values go last in both directions.
             def key(item: Tuple[Rollout, Optional[float]]) -> Any:
-                value = _duration(item[0]) if query.sort_by == "duration" else item[1]
-                if value is not None and math.isnan(value):
-                    value = None  # no order: with the missing values
+                value = _orderable(_duration(item[0]) if query.sort_by == "duration" else item[1])
                 return (value is None, (-value if query.sort_order == "desc" else value) if value is not None else 0)
 
             kept.sort(key=key)

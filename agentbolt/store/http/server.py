@@ -402,7 +402,7 @@ class _StoreDispatcher:
             return
         # Matched on the path as sent, so that an id holding an escaped "/" (``%2F``) stays one path segment.
         raw_path = scope.get("raw_path")
-        path = raw_path.decode("latin-1") if raw_path else scope["path"]
+        path = raw_path.decode("utf-8", "replace") if raw_path else scope["path"]
         matched = self._match(scope["method"], path)
         if matched is None:
             await self.app(scope, receive, send)
