@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -53,10 +54,12 @@ from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
 from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import SpanWriter
+from agentbolt.utils.server_launcher import on_shutdown_start
 
 __all__ = ["GatewaySettings", "Gateway", "create_app"]
 
 logger = logging.getLogger("agentbolt.gateway.app")
+T = TypeVar("T")
 _writer_logger = logging.getLogger("agentbolt.gateway.writer")
 
 _JSON = "application/json"
@@ -133,6 +136,8 @@ class Gateway:
         self.sequences: Optional[SequenceAllocator] = None
         self.sampling: Optional[SamplingDefaults] = None
         self._users = 0
+        self._cutoff: Optional[asyncio.Future[None]] = None
+        self._open_streams: Set[UpstreamResponse] = set()
         from agentbolt.utils.metrics import default_tracker
 
         tracker = self.settings.tracker if self.settings.tracker is not None else default_tracker()
@@ -151,6 +156,7 @@ class Gateway:
         """
         self._users += 1
         if self._users == 1:
+            self._cutoff = asyncio.get_running_loop().create_future()
             self.upstream = UpstreamClient(num_retries=self.settings.num_retries, timeout=self.settings.timeout)
             if self.store is not None and self.settings.record_spans:
                 self.writer = SpanWriter(
@@ -175,6 +181,64 @@ class Gateway:
                 if self.upstream is not None:
                     await self.upstream.aclose()
                     self.upstream = None
+                self._cutoff = None
+
+    def cut_off_calls(self, after: float) -> None:
+        """End, ``after`` seconds from now, every call still waiting on a backend (the server is stopping).
+
+        Each such call is answered with a 503 ``gateway_shutdown`` error (a stream ends with an error event) and
+        recorded as failed, while the span writer still runs: a call cut off by a shutdown leaves a span, like any
+        other failed call, instead of vanishing with the cancelled request.
+        """
+        if self._cutoff is None or self._cutoff.done() or math.isinf(after):
+            return
+        asyncio.get_running_loop().call_later(max(0.0, after), self._cut_off)
+
+    def _cut_off(self) -> None:
+        if self._cutoff is None or self._cutoff.done():
+            return
+        self._cutoff.set_result(None)
+        if self._open_streams:
+            logger.warning("Stopping: ending %d stream(s) still open to a backend", len(self._open_streams))
+        for stream in list(self._open_streams):
+            stream.abort()
+
+    @property
+    def cut_off(self) -> bool:
+        """Whether calls still waiting on a backend have been ended because the server is stopping."""
+        return self._cutoff is not None and self._cutoff.done()
+
+    async def before_cutoff(self, wait: Awaitable[T], discard: Callable[[T], None]) -> T:
+        """Await ``wait``, unless the server's cut-off comes first: then raise the ``gateway_shutdown`` error.
+
+        ``discard`` releases a result that arrives after the cut-off (an open upstream response).
+        """
+        cutoff = self._cutoff
+        if cutoff is None:
+            return await wait
+        task = asyncio.ensure_future(wait)
+        if not cutoff.done():
+            try:
+                await asyncio.wait((task, cutoff), return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                task.cancel()
+                raise
+        if task.done() and not cutoff.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            discard(await task)
+        raise shutdown_error()
+
+    def stream_opened(self, stream: UpstreamResponse) -> None:
+        """Track ``stream`` until :meth:`stream_closed`, so a cut-off can end it."""
+        self._open_streams.add(stream)
+        if self.cut_off:
+            stream.abort()
+
+    def stream_closed(self, stream: UpstreamResponse) -> None:
+        """Stop tracking ``stream``."""
+        self._open_streams.discard(stream)
 
     def prepare_payload(self, body: Dict[str, Any], deployment: Deployment, endpoint: str) -> bytes:
         """Request body for ``deployment``: upstream model name and, where supported, token ids and logprobs."""
@@ -204,6 +268,32 @@ class Gateway:
         if self.writer is None:
             return True
         return await self.writer.flush(timeout)
+
+
+_LARGE_BODY_BYTES = 1 << 20
+"""Bodies from this size on are decoded (and requests checked) on a worker thread."""
+
+
+async def _off_loop_if_large(raw: bytes, work: Callable[[], T]) -> T:
+    """``work()``, on a worker thread when the body ``raw`` (of a request or an answer) is large.
+
+    Decoding and checking a body of many megabytes takes seconds; on the event loop it would hold up every other
+    call for as long. Small bodies stay on the loop, where a thread hand-off would cost more than the work.
+    """
+    if len(raw) < _LARGE_BODY_BYTES:
+        return work()
+    return await asyncio.to_thread(work)
+
+
+def _ignore(_: object) -> None:
+    """Nothing to release."""
+
+
+def shutdown_error() -> GatewayError:
+    """The error of a call the gateway ended because it is stopping."""
+    return GatewayError(
+        503, "The gateway is stopping: the call was ended before the backend finished answering", "gateway_shutdown"
+    )
 
 
 def _error_response(error: ApiError, **extra: Any) -> Response:
@@ -437,8 +527,13 @@ class _Handler:
         try:
             # The same door as agentbolt serve's: size, content type, JSON, nesting, then the strict schema.
             raw = await read_body(request, gateway.settings.max_request_bytes)
-            body = parse_json_object(raw, request.headers.get("content-type"))
-            model = validate_request(_REQUEST_MODELS[endpoint], body).model
+            content_type = request.headers.get("content-type")
+
+            def checked() -> Tuple[Dict[str, Any], Optional[str]]:
+                body = parse_json_object(raw, content_type)
+                return body, validate_request(_REQUEST_MODELS[endpoint], body).model
+
+            body, model = await _off_loop_if_large(raw, checked)
         except ApiError as exc:
             return _error_response(exc)
         if model is None:
@@ -465,8 +560,13 @@ class _Handler:
         gateway = self.gateway
         try:
             raw = await read_body(request, gateway.settings.max_request_bytes)
-            body = parse_json_object(raw, request.headers.get("content-type"))
-            model = anthropic.validate_messages_request(body)
+            content_type = request.headers.get("content-type")
+
+            def checked() -> Tuple[Dict[str, Any], str]:
+                body = parse_json_object(raw, content_type)
+                return body, anthropic.validate_messages_request(body)
+
+            body, model = await _off_loop_if_large(raw, checked)
             candidates = gateway.router.candidates(model)
             if candidates[0].speaks_messages:
                 headers = {
@@ -480,8 +580,13 @@ class _Handler:
                 response = await self._forward(incoming, "v1/messages", body, model, candidates, headers)
                 return _as_anthropic_error(response)
             stops = body.get("stop_sequences") or []
-            chat = anthropic.messages_to_chat(body)
-            validate_request(ChatCompletionRequest, chat)
+
+            def translated() -> Dict[str, Any]:
+                chat = anthropic.messages_to_chat(body)
+                validate_request(ChatCompletionRequest, chat)
+                return chat
+
+            chat = await _off_loop_if_large(raw, translated)
         except UnknownModelError as exc:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:
@@ -534,7 +639,9 @@ class _Handler:
             call.messages_api = messages_api
         payloads = [gateway.prepare_payload(body, d, endpoint) for d in candidates[: upstream_client.num_retries + 1]]
         try:
-            upstream = await upstream_client.send(candidates, endpoint, payloads, headers)
+            upstream = await gateway.before_cutoff(
+                upstream_client.send(candidates, endpoint, payloads, headers), UpstreamResponse.close
+            )
         except GatewayError as exc:
             if call is not None:
                 call.fail(exc.status_code, exc.message, exc.error_type)
@@ -575,7 +682,7 @@ class _Handler:
         """
         deployment = upstream.deployment
         try:
-            data = await upstream.read()
+            data = await self.gateway.before_cutoff(upstream.read(), _ignore)
         except GatewayError as exc:
             return await self._fail(call, exc, outcome)
         finally:
@@ -589,7 +696,7 @@ class _Handler:
             await self._await_sequence_id(call)
             return Response(data, status_code=status, media_type=upstream.content_type or _JSON)
         try:
-            parsed = decode_answer(data)
+            parsed = await _off_loop_if_large(data, lambda: decode_answer(data))
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
@@ -642,6 +749,7 @@ class _Handler:
         error: Optional[GatewayError] = None
         submitted = False
         finished = False
+        self.gateway.stream_opened(upstream)
         try:
             try:
                 async for chunk in upstream.iter_chunks():
@@ -668,7 +776,7 @@ class _Handler:
                     raise GatewayError(502, "The backend's stream ended before its last event", "stream_incomplete")
             except GatewayError as exc:
                 # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
-                error = exc
+                error = shutdown_error() if self.gateway.cut_off else exc
                 logger.warning("%s", error.message)
                 yield error_event(error)
         except BaseException:
@@ -680,6 +788,7 @@ class _Handler:
             if call is not None and not submitted:
                 call.stream_finished(b"".join(received), error)
                 self._submit(call)
+            self.gateway.stream_closed(upstream)
             upstream.close()
             metrics = self.gateway.metrics
             if metrics is not None and outcome is not None:
@@ -703,6 +812,9 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     app = FastAPI(title="agentbolt LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    # Calls still waiting on a backend end a little before the server's grace period does, so their answers go
+    # out and their spans reach the writer before it closes.
+    on_shutdown_start(app, lambda grace: gateway.cut_off_calls(grace - min(1.0, grace / 4)))
     handler = _Handler(gateway)
     install_error_handlers(app)
     document = openapi_document(

@@ -138,6 +138,10 @@ class UpstreamResponse:
         """Give the connection back to the pool (or drop it if the body was not read to the end)."""
         self._response.release()
 
+    def abort(self) -> None:
+        """Drop the connection now: a read in progress ends with an error."""
+        self._response.close()
+
 
 def _backoff(attempt: int, status: Optional[int], retry_after: Optional[str]) -> float:
     delay = min(0.05 * (2**attempt), _MAX_BACKOFF)

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from agentbolt.store.base import LightningStore
 from agentbolt.types import Span
@@ -110,6 +110,17 @@ class _Queued:
         self.written = False  # stored, or given up
         self.stored: Optional[Span] = None
         self.repair_tried = False  # the store rejected it and its strings were checked for what JSON cannot carry
+
+
+def _build_spans(to_build: Sequence[Tuple[_Queued, Optional[int]]]) -> List[Union[Span, Exception]]:
+    """The span of each pending item (0 as the sequence id where the store issues it), or the error building it."""
+    built: List[Union[Span, Exception]] = []
+    for queued, sequence_id in to_build:
+        try:
+            built.append(queued.item.to_span(0 if sequence_id is None else sequence_id))
+        except Exception as exc:
+            built.append(exc)
+    return built
 
 
 class SpanWriter:
@@ -445,25 +456,35 @@ class SpanWriter:
             self._complete(batch)
 
     async def _prepare(self, batch: Sequence[_Queued]) -> None:
-        """Build the spans not built yet, waiting for sequence ids issued up front."""
+        """Build the spans not built yet, waiting for sequence ids issued up front.
+
+        The spans are built on a worker thread: building the span of one huge call (a prompt of many megabytes)
+        takes seconds, which must not hold up the event loop the writer shares with the calls it records.
+        """
+        to_build: List[Tuple[_Queued, Optional[int]]] = []
         for queued in batch:
             if queued.span is not None or queued.written:
                 continue
             try:
-                sequence_id = await queued.item.issued_sequence_id()
+                to_build.append((queued, await queued.item.issued_sequence_id()))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if not is_permanent_store_error(exc):
                     raise
                 self._give_up(queued, exc)
+        if not to_build:
+            return
+        try:
+            built = await asyncio.to_thread(_build_spans, to_build)
+        except RuntimeError:  # no worker thread can be had (the interpreter is shutting down): build them here
+            built = _build_spans(to_build)
+        for (queued, sequence_id), outcome in zip(to_build, built, strict=True):
+            if isinstance(outcome, Exception):
+                self._logger.error("Could not build %s", queued.item.describe(), exc_info=outcome)
+                self._give_up(queued, outcome, log=False)
                 continue
-            try:
-                queued.span = queued.item.to_span(0 if sequence_id is None else sequence_id)
-            except Exception as exc:
-                self._logger.exception("Could not build %s", queued.item.describe())
-                self._give_up(queued, exc, log=False)
-                continue
+            queued.span = outcome
             queued.numbered = sequence_id is not None
 
     async def _write(self, batch: Sequence[_Queued]) -> None:

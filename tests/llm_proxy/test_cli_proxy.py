@@ -18,7 +18,7 @@ from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.utils.server_launcher import pick_free_port
 
 from .conftest import model_list_for
-from .fake_backend import RESPONSE_TOKENS, FakeBackend
+from .fake_backend import RESPONSE_TOKENS, FakeBackend, running_backend
 
 CLI = [sys.executable, "-c", "import sys; from agentbolt.cli.proxy import main; sys.exit(main(sys.argv[1:]))"]
 
@@ -73,6 +73,50 @@ async def test_proxy_command_records_into_a_sqlite_file(backend: FakeBackend, tm
     spans = await store.query_spans(rollout.rollout_id)
     await store.close()
     assert len(spans) == 1 and spans[0].attributes["response_token_ids"] == RESPONSE_TOKENS
+
+
+async def test_stopping_proxy_records_the_calls_it_cuts_off(tmp_path: Path) -> None:
+    """SIGTERM while calls wait on a backend longer than the grace period: each call gets an error answer and a span."""
+    db = tmp_path / "store.db"
+    store = SqliteLightningStore(db)
+    rollout = await store.start_rollout(input={"q": 1})
+    await store.close()
+    async with running_backend(slow_seconds=60.0) as backend:
+        config = tmp_path / "models.yaml"
+        config.write_text(yaml.safe_dump({"model_list": model_list_for(backend)}))
+        port = pick_free_port()
+        args = ["--config", str(config), "--store", f"sqlite:///{db}", "--port", str(port)]
+        process = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
+        calls = f"{url}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1/chat/completions"
+        try:
+            await _wait_healthy(url, process)
+            async with httpx.AsyncClient(timeout=60) as client:
+
+                async def call(model: str, stream: bool) -> httpx.Response:
+                    body = {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+                    return await client.post(calls, json=body)
+
+                # Waiting for headers (slow), and a stream that sent its first event, then stalls (gated).
+                cases = [("slow", False), ("slow", True), ("gated", True)]
+                tasks = [asyncio.create_task(call(model, stream)) for model, stream in cases]
+                while len(backend.requests) < len(cases):
+                    await asyncio.sleep(0.05)
+                process.send_signal(signal.SIGTERM)
+                answers = await asyncio.gather(*tasks)
+        finally:
+            backend.gate.set()
+            _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert [answer.status_code for answer in answers[:2]] == [503, 503]
+    assert answers[0].json()["error"]["type"] == "gateway_shutdown"
+    assert answers[2].status_code == 200 and "gateway_shutdown" in answers[2].text  # the stream's last event
+
+    store = SqliteLightningStore(db)
+    spans = await store.query_spans(rollout.rollout_id)
+    await store.close()
+    assert len(spans) == len(cases)
+    assert {span.attributes["error.type"] for span in spans} == {"gateway_shutdown"}
 
 
 def test_proxy_command_argument_errors(tmp_path: Path) -> None:

@@ -288,3 +288,33 @@ async def test_api_key_is_required_when_configured(make_proxy: ProxyFactory, bac
     assert wrong.status_code == 401 and health.status_code == 200
     assert completion.choices[0].message.content == "Hello there"
     assert backend.count("echo") == 1
+
+
+async def test_large_bodies_are_decoded_off_the_event_loop(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding and checking a body of megabytes takes long: it runs on a worker thread, a small one on the loop."""
+    import threading
+
+    from agentbolt.gateway import app as gateway_app
+
+    threads = []
+    parse = gateway_app.parse_json_object
+
+    def recording_parse(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return parse(*args)
+
+    monkeypatch.setattr(gateway_app, "parse_json_object", recording_parse)
+    big = "x" * (2 << 20)
+    async with make_proxy() as proxy, httpx.AsyncClient(timeout=60) as client:
+        for content in ("hi", big):
+            response = await client.post(
+                f"{_url(proxy, rollout)}/v1/chat/completions",
+                json={"model": "echo", "messages": [{"role": "user", "content": content}]},
+            )
+            assert response.status_code == 200
+        spans = await wait_for_spans(store, rollout.rollout_id, 2)  # type: ignore[arg-type]
+    assert len(spans) == 2
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread and threads[1] != loop_thread

@@ -96,6 +96,41 @@ async def test_a_rejected_span_is_given_up_alone(caplog: pytest.LogCaptureFixtur
     await writer.close()
 
 
+class BuiltWhere(Item):
+    """An item recording the thread that builds its span; ``broken`` ones fail to build."""
+
+    def __init__(self, rollout_id: str, attempt_id: str, name: str, broken: bool = False) -> None:
+        super().__init__(rollout_id, attempt_id, name)
+        self.broken = broken
+        self.thread: Optional[int] = None
+
+    def to_span(self, sequence_id: int) -> Span:
+        self.thread = threading.get_ident()
+        if self.broken:
+            raise ValueError("cannot build this one")
+        return super().to_span(sequence_id)
+
+
+async def test_spans_are_built_off_the_event_loop_and_a_broken_one_is_given_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    writer = SpanWriter(store)
+    writer.start()
+    items = [BuiltWhere(rollout.rollout_id, rollout.attempt.attempt_id, name, broken=name == "b") for name in "abc"]
+    for item in items:
+        writer.submit(item)
+    assert await writer.flush(10.0)
+    spans = await store.query_spans(rollout.rollout_id, sort_by="sequence_id")
+    assert [span.name for span in spans] == ["a", "c"]
+    assert items[1].stored == [None] and writer.failed == 1
+    assert "Could not build span of rollout" in caplog.text
+    # Building the span of a huge call takes seconds: never on the loop the writer shares with the calls.
+    assert all(item.thread not in (None, threading.get_ident()) for item in items)
+    await writer.close()
+
+
 async def test_flush_from_another_thread_and_close_without_a_store_counts_lost() -> None:
     store = InMemoryLightningStore(thread_safe=True)
     rollout = await store.start_rollout(input={})
