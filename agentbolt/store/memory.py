@@ -37,6 +37,11 @@ def _detect_total_memory_bytes() -> int:
         return _DEFAULT_MEMORY_BYTES
 
 
+_LEAF_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
+"""Exact types holding no other objects: their size is their ``sys.getsizeof``."""
+_SEQUENCE_TYPES = frozenset({list, tuple, set, frozenset})
+
+
 def estimate_model_size(obj: Any) -> int:
     """Approximate deep size in bytes of a pydantic model (or container), via ``sys.getsizeof``.
 
@@ -48,6 +53,12 @@ def estimate_model_size(obj: Any) -> int:
     ancestors: Set[int] = set()
 
     def size_of(value: Any) -> int:
+        kind = type(value)
+        if kind in _LEAF_TYPES:
+            return sys.getsizeof(value)
+        if kind in _SEQUENCE_TYPES and all(type(item) in _LEAF_TYPES for item in value):
+            # Token ids and other flat lists: the same sum, without a Python call per item.
+            return sys.getsizeof(value) + sum(map(sys.getsizeof, value))
         if isinstance(value, BaseModel):
             children: Iterable[Any] = value.__dict__.values()  # declared fields; extras live elsewhere
         elif isinstance(value, Mapping):
