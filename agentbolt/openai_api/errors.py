@@ -1,4 +1,9 @@
-"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status.
+
+As in OpenAI's API, ``code`` is a short machine-readable string naming the failure when one applies
+(``model_not_found``, ``context_length_exceeded``, ``invalid_api_key``, ``unsupported_parameter``...) and ``null``
+otherwise; the HTTP status is the response's, never the ``code``.
+"""
 
 from __future__ import annotations
 
@@ -24,14 +29,29 @@ ERROR_TYPES = {
 
 
 def error_body(
-    status: int, message: str, type_: Optional[str] = None, param: Optional[str] = None, **extra: Any
+    status: int,
+    message: str,
+    type_: Optional[str] = None,
+    param: Optional[str] = None,
+    *,
+    code: Optional[str] = None,
+    **extra: Any,
 ) -> bytes:
-    """The JSON body of an error answer (OpenAI's format; ``extra`` keys are added to the ``error`` object)."""
+    """The JSON body of an error answer (OpenAI's format; ``extra`` keys are added to the ``error`` object).
+
+    Args:
+        status: HTTP status of the answer (it picks the default ``type``).
+        message: What is wrong.
+        type_: The error's ``type`` (default from the status, see :data:`ERROR_TYPES`).
+        param: The request field at fault, if one is.
+        code: OpenAI's short error code (``model_not_found``...), or None where no specific code applies.
+        **extra: More keys of the ``error`` object.
+    """
     error: Dict[str, Any] = {
         "message": message,
         "type": type_ or ERROR_TYPES.get(status, "invalid_request_error"),
         "param": param,
-        "code": status,
+        "code": code,
         **extra,
     }
     return orjson.dumps({"error": error})
@@ -46,6 +66,8 @@ class ApiError(Exception):
         type_: The error's ``type`` (default from the status: ``invalid_request_error``, ``authentication_error``...).
         param: The request field at fault, if one is.
         headers: Extra response headers (``WWW-Authenticate``, ``Retry-After``).
+        code: OpenAI's short error code (``model_not_found``, ``context_length_exceeded``...), or None (``null`` in
+            the body) where no specific code applies.
     """
 
     def __init__(
@@ -55,6 +77,7 @@ class ApiError(Exception):
         type_: Optional[str] = None,
         param: Optional[str] = None,
         headers: Optional[Dict[str, str]] = None,
+        code: Optional[str] = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -62,7 +85,8 @@ class ApiError(Exception):
         self.type = type_ or ERROR_TYPES.get(status, "invalid_request_error")
         self.param = param
         self.headers = headers or {}
+        self.code = code
 
     def body(self, **extra: Any) -> bytes:
         """The JSON error body."""
-        return error_body(self.status, self.message, self.type, self.param, **extra)
+        return error_body(self.status, self.message, self.type, self.param, code=self.code, **extra)

@@ -142,6 +142,7 @@ def unauthorized() -> ApiError:
         401,
         "Missing or wrong API key: send 'Authorization: Bearer <key>'",
         headers={"www-authenticate": "Bearer"},
+        code="invalid_api_key",
     )
 
 

@@ -31,7 +31,10 @@ class ErrorDetail(_Open):
     message: str
     type: str
     param: Optional[str] = None
-    code: Optional[int] = Field(default=None, description="The HTTP status.")
+    code: Optional[str] = Field(
+        default=None,
+        description="A short code naming the failure (model_not_found, context_length_exceeded...), or null.",
+    )
 
 
 class ErrorResponse(_Open):

@@ -27,7 +27,16 @@ from agentbolt.serving.params import EngineError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_DRAWS", "UNSCANNED_MASS", "RegexGuide", "TokenTexts", "choice_pattern", "guided_row"]
+__all__ = [
+    "JSON_OBJECT",
+    "MAX_DRAWS",
+    "UNSCANNED_MASS",
+    "RegexGuide",
+    "TokenTexts",
+    "choice_pattern",
+    "guided_row",
+    "with_json_objects",
+]
 
 UNSCANNED_MASS = 1e-4
 """Sampling stops scanning once the unscanned tokens hold less than this share of the allowed probability mass."""
@@ -36,6 +45,28 @@ MAX_DRAWS = 32
 """Draws a sampled guided token may refuse before the row is scanned instead."""
 
 _SCAN_CHUNK = 64
+
+JSON_OBJECT = "(?&json_object)"
+"""Matches one JSON object in a pattern built by :func:`with_json_objects`."""
+
+# JSON's grammar as named groups of the ``regex`` module (recursive, so objects and arrays nest to any depth).
+# Whitespace is at most one space around punctuation, the way json.dumps and chat templates write JSON: a model
+# cannot pad an answer with blank space forever.
+_JSON_DEFINITIONS = (
+    "(?(DEFINE)"
+    r'(?<json_string>"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*")'
+    r"(?<json_number>-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+    r"(?<json_value>(?&json_string)|(?&json_number)|true|false|null|(?&json_object)|(?&json_array))"
+    r"(?<json_object>\{[ ]?(?:(?&json_string)[ ]?:[ ]?(?&json_value)"
+    r"(?:[ ]?,[ ]?(?&json_string)[ ]?:[ ]?(?&json_value))*)?[ ]?\})"
+    r"(?<json_array>\[[ ]?(?:(?&json_value)(?:[ ]?,[ ]?(?&json_value))*)?[ ]?\])"
+    ")"
+)
+
+
+def with_json_objects(pattern: str) -> str:
+    """``pattern``, in which :data:`JSON_OBJECT` matches one JSON object, as a pattern :class:`RegexGuide` compiles."""
+    return _JSON_DEFINITIONS + pattern
 
 
 def choice_pattern(choices: Sequence[str]) -> str:

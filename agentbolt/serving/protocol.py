@@ -7,7 +7,7 @@ how the others map onto :class:`~agentbolt.serving.params.SamplingParams`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,10 +16,12 @@ from agentbolt.openai_api.schema import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
+    NamedToolChoice,
     SamplingRequest,
 )
 from agentbolt.serving.guided import choice_pattern
 from agentbolt.serving.params import EngineError, SamplingParams
+from agentbolt.serving.tool_parser import forced_tool_call
 
 __all__ = [
     "ChatCompletionRequest",
@@ -28,6 +30,7 @@ __all__ = [
     "UnloadLoraRequest",
     "chat_sampling_params",
     "completion_sampling_params",
+    "demanded_tool_call",
     "normalize_messages",
 ]
 
@@ -43,7 +46,7 @@ _UNSUPPORTED_EXTRAS: Dict[str, tuple] = {
 
 
 def _unsupported(param: str, detail: str = "") -> ApiError:
-    return ApiError(400, f"{param}{detail} is not supported by this server", param=param)
+    return ApiError(400, f"{param}{detail} is not supported by this server", param=param, code="unsupported_parameter")
 
 
 def _check_supported(body: SamplingRequest) -> None:
@@ -96,13 +99,46 @@ def _sampling(body: SamplingRequest, max_tokens: Optional[int], logprobs: bool, 
     )
 
 
+def demanded_tool_call(body: ChatCompletionRequest) -> Optional[Tuple[str, str]]:
+    """The opening and guided-decoding pattern of the tool call ``tool_choice`` demands (``"required"`` or a named
+    function; see :func:`~agentbolt.serving.tool_parser.forced_tool_call`), or None when it demands none."""
+    choice = body.tool_choice
+    if choice != "required" and not isinstance(choice, NamedToolChoice):
+        return None
+    names = [tool.function.name for tool in body.tools or []]
+    name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    return forced_tool_call(names, name, parallel=body.parallel_tool_calls is not False)
+
+
 def chat_sampling_params(body: ChatCompletionRequest) -> SamplingParams:
     """Engine parameters of a chat request.
 
+    A ``tool_choice`` that demands a call guides the answer into a call of a declared tool (of the named one).
+
     Raises:
-        ApiError: 400 for a feature this server does not implement.
+        ApiError: 400 for a feature this server does not implement, or one that cannot be combined with a demanded
+            tool call (``guided_regex``, ``guided_choice``, ``ignore_eos``).
     """
-    return _sampling(body, body.max_new_tokens, bool(body.logprobs), body.top_logprobs or 0)
+    params = _sampling(body, body.max_new_tokens, bool(body.logprobs), body.top_logprobs or 0)
+    demanded = demanded_tool_call(body)
+    if demanded is None:
+        return params
+    choice = body.tool_choice_name
+    if params.guided_regex is not None:
+        raise ApiError(
+            400,
+            f"guided_regex and guided_choice cannot be combined with tool_choice {choice!r}, which guides the answer "
+            "into a tool call",
+            param="tool_choice",
+        )
+    if params.ignore_eos:
+        raise ApiError(
+            400,
+            f"ignore_eos cannot be combined with tool_choice {choice!r}: the tool call ends the answer",
+            param="ignore_eos",
+        )
+    params.guided_regex = demanded[1]
+    return params
 
 
 def completion_sampling_params(body: CompletionRequest) -> SamplingParams:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -68,8 +67,8 @@ from agentbolt.openai_api.responses import (
     ModelList,
     StatusResponse,
 )
-from agentbolt.openai_api.schema import NamedToolChoice
 from agentbolt.serving.params import (
+    ContextOverflowError,
     EngineError,
     EngineOverloadedError,
     GenerationFailedError,
@@ -85,8 +84,10 @@ from agentbolt.serving.protocol import (
     UnloadLoraRequest,
     chat_sampling_params,
     completion_sampling_params,
+    demanded_tool_call,
     normalize_messages,
 )
+from agentbolt.serving.token_bytes import TokenBytes
 from agentbolt.serving.tool_parser import TOOL_CALL_OPEN, ParsedToolCall, ToolCallParser, parse_tool_calls
 from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.utils import event_loop
@@ -105,6 +106,12 @@ ServerError = ApiError
 """An error answered with an OpenAI-style body (the shared :class:`~agentbolt.openai_api.errors.ApiError`)."""
 
 _LOGPROB_FLOOR = -9999.0  # what vLLM reports for impossible tokens: JSON has no -Infinity
+
+_PREPARE_INLINE_BYTES = 4096
+"""Request bodies smaller than this have their prompts templated, tokenized and checked on the event loop; larger
+ones in a worker thread (:func:`asyncio.to_thread`), so that a huge prompt (tokenizing runs at about 1-4 MB/s)
+cannot hold up ``/health`` and the other requests' streams. Below the threshold the work takes at most about a
+millisecond, while a thread hop costs about 0.1 ms: small requests stay cheap and the loop is never held long."""
 
 
 @dataclass
@@ -147,6 +154,11 @@ def _logprob(value: float) -> float:
     return max(value, _LOGPROB_FLOOR)
 
 
+def _model_not_found(model: str) -> ApiError:
+    """The 404 for a model that is neither the served one nor a loaded adapter."""
+    return ApiError(404, f"The model `{model}` does not exist.", "not_found_error", "model", code="model_not_found")
+
+
 class _Handler:
     """Request handling shared by the routes."""
 
@@ -157,11 +169,16 @@ class _Handler:
         self.limits = limits
         self.adapter_dirs = [Path(directory).expanduser().resolve() for directory in adapter_dirs]
         self.load_error: Optional[BaseException] = None
+        self._token_bytes: Optional[TokenBytes] = None  # built at the first logprobs answer
 
     async def read(self, request: Request, model: Type[M]) -> M:
         """Read, parse and validate a request body (the shared door of both OpenAI-compatible servers)."""
+        return (await self._read_sized(request, model))[0]
+
+    async def _read_sized(self, request: Request, model: Type[M]) -> Tuple[M, int]:
+        """:meth:`read`, and the size of the body in bytes."""
         raw = await read_body(request, self.limits.max_request_bytes)
-        return validate_request(model, parse_json_object(raw, request.headers.get("content-type")))
+        return validate_request(model, parse_json_object(raw, request.headers.get("content-type"))), len(raw)
 
     def require_loaded(self) -> None:
         if self.load_error is not None:
@@ -175,16 +192,24 @@ class _Handler:
             return None
         if model in engine.adapters:
             return model
-        raise ApiError(404, f"The model `{model}` does not exist.", "not_found_error", "model")
+        raise _model_not_found(model)
 
     async def open_generation(
         self, request: Request, model: Type[G], sampling: Callable[[G], SamplingParams]
-    ) -> Tuple[G, Optional[str], SamplingParams]:
-        """A generation request's body, the adapter it names (None: the base model) and its sampling parameters,
-        once the model is loaded."""
-        body = await self.read(request, model)
+    ) -> Tuple[G, Optional[str], SamplingParams, int]:
+        """A generation request's body, the adapter it names (None: the base model), its sampling parameters and
+        the size of its body in bytes, once the model is loaded."""
+        body, size = await self._read_sized(request, model)
         self.require_loaded()
-        return body, self.adapter_for(body.model), sampling(body)
+        return body, self.adapter_for(body.model), sampling(body), size
+
+    @staticmethod
+    async def prepare(size: int, work: Callable[[], T]) -> T:
+        """Run ``work``, a request's templating, tokenizing and checking, on the event loop for a body of ``size``
+        bytes under :data:`_PREPARE_INLINE_BYTES`, else in a worker thread while the loop serves other requests."""
+        if size < _PREPARE_INLINE_BYTES:
+            return work()
+        return await asyncio.to_thread(work)
 
     def model_name(self, model: Optional[str]) -> str:
         return model or self.engine.served_name
@@ -227,6 +252,17 @@ class _Handler:
     def _token_text(self, token_id: int) -> str:
         return str(self.engine.tokenizer.decode([token_id]))
 
+    def _token_entry(self, token_id: int, logprob: float) -> Dict[str, Any]:
+        """A chat logprobs entry: the token's text decoded alone, its log-probability and its own bytes (a token
+        holding part of a UTF-8 character has U+FFFD as its text, and that part of the character as its bytes)."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self.engine.tokenizer)
+        return {
+            "token": self._token_text(token_id),
+            "logprob": _logprob(logprob),
+            "bytes": list(self._token_bytes.of(token_id)),
+        }
+
     def chat_logprobs(
         self, token_ids: List[int], logprobs: Optional[List[float]], tops: Optional[List[List[Tuple[int, float]]]]
     ) -> Optional[Dict[str, Any]]:
@@ -234,21 +270,10 @@ class _Handler:
             return None
         content = []
         for position, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
-            text = self._token_text(token_id)
-            alternatives = []
-            for alt_id, alt_logprob in tops[position] if tops else []:
-                alt_text = self._token_text(alt_id)
-                alternatives.append(
-                    {"token": alt_text, "logprob": _logprob(alt_logprob), "bytes": list(alt_text.encode())}
-                )
-            content.append(
-                {
-                    "token": text,
-                    "logprob": _logprob(logprob),
-                    "bytes": list(text.encode()),
-                    "top_logprobs": alternatives,
-                }
+            alternatives = (
+                [self._token_entry(alt_id, alt_logprob) for alt_id, alt_logprob in tops[position]] if tops else []
             )
+            content.append({**self._token_entry(token_id, logprob), "top_logprobs": alternatives})
         return {"content": content}
 
     def completion_logprobs(
@@ -274,13 +299,15 @@ class _Handler:
     # ------------------------------------------------------------------ chat
 
     def forced_tool_prefix(self, body: ChatCompletionRequest) -> str:
-        """Text that starts the answer when ``tool_choice`` demands a call: the model continues a ``<tool_call>``.
+        """Text that starts the answer when ``tool_choice`` demands a call: the model continues a ``<tool_call>``
+        (which the request's sampling parameters guide to a declared tool, see
+        :func:`~agentbolt.serving.protocol.chat_sampling_params`).
 
         Raises:
             ApiError: 400 when the chat template does not write tool calls as ``<tool_call>`` blocks.
         """
-        choice = body.tool_choice
-        if choice != "required" and not isinstance(choice, NamedToolChoice):
+        demanded = demanded_tool_call(body)
+        if demanded is None:
             return ""
         template = getattr(self.engine.tokenizer, "chat_template", None) or ""
         if TOOL_CALL_OPEN not in template:
@@ -290,9 +317,18 @@ class _Handler:
                 f"{TOOL_CALL_OPEN} blocks; this model's does not",
                 param="tool_choice",
             )
-        if isinstance(choice, NamedToolChoice):
-            return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(choice.function.name)}, "arguments": '
-        return f'{TOOL_CALL_OPEN}\n{{"name": "'
+        return demanded[0]
+
+    def prepare_chat(
+        self, body: ChatCompletionRequest, params: SamplingParams, adapter: Optional[str]
+    ) -> Tuple[str, List[int]]:
+        """A chat request's forced answer opening and its prompt, templated, tokenized and checked against the
+        context and the work limits (the context is named before the work limits; see :meth:`prepare`)."""
+        forced = self.forced_tool_prefix(body)
+        prompt = self.chat_prompt(body, forced)
+        self.engine.check_request(prompt, params, adapter)
+        self.admit([prompt], params)
+        return forced, prompt
 
     def chat_prompt(self, body: ChatCompletionRequest, forced: str) -> List[int]:
         messages = normalize_messages(body)
@@ -437,6 +473,17 @@ class _Handler:
         prompts = body.prompts()
         self.check_prompt_count(len(prompts))  # before tokenizing a thousand prompts
         return [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+
+    def prepare_completion(
+        self, body: CompletionRequest, params: SamplingParams, adapter: Optional[str]
+    ) -> List[List[int]]:
+        """A completion request's prompts, tokenized and checked: every prompt before any is generated, the context
+        before the work limits (see :meth:`prepare`)."""
+        prompts = self.completion_prompts(body)
+        for prompt in prompts:
+            self.engine.check_request(prompt, params, adapter)
+        self.admit(prompts, params)
+        return prompts
 
     def completion_choice(self, body: CompletionRequest, prompt: List[int], index: int, choice: Any) -> Dict[str, Any]:
         entry: Dict[str, Any] = {
@@ -612,7 +659,8 @@ def create_app(
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> Response:
-        return Response(ApiError(400, str(exc)).body(), status_code=400, media_type="application/json")
+        code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
+        return Response(ApiError(400, str(exc), code=code).body(), status_code=400, media_type="application/json")
 
     @app.exception_handler(GenerationFailedError)
     async def _generation_failed(_: Request, exc: GenerationFailedError) -> Response:
@@ -654,15 +702,14 @@ def create_app(
         for card in model_cards():
             if card["id"] == model:
                 return _json(card)
-        raise ApiError(404, f"The model {model!r} does not exist", param="model")
+        raise _model_not_found(model)
 
     @app.post("/v1/chat/completions", include_in_schema=False)
     async def chat(request: Request) -> Response:
-        body, adapter, params = await handler.open_generation(request, ChatCompletionRequest, chat_sampling_params)
-        forced = handler.forced_tool_prefix(body)
-        prompt = handler.chat_prompt(body, forced)
-        engine.check_request(prompt, params, adapter)  # a prompt beyond the context is named before the work limits
-        handler.admit([prompt], params)
+        body, adapter, params, size = await handler.open_generation(
+            request, ChatCompletionRequest, chat_sampling_params
+        )
+        forced, prompt = await handler.prepare(size, lambda: handler.prepare_chat(body, params, adapter))
         if body.streaming:
             stream, first = await _open_stream(engine, prompt, params, adapter)
             return StreamingResponse(
@@ -673,12 +720,10 @@ def create_app(
 
     @app.post("/v1/completions", include_in_schema=False)
     async def completions(request: Request) -> Response:
-        body, adapter, params = await handler.open_generation(request, CompletionRequest, completion_sampling_params)
-        prompts = handler.completion_prompts(body)
-        handler.check_prompt_count(len(prompts))
-        for prompt in prompts:  # every prompt validated before any is generated, the context before the work limits
-            engine.check_request(prompt, params, adapter)
-        handler.admit(prompts, params)
+        body, adapter, params, size = await handler.open_generation(
+            request, CompletionRequest, completion_sampling_params
+        )
+        prompts = await handler.prepare(size, lambda: handler.prepare_completion(body, params, adapter))
         base = {
             "id": f"cmpl-{generate_id(24)}",
             "object": "text_completion",

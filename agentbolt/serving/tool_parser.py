@@ -3,17 +3,28 @@
 The block holds ``{"name": ..., "arguments": {...}}`` (the convention of our ChatML template and of
 Hermes/Qwen-style models). Text outside the blocks is the assistant's content. A block whose body is not a JSON
 object with a string ``name`` stays content, so nothing the model wrote is lost.
+
+:func:`forced_tool_call` describes the call a ``tool_choice`` of ``"required"`` or a named function demands: the
+opening the answer is forced to start with, and the guided-decoding pattern the rest must match.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from agentbolt.serving.guided import JSON_OBJECT, choice_pattern, with_json_objects
 from agentbolt.utils.id import generate_id
 
-__all__ = ["ParsedToolCall", "ToolCallParser", "parse_tool_calls", "TOOL_CALL_OPEN", "TOOL_CALL_CLOSE"]
+__all__ = [
+    "ParsedToolCall",
+    "ToolCallParser",
+    "forced_tool_call",
+    "parse_tool_calls",
+    "TOOL_CALL_OPEN",
+    "TOOL_CALL_CLOSE",
+]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -131,3 +142,33 @@ def parse_tool_calls(text: str) -> Tuple[Optional[str], List[ParsedToolCall]]:
     if calls and not content.strip():
         return None, calls
     return (content.strip() if calls else content), calls
+
+
+def forced_tool_call(names: Sequence[str], name: Optional[str] = None, parallel: bool = True) -> Tuple[str, str]:
+    """The tool call a ``tool_choice`` demands, as the text the answer starts with and a guided-decoding pattern.
+
+    The opening becomes part of the prompt: ``<tool_call>\\n{"name": "`` for ``"required"``, and
+    ``<tool_call>\\n{"name": "<name>", "arguments": `` for a named function. The pattern (see
+    :mod:`agentbolt.serving.guided`) makes the generated rest complete the block as the chat templates write it:
+    for ``"required"`` one of the declared ``names``, then a JSON object of arguments and the closing tag, and
+    (with ``parallel``) more such blocks on their own lines; for a named function its arguments and the closing tag.
+
+    Args:
+        names: The declared tools' names.
+        name: The function a named ``tool_choice`` forces; None for ``"required"``.
+        parallel: Whether a ``"required"`` answer may go on with further calls.
+
+    Returns:
+        The forced opening and the pattern of the text generated after it.
+    """
+    import regex
+
+    close = regex.escape("}\n" + TOOL_CALL_CLOSE)
+    if name is not None:
+        return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', with_json_objects(JSON_OBJECT + close)
+    opening = f'{TOOL_CALL_OPEN}\n{{"name": "'
+    call = choice_pattern([json.dumps(tool)[1:-1] for tool in names]) + regex.escape('", "arguments": ') + JSON_OBJECT
+    pattern = call + close
+    if parallel:
+        pattern += "(?:" + regex.escape("\n" + opening) + call + close + ")*"
+    return opening, with_json_objects(pattern)

@@ -73,6 +73,7 @@ def test_every_route_but_health_needs_the_key(
     assert response.headers["www-authenticate"] == "Bearer"
     error = response.json()["error"]
     assert error["type"] == "authentication_error" and "API key" in error["message"]
+    assert error["code"] == "invalid_api_key"
 
 
 def test_health_and_the_openapi_document_are_open(protected: InferenceServer) -> None:

@@ -189,7 +189,8 @@ def test_hostile_requests_get_a_clear_4xx_and_leave_the_server_healthy(root: str
         assert response.status_code == case.status, response.text
         error = response.json()["error"]
         assert case.fragment in error["message"], error
-        assert error["type"] and "param" in error and error["code"] == case.status
+        assert error["type"] and "param" in error
+        assert error["code"] is None or (isinstance(error["code"], str) and error["code"]), error  # OpenAI's form
         _healthy(client)
 
 

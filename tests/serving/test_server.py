@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -11,6 +13,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from agentbolt.models.tiny import TINY_SPECIAL_TOKENS
 from agentbolt.serving.params import GenerationOutput, SequenceOutput
 from agentbolt.serving.server import InferenceServer, create_app
 from agentbolt.serving.transformers_engine import TransformersEngine
@@ -45,6 +48,7 @@ def test_health_and_models(server: InferenceServer, http: httpx.Client) -> None:
     assert http.get("/models/tiny").json() == models["data"][0]
     missing = http.get("/models/gpt-9")
     assert missing.status_code == 404 and "gpt-9" in missing.json()["error"]["message"]
+    assert missing.json()["error"]["code"] == "model_not_found"
 
 
 def test_chat_returns_token_ids_and_logprobs(server: InferenceServer, http: httpx.Client) -> None:
@@ -163,27 +167,140 @@ def test_generated_tool_calls_become_openai_tool_calls(server: InferenceServer) 
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "fragment"),
+    ("body", "status", "fragment", "code"),
     [
-        ({"messages": []}, 400, "messages"),
-        ({"messages": "hi"}, 400, "messages"),
-        ({"messages": MESSAGES, "max_tokens": 4000}, 400, "maximum context length is 2048"),
-        ({"messages": MESSAGES, "temperature": -0.5}, 400, "temperature"),
-        ({"messages": MESSAGES, "n": 0}, 400, "n: Input should be greater than or equal to 1"),
-        ({"messages": MESSAGES, "presence_penalty": 0.5}, 400, "not supported"),
-        ({"messages": MESSAGES, "top_logprobs": 2}, 400, "requires logprobs"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text content"),
-        ({"messages": MESSAGES, "model": "gpt-9"}, 404, "does not exist"),
+        ({"messages": []}, 400, "messages", None),
+        ({"messages": "hi"}, 400, "messages", None),
+        ({"messages": MESSAGES, "max_tokens": 4000}, 400, "maximum context length is 2048", "context_length_exceeded"),
+        ({"messages": MESSAGES, "temperature": -0.5}, 400, "temperature", None),
+        ({"messages": MESSAGES, "n": 0}, 400, "n: Input should be greater than or equal to 1", None),
+        ({"messages": MESSAGES, "presence_penalty": 0.5}, 400, "not supported", "unsupported_parameter"),
+        ({"messages": MESSAGES, "top_logprobs": 2}, 400, "requires logprobs", None),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role", None),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text content", None),
+        ({"messages": MESSAGES, "model": "gpt-9"}, 404, "does not exist", "model_not_found"),
+        ({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, 400, "guided", None),
+        (
+            {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "ignore_eos": True},
+            400,
+            "ignore_eos",
+            None,
+        ),
     ],
 )
 def test_bad_chat_requests_get_openai_errors(
-    http: httpx.Client, body: Dict[str, Any], status: int, fragment: str
+    http: httpx.Client, body: Dict[str, Any], status: int, fragment: str, code: str
 ) -> None:
     response = http.post("/chat/completions", json=body)
     assert response.status_code == status
     error = response.json()["error"]
     assert fragment in error["message"] and error["type"]
+    assert error["code"] == code  # OpenAI's string code, or null: never the HTTP status
+
+
+TOOL_NAMES = ["get_time", "get_weather", "lookup"]
+CHOICE_TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+    for name in TOOL_NAMES
+]
+_CALLED_NAME = re.compile(r'<tool_call>\n\{"name": "([^"]*)"')
+
+
+def _called_names(choice: Dict[str, Any]) -> List[str]:
+    """The functions a choice calls: its parsed tool calls, or the name its unfinished call block writes."""
+    calls = choice["message"].get("tool_calls") or []
+    if calls:
+        return [call["function"]["name"] for call in calls]
+    return _CALLED_NAME.findall(choice["message"]["content"] or "")
+
+
+def test_required_tool_choice_calls_a_declared_tool(http: httpx.Client) -> None:
+    body = {"messages": MESSAGES, "tools": CHOICE_TOOLS, "tool_choice": "required", "max_tokens": 64}
+    data = http.post("/chat/completions", json={**body, "n": 8, "seed": 1}).json()
+    for choice in data["choices"]:
+        names = _called_names(choice)
+        assert names and set(names) <= set(TOOL_NAMES), choice
+    finished = [choice for choice in data["choices"] if choice["finish_reason"] == "tool_calls"]
+    assert finished, "no choice finished its tool call within max_tokens"
+    for choice in finished:
+        assert choice["message"]["content"] is None
+        for call in choice["message"]["tool_calls"]:
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    greedy = http.post("/chat/completions", json={**body, "temperature": 0, "stream": True})
+    streamed = [e["choices"][0]["delta"] for e in _events(greedy)[:-1] if e["choices"]]
+    text = "".join(delta.get("content") or "" for delta in streamed)
+    calls = [call["function"]["name"] for delta in streamed for call in delta.get("tool_calls", [])]
+    assert set(calls or _CALLED_NAME.findall(text)) <= set(TOOL_NAMES) and (calls or text)
+
+
+def test_named_tool_choice_calls_that_tool(http: httpx.Client) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"messages": MESSAGES, "tools": CHOICE_TOOLS, "tool_choice": named, "max_tokens": 64, "n": 8, "seed": 2}
+    choices = http.post("/chat/completions", json=body).json()["choices"]
+    assert all(_called_names(choice) == ["get_weather"] for choice in choices), choices
+    for choice in choices:
+        if choice["finish_reason"] == "tool_calls":
+            assert isinstance(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]), dict)
+
+
+def test_logprob_bytes_are_each_tokens_own_bytes(http: httpx.Client) -> None:
+    # The tiny tokenizer writes every byte as one token, so a non-ASCII character is split over several tokens,
+    # each of which decodes alone to U+FFFD.
+    body = {"messages": MESSAGES, "max_tokens": 48, "n": 4, "seed": 5, "logprobs": True, "top_logprobs": 3}
+    choices = http.post("/chat/completions", json=body).json()["choices"]
+    split = [c for choice in choices for c in choice["message"]["content"] if ord(c) > 127 and c != "\ufffd"]
+    assert split, "no generated text holds a multi-byte character"
+    for choice in choices:
+        entries = [entry for entry in choice["logprobs"]["content"] if entry["token"] not in TINY_SPECIAL_TOKENS]
+        joined = b"".join(bytes(entry["bytes"]) for entry in entries)
+        assert joined.decode("utf-8", errors="replace") == choice["message"]["content"]
+        for character in choice["message"]["content"]:
+            if ord(character) > 127 and character != "\ufffd":
+                assert character.encode() in joined
+        for entry in entries:  # the text of a partial character stays U+FFFD, its bytes are one raw byte
+            assert len(entry["bytes"]) == 1
+            assert entry["token"] == bytes(entry["bytes"]).decode("utf-8", errors="replace")
+            assert all(
+                len(alt["bytes"]) == 1 for alt in entry["top_logprobs"] if alt["token"] not in TINY_SPECIAL_TOKENS
+            )
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_health_answers_while_a_large_prompt_is_tokenized(
+    server: InferenceServer, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = server.engine
+    method = "encode_chat" if route == "chat/completions" else "encode"
+    started, finished = threading.Event(), threading.Event()
+    tokenize = getattr(engine, method)
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        try:
+            return tokenize(*args, **kwargs)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(engine, method, observed)
+    text = "hello world " * 200_000  # 2.4 MB: more than a second of tokenizing
+    body = {"messages": [{"role": "user", "content": text}]} if method == "encode_chat" else {"prompt": text}
+    answers: Dict[str, httpx.Response] = {}
+
+    def send_large() -> None:
+        answers["large"] = httpx.post(f"{server.base_url}/{route}", json=body, timeout=300)
+
+    sender = threading.Thread(target=send_large)
+    sender.start()
+    try:
+        assert started.wait(120), "the large prompt was never tokenized"
+        health = httpx.get(f"http://{server.host}:{server.port}/health", timeout=300)
+        tokenized_before_health = finished.is_set()
+    finally:
+        sender.join()
+    assert health.status_code == 200
+    assert not tokenized_before_health, "/health waited for the large prompt to be tokenized"
+    large = answers["large"]
+    assert large.status_code == 400 and large.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_bad_completion_requests(http: httpx.Client) -> None:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from agentbolt.serving.tool_parser import ToolCallParser, parse_tool_calls
+from agentbolt.serving.guided import RegexGuide
+from agentbolt.serving.tool_parser import ToolCallParser, forced_tool_call, parse_tool_calls
 
 TEXT = (
     'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
@@ -66,3 +67,27 @@ def test_streaming_releases_text_that_cannot_start_a_call() -> None:
     assert parser.feed("hello <to") == ("hello ", [])
     assert parser.feed("day") == ("<today", [])
     assert parser.finish() == ("", [])
+
+
+def test_a_required_call_names_a_declared_tool_and_completes_its_block() -> None:
+    opening, pattern = forced_tool_call(["get_time", "get.weather"])
+    guide = RegexGuide(pattern)
+    assert opening == '<tool_call>\n{"name": "'
+    assert guide.can_continue("get.w") and not guide.can_continue("get_w") and not guide.can_continue("getX")
+    one = 'get_time", "arguments": {"tz": "UTC", "at": [1, {"x": null}]}}\n</tool_call>'
+    assert guide.is_complete(one)
+    assert [call.name for call in parse_tool_calls(opening + one)[1]] == ["get_time"]
+    two = one + '\n<tool_call>\n{"name": "get.weather", "arguments": {}}\n</tool_call>'
+    assert guide.is_complete(two) and len(parse_tool_calls(opening + two)[1]) == 2
+    assert not guide.can_continue(one + '\n<tool_call>\n{"name": "other')
+    assert not guide.can_continue('get_time", "arguments": "not an object"')
+    _, single = forced_tool_call(["get_time", "get.weather"], parallel=False)
+    assert RegexGuide(single).is_complete(one) and not RegexGuide(single).can_continue(one + "\n")
+
+
+def test_a_named_call_writes_that_tools_arguments() -> None:
+    opening, pattern = forced_tool_call(["get_time", "get.weather"], "get.weather")
+    guide = RegexGuide(pattern)
+    assert opening == '<tool_call>\n{"name": "get.weather", "arguments": '
+    assert guide.is_complete('{"city": "Paris"}}\n</tool_call>') and not guide.can_continue("[")
+    assert [call.name for call in parse_tool_calls(opening + '{"city": "Paris"}}\n</tool_call>')[1]] == ["get.weather"]
