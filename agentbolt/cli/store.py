@@ -45,7 +45,37 @@ class Backend(str, Enum):
     sqlite = "sqlite"
     memory = "memory"
     postgres = "postgres"
-    mongo = "mongo"  # the reference's; refused with a message naming the backends that exist
+
+
+_BACKEND_CHOICES = "<" + "|".join(backend.value for backend in Backend) + ">"
+"""The choices ``--help`` shows for ``--backend``."""
+
+_MONGO_REFUSAL = (
+    "MongoDB is not a store backend of agentbolt: use --backend sqlite (the default, durable), "
+    "--backend postgres --dsn URI (shared by many processes and machines) or --backend memory"
+)
+"""Answer to the reference's ``--backend mongo`` and ``--mongo-uri``: accepted only to be refused with this message."""
+
+
+def _parse_backend(value: Any) -> Backend:
+    """The ``--backend`` value (in any case) as a :class:`Backend`.
+
+    ``mongo``, the reference's backend, is not one of the choices (neither ``--help`` nor the error about an unknown
+    value lists it), but it gets its own message naming the backends that exist.
+
+    Raises:
+        CliError: ``value`` is ``mongo``.
+        ValueError: ``value`` is no backend (the command line shows it as an invalid ``--backend`` value).
+    """
+    if isinstance(value, Backend):
+        return value
+    text = str(value).lower()
+    if text == "mongo":
+        raise CliError(_MONGO_REFUSAL)
+    try:
+        return Backend(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not one of {', '.join(repr(b.value) for b in Backend)}.") from None
 
 
 class LogLevel(str, Enum):
@@ -68,7 +98,12 @@ def store_command(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="Interface to bind; use 0.0.0.0 to accept remote clients."),
     port: int = typer.Option(4747, min=1, max=65535, help="Port to listen on."),
-    backend: Backend = typer.Option(Backend.sqlite, case_sensitive=False, help="Where the data lives."),
+    backend: Backend = typer.Option(
+        Backend.sqlite,
+        parser=_parse_backend,
+        metavar=_BACKEND_CHOICES,
+        help="Where the data lives.",
+    ),
     path: Optional[Path] = typer.Option(
         None, help=f"SQLite database file (created when missing). Default: ./{DEFAULT_DB_FILE}."
     ),
@@ -99,11 +134,8 @@ def store_command(
     from agentbolt.logging import setup as setup_logging
 
     trackers = _trackers(tracker, list(ctx.args))
-    if backend is Backend.mongo or mongo_uri is not None:
-        raise CliError(
-            "MongoDB is not a store backend of agentbolt: use --backend sqlite (the default, durable), "
-            "--backend postgres --dsn URI (shared by many processes and machines) or --backend memory"
-        )
+    if mongo_uri is not None:
+        raise CliError(_MONGO_REFUSAL)
 
     debug = log_level is LogLevel.DEBUG
     # At DEBUG, every request is logged (uvicorn's access log, through agentbolt's handlers).
