@@ -40,6 +40,7 @@ from opentelemetry.trace import StatusCode as OtelStatusCode
 from pydantic import PrivateAttr
 
 from agentbolt.env_var import API_KEY_ENV_VAR
+from agentbolt.semconv import AGL_ANNOTATION
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
 from agentbolt.tracer.base import Tracer
@@ -64,6 +65,12 @@ STORE_WRITE_TIMEOUT_SECONDS = 10.0
 
 STORE_WRITE_DELAY_SECONDS = 1.0
 """Longest time a finished span waits to be batched with later ones before it is written."""
+
+ANNOTATION_WRITE_TIMEOUT_SECONDS = 5.0
+"""How long ending an annotation span (a reward) waits for it to be stored, with the spans that ended before it."""
+
+_MAX_TRACKED_STARTS = 100_000
+"""Most spans whose start context is remembered until they end (the oldest are forgotten beyond that)."""
 
 DEFAULT_MAX_BUFFERED_SPANS = DEFAULT_MAX_BUFFERED
 
@@ -121,6 +128,16 @@ class _OtlpStoreTarget(LightningStore):
                 raise ValueError(f"The store at {endpoint} refused an OTLP export of {len(exported)} span(s)")
             raise ConnectionError(f"Cannot reach the store's OTLP endpoint {endpoint}")
         return []
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """Where the spans of one trace context go: the context's number, and its store, rollout and attempt."""
+
+    context: int
+    store: Optional[LightningStore]
+    rollout_id: Optional[str]
+    attempt_id: Optional[str]
 
 
 @dataclass(eq=False, slots=True)
@@ -219,6 +236,8 @@ class LightningSpanProcessor(SpanProcessor):
         self._attempt_id: Optional[str] = None
         self._local_sequence_id = 0
         self._collecting = False
+        self._context = 0  # the number of the current (or last) trace context
+        self._started: Dict[int, _Binding] = {}  # span id -> the context the span started in
         self._lock = threading.Lock()
 
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -284,6 +303,7 @@ class LightningSpanProcessor(SpanProcessor):
             self._spans = []
             self._local_sequence_id = 0
             self._collecting = True
+            self._context += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -346,8 +366,20 @@ class LightningSpanProcessor(SpanProcessor):
 
     # ---- span processing ----
 
+    def _binding(self) -> _Binding:
+        return _Binding(self._context, self._store, self._rollout_id, self._attempt_id)
+
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        """Nothing to do when a span starts."""
+        """Remember the trace context the span starts in: it belongs to that context's rollout wherever it ends."""
+        context = span.context
+        if context is None:
+            return
+        with self._lock:
+            if not self._collecting:
+                return
+            if len(self._started) >= _MAX_TRACKED_STARTS:
+                del self._started[next(iter(self._started))]
+            self._started[context.span_id] = self._binding()
 
     def _next_local_sequence_id(self) -> int:
         with self._lock:
@@ -368,28 +400,59 @@ class LightningSpanProcessor(SpanProcessor):
 
     def _on_end(self, span: ReadableSpan) -> None:
         context = span.context
-        if context is None or not context.trace_flags.sampled:
+        if context is None:
+            return
+        with self._lock:
+            current = self._binding()
+            binding = self._started.pop(context.span_id, current)
+            collecting = self._collecting and binding.context == current.context
+        if not context.trace_flags.sampled:
             return
         scope = span.instrumentation_scope
         if scope is not None and scope.name in self._ignored_scopes:
             return
-        store, rollout_id, attempt_id = self._store, self._rollout_id, self._attempt_id
-        target = self._bound_otlp_target() if store is not None else None
+        # A span goes to the rollout of the context it started in: work an earlier rollout left running (a task it
+        # did not await) must not be stored, and rewarded, as the current rollout's.
+        store, rollout_id, attempt_id = binding.store, binding.rollout_id, binding.attempt_id
+        target = self._bound_otlp_target() if store is not None and binding.context == current.context else None
         if target is not None and rollout_id is not None and attempt_id is not None:
             item = _PendingWrite(target, rollout_id, attempt_id, span, self._next_local_sequence_id(), exported=True)
             self._append(item)
-            self._writer_for(target).submit(item)
+            self._submit(target, item)
             return
         if self._disable_store_submission or store is None or rollout_id is None or attempt_id is None:
-            if self._collecting:
+            if collecting:
                 local = Span.from_opentelemetry(
                     span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", self._next_local_sequence_id()
                 )
                 self._append(local)
             return
         item = _PendingWrite(store, rollout_id, attempt_id, span, self._next_local_sequence_id())
-        self._append(item)
-        self._writer_for(store).submit(item)  # a full buffer drops the span (counted and logged by the writer)
+        if collecting:
+            self._append(item)
+        self._submit(store, item)
+
+    def _submit(self, store: LightningStore, item: _PendingWrite) -> None:
+        """Queue ``item`` for ``store``; an annotation (a reward) is stored before the agent goes on.
+
+        Sequence ids order the spans of a rollout, and an adapter gives each reward to the LLM call before it in
+        that order. The store issues a span's id when it is written, up to ``write_delay`` after it ended, while
+        the gateway takes the id of a call when the call arrives: a reward written late would sort after the next
+        call. So ending an annotation span writes it, with every span that ended before it, at once.
+        """
+        writer = self._writer_for(store)
+        writer.submit(item)  # a full buffer drops the span (counted and logged by the writer)
+        if item.span.name != AGL_ANNOTATION or writer.unreachable:
+            return
+        if threading.current_thread() is self._loop_thread:
+            return  # ended by the writer's own loop: it cannot wait for itself
+        if not writer.flush_threadsafe(ANNOTATION_WRITE_TIMEOUT_SECONDS):
+            logger.warning(
+                "An annotation of rollout %s is not stored %g s after it ended; it stays buffered and may sort after "
+                "LLM calls made meanwhile.",
+                item.rollout_id,
+                ANNOTATION_WRITE_TIMEOUT_SECONDS,
+            )
 
     def _bound_otlp_target(self) -> Optional[_OtlpStoreTarget]:
         """The OTLP destination while the exporter is bound to a rollout attempt, else None."""

@@ -316,3 +316,72 @@ async def test_span_is_written_after_the_write_delay_without_a_flush() -> None:
 def test_negative_write_delay_is_rejected() -> None:
     with pytest.raises(ValueError, match="write_delay"):
         LightningSpanProcessor(write_delay=-1)
+
+
+async def _gateway_call(store: InMemoryLightningStore, rollout_id: str, attempt_id: str, turn: int) -> None:
+    """A call recorded the gateway's way: its sequence id is taken when the request arrives."""
+    sequence_id = await store.get_next_span_sequence_id(rollout_id, attempt_id)
+    now = time.time()
+    attributes = {"prompt_token_ids": [turn], "response_token_ids": [100 + turn], "gen_ai.response.id": f"r{turn}"}
+    span = Span.from_attributes(
+        attributes=attributes,
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        name="agentbolt.llm_call",
+        start_time=now,
+        end_time=now,
+    )
+    await store.add_span(span)
+
+
+async def test_a_reward_sorts_between_the_gateway_calls_around_it(inner: InMemoryLightningStore) -> None:
+    """Per-turn rewards go to their own turn: a reward is stored (its id issued) before the agent goes on."""
+    from agentbolt.adapter import LlmProxyTraceToTriplet
+    from agentbolt.emitter import emit_reward
+
+    rollout = await inner.start_rollout(input={})
+    rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
+    tracer = OtelTracer()  # the default write delay batches spans for up to a second
+    tracer.init_worker(0, inner)
+    try:
+        async with tracer.trace_context("turns", rollout_id=rollout_id, attempt_id=attempt_id):
+            await _gateway_call(inner, rollout_id, attempt_id, 1)
+            emit_reward(0.25)
+            await _gateway_call(inner, rollout_id, attempt_id, 2)
+            emit_reward(1.0)
+        triplets = LlmProxyTraceToTriplet().adapt(await inner.query_spans(rollout_id))
+    finally:
+        tracer.teardown_worker(0)
+    assert [(t.metadata["response_id"], t.reward) for t in triplets] == [("r1", 0.25), ("r2", 1.0)]
+
+
+async def test_a_span_left_running_by_a_rollout_stays_with_that_rollout(inner: InMemoryLightningStore) -> None:
+    """Work a rollout did not await, ending during the next rollout, is stored under the rollout that started it."""
+    first = await inner.start_rollout(input={"n": 1})
+    second = await inner.start_rollout(input={"n": 2})
+    tracer = OtelTracer()
+    tracer.init_worker(0, inner)
+    try:
+        async with tracer.trace_context(
+            "first", rollout_id=first.rollout_id, attempt_id=first.attempt.attempt_id
+        ) as otel_tracer:
+            release = asyncio.Event()
+
+            async def left_running() -> None:
+                with otel_tracer.start_as_current_span("late"):
+                    await release.wait()
+
+            task = asyncio.create_task(left_running())
+            await asyncio.sleep(0)
+        async with tracer.trace_context("second", rollout_id=second.rollout_id, attempt_id=second.attempt.attempt_id):
+            release.set()
+            await task
+            with otel_tracer.start_as_current_span("own"):
+                pass
+            local = [span.name for span in tracer.get_last_trace()]
+    finally:
+        tracer.teardown_worker(0)
+    assert "late" in await stored_names(inner, first.rollout_id)
+    assert "late" not in await stored_names(inner, second.rollout_id)
+    assert "own" in local and "late" not in local
