@@ -28,13 +28,16 @@ logprobs of the first choice                    ``logprobs.content`` (chat: JSON
                                                 ``response_logprobs`` (one float per token)
 ==============================================  ======================================================================
 
-Content that is not a string (content parts, tool parameters) is recorded as JSON. Tool calls use the flat layout
-of OpenLLMetry-style instrumentations (``tool_calls.<j>.name`` / ``.arguments``), which Agent Lightning traces use;
-the adapters also read the nested ``function.name`` / ``function.arguments`` layout of older gateway spans.
+Content that is not a string (content parts, tool parameters) is recorded as JSON. Text content that would read back
+as content parts (see :func:`parse_content_parts`) also records ``<prefix>.content_is_text``: ``True`` (next to
+``<prefix>.content``), so it is read back as the same string. Tool calls use the flat layout of OpenLLMetry-style
+instrumentations (``tool_calls.<j>.name`` / ``.arguments``), which Agent Lightning traces use; the adapters also read
+the nested ``function.name`` / ``function.arguments`` layout of older gateway spans.
 """
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import orjson
@@ -61,7 +64,27 @@ from agentbolt.semconv import (
     RESPONSE_TOKEN_IDS,
 )
 
-__all__ = ["CompletionRecord", "request_attributes", "llm_call_attributes"]
+__all__ = [
+    "CONTENT_IS_TEXT",
+    "CompletionRecord",
+    "is_content_parts",
+    "parse_content_parts",
+    "request_attributes",
+    "llm_call_attributes",
+]
+
+CONTENT_IS_TEXT = "content_is_text"
+"""Field of a recorded message (``gen_ai.prompt.<i>.content_is_text``): ``True`` when its content string is text
+that would otherwise read as content parts."""
+
+# OpenAI's content part types; each carries its payload under the field named like the type.
+_PART_PAYLOAD_TYPES: Dict[str, Any] = {
+    "text": str,
+    "refusal": str,
+    "image_url": (dict, str),
+    "input_audio": dict,
+    "file": dict,
+}
 
 # Numeric request parameters and their keys; the first listed of two aliases wins.
 _NUMERIC_PARAMS = (
@@ -111,6 +134,49 @@ def _text(value: Any) -> Optional[str]:
     return _json(value)
 
 
+def is_content_parts(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of OpenAI content parts (``text``, ``image_url``, ``input_audio``,
+    ``file``, ``refusal``), each carrying its payload (``{"type": "text", "text": "..."}``...)."""
+    if not isinstance(value, list) or not value:
+        return False
+    for part in value:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in _PART_PAYLOAD_TYPES:
+            return False
+        if not isinstance(part.get(kind), _PART_PAYLOAD_TYPES[kind]):
+            return False
+    return True
+
+
+def parse_content_parts(text: str) -> Optional[List[Dict[str, Any]]]:
+    """The content parts a recorded content string holds, or None when it holds text.
+
+    Content parts are recorded as a JSON list (some instrumentations record the string of a Python list). Only a list
+    of OpenAI content parts (see :func:`is_content_parts`) counts: other JSON, such as a tool's JSON output, is text.
+    """
+    stripped = text.strip()
+    if not stripped.startswith("[") or "type" not in stripped:
+        return None
+    try:
+        value = orjson.loads(stripped)
+    except orjson.JSONDecodeError:
+        try:
+            value = ast.literal_eval(stripped)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return value if is_content_parts(value) else None
+
+
+def _put_content(attributes: Dict[str, Any], prefix: str, content: Optional[str], *, text: bool) -> None:
+    """Record ``content`` (already a string) under ``<prefix>.content``; ``text`` tells whether it was text (not
+    content parts recorded as JSON), and text that would read as content parts is marked with ``CONTENT_IS_TEXT``."""
+    if content is None:
+        return
+    attributes[f"{prefix}.content"] = content
+    if text and parse_content_parts(content) is not None:
+        attributes[f"{prefix}.{CONTENT_IS_TEXT}"] = True
+
+
 def _number(value: Any) -> Optional[Union[int, float]]:
     """``value`` when it is an int or a float (not a bool), else None."""
     kind = type(value)
@@ -149,7 +215,8 @@ def _put_tool_calls(attributes: Dict[str, Any], prefix: str, tool_calls: Iterabl
 
 def _put_message(attributes: Dict[str, Any], prefix: str, message: Any) -> None:
     _put_given(attributes, f"{prefix}.role", _str(_get(message, "role")))
-    _put_given(attributes, f"{prefix}.content", _text(_get(message, "content")))
+    content = _get(message, "content")
+    _put_content(attributes, prefix, _text(content), text=isinstance(content, str))
     for field in ("name", "tool_call_id", "reasoning_content"):
         _put_given(attributes, f"{prefix}.{field}", _str(_get(message, field)))
     tool_calls = _get(message, "tool_calls")
@@ -194,7 +261,8 @@ def request_attributes(
             _put_message(attributes, f"{GEN_AI_PROMPT}.{i}", message)
     elif request.get("prompt") is not None:
         attributes[f"{GEN_AI_PROMPT}.0.role"] = "user"
-        attributes[f"{GEN_AI_PROMPT}.0.content"] = _text(request.get("prompt"))
+        prompt = request.get("prompt")
+        _put_content(attributes, f"{GEN_AI_PROMPT}.0", _text(prompt), text=isinstance(prompt, str))
     tools = request.get("tools")
     functions: List[Any] = [_get(tool, "function") or tool for tool in tools] if isinstance(tools, list) else []
     legacy = request.get("functions")
@@ -217,6 +285,7 @@ class _Choice:
 
     __slots__ = (
         "content",
+        "content_is_text",
         "finish_reason",
         "logprob_entries",
         "reasoning",
@@ -229,6 +298,7 @@ class _Choice:
     def __init__(self) -> None:
         self.role: Optional[str] = None
         self.content: Optional[str] = None
+        self.content_is_text: bool = True  # False when the content was a list of parts, recorded as JSON
         self.reasoning: Optional[str] = None
         self.finish_reason: Optional[str] = None
         self.token_ids: List[int] = []
@@ -309,7 +379,9 @@ class CompletionRecord:
             message = _get(raw, "message")
             if message is not None:
                 choice.role = _get(message, "role")
-                choice.content = _text(_get(message, "content"))
+                content = _get(message, "content")
+                choice.content = _text(content)
+                choice.content_is_text = content is None or isinstance(content, str)
                 choice.reasoning = _text(_get(message, "reasoning_content"))
                 choice.tool_calls = {j: _tool_call(call) for j, call in enumerate(_items(_get(message, "tool_calls")))}
             else:
@@ -363,8 +435,7 @@ class CompletionRecord:
             choice = self.choices[index]
             prefix = f"{GEN_AI_COMPLETION}.{index}"
             attributes[f"{prefix}.role"] = choice.role or "assistant"
-            if choice.content is not None:
-                attributes[f"{prefix}.content"] = choice.content
+            _put_content(attributes, prefix, choice.content, text=choice.content_is_text)
             if choice.reasoning is not None:
                 attributes[f"{prefix}.reasoning_content"] = choice.reasoning
             if choice.finish_reason is not None:

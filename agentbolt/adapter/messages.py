@@ -8,10 +8,10 @@ annotations; nothing here imports it at run time.
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Mapping, Optional, Sequence, Set, TypedDict, Union
 
+from agentbolt.llm_call_attributes import CONTENT_IS_TEXT, parse_content_parts
 from agentbolt.semconv import AGL_LLM_CALL, GEN_AI_COMPLETION, GEN_AI_PROMPT, LLM_CALL_ID, PROMPT_TOKEN_IDS
 from agentbolt.types import Span
 from agentbolt.utils.otel import filter_and_unflatten_attributes
@@ -110,34 +110,31 @@ def _tool_call(raw: Any) -> Dict[str, Any]:
     }
 
 
-def _is_content_parts(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(part, dict) and "type" in part for part in value)
-
-
-def decode_content(value: Any) -> Any:
+def decode_content(value: Any, *, text: bool = False) -> Any:
     """Message content as recorded in span attributes, with its content parts restored as a list.
 
     Instrumentations record a list of content parts (``text``, ``image_url`` with ``https:`` or ``data:`` URLs...)
-    as numbered attributes, as a JSON string or as the string of a Python list; each comes back as the list. Other
-    values are returned unchanged.
+    as numbered attributes, as a JSON string or as the string of a Python list; each comes back as the list. A string
+    is read as parts only when it holds a list of OpenAI content parts
+    (:func:`agentbolt.llm_call_attributes.parse_content_parts`): other text, JSON or not, is returned unchanged, as
+    are other values.
+
+    Args:
+        value: The recorded content.
+        text: The message is marked as holding text (``content_is_text``): a string is returned unchanged.
     """
     if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
         return _sparse_lists(value)
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            decoded = json.loads(value)
-        except json.JSONDecodeError:
-            try:
-                decoded = ast.literal_eval(value.strip())
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return value
-        return decoded if _is_content_parts(decoded) else value
+    if isinstance(value, str) and not text:
+        parts = parse_content_parts(value)
+        if parts is not None:
+            return parts
     return value
 
 
-def _content(value: Any) -> Any:
-    """Message content: text, or a list of content parts."""
-    value = decode_content(value)
+def _content(value: Any, *, text: bool = False) -> Any:
+    """Message content: text, or a list of content parts (``text`` as for :func:`decode_content`)."""
+    value = decode_content(value, text=text)
     if value is None or isinstance(value, (list, str)):
         return value
     if isinstance(value, dict):
@@ -151,7 +148,8 @@ def _message(raw: Any, *, default_role: Optional[str] = None) -> Dict[str, Any]:
     role = raw.get("role", default_role)
     if role not in _ROLES:
         raise ValueError(f"Invalid chat message role {role!r}; expected one of {sorted(_ROLES)}.")
-    message: Dict[str, Any] = {"role": role, "content": _content(raw.get("content"))}
+    content = _content(raw.get("content"), text=raw.get(CONTENT_IS_TEXT) is True)
+    message: Dict[str, Any] = {"role": role, "content": content}
     if role == "tool":
         call_id = raw.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -280,7 +278,7 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
         """Convert the spans of one rollout.
 
         Args:
-            source: The spans (store order).
+            source: The spans (store order); any iterable of spans, read once.
 
         Returns:
             The conversations in span order.
@@ -289,7 +287,8 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
             ValueError: If a span's ``gen_ai`` data has the wrong shape (prompt/completion not lists, request/response
                 not dicts) or holds malformed messages.
         """
-        records = [span for span in span_list(source) if _has_genai_data(span.attributes)]
+        spans = span_list(source)
+        records = [span for span in spans if _has_genai_data(span.attributes)]
         identities = CallIdentities()
         kept: Set[int] = set()
         for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):
@@ -326,7 +325,7 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
                     "completion": completion,
                     "request": request,
                     "response": response,
-                    "tool_calls": get_tool_calls(span, source),
+                    "tool_calls": get_tool_calls(span, spans),
                 }
             )
         return list(convert_to_openai_messages(raw_calls))

@@ -10,7 +10,8 @@ from pydantic import TypeAdapter
 from span_factory import SpanFactory
 
 from agentbolt.adapter import TraceToMessages
-from agentbolt.adapter.messages import OpenAIMessages, group_genai_dict
+from agentbolt.adapter.messages import OpenAIMessages, decode_content, group_genai_dict
+from agentbolt.llm_call_attributes import CompletionRecord, llm_call_attributes, parse_content_parts
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -127,7 +128,10 @@ def test_tool_calls_recorded_as_child_spans_are_attached_to_the_reply() -> None:
     )
     tool = f.tool("lookup", {"key": "k"}, "call_9", 1, 2, parent=call)
     unrelated = f.span("http.request", 2, 3, parent=call, attributes={"http.method": "POST"})
-    (conversation,) = TraceToMessages()([call, tool, unrelated])
+    spans = [call, tool, unrelated]
+    (conversation,) = TraceToMessages()(spans)
+    (from_generator,) = TraceToMessages()(span for span in spans)
+    assert from_generator == conversation
     assert conversation["messages"][-1] == {
         "role": "assistant",
         "content": "",
@@ -188,3 +192,104 @@ def test_group_genai_dict() -> None:
     assert group_genai_dict(data, "p") == [{"role": "user", "parts": ["a", "b"]}, {"role": "tool"}]
     assert group_genai_dict(data, "q") == {"x": 1}
     assert group_genai_dict(data, "missing") == {}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text content that looks like JSON, and content parts, recorded by llm_call_attributes and read back
+
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+JSON_LOOKING_TEXTS = [
+    '[{"type": "web", "url": "https://a.example", "title": "A"}]',  # search results with their own "type"
+    '[{"type": "text", "text": "a tool returning chat content parts as JSON"}]',
+    "[{'type': 'text', 'text': 'the same, as the string of a Python list'}]",
+    '[{"type": "text"}]',
+    '[{"type": "image_url", "url": "https://a.example/cat.png"}]',
+    "[]",
+    '["a", "b"]',
+    "[not json",
+]
+USER_PARTS: List[Any] = [
+    {"type": "text", "text": "What is in this picture and this recording?"},
+    {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"}},
+]
+ASSISTANT_PARTS: List[Any] = [{"type": "text", "text": "I can't"}, {"type": "refusal", "refusal": "Not allowed."}]
+
+
+def _recorded_call(request: dict, response: dict) -> Any:
+    """A span carrying the attributes the OpenAI SDK instrumentation and the gateway record for one call."""
+    attributes = llm_call_attributes(request, CompletionRecord.from_completion(response))
+    return SpanFactory().span("openai.chat.completion", 0, 1, attributes=attributes)
+
+
+def _answer(content: Any) -> dict:
+    return {"id": "r-1", "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+
+
+@pytest.mark.parametrize("text", JSON_LOOKING_TEXTS)
+def test_text_that_looks_like_json_comes_back_as_the_same_string(text: str) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": text},
+    ]
+    span = _recorded_call({"model": "m", "messages": messages}, _answer(text))
+    (conversation,) = TraceToMessages()([span])
+    assert conversation["messages"] == [*messages, {"role": "assistant", "content": text}]
+    _validate_with_openai_types([conversation])
+
+
+def test_streamed_text_that_looks_like_content_parts_comes_back_as_the_same_string() -> None:
+    text = '[{"type": "text", "text": "x"}]'
+    record = CompletionRecord()
+    for piece in (text[:10], text[10:]):
+        record.add_chunk({"id": "r-1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece}}]})
+    attributes = llm_call_attributes({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, record)
+    (conversation,) = TraceToMessages()([SpanFactory().span("openai.chat.completion", 0, 1, attributes=attributes)])
+    assert conversation["messages"][-1] == {"role": "assistant", "content": text}
+
+
+def test_content_parts_come_back_as_parts() -> None:
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": USER_PARTS},
+        {"role": "assistant", "content": ASSISTANT_PARTS},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a.example/cat.png"}}]},
+    ]
+    span = _recorded_call({"model": "m", "messages": messages}, _answer("A cat."))
+    assert not any(key.endswith(".content_is_text") for key in span.attributes)
+    (conversation,) = TraceToMessages()([span])
+    assert conversation["messages"] == [*messages, {"role": "assistant", "content": "A cat."}]
+    _validate_with_openai_types([conversation])
+
+
+def test_spans_recorded_before_text_was_marked_read_only_openai_content_parts_as_parts() -> None:
+    web = '[{"type": "web", "url": "https://a.example", "title": "A"}]'
+    attributes = {
+        "gen_ai.prompt.0.role": "user",
+        "gen_ai.prompt.0.content": json.dumps(USER_PARTS),
+        "gen_ai.prompt.1.role": "tool",
+        "gen_ai.prompt.1.tool_call_id": "call_1",
+        "gen_ai.prompt.1.content": web,
+        "gen_ai.completion.0.role": "assistant",
+        "gen_ai.completion.0.content": "ok",
+    }
+    (conversation,) = TraceToMessages()([SpanFactory().span("openai.chat.completion", 0, 1, attributes=attributes)])
+    assert [m["content"] for m in conversation["messages"]] == [USER_PARTS, web, "ok"]
+
+
+def test_parse_content_parts_accepts_only_openai_parts_with_their_payload() -> None:
+    assert parse_content_parts(json.dumps(USER_PARTS)) == USER_PARTS
+    assert parse_content_parts(" " + repr(ASSISTANT_PARTS)) == ASSISTANT_PARTS
+    assert parse_content_parts(json.dumps([{"type": "image_url", "image_url": PNG}])) == [
+        {"type": "image_url", "image_url": PNG}
+    ]
+    for text in [JSON_LOOKING_TEXTS[0], *JSON_LOOKING_TEXTS[3:]]:  # the others are parts when not marked as text
+        assert parse_content_parts(text) is None, text
+    assert parse_content_parts(json.dumps([USER_PARTS[0], {"type": "web", "url": "u"}])) is None
+    assert parse_content_parts(json.dumps([{"type": "text", "text": 1}])) is None
+    assert parse_content_parts(json.dumps([{"type": ["text"], "text": "x"}])) is None
+    assert parse_content_parts("[" * 100_000) is None
+    assert decode_content(json.dumps(USER_PARTS), text=True) == json.dumps(USER_PARTS)
