@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 from pydantic import BaseModel
 
+from agentbolt.llm_call_attributes import CONTENT_IS_TEXT
 from agentbolt.semconv import (
     AGL_LLM_CALL,
     AGL_OPERATION,
@@ -219,7 +220,7 @@ def _is_reward_operation(span: Span) -> bool:
 def _message_image_urls(message: Any) -> List[str]:
     if not isinstance(message, dict):
         return []
-    content = decode_content(message.get("content"))
+    content = decode_content(message.get("content"), text=message.get(CONTENT_IS_TEXT) is True)
     if not isinstance(content, list):
         return []
     urls: List[str] = []
