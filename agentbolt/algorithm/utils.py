@@ -1,8 +1,10 @@
-"""Helpers shared by algorithm implementations: batching over datasets and injecting the store / LLM proxy."""
+"""Helpers shared by algorithm implementations: batching over datasets, task keys, injecting the store / LLM proxy."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import random
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, List, Sequence, TypeVar
@@ -12,7 +14,7 @@ from agentbolt.types import Dataset
 if TYPE_CHECKING:
     from .base import Algorithm
 
-__all__ = ["batch_iter_over_dataset", "with_store", "with_llm_proxy"]
+__all__ = ["batch_iter_over_dataset", "task_key", "with_store", "with_llm_proxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,15 @@ def batch_iter_over_dataset(dataset: Dataset[T], batch_size: int) -> Iterator[Se
             if len(batch) == batch_size:
                 yield [dataset[i] for i in batch]
                 batch = []
+
+
+def task_key(task: Any) -> str:
+    """A short stable id of a task (a rollout input): the hash of its canonical JSON.
+
+    Equal tasks have equal keys wherever they sit in a dataset, and a changed task gets a new key.
+    """
+    text = json.dumps(task, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
 def with_store(func: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:

@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any, Generic, Iterator, List, Optional, Sequen
 
 from agentbolt.algorithm.utils import batch_iter_over_dataset
 from agentbolt.types import Dataset, PromptTemplate
+from agentbolt.utils.checks import check_finite
 
-from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, format_experiments
+from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, extract_template_text, format_experiments
 from .search import (
     PromptSearch,
     RolloutResultForAPO,
     VersionedPromptTemplate,
     keyed,
 )
+from .templates import format_placeholders
 
 try:  # the contract reaches POML through this module attribute (poml.poml, poml.set_trace)
     import poml
@@ -103,6 +105,7 @@ class APO(PromptSearch, Generic[T_task]):
             branch_factor=branch_factor,
         )
         self._check_counts(0, beam_rounds=beam_rounds)
+        check_finite(diversity_temperature, "diversity_temperature", minimum=0)
         super().__init__(async_openai_client, rollout_batch_timeout=rollout_batch_timeout, **search_options)
         self.gradient_model = gradient_model
         self.apply_edit_model = apply_edit_model
@@ -141,8 +144,10 @@ class APO(PromptSearch, Generic[T_task]):
     # -- optimizer calls ---------------------------------------------------------------------------------------------
 
     def _context(self, prompt: PromptTemplate) -> dict:
-        names = ", ".join("{" + name + "}" for name in sorted(self._placeholders)) or "(none)"
-        return {"prompt_template": prompt.template, "placeholders": names}
+        return {
+            "prompt_template": prompt.template,
+            "placeholders": format_placeholders(self._placeholders, prompt.engine),
+        }
 
     async def compute_textual_gradient(
         self,
@@ -190,7 +195,9 @@ class APO(PromptSearch, Generic[T_task]):
         """Critique, then rewrite ``current_prompt`` along the critique.
 
         Returns:
-            The new template text; the current text when the critique is empty; None when a call failed.
+            The new template text (the last fenced block of the reply if it has one, else the whole reply, stripped:
+            :func:`~agentbolt.algorithm.apo.prompts.extract_template_text`); the current text when the critique is
+            empty; None when a call failed.
         """
         text, _ = await self._critique_and_edit(current_prompt, rollout, prefix=prefix)
         return text
@@ -207,10 +214,12 @@ class APO(PromptSearch, Generic[T_task]):
         path = random.choice(self.apply_edit_prompt_files)
         context = {**self._context(current_prompt.prompt_template), "critique": critique}
         messages = await self._render(path, context)
-        text = await self.optimizer.chat(
+        reply = await self.optimizer.chat(
             model=self.apply_edit_model, messages=messages, temperature=self.diversity_temperature, purpose="edit"
         )
-        return text, critique
+        if reply is None:
+            return None, critique
+        return extract_template_text(reply) or "", critique
 
     # -- store-backed evaluation (contract names) --------------------------------------------------------------------
 
@@ -232,9 +241,7 @@ class APO(PromptSearch, Generic[T_task]):
         """Run ``prompt`` on every task of ``dataset``; the finished rollouts and the average reward (0 if unset)."""
         self._resource_name = self._resource_name or resource_name
         purpose = "train" if mode == "train" else "val-batch"
-        evaluation = await self.evaluate(
-            prompt, [(str(i), task) for i, task in enumerate(dataset)], mode=mode, purpose=purpose, prefix=prefix
-        )  # type: ignore[arg-type]
+        evaluation = await self.evaluate(prompt, keyed(dataset), mode=mode, purpose=purpose, prefix=prefix)  # type: ignore[arg-type]
         return evaluation.results, evaluation.mean
 
     # -- the search --------------------------------------------------------------------------------------------------
@@ -358,10 +365,17 @@ class APO(PromptSearch, Generic[T_task]):
     ) -> None:
         """Search for a better prompt; the result is :meth:`get_best_prompt` (also stored as ``{run_id}-best``).
 
+        With a ``seed``, the module-level :mod:`random` generator (which draws the parents, batches, samples and
+        prompt files) is seeded with it first, so two runs with one seed make the same draws. That generator is the
+        process's: when runners share the process (a shared-memory strategy) their own use of it (span ids, poll
+        jitter) makes the draws that follow the first rollouts differ from run to run.
+
         Raises:
             ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, an adapter that is
                 not TraceToMessages, or no candidate left to evaluate.
         """
+        if self.seed is not None:
+            random.seed(self.seed)  # the module-level generator the draws below use (as the contract has them)
         resource_name, seed, grad_iter, val_iter = self._initialize_beam(train_dataset, val_dataset)
         assert val_dataset is not None
         if self._poml_trace and poml is not None:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import PromptTemplate
+from agentbolt.utils.checks import check_finite
 
 from .prompts import conversation_of, examples_position
 from .search import (
@@ -67,7 +68,7 @@ class Demonstration:
     """One worked example.
 
     Attributes:
-        task_key: Index of its training task.
+        task_key: Key of its training task (see :func:`~agentbolt.algorithm.apo.search.keyed`).
         reward: The reward its run earned.
         text: The example written as text (what ``demo_format="text"`` puts in the template).
         messages: The example as chat messages (what ``demo_format="messages"`` adds to the template's examples).
@@ -287,6 +288,8 @@ class FewShotAPO(PromptSearch):
     ) -> None:
         self._check_counts(1, max_demos=max_demos, bootstrap_tasks=bootstrap_tasks, bootstrap_repeats=bootstrap_repeats)
         self._check_counts(1, num_candidate_sets=num_candidate_sets, val_batch_size=val_batch_size, finalists=finalists)
+        self._check_counts(1, max_demo_chars=max_demo_chars)
+        check_finite(demo_min_reward, "demo_min_reward")
         if demo_position not in ("before", "after"):
             raise ValueError(f"demo_position must be 'before' or 'after', got {demo_position!r}")
         if demo_format not in ("text", "messages"):

@@ -8,7 +8,9 @@ import random
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Dict, List, Optional
 
-__all__ = ["SearchBudgetExhausted", "OptimizerCalls", "OptimizerUsage"]
+from agentbolt.utils.checks import check_count, check_finite
+
+__all__ = ["SearchBudgetExhausted", "OptimizerCalls", "OptimizerUsage", "check_positive"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,19 @@ class OptimizerUsage:
         return self.prompt_tokens + self.completion_tokens
 
 
+def check_positive(value: Any, name: str) -> float:
+    """``value`` if it is a finite number above 0 (a duration in seconds, say).
+
+    Raises:
+        TypeError: ``value`` is not a number (a bool is not one).
+        ValueError: ``value`` is NaN, infinite, 0 or negative.
+    """
+    check_finite(value, name)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return float(value)
+
+
 def _estimated_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
@@ -54,11 +69,15 @@ class OptimizerCalls:
 
     Args:
         client: An ``openai.AsyncOpenAI`` (or compatible) client: a hosted model, ``agentbolt serve``, the gateway.
-        timeout: Seconds allowed for one attempt.
-        retries: Further attempts after the first.
-        backoff: Seconds before the first retry.
-        max_tokens: Token budget over all calls (None: unlimited).
-        completion_tokens: Completion budget of each call (None: the server's default).
+        timeout: Seconds allowed for one attempt (a finite number above 0).
+        retries: Further attempts after the first (an integer, at least 0).
+        backoff: Seconds before the first retry (a finite number, at least 0).
+        max_tokens: Token budget over all calls (an integer, at least 1; None: unlimited).
+        completion_tokens: Completion budget of each call (an integer, at least 1; None: the server's default).
+
+    Raises:
+        TypeError: A count that is not an integer (a bool or a float included), or a duration that is not a number.
+        ValueError: A value out of range, NaN or infinite.
     """
 
     client: Any
@@ -72,12 +91,12 @@ class OptimizerCalls:
     """What the calls have cost so far."""
 
     def __post_init__(self) -> None:
-        if self.timeout <= 0:
-            raise ValueError(f"optimizer timeout must be > 0 seconds, got {self.timeout}")
-        if self.retries < 0:
-            raise ValueError(f"optimizer retries must be >= 0, got {self.retries}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError(f"max_optimizer_tokens must be > 0 or None, got {self.max_tokens}")
+        # named by the options of the searches that build these calls
+        check_positive(self.timeout, "optimizer_timeout")
+        check_count(self.retries, "optimizer_retries", minimum=0)
+        check_finite(self.backoff, "optimizer_backoff", minimum=0)
+        check_count(self.max_tokens, "max_optimizer_tokens", optional=True)
+        check_count(self.completion_tokens, "optimizer_max_tokens", optional=True)
 
     def check_budget(self) -> None:
         """Raise :class:`SearchBudgetExhausted` when the token budget is spent."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import PromptTemplate
+from agentbolt.utils.checks import check_finite
 
 from .prompts import (
     MERGE_PROMPT_FILES,
@@ -31,7 +32,8 @@ from .prompts import (
     extract_template_text,
     format_experiments,
 )
-from .search import FULL_VAL, PromptSearch, VersionedPromptTemplate
+from .search import PromptSearch, VersionedPromptTemplate
+from .templates import format_placeholders
 
 __all__ = ["ParetoAPO", "pareto_front"]
 
@@ -107,6 +109,7 @@ class ParetoAPO(PromptSearch):
     ) -> None:
         self._check_counts(1, reflection_batch_size=reflection_batch_size)
         self._check_counts(0, rounds=rounds, merge_every=merge_every)
+        check_finite(temperature, "temperature", minimum=0)
         super().__init__(async_openai_client, **search_options)
         self.reflection_model = reflection_model
         self.temperature = temperature
@@ -125,11 +128,10 @@ class ParetoAPO(PromptSearch):
     def _prefix(self, round_num: int, version: Optional[str] = None) -> str:
         return f"[Round {round_num:02d}" + (f" | Prompt {version}]" if version else "]")
 
-    def _placeholder_list(self) -> str:
-        return ", ".join("{" + name + "}" for name in sorted(self._placeholders)) or "(none)"
-
-    async def _ask(self, path: Path, context: Dict[str, Any], purpose: str) -> Optional[str]:
-        messages = await self._render(path, {**context, "placeholders": self._placeholder_list()})
+    async def _ask(self, path: Path, context: Dict[str, Any], purpose: str, like: PromptTemplate) -> Optional[str]:
+        """The template the optimizer model writes for ``context`` (placeholders shown in ``like``'s syntax)."""
+        placeholders = format_placeholders(self._placeholders, like.engine)
+        messages = await self._render(path, {**context, "placeholders": placeholders})
         reply = await self.optimizer.chat(
             model=self.reflection_model, messages=messages, temperature=self.temperature, purpose=purpose
         )
@@ -164,6 +166,7 @@ class ParetoAPO(PromptSearch):
                 "experiments_text": format_experiments(parent_eval.results),
             },
             "reflection",
+            parent.prompt_template,
         )
         child = self._candidate_from_text(text, parent.prompt_template, prefix=prefix)
         if child is None:
@@ -221,6 +224,7 @@ class ParetoAPO(PromptSearch):
                 "wins_b": len(front.get(b.version, [])),
             },
             "merge",
+            a.prompt_template,
         )
         child = self._candidate_from_text(text, a.prompt_template, prefix=self._prefix(round_num))
         if child is None:
@@ -264,12 +268,12 @@ class ParetoAPO(PromptSearch):
         last_round = 0
         for record in records:
             last_round = max(last_round, record.round, record.validated_in_round)
-            full = record.scores.get(FULL_VAL)
-            if record.template is None or not full or len(full) < len(self._val):
+            full = self._stored_full_val(record)
+            if record.template is None or full is None:
                 continue
             candidate = VersionedPromptTemplate(
                 record.version, record.template, sum(full.values()) / len(full), self._lineage_of(record)
             )
             self.pool[record.version] = candidate
-            self.val_scores[record.version] = dict(full)
+            self.val_scores[record.version] = full
         return last_round

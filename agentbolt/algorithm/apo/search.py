@@ -27,12 +27,14 @@ from typing_extensions import NotRequired, TypedDict
 
 from agentbolt.adapter import TraceToMessages
 from agentbolt.algorithm.base import Algorithm, refuse_data_parallel_launch
+from agentbolt.algorithm.utils import task_key
 from agentbolt.emitter.message import get_message_value
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
+from agentbolt.utils.checks import check_count
 from agentbolt.utils.reward_spans import training_reward
 
-from .optimizer import OptimizerCalls, SearchBudgetExhausted
+from .optimizer import OptimizerCalls, SearchBudgetExhausted, check_positive
 from .prompts import conversation_of, render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
@@ -90,7 +92,7 @@ class Evaluation:
     Attributes:
         version: The candidate's version.
         purpose: Why it ran (``train``, ``val-batch``, ``val-full``, ...).
-        task_keys: Key of each task (its index in its dataset, as text).
+        task_keys: Key of each task (see :func:`keyed`).
         rewards: Reward per task in the same order; failed, timed-out or unrewarded rollouts score 0.
         outcomes: Per task, the finished rollout as the optimizer reads it (None: timed out).
         failed: Rollouts that ended failed or cancelled.
@@ -196,8 +198,20 @@ def template_key(template: PromptTemplate) -> str:
 
 
 def keyed(dataset: Dataset[Any]) -> List[Tuple[str, Any]]:
-    """``(key, task)`` for each item of a dataset; the key is the item's index."""
-    return [(str(index), dataset[index]) for index in range(len(dataset))]
+    """``(key, task)`` for each item of a dataset, in order.
+
+    The key is the hash of the task's content (:func:`~agentbolt.algorithm.utils.task_key`), so a stored score
+    belongs to the task it was earned on: a resumed run re-runs the tasks that changed, wherever they sit. A task
+    repeated in the dataset gets ``#2``, ``#3``... after its key, so every item keeps a score of its own.
+    """
+    seen: Dict[str, int] = {}
+    items: List[Tuple[str, Any]] = []
+    for index in range(len(dataset)):
+        task = dataset[index]
+        key = task_key(task)
+        seen[key] = seen.get(key, 0) + 1
+        items.append((key if seen[key] == 1 else f"{key}#{seen[key]}", task))
+    return items
 
 
 def optimizer_client(spec: Any) -> Any:
@@ -238,7 +252,8 @@ class PromptSearch(Algorithm):
         async_openai_client: The optimizer model's client (``openai.AsyncOpenAI`` or compatible), or what builds
             one (a base URL, or a dict of ``AsyncOpenAI`` keyword arguments, see :func:`optimizer_client`); may be
             None for searches that never ask a model (few-shot selection).
-        rollout_batch_timeout: Seconds an evaluation batch may take; unfinished rollouts are cancelled and score 0.
+        rollout_batch_timeout: Seconds an evaluation batch may take (a finite number above 0); unfinished rollouts
+            are cancelled and score 0.
         run_id: Names this run's candidates in the store (default: a new random id).
         resume: Continue the run ``run_id`` from what the store holds.
         max_optimizer_tokens: Stop the search once the optimizer model has used this many tokens.
@@ -247,7 +262,8 @@ class PromptSearch(Algorithm):
         optimizer_retries: Retries of a failed or timed-out optimizer call (with exponential backoff).
         optimizer_backoff: Seconds before the first retry.
         optimizer_max_tokens: Completion budget of each optimizer call (None: the server's default).
-        seed: Seed of this optimizer's random choices (None: not seeded).
+        seed: Seed of this optimizer's random choices (None: not seeded). APO draws from the module-level
+            :mod:`random` generator, as the reference does, and seeds it when its run starts.
         use_poml: Render the optimizer's prompt files with POML (True), with the plain renderer (False), or with
             POML when it is installed (None). POML runs a separate process per render (seconds each).
     """
@@ -270,10 +286,8 @@ class PromptSearch(Algorithm):
         seed: Optional[int] = None,
         use_poml: Optional[bool] = None,
     ) -> None:
-        if rollout_batch_timeout <= 0:
-            raise ValueError(f"rollout_batch_timeout must be > 0 seconds, got {rollout_batch_timeout}")
-        if max_rollouts is not None and max_rollouts <= 0:
-            raise ValueError(f"max_rollouts must be > 0 or None, got {max_rollouts}")
+        check_positive(rollout_batch_timeout, "rollout_batch_timeout")
+        check_count(max_rollouts, "max_rollouts", optional=True)
         if resume and not run_id:
             raise ValueError("resume=True needs the run_id of the run to continue")
         async_openai_client = optimizer_client(async_openai_client)
@@ -305,6 +319,7 @@ class PromptSearch(Algorithm):
         self.current_round = 0
         self._resource_name: Optional[str] = None
         self._placeholders: frozenset[str] = frozenset()
+        self._val_keys: List[str] = []
         self._full_val_cache: Dict[str, Dict[str, float]] = {}  # by template_key
         self._logger = logging.getLogger(self.log_name)
 
@@ -430,7 +445,9 @@ class PromptSearch(Algorithm):
         self._history_best_version = None
         self._version_counter = 0
         assert train_dataset is not None and val_dataset is not None
-        return seed, keyed(train_dataset), keyed(val_dataset)
+        train, val = keyed(train_dataset), keyed(val_dataset)
+        self._val_keys = [key for key, _ in val]
+        return seed, train, val
 
     async def run(
         self, train_dataset: Optional[Dataset[Any]] = None, val_dataset: Optional[Dataset[Any]] = None
@@ -646,11 +663,9 @@ class PromptSearch(Algorithm):
             raise ValueError(f"Cannot resume: the store holds no candidates of run {self.run_id!r}.")
         self._version_counter = max(_version_number(r.version) for r in records) + 1
         for record in records:
-            if record.template is None:
-                continue
-            full = record.scores.get(FULL_VAL)
-            if full:
-                self._full_val_cache[template_key(record.template)] = dict(full)
+            full = self._stored_full_val(record)
+            if record.template is not None and full is not None:
+                self._full_val_cache[template_key(record.template)] = full
                 mean = sum(full.values()) / len(full)
                 if mean > self._history_best_score:
                     self._history_best_prompt = record.template
@@ -662,6 +677,17 @@ class PromptSearch(Algorithm):
             f"({self._history_best_score:.3f}).",
         )
         return records
+
+    def _stored_full_val(self, record: CandidateRecord) -> Optional[Dict[str, float]]:
+        """A stored candidate's full-validation rewards on this run's validation tasks (by :func:`keyed` key).
+
+        None unless it was scored on every one of them: scores on tasks that have since changed or left the
+        validation set do not count, and the candidate is validated again when it is needed.
+        """
+        full = record.scores.get(FULL_VAL) or {}
+        if not self._val_keys or any(key not in full for key in self._val_keys):
+            return None
+        return {key: full[key] for key in self._val_keys}
 
     @staticmethod
     def _lineage_of(record: CandidateRecord) -> Dict[str, Any]:
@@ -687,11 +713,11 @@ class PromptSearch(Algorithm):
         """Require each of ``counts`` (option name -> value) to be an integer of at least ``minimum``.
 
         Raises:
-            ValueError: The first count that is not, named.
+            TypeError: The first count that is not an integer (a bool is not one), named.
+            ValueError: The first count below ``minimum``, named.
         """
         for name, value in counts.items():
-            if not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            check_count(value, name, minimum=minimum)
 
     @staticmethod
     def _prompt_files(given: Optional[Sequence[Any]], default: Sequence[Path]) -> List[Path]:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import re
 import string
-from typing import FrozenSet
+from typing import FrozenSet, Iterable
 
 from agentbolt.types import PromptTemplate
 
-__all__ = ["PlaceholderMismatchError", "template_placeholders", "check_placeholders", "escape_literal"]
+__all__ = [
+    "PlaceholderMismatchError",
+    "template_placeholders",
+    "check_placeholders",
+    "escape_literal",
+    "format_placeholders",
+]
 
 _POML_EXPRESSION = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -43,6 +49,15 @@ def template_placeholders(template: PromptTemplate) -> FrozenSet[str]:
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"invalid jinja template: {exc}") from exc
     return frozenset(_POML_EXPRESSION.findall(template.template))
+
+
+def format_placeholders(names: Iterable[str], engine: str) -> str:
+    """``names`` written as placeholders of ``engine`` (what the optimizer model is told to keep), sorted.
+
+    ``{name}`` for f-string templates, ``{{ name }}`` for jinja and POML ones; ``(none)`` when there are none.
+    """
+    pattern = "{%s}" if engine == "f-string" else "{{ %s }}"
+    return ", ".join(pattern % name for name in sorted(names)) or "(none)"
 
 
 def check_placeholders(candidate: PromptTemplate, required: FrozenSet[str]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 from agentbolt.adapter.messages import convert_to_openai_messages
+from agentbolt.algorithm.utils import task_key
 from agentbolt.types import Triplet
 from agentbolt.utils.counters import Counters
 
@@ -37,6 +39,7 @@ __all__ = [
     "ChatSample",
     "DataError",
     "TokenSample",
+    "finite_reward",
     "StudentPrompt",
     "TokenizeStats",
     "load_student_prompt",
@@ -61,10 +64,15 @@ class DataError(ValueError):
     """A file or a record cannot be read as SFT data; the message names the file and line."""
 
 
-def task_key(task: Any) -> str:
-    """A short stable id of a task (a rollout input): the hash of its canonical JSON."""
-    text = json.dumps(task, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+def finite_reward(reward: Optional[float]) -> Optional[float]:
+    """``reward`` as a float when it is a finite number; None (no reward) for None, NaN and the infinities.
+
+    A NaN reward is no measure of quality: it is never selected or ranked as a number, like the final rewards of
+    :func:`agentbolt.utils.reward_spans.training_reward`.
+    """
+    if reward is None or not math.isfinite(reward):
+        return None
+    return float(reward)
 
 
 @dataclass
@@ -133,36 +141,53 @@ class ChatSample:
     def from_record(cls, record: Any, where: str = "record") -> ChatSample:
         """Read a record of :meth:`to_record`, or any ``{"messages": ...}`` / ``{"prompt", "completion"}`` dict.
 
+        A record with no messages (``"prompt": [], "completion": []``, what a call recorded as token ids only is
+        written as) is read when it holds both ``prompt_token_ids`` and ``response_token_ids``: it is trained on
+        them. A reward that is not a finite number (NaN, an infinity) is read as no reward, with a warning.
+
         Raises:
             DataError: The record is not a dict, has neither layout, or holds a malformed message or id list.
         """
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        if "messages" in record:
-            raw, turns = record["messages"], "all"
-        elif "prompt" in record and "completion" in record:
-            prompt, completion = record["prompt"], record["completion"]
-            if not isinstance(prompt, list) or not isinstance(completion, list) or len(completion) != 1:
-                raise DataError(f"{where}: 'prompt' must be a list of messages and 'completion' a list of one")
-            raw, turns = [*prompt, *completion], "last"
-        else:
-            raise DataError(f"{where}: needs 'messages', or 'prompt' and 'completion'")
-        messages, tools = _checked_conversation(raw, record.get("tools"), where)
-        if turns == "last" and messages[-1]["role"] != "assistant":
-            raise DataError(f"{where}: the completion must be an assistant message")
-        if turns == "all" and not any(m["role"] == "assistant" for m in messages):
-            raise DataError(f"{where}: the conversation has no assistant message to learn")
-        sample = cls(messages=messages, tools=tools, train_turns=turns)  # type: ignore[arg-type]
+        ids: Dict[str, Optional[List[int]]] = {}
         for name in ("prompt_token_ids", "response_token_ids"):
             value = record.get(name)
             if value is not None and not _is_id_list(value):
                 raise DataError(f"{where}: {name} must be a list of non-negative integers")
-            setattr(sample, name, list(value) if value else None)
+            ids[name] = list(value) if value else None
+        tokens_only = bool(ids["prompt_token_ids"]) and bool(ids["response_token_ids"])
+        if "messages" in record:
+            raw, turns = record["messages"], "all"
+        elif "prompt" in record and "completion" in record:
+            prompt, completion = record["prompt"], record["completion"]
+            empty = prompt == [] and completion == []
+            if (
+                not isinstance(prompt, list)
+                or not isinstance(completion, list)
+                or not (len(completion) == 1 or (empty and tokens_only))
+            ):
+                raise DataError(f"{where}: 'prompt' must be a list of messages and 'completion' a list of one")
+            raw, turns = [*prompt, *completion], "last"
+        else:
+            raise DataError(f"{where}: needs 'messages', or 'prompt' and 'completion'")
+        if raw == [] and tokens_only:
+            messages: List[Dict[str, Any]] = []  # a call recorded as token ids only: trained on its ids
+            tools: Optional[List[Dict[str, Any]]] = None
+        else:
+            messages, tools = _checked_conversation(raw, record.get("tools"), where)
+            if turns == "last" and messages[-1]["role"] != "assistant":
+                raise DataError(f"{where}: the completion must be an assistant message")
+            if turns == "all" and not any(m["role"] == "assistant" for m in messages):
+                raise DataError(f"{where}: the conversation has no assistant message to learn")
+        sample = cls(messages=messages, tools=tools, train_turns=turns, **ids)  # type: ignore[arg-type]
         for name in ("reward", "final_reward"):
             value = record.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise DataError(f"{where}: {name} must be a number or null, got {value!r}")
-            setattr(sample, name, None if value is None else float(value))
+            if value is not None and finite_reward(value) is None:
+                logger.warning("%s: %s %s is not a finite number: read as no reward", where, name, value)
+            setattr(sample, name, finite_reward(value))
         for name in ("agent_name", "rollout_id", "task_id"):
             value = record.get(name)
             setattr(sample, name, value if isinstance(value, str) and value else None)
@@ -227,7 +252,11 @@ def propagate_rewards(
         mode: ``"backward"``: a call gets the first reward at or after it (a later call's, or the final reward
             when no call after it was rewarded); ``"final"``: every call gets ``final_reward``; ``"none"``: a call
             keeps its own reward.
+
+    A reward that is not a finite number counts as none (:func:`finite_reward`): it is neither kept nor propagated.
     """
+    rewards = [finite_reward(reward) for reward in rewards]
+    final_reward = finite_reward(final_reward)
     if mode == "final":
         return [final_reward] * len(rewards)
     if mode == "none":
@@ -377,7 +406,7 @@ def samples_from_triplets(
             prompt_token_ids=prompt_ids,
             response_token_ids=response_ids,
             reward=reward,
-            final_reward=final_reward,
+            final_reward=finite_reward(final_reward),
             agent_name=agent,
             rollout_id=rollout_id,
             task_id=task_id,

@@ -27,7 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
 
-from agentbolt.algorithm.sft.data import ChatSample, RewardPropagation, StudentPrompt, samples_from_triplets, task_key
+from agentbolt.algorithm.sft.data import (
+    ChatSample,
+    RewardPropagation,
+    StudentPrompt,
+    finite_reward,
+    samples_from_triplets,
+    task_key,
+)
+from agentbolt.store.base import _listed
+from agentbolt.types import RolloutMode, RolloutStatus
+from agentbolt.utils.checks import check_finite
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
@@ -56,11 +66,17 @@ class ExportFilter:
     """Which rollouts (and calls) to export.
 
     Attributes:
-        mode: Rollout modes to keep (``train``, ``val``, ``test``); None keeps all.
-        status: Rollout statuses to keep; None keeps all.
-        min_reward: Lowest reward kept (inclusive).
-        max_reward: Highest reward kept (inclusive).
+        mode: Rollout modes to keep (a list of ``train``, ``val``, ``test``); None keeps all.
+        status: Rollout statuses to keep (a list of them); None keeps all.
+        min_reward: Lowest reward kept (inclusive, a finite number).
+        max_reward: Highest reward kept (inclusive, a finite number).
         agent: Regex over agent names (see the module docstring).
+
+    Raises:
+        TypeError: ``mode`` or ``status`` is a lone string (wrap it in a list) or holds something other than strings,
+            or a reward bound is not a number.
+        ValueError: An unknown mode or status, a bound that is NaN or infinite or a minimum above the maximum, or an
+            invalid agent regex.
     """
 
     mode: Optional[Sequence[str]] = None
@@ -70,6 +86,10 @@ class ExportFilter:
     agent: Optional[str] = None
 
     def __post_init__(self) -> None:
+        self.mode = _listed(self.mode, "mode", RolloutMode)
+        self.status = _listed(self.status, "status", RolloutStatus)
+        check_finite(self.min_reward, "min_reward", optional=True)
+        check_finite(self.max_reward, "max_reward", optional=True)
         if self.agent is not None:
             try:
                 re.compile(self.agent)
@@ -79,9 +99,10 @@ class ExportFilter:
             raise ValueError(f"min_reward {self.min_reward} is above max_reward {self.max_reward}")
 
     def reward_ok(self, reward: Optional[float]) -> bool:
-        """Whether ``reward`` lies in the range (a missing reward passes only when no bound is set)."""
+        """Whether ``reward`` lies in the range (a missing or non-finite reward passes only when no bound is set)."""
         if self.min_reward is None and self.max_reward is None:
             return True
+        reward = finite_reward(reward)
         if reward is None:
             return False
         return (self.min_reward is None or reward >= self.min_reward) and (

@@ -17,13 +17,16 @@ import logging
 import math
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import ChatSample, DataError, TokenSample, load_student_prompt, tokenize_samples
 from agentbolt.algorithm.sft.selection import select_samples
+
+if TYPE_CHECKING:
+    from agentbolt.algorithm.sft.export import ExportFilter
 
 __all__ = ["OfflineResult", "load_chat_samples", "train_from_messages", "train_from_store", "train_samples"]
 
@@ -204,7 +207,7 @@ def train_from_messages(
 def train_from_store(
     store: Any,
     *,
-    filters: Any = None,
+    filters: Optional[ExportFilter] = None,
     model: Any = None,
     tokenizer: Any = None,
     output_dir: Union[str, os.PathLike[str], None] = None,
@@ -216,11 +219,15 @@ def train_from_store(
     """Fine-tune a model on the LLM calls recorded in a store (a store object, a SQLite file or a server URL).
 
     Calls are read as SFT reads them while collecting (rewards propagated by ``reward_propagation``, agents
-    filtered by ``agent_match``, prompts replaced by ``student_prompt``), then tokenized, selected and trained on as in :func:`train_from_messages`.
+    filtered by ``agent_match``, prompts replaced by ``student_prompt``), then tokenized, selected and trained on as
+    in :func:`train_from_messages`.
 
     Args:
         store: A :class:`~agentbolt.store.base.LightningStore`, a SQLite store file, or an ``http://`` store URL.
-        filters: An :class:`~agentbolt.algorithm.sft.export.ExportFilter` (default: succeeded rollouts of any mode).
+        filters: An :class:`~agentbolt.algorithm.sft.export.ExportFilter`. Its fields left at None take the
+            defaults: ``status`` succeeded rollouts only, ``agent`` the ``agent_match`` option; ``mode`` and the
+            reward bounds none. ``ExportFilter(mode=["train"])`` thus reads the succeeded training rollouts of the
+            matched agents; list the statuses to read others (``status=["succeeded", "failed"]``).
         model: See :func:`train_from_messages`.
         tokenizer: See :func:`train_from_messages`.
         output_dir: See :func:`train_from_messages`.
@@ -232,7 +239,7 @@ def train_from_store(
     from agentbolt.algorithm.sft.export import ExportFilter, close_store, open_store, store_samples
 
     settings = _config(config, overrides)
-    chosen = filters or ExportFilter(status=["succeeded"], agent=settings.agent_match)
+    chosen = _store_filter(filters or ExportFilter(), settings)
     student_prompt = load_student_prompt(settings.student_prompt)
 
     async def read() -> List[ChatSample]:
@@ -249,6 +256,15 @@ def train_from_store(
     if not samples:
         raise DataError(f"the store holds no LLM call to learn from (filters: {chosen})")
     return _train(samples, settings, model, tokenizer, output_dir, None, merge, stop_after)
+
+
+def _store_filter(filters: ExportFilter, settings: SFTConfig) -> ExportFilter:
+    """``filters`` with the fields left at None set to :func:`train_from_store`'s defaults."""
+    return replace(
+        filters,
+        status=filters.status if filters.status is not None else ["succeeded"],
+        agent=filters.agent if filters.agent is not None else settings.agent_match,
+    )
 
 
 def _load_model(settings: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:

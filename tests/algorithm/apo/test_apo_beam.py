@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import re
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import APO, load_search_run
+from agentbolt.algorithm.apo.search import keyed
 
 
 def make_apo(client: Any, **overrides: Any) -> APO:
@@ -72,7 +75,7 @@ def test_beam_search_finds_the_better_prompt(script: Script, optimizer_client: A
     assert [r.version for r in records] == ["v0", "v1"]
     assert records[0].mean("val-full") == pytest.approx(0.25)  # only Kenya is easy
     assert records[1].origin == "edit" and records[1].parents == ["v0"] and "city name" in records[1].note
-    assert records[1].scores["val-full"] == {str(i): 1.0 for i in range(len(VAL))}
+    assert records[1].scores["val-full"] == {key: 1.0 for key, _ in keyed(VAL)}
     latest = asyncio.run(store.get_latest_resources())
     assert latest.resources_id == f"{apo.run_id}-best"
     assert latest.resources["prompt_template"].template == GOOD_TEMPLATE
@@ -180,7 +183,7 @@ def test_bad_input_is_a_clear_error(optimizer_client: Any, kwargs: Any, message:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"beam_width": 0}, "beam_width must be an integer >= 1"),
+        ({"beam_width": 0}, "beam_width must be at least 1"),
         ({"beam_rounds": -1}, "beam_rounds"),
         ({"rollout_batch_timeout": 0}, "rollout_batch_timeout"),
         ({"resume": True}, "needs the run_id"),
@@ -191,6 +194,82 @@ def test_bad_input_is_a_clear_error(optimizer_client: Any, kwargs: Any, message:
 def test_bad_options_are_rejected(kwargs: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         APO(None, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"rollout_batch_timeout": float("nan")}, ValueError, "rollout_batch_timeout must be a finite number"),
+        ({"optimizer_timeout": float("nan")}, ValueError, "optimizer_timeout must be a finite number"),
+        ({"optimizer_timeout": float("inf")}, ValueError, "optimizer_timeout must be a finite number"),
+        ({"optimizer_timeout": 0}, ValueError, "optimizer_timeout must be > 0"),
+        ({"max_optimizer_tokens": float("nan")}, TypeError, "max_optimizer_tokens must be an integer or None"),
+        ({"max_optimizer_tokens": True}, TypeError, "max_optimizer_tokens must be an integer or None, got bool"),
+        ({"optimizer_max_tokens": 0}, ValueError, "optimizer_max_tokens must be at least 1"),
+        ({"optimizer_retries": 1.0}, TypeError, "optimizer_retries must be an integer"),
+        ({"optimizer_backoff": -5}, ValueError, "optimizer_backoff must be at least 0"),
+        ({"max_rollouts": True}, TypeError, "max_rollouts must be an integer or None, got bool"),
+        ({"beam_width": True}, TypeError, "beam_width must be an integer, got bool"),
+        ({"beam_rounds": 2.0}, TypeError, "beam_rounds must be an integer, got float"),
+        ({"diversity_temperature": float("nan")}, ValueError, "diversity_temperature must be a finite number"),
+    ],
+)
+def test_durations_and_budgets_must_be_finite_and_counts_integers(options: Any, error: Any, message: str) -> None:
+    with pytest.raises(error, match=message):
+        APO(None, **options)
+
+
+def test_the_edit_is_taken_out_of_the_code_fence_the_model_wraps_it_in(script: Script, optimizer_client: Any) -> None:
+    script.push("editor", f"Here is the improved template:\n```text\n{GOOD_TEMPLATE}\n```\nIt states the format.")
+    apo = make_apo(optimizer_client)
+    fit(apo)
+    assert apo.get_best_prompt().template == GOOD_TEMPLATE and apo.best_score == 1.0
+
+
+def _placeholders_to_keep(request: Any) -> str:
+    """The placeholder list an edit, reflection or merge request tells the optimizer model to keep."""
+    content = request["messages"][-1]["content"]
+    return re.search(r"Keep these placeholders exactly as written[^:]*: (.*?)\.( Return|$)", content).group(1)
+
+
+def test_the_placeholders_to_keep_are_written_in_the_seeds_own_syntax(script: Script, optimizer_client: Any) -> None:
+    seed = agl.PromptTemplate(template="Answer the question. Capital of {{ country }}?", engine="jinja")
+    edited = "Answer with ONLY THE CITY name. Capital of {{ country }}?"
+    script.push("editor", edited)
+    apo = make_apo(optimizer_client)
+    fit(apo, initial_resources={"prompt_template": seed})
+    assert _placeholders_to_keep(script.calls("editor")[0]) == "{{ country }}"
+    assert apo.get_best_prompt() == agl.PromptTemplate(template=edited, engine="jinja") and apo.best_score == 1.0
+
+
+def test_a_resumed_run_validates_again_on_changed_validation_tasks(standin: Any, sqlite_path: Any) -> None:
+    # The seed solves only the easy countries: Kenya of VAL; France and Japan of the other validation set.
+    other_val = [{"country": c} for c in ("France", "Japan", "Peru", "Canada")]
+
+    def run(val: Any, **options: Any) -> APO:
+        apo = make_apo(None, run_id="changing-val", beam_rounds=0, **options)
+        fit(apo, val=val, store=agl.SqliteLightningStore(sqlite_path))
+        return apo
+
+    first = run(VAL)
+    assert (first.best_score, first.summary()["rollouts"]) == (0.25, len(VAL))
+    changed = run(other_val, resume=True)  # as many tasks, other ones: the stored scores do not apply
+    assert (changed.best_score, changed.summary()["rollouts"]) == (0.5, len(other_val))
+    reordered = run(VAL[::-1], resume=True)  # the first tasks in another order: their stored scores apply
+    assert (reordered.best_score, reordered.summary()["rollouts"]) == (0.25, 0)
+
+
+def test_two_runs_with_one_seed_draw_the_same_training_batches(standin: Any) -> None:
+    from openai import AsyncOpenAI
+
+    batches = []
+    for other_use in (1, 2):
+        random.seed(other_use)  # whatever else the process did with the module-level generator
+        client = AsyncOpenAI(base_url=standin.base_url, api_key="stand-in", max_retries=0)
+        apo = make_apo(client, seed=0, gradient_batch_size=3, run_initial_validation=False)
+        fit(apo)
+        batches.append([e.task_keys for e in apo.evaluations if e.purpose == "train"])
+    assert batches[0] == batches[1] and len(batches[0][0]) == 3
 
 
 def test_apo_is_built_from_a_plain_dict_spec(optimizer_client: Any) -> None:

@@ -10,6 +10,7 @@ import pytest
 from apo_standin import (
     GOOD_TEMPLATE,
     SEED_TEMPLATE,
+    TRAIN,
     VAL,
     Script,
     capital_agent_without_examples,
@@ -32,6 +33,7 @@ from agentbolt.algorithm.apo.search import (
     Evaluation,
     RolloutResultForAPO,
     VersionedPromptTemplate,
+    keyed,
     template_key,
 )
 
@@ -75,11 +77,35 @@ def test_pareto_search_reflects_on_traces_and_admits_a_better_child(script: Scri
     )
     store = fit(search)
     assert search.get_best_prompt().template == GOOD_TEMPLATE and search.best_version == "v1"
-    assert set(search.pool) == {"v0", "v1"} and search.front() == {"v1": ["0", "1", "2", "3"]}
+    assert set(search.pool) == {"v0", "v1"} and search.front() == {"v1": sorted(key for key, _ in keyed(VAL))}
     reflection = script.calls("reflector")[0]["messages"][-1]["content"]
     assert "[assistant] The capital of" in reflection and "[feedback] expected" in reflection and "reward" in reflection
     records = asyncio.run(load_search_run(store, search.run_id))
     assert records[1].origin == "reflection" and records[1].parents == ["v0"]
+
+
+def test_pareto_asks_to_keep_the_placeholders_in_the_seeds_own_syntax(script: Script, optimizer_client: Any) -> None:
+    seed = agl.PromptTemplate(template="Answer the question. Capital of {{ country }}?", engine="jinja")
+    child = "Answer with ONLY THE CITY name. Capital of {{ country }}?"
+    script.push("reflector", f"```\n{child}\n```")
+    search = ParetoAPO(optimizer_client, reflection_model="reflector", rounds=1, use_poml=False, seed=1)
+    fit(search, initial_resources={"prompt_template": seed})
+    reflection = script.calls("reflector")[0]["messages"][-1]["content"]
+    assert "Keep these placeholders exactly as written: {{ country }}." in reflection
+    assert search.get_best_prompt() == agl.PromptTemplate(template=child, engine="jinja")
+
+
+def test_a_resumed_pareto_run_rebuilds_its_pool_only_from_scores_on_the_current_tasks(
+    standin: Any, sqlite_path: Any
+) -> None:
+    other_val = [{"country": c} for c in ("France", "Japan", "Peru", "Canada")]  # as many tasks as VAL, two easy
+    first = ParetoAPO(None, rounds=0, run_id="pareto-val", use_poml=False)
+    fit(first, val=VAL, store=agl.SqliteLightningStore(sqlite_path))
+    assert first.best_score == 0.25
+    resumed = ParetoAPO(None, rounds=0, run_id="pareto-val", resume=True, use_poml=False)
+    fit(resumed, val=other_val, store=agl.SqliteLightningStore(sqlite_path))
+    assert resumed.best_score == 0.5 and resumed.summary()["rollouts"] == len(other_val)
+    assert list(resumed.pool) == ["v1"] and set(resumed.val_scores["v1"]) == {key for key, _ in keyed(other_val)}
 
 
 def test_pareto_rejects_a_child_that_does_no_better_on_the_minibatch(script: Script, optimizer_client: Any) -> None:
@@ -224,7 +250,8 @@ def test_fewshot_search_adds_demonstrations_that_raise_the_score(script: Script,
     best = search.get_best_prompt()
     assert search.best_score == 1.0 and "Examples of solved tasks" in best.template
     assert best.format(country="Peru").endswith("Answer the question. Capital of Peru?")
-    assert {d.task_key for d in search.demonstrations} == {"0", "4"}  # France and Japan, the easy training tasks
+    easy = {key for key, task in keyed(TRAIN) if task["country"] in ("France", "Japan")}  # the easy training tasks
+    assert {d.task_key for d in search.demonstrations} == easy
     assert not script.calls("critic")  # no optimizer model needed
     records = asyncio.run(load_search_run(store, search.run_id))
     assert records[0].scores["bootstrap"] and records[1].origin == "demonstrations"

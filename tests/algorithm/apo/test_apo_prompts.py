@@ -23,6 +23,7 @@ from agentbolt.algorithm.apo.templates import (
     PlaceholderMismatchError,
     check_placeholders,
     escape_literal,
+    format_placeholders,
     template_placeholders,
 )
 
@@ -153,6 +154,17 @@ def test_placeholders_of_each_engine() -> None:
     assert template_placeholders(agl.PromptTemplate(template="<p>{{ a }} {{b.c}}</p>", engine="poml")) == {"a", "b"}
     with pytest.raises(ValueError, match="named placeholders"):
         template_placeholders(agl.PromptTemplate(template="{} {0}", engine="f-string"))
+
+
+@pytest.mark.parametrize(
+    ("engine", "written"),
+    [("f-string", "{date}, {time}"), ("jinja", "{{ date }}, {{ time }}"), ("poml", "{{ date }}, {{ time }}")],
+)
+def test_placeholders_are_written_in_their_engines_syntax(engine: str, written: str) -> None:
+    assert format_placeholders({"time", "date"}, engine) == written
+    names = template_placeholders(agl.PromptTemplate(template=written, engine=engine))
+    assert names == {"date", "time"}  # written so, they are the template's placeholders again
+    assert format_placeholders(set(), engine) == "(none)"
 
 
 def test_a_rewrite_must_keep_exactly_the_placeholders() -> None:

@@ -126,6 +126,41 @@ def test_a_conversation_the_template_cannot_render_as_growing_text_is_skipped_an
     assert empty is None and stats.unusable == 1
 
 
+def test_a_reward_that_is_not_a_finite_number_is_none_and_never_propagated() -> None:
+    nan = float("nan")
+    assert propagate_rewards([nan, None], 1.0, "backward") == [1.0, 1.0]
+    assert propagate_rewards([None, 0.5, None], nan, "backward") == [0.5, 0.5, None]
+    assert propagate_rewards([float("inf"), 0.5], nan, "none") == [None, 0.5]
+    assert propagate_rewards([0.5, None], float("-inf"), "final") == [None, None]
+    samples, _ = samples_from_triplets([_call("solver", reward=nan)], final_reward=nan)
+    assert (samples[0].reward, samples[0].final_reward) == (None, None)
+
+
+def test_a_record_with_a_nan_reward_is_read_without_reward(tmp_path: Path, caplog) -> None:
+    record = {"prompt": CONVERSATION[:2], "completion": [{"role": "assistant", "content": "42"}], "reward": 0.5}
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps({**record, "reward": float("nan"), "final_reward": float("inf")}) + "\n")
+    (sample,) = read_samples(path)
+    assert sample.reward is None and sample.final_reward is None
+    assert "samples.jsonl:1: reward nan is not a finite number: read as no reward" in caplog.text
+    assert ChatSample.from_record(record).reward == 0.5
+
+
+def test_a_call_recorded_as_token_ids_only_round_trips_and_trains_on_its_ids(tmp_path: Path, tokenizer) -> None:
+    sample = ChatSample(messages=[], prompt_token_ids=[5, 6, 7], response_token_ids=[8], reward=1.0, task_id="t")
+    path = tmp_path / "tokens.jsonl"
+    write_samples([sample], path)
+    assert json.loads(path.read_text())["completion"] == []  # what export writes for such a call
+    assert read_samples(path) == [sample]
+    tokens, stats = tokenize_sample(read_samples(path)[0], tokenizer)
+    assert tokens is not None and stats.from_tokens == 1
+    assert (tokens.input_ids, tokens.loss_mask) == ([5, 6, 7, 8], [False, False, False, True])
+    # Without both id lists, an empty conversation is still refused.
+    for ids in ({}, {"prompt_token_ids": [5, 6]}):
+        with pytest.raises(DataError, match="'completion' a list of one"):
+            ChatSample.from_record({"prompt": [], "completion": [], **ids})
+
+
 def test_propagation_gives_each_call_the_next_reward_the_final_one_or_its_own() -> None:
     rewards = [None, 0.5, None, None]
     assert propagate_rewards(rewards, 1.0, "backward") == [0.5, 0.5, 1.0, 1.0]

@@ -15,17 +15,19 @@ from typing import Any, List
 import pytest
 from support.word_model import PingAgent, build_word_model, fit
 
+import agentbolt as agl
 from agentbolt.algorithm.sft import SFT
 from agentbolt.algorithm.sft.export import (
     ExportFilter,
     close_store,
     export_records,
+    export_store,
     open_store,
     read_records,
     samples_from_records,
     store_samples,
 )
-from agentbolt.algorithm.sft.offline import train_from_store
+from agentbolt.algorithm.sft.offline import train_from_messages, train_from_store
 from agentbolt.cli.export import main as export_main
 
 
@@ -132,6 +134,86 @@ def test_offline_sft_trains_on_the_calls_recorded_in_a_store(store_file: Path, t
     )
     assert result.finished and result.data["samples/from_tokens"] == 8  # six training and two validation calls
     assert result.data["select/below_min_reward"] + result.data["select/duplicates"] > 0
+
+
+async def _two_agent_store() -> agl.InMemoryLightningStore:
+    """A store with two training rollouts of one task, one succeeded and one failed. In each, a planner then an
+    executor made one LLM call, recorded by the gateway as token ids only (no messages), the same in both rollouts."""
+    store = agl.InMemoryLightningStore()
+    for status in ("succeeded", "failed"):
+        rollout = await store.start_rollout(input={"prompt": "ping"}, mode="train")
+        rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
+        for sequence, agent in enumerate(("planner", "executor"), start=1):
+            attributes = {
+                "gen_ai.response.id": f"{rollout_id}-{agent}",
+                "prompt_token_ids": [1, 3, 5, 2, 1, 4],
+                "response_token_ids": [5 + sequence],
+                "agentbolt.llm.agent_name": agent,
+            }
+            span = agl.Span.from_attributes(
+                attributes=attributes,
+                name="agentbolt.llm_call",
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                sequence_id=sequence,
+                start_time=float(sequence),
+                end_time=sequence + 0.5,
+            )
+            await store.add_span(span)
+        await store.update_attempt(rollout_id, attempt_id, status=status)
+        await store.update_rollout(rollout_id, status=status)
+    return store
+
+
+def test_given_filters_keep_the_succeeded_status_and_agent_match_defaults(tmp_path: Path) -> None:
+    store = asyncio.run(_two_agent_store())
+    model = str(build_word_model(tmp_path / "word"))
+
+    def calls_read(**options: Any) -> List[float]:
+        result = train_from_store(store, model=model, finetune="full", **options)
+        return [result.data["samples/samples"], result.data["select/duplicates"]]
+
+    assert calls_read(agent_match="^planner$") == [1, 0]  # the planner's call of the succeeded rollout
+    assert calls_read(agent_match="^planner$", filters=ExportFilter(mode=["train"])) == [1, 0]
+    both = ExportFilter(status=["succeeded", "failed"])
+    assert calls_read(agent_match="^planner$", filters=both) == [2, 1]  # the same call twice: learned once
+    assert calls_read(agent_match="^planner$", filters=ExportFilter(agent="^executor$")) == [1, 0]  # given: it wins
+
+
+def test_samples_exported_as_token_ids_only_are_read_back_and_trained_on(tmp_path: Path) -> None:
+    store = asyncio.run(_two_agent_store())
+    out = tmp_path / "samples.jsonl"
+    assert asyncio.run(export_store(store, out, filters=ExportFilter(status=["succeeded"]))) == 2
+    assert all(r["prompt"] == r["completion"] == [] for r in read_records(out))
+    result = train_from_messages(out, model=str(build_word_model(tmp_path / "word")), finetune="full")
+    assert result.finished and result.data["samples/from_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({"status": "succeeded"}, TypeError, "status must be a list of strings, got one str (wrap it in a list)"),
+        ({"mode": "train"}, TypeError, "mode must be a list of strings, got one str (wrap it in a list)"),
+        ({"mode": ["train", 1]}, TypeError, "mode must be a list of strings, got an item of type int"),
+        ({"mode": ["train", "dev"]}, ValueError, "mode holds 'dev', which is not one of train, val, test"),
+        ({"status": ["done"]}, ValueError, "status holds 'done', which is not one of queuing"),
+        ({"min_reward": float("nan")}, ValueError, "min_reward must be a finite number"),
+        ({"max_reward": "1"}, TypeError, "max_reward must be a number or None"),
+    ],
+)
+def test_an_export_filter_refuses_a_lone_string_or_an_unknown_value(fields: Any, error: Any, message: str) -> None:
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ExportFilter(**fields)
+
+
+def test_an_export_filter_of_modes_skips_rollouts_without_one() -> None:
+    async def exported() -> List[dict]:
+        store = agl.InMemoryLightningStore()
+        await store.start_rollout(input={"q": 1}, mode="train")
+        await store.start_rollout(input={"q": 2})  # no mode
+        return await export_records(store, "rollouts", ExportFilter(mode=("train",)))
+
+    assert [r["input"] for r in asyncio.run(exported())] == [{"q": 1}]
 
 
 @pytest.mark.parametrize(

@@ -106,3 +106,37 @@ def test_an_empty_selection_says_why() -> None:
 def test_bad_selection_options_are_refused(options, message) -> None:
     with pytest.raises(ValueError, match=message):
         select_samples([_sample(1.0)], **options)
+
+
+@pytest.mark.parametrize("rule", [{"min_reward": 1.0}, {"best_of_n": True}])
+def test_a_call_made_by_a_failed_and_a_successful_rollout_is_learned_from_the_successful_one(rule) -> None:
+    failed = _sample(0.0, task="a", rollout="a1")
+    succeeded = _sample(1.0, task="a", rollout="a2")  # the same call: same tokens and targets
+    for order in ([failed, succeeded], [succeeded, failed]):
+        kept, stats = select_samples(order, **rule)
+        assert [s.rollout_id for s in kept] == ["a2"] and stats.selected == 1
+        dropped = stats.duplicates + stats.below_min_reward + stats.not_best_of_task
+        assert dropped == 1 and stats.candidates == dropped + stats.selected
+
+
+def test_of_duplicates_the_copy_with_the_highest_reward_is_kept_and_ranked() -> None:
+    low, high = _sample(0.2, rollout="r1"), _sample(0.9, rollout="r2")  # the same call, rewarded differently
+    other = _sample(0.5, rollout="r3", token=7)
+    kept, stats = select_samples([low, other, high], top_k=1)
+    assert [s.rollout_id for s in kept] == ["r2"]
+    assert (stats.duplicates, stats.below_rank, stats.selected) == (1, 1, 1)
+    kept, stats = select_samples([_sample(None, rollout="r1"), _sample(None, rollout="r2")])  # no rewards: the first
+    assert [s.rollout_id for s in kept] == ["r1"] and stats.duplicates == 1
+
+
+def test_a_reward_that_is_not_a_finite_number_is_no_reward() -> None:
+    rewards = [0.1, float("nan"), 0.9, 0.5, float("inf")]
+    samples = [_sample(r, rollout=f"r{i}", token=i) for i, r in enumerate(rewards)]
+    kept, stats = select_samples(samples, top_k=2)
+    assert _rewards(kept) == [0.9, 0.5] and stats.no_reward == 2
+    kept, stats = select_samples(samples, min_reward=0.0)
+    assert _rewards(kept) == [0.1, 0.9, 0.5] and stats.no_reward == 2
+    # best-of-n: a rollout whose final reward is NaN is ranked by its calls' rewards, never as a number
+    runs = [_sample(0.2, task="a", rollout="a1", final=float("nan")), _sample(0.4, task="a", rollout="a2", token=1)]
+    kept, _ = select_samples(runs, best_of_n=True)
+    assert [s.rollout_id for s in kept] == ["a2"]
