@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import uuid
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Coroutine, Iterable, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
@@ -82,9 +84,43 @@ async def run_runner_with_client(
         await client.close()
 
 
+_SUPERVISE_INTERVAL_SECONDS = 0.2
+"""How often a side checks the processes of the other side while it runs."""
+
+
 def _run_in_event_loop(side: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Entry point of a child process: run one side of the run to its end."""
+    """Entry point of a child process: run one side of the run to its end (and end with the parent)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (see ``execute``) is not the child's
+    threading.Thread(target=_end_with_parent, name="parent-watch", daemon=True).start()
     asyncio.run(side())
+
+
+def _end_with_parent() -> None:
+    """Terminate this child process once its parent is gone, so that no runner (or store server) is orphaned."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent.join()
+    logger.warning("The parent process %s is gone; stopping %s", parent.pid, multiprocessing.current_process().name)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handler of ``execute``: stop the run as Ctrl-C does, so the children are shut down too."""
+    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises :class:`KeyboardInterrupt` instead of killing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ClientServerExecutionStrategy(ExecutionStrategy):
@@ -178,7 +214,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                     await server.start()
                     logger.info("Store served at %s", server.endpoint)
                     store = server
-                await algorithm(store, stop_evt)
+                await self._supervised(algorithm(store, stop_evt), runner_processes, stop_evt, "algorithm")
                 stop_evt.set()
                 if server is not None:
                     # The algorithm is done: keep serving while the local runners finish their current rollout and
@@ -204,6 +240,50 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 await run_runner_with_client(runner, worker_id, client, stop_evt, self.startup_timeout)
             else:
                 await runner(store, worker_id, stop_evt)
+
+    async def _supervised(
+        self, side: Coroutine[Any, Any, None], others: Sequence[BaseProcess], stop_evt: ExecutionEvent, name: str
+    ) -> None:
+        """Run ``side`` (this process's side) while watching the processes of the other side.
+
+        A process of the other side that dies with an exit code outside ``allowed_exit_codes`` (a crash, an
+        out-of-memory kill) stops the run, as a side that raises does. Once the stop event is set by the other side,
+        or every one of its processes has exited, ``side`` gets ``graceful_timeout`` seconds to return and is then
+        cancelled: it never waits for work from processes that are gone.
+        """
+        task = asyncio.ensure_future(side)
+        if not others:
+            await task
+            return
+        allowed = set(self.allowed_exit_codes)
+        deadline: Optional[float] = None
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_SUPERVISE_INTERVAL_SECONDS)
+            if done:
+                await task
+                return
+            exited = [process for process in others if not process.is_alive()]
+            crashed = [process for process in exited if process.exitcode not in allowed]
+            if crashed and not stop_evt.is_set():
+                logger.error(
+                    "%s exited with code %s; stopping the run",
+                    ", ".join(process.name for process in crashed),
+                    ", ".join(str(process.exitcode) for process in crashed),
+                )
+                stop_evt.set()
+            if deadline is None and (stop_evt.is_set() or len(exited) == len(others)):
+                deadline = time.monotonic() + self.graceful_timeout
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        logger.warning(
+            "The %s is still running %g s after the other side stopped (%s); cancelling it",
+            name,
+            self.graceful_timeout,
+            ", ".join(f"{process.name} exit code {process.exitcode}" for process in others),
+        )
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     def _check_port_free(self) -> None:
         """Fail before starting any process when the store server's port is already taken."""
@@ -257,6 +337,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         stop_evt = MultiprocessingEvent(ctx=ctx)
         processes: List[BaseProcess] = []
         failed = False
+        stack = contextlib.ExitStack()
         # A fresh identity per run, known to this run's runners only (see the class docstring).
         server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
         any_port = self.server_port == 0
@@ -265,6 +346,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
 
             self.server_port = pick_free_port(self.server_host)
         try:
+            stack.enter_context(_sigterm_interrupts())
             if self.managed_store and self.role != "runner":
                 self._check_port_free()
             if self.role == "algorithm":
@@ -282,7 +364,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             else:
                 side = functools.partial(self._execute_algorithm, algorithm, store, stop_evt, server_id=server_id)
                 processes = [self._start_process(ctx, "algorithm", side)]
-                asyncio.run(self._execute_runner(runner, 0, store, stop_evt, server_id))
+                own = self._execute_runner(runner, 0, store, stop_evt, server_id)
+                asyncio.run(self._supervised(own, processes, stop_evt, "runner"))
                 processes[0].join()
         except KeyboardInterrupt:
             failed = True
@@ -293,7 +376,10 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             stop_evt.set()
             raise
         finally:
-            self._shutdown_processes(processes, stop_evt)
+            try:
+                self._shutdown_processes(processes, stop_evt)
+            finally:
+                stack.close()  # SIGTERM kills again only once the children are stopped
             if any_port:
                 self.server_port = 0
             self._check_process_exitcodes(processes, warn_only=failed)

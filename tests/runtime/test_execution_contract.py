@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -275,3 +276,124 @@ def test_cs_exit_codes_only_warn_when_another_error_already_happened(caplog: pyt
     with pytest.raises(ValueError, match="algorithm bug"):
         strategy.execute(failing_algorithm, _runner_exiting_with, InMemoryLightningStore())
     assert any("unexpected exit codes" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client-server: a side never waits for processes that are gone
+
+
+async def _algorithm_waiting_for_ever(store: Any, event: ExecutionEvent) -> None:
+    """An algorithm that waits for rollouts nobody will run (it does not watch the stop event)."""
+    await asyncio.sleep(3600)
+
+
+def _both_sides(**kwargs: Any) -> ClientServerExecutionStrategy:
+    return ClientServerExecutionStrategy(
+        role="both", managed_store=False, graceful_timeout=0.5, terminate_timeout=5, **kwargs
+    )
+
+
+def test_cs_a_runner_process_that_dies_stops_the_algorithm_and_is_reported() -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"unexpected exit codes: .*runner-1=3"):
+        _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_exiting_with, InMemoryLightningStore())
+    assert time.monotonic() - started < 60  # it used to wait for ever
+
+
+async def _runner_done_at_once(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+    """A runner that reached its rollout limit."""
+
+
+def test_cs_runners_that_all_finish_end_an_algorithm_still_waiting(caplog: pytest.LogCaptureFixture) -> None:
+    _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_done_at_once, InMemoryLightningStore())
+    assert any("cancelling it" in record.getMessage() for record in caplog.records)
+
+
+def test_cs_an_algorithm_process_that_dies_stops_the_runner_in_the_main_process() -> None:
+    async def algorithm_dying(store: Any, event: ExecutionEvent) -> None:
+        os._exit(4)
+
+    async def runner_waiting(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await _wait_for(event)
+
+    with pytest.raises(RuntimeError, match=r"unexpected exit codes: algorithm=4"):
+        _both_sides(main_process="runner").execute(algorithm_dying, runner_waiting, InMemoryLightningStore())
+
+
+CHILDREN_SCRIPT = """
+import asyncio, os, sys
+from agentbolt.execution.client_server import ClientServerExecutionStrategy
+
+pids = sys.argv[1]
+
+async def algorithm(store, event):
+    while not os.path.exists(pids) or len(open(pids).read().split()) < 2:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(3600)
+
+async def runner(store, worker_id, event):
+    with open(pids, "a") as f:
+        f.write(f"{os.getpid()} ")
+    await asyncio.sleep(3600)  # does not watch the event: stopped by the escalation
+
+strategy = ClientServerExecutionStrategy(
+    role="both", n_runners=2, managed_store=False, graceful_timeout=1, terminate_timeout=2
+)
+strategy.execute(algorithm, runner, None)
+print("execute returned", flush=True)
+"""
+
+
+def _children_started(path: Path, process: subprocess.Popen[str]) -> List[int]:
+    deadline = time.monotonic() + 60
+    while not path.exists() or len(path.read_text().split()) < 2:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the runners did not start"
+        time.sleep(0.05)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def _gone(pid: int, within: float) -> bool:
+    """Whether process ``pid`` exits within ``within`` seconds (a zombie, exited but not reaped, counts)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_cs_sigterm_stops_the_run_and_its_children(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHILDREN_SCRIPT, str(pids)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        children = _children_started(pids, process)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "execute returned" in stdout, stderr
+    assert all(_gone(pid, 5) for pid in children)
+
+
+def test_cs_children_end_with_a_killed_parent(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHILDREN_SCRIPT, str(pids)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        children = _children_started(pids, process)
+        process.kill()  # no chance to clean up
+        process.wait()
+        assert all(_gone(pid, 30) for pid in children)
+    finally:
+        for pid in children if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
