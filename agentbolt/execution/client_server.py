@@ -320,11 +320,14 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             # here too, since this process's collections would otherwise copy the same pages.
             gc.collect()
             gc.freeze()
+        # Managed runners connect a client of their own: the store stays here (under the spawn and forkserver start
+        # methods it would have to be pickled, and a store holds locks and connections).
+        runner_store = None if self.managed_store else store
         return [
             self._start_process(
                 ctx,
                 f"runner-{worker_id}",
-                functools.partial(self._execute_runner, runner, worker_id, store, stop_evt, server_id),
+                functools.partial(self._execute_runner, runner, worker_id, runner_store, stop_evt, server_id),
             )
             for worker_id in range(self.n_runners)
         ]
