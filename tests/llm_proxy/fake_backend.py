@@ -167,6 +167,9 @@ class FakeBackend:
         yield event(first, **({"prompt_token_ids": prompt_token_ids(body)} if want_ids else {}))
         for i, (piece, token) in enumerate(zip(RESPONSE_PIECES, RESPONSE_TOKENS, strict=True)):
             if body.get("model") == "drop" and i == 1:
+                # Let the events reach the gateway first: aiohttp drops data still buffered when it learns that
+                # the connection broke, so a drop in the same instant as the events would lose them at random.
+                await asyncio.sleep(0.05)
                 raise ConnectionAbortedError("dropping the stream on purpose")
             if body.get("model") == "gated" and i == 0:
                 self.gate_timed_out = not await asyncio.to_thread(self.gate.wait, 10.0)
