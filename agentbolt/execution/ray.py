@@ -45,6 +45,31 @@ logger = logging.getLogger("agentbolt.execution.ray")
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def _ship_function_agents_by_value(ray: Any) -> None:
+    """Have Ray pickle ``@rollout`` agents with their function, not by name.
+
+    A ``@rollout`` agent pickles by name (so multiprocessing's spawn start method re-imports it), but a Ray worker
+    does not import the driver's main script: Ray's pickler must carry the function itself, as it does for any
+    function of the main script.
+    """
+    from agentbolt.litagent.decorator import FunctionalLitAgent
+
+    ray.util.register_serializer(FunctionalLitAgent, serializer=_agent_state, deserializer=_agent_from_state)
+
+
+def _agent_state(agent: Any) -> Any:
+    """What Ray ships of a ``@rollout`` agent: its class and its state (the function included)."""
+    return type(agent), agent.__getstate__()
+
+
+def _agent_from_state(shipped: Any) -> Any:
+    """The ``@rollout`` agent rebuilt from :func:`_agent_state`."""
+    cls, state = shipped
+    agent = cls.__new__(cls)
+    agent.__dict__.update(state)
+    return agent
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -328,6 +353,7 @@ class RayExecutionStrategy(ExecutionStrategy):
             else:
                 runner_store = store
             actor_class = ray.remote(RunnerActor).options(**self._actor_options())
+            _ship_function_agents_by_value(ray)
             bundle_ref = ray.put(runner)
             for worker_id in range(self.n_runners):
                 actors[worker_id] = actor_class.remote(worker_id)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Callable, Dict, List, Optional, TypeVar, Union, overload
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union, overload
 
 from agentbolt.types import LLM, AttemptedRollout, NamedResources, PromptTemplate, ProxyLLM, Rollout, RolloutRawResult
 
@@ -37,6 +38,16 @@ def _callable_name(func: Callable[..., Any]) -> str:
     return getattr(func, "__name__", None) or repr(func)
 
 
+def _module_attribute(module_name: Optional[str], qualname: Optional[str]) -> Any:
+    """The object ``qualname`` (dotted for nested names) names in the imported module ``module_name``, or None."""
+    obj: Any = sys.modules.get(module_name) if module_name else None
+    for part in (qualname or "").split("."):
+        if obj is None or not part:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
 class FunctionalLitAgent(LitAgent[T]):
     """A :class:`LitAgent` backed by a rollout function (sync or async).
 
@@ -53,6 +64,21 @@ class FunctionalLitAgent(LitAgent[T]):
         self._is_async = inspect.iscoroutinefunction(rollout_func)
         self._parameters = set(_parameter_names(rollout_func))
         functools.update_wrapper(self, rollout_func)  # type: ignore[arg-type]
+
+    def __reduce__(self) -> Union[str, Tuple[Any, ...]]:
+        """Pickle the agent by name when the attribute of its module with that name is the agent itself.
+
+        The agent takes its function's ``__module__`` and ``__qualname__``, so decorating a module-level function
+        makes that name refer to the agent: pickle refuses the function itself (the name no longer refers to it),
+        but can pickle the agent by name, as it pickles functions and classes. Such an agent is then re-created by
+        importing its module, which is how the ``spawn`` and ``forkserver`` start methods of
+        :mod:`multiprocessing` ship it to a child process. Any other agent (one made by calling a decorator, say)
+        pickles its function and settings.
+        """
+        qualname = getattr(self, "__qualname__", None)
+        if qualname and _module_attribute(getattr(self, "__module__", None), qualname) is self:
+            return qualname
+        return _new_agent, (type(self),), self.__getstate__()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the wrapped function directly."""
@@ -127,6 +153,11 @@ class FunctionalLitAgent(LitAgent[T]):
         if not self._is_async:
             raise RuntimeError(f"{_callable_name(self._rollout_func)} is synchronous; call rollout() instead.")
         return await self._rollout_func(task, **self._build_kwargs(resources, rollout))
+
+
+def _new_agent(cls: Type[FunctionalLitAgent[Any]]) -> FunctionalLitAgent[Any]:
+    """An empty agent of class ``cls``, which unpickling fills in with the pickled agent's state."""
+    return cls.__new__(cls)
 
 
 def _validate_rollout_func(func: RolloutFunc, resource_param: str) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import logging
 import random
 import threading
@@ -70,6 +72,44 @@ SQLite writer threads busy with a fifth of a core (measured per thread) beside a
 logger = logging.getLogger("agentbolt.runner.agent")
 
 T_task = TypeVar("T_task")
+T_result = TypeVar("T_result")
+
+
+async def _run_in_daemon_thread(name: str, func: Callable[..., T_result], *args: Any, **kwargs: Any) -> T_result:
+    """Call ``func`` in a new daemon thread, in a copy of the current context (as ``asyncio.to_thread`` does).
+
+    Unlike ``asyncio.to_thread``, the thread is not one of the event loop's default executor: ``asyncio.run`` does
+    not wait for it when it shuts the loop down, nor does the interpreter when it exits. A caller that is cancelled
+    returns at once; the call runs to its end in the background, or dies with the process.
+
+    Args:
+        name: The thread's name.
+        func: The function to call; ``args`` and ``kwargs`` are passed to it.
+
+    Returns:
+        What ``func`` returned; what it raised is raised.
+    """
+    context = contextvars.copy_context()
+    future: concurrent.futures.Future[T_result] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = context.run(func, *args, **kwargs)
+        except BaseException as exc:  # handed to the awaiting coroutine, as asyncio.to_thread does
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        if thread.is_alive():
+            logger.warning("Cancelled while thread %s was still running; it is left to finish in the background.", name)
+        raise
 
 
 @dataclass
@@ -206,8 +246,11 @@ class LitAgentRunner(Runner[T_task]):
             method = agent.training_rollout_async if train else agent.validation_rollout_async
             return await method(rollout.input, resources=resources, rollout=rollout)
         sync_method: Callable[..., RolloutRawResult] = agent.training_rollout if train else agent.validation_rollout
-        # A blocking agent runs in a worker thread so heartbeats and the event loop keep going.
-        return await asyncio.to_thread(sync_method, rollout.input, resources=resources, rollout=rollout)
+        # A blocking agent runs in a thread of its own so heartbeats and the event loop keep going, and so that a
+        # stop or Ctrl-C that cancels the rollout is not held up until the agent returns.
+        return await _run_in_daemon_thread(
+            f"rollout-{rollout.rollout_id}", sync_method, rollout.input, resources=resources, rollout=rollout
+        )
 
     async def _step_impl(self, next_rollout: AttemptedRollout, raise_on_exception: bool = False) -> str:
         """Run the agent on one claimed rollout and record the attempt's outcome; returns the rollout id.

@@ -150,6 +150,42 @@ def test_a_failing_runner_bundle_stops_the_run_with_its_error(cluster: LocalRayC
     assert time.monotonic() - started < 60
 
 
+MAIN_SCRIPT_AGENT = """
+import asyncio, json, sys
+import agentbolt as agl
+from agentbolt.execution.ray import RayExecutionStrategy
+
+@agl.rollout
+def agent(task, prompt_template):
+    return float(task["x"]) / 10
+
+store = agl.InMemoryLightningStore()
+strategy = RayExecutionStrategy(address=sys.argv[1], runtime_env=json.loads(sys.argv[2]), graceful_timeout=5.0)
+trainer = agl.Trainer(
+    algorithm=agl.Baseline(polling_interval=0.1), store=store, strategy=strategy,
+    initial_resources={"prompt": agl.PromptTemplate(template="{x}", engine="f-string")},
+)
+trainer.fit(agent, [{"x": 3}, {"x": 5}], progress=False)
+rollouts = asyncio.run(store.query_rollouts())
+print("statuses", sorted(r.status for r in rollouts), flush=True)
+"""
+
+
+def test_an_agent_decorated_in_the_main_script_runs_on_runner_actors(cluster: LocalRayCluster) -> None:
+    """A ``@rollout`` function of the main script reaches the actors by value (they do not import that script)."""
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", MAIN_SCRIPT_AGENT, cluster.address, json.dumps(RUNTIME_ENV)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "statuses ['succeeded', 'succeeded']" in result.stdout, result.stderr[-3000:]
+
+
 def test_the_trainer_selects_the_ray_strategy_by_name(cluster: LocalRayCluster) -> None:
     trainer = agl.Trainer(strategy={"type": "ray", "address": cluster.address}, n_runners=3)
     assert isinstance(trainer.strategy, RayExecutionStrategy)
