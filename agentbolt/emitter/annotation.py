@@ -44,7 +44,9 @@ def resolve_tracer(propagate: bool, what: str, getter: Callable[[], Optional[Tra
     if tracer is None:
         raise RuntimeError(
             f"No active tracer found. Cannot emit {what}: run the agent inside a tracer's trace_context() "
-            "(runners do this), or pass propagate=False."
+            "(runners do this), or pass propagate=False. While several rollouts are traced in this process, a "
+            "thread the agent starts sees its trace context only if started with asyncio.to_thread() or "
+            "contextvars.copy_context().run()."
         )
     return tracer
 

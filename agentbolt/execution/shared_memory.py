@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, List, Literal, Optional, TypeVar
 
+from agentbolt.tracer.base import untraced
 from agentbolt.utils.checks import check_count
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
@@ -103,7 +104,8 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
     def _run_algorithm(
         self, algorithm: AlgorithmBundle, store: Any, stop_evt: ExecutionEvent, thread_exceptions: List[BaseException]
     ) -> None:
-        self._run_bundle("algorithm", algorithm(store, stop_evt), stop_evt, thread_exceptions, stop_when_done=True)
+        with untraced():  # the algorithm's own spans (its LLM calls) belong to no rollout running beside it
+            self._run_bundle("algorithm", algorithm(store, stop_evt), stop_evt, thread_exceptions, stop_when_done=True)
 
     def _run_runner(
         self,

@@ -9,8 +9,9 @@ spans of one rollout attempt form a single tree.
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
@@ -27,6 +28,9 @@ __all__ = ["AgentOpsTracer"]
 logger = logging.getLogger(__name__)
 
 ROOT_SPAN_KIND_ATTRIBUTE = "agentbolt.trace.root"
+
+_instrumentation_lock = threading.Lock()
+"""Guards instrumenting and uninstrumenting SDKs, which patch them for the whole process."""
 
 
 class AgentOpsTracer(OtelTracer):
@@ -54,6 +58,7 @@ class AgentOpsTracer(OtelTracer):
         self.agentops_managed = agentops_managed
         self.instrument_managed = instrument_managed
         self.daemon = daemon
+        self._instrumented_workers: Set[int] = set()
         if not instrument_managed:
             logger.warning(
                 "instrument_managed=False: LLM SDK calls are traced only after you call "
@@ -72,13 +77,21 @@ class AgentOpsTracer(OtelTracer):
         """Install the tracer provider and instrument SDKs (when managed)."""
         super().init_worker(worker_id, store)
         if self.instrument_managed:
-            self.instrument(worker_id)
+            with _instrumentation_lock:
+                self._instrumented_workers.add(worker_id)
+                self.instrument(worker_id)
 
     def teardown_worker(self, worker_id: int) -> None:
-        """Flush spans and remove the instrumentation (when managed)."""
+        """Flush spans and remove the instrumentation (when managed) once no worker of this tracer runs.
+
+        Runner threads of one process share the tracer: the instrumentation stays while another one still runs.
+        """
         super().teardown_worker(worker_id)
         if self.instrument_managed:
-            self.uninstrument(worker_id)
+            with _instrumentation_lock:
+                self._instrumented_workers.discard(worker_id)
+                if not self._instrumented_workers:
+                    self.uninstrument(worker_id)
 
     def _resolve_store(
         self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]

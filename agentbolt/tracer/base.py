@@ -1,8 +1,16 @@
-"""The tracer interface and the process-wide active tracer.
+"""The tracer interface and the active tracer.
 
 A tracer collects the spans of one rollout attempt while the agent runs inside ``async with
 tracer.trace_context(...)``. During that block the tracer is the *active tracer*, which emitters
 (:mod:`agentbolt.emitter`) use to record rewards, messages and operations.
+
+The active tracer belongs to an execution context (a :mod:`contextvars` context): each thread, and each asyncio
+task, that opens a trace context has its own, so several runner threads (or tasks) of one process can trace their
+rollouts at the same time with one tracer. What a context starts inherits its active tracer: asyncio tasks,
+``asyncio.to_thread`` and anything run with ``contextvars.copy_context().run(...)``. A plain thread the agent starts
+itself inherits nothing; there :func:`get_active_tracer` falls back to the process: it returns the tracer of the
+only trace context open in the process, and None while none or several are open (which of several rollouts such a
+thread works for cannot be told; start it with ``asyncio.to_thread`` or ``copy_context().run`` instead).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import logging
 import threading
 import warnings
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -19,6 +28,7 @@ from typing import (
     AsyncIterator,
     Awaitable,
     Callable,
+    ClassVar,
     ContextManager,
     Iterator,
     List,
@@ -40,6 +50,8 @@ __all__ = [
     "clear_active_tracer",
     "with_active_tracer_context",
     "with_active_tracer_context_sync",
+    "untraced",
+    "is_untraced",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,36 +59,123 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 TracerT = TypeVar("TracerT", bound="Tracer")
 
-_active_tracer: Optional[Tracer] = None
-_active_lock = threading.Lock()
+
+class _OpenTraceContext:
+    """One open trace context: its tracer, and whether it is still open."""
+
+    __slots__ = ("open", "tracer")
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.open = True
+
+
+_current: ContextVar[Optional[_OpenTraceContext]] = ContextVar("agentbolt_active_tracer", default=None)
+"""The trace context open in (or inherited by) the current execution context."""
+
+_open_contexts: List[_OpenTraceContext] = []
+"""Every trace context open in the process, for code running in a context that has none."""
+
+_open_lock = threading.Lock()
+
+_untraced: ContextVar[bool] = ContextVar("agentbolt_untraced", default=False)
+"""Set where no rollout runs (an algorithm beside runner threads): see :func:`untraced`."""
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Run the block as code that belongs to no rollout.
+
+    Code without a trace context of its own (a plain thread an agent started) is attributed to the only trace
+    context open in the process. Code in this block (and the tasks and threads it starts with a copy of its
+    context) never is: the shared-memory strategy runs its algorithm so, and the algorithm's own LLM calls (APO's
+    optimizer, say) are not recorded as calls of a rollout running beside it.
+    """
+    token = _untraced.set(True)
+    try:
+        yield
+    finally:
+        _untraced.reset(token)
+
+
+def is_untraced() -> bool:
+    """Whether the calling code runs in an :func:`untraced` block (and no trace context of its own)."""
+    return _untraced.get()
+
+
+def _own_context() -> Optional[_OpenTraceContext]:
+    """The open trace context of the current execution context, if it has one."""
+    entry = _current.get()
+    return entry if entry is not None and entry.open else None
+
+
+def _process_context() -> Optional[_OpenTraceContext]:
+    """The only trace context open in the process; None while none or several are open, or in :func:`untraced`."""
+    if is_untraced():
+        return None
+    with _open_lock:
+        return _open_contexts[0] if len(_open_contexts) == 1 else None
+
+
+def _activate(tracer: Tracer) -> _OpenTraceContext:
+    """Open a trace context of ``tracer`` in the current execution context.
+
+    Raises:
+        ValueError: A trace context is already open in this execution context, or ``tracer`` does not support
+            concurrent trace contexts and has one open elsewhere in the process.
+    """
+    active = _own_context()
+    if active is not None:
+        raise ValueError(
+            f"An active tracer ({type(active.tracer).__name__}) is already set in this thread or task; "
+            "trace contexts do not nest."
+        )
+    entry = _OpenTraceContext(tracer)
+    with _open_lock:
+        if not tracer.supports_concurrent_contexts and any(other.tracer is tracer for other in _open_contexts):
+            raise ValueError(
+                f"{type(tracer).__name__} is already tracing in another thread or task of this process and records "
+                "one trace context at a time; run one runner per process (the client-server strategy)."
+            )
+        _open_contexts.append(entry)
+    _current.set(entry)
+    return entry
+
+
+def _deactivate(entry: _OpenTraceContext) -> None:
+    """Close ``entry`` (from whichever execution context: it is forgotten by the process and by its own)."""
+    with _open_lock:
+        entry.open = False
+        _open_contexts[:] = [other for other in _open_contexts if other is not entry]
+    if _current.get() is entry:
+        _current.set(None)
 
 
 def set_active_tracer(tracer: Tracer) -> None:
-    """Make ``tracer`` the process-wide active tracer.
+    """Make ``tracer`` the active tracer of the current thread or asyncio task (and of what it starts).
 
     Raises:
-        ValueError: Another tracer is already active.
+        ValueError: A tracer is already active in this thread or task (trace contexts do not nest), or ``tracer``
+            records one trace context at a time and is active elsewhere in the process.
     """
-    global _active_tracer
-    with _active_lock:
-        if _active_tracer is not None:
-            raise ValueError(
-                f"An active tracer ({type(_active_tracer).__name__}) is already set; "
-                "nested or concurrent trace contexts in one process are not supported."
-            )
-        _active_tracer = tracer
+    _activate(tracer)
 
 
 def get_active_tracer() -> Optional[Tracer]:
-    """The tracer whose trace context is currently open, if any."""
-    return _active_tracer
+    """The tracer whose trace context is open in the current thread or task, if any.
+
+    In a thread or task that has none (a plain thread the agent started), the tracer of the only trace context
+    open in the process; None while none or several are open.
+    """
+    entry = _own_context() or _process_context()
+    return entry.tracer if entry is not None else None
 
 
 def clear_active_tracer() -> None:
-    """Forget the active tracer."""
-    global _active_tracer
-    with _active_lock:
-        _active_tracer = None
+    """Forget the active tracer that :func:`get_active_tracer` returns here (nothing when there is none)."""
+    entry = _own_context() or _process_context()
+    if entry is not None:
+        _deactivate(entry)
 
 
 def with_active_tracer_context(
@@ -84,18 +183,19 @@ def with_active_tracer_context(
 ) -> Callable[..., AsyncContextManager[T]]:
     """Decorate a tracer method returning an async context manager so the tracer is active inside it.
 
-    Entering sets the tracer active (failing if another one is), leaving (or a failed enter) clears it.
+    Entering sets the tracer active in the current thread or task (failing if one is already active there),
+    leaving (or a failed enter) clears it.
     """
 
     @functools.wraps(func)
     @asynccontextmanager
     async def wrapper(self: Tracer, *args: Any, **kwargs: Any) -> AsyncIterator[T]:
-        set_active_tracer(self)
+        entry = _activate(self)
         try:
             async with func(self, *args, **kwargs) as value:
                 yield value
         finally:
-            clear_active_tracer()
+            _deactivate(entry)
 
     return wrapper
 
@@ -106,12 +206,12 @@ def with_active_tracer_context_sync(func: Callable[..., ContextManager[T]]) -> C
     @functools.wraps(func)
     @contextmanager
     def wrapper(self: Tracer, *args: Any, **kwargs: Any) -> Iterator[T]:
-        set_active_tracer(self)
+        entry = _activate(self)
         try:
             with func(self, *args, **kwargs) as value:
                 yield value
         finally:
-            clear_active_tracer()
+            _deactivate(entry)
 
     return wrapper
 
@@ -121,8 +221,14 @@ class Tracer(ParallelWorkerBase):
 
     Lifecycle: ``init()`` once, ``init_worker(worker_id, store)`` in each worker, then any number of
     ``trace_context(...)`` blocks, then ``teardown_worker`` / ``teardown``.
+
+    Attributes:
+        supports_concurrent_contexts: Whether trace contexts of one tracer may be open in several threads or tasks
+            of the process at once (each recording its own rollout). A tracer that keeps one trace's state for the
+            whole process leaves it False: opening a second context then raises ``ValueError``.
     """
 
+    supports_concurrent_contexts: ClassVar[bool] = False
     _store: Optional[LightningStore] = None
 
     def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:

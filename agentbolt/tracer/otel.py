@@ -1,7 +1,8 @@
 """OpenTelemetry-based tracer and the span processor that writes finished spans to the LightningStore.
 
-Delivery guarantee of :class:`LightningSpanProcessor`: a span that ends while a rollout context is open is written
-to the store, which issues its sequence id (ids follow the order in which spans ended). Writing is the job of the
+Delivery guarantee of :class:`LightningSpanProcessor`: a span that starts in a rollout context (see the class for
+which context a span belongs to) is written to the store, which issues its sequence id (ids follow the order in
+which spans ended). Writing is the job of the
 store's :class:`~agentbolt.store.span_writer.SpanWriter` (the writer the LLM gateway uses too), on a background
 thread, so the agent never waits for the store while it runs. Spans are written in batches: a span is written at
 the latest ``write_delay`` seconds after it ended (sooner when a batch fills up), and leaving the trace context
@@ -28,6 +29,7 @@ import os
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -43,7 +45,7 @@ from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.semconv import AGL_ANNOTATION
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
-from agentbolt.tracer.base import Tracer
+from agentbolt.tracer.base import Tracer, is_untraced
 from agentbolt.types.tracer import Attributes, Span, SpanCoreFields, StatusCode, TraceStatus, convert_timestamp
 from agentbolt.utils.otel import format_exception_attributes
 
@@ -82,6 +84,9 @@ FastAPI traces every request it serves into the global tracer provider. Servers 
 request spans to the rollout, and the store server would trace its own span writes in a feedback loop.
 """
 _TRACER_NAME = "agentbolt"
+
+_provider_lock = threading.Lock()
+"""Serialises installing tracer providers (the global provider is the process's; a tracer must stay picklable)."""
 
 
 def to_otel_status_code(status_code: StatusCode) -> OtelStatusCode:
@@ -130,16 +135,6 @@ class _OtlpStoreTarget(LightningStore):
         return []
 
 
-@dataclass(frozen=True)
-class _Binding:
-    """Where the spans of one trace context go: the context's number, and its store, rollout and attempt."""
-
-    context: int
-    store: Optional[LightningStore]
-    rollout_id: Optional[str]
-    attempt_id: Optional[str]
-
-
 @dataclass(eq=False, slots=True)
 class _PendingWrite(PendingSpan):
     """A finished span waiting to be written, with the store and ids it belongs to.
@@ -179,8 +174,40 @@ class _PendingWrite(PendingSpan):
         return Span.from_opentelemetry(self.span, self.rollout_id, self.attempt_id, self.local_sequence_id)
 
 
+@dataclass(eq=False)
+class _Binding:
+    """One trace context of a :class:`LightningSpanProcessor`: where its spans go, and the spans it collected.
+
+    ``target`` is where its spans are written: the store, the OTLP destination of the store, or None (spans are
+    only collected locally). A binding stays reachable after its context closed, from the spans that started in
+    it and from work the context left running, so that those spans still go to its rollout; it then lets go of
+    its collected spans (``spans`` is None), which only :meth:`LightningSpanProcessor.spans` still holds.
+    """
+
+    store: Optional[LightningStore]
+    rollout_id: Optional[str]
+    attempt_id: Optional[str]
+    target: Optional[LightningStore]
+    spans: Optional[List[Union[Span, _PendingWrite]]]  # None once the context closed
+    previous: Optional[_Binding] = None  # what the opening thread or task was bound to before
+    next_local_sequence_id: int = 0
+
+    @property
+    def open(self) -> bool:
+        """Whether the context is still open."""
+        return self.spans is not None
+
+
 class LightningSpanProcessor(SpanProcessor):
     """Collects finished spans and writes those of the current rollout attempt to the store.
+
+    Each context (:meth:`with_context`, or the processor used as a context manager) binds the execution context
+    that opens it (a :mod:`contextvars` context: a thread, an asyncio task, and what they start with a copy of it)
+    to its store, rollout and attempt, and collects its own spans. Several contexts may be open at once in
+    different threads or tasks: a span belongs to the context open where it *started*, and goes to that context's
+    rollout even if it ends elsewhere or later. A span started where no context is open or inherited (a plain
+    thread the agent started itself) belongs to the only context open in the process, and to none while several
+    are open. :meth:`spans` returns the spans of the context the calling thread or task opened last.
 
     Args:
         disable_store_submission: Only collect spans locally (used when spans reach the store another way).
@@ -230,13 +257,13 @@ class LightningSpanProcessor(SpanProcessor):
         self._otlp_exporter = otlp_exporter
         self._otlp_target: Optional[_OtlpStoreTarget] = None
 
-        self._spans: List[Union[Span, _PendingWrite]] = []
-        self._store: Optional[LightningStore] = None
-        self._rollout_id: Optional[str] = None
-        self._attempt_id: Optional[str] = None
-        self._local_sequence_id = 0
-        self._collecting = False
-        self._context = 0  # the number of the current (or last) trace context
+        # The context open in (or inherited by) each execution context, and the spans of the one it opened last.
+        self._binding: ContextVar[Optional[_Binding]] = ContextVar(f"agentbolt_span_binding_{id(self)}", default=None)
+        self._last_trace: ContextVar[Optional[List[Union[Span, _PendingWrite]]]] = ContextVar(
+            f"agentbolt_last_trace_{id(self)}", default=None
+        )
+        self._open: List[_Binding] = []  # every open context, in the order they opened
+        self._latest_trace: List[Union[Span, _PendingWrite]] = []  # spans of the context opened last in the process
         self._started: Dict[int, _Binding] = {}  # span id -> the context the span started in
         self._lock = threading.Lock()
 
@@ -249,18 +276,21 @@ class LightningSpanProcessor(SpanProcessor):
 
     @property
     def store(self) -> Optional[LightningStore]:
-        """Store of the current rollout context."""
-        return self._store
+        """Store of the context open in the calling thread or task (see the class docstring)."""
+        binding = self._open_binding()
+        return binding.store if binding is not None else None
 
     @property
     def rollout_id(self) -> Optional[str]:
-        """Rollout of the current context."""
-        return self._rollout_id
+        """Rollout of the context open in the calling thread or task."""
+        binding = self._open_binding()
+        return binding.rollout_id if binding is not None else None
 
     @property
     def attempt_id(self) -> Optional[str]:
-        """Attempt of the current context."""
-        return self._attempt_id
+        """Attempt of the context open in the calling thread or task."""
+        binding = self._open_binding()
+        return binding.attempt_id if binding is not None else None
 
     @property
     def disable_store_submission(self) -> bool:
@@ -298,20 +328,65 @@ class LightningSpanProcessor(SpanProcessor):
 
     # ---- contexts ----
 
-    def __enter__(self) -> LightningSpanProcessor:
+    def _only_open_binding(self) -> Optional[_Binding]:
+        """The only context open in the process; None while none or several are open, or in ``untraced()``."""
+        if is_untraced():
+            return None
         with self._lock:
-            self._spans = []
-            self._local_sequence_id = 0
-            self._collecting = True
-            self._context += 1
+            return self._open[0] if len(self._open) == 1 else None
+
+    def _current_binding(self) -> Optional[_Binding]:
+        """The context that spans starting in the calling thread or task belong to.
+
+        Its own context, or the one it inherited, even if that closed since (work a rollout left running stays
+        with that rollout); without one, :meth:`_only_open_binding`.
+        """
+        binding = self._binding.get()
+        return binding if binding is not None else self._only_open_binding()
+
+    def _open_binding(self) -> Optional[_Binding]:
+        """The open context of the calling thread or task; without one, :meth:`_only_open_binding`."""
+        binding = self._binding.get()
+        return binding if binding is not None and binding.open else self._only_open_binding()
+
+    def _bind(self, store: Optional[LightningStore], rollout_id: Optional[str], attempt_id: Optional[str]) -> _Binding:
+        """Open a context in the calling thread or task.
+
+        Where its spans are written is decided now: over OTLP while the exporter is bound to a rollout attempt,
+        else directly to ``store`` unless store submission is disabled.
+        """
+        target: Optional[LightningStore] = None
+        if store is not None and rollout_id is not None and attempt_id is not None:
+            target = self._bound_otlp_target()
+            if target is None and not self._disable_store_submission:
+                target = store
+        spans: List[Union[Span, _PendingWrite]] = []
+        binding = _Binding(store, rollout_id, attempt_id, target, spans, previous=self._binding.get())
+        with self._lock:
+            self._open.append(binding)
+            self._latest_trace = spans
+        self._binding.set(binding)
+        self._last_trace.set(spans)
+        return binding
+
+    def _unbind(self, binding: _Binding) -> None:
+        """Close ``binding``; the thread or task that opened it is bound again to what it was bound to before."""
+        with self._lock:
+            binding.spans = None
+            self._open = [other for other in self._open if other is not binding]
+        if self._binding.get() is binding:
+            self._binding.set(binding.previous)
+
+    def __enter__(self) -> LightningSpanProcessor:
+        """Open a context collecting spans locally (not bound to a rollout) in the calling thread or task."""
+        self._bind(None, None, None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with self._lock:
-            self._store = None
-            self._rollout_id = None
-            self._attempt_id = None
-            self._collecting = False
+        """Close the context the calling thread or task opened with ``with processor:`` (see :meth:`_open_binding`)."""
+        binding = self._open_binding()
+        if binding is not None:
+            self._unbind(binding)
 
     @contextmanager
     def with_context(
@@ -324,10 +399,11 @@ class LightningSpanProcessor(SpanProcessor):
     ) -> Iterator[LightningSpanProcessor]:
         """Collect spans and write them to ``store`` for the given attempt while the context is open.
 
-        On exit, waits (up to ``flush_timeout``, default ``write_timeout``) for the spans still queued to reach
-        the store; what is left stays buffered and is retried. Spans are written from a background thread, so the
-        store must be thread-safe (``LightningStoreThreaded``, ``InMemoryLightningStore(thread_safe=True)``, the
-        SQLite store or the HTTP client); a warning is logged otherwise.
+        The context is bound to the calling thread or task (see the class docstring). On exit, waits (up to
+        ``flush_timeout``, default ``write_timeout``) for the spans still queued to reach the store; what is left
+        stays buffered and is retried. Spans are written from a background thread, so the store must be
+        thread-safe (``LightningStoreThreaded``, ``InMemoryLightningStore(thread_safe=True)``, the SQLite store or
+        the HTTP client); a warning is logged otherwise.
         """
         if not store.capabilities.get("thread_safe", False) and type(store) not in _warned_store_types:
             _warned_store_types.add(type(store))
@@ -337,21 +413,19 @@ class LightningSpanProcessor(SpanProcessor):
                 type(store).__name__,
             )
         timeout = self._write_timeout if flush_timeout is None else flush_timeout
-        with self:
-            self._store = store
-            self._rollout_id = rollout_id
-            self._attempt_id = attempt_id
-            try:
-                yield self
-            finally:
-                if not self.force_flush(int(timeout * 1000)):
-                    logger.warning(
-                        "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
-                        "and are retried in the background.",
-                        rollout_id,
-                        attempt_id,
-                        self.pending_count,
-                    )
+        binding = self._bind(store, rollout_id, attempt_id)
+        try:
+            yield self
+        finally:
+            self._unbind(binding)
+            if not self.force_flush(int(timeout * 1000)):
+                logger.warning(
+                    "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
+                    "and are retried in the background.",
+                    rollout_id,
+                    attempt_id,
+                    self.pending_count,
+                )
 
     async def flush_async(self, timeout: Optional[float] = None) -> bool:
         """:meth:`force_flush` without blocking the event loop (waits in a worker thread).
@@ -366,30 +440,18 @@ class LightningSpanProcessor(SpanProcessor):
 
     # ---- span processing ----
 
-    def _binding(self) -> _Binding:
-        return _Binding(self._context, self._store, self._rollout_id, self._attempt_id)
-
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        """Remember the trace context the span starts in: it belongs to that context's rollout wherever it ends."""
+        """Remember the context the span starts in: it belongs to that context's rollout wherever it ends."""
         context = span.context
         if context is None:
             return
+        binding = self._current_binding()
+        if binding is None:
+            return
         with self._lock:
-            if not self._collecting:
-                return
             if len(self._started) >= _MAX_TRACKED_STARTS:
                 del self._started[next(iter(self._started))]
-            self._started[context.span_id] = self._binding()
-
-    def _next_local_sequence_id(self) -> int:
-        with self._lock:
-            sequence_id = self._local_sequence_id
-            self._local_sequence_id += 1
-        return sequence_id
-
-    def _append(self, entry: Union[Span, _PendingWrite]) -> None:
-        with self._lock:
-            self._spans.append(entry)
+            self._started[context.span_id] = binding
 
     def on_end(self, span: ReadableSpan) -> None:
         """Queue a finished span for writing (or collect it locally); never blocks on the store, never raises."""
@@ -403,34 +465,37 @@ class LightningSpanProcessor(SpanProcessor):
         if context is None:
             return
         with self._lock:
-            current = self._binding()
-            binding = self._started.pop(context.span_id, current)
-            collecting = self._collecting and binding.context == current.context
-        if not context.trace_flags.sampled:
+            started_in = self._started.pop(context.span_id, None)
+        # A span goes to the rollout of the context it started in: work a rollout left running (a task it did not
+        # await) must not be stored, and rewarded, as the rollout running when it ends. Spans not seen starting
+        # (started where no context was open) go to the context they end in.
+        binding = started_in or self._current_binding()
+        if binding is None or not context.trace_flags.sampled:
             return
         scope = span.instrumentation_scope
         if scope is not None and scope.name in self._ignored_scopes:
             return
-        # A span goes to the rollout of the context it started in: work an earlier rollout left running (a task it
-        # did not await) must not be stored, and rewarded, as the current rollout's.
-        store, rollout_id, attempt_id = binding.store, binding.rollout_id, binding.attempt_id
-        target = self._bound_otlp_target() if store is not None and binding.context == current.context else None
-        if target is not None and rollout_id is not None and attempt_id is not None:
-            item = _PendingWrite(target, rollout_id, attempt_id, span, self._next_local_sequence_id(), exported=True)
-            self._append(item)
-            self._submit(target, item)
+        with self._lock:
+            sequence_id = binding.next_local_sequence_id
+            binding.next_local_sequence_id += 1
+        rollout_id, attempt_id, target = binding.rollout_id, binding.attempt_id, binding.target
+        if target is None or rollout_id is None or attempt_id is None:
+            local = Span.from_opentelemetry(
+                span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", sequence_id
+            )
+            self._add_to_trace(binding, local)
             return
-        if self._disable_store_submission or store is None or rollout_id is None or attempt_id is None:
-            if collecting:
-                local = Span.from_opentelemetry(
-                    span, rollout_id or "rollout-dummy", attempt_id or "attempt-dummy", self._next_local_sequence_id()
-                )
-                self._append(local)
-            return
-        item = _PendingWrite(store, rollout_id, attempt_id, span, self._next_local_sequence_id())
-        if collecting:
-            self._append(item)
-        self._submit(store, item)
+        item = _PendingWrite(
+            target, rollout_id, attempt_id, span, sequence_id, exported=isinstance(target, _OtlpStoreTarget)
+        )
+        self._add_to_trace(binding, item)
+        self._submit(target, item)
+
+    def _add_to_trace(self, binding: _Binding, entry: Union[Span, _PendingWrite]) -> None:
+        """Add ``entry`` to the spans of ``binding`` while its context is open (a closed context's trace is final)."""
+        with self._lock:
+            if binding.spans is not None:
+                binding.spans.append(entry)
 
     def _submit(self, store: LightningStore, item: _PendingWrite) -> None:
         """Queue ``item`` for ``store``; an annotation (a reward) is stored before the agent goes on.
@@ -502,13 +567,15 @@ class LightningSpanProcessor(SpanProcessor):
     # ---- results and lifecycle ----
 
     def spans(self) -> List[Span]:
-        """Spans collected in the current (or last) context, in the order they ended.
+        """Spans collected in the current (or last) context of the calling thread or task, in the order they ended.
 
-        Spans already written are returned as stored (with their store-issued sequence ids); spans still waiting
-        for the store are converted locally.
+        A thread or task that never opened a context (nor inherited one) gets those of the context opened last in
+        the process. Spans already written are returned as stored (with their store-issued sequence ids); spans
+        still waiting for the store are converted locally.
         """
+        trace = self._last_trace.get()
         with self._lock:
-            entries = list(self._spans)
+            entries = list(trace if trace is not None else self._latest_trace)
         return [entry if isinstance(entry, Span) else entry.result() for entry in entries]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -593,10 +660,15 @@ class OtelTracer(Tracer):
     :class:`LightningSpanProcessor`. Spans created by any OpenTelemetry instrumentation while a trace context
     is open belong to that context's rollout attempt.
 
+    Trace contexts opened in different threads or asyncio tasks may be open at once (several runner threads of one
+    process sharing the tracer): each records its own rollout (see :class:`LightningSpanProcessor`).
+
     Args:
         max_buffered_spans: See :class:`LightningSpanProcessor`.
         write_timeout: See :class:`LightningSpanProcessor`.
     """
+
+    supports_concurrent_contexts = True
 
     def __init__(
         self,
@@ -613,8 +685,9 @@ class OtelTracer(Tracer):
     def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
         """Install the tracer provider and span processor (once per tracer) and remember the store."""
         super().init_worker(worker_id, store)
-        if self._tracer_provider is None:
-            self._initialize_tracer_provider()
+        with _provider_lock:  # runner threads sharing the tracer start their workers at the same time
+            if self._tracer_provider is None:
+                self._initialize_tracer_provider()
 
     def _initialize_tracer_provider(self) -> None:
         # A chat span carries several attributes per message: OpenTelemetry's default limit (128 attributes per
@@ -689,7 +762,8 @@ class OtelTracer(Tracer):
         """Send the next context's spans over OTLP/HTTP when the store accepts it, else write them directly.
 
         The exporter stays bound after the context (spans still buffered keep their endpoint while they are
-        retried); the next context binds it again or unbinds it.
+        retried); the next context binds it again or unbinds it. The choice and the endpoint belong to the
+        processor, so contexts open at once must use the same store (the worker's store does).
 
         Raises:
             RuntimeError: The store accepts OTLP but the processor has no exporter.
@@ -740,7 +814,7 @@ class OtelTracer(Tracer):
         yield
 
     def get_last_trace(self) -> List[Span]:
-        """Spans collected by the current or most recent trace context."""
+        """Spans collected by the current or most recent trace context of the calling thread or task."""
         _, processor = self._require_initialized()
         return processor.spans()
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +69,36 @@ def test_spawned_child_unpickles_and_runs_the_agent() -> None:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+SPAWNED_RUN = """
+import asyncio, multiprocessing, sys
+import agentbolt as agl
+
+@agl.rollout
+def agent(task, prompt_template):
+    return float(task) / 10
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[1])
+    store = agl.InMemoryLightningStore()
+    trainer = agl.Trainer(
+        algorithm=agl.Baseline(polling_interval=0.1), tracer=agl.OtelTracer(), strategy="cs", store=store, port=0,
+        initial_resources={"p": agl.PromptTemplate(template="x", engine="f-string")},
+    )
+    trainer.dev(agent, [3, 5], progress=False)
+    rollouts = asyncio.run(store.query_rollouts())
+    rewards = [agl.find_final_reward(asyncio.run(store.query_spans(r.rollout_id))) for r in rollouts]
+    print("dev ok", sorted(r.status for r in rollouts), sorted(rewards), flush=True)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_client_server_run_works_under_the_start_method(start_method: str, tmp_path: Path) -> None:
+    """The runner processes get the agent, tracer and runner pickled (macOS and Windows default to spawn)."""
+    script = tmp_path / "train.py"
+    script.write_text(SPAWNED_RUN)
+    result = subprocess.run(
+        [sys.executable, str(script), start_method], capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
+    assert "dev ok ['succeeded', 'succeeded'] [0.3, 0.5]" in result.stdout, result.stderr[-3000:]
