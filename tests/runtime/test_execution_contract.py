@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Tuple
 
 import psutil
 import pytest
@@ -366,34 +366,39 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
-def test_cs_sigterm_stops_the_run_and_its_children(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _run_with_two_children(tmp_path: Path) -> Iterator[Tuple[subprocess.Popen[str], List[int]]]:
+    """A process running a client-server strategy with two runner children; yields it and the children's pids.
+
+    Every process is killed on the way out, whatever the test did to them.
+    """
     pids = tmp_path / "pids"
     process = subprocess.Popen(
         [sys.executable, "-c", CHILDREN_SCRIPT, str(pids)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    children: List[int] = []
     try:
         children = _children_started(pids, process)
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=60)
+        yield process, children
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert "execute returned" in stdout, stderr
-    assert all(_gone(pid, 5) for pid in children)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_cs_sigterm_stops_the_run_and_its_children(tmp_path: Path) -> None:
+    with _run_with_two_children(tmp_path) as (process, children):
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+        assert "execute returned" in stdout, stderr
+        assert all(_gone(pid, 5) for pid in children)
 
 
 def test_cs_children_end_with_a_killed_parent(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    process = subprocess.Popen(
-        [sys.executable, "-c", CHILDREN_SCRIPT, str(pids)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        children = _children_started(pids, process)
+    with _run_with_two_children(tmp_path) as (process, children):
         process.kill()  # no chance to clean up
         process.wait()
         assert all(_gone(pid, 30) for pid in children)
-    finally:
-        for pid in children if pids.exists() else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
