@@ -76,6 +76,11 @@ _IGNORED_FIELDS = (
 """Request fields with no chat-completion counterpart: accepted and not forwarded to chat backends."""
 
 
+def _is_status(value: Any) -> bool:
+    """Whether ``value`` is an HTTP error status (an int from 400 to 599, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599
+
+
 def anthropic_error_type(status: int) -> str:
     """Anthropic's error ``type`` for an HTTP status (``api_error`` for other server errors)."""
     return _ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
@@ -512,9 +517,11 @@ class ChatStreamTranslator:
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
-            code = error.get("code") if isinstance(error, dict) else None
+            # The gateway's own error events carry the status as ``http_status``; some servers put it in ``code``.
+            found = [error.get(key) for key in ("http_status", "code")] if isinstance(error, dict) else []
+            status = next((value for value in found if _is_status(value)), 502)
             self._finished = True
-            return anthropic_error_event(code if isinstance(code, int) else 502, str(message))
+            return anthropic_error_event(status, str(message))
         out = [self._start(chunk.get("id"))]
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]

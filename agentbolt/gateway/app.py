@@ -353,6 +353,11 @@ def _anthropic_error_event(error: GatewayError) -> bytes:
     return anthropic.anthropic_error_event(error.status_code, error.message)
 
 
+def _translatable_error_event(error: GatewayError) -> bytes:
+    """A chat stream's error event that also carries its HTTP status (read by the Messages translation)."""
+    return b"data: " + error.to_body(http_status=error.status_code) + b"\n\n"
+
+
 async def _translated(chunks: AsyncIterator[Any], translator: anthropic.ChatStreamTranslator) -> AsyncIterator[bytes]:
     """A chat completion stream as a Messages event stream; a chunk it cannot translate ends it with an error event."""
     try:
@@ -591,7 +596,7 @@ class _Handler:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:
             return _anthropic_error(exc.status, exc.message)
-        response = await self._forward(incoming, "chat/completions", chat, model, candidates)
+        response = await self._forward(incoming, "chat/completions", chat, model, candidates, for_messages=True)
         if isinstance(response, StreamingResponse):
             translator = anthropic.ChatStreamTranslator(model, stops)
             response.body_iterator = _translated(response.body_iterator, translator)
@@ -615,8 +620,13 @@ class _Handler:
         model: str,
         candidates: Sequence[Deployment],
         headers: Optional[Mapping[str, str]] = None,
+        for_messages: bool = False,
     ) -> Response:
-        """Send a checked request to ``candidates``, record the call, and relay the answer."""
+        """Send a checked request to ``candidates``, record the call, and relay the answer.
+
+        ``for_messages``: the answer is translated for a ``/v1/messages`` client afterwards, so a stream's error
+        event also carries the HTTP status the translation maps to Anthropic's error type.
+        """
         gateway = self.gateway
         rollout_id, outcome = incoming.rollout_id, incoming.outcome
         messages_api = candidates[0].speaks_messages
@@ -654,11 +664,12 @@ class _Handler:
             call.deployment = upstream.deployment
         if body.get("stream") is True and upstream.status_code < 400 and "text/event-stream" in upstream.content_type:
             await self._await_sequence_id(call)
-            relay = (
-                self._relay(upstream, call, outcome, _MESSAGE_STOP_EVENT, _anthropic_error_event)
-                if messages_api
-                else self._relay(upstream, call, outcome)
-            )
+            if messages_api:
+                relay = self._relay(upstream, call, outcome, _MESSAGE_STOP_EVENT, _anthropic_error_event)
+            elif for_messages:
+                relay = self._relay(upstream, call, outcome, error_event=_translatable_error_event)
+            else:
+                relay = self._relay(upstream, call, outcome)
             return StreamingResponse(
                 relay,
                 status_code=upstream.status_code,

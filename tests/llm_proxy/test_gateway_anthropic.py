@@ -275,6 +275,26 @@ async def test_a_stream_the_backend_drops_ends_with_an_error_event_and_a_failed_
     assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "upstream_error"
 
 
+async def test_a_translated_stream_the_backend_stalls_ends_with_a_timeout_error(
+    make_proxy: ProxyFactory, backend: FakeBackend, rollout: AttemptedRollout
+) -> None:
+    """A chat backend that stops sending mid-stream: the Messages client gets Anthropic's ``timeout_error``."""
+    body: Dict[str, Any] = {
+        "model": "gated",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    try:
+        settings = {"litellm_settings": {"request_timeout": 0.5}}
+        async with make_proxy(litellm_config=settings) as proxy, httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(f"{_rollout_url(proxy, rollout)}/v1/messages", json=body)
+    finally:
+        backend.gate.set()
+    events = [json.loads(line[len("data: ") :]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "timeout_error"
+
+
 HOSTILE_FIELDS: List[Dict[str, Any]] = [
     {"system": 5},
     {"system": [{"type": "text", "text": 5}]},
