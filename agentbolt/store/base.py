@@ -6,7 +6,6 @@ import asyncio
 import functools
 import inspect
 import math
-import typing
 import warnings
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
@@ -39,7 +38,7 @@ from agentbolt.types import (
     Worker,
     WorkerStatus,
 )
-from agentbolt.utils.checks import check_list_of_str
+from agentbolt.utils.checks import check_choices, check_list_of_str
 
 __all__ = [
     "UNSET",
@@ -319,8 +318,8 @@ class LightningStore:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        status_in = _listed(status_in if status_in is not None else status, "status_in", RolloutStatus)
-        rollout_id_in = _listed(rollout_id_in if rollout_id_in is not None else rollout_ids, "rollout_id_in")
+        status_in = check_choices(status_in if status_in is not None else status, "status_in", RolloutStatus)
+        rollout_id_in = check_choices(rollout_id_in if rollout_id_in is not None else rollout_ids, "rollout_id_in")
         return await self._query_rollouts(request_from_arguments(QueryRolloutsRequest, locals()))
 
     async def _query_rollouts(self, query: QueryRolloutsRequest) -> Sequence[Union[Rollout, AttemptedRollout]]:
@@ -510,7 +509,7 @@ class LightningStore:
         offset: int = 0,
     ) -> Sequence[Worker]:
         """Workers matching the filters."""
-        status_in = _listed(status_in, "status_in", WorkerStatus)
+        status_in = check_choices(status_in, "status_in", WorkerStatus)
         return await self._query_workers(request_from_arguments(QueryWorkersRequest, locals()))
 
     async def _query_workers(self, query: QueryWorkersRequest) -> Sequence[Worker]:
@@ -548,29 +547,6 @@ class LightningStore:
 def page_json(items: Sequence[bytes], limit: int, offset: int, total: int) -> bytes:
     """JSON of a page of items already serialized as JSON."""
     return b'{"items":[' + b",".join(items) + b'],"limit":%d,"offset":%d,"total":%d}' % (limit, offset, total)
-
-
-def _listed(values: Optional[Sequence[Any]], name: str, allowed: Optional[Any] = None) -> Optional[List[Any]]:
-    """``values`` as a list, as the request models declare their sequences; ``None`` stays ``None``.
-
-    Args:
-        values: The filter's values.
-        name: The argument's name, for the error messages.
-        allowed: A ``Literal`` type the values must be among (the statuses).
-
-    Raises:
-        TypeError: ``values`` is a lone string or holds something other than strings.
-        ValueError: A value is not among ``allowed``.
-    """
-    if values is None:
-        return None
-    listed = check_list_of_str(values, name)
-    if allowed is not None:
-        choices = typing.get_args(allowed)
-        for value in listed:
-            if value not in choices:
-                raise ValueError(f"{name} holds {value!r}, which is not one of {', '.join(choices)}")
-    return listed
 
 
 def _given(**fields: Any) -> Dict[str, Any]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, List, Optional
+import typing
+from typing import Any, Callable, List, Optional, Sequence
 
-__all__ = ["check_count", "check_finite", "check_list_of", "check_list_of_str", "check_port"]
+__all__ = ["check_choices", "check_count", "check_finite", "check_list_of", "check_list_of_str", "check_port"]
 
 
 def check_count(value: Any, name: str, *, minimum: int = 1, optional: bool = False) -> Optional[int]:
@@ -81,3 +82,21 @@ def check_list_of(value: Any, name: str, accepts: Callable[[Any], bool], expecte
 def check_list_of_str(value: Any, name: str) -> List[str]:
     """``value`` as a list if it is a sequence of strings (see :func:`check_list_of`)."""
     return check_list_of(value, name, lambda item: isinstance(item, str), "strings")
+
+
+def check_choices(values: Optional[Sequence[Any]], name: str, allowed: Optional[Any] = None) -> Optional[List[Any]]:
+    """``values`` as a list of strings, each among the ``Literal`` type ``allowed`` when given; ``None`` stays ``None``.
+
+    Raises:
+        TypeError: ``values`` is a lone string or holds something other than strings.
+        ValueError: A value is not among ``allowed``.
+    """
+    if values is None:
+        return None
+    listed = check_list_of_str(values, name)
+    if allowed is not None:
+        choices = typing.get_args(allowed)
+        for value in listed:
+            if value not in choices:
+                raise ValueError(f"{name} holds {value!r}, which is not one of {', '.join(choices)}")
+    return listed

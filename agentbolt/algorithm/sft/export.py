@@ -35,9 +35,8 @@ from agentbolt.algorithm.sft.data import (
     samples_from_triplets,
     task_key,
 )
-from agentbolt.store.base import _listed
 from agentbolt.types import RolloutMode, RolloutStatus
-from agentbolt.utils.checks import check_finite
+from agentbolt.utils.checks import check_choices, check_finite
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
@@ -86,8 +85,8 @@ class ExportFilter:
     agent: Optional[str] = None
 
     def __post_init__(self) -> None:
-        self.mode = _listed(self.mode, "mode", RolloutMode)
-        self.status = _listed(self.status, "status", RolloutStatus)
+        self.mode = check_choices(self.mode, "mode", RolloutMode)
+        self.status = check_choices(self.status, "status", RolloutStatus)
         check_finite(self.min_reward, "min_reward", optional=True)
         check_finite(self.max_reward, "max_reward", optional=True)
         if self.agent is not None:
