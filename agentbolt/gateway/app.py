@@ -43,6 +43,7 @@ from agentbolt.openai_api.http import (
     bearer_token_matches,
     error_response,
     install_error_handlers,
+    off_loop_if_large,
     parse_json_object,
     read_body,
     unauthorized,
@@ -271,18 +272,7 @@ class Gateway:
 
 
 _LARGE_BODY_BYTES = 1 << 20
-"""Bodies from this size on are decoded (and requests checked) on a worker thread."""
-
-
-async def _off_loop_if_large(raw: bytes, work: Callable[[], T]) -> T:
-    """``work()``, on a worker thread when the body ``raw`` (of a request or an answer) is large.
-
-    Decoding and checking a body of many megabytes takes seconds; on the event loop it would hold up every other
-    call for as long. Small bodies stay on the loop, where a thread hand-off would cost more than the work.
-    """
-    if len(raw) < _LARGE_BODY_BYTES:
-        return work()
-    return await asyncio.to_thread(work)
+"""Bodies (of requests and answers) from this size on are decoded, and requests checked, on a worker thread."""
 
 
 def _ignore(_: object) -> None:
@@ -538,7 +528,7 @@ class _Handler:
                 body = parse_json_object(raw, content_type)
                 return body, validate_request(_REQUEST_MODELS[endpoint], body).model
 
-            body, model = await _off_loop_if_large(raw, checked)
+            body, model = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, checked)
         except ApiError as exc:
             return _error_response(exc)
         if model is None:
@@ -571,7 +561,7 @@ class _Handler:
                 body = parse_json_object(raw, content_type)
                 return body, anthropic.validate_messages_request(body)
 
-            body, model = await _off_loop_if_large(raw, checked)
+            body, model = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, checked)
             candidates = gateway.router.candidates(model)
             if candidates[0].speaks_messages:
                 headers = {
@@ -591,7 +581,7 @@ class _Handler:
                 validate_request(ChatCompletionRequest, chat)
                 return chat
 
-            chat = await _off_loop_if_large(raw, translated)
+            chat = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, translated)
         except UnknownModelError as exc:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:
@@ -707,7 +697,7 @@ class _Handler:
             await self._await_sequence_id(call)
             return Response(data, status_code=status, media_type=upstream.content_type or _JSON)
         try:
-            parsed = await _off_loop_if_large(data, lambda: decode_answer(data))
+            parsed = await off_loop_if_large(len(data), _LARGE_BODY_BYTES, lambda: decode_answer(data))
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):

@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-from typing import Any, Dict, Iterable, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, Iterable, Optional, Type, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -26,6 +27,7 @@ from agentbolt.openai_api.errors import ApiError, error_body
 from agentbolt.openai_api.schema import validation_message
 
 __all__ = [
+    "off_loop_if_large",
     "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_JSON_DEPTH",
     "BearerAuthMiddleware",
@@ -40,6 +42,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+
+async def off_loop_if_large(size: int, inline_below: int, work: Callable[[], R]) -> R:
+    """``work()`` on the event loop when ``size`` (bytes of the body it handles) is under ``inline_below``, else on a
+    worker thread.
+
+    Decoding, templating or tokenizing a body of many megabytes takes seconds; on the event loop it would hold up
+    every other request for as long. Small bodies stay on the loop, where a thread hand-off costs more than the work.
+    """
+    if size < inline_below:
+        return work()
+    return await asyncio.to_thread(work)
+
 
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 """Largest request body accepted by default (32 MiB)."""

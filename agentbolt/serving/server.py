@@ -54,6 +54,7 @@ from agentbolt.openai_api.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
     install_error_handlers,
+    off_loop_if_large,
     parse_json_object,
     read_body,
     validate_request,
@@ -207,9 +208,7 @@ class _Handler:
     async def prepare(size: int, work: Callable[[], T]) -> T:
         """Run ``work``, a request's templating, tokenizing and checking, on the event loop for a body of ``size``
         bytes under :data:`_PREPARE_INLINE_BYTES`, else in a worker thread while the loop serves other requests."""
-        if size < _PREPARE_INLINE_BYTES:
-            return work()
-        return await asyncio.to_thread(work)
+        return await off_loop_if_large(size, _PREPARE_INLINE_BYTES, work)
 
     def model_name(self, model: Optional[str]) -> str:
         return model or self.engine.served_name
