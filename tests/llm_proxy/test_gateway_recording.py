@@ -207,6 +207,8 @@ async def test_only_calls_bound_to_a_rollout_are_recorded(
         # Unknown rollouts still get their answer; the store refuses the span, which the gateway counts.
         ghost = await client.post(f"{proxy.endpoint}/rollout/ro-ghost/attempt/at-ghost/chat/completions", json=body)
         spans = await wait_for_spans(store, rollout.rollout_id, 3)
+        # The ghost's span may still be on its way to the store: wait until every span is written or given up.
+        assert await proxy.flush()
         health = (await client.get(f"{proxy.endpoint}/health")).json()
     assert unbound.status_code == 200 and ghost.status_code == 200
     assert len(spans) == 3
