@@ -4,7 +4,8 @@ Every function here is pure (dicts and bytes in, dicts and bytes out); :mod:`age
 into the ``/v1/messages`` route:
 
 * For a model served by an OpenAI-compatible backend, :func:`messages_to_chat` turns the request into a chat
-  completion request, the gateway's chat path forwards and records it (token ids included), and
+  completion request (checked with the chat request's schema; an error names the Messages request's field), the
+  gateway's chat path forwards and records it (token ids included), and
   :func:`chat_to_message` / :class:`ChatStreamTranslator` turn the answer back into a message or its event stream.
 * For a model served by an Anthropic-compatible backend, the request is passed through unchanged; to record the
   call, :func:`messages_to_chat` (lenient) and :func:`message_to_chat_completion` (after
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
+from pydantic import ValidationError
 
 from agentbolt.openai_api.errors import ApiError
+from agentbolt.openai_api.schema import ChatCompletionRequest, Location, validation_failure
 
 __all__ = [
     "ChatStreamTranslator",
@@ -74,6 +77,8 @@ _IGNORED_FIELDS = (
     "workspace_id",
 )
 """Request fields with no chat-completion counterpart: accepted and not forwarded to chat backends."""
+_TOOL_FIELDS = {"parameters": "input_schema"}
+"""A chat tool's ``function`` fields -> the Messages tool's fields (``name`` and ``description`` keep theirs)."""
 
 
 def _is_status(value: Any) -> bool:
@@ -310,23 +315,29 @@ def messages_to_chat(body: Mapping[str, Any], strict: bool = True) -> Dict[str, 
 
     Args:
         body: A request that passed :func:`validate_messages_request`.
-        strict: Refuse what a chat backend cannot take (documents, server tools...) with a 400; when False (to
-            record a call passed through to an Anthropic backend), leave it out instead.
+        strict: Refuse what a chat backend cannot take (documents, server tools...) with a 400, and check the
+            translation with the chat completion request schema; when False (to record a call passed through to an
+            Anthropic backend), leave out what chat has no place for instead, unchecked.
 
     Raises:
-        ApiError: 400 naming the offending field.
+        ApiError: 400 naming the offending field of the Messages request (``messages.1.content``,
+            ``stop_sequences``, ``tools.0.input_schema``...), never a field of the chat request it translates to.
     """
     messages: List[Dict[str, Any]] = []
+    origins: List[str] = []  # the Messages field each chat message comes from
     system = _system_text(body.get("system"))
     if system is not None:
         messages.append({"role": "system", "content": system})
+        origins.append("system")
     for index, message in enumerate(body["messages"]):
         where = f"messages.{index}.content"
         blocks = _blocks(message["content"], where)
         if message["role"] == "user":
-            messages.extend(_user_messages(blocks, where, strict))
+            turn = _user_messages(blocks, where, strict)
         else:
-            messages.append(_assistant_message(blocks, where, strict))
+            turn = [_assistant_message(blocks, where, strict)]
+        messages.extend(turn)
+        origins.extend([where] * len(turn))
     chat: Dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": body["max_tokens"]}
     top_k = body.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -349,7 +360,39 @@ def messages_to_chat(body: Mapping[str, Any], strict: bool = True) -> Dict[str, 
     ignored = [field for field in _IGNORED_FIELDS if body.get(field) is not None]
     if ignored:
         logger.debug("Messages request fields not used with a chat backend: %s", ", ".join(ignored))
+    if strict:
+        _check_chat(chat, origins)
     return chat
+
+
+def _check_chat(chat: Dict[str, Any], origins: Sequence[str]) -> None:
+    """Check a translated request with the chat schema; ``origins[i]`` is the Messages field of chat message ``i``.
+
+    Raises:
+        ApiError: 400 naming the field of the Messages request the offending chat field was translated from.
+    """
+    try:
+        ChatCompletionRequest.model_validate(chat)
+    except ValidationError as exc:
+        location, message = validation_failure(exc)
+        where = _messages_location(location, origins)
+        raise _invalid(f"{where}: {message}" if where else message) from None
+
+
+def _messages_location(location: Location, origins: Sequence[str]) -> str:
+    """The Messages request field that the chat request field at ``location`` was translated from."""
+    if not location:
+        return ""
+    head, rest = location[0], list(location[1:])
+    if head == "messages" and rest:
+        return origins[int(rest[0])]  # a chat message's own fields are the translation's, not the client's
+    if head == "stop":
+        head = "stop_sequences"
+    elif head == "tools" and len(rest) > 2 and rest[1] == "function":  # tools[k].function.<field>
+        rest = [rest[0], _TOOL_FIELDS.get(str(rest[2]), rest[2]), *rest[3:]]
+    elif head == "tool_choice":
+        rest = ["name"] if rest[:1] == ["function"] else []  # tool_choice.function.name
+    return ".".join(str(part) for part in (head, *rest))
 
 
 def _tool_input(arguments: Any, name: str) -> Dict[str, Any]:

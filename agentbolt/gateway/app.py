@@ -575,13 +575,7 @@ class _Handler:
                 response = await self._forward(incoming, "v1/messages", body, model, candidates, headers)
                 return _as_anthropic_error(response)
             stops = body.get("stop_sequences") or []
-
-            def translated() -> Dict[str, Any]:
-                chat = anthropic.messages_to_chat(body)
-                validate_request(ChatCompletionRequest, chat)
-                return chat
-
-            chat = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, translated)
+            chat = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, lambda: anthropic.messages_to_chat(body))
         except UnknownModelError as exc:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:

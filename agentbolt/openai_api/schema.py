@@ -24,12 +24,14 @@ __all__ = [
     "CompletionRequest",
     "ContentPart",
     "FunctionDefinition",
+    "Location",
     "NamedToolChoice",
     "ResponseFormat",
     "SamplingRequest",
     "StreamOptions",
     "Tool",
     "ToolCall",
+    "validation_failure",
     "validation_message",
 ]
 
@@ -114,13 +116,13 @@ class FunctionDefinition(_Strict):
             return schema
         kind = schema.get("type", "object")
         if kind != "object":
-            raise ValueError(f"parameters must be a JSON Schema of type 'object', got type {kind!r}")
+            raise ValueError(f"must be a JSON Schema of type 'object', got type {kind!r}")
         properties = schema.get("properties", {})
         if not isinstance(properties, dict) or not all(isinstance(v, (dict, bool)) for v in properties.values()):
-            raise ValueError("parameters.properties must map each parameter name to a JSON Schema object")
+            raise ValueError("'properties' must map each parameter name to a JSON Schema object")
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
-            raise ValueError("parameters.required must be a list of parameter names")
+            raise ValueError("'required' must be a list of parameter names")
         return schema
 
 
@@ -347,26 +349,31 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def validation_message(exc: ValidationError) -> Tuple[str, Optional[str]]:
-    """A one-line message and the offending field (``messages[0].role``) for a failed request validation.
+Location = Tuple[Union[str, int], ...]
+"""Where a field is in a request: field names and list indexes, outermost first (``("messages", 0, "role")``)."""
+
+
+def validation_failure(exc: ValidationError) -> Tuple[Location, str]:
+    """The offending field of a failed request validation (empty for a rule across fields) and what is wrong.
 
     Of several errors the deepest is reported: for a union (``content`` is a string or a list of parts) pydantic
     reports every alternative, and the one that got furthest into the value says what is actually wrong.
     """
     errors = exc.errors(include_url=False)
     if not errors:
-        return str(exc), None
+        return (), str(exc)
     first = max(errors, key=lambda error: len(error.get("loc", ())))
-    parts: List[str] = []
-    for item in first.get("loc", ()):
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif _is_field_name(item):
-            parts.append(f".{item}" if parts else item)
-        # else: the name of a union member pydantic adds to the location; not a field
-    location = "".join(parts)
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    return (f"{location}: {message}" if location else message), location or None
+    # pydantic adds the name of a union member to the location; it is not a field
+    location = tuple(part for part in first.get("loc", ()) if isinstance(part, int) or _is_field_name(part))
+    return location, str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
+def validation_message(exc: ValidationError) -> Tuple[str, Optional[str]]:
+    """A one-line message and the offending field (``messages[0].role``) for a failed request validation (the
+    error :func:`validation_failure` picks)."""
+    location, message = validation_failure(exc)
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).removeprefix(".")
+    return (f"{path}: {message}" if path else message), path or None
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})

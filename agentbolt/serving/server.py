@@ -53,6 +53,7 @@ from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
+    error_response,
     install_error_handlers,
     off_loop_if_large,
     parse_json_object,
@@ -107,6 +108,10 @@ ServerError = ApiError
 """An error answered with an OpenAI-style body (the shared :class:`~agentbolt.openai_api.errors.ApiError`)."""
 
 _LOGPROB_FLOOR = -9999.0  # what vLLM reports for impossible tokens: JSON has no -Infinity
+
+_PROMPT_FIELDS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+"""The request field holding the prompt on each generation route: what a context-length error names as its
+``param``, as OpenAI's API does."""
 
 _PREPARE_INLINE_BYTES = 4096
 """Request bodies smaller than this have their prompts templated, tokenized and checked on the event loop; larger
@@ -657,9 +662,11 @@ def create_app(
         return Response(error.body(), status_code=429, media_type="application/json", headers=error.headers)
 
     @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError) -> Response:
-        code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
-        return Response(ApiError(400, str(exc), code=code).body(), status_code=400, media_type="application/json")
+    async def _engine_error(request: Request, exc: EngineError) -> Response:
+        if isinstance(exc, ContextOverflowError):
+            param = _PROMPT_FIELDS.get(getattr(request.scope.get("route"), "path", ""))
+            return error_response(ApiError(400, str(exc), param=param, code="context_length_exceeded"))
+        return error_response(ApiError(400, str(exc)))
 
     @app.exception_handler(GenerationFailedError)
     async def _generation_failed(_: Request, exc: GenerationFailedError) -> Response:

@@ -184,6 +184,46 @@ async def test_bad_requests_and_backend_failures_get_anthropic_errors(
     assert after.status_code == 200 and after.json()["content"][0]["text"] == "Hello there"
 
 
+async def test_a_request_the_chat_schema_refuses_is_refused_naming_the_fields_the_client_sent(
+    make_proxy: ProxyFactory,
+) -> None:
+    good: Dict[str, Any] = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    other_tool = {"name": "lookup", "input_schema": {"type": "array"}}
+    cases = [
+        (
+            {
+                "system": "Be brief.",
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": []},
+                    {"role": "user", "content": "Again"},
+                ],
+            },
+            "messages.1.content: ",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
+                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]},
+                ]
+            },
+            "messages.1.content: ",
+        ),
+        ({"stop_sequences": ["END", ""]}, "stop_sequences: "),
+        ({"stop_sequences": ["END", 1]}, "stop_sequences.1: "),
+        ({"tools": [{**WEATHER_TOOL, "name": "get weather"}]}, "tools.0.name: "),
+        ({"tools": [WEATHER_TOOL, other_tool]}, "tools.1.input_schema: must be a JSON Schema of type 'object'"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": ""}}, "tool_choice.name: "),
+    ]
+    async with make_proxy() as proxy, httpx.AsyncClient(timeout=30) as http:
+        url = f"{proxy.endpoint}/v1/messages"
+        answers = [await http.post(url, json={**good, **fields}) for fields, _ in cases]
+    for (fields, where), answer in zip(cases, answers, strict=True):
+        assert answer.status_code == 400, (fields, answer.text)
+        assert _error(answer)["message"].startswith(where), (fields, answer.text)
+
+
 async def test_the_api_key_is_accepted_in_either_header(make_proxy: ProxyFactory, rollout: AttemptedRollout) -> None:
     body: Dict[str, Any] = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
     async with make_proxy(api_key="s3cret") as proxy, httpx.AsyncClient(timeout=30) as http:

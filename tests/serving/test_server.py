@@ -315,6 +315,24 @@ def test_bad_completion_requests(http: httpx.Client) -> None:
     assert bad_stream.status_code == 400
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/chat/completions", {"messages": MESSAGES, "max_tokens": 4000}, "messages"),
+        ("/chat/completions", {"messages": MESSAGES, "max_tokens": 4000, "stream": True}, "messages"),
+        ("/completions", {"prompt": "b" * 3000, "max_tokens": 2}, "prompt"),
+        ("/completions", {"prompt": "b" * 3000, "max_tokens": 2, "stream": True}, "prompt"),
+    ],
+)
+def test_a_prompt_beyond_the_context_is_refused_naming_the_prompt_field(
+    http: httpx.Client, route: str, body: Dict[str, Any], param: str
+) -> None:
+    answer = http.post(route, json=body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (param, "context_length_exceeded"), error
+
+
 def test_503_while_loading(tiny_model_dir: Path) -> None:
     engine = TransformersEngine(tiny_model_dir, dtype="float32")
     with TestClient(create_app(engine, load=False)) as client:
