@@ -2,7 +2,7 @@
 
 * :func:`read_body` caps the body size (413), :func:`parse_json_object` checks the content type (415), parses with
   orjson (invalid UTF-8, lone surrogate escapes and malformed JSON are 400) and refuses nesting deeper than
-  :data:`MAX_JSON_DEPTH` (400), and :func:`validate_request` applies a schema of :mod:`agentbolt.openai_api.schema`
+  :data:`MAX_JSON_DEPTH` and integers beyond 64 bits, which orjson would turn into floats (400), and :func:`validate_request` applies a schema of :mod:`agentbolt.openai_api.schema`
   (400 naming the field).
 * :func:`bearer_token_matches` compares an ``Authorization`` header with the configured key in constant time; the
   scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says.
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
-from typing import Any, Callable, Dict, Iterable, Optional, Type, TypeVar
+import re
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -100,8 +102,9 @@ def parse_json_object(raw: bytes, content_type: Optional[str]) -> Dict[str, Any]
 
     Raises:
         ApiError: 415 for another content type, 400 for an empty body, invalid JSON (including invalid UTF-8 and
-            lone surrogate escapes such as ``"\\ud800"``), a value that is not an object, or nesting deeper than
-            :data:`MAX_JSON_DEPTH`.
+            lone surrogate escapes such as ``"\\ud800"``), a value that is not an object, nesting deeper than
+            :data:`MAX_JSON_DEPTH`, or an integer outside 64 bits (orjson would read it as an inexact float, and
+            a field passed through to a backend would silently change).
     """
     if not _is_json(content_type):
         raise ApiError(415, f"Content-Type must be application/json, got {content_type!r}")
@@ -116,7 +119,32 @@ def parse_json_object(raw: bytes, content_type: Optional[str]) -> Dict[str, Any]
     # Counting brackets runs in C; only bodies that could be that deep are walked.
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(body, MAX_JSON_DEPTH):
         raise ApiError(400, f"Request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    if _LONG_DIGIT_RUN.search(raw):  # only then can a number be an integer orjson read as a float
+        _check_integer_widths(raw)
     return body
+
+
+_LONG_DIGIT_RUN = re.compile(rb"\d{19,}")
+"""19 digits or more: the shortest integer literal beyond orjson's range [-2**63, 2**64 - 1] (-9223372036854775809)."""
+
+
+def _check_integer_widths(raw: bytes) -> None:
+    """Re-read a body (which orjson accepted, so nested at most :data:`MAX_JSON_DEPTH` levels and with no number
+    beyond a double's range) with the standard parser, which keeps integers exact, and refuse one beyond 64 bits.
+    Only bodies with a run of 19 or more digits come here, and most of those hold such digits in strings."""
+    stack: List[Tuple[Any, str]] = [(json.loads(raw), "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((item, f"{path}.{key}" if path else str(key)) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{index}]") for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+            raise ApiError(
+                400,
+                f"{path}: integer {value} is beyond 64 bits; send numbers this large as strings",
+                param=path,
+            )
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:

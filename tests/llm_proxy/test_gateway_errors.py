@@ -41,10 +41,29 @@ async def test_bad_request_bodies_are_400(make_proxy: ProxyFactory, backend: Fak
         not_json = await client.post(url, content=b"{oops", headers={"content-type": "application/json"})
         not_object = await client.post(url, json=[1, 2])
         no_model = await client.post(url, json={"messages": [{"role": "user", "content": "hi"}]})
+        # orjson reads such an integer as an inexact float: forwarded, the client's value would silently change
+        wide = await client.post(
+            url, json={"model": "echo", "messages": [{"role": "user", "content": "hi"}], "metadata": {"id": 2**64}}
+        )
     assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
     assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]
     assert no_model.status_code == 400 and "'model'" in no_model.json()["error"]["message"]
+    assert wide.status_code == 400 and wide.json()["error"]["param"] == "metadata.id"
+    assert "beyond 64 bits" in wide.json()["error"]["message"]
     assert backend.requests == []
+
+
+async def test_integers_up_to_64_bits_and_long_digit_strings_are_forwarded_exactly(
+    make_proxy: ProxyFactory, backend: FakeBackend
+) -> None:
+    extra = {"metadata": {"largest": 2**64 - 1, "smallest": -(2**63), "text": "12345678901234567890123456789"}}
+    async with make_proxy() as proxy, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{proxy.endpoint}/v1/chat/completions",
+            json={"model": "echo", "messages": [{"role": "user", "content": "hi"}], **extra},
+        )
+    assert response.status_code == 200
+    assert backend.requests[0]["metadata"] == extra["metadata"]
 
 
 async def test_slow_backend_times_out_with_504_and_span_records_it(

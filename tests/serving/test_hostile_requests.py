@@ -64,6 +64,7 @@ CASES: List[Case] = [
     Case("seed + n - 1 beyond 64 bits", CHAT, _chat(seed=2**64 - 1, n=2), 400, "seed"),
     Case("seed + n - 1 beyond int64", CHAT, _chat(seed=2**63 - 1, n=2), 400, "seed + n - 1"),
     Case("seed below int64", TEXT, _text(prompt="a", seed=-(2**63) - 1), 400, "seed"),
+    Case("an integer beyond 64 bits anywhere", CHAT, _chat(chat_template_kwargs={"k": [2**64]}), 400, "k[0]"),
     # text the tokenizer cannot encode, bytes that are not UTF-8, JSON that is not JSON
     Case("lone surrogate in a message", CHAT, _chat().replace(b'"hi"', b'"a\\ud800b"'), 400, "not valid JSON"),
     Case("lone surrogate in a prompt", TEXT, _text(prompt="a\\udc00b").replace(b"\\\\", b"\\"), 400, "JSON"),
