@@ -385,6 +385,147 @@ async def test_a_dequeue_from_an_empty_queue_locks_only_the_workers(schema: str,
         await store.close()
 
 
+async def test_a_dequeue_locks_the_rollouts_it_claims_in_the_claiming_statement(schema: str, monkeypatch: Any) -> None:
+    """Each statement is a round trip. A dequeue that claims rollouts sends: the check that the queue holds one, the
+    section's label locks, the claim (which also locks the claimed rollouts), for each claimed rollout its read, the
+    count of its attempts, the new attempt and the rollout's update, then the worker's record (with a worker) and the
+    commit."""
+    store = open_store(schema)
+    try:
+        await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=n) for n in range(5)])
+        assert await store.dequeue_rollout() is not None  # the first call of a store object runs the watchdog too
+        sent = record_statements(monkeypatch)
+        assert await store.dequeue_rollout() is not None
+        assert len(sent) == 8, sent
+        sent.clear()
+        assert await store.dequeue_rollout(worker_id="worker-1") is not None
+        assert len(sent) == 9, sent
+        sent.clear()
+        assert len(await store.dequeue_many_rollouts(limit=2)) == 2
+        assert len(sent) == 12, sent
+        assert not any(statement.startswith("SELECT pg_advisory_xact_lock(") for statement in sent)
+    finally:
+        await store.close()
+
+
+async def test_rollout_lock_keys_are_the_same_in_sql_and_in_python(schema: str) -> None:
+    """A claim locks its rollouts with keys PostgreSQL computes; every other section computes them in Python."""
+    import psycopg
+
+    store = open_store(schema)
+    database = store.collections._db
+    ids = ["ro-0123456789ab", "x", "caf\u00e9 \U0001f600", "quote ' and \\"]
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres_server().dsn()) as conn:
+            for rollout_id in ids:
+                cursor = await conn.execute(f"SELECT {database.rollout_lock_key_sql('%s::text')}", (rollout_id,))
+                assert (await cursor.fetchone())[0] == database.rollout_lock_key(rollout_id)
+    finally:
+        await store.close()
+
+
+async def waiting_advisory_locks(count: int) -> None:
+    """Return once ``count`` advisory lock requests wait in the session's PostgreSQL server."""
+    sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    deadline = time.monotonic() + 30
+    while int(await asyncio.to_thread(postgres_server().psql, sql)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} advisory locks are awaited"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_dequeue_holding_a_rollout_does_not_wait_for_the_next_one(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lock order: a dequeue skips a stale queue entry, whose rollout it locked, and goes on to the next entry. If
+    a section holds that entry's rollout while it waits for the first one, waiting for it would be a deadlock: the
+    dequeue leaves the entry queued instead, and both finish."""
+    store = open_store(schema)
+    released = asyncio.Event()
+    tasks: List[asyncio.Future[Any]] = []
+    try:
+        first, second = await store.start_rollout("a"), await store.start_rollout("b")
+        # The stale entry's rollout has the greater lock key: every section locks the other one first.
+        stale, busy = sorted(
+            [first.rollout_id, second.rollout_id],
+            key=lambda rollout_id: collection._lock_key(schema, "rollout", rollout_id),
+            reverse=True,
+        )
+        await store.update_rollout(stale, status="queuing")
+        await store.update_rollout(busy, status="queuing")
+        await store.update_rollout(stale, status="cancelled")  # its queue entry stays behind
+        held = asyncio.Event()
+
+        async def hold_stale() -> None:
+            async with store.collections.atomic(mode="rw", labels=["rollouts"], rollout_ids=[stale]):
+                held.set()
+                await released.wait()
+
+        async def touch_both() -> None:  # locks the busy rollout, then waits for the stale one
+            async with store.collections.atomic(mode="rw", labels=["rollouts"], rollout_ids=[stale, busy]):
+                pass
+
+        holder = asyncio.ensure_future(hold_stale())
+        tasks.append(holder)
+        await asyncio.wait_for(held.wait(), 30)
+        dequeue = asyncio.ensure_future(store.dequeue_rollout())  # claims the stale entry, waits for its rollout
+        tasks.append(dequeue)
+        await waiting_advisory_locks(1)
+        both = asyncio.ensure_future(touch_both())
+        tasks.append(both)
+        await waiting_advisory_locks(2)
+        released.set()
+        await asyncio.wait_for(holder, 30)
+        await asyncio.wait_for(both, 30)  # a deadlock would abort it (or the dequeue)
+        assert await asyncio.wait_for(dequeue, 30) is None  # the busy rollout was not waited for
+        assert f"Skipping queued rollout {stale}: it is cancelled" in caplog.text
+        claimed = await store.dequeue_rollout()
+        assert claimed is not None and claimed.rollout_id == busy
+    finally:
+        released.set()
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+        await store.close()
+
+
+async def test_concurrent_dequeues_claim_every_rollout_once(schema: str) -> None:
+    """Many dequeue_many calls at once on one store, over a queue holding stale entries and entries queued twice,
+    beside sections locking several rollouts: every rollout is claimed exactly once and no call fails (a deadlock
+    would fail one)."""
+    store = open_store(schema, pool_max_size=20)
+    try:
+        queued = [
+            r.rollout_id
+            for r in await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=n) for n in range(150)])
+        ]
+        for rollout_id in queued[::5]:
+            await store.update_rollout(rollout_id, status="cancelled")  # stale entries: skipped by dequeues
+        async with store.collections.atomic(mode="rw", labels=["rollout_queue"]) as collections:
+            await collections.rollout_queue.enqueue(queued[1::7])  # queued twice
+        claimed: List[str] = []
+        done = asyncio.Event()
+
+        async def dequeue_until_empty() -> None:
+            while not done.is_set():
+                got = await store.dequeue_many_rollouts(limit=4)
+                claimed.extend(rollout.rollout_id for rollout in got)
+                if not got and await store.collections.rollout_queue.size() == 0:
+                    done.set()
+
+        async def lock_pairs() -> None:  # sections on two rollouts at once, as a batch of spans takes
+            n = 0
+            while not done.is_set():
+                pair = [queued[n % len(queued)], queued[(n * 7 + 3) % len(queued)]]
+                await store.get_many_span_sequence_ids([(rollout_id, "at-x") for rollout_id in pair])
+                n += 1
+
+        await asyncio.wait_for(
+            asyncio.gather(*(dequeue_until_empty() for _ in range(12)), lock_pairs(), lock_pairs()), 120
+        )
+        assert sorted(claimed) == sorted(set(queued) - set(queued[::5]))
+    finally:
+        await store.close()
+
+
 async def test_stores_sharing_a_database_keep_every_rule_with_confined_sections(schema: str) -> None:
     """Four store objects (like four server processes) enqueue, claim, add spans and finish rollouts all at once:
     every rollout is claimed exactly once and ends with its spans, in order, and its final status."""

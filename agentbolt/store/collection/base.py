@@ -433,7 +433,13 @@ class LightningCollections(TrackedCollection):
 
     @property
     def span_sequence_ids(self) -> KeyValue[str, int]:
-        """Per-rollout span sequence counters."""
+        """Per-rollout span sequence counters, keyed by rollout id.
+
+        Only a stored rollout has a counter: writing (``set``, ``inc``, ``chmax``) the counter of an id that is not
+        a stored rollout's returns what it would for a missing key and stores nothing, so asking for the sequence
+        ids of an unknown rollout leaves no counter behind. Backends check this as they write (the SQL ones in the
+        writing statement), so the counters of stored rollouts cost nothing more.
+        """
         return self._span_sequence_ids
 
     @property

@@ -349,6 +349,10 @@ class ListBasedCollection(Collection[T]):
             if not group:
                 del self._groups[key[0]]
 
+    def holds(self, *key: Any) -> bool:
+        """Whether an item with this primary key (its values, in key order) is stored."""
+        return key in self._items
+
     def _insert_now(self, items: Sequence[T]) -> None:
         keys = [self._key(item) for item in items]
         seen: set[Tuple[Any, ...]] = set()
@@ -633,13 +637,24 @@ class DictBasedKeyValue(KeyValue[K, V]):
         data: Initial content (copied).
         id: Name of the map (used in metrics).
         tracker: Optional metrics backend.
+        keeps: Which keys may be stored (all when ``None``): writing a key it refuses returns what writing a missing
+            key would, and stores nothing.
     """
 
     def __init__(
-        self, data: Optional[Mapping[K, V]] = None, id: Optional[str] = None, tracker: MetricsBackend | None = None
+        self,
+        data: Optional[Mapping[K, V]] = None,
+        id: Optional[str] = None,
+        tracker: MetricsBackend | None = None,
+        keeps: Optional[Callable[[K], bool]] = None,
     ) -> None:
         super().__init__(tracker=tracker, name=id or "key_value")
         self._data: Dict[K, V] = dict(data or {})
+        self._keeps = keeps
+
+    def _write(self, key: K, value: V) -> None:
+        if self._keeps is None or self._keeps(key):
+            self._data[key] = value
 
     @_tracked_operation("has")
     async def has(self, key: K) -> bool:
@@ -651,7 +666,7 @@ class DictBasedKeyValue(KeyValue[K, V]):
 
     @_tracked_operation("set")
     async def set(self, key: K, value: V) -> None:
-        self._data[key] = value
+        self._write(key, value)
 
     @_tracked_operation("inc")
     async def inc(self, key: K, amount: V) -> V:
@@ -660,7 +675,7 @@ class DictBasedKeyValue(KeyValue[K, V]):
         value: Any = amount
         if current is not None:
             value = ensure_numeric(current, description=f"Value of {key!r}") + amount  # type: ignore[operator]
-        self._data[key] = value
+        self._write(key, value)
         return value  # type: ignore[no-any-return]
 
     @_tracked_operation("chmax")
@@ -669,7 +684,7 @@ class DictBasedKeyValue(KeyValue[K, V]):
         current = self._data.get(key)
         if current is not None and ensure_numeric(current, description=f"Value of {key!r}") >= value:  # type: ignore[operator]
             return current
-        self._data[key] = value
+        self._write(key, value)
         return value
 
     @_tracked_operation("pop")
@@ -842,7 +857,7 @@ class InMemoryLightningCollections(LightningCollections):
         self._workers = ListBasedCollection([], Worker, ["worker_id"], id="workers", tracker=tracker)
         self._rollout_queue: DequeBasedQueue[str] = DequeBasedQueue(str, id="rollout_queue", tracker=tracker)
         self._span_sequence_ids: DictBasedKeyValue[str, int] = DictBasedKeyValue(
-            id="span_sequence_ids", tracker=tracker
+            id="span_sequence_ids", tracker=tracker, keeps=self._rollouts.holds
         )
         self._metrics = ListBasedCollection([], MetricsRecord, ["run_id", "step"], id="metrics", tracker=tracker)
 

@@ -21,8 +21,9 @@ Connections and transactions: one psycopg connection pool per process and event 
 section runs in one transaction on one connection and first takes a transaction-scoped advisory lock per label
 (sorted, so sections never deadlock); sections touching the same labels therefore run one after the other in every
 process, exactly like the in-memory collections' per-label locks in one process. A section given the rollouts it
-touches (``rollout_ids``, and :meth:`PostgresLightningCollections.lock_rollouts` for those it finds as it goes) takes
-its label locks shared and a lock per rollout, so sections on different rollouts run side by side. Plain read
+touches (``rollout_ids``, :meth:`PostgresLightningCollections.lock_rollouts` for those it finds as it goes, and the
+rollouts a dequeue claims, locked by the claim) takes its label locks shared and a lock per rollout (in key order), so
+sections on different rollouts run side by side. Plain read
 sections use one connection without a transaction and see the last committed state; snapshot reads run in a read-only
 ``REPEATABLE READ`` transaction. A section that raises is rolled back; a section whose connection is lost before its
 commit raises :class:`PostgresUnavailableError` (nothing was applied, the call can be retried).
@@ -78,6 +79,7 @@ from agentbolt.store.collection.sql import (
     SqlQuery,
     SqlTable,
     TableSpec,
+    rollout_stored_condition,
     set_table_collections,
 )
 from agentbolt.types.wire import decode_json
@@ -267,9 +269,18 @@ def _quote(identifier: str) -> str:
 
 
 def _lock_key(*parts: str) -> int:
-    """A 64-bit advisory lock key for ``parts`` (stable across processes and versions)."""
-    digest = hashlib.blake2b(":".join(("agentbolt", *parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    """A 64-bit advisory lock key for ``parts``, stable across processes: the first 8 bytes of the SHA-256 of
+    ``agentbolt:<parts joined by ":">`` (UTF-8), read as a signed big-endian integer.
+
+    PostgreSQL computes the same key with :func:`_lock_key_sql`, so that a statement can lock rows it finds.
+    """
+    digest = hashlib.sha256(":".join(("agentbolt", *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _lock_key_sql(text: str) -> str:
+    """SQL computing :func:`_lock_key` in PostgreSQL from ``text``, an SQL expression of the joined text."""
+    return f"('x' || encode(substring(sha256(convert_to({text}, 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint"
 
 
 def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
@@ -381,14 +392,15 @@ def _configure_adapters(context: Any) -> None:
 class _Section:
     """The connection of the atomic section running in the current task."""
 
-    __slots__ = ("conn", "owner", "rollout_level", "writes")
+    __slots__ = ("conn", "owner", "rollout_keys", "writes")
 
-    def __init__(self, owner: _Database, conn: Any, writes: bool, rollout_level: bool = False) -> None:
+    def __init__(self, owner: _Database, conn: Any, writes: bool, rollout_keys: Optional[Set[int]] = None) -> None:
         self.owner = owner
         self.conn = conn
         self.writes = writes
-        self.rollout_level = rollout_level
-        """Whether the section holds its labels shared and each rollout it touches exclusively."""
+        self.rollout_keys = rollout_keys
+        """The lock keys of the rollouts the section holds, when it holds its labels shared and each rollout it
+        touches exclusively; ``None`` for other sections."""
 
 
 _current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.ContextVar(
@@ -518,33 +530,45 @@ class _Database:
 
     # -- sections ----------------------------------------------------------------------------------------------
 
-    def lock_statement(
-        self, labels: Optional[Sequence[AtomicLabels]], rollout_ids: Optional[Sequence[str]] = None
-    ) -> str:
+    def rollout_lock_key(self, rollout_id: str) -> int:
+        """The advisory lock key of a rollout."""
+        return _lock_key(self.schema, "rollout", rollout_id)
+
+    def rollout_lock_key_sql(self, column: str) -> str:
+        """SQL computing :meth:`rollout_lock_key` of the rollout id in ``column``."""
+        # The schema name is letters, digits and underscores (checked when the collections are built).
+        return _lock_key_sql(f"'agentbolt:{self.schema}:rollout:' || {column}")
+
+    def lock_statement(self, labels: Optional[Sequence[AtomicLabels]], rollout_keys: Optional[Set[int]] = None) -> str:
         """``SELECT`` taking the advisory locks of ``labels`` (all labels when empty), in a fixed order.
 
-        With ``rollout_ids`` (possibly empty: the section only creates rollouts), the labels are locked shared and
+        With ``rollout_keys`` (possibly empty: the section only creates rollouts), the labels are locked shared and
         each rollout exclusively (label locks first, then the rollouts in key order, so sections never deadlock):
         sections on different rollouts run side by side, while a section locking a whole label excludes them all.
         """
         chosen = sorted(set(labels)) if labels else list(_ALL_LABELS)
-        if rollout_ids is None:
+        if rollout_keys is None:
             calls = [f"pg_advisory_xact_lock({self._label_locks[label]})" for label in chosen]
         else:
             calls = [f"pg_advisory_xact_lock_shared({self._label_locks[label]})" for label in chosen]
-            calls += self._rollout_lock_calls(rollout_ids)
+            calls += [f"pg_advisory_xact_lock({key})" for key in sorted(rollout_keys)]
         return f"SELECT {', '.join(calls)}"
 
-    def _rollout_lock_calls(self, rollout_ids: Sequence[str]) -> List[str]:
-        keys = sorted({_lock_key(self.schema, "rollout", rollout_id) for rollout_id in rollout_ids})
-        return [f"pg_advisory_xact_lock({key})" for key in keys]
-
     async def lock_rollouts(self, rollout_ids: Sequence[str]) -> None:
-        """Lock ``rollout_ids`` in the current section if it locks rollouts one by one (see ``lock_statement``)."""
+        """Lock the rollouts among ``rollout_ids`` that the current section does not hold yet, in key order, if it
+        locks rollouts one by one (see ``lock_statement``).
+
+        A section holding rollouts already that waits here for one of a lower key could deadlock with a section
+        holding that one and waiting for one of its own (PostgreSQL then aborts one of the two): a dequeue's claim
+        locks the rollouts it claims itself, without such waits (:meth:`PostgresQueue.dequeue`).
+        """
         section = self.current()
-        if section is None or not section.rollout_level or not rollout_ids:
+        if section is None or section.rollout_keys is None:
             return
-        await section.conn.execute(f"SELECT {', '.join(self._rollout_lock_calls(rollout_ids))}")
+        keys = {self.rollout_lock_key(rollout_id) for rollout_id in rollout_ids} - section.rollout_keys
+        if keys:
+            await section.conn.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({key})' for key in sorted(keys))}")
+            section.rollout_keys.update(keys)
 
     @asynccontextmanager
     async def section(
@@ -557,7 +581,10 @@ class _Database:
     ) -> AsyncIterator[_Section]:
         """Bind one connection to the current task for the body: a locked transaction, a snapshot, or plain reads."""
         async with self.connection() as conn:
-            section = _Section(self, conn, writes, rollout_level=writes and rollout_ids is not None)
+            rollout_keys = None
+            if writes and rollout_ids is not None:
+                rollout_keys = {self.rollout_lock_key(rollout_id) for rollout_id in rollout_ids}
+            section = _Section(self, conn, writes, rollout_keys)
             if not writes and not snapshot:
                 token = _current_section.set(section)
                 try:
@@ -566,7 +593,7 @@ class _Database:
                     _current_section.reset(token)
                 return
             begin = (
-                f"BEGIN; {self.lock_statement(labels, rollout_ids)}"
+                f"BEGIN; {self.lock_statement(labels, rollout_keys)}"
                 if writes
                 else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             )
@@ -991,6 +1018,16 @@ class PostgresQueue(_Backed, Queue[str]):
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
         _Backed.__init__(self, database, "rollout_queue", tracker)
+        table = self._table
+        head = f"FROM {table} ORDER BY pos LIMIT %s FOR UPDATE SKIP LOCKED"
+        self._head_sql = f"SELECT pos, item {head}"
+        self._claim_sql = f"DELETE FROM {table} WHERE pos IN (SELECT pos {head}) RETURNING pos, item"
+        # PostgreSQL evaluates a volatile function of the select list after the sort: the rollouts are locked in
+        # key order, the order every section locks rollouts in.
+        self._claim_and_lock_sql = (
+            f"WITH claimed AS ({self._claim_sql}) SELECT pos, item, key, pg_advisory_xact_lock(key) "
+            f"FROM (SELECT pos, item, {database.rollout_lock_key_sql('item')} AS key FROM claimed) AS c ORDER BY key"
+        )
 
     def item_type(self) -> Type[str]:
         """Queued items are rollout ids."""
@@ -1022,16 +1059,42 @@ class PostgresQueue(_Backed, Queue[str]):
         return list(items)
 
     async def dequeue(self, limit: int = 1) -> Sequence[str]:
-        """Pop up to ``limit`` items from the head."""
+        """Pop up to ``limit`` items from the head.
+
+        In a section confined to rollouts (``rollout_ids`` of :meth:`PostgresLightningCollections.atomic`), the
+        claimed rollouts are locked too, as :meth:`~PostgresLightningCollections.lock_rollouts` would: by the claim
+        itself, in key order, when the section holds no rollout yet. A section holding rollouts already never waits
+        for another (waiting for one of a lower key than one it holds could deadlock with a section holding that
+        one and waiting for one of its own): it claims head entries only while their rollouts are free, and leaves
+        the first entry whose rollout is not, and those after it, queued.
+        """
         if limit <= 0:
             return []
-        sql = (
-            f"DELETE FROM {self._table} WHERE pos IN (SELECT pos FROM {self._table} ORDER BY pos LIMIT %s "
-            "FOR UPDATE SKIP LOCKED) RETURNING pos, item"
-        )
         async with self.tracking_context("dequeue", self.collection_name), self._db.for_write() as conn:
-            rows = await (await conn.execute(sql, (limit,))).fetchall()
-        return [item for _, item in sorted(rows)]
+            section = self._db.current()
+            held = None if section is None else section.rollout_keys
+            if held is None:
+                rows = await (await conn.execute(self._claim_sql, (limit,))).fetchall()
+            elif not held:
+                rows = await (await conn.execute(self._claim_and_lock_sql, (limit,))).fetchall()
+                held.update(row[2] for row in rows)
+            else:
+                rows = await self._claim_while_free(conn, held, limit)
+        return [row[1] for row in sorted(rows)]
+
+    async def _claim_while_free(self, conn: Any, held: Set[int], limit: int) -> List[Tuple[int, str]]:
+        """Claim head entries, locking their rollouts without waiting, up to the first whose rollout is locked."""
+        claimed: List[Tuple[int, str]] = []
+        for pos, item in await (await conn.execute(self._head_sql, (limit,))).fetchall():
+            key = self._db.rollout_lock_key(item)
+            (free,) = await (await conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (key,))).fetchone()
+            if not free:
+                break
+            held.add(key)
+            claimed.append((pos, item))
+        if claimed:
+            await conn.execute(f"DELETE FROM {self._table} WHERE pos = ANY(%s)", ([pos for pos, _ in claimed],))
+        return claimed
 
     async def peek(self, limit: int = 1) -> Sequence[str]:
         """Up to ``limit`` items from the head, not removed."""
@@ -1048,10 +1111,16 @@ class PostgresQueue(_Backed, Queue[str]):
 
 
 class PostgresCounters(_Backed, KeyValue[str, int]):
-    """Integer counters by key (the span sequence ids); every read-modify-write is one statement."""
+    """The span sequence counters, by rollout id; every read-modify-write is one statement.
+
+    A counter is written only while its rollout is stored (see
+    :attr:`~agentbolt.store.collection.base.LightningCollections.span_sequence_ids`): the write of an unknown
+    rollout's counter returns what it would for a missing key and stores nothing.
+    """
 
     def __init__(self, database: _Database, tracker: Any = None) -> None:
         _Backed.__init__(self, database, "span_sequence_ids", tracker)
+        self._rollout_stored = rollout_stored_condition("%s", f"{_quote(database.schema)}.rollouts")
 
     @staticmethod
     def _integer(value: Any, description: str) -> int:
@@ -1072,11 +1141,12 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     async def _upsert(self, operation: str, key: str, value: int, update: str) -> int:
         sql = (
-            f"INSERT INTO {self._table} AS t (key, value) VALUES (%s, %s) ON CONFLICT (key) "
-            f"DO UPDATE SET value = {update} RETURNING value"
+            f"INSERT INTO {self._table} AS t (key, value) SELECT %s::text, %s::bigint WHERE {self._rollout_stored} "
+            f"ON CONFLICT (key) DO UPDATE SET value = {update} RETURNING value"
         )
         async with self.tracking_context(operation, self.collection_name), self._db.for_write() as conn:
-            return int((await (await conn.execute(sql, (key, value))).fetchone())[0])
+            row = await (await conn.execute(sql, (key, value, key))).fetchone()
+        return value if row is None else int(row[0])  # None: the rollout is not stored, nothing was written
 
     async def set(self, key: str, value: int) -> None:
         """Set ``key`` to ``value``."""

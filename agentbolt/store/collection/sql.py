@@ -42,6 +42,7 @@ __all__ = [
     "TABLES",
     "ALL_TABLES",
     "set_table_collections",
+    "rollout_stored_condition",
     "compile_filter",
     "order_clause",
     "memory_predicate",
@@ -194,6 +195,15 @@ def set_table_collections(collections: LightningCollections, make: Callable[[Tab
     collections._resources = make(RESOURCES)
     collections._workers = make(WORKERS)
     collections._metrics = make(METRICS)
+
+
+def rollout_stored_condition(placeholder: str, rollouts_table: str) -> str:
+    """SQL condition "the rollout whose id is the parameter is stored", for ``rollouts_table`` as spelled in SQL.
+
+    The SQL backends write a span sequence counter only under it, in the writing statement itself (see
+    :attr:`~agentbolt.store.collection.base.LightningCollections.span_sequence_ids`).
+    """
+    return f"EXISTS (SELECT 1 FROM {rollouts_table} WHERE rollout_id = {placeholder})"
 
 
 @dataclass(frozen=True)

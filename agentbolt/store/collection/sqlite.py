@@ -74,6 +74,7 @@ from agentbolt.store.collection.sql import (
     SqlQuery,
     SqlTable,
     TableSpec,
+    rollout_stored_condition,
     set_table_collections,
 )
 from agentbolt.utils.event_loop import new_event_loop
@@ -1012,22 +1013,41 @@ class SqliteQueue(_Backed, Queue[T], Generic[T]):
 
 
 class SqliteKeyValue(_Backed, KeyValue[K, V], Generic[K, V]):
-    """A key-value map whose values are stored as JSON; read-modify-write helpers run as one statement group."""
+    """A key-value map whose values are stored as JSON; read-modify-write helpers run as one statement group.
 
-    def __init__(self, database: _Database, table: str = "span_sequence_ids", tracker: Any = None):
+    Args:
+        database: The database holding ``table``.
+        table: The table of the map.
+        tracker: Optional metrics backend.
+        kept_when: SQL condition, whose one parameter is the key, under which a key may be stored (any key when
+            ``None``): writing a key it refuses returns what writing a missing key would, and stores nothing.
+    """
+
+    def __init__(
+        self,
+        database: _Database,
+        table: str = "span_sequence_ids",
+        tracker: Any = None,
+        kept_when: Optional[str] = None,
+    ):
         _Backed.__init__(self, database)
         KeyValue.__init__(self, tracker=tracker, name=table)
         self._table = table
+        self._guarded = kept_when is not None
+        self._store_sql = (
+            f"INSERT INTO {table} (key, value) SELECT ?, ? WHERE {kept_when or 1} "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+        )
 
     def _load(self, conn: sqlite3.Connection, key: K) -> Tuple[bool, Any]:
         row = conn.execute(f"SELECT value FROM {self._table} WHERE key = ?", (key,)).fetchone()
         return (False, None) if row is None else (True, orjson.loads(row[0]))
 
-    def _store(self, conn: sqlite3.Connection, key: K, value: Any) -> None:
-        conn.execute(
-            f"INSERT INTO {self._table} (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, orjson.dumps(value).decode()),
-        )
+    def _store(self, conn: sqlite3.Connection, key: K, value: Any) -> bool:
+        """Write ``value`` under ``key``; False when the key may not be stored (nothing was written)."""
+        encoded = orjson.dumps(value).decode()
+        cursor = conn.execute(self._store_sql, (key, encoded, key) if self._guarded else (key, encoded))
+        return cursor.rowcount > 0
 
     async def has(self, key: K) -> bool:
         """Whether ``key`` exists."""
@@ -1052,8 +1072,7 @@ class SqliteKeyValue(_Backed, KeyValue[K, V], Generic[K, V]):
         def job(conn: sqlite3.Connection) -> V:
             found, current = self._load(conn, key)
             new = (ensure_numeric(current, description=f"value of {key!r}") if found else 0) + amount  # type: ignore[operator]
-            self._store(conn, key, new)
-            return cast(V, new)
+            return cast(V, new if self._store(conn, key, new) else amount)
 
         async with self.tracking_context("inc", self._table):
             return await self._write(job)
@@ -1144,7 +1163,9 @@ class SqliteLightningCollections(LightningCollections):
         )
         set_table_collections(self, lambda spec: SqliteCollection(self._db, spec, tracker))
         self._rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
-        self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(self._db, tracker=tracker)
+        self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(
+            self._db, tracker=tracker, kept_when=rollout_stored_condition("?", "rollouts")
+        )
         self._meta = _Backed(self._db)
 
     @property
