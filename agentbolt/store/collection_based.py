@@ -824,15 +824,27 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         return [span for group in inserted.values() for span in group]
 
     @staticmethod
-    async def _numbered(collections: LightningCollections, spans: Sequence[Span]) -> Dict[Tuple[str, str], List[Span]]:
-        """``spans`` with new sequence ids of their rollouts, in order, grouped by rollout attempt."""
+    async def _issue_sequence_ids(collections: LightningCollections, rollout_ids: Sequence[str]) -> List[int]:
+        """A new sequence id for each of ``rollout_ids`` (a rollout may repeat), consecutive per rollout in order:
+        one counter write per rollout."""
         next_ids: Dict[str, int] = {}
-        for rollout_id, count in Counter(span.rollout_id for span in spans).items():
+        for rollout_id, count in Counter(rollout_ids).items():
             next_ids[rollout_id] = await collections.span_sequence_ids.inc(rollout_id, count) - count + 1
+        issued: List[int] = []
+        for rollout_id in rollout_ids:
+            issued.append(next_ids[rollout_id])
+            next_ids[rollout_id] += 1
+        return issued
+
+    @classmethod
+    async def _numbered(
+        cls, collections: LightningCollections, spans: Sequence[Span]
+    ) -> Dict[Tuple[str, str], List[Span]]:
+        """``spans`` with new sequence ids of their rollouts, in order, grouped by rollout attempt."""
+        sequence_ids = await cls._issue_sequence_ids(collections, [span.rollout_id for span in spans])
         groups: Dict[Tuple[str, str], List[Span]] = {}
-        for span in spans:
-            numbered = span.model_copy(update={"sequence_id": next_ids[span.rollout_id]})
-            next_ids[span.rollout_id] += 1
+        for span, sequence_id in zip(spans, sequence_ids, strict=True):
+            numbered = span.model_copy(update={"sequence_id": sequence_id})
             groups.setdefault((span.rollout_id, span.attempt_id), []).append(numbered)
         return groups
 
@@ -898,7 +910,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         async with self.collections.atomic(
             mode="rw", labels=["span_sequence_ids"], rollout_ids=rollout_ids
         ) as collections:
-            return [await collections.span_sequence_ids.inc(rollout_id, 1) for rollout_id, _ in rollout_attempt_ids]
+            return await self._issue_sequence_ids(collections, [rollout_id for rollout_id, _ in rollout_attempt_ids])
 
     @tracked("get_next_span_sequence_id")
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:

@@ -31,8 +31,10 @@ async def test_an_unknown_rollout_gets_sequence_ids_as_a_new_rollout_each_time(s
     pair = (known.rollout_id, known.attempt.attempt_id)
     assert await store.get_next_span_sequence_id(*GHOST) == 1
     assert await store.get_next_span_sequence_id(*GHOST) == 1
-    assert list(await store.get_many_span_sequence_ids([GHOST, pair, GHOST])) == [1, 1, 1]
-    assert await store.get_next_span_sequence_id(*pair) == 2  # known rollouts count as before
+    # within one call the ids of a rollout are consecutive, an unknown one's as a new rollout's would be
+    assert list(await store.get_many_span_sequence_ids([GHOST, pair, GHOST, pair])) == [1, 1, 2, 2]
+    assert await store.get_next_span_sequence_id(*GHOST) == 1
+    assert await store.get_next_span_sequence_id(*pair) == 3  # known rollouts count as before
 
 
 async def test_sequence_ids_of_an_unknown_rollout_leave_no_counter(inproc_backend: str, tmp_path: Path) -> None:
