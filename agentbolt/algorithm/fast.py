@@ -131,6 +131,11 @@ class Baseline(FastAlgorithm):
             update = await store.update_resources("default", initial_resources)
             resources_id = update.resources_id
             logger.info("Initial resources set: %s", initial_resources)
+        elif await store.get_latest_resources() is None:
+            logger.warning(
+                "No initial resources, and the store holds none: runners find no resources for these rollouts and "
+                "leave them unfinished. Give the Trainer initial_resources (an empty dict if the agent needs none)."
+            )
 
         self._finished_rollouts = 0
         self._progress = RolloutProgress(total=len(samples) * self.n_epochs)

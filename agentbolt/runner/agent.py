@@ -278,7 +278,11 @@ class LitAgentRunner(Runner[T_task]):
                 raise
             return rollout_id
         if resources_update is None:
-            message = f"[Rollout {rollout_id}] No resources found (resources_id={next_rollout.resources_id!r})."
+            message = (
+                f"[Rollout {rollout_id}] No resources found (resources_id={next_rollout.resources_id!r}); the attempt "
+                "is left as it is. The algorithm must store resources before its rollouts run (with a Trainer: "
+                "initial_resources, an empty dict if the agent needs none)."
+            )
             if raise_on_exception:
                 raise RuntimeError(message)
             logger.error(message)

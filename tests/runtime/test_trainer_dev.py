@@ -92,3 +92,41 @@ def test_dev_rejects_training_algorithms() -> None:
     trainer = agl.Trainer(algorithm=Slow(), strategy="shm")
     with pytest.raises(TypeError, match="FastAlgorithm"):
         trainer.dev(echo_agent, TASKS)
+
+
+class _NeedsNoResources(agl.LitAgent[Any]):
+    def training_rollout(self, task: Any, resources: Any, rollout: Any) -> float:
+        assert resources == {}
+        return 1.0
+
+
+def test_an_agent_needing_no_resources_runs_with_empty_initial_resources(caplog: pytest.LogCaptureFixture) -> None:
+    store = agl.InMemoryLightningStore()
+    trainer = agl.Trainer(
+        strategy="shm",
+        store=store,
+        runner=FAST_RUNNER,
+        algorithm=agl.Baseline(polling_interval=0.1, span_verbosity="none"),
+        initial_resources={},
+    )
+    with caplog.at_level(logging.WARNING, logger="agentbolt"):
+        trainer.dev(_NeedsNoResources(), TASKS[:2])
+    assert {r.status for r in asyncio.run(store.query_rollouts())} == {"succeeded"}
+    assert not [r for r in caplog.records if "No initial resources" in r.getMessage()]
+
+
+async def test_baseline_without_resources_says_how_to_give_them(caplog: pytest.LogCaptureFixture) -> None:
+    store = agl.InMemoryLightningStore()
+    algorithm = agl.Baseline(polling_interval=0.05, span_verbosity="none")
+    algorithm.set_store(store)
+    with caplog.at_level(logging.WARNING, logger="agentbolt"):
+        running = asyncio.ensure_future(algorithm.run(train_dataset=TASKS[:1]))
+        for _ in range(100):  # no runner: the rollout stays queued, and the algorithm has spoken by now
+            if await store.query_rollouts():
+                break
+            await asyncio.sleep(0.02)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    warnings = [r.getMessage() for r in caplog.records if "No initial resources" in r.getMessage()]
+    assert len(warnings) == 1 and "initial_resources" in warnings[0]
