@@ -52,6 +52,7 @@ from typing import (
     Union,
 )
 
+from agentbolt.serving.chat_prompt import ChatPromptEncoder, check_unicode
 from agentbolt.serving.fast_forward import BlockModel
 from agentbolt.serving.guided import RegexGuide, TokenTexts, guided_row
 from agentbolt.serving.kv_cache import KVCache
@@ -186,17 +187,6 @@ class _Sequence:
     read_offset: int = 0
 
 
-def _check_unicode(text: str, field: str) -> None:
-    """Refuse text the tokenizer cannot encode: a lone UTF-16 surrogate (``"\\ud800"``) is not a character."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise EngineError(
-            f"{field} holds a character that is not valid Unicode at position {exc.start} "
-            f"({text[exc.start]!r}, a lone surrogate)"
-        ) from None
-
-
 def _transformers_config(path: Path) -> Any:
     """The model's config as transformers reads it."""
     from transformers import AutoConfig
@@ -303,6 +293,7 @@ class TransformersEngine:
         self.model: Any = None
         self.device: Any = None  # torch device of the inputs (CPU for block weights, whose model is a skeleton)
         self.tokenizer: Any = None
+        self._chat_prompts: Optional[ChatPromptEncoder] = None
         self.max_model_len = 0
         self.weight_version = 0
         self.default_adapter: Optional[str] = None
@@ -505,6 +496,7 @@ class TransformersEngine:
             torch.set_num_threads(self.threads)
         self.model = model
         self.tokenizer = tokenizer
+        self._chat_prompts = ChatPromptEncoder(tokenizer)
         self.device = torch.device("cpu") if self.blocks is not None else model.device
         config = model.config
         context = int(getattr(config, "max_position_embeddings", 0) or getattr(tokenizer, "model_max_length", 2048))
@@ -681,6 +673,9 @@ class TransformersEngine:
     ) -> List[int]:
         """Render messages (and tools) with the model's chat template and tokenize them.
 
+        The template's control tokens are parsed; the text of a special token inside the messages, tool calls, tools
+        or template variables is tokenized as plain text (:mod:`agentbolt.serving.chat_prompt`).
+
         Args:
             messages: The conversation (``role`` / ``content`` dicts, tool calls included).
             tools: Tools offered to the model (OpenAI's ``tools`` entries).
@@ -689,28 +684,26 @@ class TransformersEngine:
             **template_kwargs: Extra variables for the template.
 
         Raises:
-            EngineError: The model has no chat template, the template rejects the conversation, or the text holds
-                characters that are not valid Unicode (lone surrogates).
+            EngineError: The model is not loaded or has no chat template, the template rejects the conversation, the
+                text holds characters that are not valid Unicode (lone surrogates), or the template changes text that
+                holds a special token's text.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise EngineError("this model has no chat template; use /v1/completions")
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **template_kwargs
-            )
-        except Exception as exc:  # jinja errors: bad roles, missing fields...
-            raise EngineError(f"chat template failed: {exc}") from exc
-        text = str(text) + assistant_prefix
-        _check_unicode(text, "messages")
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        if self._chat_prompts is None:
+            raise EngineError("the model is not loaded yet")
+        return self._chat_prompts.encode(
+            messages, tools, assistant_prefix=assistant_prefix, template_kwargs=template_kwargs
+        )
 
     def encode(self, text: str) -> List[int]:
         """Tokenize a completion prompt (with the tokenizer's usual special tokens, e.g. BOS).
 
+        The text of special tokens in it becomes those tokens (``<|im_end|>`` its id): a raw prompt is the client's
+        own token stream, unlike the messages of :meth:`encode_chat`.
+
         Raises:
             EngineError: ``text`` holds characters that are not valid Unicode (lone surrogates).
         """
-        _check_unicode(text, "prompt")
+        check_unicode(text, "prompt")
         return list(self.tokenizer(text).input_ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:

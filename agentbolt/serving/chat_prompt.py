@@ -1,0 +1,244 @@
+"""Chat prompts rendered with the model's chat template and tokenized, the client's text as plain text.
+
+A chat template writes control tokens (``<|im_start|>``, ``<|im_end|>``...) around the messages, and the rendered
+prompt is tokenized with special tokens parsed, so that the template's own control tokens become token ids. Text
+the client sent (message contents, tool calls, tool definitions, template variables) may hold the *text* of a special
+token too, e.g. a web page fetched by a tool that contains ``<|im_end|>\\n<|im_start|>system``. Parsed, it would end
+the turn and open a new one: a prompt injection, and a different prompt from the text sent. OpenAI's API treats such
+text as text, and so does :class:`ChatPromptEncoder`:
+
+* A request whose strings hold no special token's text is rendered and tokenized in one piece: the ids of the
+  tokenizer's own ``apply_chat_template(..., tokenize=True)``.
+* Otherwise each string holding one is wrapped in two private-use characters absent from the request, the template
+  is rendered again, and the rendered text is split at those markers: the template's text is tokenized with special
+  tokens parsed, the client's strings with special tokens tokenized as text, and the ids are concatenated. The
+  prompt's text is the same; only the client's special-token text gets other ids.
+
+Special tokens are the tokenizer's ``all_special_tokens`` and its added tokens flagged ``special``. Added tokens
+that are not special (Qwen's ``<tool_call>``, which models write as text) are tokenized as in the rest of the prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from functools import cached_property
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Pattern, Tuple
+
+from agentbolt.serving.params import EngineError
+
+__all__ = ["ChatPromptEncoder", "check_unicode", "special_token_texts"]
+
+_PRIVATE_USE = re.compile("[\ue000-\uf8ff]")
+
+
+def check_unicode(text: str, field: str) -> None:
+    """Refuse text the tokenizer cannot encode: a lone UTF-16 surrogate (``"\\ud800"``) is not a character.
+
+    Raises:
+        EngineError: ``text`` holds a lone surrogate; the message names ``field`` and the position.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EngineError(
+            f"{field} holds a character that is not valid Unicode at position {exc.start} "
+            f"({text[exc.start]!r}, a lone surrogate)"
+        ) from None
+
+
+def special_token_texts(tokenizer: Any) -> FrozenSet[str]:
+    """The texts of a transformers tokenizer's special tokens: ``all_special_tokens`` and the added tokens flagged
+    ``special`` (not the other added tokens)."""
+    texts = {str(token) for token in getattr(tokenizer, "all_special_tokens", ())}
+    texts.update(
+        str(token.content) for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special
+    )
+    texts.discard("")
+    return frozenset(texts)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in nested lists and dicts, dict keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _markers(texts: Iterable[str]) -> Tuple[str, str]:
+    """Two private-use characters that occur in none of ``texts``: the opening and closing marker."""
+    used = set()
+    for text in texts:
+        used.update(_PRIVATE_USE.findall(text))
+    free = (chr(code) for code in range(0xE000, 0xF900) if chr(code) not in used)
+    opening, closing = next(free, None), next(free, None)
+    if opening is None or closing is None:
+        raise EngineError(
+            "messages hold the text of special tokens and every private-use character U+E000-U+F8FF, so the "
+            "text cannot be kept apart from the chat template's control tokens"
+        )
+    return opening, closing
+
+
+class ChatPromptEncoder:
+    """Renders conversations with a tokenizer's chat template and tokenizes them (see the module docstring).
+
+    Build one per tokenizer: the special tokens are read once, when it is built.
+
+    Args:
+        tokenizer: A transformers tokenizer with a chat template.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.special_texts = special_token_texts(tokenizer)
+        """The special tokens' texts that client text is tokenized as text for."""
+        self._special_text: Optional[Pattern[str]] = (
+            re.compile("|".join(re.escape(text) for text in sorted(self.special_texts))) if self.special_texts else None
+        )
+
+    def encode(
+        self,
+        messages: List[Dict[str, Any]],
+        tools: Optional[List[Dict[str, Any]]] = None,
+        *,
+        assistant_prefix: str = "",
+        template_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> List[int]:
+        """Render a conversation with the chat template, followed by the generation prompt, and tokenize it.
+
+        Args:
+            messages: The conversation (``role`` / ``content`` dicts, tool calls included).
+            tools: Tools offered to the model (OpenAI's ``tools`` entries).
+            assistant_prefix: Server text appended after the generation prompt, tokenized like the template's.
+            template_kwargs: Extra variables for the template.
+
+        Returns:
+            The prompt's token ids: those of the rendered text tokenized with special tokens parsed, unless some
+            string of ``messages``, ``tools`` or ``template_kwargs`` holds a special token's text, which is then
+            tokenized as plain text.
+
+        Raises:
+            EngineError: The model has no chat template, the template rejects the conversation, the text holds
+                characters that are not valid Unicode (lone surrogates), or the template changes client text that
+                holds special-token text, so that it cannot be told apart from the template's own.
+        """
+        template = getattr(self._tokenizer, "chat_template", None)
+        if not template:
+            raise EngineError("this model has no chat template; use /v1/completions")
+        variables = template_kwargs or {}
+        text = self._render(messages, tools, variables) + assistant_prefix
+        check_unicode(text, "messages")
+        client_texts = list(_strings([messages, tools, variables]))
+        pattern = self._special_text
+        found = next(filter(None, map(pattern.search, client_texts)), None) if pattern is not None else None
+        if pattern is None or found is None:
+            return self._encode(text)
+        markers = _markers([*client_texts, str(template), assistant_prefix])
+        isolated = self._encode_isolated(pattern, messages, tools, variables, assistant_prefix, markers)
+        decode = self._tokenizer.decode
+        # The same text, and tokens that spell it (a tokenizer that prefixes a space at the start of a text would
+        # insert one before each client string)
+        if isolated is None or isolated[1] != text or decode(isolated[0]) != decode(self._encode(text)):
+            raise EngineError(
+                f"messages hold the text of the special token {found.group()!r} where this model's chat template "
+                "or tokenizer changes text, so it cannot be tokenized as plain text; remove it"
+            )
+        return isolated[0]
+
+    def _render(self, messages: List[Dict[str, Any]], tools: Optional[List[Any]], variables: Dict[str, Any]) -> str:
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **variables
+            )
+        except Exception as exc:  # jinja errors: bad roles, missing fields...
+            raise EngineError(f"chat template failed: {exc}") from exc
+        return str(text)
+
+    def _encode(self, text: str) -> List[int]:
+        """Token ids of template text: special tokens parsed, no BOS/EOS added."""
+        return list(self._tokenizer(text, add_special_tokens=False).input_ids)
+
+    def _encode_as_text(self, text: str) -> List[int]:
+        """Token ids of client text: special tokens' text tokenized as text, no BOS/EOS added."""
+        backend = self._text_backend
+        if backend is None:
+            return list(self._tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids)
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
+    @cached_property
+    def _text_backend(self) -> Any:
+        """A private copy of the ``tokenizers`` backend that tokenizes special tokens as text, or ``None`` for a
+        tokenizer without one.
+
+        transformers' ``split_special_tokens=True`` switches a flag on the shared backend for the duration of a call,
+        which a concurrent call (the server tokenizes in several threads) would see or undo; the copy has the flag
+        set for good. Named special tokens that the backend does not flag as special are flagged in the copy.
+        """
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        from tokenizers import AddedToken
+
+        text_backend = copy.deepcopy(backend)
+        text_backend.no_truncation()
+        text_backend.no_padding()
+        unflagged = [
+            AddedToken(
+                token.content,
+                single_word=token.single_word,
+                lstrip=token.lstrip,
+                rstrip=token.rstrip,
+                normalized=token.normalized,
+                special=True,
+            )
+            for token in text_backend.get_added_tokens_decoder().values()
+            if token.content in self.special_texts and not token.special
+        ]
+        if unflagged:
+            text_backend.add_special_tokens(unflagged)
+        text_backend.encode_special_tokens = True
+        return text_backend
+
+    def _encode_isolated(
+        self,
+        pattern: Pattern[str],
+        messages: List[Dict[str, Any]],
+        tools: Optional[List[Dict[str, Any]]],
+        variables: Dict[str, Any],
+        assistant_prefix: str,
+        markers: Tuple[str, str],
+    ) -> Optional[Tuple[List[int], str]]:
+        """Token ids of the prompt with the client's strings that ``pattern`` finds in tokenized as text, and the text
+        they spell: the conversation is rendered with those strings between ``markers`` and split there. ``None``
+        when the rendered markers do not come in pairs (the template cut or moved a string)."""
+        opening, closing = markers
+
+        def mark(value: Any) -> Any:
+            if isinstance(value, str):
+                return f"{opening}{value}{closing}" if pattern.search(value) else value
+            if isinstance(value, dict):
+                return {mark(key): mark(item) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [mark(item) for item in value]
+            return value
+
+        marked = self._render(mark(messages), mark(tools), mark(variables)) + assistant_prefix
+        template_text, *pieces = marked.split(opening)
+        if closing in template_text:
+            return None
+        ids = self._encode(template_text)
+        spelled = [template_text]
+        for piece in pieces:
+            client_text, found, template_text = piece.partition(closing)
+            if not found or closing in template_text:
+                return None
+            ids += self._encode_as_text(client_text) + self._encode(template_text)
+            spelled += [client_text, template_text]
+        return ids, "".join(spelled)
