@@ -1,17 +1,14 @@
 """``agentbolt export``: write a store's rollouts, spans or samples to JSONL or parquet for any trainer.
 
-A SQLite store file is only ever read: it is copied through a read-only SQLite connection into a temporary folder
-(``$TMPDIR``), and the export reads the copy. Nothing is written to the file or created next to it, so a read-only
-file (or a file in a read-only folder) exports like any other; a store in use is read as any of its readers reads it.
+A SQLite store file is read in place through a read-only store (``SqliteLightningStore(path, read_only=True)``): no
+copy is made, nothing is written to the file or created next to it, so a read-only file (or a file in a read-only
+folder) exports like any other, and a store a server is writing to is read as any of its readers reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
-import tempfile
-from contextlib import closing
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, get_args
@@ -91,6 +88,7 @@ def export_command(
         resolve_format,
         write_records,
     )
+    from agentbolt.store.sqlite import SqliteStoreError
     from agentbolt.types import RolloutStatus
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
@@ -129,21 +127,14 @@ def export_command(
         finally:
             await close_store(opened)
 
-    with tempfile.TemporaryDirectory(prefix="agentbolt-export-") as scratch:
-        try:
-            if store.startswith(("http://", "https://")):
-                opened = open_store(store, api_key=api_key)
-            else:
-                opened = _open_copy(Path(store).expanduser(), Path(scratch))
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        except (OSError, sqlite3.Error) as exc:  # the file cannot be read, or its copy cannot be written
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise CliError(f"cannot read the store at {store}: {reason}", exit_code=1) from None
-        try:
-            records = asyncio.run(read(opened))
-        except (OSError, aiohttp.ClientError) as exc:  # timeouts, refused connections, HTTP errors of the server
-            raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
+    try:
+        opened = open_store(store, api_key=api_key)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        records = asyncio.run(read(opened))
+    except (OSError, aiohttp.ClientError, SqliteStoreError) as exc:  # server errors, a file changing under a reader
+        raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
     try:
         write_records(records, output, format=chosen_format)
     except OSError as exc:
@@ -151,50 +142,6 @@ def export_command(
     count = len(records)
     print(f"agentbolt export: {count} {what.value} written to {output}")
     return 0
-
-
-def _open_copy(path: Path, folder: Path) -> LightningStore:
-    """The SQLite store ``path``, opened from a copy in ``folder`` made through a read-only connection.
-
-    Raises:
-        ValueError: ``path`` does not exist or is not a store (the message names ``path``).
-        OSError, sqlite3.OperationalError: ``path`` cannot be read, or the copy cannot be written.
-    """
-    from agentbolt.algorithm.sft.export import open_store
-
-    if not path.is_file():
-        raise ValueError(f"{path}: no such store file")
-    with path.open("rb") as file:
-        if file.read(16) != b"SQLite format 3\x00":
-            raise ValueError(f"{path} is not a readable store (not an SQLite database)")
-    copy = folder / path.name
-    try:
-        _copy_read_only(path, copy)
-    except sqlite3.OperationalError:  # cannot open or read the file, or write the copy: not a matter of content
-        raise
-    except sqlite3.DatabaseError as exc:  # corrupt
-        raise ValueError(f"{path} is not a readable store: {exc}") from None
-    try:
-        return open_store(copy)
-    except ValueError as exc:  # name the file given, not its copy
-        raise ValueError(str(exc).replace(str(copy), str(path))) from None
-
-
-def _copy_read_only(path: Path, copy: Path) -> None:
-    """Copy the SQLite database ``path`` to ``copy`` (a consistent snapshot) without writing anything at ``path``.
-
-    The source is opened with ``mode=ro``. When no write-ahead log or rollback journal lies next to it, no process
-    has pending writes in it and it is also opened ``immutable``: otherwise SQLite would create ``-wal`` and ``-shm``
-    files next to it (and fail in a read-only folder). A store in use keeps its ``-wal`` file, which the read-only
-    connection reads: the copy holds every committed write.
-    """
-    source = path.resolve()
-    journals = (source.with_name(source.name + suffix) for suffix in ("-wal", "-journal"))
-    immutable = not any(journal.exists() for journal in journals)
-    uri = source.as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
-    logger.debug("Copying the store %s (read-only%s) to %s", path, ", immutable" if immutable else "", copy)
-    with closing(sqlite3.connect(uri, uri=True)) as reader, closing(sqlite3.connect(copy)) as writer:
-        reader.backup(writer)
 
 
 def _is_part_of_store(output: Path, store: str) -> bool:

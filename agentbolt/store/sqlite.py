@@ -19,6 +19,7 @@ from agentbolt.store.collection.sqlite import (
     SqliteDatabaseCorruptError,
     SqliteDatabaseLockedError,
     SqliteLightningCollections,
+    SqliteReadOnlyError,
     SqliteSchemaVersionError,
     SqliteStoreError,
     SynchronousMode,
@@ -34,6 +35,7 @@ __all__ = [
     "SqliteDatabaseLockedError",
     "SqliteDatabaseCorruptError",
     "SqliteSchemaVersionError",
+    "SqliteReadOnlyError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,7 +47,8 @@ class SqliteLightningStore(CollectionBasedLightningStore[SqliteLightningCollecti
     Safe to share between coroutines of several event loops and threads; SQLite work never runs on an event loop.
 
     Args:
-        path: Database file, created when missing. Reopening an existing file resumes its content.
+        path: Database file, created when missing (unless ``read_only``). Reopening an existing file resumes its
+            content.
         tracker: Optional metrics backend.
         scan_debounce_seconds: Minimum interval between two watchdog scans, among all processes using the file
             (``<= 0`` scans before every call).
@@ -57,10 +60,19 @@ class SqliteLightningStore(CollectionBasedLightningStore[SqliteLightningCollecti
             cached by the store itself, so this bounds the memory used for data.
         reader_threads: Threads (each with its own connection) serving reads.
         read_snapshot: Run multi-read operations on a consistent snapshot (serialised with writes).
+        read_only: Only read an existing store file, never writing to it, also while other processes (an
+            ``agentbolt store`` server) write to it: nothing is created, changed or migrated, no writer thread runs,
+            the watchdog never runs (its verdicts are writes), and every writing method raises
+            :class:`SqliteReadOnlyError`. Each read sees the last committed state (see
+            :mod:`agentbolt.store.collection.sqlite` for how the file is opened). ``synchronous`` does not apply
+            and ``read_snapshot`` is refused.
 
     Raises:
+        ValueError: ``read_only`` with ``read_snapshot``.
+        SqliteStoreError: ``read_only`` and the file does not exist or cannot be read.
         SqliteDatabaseLockedError: Another process holds a write lock beyond ``busy_timeout``.
-        SqliteDatabaseCorruptError: The file is not a SQLite database, is corrupt, or is not an agentbolt store.
+        SqliteDatabaseCorruptError: The file is not a SQLite database, is corrupt, or is not an agentbolt store
+            (``read_only``: also an empty file).
         SqliteSchemaVersionError: The file was written with an unknown (newer) schema version.
     """
 
@@ -75,7 +87,10 @@ class SqliteLightningStore(CollectionBasedLightningStore[SqliteLightningCollecti
         cache_size_mb: float = 64.0,
         reader_threads: int = 4,
         read_snapshot: bool = False,
+        read_only: bool = False,
     ) -> None:
+        if read_only and read_snapshot:
+            raise ValueError("read_snapshot needs the writer connection, which a read_only store does not have")
         collections = SqliteLightningCollections(
             path,
             synchronous=synchronous,
@@ -83,12 +98,23 @@ class SqliteLightningStore(CollectionBasedLightningStore[SqliteLightningCollecti
             cache_size_mb=cache_size_mb,
             reader_threads=reader_threads,
             tracker=tracker,
+            read_only=read_only,
         )
         super().__init__(
             collections, read_snapshot=read_snapshot, tracker=tracker, scan_debounce_seconds=scan_debounce_seconds
         )
         self.path = collections.path
-        logger.info("Opened SQLite store %s", self.path)
+        logger.info("Opened SQLite store %s%s", self.path, " read-only" if read_only else "")
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened with ``read_only=True``."""
+        return self.collections.read_only
+
+    async def _healthcheck(self) -> None:
+        if self.read_only:
+            return  # the watchdog's verdicts are writes: the processes writing the store run it
+        await super()._healthcheck()
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:

@@ -16,12 +16,16 @@ import json
 import os
 import struct
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator, List, Set, Tuple
 
 import pytest
+from support.servers import StoreServerProcess
 
 from agentbolt.cli.export import main as export_main
+from agentbolt.store.base import LightningStore
+from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.types import Span
 from agentbolt.types.tracer import OtelResource, TraceStatus
@@ -60,7 +64,7 @@ def _span(rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
     )
 
 
-async def _fill(store: SqliteLightningStore, count: int) -> None:
+async def _fill(store: LightningStore, count: int) -> None:
     for index in range(count):
         rollout = await store.enqueue_rollout(input={"question": index}, mode="train")
         attempted = await store.start_attempt(rollout.rollout_id, worker_id="worker-0")
@@ -152,6 +156,25 @@ def test_export_opens_nothing_next_to_the_source_for_writing(store_file: Path, w
     assert len(_lines(tmp_path / "spans.jsonl")) == ROLLOUTS
 
 
+def test_export_reads_the_file_in_place_without_writing_to_tmpdir(
+    store_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("inotify is Linux only")
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    watcher = _Watch(scratch)  # also sees a file or folder created there and removed before the export returns
+    try:
+        for what in ("rollouts", "spans", "samples"):
+            assert export_main([str(store_file), "--what", what, "--output", str(tmp_path / f"{what}.jsonl")]) == 0
+        assert watcher.written() == set() and list(scratch.iterdir()) == []
+    finally:
+        watcher.close()
+    assert len(_lines(tmp_path / "spans.jsonl")) == ROLLOUTS
+
+
 def test_export_of_a_read_only_file_in_a_read_only_folder(store_file: Path, tmp_path: Path) -> None:
     if os.geteuid() == 0:
         pytest.skip(
@@ -192,6 +215,30 @@ def test_export_of_a_store_in_use_sees_its_latest_writes_and_changes_nothing(sto
             await live.close()
 
     asyncio.run(run())
+
+
+def test_export_of_a_store_a_server_process_is_writing_to(store_file: Path, tmp_path: Path) -> None:
+    """``agentbolt store`` serves the file; the export reads every acknowledged write and the server keeps serving."""
+    server = StoreServerProcess(store_file)
+    server.start()
+    try:
+
+        async def write(count: int) -> None:
+            client = LightningStoreClient(server.endpoint)
+            try:
+                await _fill(client, count)
+            finally:
+                await client.close()
+
+        asyncio.run(write(2))
+        out = tmp_path / "spans.jsonl"
+        assert export_main([str(store_file), "--what", "spans", "--output", str(out)]) == 0
+        assert len(_lines(out)) == ROLLOUTS + 2
+        asyncio.run(write(1))
+        assert export_main([str(store_file), "--what", "rollouts", "--output", str(out)]) == 0
+        assert len(_lines(out)) == ROLLOUTS + 3
+    finally:
+        server.stop()
 
 
 def test_a_file_that_is_not_a_store_is_still_refused_and_left_alone(tmp_path: Path, capsys) -> None:

@@ -9,8 +9,8 @@
 
 Filters: rollout ``mode`` and ``status``, a reward range (the rollout's final reward for rollouts and spans; the
 call's reward for samples) and an agent-name regex (samples: the call's agent; rollouts and spans: rollouts with at
-least one call of a matching agent). Reading never changes the store: the health watchdog that a store runs before
-its calls is suppressed while exporting.
+least one call of a matching agent). Reading never changes the store: a SQLite file is opened read-only (see
+:func:`open_store`), and the health watchdog that a store runs before its calls is suppressed while exporting.
 
 Parquet needs pyarrow (``pip install 'agentbolt[parquet]'``). Scalar columns and lists of scalars (token ids) are
 native columns; nested values (messages, tools, span attributes, rollout inputs...) are written as JSON text, named
@@ -112,30 +112,30 @@ class ExportFilter:
 def open_store(location: Union[str, os.PathLike[str]], *, api_key: Optional[str] = None) -> LightningStore:
     """The store at ``location``: an ``http(s)://`` URL of a store server, or an existing SQLite file.
 
+    A SQLite file is opened with ``SqliteLightningStore(path, read_only=True)``: read in place, never written to
+    (nothing is created next to it either), also while a server writes to it; its writing methods raise
+    :class:`~agentbolt.store.sqlite.SqliteReadOnlyError`.
+
     Args:
         location: The URL or the file.
         api_key: The server's bearer token, if it requires one.
 
     Raises:
-        ValueError: The file does not exist (it is never created here) or is not a store.
+        ValueError: The file cannot be read as a store: it does not exist (it is never created here), cannot be
+            read, is not a store, or has another schema version. The message names the file and the reason.
     """
     text = str(location)
     if text.startswith(("http://", "https://")):
         from agentbolt.store.client_server import LightningStoreClient
 
         return LightningStoreClient(text, api_key=api_key, retry_delays=(1.0,), request_timeout=10.0)
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise ValueError(f"{path}: no such store file")
-    with path.open("rb") as file:
-        if file.read(16) != b"SQLite format 3\x00":
-            raise ValueError(f"{path} is not a readable store (not an SQLite database)")
-    from agentbolt.store.sqlite import SqliteLightningStore
+    from agentbolt.store.sqlite import SqliteLightningStore, SqliteStoreError
 
+    path = Path(text).expanduser()
     try:
-        return SqliteLightningStore(path)
-    except Exception as exc:  # corrupt or foreign files raise the store's own error types
-        raise ValueError(f"{path} is not a readable store: {exc}") from exc
+        return SqliteLightningStore(path, read_only=True)
+    except SqliteStoreError as exc:
+        raise ValueError(f"{path} is not a readable store: {exc.reason}") from exc
 
 
 async def close_store(store: Any) -> None:

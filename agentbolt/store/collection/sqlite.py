@@ -24,6 +24,25 @@ Threads and transactions:
 Durability: WAL mode with ``synchronous=NORMAL`` (the default) keeps every committed transaction across a crash or
 kill of the process; only an operating-system crash or power loss may lose the last commits. ``synchronous="FULL"``
 syncs the WAL on every commit (group commit amortises the cost) and survives power loss too.
+
+Read-only (``read_only=True``): the file is opened with SQLite's read-only URI (``file:...?mode=ro``) by reader
+threads only; there is no writer thread and no write gate, and every write (a write section, a writer operation) is
+refused with :class:`SqliteReadOnlyError`. Nothing is created, changed or migrated: a missing or empty file, a file
+that is not a store, and any schema version but the current one are errors. A file of the current version written
+before a table of ``_ADDED_TABLES`` existed is readable: the table reads as empty (each connection shadows it with an
+empty ``TEMP`` table), as it would right after a writable opening added it; ``store_meta`` is only used by writes.
+How the file is opened depends on whether a process uses it:
+
+* a ``-wal`` file lies next to it (a process has it open, or crashed with it open): plain ``mode=ro``. Reads take
+  part in SQLite's WAL protocol through the ``-shm`` file, so each read sees the last committed state of the live
+  writers, and the writers never wait. If the ``-shm`` file is missing and cannot be created (read-only folder),
+  opening fails with a :class:`SqliteStoreError` naming the file;
+* no ``-wal`` file (a closed store, a copy, a file in a read-only folder): ``mode=ro&immutable=1``, so that SQLite
+  creates no ``-wal`` / ``-shm`` file next to it and needs no write access to the folder. ``immutable`` reads without
+  locks, which is safe only while the file does not change: the file's identity (inode, size, modification time) is
+  recorded when opening and checked after every read, and once a process that opened the store meanwhile has changed
+  it, every read raises :class:`SqliteStoreError` (reopen to read the new state). Until then reads see the state of
+  the file at opening.
 """
 
 from __future__ import annotations
@@ -38,6 +57,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import (
     Any,
     AsyncIterator,
@@ -47,8 +67,10 @@ from typing import (
     Generic,
     List,
     Literal,
+    NoReturn,
     Optional,
     Sequence,
+    Set,
     Tuple,
     Type,
     TypeVar,
@@ -86,6 +108,7 @@ __all__ = [
     "SqliteDatabaseLockedError",
     "SqliteDatabaseCorruptError",
     "SqliteSchemaVersionError",
+    "SqliteReadOnlyError",
     "SqliteCollection",
     "SqliteQueue",
     "SqliteKeyValue",
@@ -111,11 +134,13 @@ _MAX_SQL_PARAMS = 900
 
 
 class SqliteStoreError(RuntimeError):
-    """A SQLite store file cannot be used. ``path`` names the file."""
+    """A SQLite store file cannot be used. ``path`` names the file, ``reason`` says what is wrong."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{message} (database file: {path})")
         self.path = path
+        self.reason = message
+        """What is wrong, without the file's name."""
 
 
 class SqliteDatabaseLockedError(SqliteStoreError):
@@ -128,6 +153,10 @@ class SqliteDatabaseCorruptError(SqliteStoreError):
 
 class SqliteSchemaVersionError(SqliteStoreError):
     """The database was written with a schema version this version of agentbolt does not know."""
+
+
+class SqliteReadOnlyError(SqliteStoreError):
+    """A write was asked of a database opened with ``read_only=True``; nothing was written."""
 
 
 def _translate_error(exc: BaseException, path: str) -> BaseException:
@@ -173,10 +202,15 @@ _STORE_META = "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value REAL NOT NUL
 """Added to schema version 1 like ``_ADDED_TABLES``: files written before it gain it when opened."""
 
 
-def _table_statements(spec: TableSpec) -> List[str]:
+def _create_table(spec: TableSpec, temp: bool = False) -> str:
     columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+    kind = "TEMP TABLE" if temp else "TABLE"
+    return f"CREATE {kind} {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)"
+
+
+def _table_statements(spec: TableSpec) -> List[str]:
     statements = [
-        f"CREATE TABLE {spec.table} (ord INTEGER PRIMARY KEY, {columns}, data TEXT NOT NULL)",
+        _create_table(spec),
         f"CREATE UNIQUE INDEX {spec.table}_pk ON {spec.table}({', '.join(spec.primary_keys)})",
     ]
     for index in spec.indexes:
@@ -209,14 +243,60 @@ def _connect(path: str, busy_timeout: float, cache_kib: int, synchronous: Synchr
         if mode is None or str(mode[0]).lower() != "wal":
             raise SqliteStoreError(path, f"Cannot switch the database to WAL mode (journal_mode={mode!r})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
-        conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("PRAGMA mmap_size=0")
+        _set_caches(conn, cache_kib)
         conn.execute(f"PRAGMA journal_size_limit={64 * 1024 * 1024}")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _set_caches(conn: sqlite3.Connection, cache_kib: int) -> None:
+    conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
+    conn.execute("PRAGMA temp_store=MEMORY")
+    conn.execute("PRAGMA mmap_size=0")
+
+
+def _refuse_folder(path: str) -> None:
+    if os.path.isdir(path):
+        raise SqliteStoreError(path, "Path is a directory, not a database file")
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _read_only_uri(path: str) -> Tuple[str, bool]:
+    """The URI that opens the database ``path`` for reading only, and whether it opens it ``immutable``.
+
+    Raises:
+        SqliteStoreError: ``path`` does not exist, is a folder, or cannot be read.
+        SqliteDatabaseCorruptError: ``path`` is empty or not a SQLite database.
+    """
+    _refuse_folder(path)
+    try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+    except FileNotFoundError:
+        raise SqliteStoreError(path, "No such file (a read-only store is never created)") from None
+    except OSError as exc:
+        raise SqliteStoreError(path, f"Cannot read the database file: {exc.strerror or exc}") from exc
+    if not header:
+        raise SqliteDatabaseCorruptError(path, "The file is empty: it holds no store")
+    if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
+        raise SqliteDatabaseCorruptError(path, "Not an SQLite database")
+    database = Path(path).resolve()
+    # Byte 18 of the header is 2 in WAL mode; with no -wal file next to it, no process has the database open.
+    immutable = header[18] == 2 and not os.path.exists(f"{database}-wal")
+    return database.as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro"), immutable
+
+
+def _file_identity(path: str) -> Optional[Tuple[int, int, int, int]]:
+    """What changes when the file is written or replaced (None once it is gone)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 class _Section:
@@ -251,24 +331,14 @@ class _Database:
         cache_size_mb: float,
         reader_threads: int,
     ) -> None:
-        self.path = path
-        self._busy_timeout = busy_timeout
         self._synchronous = synchronous
-        self._reader_cache_kib = max(256, int(cache_size_mb * 1024 / 4))
-        self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="agentbolt-sqlite-reader")
-        self._reader_local = threading.local()
-        self._reader_conns: List[sqlite3.Connection] = []
-        self._reader_loops: List[asyncio.AbstractEventLoop] = []
-        self._reader_lock = threading.Lock()
-        self._closed = False
+        self._init_readers(path, busy_timeout, cache_size_mb, reader_threads)
         # Write gate state, guarded by ``_gate_lock``.
         self._gate_lock = threading.Lock()
         self._gate_owned = False
         self._gate_waiters: Deque[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
         self._group: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._in_transaction = False  # only touched by the gate owner
-        self.commits = 0
-        self.sections = 0
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_writer_loop, name="agentbolt-sqlite-writer", daemon=True)
         self._thread.start()
@@ -278,6 +348,20 @@ class _Database:
             self._stop_writer_loop()
             self._readers.shutdown(wait=True)
             raise
+
+    def _init_readers(self, path: str, busy_timeout: float, cache_size_mb: float, reader_threads: int) -> None:
+        """The state every database has: its file, the pool of reader threads and the statistics."""
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._reader_cache_kib = max(256, int(cache_size_mb * 1024 / 4))
+        self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="agentbolt-sqlite-reader")
+        self._reader_local = threading.local()
+        self._reader_conns: List[sqlite3.Connection] = []
+        self._reader_loops: List[asyncio.AbstractEventLoop] = []
+        self._reader_lock = threading.Lock()
+        self._closed = False
+        self.commits = 0
+        self.sections = 0
 
     # -- the writer thread -------------------------------------------------------------------------------------
 
@@ -322,8 +406,7 @@ class _Database:
     # -- opening -----------------------------------------------------------------------------------------------
 
     def _open(self, cache_size_mb: float) -> sqlite3.Connection:
-        if os.path.isdir(self.path):
-            raise SqliteStoreError(self.path, "Path is a directory, not a database file")
+        _refuse_folder(self.path)
         try:
             conn = _connect(self.path, self._busy_timeout, max(256, int(cache_size_mb * 1024)), self._synchronous)
         except SqliteStoreError:
@@ -340,15 +423,44 @@ class _Database:
             raise
         return conn
 
+    def _stored_tables(self, conn: sqlite3.Connection) -> Set[str]:
+        """The tables of the file, once it is known to be a store of the current schema version (none: a new file).
+
+        Raises:
+            SqliteDatabaseCorruptError: The file holds tables of something else, or no schema version.
+            SqliteSchemaVersionError: The file was written with another schema version.
+        """
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "schema_version" not in tables:
+            if tables - {"sqlite_sequence"}:
+                raise SqliteDatabaseCorruptError(
+                    self.path, "The SQLite file is not an agentbolt store (no schema_version table)"
+                )
+            return set()
+        row = conn.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+        if row is None:
+            raise SqliteDatabaseCorruptError(self.path, "The schema_version table is empty")
+        version = int(row[0])
+        if version != SCHEMA_VERSION:
+            newer = "a newer" if version > SCHEMA_VERSION else "an unknown older"
+            raise SqliteSchemaVersionError(
+                self.path,
+                f"The store was written with {newer} schema version {version}; this version of agentbolt "
+                f"reads schema version {SCHEMA_VERSION} only",
+            )
+        return tables
+
+    def _check_complete(self, tables: Set[str]) -> None:
+        """Raise :class:`SqliteDatabaseCorruptError` if a collection's table is not among ``tables``."""
+        missing = {spec.table for spec in ALL_TABLES} - tables
+        if missing:
+            raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
+
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "schema_version" not in tables:
-                if tables - {"sqlite_sequence"}:
-                    raise SqliteDatabaseCorruptError(
-                        self.path, "The SQLite file is not an agentbolt store (no schema_version table)"
-                    )
+            tables = self._stored_tables(conn)
+            if not tables:
                 for statement in _schema_statements():
                     conn.execute(statement)
                 conn.execute(
@@ -357,17 +469,6 @@ class _Database:
                 )
                 logger.info("Created agentbolt store schema v%d in %s", SCHEMA_VERSION, self.path)
             else:
-                row = conn.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
-                if row is None:
-                    raise SqliteDatabaseCorruptError(self.path, "The schema_version table is empty")
-                version = int(row[0])
-                if version != SCHEMA_VERSION:
-                    newer = "a newer" if version > SCHEMA_VERSION else "an unknown older"
-                    raise SqliteSchemaVersionError(
-                        self.path,
-                        f"The store was written with {newer} schema version {version}; this version of agentbolt "
-                        f"reads schema version {SCHEMA_VERSION} only",
-                    )
                 for spec in _ADDED_TABLES:
                     if spec.table not in tables:
                         for statement in _table_statements(spec):
@@ -378,9 +479,7 @@ class _Database:
                     conn.execute(_STORE_META)
                     tables.add("store_meta")
                     logger.info("Added table store_meta to the agentbolt store in %s", self.path)
-                missing = {spec.table for spec in ALL_TABLES} - tables
-                if missing:
-                    raise SqliteDatabaseCorruptError(self.path, f"Missing tables: {', '.join(sorted(missing))}")
+                self._check_complete(tables)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -426,11 +525,16 @@ class _Database:
             return await self.write_call(fn)  # completes without suspending
         return await asyncio.shield(self.write_call(fn))
 
+    def _connect_reader(self) -> sqlite3.Connection:
+        """A new connection of a reader thread (it never writes)."""
+        conn = _connect(self.path, self._busy_timeout, self._reader_cache_kib, self._synchronous)
+        conn.execute("PRAGMA query_only=ON")
+        return conn
+
     def _reader_conn(self) -> sqlite3.Connection:
         conn = getattr(self._reader_local, "conn", None)
         if conn is None:
-            conn = _connect(self.path, self._busy_timeout, self._reader_cache_kib, self._synchronous)
-            conn.execute("PRAGMA query_only=ON")
+            conn = self._connect_reader()
             self._reader_local.conn = conn
             with self._reader_lock:
                 self._reader_conns.append(conn)
@@ -652,6 +756,11 @@ class _Database:
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     def _shutdown(self) -> None:
+        self._shutdown_readers()
+        self._call_blocking(self._conn.close)
+        self._stop_writer_loop()
+
+    def _shutdown_readers(self) -> None:
         self._readers.shutdown(wait=True)
         with self._reader_lock:
             conns, self._reader_conns = self._reader_conns, []
@@ -661,8 +770,6 @@ class _Database:
             loops, self._reader_loops = self._reader_loops, []
         for loop in loops:
             loop.close()
-        self._call_blocking(self._conn.close)
-        self._stop_writer_loop()
 
     def close_sync(self) -> None:
         """Close without an event loop (nothing may be running on the store any more)."""
@@ -672,6 +779,109 @@ class _Database:
         if self._in_transaction:
             self._call_blocking(lambda: _commit(self._conn))
         self._shutdown()
+
+
+class _ReadOnlyDatabase(_Database):
+    """A database file opened for reading only: reader threads with ``mode=ro`` connections, no writer thread.
+
+    Writes are refused with :class:`SqliteReadOnlyError` where they would reach the writer: entering a write section
+    and handing an operation to the writer thread. See the module docstring for how the file is opened.
+
+    Raises:
+        SqliteStoreError: The file does not exist, is a folder or cannot be read.
+        SqliteDatabaseCorruptError: The file is empty, not a SQLite database, corrupt, or not an agentbolt store.
+        SqliteSchemaVersionError: The file was written with another schema version.
+    """
+
+    def __init__(self, path: str, *, busy_timeout: float, cache_size_mb: float, reader_threads: int) -> None:
+        self._init_readers(path, busy_timeout, cache_size_mb, reader_threads)
+        self._uri, immutable = _read_only_uri(path)
+        self._identity = _file_identity(path) if immutable else None
+        self._absent_tables: Tuple[TableSpec, ...] = ()
+        try:
+            conn = self._connect_reader()
+            try:
+                tables = self._stored_tables(conn)
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            if immutable or "unable to open" not in str(exc):
+                raise _translate_error(exc, path) from exc
+            raise SqliteStoreError(
+                path,
+                f"Cannot read the store in use (a -wal file lies next to it): SQLite reads it through its -shm file, "
+                f"which can be neither opened nor created in its folder ({exc})",
+            ) from exc
+        except sqlite3.Error as exc:
+            raise _translate_error(exc, path) from exc
+        self._check_unchanged()
+        if not tables:
+            raise SqliteDatabaseCorruptError(path, "The SQLite file holds no agentbolt store (it has no tables)")
+        self._absent_tables = tuple(spec for spec in _ADDED_TABLES if spec.table not in tables)
+        self._check_complete(tables | {spec.table for spec in self._absent_tables})
+        logger.debug("Opened %s read-only%s", path, " (immutable)" if immutable else "")
+
+    def _connect_reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._uri, uri=True, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            _set_caches(conn, self._reader_cache_kib)
+            # Empty stand-ins of the tables the file predates: unqualified names find the temp schema first.
+            for spec in self._absent_tables:
+                conn.execute(_create_table(spec, temp=True))
+            conn.execute("PRAGMA query_only=ON")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_unchanged(self) -> None:
+        """Raise :class:`SqliteStoreError` once a file opened ``immutable`` differs from the file at opening."""
+        if self._identity is not None and _file_identity(self.path) != self._identity:
+            raise SqliteStoreError(
+                self.path,
+                "Another process changed the file after it was opened read-only while no process used it; "
+                "reopen the store to read it",
+            )
+
+    def _read_job(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return super()._read_job(fn)
+        finally:
+            self._check_unchanged()  # what was read from a file changing meanwhile may be torn: never return it
+
+    def _refuse_write(self, operation: str) -> NoReturn:
+        self._check_open()
+        raise SqliteReadOnlyError(self.path, f"The store was opened read-only: {operation} would write to it")
+
+    def on_writer_loop(self) -> bool:
+        """Always False: there is no writer thread."""
+        return False
+
+    async def run_on_writer(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
+        """Refuse the write operation ``fn``."""
+        self._refuse_write(getattr(fn, "__name__", "the operation"))
+
+    @asynccontextmanager
+    async def write_section(self) -> AsyncIterator[None]:
+        """Refuse to open a write section (every collection write and snapshot read opens one)."""
+        self._refuse_write("this section")
+        yield
+
+    async def close(self) -> None:
+        """Close every reader connection and stop the reader threads."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(None, self._shutdown_readers)
+
+    def close_sync(self) -> None:
+        """Close without an event loop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown_readers()
 
 
 def _settle(
@@ -1114,7 +1324,7 @@ class SqliteLightningCollections(LightningCollections):
     """All store collections in one SQLite file (see the module docstring for threads, durability, group commit).
 
     Args:
-        path: Database file; created with the current schema when missing or empty.
+        path: Database file; created with the current schema when missing or empty (unless ``read_only``).
         synchronous: SQLite ``synchronous`` pragma. ``"NORMAL"`` (default) keeps every acknowledged write across a
             process crash or kill; ``"FULL"`` also across an operating-system crash or power loss.
         busy_timeout: Seconds to wait for a lock held by another connection before raising
@@ -1122,10 +1332,14 @@ class SqliteLightningCollections(LightningCollections):
         cache_size_mb: Page cache of the writer connection; each reader gets a quarter of it.
         reader_threads: Number of reader threads (each with its own connection).
         tracker: Optional metrics backend.
+        read_only: Open an existing store for reading only (see the module docstring): nothing is created, changed
+            or migrated, no writer thread runs, and every write raises :class:`SqliteReadOnlyError`.
 
     Raises:
+        SqliteStoreError: ``read_only`` and the file does not exist or cannot be read.
         SqliteDatabaseLockedError: The file is locked by someone else beyond ``busy_timeout``.
-        SqliteDatabaseCorruptError: The file is not a SQLite database, is corrupt, or is not an agentbolt store.
+        SqliteDatabaseCorruptError: The file is not a SQLite database, is corrupt, or is not an agentbolt store
+            (``read_only``: also an empty file).
         SqliteSchemaVersionError: The file uses a schema version this version does not know.
     """
 
@@ -1138,6 +1352,7 @@ class SqliteLightningCollections(LightningCollections):
         cache_size_mb: float = 64.0,
         reader_threads: int = 4,
         tracker: Any = None,
+        read_only: bool = False,
     ) -> None:
         super().__init__(tracker=tracker)
         mode = str(synchronous).upper()
@@ -1153,20 +1368,31 @@ class SqliteLightningCollections(LightningCollections):
                 f"SQLite store path {self.path!r}: give a file path (the store keeps its data in one file, in WAL "
                 "mode); for a store that keeps nothing use InMemoryLightningStore"
             )
-        _create_parent_folder(self.path)
-        self._db = _Database(
-            self.path,
-            synchronous=cast(SynchronousMode, mode),
-            busy_timeout=busy_timeout,
-            cache_size_mb=cache_size_mb,
-            reader_threads=reader_threads,
-        )
+        self._db: _Database
+        if read_only:
+            self._db = _ReadOnlyDatabase(
+                self.path, busy_timeout=busy_timeout, cache_size_mb=cache_size_mb, reader_threads=reader_threads
+            )
+        else:
+            _create_parent_folder(self.path)
+            self._db = _Database(
+                self.path,
+                synchronous=cast(SynchronousMode, mode),
+                busy_timeout=busy_timeout,
+                cache_size_mb=cache_size_mb,
+                reader_threads=reader_threads,
+            )
         set_table_collections(self, lambda spec: SqliteCollection(self._db, spec, tracker))
         self._rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
         self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(
             self._db, tracker=tracker, kept_when=rollout_stored_condition("?", "rollouts")
         )
         self._meta = _Backed(self._db)
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the file was opened for reading only (every write raises :class:`SqliteReadOnlyError`)."""
+        return isinstance(self._db, _ReadOnlyDatabase)
 
     @property
     def commit_count(self) -> int:

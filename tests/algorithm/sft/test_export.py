@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any, List
 
@@ -81,6 +83,60 @@ def test_export_round_trips_every_record_exactly(store_file: Path, tmp_path: Pat
     assert export_main([str(store_file), "--what", kind, "--output", str(out)]) == 0
     expected = _records(store_file, kind)
     assert expected and read_records(out) == json.loads(json.dumps(expected))
+
+
+@pytest.mark.parametrize("kind", ["rollouts", "spans", "samples"])
+def test_the_file_read_in_place_gives_the_records_a_writable_store_reads_from_a_copy_of_it(
+    store_file: Path, tmp_path: Path, kind: str
+) -> None:
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    out = tmp_path / f"{kind}.jsonl"
+    assert export_main([str(store_file), "--what", kind, "--output", str(out)]) == 0
+
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(store_file, copy)  # the store is closed: its file holds every commit
+
+    async def from_copy() -> List[dict]:
+        store = SqliteLightningStore(copy)
+        try:
+            return await export_records(store, kind)  # type: ignore[arg-type]
+        finally:
+            await store.close()
+
+    expected = asyncio.run(from_copy())
+    assert expected and read_records(out) == json.loads(json.dumps(expected))
+
+
+def test_a_store_file_is_opened_read_only(store_file: Path) -> None:
+    from agentbolt.store.sqlite import SqliteReadOnlyError
+
+    before = _digest(store_file), sorted(p.name for p in store_file.parent.iterdir())
+
+    async def run() -> None:
+        store = open_store(store_file)
+        try:
+            assert len(await store.query_rollouts()) == 8
+            with pytest.raises(SqliteReadOnlyError, match="enqueue_rollout would write"):
+                await store.enqueue_rollout(input={"prompt": "ping"})
+        finally:
+            await close_store(store)
+
+    asyncio.run(run())
+    assert (_digest(store_file), sorted(p.name for p in store_file.parent.iterdir())) == before
+
+
+def test_a_store_of_a_newer_schema_version_is_named_and_left_alone(store_file: Path, tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    shutil.copyfile(store_file, newer)
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE schema_version SET version = version + 1")
+    conn.commit()
+    conn.close()
+    before = _digest(newer)
+    with pytest.raises(ValueError, match="is not a readable store: The store was written with a newer schema") as info:
+        open_store(newer)
+    assert str(info.value).startswith(str(newer)) and _digest(newer) == before
 
 
 def test_samples_carry_token_ids_messages_rewards_and_read_back_as_the_stores_samples(
@@ -236,7 +292,7 @@ def test_bad_arguments_exit_2_with_one_line(store_file: Path, tmp_path: Path, ca
 def test_a_missing_store_or_output_directory_exits_2_and_creates_nothing(tmp_path: Path, capsys) -> None:
     missing = tmp_path / "nothing.db"
     assert export_main([str(missing), "--output", str(tmp_path / "out.jsonl")]) == 2
-    assert "no such store file" in capsys.readouterr().err and not missing.exists()
+    assert f"{missing} is not a readable store: No such file" in capsys.readouterr().err and not missing.exists()
     assert export_main([str(missing), "--output", str(tmp_path / "no" / "out.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
