@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Iterator, List, Set, Tuple
 
 import pytest
+from store.conftest import numbered_span as _span
 from support.servers import StoreServerProcess
 
 from agentbolt.cli.export import main as export_main
 from agentbolt.store.base import LightningStore
 from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.store.sqlite import SqliteLightningStore
-from agentbolt.types import Span
-from agentbolt.types.tracer import OtelResource, TraceStatus
 
 ROLLOUTS = 3
 
@@ -41,27 +40,6 @@ _IN_DELETE = 0x200
 _IN_NONBLOCK = 0o4000
 _WRITE_EVENTS = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
 _EVENT = struct.Struct("iIII")
-
-
-def _span(rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        sequence_id=sequence_id,
-        trace_id="ab" * 16,
-        span_id=f"{sequence_id:016x}",
-        parent_id=None,
-        name="work",
-        status=TraceStatus(status_code="OK"),
-        attributes={"step": sequence_id},
-        events=[],
-        links=[],
-        start_time=1.0,
-        end_time=2.0,
-        context=None,
-        parent=None,
-        resource=OtelResource(attributes={}, schema_url=""),
-    )
 
 
 async def _fill(store: LightningStore, count: int) -> None:

@@ -211,3 +211,16 @@ def make_span(rollout_id: str, attempt_id: str, sequence_id: int, span_id: str, 
     }
     values.update(fields)
     return Span(**values)
+
+
+def numbered_span(rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
+    """A span whose span id and ``step`` attribute are its sequence id."""
+    return make_span(
+        rollout_id,
+        attempt_id,
+        sequence_id,
+        f"{sequence_id:016x}",
+        trace_id="ab" * 16,
+        name="work",
+        attributes={"step": sequence_id},
+    )

@@ -29,29 +29,8 @@ from agentbolt.store.sqlite import (
     SqliteSchemaVersionError,
     SqliteStoreError,
 )
-from agentbolt.types import EnqueueRolloutRequest, MetricsRecord, Rollout, RolloutConfig, Span
-from agentbolt.types.tracer import OtelResource, TraceStatus
-
-
-def make_span(rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        sequence_id=sequence_id,
-        trace_id="ab" * 16,
-        span_id=f"{sequence_id:016x}",
-        parent_id=None,
-        name="work",
-        status=TraceStatus(status_code="OK"),
-        attributes={"step": sequence_id},
-        events=[],
-        links=[],
-        start_time=1.0,
-        end_time=2.0,
-        context=None,
-        parent=None,
-        resource=OtelResource(attributes={}, schema_url=""),
-    )
+from agentbolt.types import EnqueueRolloutRequest, MetricsRecord, Rollout, RolloutConfig
+from store.conftest import numbered_span as make_span
 
 
 async def add_rollout(store: Any, spans: int) -> str:
