@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import copy
 import re
+import weakref
 from functools import cached_property
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Pattern, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Pattern, Sequence, Tuple
 
 from agentbolt.serving.params import EngineError
 
-__all__ = ["ChatPromptEncoder", "check_unicode", "special_token_texts"]
+__all__ = ["ChatPromptEncoder", "check_unicode", "encoder_for", "special_token_texts", "unmark"]
 
 _PRIVATE_USE = re.compile("[\ue000-\uf8ff]")
 
@@ -86,6 +87,25 @@ def _markers(texts: Iterable[str]) -> Tuple[str, str]:
     return opening, closing
 
 
+_ENCODERS: weakref.WeakKeyDictionary[Any, ChatPromptEncoder] = weakref.WeakKeyDictionary()
+
+
+def encoder_for(tokenizer: Any) -> ChatPromptEncoder:
+    """The :class:`ChatPromptEncoder` of ``tokenizer``, built on first use and kept while the tokenizer lives."""
+    try:
+        encoder = _ENCODERS.get(tokenizer)
+    except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: built each time
+        return ChatPromptEncoder(tokenizer)
+    if encoder is None:
+        encoder = _ENCODERS[tokenizer] = ChatPromptEncoder(tokenizer)
+    return encoder
+
+
+def unmark(text: str, markers: Tuple[str, str]) -> str:
+    """``text`` without ``markers``."""
+    return text.replace(markers[0], "").replace(markers[1], "")
+
+
 class ChatPromptEncoder:
     """Renders conversations with a tokenizer's chat template and tokenizes them (see the module docstring).
 
@@ -135,22 +155,76 @@ class ChatPromptEncoder:
         variables = template_kwargs or {}
         text = self._render(messages, tools, variables) + assistant_prefix
         check_unicode(text, "messages")
-        client_texts = list(_strings([messages, tools, variables]))
-        pattern = self._special_text
-        found = next(filter(None, map(pattern.search, client_texts)), None) if pattern is not None else None
-        if pattern is None or found is None:
-            return self._encode(text)
-        markers = _markers([*client_texts, str(template), assistant_prefix])
-        isolated = self._encode_isolated(pattern, messages, tools, variables, assistant_prefix, markers)
-        decode = self._tokenizer.decode
+        marking = self.mark_client_text([messages, tools, variables], extra_texts=[assistant_prefix])
+        if marking is None:
+            return self.encode_template_text(text)
+        (marked_messages, marked_tools, marked_variables), markers = marking
+        marked = self._render(marked_messages, marked_tools, marked_variables) + assistant_prefix
+        ids = self.encode_marked(marked, markers)
         # The same text, and tokens that spell it (a tokenizer that prefixes a space at the start of a text would
         # insert one before each client string)
-        if isolated is None or isolated[1] != text or decode(isolated[0]) != decode(self._encode(text)):
+        if ids is None or unmark(marked, markers) != text or not self.spells_the_same(ids, text):
             raise EngineError(
-                f"messages hold the text of the special token {found.group()!r} where this model's chat template "
-                "or tokenizer changes text, so it cannot be tokenized as plain text; remove it"
+                f"messages hold the text of the special token {self.found_special_text(messages, tools, variables)!r} "
+                "where this model's chat template or tokenizer changes text, so it cannot be tokenized as plain "
+                "text; remove it"
             )
-        return isolated[0]
+        return ids
+
+    def found_special_text(self, *values: Any) -> Optional[str]:
+        """The first special token's text found in the strings of ``values`` (None when there is none)."""
+        pattern = self._special_text
+        if pattern is None:
+            return None
+        found = next(filter(None, map(pattern.search, _strings(list(values)))), None)
+        return None if found is None else found.group()
+
+    def mark_client_text(self, value: Any, extra_texts: Sequence[str] = ()) -> Optional[Tuple[Any, Tuple[str, str]]]:
+        """``value`` (nested lists and dicts) with each string holding a special token's text put between two
+        markers, and the markers: private-use characters found in no string of ``value``, of the chat template
+        or of ``extra_texts``. ``None`` when no string holds such text (then nothing needs marking).
+
+        Raises:
+            EngineError: Every private-use character is taken.
+        """
+        pattern = self._special_text
+        if pattern is None or self.found_special_text(value) is None:
+            return None
+        template = str(getattr(self._tokenizer, "chat_template", "") or "")
+        opening, closing = _markers([*_strings(value), template, *extra_texts])
+
+        def mark(item: Any) -> Any:
+            if isinstance(item, str):
+                return f"{opening}{item}{closing}" if pattern.search(item) else item
+            if isinstance(item, dict):
+                return {mark(key): mark(entry) for key, entry in item.items()}
+            if isinstance(item, (list, tuple)):
+                return [mark(entry) for entry in item]
+            return item
+
+        return mark(value), (opening, closing)
+
+    def encode_marked(self, text: str, markers: Tuple[str, str]) -> Optional[List[int]]:
+        """Token ids of rendered ``text`` in which client strings stand between ``markers``: the text outside them
+        with special tokens parsed, the text inside as plain text. ``None`` when the markers do not come in pairs
+        (the template cut or moved a string)."""
+        opening, closing = markers
+        template_text, *pieces = text.split(opening)
+        if closing in template_text:
+            return None
+        ids = self.encode_template_text(template_text)
+        for piece in pieces:
+            client_text, found, template_text = piece.partition(closing)
+            if not found or closing in template_text:
+                return None
+            ids += self.encode_client_text(client_text) + self.encode_template_text(template_text)
+        return ids
+
+    def spells_the_same(self, ids: List[int], text: str) -> bool:
+        """Whether ``ids`` decode to what ``text`` tokenized in one piece decodes to (a tokenizer that puts a space
+        before the start of each text it is given would not)."""
+        decode = self._tokenizer.decode
+        return bool(decode(ids) == decode(self.encode_template_text(text)))
 
     def _render(self, messages: List[Dict[str, Any]], tools: Optional[List[Any]], variables: Dict[str, Any]) -> str:
         try:
@@ -161,11 +235,11 @@ class ChatPromptEncoder:
             raise EngineError(f"chat template failed: {exc}") from exc
         return str(text)
 
-    def _encode(self, text: str) -> List[int]:
+    def encode_template_text(self, text: str) -> List[int]:
         """Token ids of template text: special tokens parsed, no BOS/EOS added."""
         return list(self._tokenizer(text, add_special_tokens=False).input_ids)
 
-    def _encode_as_text(self, text: str) -> List[int]:
+    def encode_client_text(self, text: str) -> List[int]:
         """Token ids of client text: special tokens' text tokenized as text, no BOS/EOS added."""
         backend = self._text_backend
         if backend is None:
@@ -205,40 +279,3 @@ class ChatPromptEncoder:
             text_backend.add_special_tokens(unflagged)
         text_backend.encode_special_tokens = True
         return text_backend
-
-    def _encode_isolated(
-        self,
-        pattern: Pattern[str],
-        messages: List[Dict[str, Any]],
-        tools: Optional[List[Dict[str, Any]]],
-        variables: Dict[str, Any],
-        assistant_prefix: str,
-        markers: Tuple[str, str],
-    ) -> Optional[Tuple[List[int], str]]:
-        """Token ids of the prompt with the client's strings that ``pattern`` finds in tokenized as text, and the text
-        they spell: the conversation is rendered with those strings between ``markers`` and split there. ``None``
-        when the rendered markers do not come in pairs (the template cut or moved a string)."""
-        opening, closing = markers
-
-        def mark(value: Any) -> Any:
-            if isinstance(value, str):
-                return f"{opening}{value}{closing}" if pattern.search(value) else value
-            if isinstance(value, dict):
-                return {mark(key): mark(item) for key, item in value.items()}
-            if isinstance(value, (list, tuple)):
-                return [mark(item) for item in value]
-            return value
-
-        marked = self._render(mark(messages), mark(tools), mark(variables)) + assistant_prefix
-        template_text, *pieces = marked.split(opening)
-        if closing in template_text:
-            return None
-        ids = self._encode(template_text)
-        spelled = [template_text]
-        for piece in pieces:
-            client_text, found, template_text = piece.partition(closing)
-            if not found or closing in template_text:
-                return None
-            ids += self._encode_as_text(client_text) + self._encode(template_text)
-            spelled += [client_text, template_text]
-        return ids, "".join(spelled)

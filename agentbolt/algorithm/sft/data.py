@@ -517,8 +517,37 @@ def _segments(
     return [(text, target) for text, target in segments if text]
 
 
-def _encode(tokenizer: Any, text: str) -> List[int]:
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+def _tokenize_messages(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], List[bool]]:
+    """The token ids of a sample's rendered conversation and which of them are targets.
+
+    Text of the conversation that holds a special token's text (``<|im_end|>`` in a tool result) is tokenized as
+    plain text, the chat template's own control tokens as tokens: the rule of ``agentbolt serve``
+    (:mod:`agentbolt.serving.chat_prompt`), so a sample trains on the ids the server would give the same text.
+
+    Raises:
+        ValueError: The template does not render the conversation as a growing text, or changes such text.
+    """
+    from agentbolt.serving.chat_prompt import encoder_for, unmark
+
+    encoder = encoder_for(tokenizer)
+    messages, tools = list(sample.messages or []), sample.tools
+    marking = encoder.mark_client_text([messages, tools])
+    markers = None
+    if marking is not None:
+        (messages, tools), markers = marking
+    ids: List[int] = []
+    mask: List[bool] = []
+    texts: List[str] = []
+    for text, target in _segments(tokenizer, messages, tools, sample.train_turns):
+        tokens = encoder.encode_template_text(text) if markers is None else encoder.encode_marked(text, markers)
+        if tokens is None:
+            raise ValueError("the chat template cuts text that holds a special token's text")
+        ids.extend(tokens)
+        mask.extend([target] * len(tokens))
+        texts.append(text)
+    if markers is not None and not encoder.spells_the_same(ids, unmark("".join(texts), markers)):
+        raise ValueError("the tokenizer tokenizes text that holds a special token's text differently on its own")
+    return ids, mask
 
 
 def tokenize_sample(
@@ -556,16 +585,11 @@ def tokenize_sample(
             stats.unusable = 1
             return None, stats
         try:
-            segments = _segments(tokenizer, sample.messages, sample.tools, sample.train_turns)
+            ids, mask = _tokenize_messages(tokenizer, sample)
         except Exception as exc:  # jinja errors on odd messages, or a template that rewrites history
             logger.warning("A sample is skipped: its messages cannot be rendered for training (%s)", exc)
             stats.unusable = 1
             return None, stats
-        ids, mask = [], []
-        for text, target in segments:
-            tokens = _encode(tokenizer, text)
-            ids.extend(tokens)
-            mask.extend([target] * len(tokens))
         stats.from_messages = 1
     if mask and mask[0]:
         mask[0] = False  # nothing predicts the first token
