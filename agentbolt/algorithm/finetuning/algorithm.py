@@ -29,6 +29,7 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    Set,
     Tuple,
     Type,
     Union,
@@ -36,6 +37,7 @@ from typing import (
 
 from agentbolt.algorithm.base import Algorithm
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.store.outage import ride_out_outages
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout, RolloutMode, Span
 
@@ -125,7 +127,8 @@ class TaskSampler:
 class RolloutOutcome:
     """What came back from one rollout.
 
-    ``status`` is the rollout's final status, or ``"late"`` when it did not finish in time (it is then cancelled).
+    ``status`` is the rollout's final status, or ``"late"`` when it did not finish in time (it is then cancelled; one
+    that finished between the end of the wait and its cancellation keeps its own status).
     ``reward`` is the final reward of a succeeded rollout (None otherwise); ``triplets`` are the LLM calls of its
     latest attempt, whatever its status.
     """
@@ -208,6 +211,7 @@ class FinetuningAlgorithm(Algorithm):
         self._tokenizer = tokenizer
         self._adapter = adapter
         self._gateway: Optional[LLMProxy] = None  # the proxy recording the rollouts' LLM calls, once started
+        self._routed_names: Set[str] = set()  # names of the served model(s) this run put in the gateway's model list
         self.history: List[Dict[str, float]] = []
 
     @property
@@ -277,12 +281,31 @@ class FinetuningAlgorithm(Algorithm):
         return proxy, owned
 
     def _route(self, proxy: LLMProxy, server: PolicyServer) -> bool:
-        """Point the gateway's model list at the served model; True when it changed."""
+        """Add (or replace) the served model's entries in the gateway's model list; True when it changed.
+
+        Entries of other models (a judge, a tool model the agent also calls through the same gateway) are kept;
+        the entries this run added earlier (a previous adapter version's name) are replaced.
+        """
         entries = self._model_entries(server)
-        if proxy.model_list == entries:
+        ours = self._routed_names | {entry["model_name"] for entry in entries}
+        merged = [entry for entry in proxy.model_list if entry["model_name"] not in ours] + entries
+        self._routed_names = {entry["model_name"] for entry in entries}
+        if proxy.model_list == merged:
             return False
-        proxy.update_model_list(entries)  # type: ignore[arg-type]
+        proxy.update_model_list(merged)  # type: ignore[arg-type]
         return True
+
+    async def _unroute(self, proxy: LLMProxy, original: List[Any]) -> None:
+        """Give a trainer's proxy back the model list it had before the run (best effort: a failure is logged)."""
+        self._routed_names = set()
+        if proxy.model_list == original:
+            return
+        try:
+            proxy.update_model_list(original)
+            if proxy.is_running() and proxy.server_launcher_args.launch_mode == "mp":
+                await proxy.restart()  # a server in another process only reads the model list when it starts
+        except Exception:
+            logger.exception("Could not restore the LLM proxy's model list after the run")
 
     async def _publish(
         self,
@@ -298,7 +321,8 @@ class FinetuningAlgorithm(Algorithm):
         resources: NamedResources = dict(self.get_initial_resources() or {})
         llm: LLM = proxy.as_resource(model=model or server.model_name, sampling_parameters=dict(sampling_parameters))
         resources[POLICY_RESOURCE] = llm
-        update = await store.add_resources(resources)
+        with self._riding_out_outages():
+            update = await store.add_resources(resources)
         return update.resources_id
 
     def _start_server(self, trainer: ModelTrainer, tokenizer: Any) -> PolicyServer:
@@ -335,16 +359,20 @@ class FinetuningAlgorithm(Algorithm):
         self, store: LightningStore, trainer: ModelTrainer, tokenizer: Any
     ) -> AsyncIterator[Tuple[PolicyServer, LLMProxy]]:
         """Serve the trained model and route the gateway to it; both are stopped on exit (a proxy set by the
-        trainer is left running)."""
+        trainer is left running, with the model list it had before the run)."""
         server = await asyncio.to_thread(self._start_server, trainer, tokenizer)
         proxy: Optional[LLMProxy] = None
         owned_proxy = False
+        given = self.get_llm_proxy()
+        original = list(given.model_list) if given is not None else []
         try:
             proxy, owned_proxy = await self._start_gateway(store, server)
             yield server, proxy
         finally:
             if proxy is not None and owned_proxy and proxy.is_running():
                 await proxy.stop()
+            elif given is not None:
+                await self._unroute(given, original)
             await asyncio.to_thread(server.stop)
 
     # -------------------------------------------------------------------------------------------------- rollouts
@@ -361,8 +389,29 @@ class FinetuningAlgorithm(Algorithm):
     ) -> List[RolloutOutcome]:
         """Enqueue each task ``copies`` times, wait for the rollouts and collect rewards and triplets.
 
-        The rollouts of task ``i`` form the group ``{mode}-{step}-{first_group + i}``.
+        The rollouts of task ``i`` form the group ``{mode}-{step}-{first_group + i}``. Every store call rides out a
+        store outage of up to ``store_outage_timeout`` seconds.
         """
+        with self._riding_out_outages():
+            return await self._collect_rollouts(
+                store, tasks, mode=mode, step=step, resources_id=resources_id, copies=copies, first_group=first_group
+            )
+
+    def _riding_out_outages(self) -> AbstractContextManager[None]:
+        """The block in which the run's store calls retry through an outage of ``store_outage_timeout`` seconds."""
+        return ride_out_outages(self.config.store_outage_timeout)
+
+    async def _collect_rollouts(
+        self,
+        store: LightningStore,
+        tasks: Sequence[Any],
+        *,
+        mode: RolloutMode,
+        step: int,
+        resources_id: str,
+        copies: int,
+        first_group: int,
+    ) -> List[RolloutOutcome]:
         groups = [f"{mode}-{step}-{first_group + i}" for i in range(len(tasks)) for _ in range(copies)]
         requests = [
             EnqueueRolloutRequest(
@@ -376,6 +425,9 @@ class FinetuningAlgorithm(Algorithm):
         rollouts = list(await store.enqueue_many_rollouts(requests))
         group_of = {r.rollout_id: group for r, group in zip(rollouts, groups, strict=True)}
         finished = await self._wait(store, [r.rollout_id for r in rollouts])
+        finished.update(
+            await self._cancel_late(store, [r.rollout_id for r in rollouts if r.rollout_id not in finished])
+        )
         adapter = self._triplet_adapter()
         from agentbolt.utils.reward_spans import training_reward
 
@@ -383,14 +435,29 @@ class FinetuningAlgorithm(Algorithm):
         for rollout in rollouts:
             done = finished.get(rollout.rollout_id)
             status = "late" if done is None else done.status
-            if done is None:
-                await store.update_rollout(rollout.rollout_id, status="cancelled")
             # The calls of failed and late rollouts are collected too; each algorithm decides what to do with them.
             spans = await self._settled_spans(store, rollout.rollout_id)
             triplets = list(adapter.adapt(spans)) if spans else []
             reward = training_reward(spans, rollout.rollout_id) if status == "succeeded" else None
             outcomes.append(RolloutOutcome(rollout.rollout_id, group_of[rollout.rollout_id], status, reward, triplets))
         return outcomes
+
+    async def _cancel_late(self, store: LightningStore, rollout_ids: Sequence[str]) -> Dict[str, Rollout]:
+        """Cancel the rollouts that did not finish within the wait; those that finished since are returned instead.
+
+        Called right after the wait, and each rollout's status is read again just before it is cancelled, so a
+        rollout that finished meanwhile keeps its result (the store has no conditional update).
+        """
+        from agentbolt.store.base import is_finished
+
+        finished_since: Dict[str, Rollout] = {}
+        for rollout_id in rollout_ids:
+            current = await store.get_rollout_by_id(rollout_id)
+            if current is not None and is_finished(current):
+                finished_since[rollout_id] = current
+                continue
+            await store.update_rollout(rollout_id, status="cancelled")
+        return finished_since
 
     async def _settled_spans(self, store: LightningStore, rollout_id: str) -> List[Span]:
         """The latest attempt's spans, once every span whose sequence id the store issued has arrived.
@@ -415,7 +482,9 @@ class FinetuningAlgorithm(Algorithm):
         return [span for span in spans if latest is None or span.attempt_id == latest.attempt_id]
 
     async def _wait(self, store: LightningStore, rollout_ids: List[str]) -> Dict[str, Rollout]:
-        return await wait_for_finished_rollouts(store, rollout_ids, timeout=self.config.rollout_timeout)
+        """The rollouts of ``rollout_ids`` finished within ``rollout_timeout``, riding out a store outage."""
+        with self._riding_out_outages():
+            return await wait_for_finished_rollouts(store, rollout_ids, timeout=self.config.rollout_timeout)
 
     # ---------------------------------------------------------------------------------------------- validation
     def _score(self, outcome: RolloutOutcome) -> Optional[float]:
@@ -496,7 +565,8 @@ class FinetuningAlgorithm(Algorithm):
 
         Raises:
             ValueError: No training data while ``max_steps > 0``, no store set, or options the algorithm refuses.
-            CheckpointError: The checkpoint to resume from is corrupt or does not fit, or one cannot be written.
+            CheckpointError: ``checkpoint_dir`` cannot be created or written to (checked before the model loads), the
+                checkpoint to resume from is corrupt or does not fit, or one cannot be written.
         """
         config = self.config
         store = self.get_store()
@@ -505,7 +575,10 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+        from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
+
+        if config.checkpoint_dir:
+            check_checkpoint_dir(config.checkpoint_dir)  # before the model loads, not after the last step
         from agentbolt.algorithm.grpo.metrics import TrainingLogger
 
         trainer, tokenizer = await asyncio.to_thread(self._build_trainer)

@@ -9,9 +9,12 @@ Each algorithm's config adds its own options and says how long its learning-rate
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT
 
 __all__ = ["FinetuningConfig"]
 
@@ -24,7 +27,8 @@ class FinetuningConfig(BaseModel):
     schedule counts optimizer steps.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No float option means anything as an infinity or NaN (a learning rate of inf fills the weights with NaN).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # --- model ---------------------------------------------------------------------------------------------------
     model: Optional[str] = Field(
@@ -90,6 +94,14 @@ class FinetuningConfig(BaseModel):
     rollout_timeout: Optional[float] = Field(
         default=None, gt=0, description="Seconds to wait for the rollouts of a step; late ones count as failed."
     )
+    store_outage_timeout: Optional[float] = Field(
+        default=DEFAULT_STORE_OUTAGE_TIMEOUT,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds each store call of the run (enqueueing, waiting for and reading rollouts, publishing "
+        "resources) keeps retrying while the store server is unreachable (a restart) before the run fails; the "
+        "runners' default. None or 0: the client's own short retry policy.",
+    )
     serve_max_batch_size: int = Field(
         default=16, ge=1, description="Sequences the in-process engine decodes together while rolling out."
     )
@@ -137,7 +149,12 @@ class FinetuningConfig(BaseModel):
         description="Length of the linear/cosine decay in optimizer steps (None: the run's length, as each "
         "algorithm counts it).",
     )
-    seed: int = Field(default=0, description="Seed of Python, torch and of the data order.")
+    seed: int = Field(
+        default=0,
+        ge=-(2**63),
+        le=2**64 - 1,
+        description="Seed of Python, torch and of the data order (torch accepts -2**63 to 2**64 - 1).",
+    )
 
     # --- validation, checkpoints, logging ------------------------------------------------------------------------
     val_before_train: bool = Field(default=True, description="Validate on val_dataset before the first step.")
@@ -164,6 +181,31 @@ class FinetuningConfig(BaseModel):
     def _non_empty_targets(cls, value: Union[List[str], str]) -> Union[List[str], str]:
         if isinstance(value, list) and not value:
             raise ValueError("lora_target_modules must name at least one module (or be 'all-linear')")
+        return value
+
+    @field_validator("agent_match")
+    @classmethod
+    def _compiles(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"agent_match must be a regular expression; {value!r} is not: {exc}") from None
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            import torch
+
+            try:
+                torch.device(value)
+            except RuntimeError as exc:
+                raise ValueError(
+                    f"device must be a torch device name such as 'cpu', 'cuda', 'cuda:1' or 'mps'; got {value!r} "
+                    f"({exc})"
+                ) from None
         return value
 
     @field_validator("adam_betas")

@@ -33,6 +33,7 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "CheckpointError",
     "ModelTrainer",
+    "check_checkpoint_dir",
     "chunks",
     "latest_checkpoint",
     "lr_multiplier",
@@ -96,6 +97,27 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
         if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / STATE_FILE).exists():
             found.append((int(suffix), child))
     return max(found)[1] if found else None
+
+
+def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
+    """Create ``checkpoint_dir`` if needed and prove a file can be written in it; the directory's path.
+
+    A run calls this before it loads its model, so that a directory that cannot hold checkpoints (under a regular
+    file, read-only, on a full disk) fails at once rather than after the last step.
+
+    Raises:
+        CheckpointError: The directory cannot be created or written to (the message names it).
+    """
+    root = Path(checkpoint_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-check-{os.getpid()}"
+        with open(probe, "wb") as handle:
+            handle.write(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot hold checkpoints: {exc}") from exc
+    return root
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -360,10 +382,10 @@ class ModelTrainer:
         from safetensors.torch import save_model
 
         root = Path(checkpoint_dir)
-        root.mkdir(parents=True, exist_ok=True)
         final = root / f"{CHECKPOINT_PREFIX}{self.global_step:06d}"
         staging = root / f".{final.name}.tmp"
         try:
+            root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             if self.uses_lora:
@@ -452,6 +474,7 @@ class ModelTrainer:
         self._apply_weights(weights_file)
         self._load_optimizer_state(optimizer_state)
         self.scheduler.load_state_dict(scheduler_state)
+        self._apply_config_hyperparameters(path, int(scheduler_state.get("last_epoch", counters[1])))
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
@@ -461,6 +484,43 @@ class ModelTrainer:
         self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
         logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
         return dict(state.get("extra") or {})
+
+    def _apply_config_hyperparameters(self, path: Path, optimizer_step: int) -> None:
+        """Make the config's learning rate, weight decay, betas and epsilon win over those a checkpoint restored.
+
+        ``load_state_dict`` brings back the hyperparameters the checkpoint was trained with; a resumed run whose
+        config changes them means the new values. The schedule keeps its position: the learning rate becomes the
+        config's peak times the schedule's factor at the restored optimizer step. Each change is logged.
+        """
+        config = self.config
+        wanted: Dict[str, Any] = {
+            "lr": config.learning_rate,
+            "weight_decay": config.weight_decay,
+            "betas": tuple(config.adam_betas),
+            "eps": config.adam_eps,
+        }
+        changed: Dict[str, Tuple[Any, Any]] = {}
+        for group in self.optimizer.param_groups:
+            saved = {
+                "lr": group.get("initial_lr", group["lr"]),
+                "weight_decay": group["weight_decay"],
+                "betas": tuple(group["betas"]),
+                "eps": group["eps"],
+            }
+            for name, value in wanted.items():
+                if saved[name] != value:
+                    changed.setdefault(name, (saved[name], value))
+            group["initial_lr"] = config.learning_rate
+            group["lr"] = config.learning_rate * lr_multiplier(optimizer_step, config)
+            group["weight_decay"], group["betas"], group["eps"] = wanted["weight_decay"], wanted["betas"], wanted["eps"]
+        self.scheduler.base_lrs = [config.learning_rate for _ in self.optimizer.param_groups]
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr() reports
+        if changed:
+            options = {"lr": "learning_rate", "weight_decay": "weight_decay", "betas": "adam_betas", "eps": "adam_eps"}
+            described = ", ".join(f"{options[name]} {old!r} -> {new!r}" for name, (old, new) in changed.items())
+            logger.warning(
+                "Resuming from %s with the config's %s (the checkpoint's values are replaced).", path, described
+            )
 
     def _optimizer_state(self) -> Dict[str, Any]:
         """The optimizer state a checkpoint holds (``optimizer.state_dict()``: parameters numbered in the order of

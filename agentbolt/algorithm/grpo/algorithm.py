@@ -131,13 +131,30 @@ class GRPO(FinetuningAlgorithm):
         return True
 
     def _default_adapter(self) -> Any:
-        from agentbolt.adapter import LlmProxyTraceToTriplet
+        """The Trainer's adapter when it reads the gateway's spans, else ``LlmProxyTraceToTriplet``.
+
+        GRPO trains on the token ids the gateway records, which only ``LlmProxyTraceToTriplet`` reads. The
+        ``agent_match`` of a Trainer's ``TracerTraceToTriplet`` (``Trainer(adapter={"agent_match": ...})``) is
+        carried over; any other adapter is replaced with a warning (pass it as ``GRPO(adapter=...)`` to use it).
+        """
+        from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet
 
         try:
             adapter = self.get_adapter()
         except ValueError:
             adapter = None
-        return adapter if isinstance(adapter, LlmProxyTraceToTriplet) else LlmProxyTraceToTriplet()
+        if adapter is None or isinstance(adapter, LlmProxyTraceToTriplet):
+            return adapter or LlmProxyTraceToTriplet()
+        if isinstance(adapter, TracerTraceToTriplet):
+            return LlmProxyTraceToTriplet(agent_match=adapter.agent_match)
+        if getattr(self, "_replaced_adapter", None) is not adapter:
+            self._replaced_adapter = adapter
+            logger.warning(
+                "GRPO reads the LLM gateway's spans with LlmProxyTraceToTriplet and ignores the Trainer's adapter "
+                "%s; pass it as GRPO(adapter=...) to use it instead.",
+                type(adapter).__name__,
+            )
+        return LlmProxyTraceToTriplet()
 
     # -------------------------------------------------------------------------------------------------- phases
     def _score(self, outcome: RolloutOutcome) -> Optional[float]:

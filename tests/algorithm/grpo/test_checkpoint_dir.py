@@ -1,0 +1,52 @@
+"""Checkpoint directories: an unusable one is refused before the model loads, and save errors are CheckpointError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import tiny_llama
+
+import agentbolt as agl
+from agentbolt.algorithm.finetuning.trainer import CheckpointError
+from agentbolt.algorithm.grpo.algorithm import GRPO
+from agentbolt.algorithm.grpo.config import GRPOConfig
+from agentbolt.algorithm.grpo.trainer import PolicyTrainer
+
+
+def _under_a_file(tmp_path: Path) -> Path:
+    regular = tmp_path / "not-a-dir"
+    regular.write_text("a regular file")
+    return regular / "ckpt"
+
+
+async def test_a_checkpoint_dir_under_a_regular_file_fails_the_run_before_the_model_loads(tmp_path: Path) -> None:
+    algorithm = GRPO(checkpoint_dir=str(_under_a_file(tmp_path)), max_steps=1, console=False)
+    algorithm.set_store(agl.InMemoryLightningStore())
+
+    def load_model() -> None:
+        raise AssertionError("the model was loaded before checkpoint_dir was checked")
+
+    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    with pytest.raises(CheckpointError, match="not-a-dir"):
+        await algorithm.run(train_dataset=[{"task": 1}])
+
+
+async def test_a_missing_checkpoint_dir_is_created_before_the_model_loads(tmp_path: Path) -> None:
+    checkpoint_dir = tmp_path / "runs" / "ckpt"
+    algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), max_steps=1, console=False)
+    algorithm.set_store(agl.InMemoryLightningStore())
+
+    def load_model() -> None:
+        raise RuntimeError("stop here")
+
+    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    with pytest.raises(RuntimeError, match="stop here"):
+        await algorithm.run(train_dataset=[{"task": 1}])
+    assert checkpoint_dir.is_dir() and not any(checkpoint_dir.iterdir())
+
+
+def test_saving_under_a_regular_file_is_a_checkpoint_error(tmp_path: Path) -> None:
+    trainer = PolicyTrainer(tiny_llama(), GRPOConfig())
+    with pytest.raises(CheckpointError, match="could not write checkpoint"):
+        trainer.save_checkpoint(_under_a_file(tmp_path))

@@ -1,0 +1,65 @@
+"""Options that could only fail or corrupt a run later are refused when the config is built, naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from agentbolt.algorithm.grpo.algorithm import GRPO
+from agentbolt.algorithm.grpo.config import GRPOConfig
+
+
+def _refused_field(**options: object) -> str:
+    with pytest.raises(ValidationError) as caught:
+        GRPOConfig(**options)  # type: ignore[arg-type]
+    (error,) = caught.value.errors()
+    return ".".join(str(part) for part in error["loc"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("learning_rate", math.inf),
+        ("weight_decay", math.inf),
+        ("kl_coef", math.inf),
+        ("lora_alpha", math.inf),
+        ("advantage_eps", math.inf),
+        ("adam_eps", math.inf),
+        ("clip_high", math.inf),
+        ("val_success_reward", math.nan),
+        ("val_success_reward", -math.inf),
+    ],
+)
+def test_a_float_option_that_is_not_finite_is_refused(field: str, value: float) -> None:
+    assert _refused_field(**{field: value}) == field
+
+
+def test_betas_that_are_not_finite_are_refused() -> None:
+    assert _refused_field(adam_betas=(math.nan, 0.999)).startswith("adam_betas")
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
+def test_a_seed_torch_cannot_take_is_refused(seed: int) -> None:
+    assert _refused_field(seed=seed) == "seed"
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63), -1])
+def test_every_seed_the_config_accepts_seeds_torch(seed: int) -> None:
+    torch.Generator().manual_seed(GRPOConfig(seed=seed).seed)
+
+
+def test_an_agent_match_that_is_not_a_regex_is_refused_at_construction() -> None:
+    with pytest.raises(ValidationError, match="agent_match") as caught:
+        GRPO(agent_match="(")
+    assert caught.value.errors()[0]["loc"] == ("agent_match",)
+    assert GRPOConfig(agent_match="^planner$").agent_match == "^planner$"
+
+
+def test_a_device_that_is_not_a_torch_device_name_is_refused_at_construction() -> None:
+    with pytest.raises(ValidationError, match="nonsense") as caught:
+        GRPO(device="nonsense")
+    assert caught.value.errors()[0]["loc"] == ("device",)
+    assert GRPOConfig(device="cuda:1").device == "cuda:1"  # a valid name; its availability is checked when it is used
