@@ -239,14 +239,14 @@ class StoreSpec:
     workers: int = 1
 
     def describe(self) -> str:
-        """Where the data lives, for the start-up message."""
+        """Where the data lives, for the start-up message ("data in ..."): a path, a database or ``memory``."""
         if self.backend == "sqlite":
             return f"{self.path} (sqlite)"
         if self.backend == "postgres":
             from agentbolt.store.collection.postgres import redact_dsn
 
             return f"{redact_dsn(self.dsn or '')} schema {self.schema} (postgres)"
-        return "in memory (lost when the server stops)"
+        return "memory (lost when the server stops)"
 
     def open(self, tracker: Any = None) -> Any:
         """Open the store.

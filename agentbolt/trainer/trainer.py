@@ -244,7 +244,10 @@ class Trainer(TrainerLegacy):
         tracer: Default :class:`~agentbolt.tracer.AgentOpsTracer` (OpenAI SDK instrumentation).
         adapter: Default :class:`~agentbolt.adapter.TracerTraceToTriplet`; a dict without ``type`` configures it.
         store: Default :class:`~agentbolt.store.InMemoryLightningStore`. ``"sqlite:///PATH"``, a ``Path`` or a
-            string ending in ``.db`` / ``.sqlite`` opens a durable :class:`~agentbolt.store.sqlite.SqliteLightningStore`.
+            string ending in ``.db`` / ``.sqlite`` opens a durable :class:`~agentbolt.store.sqlite.SqliteLightningStore`;
+            the trainer closes a SQLite store it opened itself when ``fit`` or ``dev`` ends (so the file alone holds
+            the run, with no ``-wal`` beside it) and opens it again for the next run. A store passed in as an
+            instance stays open: its owner closes it.
         runner: Default :class:`~agentbolt.runner.LitAgentRunner`.
         strategy: ``"cs"`` (client-server, default), ``"shm"`` (threads), an instance or a dict.
         port: Port of the store server for the client-server strategy.
@@ -320,6 +323,8 @@ class Trainer(TrainerLegacy):
         strategy_runners = getattr(self.strategy, "n_runners", None)
         if isinstance(strategy_runners, int) and not isinstance(strategy_runners, bool) and strategy_runners > 0:
             self.n_runners = self.n_workers = strategy_runners
+        self._owned_sqlite_path: Optional[str] = None
+        self._owned_store_closed = False
         self.store: LightningStore = self._make_store(store)
         self.runner: Runner[Any] = self._make_runner(runner)
         self.llm_proxy: Optional[LLMProxy] = self._make_llm_proxy(llm_proxy)
@@ -383,6 +388,7 @@ class Trainer(TrainerLegacy):
             from agentbolt.store.sqlite import SqliteLightningStore
 
             logger.info("Using the durable SQLite store at %s", Path(sqlite_path).resolve())
+            self._owned_sqlite_path = sqlite_path
             return SqliteLightningStore(sqlite_path)
         return build_component(  # type: ignore[return-value]
             spec,
@@ -498,6 +504,35 @@ class Trainer(TrainerLegacy):
         _check_run_inputs(agent, train_dataset, val_dataset)
         if algorithm is not None and algorithm._run_as_follower():
             return  # a data-parallel follower rank: the leader (rank 0) runs the store, the runners and the rollouts
+        self._reopen_owned_store()
+        try:
+            self._execute(agent, train_dataset, val_dataset, algorithm, follow_rollouts)
+        finally:
+            self._close_owned_store()
+
+    def _reopen_owned_store(self) -> None:
+        if self._owned_sqlite_path is None or not self._owned_store_closed:
+            return
+        from agentbolt.store.sqlite import SqliteLightningStore
+
+        self.store = SqliteLightningStore(self._owned_sqlite_path)
+        self._owned_store_closed = False
+
+    def _close_owned_store(self) -> None:
+        """Close the SQLite store this trainer opened: until then its writes may sit in the ``-wal`` file."""
+        if self._owned_sqlite_path is None or self._owned_store_closed:
+            return
+        self._owned_store_closed = True
+        asyncio.run(self.store.close())
+
+    def _execute(
+        self,
+        agent: LitAgent[Any],
+        train_dataset: Optional[Dataset[Any]],
+        val_dataset: Optional[Dataset[Any]],
+        algorithm: Optional[Algorithm],
+        follow_rollouts: bool,
+    ) -> None:
         agent.set_trainer(self)
         algorithm_bundle = functools.partial(
             self._algorithm_bundle,

@@ -25,6 +25,12 @@ from examples.apo.room_selector import load_room_tasks, prompt_template_baseline
 
 logger = logging.getLogger("examples.apo.apo_custom_algorithm")
 
+
+def setup_logging() -> None:
+    """agentbolt's console logging at INFO, for this example's logger too (it is not under ``agentbolt``)."""
+    agl.setup_logging("INFO", apply_to=[logger.name])
+
+
 CANDIDATES = [
     prompt_template_baseline().template,
     prompt_template_baseline().template
@@ -97,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--store", default="http://127.0.0.1:4747", help="address of a running agentbolt store")
     parser.add_argument("--hosted", action="store_true", help="runner: call OPENAI_BASE_URL, not the embedded model")
     args = parser.parse_args(argv)
-    agl.setup_logging("INFO")
+    setup_logging()
     if args.role == "algo":
         asyncio.run(run_algorithm(args.store))
         return

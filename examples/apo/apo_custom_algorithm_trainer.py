@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
-from examples.apo.apo_custom_algorithm import pick_best_prompt
+from examples.apo.apo_custom_algorithm import pick_best_prompt, setup_logging
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
 from examples.apo.room_selector_apo import EMBEDDED_MODEL, embedded_model
 
@@ -28,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.tasks is not None and args.tasks < 1:
         parser.error("--tasks must be at least 1")
-    agl.setup_logging("INFO")
+    setup_logging()
     with contextlib.ExitStack() as stack:
         if not args.hosted:
             os.environ["OPENAI_BASE_URL"] = stack.enter_context(embedded_model(args.runners, None))

@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,7 +167,8 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
             return 1.0 if test.returncode == 0 and not result.get("is_error") else 0.0
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the shipped tasks; returns 0 when every rollout succeeded, 1 when one did not, 2 without the CLI."""
     parser = argparse.ArgumentParser(
         prog="python -m examples.claude_code.claude_code_agent", description=__doc__.split("\n")[0]
     )
@@ -176,32 +178,55 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--max-turns", type=int, default=10)
     parser.add_argument("--gateway", default=None, help="an agentbolt LLM gateway recording the CLI's model calls")
     args = parser.parse_args(argv)
+    claude_command = shlex.split(args.claude)
+    if not claude_command or shutil.which(claude_command[0]) is None:
+        print(
+            f"error: the Claude Code CLI {args.claude!r} was not found; install it "
+            "(npm install -g @anthropic-ai/claude-code) or give its command with --claude",
+            file=sys.stderr,
+        )
+        return 2
     agl.setup_logging("INFO")
     agent = ClaudeCodeAgent(
         args.store,
-        claude_command=shlex.split(args.claude),
+        claude_command=claude_command,
         model=args.model,
         max_turns=args.max_turns,
         gateway_url=args.gateway,
     )
-    asyncio.run(run_tasks(agent, args.store, load_tasks()))
+    failed = asyncio.run(run_tasks(agent, args.store, load_tasks()))
+    if failed:
+        print(f"error: {failed} of the rollouts did not succeed; see the log above", file=sys.stderr)
+        return 1
+    return 0
 
 
-async def run_tasks(agent: ClaudeCodeAgent, store_url: str, tasks: List[CodingTask]) -> None:
-    """Enqueue the tasks in the store and run them with one runner; prints each rollout's status and reward."""
+async def run_tasks(agent: ClaudeCodeAgent, store_url: str, tasks: List[CodingTask]) -> int:
+    """Enqueue the tasks in the store and run them with one runner; prints each rollout's status and reward.
+
+    Returns the number of rollouts that did not succeed.
+    """
     store = agl.LightningStoreClient(store_url)
     runner = agl.LitAgentRunner(agl.AgentOpsTracer(), max_rollouts=len(tasks))
     try:
-        ids = [(await store.enqueue_rollout(input=task)).rollout_id for task in tasks]  # type: ignore[arg-type]
+        # The agent needs no resource (the CLI picks its model), but a runner only starts rollouts that have some.
+        resources = await store.add_resources({})
+        ids = [
+            (await store.enqueue_rollout(input=task, resources_id=resources.resources_id)).rollout_id  # type: ignore[arg-type]
+            for task in tasks
+        ]
         with runner.run_context(agent=agent, store=store):
             await runner.iter()
+        failed = 0
         for rollout_id, task in zip(ids, tasks, strict=True):
             [rollout] = await store.query_rollouts(rollout_id_in=[rollout_id])
             reward = agl.find_final_reward(await store.query_spans(rollout_id, "latest"))
             print(f"{task['id']}: {rollout.status}, reward {reward}")
+            failed += rollout.status != "succeeded"
+        return failed
     finally:
         await store.close()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -188,6 +188,10 @@ async def read_validation_passes(
         await store.close()
 
 
+class TrainingInterrupted(RuntimeError):
+    """The run stopped (Ctrl-C, SIGTERM) before its final validation pass: it has no "after" score."""
+
+
 def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -> TrainingResult:
     """Train the example's agent with GRPO and compare the held-out passes before and after.
 
@@ -196,6 +200,7 @@ def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -
 
     Raises:
         agentbolt.models.ModelNotAvailableError: The model cannot be found.
+        TrainingInterrupted: The run stopped before its final validation pass (no ``summary.json`` is written).
         RuntimeError: The run did not record both validation passes.
     """
     started = time.perf_counter()
@@ -209,6 +214,10 @@ def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -
         "%s: run directory %s (%d train / %d held-out tasks, %s)", spec.name, run_dir, len(train), len(test), dtype
     )
     algorithm = fit_grpo(config, spec.make_agent(config), train, test, run_dir, agent_match=spec.agent_match)
+    # Trainer.fit returns normally after Ctrl-C; the final validation (at step max_steps) then never ran.
+    final_step = algorithm.config.max_steps
+    if not any(r.get("step") == final_step and "val/accuracy" in r for r in algorithm.history):
+        raise TrainingInterrupted(f"{spec.name}: the run stopped before its final validation (step {final_step})")
 
     passes = asyncio.run(read_validation_passes(store_path, [t["id"] for t in test], spec.slice_of, spec.metrics))
     if len(passes) < 2:
@@ -262,6 +271,8 @@ def _parser(spec: ExampleSpec) -> argparse.ArgumentParser:
 def main(spec: ExampleSpec, argv: Optional[Sequence[str]] = None) -> TrainingResult:
     """The command line of an example's ``train.py``: train, print the held-out table, write a result file.
 
+    Exits with status 130 (no table, no result file) when the run was interrupted before its final validation.
+
     Every :class:`TrainingConfig` field is an option (``--steps``, ``--learning-rate``, ``--n-test``...).
     """
     words = list(sys.argv[1:] if argv is None else argv)
@@ -273,7 +284,12 @@ def main(spec: ExampleSpec, argv: Optional[Sequence[str]] = None) -> TrainingRes
     values = {item.name: getattr(args, item.name) for item in fields(TrainingConfig) if item.name != "console"}
     config = replace(spec.defaults, **values, console=not args.quiet)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    result = train_example(spec, config, args.output_dir)
+    try:
+        result = train_example(spec, config, args.output_dir)
+    except TrainingInterrupted as exc:
+        print(f"{exc}; no result file written", file=sys.stderr)
+        print("after: not measured (interrupted)")
+        raise SystemExit(130) from None
     print(format_table([SliceChange(**row) for row in result.heldout]))
     print(
         f"{result.steps} steps, {result.train_rollouts} training rollouts, {result.wall_seconds:.0f} s; {result.run_dir}"

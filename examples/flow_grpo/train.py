@@ -26,6 +26,7 @@ with ``python -m examples.flow_grpo.solve --checkpoint DIR/checkpoints``) and ``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -314,12 +315,16 @@ class TrainSummary(BaseModel):
 
     Attributes:
         baseline_val_success: Held-out success rate before training (fraction of questions answered correctly).
-        final_val_success: Held-out success rate after the last step.
+        final_val_success: Held-out success rate after the last step; None when the run trained nothing (0 steps:
+            the one validation pass is ``baseline_val_success``) or was interrupted before its final validation.
+        interrupted: The run was stopped (Ctrl-C, SIGTERM) before its final validation pass; no ``summary.json``
+            is written for it.
         steps: Training steps run.
+        planner_samples: Planner turns the updates trained on (``samples/trained`` summed over the steps).
         wall_seconds: Wall time of the whole run (model loads, validations, training).
         evaluation: Per-source success before and after training with 95 % Wilson intervals, loop statistics
             (planner turns, tool calls, stop reasons, first actions) and the example questions; a run that
-            validated once (0 steps) has that pass on both sides.
+            validated once (0 steps, or interrupted) has that pass on both sides (only its ``before`` is shown).
         copied_question_check: How many copied-back questions the run's reward credits (must be 0).
         trajectories: Markdown file with the example questions' trajectories before and after training.
         warm_start: The warm start GRPO started from (adapter, whether reused, build time, reference-solve counts,
@@ -329,7 +334,7 @@ class TrainSummary(BaseModel):
     config: str
     model: str
     baseline_val_success: float
-    final_val_success: float
+    final_val_success: Optional[float]
     steps: int
     wall_seconds: float
     val_questions: int
@@ -347,6 +352,7 @@ class TrainSummary(BaseModel):
     copied_question_check: Optional[CopiedQuestionSummary] = None
     trajectories: Optional[str] = None
     warm_start: Optional[Dict[str, Any]] = None
+    interrupted: bool = False
 
 
 @contextlib.contextmanager
@@ -376,25 +382,34 @@ def fixed_model(config: FlowTrainConfig, model_path: str, log_path: Path) -> Ite
 
 
 def _summarize(
-    config: FlowTrainConfig, history: List[Dict[str, float]], run_dir: Path, started: float, val_questions: int
+    config: FlowTrainConfig,
+    history: List[Dict[str, float]],
+    run_dir: Path,
+    started: float,
+    val_questions: int,
+    max_steps: int,
 ) -> TrainSummary:
     accuracies = [r["val/accuracy"] for r in history if "val/accuracy" in r]
     if not accuracies:
         raise RuntimeError("validation did not run; see the log for the failure")
+    # The final validation runs after the last step (step == max_steps); without it "after" was never measured.
+    finals = [r["val/accuracy"] for r in history if "val/accuracy" in r and r.get("step") == max_steps]
+    final = finals[-1] if finals and max_steps > 0 else None
     train = [r for r in history if "train/reward_mean" in r]
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     return TrainSummary(
         config=config.name,
         model=config.model,
         baseline_val_success=accuracies[0],
-        final_val_success=accuracies[-1],
+        final_val_success=final,
+        interrupted=max_steps > 0 and final is None,
         steps=len(train),
         wall_seconds=time.perf_counter() - started,
         val_questions=val_questions,
         train_rollouts=int(sum(r.get("rollouts/total", 0.0) for r in train)),
         train_reward_first=train[0]["train/reward_mean"] if train else None,
         train_reward_last=train[-1]["train/reward_mean"] if train else None,
-        planner_samples=int(sum(r.get("samples/calls", 0.0) - r.get("samples/other_agents", 0.0) for r in train)),
+        planner_samples=int(sum(r.get("samples/trained", 0.0) for r in train)),
         other_role_calls_excluded=int(sum(r.get("samples/other_agents", 0.0) for r in train)),
         rollout_seconds=sum(r.get("time/rollout_seconds", 0.0) for r in train),
         update_seconds=sum(r.get("time/update_seconds", 0.0) for r in train),
@@ -407,7 +422,8 @@ def _summarize(
 def run_training(
     config: FlowTrainConfig, run_dir: Path, console: bool = True, adapter: Optional[Path] = None
 ) -> TrainSummary:
-    """Validate, train the planner with GRPO, validate again; write ``summary.json`` into ``run_dir``.
+    """Validate, train the planner with GRPO, validate again; write ``summary.json`` into ``run_dir`` (not when the
+    run was interrupted before its final validation: ``summary.interrupted``).
 
     ``adapter``: a LoRA adapter directory (a checkpoint's ``adapter/``) the planner starts from instead of the
     configuration's warm start; with ``grpo.max_steps`` 0 the run only validates it.
@@ -462,8 +478,7 @@ def run_training(
         )
         agent = FlowGRPOAgent(solver=solver, train_format_bonus=config.train_format_bonus)
         trainer.fit(agent, train_dataset=train, val_dataset=val)
-    store = trainer.store
-    summary = _summarize(config, algorithm.history, run_dir, started, len(val))
+    summary = _summarize(config, algorithm.history, run_dir, started, len(val), grpo_config.max_steps)
     if warm_start is not None:
         summary.warm_start = {
             "adapter_dir": str(warm_start.adapter_dir),
@@ -472,8 +487,16 @@ def run_training(
             "collect": warm_start.collect,
             "sft": warm_start.sft,
         }
-    _add_evaluation(summary, store, val, agent, run_dir)
-    (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    # The trainer closed the store it opened (the file alone holds the run); read it back without writing.
+    store = SqliteLightningStore(run_dir / "store.sqlite", read_only=True)
+    try:
+        _add_evaluation(summary, store, val, agent, run_dir)
+    finally:
+        asyncio.run(store.close())
+    if not summary.interrupted:
+        (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return summary
 
 
@@ -492,9 +515,12 @@ def _add_evaluation(summary: TrainSummary, store: Any, val: List[Dict[str, Any]]
     if not passes:
         logger.warning("No validation pass was recorded; no per-source evaluation.")
         return
-    # With one pass (a run of 0 steps, such as --untrained) "before" and "after" are that pass.
+    # With one pass (a run of 0 steps, such as --untrained, or an interrupted one) "before" and "after" are that
+    # pass; only "before" is shown then, and there are no before/after trajectories.
     before, after = passes[min(passes)], passes[max(passes)]
     summary.evaluation = compare(before, after)
+    if summary.final_val_success is None:
+        return
     path = run_dir / "trajectories.md"
     path.write_text(trajectories_markdown(before, after, summary.evaluation.example_indices), encoding="utf-8")
     summary.trajectories = str(path)
@@ -562,11 +588,14 @@ def _print_summary(summary: TrainSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    gain = 100.0 * (summary.final_val_success - summary.baseline_val_success)
     table = Table(title=f"Flow-GRPO training ({summary.config})", show_header=False)
     table.add_row("planner model", summary.model)
     table.add_row("held-out success before", f"{100 * summary.baseline_val_success:.1f}% of {summary.val_questions}")
-    table.add_row("held-out success after", f"{100 * summary.final_val_success:.1f}% ({gain:+.1f} points)")
+    if summary.final_val_success is not None:
+        gain = 100.0 * (summary.final_val_success - summary.baseline_val_success)
+        table.add_row("held-out success after", f"{100 * summary.final_val_success:.1f}% ({gain:+.1f} points)")
+    elif summary.interrupted:
+        table.add_row("held-out success after", "not measured (interrupted)")
     reward = (
         f"{summary.train_reward_first:.2f} -> {summary.train_reward_last:.2f}"
         if summary.train_reward_first is not None and summary.train_reward_last is not None
@@ -586,11 +615,15 @@ def _print_summary(summary: TrainSummary) -> None:
     console = Console()
     console.print(table)
     if summary.evaluation is not None:
-        console.print(_evaluation_table(summary.evaluation))
+        measured_after = summary.final_val_success is not None
+        console.print(_evaluation_table(summary.evaluation, measured_after))
         loops = Table(title="Solve loop on the held-out questions", show_header=True)
         for column in ("", "planner turns / question", "tool calls / question", "stop reasons", "first actions"):
             loops.add_column(column)
-        for label, stats in (("before", summary.evaluation.loop_before), ("after", summary.evaluation.loop_after)):
+        passes = [("before", summary.evaluation.loop_before)]
+        if measured_after:
+            passes.append(("after", summary.evaluation.loop_after))
+        for label, stats in passes:
             loops.add_row(
                 label,
                 f"{stats.mean_planner_turns:.2f}",
@@ -609,11 +642,18 @@ def _print_summary(summary: TrainSummary) -> None:
         console.print(f"Example trajectories before/after: {summary.trajectories}")
 
 
-def _evaluation_table(evaluation: PassComparison) -> Any:
-    """Per-source held-out success before and after, with 95 % Wilson intervals."""
+def _evaluation_table(evaluation: PassComparison, measured_after: bool = True) -> Any:
+    """Per-source held-out success before and after (only before when ``measured_after`` is False), with 95 % Wilson
+    intervals."""
     from rich.table import Table
 
     table = Table(title="Held-out success per source (greedy; 95 % Wilson intervals)", show_header=True)
+    if not measured_after:
+        for column in ("source", "before"):
+            table.add_column(column)
+        for row in evaluation.before:
+            table.add_row(row.source, row.text())
+        return table
     for column in ("source", "before", "after", "change"):
         table.add_column(column)
     after = {row.source: row for row in evaluation.after}
@@ -642,7 +682,8 @@ def exit_cleanly_on_sigterm() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Command-line entry point; returns the exit status (2 for bad arguments or configuration)."""
+    """Command-line entry point; returns the exit status (2 for bad arguments or configuration, 130 when interrupted
+    before the final validation)."""
     args = _parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -669,6 +710,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except FileExistsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if summary.interrupted:
+        _print_summary(summary)
+        print("error: interrupted before the final validation; no summary.json written", file=sys.stderr)
+        return 130
     if args.summary_json is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from agentbolt.demo.run import new_run_dir
 from agentbolt.utils.stats import wilson_interval
 from examples.common.heldout import compare, format_table
-from examples.common.training import RunRecord, add_result_options, read_validation_passes
+from examples.common.training import RunRecord, TrainingInterrupted, add_result_options, read_validation_passes
 from examples.sft.data import family_of, load_split
 from examples.sft.settings import CONFIG_FILE, load_options, parse_options
 
@@ -109,14 +109,17 @@ def run(
     poll_interval: float,
     console: bool = True,
 ) -> Dict[str, Any]:
-    """Train as ``options`` say (the config file's options, overridden) and return the summary."""
+    """Train as ``options`` say (the config file's options, overridden) and return the summary.
+
+    Raises:
+        TrainingInterrupted: The run stopped (Ctrl-C) before its final validation; no ``summary.json`` is written.
+    """
     started = time.perf_counter()
     from agentbolt.serving.transformers_engine import configure_openmp
 
     configure_openmp()
     import agentbolt as agl
     from agentbolt.serving.server import find_free_port
-    from agentbolt.store.sqlite import SqliteLightningStore
     from examples.sft.agent import math_agent
 
     run_dir = new_run_dir(output_dir)
@@ -135,7 +138,7 @@ def run(
     store_path = run_dir / "store.db"
     trainer = agl.Trainer(
         algorithm=algorithm,
-        store=SqliteLightningStore(store_path),
+        store=store_path,  # opened and, when fit ends, closed by the trainer: the file alone then holds the run
         tracer=tracer,
         strategy=agl.ClientServerExecutionStrategy(
             n_runners=n_runners, server_host="127.0.0.1", server_port=find_free_port("127.0.0.1")
@@ -145,6 +148,10 @@ def run(
     import openai  # noqa: F401  # imported before the runners fork, so they share its pages
 
     trainer.fit(math_agent, train_dataset=train, val_dataset=val)
+    # Trainer.fit returns normally after Ctrl-C; the final validation (at step max_steps) then never ran.
+    final_step = algorithm.config.max_steps
+    if not any(r.get("step") == final_step and "val/correct" in r for r in algorithm.history):
+        raise TrainingInterrupted(f"the run stopped before its final validation (step {final_step}); see {run_dir}")
     rows = heldout_rows(store_path, val)
     summary = summarize(algorithm.history, time.perf_counter() - started, run_dir, rows)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
@@ -152,7 +159,8 @@ def run(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Command line of the all-in-one example."""
+    """Command line of the all-in-one example; exits 130 (no result file) when interrupted before the final
+    validation."""
     words = list(sys.argv[1:] if argv is None else argv)
     record = replace(
         RunRecord.start("sft_allinone", words), command=shlex.join(["python", "-m", "examples.sft.allinone", *words])
@@ -173,13 +181,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     options, trainer_config = load_options(args.config)
     options.update(parse_options(args.option))
     n_runners = args.runners or trainer_config.n_runners
-    summary = run(
-        options,
-        output_dir=args.output_dir,
-        n_val=args.n_val,
-        n_runners=n_runners,
-        poll_interval=trainer_config.poll_interval,
-    )
+    try:
+        summary = run(
+            options,
+            output_dir=args.output_dir,
+            n_val=args.n_val,
+            n_runners=n_runners,
+            poll_interval=trainer_config.poll_interval,
+        )
+    except TrainingInterrupted as exc:
+        print(f"{exc}; no result file written", file=sys.stderr)
+        print("held-out accuracy after: not measured (interrupted)")
+        return 130
     if args.summary_json is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_text(json.dumps(summary, indent=1), encoding="utf-8")

@@ -113,3 +113,36 @@ def test_the_hook_reporter_never_breaks_the_session(monkeypatch: pytest.MonkeyPa
     result = subprocess.run([sys.executable, "-m", "examples.claude_code.hook_reporter"], input="{not json",
                             capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert result.returncode == 0 and "agentbolt hook reporter" in result.stderr
+
+
+async def _run_tasks_on_a_fresh_store(claude: List[str], tasks: List[Any]) -> int:
+    from examples.claude_code.claude_code_agent import run_tasks
+
+    server = LightningStoreServer(agl.InMemoryLightningStore(thread_safe=True), host="127.0.0.1", port=free_port())
+    await server.start()
+    try:
+        return await run_tasks(
+            ClaudeCodeAgent(server.endpoint, claude_command=claude, max_turns=5), server.endpoint, tasks
+        )
+    finally:
+        await server.stop()
+
+
+def test_the_script_runs_its_tasks_to_success(capsys: pytest.CaptureFixture[str]) -> None:
+    task = load_tasks()[0]
+    assert asyncio.run(_run_tasks_on_a_fresh_store(STAND_IN, [task])) == 0
+    assert f"{task['id']}: succeeded, reward 1.0" in capsys.readouterr().out
+
+
+def test_the_script_counts_failed_rollouts(tmp_path: Path) -> None:
+    script = tmp_path / "broken-claude"
+    script.write_text("import sys\nsys.stderr.write('Invalid API key')\nsys.exit(1)\n")
+    assert asyncio.run(_run_tasks_on_a_fresh_store([sys.executable, str(script)], load_tasks()[:1])) == 1
+
+
+def test_the_script_exits_2_naming_a_missing_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.claude_code.claude_code_agent import main
+
+    missing = str(tmp_path / "no-such-claude")
+    assert main(["--claude", missing, "--store", f"http://127.0.0.1:{free_port()}"]) == 2
+    assert f"the Claude Code CLI {missing!r} was not found" in capsys.readouterr().err

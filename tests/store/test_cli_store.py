@@ -143,7 +143,7 @@ async def test_in_flight_request_finishes_on_sigterm(tmp_path: Path) -> None:
 async def test_memory_backend_and_api_key_from_environment() -> None:
     proc = await StoreProcess.start("--backend", "memory", env={"AGENTBOLT_API_KEY": "tok"})
     try:
-        assert "data in in memory" in proc.text
+        assert "data in memory" in proc.text
         assert "bearer token required" in proc.text
         async with aiohttp.ClientSession() as http, http.get(f"{proc.endpoint}/v1/agl/statistics") as response:
             assert response.status == 401
