@@ -393,54 +393,41 @@ class FinetuningAlgorithm(Algorithm):
         store outage of up to ``store_outage_timeout`` seconds.
         """
         with self._riding_out_outages():
-            return await self._collect_rollouts(
-                store, tasks, mode=mode, step=step, resources_id=resources_id, copies=copies, first_group=first_group
+            groups = [f"{mode}-{step}-{first_group + i}" for i in range(len(tasks)) for _ in range(copies)]
+            requests = [
+                EnqueueRolloutRequest(
+                    input=tasks[i // copies],
+                    mode=mode,
+                    resources_id=resources_id,
+                    metadata={self.group_metadata_key: group},  # type: ignore[arg-type]
+                )
+                for i, group in enumerate(groups)
+            ]
+            rollouts = list(await store.enqueue_many_rollouts(requests))
+            group_of = {r.rollout_id: group for r, group in zip(rollouts, groups, strict=True)}
+            finished = await self._wait(store, [r.rollout_id for r in rollouts])
+            finished.update(
+                await self._cancel_late(store, [r.rollout_id for r in rollouts if r.rollout_id not in finished])
             )
+            adapter = self._triplet_adapter()
+            from agentbolt.utils.reward_spans import training_reward
+
+            outcomes: List[RolloutOutcome] = []
+            for rollout in rollouts:
+                done = finished.get(rollout.rollout_id)
+                status = "late" if done is None else done.status
+                # The calls of failed and late rollouts are collected too; each algorithm decides what to do with them.
+                spans = await self._settled_spans(store, rollout.rollout_id)
+                triplets = list(adapter.adapt(spans)) if spans else []
+                reward = training_reward(spans, rollout.rollout_id) if status == "succeeded" else None
+                outcomes.append(
+                    RolloutOutcome(rollout.rollout_id, group_of[rollout.rollout_id], status, reward, triplets)
+                )
+            return outcomes
 
     def _riding_out_outages(self) -> AbstractContextManager[None]:
         """The block in which the run's store calls retry through an outage of ``store_outage_timeout`` seconds."""
         return ride_out_outages(self.config.store_outage_timeout)
-
-    async def _collect_rollouts(
-        self,
-        store: LightningStore,
-        tasks: Sequence[Any],
-        *,
-        mode: RolloutMode,
-        step: int,
-        resources_id: str,
-        copies: int,
-        first_group: int,
-    ) -> List[RolloutOutcome]:
-        groups = [f"{mode}-{step}-{first_group + i}" for i in range(len(tasks)) for _ in range(copies)]
-        requests = [
-            EnqueueRolloutRequest(
-                input=tasks[i // copies],
-                mode=mode,
-                resources_id=resources_id,
-                metadata={self.group_metadata_key: group},  # type: ignore[arg-type]
-            )
-            for i, group in enumerate(groups)
-        ]
-        rollouts = list(await store.enqueue_many_rollouts(requests))
-        group_of = {r.rollout_id: group for r, group in zip(rollouts, groups, strict=True)}
-        finished = await self._wait(store, [r.rollout_id for r in rollouts])
-        finished.update(
-            await self._cancel_late(store, [r.rollout_id for r in rollouts if r.rollout_id not in finished])
-        )
-        adapter = self._triplet_adapter()
-        from agentbolt.utils.reward_spans import training_reward
-
-        outcomes: List[RolloutOutcome] = []
-        for rollout in rollouts:
-            done = finished.get(rollout.rollout_id)
-            status = "late" if done is None else done.status
-            # The calls of failed and late rollouts are collected too; each algorithm decides what to do with them.
-            spans = await self._settled_spans(store, rollout.rollout_id)
-            triplets = list(adapter.adapt(spans)) if spans else []
-            reward = training_reward(spans, rollout.rollout_id) if status == "succeeded" else None
-            outcomes.append(RolloutOutcome(rollout.rollout_id, group_of[rollout.rollout_id], status, reward, triplets))
-        return outcomes
 
     async def _cancel_late(self, store: LightningStore, rollout_ids: Sequence[str]) -> Dict[str, Rollout]:
         """Cancel the rollouts that did not finish within the wait; those that finished since are returned instead.
