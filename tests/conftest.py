@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import signal
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -41,3 +42,16 @@ def file_in_the_way(tmp_path: Path) -> Path:
     path = tmp_path / "a-file"
     path.write_text("not a directory")
     return path
+
+
+@pytest.fixture
+def store_server_process(tmp_path: Path) -> Iterator[Any]:
+    """An ``agentbolt store`` server process on a SQLite file in ``tmp_path``, stopped after the test."""
+    from support.servers import StoreServerProcess
+
+    server = StoreServerProcess(tmp_path / "store.db")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, List, Optional
 
 import aiohttp
 import pytest
@@ -49,13 +48,8 @@ class OutageOnClaim(LightningStoreClient):
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[StoreServerProcess]:
-    server = StoreServerProcess(tmp_path / "store.db")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def server(store_server_process: StoreServerProcess) -> StoreServerProcess:
+    return store_server_process
 
 
 async def _enqueue(endpoint: str) -> str:

@@ -7,8 +7,6 @@ algorithm waits for its rollouts.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 from support.servers import StoreServerProcess
@@ -20,13 +18,8 @@ from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[StoreServerProcess]:
-    server = StoreServerProcess(tmp_path / "store.db")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def server(store_server_process: StoreServerProcess) -> StoreServerProcess:
+    return store_server_process
 
 
 async def _finish(endpoint: str) -> None:
