@@ -30,6 +30,7 @@ from agentbolt.env_var import (
     resolve_int_env_var,
     resolve_str_env_var,
 )
+from agentbolt.utils.imports import import_extra
 from agentbolt.utils.server_launcher import pick_free_port
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
@@ -71,11 +72,7 @@ def _agent_from_state(shipped: Any) -> Any:
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError("The Ray execution strategy needs the 'ray' package: pip install 'agentbolt[ray]'") from exc
-    return ray
+    return import_extra("ray", feature="The Ray execution strategy", extra="ray")
 
 
 class RunnerActorFailure(RuntimeError):

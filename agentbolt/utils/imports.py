@@ -1,13 +1,40 @@
-"""Objects named by ``"module:attribute"`` references (config files name agents, datasets and functions this way)."""
+"""Importing what is not always installed: optional dependencies, and objects named by ``"module:attribute"`` references.
+
+:func:`import_extra` is the one place that words the error for a missing optional dependency (which package, which
+``agentbolt[extra]`` installs it); :func:`import_reference` resolves the references config files use to name agents,
+datasets and functions.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
-from typing import Any
+from types import ModuleType
+from typing import Any, Optional
 
-__all__ = ["ImportReferenceError", "import_reference"]
+__all__ = ["ImportReferenceError", "import_extra", "import_reference"]
+
+
+def import_extra(module: str, *, feature: str, extra: str, package: Optional[str] = None, note: str = "") -> ModuleType:
+    """Import the optional dependency ``module``, or say which ``agentbolt`` extra installs it.
+
+    Args:
+        module: The module to import (``"pyarrow.parquet"``; a submodule imports its package too).
+        feature: What needs it, to start the error message (``"Parquet files"``).
+        extra: The ``agentbolt[...]`` extra that installs it.
+        package: The distribution's name when it differs from the module's top-level name (``"prometheus-client"``).
+        note: Appended to the message in parentheses (``"CUDA machines only"``).
+
+    Raises:
+        ImportError: The module (or a module it imports) is missing; chained to the original error.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        name = package or module.partition(".")[0]
+        message = f"{feature} needs the '{name}' package: pip install 'agentbolt[{extra}]'"
+        raise ImportError(f"{message} ({note})" if note else message) from exc
 
 
 class ImportReferenceError(ValueError):

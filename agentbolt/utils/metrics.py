@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from agentbolt.env_var import METRICS_ENV_VAR
+from agentbolt.utils.imports import import_extra
 
 __all__ = [
     "MetricsBackend",
@@ -360,13 +361,9 @@ class ConsoleMetricsBackend(MetricsBackend):
 
 
 def _import_prometheus() -> Any:
-    try:
-        import prometheus_client
-    except ImportError as exc:
-        raise ImportError(
-            "PrometheusMetricsBackend needs the 'prometheus-client' package: pip install 'agentbolt[prometheus]'"
-        ) from exc
-    return prometheus_client
+    return import_extra(
+        "prometheus_client", feature="PrometheusMetricsBackend", extra="prometheus", package="prometheus-client"
+    )
 
 
 def setup_multiprocess_prometheus() -> str:

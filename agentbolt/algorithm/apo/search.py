@@ -32,6 +32,7 @@ from agentbolt.emitter.message import get_message_value
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 from agentbolt.utils.checks import check_count
+from agentbolt.utils.imports import import_extra
 from agentbolt.utils.reward_spans import training_reward
 
 from .optimizer import OptimizerCalls, SearchBudgetExhausted, check_positive
@@ -233,12 +234,7 @@ def optimizer_client(spec: Any) -> Any:
         raise ValueError(f"an optimizer client given as a string must be a base URL (http://...), got {spec[:12]!r}...")
     if spec is None or not isinstance(spec, (str, Mapping)):
         return spec
-    try:
-        from openai import AsyncOpenAI
-    except ImportError as exc:
-        raise ImportError(
-            "Building the optimizer client needs the openai package: pip install 'agentbolt[apo]'"
-        ) from exc
+    AsyncOpenAI = import_extra("openai", feature="Building the optimizer client", extra="apo").AsyncOpenAI
     options = {"base_url": spec} if isinstance(spec, str) else dict(spec)
     # a local server needs no key; a hosted one refuses the placeholder with a clear 401
     options.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "no-key")

@@ -37,6 +37,7 @@ from agentbolt.algorithm.sft.data import (
 )
 from agentbolt.types import RolloutMode, RolloutStatus
 from agentbolt.utils.checks import check_choices, check_finite
+from agentbolt.utils.imports import import_extra
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
@@ -298,12 +299,10 @@ def resolve_format(path: Union[str, os.PathLike[str]], format: Optional[str] = N
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # the submodule is used through the package
-    except ImportError as exc:
-        raise ImportError("parquet files need pyarrow: pip install 'agentbolt[parquet]'") from exc
-    return pyarrow
+    import_extra(
+        "pyarrow.parquet", feature="Reading or writing Parquet files", extra="parquet"
+    )  # used through the package below
+    return import_extra("pyarrow", feature="Reading or writing Parquet files", extra="parquet")
 
 
 def write_records(

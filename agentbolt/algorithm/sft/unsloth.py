@@ -14,6 +14,7 @@ import logging
 from typing import Any, Tuple
 
 from agentbolt.algorithm.sft.config import SFTConfig
+from agentbolt.utils.imports import import_extra
 
 __all__ = ["load_unsloth_model"]
 
@@ -29,10 +30,9 @@ def load_unsloth_model(config: SFTConfig) -> Tuple[Any, Any]:
     Raises:
         ImportError: unsloth is not installed.
     """
-    try:
-        from unsloth import FastLanguageModel
-    except ImportError as exc:
-        raise ImportError("backend='unsloth' needs unsloth: pip install 'agentbolt[unsloth]' (CUDA only)") from exc
+    FastLanguageModel = import_extra(
+        "unsloth", feature="backend='unsloth'", extra="unsloth", note="CUDA only"
+    ).FastLanguageModel
     from agentbolt.models import DEFAULT_MODEL, resolve_model
 
     name = config.model or DEFAULT_MODEL

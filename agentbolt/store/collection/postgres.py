@@ -83,6 +83,7 @@ from agentbolt.store.collection.sql import (
     set_table_collections,
 )
 from agentbolt.types.wire import decode_json
+from agentbolt.utils.imports import import_extra
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -122,13 +123,7 @@ _MAX_ROWS_PER_STATEMENT = 1000
 
 
 def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "The PostgreSQL store needs psycopg 3: pip install 'agentbolt[postgres]' (psycopg[binary,pool])"
-        ) from exc
-    return psycopg
+    return import_extra("psycopg", feature="The PostgreSQL store", extra="postgres", note="psycopg 3 with its pool")
 
 
 # ----------------------------------------------------------------------------------------------------------------
