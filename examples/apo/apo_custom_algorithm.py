@@ -107,7 +107,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.role == "algo":
         asyncio.run(run_algorithm(args.store))
         return
-    from examples.apo.room_selector_apo import EMBEDDED_MODEL, embedded_model
+    from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
+
+    check_hosted(parser, args.hosted)
 
     with contextlib.ExitStack() as stack:
         if not args.hosted:

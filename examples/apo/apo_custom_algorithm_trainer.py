@@ -17,7 +17,7 @@ import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.apo_custom_algorithm import pick_best_prompt, setup_logging
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, embedded_model
+from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -28,6 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.tasks is not None and args.tasks < 1:
         parser.error("--tasks must be at least 1")
+    check_hosted(parser, args.hosted)
     setup_logging()
     with contextlib.ExitStack() as stack:
         if not args.hosted:

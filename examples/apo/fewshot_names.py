@@ -29,7 +29,14 @@ from examples.apo.name_formatter import (
     name_task_slices,
     prompt_template_names_baseline,
 )
-from examples.apo.room_selector_apo import OptimizeThenTest, add_run_options, agent_endpoint, fit, write_report
+from examples.apo.room_selector_apo import (
+    OptimizeThenTest,
+    add_run_options,
+    agent_endpoint,
+    check_hosted,
+    fit,
+    write_report,
+)
 
 logger = logging.getLogger("examples.apo.fewshot_names")
 
@@ -68,7 +75,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="examples sent as earlier chat turns (default: what the 135M model follows), or written into the prompt",
     )
     add_run_options(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_hosted(parser, args.hosted)
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

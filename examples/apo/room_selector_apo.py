@@ -39,10 +39,20 @@ from examples.apo.room_selector import (
     room_selector,
     room_selector_lookup,
 )
+from examples.common.environment import require_openai_service
 
 logger = logging.getLogger("examples.apo.room_selector_apo")
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+
+
+def check_hosted(parser: argparse.ArgumentParser, hosted: bool) -> None:
+    """With ``--hosted``, exit 2 unless ``OPENAI_API_KEY`` is set and ``OPENAI_BASE_URL`` answers (checked before the
+    runners start, so a missing key is one line, not a traceback or a run of failed rollouts)."""
+    if hosted:
+        require_openai_service(
+            parser, needed_by="--hosted", alternative="drop --hosted to run on the embedded model, which needs no key"
+        )
 
 
 def task_slices(task: RoomSelectionTask) -> List[str]:
@@ -231,7 +241,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-optimizer-tokens", type=int, default=None)
     add_run_options(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_hosted(parser, args.hosted)
+    return args
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

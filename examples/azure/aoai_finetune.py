@@ -35,6 +35,7 @@ import httpx
 
 import agentbolt as agl
 from agentbolt.adapter.messages import TraceToMessages
+from examples.common.environment import missing_variables
 from examples.common.rollouts import roll_out
 
 logger = logging.getLogger("examples.azure.aoai_finetune")
@@ -84,7 +85,7 @@ class AzureOpenAIConfig:
             ValueError: A required variable is missing (all missing ones are named).
         """
         environ = dict(os.environ if environ is None else environ)
-        missing = [cls.ENV[name] for name in cls.REQUIRED if not environ.get(cls.ENV[name])]
+        missing = missing_variables([cls.ENV[name] for name in cls.REQUIRED], environ)
         if missing:
             raise ValueError(f"Azure OpenAI is not configured: set {', '.join(missing)}")
         values = {name: environ[var] for name, var in cls.ENV.items() if environ.get(var)}

@@ -9,6 +9,8 @@ Run it once against an endpoint of your own::
 
     OPENAI_BASE_URL=https://RESOURCE.openai.azure.com/openai/v1 OPENAI_API_KEY=... \\
         python -m examples.azure.capital_agent --model gpt-4.1-mini
+
+Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Dict, List, Optional, TypedDict
 from openai import AsyncOpenAI
 
 import agentbolt as agl
+from examples.common.environment import require_openai_service
 
 SAMPLES = Path(__file__).with_name("capital_samples.csv")
 SYSTEM_PROMPT = "You answer questions about capital cities. Always call country_capital_lookup, then answer briefly."
@@ -114,6 +117,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--model", required=True, help="the model (on Azure: the deployment name)")
     parser.add_argument("--limit", type=int, default=5)
     args = parser.parse_args(argv)
+    require_openai_service(
+        parser,
+        needed_by="the capital agent",
+        alternative="point OPENAI_BASE_URL at an Azure OpenAI resource (https://RESOURCE.openai.azure.com/openai/v1) "
+        "and set OPENAI_API_KEY to its key",
+    )
     asyncio.run(_debug(args.model, args.limit))
 
 

@@ -12,6 +12,8 @@ VLM server (vLLM serving Qwen2-VL, or a hosted API), so every call, image includ
 Run the agent once against an endpoint of your own::
 
     OPENAI_BASE_URL=https://api.openai.com/v1 OPENAI_API_KEY=sk-... python -m examples.chartqa.agent --model gpt-4o-mini
+
+Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from openai import AsyncOpenAI
 import agentbolt as agl
 from examples.calc.task import parse_answer
 from examples.chartqa.charts import ChartTask, data_url, make_tasks
+from examples.common.environment import require_openai_service
 
 OBSERVE_PROMPT = "Describe this bar chart: how many bars there are and how tall each one is, from left to right."
 ANSWER_PROMPT = "{question}\nThink briefly, then end with a last line of the form ANSWER: <number>."
@@ -91,6 +94,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--model", required=True, help="a vision-language model the endpoint serves")
     parser.add_argument("--limit", type=int, default=4)
     args = parser.parse_args(argv)
+    require_openai_service(
+        parser,
+        needed_by="the chartqa agent",
+        alternative="serve a vision-language model locally (vllm serve Qwen/Qwen2-VL-2B-Instruct) and point "
+        "OPENAI_BASE_URL at its /v1",
+    )
     asyncio.run(_debug(args.model, args.limit))
 
 

@@ -50,6 +50,18 @@ def _tinker() -> Any:
     return tinker
 
 
+def tinker_base_url() -> str:
+    """The address of the Tinker service the SDK's clients call: ``$TINKER_BASE_URL``, else the SDK's default.
+
+    Raises:
+        ImportError: The tinker SDK is not installed.
+    """
+    _tinker()
+    from tinker.lib.base_url import resolve_base_url
+
+    return resolve_base_url()
+
+
 # ---------------------------------------------------------------------------------------------------- sampling side
 
 

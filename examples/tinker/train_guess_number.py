@@ -3,17 +3,21 @@
 Needs the Tinker SDK (``pip install 'agentbolt[tinker]'``) and ``TINKER_API_KEY``::
 
     python -m examples.tinker.train_guess_number --base-model Qwen/Qwen3-4B-Instruct-2507 --steps 20
+
+Before anything starts, the command checks that the key is set and that the Tinker service (``$TINKER_BASE_URL``,
+else the SDK's default address) answers within ``--connect-timeout`` seconds; otherwise it stops with exit code 2 and
+says what it tried to reach. Without that check an unreachable service leaves the SDK retrying for minutes.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import List, Optional
 
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
-from examples.tinker.bridge import TinkerGRPO
+from examples.common.environment import CONFIGURATION_ERROR, PROBE_TIMEOUT, require_reachable, require_variables
+from examples.tinker.bridge import TinkerGRPO, tinker_base_url
 from examples.tinker.guess_number import guess_number_agent, make_tasks
 
 
@@ -28,9 +32,28 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--learning-rate", type=float, default=4e-5)
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--n-runners", type=int, default=8)
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=PROBE_TIMEOUT,
+        help="seconds the Tinker service has to answer the start-up check (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
-    if not os.environ.get("TINKER_API_KEY"):
-        parser.exit(2, "error: set TINKER_API_KEY (the key of your Tinker account)\n")
+    require_variables(
+        parser, ["TINKER_API_KEY"], needed_by="training on Tinker", hint="set it to the key of your Tinker account"
+    )
+    try:
+        base_url = tinker_base_url()
+    except ImportError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
+    require_reachable(
+        parser,
+        f"{base_url}/api/v1/healthz",
+        service="the Tinker service",
+        configure="check the network (and HTTPS_PROXY), set TINKER_BASE_URL to the service's address, "
+        "or allow it longer with --connect-timeout",
+        timeout=args.connect_timeout,
+    )
     agl.setup_logging("INFO")
     algorithm = TinkerGRPO(args.base_model, lora_rank=args.lora_rank, learning_rate=args.learning_rate,
                            group_size=args.group_size, tasks_per_step=args.tasks_per_step, n_steps=args.steps)  # fmt: skip

@@ -4,11 +4,14 @@ stand-in on the tiny model (tinker_stand_in.py); the gateway, the chat server, t
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from support.servers import free_port
+from support.servers import free_port, taken_port
 
 pytest.importorskip("tinker")
 
@@ -125,3 +128,27 @@ def test_the_guess_number_agent_plays_with_feedback() -> None:
     assert chat.requests[1]["messages"][-1]["content"] == "Too low. Your guess?"
     assert chat.requests[2]["messages"][-1]["content"] == "Too high. Your guess?"
     assert [extract_guess(t) for t in ("42", "I guess 42", "", "42 or 43", "forty")] == [42, 42, None, None, None]
+
+
+def run_training_command(base_url: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """``python -m examples.tinker.train_guess_number`` with a key and ``TINKER_BASE_URL=base_url`` (the timeout only
+    guards the test run against a command that hangs)."""
+    env = dict(os.environ, TINKER_API_KEY="tml-unused", TINKER_BASE_URL=base_url)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    command = [sys.executable, "-m", "examples.tinker.train_guess_number", *options]
+    return subprocess.run(command, cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_training_against_a_tinker_service_that_refuses_connections_exits_2_naming_the_address() -> None:
+    base_url = f"http://127.0.0.1:{free_port()}"
+    result = run_training_command(base_url)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"cannot reach the Tinker service at {base_url}/api/v1/healthz (ConnectError" in result.stderr
+    assert "TINKER_BASE_URL" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_training_against_a_tinker_service_that_never_answers_exits_2_after_the_connect_timeout() -> None:
+    with taken_port() as port:  # listening, never answering
+        result = run_training_command(f"http://127.0.0.1:{port}", "--connect-timeout", "1")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "(no answer within 1 s)" in result.stderr and "--connect-timeout" in result.stderr
