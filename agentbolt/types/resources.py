@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional,
 
 from pydantic import Field, field_validator
 
-from agentbolt.utils.imports import import_extra
-
 from .wire import WireModel
 
 if TYPE_CHECKING:
@@ -160,7 +158,12 @@ class PromptTemplate(Resource):
 
 
 def _render_jinja(template: str, context: Dict[str, Any]) -> str:
-    jinja2 = import_extra("jinja2", feature="PromptTemplate(engine='jinja')", extra="apo")
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise ImportError(
+            "PromptTemplate(engine='jinja') needs the jinja2 package: pip install 'agentbolt[apo]'"
+        ) from exc
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     try:
         return environment.from_string(template).render(**context)
@@ -169,7 +172,10 @@ def _render_jinja(template: str, context: Dict[str, Any]) -> str:
 
 
 def _render_poml(template: str, context: Dict[str, Any]) -> str:
-    poml = import_extra("poml", feature="PromptTemplate(engine='poml')", extra="apo")
+    try:
+        import poml
+    except ImportError as exc:
+        raise ImportError("PromptTemplate(engine='poml') needs the poml package: pip install 'agentbolt[apo]'") from exc
     rendered = poml.poml(template, context=context, chat=False)
     if isinstance(rendered, str):
         return rendered
