@@ -22,6 +22,7 @@ from typing import (
     Literal,
     Optional,
     Sequence,
+    Tuple,
     TypeVar,
     Union,
     cast,
@@ -30,13 +31,14 @@ from typing import (
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.semconv import AGL_EXCEPTION
-from agentbolt.store.base import MAX_QUEUE_WAIT_SECONDS
+from agentbolt.store.base import MAX_QUEUE_WAIT_SECONDS, is_finished
 from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT, StoreUnreachableError, ride_out_outages
 from agentbolt.tracer.base import Tracer
 from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
 from agentbolt.types import (
     AttemptedRollout,
+    AttemptStatus,
     Hook,
     NamedResources,
     Rollout,
@@ -112,6 +114,23 @@ async def _run_in_daemon_thread(name: str, func: Callable[..., T_result], *args:
         raise
 
 
+_ENDED_ATTEMPT_STATUSES: Tuple[AttemptStatus, ...] = ("failed", "succeeded", "timeout")
+"""Attempt statuses after which the store no longer takes the attempt's outcome into account.
+
+``unresponsive`` is not among them: an attempt that sends a span again is running again (the store recovers it).
+"""
+
+
+class _RolloutEndedElsewhere(Exception):
+    """The store ended the attempt while its agent ran; the message says how."""
+
+
+def _retrieve_outcome(task: asyncio.Task[Any]) -> None:
+    """Read what an abandoned agent task ended with, so that asyncio does not report it as never retrieved."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("An abandoned agent task ended with %r", task.exception())
+
+
 @dataclass
 class _StoreWrite:
     """A write a rollout's record needs (a span, the attempt's outcome), kept while the store is unreachable."""
@@ -124,11 +143,19 @@ class _StoreWrite:
 class LitAgentRunner(Runner[T_task]):
     """The standard runner for :class:`~agentbolt.litagent.LitAgent` agents.
 
+    While an agent runs, the runner reads its rollout from the store every ``heartbeat_interval`` seconds. Once the
+    store no longer waits for this attempt's outcome (the rollout was cancelled, failed or succeeded by someone
+    else, a newer attempt superseded this one, or the watchdog timed it out or failed it), the runner cancels the
+    agent, logs a warning, writes no outcome for the attempt (the store keeps the status it holds) and goes on with
+    the next rollout. A synchronous agent's thread cannot be stopped: it runs on in the background until it returns,
+    and what it returns is dropped.
+
     Args:
         tracer: Tracer recording the agent's spans into the store.
         max_rollouts: Stop :meth:`iter` after this many rollouts (None: until the stop event).
         poll_interval: Seconds between polls of an empty queue (with jitter).
-        heartbeat_interval: Seconds between worker heartbeats (<= 0 disables them).
+        heartbeat_interval: Seconds between worker heartbeats, and between the reads of a running rollout's status
+            (with jitter; <= 0 disables both).
         interval_jitter: Maximum random jitter added to or removed from the intervals, in seconds (at most half of
             the interval).
         heartbeat_launch_mode: ``"thread"`` (a background thread schedules heartbeats) or ``"asyncio"`` (a task).
@@ -252,6 +279,78 @@ class LitAgentRunner(Runner[T_task]):
             f"rollout-{rollout.rollout_id}", sync_method, rollout.input, resources=resources, rollout=rollout
         )
 
+    async def _invoke_agent_watched(
+        self, agent: LitAgent[T_task], rollout: AttemptedRollout, resources: NamedResources
+    ) -> RolloutRawResult:
+        """Run the agent while watching, every heartbeat interval, that the store still waits for its outcome.
+
+        Raises:
+            _RolloutEndedElsewhere: The store ended the attempt; the agent was cancelled.
+        """
+        if self._heartbeat_interval <= 0:
+            return await self._invoke_agent(agent, rollout, resources)
+        running = asyncio.create_task(self._invoke_agent(agent, rollout, resources), name=f"agent-{rollout.rollout_id}")
+        watching = asyncio.create_task(
+            self._wait_until_attempt_ended(self.get_store(), rollout), name=f"watch-{rollout.rollout_id}"
+        )
+        try:
+            await asyncio.wait({running, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the runner is stopped: the agent is cancelled, as when it was awaited directly
+            watching.cancel()
+            running.cancel()
+            await asyncio.wait({running})
+            raise
+        if running.done():  # an outcome that came with the verdict is recorded: the store's rules then apply
+            watching.cancel()
+            return running.result()
+        reason = watching.result()
+        running.cancel()
+        # An async agent stops at its next await (a sync agent's call returns at once, its thread goes on).
+        await asyncio.wait({running}, timeout=max(self._heartbeat_interval, 0.1))
+        if running.done():
+            _retrieve_outcome(running)
+        else:
+            logger.warning(
+                "[Rollout %s] The agent did not stop when cancelled; it is left to run in the background.",
+                rollout.rollout_id,
+            )
+            running.add_done_callback(_retrieve_outcome)
+        raise _RolloutEndedElsewhere(reason)
+
+    async def _wait_until_attempt_ended(self, store: LightningStore, rollout: AttemptedRollout) -> str:
+        """Read the rollout every heartbeat interval; return why, once the store no longer waits for the attempt.
+
+        A read that fails or does not answer within the interval is skipped: the agent goes on.
+        """
+        timeout = max(self._heartbeat_interval, 0.1)
+        while True:
+            await asyncio.sleep(self._jittered(self._heartbeat_interval))
+            try:
+                with ride_out_outages(None):  # an unreachable store is asked again at the next interval
+                    reason = await asyncio.wait_for(self._why_attempt_ended(store, rollout), timeout=timeout)
+            except Exception as exc:
+                logger.debug("[Rollout %s] Could not read its status: %r", rollout.rollout_id, exc)
+                continue
+            if reason is not None:
+                return reason
+
+    async def _why_attempt_ended(self, store: LightningStore, rollout: AttemptedRollout) -> Optional[str]:
+        """Why the store no longer waits for this attempt's outcome; None while it does, or cannot tell.
+
+        One read: the rollout comes with its latest attempt.
+        """
+        current = await store.get_rollout_by_id(rollout.rollout_id)
+        if current is None:  # over HTTP also the answer to a failed read: no verdict
+            return None
+        latest = current.attempt if isinstance(current, AttemptedRollout) else None
+        if latest is not None and latest.attempt_id != rollout.attempt.attempt_id:
+            return f"attempt {latest.attempt_id} superseded it (rollout {current.status})"
+        if latest is not None and latest.status in _ENDED_ATTEMPT_STATUSES:
+            return f"the store marked the attempt {latest.status} (rollout {current.status})"
+        if is_finished(current):
+            return f"the store marked the rollout {current.status}"
+        return None
+
     async def _step_impl(self, next_rollout: AttemptedRollout, raise_on_exception: bool = False) -> str:
         """Run the agent on one claimed rollout and record the attempt's outcome; returns the rollout id.
 
@@ -290,6 +389,7 @@ class LitAgentRunner(Runner[T_task]):
 
         spans: Union[List[ReadableSpan], List[Span]] = []
         error: Optional[BaseException] = None
+        ended_elsewhere = False
         await self._call_hooks("on_rollout_start", agent=agent, runner=self, rollout=next_rollout)
         try:
             async with self._tracer.trace_context(
@@ -298,11 +398,20 @@ class LitAgentRunner(Runner[T_task]):
                 await self._call_hooks(
                     "on_trace_start", agent=agent, runner=self, tracer=self._tracer, rollout=next_rollout
                 )
-                raw_result = await self._invoke_agent(agent, next_rollout, resources_update.resources)
+                raw_result = await self._invoke_agent_watched(agent, next_rollout, resources_update.resources)
                 await self._call_hooks(
                     "on_trace_end", agent=agent, runner=self, tracer=self._tracer, rollout=next_rollout
                 )
             spans = await self._post_process_rollout_result(next_rollout, raw_result)
+        except _RolloutEndedElsewhere as exc:
+            ended_elsewhere = True
+            logger.warning(
+                "[Rollout %s] Attempt %s ended while its agent ran: %s. The agent was cancelled; the attempt's "
+                "outcome is not recorded.",
+                rollout_id,
+                next_rollout.attempt.attempt_id,
+                exc,
+            )
         except BaseException as exc:
             error = exc
             logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
@@ -310,7 +419,8 @@ class LitAgentRunner(Runner[T_task]):
                 raise
         finally:
             await self._call_hooks("on_rollout_end", agent=agent, runner=self, rollout=next_rollout, spans=spans)
-            await self._finish_attempt(next_rollout, error, started)
+            if not ended_elsewhere:
+                await self._finish_attempt(next_rollout, error, started)
         return rollout_id
 
     async def _finish_attempt(self, rollout: AttemptedRollout, error: Optional[BaseException], started: float) -> None:
@@ -676,7 +786,10 @@ class LitAgentRunner(Runner[T_task]):
         mode: Optional[RolloutMode] = None,
         event: Optional[ExecutionEvent] = None,
     ) -> Rollout:
-        """Run the agent once on ``input`` (outside the queue) and return the finished rollout."""
+        """Run the agent once on ``input`` (outside the queue) and return the rollout as the store then holds it.
+
+        That is the finished rollout, unless the store ended the attempt while the agent ran (see the class).
+        """
         store = self.get_store()
         resources_id = (await store.add_resources(resources)).resources_id if resources is not None else None
         attempted = await store.start_rollout(
