@@ -101,8 +101,8 @@ class LLMProxy:
         host: Interface to bind (default ``127.0.0.1``). Not allowed together with ``launcher_args``.
         litellm_config: Extra settings in LiteLLM's config layout; ``litellm_settings.num_retries`` and
             ``litellm_settings.request_timeout`` are honoured.
-        num_retries: Retries after a 429, a 5xx or a connection error (default for
-            ``litellm_settings.num_retries``).
+        num_retries: Retries after a 429, a 500-504 answer or a connection that failed before the answer began
+            (default for ``litellm_settings.num_retries``).
         num_workers: Server processes (``mp`` mode; more than one needs gunicorn).
         launch_mode: ``"mp"`` (forked process, store must be ``zero_copy``), ``"thread"`` (store must be
             ``thread_safe``) or ``"asyncio"`` (in the caller's loop, store must be ``async_safe``).

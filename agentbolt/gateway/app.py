@@ -76,7 +76,8 @@ class GatewaySettings:
     """Behaviour switches of the gateway.
 
     Attributes:
-        num_retries: Extra attempts after a 429, a 5xx or a connection error.
+        num_retries: Extra attempts after a 429, a 500-504 answer or a connection that failed before the answer
+            began (see ``docs/gateway.md``, Errors).
         timeout: Default seconds allowed for connecting to a backend and for each wait for data.
         return_token_ids: Ask token-id capable backends for prompt and response token ids.
         logprobs: Ask token-id capable backends for the log-probability of each generated token.
@@ -684,9 +685,11 @@ class _Handler:
             upstream.close()
         status = upstream.status_code
         if status >= 400:
-            # Client errors (bad parameters, context too long...) are passed through as the backend wrote them.
+            # Client errors (bad parameters, context too long...) and the server errors that are not retried (see
+            # RETRYABLE_STATUS) are passed through as the backend wrote them.
             if call is not None:
-                call.fail(status, upstream_error_message(data), "upstream_client_error")
+                kind = "upstream_client_error" if status < 500 else "upstream_server_error"
+                call.fail(status, upstream_error_message(data), kind)
             self._submit(call)
             await self._await_sequence_id(call)
             return Response(data, status_code=status, media_type=upstream.content_type or _JSON)
@@ -773,6 +776,10 @@ class _Handler:
                 # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
                 error = shutdown_error() if self.gateway.cut_off else exc
                 logger.warning("%s", error.message)
+                if pending.endswith(b"\n"):
+                    # A last event whose lines are whole but whose blank line never came: ended here, so that the
+                    # error event stays an event of its own.
+                    yield pending + b"\n"
                 yield error_event(error)
         except BaseException:
             # The client went away (or the server is shutting down) before the stream ended.

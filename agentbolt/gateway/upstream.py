@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Dict, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Dict, Mapping, Optional, Sequence
 
 import aiohttp
 import orjson
@@ -23,7 +23,12 @@ __all__ = ["GatewayError", "UpstreamClient", "UpstreamResponse", "RETRYABLE_STAT
 logger = logging.getLogger("agentbolt.gateway.upstream")
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
-"""Upstream statuses that are retried (rate limits and server errors)."""
+"""Upstream statuses that are retried: rate limits and the server errors that mean "try again".
+
+Every other status (other 4xx, and 5xx such as 501, 505, 507 or an Anthropic backend's 529) is passed through to the
+client unchanged: the client's SDK then sees the provider's own status and error body, and decides itself whether to
+retry (the OpenAI and Anthropic SDKs retry 5xx answers).
+"""
 
 _MAX_BACKOFF = 2.0
 _MAX_RETRY_AFTER = 10.0
@@ -57,9 +62,73 @@ class GatewayError(ApiError):
         return self.body(**extra)
 
 
+_NOT_RETRIED = "not retried, as the backend may already have generated the answer"
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _partial_head(exc: aiohttp.ClientError) -> Optional[Any]:
+    """The part of the answer's status line and headers that arrived before ``exc`` ended the request, if any.
+
+    aiohttp attaches it to the :class:`aiohttp.ServerDisconnectedError` of a connection the backend closed in the
+    middle of its headers.
+    """
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str):
+        return exc.message
+    return None
+
+
+def _failed_before_answer(exc: aiohttp.ClientError) -> bool:
+    """Whether ``exc`` ended a request before any byte of the backend's answer arrived: the failures retried.
+
+    That is a connection that could not be opened (refused, unreachable, DNS, TLS) or one closed or reset before
+    the answer began, which is also how a pooled keep-alive connection the backend had already closed fails. Once
+    the answer began (part of its headers, or all of them), the backend may have generated it, and a retry could
+    make it generate a second, different answer. aiohttp keeps the part of the headers it received only when the
+    backend closes the connection; after a reset it reports a bare ``ClientOSError``, so a reset that interrupts
+    the headers is taken for one before them.
+    """
+    return isinstance(exc, aiohttp.ClientConnectionError) and _partial_head(exc) is None
+
+
+def _send_error(exc: aiohttp.ClientError, deployment: Deployment, attempts: int) -> GatewayError:
+    """The 502 reporting ``exc``, raised by :meth:`UpstreamClient.send` after ``attempts`` attempt(s)."""
+    where = f"Upstream {deployment.api_base} ({deployment.upstream_model})"
+    if _failed_before_answer(exc):
+        reached = not isinstance(exc, aiohttp.ClientConnectorError)
+        what = "closed the connection without answering" if reached else "is unreachable"
+        return GatewayError(
+            502, f"{where} {what} after {attempts} attempt(s): {_describe(exc)}", "upstream_unavailable"
+        )
+    head = _partial_head(exc)
+    if head is not None:
+        detail = f"its HTTP {head.code} answer ended within the headers"
+    elif isinstance(exc, aiohttp.ClientResponseError):
+        detail = f"its answer is not valid HTTP ({exc.status}, {exc.message})"
+    else:
+        return GatewayError(502, f"{where} failed: {_describe(exc)}", "upstream_error")
+    return GatewayError(
+        502, f"{where} dropped the connection while answering: {detail}; {_NOT_RETRIED}", "upstream_error"
+    )
+
+
+def _unread(content: aiohttp.StreamReader) -> bytes:
+    """What ``content`` received but did not hand out because its connection failed before it was read.
+
+    aiohttp's readers raise a connection's error before returning the data buffered ahead of it (the last events
+    of a stream whose backend reset the connection right after sending them), and no public method returns that
+    data, hence the private read. Empty when nothing is left, or when this aiohttp's reader keeps no such buffer.
+    """
+    read_buffered = getattr(content, "_read_nowait", None)
+    if read_buffered is None or not getattr(content, "_buffer", None):
+        return b""
+    try:
+        return bytes(read_buffered(-1))
+    except Exception:  # a reader whose internals differ: nothing can be recovered from it
+        return b""
 
 
 def upstream_error_message(response_body: bytes) -> str:
@@ -108,8 +177,14 @@ class UpstreamResponse:
         if isinstance(exc, asyncio.TimeoutError):
             what = "stopped sending stream data" if streaming else "did not finish its answer"
             return GatewayError(504, f"{where} {what} within the {self._timeout:g} s timeout", "upstream_timeout")
-        what = "dropped the stream connection" if streaming else "dropped the connection while answering"
-        return GatewayError(502, f"{where} {what}: {_describe(exc)}", "upstream_error")
+        if streaming:
+            return GatewayError(502, f"{where} dropped the stream connection: {_describe(exc)}", "upstream_error")
+        return GatewayError(
+            502,
+            f"{where} ({self.deployment.upstream_model}) dropped the connection while answering: its HTTP "
+            f"{self.status_code} answer is incomplete ({_describe(exc)}); {_NOT_RETRIED}",
+            "upstream_error",
+        )
 
     async def read(self) -> bytes:
         """The whole body.
@@ -123,15 +198,20 @@ class UpstreamResponse:
             raise self._read_error(exc, streaming=False) from exc
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The body in pieces, as they arrive.
+        """The body in pieces, as they arrive; every byte received is yielded, also when the connection then fails.
 
         Raises:
-            GatewayError: The connection failed or timed out before the body was complete.
+            GatewayError: The connection failed or timed out before the body was complete (after the last piece
+                received was yielded).
         """
+        content = self._response.content
         try:
-            async for chunk in self._response.content.iter_any():
+            async for chunk in content.iter_any():
                 yield chunk
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            rest = _unread(content)
+            if rest:
+                yield rest
             raise self._read_error(exc, streaming=True) from exc
 
     def close(self) -> None:
@@ -156,7 +236,8 @@ class UpstreamClient:
     Must be created and used inside the event loop that serves the gateway.
 
     Args:
-        num_retries: Extra attempts after a 429, a 5xx or a connection error (timeouts are not retried).
+        num_retries: Extra attempts after a 429, a 500-504 answer or a connection that failed before the answer
+            began (timeouts are not retried).
         timeout: Default seconds allowed for connecting and for each wait for data.
         max_connections: Upper bound of pooled connections over all backends.
     """
@@ -208,7 +289,8 @@ class UpstreamClient:
             The open response: a success, or a non-retryable (or exhausted) 4xx the caller passes through.
 
         Raises:
-            GatewayError: 502 after retries on 5xx / connection errors, 429 after retried rate limits, 504 on
+            GatewayError: 502 after retries on 500-504 / connection errors (or at once when the connection failed
+                after the answer began, see :func:`_failed_before_answer`), 429 after retried rate limits, 504 on
                 timeouts.
         """
         attempts = self.num_retries + 1
@@ -231,13 +313,8 @@ class UpstreamClient:
                     "upstream_timeout",
                 ) from exc
             except aiohttp.ClientError as exc:
-                if last:
-                    raise GatewayError(
-                        502,
-                        f"Upstream {deployment.api_base} ({deployment.upstream_model}) is unreachable after "
-                        f"{attempt + 1} attempt(s): {_describe(exc)}",
-                        "upstream_unavailable",
-                    ) from exc
+                if last or not _failed_before_answer(exc):
+                    raise _send_error(exc, deployment, attempt + 1) from exc
                 logger.info("Retrying %s after %s", deployment.api_base, _describe(exc))
                 await asyncio.sleep(_backoff(attempt, None, None))
                 continue
