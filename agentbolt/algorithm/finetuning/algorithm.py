@@ -14,9 +14,11 @@ import contextlib
 import logging
 import os
 import random
+import secrets
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -181,6 +183,9 @@ class FinetuningAlgorithm(Algorithm):
     """The algorithm's name in logs, on the progress bar and on the reward curve."""
     trainer: Optional[ModelTrainer] = None
     """The trainer of the current run (set when :meth:`run` starts)."""
+    run_id: Optional[str] = None
+    """The current run's id (set when :meth:`run` starts; a resumed run keeps the one saved in its checkpoint): it
+    names the run's metrics in the store and is in the ``run_id`` metadata of its rollouts."""
     _draw_tasks: Optional[Callable[[int], List[Any]]] = None
     """The next ``count`` training tasks from the run's sampler (set when :meth:`run` starts with training data)."""
 
@@ -389,8 +394,9 @@ class FinetuningAlgorithm(Algorithm):
     ) -> List[RolloutOutcome]:
         """Enqueue each task ``copies`` times, wait for the rollouts and collect rewards and triplets.
 
-        The rollouts of task ``i`` form the group ``{mode}-{step}-{first_group + i}``. Every store call rides out a
-        store outage of up to ``store_outage_timeout`` seconds.
+        The rollouts of task ``i`` form the group ``{mode}-{step}-{first_group + i}``, in each rollout's metadata
+        with the run's :attr:`run_id` and ``step``. Every store call rides out a store outage of up to
+        ``store_outage_timeout`` seconds.
         """
         with self._riding_out_outages():
             groups = [f"{mode}-{step}-{first_group + i}" for i in range(len(tasks)) for _ in range(copies)]
@@ -399,7 +405,7 @@ class FinetuningAlgorithm(Algorithm):
                     input=tasks[i // copies],
                     mode=mode,
                     resources_id=resources_id,
-                    metadata={self.group_metadata_key: group},  # type: ignore[arg-type]
+                    metadata={self.group_metadata_key: group, "run_id": self.run_id, "step": step},
                 )
                 for i, group in enumerate(groups)
             ]
@@ -534,6 +540,34 @@ class FinetuningAlgorithm(Algorithm):
     def _check_run(self) -> None:
         """Refuse options that cannot run, before any model is loaded (nothing to check by default)."""
 
+    def _new_run_id(self) -> str:
+        """The id of a new run: its log directory's name (else the algorithm's), the start time and 4 random hex
+        digits, so that runs sharing a store, or log directories of the same name, never share an id."""
+        base = Path(self.config.log_dir).resolve().name if self.config.log_dir else self.title.lower()
+        return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+    async def _cancel_interrupted_rollouts(self, store: LightningStore) -> None:
+        """Cancel the rollouts of this run that an interrupted process left unfinished in the store.
+
+        They belong to the steps after the checkpoint the run resumes from, which it rolls out again: left alone,
+        queued ones would take the runners' time and running ones would end as failures, long after anyone waits
+        for them. Rollouts are found by their ``run_id`` metadata (see :meth:`_run_rollouts`).
+        """
+        with self._riding_out_outages():
+            unfinished = await store.query_rollouts(status_in=["queuing", "preparing", "running", "requeuing"])
+            stale = [r for r in unfinished if (r.metadata or {}).get("run_id") == self.run_id]
+            for rollout in stale:
+                await store.update_rollout(rollout.rollout_id, status="cancelled")
+        if stale:
+            steps = sorted({step for r in stale if isinstance(step := (r.metadata or {}).get("step"), int)})
+            logger.warning(
+                "Cancelled %d rollout(s) of step(s) %s that the interrupted process of run %s left unfinished in the "
+                "store; the run rolls those steps out again.",
+                len(stale),
+                ", ".join(map(str, steps)) or "?",
+                self.run_id,
+            )
+
     def _after_resume(self, trainer: Any) -> None:
         """Called once the trainer is built and resumed, before the first step."""
 
@@ -550,10 +584,18 @@ class FinetuningAlgorithm(Algorithm):
         new ``main_llm`` resource snapshot after every update, and checkpoints every ``checkpoint_interval`` steps
         and after the last one.
 
+        A resumed run keeps its :attr:`run_id` and continues ``log_dir/metrics.jsonl`` (dropping the records of the
+        steps after its checkpoint, which it runs again), and first cancels the rollouts of this run that the
+        interrupted process left unfinished in the store. A resumed run whose checkpoint is at ``max_steps`` or
+        beyond logs that it is already complete and returns without serving or training anything.
+
         Raises:
-            ValueError: No training data while ``max_steps > 0``, no store set, or options the algorithm refuses.
+            ValueError: No training data while ``max_steps > 0``, no store set, options the algorithm refuses, or a
+                new run (not resumed from a checkpoint) whose ``log_dir`` already holds another run's metrics
+                (checked before the model loads).
             CheckpointError: ``checkpoint_dir`` cannot be created or written to (checked before the model loads), the
-                checkpoint to resume from is corrupt or does not fit, or one cannot be written.
+                checkpoint to resume from is corrupt or belongs to another policy (another base model or LoRA
+                settings), or one cannot be written.
         """
         config = self.config
         store = self.get_store()
@@ -562,24 +604,63 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
+        from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, checkpoint_state, latest_checkpoint
+        from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
+        # Checked before the model loads, not after the last step.
         if config.checkpoint_dir:
-            check_checkpoint_dir(config.checkpoint_dir)  # before the model loads, not after the last step
-        from agentbolt.algorithm.grpo.metrics import TrainingLogger
-
+            check_checkpoint_dir(config.checkpoint_dir)
+        checkpoint = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir and config.resume else None
+        if checkpoint is None:
+            check_log_dir_unused(config.log_dir)
+            self.run_id = self._new_run_id()
+        else:
+            saved = checkpoint_state(checkpoint).get("extra")
+            saved_id = saved.get("run_id") if isinstance(saved, dict) else None
+            self.run_id = saved_id if isinstance(saved_id, str) and saved_id else self._new_run_id()
+            # Before the model loads, so that the runners spend as little time as possible on them.
+            await self._cancel_interrupted_rollouts(store)
         trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
         self.trainer = trainer
+        try:
+            await self._train(store, trainer, tokenizer, train, val, checkpoint)
+        finally:
+            await asyncio.to_thread(trainer.close)
+
+    async def _train(
+        self,
+        store: LightningStore,
+        trainer: ModelTrainer,
+        tokenizer: Any,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        checkpoint: Optional[Path],
+    ) -> None:
+        """Resume from ``checkpoint`` (None: a new run), then validate, train, publish and checkpoint."""
+        from agentbolt.algorithm.grpo.metrics import TrainingLogger
+
+        config = self.config
         sampler = TaskSampler(len(train), config.batch_size, config.seed) if train else None
         if sampler is not None:
             self._draw_tasks = lambda count: [train[i] for i in sampler.take(count)]
-        if config.checkpoint_dir and config.resume:
-            path = latest_checkpoint(config.checkpoint_dir)
-            if path is not None:
-                extra = await asyncio.to_thread(trainer.load_checkpoint, path)
-                if sampler is not None:
-                    sampler.load_state(extra.get("sampler", {}))
+        if checkpoint is not None:
+            saved = await asyncio.to_thread(trainer.load_checkpoint, checkpoint)
+            if sampler is not None:
+                sampler.load_state(saved.get("sampler", {}))
         start_step = trainer.global_step
+        if checkpoint is not None and 0 < config.max_steps <= start_step:
+            logger.warning(
+                "%s run %s is already complete: its latest checkpoint %s is at step %d and max_steps is %d, so "
+                "there is nothing to train. To train it further, raise max_steps above %d; to start a new run, use a "
+                "new checkpoint_dir (and log_dir).",
+                self.title,
+                self.run_id,
+                checkpoint,
+                start_step,
+                config.max_steps,
+                start_step,
+            )
+            return
         self._after_resume(trainer)
         metrics = TrainingLogger(
             log_dir=config.log_dir,
@@ -590,6 +671,8 @@ class FinetuningAlgorithm(Algorithm):
             wandb_project=config.wandb_project,
             run_config=config.model_dump(),
             title=self.title,
+            run_id=self.run_id,
+            resumed=checkpoint is not None,
         )
         try:
             async with self._serving(store, trainer, tokenizer) as (server, proxy):
@@ -610,11 +693,10 @@ class FinetuningAlgorithm(Algorithm):
                     if config.checkpoint_dir and (
                         last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
                     ):
-                        extra = {"sampler": sampler.state()}
+                        extra = {"sampler": sampler.state(), "run_id": self.run_id}
                         await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
                 self._after_last_step(trainer, start_step)
         finally:
-            await asyncio.to_thread(trainer.close)
             curve = metrics.close()
             if curve is not None:
                 logger.info("Reward curve written to %s", curve)

@@ -167,10 +167,14 @@ class FinetuningConfig(BaseModel):
         default=0, ge=0, description="Save every N training steps (0: only after the last step)."
     )
     resume: bool = Field(
-        default=True, description="Resume from the latest checkpoint in checkpoint_dir when there is one."
+        default=True,
+        description="Resume from the latest checkpoint in checkpoint_dir when there is one: the same run, with its "
+        "run id and log (a checkpoint of another base model or LoRA settings is refused).",
     )
     log_dir: Optional[str] = Field(
-        default=None, description="Directory for metrics.jsonl and reward_curve.png (None: console only)."
+        default=None,
+        description="Directory for metrics.jsonl and reward_curve.png (None: console only). It holds one run: a new "
+        "run refuses one whose metrics.jsonl holds records; a resumed run continues it.",
     )
     console: bool = Field(default=True, description="Show a rich progress bar and per-step metrics.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard under log_dir.")

@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "ModelTrainer",
     "check_checkpoint_dir",
+    "checkpoint_state",
     "chunks",
     "latest_checkpoint",
     "lr_multiplier",
@@ -99,6 +100,25 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
     return max(found)[1] if found else None
 
 
+def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
+    """The ``trainer_state.json`` of the checkpoint ``path``: its kind, step counters, policy identity and the
+    ``extra`` state saved with it (read without loading anything else).
+
+    Raises:
+        FileNotFoundError: ``path`` holds no ``trainer_state.json``.
+        CheckpointError: The file is corrupt (not JSON, or without its step counters).
+    """
+    state_file = Path(path) / STATE_FILE
+    if not state_file.exists():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE})")
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        int(state["global_step"]), int(state["optimizer_steps"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{state_file} is corrupt: {exc}") from exc
+    return state
+
+
 def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
     """Create ``checkpoint_dir`` if needed and prove a file can be written in it; the directory's path.
 
@@ -159,6 +179,13 @@ def _is_quantized(model: Any) -> bool:
     )
 
 
+def _name_or_path(model: Any) -> Optional[str]:
+    """The name or directory a transformers model (or a PEFT model around one) was loaded from, if it says."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = getattr(getattr(base, "config", None), "name_or_path", None)
+    return name if isinstance(name, str) and name else None
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         descriptor = os.open(path, os.O_RDONLY)
@@ -189,6 +216,9 @@ class ModelTrainer:
 
     def __init__(self, model: Any, config: FinetuningConfig, *, pad_token_id: int = 0) -> None:
         self.config = config
+        self.base_model_name: Optional[str] = config.model or _name_or_path(model)
+        """The model trained: ``config.model`` as configured, else the path a model object was loaded from (None
+        when it does not say)."""
         self.pad_token_id = pad_token_id
         if config.threads is not None:
             torch.set_num_threads(config.threads)
@@ -409,6 +439,7 @@ class ModelTrainer:
                 "optimizer_steps": self.optimizer_steps,
                 "skipped_optimizer_steps": self.skipped_optimizer_steps,
                 "finetune": self.config.finetune,
+                "policy": self.policy_identity(),
                 "extra": extra_state or {},
             }
             with open(staging / STATE_FILE, "w", encoding="utf-8") as handle:
@@ -446,20 +477,19 @@ class ModelTrainer:
         """
         path = Path(path)
         state_file = path / STATE_FILE
-        if not state_file.exists():
-            raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE})")
-        try:
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-            counters = (int(state["global_step"]), int(state["optimizer_steps"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{state_file} is corrupt: {exc}") from exc
+        state = checkpoint_state(path)
+        counters = (int(state["global_step"]), int(state["optimizer_steps"]))
         kind = state.get("kind", self.checkpoint_kind)
         if kind != self.checkpoint_kind:
             raise CheckpointError(
                 f"{state_file} is a {kind!r} checkpoint; this {self.checkpoint_kind!r} trainer cannot resume from it"
             )
         if state.get("finetune") != self.config.finetune:
-            raise ValueError(f"checkpoint {path} was saved with finetune={state.get('finetune')!r}")
+            raise CheckpointError(
+                f"checkpoint {path} was saved with finetune={state.get('finetune')!r}, but this run has "
+                f"finetune={self.config.finetune!r}"
+            )
+        self._check_policy_identity(path, state.get("policy"))
         weights_file = path / "adapter" / "adapter_model.safetensors" if self.uses_lora else path / "model.safetensors"
         self._check_weights(weights_file)
         optimizer_state = self._read_torch(path / "optimizer.pt", weights_only=True)
@@ -484,6 +514,48 @@ class ModelTrainer:
         self.skipped_optimizer_steps = int(state.get("skipped_optimizer_steps", 0))
         logger.info("Resumed from checkpoint %s (step %d)", path, self.global_step)
         return dict(state.get("extra") or {})
+
+    def policy_identity(self) -> Dict[str, Any]:
+        """What makes this trainer's weights mean what they mean, saved with each checkpoint: the base model
+        (:attr:`base_model_name`) and, with LoRA, the rank, alpha and target modules as configured."""
+        identity: Dict[str, Any] = {"model": self.base_model_name}
+        if self.uses_lora:
+            targets = self.config.lora_target_modules
+            identity.update(
+                lora_r=self.config.lora_r,
+                lora_alpha=float(self.config.lora_alpha),
+                lora_target_modules=targets if isinstance(targets, str) else sorted(targets),
+            )
+        return identity
+
+    def _check_policy_identity(self, path: Path, saved: Any) -> None:
+        """Refuse a checkpoint of another policy: another base model, or other LoRA settings.
+
+        Tensor shapes alone cannot tell: a sibling base model of the same architecture, or another ``lora_alpha``,
+        fits them exactly and would be trained on silently. A checkpoint saved before the identity was recorded is
+        accepted with a warning; a base model that neither side names is not compared.
+
+        Raises:
+            CheckpointError: A setting differs; the message names the checkpoint's value and this run's.
+        """
+        if not isinstance(saved, dict):
+            logger.warning(
+                "Checkpoint %s does not record the base model and LoRA settings it was trained with; resuming "
+                "without checking that they are this run's.",
+                path,
+            )
+            return
+        current = self.policy_identity()
+        differences = [
+            f"{name} {saved[name]!r} (this run: {value!r})"
+            for name, value in current.items()
+            if name in saved and saved[name] != value and not (name == "model" and None in (saved[name], value))
+        ]
+        if differences:
+            raise CheckpointError(
+                f"checkpoint {path} belongs to another policy: it was trained with {'; '.join(differences)}. Resume "
+                "it with the settings it was trained with, or start a new run with another checkpoint_dir."
+            )
 
     def _apply_config_hyperparameters(self, path: Path, optimizer_step: int) -> None:
         """Make the config's learning rate, weight decay, betas and epsilon win over those a checkpoint restored.

@@ -34,7 +34,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     mean_std,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
-from agentbolt.algorithm.grpo.advantages import RolloutScore, assign_advantages, group_advantages
+from agentbolt.algorithm.grpo.advantages import AdvantageStats, RolloutScore, assign_advantages, group_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
 
@@ -191,6 +191,33 @@ class GRPO(FinetuningAlgorithm):
         uncounted = {o.group_id for o in outcomes} - {g for g, _ in scored}  # every rollout dropped
         return flat + len(uncounted)
 
+    def _nothing_trained(self, samples: Sequence[TokenSample], advantages: AdvantageStats) -> str:
+        """Why a step with ``samples`` and these group statistics has no sample to train on."""
+        if not samples:
+            return (
+                "no LLM call of the step can be trained on: the rollouts made none (or failed before their first), or "
+                "their calls were of other agents than agent_match, without token ids, or longer than "
+                "max_sequence_length (see the rollouts/* and samples/* counts)."
+            )
+        if advantages.groups == 0 or advantages.zero_variance_groups < advantages.groups:
+            return "no sample has a non-zero advantage (the groups with different rewards made no trainable call)."
+        configured = self.config.sampling_parameters.get("temperature")
+        used = ", ".join(f"{t:g}" for t in sorted({sample.temperature for sample in samples}))
+        cause = (
+            "the calls were sampled greedily, so the rollouts of a task all give the same answer: sample training "
+            "calls at a temperature > 0 (the agent should pass the main_llm resource's sampling_parameters)"
+            if all(sample.temperature == 0 for sample in samples)
+            else "the policy always or never solves these tasks at this temperature: a higher temperature, a reward "
+            "with partial credit, other tasks, or resample_rounds give groups a signal"
+        )
+        rewards = sorted({sample.reward for sample in samples})
+        seen = ", ".join(f"{r:g}" for r in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
+        return (
+            f"in each of the {advantages.groups} group(s) every rollout got the same reward (rewards seen: {seen}), "
+            f"so no rollout has an advantage. The step's LLM calls were sampled at temperature {used} "
+            f"(sampling_parameters: {'not set' if configured is None else f'{configured:g}'}); likely cause: {cause}."
+        )
+
     async def _train_step(
         self,
         store: LightningStore,
@@ -253,7 +280,7 @@ class GRPO(FinetuningAlgorithm):
             metrics = await self._update_weights(server, trainer, lambda: trainer.train_step(kept))
         else:
             metrics = trainer.skip_step()
-            logger.warning("Step %d: no sample with a non-zero advantage; the policy is unchanged.", step)
+            logger.warning("Step %d: the policy is unchanged: %s", step, self._nothing_trained(samples, adv_stats))
         record.update({f"update/{k}": v for k, v in metrics.items()})
         record["time/rollout_seconds"] = rollout_seconds
         record["time/update_seconds"] = time.perf_counter() - update_started

@@ -7,13 +7,32 @@ page ``docs/grpo.md`` explains each option together with the maths it controls.
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, Callable, Dict, Literal, Optional, Tuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 
 __all__ = ["GRPOConfig"]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Sampling parameters that make an engine draw from another distribution than the policy's softmax(logits / T):
+# name -> (whether a value leaves the distribution unchanged, the value that does).
+_DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "top_p": (lambda v: _number(v) and v >= 1, "1"),
+    "top_k": (lambda v: _number(v) and v in (0, -1), "-1"),
+    "min_p": (lambda v: _number(v) and v == 0, "0"),
+    "typical_p": (lambda v: _number(v) and v >= 1, "1"),
+    "min_tokens": (lambda v: _number(v) and v == 0, "0"),
+    "repetition_penalty": (lambda v: _number(v) and v == 1, "1"),
+    "presence_penalty": (lambda v: _number(v) and v == 0, "0"),
+    "frequency_penalty": (lambda v: _number(v) and v == 0, "0"),
+    "logit_bias": (lambda v: not v, "{}"),
+}
 
 
 class GRPOConfig(FinetuningConfig):
@@ -116,6 +135,38 @@ class GRPOConfig(FinetuningConfig):
         "holding about 1/N of them; the leader keeps a full copy of the policy to serve and checkpoint. Alone "
         "(no torchrun), both train the same way.",
     )
+
+    @field_validator("sampling_parameters")
+    @classmethod
+    def _samples_the_policy(cls, value: Dict[str, Any]) -> Dict[str, Any]:
+        """Training rollouts must be sampled from the policy's own (tempered) distribution.
+
+        The trainer scores every sampled token under ``softmax(logits / T)`` itself (the old log-probs are its own,
+        never the engine's), so a sampler that truncates or reshapes that distribution would make the importance
+        ratio and the policy gradient biased; and a greedy sampler gives every rollout of a task the same answer.
+        ``val_sampling_parameters`` are not checked: validation may decode greedily or truncate.
+        """
+        temperature = value.get("temperature")
+        if temperature is not None and (not _number(temperature) or not math.isfinite(temperature)):
+            raise ValueError(f"sampling_parameters['temperature'] must be a number > 0, got {temperature!r}")
+        if temperature is not None and temperature <= 0:
+            raise ValueError(
+                f"sampling_parameters['temperature']={temperature!r} samples training rollouts greedily: the rollouts "
+                "of a task all give the same answer, every group's rewards are equal and GRPO has no advantage to "
+                "train on. Use a temperature > 0 (1.0 samples the policy itself); val_sampling_parameters may stay "
+                "greedy."
+            )
+        for name, (unchanged, neutral) in _DISTRIBUTION_CHANGING.items():
+            setting = value.get(name)
+            if setting is not None and not unchanged(setting):
+                raise ValueError(
+                    f"sampling_parameters[{name!r}]={setting!r} makes training rollouts sample from another "
+                    "distribution than the policy's softmax(logits / T), under which GRPO scores them (the trainer "
+                    "computes the old log-probs itself): the importance ratio and the policy gradient would be "
+                    f"biased towards what the sampler favours. Remove it (or set {name}={neutral}) for training; "
+                    "val_sampling_parameters may use it."
+                )
+        return value
 
     @model_validator(mode="after")
     def _shardable(self) -> GRPOConfig:

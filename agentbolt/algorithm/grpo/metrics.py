@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Coroutine, Dict, List, Optional, Protocol, Set
@@ -23,6 +24,7 @@ __all__ = [
     "StoreMetricsSink",
     "TrackerMetricsSink",
     "TrainingLogger",
+    "check_log_dir_unused",
     "plot_reward_curve",
     "read_metrics",
 ]
@@ -56,13 +58,77 @@ class MetricsSink(Protocol):
         """Flush and release resources."""
 
 
-class JsonlSink:
-    """Appends ``{"step": n, "time": t, **record}`` lines to ``log_dir/metrics.jsonl``."""
+def _step_of(line: str) -> Optional[int]:
+    """The ``step`` of one ``metrics.jsonl`` line (None when the line is not a record)."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
-    def __init__(self, log_dir: Path) -> None:
+
+def check_log_dir_unused(log_dir: Optional[str | os.PathLike[str]]) -> None:
+    """Refuse a ``log_dir`` whose ``metrics.jsonl`` already holds records: they belong to another run.
+
+    A log directory holds one run; only a run resumed from a checkpoint continues the log it finds (see
+    :class:`TrainingLogger`). Appending a new run to another one's log would make one curve of two runs.
+
+    Raises:
+        ValueError: ``log_dir/metrics.jsonl`` holds records; the message names the file, its steps and the ways out.
+    """
+    if log_dir is None:
+        return
+    path = Path(log_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        return
+    steps = [step for step in map(_step_of, lines) if step is not None]
+    held = f"steps {min(steps)} to {max(steps)}" if steps else f"{len(lines)} line(s)"
+    raise ValueError(
+        f"log_dir {str(log_dir)!r} already holds the metrics of another run ({held} in {path}), and this run does "
+        "not resume it from a checkpoint. Use a new log_dir, or delete that metrics.jsonl to replace its run; to "
+        "continue that run, resume it from its checkpoint_dir (resume=True)."
+    )
+
+
+class JsonlSink:
+    """Appends ``{"step": n, "time": t, **record}`` lines to ``log_dir/metrics.jsonl``.
+
+    Args:
+        log_dir: The run's log directory (created when missing).
+        resume_step: A resumed run continues the file, dropping its records of the steps after this one (the run
+            logs them again). None: a new run, which refuses a file that already holds records
+            (:func:`check_log_dir_unused`).
+    """
+
+    def __init__(self, log_dir: Path, resume_step: Optional[int] = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.path = log_dir / METRICS_FILE
+        if resume_step is None:
+            check_log_dir_unused(log_dir)
+        else:
+            self._keep_through(resume_step)
         self._file = self.path.open("a", encoding="utf-8")
+
+    def _keep_through(self, step: int) -> None:
+        """Drop the records of the steps after ``step`` (written by the interrupted process before it stopped)."""
+        if not self.path.is_file():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if (_step_of(line) or 0) <= step]
+        if len(kept) == len(lines):
+            return
+        staging = self.path.with_name(f".{METRICS_FILE}.tmp")
+        staging.write_text("".join(kept), encoding="utf-8")
+        os.replace(staging, self.path)
+        logger.info(
+            "Resuming at step %d: dropped %d record(s) of later steps from %s (they are logged again).",
+            step,
+            len(lines) - len(kept),
+            self.path,
+        )
 
     def log(self, step: int, record: Dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in record.items()}
@@ -332,8 +398,16 @@ class TrainingLogger:
         console: Show the rich progress bar and per-step lines.
         tensorboard: Log to TensorBoard (needs ``log_dir``).
         wandb_project: Log to this Weights & Biases project.
-        run_config: Configuration recorded with the W&B run (its ``run_id``, if any, names the run in the store).
+        run_config: Configuration recorded with the W&B run.
         title: Algorithm name shown on the progress bar, in log lines and on the reward curve.
+        run_id: Names the run's records in the store (default: ``run_config["run_id"]``, else the log directory's
+            name, else the algorithm and the start time).
+        resumed: The run resumes from its checkpoint of ``start_step``: ``log_dir/metrics.jsonl`` is continued,
+            without its records of later steps (logged again). Otherwise ``metrics.jsonl`` must hold no records
+            (a log directory holds one run).
+
+    Raises:
+        ValueError: ``tensorboard`` without a ``log_dir``, or a new run's ``log_dir`` already holds records.
     """
 
     def __init__(
@@ -347,13 +421,15 @@ class TrainingLogger:
         wandb_project: Optional[str] = None,
         run_config: Optional[Dict[str, Any]] = None,
         title: str = "GRPO",
+        run_id: Optional[str] = None,
+        resumed: bool = False,
     ) -> None:
         self.title = title
         self.log_dir = Path(log_dir) if log_dir else None
         self.sinks: List[MetricsSink] = []
         self.history: List[Dict[str, Any]] = []
         if self.log_dir is not None:
-            self.sinks.append(JsonlSink(self.log_dir))
+            self.sinks.append(JsonlSink(self.log_dir, start_step if resumed else None))
             if tensorboard:
                 self.sinks.append(TensorBoardSink(self.log_dir))
         elif tensorboard:
@@ -362,7 +438,7 @@ class TrainingLogger:
             self.sinks.append(WandbSink(wandb_project, run_config or {}, self.log_dir))
         if console:
             self.sinks.append(ConsoleSink(total_steps, start_step, title))
-        self.run_id = (run_config or {}).get("run_id") or _default_run_id(self.log_dir, title.lower())
+        self.run_id = run_id or (run_config or {}).get("run_id") or _default_run_id(self.log_dir, title.lower())
         self._add_environment_sinks()
 
     def _add_environment_sinks(self) -> None:

@@ -63,3 +63,32 @@ def test_a_device_that_is_not_a_torch_device_name_is_refused_at_construction() -
         GRPO(device="nonsense")
     assert caught.value.errors()[0]["loc"] == ("device",)
     assert GRPOConfig(device="cuda:1").device == "cuda:1"  # a valid name; its availability is checked when it is used
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0])
+def test_greedy_training_sampling_is_refused_naming_the_field_and_why(temperature: float) -> None:
+    with pytest.raises(ValidationError, match=r"sampling_parameters\['temperature'\]=0.* same answer") as caught:
+        GRPOConfig(sampling_parameters={"temperature": temperature})
+    assert caught.value.errors()[0]["loc"] == ("sampling_parameters",)
+
+
+def test_greedy_validation_sampling_is_accepted() -> None:
+    config = GRPOConfig(sampling_parameters={"temperature": 0.7}, val_sampling_parameters={"temperature": 0.0})
+    assert config.val_sampling_parameters == {"temperature": 0.0}
+    assert GRPOConfig().val_sampling_parameters == {"temperature": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("top_p", 0.9), ("top_k", 20), ("min_p", 0.05), ("repetition_penalty", 1.1), ("logit_bias", {"5": 2.0})],
+)
+def test_training_sampling_that_is_not_the_policys_distribution_is_refused(name: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=rf"sampling_parameters\['{name}'\].* biased") as caught:
+        GRPOConfig(sampling_parameters={"temperature": 1.0, name: value})
+    assert caught.value.errors()[0]["loc"] == ("sampling_parameters",)
+    assert GRPOConfig(val_sampling_parameters={"temperature": 0.0, name: value}).val_sampling_parameters[name] == value
+
+
+def test_sampling_parameters_that_leave_the_policys_distribution_unchanged_are_accepted() -> None:
+    neutral = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_tokens": 32, "stop": ["\n"]}
+    assert GRPOConfig(sampling_parameters=neutral).sampling_parameters == neutral

@@ -138,3 +138,46 @@ def test_dynamic_sampling_stops_after_its_rounds(word_model: Path) -> None:
     [counts] = _step_counts(algorithm)
     assert (counts["groups/total"], counts["groups/zero_variance"], counts["groups/resampled"]) == (6, 6, 4)
     assert (counts["rollouts/total"], counts["samples/trained"]) == (12, 0)
+
+
+def _unchanged_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "the policy is unchanged" in r.getMessage()]
+
+
+def test_a_step_whose_groups_all_score_alike_warns_naming_equal_rewards_and_the_temperature(
+    word_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        await ask(llm, task["prompt"])
+        return 1.0  # every rollout of every group alike: no signal
+
+    algorithm = _algorithm(
+        word_model, batch_size=2, group_size=2, max_steps=1, sampling_parameters={"temperature": 0.7}
+    )
+    with caplog.at_level("WARNING"):
+        fit(algorithm, agent, train=[{"prompt": "ping"}, {"prompt": "pong"}])
+
+    (warning,) = _unchanged_warnings(caplog)
+    assert "Step 1" in warning
+    assert "in each of the 2 group(s) every rollout got the same reward (rewards seen: 1)" in warning
+    assert "sampled at temperature 0.7 (sampling_parameters: 0.7)" in warning
+    assert "always or never solves these tasks at this temperature" in warning
+
+
+def test_a_step_without_signal_from_greedy_calls_names_greedy_sampling_as_the_cause(
+    word_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    @agl.rollout
+    async def greedy_agent(task: dict, llm: agl.LLM) -> float:
+        # The agent overrides the published sampling parameters with its own temperature.
+        await ask(agl.LLM(endpoint=llm.endpoint, model=llm.model, sampling_parameters={"temperature": 0.0}), "ping")
+        return 0.0
+
+    algorithm = _algorithm(word_model, batch_size=1, group_size=2, max_steps=1)
+    with caplog.at_level("WARNING"):
+        fit(algorithm, greedy_agent, train=[{"prompt": "ping"}])
+
+    (warning,) = _unchanged_warnings(caplog)
+    assert "sampled at temperature 0 (sampling_parameters: 1)" in warning
+    assert "sampled greedily, so the rollouts of a task all give the same answer" in warning
