@@ -8,8 +8,8 @@ adds to a store server's FastAPI app:
   and read by the Training page;
 * ``/v1/agl/dashboard/rollouts`` (GET): one page of rollouts with the filters the store's own query lacks (mode,
   resources, worker, time range, reward, text in the input), each with its latest attempt and final reward;
-* ``/v1/agl/dashboard/resources`` (GET): per resources version, the finished rollouts that used it and their mean
-  reward (the scores of prompt-optimization candidates);
+* ``/v1/agl/dashboard/resources`` (GET): per resources version, the finished rollouts that used it and, per purpose
+  of a prompt search (or per mode for other rollouts), their score as the prompt optimizers count it;
 * ``/v1/agl/dashboard/workers`` (GET): the workers, each with its recent throughput;
 * ``/assets/...`` (cached for a year: the names change with the content) and, for every other path outside
   ``/v1/``, the app's ``index.html`` (``/v1/...`` paths that match no route stay 404).
@@ -24,8 +24,9 @@ import logging
 import math
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple
 
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field
@@ -36,7 +37,7 @@ from typing_extensions import Annotated
 
 from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
 from agentbolt.types.wire import decode_json, encode_json_repairing
-from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward
+from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward, training_reward
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -65,6 +66,9 @@ _REWARD_SETTLE_SECONDS = 30.0
 """A rollout that ended this long ago gets no more spans in practice: its reward is cached."""
 _THROUGHPUT_WINDOW_SECONDS = 600.0
 _THROUGHPUT_SCAN = 1000
+_PROMPT_SEARCH_KEY = "prompt_search"
+"""Rollout metadata key of the prompt optimizers' tag (``agentbolt.algorithm.apo.search.METADATA_KEY``; the store
+imports no algorithm)."""
 
 
 def is_public_page(path: str) -> bool:
@@ -129,20 +133,100 @@ def _duration(rollout: Rollout) -> Optional[float]:
     return None if rollout.end_time is None else rollout.end_time - rollout.start_time
 
 
+@dataclass(frozen=True)
+class _Rewards:
+    """The rewards of a rollout's latest attempt, read from its reward spans.
+
+    Attributes:
+        final: Its last reward as emitted (NaN and infinities kept): what the rollout lists show.
+        training: The same through :func:`~agentbolt.utils.reward_spans.training_reward`, which algorithms train and
+            select on (a reward that is not a finite number is none).
+    """
+
+    final: Optional[float]
+    training: Optional[float]
+
+
+_NO_REWARDS = _Rewards(final=None, training=None)
+
+
+def _candidate_score(status: str, rewards: _Rewards) -> float:
+    """A finished rollout's score as the prompt optimizers count it (``PromptSearch.evaluate`` in
+    ``agentbolt.algorithm.apo.search``): its training reward when it succeeded; 0 when it failed or was cancelled,
+    or when it has no finite reward."""
+    return rewards.training if status == "succeeded" and rewards.training is not None else 0.0
+
+
+def _search_purpose(rollout: Rollout) -> Optional[str]:
+    """Why a prompt optimizer ran the rollout (``train``, ``val-batch``, ``val-full``...), from its tag; None when no
+    optimizer tagged it."""
+    tag = (rollout.metadata or {}).get(_PROMPT_SEARCH_KEY)
+    purpose = tag.get("purpose") if isinstance(tag, Mapping) else None
+    return purpose if isinstance(purpose, str) else None
+
+
+@dataclass
+class _PurposeScores:
+    """The finished rollouts of one resources version run for one purpose and mode."""
+
+    rollouts: int = 0
+    with_reward: int = 0
+    total: float = 0.0
+
+
+@dataclass
+class _VersionScores:
+    """The finished rollouts of one resources version, pooled and per ``(purpose, mode)``."""
+
+    rollouts: int = 0
+    rewards: List[float] = field(default_factory=list)
+    groups: Dict[Tuple[Optional[str], Optional[str]], _PurposeScores] = field(default_factory=dict)
+
+    def add(self, rollout: Rollout, rewards: _Rewards) -> None:
+        self.rollouts += 1
+        if rewards.training is not None:
+            self.rewards.append(rewards.training)
+        group = self.groups.setdefault((_search_purpose(rollout), rollout.mode), _PurposeScores())
+        group.rollouts += 1
+        if rollout.status == "succeeded" and rewards.training is not None:
+            group.with_reward += 1
+        group.total += _candidate_score(rollout.status, rewards)
+
+    def as_json(self, resources_id: str) -> Dict[str, Any]:
+        # Tagged purposes first (alphabetical), then untagged rollouts by mode.
+        groups = sorted(self.groups.items(), key=lambda item: (item[0][0] is None, item[0][0] or "", item[0][1] or ""))
+        return {
+            "resources_id": resources_id,
+            "rollouts": self.rollouts,
+            "rewarded": len(self.rewards),
+            "mean_reward": sum(self.rewards) / len(self.rewards) if self.rewards else None,
+            "by_purpose": [
+                {
+                    "purpose": purpose,
+                    "mode": mode,
+                    "rollouts": group.rollouts,
+                    "with_reward": group.with_reward,
+                    "score": group.total / group.rollouts,
+                }
+                for (purpose, mode), group in groups
+            ],
+        }
+
+
 class _RewardCache:
-    """Final rewards of rollouts that ended a while ago, by ``(rollout_id, attempt_id)`` (least recently used out)."""
+    """Rewards of rollouts that ended a while ago, by ``(rollout_id, attempt_id)`` (least recently used out)."""
 
     def __init__(self, size: int = _REWARD_CACHE_SIZE) -> None:
         self._size = size
-        self._items: OrderedDict[Tuple[str, str], Optional[float]] = OrderedDict()
+        self._items: OrderedDict[Tuple[str, str], _Rewards] = OrderedDict()
 
-    def get(self, key: Tuple[str, str]) -> Tuple[bool, Optional[float]]:
+    def get(self, key: Tuple[str, str]) -> Optional[_Rewards]:
         if key in self._items:
             self._items.move_to_end(key)
-            return True, self._items[key]
-        return False, None
+            return self._items[key]
+        return None
 
-    def put(self, key: Tuple[str, str], value: Optional[float]) -> None:
+    def put(self, key: Tuple[str, str], value: _Rewards) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self._size:
@@ -156,26 +240,32 @@ class _Summaries:
         self._call = call
         self._rewards = _RewardCache()
 
-    async def final_reward(self, rollout: Rollout) -> Optional[float]:
-        """The reward of the last reward span of the rollout's latest attempt."""
+    async def rewards(self, rollout: Rollout) -> _Rewards:
+        """The rewards of the last reward span of the rollout's latest attempt."""
         if not isinstance(rollout, AttemptedRollout):
-            return None
+            return _NO_REWARDS
         key = (rollout.rollout_id, rollout.attempt.attempt_id)
-        cached, value = self._rewards.get(key)
-        if cached:
-            return value
-        spans: Sequence[Span] = await self._call(
-            "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
+        cached = self._rewards.get(key)
+        if cached is not None:
+            return cached
+        spans: List[Span] = list(
+            await self._call(
+                "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
+            )
         )
         try:
-            value = find_final_reward(list(spans))
+            value = _Rewards(final=find_final_reward(spans), training=training_reward(spans, rollout.rollout_id))
         except (ValueError, TypeError) as exc:  # a reward span an agent wrote wrongly: shown as no reward
             logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout.rollout_id, exc)
-            value = None
+            value = _NO_REWARDS
         settled = rollout.end_time is not None and time.time() - rollout.end_time > _REWARD_SETTLE_SECONDS
         if settled and rollout.status in _TERMINAL:
             self._rewards.put(key, value)
         return value
+
+    async def final_reward(self, rollout: Rollout) -> Optional[float]:
+        """The reward of the last reward span of the rollout's latest attempt, as emitted."""
+        return (await self.rewards(rollout)).final
 
     def summary(self, rollout: Rollout, reward: Optional[float]) -> Dict[str, Any]:
         attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
@@ -287,30 +377,21 @@ class _Summaries:
         return items, len(kept)
 
     async def resource_scores(self) -> Dict[str, Any]:
-        """Per resources version: how many finished rollouts used it and their mean final reward (the score of a
-        prompt-optimization candidate)."""
+        """Per resources version, its finished rollouts and how they scored.
+
+        ``by_purpose`` groups the rollouts by the purpose a prompt optimizer tagged them with (``train``,
+        ``val-batch``, ``val-full``...) and their mode (untagged rollouts: by mode alone), and gives each group's
+        ``score``: the mean over its rollouts, failed and cancelled ones and those without a finite reward counting
+        0, as the optimizers score a candidate. ``rollouts``, ``rewarded`` and ``mean_reward`` pool every purpose:
+        the mean of the finite final rewards of the rollouts that have one, whatever their status.
+        """
         finished: Sequence[Rollout] = await self._call("query_rollouts", status_in=list(_TERMINAL))
-        groups: Dict[str, List[float]] = {}
-        counts: Dict[str, int] = {}
+        versions: Dict[str, _VersionScores] = {}
         for rollout in finished:
-            if rollout.resources_id is None:
-                continue
-            counts[rollout.resources_id] = counts.get(rollout.resources_id, 0) + 1
-            reward = await self.final_reward(rollout)
-            if reward is not None and math.isfinite(reward):  # as training reads it: a non-finite reward is none
-                groups.setdefault(rollout.resources_id, []).append(reward)
-        items = [
-            {
-                "resources_id": resources_id,
-                "rollouts": count,
-                "rewarded": len(groups.get(resources_id, [])),
-                "mean_reward": (sum(groups[resources_id]) / len(groups[resources_id]))
-                if groups.get(resources_id)
-                else None,
-            }
-            for resources_id, count in counts.items()
-        ]
-        return {"items": items}
+            if rollout.resources_id is not None:
+                version = versions.setdefault(rollout.resources_id, _VersionScores())
+                version.add(rollout, await self.rewards(rollout))
+        return {"items": [version.as_json(resources_id) for resources_id, version in versions.items()]}
 
     async def workers(self) -> Dict[str, Any]:
         """Workers with the rollouts each finished over the last ten minutes (from the latest attempts of the most
@@ -438,7 +519,7 @@ def _add_routes(app: FastAPI, call: StoreCall) -> None:
 
     @app.get("/v1/agl/dashboard/resources", tags=["dashboard"])
     async def dashboard_resources() -> Response:
-        """Per resources version, the finished rollouts that used it and their mean final reward."""
+        """Per resources version, the finished rollouts that used it and their scores, per purpose."""
         return _json(await summaries.resource_scores())
 
     @app.get("/v1/agl/dashboard/workers", tags=["dashboard"])

@@ -1,11 +1,13 @@
 // The store's HTTP API as the dashboard uses it. Every request goes to `<endpoint>/v1/agl/...`; the bearer token,
 // when one is needed, travels in the Authorization header (never in a URL).
+import type { WireNumber } from "./format";
 import { loadSettings, loadToken } from "./settings";
 
 export class ApiError extends Error {
   constructor(
     message: string,
     readonly status: number, // 0 = the store could not be reached
+    readonly detail: unknown = null, // the answer's "detail" (a list of ValidationIssue for a 422)
   ) {
     super(message);
   }
@@ -37,12 +39,31 @@ export function apiRoot(): string {
   return new URL(".", document.baseURI).toString();
 }
 
-function detailOf(body: unknown): string | null {
-  if (body && typeof body === "object" && "detail" in body) {
-    const detail = (body as { detail: unknown }).detail;
-    return typeof detail === "string" ? detail : JSON.stringify(detail);
+/** One problem of a refused request, as the store's validation reports it (422). */
+export interface ValidationIssue {
+  loc: Array<string | number>; // ["query", "sort_by"], ["query", "status", 0], ["body", ...]
+  msg: string;
+  input?: unknown;
+}
+
+/** The issues of a 422 answer (none for other errors). */
+export function validationIssues(error: ApiError): ValidationIssue[] {
+  if (error.status !== 422 || !Array.isArray(error.detail)) return [];
+  return error.detail.filter((d): d is ValidationIssue => !!d && typeof d === "object" && Array.isArray(d.loc) && typeof d.msg === "string");
+}
+
+function detailOf(body: unknown): unknown {
+  return body && typeof body === "object" && "detail" in body ? (body as { detail: unknown }).detail : null;
+}
+
+function messageOf(detail: unknown): string | null {
+  if (detail === null || detail === undefined) return null;
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail) && detail.length && detail.every((d) => d && typeof d === "object" && Array.isArray(d.loc))) {
+    // Validation issues: "sort_by: Input should be 'start_time', ... or 'reward'"
+    return (detail as ValidationIssue[]).map((d) => `${d.loc.slice(1).join(".") || d.loc.join(".")}: ${d.msg}`).join("; ");
   }
-  return null;
+  return JSON.stringify(detail);
 }
 
 export type Query = Record<string, string | number | boolean | null | undefined | Array<string | number>>;
@@ -81,8 +102,9 @@ export async function request<T>(method: "GET" | "POST", path: string, options: 
     }
   }
   if (!response.ok) {
-    const message = detailOf(body) ?? `${response.status} ${response.statusText}`;
-    const error = new ApiError(message, response.status);
+    const detail = detailOf(body);
+    const message = messageOf(detail) ?? `${response.status} ${response.statusText}`;
+    const error = new ApiError(message, response.status, detail);
     if (response.status === 401 || response.status >= 500 || response.status === 409) notify(error);
     throw error;
   }
@@ -126,7 +148,7 @@ export interface RolloutSummary {
   end_time: number | null;
   duration: number | null;
   input_preview: string;
-  reward: number | null;
+  reward: WireNumber | null; // NaN and infinities arrive as "NaN", "Infinity", "-Infinity"
   attempt: Attempt | null;
 }
 

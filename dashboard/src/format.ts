@@ -22,8 +22,31 @@ export function formatAge(seconds: number | null | undefined, now: number = Date
   return `${formatDuration(Math.max(0, now - seconds))} ago`;
 }
 
-export function formatNumber(value: number | null | undefined, digits = 3): string {
-  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+const NON_FINITE = new Map<string, number>([
+  ["NaN", NaN],
+  ["Infinity", Infinity],
+  ["-Infinity", -Infinity],
+]);
+
+/** A number as the store's JSON carries it: a number, or "NaN", "Infinity" or "-Infinity" (which JSON lacks). */
+export type WireNumber = number | "NaN" | "Infinity" | "-Infinity";
+
+/** The number a JSON value carries (NaN and the infinities included), or null when it carries none. */
+export function fromWire(value: unknown): number | null {
+  if (typeof value === "number") return value;
+  return typeof value === "string" ? (NON_FINITE.get(value) ?? null) : null;
+}
+
+/** NaN and the infinities as the store's JSON writes them. */
+function nonFinite(value: number): string {
+  return Number.isNaN(value) ? "NaN" : value > 0 ? "Infinity" : "-Infinity";
+}
+
+/** A number; NaN and infinities as they are, "–" when there is none. */
+export function formatNumber(wire: WireNumber | null | undefined, digits = 3): string {
+  const value = fromWire(wire);
+  if (value === null) return "–";
+  if (!Number.isFinite(value)) return nonFinite(value);
   if (Number.isInteger(value) && Math.abs(value) < 1e9) return String(value);
   const abs = Math.abs(value);
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
@@ -41,7 +64,9 @@ export function toText(value: unknown): string {
   }
 }
 
-/** A reward, always with three decimals (so 0 and 0.5 line up in a column). */
-export function formatReward(value: number | null | undefined): string {
-  return value === null || value === undefined || !Number.isFinite(value) ? "–" : value.toFixed(3);
+/** A reward, always with three decimals (so 0 and 0.5 line up in a column); NaN and infinities as emitted. */
+export function formatReward(wire: WireNumber | null | undefined): string {
+  const value = fromWire(wire);
+  if (value === null) return "–";
+  return Number.isFinite(value) ? value.toFixed(3) : nonFinite(value);
 }

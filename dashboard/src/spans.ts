@@ -1,6 +1,7 @@
 // Reading spans: attribute trees, the span tree, LLM calls, rewards and links (the store keeps attributes flat:
 // "gen_ai.prompt.0.role" = "user").
 import type { Span } from "./api";
+import { fromWire } from "./format";
 
 export type Tree = { [key: string]: Tree | unknown };
 
@@ -143,11 +144,13 @@ export function rewards(span: Span): Reward[] {
   const a = span.attributes ?? {};
   const list = unflatten(a, "agentlightning.reward");
   if (Array.isArray(list)) {
+    // A value is a number, or NaN or an infinity as the store's JSON writes them ("NaN", "Infinity"): kept as emitted.
     return list
-      .filter((r) => r && typeof r === "object" && typeof (r as Reward).value === "number")
-      .map((r) => ({ name: String((r as Reward).name ?? "reward"), value: (r as Reward).value }));
+      .filter((r) => r && typeof r === "object" && fromWire((r as Record<string, unknown>).value) !== null)
+      .map((r) => ({ name: String((r as Record<string, unknown>).name ?? "reward"), value: fromWire((r as Record<string, unknown>).value)! }));
   }
-  if (span.name === "agentlightning.annotation" && typeof a["reward"] === "number") return [{ name: "reward", value: a["reward"] as number }];
+  const legacy = fromWire(a["reward"]);
+  if (span.name === "agentlightning.annotation" && legacy !== null) return [{ name: "reward", value: legacy }];
   return [];
 }
 

@@ -3,8 +3,9 @@
 Usage: ``python tests/dashboard/seed_run.py STORE_URL WORK_DIR``. The run trains a tiny random word-level Llama (no
 download) through the full stack against the store at STORE_URL: a runner, an agent making two OpenAI SDK calls
 inside an operation, the gateway recording token ids and log-probs, the in-process engine, and GRPO, which stores
-its per-step metrics. Then, through the store's API: two prompt-template versions (for the diff), a rollout retried
-after a failure, and a span holding a 2 MB attribute (for truncation).
+its per-step metrics. Then, through the store's API: two prompt-template versions (for the diff), the second scored
+on the full validation set as a prompt search tags its rollouts (one reward NaN), a rollout retried after a failure,
+and a span holding a 2 MB attribute (for truncation).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ sys.path.insert(0, str(HERE.parents[0]))
 from word_model import ask, build_word_model  # noqa: E402
 
 import agentbolt as agl  # noqa: E402
+from agentbolt.algorithm.apo.search import FULL_VAL, METADATA_KEY  # noqa: E402
 from agentbolt.algorithm.grpo.algorithm import GRPO  # noqa: E402
 from agentbolt.store.client_server import LightningStoreClient  # noqa: E402
-from dashboard.seeding import SCRIPT_PAYLOAD, reward_span  # noqa: E402
+from dashboard.seeding import SCRIPT_PAYLOAD, finish, reward_span  # noqa: E402
 
 TRAIN = [{"prompt": "ping", "answer": "yes"}, {"prompt": "pong", "answer": "no"}]
+# The full-validation rollouts of a prompt-search candidate: (task, reward emitted, how the rollout ends). The
+# optimizer scores the candidate (0.25 + 0 + 1.0 + 0) / 4 = 0.3125.
+SCORED = [
+    ("scored a", 0.25, "succeeded"),
+    ("nan reward", float("nan"), "succeeded"),
+    ("scored c", 1.0, "succeeded"),
+    ("scored d", 0.5, "failed"),
+]
 VAL = [{"prompt": "ping", "answer": "yes", "note": SCRIPT_PAYLOAD}]
 HUGE_CHARS = 2_000_000
 
@@ -76,7 +86,13 @@ async def extras(url: str) -> None:
         template = "You answer with one word.\nQuestion: {question}\nAnswer:"
         await store.add_resources({"prompt": agl.PromptTemplate(template=template, engine="f-string")})
         better = "You answer with exactly one word, yes or no.\nQuestion: {question}\nThink first.\nAnswer:"
-        await store.add_resources({"prompt": agl.PromptTemplate(template=better, engine="f-string")})
+        candidate = await store.add_resources({"prompt": agl.PromptTemplate(template=better, engine="f-string")})
+        for task, reward, status in SCORED:
+            tag = {METADATA_KEY: {"run_id": "apo-dashboard", "version": "v1", "purpose": FULL_VAL, "task": task}}
+            scored = await store.enqueue_rollout(
+                input={"prompt": task}, mode="val", resources_id=candidate.resources_id, metadata=tag
+            )
+            await finish(store, scored.rollout_id, "Worker-6", reward, status=status)
         # A rollout retried once after a failure, then failed for good.
         config = agl.RolloutConfig(max_attempts=2, retry_condition=["failed"])
         retried = await store.enqueue_rollout(input={"prompt": "retry me"}, mode="train", config=config)

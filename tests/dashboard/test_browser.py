@@ -199,6 +199,47 @@ def test_resources_list_versions_and_diff_two_prompt_templates(page: Any, seeded
     _shot(page, "resources")
 
 
+def test_resource_scores_are_shown_per_purpose_as_the_prompt_optimizer_scores(page: Any, seeded_store: str) -> None:
+    # The seeded candidate's full-validation rollouts: 0.25, NaN, 1.0, and 0.5 from a rollout that then failed.
+    (scored, *_) = _rollouts(seeded_store, text="scored a")
+    page.goto(seeded_store + "/resources")
+    row = page.get_by_role("table", name="resource versions").locator("tbody tr", has_text=scored["resources_id"])
+    row.wait_for()
+    score = row.locator("ul.scores li", has_text="val-full")
+    score.wait_for()
+    assert score.inner_text() == "val-full 0.313 over 4 rollouts"
+    assert page.get_by_text("unrewarded rollouts and NaN or infinite rewards count 0").is_visible()
+
+
+def test_a_nan_reward_is_shown_as_it_was_emitted(page: Any, seeded_store: str) -> None:
+    (rollout,) = _rollouts(seeded_store, text="nan reward")
+    assert rollout["reward"] == "NaN"
+    page.goto(seeded_store + "/rollouts?text=nan+reward")
+    _rows(page).first.wait_for()
+    assert _rows(page).first.locator("td").nth(4).inner_text() == "NaN"
+    page.goto(f"{seeded_store}/rollouts/{rollout['rollout_id']}")
+    page.locator("strong.reward").wait_for()
+    assert page.locator("strong.reward").inner_text() == "NaN"
+    tree = page.get_by_role("tree", name="span tree")
+    assert tree.locator(".reward-badge").inner_text() == "reward NaN"
+
+
+def test_invalid_parameters_of_a_shared_link_are_left_out_with_a_notice(page: Any, seeded_store: str) -> None:
+    failed = _rollouts(seeded_store, status="failed")
+    page.goto(seeded_store + "/rollouts?offset=-5&sort=bogus&order=sideways&status=weird&status=failed&size=7")
+    page.wait_for_url(re.compile(r"/rollouts\?status=failed$"))
+    page.wait_for_function(f"document.querySelectorAll('table.rollouts tbody tr').length === {len(failed)}")
+    notice = page.get_by_role("status", name="parameters left out")
+    left_out = notice.locator("code").all_inner_texts()
+    assert sorted(left_out) == ["offset=-5", "order=sideways", "size=7", "sort=bogus", "status=weird"]
+    assert "Input should be 'queuing'" in notice.inner_text()  # the store's own reason, naming the valid values
+    assert page.get_by_text("Could not load the rollouts").count() == 0
+    statuses = set(_rows(page).evaluate_all("rows => rows.map(r => r.children[1].textContent)"))
+    assert statuses == {"failed"}
+    notice.get_by_role("button", name="Dismiss").click()
+    notice.wait_for(state="detached")
+
+
 def test_workers_show_status_heartbeat_and_throughput(page: Any, seeded_store: str) -> None:
     page.goto(seeded_store + "/workers")
     table = page.get_by_role("table", name="workers")
@@ -226,7 +267,7 @@ def test_training_curves_show_each_step_and_the_validation_points(page: Any, see
     ):
         points = sum(1 for r in records for k in keys if r["values"].get(k) is not None)
         assert points > 0 and page.locator("figure.chart", has_text=title).locator("circle").count() == points
-    assert page.get_by_label("Run").input_value() == "grpo-dashboard-run"
+    assert page.get_by_label("Run").input_value().startswith("grpo-dashboard-run-")  # log_dir name, time, 4 hex
     _shot(page, "training")
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, AsyncIterator, Dict, List, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 import httpx
 import pytest
@@ -11,7 +12,7 @@ from support.servers import free_port
 
 from agentbolt.store.client_server import LightningStoreServer
 from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.types import EnqueueRolloutRequest
+from agentbolt.types import EnqueueRolloutRequest, PromptTemplate
 
 from .seeding import seed_small
 
@@ -112,6 +113,20 @@ async def test_bad_query_parameters_are_rejected_with_a_message(
     assert answer.json()["detail"]
 
 
+async def test_every_refused_query_parameter_is_named_by_its_location(seeded: Any) -> None:
+    # What the rollouts page relies on to leave the invalid parameters of a link out, and only those.
+    http, _ = seeded
+    params = {"offset": -5, "sort_by": "bogus", "sort_order": "sideways", "status": ["failed", "weird"]}
+    answer = await http.get("/rollouts", params=params)
+    assert answer.status_code == 422
+    assert {tuple(issue["loc"]) for issue in answer.json()["detail"]} == {
+        ("query", "offset"),
+        ("query", "sort_by"),
+        ("query", "sort_order"),
+        ("query", "status", 1),
+    }
+
+
 async def test_workers_report_their_recent_throughput(seeded: Any) -> None:
     http, _ = seeded
     answer = await http.get("/workers")
@@ -126,6 +141,86 @@ async def test_resource_scores_average_the_final_rewards_of_finished_rollouts(se
     (score,) = (await http.get("/resources")).json()["items"]
     assert score["rollouts"] == 5 and score["rewarded"] == 4  # the failed rollout recorded no reward
     assert score["mean_reward"] == pytest.approx((0 + 0.25 + 0.5 + 0.75) / 4)
+
+
+async def test_resource_scores_of_rollouts_no_optimizer_tagged_are_given_per_mode(seeded: Any) -> None:
+    http, _ = seeded
+    (score,) = (await http.get("/resources")).json()["items"]
+    assert score["by_purpose"] == [
+        {"purpose": None, "mode": "train", "rollouts": 4, "with_reward": 4, "score": (0 + 0.25 + 0.5 + 0.75) / 4},
+        {"purpose": None, "mode": "val", "rollouts": 1, "with_reward": 0, "score": 0.0},  # it failed
+    ]
+
+
+# Each task's outcome: (reward emitted, how the rollout ends).
+SEARCH_OUTCOMES: Dict[str, Tuple[Optional[float], str]] = {
+    "val-a": (0.25, "succeeded"),
+    "val-b": (float("nan"), "succeeded"),
+    "val-c": (1.0, "succeeded"),
+    "val-d": (0.5, "failed"),
+    "train-a": (1.0, "succeeded"),
+    "train-b": (None, "succeeded"),
+}
+
+
+async def _run_tasks(store: InMemoryLightningStore, count: int) -> None:
+    """A worker: finishes ``count`` rollouts as ``SEARCH_OUTCOMES`` says."""
+    from .seeding import reward_span
+
+    for _ in range(count):
+        claimed = None
+        while claimed is None:
+            claimed = await store.dequeue_rollout(worker_id="Worker-0")
+            if claimed is None:
+                await asyncio.sleep(0.01)
+        reward, status = SEARCH_OUTCOMES[claimed.input["task"]]
+        attempt_id = claimed.attempt.attempt_id
+        if reward is not None:
+            sequence_id = await store.get_next_span_sequence_id(claimed.rollout_id, attempt_id)
+            await store.add_span(reward_span(claimed.rollout_id, attempt_id, sequence_id, reward))
+        await store.update_attempt(claimed.rollout_id, attempt_id, status=status)  # type: ignore[arg-type]
+
+
+async def test_a_prompt_is_scored_per_purpose_as_the_prompt_optimizer_scored_it() -> None:
+    # A real prompt search evaluates one candidate on validation tasks (rewards 0.25, NaN, 1.0, and 0.5 from a
+    # rollout that then failed) and on training tasks (1.0, and no reward): each purpose's score on the dashboard is
+    # the optimizer's own mean, not the mean of the finite rewards of every purpose pooled.
+    from agentbolt.adapter import TraceToMessages
+    from agentbolt.algorithm.apo.search import FULL_VAL, PromptSearch
+
+    store = InMemoryLightningStore(thread_safe=True)
+    search = PromptSearch(run_id="scored")
+    adapter = TraceToMessages()
+    search.set_store(store)
+    search.set_adapter(adapter)
+    search.set_initial_resources({"prompt_template": PromptTemplate(template="Answer {task}", engine="f-string")})
+    train_tasks = [{"task": "train-a"}, {"task": "train-b"}]
+    val_tasks = [{"task": key} for key in ("val-a", "val-b", "val-c", "val-d")]
+    seed, train, val = search._start_run(train_tasks, val_tasks)
+    candidate = search._create_seed_version(seed)
+    validated, _ = await asyncio.gather(
+        search.evaluate(candidate, val, mode="val", purpose=FULL_VAL), _run_tasks(store, len(val))
+    )
+    trained, _ = await asyncio.gather(
+        search.evaluate(candidate, train, mode="train", purpose="train"), _run_tasks(store, len(train))
+    )
+    assert validated.mean == pytest.approx(0.3125) and trained.mean == pytest.approx(0.5)
+
+    server = LightningStoreServer(store, host="127.0.0.1", port=free_port())
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
+            (score,) = (await http.get("/resources")).json()["items"]
+    finally:
+        await server.stop()
+    assert score["resources_id"] == "scored-v0"
+    assert score["by_purpose"] == [
+        {"purpose": "train", "mode": "train", "rollouts": 2, "with_reward": 1, "score": pytest.approx(trained.mean)},
+        {"purpose": FULL_VAL, "mode": "val", "rollouts": 4, "with_reward": 2, "score": pytest.approx(validated.mean)},
+    ]
+    # The pooled figures keep their meaning: the finite final rewards of all six rollouts, whatever their status.
+    assert score["rollouts"] == 6 and score["rewarded"] == 4
+    assert score["mean_reward"] == pytest.approx((0.25 + 1.0 + 0.5 + 1.0) / 4)
 
 
 async def test_rewards_that_cannot_be_read_or_ordered_do_not_break_the_lists() -> None:

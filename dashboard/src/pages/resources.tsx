@@ -1,17 +1,45 @@
 // Resources: every version the store holds (prompt templates, LLM endpoints), one version's content, a diff between
-// two versions, and how the rollouts that used each version scored (prompt optimization candidates).
+// two versions, and how the rollouts that used each version scored, per purpose, as the prompt optimizers score a
+// candidate.
 import { api, request, type ResourcesUpdate } from "../api";
 import { ErrorNote, KeyValues, Link, Loading, NotFound, TextBlock } from "../components/common";
 import { diffLines } from "../diff";
-import { formatNumber, formatTime, toText } from "../format";
+import { formatReward, formatTime, toText } from "../format";
 import { useData } from "../hooks";
 import { navigate, withQuery, type Location } from "../router";
+
+/** The finished rollouts of a version run for one purpose of a prompt search (or, untagged, in one mode). */
+interface PurposeScore {
+  purpose: string | null; // "train", "val-batch", "val-full"...; null: no prompt optimizer tagged them
+  mode: string | null;
+  rollouts: number;
+  with_reward: number; // succeeded with a finite reward; the others count 0
+  score: number;
+}
 
 interface Score {
   resources_id: string;
   rollouts: number;
-  rewarded: number;
-  mean_reward: number | null;
+  by_purpose: PurposeScore[];
+}
+
+function purposeLabel(group: PurposeScore): string {
+  return group.purpose ?? `${group.mode ?? "no"} mode`;
+}
+
+function Scores(props: { groups: PurposeScore[] }) {
+  return (
+    <ul class="scores">
+      {props.groups.map((g) => (
+        <li key={`${g.purpose}:${g.mode}`} title={`${g.with_reward} of ${g.rollouts} succeeded with a reward; the others count 0`}>
+          <span class="score-purpose">{purposeLabel(g)}</span> <strong>{formatReward(g.score)}</strong>{" "}
+          <span class="muted">
+            over {g.rollouts} rollout{g.rollouts === 1 ? "" : "s"}
+          </span>
+        </li>
+      ))}
+    </ul>
+  );
 }
 
 function describe(resource: Record<string, unknown> & { resource_type: string }): string {
@@ -45,7 +73,7 @@ export function ResourcesPage(props: { location: Location; resourcesId?: string 
                 <th scope="col">Contents</th>
                 <th scope="col">Updated</th>
                 <th scope="col">Rollouts</th>
-                <th scope="col">Mean reward</th>
+                <th scope="col">Score per purpose</th>
                 <th scope="col">Compare</th>
               </tr>
             </thead>
@@ -67,7 +95,7 @@ export function ResourcesPage(props: { location: Location; resourcesId?: string 
                     </td>
                     <td>{formatTime(r.update_time)}</td>
                     <td class="num">{score ? score.rollouts : "–"}</td>
-                    <td class="num">{score ? formatNumber(score.mean_reward) : "–"}</td>
+                    <td>{score?.by_purpose.length ? <Scores groups={score.by_purpose} /> : "–"}</td>
                     <td>
                       <input
                         type="checkbox"
@@ -88,6 +116,14 @@ export function ResourcesPage(props: { location: Location; resourcesId?: string 
             </tbody>
           </table>
         </div>
+      )}
+      {items.length > 0 && (
+        <p class="muted footnote">
+          Score: the mean over a version's finished rollouts, where failed, cancelled and unrewarded rollouts and NaN or
+          infinite rewards count 0, as the prompt optimizers score a candidate. It is given per purpose of a prompt
+          search (<code>val-full</code>, the whole validation set, decides the best prompt; <code>val-batch</code>,{" "}
+          <code>train</code>...) and, for rollouts no optimizer tagged, per mode.
+        </p>
       )}
       {compareA && compareB && <ResourceDiff a={compareA} b={compareB} />}
       {compareA && !compareB && <p class="muted">Tick a second version to compare it with {compareA}.</p>}

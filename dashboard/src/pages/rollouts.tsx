@@ -1,6 +1,6 @@
 // Rollouts: a filterable, sortable, paginated table, refreshed live; the filters live in the URL.
 import { useEffect, useState } from "preact/hooks";
-import { api, type Query } from "../api";
+import { api, validationIssues, type ApiError, type Query } from "../api";
 import { ErrorNote, Link, Loading, Pagination, StatusBadge } from "../components/common";
 import { formatDuration, formatReward, formatTime } from "../format";
 import { useData } from "../hooks";
@@ -25,39 +25,139 @@ const COLUMNS: Array<{ key: string; label: string; sort?: string }> = [
 
 const FILTER_KEYS = ["status", "mode", "resources_id", "worker_id", "text", "reward_min", "reward_max", "start_after", "start_before"];
 
+/** The address's name of each parameter of `GET dashboard/rollouts` named otherwise there. */
+const ADDRESS_NAME: Record<string, string> = { sort_by: "sort", sort_order: "order", limit: "size" };
+
+/** A parameter of the address left out because it is not valid: `index` picks one value of a repeated one. */
+interface Dropped {
+  name: string;
+  value: string;
+  index?: number;
+  why: string;
+}
+
 function toEpoch(local: string | null): number | undefined {
   if (!local) return undefined;
   const t = new Date(local).getTime();
   return Number.isFinite(t) ? t / 1000 : undefined;
 }
 
-export function RolloutsPage(props: { location: Location }) {
-  const params = props.location.params;
-  const status = params.getAll("status");
-  const mode = params.getAll("mode");
-  const sortBy = params.get("sort") ?? "start_time";
-  const order = params.get("order") === "asc" ? "asc" : "desc";
-  const limit = PAGE_SIZES.includes(Number(params.get("size"))) ? Number(params.get("size")) : 50;
-  const offset = Math.max(0, Number(params.get("offset")) || 0);
+/**
+ * The query of the address, and what of it is not valid. The store's own validation decides which sorts, orders,
+ * statuses, modes and numbers are valid (its 422 names each refused value, see `refusedByTheStore`), so the allowed
+ * values are written down once, in the store. Checked here: what the page itself reads (the page size, the local
+ * times), and the two ranges the store refuses with a 400 that names no parameter.
+ */
+function readQuery(params: URLSearchParams): { query: Query; invalid: Dropped[] } {
+  const invalid: Dropped[] = [];
+  const size = params.get("size");
+  if (size !== null && !PAGE_SIZES.includes(Number(size)))
+    invalid.push({ name: "size", value: size, why: `rows per page are ${PAGE_SIZES.join(", ")}` });
+  const times: Record<string, number | undefined> = {};
+  for (const name of ["start_after", "start_before"]) {
+    const value = params.get(name);
+    times[name] = toEpoch(value);
+    if (value && times[name] === undefined) invalid.push({ name, value, why: "not a date and time" });
+  }
+  if (times.start_after !== undefined && times.start_before !== undefined && times.start_after > times.start_before) {
+    for (const name of ["start_after", "start_before"])
+      invalid.push({ name, value: params.get(name)!, why: "start_after is later than start_before" });
+  }
+  const [rewardMin, rewardMax] = [params.get("reward_min"), params.get("reward_max")];
+  if (rewardMin && rewardMax && Number(rewardMin) > Number(rewardMax)) {
+    invalid.push({ name: "reward_min", value: rewardMin, why: "reward_min is above reward_max" });
+    invalid.push({ name: "reward_max", value: rewardMax, why: "reward_min is above reward_max" });
+  }
+  const left = new Set(invalid.map((d) => d.name));
+  const take = (name: string) => (left.has(name) ? null : params.get(name));
   const query: Query = {
-    status,
-    mode,
+    status: params.getAll("status"),
+    mode: params.getAll("mode"),
     resources_id: params.get("resources_id"),
     worker_id: params.get("worker_id"),
     text: params.get("text"),
-    reward_min: params.get("reward_min"),
-    reward_max: params.get("reward_max"),
-    start_after: toEpoch(params.get("start_after")),
-    start_before: toEpoch(params.get("start_before")),
-    sort_by: sortBy,
-    sort_order: order,
-    limit,
-    offset,
+    reward_min: take("reward_min"),
+    reward_max: take("reward_max"),
+    start_after: left.has("start_after") ? undefined : times.start_after,
+    start_before: left.has("start_before") ? undefined : times.start_before,
+    sort_by: params.get("sort") ?? "start_time",
+    sort_order: params.get("order") ?? "desc",
+    limit: left.has("size") || size === null ? 50 : Number(size),
+    offset: params.get("offset"),
   };
+  return { query, invalid };
+}
+
+/** The parameters of the address the store refused (422), each with the store's reason. */
+function refusedByTheStore(error: ApiError | null, params: URLSearchParams): Dropped[] {
+  if (!error) return [];
+  const dropped: Dropped[] = [];
+  for (const issue of validationIssues(error)) {
+    const [where, field, index] = issue.loc;
+    if (where !== "query" || typeof field !== "string") continue;
+    const name = ADDRESS_NAME[field] ?? field;
+    const values = params.getAll(name);
+    const value = typeof index === "number" ? values[index] : values[0];
+    if (value !== undefined) dropped.push({ name, value, index: typeof index === "number" ? index : undefined, why: issue.msg });
+  }
+  return dropped;
+}
+
+/** `params` without the dropped values. */
+function without(params: URLSearchParams, dropped: Dropped[]): URLSearchParams {
+  const next = new URLSearchParams();
+  const seen: Record<string, number> = {};
+  for (const [name, value] of params) {
+    const index = (seen[name] = (seen[name] ?? -1) + 1);
+    if (!dropped.some((d) => d.name === name && (d.index === undefined || d.index === index))) next.append(name, value);
+  }
+  return next;
+}
+
+function DroppedNotice(props: { dropped: Dropped[]; onDismiss: () => void }) {
+  if (!props.dropped.length) return null;
+  return (
+    <div class="notice" role="status" aria-label="parameters left out">
+      Left out of the address, as not valid:
+      <ul>
+        {props.dropped.map((d, i) => (
+          <li key={i}>
+            <code>
+              {d.name}={d.value}
+            </code>{" "}
+            ({d.why})
+          </li>
+        ))}
+      </ul>
+      <button type="button" class="secondary" onClick={props.onDismiss}>
+        Dismiss
+      </button>
+    </div>
+  );
+}
+
+export function RolloutsPage(props: { location: Location }) {
+  const params = props.location.params;
+  const status = params.getAll("status");
+  const { query, invalid } = readQuery(params);
+  const sortBy = String(query.sort_by);
+  const order = query.sort_order === "asc" ? "asc" : "desc";
   const key = JSON.stringify(query);
   const { data, error, updatedAt } = useData(() => api.rollouts(query), key);
+  const refused = refusedByTheStore(error, params);
+  // What a shared link holds that is not valid is left out of the address, with a notice naming it, and the page
+  // loads without it; the store still refuses it (a 4xx) to API clients.
+  const [dropped, setDropped] = useState<Dropped[]>([]);
+  const leaveOut = invalid.length ? invalid : refused;
+  useEffect(() => {
+    if (!leaveOut.length) return;
+    setDropped((before) => [...before, ...leaveOut]);
+    const text = without(params, leaveOut).toString();
+    navigate(text ? `/rollouts?${text}` : "/rollouts", { replace: true });
+  }, [params.toString(), error]);
 
   const update = (changes: Record<string, string | string[] | null>, keepOffset = false) => {
+    setDropped([]);
     const next = new URLSearchParams(params);
     for (const [k, v] of Object.entries(changes)) {
       next.delete(k);
@@ -81,8 +181,9 @@ export function RolloutsPage(props: { location: Location }) {
       </div>
       <StatusChips counts={data?.counts} selected={status} onSelect={(s) => update({ status: s })} />
       <Filters params={params} onChange={update} />
-      <ErrorNote error={error} what="the rollouts" />
-      {!data && !error && <Loading what="rollouts" />}
+      <DroppedNotice dropped={dropped} onDismiss={() => setDropped([])} />
+      <ErrorNote error={refused.length ? null : error} what="the rollouts" />
+      {!data && (!error || refused.length > 0) && <Loading what="rollouts" />}
       {data && (
         <>
           <div class="table-wrap">
@@ -137,10 +238,10 @@ export function RolloutsPage(props: { location: Location }) {
             {!data.items.length && <p class="muted empty">No rollout matches.</p>}
           </div>
           <div class="table-foot">
-            <Pagination total={data.total} offset={offset} limit={limit} onPage={(o) => update({ offset: String(Math.max(0, o)) }, true)} />
+            <Pagination total={data.total} offset={data.offset} limit={data.limit} onPage={(o) => update({ offset: String(Math.max(0, o)) }, true)} />
             <label>
               Rows per page{" "}
-              <select value={String(limit)} onChange={(e) => update({ size: (e.target as HTMLSelectElement).value })}>
+              <select value={String(data.limit)} onChange={(e) => update({ size: (e.target as HTMLSelectElement).value })}>
                 {PAGE_SIZES.map((s) => (
                   <option key={s} value={String(s)}>
                     {s}
