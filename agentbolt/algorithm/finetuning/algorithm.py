@@ -609,7 +609,7 @@ class FinetuningAlgorithm(Algorithm):
 
         # Checked before the model loads, not after the last step.
         if config.checkpoint_dir:
-            check_checkpoint_dir(config.checkpoint_dir)
+            check_checkpoint_dir(config.checkpoint_dir, resume=config.resume)
         checkpoint = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir and config.resume else None
         if checkpoint is None:
             check_log_dir_unused(config.log_dir)

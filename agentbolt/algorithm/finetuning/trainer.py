@@ -119,16 +119,26 @@ def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
     return state
 
 
-def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
+def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], *, resume: bool = True) -> Path:
     """Create ``checkpoint_dir`` if needed and prove a file can be written in it; the directory's path.
 
     A run calls this before it loads its model, so that a directory that cannot hold checkpoints (under a regular
-    file, read-only, on a full disk) fails at once rather than after the last step.
+    file, read-only, on a full disk) fails at once rather than after the last step. A checkpoint directory holds one
+    run: a run that does not resume (``resume=False``) refuses one that already holds checkpoints, whose steps it
+    would overwrite one by one, leaving the later ones of the other run to be resumed from.
 
     Raises:
-        CheckpointError: The directory cannot be created or written to (the message names it).
+        CheckpointError: The directory cannot be created or written to, or it holds another run's checkpoints and
+            ``resume`` is False (the message names it).
     """
     root = Path(checkpoint_dir)
+    existing = latest_checkpoint(root)
+    if not resume and existing is not None:
+        raise CheckpointError(
+            f"checkpoint_dir {str(root)!r} already holds another run's checkpoints (latest: {existing.name}), and "
+            "this run does not resume. Use a new checkpoint_dir, delete those checkpoints to start over in it, or "
+            "resume that run (resume=True)."
+        )
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-check-{os.getpid()}"

@@ -50,3 +50,37 @@ def test_saving_under_a_regular_file_is_a_checkpoint_error(tmp_path: Path) -> No
     trainer = PolicyTrainer(tiny_llama(), GRPOConfig())
     with pytest.raises(CheckpointError, match="could not write checkpoint"):
         trainer.save_checkpoint(_under_a_file(tmp_path))
+
+
+def _holding_a_checkpoint(tmp_path: Path) -> Path:
+    checkpoint_dir = tmp_path / "ckpt"
+    PolicyTrainer(tiny_llama(), GRPOConfig()).save_checkpoint(checkpoint_dir)
+    return checkpoint_dir
+
+
+async def test_a_run_that_does_not_resume_refuses_another_runs_checkpoints(tmp_path: Path) -> None:
+    checkpoint_dir = _holding_a_checkpoint(tmp_path)
+    before = sorted(path.name for path in checkpoint_dir.rglob("*"))
+    algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), resume=False, max_steps=1, console=False)
+    algorithm.set_store(agl.InMemoryLightningStore())
+
+    def load_model() -> None:
+        raise AssertionError("the model was loaded before checkpoint_dir was checked")
+
+    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    with pytest.raises(CheckpointError, match=r"already holds another run's checkpoints \(latest: step_0+\)"):
+        await algorithm.run(train_dataset=[{"task": 1}])
+    assert sorted(path.name for path in checkpoint_dir.rglob("*")) == before
+
+
+async def test_a_resuming_run_takes_the_checkpoints_it_finds(tmp_path: Path) -> None:
+    checkpoint_dir = _holding_a_checkpoint(tmp_path)
+    algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), max_steps=1, console=False)
+    algorithm.set_store(agl.InMemoryLightningStore())
+
+    def load_model() -> None:
+        raise RuntimeError("stop here")
+
+    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    with pytest.raises(RuntimeError, match="stop here"):
+        await algorithm.run(train_dataset=[{"task": 1}])
