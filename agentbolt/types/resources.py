@@ -107,9 +107,11 @@ _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 class PromptTemplate(Resource):
     """A prompt template filled by :meth:`format` with one of three engines, with optional worked examples.
 
-    ``f-string`` uses :meth:`str.format`; ``jinja`` renders with Jinja2 (the ``jinja2`` package) and fails on an
-    undefined variable; ``poml`` renders POML markup with the ``poml`` package (extra ``agentbolt[apo]``), the
-    keyword arguments being its context.
+    ``f-string`` uses :meth:`str.format`; ``jinja`` renders with Jinja2 (the ``jinja2`` package) in its sandbox
+    (no access to private attributes; an unsafe access is a ``ValueError``) and fails on an undefined variable;
+    ``poml`` renders POML markup with the ``poml`` package (extra ``agentbolt[apo]``), the keyword arguments being
+    its context. POML evaluates ``{{ ... }}`` expressions as JavaScript with no sandbox: render only POML templates
+    you trust (the prompt optimizers refuse rewrites that add expressions or markup attributes).
 
     ``examples`` holds worked examples as OpenAI chat messages (user requests, assistant replies with their
     ``tool_calls``, ``tool`` results), sent verbatim before the request by :meth:`format_messages`. Small models
@@ -160,14 +162,19 @@ class PromptTemplate(Resource):
 def _render_jinja(template: str, context: Dict[str, Any]) -> str:
     try:
         import jinja2
+        import jinja2.sandbox
     except ImportError as exc:
         raise ImportError(
             "PromptTemplate(engine='jinja') needs the jinja2 package: pip install 'agentbolt[apo]'"
         ) from exc
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    # Sandboxed: a template may be written by a model (prompt optimization), and a plain environment would let
+    # `{{ value.__class__ }}` and the like walk from the context values to any Python object.
+    environment = jinja2.sandbox.SandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
     try:
         return environment.from_string(template).render(**context)
-    except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as exc:
+    except (jinja2.UndefinedError, jinja2.TemplateSyntaxError, jinja2.sandbox.SecurityError) as exc:
         raise ValueError(f"Cannot render the jinja prompt template: {exc}") from exc
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .apo import APO, APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, batch_iter_over_dataset
 from .fewshot import FewShotAPO
-from .optimizer import OptimizerUsage, SearchBudgetExhausted
+from .optimizer import OptimizerError, OptimizerUsage, SearchBudgetExhausted
 from .pareto import ParetoAPO, pareto_front
 from .search import (
     CandidateRecord,
@@ -33,6 +33,7 @@ __all__ = [
     "CandidateRecord",
     "load_search_run",
     "pareto_front",
+    "OptimizerError",
     "OptimizerUsage",
     "SearchBudgetExhausted",
     "PlaceholderMismatchError",

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Generic, Iterator, List, Optional, Sequen
 
 from agentbolt.algorithm.utils import batch_iter_over_dataset
 from agentbolt.types import Dataset, PromptTemplate
-from agentbolt.utils.checks import check_finite
 
+from .optimizer import check_temperature
 from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, extract_template_text, format_experiments
 from .search import (
     PromptSearch,
@@ -61,7 +61,7 @@ class APO(PromptSearch, Generic[T_task]):
             ``agentbolt serve`` or the gateway.
         gradient_model: Model that writes the critiques.
         apply_edit_model: Model that rewrites the prompt along a critique.
-        diversity_temperature: Sampling temperature of both calls.
+        diversity_temperature: Sampling temperature of both calls (0 to 2, the OpenAI API's range).
         gradient_batch_size: Training rollouts shown in one critique.
         val_batch_size: Validation tasks shared by the candidates of one round.
         beam_width: Prompts kept after each round (and parents sampled per round).
@@ -105,7 +105,7 @@ class APO(PromptSearch, Generic[T_task]):
             branch_factor=branch_factor,
         )
         self._check_counts(0, beam_rounds=beam_rounds)
-        check_finite(diversity_temperature, "diversity_temperature", minimum=0)
+        check_temperature(diversity_temperature, "diversity_temperature")
         super().__init__(async_openai_client, rollout_batch_timeout=rollout_batch_timeout, **search_options)
         self.gradient_model = gradient_model
         self.apply_edit_model = apply_edit_model
@@ -179,7 +179,11 @@ class APO(PromptSearch, Generic[T_task]):
         messages = await self._render(path, context)
         self._log(logging.DEBUG, f"Critique prompt {path.name}: {messages}", prefix=prefix)
         critique = await self.optimizer.chat(
-            model=self.gradient_model, messages=messages, temperature=self.diversity_temperature, purpose="critique"
+            model=self.gradient_model,
+            messages=messages,
+            temperature=self.diversity_temperature,
+            purpose="critique",
+            option="gradient_model",
         )
         if critique:
             self._log(logging.INFO, f"Critique: {critique.strip()[:600]}", prefix=prefix)
@@ -215,7 +219,11 @@ class APO(PromptSearch, Generic[T_task]):
         context = {**self._context(current_prompt.prompt_template), "critique": critique}
         messages = await self._render(path, context)
         reply = await self.optimizer.chat(
-            model=self.apply_edit_model, messages=messages, temperature=self.diversity_temperature, purpose="edit"
+            model=self.apply_edit_model,
+            messages=messages,
+            temperature=self.diversity_temperature,
+            purpose="edit",
+            option="apply_edit_model",
         )
         if reply is None:
             return None, critique
@@ -372,7 +380,9 @@ class APO(PromptSearch, Generic[T_task]):
 
         Raises:
             ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, an adapter that is
-                not TraceToMessages, or no candidate left to evaluate.
+                not TraceToMessages, a seed template no task can fill, or no candidate left to evaluate.
+            OptimizerError: The optimizer server refused a call as misconfigured (HTTP 401, 403, 404), or every
+                optimizer call of the search failed. The best prompt so far stays available.
         """
         if self.seed is not None:
             random.seed(self.seed)  # the module-level generator the draws below use (as the contract has them)
@@ -406,9 +416,18 @@ class APO(PromptSearch, Generic[T_task]):
                 for r in scored
                 if r.template is not None
             ]
-            # A round counts as done once its leader was scored on the full validation set.
+            # A round counts as done once its leader was scored on the full validation set, or its stored
+            # full-validation scores were reused for it (tagged on their rollouts by evaluate()).
             self._rounds_done = max((r.validated_in_round for r in records), default=0)
             if beam:
+                if self._rounds_done >= self.beam_rounds:
+                    self._log(logging.INFO, f"All {self.beam_rounds} rounds are done; nothing to resume.")
+                elif self._rounds_done > 0:
+                    self._log(
+                        logging.INFO,
+                        f"Rounds 1-{self._rounds_done} of {self.beam_rounds} are done; continuing with round "
+                        f"{self._rounds_done + 1}.",
+                    )
                 return beam[: self.beam_width]
         seed_version = self._create_seed_version(seed)
         if self.run_initial_validation:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agentbolt.types import PromptTemplate
-from agentbolt.utils.checks import check_finite
 
+from .optimizer import check_temperature
 from .prompts import (
     MERGE_PROMPT_FILES,
     REFLECT_PROMPT_FILES,
@@ -82,7 +82,7 @@ class ParetoAPO(PromptSearch):
     Args:
         async_openai_client: Client of the optimizer model (``openai.AsyncOpenAI`` or compatible).
         reflection_model: Model that reflects on traces and merges prompts.
-        temperature: Sampling temperature of the optimizer calls.
+        temperature: Sampling temperature of the optimizer calls (0 to 2, the OpenAI API's range).
         reflection_batch_size: Training tasks per minibatch (shown to the model and used to accept a child).
         rounds: Mutation rounds.
         merge_every: Try a merge every this many rounds (0: never).
@@ -109,7 +109,7 @@ class ParetoAPO(PromptSearch):
     ) -> None:
         self._check_counts(1, reflection_batch_size=reflection_batch_size)
         self._check_counts(0, rounds=rounds, merge_every=merge_every)
-        check_finite(temperature, "temperature", minimum=0)
+        check_temperature(temperature, "temperature")
         super().__init__(async_openai_client, **search_options)
         self.reflection_model = reflection_model
         self.temperature = temperature
@@ -133,7 +133,11 @@ class ParetoAPO(PromptSearch):
         placeholders = format_placeholders(self._placeholders, like.engine)
         messages = await self._render(path, {**context, "placeholders": placeholders})
         reply = await self.optimizer.chat(
-            model=self.reflection_model, messages=messages, temperature=self.temperature, purpose=purpose
+            model=self.reflection_model,
+            messages=messages,
+            temperature=self.temperature,
+            purpose=purpose,
+            option="reflection_model",
         )
         return extract_template_text(reply)
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -29,13 +30,14 @@ from agentbolt.adapter import TraceToMessages
 from agentbolt.algorithm.base import Algorithm, refuse_data_parallel_launch
 from agentbolt.algorithm.utils import task_key
 from agentbolt.emitter.message import get_message_value
+from agentbolt.semconv import AGL_EXCEPTION
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 from agentbolt.utils.checks import check_count
 from agentbolt.utils.imports import import_extra
 from agentbolt.utils.reward_spans import training_reward
 
-from .optimizer import OptimizerCalls, SearchBudgetExhausted, check_positive
+from .optimizer import OptimizerCalls, OptimizerError, SearchBudgetExhausted, check_positive
 from .prompts import conversation_of, render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
@@ -137,7 +139,9 @@ class CandidateRecord:
         note: The optimizer's reason for it (the critique that led to an edit, the demonstrations chosen...).
         round: The search round that made it (0 for the seed).
         scores: Reward per task key, per purpose.
-        validated_in_round: Last round in which it was scored on the full validation set (-1: never).
+        validated_in_round: Last round in which it was scored on the full validation set, or in which its stored
+            full-validation scores stood for it again (-1: never).
+        rollout_ids: The rollout behind each score, per purpose and task key.
     """
 
     version: str
@@ -148,6 +152,7 @@ class CandidateRecord:
     round: int = 0
     scores: Dict[str, Dict[str, float]] = field(default_factory=dict)
     validated_in_round: int = -1
+    rollout_ids: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
     def mean(self, purpose: str = FULL_VAL) -> Optional[float]:
         """Average reward for ``purpose``, or None if the candidate was not evaluated for it."""
@@ -182,9 +187,12 @@ async def load_search_run(store: Any, run_id: str) -> List[CandidateRecord]:
         record.note = str(tag.get("note") or record.note)
         record.round = int(tag.get("round") or record.round)
         if tag.get("reward") is not None:
-            record.scores.setdefault(str(tag.get("purpose")), {})[str(tag.get("task"))] = float(tag["reward"])
-            if tag.get("purpose") == FULL_VAL:
-                record.validated_in_round = max(record.validated_in_round, int(tag.get("eval_round") or 0))
+            purpose, task = str(tag.get("purpose")), str(tag.get("task"))
+            record.scores.setdefault(purpose, {})[task] = float(tag["reward"])
+            record.rollout_ids.setdefault(purpose, {})[task] = rollout.rollout_id
+            if purpose == FULL_VAL:
+                rounds = (int(tag.get("eval_round") or 0), int(tag.get("reused_in_round") or 0))
+                record.validated_in_round = max(record.validated_in_round, *rounds)
     for version, record in records.items():
         snapshot = await store.get_resources_by_id(f"{run_id}-{version}")
         if snapshot is not None:
@@ -194,8 +202,13 @@ async def load_search_run(store: Any, run_id: str) -> List[CandidateRecord]:
 
 
 def template_key(template: PromptTemplate) -> str:
-    """What makes two candidates the same prompt: text, engine and worked examples."""
-    return json.dumps([template.template, template.engine, template.examples], sort_keys=True, default=str)
+    """What makes two candidates the same prompt: text, engine and worked examples.
+
+    The text is compared without the spaces at the end of its lines and the blank space around it, which no
+    model reads as a different instruction.
+    """
+    text = "\n".join(line.rstrip() for line in template.template.strip().splitlines())
+    return json.dumps([text, template.engine, template.examples], sort_keys=True, default=str)
 
 
 def keyed(dataset: Dataset[Any]) -> List[Tuple[str, Any]]:
@@ -307,6 +320,7 @@ class PromptSearch(Algorithm):
         self.rollouts_failed = 0
         self.rollouts_timed_out = 0
         self.skipped_candidates = 0
+        self.duplicate_candidates = 0
         self.evaluations: List[Evaluation] = []
         self._history_best_prompt: Optional[PromptTemplate] = None
         self._history_best_score = float("-inf")
@@ -317,6 +331,10 @@ class PromptSearch(Algorithm):
         self._placeholders: frozenset[str] = frozenset()
         self._val_keys: List[str] = []
         self._full_val_cache: Dict[str, Dict[str, float]] = {}  # by template_key
+        self._full_val_rollouts: Dict[str, Dict[str, str]] = {}  # by template_key: task key -> rollout behind it
+        self._known_templates: Dict[str, str] = {}  # template_key -> the version holding it
+        self._seed: Optional[PromptTemplate] = None
+        self._seed_checked = False
         self._logger = logging.getLogger(self.log_name)
 
     # -- logging ---------------------------------------------------------------------------------------------------
@@ -391,6 +409,7 @@ class PromptSearch(Algorithm):
     ) -> VersionedPromptTemplate:
         version = f"v{self._version_counter}"
         self._version_counter += 1
+        self._known_templates.setdefault(template_key(prompt_template), version)
         return VersionedPromptTemplate(version=version, prompt_template=prompt_template, score=score)
 
     def _create_seed_version(self, seed: PromptTemplate) -> VersionedPromptTemplate:
@@ -402,17 +421,23 @@ class PromptSearch(Algorithm):
     def _candidate_from_text(
         self, text: Optional[str], like: PromptTemplate, *, prefix: Optional[str] = None
     ) -> Optional[VersionedPromptTemplate]:
-        """A new version holding ``text`` in ``like``'s engine, or None (logged, counted) when it is unusable."""
+        """A new version holding ``text`` in ``like``'s engine, or None (logged, counted) when it is unusable or
+        repeats a prompt this run already has (:func:`template_key`): a repeat would only be scored again."""
         if not text or not text.strip():
             self.skipped_candidates += 1
             self._log(logging.WARNING, "Skipped a candidate: the optimizer returned no text.", prefix=prefix)
             return None
         template = PromptTemplate(template=text, engine=like.engine, examples=like.examples)
         try:
-            check_placeholders(template, self._placeholders)
+            check_placeholders(template, self._placeholders, seed=self._seed)
         except PlaceholderMismatchError as exc:
             self.skipped_candidates += 1
             self._log(logging.WARNING, f"Skipped a candidate: {exc}.", prefix=prefix)
+            return None
+        same = self._known_templates.get(template_key(template))
+        if same is not None:
+            self.duplicate_candidates += 1
+            self._log(logging.INFO, f"Skipped a candidate: it repeats {same}.", prefix=prefix)
             return None
         return self._create_versioned_prompt(template)
 
@@ -436,6 +461,9 @@ class PromptSearch(Algorithm):
         self.get_adapter()
         self._resource_name = name
         self._placeholders = template_placeholders(seed)
+        self._seed = seed
+        self._seed_checked = False
+        self._known_templates = {}
         self._history_best_prompt = seed
         self._history_best_score = float("-inf")
         self._history_best_version = None
@@ -494,17 +522,22 @@ class PromptSearch(Algorithm):
             candidate: The prompt to run.
             tasks: ``(key, task input)`` pairs.
             mode: Rollout mode (``train`` / ``val``).
-            purpose: Recorded with the rollouts; ``val-full`` results are cached by template text.
+            purpose: Recorded with the rollouts; ``val-full`` results are cached by template text. When a cached
+                result is reused, its rollouts are tagged with the current round (``reused_in_round``), so that a
+                resumed run knows this round's validation is done.
             lineage: Recorded with the rollouts (default: the candidate's own ``lineage``).
             prefix: Log prefix.
 
         Raises:
             SearchBudgetExhausted: The rollout budget does not cover these tasks.
+            ValueError: This is the seed's first evaluation and every rollout failed filling the same placeholder
+                of the template (:meth:`_check_seed_fills`).
         """
         if purpose == FULL_VAL:
             cached = self._full_val_cache.get(template_key(candidate.prompt_template))
             if cached is not None and all(key in cached for key, _ in tasks):
                 self._log(logging.INFO, "Reusing the stored full-validation scores.", prefix=prefix)
+                await self._mark_reused(candidate.prompt_template, [key for key, _ in tasks])
                 return Evaluation(candidate.version, purpose, [k for k, _ in tasks], [cached[k] for k, _ in tasks])
         if self.max_rollouts is not None and self.rollouts_enqueued + len(tasks) > self.max_rollouts:
             raise SearchBudgetExhausted(
@@ -554,9 +587,51 @@ class PromptSearch(Algorithm):
             )
         if purpose == FULL_VAL:
             self._full_val_cache[template_key(candidate.prompt_template)] = evaluation.by_task()
+            self._full_val_rollouts[template_key(candidate.prompt_template)] = dict(
+                zip(evaluation.task_keys, rollout_ids, strict=True)
+            )
         candidate.score = evaluation.mean
         self.evaluations.append(evaluation)
+        seed = self._seed
+        if (
+            not self._seed_checked
+            and seed is not None
+            and template_key(candidate.prompt_template) == template_key(seed)
+        ):
+            self._seed_checked = True
+            self._check_seed_fills(evaluation, tasks)
         return evaluation
+
+    async def _mark_reused(self, template: PromptTemplate, task_keys: Sequence[str]) -> None:
+        """Tag the rollouts behind ``template``'s cached full-validation scores as reused in the current round."""
+        rollouts = self._full_val_rollouts.get(template_key(template), {})
+        for key in task_keys:
+            if key in rollouts:
+                await self._update_tag(rollouts[key], reused_in_round=self.current_round)
+
+    def _check_seed_fills(self, evaluation: Evaluation, tasks: Sequence[Tuple[str, Any]]) -> None:
+        """Fail fast when the seed can never be filled: every rollout of its first evaluation failed on one
+        placeholder (a ``KeyError`` from ``str.format``, an undefined jinja variable); nothing would ever score.
+
+        Raises:
+            ValueError: Naming the placeholder and, for tasks that are mappings, the fields they have.
+        """
+        outcomes = evaluation.outcomes
+        if not outcomes or any(o is None or o["status"] == "succeeded" for o in outcomes):
+            return
+        missing = {_missing_placeholder(outcome["spans"]) for outcome in outcomes if outcome is not None}
+        if len(missing) != 1:
+            return
+        name = missing.pop()
+        if name is None or name not in self._placeholders:
+            return
+        fields = sorted({str(k) for _, task in tasks if isinstance(task, Mapping) for k in task})
+        hint = f" The tasks have the fields {fields}." if fields else ""
+        raise ValueError(
+            f"The seed template cannot be filled: all {len(outcomes)} rollouts of its first evaluation failed "
+            f"with no value for the placeholder {name!r}.{hint} Make the template's placeholders match what the "
+            "agent passes to format()."
+        )
 
     async def _record_reward(self, rollout_id: str, reward: float) -> None:
         await self._update_tag(rollout_id, reward=reward)
@@ -659,9 +734,12 @@ class PromptSearch(Algorithm):
             raise ValueError(f"Cannot resume: the store holds no candidates of run {self.run_id!r}.")
         self._version_counter = max(_version_number(r.version) for r in records) + 1
         for record in records:
+            if record.template is not None and record.scores:
+                self._known_templates.setdefault(template_key(record.template), record.version)
             full = self._stored_full_val(record)
             if record.template is not None and full is not None:
                 self._full_val_cache[template_key(record.template)] = full
+                self._full_val_rollouts[template_key(record.template)] = dict(record.rollout_ids.get(FULL_VAL, {}))
                 mean = sum(full.values()) / len(full)
                 if mean > self._history_best_score:
                     self._history_best_prompt = record.template
@@ -691,7 +769,11 @@ class PromptSearch(Algorithm):
 
     @contextlib.asynccontextmanager
     async def _search_session(self) -> AsyncIterator[None]:
-        """Wrap a search: a spent budget ends it quietly; whatever ends it, the best prompt is stored and reported."""
+        """Wrap a search: a spent budget ends it quietly; whatever ends it, the best prompt is stored and reported.
+
+        Raises:
+            OptimizerError: The search ended and every optimizer call in it failed (none gave a text).
+        """
         try:
             yield
         except SearchBudgetExhausted as exc:
@@ -703,6 +785,14 @@ class PromptSearch(Algorithm):
                 f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
                 f"{self.summary()}",
             )
+        usage = self.optimizer.usage
+        if usage.failed_calls and not usage.calls:
+            message = (
+                f"Every optimizer call failed ({usage.failed_calls} of {usage.failed_calls}; the warnings above say "
+                f"why): the search wrote no new prompt, and the best prompt stays {self._history_best_version}."
+            )
+            self._log(logging.WARNING, message)
+            raise OptimizerError(message)
 
     @staticmethod
     def _check_counts(minimum: int, **counts: Any) -> None:
@@ -760,6 +850,7 @@ class PromptSearch(Algorithm):
             "best_score": self._history_best_score,
             "candidates": self._version_counter,
             "skipped_candidates": self.skipped_candidates,
+            "duplicate_candidates": self.duplicate_candidates,
             "rollouts": self.rollouts_enqueued,
             "rollouts_failed": self.rollouts_failed,
             "rollouts_timed_out": self.rollouts_timed_out,
@@ -768,3 +859,21 @@ class PromptSearch(Algorithm):
             "optimizer_prompt_tokens": usage.prompt_tokens,
             "optimizer_completion_tokens": usage.completion_tokens,
         }
+
+
+def _missing_placeholder(spans: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """The placeholder a failed rollout could not fill, from its exception span; None for any other failure.
+
+    ``str.format`` raises ``KeyError('name')``; :meth:`PromptTemplate.format` raises a ``ValueError`` saying
+    ``'name' is undefined`` for a jinja template.
+    """
+    for span in spans:
+        if span.get("name") != AGL_EXCEPTION:
+            continue
+        attributes = span.get("attributes") or {}
+        kind, message = attributes.get("exception.type"), str(attributes.get("exception.message") or "")
+        if kind == "KeyError" and len(message) >= 2 and message[0] == message[-1] and message[0] in "'\"":
+            return message[1:-1]
+        found = re.search(r"'([^']+)' is undefined", message) if kind == "ValueError" else None
+        return found.group(1) if found else None
+    return None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import string
-from typing import FrozenSet, Iterable
+from html.parser import HTMLParser
+from typing import FrozenSet, Iterable, List, Optional, Tuple
 
 from agentbolt.types import PromptTemplate
 
@@ -14,13 +15,17 @@ __all__ = [
     "check_placeholders",
     "escape_literal",
     "format_placeholders",
+    "unsafe_constructs",
 ]
 
 _POML_EXPRESSION = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)")
+_POML_WHOLE_EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class PlaceholderMismatchError(ValueError):
-    """A rewritten template does not have the placeholders of the template it replaces."""
+    """A rewritten template does not have the placeholders of the template it replaces, or writes them with
+    constructs that reach beyond the values filled in (see :func:`unsafe_constructs`)."""
 
 
 def template_placeholders(template: PromptTemplate) -> FrozenSet[str]:
@@ -60,17 +65,100 @@ def format_placeholders(names: Iterable[str], engine: str) -> str:
     return ", ".join(pattern % name for name in sorted(names)) or "(none)"
 
 
-def check_placeholders(candidate: PromptTemplate, required: FrozenSet[str]) -> None:
-    """Check that ``candidate`` fills exactly the ``required`` placeholders.
+class _MarkupAttributes(HTMLParser):
+    """The attributes of every start tag of a POML document, each written ``<tag name='value'>``."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: List[str] = []
+
+    def handle_starttag(self, tag: str, attrs: List[Tuple[str, Optional[str]]]) -> None:
+        self.found.extend(f"<{tag} {name}={value!r}>" for name, value in attrs)
+
+
+def _unsafe_jinja(text: str) -> List[str]:
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"invalid jinja template: {exc}") from exc
+    found = []
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        name = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
+        if isinstance(name, str) and name.startswith("_"):
+            found.append(f"the attribute {name!r}")
+    loaders = {
+        nodes.Include: "include",
+        nodes.Import: "import",
+        nodes.FromImport: "from ... import",
+        nodes.Extends: "extends",
+    }
+    for node in tree.find_all(tuple(loaders)):
+        found.append(f"the {loaders[type(node)]} tag")
+    return found
+
+
+def unsafe_constructs(template: PromptTemplate) -> List[str]:
+    """What in ``template`` reaches beyond the plain values of its placeholders, each described once, in order.
+
+    * ``f-string``: a field with a conversion (``{a!r}``), a format spec (``{a:d}``), an attribute (``{a.b}``) or
+      an index (``{a[0]}``). ``str.format`` looks attributes and items up on the values, so a template written by
+      a model could read any attribute reachable from them; a format spec fails on values it does not fit.
+    * ``jinja``: an attribute or item whose name starts with ``_``, and ``include`` / ``import`` / ``extends``
+      tags (the renderer is sandboxed and has no loader: these only fail at render time).
+    * ``poml``: an expression other than a bare name (POML evaluates ``{{ ... }}`` as JavaScript in its renderer
+      process) and every markup attribute (``if`` and ``for`` are expressions too; ``src`` reads files).
 
     Raises:
-        PlaceholderMismatchError: Some are missing or new ones appeared (the message names them), or the candidate
-            is not a valid template for its engine.
+        ValueError: The text is not a valid template for its engine.
+    """
+    found: List[str] = []
+    if template.engine == "f-string":
+        for _, field, spec, conversion in string.Formatter().parse(template.template):
+            if field is None:
+                continue
+            if conversion or spec or "." in field or "[" in field:
+                written = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                found.append(written)
+    elif template.engine == "jinja":
+        found = _unsafe_jinja(template.template)
+    else:
+        for expression in _POML_WHOLE_EXPRESSION.findall(template.template):
+            if not _IDENTIFIER.fullmatch(expression.strip()):
+                found.append("{{" + expression + "}}")
+        parser = _MarkupAttributes()
+        parser.feed(template.template)
+        parser.close()
+        found.extend(parser.found)
+    return list(dict.fromkeys(found))
+
+
+def check_placeholders(
+    candidate: PromptTemplate, required: FrozenSet[str], *, seed: Optional[PromptTemplate] = None
+) -> None:
+    """Check that ``candidate`` fills exactly the ``required`` placeholders, and only with plain placeholders.
+
+    Constructs :func:`unsafe_constructs` finds are refused, except those written exactly so in ``seed`` (the
+    template the user wrote: a ``{price:.2f}`` of the seed may stay in a rewrite).
+
+    Raises:
+        PlaceholderMismatchError: Some are missing or new ones appeared (the message names them), the candidate
+            writes a construct the seed does not, or it is not a valid template for its engine.
     """
     try:
         found = template_placeholders(candidate)
+        allowed = set(unsafe_constructs(seed)) if seed is not None and seed.engine == candidate.engine else set()
+        unsafe = [construct for construct in unsafe_constructs(candidate) if construct not in allowed]
     except ValueError as exc:
         raise PlaceholderMismatchError(str(exc)) from exc
+    if unsafe:
+        plain = "{name}" if candidate.engine == "f-string" else "{{ name }}"
+        raise PlaceholderMismatchError(
+            f"the rewritten template writes {', '.join(unsafe[:3])}: only plain {plain} placeholders are allowed "
+            "(no conversion, format spec, attribute, index or markup attribute the seed does not have)"
+        )
     missing, extra = sorted(required - found), sorted(found - required)
     if missing or extra:
         parts = []

@@ -9,7 +9,8 @@ One real HTTP server (FastAPI + uvicorn on 127.0.0.1) answers OpenAI chat comple
 * ``parrot``: a model that learns nothing from worked examples and repeats the last one's answer (see
   :func:`parrot_agent`).
 * ``critic`` / ``editor`` / ``reflector``: the optimizer. Each call pops the next scripted step of its queue: a reply
-  text, an HTTP error status, or a delay (seconds) longer than the client's timeout. With an empty queue the critic
+  text, a reply without content (None), an HTTP error status, or a delay (seconds) longer than the client's timeout.
+  With an empty queue the critic
   says the answer format is unclear and the editor / reflector return :data:`GOOD_TEMPLATE`.
 
 Every request is recorded in ``requests`` (model, messages). :func:`capital_agent` is the test agent and :func:`fit`
@@ -50,8 +51,9 @@ GOOD_TEMPLATE = "Answer with ONLY THE CITY name. Capital of {country}?"
 BASE_URL: Dict[str, str] = {}
 """Where the running stand-in listens (set by the ``standin`` fixture)."""
 
-Step = Union[str, int, float]
-"""A scripted optimizer step: reply text (str), HTTP error status (int) or a delay in seconds (float)."""
+Step = Union[str, int, float, None]
+"""A scripted optimizer step: reply text (str), a reply with ``content: null`` (None), HTTP error status (int) or a
+delay in seconds (float)."""
 
 
 @dataclass
@@ -93,7 +95,7 @@ def _parrot_reply(messages: List[Dict[str, Any]]) -> str:
     return shown[-1] if shown else f"The capital of {country} is {CAPITALS.get(country or '', '?')}."
 
 
-def _completion(model: str, text: str, prompt_chars: int) -> Dict[str, Any]:
+def _completion(model: str, text: Optional[str], prompt_chars: int) -> Dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
@@ -102,8 +104,8 @@ def _completion(model: str, text: str, prompt_chars: int) -> Dict[str, Any]:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         "usage": {
             "prompt_tokens": prompt_chars // 4,
-            "completion_tokens": len(text) // 4 + 1,
-            "total_tokens": prompt_chars // 4 + len(text) // 4 + 1,
+            "completion_tokens": len(text or "") // 4 + 1,
+            "total_tokens": prompt_chars // 4 + len(text or "") // 4 + 1,
         },
     }
 
@@ -131,7 +133,9 @@ def create_app(script: Script) -> FastAPI:
         queue = script.queues[model]
         step: Step = queue.popleft() if queue else _default_reply(model)
         if isinstance(step, int):
-            return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, status_code=step)
+            return JSONResponse(
+                {"error": {"message": f"scripted failure for model {model}", "type": "server_error"}}, status_code=step
+            )
         if isinstance(step, float):
             await asyncio.sleep(step)
             step = _default_reply(model)

@@ -12,7 +12,7 @@ import pytest
 from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit
 
 import agentbolt as agl
-from agentbolt.algorithm.apo import APO, load_search_run
+from agentbolt.algorithm.apo import APO, OptimizerError, ParetoAPO, load_search_run
 from agentbolt.algorithm.apo.search import keyed
 
 
@@ -96,15 +96,64 @@ def test_a_failing_optimizer_call_is_retried_with_backoff(script: Script, optimi
 def test_an_optimizer_call_failing_every_retry_skips_the_candidate(
     script: Script, optimizer_client: Any, caplog: Any
 ) -> None:
-    script.push("critic", 500, 500, 0.5)
-    apo = make_apo(optimizer_client, optimizer_retries=2, optimizer_timeout=0.2, beam_rounds=1)
+    script.push("critic", 500, 500, 0.5)  # round 1 fails every attempt; round 2 gets the default replies
+    apo = make_apo(optimizer_client, optimizer_retries=2, optimizer_timeout=0.2, beam_rounds=2)
     with caplog.at_level(logging.WARNING):
         fit(apo)
     assert "Optimizer critique call failed after 3 attempts (timed out)" in caplog.text
-    assert "Skipped this branch" in caplog.text
+    assert "[Round 01 | Beam 00 | Branch 00 | Prompt v0] Skipped this branch" in caplog.text
     assert apo.optimizer.usage.failed_calls == 1 and apo.skipped_candidates == 1
-    assert apo.get_best_prompt().template == SEED_TEMPLATE  # the seed, never lost
-    assert apo.best_version == "v0"
+    assert apo.get_best_prompt().template == GOOD_TEMPLATE
+
+
+def test_a_search_in_which_every_optimizer_call_failed_ends_with_an_error(
+    script: Script, optimizer_client: Any, caplog: Any
+) -> None:
+    script.push("critic", 500, 500, 0.5)
+    apo = make_apo(optimizer_client, optimizer_retries=2, optimizer_timeout=0.2, beam_rounds=1)
+    with caplog.at_level(logging.WARNING), pytest.raises(OptimizerError, match=r"Every optimizer call failed \(1 of 1"):
+        store = agl.InMemoryLightningStore()
+        fit(apo, store=store)
+    assert "best prompt stays v0" in caplog.text
+    assert apo.get_best_prompt().template == SEED_TEMPLATE and apo.best_version == "v0"  # the seed, never lost
+    latest = asyncio.run(store.get_latest_resources())
+    assert latest.resources_id == f"{apo.run_id}-best"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_refused_model_key_or_url_fails_the_run_at_once(script: Script, optimizer_client: Any, status: int) -> None:
+    script.push("critic", status)
+    apo = make_apo(optimizer_client, beam_rounds=3)
+    with pytest.raises(OptimizerError) as raised:
+        fit(apo)
+    message = str(raised.value)
+    assert f"model 'critic' (gradient_model) with HTTP {status}" in message
+    assert optimizer_client.base_url.host in message and "check the model name, the base URL and the API key" in message
+    assert len(script.calls("critic")) == 1 and not script.calls("editor")  # no retry, no further round
+    assert apo.get_best_prompt().template == SEED_TEMPLATE
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(400, 1), (422, 1), (408, 2), (409, 2), (429, 2), (500, 2)])
+def test_only_statuses_a_retry_can_cure_are_retried(
+    script: Script, optimizer_client: Any, caplog: Any, status: int, attempts: int
+) -> None:
+    script.push("critic", status)  # round 1's critique; round 2 gets the default replies
+    apo = make_apo(optimizer_client, beam_rounds=2)
+    with caplog.at_level(logging.WARNING):
+        fit(apo)
+    assert len(script.calls("critic")) == attempts + 1
+    assert apo.optimizer.usage.failed_calls == (1 if attempts == 1 else 0)
+    assert (f"critique call failed with HTTP {status}, which a retry cannot mend" in caplog.text) == (attempts == 1)
+    assert apo.get_best_prompt().template == GOOD_TEMPLATE
+
+
+def test_a_reply_without_content_is_a_failed_call(script: Script, optimizer_client: Any) -> None:
+    script.push("editor", None)  # round 1's edit; round 2 gets the default replies
+    apo = make_apo(optimizer_client, beam_rounds=2)
+    fit(apo)
+    summary = apo.summary()
+    # three replies with text (two critiques, one edit), one without
+    assert (summary["optimizer_calls"], summary["optimizer_failed_calls"], summary["skipped_candidates"]) == (3, 1, 1)
 
 
 def test_an_edit_that_drops_a_placeholder_is_skipped(script: Script, optimizer_client: Any, caplog: Any) -> None:
@@ -156,6 +205,31 @@ def test_resume_continues_a_stored_run(script: Script, optimizer_client: Any, st
     assert [r.version for r in records] == ["v0", "v1", "v2"]
     assert records[2].round == 2 and records[2].parents == ["v1"]
     assert len(script.calls("critic")) == 2  # one per round: round 1 was not redone
+
+
+def test_a_resumed_run_continues_after_the_last_finished_round(
+    script: Script, optimizer_client: Any, standin: Any, sqlite_path: Any, caplog: Any
+) -> None:
+    from openai import AsyncOpenAI
+
+    # Round 1 finds v1; round 2's candidate ties with it, so v1 stays the leader and its stored full-validation
+    # scores are reused. The rollout budget then stops the run at the start of round 3.
+    script.push("editor", GOOD_TEMPLATE, "Reply with ONLY THE CITY name, nothing else. Capital of {country}?")
+    rollouts_through_round_2 = len(VAL) + (2 + 2 * 2 + len(VAL)) + (2 + 2 * 2)
+    first = make_apo(optimizer_client, run_id="stopped", beam_rounds=3, max_rollouts=rollouts_through_round_2)
+    fit(first, store=agl.SqliteLightningStore(sqlite_path))
+    assert first.summary()["rollouts"] == rollouts_through_round_2 and len(script.calls("critic")) == 2
+    records = asyncio.run(load_search_run(agl.SqliteLightningStore(sqlite_path), "stopped"))
+    assert max(r.validated_in_round for r in records) == 2  # the reuse in round 2 is in the store
+
+    client = AsyncOpenAI(base_url=standin.base_url, api_key="stand-in", max_retries=0)
+    second = make_apo(client, run_id="stopped", resume=True, beam_rounds=3)
+    with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
+        fit(second, store=agl.SqliteLightningStore(sqlite_path))
+    assert "Rounds 1-2 of 3 are done; continuing with round 3." in caplog.text
+    assert "Round 3/3" in caplog.text and "Round 1/3" not in caplog.text and "Round 2/3" not in caplog.text
+    assert len(script.calls("critic")) == 3  # only round 3 asked for a critique
+    assert second.best_version == "v1" and second.best_score == 1.0
 
 
 def test_resume_of_an_unknown_run_is_an_error(optimizer_client: Any) -> None:
@@ -217,6 +291,80 @@ def test_bad_options_are_rejected(kwargs: Any, message: str) -> None:
 def test_durations_and_budgets_must_be_finite_and_counts_integers(options: Any, error: Any, message: str) -> None:
     with pytest.raises(error, match=message):
         APO(None, **options)
+
+
+def test_a_temperature_the_api_refuses_is_refused_when_built() -> None:
+    with pytest.raises(
+        ValueError, match=r"diversity_temperature must be at most 2 \(the OpenAI API's limit\), got 5.0"
+    ):
+        APO(None, diversity_temperature=5.0)
+    with pytest.raises(ValueError, match="temperature must be at most 2"):
+        ParetoAPO(None, temperature=2.5)
+    assert APO(None, diversity_temperature=2).diversity_temperature == 2
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "{country:d} x",  # a format spec: fails on every string
+        "{country.__class__} of {country}",  # attribute lookup on the value
+        "{country[0]} {country}",  # indexing into the value
+        "{country!r} please",  # a conversion
+    ],
+)
+def test_an_edit_writing_more_than_plain_placeholders_is_skipped(
+    script: Script, optimizer_client: Any, caplog: Any, edit: str
+) -> None:
+    script.push("editor", edit)
+    apo = make_apo(optimizer_client)
+    with caplog.at_level(logging.WARNING):
+        store = fit(apo)
+    assert "only plain {name} placeholders are allowed" in caplog.text
+    assert apo.skipped_candidates == 1 and apo.rollouts_failed == 0
+    assert [r.version for r in asyncio.run(load_search_run(store, apo.run_id))] == ["v0"]
+
+
+def test_an_edit_repeating_a_known_prompt_is_not_evaluated_again(script: Script, optimizer_client: Any) -> None:
+    script.push("editor", f"{SEED_TEMPLATE}  \n", GOOD_TEMPLATE, GOOD_TEMPLATE + "\n")
+    apo = make_apo(optimizer_client, branch_factor=3)
+    store = fit(apo)
+    assert apo.summary()["duplicate_candidates"] == 2 and apo.skipped_candidates == 0
+    records = asyncio.run(load_search_run(store, apo.run_id))
+    assert [r.version for r in records] == ["v0", "v1"] and records[1].template.template == GOOD_TEMPLATE
+    assert apo.summary()["rollouts"] == len(VAL) + 3 * 2 + 2 * 2 + len(VAL)  # seed and v1 on the batch, once each
+
+
+def test_an_empty_critique_leaves_the_parent_and_nothing_is_evaluated_again(
+    script: Script, optimizer_client: Any
+) -> None:
+    script.push("critic", "  \n ")
+    apo = make_apo(optimizer_client)
+    store = fit(apo)
+    assert not script.calls("editor") and apo.summary()["duplicate_candidates"] == 1
+    assert [r.version for r in asyncio.run(load_search_run(store, apo.run_id))] == ["v0"]
+
+
+@pytest.mark.parametrize(
+    ("template", "engine"),
+    [("Capital of {country} in {year}?", "f-string"), ("Capital of {{ country }} in {{ year }}?", "jinja")],
+)
+def test_a_seed_no_task_can_fill_fails_fast_naming_the_placeholder(
+    script: Script, optimizer_client: Any, template: str, engine: str
+) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=3)
+    seed = agl.PromptTemplate(template=template, engine=engine)
+    with pytest.raises(
+        ValueError, match=r"no value for the placeholder 'year'\. The tasks have the fields \['country'\]"
+    ):
+        fit(apo, initial_resources={"prompt_template": seed})
+    assert apo.summary()["rollouts"] == len(VAL) and not script.calls("critic")
+
+
+def test_a_seed_failing_for_other_reasons_is_searched_on(optimizer_client: Any) -> None:
+    crashing = [{"country": c["country"], "crash": True} for c in VAL]
+    apo = make_apo(optimizer_client, beam_rounds=0)
+    fit(apo, val=crashing)  # every rollout fails, but not on the template: no reason to stop
+    assert apo.rollouts_failed == len(VAL) and apo.best_score == 0.0
 
 
 def test_the_edit_is_taken_out_of_the_code_fence_the_model_wraps_it_in(script: Script, optimizer_client: Any) -> None:

@@ -386,6 +386,7 @@ def test_a_refused_finalist_is_filed_apart_so_that_a_resumed_run_ignores_it() ->
         (FewShotAPO, {"max_rollouts": 0}, "max_rollouts"),
         (ParetoAPO, {"rounds": -1}, "rounds"),
         (ParetoAPO, {"reflection_batch_size": 0}, "reflection_batch_size"),
+        (ParetoAPO, {"temperature": 2.5}, "temperature must be at most 2"),
     ],
 )
 def test_bad_options_are_rejected(cls: Any, kwargs: Any, message: str) -> None:

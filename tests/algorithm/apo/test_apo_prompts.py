@@ -25,6 +25,7 @@ from agentbolt.algorithm.apo.templates import (
     escape_literal,
     format_placeholders,
     template_placeholders,
+    unsafe_constructs,
 )
 
 ALL_FILES = GRADIENT_PROMPT_FILES + APPLY_EDIT_PROMPT_FILES + REFLECT_PROMPT_FILES + MERGE_PROMPT_FILES
@@ -174,6 +175,66 @@ def test_a_rewrite_must_keep_exactly_the_placeholders() -> None:
         check_placeholders(agl.PromptTemplate(template="{date} {when}", engine="f-string"), required)
     with pytest.raises(PlaceholderMismatchError, match="Single '}'"):
         check_placeholders(agl.PromptTemplate(template="{date} {time} }", engine="f-string"), required)
+
+
+@pytest.mark.parametrize(
+    ("text", "engine", "refused"),
+    [
+        ("{country:d} x", "f-string", "{country:d}"),
+        ("{country.__class__} of {country}", "f-string", "{country.__class__}"),
+        ("{country[0]} {country}", "f-string", "{country[0]}"),
+        ("{country!r}", "f-string", "{country!r}"),
+        ("{country:{country}}", "f-string", "{country:{country}}"),
+        ("{{ country.__class__ }}", "jinja", "the attribute '__class__'"),
+        ("{{ country['_x'] }}", "jinja", "the attribute '_x'"),
+        ('{% include "other" %}{{ country }}', "jinja", "the include tag"),
+        ("<p>{{ country.constructor.constructor('return process')() }}</p>", "poml", "{{ country.constructor"),
+        ('<p if="country">{{ country }}</p>', "poml", "<p if='country'>"),
+        ('<document src="/etc/passwd" />{{ country }}', "poml", "<document src='/etc/passwd'>"),
+    ],
+)
+def test_a_rewrite_may_only_write_plain_placeholders(text: str, engine: str, refused: str) -> None:
+    with pytest.raises(PlaceholderMismatchError, match=r"only plain .* placeholders are allowed") as raised:
+        check_placeholders(agl.PromptTemplate(template=text, engine=engine), frozenset({"country"}))
+    assert refused in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "engine"),
+    [
+        ("Capital of {country}? {{literal}}", "f-string"),
+        ("{{ country | upper }}{% if country %}!{% endif %} {{ country[0] }}", "jinja"),
+        ("<p>Capital of {{ country }}?</p>", "poml"),
+    ],
+)
+def test_plain_placeholders_and_safe_engine_syntax_are_accepted(text: str, engine: str) -> None:
+    template = agl.PromptTemplate(template=text, engine=engine)
+    assert unsafe_constructs(template) == []
+    check_placeholders(template, frozenset({"country"}))
+
+
+def test_a_rewrite_may_keep_what_the_seed_itself_writes() -> None:
+    seed = agl.PromptTemplate(template="Pay {price:.2f} for {item}.", engine="f-string")
+    required = template_placeholders(seed)
+    check_placeholders(
+        agl.PromptTemplate(template="Total: {price:.2f}. Item: {item}.", engine="f-string"), required, seed=seed
+    )
+    with pytest.raises(PlaceholderMismatchError, match=r"\{price:d\}"):
+        check_placeholders(agl.PromptTemplate(template="{price:d} {item}", engine="f-string"), required, seed=seed)
+    poml_seed = agl.PromptTemplate(template='<p if="item">{{ item }}</p>', engine="poml")
+    check_placeholders(
+        agl.PromptTemplate(template='<p if="item">Buy {{ item }}</p>', engine="poml"),
+        frozenset({"item"}),
+        seed=poml_seed,
+    )
+
+
+def test_jinja_templates_render_in_a_sandbox() -> None:
+    template = agl.PromptTemplate(template="{{ country.__class__.__mro__[-1].__subclasses__() }}", engine="jinja")
+    with pytest.raises(ValueError, match=r"Cannot render the jinja prompt template: .*unsafe"):
+        template.format(country="France")
+    plain = agl.PromptTemplate(template="{{ country | upper }} {{ country[0] }}", engine="jinja")
+    assert plain.format(country="France") == "FRANCE F"
 
 
 @pytest.mark.parametrize("engine", ["f-string", "jinja"])
