@@ -37,7 +37,7 @@ from typing_extensions import Annotated
 
 from agentbolt.types import AttemptedRollout, Rollout, RolloutStatus, Span
 from agentbolt.types.wire import decode_json, encode_json_repairing
-from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, find_final_reward, training_reward
+from agentbolt.utils.reward_spans import REWARD_SPAN_NAME, candidate_score, find_final_reward, training_reward
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -150,13 +150,6 @@ class _Rewards:
 _NO_REWARDS = _Rewards(final=None, training=None)
 
 
-def _candidate_score(status: str, rewards: _Rewards) -> float:
-    """A finished rollout's score as the prompt optimizers count it (``PromptSearch.evaluate`` in
-    ``agentbolt.algorithm.apo.search``): its training reward when it succeeded; 0 when it failed or was cancelled,
-    or when it has no finite reward."""
-    return rewards.training if status == "succeeded" and rewards.training is not None else 0.0
-
-
 def _search_purpose(rollout: Rollout) -> Optional[str]:
     """Why a prompt optimizer ran the rollout (``train``, ``val-batch``, ``val-full``...), from its tag; None when no
     optimizer tagged it."""
@@ -190,7 +183,7 @@ class _VersionScores:
         group.rollouts += 1
         if rollout.status == "succeeded" and rewards.training is not None:
             group.with_reward += 1
-        group.total += _candidate_score(rollout.status, rewards)
+        group.total += candidate_score(rollout.status, rewards.training)
 
     def as_json(self, resources_id: str) -> Dict[str, Any]:
         # Tagged purposes first (alphabetical), then untagged rollouts by mode.

@@ -17,7 +17,14 @@ from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPyd
 from agentbolt.types.tracer import SpanLike
 from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
 
-__all__ = ["REWARD_SPAN_NAME", "get_rewards_from_span", "get_reward_value", "find_final_reward", "training_reward"]
+__all__ = [
+    "REWARD_SPAN_NAME",
+    "candidate_score",
+    "get_rewards_from_span",
+    "get_reward_value",
+    "find_final_reward",
+    "training_reward",
+]
 
 logger = logging.getLogger("agentbolt.emitter.reward")
 
@@ -91,3 +98,10 @@ def training_reward(spans: Sequence[SpanLike], rollout_id: str) -> Optional[floa
         logger.warning("Rollout %s reported the reward %s: counted as a rollout without one", rollout_id, reward)
         return None
     return reward
+
+
+def candidate_score(status: str, reward: Optional[float]) -> float:
+    """What one rollout adds to a prompt candidate's score: its training reward (:func:`training_reward`) when it
+    succeeded; 0 when it failed, was cancelled or has no finite reward. The prompt optimizers score candidates by
+    it, and the dashboard shows their scores with it."""
+    return float(reward) if status == "succeeded" and reward is not None else 0.0

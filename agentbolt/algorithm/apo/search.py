@@ -35,7 +35,7 @@ from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Dataset, NamedResources, PromptTemplate, Rollout, RolloutMode, RolloutStatus
 from agentbolt.utils.checks import check_count
 from agentbolt.utils.imports import import_extra
-from agentbolt.utils.reward_spans import training_reward
+from agentbolt.utils.reward_spans import candidate_score, training_reward
 
 from .optimizer import OptimizerCalls, OptimizerError, SearchBudgetExhausted, check_positive
 from .prompts import conversation_of, render_prompt_file
@@ -572,8 +572,7 @@ class PromptSearch(Algorithm):
             evaluation.outcomes.append(result)
             if result["status"] != "succeeded":
                 evaluation.failed += 1
-            reward = result["final_reward"] if result["status"] == "succeeded" else None
-            evaluation.rewards.append(float(reward) if reward is not None else 0.0)
+            evaluation.rewards.append(candidate_score(result["status"], result["final_reward"]))
         for rollout_id, reward in zip(rollout_ids, evaluation.rewards, strict=True):
             await self._record_reward(rollout_id, reward)
         self.rollouts_failed += evaluation.failed
