@@ -3,15 +3,21 @@
 A SQLite store file is read in place through a read-only store (``SqliteLightningStore(path, read_only=True)``): no
 copy is made, nothing is written to the file or created next to it, so a read-only file (or a file in a read-only
 folder) exports like any other, and a store a server is writing to is read as any of its readers reads it.
+
+The output replaces an existing file only once it is complete (an interrupted export leaves the previous file as it
+was); JSONL is written as the rollouts are read. Progress goes to stderr: a line redrawn in place on a terminal,
+else a line every :data:`PROGRESS_LOG_SECONDS` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, get_args
+from typing import TYPE_CHECKING, List, Optional, TextIO, get_args
 
 import typer
 
@@ -30,6 +36,48 @@ HELP = (
     "Export the rollouts, spans or samples (one per LLM call, TRL prompt/completion layout with token ids and "
     "rewards) of a store to JSONL or parquet."
 )
+
+SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", "": "jsonl"}
+"""Output suffixes and the format each one means when ``--format`` is not given (a name without a suffix, such as
+``/dev/stdout``, is JSONL); any other suffix needs ``--format``."""
+
+PROGRESS_LOG_SECONDS = 10.0
+"""Seconds between progress lines when stderr is not a terminal."""
+
+_REDRAW_SECONDS = 0.1
+
+
+class ExportProgress:
+    """Shows how far an export is on ``stream``: a line redrawn in place on a terminal (erased at the end), else a
+    line every :data:`PROGRESS_LOG_SECONDS` seconds (none for an export shorter than that)."""
+
+    def __init__(self, what: str, stream: TextIO) -> None:
+        self.what = what
+        self.stream = stream
+        self.terminal = stream.isatty()
+        self.shown = time.monotonic()
+        self.drawn = False
+
+    def __call__(self, done: int, total: int, records: int) -> None:
+        now = time.monotonic()
+        status = f"agentbolt export: {done}/{total} rollouts read, {records} {self.what}"
+        if self.terminal:
+            if done < total and now - self.shown < _REDRAW_SECONDS:
+                return
+            self.stream.write(f"\r{status}\x1b[K")
+            self.drawn = True
+        elif now - self.shown >= PROGRESS_LOG_SECONDS:
+            self.stream.write(status + "\n")
+        else:
+            return
+        self.stream.flush()
+        self.shown = now
+
+    def close(self) -> None:
+        """Erase the line drawn on a terminal."""
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 class What(str, Enum):
@@ -59,10 +107,16 @@ def export_command(
     store: str = typer.Argument(
         ..., help="SQLite store file (only read, never changed), or the URL of a store server (http://host:port)."
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="File to write (its directory must exist)."),
+    output: Path = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="File to write: .jsonl (or .ndjson, or no suffix) or .parquet; any other name with --format (its "
+        "directory must exist).",
+    ),
     what: What = typer.Option(What.samples, "--what", case_sensitive=False, help="What each record is."),
     format: Optional[Format] = typer.Option(
-        None, "--format", case_sensitive=False, help="jsonl or parquet (default: from the file suffix)."
+        None, "--format", case_sensitive=False, help="jsonl or parquet (default: from the suffix of --output)."
     ),
     mode: Optional[List[str]] = typer.Option(None, "--mode", help="Keep rollouts of this mode (repeatable)."),
     status: Optional[List[str]] = typer.Option(None, "--status", help="Keep rollouts of this status (repeatable)."),
@@ -82,11 +136,11 @@ def export_command(
 
     from agentbolt.algorithm.sft.export import (
         ExportFilter,
+        ExportWriteError,
         close_store,
-        export_records,
+        export_store,
         open_store,
         resolve_format,
-        write_records,
     )
     from agentbolt.store.sqlite import SqliteStoreError
     from agentbolt.types import RolloutStatus
@@ -101,12 +155,19 @@ def export_command(
     for value in status or []:
         if value not in known_statuses:
             raise CliError(f"--status {value!r} is not one of {', '.join(known_statuses)}")
+    if output.is_dir():
+        raise CliError(f"--output {output} is a directory: name the file to write")
     if not output.parent.is_dir():
         raise CliError(f"--output {output}: directory {output.parent} does not exist")
     if _is_part_of_store(output, store):
         raise CliError(f"--output {output} is the store being exported (or one of its files): choose another file")
+    if format is None and output.suffix.lower() not in SUFFIXES:
+        raise CliError(
+            f"--output {output}: cannot tell the format from {output.suffix!r}; name the file .jsonl or .parquet, or "
+            "pass --format jsonl|parquet"
+        )
     try:
-        chosen_format = resolve_format(output, format.value if format else None)
+        chosen_format = resolve_format(output, format.value if format else SUFFIXES[output.suffix.lower()])
     except ImportError as exc:
         raise CliError(str(exc)) from None
     try:
@@ -116,13 +177,18 @@ def export_command(
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
-    async def read(opened: LightningStore) -> List[Dict[str, Any]]:
+    progress = ExportProgress(what.value, sys.stderr)
+
+    async def export(opened: LightningStore) -> int:
         try:
-            return await export_records(
+            return await export_store(
                 opened,
+                output,
                 what.value,  # type: ignore[arg-type]
-                filters,
+                format=chosen_format,  # type: ignore[arg-type]
+                filters=filters,
                 propagation=propagation.value,  # type: ignore[arg-type]
+                progress=progress,
             )
         finally:
             await close_store(opened)
@@ -132,15 +198,14 @@ def export_command(
     except ValueError as exc:
         raise CliError(str(exc)) from None
     try:
-        records = asyncio.run(read(opened))
+        count = asyncio.run(export(opened))
+    except ExportWriteError as exc:
+        raise CliError(str(exc), exit_code=1) from None
     except (OSError, aiohttp.ClientError, SqliteStoreError) as exc:  # server errors, a file changing under a reader
         raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
-    try:
-        write_records(records, output, format=chosen_format)
-    except OSError as exc:
-        raise CliError(f"cannot write {output}: {exc.strerror or exc}", exit_code=1) from None
-    count = len(records)
-    print(f"agentbolt export: {count} {what.value} written to {output}")
+    finally:
+        progress.close()
+    print(f"agentbolt export: {count} {what.value} written to {output} ({chosen_format})")
     return 0
 
 

@@ -21,11 +21,13 @@ Module paths are imported with the current directory on ``sys.path``; file paths
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -39,6 +41,9 @@ __all__ = ["HELP", "TrainRunConfig", "load_run_config", "main", "train_command"]
 logger = logging.getLogger(__name__)
 
 HELP = "Train an agent with GRPO, SFT or another registered algorithm, as one YAML config file describes."
+
+INTERRUPTED_EXIT_CODE = 130
+"""Exit code of a run stopped by Ctrl-C (SIGINT) or SIGTERM, as shells report a command killed by SIGINT."""
 
 
 class DataConfig(BaseModel):
@@ -220,7 +225,11 @@ def train_command(
     agent = _agent(run.agent)
     train = _dataset(run.data.train, base, "train")
     val = _dataset(run.data.val, base, "val")
-    _fit(algorithm, agent, train, val, run.trainer, base)
+    _check_before_start(algorithm)
+    interrupted = _fit(algorithm, agent, train, val, run.trainer, base)
+    if interrupted:
+        print(f"agentbolt train: {_interruption(algorithm, config)}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     history = getattr(algorithm, "history", None)
     if history:
         last = {k: v for k, v in history[-1].items() if k.startswith(("val/", "train/"))}
@@ -230,7 +239,123 @@ def train_command(
     return 0
 
 
-def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig, base: Path) -> None:
+def _check_before_start(algorithm: Any) -> None:
+    """Refuse what would otherwise fail only once the runners run: a model that cannot be found, a ``log_dir``
+    holding another run's metrics, a ``checkpoint_dir`` that cannot hold checkpoints, options the algorithm
+    refuses at its start.
+
+    Only an algorithm that trains a model's weights (GRPO, SFT) has these options; others pass unchecked.
+
+    Raises:
+        CliError: The option at fault and why (exit code 2).
+    """
+    from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_checkpoint_dir, latest_checkpoint
+    from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
+    from agentbolt.models import DEFAULT_MODEL, ModelNotAvailableError, resolve_model
+
+    if not isinstance(algorithm, FinetuningAlgorithm):
+        return
+    config = algorithm.config
+    try:
+        algorithm._check_run()  # the hook every run calls first: options that cannot run
+    except ValueError as exc:  # an ImportReferenceError too (a student_prompt that does not import)
+        raise CliError(f"options: {exc}") from None
+    name = config.model or DEFAULT_MODEL
+    try:
+        resolved = resolve_model(name)
+    except ModelNotAvailableError as exc:
+        raise CliError(f"options.model: {exc}") from None
+    if resolved.source == "gguf":
+        raise CliError(
+            f"options.model: {name!r} is a GGUF file; {algorithm.title} trains a Hugging Face model directory"
+        )
+    resumes = bool(config.resume and config.checkpoint_dir and latest_checkpoint(config.checkpoint_dir))
+    if not resumes:
+        try:
+            check_log_dir_unused(config.log_dir)
+        except ValueError as exc:
+            raise CliError(f"options.log_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
+    # Last: it creates the directory.
+    if config.checkpoint_dir:
+        try:
+            check_checkpoint_dir(config.checkpoint_dir, resume=config.resume)
+        except CheckpointError as exc:
+            raise CliError(f"options.checkpoint_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
+
+
+def _progress(algorithm: Any) -> Optional[Tuple[int, int, Optional[Path]]]:
+    """``(steps completed, max_steps, latest checkpoint)`` of a training algorithm's run; None for other algorithms.
+
+    A step is completed once its metrics are recorded (``algorithm.history``) or a checkpoint holds it (a resumed
+    run's earlier steps, a run already complete).
+    """
+    from agentbolt.algorithm.finetuning.trainer import checkpoint_state, latest_checkpoint
+
+    options = getattr(algorithm, "config", None)
+    total = getattr(options, "max_steps", None)
+    if not isinstance(total, int):
+        return None
+    recorded = [
+        int(r["step"]) for r in getattr(algorithm, "history", None) or [] if isinstance(r.get("step"), (int, float))
+    ]
+    checkpoint_dir = getattr(options, "checkpoint_dir", None)
+    checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    saved = int(checkpoint_state(checkpoint)["global_step"]) if checkpoint is not None else 0
+    return max([0, saved, *recorded]), total, checkpoint
+
+
+def _interruption(algorithm: Any, config_path: Path) -> str:
+    """Where Ctrl-C stopped the run and how to continue it, for the one line ``train`` prints."""
+    from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
+
+    progress = _progress(algorithm)
+    if progress is None:
+        return "interrupted"
+    done, total, checkpoint = progress
+    where = f"interrupted at step {done}/{total}"
+    if checkpoint is not None:
+        return f"{where}; resume with: agentbolt train {config_path} --resume (from {checkpoint})"
+    options = algorithm.config
+    restart = ""
+    try:
+        check_log_dir_unused(options.log_dir)
+    except ValueError:  # a new run would refuse the log this one started
+        restart = f"; to start over, use a new options.log_dir or delete {Path(options.log_dir) / 'metrics.jsonl'}"
+    if not options.checkpoint_dir:
+        return f"{where}; nothing to resume from: options.checkpoint_dir is not set{restart}"
+    return f"{where}; nothing to resume from: no checkpoint was written to {options.checkpoint_dir} yet{restart}"
+
+
+def _interrupted(strategy: Any, algorithm: Any) -> bool:
+    """Whether Ctrl-C stopped the run: execution strategies swallow it (the contract's behaviour) and return.
+
+    The client-server strategy records it; for the others, a training algorithm whose run ended before its last
+    step without raising was stopped by it.
+    """
+    recorded = getattr(strategy, "interrupted", None)
+    if isinstance(recorded, bool):
+        return recorded
+    progress = _progress(algorithm)
+    return progress is not None and progress[0] < progress[1]
+
+
+def _close(store: Any) -> None:
+    """Close the run's store: a SQLite store moves its ``-wal`` journal into the database file and removes it."""
+    close = getattr(store, "close", None)
+    if close is None:
+        return
+    try:
+        asyncio.run(close())
+    except Exception as exc:  # the run's outcome matters more than a failing close
+        logger.warning("Could not close the store %s: %s", getattr(store, "path", store), exc)
+
+
+def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig, base: Path) -> bool:
+    """Run ``algorithm`` on ``agent`` with the runners ``config`` describes; True when Ctrl-C stopped it.
+
+    The store (``trainer.store``) is closed when the run ends, however it ends.
+    """
     from agentbolt.serving.transformers_engine import configure_openmp
 
     configure_openmp()
@@ -241,23 +366,27 @@ def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig,
     if config.strategy == "cs" and config.port is not None:
         check_port_free(config.host, config.port, "trainer.port")
     store = _store(config, base)
-    tracer = agl.OtelTracer()
-    if config.strategy == "cs":
-        strategy: Any = agl.ClientServerExecutionStrategy(
-            n_runners=config.n_runners,
-            server_host=config.host,
-            server_port=config.port or find_free_port(config.host),
+    try:
+        tracer = agl.OtelTracer()
+        if config.strategy == "cs":
+            strategy: Any = agl.ClientServerExecutionStrategy(
+                n_runners=config.n_runners,
+                server_host=config.host,
+                server_port=config.port or find_free_port(config.host),
+            )
+        else:
+            strategy = agl.SharedMemoryExecutionStrategy(n_runners=config.n_runners, main_thread="algorithm")
+        trainer = agl.Trainer(
+            algorithm=algorithm,
+            store=store,
+            tracer=tracer,
+            strategy=strategy,
+            runner=agl.LitAgentRunner(tracer=tracer, poll_interval=config.poll_interval or TRAINING_POLL_INTERVAL),
         )
-    else:
-        strategy = agl.SharedMemoryExecutionStrategy(n_runners=config.n_runners, main_thread="algorithm")
-    trainer = agl.Trainer(
-        algorithm=algorithm,
-        store=store,
-        tracer=tracer,
-        strategy=strategy,
-        runner=agl.LitAgentRunner(tracer=tracer, poll_interval=config.poll_interval or TRAINING_POLL_INTERVAL),
-    )
-    trainer.fit(agent, train_dataset=train, val_dataset=val)
+        trainer.fit(agent, train_dataset=train, val_dataset=val)
+    finally:
+        _close(store)
+    return _interrupted(strategy, algorithm)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

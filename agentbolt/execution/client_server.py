@@ -15,7 +15,7 @@ import time
 import uuid
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, NoReturn, Optional, Sequence, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
@@ -88,11 +88,53 @@ _SUPERVISE_INTERVAL_SECONDS = 0.2
 """How often a side checks the processes of the other side while it runs."""
 
 
+INTERRUPTED_EXIT_CODE = 130
+"""Exit code of a child process stopped by SIGINT (Ctrl-C reaches the whole process group)."""
+
+
+async def _stopped_by_sigint(side: Callable[[], Coroutine[Any, Any, None]], handle_sigint: bool) -> None:
+    """Run ``side``; with ``handle_sigint``, SIGINT cancels it (its clean-up runs)."""
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigint() -> None:
+        global _got_sigint
+        _got_sigint = True
+        task.cancel()
+
+    if handle_sigint:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_sigint)
+    await side()
+
+
+_got_sigint = False
+"""Set in a child process once SIGINT arrived (see :func:`_run_in_event_loop`)."""
+
+
 def _run_in_event_loop(side: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Entry point of a child process: run one side of the run to its end (and end with the parent)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (see ``execute``) is not the child's
-    threading.Thread(target=_end_with_parent, name="parent-watch", daemon=True).start()
-    asyncio.run(side())
+    """Entry point of a child process: run one side of the run to its end (and end with the parent).
+
+    SIGINT stops the side as a cancellation (its clean-up runs) and the process exits quietly with
+    :data:`INTERRUPTED_EXIT_CODE`: a Ctrl-C in a terminal reaches every process of the group, and the parent, which
+    got it too, reports the interruption once.
+    """
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (see ``execute``) is not the child's
+        threading.Thread(target=_end_with_parent, name="parent-watch", daemon=True).start()
+        # As asyncio.run does, SIGINT is handled only where Python's default handler is set (a process started with
+        # SIGINT ignored keeps ignoring it).
+        asyncio.run(_stopped_by_sigint(side, signal.getsignal(signal.SIGINT) is signal.default_int_handler))
+    except KeyboardInterrupt:  # SIGINT before the event loop ran
+        _exit_interrupted()
+    except asyncio.CancelledError:
+        if not _got_sigint:
+            raise
+        _exit_interrupted()
+
+
+def _exit_interrupted() -> NoReturn:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C must not interrupt the exit
+    raise SystemExit(INTERRUPTED_EXIT_CODE) from None
 
 
 def _end_with_parent() -> None:
@@ -150,6 +192,11 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             passed to :meth:`execute` is used as it is on both sides.
         allowed_exit_codes: Exit codes of child processes that count as success.
         startup_timeout: Seconds a runner waits for its own store server to answer before failing.
+
+    Attributes:
+        interrupted: Whether the last :meth:`execute` was stopped by Ctrl-C (or SIGTERM). ``execute`` then returns
+            normally, as the contract asks, so a caller that must tell an interrupted run from a finished one (the
+            ``agentbolt train`` command, which exits with 130) reads this flag.
     """
 
     alias = "cs"
@@ -192,6 +239,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.managed_store = resolve_managed_store(managed_store)
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
         self.startup_timeout = startup_timeout
+        self.interrupted = False
 
     # ------------------------------------------------------------------ bundles in the current process
 
@@ -340,6 +388,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         stop_evt = MultiprocessingEvent(ctx=ctx)
         processes: List[BaseProcess] = []
         failed = False
+        self.interrupted = False
         stack = contextlib.ExitStack()
         # A fresh identity per run, known to this run's runners only (see the class docstring).
         server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
@@ -372,6 +421,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 processes[0].join()
         except KeyboardInterrupt:
             failed = True
+            self.interrupted = True
             logger.warning("Interrupted; stopping every process")
             stop_evt.set()
         except BaseException:
@@ -424,6 +474,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
 
     def _check_process_exitcodes(self, processes: List[BaseProcess], warn_only: bool = False) -> None:
         allowed = set(self.allowed_exit_codes)
+        if self.interrupted:  # the children got the same Ctrl-C and stopped as asked
+            allowed |= {INTERRUPTED_EXIT_CODE, -signal.SIGINT}
         bad = [(p.name, p.exitcode) for p in processes if p.exitcode is not None and p.exitcode not in allowed]
         if not bad:
             return

@@ -414,7 +414,10 @@ class LitAgentRunner(Runner[T_task]):
             )
         except BaseException as exc:
             error = exc
-            logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):  # the runner is stopping, as asked
+                logger.info("[Rollout %s] The agent was stopped (%s)", rollout_id, type(exc).__name__)
+            else:
+                logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
             if raise_on_exception or not isinstance(exc, Exception):
                 raise
         finally:

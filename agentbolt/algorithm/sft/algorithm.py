@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from agentbolt.llm_proxy import LLMProxy
     from agentbolt.store.base import LightningStore
 
-__all__ = ["SFT", "LLM_CALL_SPANS", "resolve_backend"]
+__all__ = ["SFT", "LLM_CALL_SPANS", "model_vocab_size", "resolve_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SFT(FinetuningAlgorithm):
         collect_seconds = time.perf_counter() - started
         chat_samples, call_stats = self._chat_samples(outcomes)
         tokenized, token_stats = tokenize_samples(
-            chat_samples, tokenizer, **config.tokenize_options(trainer.max_length)
+            chat_samples, tokenizer, **config.tokenize_options(trainer.max_length, model_vocab_size(trainer.model))
         )
         selected, selection = select_samples(
             tokenized, **config.selection_options(), rng=random.Random(config.seed * 1_000_003 + step)
@@ -259,6 +259,15 @@ def sample_length_limit(model: Any, config: SFTConfig) -> int:
     if context and limit > int(context):
         logger.warning("max_sequence_length=%d exceeds the model's context (%d tokens)", limit, context)
     return limit
+
+
+def model_vocab_size(model: Any) -> Optional[int]:
+    """Rows of ``model``'s input embedding: a token id at or above it does not exist for the model (None: unknown)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(rows) if isinstance(rows, int) else None
 
 
 def build_sft_trainer(model: Any, tokenizer: Any, config: SFTConfig) -> SFTTrainer:

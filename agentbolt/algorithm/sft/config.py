@@ -148,13 +148,15 @@ class SFTConfig(FinetuningConfig):
         """Keyword arguments of :func:`~agentbolt.algorithm.sft.selection.select_samples` from these options."""
         return self.model_dump(include={"min_reward", "best_of_n", "top_k", "top_fraction", "dedup"})
 
-    def tokenize_options(self, max_length: int) -> Dict[str, Any]:
-        """Keyword arguments of :func:`~agentbolt.algorithm.sft.data.tokenize_sample` from these options."""
+    def tokenize_options(self, max_length: int, vocab_size: Optional[int] = None) -> Dict[str, Any]:
+        """Keyword arguments of :func:`~agentbolt.algorithm.sft.data.tokenize_sample` from these options, for a
+        model of ``max_length`` tokens of context and ``vocab_size`` embedding rows (None: ids not checked)."""
         return {
             "use_token_ids": self.trains_tokens(),
             "require_token_ids": self.data == "tokens",
             "max_length": max_length,
             "overlong": self.overlong,
+            "vocab_size": vocab_size,
         }
 
     def optimizer_steps_for(self, samples: int) -> int:

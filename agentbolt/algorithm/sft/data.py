@@ -38,6 +38,8 @@ __all__ = [
     "Counters",
     "ChatSample",
     "DataError",
+    "describe_sample",
+    "outside_vocabulary",
     "TokenSample",
     "finite_reward",
     "StudentPrompt",
@@ -89,6 +91,8 @@ class ChatSample:
         reward: The reward this sample is ranked by (after propagation), None when unknown.
         final_reward: The final reward of the rollout it comes from.
         agent_name: The agent that made the call, when the trace names it.
+        model: The model that answered the call, as its trace names it (``gen_ai.response.model``); its token ids
+            belong to that model's tokenizer.
         rollout_id: The rollout it comes from.
         task_id: Id of the task; rollouts of the same task share it (best-of-n compares them).
         metadata: Anything else kept with the sample (attempt id, mode, status...).
@@ -105,6 +109,7 @@ class ChatSample:
     rollout_id: Optional[str] = None
     task_id: Optional[str] = None
     metadata: Dict[str, Any] = field(default_factory=dict)
+    model: Optional[str] = None
 
     @property
     def has_token_ids(self) -> bool:
@@ -133,6 +138,8 @@ class ChatSample:
         for name in ("prompt_token_ids", "response_token_ids", "reward", "final_reward", "agent_name"):
             record[name] = getattr(self, name)
         record["rollout_id"], record["task_id"] = self.rollout_id, self.task_id
+        if self.model is not None:
+            record["model"] = self.model
         if self.metadata:
             record["metadata"] = self.metadata
         return record
@@ -188,7 +195,7 @@ class ChatSample:
             if value is not None and finite_reward(value) is None:
                 logger.warning("%s: %s %s is not a finite number: read as no reward", where, name, value)
             setattr(sample, name, finite_reward(value))
-        for name in ("agent_name", "rollout_id", "task_id"):
+        for name in ("agent_name", "rollout_id", "task_id", "model"):
             value = record.get(name)
             setattr(sample, name, value if isinstance(value, str) and value else None)
         metadata = record.get("metadata")
@@ -399,6 +406,8 @@ def samples_from_triplets(
             stats.without_data += 1
             continue
         messages, tools = conversation if conversation is not None else ([], None)
+        answered = triplet.metadata.get("response")
+        model = answered.get("model") if isinstance(answered, dict) else None
         sample = ChatSample(
             messages=messages,
             tools=tools,
@@ -411,6 +420,7 @@ def samples_from_triplets(
             rollout_id=rollout_id,
             task_id=task_id,
             metadata=dict(metadata or {}),
+            model=model if isinstance(model, str) and model else None,
         )
         if student_prompt is not None:
             sample = with_student_prompt(sample, student_prompt)
@@ -466,6 +476,9 @@ class TokenizeStats(Counters):
     """Samples trained on their recorded token ids."""
     from_messages: int = 0
     """Samples trained on their messages rendered with the chat template."""
+    out_of_vocabulary: int = 0
+    """Samples whose recorded token ids do not fit the trained model's vocabulary, trained on their messages instead
+    (``data="auto"``)."""
     missing_tokens: int = 0
     """Skipped: token ids were required (``data="tokens"``) and not recorded."""
     unusable: int = 0
@@ -558,6 +571,8 @@ def tokenize_sample(
     require_token_ids: bool = False,
     max_length: Optional[int] = None,
     overlong: Literal["skip", "truncate"] = "skip",
+    vocab_size: Optional[int] = None,
+    where: str = "a sample",
 ) -> Tuple[Optional[TokenSample], TokenizeStats]:
     """The token ids and loss mask of one sample (None when it cannot be used; the stats say why).
 
@@ -568,11 +583,28 @@ def tokenize_sample(
         require_token_ids: Skip samples without recorded ids (counted as ``missing_tokens``).
         max_length: Longest sample in tokens (None: no limit).
         overlong: ``"skip"`` or ``"truncate"`` (keep the last ``max_length`` tokens) a longer sample.
+        vocab_size: Rows of the trained model's embedding (None: not checked). Recorded ids at or above it were
+            made by another model's tokenizer: the sample is trained on its messages instead, unless ids are
+            required or it has no messages.
+        where: Names the sample in errors (``"sample 3 (rollout ro-1)"``).
+
+    Raises:
+        DataError: The recorded ids do not fit ``vocab_size`` and the sample cannot be trained without them.
     """
     stats = TokenizeStats(samples=1)
     ids: List[int]
     mask: List[bool]
-    if use_token_ids and sample.has_token_ids:
+    foreign = outside_vocabulary(sample, vocab_size) if use_token_ids and sample.has_token_ids else None
+    if foreign is not None and (require_token_ids or not sample.messages):
+        reason = "token ids are required (data='tokens')" if require_token_ids else "it has no messages to render"
+        raise DataError(
+            f"{where}: token id {foreign} is outside the vocabulary of the model being trained ({vocab_size} "
+            f"tokens), so its ids were made by another model's tokenizer{_recorded_by(sample)}, and {reason}; train "
+            "the model that recorded it, or on calls recorded with their messages (data='auto' or 'messages')"
+        )
+    if foreign is not None:
+        stats.out_of_vocabulary = 1
+    if use_token_ids and sample.has_token_ids and foreign is None:
         assert sample.prompt_token_ids is not None and sample.response_token_ids is not None
         ids = [*sample.prompt_token_ids, *sample.response_token_ids]
         mask = [False] * len(sample.prompt_token_ids) + [True] * len(sample.response_token_ids)
@@ -616,17 +648,50 @@ def tokenize_sample(
     )
 
 
+def outside_vocabulary(sample: ChatSample, vocab_size: Optional[int]) -> Optional[int]:
+    """The largest recorded id of ``sample`` when it is ``vocab_size`` or above (None: every id fits)."""
+    if vocab_size is None:
+        return None
+    largest = max([*(sample.prompt_token_ids or []), *(sample.response_token_ids or [])], default=-1)
+    return largest if largest >= vocab_size else None
+
+
+def _recorded_by(sample: ChatSample) -> str:
+    return f" ({sample.model!r} answered the call)" if sample.model else ""
+
+
+def describe_sample(sample: ChatSample, index: int) -> str:
+    """``"sample 3 (rollout ro-1)"``: a sample by its position in the data, and its rollout when it has one."""
+    return f"sample {index + 1}" + (f" (rollout {sample.rollout_id})" if sample.rollout_id else "")
+
+
 def tokenize_samples(
     samples: Iterable[ChatSample], tokenizer: Any, **options: Any
 ) -> Tuple[List[TokenSample], TokenizeStats]:
-    """:func:`tokenize_sample` over many samples; the usable ones and the summed stats."""
+    """:func:`tokenize_sample` over many samples; the usable ones and the summed stats.
+
+    Samples are named in errors by their position (:func:`describe_sample`). Those trained on their messages
+    because their ids do not fit the vocabulary are counted in one warning.
+
+    Raises:
+        DataError: A sample's ids do not fit ``vocab_size`` and it cannot be trained without them.
+    """
     kept: List[TokenSample] = []
     total = TokenizeStats()
-    for sample in samples:
-        tokenized, stats = tokenize_sample(sample, tokenizer, **options)
+    for index, sample in enumerate(samples):
+        tokenized, stats = tokenize_sample(sample, tokenizer, where=describe_sample(sample, index), **options)
         total.add(stats)
         if tokenized is not None:
             kept.append(tokenized)
+    if total.out_of_vocabulary:
+        logger.warning(
+            "%d of %d samples hold token ids outside the vocabulary of the model being trained (%s tokens), made by "
+            "another model's tokenizer: they are trained on their messages instead (counted as "
+            "samples/out_of_vocabulary)",
+            total.out_of_vocabulary,
+            total.samples,
+            options.get("vocab_size"),
+        )
     return kept, total
 
 
@@ -634,13 +699,19 @@ def iter_jsonl(path: Union[str, os.PathLike[str]]) -> Iterator[Tuple[int, Any]]:
     """``(line number, parsed JSON)`` of each non-blank line of ``path``.
 
     Raises:
-        DataError: The file is missing, or a line is not valid JSON.
+        DataError: The file is missing, or a line is not UTF-8 text or not valid JSON.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 text (byte {exc.start + 1} of the line is 0x{raw[exc.start]:02x})"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -15,17 +15,40 @@ least one call of a matching agent). Reading never changes the store: a SQLite f
 Parquet needs pyarrow (``pip install 'agentbolt[parquet]'``). Scalar columns and lists of scalars (token ids) are
 native columns; nested values (messages, tools, span attributes, rollout inputs...) are written as JSON text, named
 in the file's ``agentbolt.json_columns`` metadata, so :func:`read_records` gives back exactly what was written.
+
+Writing is atomic: records go to a temporary file in the output's directory, which replaces the output only once it
+is complete, so an interrupted export leaves the previous file as it was. JSONL is written one rollout at a time
+(the records of a rollout are held, not those of the whole store); parquet, a table with one schema, is built from
+all the records at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import secrets
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Union,
+)
 
 from agentbolt.algorithm.sft.data import (
     ChatSample,
@@ -46,7 +69,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ExportFilter",
     "ExportKind",
+    "ExportProgress",
+    "ExportWriteError",
+    "atomic_output",
     "export_store",
+    "iter_records",
     "open_store",
     "read_records",
     "resolve_format",
@@ -58,6 +85,9 @@ logger = logging.getLogger(__name__)
 
 ExportKind = Literal["rollouts", "spans", "samples"]
 ExportFormat = Literal["jsonl", "parquet"]
+ExportProgress = Callable[[int, int, int], None]
+"""Called after each rollout an export reads: ``(rollouts read, rollouts to read, records so far)``."""
+STORE_URL_SCHEMES = ("http", "https")
 _JSON_COLUMNS_KEY = b"agentbolt.json_columns"
 
 
@@ -122,10 +152,17 @@ def open_store(location: Union[str, os.PathLike[str]], *, api_key: Optional[str]
         api_key: The server's bearer token, if it requires one.
 
     Raises:
-        ValueError: The file cannot be read as a store: it does not exist (it is never created here), cannot be
-            read, is not a store, or has another schema version. The message names the file and the reason.
+        ValueError: A URL of another scheme than http(s), or a file that cannot be read as a store: it does not
+            exist (it is never created here), cannot be read, is not a store, or has another schema version. The
+            message names the file and the reason.
     """
-    text = str(location)
+    text = os.fspath(location)
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if scheme and scheme.group(1).lower() not in STORE_URL_SCHEMES:
+        raise ValueError(
+            f"{text}: {scheme.group(1)!r} URLs are not supported; give a SQLite store file or the http(s):// URL of "
+            "a store server"
+        )
     if text.startswith(("http://", "https://")):
         from agentbolt.store.client_server import LightningStoreClient
 
@@ -174,13 +211,20 @@ async def _walk(
     propagation: RewardPropagation,
     adapter: Any,
     student_prompt: Optional[StudentPrompt] = None,
+    counted: Optional[Callable[[int], None]] = None,
 ) -> Any:
-    """Yield ``(rollout, spans, final_reward, samples)`` of each rollout that passes the rollout-level filters."""
+    """Yield ``(rollout, spans, final_reward, samples)`` of each rollout that passes the rollout-level filters.
+
+    ``counted`` receives the number of rollouts to read once they are listed.
+    """
     from agentbolt.store.collection_based import healthcheck_suppressed
     from agentbolt.utils.reward_spans import training_reward
 
     with healthcheck_suppressed():
-        for rollout in await _selected_rollouts(store, filters):
+        rollouts = await _selected_rollouts(store, filters)
+        if counted is not None:
+            counted(len(rollouts))
+        for rollout in rollouts:
             spans = await _latest_spans(store, rollout.rollout_id)
             final = training_reward(spans, rollout.rollout_id) if spans else None
             triplets = list(adapter.adapt(spans)) if spans else []
@@ -229,6 +273,47 @@ def _rollout_record(rollout: Rollout, final_reward: Optional[float]) -> Dict[str
     return record
 
 
+async def iter_records(
+    store: LightningStore,
+    kind: ExportKind,
+    filters: Optional[ExportFilter] = None,
+    *,
+    propagation: RewardPropagation = "backward",
+    progress: Optional[ExportProgress] = None,
+) -> AsyncGenerator[Dict[str, Any], None]:
+    """The records :func:`export_store` writes, in rollout order, read one rollout at a time.
+
+    Args:
+        store: The store to read.
+        kind: ``"rollouts"``, ``"spans"`` or ``"samples"``.
+        filters: Which rollouts and calls to export.
+        propagation: How rewards reach the calls of a rollout (samples).
+        progress: Called after each rollout is read (see :data:`ExportProgress`).
+    """
+    filters = filters or ExportFilter()
+    adapter = _default_adapter()
+    total, done, count = 0, 0, 0
+
+    def counted(rollouts: int) -> None:
+        nonlocal total
+        total = rollouts
+
+    async for rollout, spans, final, samples in _walk(store, filters, propagation, adapter, counted=counted):
+        records: List[Dict[str, Any]] = []
+        if kind == "samples":
+            records = [s.to_record() for s in samples if filters.reward_ok(s.reward)]
+        elif filters.reward_ok(final) and (filters.agent is None or samples):
+            if kind == "rollouts":
+                records = [_rollout_record(rollout, final)]
+            else:
+                records = [span.model_dump(mode="json") for span in spans]
+        for record in records:
+            yield record
+        done, count = done + 1, count + len(records)
+        if progress is not None:
+            progress(done, total, count)
+
+
 async def export_records(
     store: LightningStore,
     kind: ExportKind,
@@ -236,33 +321,24 @@ async def export_records(
     *,
     propagation: RewardPropagation = "backward",
 ) -> List[Dict[str, Any]]:
-    """The records :func:`export_store` writes, in rollout order."""
-    filters = filters or ExportFilter()
-    adapter = _default_adapter()
-    records: List[Dict[str, Any]] = []
-    async for rollout, spans, final, samples in _walk(store, filters, propagation, adapter):
-        if kind == "samples":
-            records.extend(s.to_record() for s in samples if filters.reward_ok(s.reward))
-            continue
-        if not filters.reward_ok(final) or (filters.agent is not None and not samples):
-            continue
-        if kind == "rollouts":
-            records.append(_rollout_record(rollout, final))
-        else:
-            records.extend(span.model_dump(mode="json") for span in spans)
-    return records
+    """The records :func:`export_store` writes, in rollout order, as one list (see :func:`iter_records`)."""
+    return [record async for record in iter_records(store, kind, filters, propagation=propagation)]
 
 
 async def export_store(
     store: LightningStore,
-    path: Union[str, Path],
+    path: Union[str, os.PathLike[str]],
     kind: ExportKind = "samples",
     *,
     format: Optional[ExportFormat] = None,
     filters: Optional[ExportFilter] = None,
     propagation: RewardPropagation = "backward",
+    progress: Optional[ExportProgress] = None,
 ) -> int:
     """Write the store's rollouts, spans or samples to ``path``; returns the number of records.
+
+    The file is replaced only once it is complete (:func:`atomic_output`): an export that fails or is interrupted
+    leaves the previous file as it was. JSONL is written as the rollouts are read.
 
     Args:
         store: The store to read.
@@ -271,16 +347,102 @@ async def export_store(
         format: ``"jsonl"`` or ``"parquet"`` (default: from the file suffix, ``.parquet`` or else JSONL).
         filters: Which rollouts and calls to export.
         propagation: How rewards reach the calls of a rollout (samples).
+        progress: Called after each rollout is read (see :data:`ExportProgress`).
 
     Raises:
         ValueError: An unknown kind or format.
         ImportError: Parquet without pyarrow.
+        ExportWriteError: The file cannot be written (an ``OSError``).
     """
     if kind not in ("rollouts", "spans", "samples"):
         raise ValueError(f"unknown export kind {kind!r}; expected rollouts, spans or samples")
-    records = await export_records(store, kind, filters, propagation=propagation)
-    write_records(records, path, format=format)
-    return len(records)
+    chosen = resolve_format(path, format)
+    reading = iter_records(store, kind, filters, propagation=propagation, progress=progress)
+    async with contextlib.aclosing(reading) as records:
+        return await _write_async(records, path, chosen)
+
+
+async def _write_async(records: AsyncIterator[Dict[str, Any]], path: Union[str, os.PathLike[str]], chosen: str) -> int:
+    """Write ``records`` to ``path`` atomically in the ``chosen`` format; how many were written.
+
+    Raises:
+        ExportWriteError: Writing failed (errors of reading ``records`` pass as they are).
+    """
+    collected: List[Dict[str, Any]] = []
+    count = 0
+    with _writing(path) as temporary:
+        handle = None if chosen == "parquet" else _written(path, open, temporary, "w", encoding="utf-8")
+        try:
+            async for record in records:
+                if handle is None:
+                    collected.append(record)
+                else:
+                    _written(path, handle.write, json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
+            if handle is None:
+                _written(path, _write_parquet, collected, temporary)
+            else:
+                _written(path, _flush_to_disk, handle)
+        finally:
+            if handle is not None:
+                handle.close()
+    return count
+
+
+class ExportWriteError(OSError):
+    """The output file of an export cannot be written (the store was read fine); the message names the file."""
+
+
+def _written(path: Union[str, os.PathLike[str]], write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return write(*args, **kwargs)
+    except OSError as exc:
+        raise ExportWriteError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+@contextlib.contextmanager
+def _writing(path: Union[str, os.PathLike[str]]) -> Iterator[Path]:
+    """:func:`atomic_output`, with its own failures (creating, replacing the file) raised as :class:`ExportWriteError`."""
+    manager = atomic_output(path)
+    temporary = _written(path, manager.__enter__)
+    try:
+        yield temporary
+    except BaseException:
+        manager.__exit__(*sys.exc_info())
+        raise
+    _written(path, manager.__exit__, None, None, None)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Union[str, os.PathLike[str]]) -> Iterator[Path]:
+    """Yield a temporary path in ``path``'s directory that replaces ``path`` when the block ends without error.
+
+    On an error or an interruption the temporary file is removed and ``path`` stays as it was. The new file gets
+    the permissions of the file it replaces (of a new file, otherwise). A ``path`` that exists and is not a regular
+    file (``/dev/stdout``, a named pipe) is yielded as it is: it cannot be replaced.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        yield target
+        return
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        if target.exists():
+            os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
+        yield temporary
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+
+
+def _flush_to_disk(handle: Any) -> None:
+    """Flush ``handle`` to the disk before its file replaces another (a pipe or a terminal has nothing to sync)."""
+    handle.flush()
+    if stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        os.fsync(handle.fileno())
 
 
 def resolve_format(path: Union[str, os.PathLike[str]], format: Optional[str] = None) -> str:
@@ -306,15 +468,22 @@ def _pyarrow() -> Any:
 
 
 def write_records(
-    records: Sequence[Dict[str, Any]], path: Union[str, os.PathLike[str]], *, format: Optional[str] = None
+    records: Iterable[Dict[str, Any]], path: Union[str, os.PathLike[str]], *, format: Optional[str] = None
 ) -> None:
-    """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns)."""
-    path = Path(path)
-    if resolve_format(path, format) == "jsonl":
-        with path.open("w", encoding="utf-8") as handle:
+    """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns); ``path`` is
+    replaced only once the file is complete (:func:`atomic_output`)."""
+    chosen = resolve_format(path, format)
+    with atomic_output(path) as temporary:
+        if chosen == "parquet":
+            _write_parquet(list(records), temporary)
+            return
+        with open(temporary, "w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        return
+            _flush_to_disk(handle)
+
+
+def _write_parquet(records: Sequence[Dict[str, Any]], path: Path) -> None:
     pa = _pyarrow()
     names: List[str] = list(dict.fromkeys(name for record in records for name in record))
     columns: Dict[str, Any] = {}

@@ -7,22 +7,33 @@ adapter was saved. :func:`train_from_store` does the same from the LLM calls rec
 
 The run is ``epochs`` passes over the samples in optimizer steps of ``train_batch_size``; each epoch's order is a
 permutation drawn from the seed and the epoch number, so a run stopped after any checkpoint and resumed is the same
-run (same batches, same optimizer state, same final weights).
+run (same batches, same optimizer state, same final weights). Each checkpoint holds a digest of the samples it was
+trained on, so a run is only resumed on the same data, and the metrics of every step so far.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import math
 import os
 import random
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union
 
 from agentbolt.algorithm.sft.config import SFTConfig
-from agentbolt.algorithm.sft.data import ChatSample, DataError, TokenSample, load_student_prompt, tokenize_samples
+from agentbolt.algorithm.sft.data import (
+    ChatSample,
+    DataError,
+    TokenSample,
+    load_student_prompt,
+    outside_vocabulary,
+    tokenize_samples,
+)
 from agentbolt.algorithm.sft.selection import select_samples
 
 if TYPE_CHECKING:
@@ -47,7 +58,8 @@ class OfflineResult:
         model_dir: A full model directory (weights and tokenizer) loadable by any model-name argument, when
             ``merge=True`` or full fine-tuning, and an ``output_dir`` given.
         checkpoint: The last checkpoint written (None without ``output_dir``).
-        history: One metrics record per optimizer step taken in this call.
+        history: One metrics record per optimizer step taken in this call; when the run was already complete (its
+            checkpoint in ``output_dir`` holds every step), the records of the whole run, saved with it.
         data: Counters of the data path (samples read, tokenized, dropped, selected).
         optimizer_steps: Optimizer steps done in total (resumed steps included).
         total_optimizer_steps: Optimizer steps of the whole run.
@@ -105,23 +117,57 @@ def _config(config: Union[SFTConfig, Dict[str, Any], None], overrides: Dict[str,
     return SFTConfig(**base)
 
 
+def data_digest(samples: Sequence[TokenSample]) -> str:
+    """SHA-256 of ``samples``' tokens and loss masks, in order: equal for the same training data."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        digest.update(json.dumps([sample.input_ids, [int(m) for m in sample.loss_mask]]).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+class _Progress:
+    """A console progress bar over the run's optimizer steps, with one line per step (``console=True``)."""
+
+    def __init__(self, total: int, start: int) -> None:
+        from agentbolt.algorithm.grpo.metrics import ConsoleSink
+
+        self._sink = ConsoleSink(total_steps=total, start_step=start, title="SFT")
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        record = {f"update/{name}": value for name, value in metrics.items()}
+        if metrics.get("seconds"):
+            record["update/tokens_per_second"] = metrics["tokens"] / metrics["seconds"]
+        self._sink.log(step, record)
+
+    def close(self) -> None:
+        self._sink.close()
+
+
 def train_samples(
     samples: Sequence[TokenSample],
     trainer: Any,
     *,
     checkpoint_dir: Optional[Path] = None,
     stop_after: Optional[int] = None,
+    checkpoint_extra: Optional[Dict[str, Any]] = None,
+    earlier_history: Sequence[Dict[str, float]] = (),
 ) -> List[Dict[str, float]]:
     """Run (or resume) the optimizer steps of ``epochs`` passes over ``samples`` with an SFT trainer.
 
     The trainer's ``global_step`` counts optimizer steps done; checkpoints go to ``checkpoint_dir`` every
-    ``checkpoint_interval`` optimizer steps and after the last one, with the position in the data.
+    ``checkpoint_interval`` optimizer steps and after the last one, with the position in the data, the
+    ``data_sha256`` of ``samples`` (:func:`data_digest`) and the metrics of every step of the run. With the trainer's
+    ``console`` option a progress bar shows the steps and their loss.
 
     Args:
         samples: Tokenized samples.
         trainer: An :class:`~agentbolt.algorithm.sft.trainer.SFTTrainer` (possibly resumed).
         checkpoint_dir: Where checkpoints go (None: none).
         stop_after: Take at most this many optimizer steps in this call (the run can be resumed later).
+        checkpoint_extra: More state saved with each checkpoint (a ``data_sha256`` computed already is used as it is).
+        earlier_history: The metrics of the steps taken before this call (a resumed run's), saved with the
+            checkpoints ahead of this call's.
 
     Returns:
         The metrics of each optimizer step taken.
@@ -132,21 +178,33 @@ def train_samples(
     total = config.epochs * per_epoch
     history: List[Dict[str, float]] = []
     end = total if stop_after is None else min(total, trainer.global_step + stop_after)
-    for step in range(trainer.global_step, end):
-        epoch, index = divmod(step, per_epoch)
-        order = _epoch_order(len(samples), config.seed, epoch)
-        metrics = trainer.optimizer_step([samples[i] for i in order[index * batch : (index + 1) * batch]])
-        trainer.global_step += 1
-        history.append({"optimizer_step": float(trainer.global_step), "epoch": float(epoch), **metrics})
-        logger.info("SFT optimizer step %d/%d: loss %.4f", trainer.global_step, total, metrics["loss"])
-        due = config.checkpoint_interval and trainer.global_step % config.checkpoint_interval == 0
-        if checkpoint_dir is not None and (due or trainer.global_step == end):
-            trainer.save_checkpoint(checkpoint_dir, {"epoch": epoch, "samples": len(samples)})
+    extra = dict(checkpoint_extra or {})
+    if checkpoint_dir is not None and "data_sha256" not in extra:
+        extra["data_sha256"] = data_digest(samples)
+    progress = _Progress(total, trainer.global_step) if config.console and trainer.global_step < end else None
+    try:
+        for step in range(trainer.global_step, end):
+            epoch, index = divmod(step, per_epoch)
+            order = _epoch_order(len(samples), config.seed, epoch)
+            metrics = trainer.optimizer_step([samples[i] for i in order[index * batch : (index + 1) * batch]])
+            trainer.global_step += 1
+            history.append({"optimizer_step": float(trainer.global_step), "epoch": float(epoch), **metrics})
+            logger.info("SFT optimizer step %d/%d: loss %.4f", trainer.global_step, total, metrics["loss"])
+            if progress is not None:
+                progress.log(trainer.global_step, metrics)
+            due = config.checkpoint_interval and trainer.global_step % config.checkpoint_interval == 0
+            if checkpoint_dir is not None and (due or trainer.global_step == end):
+                state = {**extra, "epoch": epoch, "samples": len(samples), "history": [*earlier_history, *history]}
+                trainer.save_checkpoint(checkpoint_dir, state)
+    finally:
+        if progress is not None:
+            progress.close()
     return history
 
 
 def train_from_messages(
-    data: ChatData,
+    source: Optional[ChatData] = None,
+    /,
     *,
     model: Any = None,
     tokenizer: Any = None,
@@ -167,7 +225,10 @@ def train_from_messages(
     ``data`` is not ``"messages"``.
 
     Args:
-        data: A JSONL or parquet file, or a list of records or :class:`ChatSample`.
+        source: A JSONL or parquet file, or a list of records or :class:`ChatSample` (positional). Earlier versions
+            named this argument ``data``; ``data=`` given as a keyword *without* a positional argument is still read
+            as the chat data (with a ``DeprecationWarning``). With the chat data given positionally, ``data=`` is
+            the :class:`SFTConfig` option (``"auto"``, ``"tokens"`` or ``"messages"``).
         model: A model name or directory (default: ``config.model``, else the embedded model), or a loaded
             transformers causal LM (then ``tokenizer`` is required).
         tokenizer: The tokenizer of a model object.
@@ -181,15 +242,19 @@ def train_from_messages(
         val_data: Held-out chat data; its mean NLL per target token is measured before and after training.
         merge: Also save (and return) the model with the LoRA weights merged into it.
         stop_after: Take at most this many optimizer steps now (call again with the same ``output_dir`` to resume).
-        **overrides: :class:`SFTConfig` fields overriding ``config``.
+        **overrides: :class:`SFTConfig` fields overriding ``config`` (``data="messages"``, ``epochs=3``...).
 
     Returns:
-        An :class:`OfflineResult` with the trained model.
+        An :class:`OfflineResult` with the trained model. A run whose checkpoint in ``output_dir`` already holds
+        every step trains nothing (a warning says so) and returns the trained model with the run's history.
 
     Raises:
-        DataError: Unreadable data, or no usable sample after tokenization and selection (the counters say why).
+        DataError: Unreadable data, no usable sample after tokenization and selection (the counters say why), or
+            recorded token ids outside the model's vocabulary where they cannot be replaced by the messages.
         pydantic.ValidationError: An invalid option.
-        CheckpointError: A checkpoint in ``output_dir`` is corrupt or does not fit this model and configuration.
+        CheckpointError: A checkpoint in ``output_dir`` is corrupt, does not fit this model and configuration, or
+            was trained on other data (a resumed run must see the same samples).
+        TypeError: No chat data.
 
     Example:
         >>> from agentbolt.algorithm.sft import train_from_messages
@@ -198,10 +263,35 @@ def train_from_messages(
         >>> result.adapter_dir  # doctest: +SKIP
         PosixPath('runs/planner-sft/adapter')
     """
+    if source is None:
+        source = _chat_data_by_keyword(overrides)
     settings = _config(config, overrides)
-    samples = load_chat_samples(data)
+    samples = load_chat_samples(source)
     val_samples = load_chat_samples(val_data) if val_data is not None else None
     return _train(samples, settings, model, tokenizer, output_dir, val_samples, merge, stop_after)
+
+
+def _chat_data_by_keyword(overrides: Dict[str, Any]) -> ChatData:
+    """The chat data passed as ``data=`` (the earlier keyword of the first argument), taken out of ``overrides``.
+
+    Raises:
+        TypeError: No chat data, or ``data=`` holds one of the ``data`` option's values.
+    """
+    if "data" not in overrides:
+        raise TypeError("train_from_messages() needs the chat data first: train_from_messages('chat.jsonl', ...)")
+    value = overrides["data"]
+    if value in ("auto", "tokens", "messages") and not Path(value).exists():
+        raise TypeError(
+            f"train_from_messages() got data={value!r} (the SFTConfig option) but no chat data: pass the chat data "
+            f"first, train_from_messages('chat.jsonl', data={value!r})"
+        )
+    warnings.warn(
+        "train_from_messages(data=...) naming the chat data is deprecated: pass the chat data as the first argument "
+        "(data= then names SFTConfig's data option)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return overrides.pop("data")  # type: ignore[no-any-return]
 
 
 def train_from_store(
@@ -289,10 +379,13 @@ def _train(
     stop_after: Optional[int],
 ) -> OfflineResult:
     from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
-    from agentbolt.algorithm.sft.algorithm import build_sft_trainer, sample_length_limit
+    from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
 
     loaded, tokenizer = _load_model(settings, model, tokenizer)
-    options = settings.tokenize_options(sample_length_limit(loaded, settings))
+    vocab_size = model_vocab_size(loaded)
+    if settings.trains_tokens():
+        _warn_other_models(samples, vocab_size, *_trained_names(settings, model, loaded))
+    options = settings.tokenize_options(sample_length_limit(loaded, settings), vocab_size)
     tokenized, token_stats = tokenize_samples(samples, tokenizer, **options)
     selected, selection = select_samples(tokenized, **settings.selection_options(), rng=random.Random(settings.seed))
     counters = {**token_stats.as_metrics("samples/"), **selection.as_metrics("select/")}
@@ -304,29 +397,41 @@ def _train(
     trainer = build_sft_trainer(loaded, tokenizer, settings)
     out = Path(output_dir) if output_dir is not None else None
     checkpoint_dir = out / "checkpoints" if out is not None else None
+    earlier: List[Dict[str, float]] = []
+    extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
     if checkpoint_dir is not None and settings.resume:
         path = latest_checkpoint(checkpoint_dir)
         if path is not None:
-            extra = trainer.load_checkpoint(path)
-            if extra.get("samples") not in (None, len(selected)):
-                logger.warning(
-                    "Resuming %s: it was trained on %s samples, this data gives %d",
-                    path,
-                    extra["samples"],
-                    len(selected),
-                )
+            _check_same_data(path, extra["data_sha256"], len(selected), checkpoint_dir)
+            saved = trainer.load_checkpoint(path).get("history")
+            earlier = list(saved) if isinstance(saved, list) else []
+    complete = trainer.global_step >= total
+    if complete:
+        logger.warning(
+            "This run is already complete: its checkpoint %s holds all %d optimizer steps, so nothing is trained. "
+            "To train again, use another output_dir.",
+            latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
+            total,
+        )
     val_tokens: List[TokenSample] = []
     if val_samples is not None:
         val_tokens, _ = tokenize_samples(val_samples, tokenizer, **options)
         counters["val/loss_before"] = trainer.evaluate(val_tokens) if val_tokens else math.nan
-    history = train_samples(selected, trainer, checkpoint_dir=checkpoint_dir, stop_after=stop_after)
+    history = train_samples(
+        selected,
+        trainer,
+        checkpoint_dir=checkpoint_dir,
+        stop_after=stop_after,
+        checkpoint_extra=extra,
+        earlier_history=earlier,
+    )
     if val_tokens:
         counters["val/loss_after"] = trainer.evaluate(val_tokens)
     result = OfflineResult(
         model=trainer.model,
         tokenizer=tokenizer,
         checkpoint=latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
-        history=history,
+        history=earlier if complete else history,
         data=counters,
         optimizer_steps=trainer.global_step,
         total_optimizer_steps=total,
@@ -336,6 +441,70 @@ def _train(
     elif merge and result.finished:
         result.model = trainer.model.merge_and_unload() if trainer.uses_lora else trainer.model
     return result
+
+
+def _check_same_data(checkpoint: Path, digest: str, count: int, checkpoint_dir: Path) -> None:
+    """Refuse to resume ``checkpoint`` on data other than the samples it was trained on.
+
+    Its batches were drawn from those samples; continuing on others would make one run of two datasets, neither
+    trained as asked. Checkpoints written before the digest was saved are compared by their number of samples.
+
+    Raises:
+        CheckpointError: The data differs; the message says how to train on the new data.
+    """
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, checkpoint_state
+
+    extra = checkpoint_state(checkpoint).get("extra")
+    extra = extra if isinstance(extra, dict) else {}
+    saved_digest, saved_count = extra.get("data_sha256"), extra.get("samples")
+    if saved_digest == digest or (saved_digest is None and saved_count in (None, count)):
+        return
+    was = f"{saved_count} samples" + (f", digest {saved_digest[:12]}" if isinstance(saved_digest, str) else "")
+    raise CheckpointError(
+        f"{checkpoint} was trained on other data ({was}; this data: {count} samples, digest {digest[:12]}): "
+        f"resuming would mix two datasets in one run. To train on this data, use another output_dir, or delete "
+        f"{checkpoint_dir} to start over in this one."
+    )
+
+
+def _trained_names(settings: SFTConfig, model: Any, loaded: Any) -> tuple[str, Set[str]]:
+    """The model being trained, and every name its calls may be recorded under (as given, its directory's name,
+    its served name)."""
+    from agentbolt.models import DEFAULT_MODEL
+
+    loaded_from = getattr(getattr(loaded, "config", None), "_name_or_path", None)
+    if isinstance(model, (str, os.PathLike)):
+        given: Optional[str] = os.fspath(model)
+    elif model is None:
+        given = settings.model or DEFAULT_MODEL
+    else:
+        given = loaded_from if isinstance(loaded_from, str) else None
+    names: Set[str] = set()
+    for name in (given, settings.served_model_name, loaded_from):
+        if isinstance(name, str) and name:
+            names |= {name, Path(name).name}
+    return given or "the given model", names
+
+
+def _warn_other_models(samples: Sequence[ChatSample], vocab_size: Optional[int], trained: str, names: Set[str]) -> None:
+    """Warn when samples whose token ids are trained on were answered by another model than the one being trained
+    (``gen_ai.response.model`` of their calls). Ids outside the vocabulary are not trained on (see
+    :func:`~agentbolt.algorithm.sft.data.tokenize_sample`)."""
+    others: Dict[str, int] = {}
+    for sample in samples:
+        if not sample.has_token_ids or not sample.model or outside_vocabulary(sample, vocab_size) is not None:
+            continue
+        if not {sample.model, Path(sample.model).name} & names:
+            others[sample.model] = others.get(sample.model, 0) + 1
+    if others:
+        recorded = ", ".join(f"{count} by {name!r}" for name, count in sorted(others.items()))
+        logger.warning(
+            "Samples whose token ids are trained on were recorded by another model (%s) than the one being trained "
+            "(%r): token ids mean the same text only to the tokenizer that made them. If the tokenizers differ, "
+            "train on the messages (data='messages').",
+            recorded,
+            trained,
+        )
 
 
 def _save_outputs(result: OfflineResult, trainer: Any, out: Path, merge: bool) -> None:

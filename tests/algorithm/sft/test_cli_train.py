@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Dict
 
@@ -161,3 +166,109 @@ def test_another_algorithm_plugs_in_by_name() -> None:
         build_algorithm("nope")
     sft = build_algorithm("sft", {"max_steps": 3})
     assert type(sft).__name__ == "SFT" and sft.config.max_steps == 3
+
+
+TESTS = Path(__file__).resolve().parents[2]
+
+STALLING_AGENT = """
+import asyncio
+from pathlib import Path
+
+from support.word_model import PingAgent
+
+
+class StallsAfterTheFirstCheckpoint(PingAgent):
+    async def rollout_async(self, task, resources, rollout):
+        if Path("ckpt/step_000001").exists():  # step 2: wait for Ctrl-C
+            Path("stalled").write_text("")
+            await asyncio.sleep(3600)
+        return await super().rollout_async(task, resources, rollout)
+
+
+agent = StallsAfterTheFirstCheckpoint()
+"""
+
+
+def _edited(path: Path, edit) -> Path:
+    config = yaml.safe_load(path.read_text())
+    edit(config)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_ctrl_c_stops_a_client_server_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Path) -> None:
+    (tmp_path / "stalling.py").write_text(STALLING_AGENT)
+    path = _config(tmp_path, "sft", max_steps=3, checkpoint_interval=1, val_before_train=False)
+
+    def edit(config: Dict[str, Any]) -> None:
+        config.update(agent="stalling:agent", data={"train": "tasks.jsonl"})
+        config["trainer"].update(strategy="cs", n_runners=2, store="store.db")
+
+    _edited(path, edit)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt", "train", path.name],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "stalled").exists():
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the run never reached its second step"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = (stream.decode() for stream in process.communicate(timeout=300))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    resume = f"agentbolt train: interrupted at step 1/3; resume with: agentbolt train {path.name} --resume (from "
+    assert resume in err and "step_000001" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "CancelledError" not in err, err
+    assert "finished" not in out
+    assert not (tmp_path / "store.db-wal").exists()  # the store was closed
+
+
+def test_the_store_file_holds_the_run_when_the_command_ends(tmp_path: Path, capsys) -> None:
+    path = _edited(_config(tmp_path, "sft"), lambda c: c["trainer"].update(store="store.db"))
+    assert train_main([str(path)]) == 0
+    assert (tmp_path / "store.db").stat().st_size > 0
+    assert not (tmp_path / "store.db-wal").exists()
+
+
+def test_a_model_that_cannot_be_found_exits_2_before_anything_runs(tmp_path: Path, capsys) -> None:
+    path = _edited(_config(tmp_path, "sft"), lambda c: c["options"].update(model="no-such-model"))
+    capsys.readouterr()
+    assert train_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "agentbolt: error: options.model: model 'no-such-model' is neither a registry name" in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "logs").exists()
+
+
+def test_a_new_run_over_another_runs_metrics_exits_2_before_anything_runs(tmp_path: Path, capsys) -> None:
+    path = _config(tmp_path, "sft")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "update/loss": 1.0}) + "\n")
+    capsys.readouterr()
+    assert train_main([str(path), "--no-resume"]) == 2
+    err = capsys.readouterr().err
+    assert "agentbolt: error: options.log_dir: log_dir" in err and "steps 1 to 1" in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_new_run_over_another_runs_checkpoints_exits_2_before_anything_runs(tmp_path: Path, capsys) -> None:
+    path = _config(tmp_path, "sft")
+    (tmp_path / "ckpt" / "step_000003").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step_000003" / "trainer_state.json").write_text("{}")
+    capsys.readouterr()
+    assert train_main([str(path), "--no-resume"]) == 2
+    err = capsys.readouterr().err
+    assert "agentbolt: error: options.checkpoint_dir: checkpoint_dir" in err and "(latest: step_000003)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "logs").exists()

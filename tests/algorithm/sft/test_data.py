@@ -14,6 +14,7 @@ from agentbolt.algorithm.sft.data import (
     read_samples,
     samples_from_triplets,
     tokenize_sample,
+    tokenize_samples,
     write_samples,
 )
 from agentbolt.types import Triplet
@@ -113,6 +114,39 @@ def test_recorded_token_ids_are_used_as_they_are_with_the_response_as_targets(to
     assert by_messages is not None and by_messages.input_ids != tokens.input_ids
     missing, stats = tokenize_sample(ChatSample(messages=CONVERSATION), tokenizer, require_token_ids=True)
     assert missing is None and stats.missing_tokens == 1
+
+
+def test_recorded_ids_outside_the_vocabulary_are_refused_naming_the_sample_when_they_are_required(tokenizer) -> None:
+    fits = ChatSample(messages=CONVERSATION, prompt_token_ids=[5, 6], response_token_ids=[7])
+    foreign = ChatSample(
+        messages=CONVERSATION, prompt_token_ids=[5, 6], response_token_ids=[99999999, 5], rollout_id="ro-7"
+    )
+    vocab = len(tokenizer)
+    with pytest.raises(DataError, match=r"^sample 2 \(rollout ro-7\): token id 99999999 is outside the vocabulary"):
+        tokenize_samples([fits, foreign], tokenizer, require_token_ids=True, vocab_size=vocab)
+    ids_only = ChatSample(messages=[], prompt_token_ids=[5, 6], response_token_ids=[vocab], model="other-model")
+    with pytest.raises(DataError, match=r"'other-model' answered the call\), and it has no messages to render"):
+        tokenize_samples([ids_only], tokenizer, vocab_size=vocab)
+
+
+def test_recorded_ids_outside_the_vocabulary_fall_back_to_the_messages_and_are_counted(tokenizer, caplog) -> None:
+    foreign = ChatSample(messages=CONVERSATION, prompt_token_ids=[5, 6], response_token_ids=[99999999, 5])
+    fits = ChatSample(messages=CONVERSATION, prompt_token_ids=[5, 6], response_token_ids=[7])
+    tokens, stats = tokenize_samples([foreign, fits], tokenizer, vocab_size=len(tokenizer))
+    assert (stats.out_of_vocabulary, stats.from_messages, stats.from_tokens) == (1, 1, 1)
+    rendered, _ = tokenize_sample(foreign, tokenizer, use_token_ids=False)
+    assert rendered is not None and tokens[0].input_ids == rendered.input_ids
+    assert "1 of 2 samples hold token ids outside the vocabulary" in caplog.text
+
+
+def test_a_call_keeps_the_name_of_the_model_that_answered_it(tmp_path: Path) -> None:
+    call = _call("solver")
+    call.metadata["response"] = {"id": "chatcmpl-1", "model": "smollm2-135m-instruct"}
+    (sample,), _ = samples_from_triplets([call], final_reward=1.0)
+    assert sample.model == "smollm2-135m-instruct"
+    path = tmp_path / "calls.jsonl"
+    write_samples([sample], path)
+    assert read_samples(path)[0].model == "smollm2-135m-instruct"
 
 
 def test_over_long_samples_are_skipped_or_truncated_and_counted(tokenizer) -> None:
@@ -262,6 +296,14 @@ def test_a_bad_record_names_the_file_and_line(tmp_path: Path, line: str, message
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     path.write_text(json.dumps(good) + "\n" + line + "\n")
     with pytest.raises(DataError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        read_samples(path)
+
+
+def test_a_line_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+    path.write_bytes(good.encode() + b"\n" + b'{"messages": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"samples\.jsonl:2: not UTF-8 text \(byte 18 of the line is 0xe9\)"):
         read_samples(path)
 
 

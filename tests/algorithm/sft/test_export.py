@@ -352,3 +352,99 @@ def test_a_store_server_url_as_printed_and_its_api_key(store_file: Path, tmp_pat
         assert len(out.read_text().splitlines()) == len(_records(store_file, "rollouts"))
     finally:
         asyncio.run(server.stop())
+
+
+def test_an_interrupted_export_leaves_the_previous_file_as_it_was(store_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    out.write_text('{"previous": "export"}\n')
+
+    def interrupt(done: int, total: int, records: int) -> None:
+        assert total > 1
+        raise KeyboardInterrupt  # Ctrl-C after the first rollout
+
+    async def export() -> int:
+        store = open_store(store_file)
+        try:
+            return await export_store(store, out, "rollouts", progress=interrupt)
+        finally:
+            await close_store(store)
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(export())
+    assert out.read_text() == '{"previous": "export"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.jsonl"]  # no partial file left beside it
+
+
+def test_progress_is_redrawn_on_a_terminal_and_erased_at_the_end(store_file: Path, tmp_path: Path, monkeypatch) -> None:
+    import os
+    import pty
+    import select
+    import sys
+
+    master, replica = pty.openpty()
+    with open(replica, "w", encoding="utf-8") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert export_main([str(store_file), "--what", "rollouts", "--output", str(tmp_path / "r.jsonl")]) == 0
+    shown = b""
+    while select.select([master], [], [], 0.5)[0]:  # a pty hands out what was written in pieces
+        try:
+            piece = os.read(master, 65536)
+        except OSError:  # the other end is closed and everything was read
+            break
+        if not piece:
+            break
+        shown += piece
+    os.close(master)
+    shown = shown.decode()
+    total = len(_records(store_file, "rollouts"))
+    assert f"\ragentbolt export: {total}/{total} rollouts read, {total} rollouts" in shown
+    assert shown.endswith("\r\x1b[K")  # the line is erased once the export is done
+
+
+def test_progress_is_a_periodic_line_when_stderr_is_not_a_terminal(
+    store_file: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import agentbolt.cli.export as export_cli
+
+    monkeypatch.setattr(export_cli, "PROGRESS_LOG_SECONDS", 0.0)
+    assert export_main([str(store_file), "--what", "rollouts", "--output", str(tmp_path / "r.jsonl")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    total = len(_records(store_file, "rollouts"))
+    assert lines[0] == f"agentbolt export: 1/{total} rollouts read, 1 rollouts"
+    assert lines[-1] == f"agentbolt export: {total}/{total} rollouts read, {total} rollouts" and len(lines) == total
+
+
+def test_an_output_suffix_of_no_known_format_exits_2_unless_the_format_is_given(
+    store_file: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "x.csv"
+    assert export_main([str(store_file), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--output" in err and "cannot tell the format from '.csv'" in err and err.count("\n") == 1
+    assert not out.exists()
+    assert export_main([str(store_file), "--output", str(out), "--format", "jsonl"]) == 0
+    assert read_records(out) == _records(store_file, "samples")
+
+
+def test_an_output_that_is_a_directory_exits_2_before_the_store_is_read(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nothing.db"
+    assert export_main([str(missing), "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {tmp_path} is a directory" in err and err.count("\n") == 1
+
+
+def test_a_store_url_of_another_scheme_is_named(tmp_path: Path, capsys) -> None:
+    assert export_main(["ftp://example.org/store", "--output", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "ftp://example.org/store: 'ftp' URLs are not supported" in err and err.count("\n") == 1
+
+
+def test_a_store_recorded_by_another_model_trains_with_a_warning_naming_it(
+    store_file: Path, tiny_model_dir: Path, caplog
+) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        result = train_from_store(store_file, model=str(tiny_model_dir), filters=ExportFilter(mode=["train"]))
+    assert result.finished and result.data["samples/from_tokens"] > 0
+    assert "recorded by another model" in caplog.text and "word" in caplog.text

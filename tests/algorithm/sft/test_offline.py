@@ -1,0 +1,120 @@
+"""Offline SFT (``train_from_messages``) on the tiny random Llama: token ids the model cannot read, resuming on the
+same data only, a run that is already complete, the ``data`` option, console progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+from agentbolt.algorithm.finetuning.trainer import CheckpointError
+from agentbolt.algorithm.sft.data import DataError
+from agentbolt.algorithm.sft.offline import train_from_messages
+
+OPTIONS: Dict[str, Any] = {"epochs": 2, "train_batch_size": 2, "learning_rate": 1e-2, "seed": 3}
+
+
+@pytest.fixture(autouse=True)
+def _two_threads() -> None:
+    torch.set_num_threads(2)
+
+
+def _conversations(path: Path, n: int = 4, topic: str = "question") -> Path:
+    records = [
+        {"messages": [{"role": "user", "content": f"{topic} {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_token_ids_the_model_does_not_have_are_refused_naming_the_record(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = tmp_path / "ids.jsonl"
+    record = {"prompt": [], "completion": [], "prompt_token_ids": [1, 2, 3], "response_token_ids": [99999999, 5]}
+    data.write_text(json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=r"^sample 1: token id 99999999 is outside the vocabulary .* \(259 tokens\)"):
+        train_from_messages(data, model=str(tiny_model_dir))
+
+
+def test_token_ids_of_another_model_are_trained_on_the_messages_instead_with_a_warning(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = tmp_path / "calls.jsonl"
+    prompt = [{"role": "user", "content": "question"}]
+    completion = [{"role": "assistant", "content": "answer"}]
+    recorded = {"prompt_token_ids": [1, 48746, 3], "response_token_ids": [7], "model": "smollm2-135m-instruct"}
+    data.write_text(json.dumps({"prompt": prompt, "completion": completion, **recorded}) + "\n")
+    with caplog.at_level(logging.WARNING):
+        result = train_from_messages(data, model=str(tiny_model_dir), **OPTIONS)
+    assert result.finished
+    assert result.data["samples/out_of_vocabulary"] == 1 and result.data["samples/from_messages"] == 1
+    assert "1 of 1 samples hold token ids outside the vocabulary" in caplog.text
+
+
+def test_token_ids_recorded_by_another_model_are_trained_with_a_warning_naming_both_models(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = tmp_path / "calls.jsonl"
+    record = {"prompt": [], "completion": [], "prompt_token_ids": [1, 2], "response_token_ids": [7], "model": "other"}
+    data.write_text(json.dumps(record) + "\n")
+    with caplog.at_level(logging.WARNING):
+        result = train_from_messages(data, model=str(tiny_model_dir), **OPTIONS)
+    assert result.data["samples/from_tokens"] == 1
+    assert "recorded by another model (1 by 'other') than the one being trained" in caplog.text
+    assert repr(str(tiny_model_dir)) in caplog.text
+
+
+def test_a_run_is_resumed_only_on_the_data_it_was_trained_on(tmp_path: Path, tiny_model_dir: Path) -> None:
+    first = _conversations(tmp_path / "first.jsonl")
+    out = tmp_path / "out"
+    train_from_messages(first, model=str(tiny_model_dir), output_dir=out, stop_after=1, **OPTIONS)
+    same_size = _conversations(tmp_path / "second.jsonl", topic="other question")
+    with pytest.raises(CheckpointError, match=r"step_000001 was trained on other data \(4 samples, digest \w{12}; "):
+        train_from_messages(same_size, model=str(tiny_model_dir), output_dir=out, **OPTIONS)
+    resumed = train_from_messages(first, model=str(tiny_model_dir), output_dir=out, **OPTIONS)
+    assert resumed.finished and [h["optimizer_step"] for h in resumed.history] == [2.0, 3.0, 4.0]
+
+
+def test_a_run_already_complete_trains_nothing_and_returns_the_history_of_the_run(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    out = tmp_path / "out"
+    done = train_from_messages(data, model=str(tiny_model_dir), output_dir=out, **OPTIONS)
+    with caplog.at_level(logging.WARNING):
+        again = train_from_messages(data, model=str(tiny_model_dir), output_dir=out, **OPTIONS)
+    assert "already complete" in caplog.text and again.finished and again.adapter_dir == done.adapter_dir
+    assert again.history == done.history and again.history[-1]["optimizer_step"] == 4.0
+
+
+def test_the_data_option_is_given_by_keyword_beside_the_chat_data(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = tmp_path / "calls.jsonl"
+    record = {
+        "prompt": [{"role": "user", "content": "question"}],
+        "completion": [{"role": "assistant", "content": "answer"}],
+        "prompt_token_ids": [1, 2],
+        "response_token_ids": [7],
+    }
+    data.write_text(json.dumps(record) + "\n")
+    result = train_from_messages(data, data="messages", model=str(tiny_model_dir), **OPTIONS)
+    assert result.data["samples/from_messages"] == 1 and result.data["samples/from_tokens"] == 0
+    with pytest.warns(DeprecationWarning, match="pass the chat data as the first argument"):
+        earlier = train_from_messages(data=data, model=str(tiny_model_dir), **OPTIONS)
+    assert earlier.data["samples/from_tokens"] == 1
+    with pytest.raises(TypeError, match=r"got data='messages' \(the SFTConfig option\) but no chat data"):
+        train_from_messages(data="messages", model=str(tiny_model_dir))
+
+
+def test_console_shows_a_progress_bar_and_a_line_per_optimizer_step(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    train_from_messages(data, model=str(tiny_model_dir), console=True, **OPTIONS)
+    out = capsys.readouterr().out
+    lines: List[str] = [line for line in out.splitlines() if "step " in line and "loss" in line]
+    assert len(lines) == 4 and "step 4: loss" in lines[-1]
+    assert "SFT" in out and "4/4" in out
