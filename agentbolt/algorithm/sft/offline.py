@@ -378,9 +378,13 @@ def _train(
     merge: bool,
     stop_after: Optional[int],
 ) -> OfflineResult:
-    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+    from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
     from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
 
+    out = Path(output_dir) if output_dir is not None else None
+    checkpoint_dir = out / "checkpoints" if out is not None else None
+    if checkpoint_dir is not None:  # before the model loads: another run's checkpoints, or no room for any
+        check_checkpoint_dir(checkpoint_dir, resume=settings.resume)
     loaded, tokenizer = _load_model(settings, model, tokenizer)
     vocab_size = model_vocab_size(loaded)
     if settings.trains_tokens():
@@ -395,8 +399,6 @@ def _train(
     if settings.total_optimizer_steps is None:
         settings = settings.model_copy(update={"total_optimizer_steps": total})
     trainer = build_sft_trainer(loaded, tokenizer, settings)
-    out = Path(output_dir) if output_dir is not None else None
-    checkpoint_dir = out / "checkpoints" if out is not None else None
     earlier: List[Dict[str, float]] = []
     extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
     if checkpoint_dir is not None and settings.resume:

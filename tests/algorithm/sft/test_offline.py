@@ -79,6 +79,18 @@ def test_a_run_is_resumed_only_on_the_data_it_was_trained_on(tmp_path: Path, tin
     assert resumed.finished and [h["optimizer_step"] for h in resumed.history] == [2.0, 3.0, 4.0]
 
 
+def test_a_run_that_does_not_resume_refuses_an_output_dir_holding_checkpoints(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    out = tmp_path / "out"
+    train_from_messages(data, model=str(tiny_model_dir), output_dir=out, stop_after=1, **OPTIONS)
+    kept = sorted(path.name for path in (out / "checkpoints").iterdir())
+    with pytest.raises(CheckpointError, match=r"already holds another run's checkpoints \(latest: step_000001\)"):
+        train_from_messages(data, model=str(tiny_model_dir), output_dir=out, resume=False, **OPTIONS)
+    assert sorted(path.name for path in (out / "checkpoints").iterdir()) == kept
+
+
 def test_a_run_already_complete_trains_nothing_and_returns_the_history_of_the_run(
     tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
