@@ -62,6 +62,19 @@ async def _enqueue(store: LightningStore, word: str, **kwargs: Any) -> str:
     return rollout.rollout_id
 
 
+def _stuck_agent(started: asyncio.Event) -> Any:
+    """An agent that never returns on the task ``stuck`` (after setting ``started``) and scores 1 on the others."""
+
+    @agl.rollout
+    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        if task["word"] == "stuck":
+            started.set()
+            await asyncio.Event().wait()
+        return 1.0
+
+    return agent
+
+
 async def _status(store: LightningStore, rollout_id: str) -> str:
     rollout = await store.get_rollout_by_id(rollout_id)
     assert rollout is not None
@@ -172,13 +185,7 @@ async def test_an_async_agent_that_ignores_its_cancellation_is_left_behind_and_i
 
 async def test_a_runner_gives_up_an_attempt_that_a_new_attempt_superseded() -> None:
     started = asyncio.Event()
-
-    @agl.rollout
-    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
-        if task["word"] == "stuck":
-            started.set()
-            await asyncio.Event().wait()
-        return 1.0
+    agent = _stuck_agent(started)
 
     store = InMemoryLightningStore(thread_safe=True, scan_debounce_seconds=0)
     stuck = await _enqueue(store, "stuck")
@@ -199,13 +206,7 @@ async def test_a_runner_gives_up_an_attempt_that_a_new_attempt_superseded() -> N
 
 async def test_a_runner_gives_up_an_attempt_the_watchdog_timed_out() -> None:
     started = asyncio.Event()
-
-    @agl.rollout
-    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
-        if task["word"] == "stuck":
-            started.set()
-            await asyncio.Event().wait()
-        return 1.0
+    agent = _stuck_agent(started)
 
     store = InMemoryLightningStore(thread_safe=True, scan_debounce_seconds=0)
     stuck = await _enqueue(store, "stuck", config=agl.RolloutConfig(timeout_seconds=0.2, max_attempts=1))

@@ -20,14 +20,25 @@ def _under_a_file(tmp_path: Path) -> Path:
     return regular / "ckpt"
 
 
-async def test_a_checkpoint_dir_under_a_regular_file_fails_the_run_before_the_model_loads(tmp_path: Path) -> None:
-    algorithm = GRPO(checkpoint_dir=str(_under_a_file(tmp_path)), max_steps=1, console=False)
-    algorithm.set_store(agl.InMemoryLightningStore())
-
+def _fail_if_the_model_loads(algorithm: GRPO) -> None:
     def load_model() -> None:
         raise AssertionError("the model was loaded before checkpoint_dir was checked")
 
     algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+
+
+def _stop_when_the_model_loads(algorithm: GRPO) -> None:
+    def load_model() -> None:
+        raise RuntimeError("stop here")
+
+    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+
+
+async def test_a_checkpoint_dir_under_a_regular_file_fails_the_run_before_the_model_loads(tmp_path: Path) -> None:
+    algorithm = GRPO(checkpoint_dir=str(_under_a_file(tmp_path)), max_steps=1, console=False)
+    algorithm.set_store(agl.InMemoryLightningStore())
+
+    _fail_if_the_model_loads(algorithm)
     with pytest.raises(CheckpointError, match="not-a-dir"):
         await algorithm.run(train_dataset=[{"task": 1}])
 
@@ -37,10 +48,7 @@ async def test_a_missing_checkpoint_dir_is_created_before_the_model_loads(tmp_pa
     algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), max_steps=1, console=False)
     algorithm.set_store(agl.InMemoryLightningStore())
 
-    def load_model() -> None:
-        raise RuntimeError("stop here")
-
-    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    _stop_when_the_model_loads(algorithm)
     with pytest.raises(RuntimeError, match="stop here"):
         await algorithm.run(train_dataset=[{"task": 1}])
     assert checkpoint_dir.is_dir() and not any(checkpoint_dir.iterdir())
@@ -64,10 +72,7 @@ async def test_a_run_that_does_not_resume_refuses_another_runs_checkpoints(tmp_p
     algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), resume=False, max_steps=1, console=False)
     algorithm.set_store(agl.InMemoryLightningStore())
 
-    def load_model() -> None:
-        raise AssertionError("the model was loaded before checkpoint_dir was checked")
-
-    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    _fail_if_the_model_loads(algorithm)
     with pytest.raises(CheckpointError, match=r"already holds another run's checkpoints \(latest: step_0+\)"):
         await algorithm.run(train_dataset=[{"task": 1}])
     assert sorted(path.name for path in checkpoint_dir.rglob("*")) == before
@@ -78,9 +83,6 @@ async def test_a_resuming_run_takes_the_checkpoints_it_finds(tmp_path: Path) -> 
     algorithm = GRPO(checkpoint_dir=str(checkpoint_dir), max_steps=1, console=False)
     algorithm.set_store(agl.InMemoryLightningStore())
 
-    def load_model() -> None:
-        raise RuntimeError("stop here")
-
-    algorithm._build_trainer = load_model  # type: ignore[assignment,method-assign]
+    _stop_when_the_model_loads(algorithm)
     with pytest.raises(RuntimeError, match="stop here"):
         await algorithm.run(train_dataset=[{"task": 1}])
