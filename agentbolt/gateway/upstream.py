@@ -44,8 +44,15 @@ class GatewayError(ApiError):
         error_type: Short machine-readable category (``upstream_timeout``, ``upstream_unavailable``...).
     """
 
-    def __init__(self, status_code: int, message: str, error_type: str, param: Optional[str] = None) -> None:
-        super().__init__(status_code, message, error_type, param)
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        error_type: str,
+        param: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
+        super().__init__(status_code, message, error_type, param, headers)
 
     @property
     def status_code(self) -> int:
@@ -63,6 +70,12 @@ class GatewayError(ApiError):
 
 
 _NOT_RETRIED = "not retried, as the backend may already have generated the answer"
+
+
+def _cut_answer(message: str) -> GatewayError:
+    """The 502 of a call whose answer began and was cut: not retried here, and ``x-should-retry: false`` asks the
+    OpenAI and Anthropic SDKs, which retry a 502 by default, not to retry it either."""
+    return GatewayError(502, f"{message}; {_NOT_RETRIED}", "upstream_error", headers={"x-should-retry": "false"})
 
 
 def _describe(exc: BaseException) -> str:
@@ -110,9 +123,7 @@ def _send_error(exc: aiohttp.ClientError, deployment: Deployment, attempts: int)
         detail = f"its answer is not valid HTTP ({exc.status}, {exc.message})"
     else:
         return GatewayError(502, f"{where} failed: {_describe(exc)}", "upstream_error")
-    return GatewayError(
-        502, f"{where} dropped the connection while answering: {detail}; {_NOT_RETRIED}", "upstream_error"
-    )
+    return _cut_answer(f"{where} dropped the connection while answering: {detail}")
 
 
 def _unread(content: aiohttp.StreamReader) -> bytes:
@@ -179,11 +190,9 @@ class UpstreamResponse:
             return GatewayError(504, f"{where} {what} within the {self._timeout:g} s timeout", "upstream_timeout")
         if streaming:
             return GatewayError(502, f"{where} dropped the stream connection: {_describe(exc)}", "upstream_error")
-        return GatewayError(
-            502,
+        return _cut_answer(
             f"{where} ({self.deployment.upstream_model}) dropped the connection while answering: its HTTP "
-            f"{self.status_code} answer is incomplete ({_describe(exc)}); {_NOT_RETRIED}",
-            "upstream_error",
+            f"{self.status_code} answer is incomplete ({_describe(exc)})"
         )
 
     async def read(self) -> bytes:

@@ -147,6 +147,22 @@ async def test_an_answer_cut_within_its_body_is_a_502_without_retry(
     assert spans[0].status.status_code == "ERROR" and spans[0].attributes["error.type"] == "upstream_error"
 
 
+async def test_the_openai_sdk_does_not_retry_a_cut_answer_either(make_proxy: ProxyFactory) -> None:
+    """The SDK retries a 502 by default (here twice); ``x-should-retry: false`` keeps it to the one generation."""
+    openai = pytest.importorskip("openai")
+    whole = json_answer(chat_completion("Hello there"))
+    async with (
+        FakeHandWrittenBackend(Answer(whole[: len(whole) - 20], "close")) as backend,
+        make_proxy(model_list=backend.model_list(), num_retries=2) as proxy,
+    ):
+        client = openai.AsyncOpenAI(base_url=f"{proxy.endpoint}/v1", api_key="unused", max_retries=2)
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(**CHAT)
+        await client.close()
+    assert caught.value.status_code == 502 and caught.value.response.headers["x-should-retry"] == "false"
+    assert len(backend.requests) == 1
+
+
 async def test_an_answer_cut_within_its_headers_is_a_502_without_retry(make_proxy: ProxyFactory) -> None:
     async with (
         FakeHandWrittenBackend(Answer(b"HTTP/1.1 200 OK\r\ncontent-type: appl", "close")) as backend,
