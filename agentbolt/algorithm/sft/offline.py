@@ -23,7 +23,7 @@ import random
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import (
@@ -152,6 +152,7 @@ def train_samples(
     stop_after: Optional[int] = None,
     checkpoint_extra: Optional[Dict[str, Any]] = None,
     earlier_history: Sequence[Dict[str, float]] = (),
+    on_step: Optional[Callable[[int, Dict[str, float]], None]] = None,
 ) -> List[Dict[str, float]]:
     """Run (or resume) the optimizer steps of ``epochs`` passes over ``samples`` with an SFT trainer.
 
@@ -168,6 +169,7 @@ def train_samples(
         checkpoint_extra: More state saved with each checkpoint (a ``data_sha256`` computed already is used as it is).
         earlier_history: The metrics of the steps taken before this call (a resumed run's), saved with the
             checkpoints ahead of this call's.
+        on_step: Called after each optimizer step with the step number and its metrics (the run's log).
 
     Returns:
         The metrics of each optimizer step taken.
@@ -192,6 +194,8 @@ def train_samples(
             logger.info("SFT optimizer step %d/%d: loss %.4f", trainer.global_step, total, metrics["loss"])
             if progress is not None:
                 progress.log(trainer.global_step, metrics)
+            if on_step is not None:
+                on_step(trainer.global_step, history[-1])
             due = config.checkpoint_interval and trainer.global_step % config.checkpoint_interval == 0
             if checkpoint_dir is not None and (due or trainer.global_step == end):
                 state = {**extra, "epoch": epoch, "samples": len(samples), "history": [*earlier_history, *history]}
@@ -383,8 +387,13 @@ def _train(
 
     out = Path(output_dir) if output_dir is not None else None
     checkpoint_dir = out / "checkpoints" if out is not None else None
+    from agentbolt.algorithm.grpo.metrics import JsonlSink, check_log_dir_unused
+
     if checkpoint_dir is not None:  # before the model loads: another run's checkpoints, or no room for any
         check_checkpoint_dir(checkpoint_dir, resume=settings.resume)
+    resuming = settings.resume and checkpoint_dir is not None and latest_checkpoint(checkpoint_dir) is not None
+    if not resuming:
+        check_log_dir_unused(settings.log_dir)
     loaded, tokenizer = _load_model(settings, model, tokenizer)
     vocab_size = model_vocab_size(loaded)
     if settings.trains_tokens():
@@ -419,14 +428,21 @@ def _train(
     if val_samples is not None:
         val_tokens, _ = tokenize_samples(val_samples, tokenizer, **options)
         counters["val/loss_before"] = trainer.evaluate(val_tokens) if val_tokens else math.nan
-    history = train_samples(
-        selected,
-        trainer,
-        checkpoint_dir=checkpoint_dir,
-        stop_after=stop_after,
-        checkpoint_extra=extra,
-        earlier_history=earlier,
-    )
+    # The run's log, as online runs keep it: a resumed run continues it from its checkpoint's step.
+    log = JsonlSink(Path(settings.log_dir), trainer.global_step if resuming else None) if settings.log_dir else None
+    try:
+        history = train_samples(
+            selected,
+            trainer,
+            checkpoint_dir=checkpoint_dir,
+            stop_after=stop_after,
+            checkpoint_extra=extra,
+            earlier_history=earlier,
+            on_step=log.log if log is not None else None,
+        )
+    finally:
+        if log is not None:
+            log.close()
     if val_tokens:
         counters["val/loss_after"] = trainer.evaluate(val_tokens)
     result = OfflineResult(

@@ -91,6 +91,20 @@ def test_a_run_that_does_not_resume_refuses_an_output_dir_holding_checkpoints(
     assert sorted(path.name for path in (out / "checkpoints").iterdir()) == kept
 
 
+def test_the_log_dir_holds_one_record_per_optimizer_step_across_a_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    train_from_messages(data, model=str(tiny_model_dir), output_dir=out, log_dir=str(logs), stop_after=1, **OPTIONS)
+    done = train_from_messages(data, model=str(tiny_model_dir), output_dir=out, log_dir=str(logs), **OPTIONS)
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["loss"] for r in records[1:]] == [h["loss"] for h in done.history]
+    with pytest.raises(ValueError, match="already holds the metrics of another run"):
+        train_from_messages(
+            data, model=str(tiny_model_dir), output_dir=tmp_path / "other", log_dir=str(logs), **OPTIONS
+        )
+
+
 def test_a_run_already_complete_trains_nothing_and_returns_the_history_of_the_run(
     tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
