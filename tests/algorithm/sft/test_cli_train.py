@@ -196,13 +196,14 @@ def _edited(path: Path, edit) -> Path:
     return path
 
 
-def test_ctrl_c_stops_a_client_server_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["cs", "shm"])
+def test_ctrl_c_stops_a_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Path, strategy: str) -> None:
     (tmp_path / "stalling.py").write_text(STALLING_AGENT)
     path = _config(tmp_path, "sft", max_steps=3, checkpoint_interval=1, val_before_train=False)
 
     def edit(config: Dict[str, Any]) -> None:
         config.update(agent="stalling:agent", data={"train": "tasks.jsonl"})
-        config["trainer"].update(strategy="cs", n_runners=2, store="store.db")
+        config["trainer"].update(strategy=strategy, n_runners=2, store="store.db")
 
     _edited(path, edit)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
