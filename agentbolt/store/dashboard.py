@@ -247,7 +247,9 @@ class _Summaries:
             )
         )
         try:
-            value = _Rewards(final=find_final_reward(spans), training=training_reward(spans, rollout.rollout_id))
+            value = _Rewards(
+                final=find_final_reward(spans), training=training_reward(spans, rollout.rollout_id, warn=False)
+            )
         except (ValueError, TypeError) as exc:  # a reward span an agent wrote wrongly: shown as no reward
             logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout.rollout_id, exc)
             value = _NO_REWARDS

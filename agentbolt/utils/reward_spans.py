@@ -89,13 +89,15 @@ def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
     return None
 
 
-def training_reward(spans: Sequence[SpanLike], rollout_id: str) -> Optional[float]:
+def training_reward(spans: Sequence[SpanLike], rollout_id: str, *, warn: bool = True) -> Optional[float]:
     """The final reward an algorithm trains or selects on: :func:`find_final_reward`, except that a reward which is
-    not a finite number (NaN, an infinity) counts as none, with a warning. One NaN in a group would turn every
-    advantage of the group, or a prompt's mean score, into NaN."""
+    not a finite number (NaN, an infinity) counts as none, with a warning (unless ``warn`` is False: a reader that
+    only shows scores, such as the dashboard, which reads the same rollouts at every refresh). One NaN in a group
+    would turn every advantage of the group, or a prompt's mean score, into NaN."""
     reward = find_final_reward(spans)
     if reward is not None and not math.isfinite(reward):
-        logger.warning("Rollout %s reported the reward %s: counted as a rollout without one", rollout_id, reward)
+        if warn:
+            logger.warning("Rollout %s reported the reward %s: counted as a rollout without one", rollout_id, reward)
         return None
     return reward
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
@@ -181,7 +182,9 @@ async def _run_tasks(store: InMemoryLightningStore, count: int) -> None:
         await store.update_attempt(claimed.rollout_id, attempt_id, status=status)  # type: ignore[arg-type]
 
 
-async def test_a_prompt_is_scored_per_purpose_as_the_prompt_optimizer_scored_it() -> None:
+async def test_a_prompt_is_scored_per_purpose_as_the_prompt_optimizer_scored_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # A real prompt search evaluates one candidate on validation tasks (rewards 0.25, NaN, 1.0, and 0.5 from a
     # rollout that then failed) and on training tasks (1.0, and no reward): each purpose's score on the dashboard is
     # the optimizer's own mean, not the mean of the finite rewards of every purpose pooled.
@@ -209,10 +212,15 @@ async def test_a_prompt_is_scored_per_purpose_as_the_prompt_optimizer_scored_it(
     server = LightningStoreServer(store, host="127.0.0.1", port=free_port())
     await server.start()
     try:
-        async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
-            (score,) = (await http.get("/resources")).json()["items"]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="agentbolt"):
+            async with httpx.AsyncClient(base_url=server.endpoint + "/v1/agl/dashboard") as http:
+                (score,) = (await http.get("/resources")).json()["items"]
     finally:
         await server.stop()
+    # The optimizer warned about the NaN reward when it scored it; the dashboard, which reads the same rollouts at
+    # every refresh, does not warn again.
+    assert "reported the reward" not in caplog.text
     assert score["resources_id"] == "scored-v0"
     assert score["by_purpose"] == [
         {"purpose": "train", "mode": "train", "rollouts": 2, "with_reward": 1, "score": pytest.approx(trained.mean)},
