@@ -250,8 +250,7 @@ def _check_before_start(algorithm: Any) -> None:
         CliError: The option at fault and why (exit code 2).
     """
     from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm
-    from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_checkpoint_dir, latest_checkpoint
-    from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_run_directories
     from agentbolt.models import DEFAULT_MODEL, ModelNotAvailableError, resolve_model
 
     if not isinstance(algorithm, FinetuningAlgorithm):
@@ -270,18 +269,12 @@ def _check_before_start(algorithm: Any) -> None:
         raise CliError(
             f"options.model: {name!r} is a GGUF file; {algorithm.title} trains a Hugging Face model directory"
         )
-    resumes = bool(config.resume and config.checkpoint_dir and latest_checkpoint(config.checkpoint_dir))
-    if not resumes:
-        try:
-            check_log_dir_unused(config.log_dir)
-        except ValueError as exc:
-            raise CliError(f"options.log_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
-    # Last: it creates the directory.
-    if config.checkpoint_dir:
-        try:
-            check_checkpoint_dir(config.checkpoint_dir, resume=config.resume)
-        except CheckpointError as exc:
-            raise CliError(f"options.checkpoint_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
+    try:
+        check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)
+    except CheckpointError as exc:
+        raise CliError(f"options.checkpoint_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
+    except ValueError as exc:
+        raise CliError(f"options.log_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
 
 
 def _progress(algorithm: Any) -> Optional[Tuple[int, int, Optional[Path]]]:

@@ -604,15 +604,11 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, checkpoint_state, latest_checkpoint
-        from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
+        from agentbolt.algorithm.finetuning.trainer import check_run_directories, checkpoint_state
 
         # Checked before the model loads, not after the last step.
-        if config.checkpoint_dir:
-            check_checkpoint_dir(config.checkpoint_dir, resume=config.resume)
-        checkpoint = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir and config.resume else None
+        checkpoint = check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)
         if checkpoint is None:
-            check_log_dir_unused(config.log_dir)
             self.run_id = self._new_run_id()
         else:
             saved = checkpoint_state(checkpoint).get("extra")

@@ -382,18 +382,14 @@ def _train(
     merge: bool,
     stop_after: Optional[int],
 ) -> OfflineResult:
-    from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
+    from agentbolt.algorithm.finetuning.trainer import check_run_directories, latest_checkpoint
+    from agentbolt.algorithm.grpo.metrics import JsonlSink
     from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
 
     out = Path(output_dir) if output_dir is not None else None
     checkpoint_dir = out / "checkpoints" if out is not None else None
-    from agentbolt.algorithm.grpo.metrics import JsonlSink, check_log_dir_unused
-
-    if checkpoint_dir is not None:  # before the model loads: another run's checkpoints, or no room for any
-        check_checkpoint_dir(checkpoint_dir, resume=settings.resume)
-    resuming = settings.resume and checkpoint_dir is not None and latest_checkpoint(checkpoint_dir) is not None
-    if not resuming:
-        check_log_dir_unused(settings.log_dir)
+    # Before the model loads: another run's checkpoints or metrics, or no room for checkpoints.
+    resume_from = check_run_directories(checkpoint_dir, settings.log_dir, resume=settings.resume)
     loaded, tokenizer = _load_model(settings, model, tokenizer)
     vocab_size = model_vocab_size(loaded)
     if settings.trains_tokens():
@@ -410,12 +406,10 @@ def _train(
     trainer = build_sft_trainer(loaded, tokenizer, settings)
     earlier: List[Dict[str, float]] = []
     extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
-    if checkpoint_dir is not None and settings.resume:
-        path = latest_checkpoint(checkpoint_dir)
-        if path is not None:
-            _check_same_data(path, extra["data_sha256"], len(selected), checkpoint_dir)
-            saved = trainer.load_checkpoint(path).get("history")
-            earlier = list(saved) if isinstance(saved, list) else []
+    if checkpoint_dir is not None and resume_from is not None:
+        _check_same_data(resume_from, extra["data_sha256"], len(selected), checkpoint_dir)
+        saved = trainer.load_checkpoint(resume_from).get("history")
+        earlier = list(saved) if isinstance(saved, list) else []
     complete = trainer.global_step >= total
     if complete:
         logger.warning(
@@ -429,7 +423,11 @@ def _train(
         val_tokens, _ = tokenize_samples(val_samples, tokenizer, **options)
         counters["val/loss_before"] = trainer.evaluate(val_tokens) if val_tokens else math.nan
     # The run's log, as online runs keep it: a resumed run continues it from its checkpoint's step.
-    log = JsonlSink(Path(settings.log_dir), trainer.global_step if resuming else None) if settings.log_dir else None
+    log = (
+        JsonlSink(Path(settings.log_dir), trainer.global_step if resume_from is not None else None)
+        if settings.log_dir
+        else None
+    )
     try:
         history = train_samples(
             selected,
