@@ -11,6 +11,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, List, Optional, Set
 
+from agentbolt.store.base import FINISHED_STATUSES
+
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
     from agentbolt.types import Rollout
@@ -23,8 +25,6 @@ PROGRESS_LOGGER_NAME = "agentbolt.progress"
 """Logger of the short progress lines (one per finished rollout, and a summary); :meth:`agentbolt.Trainer.dev`
 and :meth:`agentbolt.Trainer.fit` show them on the console when logging is not configured."""
 progress_logger = logging.getLogger(PROGRESS_LOGGER_NAME)
-
-_FINISHED = ("succeeded", "failed", "cancelled")
 
 
 class RolloutProgress:
@@ -105,7 +105,7 @@ class FinishedRolloutFollower:
     async def _newly_finished(self) -> List[Rollout]:
         try:
             finished = await self.store.query_rollouts(
-                status_in=list(_FINISHED), sort_by="end_time", sort_order="desc", limit=self.window
+                status_in=list(FINISHED_STATUSES), sort_by="end_time", sort_order="desc", limit=self.window
             )
         except Exception:
             logger.debug("Could not poll the store for finished rollouts", exc_info=True)

@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Level = Literal["transition", "trajectory"]
-_FINISHED = ("succeeded", "failed", "cancelled")
 
 
 @dataclass
