@@ -249,8 +249,8 @@ def _check_before_start(algorithm: Any) -> None:
     Raises:
         CliError: The option at fault and why (exit code 2).
     """
-    from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm
-    from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_run_directories
+    from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm, check_run_directories
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError
     from agentbolt.models import DEFAULT_MODEL, ModelNotAvailableError, resolve_model
 
     if not isinstance(algorithm, FinetuningAlgorithm):

@@ -55,6 +55,7 @@ __all__ = [
     "PolicyServer",
     "RolloutOutcome",
     "TaskSampler",
+    "check_run_directories",
     "mean_std",
 ]
 
@@ -157,6 +158,30 @@ def mean_std(values: Sequence[float]) -> Tuple[float, float]:
         return float("nan"), float("nan")
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def check_run_directories(
+    checkpoint_dir: Optional[str | os.PathLike[str]], log_dir: Optional[str | os.PathLike[str]], *, resume: bool
+) -> Optional[Path]:
+    """Check a run's directories before its model loads; the checkpoint the run resumes from (None: a new run).
+
+    A new run refuses a ``log_dir`` whose ``metrics.jsonl`` holds another run's records; ``checkpoint_dir`` must be
+    writable and, without ``resume``, hold no checkpoint (``check_checkpoint_dir`` in
+    :mod:`agentbolt.algorithm.finetuning.trainer`, which creates it: checked last).
+
+    Raises:
+        CheckpointError: ``checkpoint_dir`` cannot hold checkpoints, or holds another run's.
+        ValueError: A new run's ``log_dir`` holds another run's metrics.
+    """
+    from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
+    from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
+
+    checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
+    if checkpoint is None:
+        check_log_dir_unused(log_dir)
+    if checkpoint_dir:
+        check_checkpoint_dir(checkpoint_dir, resume=resume)
+    return checkpoint
 
 
 class FinetuningAlgorithm(Algorithm):
@@ -604,7 +629,7 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import check_run_directories, checkpoint_state
+        from agentbolt.algorithm.finetuning.trainer import checkpoint_state
 
         # Checked before the model loads, not after the last step.
         checkpoint = check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)

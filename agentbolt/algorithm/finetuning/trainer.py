@@ -34,7 +34,6 @@ __all__ = [
     "CheckpointError",
     "ModelTrainer",
     "check_checkpoint_dir",
-    "check_run_directories",
     "checkpoint_state",
     "chunks",
     "latest_checkpoint",
@@ -149,28 +148,6 @@ def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], *, resume: bool
     except OSError as exc:
         raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot hold checkpoints: {exc}") from exc
     return root
-
-
-def check_run_directories(
-    checkpoint_dir: Optional[str | os.PathLike[str]], log_dir: Optional[str | os.PathLike[str]], *, resume: bool
-) -> Optional[Path]:
-    """Check a run's directories before its model loads; the checkpoint the run resumes from (None: a new run).
-
-    A new run refuses a ``log_dir`` whose ``metrics.jsonl`` holds another run's records; ``checkpoint_dir`` must be
-    writable and, without ``resume``, hold no checkpoint (:func:`check_checkpoint_dir`, which creates it: checked last).
-
-    Raises:
-        CheckpointError: ``checkpoint_dir`` cannot hold checkpoints, or holds another run's.
-        ValueError: A new run's ``log_dir`` holds another run's metrics.
-    """
-    from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
-
-    checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
-    if checkpoint is None:
-        check_log_dir_unused(log_dir)
-    if checkpoint_dir:
-        check_checkpoint_dir(checkpoint_dir, resume=resume)
-    return checkpoint
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

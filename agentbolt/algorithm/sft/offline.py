@@ -382,7 +382,8 @@ def _train(
     merge: bool,
     stop_after: Optional[int],
 ) -> OfflineResult:
-    from agentbolt.algorithm.finetuning.trainer import check_run_directories, latest_checkpoint
+    from agentbolt.algorithm.finetuning.algorithm import check_run_directories
+    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
     from agentbolt.algorithm.grpo.metrics import JsonlSink
     from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
 
