@@ -6,12 +6,14 @@ Needs the Tinker SDK (``pip install 'agentbolt[tinker]'``) and ``TINKER_API_KEY`
 
 Before anything starts, the command checks that the key is set and that the Tinker service (``$TINKER_BASE_URL``,
 else the SDK's default address) answers within ``--connect-timeout`` seconds; otherwise it stops with exit code 2 and
-says what it tried to reach. Without that check an unreachable service leaves the SDK retrying for minutes.
+says what it tried to reach. A key that is not a Tinker key (the SDK's start with ``tml-``) stops it the
+same way. Without that check an unreachable service leaves the SDK retrying for minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import List, Optional
 
 import agentbolt as agl
@@ -19,6 +21,9 @@ from agentbolt.utils.server_launcher import pick_free_port
 from examples.common.environment import CONFIGURATION_ERROR, PROBE_TIMEOUT, require_reachable, require_variables
 from examples.tinker.bridge import TinkerGRPO, tinker_base_url
 from examples.tinker.guess_number import guess_number_agent, make_tasks
+
+TINKER_KEY_PREFIXES = ("tml-", "eyJ")
+"""How the SDK's keys begin: account keys (``tml-``) and the JSON web tokens it also accepts."""
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -42,6 +47,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     require_variables(
         parser, ["TINKER_API_KEY"], needed_by="training on Tinker", hint="set it to the key of your Tinker account"
     )
+    if not os.environ["TINKER_API_KEY"].startswith(TINKER_KEY_PREFIXES):
+        parser.exit(
+            CONFIGURATION_ERROR,
+            "error: TINKER_API_KEY is not a Tinker key (Tinker's keys start with 'tml-'); "
+            "copy the key from your Tinker account\n",
+        )
     try:
         base_url = tinker_base_url()
     except ImportError as exc:

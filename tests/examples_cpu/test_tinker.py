@@ -130,10 +130,10 @@ def test_the_guess_number_agent_plays_with_feedback() -> None:
     assert [extract_guess(t) for t in ("42", "I guess 42", "", "42 or 43", "forty")] == [42, 42, None, None, None]
 
 
-def run_training_command(base_url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """``python -m examples.tinker.train_guess_number`` with a key and ``TINKER_BASE_URL=base_url`` (the timeout only
-    guards the test run against a command that hangs)."""
-    env = dict(os.environ, TINKER_API_KEY="tml-unused", TINKER_BASE_URL=base_url)
+def run_training_command(base_url: str, *options: str, key: str = "tml-unused") -> subprocess.CompletedProcess[str]:
+    """``python -m examples.tinker.train_guess_number`` with ``key`` and ``TINKER_BASE_URL=base_url`` (the timeout
+    only guards the test run against a command that hangs)."""
+    env = dict(os.environ, TINKER_API_KEY=key, TINKER_BASE_URL=base_url)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     command = [sys.executable, "-m", "examples.tinker.train_guess_number", *options]
     return subprocess.run(command, cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True, timeout=120)
@@ -152,3 +152,11 @@ def test_training_against_a_tinker_service_that_never_answers_exits_2_after_the_
         result = run_training_command(f"http://127.0.0.1:{port}", "--connect-timeout", "1")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "(no answer within 1 s)" in result.stderr and "--connect-timeout" in result.stderr
+
+
+def test_training_with_a_key_that_is_not_a_tinker_key_exits_2_before_any_connection() -> None:
+    with taken_port() as port:  # listening, never answering: reaching it would take the whole connect timeout
+        result = run_training_command(f"http://127.0.0.1:{port}", "--connect-timeout", "60", key="sk-openai-key")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "TINKER_API_KEY is not a Tinker key" in result.stderr and "'tml-'" in result.stderr
+    assert "Traceback" not in result.stderr
