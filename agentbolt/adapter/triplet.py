@@ -45,6 +45,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
 import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
@@ -82,6 +83,8 @@ __all__ = [
     "TraceTree",
     "TracerTraceToTriplet",
     "LlmProxyTraceToTriplet",
+    "triplet_token_ids",
+    "parse_logprobs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -121,6 +124,37 @@ class Transition(BaseModel):
     response_id: Optional[str]
     agent_name: str
     reward: Optional[float]
+
+
+# -- reading the triplets built here --------------------------------------------------------------------------------
+
+
+def triplet_token_ids(part: Any) -> List[int]:
+    """The ``token_ids`` of a triplet's ``prompt`` or ``response`` dict; ``[]`` when absent or not a list of ints."""
+    ids = part.get("token_ids") if isinstance(part, dict) else None
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return []
+    return list(ids)
+
+
+def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:
+    """Read per-token log-probs from a triplet's ``response["logprobs"]``.
+
+    Accepts a list of floats or OpenAI-style entries (``{"token": ..., "logprob": x, ...}``), optionally wrapped in a
+    ``{"content": [...]}`` dict. Returns None when the value is absent, malformed, not finite, or does not have one
+    entry per response token.
+    """
+    if isinstance(raw, dict):
+        raw = raw.get("content")
+    if not isinstance(raw, (list, tuple)) or len(raw) != expected_length:
+        return None
+    values: List[float] = []
+    for entry in raw:
+        value = entry.get("logprob") if isinstance(entry, dict) else entry
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        values.append(float(value))
+    return values
 
 
 # -- attribute helpers ----------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
+from agentbolt.adapter.triplet import parse_logprobs, triplet_token_ids
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Rollout, RolloutConfig, Triplet
 
@@ -108,29 +109,10 @@ class AggregationStats:
         self.mismatch_cases.extend(other.mismatch_cases)
 
 
-def _token_ids(part: Any) -> List[int]:
-    value = part.get("token_ids") if isinstance(part, dict) else None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return []
-    return list(value)
-
-
-def _logprobs(raw: Any, expected: int) -> Optional[List[float]]:
-    """One finite logprob per response token (floats or OpenAI ``{"logprob": x}`` entries), else None."""
-    if isinstance(raw, dict):
-        raw = raw.get("content")
-    if not isinstance(raw, (list, tuple)) or len(raw) != expected:
-        return None
-    values = [entry.get("logprob") if isinstance(entry, dict) else entry for entry in raw]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-        return None
-    return [float(v) for v in values]
-
-
 def _call_tokens(triplet: Triplet) -> Tuple[List[int], List[int], Optional[List[float]]]:
-    prompt, response = _token_ids(triplet.prompt), _token_ids(triplet.response)
+    prompt, response = triplet_token_ids(triplet.prompt), triplet_token_ids(triplet.response)
     raw = triplet.response.get("logprobs") if isinstance(triplet.response, dict) else None
-    return prompt, response, _logprobs(raw, len(response))
+    return prompt, response, parse_logprobs(raw, len(response))
 
 
 def aggregate_rollout(

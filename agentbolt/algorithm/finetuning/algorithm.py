@@ -57,6 +57,7 @@ __all__ = [
     "TaskSampler",
     "check_run_directories",
     "mean_std",
+    "padding_token_id",
 ]
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,12 @@ def mean_std(values: Sequence[float]) -> Tuple[float, float]:
         return float("nan"), float("nan")
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def padding_token_id(tokenizer: Any) -> int:
+    """The token id a trainer pads with: the tokenizer's pad token, else its end-of-sequence token, else 0."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return int(pad)
 
 
 def check_run_directories(

@@ -32,6 +32,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     RolloutOutcome,
     TaskSampler,
     mean_std,
+    padding_token_id,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 from agentbolt.algorithm.grpo.advantages import AdvantageStats, RolloutScore, assign_advantages, group_advantages
@@ -90,8 +91,10 @@ class GRPO(FinetuningAlgorithm):
         if self._data_parallel is not None:
             self.config = self._data_parallel.agree_on_config(self.config)
         model, tokenizer = self._load_policy()
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-        return PolicyTrainer(model, self.config, pad_token_id=int(pad), data_parallel=self._data_parallel), tokenizer
+        trainer = PolicyTrainer(
+            model, self.config, pad_token_id=padding_token_id(tokenizer), data_parallel=self._data_parallel
+        )
+        return trainer, tokenizer
 
     # ------------------------------------------------------------------------------------------- data parallel
     def follow(self) -> int:

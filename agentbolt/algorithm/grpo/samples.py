@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
+from agentbolt.adapter.triplet import parse_logprobs, triplet_token_ids
 from agentbolt.types import Triplet
 from agentbolt.utils.counters import Counters
 
@@ -94,33 +95,6 @@ class SampleStats(Counters):
     """Kept calls whose behaviour log-probs are missing or malformed (recomputed by the trainer)."""
 
 
-def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:
-    """Read per-token log-probs from a triplet's ``response["logprobs"]``.
-
-    Accepts a list of floats or OpenAI-style entries (``{"token": ..., "logprob": x, ...}``), optionally wrapped in a
-    ``{"content": [...]}`` dict. Returns None when the value is absent, malformed, not finite, or does not have one
-    entry per response token.
-    """
-    if isinstance(raw, dict):
-        raw = raw.get("content")
-    if not isinstance(raw, (list, tuple)) or len(raw) != expected_length:
-        return None
-    values: List[float] = []
-    for entry in raw:
-        value = entry.get("logprob") if isinstance(entry, dict) else entry
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        values.append(float(value))
-    return values
-
-
-def _token_ids(part: Any) -> List[int]:
-    ids = part.get("token_ids") if isinstance(part, dict) else None
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return []
-    return list(ids)
-
-
 def _agent_name(triplet: Triplet) -> Optional[str]:
     name = triplet.metadata.get("agent_name")
     return name if isinstance(name, str) else None
@@ -194,7 +168,7 @@ def triplets_to_samples(
         if pattern is not None and (agent is None or not pattern.search(agent)):
             stats.other_agents += 1
             continue
-        prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
+        prompt_ids, response_ids = triplet_token_ids(triplet.prompt), triplet_token_ids(triplet.response)
         if not prompt_ids or not response_ids:
             stats.missing_tokens += 1
             continue

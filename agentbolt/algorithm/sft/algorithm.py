@@ -31,6 +31,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     PolicyServer,
     RolloutOutcome,
     mean_std,
+    padding_token_id,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
 from agentbolt.algorithm.sft.config import SFTConfig
@@ -274,5 +275,6 @@ def build_sft_trainer(model: Any, tokenizer: Any, config: SFTConfig) -> SFTTrain
     """An :class:`SFTTrainer` for ``model``, padding with the tokenizer's pad (else EOS) token."""
     from agentbolt.algorithm.sft.trainer import SFTTrainer
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    return SFTTrainer(model, config, pad_token_id=int(pad), max_length=sample_length_limit(model, config))
+    return SFTTrainer(
+        model, config, pad_token_id=padding_token_id(tokenizer), max_length=sample_length_limit(model, config)
+    )
