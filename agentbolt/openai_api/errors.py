@@ -28,6 +28,11 @@ ERROR_TYPES = {
 """The ``type`` an error gets from its status unless the raiser names one."""
 
 
+def _error_type(status: int, type_: Optional[str]) -> str:
+    """``type_``, else the type of ``status`` in :data:`ERROR_TYPES` (``invalid_request_error`` for the others)."""
+    return type_ or ERROR_TYPES.get(status, "invalid_request_error")
+
+
 def error_body(
     status: int,
     message: str,
@@ -49,7 +54,7 @@ def error_body(
     """
     error: Dict[str, Any] = {
         "message": message,
-        "type": type_ or ERROR_TYPES.get(status, "invalid_request_error"),
+        "type": _error_type(status, type_),
         "param": param,
         "code": code,
         **extra,
@@ -82,7 +87,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type_ or ERROR_TYPES.get(status, "invalid_request_error")
+        self.type = _error_type(status, type_)
         self.param = param
         self.headers = headers or {}
         self.code = code
