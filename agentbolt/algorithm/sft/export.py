@@ -17,9 +17,10 @@ native columns; nested values (messages, tools, span attributes, rollout inputs.
 in the file's ``agentbolt.json_columns`` metadata, so :func:`read_records` gives back exactly what was written.
 
 Writing is atomic: records go to a temporary file in the output's directory, which replaces the output only once it
-is complete, so an interrupted export leaves the previous file as it was. JSONL is written one rollout at a time
-(the records of a rollout are held, not those of the whole store); parquet, a table with one schema, is built from
-all the records at the end.
+is complete, so an interrupted export leaves the previous file as it was. Neither format holds the whole export in
+memory: JSONL is written one rollout at a time (the records of a rollout are held, not those of the whole store);
+parquet, a table with one schema, is written in two passes over a JSONL spool beside the output, the first finding
+each column's type, the second writing row groups of :data:`PARQUET_BATCH_RECORDS` records.
 """
 
 from __future__ import annotations
@@ -368,25 +369,31 @@ async def _write_async(records: AsyncIterator[Dict[str, Any]], path: Union[str, 
     Raises:
         ExportWriteError: Writing failed (errors of reading ``records`` pass as they are).
     """
-    collected: List[Dict[str, Any]] = []
     count = 0
-    with _writing(path) as temporary:
-        handle = None if chosen == "parquet" else _written(path, open, temporary, "w", encoding="utf-8")
-        try:
+    with _writing(path) as temporary, _jsonl_destination(temporary, chosen) as lines:
+        with _written(path, open, lines, "w", encoding="utf-8") as handle:
             async for record in records:
-                if handle is None:
-                    collected.append(record)
-                else:
-                    _written(path, handle.write, json.dumps(record, ensure_ascii=False) + "\n")
+                _written(path, handle.write, json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
-            if handle is None:
-                _written(path, _write_parquet, collected, temporary)
-            else:
-                _written(path, _flush_to_disk, handle)
-        finally:
-            if handle is not None:
-                handle.close()
+            _written(path, _flush_to_disk, handle)
+        if chosen == "parquet":
+            _written(path, _write_parquet, lines, temporary)
     return count
+
+
+@contextlib.contextmanager
+def _jsonl_destination(temporary: Path, chosen: str) -> Iterator[Path]:
+    """Where the JSON lines of an export go: the output itself for JSONL; for parquet, a spool beside it that is
+    removed at the end (see :func:`_write_parquet`)."""
+    if chosen != "parquet":
+        yield temporary
+        return
+    spool = temporary.with_name(f"{temporary.name}.jsonl")
+    try:
+        yield spool
+    finally:
+        with contextlib.suppress(OSError):
+            spool.unlink()
 
 
 class ExportWriteError(OSError):
@@ -473,34 +480,85 @@ def write_records(
     """Write dict records as JSONL or parquet (see the module docstring for parquet's JSON columns); ``path`` is
     replaced only once the file is complete (:func:`atomic_output`)."""
     chosen = resolve_format(path, format)
-    with atomic_output(path) as temporary:
-        if chosen == "parquet":
-            _write_parquet(list(records), temporary)
-            return
-        with open(temporary, "w", encoding="utf-8") as handle:
+    with atomic_output(path) as temporary, _jsonl_destination(temporary, chosen) as lines:
+        with open(lines, "w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             _flush_to_disk(handle)
+        if chosen == "parquet":
+            _write_parquet(lines, temporary)
 
 
-def _write_parquet(records: Sequence[Dict[str, Any]], path: Path) -> None:
+PARQUET_BATCH_RECORDS = 1000
+"""Records per parquet row group: what a parquet export holds in memory at a time."""
+
+_JSON_TEXT: Any = object()
+"""The kind of a column written as JSON text (nested values, or scalars of types no one arrow type holds)."""
+
+
+def _write_parquet(lines: Path, path: Path) -> None:
+    """Write the JSON records of the file ``lines`` to ``path`` as one parquet table, a batch at a time: a first pass
+    finds every column's type across all records, a second writes the row groups."""
     pa = _pyarrow()
-    names: List[str] = list(dict.fromkeys(name for record in records for name in record))
-    columns: Dict[str, Any] = {}
-    json_columns: List[str] = []
-    for name in names:
-        values = [record.get(name) for record in records]
-        if not any(_nested(value) for value in values):
-            try:
-                columns[name] = pa.array(values)
+    kinds = _column_kinds(pa, _record_batches(lines))
+    schema = pa.schema([(name, pa.string() if kind is _JSON_TEXT else kind) for name, kind in kinds.items()])
+    schema = schema.with_metadata({_JSON_COLUMNS_KEY: json.dumps([n for n, k in kinds.items() if k is _JSON_TEXT])})
+    with pa.parquet.ParquetWriter(str(path), schema) as writer:
+        for batch in _record_batches(lines):
+            if kinds:
+                columns = [_column(pa, [record.get(name) for record in batch], kind) for name, kind in kinds.items()]
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+
+
+def _record_batches(lines: Path) -> Iterator[List[Dict[str, Any]]]:
+    with open(lines, encoding="utf-8") as handle:
+        batch: List[Dict[str, Any]] = []
+        for line in handle:
+            batch.append(json.loads(line))
+            if len(batch) == PARQUET_BATCH_RECORDS:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
+def _column_kinds(pa: Any, batches: Iterable[List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Each column's arrow type over all ``batches`` (in order of first appearance), or :data:`_JSON_TEXT`: nested
+    values, and scalars that no one arrow type holds (``1`` and ``"a"``), are kept exactly as JSON text."""
+    kinds: Dict[str, Any] = {}
+    for batch in batches:
+        for name in dict.fromkeys(name for record in batch for name in record):
+            if kinds.get(name) is _JSON_TEXT:
                 continue
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
-                pass  # mixed scalar types: kept exactly as JSON text
-        columns[name] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values])
-        json_columns.append(name)
-    table = pa.table(columns) if columns else pa.table({})
-    table = table.replace_schema_metadata({_JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
-    pa.parquet.write_table(table, str(path))
+            kind = _batch_kind(pa, [record.get(name) for record in batch])
+            kinds[name] = kind if name not in kinds else _merged_kind(pa, kinds[name], kind)
+    return kinds
+
+
+def _batch_kind(pa: Any, values: List[Any]) -> Any:
+    if any(_nested(value) for value in values):
+        return _JSON_TEXT
+    try:
+        return pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        return _JSON_TEXT
+
+
+def _merged_kind(pa: Any, first: Any, second: Any) -> Any:
+    """The type holding both: the same, the other where one is null, ints widened to floats; else JSON text."""
+    if first is _JSON_TEXT or second is _JSON_TEXT:
+        return _JSON_TEXT
+    try:
+        merged = pa.unify_schemas([pa.schema([("c", first)]), pa.schema([("c", second)])], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return _JSON_TEXT
+    return merged.field("c").type
+
+
+def _column(pa: Any, values: List[Any], kind: Any) -> Any:
+    if kind is _JSON_TEXT:
+        return pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values], type=pa.string())
+    return pa.array(values, type=kind)
 
 
 def _nested(value: Any) -> bool:

@@ -354,8 +354,11 @@ def test_a_store_server_url_as_printed_and_its_api_key(store_file: Path, tmp_pat
         asyncio.run(server.stop())
 
 
-def test_an_interrupted_export_leaves_the_previous_file_as_it_was(store_file: Path, tmp_path: Path) -> None:
-    out = tmp_path / "rollouts.jsonl"
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_an_interrupted_export_leaves_the_previous_file_as_it_was(
+    store_file: Path, tmp_path: Path, suffix: str
+) -> None:
+    out = tmp_path / f"rollouts{suffix}"
     out.write_text('{"previous": "export"}\n')
 
     def interrupt(done: int, total: int, records: int) -> None:
@@ -372,7 +375,36 @@ def test_an_interrupted_export_leaves_the_previous_file_as_it_was(store_file: Pa
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(export())
     assert out.read_text() == '{"previous": "export"}\n'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.jsonl"]  # no partial file left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no partial file or spool left beside it
+
+
+def test_parquet_is_written_in_batches_with_each_columns_type_taken_over_all_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentbolt.algorithm.sft import export
+
+    monkeypatch.setattr(export, "PARQUET_BATCH_RECORDS", 3)  # four row groups for ten records
+    records: List[dict] = [
+        {
+            "step": i if i < 6 else i + 0.5,  # ints in the first batches, floats later: one float column
+            "label": "odd" if i % 2 else i,  # strings and ints: no arrow type holds both, kept as JSON text
+            "ids": list(range(i % 3)),  # token ids, some lists empty
+            "tool": {"name": "calc"} if i == 9 else None,  # nested only in the last batch
+            "late": None if i < 8 else True,  # only nulls until the last batches
+        }
+        for i in range(10)
+    ]
+    out = tmp_path / "records.parquet"
+    export.write_records(records, out)
+
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(str(out))
+    assert file.metadata.num_row_groups == 4
+    assert str(file.schema_arrow.field("step").type) == "double" and str(file.schema_arrow.field("late").type) == "bool"
+    expected = [dict(record, step=float(record["step"])) for record in records]
+    assert read_records(out) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.parquet"]
 
 
 def test_progress_is_redrawn_on_a_terminal_and_erased_at_the_end(store_file: Path, tmp_path: Path, monkeypatch) -> None:
