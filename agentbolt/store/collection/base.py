@@ -390,57 +390,29 @@ class LightningCollections(TrackedCollection):
             tracker.register_histogram("agl.collections.latency", label_names, group_level=2)
             tracker.register_counter("agl.collections.total", label_names, group_level=2)
 
-    # Each backend sets these in its constructor (narrowing the types to its own classes); the properties below
-    # are the one way to reach them.
-    _rollouts: Collection[Rollout]
-    _attempts: Collection[Attempt]
-    _spans: Collection[Span]
-    _resources: Collection[ResourcesUpdate]
-    _workers: Collection[Worker]
-    _rollout_queue: Queue[str]
-    _span_sequence_ids: KeyValue[str, int]
+    # Each backend sets these in its constructor, narrowing the types to its own classes.
+    rollouts: Collection[Rollout]
+    """Rollouts, keyed by ``rollout_id``."""
+    attempts: Collection[Attempt]
+    """Attempts, keyed by ``(rollout_id, attempt_id)``."""
+    spans: Collection[Span]
+    """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
+    resources: Collection[ResourcesUpdate]
+    """Resource snapshots, keyed by ``resources_id``."""
+    workers: Collection[Worker]
+    """Workers, keyed by ``worker_id``."""
+    rollout_queue: Queue[str]
+    """FIFO of rollout ids waiting to be dequeued."""
+    span_sequence_ids: KeyValue[str, int]
+    """Per-rollout span sequence counters, keyed by rollout id.
+
+    Only a stored rollout has a counter: writing (``set``, ``inc``, ``chmax``) the counter of an id that is not
+    a stored rollout's returns what it would for a missing key and stores nothing, so asking for the sequence
+    ids of an unknown rollout leaves no counter behind. Backends check this as they write (the SQL ones in the
+    writing statement), so the counters of stored rollouts cost nothing more.
+    """
     _metrics: Optional[Collection[MetricsRecord]] = None
-
-    @property
-    def rollouts(self) -> Collection[Rollout]:
-        """Rollouts, keyed by ``rollout_id``."""
-        return self._rollouts
-
-    @property
-    def attempts(self) -> Collection[Attempt]:
-        """Attempts, keyed by ``(rollout_id, attempt_id)``."""
-        return self._attempts
-
-    @property
-    def spans(self) -> Collection[Span]:
-        """Spans, keyed by ``(rollout_id, attempt_id, span_id)``."""
-        return self._spans
-
-    @property
-    def resources(self) -> Collection[ResourcesUpdate]:
-        """Resource snapshots, keyed by ``resources_id``."""
-        return self._resources
-
-    @property
-    def workers(self) -> Collection[Worker]:
-        """Workers, keyed by ``worker_id``."""
-        return self._workers
-
-    @property
-    def rollout_queue(self) -> Queue[str]:
-        """FIFO of rollout ids waiting to be dequeued."""
-        return self._rollout_queue
-
-    @property
-    def span_sequence_ids(self) -> KeyValue[str, int]:
-        """Per-rollout span sequence counters, keyed by rollout id.
-
-        Only a stored rollout has a counter: writing (``set``, ``inc``, ``chmax``) the counter of an id that is not
-        a stored rollout's returns what it would for a missing key and stores nothing, so asking for the sequence
-        ids of an unknown rollout leaves no counter behind. Backends check this as they write (the SQL ones in the
-        writing statement), so the counters of stored rollouts cost nothing more.
-        """
-        return self._span_sequence_ids
+    """Set by the backends that keep training metrics (see :attr:`metrics`)."""
 
     @property
     def metrics(self) -> Collection[MetricsRecord]:

@@ -848,16 +848,16 @@ class InMemoryLightningCollections(LightningCollections):
         self._lock_type = lock_type
         self._locks = self._make_locks()
         self._lock_orders: Dict[Tuple[str, ...], Tuple[AsyncLock, ...]] = {}
-        self._rollouts = ListBasedCollection([], Rollout, ["rollout_id"], id="rollouts", tracker=tracker)
-        self._attempts = ListBasedCollection([], Attempt, ["rollout_id", "attempt_id"], id="attempts", tracker=tracker)
-        self._spans: ListBasedCollection[Span] = ListBasedCollection(
+        self.rollouts = ListBasedCollection([], Rollout, ["rollout_id"], id="rollouts", tracker=tracker)
+        self.attempts = ListBasedCollection([], Attempt, ["rollout_id", "attempt_id"], id="attempts", tracker=tracker)
+        self.spans: ListBasedCollection[Span] = ListBasedCollection(
             [], Span, ["rollout_id", "attempt_id", "span_id"], id="spans", tracker=tracker
         )
-        self._resources = ListBasedCollection([], ResourcesUpdate, ["resources_id"], id="resources", tracker=tracker)
-        self._workers = ListBasedCollection([], Worker, ["worker_id"], id="workers", tracker=tracker)
-        self._rollout_queue: DequeBasedQueue[str] = DequeBasedQueue(str, id="rollout_queue", tracker=tracker)
-        self._span_sequence_ids: DictBasedKeyValue[str, int] = DictBasedKeyValue(
-            id="span_sequence_ids", tracker=tracker, keeps=self._rollouts.holds
+        self.resources = ListBasedCollection([], ResourcesUpdate, ["resources_id"], id="resources", tracker=tracker)
+        self.workers = ListBasedCollection([], Worker, ["worker_id"], id="workers", tracker=tracker)
+        self.rollout_queue: DequeBasedQueue[str] = DequeBasedQueue(str, id="rollout_queue", tracker=tracker)
+        self.span_sequence_ids: DictBasedKeyValue[str, int] = DictBasedKeyValue(
+            id="span_sequence_ids", tracker=tracker, keeps=self.rollouts.holds
         )
         self._metrics = ListBasedCollection([], MetricsRecord, ["run_id", "step"], id="metrics", tracker=tracker)
 
@@ -908,4 +908,4 @@ class InMemoryLightningCollections(LightningCollections):
 
     async def evict_spans_for_rollout(self, rollout_id: str) -> int:
         """Delete every span of a rollout; returns the number of spans removed."""
-        return len(self._spans._delete_group(rollout_id))
+        return len(self.spans._delete_group(rollout_id))

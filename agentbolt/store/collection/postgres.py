@@ -1219,8 +1219,8 @@ class PostgresLightningCollections(LightningCollections):
     def _build(self, tracker: Any) -> None:
         db = self._db
         set_table_collections(self, lambda spec: PostgresCollection(db, spec, tracker))
-        self._rollout_queue = PostgresQueue(db, tracker)
-        self._span_sequence_ids = PostgresCounters(db, tracker)
+        self.rollout_queue = PostgresQueue(db, tracker)
+        self.span_sequence_ids = PostgresCounters(db, tracker)
         self._meta_table = f"{_quote(db.schema)}.store_meta"
 
     def __getstate__(self) -> Dict[str, Any]:

@@ -189,11 +189,11 @@ def set_table_collections(collections: LightningCollections, make: Callable[[Tab
 
     The SQL backends differ only in ``make``; the queue and the counters are theirs to set.
     """
-    collections._rollouts = make(ROLLOUTS)
-    collections._attempts = make(ATTEMPTS)
-    collections._spans = make(SPANS)
-    collections._resources = make(RESOURCES)
-    collections._workers = make(WORKERS)
+    collections.rollouts = make(ROLLOUTS)
+    collections.attempts = make(ATTEMPTS)
+    collections.spans = make(SPANS)
+    collections.resources = make(RESOURCES)
+    collections.workers = make(WORKERS)
     collections._metrics = make(METRICS)
 
 

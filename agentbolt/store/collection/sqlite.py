@@ -1383,8 +1383,8 @@ class SqliteLightningCollections(LightningCollections):
                 reader_threads=reader_threads,
             )
         set_table_collections(self, lambda spec: SqliteCollection(self._db, spec, tracker))
-        self._rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
-        self._span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(
+        self.rollout_queue: SqliteQueue[str] = SqliteQueue(self._db, str, tracker=tracker)
+        self.span_sequence_ids: SqliteKeyValue[str, int] = SqliteKeyValue(
             self._db, tracker=tracker, kept_when=rollout_stored_condition("?", "rollouts")
         )
         self._meta = _Backed(self._db)

@@ -135,14 +135,15 @@ class NamedResourcesBody(RootModel[NamedResources]):
     model_config = WIRE_CONFIG
 
 
-UPDATE_BODY_CONFIG = ConfigDict(**WIRE_CONFIG, extra="forbid")
-"""Update bodies refuse unknown fields: a misspelt field (``"stauts"``) is a 422, not an update that changes nothing."""
+class _UpdateBody(WireModel):
+    """An update body: it refuses unknown fields, so a misspelt field (``"stauts"``) is a 422, not an update that
+    changes nothing."""
+
+    model_config = ConfigDict(**WIRE_CONFIG, extra="forbid")
 
 
-class UpdateRolloutRequest(WireModel):
+class UpdateRolloutRequest(_UpdateBody):
     """Body of ``POST /rollouts/{rollout_id}``; only the fields present are written."""
-
-    model_config = UPDATE_BODY_CONFIG
 
     input: Optional[TaskInput] = None
     mode: Optional[RolloutMode] = None
@@ -152,10 +153,8 @@ class UpdateRolloutRequest(WireModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class UpdateAttemptRequest(WireModel):
+class UpdateAttemptRequest(_UpdateBody):
     """Body of ``POST /rollouts/{rollout_id}/attempts/{attempt_id}``; only the fields present are written."""
-
-    model_config = UPDATE_BODY_CONFIG
 
     status: Optional[AttemptStatus] = None
     worker_id: Optional[str] = None
@@ -163,10 +162,8 @@ class UpdateAttemptRequest(WireModel):
     metadata: Optional[Dict[str, Any]] = None
 
 
-class UpdateWorkerRequest(WireModel):
+class UpdateWorkerRequest(_UpdateBody):
     """Body of ``POST /workers/{worker_id}``."""
-
-    model_config = UPDATE_BODY_CONFIG
 
     heartbeat_stats: Optional[Dict[str, Any]] = None
 
