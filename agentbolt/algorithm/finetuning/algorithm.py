@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -56,6 +57,7 @@ __all__ = [
     "RolloutOutcome",
     "TaskSampler",
     "check_run_directories",
+    "interrupted_run",
     "mean_std",
     "padding_token_id",
 ]
@@ -172,8 +174,8 @@ def check_run_directories(
 ) -> Optional[Path]:
     """Check a run's directories before its model loads; the checkpoint the run resumes from (None: a new run).
 
-    A new run refuses a ``log_dir`` whose ``metrics.jsonl`` holds another run's records; ``checkpoint_dir`` must be
-    writable and, without ``resume``, hold no checkpoint (``check_checkpoint_dir`` in
+    A new run refuses a ``log_dir`` whose ``metrics.jsonl`` holds another run's records (with ``resume``, records of
+    the run that :func:`interrupted_run` finds are its own); ``checkpoint_dir`` must be writable and, without ``resume``, hold no checkpoint (``check_checkpoint_dir`` in
     :mod:`agentbolt.algorithm.finetuning.trainer`, which creates it: checked last).
 
     Raises:
@@ -184,11 +186,56 @@ def check_run_directories(
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
-    if checkpoint is None:
+    if checkpoint is None and not (resume and interrupted_run(checkpoint_dir, log_dir)):
         check_log_dir_unused(log_dir)
     if checkpoint_dir:
         check_checkpoint_dir(checkpoint_dir, resume=resume)
     return checkpoint
+
+
+RUN_FILE = "run.json"
+"""Kept in ``checkpoint_dir`` from a run's start until its first checkpoint (or its end): the run's id and
+``log_dir``, by which :func:`interrupted_run` finds a run that stopped before it had a checkpoint to resume from."""
+
+
+def interrupted_run(
+    checkpoint_dir: Optional[str | os.PathLike[str]], log_dir: Optional[str | os.PathLike[str]]
+) -> Optional[str]:
+    """The id of the run that started with ``checkpoint_dir`` and ``log_dir`` and stopped before its first
+    checkpoint (its :data:`RUN_FILE` is there and no checkpoint is), else None.
+
+    A run resumed (``resume=True``) in that state starts that run again from step 0 under its id: it cancels the
+    rollouts the stopped process left in the store and replaces its records in ``log_dir/metrics.jsonl``, which
+    would otherwise refuse it as another run's.
+    """
+    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+
+    if not checkpoint_dir or latest_checkpoint(checkpoint_dir) is not None:
+        return None
+    try:
+        saved = json.loads((Path(checkpoint_dir) / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no run file, or one cut short: no run to recognise
+        return None
+    run_id = saved.get("run_id") if isinstance(saved, dict) else None
+    if not isinstance(run_id, str) or not run_id or saved.get("log_dir") != _resolved(log_dir):
+        return None
+    return run_id
+
+
+def _resolved(log_dir: Optional[str | os.PathLike[str]]) -> Optional[str]:
+    return str(Path(log_dir).resolve()) if log_dir else None
+
+
+def _write_run_file(checkpoint_dir: str | os.PathLike[str], run_id: str, log_dir: Optional[str]) -> None:
+    path = Path(checkpoint_dir) / RUN_FILE
+    staging = path.with_name(f".{RUN_FILE}.tmp")
+    staging.write_text(json.dumps({"run_id": run_id, "log_dir": _resolved(log_dir)}), encoding="utf-8")
+    os.replace(staging, path)
+
+
+def _remove_run_file(checkpoint_dir: Optional[str | os.PathLike[str]]) -> None:
+    if checkpoint_dir:
+        (Path(checkpoint_dir) / RUN_FILE).unlink(missing_ok=True)
 
 
 class FinetuningAlgorithm(Algorithm):
@@ -600,6 +647,18 @@ class FinetuningAlgorithm(Algorithm):
                 self.run_id,
             )
 
+    def _forget_interrupted_log(self) -> None:
+        """Drop the records that this run's interrupted process logged before its first checkpoint: the run starts
+        again from step 0 and logs those steps again."""
+        from agentbolt.algorithm.grpo.metrics import drop_logged_steps_after
+
+        dropped = drop_logged_steps_after(self.config.log_dir, -1) if self.config.log_dir else 0
+        logger.warning(
+            "Run %s stopped before its first checkpoint; it starts again from step 0 under its id%s.",
+            self.run_id,
+            f" (its {dropped} record(s) in {self.config.log_dir} are logged again)" if dropped else "",
+        )
+
     def _after_resume(self, trainer: Any) -> None:
         """Called once the trainer is built and resumed, before the first step."""
 
@@ -618,7 +677,8 @@ class FinetuningAlgorithm(Algorithm):
 
         A resumed run keeps its :attr:`run_id` and continues ``log_dir/metrics.jsonl`` (dropping the records of the
         steps after its checkpoint, which it runs again), and first cancels the rollouts of this run that the
-        interrupted process left unfinished in the store. A resumed run whose checkpoint is at ``max_steps`` or
+        interrupted process left unfinished in the store. A run stopped before its first checkpoint is started again
+        from step 0 under its id (see :func:`interrupted_run`). A resumed run whose checkpoint is at ``max_steps`` or
         beyond logs that it is already complete and returns without serving or training anything.
 
         Raises:
@@ -640,12 +700,18 @@ class FinetuningAlgorithm(Algorithm):
 
         # Checked before the model loads, not after the last step.
         checkpoint = check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)
+        restarted = interrupted_run(config.checkpoint_dir, config.log_dir) if config.resume else None
         if checkpoint is None:
-            self.run_id = self._new_run_id()
+            self.run_id = restarted or self._new_run_id()
+            if config.checkpoint_dir:
+                _write_run_file(config.checkpoint_dir, self.run_id, config.log_dir)
         else:
             saved = checkpoint_state(checkpoint).get("extra")
             saved_id = saved.get("run_id") if isinstance(saved, dict) else None
             self.run_id = saved_id if isinstance(saved_id, str) and saved_id else self._new_run_id()
+        if restarted:
+            self._forget_interrupted_log()
+        if checkpoint is not None or restarted:
             # Before the model loads, so that the runners spend as little time as possible on them.
             await self._cancel_interrupted_rollouts(store)
         trainer, tokenizer = await asyncio.to_thread(self._build_trainer)
@@ -723,7 +789,9 @@ class FinetuningAlgorithm(Algorithm):
                     ):
                         extra = {"sampler": sampler.state(), "run_id": self.run_id}
                         await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
+                        _remove_run_file(config.checkpoint_dir)  # the checkpoint now holds the run's id
                 self._after_last_step(trainer, start_step)
+            _remove_run_file(config.checkpoint_dir)
         finally:
             curve = metrics.close()
             if curve is not None:

@@ -25,6 +25,7 @@ __all__ = [
     "TrackerMetricsSink",
     "TrainingLogger",
     "check_log_dir_unused",
+    "drop_logged_steps_after",
     "plot_reward_curve",
     "read_metrics",
 ]
@@ -93,6 +94,21 @@ def check_log_dir_unused(log_dir: Optional[str | os.PathLike[str]]) -> None:
     )
 
 
+def drop_logged_steps_after(log_dir: str | os.PathLike[str], step: int) -> int:
+    """Drop the records of the steps after ``step`` from ``log_dir/metrics.jsonl`` (written by an interrupted process
+    before it stopped; the run logs those steps again); how many were dropped. The file is replaced atomically."""
+    path = Path(log_dir) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if (_step_of(line) or 0) <= step]
+    if len(kept) < len(lines):
+        staging = path.with_name(f".{METRICS_FILE}.tmp")
+        staging.write_text("".join(kept), encoding="utf-8")
+        os.replace(staging, path)
+    return len(lines) - len(kept)
+
+
 class JsonlSink:
     """Appends ``{"step": n, "time": t, **record}`` lines to ``log_dir/metrics.jsonl``.
 
@@ -113,22 +129,14 @@ class JsonlSink:
         self._file = self.path.open("a", encoding="utf-8")
 
     def _keep_through(self, step: int) -> None:
-        """Drop the records of the steps after ``step`` (written by the interrupted process before it stopped)."""
-        if not self.path.is_file():
-            return
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if (_step_of(line) or 0) <= step]
-        if len(kept) == len(lines):
-            return
-        staging = self.path.with_name(f".{METRICS_FILE}.tmp")
-        staging.write_text("".join(kept), encoding="utf-8")
-        os.replace(staging, self.path)
-        logger.info(
-            "Resuming at step %d: dropped %d record(s) of later steps from %s (they are logged again).",
-            step,
-            len(lines) - len(kept),
-            self.path,
-        )
+        dropped = drop_logged_steps_after(self.path.parent, step)
+        if dropped:
+            logger.info(
+                "Resuming at step %d: dropped %d record(s) of later steps from %s (they are logged again).",
+                step,
+                dropped,
+                self.path,
+            )
 
     def log(self, step: int, record: Dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in record.items()}

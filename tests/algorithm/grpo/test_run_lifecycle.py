@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any, Collection, List
 
@@ -179,3 +180,44 @@ async def test_a_resumed_run_cancels_the_rollouts_its_interrupted_process_left_u
     assert any(f"Cancelled {len(stale)} rollout(s) of step(s) 2" in r.getMessage() for r in caplog.records)
     rerun = [r for r in await store.query_rollouts() if _step(r) == 2 and r.rollout_id not in left]
     assert len(rerun) == 2 and {r.status for r in rerun} == {"succeeded"}  # step 2 was rolled out again
+
+
+async def test_a_run_interrupted_before_its_first_checkpoint_starts_again_under_its_id(
+    word_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = agl.InMemoryLightningStore()
+    first = _grpo(word_model, tmp_path, max_steps=3, checkpoint_interval=3)
+    stale = await _interrupted_in_step(first, store, 3)  # steps 1-2 logged, no checkpoint yet
+    assert _logged_steps(tmp_path) == [1, 2] and not list((tmp_path / "ckpt").glob("step_*"))
+
+    with pytest.raises(ValueError, match="already holds the metrics of another run"):  # a new run is still refused
+        await _run(_grpo(word_model, tmp_path, max_steps=3, checkpoint_interval=3, resume=False), store)
+
+    again = _grpo(word_model, tmp_path, max_steps=3, checkpoint_interval=3)
+    with caplog.at_level(logging.WARNING):
+        await _run(again, store, leave={r.rollout_id for r in stale})
+
+    assert again.run_id == first.run_id
+    assert any(
+        "stopped before its first checkpoint; it starts again from step 0" in r.getMessage() for r in caplog.records
+    )
+    assert _logged_steps(tmp_path) == [1, 2, 3]  # the interrupted process's records replaced, not doubled
+    records = await store.query_metrics()
+    assert [(r.run_id, r.step) for r in records] == [(first.run_id, step) for step in (1, 2, 3)]
+    for rollout in stale:
+        current = await store.get_rollout_by_id(rollout.rollout_id)
+        assert current is not None and current.status == "cancelled", current
+    assert not (tmp_path / "ckpt" / "run.json").exists()  # the checkpoint holds the run's id now
+
+
+async def test_a_finished_run_leaves_no_run_file_so_its_log_is_never_taken_for_an_interrupted_runs(
+    word_model: Path, tmp_path: Path
+) -> None:
+    store = agl.InMemoryLightningStore()
+    await _run(_grpo(word_model, tmp_path, max_steps=0), store)  # validation only: no checkpoint written
+    await _run(_grpo(word_model, tmp_path, max_steps=1), store)
+    for checkpoint in (tmp_path / "ckpt").glob("step_*"):  # the user deletes the checkpoints to start over
+        shutil.rmtree(checkpoint)
+    assert not (tmp_path / "ckpt" / "run.json").exists()
+    with pytest.raises(ValueError, match="already holds the metrics of another run"):
+        await _run(_grpo(word_model, tmp_path, max_steps=1), store)
