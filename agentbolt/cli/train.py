@@ -300,6 +300,7 @@ def _progress(algorithm: Any) -> Optional[Tuple[int, int, Optional[Path]]]:
 
 def _interruption(algorithm: Any, config_path: Path) -> str:
     """Where Ctrl-C stopped the run and how to continue it, for the one line ``train`` prints."""
+    from agentbolt.algorithm.finetuning.algorithm import interrupted_run
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
     progress = _progress(algorithm)
@@ -310,6 +311,11 @@ def _interruption(algorithm: Any, config_path: Path) -> str:
     if checkpoint is not None:
         return f"{where}; resume with: agentbolt train {config_path} --resume (from {checkpoint})"
     options = algorithm.config
+    if interrupted_run(options.checkpoint_dir, options.log_dir):
+        return (
+            f"{where}; no checkpoint was written to {options.checkpoint_dir} yet: agentbolt train {config_path} "
+            "--resume starts this run again from step 0"
+        )
     restart = ""
     try:
         check_log_dir_unused(options.log_dir)

@@ -235,6 +235,71 @@ def test_ctrl_c_stops_a_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Pa
     assert not (tmp_path / "store.db-wal").exists()  # the store was closed
 
 
+STALLING_IN_TRAINING = """
+import asyncio
+from pathlib import Path
+
+from support.word_model import PingAgent
+
+
+class StallsInTraining(PingAgent):
+    async def rollout_async(self, task, resources, rollout):
+        if rollout.mode == "train":  # validation (step 0) runs, the first training step waits for Ctrl-C
+            Path("stalled").write_text("")
+            await asyncio.sleep(3600)
+        return await super().rollout_async(task, resources, rollout)
+
+
+agent = StallsInTraining()
+"""
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_the_run_again_and_that_does(tmp_path: Path) -> None:
+    (tmp_path / "stalling.py").write_text(STALLING_IN_TRAINING)
+    path = _config(tmp_path, "sft", max_steps=2, val_before_train=True, val_interval=0)
+    _edited(path, lambda c: c.update(agent="stalling:agent"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt", "train", path.name],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "stalled").exists():
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the run never started its first step"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = (stream.decode() for stream in process.communicate(timeout=300))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    assert "interrupted at step 0/2; no checkpoint was written to " in err
+    assert f"yet: agentbolt train {path.name} --resume starts this run again from step 0" in err
+    first_id = json.loads((tmp_path / "ckpt" / "run.json").read_text())["run_id"]
+    assert [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()] == [0]
+
+    _edited(path, lambda c: c.update(agent="support.word_model:ping_agent"))
+    again = subprocess.run(
+        [sys.executable, "-m", "agentbolt", "train", path.name, "--resume"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Run {first_id} stopped before its first checkpoint" in again.stderr
+    logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [0, 1, 2] and not (tmp_path / "ckpt" / "run.json").exists()  # step 0 logged again, once
+
+
 def test_the_store_file_holds_the_run_when_the_command_ends(tmp_path: Path, capsys) -> None:
     path = _edited(_config(tmp_path, "sft"), lambda c: c["trainer"].update(store="store.db"))
     assert train_main([str(path)]) == 0
