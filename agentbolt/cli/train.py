@@ -300,7 +300,7 @@ def _progress(algorithm: Any) -> Optional[Tuple[int, int, Optional[Path]]]:
 
 def _interruption(algorithm: Any, config_path: Path) -> str:
     """Where Ctrl-C stopped the run and how to continue it, for the one line ``train`` prints."""
-    from agentbolt.algorithm.finetuning.algorithm import interrupted_run
+    from agentbolt.algorithm.finetuning.trainer import interrupted_run
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
     progress = _progress(algorithm)

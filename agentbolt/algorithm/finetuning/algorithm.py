@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import random
@@ -57,8 +56,9 @@ __all__ = [
     "RolloutOutcome",
     "TaskSampler",
     "check_run_directories",
-    "interrupted_run",
+    "forget_interrupted_log",
     "mean_std",
+    "new_run_id",
     "padding_token_id",
 ]
 
@@ -175,14 +175,15 @@ def check_run_directories(
     """Check a run's directories before its model loads; the checkpoint the run resumes from (None: a new run).
 
     A new run refuses a ``log_dir`` whose ``metrics.jsonl`` holds another run's records (with ``resume``, records of
-    the run that :func:`interrupted_run` finds are its own); ``checkpoint_dir`` must be writable and, without ``resume``, hold no checkpoint (``check_checkpoint_dir`` in
+    the run that :func:`.trainer.interrupted_run` finds are its own); ``checkpoint_dir`` must be writable and,
+    without ``resume``, hold no checkpoint (``check_checkpoint_dir`` in
     :mod:`agentbolt.algorithm.finetuning.trainer`, which creates it: checked last).
 
     Raises:
         CheckpointError: ``checkpoint_dir`` cannot hold checkpoints, or holds another run's.
         ValueError: A new run's ``log_dir`` holds another run's metrics.
     """
-    from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, latest_checkpoint
+    from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, interrupted_run, latest_checkpoint
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
@@ -193,49 +194,24 @@ def check_run_directories(
     return checkpoint
 
 
-RUN_FILE = "run.json"
-"""Kept in ``checkpoint_dir`` from a run's start until its first checkpoint (or its end): the run's id and
-``log_dir``, by which :func:`interrupted_run` finds a run that stopped before it had a checkpoint to resume from."""
+def new_run_id(log_dir: Optional[str | os.PathLike[str]], algorithm: str) -> str:
+    """The id of a new run: its log directory's name (else ``algorithm``), the start time and 4 random hex digits,
+    so that runs sharing a store, or log directories of the same name, never share an id."""
+    base = Path(log_dir).resolve().name if log_dir else algorithm
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def interrupted_run(
-    checkpoint_dir: Optional[str | os.PathLike[str]], log_dir: Optional[str | os.PathLike[str]]
-) -> Optional[str]:
-    """The id of the run that started with ``checkpoint_dir`` and ``log_dir`` and stopped before its first
-    checkpoint (its :data:`RUN_FILE` is there and no checkpoint is), else None.
+def forget_interrupted_log(run_id: str, log_dir: Optional[str | os.PathLike[str]]) -> None:
+    """Start the run ``run_id``, which stopped before its first checkpoint, again from step 0: drop the records its
+    stopped process wrote to ``log_dir/metrics.jsonl`` (the run logs those steps again), and say so."""
+    from agentbolt.algorithm.grpo.metrics import drop_logged_steps_after
 
-    A run resumed (``resume=True``) in that state starts that run again from step 0 under its id: it cancels the
-    rollouts the stopped process left in the store and replaces its records in ``log_dir/metrics.jsonl``, which
-    would otherwise refuse it as another run's.
-    """
-    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
-
-    if not checkpoint_dir or latest_checkpoint(checkpoint_dir) is not None:
-        return None
-    try:
-        saved = json.loads((Path(checkpoint_dir) / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no run file, or one cut short: no run to recognise
-        return None
-    run_id = saved.get("run_id") if isinstance(saved, dict) else None
-    if not isinstance(run_id, str) or not run_id or saved.get("log_dir") != _resolved(log_dir):
-        return None
-    return run_id
-
-
-def _resolved(log_dir: Optional[str | os.PathLike[str]]) -> Optional[str]:
-    return str(Path(log_dir).resolve()) if log_dir else None
-
-
-def _write_run_file(checkpoint_dir: str | os.PathLike[str], run_id: str, log_dir: Optional[str]) -> None:
-    path = Path(checkpoint_dir) / RUN_FILE
-    staging = path.with_name(f".{RUN_FILE}.tmp")
-    staging.write_text(json.dumps({"run_id": run_id, "log_dir": _resolved(log_dir)}), encoding="utf-8")
-    os.replace(staging, path)
-
-
-def _remove_run_file(checkpoint_dir: Optional[str | os.PathLike[str]]) -> None:
-    if checkpoint_dir:
-        (Path(checkpoint_dir) / RUN_FILE).unlink(missing_ok=True)
+    dropped = drop_logged_steps_after(log_dir, -1) if log_dir else 0
+    logger.warning(
+        "Run %s stopped before its first checkpoint; it starts again from step 0 under its id%s.",
+        run_id,
+        f" (its {dropped} record(s) in {log_dir} are logged again)" if dropped else "",
+    )
 
 
 class FinetuningAlgorithm(Algorithm):
@@ -620,10 +596,7 @@ class FinetuningAlgorithm(Algorithm):
         """Refuse options that cannot run, before any model is loaded (nothing to check by default)."""
 
     def _new_run_id(self) -> str:
-        """The id of a new run: its log directory's name (else the algorithm's), the start time and 4 random hex
-        digits, so that runs sharing a store, or log directories of the same name, never share an id."""
-        base = Path(self.config.log_dir).resolve().name if self.config.log_dir else self.title.lower()
-        return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        return new_run_id(self.config.log_dir, self.title.lower())
 
     async def _cancel_interrupted_rollouts(self, store: LightningStore) -> None:
         """Cancel the rollouts of this run that an interrupted process left unfinished in the store.
@@ -647,18 +620,6 @@ class FinetuningAlgorithm(Algorithm):
                 self.run_id,
             )
 
-    def _forget_interrupted_log(self) -> None:
-        """Drop the records that this run's interrupted process logged before its first checkpoint: the run starts
-        again from step 0 and logs those steps again."""
-        from agentbolt.algorithm.grpo.metrics import drop_logged_steps_after
-
-        dropped = drop_logged_steps_after(self.config.log_dir, -1) if self.config.log_dir else 0
-        logger.warning(
-            "Run %s stopped before its first checkpoint; it starts again from step 0 under its id%s.",
-            self.run_id,
-            f" (its {dropped} record(s) in {self.config.log_dir} are logged again)" if dropped else "",
-        )
-
     def _after_resume(self, trainer: Any) -> None:
         """Called once the trainer is built and resumed, before the first step."""
 
@@ -678,7 +639,7 @@ class FinetuningAlgorithm(Algorithm):
         A resumed run keeps its :attr:`run_id` and continues ``log_dir/metrics.jsonl`` (dropping the records of the
         steps after its checkpoint, which it runs again), and first cancels the rollouts of this run that the
         interrupted process left unfinished in the store. A run stopped before its first checkpoint is started again
-        from step 0 under its id (see :func:`interrupted_run`). A resumed run whose checkpoint is at ``max_steps`` or
+        from step 0 under its id (see :func:`.trainer.interrupted_run`). A resumed run whose checkpoint is at ``max_steps`` or
         beyond logs that it is already complete and returns without serving or training anything.
 
         Raises:
@@ -696,7 +657,7 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import checkpoint_state
+        from agentbolt.algorithm.finetuning.trainer import checkpoint_state, interrupted_run, write_run_file
 
         # Checked before the model loads, not after the last step.
         checkpoint = check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)
@@ -704,13 +665,13 @@ class FinetuningAlgorithm(Algorithm):
         if checkpoint is None:
             self.run_id = restarted or self._new_run_id()
             if config.checkpoint_dir:
-                _write_run_file(config.checkpoint_dir, self.run_id, config.log_dir)
+                write_run_file(config.checkpoint_dir, self.run_id, config.log_dir)
         else:
             saved = checkpoint_state(checkpoint).get("extra")
             saved_id = saved.get("run_id") if isinstance(saved, dict) else None
             self.run_id = saved_id if isinstance(saved_id, str) and saved_id else self._new_run_id()
         if restarted:
-            self._forget_interrupted_log()
+            forget_interrupted_log(self.run_id, config.log_dir)
         if checkpoint is not None or restarted:
             # Before the model loads, so that the runners spend as little time as possible on them.
             await self._cancel_interrupted_rollouts(store)
@@ -731,6 +692,7 @@ class FinetuningAlgorithm(Algorithm):
         checkpoint: Optional[Path],
     ) -> None:
         """Resume from ``checkpoint`` (None: a new run), then validate, train, publish and checkpoint."""
+        from agentbolt.algorithm.finetuning.trainer import remove_run_file
         from agentbolt.algorithm.grpo.metrics import TrainingLogger
 
         config = self.config
@@ -789,9 +751,9 @@ class FinetuningAlgorithm(Algorithm):
                     ):
                         extra = {"sampler": sampler.state(), "run_id": self.run_id}
                         await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
-                        _remove_run_file(config.checkpoint_dir)  # the checkpoint now holds the run's id
                 self._after_last_step(trainer, start_step)
-            _remove_run_file(config.checkpoint_dir)
+            if config.checkpoint_dir:
+                remove_run_file(config.checkpoint_dir)  # a run without training steps writes no checkpoint
         finally:
             curve = metrics.close()
             if curve is not None:

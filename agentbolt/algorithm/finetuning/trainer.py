@@ -33,13 +33,17 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "CheckpointError",
     "ModelTrainer",
+    "RUN_FILE",
     "check_checkpoint_dir",
     "checkpoint_state",
     "chunks",
+    "interrupted_run",
     "latest_checkpoint",
     "lr_multiplier",
+    "remove_run_file",
     "resolve_device",
     "transformer_blocks",
+    "write_run_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,9 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_PREFIX = "step_"
 STATE_FILE = "trainer_state.json"
+RUN_FILE = "run.json"
+"""Kept in a checkpoint directory from a run's start until its first checkpoint (or its end): the run's id and
+``log_dir``, by which :func:`interrupted_run` finds a run that stopped before it had a checkpoint to resume from."""
 
 
 class CheckpointError(ValueError):
@@ -117,6 +124,47 @@ def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{state_file} is corrupt: {exc}") from exc
     return state
+
+
+def interrupted_run(
+    checkpoint_dir: Optional[str | os.PathLike[str]], log_dir: Optional[str | os.PathLike[str]]
+) -> Optional[str]:
+    """The id of the run that started with ``checkpoint_dir`` and ``log_dir`` and stopped before its first
+    checkpoint (its :data:`RUN_FILE` is there and no checkpoint is), else None.
+
+    A run resumed (``resume=True``) in that state starts that run again from step 0 under its id: an online run
+    cancels the rollouts the stopped process left in the store, and the records of ``log_dir/metrics.jsonl`` are
+    replaced rather than refused as another run's.
+    """
+    if not checkpoint_dir or latest_checkpoint(checkpoint_dir) is not None:
+        return None
+    try:
+        saved = json.loads((Path(checkpoint_dir) / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no run file, or one cut short: no run to recognise
+        return None
+    run_id = saved.get("run_id") if isinstance(saved, dict) else None
+    if not isinstance(run_id, str) or not run_id or saved.get("log_dir") != _resolved(log_dir):
+        return None
+    return run_id
+
+
+def write_run_file(
+    checkpoint_dir: str | os.PathLike[str], run_id: str, log_dir: Optional[str | os.PathLike[str]]
+) -> None:
+    """Record a starting run in ``checkpoint_dir`` (see :data:`RUN_FILE`); its first checkpoint removes the file."""
+    path = Path(checkpoint_dir) / RUN_FILE
+    staging = path.with_name(f".{RUN_FILE}.tmp")
+    staging.write_text(json.dumps({"run_id": run_id, "log_dir": _resolved(log_dir)}), encoding="utf-8")
+    os.replace(staging, path)
+
+
+def remove_run_file(checkpoint_dir: str | os.PathLike[str]) -> None:
+    """Forget the run recorded in ``checkpoint_dir``: it has a checkpoint, or it ended."""
+    (Path(checkpoint_dir) / RUN_FILE).unlink(missing_ok=True)
+
+
+def _resolved(log_dir: Optional[str | os.PathLike[str]]) -> Optional[str]:
+    return str(Path(log_dir).resolve()) if log_dir else None
 
 
 def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], *, resume: bool = True) -> Path:
@@ -463,6 +511,7 @@ class ModelTrainer:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
             _fsync_dir(root)
+            remove_run_file(root)  # the checkpoint holds the run from now on
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             previous = latest_checkpoint(root)

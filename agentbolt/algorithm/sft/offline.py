@@ -382,8 +382,8 @@ def _train(
     merge: bool,
     stop_after: Optional[int],
 ) -> OfflineResult:
-    from agentbolt.algorithm.finetuning.algorithm import check_run_directories
-    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+    from agentbolt.algorithm.finetuning.algorithm import check_run_directories, forget_interrupted_log, new_run_id
+    from agentbolt.algorithm.finetuning.trainer import interrupted_run, latest_checkpoint, write_run_file
     from agentbolt.algorithm.grpo.metrics import JsonlSink
     from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
 
@@ -391,6 +391,11 @@ def _train(
     checkpoint_dir = out / "checkpoints" if out is not None else None
     # Before the model loads: another run's checkpoints or metrics, or no room for checkpoints.
     resume_from = check_run_directories(checkpoint_dir, settings.log_dir, resume=settings.resume)
+    if checkpoint_dir is not None and resume_from is None:
+        restarted = interrupted_run(checkpoint_dir, settings.log_dir) if settings.resume else None
+        if restarted:
+            forget_interrupted_log(restarted, settings.log_dir)
+        write_run_file(checkpoint_dir, restarted or new_run_id(settings.log_dir, "sft"), settings.log_dir)
     loaded, tokenizer = _load_model(settings, model, tokenizer)
     vocab_size = model_vocab_size(loaded)
     if settings.trains_tokens():

@@ -105,6 +105,35 @@ def test_the_log_dir_holds_one_record_per_optimizer_step_across_a_resume(tmp_pat
         )
 
 
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_in_its_log_dir(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentbolt.algorithm.sft.trainer import SFTTrainer
+
+    data = _conversations(tmp_path / "chat.jsonl")
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    step = SFTTrainer.optimizer_step
+
+    def ctrl_c_in_the_third_step(trainer: SFTTrainer, batch: Any) -> Dict[str, float]:
+        if trainer.global_step == 2:
+            raise KeyboardInterrupt
+        return step(trainer, batch)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(SFTTrainer, "optimizer_step", ctrl_c_in_the_third_step)
+        with pytest.raises(KeyboardInterrupt):  # no checkpoint_interval: the only checkpoint is the last step's
+            train_from_messages(data, model=str(tiny_model_dir), output_dir=out, log_dir=str(logs), **OPTIONS)
+    assert [json.loads(line)["step"] for line in (logs / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
+
+    with caplog.at_level(logging.WARNING):
+        done = train_from_messages(data, model=str(tiny_model_dir), output_dir=out, log_dir=str(logs), **OPTIONS)
+    assert done.finished and [h["optimizer_step"] for h in done.history] == [1.0, 2.0, 3.0, 4.0]
+    assert f"Run {run_id} stopped before its first checkpoint" in caplog.text
+    assert [json.loads(line)["step"] for line in (logs / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert not (out / "checkpoints" / "run.json").exists()
+
+
 def test_a_run_already_complete_trains_nothing_and_returns_the_history_of_the_run(
     tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
