@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import pytest
 import yaml
@@ -196,6 +196,36 @@ def _edited(path: Path, edit) -> Path:
     return path
 
 
+def _train_command_env() -> Dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+
+def _train_until_stalled_then_ctrl_c(tmp_path: Path, config: Path) -> Tuple[int, str, str]:
+    """Run ``agentbolt train CONFIG`` in ``tmp_path`` until its agent writes ``stalled``, then Ctrl-C it; its exit
+    code, stdout and stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt", "train", config.name],
+        cwd=tmp_path,
+        env=_train_command_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "stalled").exists():
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the agent never stalled"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = (stream.decode() for stream in process.communicate(timeout=300))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode, out, err
+
+
 @pytest.mark.parametrize("strategy", ["cs", "shm"])
 def test_ctrl_c_stops_a_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Path, strategy: str) -> None:
     (tmp_path / "stalling.py").write_text(STALLING_AGENT)
@@ -205,29 +235,8 @@ def test_ctrl_c_stops_a_run_with_exit_130_and_one_line_to_resume_it(tmp_path: Pa
         config.update(agent="stalling:agent", data={"train": "tasks.jsonl"})
         config["trainer"].update(strategy=strategy, n_runners=2, store="store.db")
 
-    _edited(path, edit)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt", "train", path.name],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
-    )
-    try:
-        deadline = time.monotonic() + 600
-        while not (tmp_path / "stalled").exists():
-            assert process.poll() is None, process.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the run never reached its second step"
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGINT)
-        out, err = (stream.decode() for stream in process.communicate(timeout=300))
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 130, err
+    returncode, out, err = _train_until_stalled_then_ctrl_c(tmp_path, _edited(path, edit))
+    assert returncode == 130, err
     resume = f"agentbolt train: interrupted at step 1/3; resume with: agentbolt train {path.name} --resume (from "
     assert resume in err and "step_000001" in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "CancelledError" not in err, err
@@ -257,29 +266,10 @@ agent = StallsInTraining()
 def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_the_run_again_and_that_does(tmp_path: Path) -> None:
     (tmp_path / "stalling.py").write_text(STALLING_IN_TRAINING)
     path = _config(tmp_path, "sft", max_steps=2, val_before_train=True, val_interval=0)
-    _edited(path, lambda c: c.update(agent="stalling:agent"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt", "train", path.name],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    returncode, _, err = _train_until_stalled_then_ctrl_c(
+        tmp_path, _edited(path, lambda c: c.update(agent="stalling:agent"))
     )
-    try:
-        deadline = time.monotonic() + 600
-        while not (tmp_path / "stalled").exists():
-            assert process.poll() is None, process.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the run never started its first step"
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGINT)
-        _, err = (stream.decode() for stream in process.communicate(timeout=300))
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 130, err
+    assert returncode == 130, err
     assert "interrupted at step 0/2; no checkpoint was written to " in err
     assert f"yet: agentbolt train {path.name} --resume starts this run again from step 0" in err
     first_id = json.loads((tmp_path / "ckpt" / "run.json").read_text())["run_id"]
@@ -289,7 +279,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_the_run_again_and_
     again = subprocess.run(
         [sys.executable, "-m", "agentbolt", "train", path.name, "--resume"],
         cwd=tmp_path,
-        env=env,
+        env=_train_command_env(),
         capture_output=True,
         text=True,
         timeout=600,
