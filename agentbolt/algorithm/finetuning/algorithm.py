@@ -639,8 +639,8 @@ class FinetuningAlgorithm(Algorithm):
         A resumed run keeps its :attr:`run_id` and continues ``log_dir/metrics.jsonl`` (dropping the records of the
         steps after its checkpoint, which it runs again), and first cancels the rollouts of this run that the
         interrupted process left unfinished in the store. A run stopped before its first checkpoint is started again
-        from step 0 under its id (see :func:`.trainer.interrupted_run`). A resumed run whose checkpoint is at ``max_steps`` or
-        beyond logs that it is already complete and returns without serving or training anything.
+        from step 0 under its id (see :func:`.trainer.interrupted_run`). A resumed run whose checkpoint is at
+        ``max_steps`` or beyond logs that it is already complete and returns without serving or training anything.
 
         Raises:
             ValueError: No training data while ``max_steps > 0``, no store set, options the algorithm refuses, or a
