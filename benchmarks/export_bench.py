@@ -54,12 +54,14 @@ def write_whole_table(records: Iterator[Dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from agentbolt.algorithm.sft.export import _nested  # the same rule for what is written as JSON text
+
     held = list(records)
     names = list(dict.fromkeys(name for record in held for name in record))
     columns = {}
     for name in names:
         values = [record.get(name) for record in held]
-        if any(isinstance(v, (dict, list)) and any(isinstance(x, (dict, list)) for x in v) for v in values):
+        if any(_nested(value) for value in values):
             values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
         columns[name] = pa.array(values)
     pq.write_table(pa.table(columns), str(path))
