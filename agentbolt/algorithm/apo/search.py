@@ -533,11 +533,12 @@ class PromptSearch(Algorithm):
             ValueError: This is the seed's first evaluation and every rollout failed filling the same placeholder
                 of the template (:meth:`_check_seed_fills`).
         """
+        prompt_key = template_key(candidate.prompt_template)
         if purpose == FULL_VAL:
-            cached = self._full_val_cache.get(template_key(candidate.prompt_template))
+            cached = self._full_val_cache.get(prompt_key)
             if cached is not None and all(key in cached for key, _ in tasks):
                 self._log(logging.INFO, "Reusing the stored full-validation scores.", prefix=prefix)
-                await self._mark_reused(candidate.prompt_template, [key for key, _ in tasks])
+                await self._mark_reused(prompt_key, [key for key, _ in tasks])
                 return Evaluation(candidate.version, purpose, [k for k, _ in tasks], [cached[k] for k, _ in tasks])
         if self.max_rollouts is not None and self.rollouts_enqueued + len(tasks) > self.max_rollouts:
             raise SearchBudgetExhausted(
@@ -585,25 +586,20 @@ class PromptSearch(Algorithm):
                 prefix=prefix,
             )
         if purpose == FULL_VAL:
-            self._full_val_cache[template_key(candidate.prompt_template)] = evaluation.by_task()
-            self._full_val_rollouts[template_key(candidate.prompt_template)] = dict(
-                zip(evaluation.task_keys, rollout_ids, strict=True)
-            )
+            self._full_val_cache[prompt_key] = evaluation.by_task()
+            self._full_val_rollouts[prompt_key] = dict(zip(evaluation.task_keys, rollout_ids, strict=True))
         candidate.score = evaluation.mean
         self.evaluations.append(evaluation)
         seed = self._seed
-        if (
-            not self._seed_checked
-            and seed is not None
-            and template_key(candidate.prompt_template) == template_key(seed)
-        ):
+        if not self._seed_checked and seed is not None and prompt_key == template_key(seed):
             self._seed_checked = True
             self._check_seed_fills(evaluation, tasks)
         return evaluation
 
-    async def _mark_reused(self, template: PromptTemplate, task_keys: Sequence[str]) -> None:
-        """Tag the rollouts behind ``template``'s cached full-validation scores as reused in the current round."""
-        rollouts = self._full_val_rollouts.get(template_key(template), {})
+    async def _mark_reused(self, prompt_key: str, task_keys: Sequence[str]) -> None:
+        """Tag the rollouts behind the cached full-validation scores of the prompt whose :func:`template_key` is
+        ``prompt_key`` as reused in the current round."""
+        rollouts = self._full_val_rollouts.get(prompt_key, {})
         for key in task_keys:
             if key in rollouts:
                 await self._update_tag(rollouts[key], reused_in_round=self.current_round)
@@ -733,12 +729,15 @@ class PromptSearch(Algorithm):
             raise ValueError(f"Cannot resume: the store holds no candidates of run {self.run_id!r}.")
         self._version_counter = max(_version_number(r.version) for r in records) + 1
         for record in records:
-            if record.template is not None and record.scores:
-                self._known_templates.setdefault(template_key(record.template), record.version)
+            if record.template is None:
+                continue
+            prompt_key = template_key(record.template)
+            if record.scores:
+                self._known_templates.setdefault(prompt_key, record.version)
             full = self._stored_full_val(record)
-            if record.template is not None and full is not None:
-                self._full_val_cache[template_key(record.template)] = full
-                self._full_val_rollouts[template_key(record.template)] = dict(record.rollout_ids.get(FULL_VAL, {}))
+            if full is not None:
+                self._full_val_cache[prompt_key] = full
+                self._full_val_rollouts[prompt_key] = dict(record.rollout_ids.get(FULL_VAL, {}))
                 mean = sum(full.values()) / len(full)
                 if mean > self._history_best_score:
                     self._history_best_prompt = record.template
