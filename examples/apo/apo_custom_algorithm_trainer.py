@@ -17,17 +17,15 @@ import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.apo_custom_algorithm import pick_best_prompt, setup_logging
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
+from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, count, embedded_model
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Score hand-written prompts with a custom algorithm and runners.")
-    parser.add_argument("--tasks", type=int, default=None, help="score on the first N validation tasks only")
-    parser.add_argument("--runners", type=int, default=2, help="runner processes")
+    parser.add_argument("--tasks", type=count(), default=None, help="score on the first N validation tasks only")
+    parser.add_argument("--runners", type=count(), default=2, help="runner processes")
     parser.add_argument("--hosted", action="store_true", help="call OPENAI_BASE_URL, not the embedded model")
     args = parser.parse_args(argv)
-    if args.tasks is not None and args.tasks < 1:
-        parser.error("--tasks must be at least 1")
     check_hosted(parser, args.hosted)
     setup_logging()
     with contextlib.ExitStack() as stack:

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
+from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, count, embedded_model
 
 
 class DebugHook(agl.Hook):
@@ -49,7 +49,7 @@ async def run_one(with_hook: bool) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Debug the room selector agent.")
     parser.add_argument("--mode", choices=["dev", "runner", "hook"], default="dev")
-    parser.add_argument("--tasks", type=int, default=3, help="tasks of the dry run")
+    parser.add_argument("--tasks", type=count(), default=3, help="tasks of the dry run")
     parser.add_argument("--hosted", action="store_true", help="call OPENAI_BASE_URL, not the embedded model")
     args = parser.parse_args(argv)
     check_hosted(parser, args.hosted)

@@ -34,6 +34,7 @@ from examples.apo.room_selector_apo import (
     add_run_options,
     agent_endpoint,
     check_hosted,
+    count,
     fit,
     write_report,
 )
@@ -62,12 +63,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--hosted", action="store_true", help="use OPENAI_BASE_URL / OPENAI_API_KEY, not the embedded model"
     )
     parser.add_argument("--agent-model", default=None, help="model of the agent (default: embedded, or gpt-4.1-nano)")
-    parser.add_argument("--max-tokens", type=int, default=16, help="completion budget of each agent call")
-    parser.add_argument("--max-demos", type=int, default=3, help="most demonstrations in one prompt")
-    parser.add_argument("--candidates", type=int, default=4, help="candidate selections of demonstrations")
-    parser.add_argument("--val-batch-size", type=int, default=12)
-    parser.add_argument("--finalists", type=int, default=2, help="candidates scored on the whole val split")
-    parser.add_argument("--bootstrap-repeats", type=int, default=2, help="runs of the seed per training request")
+    parser.add_argument("--max-tokens", type=count(), default=16, help="completion budget of each agent call")
+    parser.add_argument("--max-demos", type=count(), default=3, help="most demonstrations in one prompt")
+    parser.add_argument("--candidates", type=count(), default=4, help="candidate selections of demonstrations")
+    parser.add_argument("--val-batch-size", type=count(), default=12)
+    parser.add_argument("--finalists", type=count(), default=2, help="candidates scored on the whole val split")
+    parser.add_argument("--bootstrap-repeats", type=count(), default=2, help="runs of the seed per training request")
     parser.add_argument(
         "--demo-format",
         choices=["text", "messages"],

@@ -46,6 +46,21 @@ logger = logging.getLogger("examples.apo.room_selector_apo")
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 
+def count(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse ``type`` for a whole number of at least ``minimum``: anything else is a usage error (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def check_hosted(parser: argparse.ArgumentParser, hosted: bool) -> None:
     """With ``--hosted``, exit 2 unless ``OPENAI_API_KEY`` is set and ``OPENAI_BASE_URL`` answers (checked before the
     runners start, so a missing key is one line, not a traceback or a run of failed rollouts)."""
@@ -228,18 +243,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="tool: the model calls the lookup tool (the tutorial's agent; default with --hosted); lookup: the agent "
         "runs the lookup and the model only chooses (default with the embedded model, which emits no tool calls)",
     )
-    parser.add_argument("--max-tokens", type=int, default=None, help="completion budget of each agent call")
-    parser.add_argument("--optimizer-max-tokens", type=int, default=400, help="completion budget of optimizer calls")
-    parser.add_argument("--rounds", type=int, default=2, help="beam rounds (apo); pareto runs twice as many")
-    parser.add_argument("--val-batch-size", type=int, default=12)
-    parser.add_argument("--bootstrap-repeats", type=int, default=2, help="fewshot: runs per bootstrap task")
+    parser.add_argument("--max-tokens", type=count(), default=None, help="completion budget of each agent call")
+    parser.add_argument(
+        "--optimizer-max-tokens", type=count(), default=400, help="completion budget of optimizer calls"
+    )
+    parser.add_argument("--rounds", type=count(0), default=2, help="beam rounds (apo); pareto runs twice as many")
+    parser.add_argument("--val-batch-size", type=count(), default=12)
+    parser.add_argument("--bootstrap-repeats", type=count(), default=2, help="fewshot: runs per bootstrap task")
     parser.add_argument(
         "--demo-format",
         choices=["text", "messages"],
         default="text",
         help="fewshot: examples written into the prompt, or sent as earlier chat turns with their tool calls",
     )
-    parser.add_argument("--max-optimizer-tokens", type=int, default=None)
+    parser.add_argument("--max-optimizer-tokens", type=count(), default=None)
     add_run_options(parser)
     args = parser.parse_args(argv)
     check_hosted(parser, args.hosted)
@@ -248,11 +265,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options every optimize-then-test example shares: runners, engine threads, seed, limit, store, output."""
-    parser.add_argument("--runners", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
+    parser.add_argument("--runners", type=count(), default=4)
+    parser.add_argument("--threads", type=count(), default=None, help="torch threads of the embedded engine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--limit", type=int, default=None, help="use only the first N tasks of each split (a quick look)"
+        "--limit", type=count(), default=None, help="use only the first N tasks of each split (a quick look)"
     )
     parser.add_argument("--port", type=int, default=None, help="port of the trainer's store server (default: free)")
     parser.add_argument(

@@ -19,7 +19,14 @@ from agentbolt.algorithm.utils import batch_iter_over_dataset
 from agentbolt.types import Dataset, PromptTemplate
 
 from .optimizer import check_temperature
-from .prompts import APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, extract_template_text, format_experiments
+from .prompts import (
+    APPLY_EDIT_CONTEXT,
+    APPLY_EDIT_PROMPT_FILES,
+    GRADIENT_CONTEXT,
+    GRADIENT_PROMPT_FILES,
+    extract_template_text,
+    format_experiments,
+)
 from .search import (
     PromptSearch,
     RolloutResultForAPO,
@@ -116,9 +123,16 @@ class APO(PromptSearch, Generic[T_task]):
         self.branch_factor = branch_factor
         self.beam_rounds = beam_rounds
         self.run_initial_validation = run_initial_validation
-        self.gradient_prompt_files = self._prompt_files(gradient_prompt_files, GRADIENT_PROMPT_FILES)
-        self.apply_edit_prompt_files = self._prompt_files(apply_edit_prompt_files, APPLY_EDIT_PROMPT_FILES)
+        self.gradient_prompt_files = self._prompt_files(
+            gradient_prompt_files, GRADIENT_PROMPT_FILES, names=GRADIENT_CONTEXT, option="gradient_prompt_files"
+        )
+        self.apply_edit_prompt_files = self._prompt_files(
+            apply_edit_prompt_files, APPLY_EDIT_PROMPT_FILES, names=APPLY_EDIT_CONTEXT, option="apply_edit_prompt_files"
+        )
         self._poml_trace = _poml_trace
+
+    def _needs_optimizer(self) -> bool:
+        return self.beam_rounds > 0
 
     # -- log prefix ------------------------------------------------------------------------------------------------
 
@@ -335,7 +349,7 @@ class APO(PromptSearch, Generic[T_task]):
         if not candidates:
             raise ValueError("No beam candidates any more")
         batch = next(val_iter)
-        await asyncio.gather(
+        results = await asyncio.gather(
             *(
                 self.evaluate(
                     c,
@@ -345,8 +359,12 @@ class APO(PromptSearch, Generic[T_task]):
                     prefix=self._format_log_prefix(round_num=round_num, prompt_version=c.version),
                 )
                 for c in candidates
-            )
+            ),
+            return_exceptions=True,  # a spent budget ends the search once the evaluations under way are scored
         )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         ranked = sorted(candidates, key=lambda c: c.score if c.score is not None else float("-inf"), reverse=True)
         scores = ", ".join(f"{c.version}={c.score:.3f}" for c in ranked)
         self._log(
@@ -379,8 +397,9 @@ class APO(PromptSearch, Generic[T_task]):
         jitter) makes the draws that follow the first rollouts differ from run to run.
 
         Raises:
-            ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, an adapter that is
-                not TraceToMessages, a seed template no task can fill, or no candidate left to evaluate.
+            ValueError: No PromptTemplate in the initial resources, a seed that is not a valid template, a missing
+                or empty dataset, an adapter that is not TraceToMessages, no optimizer client while
+                ``beam_rounds > 0``, a seed template no task can fill, or no candidate left to evaluate.
             OptimizerError: The optimizer server refused a call as misconfigured (HTTP 401, 403, 404), or every
                 optimizer call of the search failed. The best prompt so far stays available.
         """

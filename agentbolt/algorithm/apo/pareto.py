@@ -27,7 +27,9 @@ from agentbolt.types import PromptTemplate
 
 from .optimizer import check_temperature
 from .prompts import (
+    MERGE_CONTEXT,
     MERGE_PROMPT_FILES,
+    REFLECT_CONTEXT,
     REFLECT_PROMPT_FILES,
     extract_template_text,
     format_experiments,
@@ -116,10 +118,17 @@ class ParetoAPO(PromptSearch):
         self.reflection_batch_size = reflection_batch_size
         self.rounds = rounds
         self.merge_every = merge_every
-        self.reflect_prompt_files = self._prompt_files(reflect_prompt_files, REFLECT_PROMPT_FILES)
-        self.merge_prompt_files = self._prompt_files(merge_prompt_files, MERGE_PROMPT_FILES)
+        self.reflect_prompt_files = self._prompt_files(
+            reflect_prompt_files, REFLECT_PROMPT_FILES, names=REFLECT_CONTEXT, option="reflect_prompt_files"
+        )
+        self.merge_prompt_files = self._prompt_files(
+            merge_prompt_files, MERGE_PROMPT_FILES, names=MERGE_CONTEXT, option="merge_prompt_files"
+        )
         self.pool: Dict[str, VersionedPromptTemplate] = {}
         self.val_scores: Dict[str, Dict[str, float]] = {}
+
+    def _needs_optimizer(self) -> bool:
+        return self.rounds > 0
 
     def front(self) -> Dict[str, List[str]]:
         """The current Pareto front: candidate version -> validation tasks it is best on."""

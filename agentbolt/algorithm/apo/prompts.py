@@ -15,7 +15,7 @@ import logging
 import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
 __all__ = [
     "PROMPTS_DIR",
@@ -24,6 +24,7 @@ __all__ = [
     "REFLECT_PROMPT_FILES",
     "MERGE_PROMPT_FILES",
     "render_prompt_file",
+    "check_prompt_file",
     "format_experiments",
     "conversation_of",
     "examples_position",
@@ -33,6 +34,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
+GRADIENT_CONTEXT = frozenset({"prompt_template", "placeholders", "experiments", "experiments_text"})
+"""Names a critique prompt file may use."""
+APPLY_EDIT_CONTEXT = frozenset({"prompt_template", "placeholders", "critique"})
+"""Names an edit prompt file may use."""
+REFLECT_CONTEXT = GRADIENT_CONTEXT
+"""Names a reflection prompt file may use."""
+MERGE_CONTEXT = frozenset({"template_a", "template_b", "wins_a", "wins_b", "placeholders"})
+"""Names a merge prompt file may use."""
+
 GRADIENT_PROMPT_FILES: List[Path] = [PROMPTS_DIR / f"text_gradient_variant0{i}.poml" for i in (1, 2, 3)]
 """Critique prompts (context: ``prompt_template``, ``experiments``, ``experiments_text``, ``placeholders``)."""
 APPLY_EDIT_PROMPT_FILES: List[Path] = [PROMPTS_DIR / f"apply_edit_variant0{i}.poml" for i in (1, 2)]
@@ -44,6 +54,9 @@ MERGE_PROMPT_FILES: List[Path] = [PROMPTS_DIR / "merge_variant01.poml"]
 """Merge of two Pareto-front templates (context: ``template_a``, ``template_b``, ``wins_a``, ``wins_b``)."""
 
 _EXPRESSION = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_BOUND_NAME = re.compile(
+    r"""\bfor\s*=\s*["']\s*([A-Za-z_][A-Za-z0-9_]*)\s+in\b|<let\b[^>]*\bname\s*=\s*["']([A-Za-z_][A-Za-z0-9_]*)"""
+)
 _ROLES = {"system-msg": "system", "human-msg": "user", "ai-msg": "assistant"}
 _FENCED = re.compile(r"```[A-Za-z0-9_-]*\n(.*?)\n?```", re.DOTALL)
 
@@ -75,6 +88,27 @@ def _render_plain(path: Path, context: Mapping[str, Any]) -> List[Dict[str, str]
             raise KeyError(f"{path}: no value for {missing}")
         messages.append({"role": role, "content": _EXPRESSION.sub(lambda m: _text(context[m.group(1)]), raw)})
     return messages
+
+
+def check_prompt_file(path: Path, names: Collection[str], *, option: str) -> None:
+    """Check, before any run, that a prompt file can be read and that each ``{{ name }}`` it writes is one the
+    optimizer fills in (``names``) or one the file binds itself (``<let name=...>``, ``for="x in ..."``).
+
+    Raises:
+        ValueError: The file cannot be read, or writes names the optimizer does not fill in (the message names the
+            file, the option that gave it, the unknown names and the known ones).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{option}: cannot read the prompt file {path}: {exc}") from exc
+    bound = {name for match in _BOUND_NAME.finditer(text) for name in match.groups() if name}
+    unknown = sorted({name for name in _EXPRESSION.findall(text)} - set(names) - bound)
+    if unknown:
+        raise ValueError(
+            f"{option}: the prompt file {path} uses {unknown}, which the optimizer does not fill in; "
+            f"its values are {sorted(names)}"
+        )
 
 
 def render_prompt_file(

@@ -22,7 +22,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -38,7 +38,7 @@ from agentbolt.utils.imports import import_extra
 from agentbolt.utils.reward_spans import candidate_score, training_reward
 
 from .optimizer import OptimizerCalls, OptimizerError, SearchBudgetExhausted, check_positive
-from .prompts import conversation_of, render_prompt_file
+from .prompts import check_prompt_file, conversation_of, render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
 __all__ = [
@@ -335,6 +335,8 @@ class PromptSearch(Algorithm):
         self._known_templates: Dict[str, str] = {}  # template_key -> the version holding it
         self._seed: Optional[PromptTemplate] = None
         self._seed_checked = False
+        self._seed_error: Optional[ValueError] = None
+        self._resumed = False
         self._logger = logging.getLogger(self.log_name)
 
     # -- logging ---------------------------------------------------------------------------------------------------
@@ -450,7 +452,8 @@ class PromptSearch(Algorithm):
             The seed template, then the training and validation tasks keyed by :func:`keyed`.
 
         Raises:
-            ValueError: No seed template, or a dataset is missing or empty.
+            ValueError: No seed template, a seed that is not a valid template for its engine, a dataset missing or
+                empty, or no optimizer client for a search that asks the optimizer model.
         """
         name, seed = self.get_seed_prompt_template()
         for label, dataset in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
@@ -459,10 +462,24 @@ class PromptSearch(Algorithm):
             if len(dataset) == 0:
                 raise ValueError(f"{type(self).__name__} needs a non-empty {label}; got an empty one.")
         self.get_adapter()
+        try:
+            placeholders = template_placeholders(seed)
+        except ValueError as exc:
+            raise ValueError(
+                f"The seed PromptTemplate {name!r} is not a valid {seed.engine} template ({exc}): "
+                f"{seed.template[:200]!r}"
+            ) from exc
+        if self._needs_optimizer() and self.async_openai_client is None:
+            raise ValueError(
+                f"{type(self).__name__} asks an optimizer model, but async_openai_client is None: pass an "
+                "openai.AsyncOpenAI client, a base URL or the keyword arguments of one."
+            )
         self._resource_name = name
-        self._placeholders = template_placeholders(seed)
+        self._placeholders = placeholders
         self._seed = seed
         self._seed_checked = False
+        self._seed_error = None
+        self._resumed = False
         self._known_templates = {}
         self._history_best_prompt = seed
         self._history_best_score = float("-inf")
@@ -479,8 +496,9 @@ class PromptSearch(Algorithm):
         """Search for a better prompt; the result is :meth:`get_best_prompt` (also stored as ``{run_id}-best``).
 
         Raises:
-            ValueError: No PromptTemplate in the initial resources, a missing or empty dataset, or an adapter that
-                is not TraceToMessages.
+            ValueError: No PromptTemplate in the initial resources, a seed that is not a valid template, a missing or
+                empty dataset, an adapter that is not TraceToMessages, or no optimizer client for a search that asks
+                the optimizer model.
         """
         seed, train, val = self._start_run(train_dataset, val_dataset)
         async with self._search_session():
@@ -489,6 +507,10 @@ class PromptSearch(Algorithm):
     async def _search(self, seed: PromptTemplate, train: List[Tuple[str, Any]], val: List[Tuple[str, Any]]) -> None:
         """The search of :meth:`run` over the keyed tasks, from ``seed`` or, with ``resume``, from the stored run."""
         raise NotImplementedError(f"{type(self).__name__} must implement _search().")
+
+    def _needs_optimizer(self) -> bool:
+        """Whether the search as configured calls the optimizer model (then a client is required)."""
+        return True
 
     # -- evaluation --------------------------------------------------------------------------------------------------
 
@@ -544,6 +566,9 @@ class PromptSearch(Algorithm):
             raise SearchBudgetExhausted(
                 f"rollout budget spent: {self.rollouts_enqueued} of {self.max_rollouts} used, {len(tasks)} more needed"
             )
+        # Counted before the first await: evaluations running concurrently check the budget against each other's
+        # rollouts, not only against those already enqueued.
+        self.rollouts_enqueued += len(tasks)
         store = self.get_store()
         assert self._resource_name is not None
         lineage = candidate.lineage if lineage is None else lineage
@@ -559,7 +584,6 @@ class PromptSearch(Algorithm):
                 metadata=self._tag(candidate, purpose, key, lineage),
             )
             rollout_ids.append(rollout.rollout_id)
-        self.rollouts_enqueued += len(tasks)
         finished = await self._wait(rollout_ids, prefix=prefix)
         evaluation = Evaluation(candidate.version, purpose, [k for k, _ in tasks], [], rollout_ids=rollout_ids)
         for rollout_id in rollout_ids:
@@ -591,9 +615,16 @@ class PromptSearch(Algorithm):
         candidate.score = evaluation.mean
         self.evaluations.append(evaluation)
         seed = self._seed
-        if not self._seed_checked and seed is not None and prompt_key == template_key(seed):
-            self._seed_checked = True
-            self._check_seed_fills(evaluation, tasks)
+        if seed is not None and prompt_key == template_key(seed):
+            if not self._seed_checked:
+                self._seed_checked = True
+                try:
+                    self._check_seed_fills(evaluation, tasks)
+                except ValueError as exc:
+                    self._seed_error = exc
+                    raise
+            if self._seed_error is not None:  # evaluations of the seed that ran alongside the first one
+                raise self._seed_error
         return evaluation
 
     async def _mark_reused(self, prompt_key: str, task_keys: Sequence[str]) -> None:
@@ -727,6 +758,7 @@ class PromptSearch(Algorithm):
         records = await load_search_run(self.get_store(), self.run_id)
         if not records:
             raise ValueError(f"Cannot resume: the store holds no candidates of run {self.run_id!r}.")
+        self._resumed = True
         self._version_counter = max(_version_number(r.version) for r in records) + 1
         for record in records:
             if record.template is None:
@@ -804,12 +836,19 @@ class PromptSearch(Algorithm):
             check_count(value, name, minimum=minimum)
 
     @staticmethod
-    def _prompt_files(given: Optional[Sequence[Any]], default: Sequence[Path]) -> List[Path]:
-        """``given`` (else ``default``) as paths.
+    def _prompt_files(
+        given: Optional[Sequence[Any]],
+        default: Sequence[Path],
+        *,
+        names: Collection[str] = (),
+        option: str = "prompt files",
+    ) -> List[Path]:
+        """``given`` (else ``default``) as paths; given files are checked against the context ``names`` their
+        optimizer fills in (:func:`~agentbolt.algorithm.apo.prompts.check_prompt_file`).
 
         Raises:
             TypeError: ``given`` is one path instead of a list of them.
-            ValueError: A file does not exist.
+            ValueError: A file does not exist, cannot be read, or uses a name the optimizer does not fill in.
         """
         if isinstance(given, (str, Path)):
             raise TypeError(
@@ -819,6 +858,8 @@ class PromptSearch(Algorithm):
         for path in paths:
             if not path.is_file():
                 raise ValueError(f"prompt file {path} does not exist")
+            if given:
+                check_prompt_file(path, names, option=option)
         return paths
 
     def _resources_with(self, prompt_template: PromptTemplate) -> NamedResources:
@@ -829,8 +870,13 @@ class PromptSearch(Algorithm):
         return resources
 
     async def _publish_best(self) -> None:
-        """Store the best prompt as ``{run_id}-best`` (the latest resources), keeping it whatever happened."""
+        """Store the best prompt as ``{run_id}-best`` (the latest resources), keeping it whatever happened.
+
+        Nothing is stored when ``resume`` found no stored run to continue: the store then holds no run ``run_id``.
+        """
         if self._history_best_prompt is None or self._resource_name is None:
+            return
+        if self.resume and not self._resumed:
             return
         try:
             await self.get_store().update_resources(
