@@ -886,12 +886,17 @@ class PromptSearch(Algorithm):
             self._logger.exception("Could not store the best prompt of run %s.", self.run_id)
 
     def summary(self) -> Dict[str, Any]:
-        """What the run spent and found: best version and score, rollouts, optimizer calls and tokens."""
+        """What the run spent and found: best version and score, rollouts, optimizer calls and tokens.
+
+        ``best_version`` and ``best_score`` are None while no candidate has been scored on the whole validation set
+        (so that the summary is plain JSON; :attr:`best_score` is ``-inf`` then).
+        """
         usage = self.optimizer.usage
+        validated = self._history_best_version is not None
         return {
             "run_id": self.run_id,
             "best_version": self._history_best_version,
-            "best_score": self._history_best_score,
+            "best_score": self._history_best_score if validated else None,
             "candidates": self._version_counter,
             "skipped_candidates": self.skipped_candidates,
             "duplicate_candidates": self.duplicate_candidates,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
@@ -446,3 +447,11 @@ def test_the_optimizer_client_can_be_given_as_plain_values() -> None:
         spec_name="algorithm",
     )
     assert apo.async_openai_client.api_key == "k" and apo.async_openai_client.max_retries == 0
+
+
+def test_the_summary_of_a_run_that_validated_nothing_is_plain_json(script: Script, optimizer_client: Any) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=0, run_initial_validation=False)
+    fit(apo)
+    summary = apo.summary()
+    assert (summary["best_version"], summary["best_score"], apo.best_score) == (None, None, float("-inf"))
+    json.dumps(summary, allow_nan=False)  # a strict reader refuses -Infinity
