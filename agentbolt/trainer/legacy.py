@@ -42,7 +42,10 @@ class TrainerLegacy(ParallelWorkerBase):
             return train_data
         if isinstance(train_data, str):
             if not train_data.startswith(("http://", "https://")):
-                raise ValueError(f"Server URL must start with http:// or https://, got {train_data!r}")
+                raise ValueError(
+                    f"Server URL must start with http:// or https://, got {train_data!r} (a string train dataset is "
+                    "read as the server URL of the v0.1 protocol; pass the tasks as a list)"
+                )
             return AgentLightningClient(endpoint=train_data)
         raise TypeError(
             f"fit_v0 expects a server URL, an AgentLightningClient or a DevTaskLoader, got {type(train_data)}"

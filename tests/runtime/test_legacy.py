@@ -123,6 +123,12 @@ def test_fit_v0_rejects_bad_urls() -> None:
         trainer.fit_v0(LegacyAgent(), "ftp://example")
 
 
+def test_a_string_train_dataset_is_an_error_saying_it_was_read_as_a_server_url() -> None:
+    trainer = agl.Trainer(n_runners=1, tracer=OtelTracer())
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="pass the tasks as a list"):
+        trainer.fit(LegacyAgent(), "what is 2 + 2?")
+
+
 async def test_task_server_on_a_taken_port_fails_to_start_and_can_stop() -> None:
     with taken_port() as port:
         server = agl.AgentLightningServer(host="127.0.0.1", port=port)
