@@ -310,9 +310,6 @@ class FewShotAPO(PromptSearch):
         self.echo_checks: Dict[str, EchoCheck] = {}
         """The repetition guard's verdict per candidate version (on the full validation set for finalists)."""
 
-    def _needs_optimizer(self) -> bool:
-        return False
-
     def collect_demonstrations(
         self, results: Sequence[Tuple[str, float, RolloutResultForAPO]], seed: PromptTemplate
     ) -> List[Demonstration]:

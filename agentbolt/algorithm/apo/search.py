@@ -509,8 +509,9 @@ class PromptSearch(Algorithm):
         raise NotImplementedError(f"{type(self).__name__} must implement _search().")
 
     def _needs_optimizer(self) -> bool:
-        """Whether the search as configured calls the optimizer model (then a client is required)."""
-        return True
+        """Whether the search as configured calls the optimizer model, so that a client is required (checked before
+        any rollout). False here; the searches that ask the optimizer model say when they do."""
+        return False
 
     # -- evaluation --------------------------------------------------------------------------------------------------
 
