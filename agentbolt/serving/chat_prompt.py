@@ -28,9 +28,46 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Pat
 
 from agentbolt.serving.params import EngineError
 
-__all__ = ["ChatPromptEncoder", "check_unicode", "encoder_for", "special_token_texts", "unmark"]
+__all__ = [
+    "TEXT_PART_TYPES",
+    "ChatPromptEncoder",
+    "check_unicode",
+    "encoder_for",
+    "special_token_texts",
+    "template_message",
+    "unmark",
+]
 
 _PRIVATE_USE = re.compile("[\ue000-\uf8ff]")
+
+
+TEXT_PART_TYPES = frozenset({"text", "input_text"})
+"""Content part types a chat template is given as text (their texts joined); any other part cannot be rendered."""
+
+
+def template_message(message: Dict[str, Any]) -> Dict[str, Any]:
+    """An OpenAI chat message (a dict) as chat templates expect it: the texts of its content parts joined,
+    ``developer`` as ``system``, no content as ``""``. ``agentbolt serve`` prompts the model with it, and SFT learns
+    from the same text.
+
+    Raises:
+        ValueError: A content part that is not text (an image, audio, a file); the message starts with
+            ``content[i]`` so that callers can say which message holds it.
+    """
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind not in TEXT_PART_TYPES:
+                raise ValueError(f"content[{index}]: only text content parts are supported, got {kind!r}")
+            text = part.get("text")
+            texts.append(text if isinstance(text, str) else "")
+        content = "".join(texts)
+    rendered = dict(message, content="" if content is None else content)
+    if rendered.get("role") == "developer":
+        rendered["role"] = "system"
+    return rendered
 
 
 def check_unicode(text: str, field: str) -> None:

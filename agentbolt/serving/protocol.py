@@ -7,7 +7,7 @@ how the others map onto :class:`~agentbolt.serving.params.SamplingParams`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,7 @@ from agentbolt.openai_api.schema import (
     NamedToolChoice,
     SamplingRequest,
 )
+from agentbolt.serving.chat_prompt import template_message
 from agentbolt.serving.guided import choice_pattern
 from agentbolt.serving.params import EngineError, SamplingParams
 from agentbolt.serving.tool_parser import forced_tool_call
@@ -168,23 +169,10 @@ def normalize_messages(body: ChatCompletionRequest) -> List[Dict[str, Any]]:
     for position, message in enumerate(body.messages):
         if message.role == "function":
             raise ApiError(400, f"messages[{position}]: the legacy 'function' role is not supported; use 'tool'")
-        content: Union[str, Any] = message.content
-        if isinstance(content, list):
-            texts = []
-            for part_index, part in enumerate(content):
-                if part.type not in {"text", "input_text"}:
-                    raise ApiError(
-                        400,
-                        f"messages[{position}].content[{part_index}]: only text content parts are supported, "
-                        f"got {part.type!r}",
-                        param="messages",
-                    )
-                texts.append(part.text or "")
-            content = "".join(texts)
-        item = message.model_dump(exclude_none=True)
-        item["role"] = "system" if message.role == "developer" else message.role
-        item["content"] = content if content is not None else ""
-        normalized.append(item)
+        try:
+            normalized.append(template_message(message.model_dump(exclude_none=True)))
+        except ValueError as exc:
+            raise ApiError(400, f"messages[{position}].{exc}", param="messages") from None
     return normalized
 
 

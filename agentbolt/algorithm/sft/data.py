@@ -83,7 +83,8 @@ class ChatSample:
 
     Attributes:
         messages: OpenAI chat messages (with ``tool_calls`` and ``tool`` results); for a call, the prompt messages
-            followed by the assistant reply.
+            followed by the assistant reply. An assistant message with ``"weight": 0`` (OpenAI's fine-tuning format)
+            is context only, never a target.
         tools: The function tools offered (OpenAI ``{"type": "function", "function": {...}}`` entries), or None.
         train_turns: ``"last"``: learn the last message (an assistant reply); ``"all"``: learn every assistant turn.
         prompt_token_ids: The prompt exactly as the engine tokenized it (None when not recorded).
@@ -164,9 +165,10 @@ class ChatSample:
                 raise DataError(f"{where}: {name} must be a list of non-negative integers")
             ids[name] = list(value) if value else None
         tokens_only = bool(ids["prompt_token_ids"]) and bool(ids["response_token_ids"])
-        if "messages" in record:
+        # A field that is null is absent: a parquet table of both layouts has every column in every row.
+        if record.get("messages") is not None:
             raw, turns = record["messages"], "all"
-        elif "prompt" in record and "completion" in record:
+        elif record.get("prompt") is not None and record.get("completion") is not None:
             prompt, completion = record["prompt"], record["completion"]
             empty = prompt == [] and completion == []
             if (
@@ -185,8 +187,13 @@ class ChatSample:
             messages, tools = _checked_conversation(raw, record.get("tools"), where)
             if turns == "last" and messages[-1]["role"] != "assistant":
                 raise DataError(f"{where}: the completion must be an assistant message")
-            if turns == "all" and not any(m["role"] == "assistant" for m in messages):
-                raise DataError(f"{where}: the conversation has no assistant message to learn")
+            if turns == "last" and not _learned(messages[-1]):
+                raise DataError(f"{where}: the completion has weight 0, so there is nothing to learn")
+            if turns == "all" and not any(_learned(m) for m in messages):
+                raise DataError(
+                    f"{where}: the conversation has no assistant message to learn"
+                    + (" (every one has weight 0)" if any(m["role"] == "assistant" for m in messages) else "")
+                )
         sample = cls(messages=messages, tools=tools, train_turns=turns, **ids)  # type: ignore[arg-type]
         for name in ("reward", "final_reward"):
             value = record.get(name)
@@ -222,7 +229,25 @@ def _checked_conversation(
         (converted,) = convert_to_openai_messages([{"prompt": messages, "request": {"functions": functions}}])
     except ValueError as exc:
         raise DataError(f"{where}: {exc}") from None
-    return [dict(m) for m in converted["messages"]], converted["tools"]  # type: ignore[return-value]
+    checked: List[Dict[str, Any]] = [dict(m) for m in converted["messages"]]
+    for index, (raw, message) in enumerate(zip(messages, checked, strict=True)):
+        if "weight" not in raw:
+            continue
+        weight = raw["weight"]
+        if message["role"] != "assistant":
+            raise DataError(f"{where}: message {index} ({message['role']}) has a weight; only assistant turns have one")
+        if isinstance(weight, bool) or weight not in (0, 1):
+            raise DataError(
+                f"{where}: message {index} has weight {weight!r}; it must be 0 (not learned) or 1 (learned)"
+            )
+        message["weight"] = int(weight)
+    return checked, converted["tools"]  # type: ignore[return-value]
+
+
+def _learned(message: Dict[str, Any]) -> bool:
+    """Whether ``message`` is an assistant turn to learn: one without ``"weight": 0`` (OpenAI's fine-tuning format
+    marks a turn that is context only, not a target, with it)."""
+    return message.get("role") == "assistant" and message.get("weight", 1) != 0
 
 
 def read_samples(path: Union[str, os.PathLike[str]]) -> List[ChatSample]:
@@ -507,12 +532,17 @@ def _segments(
             prefix of the next one), or fails.
     """
     full = _render(tokenizer, messages, tools, generation_prompt=False)
-    positions = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    positions = [i for i, m in enumerate(messages) if _learned(m)]
     if turns == "last":
         positions = positions[-1:] if positions and positions[-1] == len(messages) - 1 else []
     if not positions:
         raise ValueError("no assistant turn to learn")
+    from agentbolt.serving.chat_prompt import special_token_texts
+
+    # The end-of-turn token is the special token a turn ends with (only whitespace after it): the tokenizer's EOS
+    # token is not always it (Gemma ends turns with <end_of_turn>, Qwen base tokenizers with <|im_end|>).
     eos = getattr(tokenizer, "eos_token", None)
+    ends = tuple(sorted(special_token_texts(tokenizer) | ({eos} if isinstance(eos, str) and eos else set())))
     segments: List[Tuple[str, bool]] = []
     cursor = 0
     for index in positions:
@@ -522,7 +552,7 @@ def _segments(
             raise ValueError("the chat template does not render this conversation as a growing text")
         turn = through[len(before) :]
         stripped = turn.rstrip()
-        end = len(stripped) if eos and stripped.endswith(eos) else len(turn)
+        end = len(stripped) if ends and stripped.endswith(ends) else len(turn)
         segments.append((full[cursor : len(before)], False))
         segments.append((turn[:end], True))
         cursor = len(before) + end
@@ -540,10 +570,15 @@ def _tokenize_messages(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], L
     Raises:
         ValueError: The template does not render the conversation as a growing text, or changes such text.
     """
-    from agentbolt.serving.chat_prompt import encoder_for, unmark
+    from agentbolt.serving.chat_prompt import encoder_for, template_message, unmark
 
     encoder = encoder_for(tokenizer)
-    messages, tools = list(sample.messages or []), sample.tools
+    messages, tools = [], sample.tools
+    for index, message in enumerate(sample.messages or []):
+        try:  # the text agentbolt serve would prompt with
+            messages.append(template_message(message))
+        except ValueError as exc:
+            raise ValueError(f"message {index} ({message.get('role')}): {exc}") from None
     marking = encoder.mark_client_text([messages, tools])
     markers = None
     if marking is not None:
@@ -619,7 +654,9 @@ def tokenize_sample(
         try:
             ids, mask = _tokenize_messages(tokenizer, sample)
         except Exception as exc:  # jinja errors on odd messages, or a template that rewrites history
-            logger.warning("A sample is skipped: its messages cannot be rendered for training (%s)", exc)
+            logger.warning(
+                "%s is skipped: its messages cannot be rendered for training (%s)", where[:1].upper() + where[1:], exc
+            )
             stats.unusable = 1
             return None, stats
         stats.from_messages = 1
@@ -703,7 +740,7 @@ def iter_jsonl(path: Union[str, os.PathLike[str]]) -> Iterator[Tuple[int, Any]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:

@@ -48,6 +48,7 @@ from typing import (
     Literal,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "ExportWriteError",
     "atomic_output",
     "export_store",
+    "iter_located_records",
     "iter_records",
     "open_store",
     "read_records",
@@ -453,13 +455,13 @@ def _flush_to_disk(handle: Any) -> None:
 
 
 def resolve_format(path: Union[str, os.PathLike[str]], format: Optional[str] = None) -> str:
-    """``format``, else ``parquet`` for a ``.parquet`` file and ``jsonl`` otherwise.
+    """``format``, else ``parquet`` for a ``.parquet`` file (in any case: ``.PARQUET``) and ``jsonl`` otherwise.
 
     Raises:
         ValueError: An unknown format.
         ImportError: Parquet without pyarrow.
     """
-    chosen = format or ("parquet" if Path(path).suffix == ".parquet" else "jsonl")
+    chosen = format or ("parquet" if Path(path).suffix.lower() == ".parquet" else "jsonl")
     if chosen not in ("jsonl", "parquet"):
         raise ValueError(f"unknown format {chosen!r}; expected jsonl or parquet")
     if chosen == "parquet":
@@ -570,24 +572,61 @@ def read_records(path: Union[str, os.PathLike[str]]) -> List[Dict[str, Any]]:
     """Read records written by :func:`write_records` (JSONL or parquet, by suffix).
 
     Raises:
-        agentbolt.algorithm.sft.data.DataError: The file is missing or a JSONL line is not JSON.
+        agentbolt.algorithm.sft.data.DataError: The file is missing, a JSONL line is not JSON, or a parquet file
+            cannot be read as one; the message names the file.
     """
-    from agentbolt.algorithm.sft.data import DataError, iter_jsonl
+    return [record for _, record in iter_located_records(path)]
+
+
+def iter_located_records(path: Union[str, os.PathLike[str]]) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """``(where, record)`` of each record of a JSONL or parquet file (by suffix, in any case): ``where`` names the
+    record for errors, ``"chat.jsonl:7"`` (its line; blank lines are skipped) or ``"chat.parquet row 7"``.
+
+    Raises:
+        agentbolt.algorithm.sft.data.DataError: As :func:`read_records`.
+    """
+    from agentbolt.algorithm.sft.data import iter_jsonl
 
     path = Path(path)
     if resolve_format(path) == "jsonl":
-        return [record for _, record in iter_jsonl(path)]
+        for number, record in iter_jsonl(path):
+            yield f"{path}:{number}", record
+        return
+    for number, record in enumerate(_parquet_rows(path), start=1):
+        yield f"{path} row {number}", record
+
+
+def _parquet_rows(path: Path) -> List[Dict[str, Any]]:
+    """The rows of a parquet file, its JSON-text columns decoded (see the module docstring).
+
+    Raises:
+        agentbolt.algorithm.sft.data.DataError: The file is missing, not parquet, or a JSON column holds other text.
+    """
+    from agentbolt.algorithm.sft.data import DataError
+
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     pa = _pyarrow()
-    table = pa.parquet.read_table(str(path))
+    try:
+        table = pa.parquet.read_table(str(path))
+    except (pa.ArrowException, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{path}: not a readable parquet file ({reason})") from None
     metadata = table.schema.metadata or {}
-    json_columns = set(json.loads(metadata.get(_JSON_COLUMNS_KEY, b"[]")))
+    try:
+        json_columns = set(json.loads(metadata.get(_JSON_COLUMNS_KEY, b"[]")))
+    except (ValueError, TypeError):
+        raise DataError(f"{path}: its {_JSON_COLUMNS_KEY.decode()} metadata is not a JSON list") from None
     records = []
-    for row in table.to_pylist():
+    for number, row in enumerate(table.to_pylist(), start=1):
         record = {}
         for name, value in row.items():
-            record[name] = json.loads(value) if name in json_columns and isinstance(value, str) else value
+            if name in json_columns and isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise DataError(f"{path} row {number}: column {name!r} does not hold JSON text") from None
+            record[name] = value
         records.append(record)
     return records
 

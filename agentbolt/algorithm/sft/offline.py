@@ -85,12 +85,13 @@ def load_chat_samples(data: ChatData) -> List[ChatSample]:
     """Chat samples from a JSONL or parquet file, or a list of records / samples.
 
     Raises:
-        DataError: A missing file, a bad line or record (named), or no sample at all.
+        DataError: A missing or unreadable file, a bad record (named by its file and line, ``chat.jsonl:7``, or
+            parquet row, ``chat.parquet row 7``; in a list, ``record 7``), or no sample at all.
     """
-    from agentbolt.algorithm.sft.export import read_records, samples_from_records
+    from agentbolt.algorithm.sft.export import iter_located_records
 
     if isinstance(data, (str, os.PathLike)):
-        samples = samples_from_records(read_records(data), str(data))
+        samples = [ChatSample.from_record(record, where) for where, record in iter_located_records(data)]
         where = str(data)
     else:
         samples = [
@@ -245,7 +246,8 @@ def train_from_messages(
             ``overlong``, ``checkpoint_interval`` (in optimizer steps), ``min_reward``/``top_k``... apply.
         val_data: Held-out chat data; its mean NLL per target token is measured before and after training.
         merge: Also save (and return) the model with the LoRA weights merged into it.
-        stop_after: Take at most this many optimizer steps now (call again with the same ``output_dir`` to resume).
+        stop_after: Take at most this many optimizer steps now (call again with the same ``output_dir`` to resume);
+            0 takes none (the data is read and checked, the model loaded).
         **overrides: :class:`SFTConfig` fields overriding ``config`` (``data="messages"``, ``epochs=3``...).
 
     Returns:
@@ -259,6 +261,7 @@ def train_from_messages(
         CheckpointError: A checkpoint in ``output_dir`` is corrupt, does not fit this model and configuration, or
             was trained on other data (a resumed run must see the same samples).
         TypeError: No chat data.
+        ValueError: ``stop_after`` is negative or not an integer.
 
     Example:
         >>> from agentbolt.algorithm.sft import train_from_messages
@@ -269,10 +272,17 @@ def train_from_messages(
     """
     if source is None:
         source = _chat_data_by_keyword(overrides)
+    _check_stop_after(stop_after)
     settings = _config(config, overrides)
     samples = load_chat_samples(source)
     val_samples = load_chat_samples(val_data) if val_data is not None else None
     return _train(samples, settings, model, tokenizer, output_dir, val_samples, merge, stop_after)
+
+
+def _check_stop_after(stop_after: Optional[int]) -> None:
+    """Refuse a ``stop_after`` that is not None or a whole number of optimizer steps (0 or more)."""
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 0):
+        raise ValueError(f"stop_after must be None or a number of optimizer steps (0 or more), got {stop_after!r}")
 
 
 def _chat_data_by_keyword(overrides: Dict[str, Any]) -> ChatData:
@@ -332,6 +342,7 @@ def train_from_store(
     """
     from agentbolt.algorithm.sft.export import ExportFilter, close_store, open_store, store_samples
 
+    _check_stop_after(stop_after)
     settings = _config(config, overrides)
     chosen = _store_filter(filters or ExportFilter(), settings)
     student_prompt = load_student_prompt(settings.student_prompt)

@@ -173,3 +173,13 @@ def test_console_shows_a_progress_bar_and_a_line_per_optimizer_step(
     lines: List[str] = [line for line in out.splitlines() if "step " in line and "loss" in line]
     assert len(lines) == 4 and "step 4: loss" in lines[-1]
     assert "SFT" in out and "4/4" in out
+
+
+@pytest.mark.parametrize("stop_after", [-1, 1.5, True])
+def test_a_stop_after_that_is_no_number_of_steps_is_refused_naming_it(
+    tmp_path: Path, tiny_model_dir: Path, stop_after: Any
+) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    with pytest.raises(ValueError, match=rf"stop_after must be None or a number of optimizer steps .*got {stop_after}"):
+        train_from_messages(data, model=str(tiny_model_dir), output_dir=tmp_path / "out", stop_after=stop_after)
+    assert not (tmp_path / "out").exists()
