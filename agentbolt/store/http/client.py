@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 import aiohttp
+import yarl
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.env_var import API_KEY_ENV_VAR
@@ -239,7 +240,11 @@ class LightningStoreClient(LightningStore):
             kwargs["params"] = params
         if not isinstance(timeout, Unset):
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=self._connection_timeout)
-        async with session.request(method, self.server_address + path, **kwargs) as response:
+        url: Any = self.server_address + path
+        if "%2E" in path:
+            # An id "." or "..": as sent, without the normalization that would make it step out of the path.
+            url = yarl.URL(url, encoded=True)
+        async with session.request(method, url, **kwargs) as response:
             payload = await response.read()
             if response.status >= 400:
                 raise error_from_response(response, payload)
@@ -393,7 +398,7 @@ class LightningStoreClient(LightningStore):
             if route.verb == "GET" and values[name] in ROUTE_WORDS:
                 return None  # no stored id is a route word (see check_addressable_id); the path would name the route
             check_addressable_id(values[name], name)
-        path = route.path.format(**{name: quote(str(values.pop(name)), safe="") for name in route.path_params})
+        path = route.path.format(**{name: _path_segment(values.pop(name)) for name in route.path_params})
         if route.body_param is not None:
             payload: Any = values[route.body_param]
         elif route.bundled:
@@ -567,6 +572,13 @@ class LightningStoreClient(LightningStore):
             timeout=request_timeout,
         )
         return route.decode(raw)  # type: ignore[no-any-return]
+
+
+def _path_segment(value: Any) -> str:
+    """``value`` escaped as one path segment; the ids ``.`` and ``..`` too, which would otherwise name the current or
+    the parent folder of the path."""
+    segment = quote(str(value), safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def _query_params(payload: Any) -> Optional[List[Tuple[str, str]]]:

@@ -10,7 +10,7 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from agentbolt.store.dashboard import is_public_page
 from agentbolt.store.http.errors import error_body
@@ -19,7 +19,7 @@ from agentbolt.store.http.routes import API_V1_AGL_PREFIX, STORE_ID_HEADER
 if TYPE_CHECKING:
     from agentbolt.utils.metrics import MetricsBackend
 
-__all__ = ["GuardMiddleware", "MetricsMiddleware"]
+__all__ = ["GuardMiddleware", "MetricsMiddleware", "UNMATCHED_PATH_LABEL", "DASHBOARD_PAGE_LABEL"]
 
 logger = logging.getLogger("agentbolt.store.server")
 
@@ -130,6 +130,12 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+UNMATCHED_PATH_LABEL = "{unmatched}"
+"""Path label of requests to no route of the server (a 404): one label for them all."""
+DASHBOARD_PAGE_LABEL = "{dashboard_page}"
+"""Path label of the dashboard's pages, whose paths (``/rollouts/...``) are the page app's own."""
+
+
 def _templated_path(path: str) -> str:
     """Path label for metrics: ids replaced by their parameter names."""
     parts = path.split("/")
@@ -149,11 +155,40 @@ def _templated_path(path: str) -> str:
 
 
 class MetricsMiddleware:
-    """Records ``agl.http.total`` and ``agl.http.latency`` per templated path, method and status."""
+    """Records ``agl.http.total`` and ``agl.http.latency`` per templated path, method and status.
 
-    def __init__(self, app: Any, tracker: MetricsBackend) -> None:
+    The path label is a route's template (``/v1/agl/rollouts/{rollout_id}``), a mount's path followed by ``/``, or,
+    for any other path, :data:`DASHBOARD_PAGE_LABEL` or :data:`UNMATCHED_PATH_LABEL`: the labels a client can cause
+    are bounded by the server's routes, so requests to made-up paths never grow the metrics without end.
+
+    Args:
+        app: The wrapped ASGI app.
+        tracker: Where the metrics go.
+        route_paths: Templates of the server's routes.
+        mount_paths: Paths of the apps mounted on the server (``/v1/prometheus``).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        tracker: MetricsBackend,
+        route_paths: Iterable[str] = (),
+        mount_paths: Iterable[str] = (),
+    ) -> None:
         self.app = app
         self.tracker = tracker
+        self.route_paths = frozenset(route_paths)
+        self.mount_paths = tuple(mount_paths)
+
+    def path_label(self, path: str, raw_path: Optional[bytes] = None) -> str:
+        """The path label of a request to ``path`` (sent as ``raw_path``, whose escaped ``/`` stay within an id)."""
+        templated = _templated_path(raw_path.decode("latin-1") if raw_path else path)
+        if templated in self.route_paths:
+            return templated
+        for mount in self.mount_paths:
+            if path == mount or path.startswith(mount + "/"):
+                return mount + "/"
+        return DASHBOARD_PAGE_LABEL if is_public_page(path) else UNMATCHED_PATH_LABEL
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -177,7 +212,8 @@ class MetricsMiddleware:
             status = type(exc).__name__
             raise
         finally:
-            labels = {"path": _templated_path(scope["path"]), "method": scope["method"], "status": status}
+            path = self.path_label(scope["path"], scope.get("raw_path"))
+            labels = {"path": path, "method": scope["method"], "status": status}
             elapsed = time.perf_counter() - start
             try:
                 await self.tracker.inc_counter("agl.http.total", labels=labels)

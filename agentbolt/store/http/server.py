@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import Mount, Route
 
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities, forward_store_api
@@ -300,13 +301,35 @@ def _parse_query(query_string: bytes, model: Type[BodyT]) -> BodyT:
         raise RequestValidationError(errors) from exc
 
 
-def _route_body(route: StoreRoute, get_form: bool, body: bytes, query_string: bytes) -> Optional[BaseModel]:
+def _is_json_media_type(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+def _check_content_type(content_type: Optional[str], body: bytes) -> None:
+    """Refuse a body declared as something else than JSON (415).
+
+    A body without a ``Content-Type`` is read as JSON, as the reference does. One declared as text or a form is
+    refused: those are the types a web page may send to any address without the browser asking the server first,
+    so accepting them would let any page a user opens write to a store on the user's machine.
+    """
+    if content_type is not None and body.strip() and not _is_json_media_type(content_type):
+        raise HTTPException(
+            status_code=415,
+            detail=f"Unsupported Content-Type {content_type!r}: the body must be JSON sent as application/json",
+        )
+
+
+def _route_body(
+    route: StoreRoute, get_form: bool, body: bytes, query_string: bytes, content_type: Optional[str] = None
+) -> Optional[BaseModel]:
     """The validated body (or query) of a request to ``route``."""
     if route.body is None:
         return None
     if get_form or route.verb == "GET":
         parsed: BaseModel = _parse_query(query_string, route.body)
     else:
+        _check_content_type(content_type, body)
         parsed = _parse_body(body, route.body, optional=route.body_optional)
     if route.page_of is not None:
         _validate_pagination(parsed, route.page_of)  # type: ignore[arg-type]
@@ -316,11 +339,17 @@ def _route_body(route: StoreRoute, get_form: bool, body: bytes, query_string: by
 
 
 async def _answer(
-    route: StoreRoute, call: StoreCall, get_form: bool, path_values: Dict[str, str], body: bytes, query_string: bytes
+    route: StoreRoute,
+    call: StoreCall,
+    get_form: bool,
+    path_values: Dict[str, str],
+    body: bytes,
+    query_string: bytes,
+    content_type: Optional[str] = None,
 ) -> Response:
     """Serve one request to ``route``: validate, call the store, encode the answer (errors included)."""
     try:
-        parsed = _route_body(route, get_form, body, query_string)
+        parsed = _route_body(route, get_form, body, query_string, content_type)
         if route.serve is not None:
             content = await route.serve(call, path_values, parsed)
         else:
@@ -342,7 +371,9 @@ def _route_endpoint(route: StoreRoute, call: StoreCall, get_form: bool) -> Calla
 
     async def endpoint(request: Request) -> Response:
         body = await request.body()
-        return await _answer(route, call, get_form, request.path_params, body, request.scope["query_string"])
+        query_string = request.scope["query_string"]
+        content_type = request.headers.get("content-type")
+        return await _answer(route, call, get_form, request.path_params, body, query_string, content_type)
 
     endpoint.__name__ = route.store_method
     endpoint.__doc__ = f"``{route.store_method}`` of the served store."
@@ -417,7 +448,9 @@ class _StoreDispatcher:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        answering = _answer(route, self.call, get_form, path_values, b"".join(chunks), scope["query_string"])
+        content_type = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"), None)
+        body = b"".join(chunks)
+        answering = _answer(route, self.call, get_form, path_values, body, scope["query_string"], content_type)
         if route.path.startswith("/waits/"):
             response = await _unless_disconnected(answering, receive)
             if response is None:
@@ -591,7 +624,10 @@ def _install_metrics(app: FastAPI, tracker: MetricsBackend) -> None:
     route (the store dispatcher included)."""
     tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
     tracker.register_histogram("agl.http.latency", ["path", "method", "status"], buckets=LATENCY_BUCKETS, group_level=2)
-    app.add_middleware(MetricsMiddleware, tracker=tracker)
+    # Labels come from the routes registered so far (all of them: this runs last), never from the request alone.
+    route_paths = [route.path for route in app.routes if isinstance(route, Route) and ":" not in route.path]
+    mount_paths = [route.path for route in app.routes if isinstance(route, Mount)]
+    app.add_middleware(MetricsMiddleware, tracker=tracker, route_paths=route_paths, mount_paths=mount_paths)
 
 
 def _mount_prometheus(app: FastAPI) -> None:
