@@ -181,11 +181,13 @@ def check_run_directories(
 
     Raises:
         CheckpointError: ``checkpoint_dir`` cannot hold checkpoints, or holds another run's.
-        ValueError: A new run's ``log_dir`` holds another run's metrics.
+        ValueError: ``log_dir`` is an existing file, or a new run's ``log_dir`` holds another run's metrics.
     """
     from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, interrupted_run, latest_checkpoint
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
+    if log_dir is not None and Path(log_dir).exists() and not Path(log_dir).is_dir():
+        raise ValueError(f"log_dir {str(log_dir)!r} is a file; give a directory for the run's metrics")
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
     if checkpoint is None and not (resume and interrupted_run(checkpoint_dir, log_dir)):
         check_log_dir_unused(log_dir)

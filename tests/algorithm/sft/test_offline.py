@@ -183,3 +183,14 @@ def test_a_stop_after_that_is_no_number_of_steps_is_refused_naming_it(
     with pytest.raises(ValueError, match=rf"stop_after must be None or a number of optimizer steps .*got {stop_after}"):
         train_from_messages(data, model=str(tiny_model_dir), output_dir=tmp_path / "out", stop_after=stop_after)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_log_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    log_file = tmp_path / "logs"
+    log_file.write_text("not a directory\n")
+    with pytest.raises(ValueError, match=r"log_dir '.*logs' is a file"):
+        train_from_messages(
+            data, model=str(tmp_path / "no-such-model"), output_dir=tmp_path / "out", log_dir=str(log_file)
+        )
+    assert log_file.read_text() == "not a directory\n"
