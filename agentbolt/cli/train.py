@@ -22,12 +22,14 @@ Module paths are imported with the current directory on ``sys.path``; file paths
 from __future__ import annotations
 
 import asyncio
+import difflib
+import importlib.util
 import inspect
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -109,14 +111,57 @@ def load_run_config(path: Path) -> TrainRunConfig:
     try:
         return TrainRunConfig(**raw)
     except ValidationError as exc:
-        raise CliError(f"{path}: {_first_error(exc)}") from None
+        raise CliError(f"{path}: {_first_error(exc, TrainRunConfig)}") from None
 
 
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "config"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {error['msg']}{more}"
+def _field_path(loc: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """``loc`` without the union-member tags pydantic adds (``'list[str]'``, ``"literal['all-linear']"``)."""
+    return tuple(part for part in loc if isinstance(part, int) or str(part).isidentifier())
+
+
+def _names_at(model: Optional[Type[BaseModel]], loc: Tuple[Any, ...]) -> List[str]:
+    """The field names valid where ``loc``'s last part was given (``loc`` walks nested models of ``model``)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        annotation = field.annotation if field is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _first_error(
+    exc: ValidationError, model: Optional[Type[BaseModel]] = None, prefix: str = "", owner: str = ""
+) -> str:
+    """One line for the first field ``exc`` refuses: ``where: what is expected, got the value given``.
+
+    ``model`` is the validated class, whose field names are suggested for an unknown key (a misspelt one);
+    ``prefix`` is prepended to the field's path (``options``); ``owner`` names whose option an unknown key is not.
+    The messages of the config's own validators name the value themselves.
+    """
+    errors = exc.errors()
+    loc = _field_path(tuple(errors[0]["loc"]))
+    same = [e for e in errors if _field_path(tuple(e["loc"])) == loc]
+    fields = {_field_path(tuple(e["loc"])) for e in errors}
+    where = ".".join(str(part) for part in (prefix, *loc) if part != "")
+    head = f"{where}: " if where else ""
+    more = f" (and {len(fields) - 1} more)" if len(fields) > 1 else ""
+    first = same[0]
+    if first["type"] == "extra_forbidden":
+        key = str(loc[-1]) if loc else ""
+        close = difflib.get_close_matches(key, _names_at(model, loc), n=1, cutoff=0.75)
+        what = f"not an option of {owner}" if owner else "unknown key"
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{head}{first['msg']} ({what}{hint}){more}"
+    message = " or ".join(dict.fromkeys(str(e["msg"]).removeprefix("Value error, ") for e in same))
+    if first["type"] in ("missing", "value_error", "assertion_error") or not loc:
+        return f"{head}{message}{more}"
+    shown = _shown(first.get("input"))
+    got = f": {shown}" if ", got " in message else f", got {shown}"
+    return f"{head}{message}{got}{more}"
 
 
 def _import(reference: str, what: str) -> Any:
@@ -124,6 +169,30 @@ def _import(reference: str, what: str) -> Any:
         return import_reference(reference, what)
     except ImportReferenceError as exc:
         raise CliError(str(exc)) from None
+    except Exception as exc:  # the module itself fails: a SyntaxError, an exception at import time
+        module = reference.partition(":")[0]
+        raise CliError(f"{what} {reference!r}: importing {module} raised {_raised(exc)}") from None
+
+
+def _raised(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".replace("\n", " ")
+
+
+def _called(function: Any, reference: str, what: str) -> Any:
+    """``function()``, whose failure is the config's error (a factory of the agent or of the tasks)."""
+    try:
+        return function()
+    except Exception as exc:
+        raise CliError(f"{what} {reference!r}: calling it raised {_raised(exc)}") from None
+
+
+def _required_parameters(function: Any) -> List[str]:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): called without arguments
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.default is p.empty and p.kind in kinds]
 
 
 def _agent(reference: str) -> Any:
@@ -132,10 +201,16 @@ def _agent(reference: str) -> Any:
     agent = _import(reference, "agent")
     if isinstance(agent, LitAgent):
         return agent
-    if callable(agent) and not inspect.iscoroutinefunction(agent) and not inspect.signature(agent).parameters:
-        agent = agent()
+    expected = "a LitAgent, an @agl.rollout function or a factory of one"
+    if callable(agent) and not inspect.iscoroutinefunction(agent):
+        needed = _required_parameters(agent)
+        if needed:
+            raise CliError(
+                f"agent {reference!r} needs arguments ({', '.join(needed)}); give {expected} that takes none"
+            )
+        agent = _called(agent, reference, "agent")
     if not isinstance(agent, LitAgent):
-        raise CliError(f"agent {reference!r} is not a LitAgent, an @agl.rollout function or a factory of one")
+        raise CliError(f"agent {reference!r} is not {expected}, got {type(agent).__name__}")
     return agent
 
 
@@ -147,31 +222,49 @@ def _dataset(reference: Optional[str], base: Path, what: str) -> Optional[List[A
         raise CliError(f"data.{what}: {candidate} is a directory; give a .jsonl or .json file, or 'module:attribute'")
     if ":" not in reference and not candidate.exists():
         raise CliError(f"data.{what}: {candidate}: no such file (or write 'module:attribute' for tasks made in Python)")
+    source: Any = candidate
     if candidate.suffix in (".jsonl", ".json") or candidate.is_file():
         if not candidate.is_file():
             raise CliError(f"data.{what}: {candidate}: no such file")
         try:
-            if candidate.suffix == ".json":
-                items = json.loads(candidate.read_text(encoding="utf-8"))
-            else:
-                lines = candidate.read_text(encoding="utf-8").splitlines()
-                items = [json.loads(line) for line in lines if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise CliError(f"data.{what}: {candidate} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+            text = candidate.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise CliError(f"data.{what}: {candidate} is not UTF-8 text") from None
+        items = _json_tasks(text, candidate, what)
     else:
+        source = reference
         items = _import(reference, f"data.{what}")
         if callable(items):
-            if any(
-                p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                for p in inspect.signature(items).parameters.values()
-            ):
+            if _required_parameters(items):
                 raise CliError(f"data.{what}: {reference} is a function that needs arguments; give one that takes none")
-            items = items()
+            items = _called(items, reference, f"data.{what}")
     if not isinstance(items, (list, tuple)):
         raise CliError(f"data.{what}: expected a list of tasks, got {type(items).__name__}")
+    if not items:
+        raise CliError(f"data.{what}: {source} holds no tasks")
     return list(items)
+
+
+def _json_tasks(text: str, path: Path, what: str) -> Any:
+    """The tasks of a ``.json`` file (one JSON value) or of a JSON-lines file (one task a line, blank lines skipped).
+
+    Raises:
+        CliError: Not valid JSON; the message gives the line of the file at fault.
+    """
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"data.{what}: {path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise CliError(f"data.{what}: {path} is not valid JSON lines ({exc.msg}, line {number})") from None
+    return items
 
 
 def _store(config: RunnerConfig, base: Path) -> Any:
@@ -194,7 +287,8 @@ def train_command(
     resume: Optional[bool] = typer.Option(
         None,
         "--resume/--no-resume",
-        help="Continue from the latest checkpoint in options.checkpoint_dir (default: the algorithm's own default).",
+        help="Continue from the latest checkpoint in options.checkpoint_dir, or start a new run (default: the "
+        "config's options.resume, else the algorithm's default: resume for GRPO and SFT).",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show library logs (INFO)."),
 ) -> int:
@@ -205,27 +299,34 @@ def train_command(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     run = load_run_config(config)
+    _check_address(run.trainer)
     base = config.resolve().parent
     options = dict(run.options)
     if resume is not None:
         if resume and not options.get("checkpoint_dir"):
             raise CliError("--resume needs options.checkpoint_dir in the config")
         options["resume"] = resume
-    for key in ("checkpoint_dir", "log_dir", "adapter_dir"):
+    for key in ("checkpoint_dir", "log_dir", "adapter_dir", "init_adapter"):
         if isinstance(options.get(key), str):
             options[key] = str((base / options[key]).expanduser())
+    model = options.get("model")
+    if isinstance(model, str) and model and (base / model).expanduser().is_dir():  # a model directory near the file
+        options["model"] = str((base / model).expanduser())
+    algorithm_class = _algorithm_class(run.algorithm)
+    if algorithm_class is not None:
+        _check_options(algorithm_class, options)
     try:
         algorithm = build_algorithm(run.algorithm, options)
     except UnknownAlgorithmError as exc:
         raise CliError(f"algorithm: {exc}") from None
     except ValidationError as exc:
-        raise CliError(f"options.{_first_error(exc)}") from None
+        raise CliError(_first_error(exc, prefix="options")) from None
     except (TypeError, ValueError, ImportError) as exc:
         raise CliError(f"algorithm {run.algorithm!r}: {exc}") from None
     agent = _agent(run.agent)
     train = _dataset(run.data.train, base, "train")
     val = _dataset(run.data.val, base, "val")
-    _check_before_start(algorithm)
+    _check_before_start(algorithm, train)
     interrupted = _fit(algorithm, agent, train, val, run.trainer, base)
     if interrupted:
         print(f"agentbolt train: {_interruption(algorithm, config)}", file=sys.stderr)
@@ -239,27 +340,116 @@ def train_command(
     return 0
 
 
-def _check_before_start(algorithm: Any) -> None:
-    """Refuse what would otherwise fail only once the runners run: a model that cannot be found, a ``log_dir``
-    holding another run's metrics, a ``checkpoint_dir`` that cannot hold checkpoints, options the algorithm
-    refuses at its start.
+def _algorithm_class(name: str) -> Optional[Type[Any]]:
+    """The class registered as ``name`` when it trains a model's weights (GRPO, SFT), else None.
+
+    None too when the name is unknown or its module does not import: building the algorithm reports those.
+    """
+    from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm
+    from agentbolt.algorithm.registry import ALGORITHMS
+
+    factory = ALGORITHMS.get(name)
+    if isinstance(factory, str):
+        try:
+            factory = import_reference(factory, f"algorithm {name!r}")
+        except Exception:
+            return None
+    if isinstance(factory, type) and issubclass(factory, FinetuningAlgorithm):
+        return factory
+    return None
+
+
+def _check_options(algorithm_class: Type[Any], options: Dict[str, Any]) -> None:
+    """Validate ``options`` as the fields of the algorithm's config, as a config file can only give those.
+
+    The constructor's other arguments (a model object and its ``tokenizer``, an ``adapter``, a whole ``config``)
+    are Python objects: a config file that names them is refused rather than half used.
+
+    Raises:
+        CliError: The first option at fault, its value and what is valid (a close name for a misspelt key).
+    """
+    config_class = algorithm_class.config_class
+    try:
+        config_class.model_validate(options)
+    except ValidationError as exc:
+        raise CliError(_first_error(exc, config_class, "options", algorithm_class.__name__)) from None
+
+
+def _check_init_adapter(config: Any) -> None:
+    """Refuse an ``init_adapter`` that is not a PEFT adapter directory of the configured rank and alpha.
+
+    Raises:
+        CliError: No ``adapter_config.json`` in it, or another ``r`` / ``lora_alpha`` than ``lora_r`` / ``lora_alpha``.
+    """
+    if config.init_adapter is None:
+        return
+    settings = Path(config.init_adapter) / "adapter_config.json"
+    if not settings.is_file():
+        raise CliError(f"options.init_adapter: {config.init_adapter} holds no adapter_config.json (a PEFT adapter)")
+    try:
+        saved = json.loads(settings.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise CliError(f"options.init_adapter: cannot read {settings}: {exc}") from None
+    found = (saved.get("r"), saved.get("lora_alpha"))
+    if found != (config.lora_r, config.lora_alpha):
+        raise CliError(
+            f"options.init_adapter: {config.init_adapter} has rank {found[0]} and alpha {found[1]}, but lora_r is "
+            f"{config.lora_r} and lora_alpha {config.lora_alpha:g}: set them to the adapter's"
+        )
+
+
+def _check_metrics_sinks(config: Any) -> None:
+    """Refuse a metrics sink whose package is not installed (it would fail after the model loads).
+
+    Raises:
+        CliError: ``tensorboard`` without the ``tensorboard`` package, ``wandb_project`` without ``wandb``.
+    """
+    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise CliError("options.tensorboard: TensorBoard logging needs: pip install 'agentbolt[tensorboard]'")
+    if config.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+        raise CliError(
+            f"options.wandb_project: {config.wandb_project!r} needs Weights & Biases: pip install 'agentbolt[wandb]'"
+        )
+
+
+def _check_before_start(algorithm: Any, train: Optional[List[Any]]) -> None:
+    """Refuse what would otherwise fail only once the runners run: a model that cannot be found, no training tasks,
+    a device this machine does not have, a ``log_dir`` holding another run's metrics or that cannot be written, a
+    ``checkpoint_dir`` that cannot hold checkpoints, an ``init_adapter`` that is not one, a metrics sink that is not
+    installed, options the algorithm refuses at its start.
 
     Only an algorithm that trains a model's weights (GRPO, SFT) has these options; others pass unchecked.
 
     Raises:
         CliError: The option at fault and why (exit code 2).
     """
-    from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm, check_run_directories
-    from agentbolt.algorithm.finetuning.trainer import CheckpointError
+    from agentbolt.algorithm.finetuning.algorithm import (
+        FinetuningAlgorithm,
+        check_run_directories,
+        check_writable_dir,
+    )
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, resolve_device
     from agentbolt.models import DEFAULT_MODEL, ModelNotAvailableError, resolve_model
 
     if not isinstance(algorithm, FinetuningAlgorithm):
         return
     config = algorithm.config
+    if train is None and config.max_steps > 0:
+        raise CliError(f"data.train: {algorithm.title} needs training tasks (or options.max_steps: 0 to only validate)")
     try:
         algorithm._check_run()  # the hook every run calls first: options that cannot run
     except ValueError as exc:  # an ImportReferenceError too (a student_prompt that does not import)
         raise CliError(f"options: {exc}") from None
+    try:
+        resolve_device(config.device)
+    except ValueError as exc:
+        raise CliError(f"options.device: {exc}") from None
+    _check_init_adapter(config)
+    _check_metrics_sinks(config)
+    try:
+        check_writable_dir(config.adapter_dir, "adapter_dir")
+    except ValueError as exc:
+        raise CliError(f"options.{exc}") from None
     name = config.model or DEFAULT_MODEL
     try:
         resolved = resolve_model(name)
@@ -274,7 +464,8 @@ def _check_before_start(algorithm: Any) -> None:
     except CheckpointError as exc:
         raise CliError(f"options.checkpoint_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
     except ValueError as exc:
-        raise CliError(f"options.log_dir: {exc}".replace("(resume=True)", "(--resume)")) from None
+        message = str(exc) if str(exc).startswith("log_dir:") else f"log_dir: {exc}"
+        raise CliError(f"options.{message}".replace("(resume=True)", "(--resume)")) from None
 
 
 def _progress(algorithm: Any) -> Optional[Tuple[int, int, Optional[Path]]]:
@@ -350,6 +541,25 @@ def _close(store: Any) -> None:
         logger.warning("Could not close the store %s: %s", getattr(store, "path", store), exc)
 
 
+def _check_address(config: RunnerConfig) -> None:
+    """Refuse a store-server address nothing can listen on, before anything is built or written.
+
+    Raises:
+        CliError: ``trainer.port`` is taken, or ``trainer.host`` is not an address of this machine nor a name.
+    """
+    from agentbolt.utils.server_launcher import bind_socket
+
+    if config.strategy != "cs":
+        return
+    if config.port is not None:
+        check_port_free(config.host, config.port, "trainer.port")
+        return
+    try:
+        bind_socket(config.host, 0).close()
+    except OSError as exc:
+        raise CliError(f"trainer.host: cannot listen on {config.host!r}: {exc.strerror or exc}") from None
+
+
 def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig, base: Path) -> bool:
     """Run ``algorithm`` on ``agent`` with the runners ``config`` describes; True when Ctrl-C stopped it.
 
@@ -362,8 +572,6 @@ def _fit(algorithm: Any, agent: Any, train: Any, val: Any, config: RunnerConfig,
     from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
     from agentbolt.serving.server import find_free_port
 
-    if config.strategy == "cs" and config.port is not None:
-        check_port_free(config.host, config.port, "trainer.port")
     store = _store(config, base)
     try:
         tracer = agl.OtelTracer()

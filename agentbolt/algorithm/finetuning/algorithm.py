@@ -56,6 +56,7 @@ __all__ = [
     "RolloutOutcome",
     "TaskSampler",
     "check_run_directories",
+    "check_writable_dir",
     "forget_interrupted_log",
     "mean_std",
     "new_run_id",
@@ -181,19 +182,40 @@ def check_run_directories(
 
     Raises:
         CheckpointError: ``checkpoint_dir`` cannot hold checkpoints, or holds another run's.
-        ValueError: ``log_dir`` is an existing file, or a new run's ``log_dir`` holds another run's metrics.
+        ValueError: ``log_dir`` cannot be created or written (see :func:`check_writable_dir`), or a new run's
+            ``log_dir`` holds another run's metrics.
     """
     from agentbolt.algorithm.finetuning.trainer import check_checkpoint_dir, interrupted_run, latest_checkpoint
     from agentbolt.algorithm.grpo.metrics import check_log_dir_unused
 
-    if log_dir is not None and Path(log_dir).exists() and not Path(log_dir).is_dir():
-        raise ValueError(f"log_dir {str(log_dir)!r} is a file; give a directory for the run's metrics")
+    check_writable_dir(log_dir, "log_dir")
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir and resume else None
     if checkpoint is None and not (resume and interrupted_run(checkpoint_dir, log_dir)):
         check_log_dir_unused(log_dir)
     if checkpoint_dir:
         check_checkpoint_dir(checkpoint_dir, resume=resume)
     return checkpoint
+
+
+def check_writable_dir(path: Optional[str | os.PathLike[str]], option: str) -> None:
+    """Refuse a directory option that cannot be created or written, without creating it (None passes).
+
+    Raises:
+        ValueError: ``path`` is a file, lies under a file, or its nearest existing directory is not writable; the
+            message starts with ``option``.
+    """
+    if not path:
+        return
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{option}: {directory} is a file, not a directory")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option}: {directory} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: {directory} cannot be written: {existing} is not writable")
 
 
 def new_run_id(log_dir: Optional[str | os.PathLike[str]], algorithm: str) -> str:

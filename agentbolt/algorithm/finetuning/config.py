@@ -10,9 +10,10 @@ Each algorithm's config adds its own options and says how long its learning-rate
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Optional, Union
+import types
+from typing import Any, Dict, List, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT
 
@@ -179,6 +180,25 @@ class FinetuningConfig(BaseModel):
     console: bool = Field(default=True, description="Show a rich progress bar and per-step metrics.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard under log_dir.")
     wandb_project: Optional[str] = Field(default=None, description="Also log to this Weights & Biases project.")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """A boolean is not a count or an amount: ``max_steps: yes`` in a YAML file is a mistake, not one step."""
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+            if bool not in members and any(t in (int, float) for t in members):
+                kind = "an integer" if int in members else "a number"
+                raise ValueError(f"Input should be {kind}, not a boolean")
+        return value
+
+    @field_validator("policy_server_url")
+    @classmethod
+    def _http_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"policy_server_url must be an http:// or https:// URL (ending in /v1), got {value!r}")
+        return value
 
     @field_validator("lora_target_modules")
     @classmethod

@@ -92,3 +92,15 @@ def test_training_sampling_that_is_not_the_policys_distribution_is_refused(name:
 def test_sampling_parameters_that_leave_the_policys_distribution_unchanged_are_accepted() -> None:
     neutral = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_tokens": 32, "stop": ["\n"]}
     assert GRPOConfig(sampling_parameters=neutral).sampling_parameters == neutral
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_steps", True), ("learning_rate", False), ("threads", True)])
+def test_a_boolean_where_a_number_goes_is_refused(field: str, value: bool) -> None:
+    with pytest.raises(ValidationError, match="not a boolean"):
+        GRPOConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "not a url", "ftp://host/v1"])
+def test_a_policy_server_url_that_is_not_http_is_refused(url: str) -> None:
+    assert _refused_field(policy_server_url=url) == "policy_server_url"
+    assert GRPOConfig(policy_server_url="http://127.0.0.1:8000/v1").policy_server_url == "http://127.0.0.1:8000/v1"
