@@ -411,7 +411,9 @@ class TraceTree:
         """Build the tree of ``spans`` from their parent ids.
 
         Spans whose parent is missing hang under a virtual node standing for that parent; several roots hang under
-        a synthetic ``"virtual-root"`` node. Children keep the input order.
+        a synthetic ``"virtual-root"`` node. Children keep the input order. Spans whose parent links form a cycle
+        beside a root are kept: the cycle is cut above its first span (in input order), which becomes a root, with
+        a warning.
 
         Args:
             spans: The spans of one rollout (any order).
@@ -420,7 +422,7 @@ class TraceTree:
             The root node.
 
         Raises:
-            ValueError: If ``spans`` is empty or no span is a root (cyclic parent links).
+            ValueError: If ``spans`` is empty or no span is a root (every span is in or below a cycle).
         """
         if not spans:
             raise ValueError("No spans provided to create TraceTree.")
@@ -454,9 +456,36 @@ class TraceTree:
                 nodes[parent_id].add_child(node)
         if not roots:
             raise ValueError("No root span found: the spans' parent links form a cycle.")
+        roots.extend(cls._break_cycles(roots, ordered, nodes))
         if len(roots) == 1:
             return roots[0]
         return cls(VIRTUAL_ROOT_ID, _enclosing_span(VIRTUAL_ROOT_ID, VIRTUAL_ROOT_ID, roots), roots)
+
+    @staticmethod
+    def _break_cycles(roots: List[TraceTree], ordered: List[TraceTree], nodes: Dict[str, TraceTree]) -> List[TraceTree]:
+        """Make the spans whose parent links form a cycle reachable: each cycle is cut above its first span met
+        (in input order), which becomes an extra root. Returns those roots."""
+        reachable: Set[str] = {n.id for root in roots for n in root.traverse()}
+        extra: List[TraceTree] = []
+        for node in ordered:
+            if node.id in reachable:
+                continue
+            # Walk up from this node until a span repeats: that span is on the cycle.
+            seen: Set[str] = set()
+            current = node
+            while current.id not in seen:
+                seen.add(current.id)
+                current = nodes[str(current.span.parent_id)]
+            parent = nodes[str(current.span.parent_id)]
+            parent.children.remove(current)
+            logger.warning(
+                "The parent links of span %s (%s) form a cycle; it is kept as a root of the trace.",
+                current.id,
+                current.span.name,
+            )
+            extra.append(current)
+            reachable.update(n.id for n in current.traverse())
+        return extra
 
     def repair_hierarchy(self) -> None:
         """Re-attach top-level spans to the span that encloses them in time.

@@ -6,6 +6,7 @@ import functools
 import inspect
 import logging
 import math
+import numbers
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
@@ -31,10 +32,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 _REWARD_PREFIX = LightningSpanAttributes.REWARD.value
 
 
+def _is_scalar_number(value: Any) -> bool:
+    """A real number or a bool, including NumPy's scalars (``np.float32``, ``np.int64``, ``np.bool_``...)."""
+    if isinstance(value, numbers.Real):
+        return True
+    dtype = getattr(value, "dtype", None)  # NumPy's bool scalar is not registered as a number
+    return getattr(dtype, "kind", None) == "b" and getattr(value, "shape", None) == ()
+
+
 def _as_number(value: Any, what: str, error: type[Exception]) -> float:
-    if isinstance(value, (bool, int, float)):
+    if not _is_scalar_number(value):
+        raise error(f"{what} must be a number (int, float or bool), got {type(value).__name__}: {value!r}")
+    try:
         return float(value)
-    raise error(f"{what} must be a number (int, float or bool), got {type(value).__name__}: {value!r}")
+    except OverflowError as exc:
+        raise error(f"{what} is too large for a float: {value!r}") from exc
 
 
 def emit_reward(
@@ -47,7 +59,8 @@ def emit_reward(
     """Record a reward as an ``agentlightning.annotation`` span with ``agentlightning.reward.<i>.name/value``.
 
     Args:
-        reward: One number, or several named dimensions (``{"accuracy": 1.0, "length": 0.2}``).
+        reward: One number (an int, float or bool, NumPy scalars included; stored as a float), or several named
+            dimensions (``{"accuracy": 1.0, "length": 0.2}``).
         primary_key: With several dimensions, the one that is the reward (stored first).
         attributes: Extra span attributes.
         propagate: Send the span to the active tracer; False only builds the core fields.
@@ -56,7 +69,7 @@ def emit_reward(
         The span's core fields.
 
     Raises:
-        TypeError: A scalar reward is not a number.
+        TypeError: A scalar reward is not a number (or too large for a float).
         ValueError: A dimension is not a number or its name not a string, ``primary_key`` is missing / not a
             dimension, or ``attributes`` sets a key of the reward's own (under ``agentlightning.reward``).
         RuntimeError: No active tracer (with ``propagate=True``).

@@ -6,11 +6,13 @@ attributes (OpenTelemetry GenAI keys plus the token ids and logprobs agentbolt's
 the SDK or the gateway traced it.
 
 Streaming responses are wrapped: chunks pass through unchanged while content, tool-call fragments, usage, token
-ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails.
+ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails, or when the caller
+drops a stream it stopped reading (it then ends at the time of the last chunk read).
 
 ``client.chat.completions.with_raw_response.create(...)`` (what LangChain's ``ChatOpenAI`` calls) is recorded the same
 way: the response side is read from the raw response's JSON body, without parsing it for the caller; for a raw
-streaming response, the stream its ``parse()`` returns is the wrapped one.
+streaming response, the stream its ``parse()`` returns is the wrapped one. ``with_streaming_response`` too: its body is
+read when the call returns (httpx keeps it for the caller's ``parse()``).
 
 While instrumented, the SDK's default HTTP clients also share one TLS context per trust configuration. Building
 one parses the system CA bundle (~20 ms of CPU), and the SDK builds a fresh one for every ``OpenAI()`` /
@@ -29,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
+import inspect
 import logging
 import os
 import ssl
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
@@ -56,6 +61,14 @@ _originals: Dict[Tuple[type, str], Callable[..., Any]] = {}
 _ssl_lock = threading.Lock()
 _ssl_contexts: Dict[Tuple[Any, ...], ssl.SSLContext] = {}
 _tracer_cache: Optional[Tuple[Any, trace_api.Tracer]] = None
+
+
+_collection = threading.local()
+"""``running`` is True in a thread while the garbage collector runs in it (see :meth:`_StreamRecorder.__del__`)."""
+
+
+def _track_collection(phase: str, info: Dict[str, int]) -> None:
+    _collection.running = phase == "start"
 
 
 def _get_tracer() -> trace_api.Tracer:
@@ -121,13 +134,13 @@ def _set_attributes(span: trace_api.Span, attributes: Dict[str, Any]) -> None:
             setter(key, tuple(values))
 
 
-def _finish(span: trace_api.Span, response: _Response) -> None:
+def _finish(span: trace_api.Span, response: _Response, end_time: Optional[int] = None) -> None:
     try:
         _set_attributes(span, response.attributes())
     except Exception:  # attribute extraction must never break the caller
         logger.exception("Failed to record the chat completion response on the span")
     span.set_status(Status(StatusCode.OK))
-    span.end()
+    span.end(end_time=end_time)
 
 
 def _start_span(kwargs: Dict[str, Any]) -> trace_api.Span:
@@ -154,8 +167,9 @@ class _StreamRecorder:
         self._span = span
         self._response = _Response()
         self._ended = False
+        self._last_read_ns: Optional[int] = None
 
-    def _end(self, exc: Optional[BaseException] = None) -> None:
+    def _end(self, exc: Optional[BaseException] = None, end_time: Optional[int] = None) -> None:
         if self._ended:
             return
         self._ended = True
@@ -163,7 +177,27 @@ class _StreamRecorder:
             _set_attributes(self._span, self._response.attributes())
             _fail(self._span, exc)
         else:
-            _finish(self._span, self._response)
+            _finish(self._span, self._response, end_time)
+
+    def _received(self, chunk: Any) -> None:
+        self._last_read_ns = time.time_ns()
+        self._response.add_chunk(chunk)
+
+    def __del__(self) -> None:
+        # A caller that stops reading early (``break`` in its loop) and never closes the stream would otherwise leave
+        # the span open forever, and the call would be missing from the trace. It ends with what was received, at
+        # the time the last chunk arrived.
+        if self.__dict__.get("_ended", True):
+            return
+        self._ended = True
+        end = functools.partial(_finish, self._span, self._response, self.__dict__.get("_last_read_ns"))
+        with contextlib.suppress(Exception):  # never raise from a finalizer (e.g. during interpreter shutdown)
+            if getattr(_collection, "running", False):
+                # A garbage collection may start inside a span processor's locked section (at any allocation), and
+                # ending the span here would take that lock again: end it on a thread of its own.
+                threading.Thread(target=end, name="agentbolt-stream-end", daemon=True).start()
+            else:  # the caller dropped its last reference: a point of its own code
+                end()
 
     @contextlib.contextmanager
     def _reading(self, end_of_stream: Type[BaseException]) -> Iterator[None]:
@@ -192,7 +226,7 @@ class _TracedStream(_StreamRecorder):
     def __next__(self) -> Any:
         with self._reading(StopIteration):
             chunk = next(self._stream)
-        self._response.add_chunk(chunk)
+        self._received(chunk)
         return chunk
 
     def __enter__(self) -> _TracedStream:
@@ -218,7 +252,7 @@ class _AsyncTracedStream(_StreamRecorder):
     async def __anext__(self) -> Any:
         with self._reading(StopAsyncIteration):
             chunk = await self._stream.__anext__()
-        self._response.add_chunk(chunk)
+        self._received(chunk)
         return chunk
 
     async def __aenter__(self) -> _AsyncTracedStream:
@@ -249,32 +283,67 @@ def _is_raw_response(result: Any) -> bool:
 
 
 def _record_raw(raw: Any, span: trace_api.Span, streaming: bool, wrapper: Callable[[Any, trace_api.Span], Any]) -> None:
-    """Record a ``with_raw_response`` result on ``span`` and end it (or hand it to the stream wrapper).
+    """Record a ``with_raw_response`` / ``with_streaming_response`` result on ``span`` and end it (or hand it to the
+    stream wrapper).
 
-    A complete response's body has already been read by the SDK: its JSON is recorded as it is, so the caller's own
+    A complete response's body is read (``with_raw_response`` has read it already; ``with_streaming_response`` reads
+    it on demand, and reading it here keeps it for the caller) and its JSON is recorded as it is, so the caller's own
     ``parse()`` is untouched. For a stream, the SDK's ``parse()`` returns the same stream object on every call (it
-    caches it per target type); the wrapped stream is put in that cache, so the caller iterates the wrapper.
+    caches it per target type); the wrapped stream is put in that cache, so the caller iterates the wrapper. Async
+    responses must have been prepared by :func:`_read_raw_async` first.
     """
     if streaming:
         cache = getattr(raw, "_parsed_by_type", None)
         cast_to = getattr(raw, "_cast_to", None)
         if isinstance(cache, dict) and cast_to is not None:
-            try:
-                stream = raw.parse()
-            except Exception as exc:
-                _fail(span, exc)
-                return
+            stream = cache.get(cast_to)
+            if stream is None and not inspect.iscoroutinefunction(getattr(raw, "parse", None)):
+                try:
+                    stream = raw.parse()
+                except Exception as exc:
+                    _fail(span, exc)
+                    return
             if _is_stream(stream):
                 cache[cast_to] = wrapper(stream, span)
                 return
         logger.debug("Cannot follow a raw streaming response of this SDK version; recording the request only")
         _finish(span, _Response())
         return
+    http_response = raw.http_response
     try:
-        body = raw.http_response.json()
-    except Exception:  # an unread or non-JSON body: the caller's parse() will report it
+        http_response.read()  # returns the kept body when it has been read already
+    except Exception as exc:  # the body could not be received: the call failed
+        _fail(span, exc)
+        return
+    try:
+        body = http_response.json()
+    except Exception:  # a non-JSON body: the caller's parse() will report it
         body = None
     _finish(span, _Response.from_completion(body) if isinstance(body, dict) else _Response())
+
+
+async def _read_raw_async(raw: Any, span: trace_api.Span, streaming: bool) -> bool:
+    """Receive what recording an async ``with_streaming_response`` result needs before :func:`_record_raw` runs.
+
+    Its ``parse()`` and body reads are coroutines: the body of a complete response is read (httpx keeps it for the
+    caller), and a stream is parsed once (the SDK caches it for the caller's own ``parse()``).
+
+    Returns:
+        False when receiving failed (the span has been ended as failed).
+    """
+    try:
+        if streaming:
+            parse = getattr(raw, "parse", None)
+            if inspect.iscoroutinefunction(parse):
+                await parse()
+        else:
+            aread = getattr(raw.http_response, "aread", None)
+            if inspect.iscoroutinefunction(aread):
+                await aread()
+    except Exception as exc:
+        _fail(span, exc)
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -323,6 +392,11 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
         span = _start_span(kwargs)
         with _call_in_span(span):
             result = await original(self, *args, **kwargs)
+        received = not (span.is_recording() and _is_raw_response(result)) or await _read_raw_async(
+            result, span, bool(kwargs.get("stream"))
+        )
+        if not received:  # the span has been ended as failed; the caller's own reads will report the error
+            return result
         return _hand_over(span, result, kwargs, _AsyncTracedStream)
 
     create.__agentbolt_original__ = original  # type: ignore[attr-defined]
@@ -399,6 +473,8 @@ def instrument_openai() -> None:
             original = getattr(cls, name)
             _originals[(cls, name)] = original
             setattr(cls, name, wrap(original))
+        if _track_collection not in gc.callbacks:
+            gc.callbacks.append(_track_collection)
     logger.debug("OpenAI chat completions instrumented")
 
 

@@ -157,6 +157,22 @@ def test_tree_helpers_and_errors() -> None:
         TraceTree.from_spans(cyclic)
 
 
+def test_spans_in_a_parent_cycle_beside_a_root_are_kept(caplog: pytest.LogCaptureFixture) -> None:
+    f = SpanFactory()
+    root = f.span("rollout", 0, 10)
+    a = f.agent("solver", 1, 4, span_id="aaaaaaaaaaaaaaaa", parent_id="bbbbbbbbbbbbbbbb")
+    b = f.span("b", 1, 5, span_id="bbbbbbbbbbbbbbbb", parent_id="aaaaaaaaaaaaaaaa")
+    call = f.llm_call(2, 3, parent=a, response_id="r1", prompt_token_ids=[1], response_token_ids=[2])
+    reward = f.reward(1.0, 6, parent=root)
+    with caplog.at_level("WARNING", logger="agentbolt.adapter.triplet"):
+        tree = TraceTree.from_spans([root, a, b, call, reward])
+    assert {node.id for node in tree.traverse()} >= {s.span_id for s in (root, a, b, call, reward)}
+    assert "form a cycle" in caplog.text and a.span_id in caplog.text
+    [triplet] = TracerTraceToTriplet().adapt([root, a, b, call, reward])
+    assert triplet.metadata["response_id"] == "r1" and triplet.metadata["agent_name"] == "solver"
+    assert triplet.reward == 1.0
+
+
 @pytest.mark.parametrize(
     ("name", "attributes", "expected"),
     [

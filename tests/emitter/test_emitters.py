@@ -98,6 +98,20 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
     assert training_reward(spans[:1], "ro-2") == 0.25
 
 
+def test_numpy_scalar_rewards_are_numbers(tracer: OtelTracer) -> None:
+    np = pytest.importorskip("numpy")
+    emit_reward(np.int64(3))
+    emit_reward(np.float32(0.5))
+    emit_reward(np.bool_(True))
+    emit_reward({"accuracy": np.float64(0.25), "solved": np.bool_(False)}, primary_key="accuracy")
+    spans = spans_of(tracer)
+    assert [get_reward_value(span) for span in spans] == [3.0, 0.5, 1.0, 0.25]
+    assert [type(span.attributes["agentlightning.reward.0.value"]) for span in spans] == [float] * 4
+    assert get_rewards_from_span(spans[3])[1].value == 0.0
+    with pytest.raises(TypeError):
+        emit_reward(np.array([1.0, 2.0]))  # not a scalar
+
+
 @pytest.mark.parametrize(
     ("value", "kwargs", "error"),
     [
@@ -109,6 +123,8 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
         ({1: 1.0}, {"primary_key": 1}, ValueError),  # later reads of the span would fail on the name
         (0.0, {"attributes": {"agentlightning.reward.0.value": 9.0}}, ValueError),  # would replace the reward
         (1.0, {"attributes": {"agentlightning.reward": 5}}, ValueError),
+        pytest.param(10**400, {}, TypeError, id="int-too-large-for-a-float"),
+        pytest.param({"a": 10**400}, {"primary_key": "a"}, ValueError, id="dimension-too-large-for-a-float"),
     ],
 )
 def test_bad_rewards_are_rejected(tracer: OtelTracer, value: Any, kwargs: Any, error: type) -> None:

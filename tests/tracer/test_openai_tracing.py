@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import threading
 from typing import Any, AsyncIterator, Dict, Iterator, List, Sequence, Tuple
 
 import openai
@@ -403,3 +405,120 @@ def test_uninstrumented_clients_build_their_own_tls_context(server: FakeOpenAISe
     first = openai.OpenAI(base_url=server.base_url, api_key="test")
     second = openai.OpenAI(base_url=server.base_url, api_key="test")
     assert _tls_context(first) is not _tls_context(second)
+
+
+async def test_stream_abandoned_without_closing_still_ends_the_span(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    received: List[str] = []
+
+    def call() -> None:
+        stream = client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "stop reading early"}], stream=True
+        )
+        for chunk in stream:
+            received.append(chunk.choices[0].delta.content or "")
+            if len(received) == 2:
+                break  # neither exhausted nor closed: the caller just drops the stream
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert span.status.status_code == "OK"
+    assert span.attributes["gen_ai.prompt.0.content"] == "stop reading early"
+    assert span.attributes["gen_ai.completion.0.content"] == "".join(received) == "Echo:"
+    assert span.end_time is not None and span.start_time is not None and span.end_time >= span.start_time
+
+
+async def test_stream_abandoned_in_a_reference_cycle_ends_its_span_when_collected(
+    traced: Any, server: FakeOpenAIServer
+) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+
+    def call() -> None:
+        holder: Dict[str, Any] = {}
+        holder["itself"] = holder  # only the garbage collector frees what the holder keeps
+        holder["stream"] = client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "kept in a cycle"}], stream=True
+        )
+        next(iter(holder["stream"]))
+        del holder
+        gc.collect()  # the span is ended on a thread of its own, not inside the collection
+        for thread in threading.enumerate():
+            if thread.name == "agentbolt-stream-end":
+                thread.join(timeout=10)
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert span.status.status_code == "OK"
+    assert span.attributes["gen_ai.prompt.0.content"] == "kept in a cycle"
+
+
+async def test_async_stream_abandoned_without_closing_still_ends_the_span(
+    traced: Any, server: FakeOpenAIServer
+) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+    async def call() -> None:
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "first chunk only"}], stream=True
+        )
+        async for _ in stream:
+            break
+        await stream.response.aclose()  # what the caller does with the connection; the SDK stream stays open
+
+    (span,) = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert span.attributes["gen_ai.prompt.0.content"] == "first chunk only"
+    assert span.status.status_code == "OK"
+
+
+async def test_streaming_response_helper_records_the_response(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "user", "content": "find cats"}]
+    parsed: List[Any] = []
+    streamed: List[str] = []
+
+    def call() -> None:
+        with client.chat.completions.with_streaming_response.create(
+            model="fake-model", messages=messages, tools=TOOLS
+        ) as response:
+            parsed.append(response.parse())
+        with client.chat.completions.with_streaming_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "streamed"}], stream=True
+        ) as response:
+            for chunk in response.parse():
+                streamed.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+
+    spans = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert len(spans) == 2
+    attrs = spans[0].attributes
+    assert attrs["gen_ai.response.id"] == parsed[0].id
+    assert attrs["gen_ai.completion.0.tool_calls.0.id"] == parsed[0].choices[0].message.tool_calls[0].id
+    assert list(attrs["response_token_ids"]) == tokenize(json.dumps({"query": "find cats"}))
+    assert "".join(streamed) == "Echo: streamed"
+    assert spans[1].attributes["gen_ai.completion.0.content"] == "Echo: streamed"
+    [first, second] = TracerTraceToTriplet().adapt(await store.query_spans(rollout.rollout_id))
+    assert first.prompt["token_ids"] == prompt_ids(messages)
+    assert second.response["token_ids"] == tokenize("Echo: streamed")
+
+
+async def test_async_streaming_response_helper_records_the_response(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+    texts: List[str] = []
+
+    async def call() -> None:
+        async with client.chat.completions.with_streaming_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "plain"}]
+        ) as response:
+            texts.append((await response.parse()).choices[0].message.content or "")
+        async with client.chat.completions.with_streaming_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "streamed"}], stream=True
+        ) as response:
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in await response.parse() if chunk.choices]
+            texts.append("".join(pieces))
+
+    spans = llm_spans(await run_traced(tracer, store, rollout, call))
+    assert texts == ["Echo: plain", "Echo: streamed"]
+    assert [span.attributes.get("gen_ai.completion.0.content") for span in spans] == texts
+    assert all(span.attributes.get("response_token_ids") for span in spans)
