@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, TypedDict
 
 from agentbolt.store.base import LightningStore
@@ -273,7 +274,7 @@ class LLMProxy:
         finished, before it reads their spans.
 
         Args:
-            timeout: Seconds to wait at most.
+            timeout: Seconds to wait at most (``math.inf``: until every span is written).
 
         Returns:
             True when every such span was written (or given up: rejected by the store, or dropped while the buffer
@@ -282,12 +283,14 @@ class LLMProxy:
             (one request reaches only one of them). True at once when the proxy is not running.
 
         Raises:
-            ValueError: ``timeout`` is negative.
+            ValueError: ``timeout`` is negative (or NaN).
         """
         import aiohttp
 
-        if timeout < 0:
+        if not timeout >= 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        # JSON has no infinity: the gateway reads a null timeout as "no limit".
+        limit = None if math.isinf(timeout) else timeout
         if not self.is_running():
             return True
         if self.server_launcher_args.n_workers > 1:
@@ -298,8 +301,10 @@ class LLMProxy:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout + 10.0)) as session,
-                session.post(f"{self.endpoint}/flush", json={"timeout": timeout}, headers=headers) as answer,
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=None if limit is None else limit + 10.0)
+                ) as session,
+                session.post(f"{self.endpoint}/flush", json={"timeout": limit}, headers=headers) as answer,
             ):
                 body = await answer.read()
                 if answer.status != 200:

@@ -326,6 +326,12 @@ def _complete_events(buffer: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
+def _ended(event: bytes) -> bytes:
+    """``event``, the last of a stream, with the blank line that ends a server-sent event (clients drop an event
+    without it, and an error event sent after it would be read as part of it)."""
+    return event + (b"\n" if event.endswith(b"\n") else b"\n\n")
+
+
 def _anthropic_error(status: int, message: str) -> Response:
     """An error response in Anthropic's shape."""
     return Response(anthropic.anthropic_error_body(status, message), status_code=status, media_type=_JSON)
@@ -349,25 +355,82 @@ def _translatable_error_event(error: GatewayError) -> bytes:
     return b"data: " + error.to_body(http_status=error.status_code) + b"\n\n"
 
 
-async def _translated(chunks: AsyncIterator[Any], translator: anthropic.ChatStreamTranslator) -> AsyncIterator[bytes]:
-    """A chat completion stream as a Messages event stream; a chunk it cannot translate ends it with an error event."""
-    try:
-        async for chunk in chunks:
-            try:
-                out = translator.feed(chunk if isinstance(chunk, bytes) else str(chunk).encode())
-            except (TypeError, ValueError, AttributeError, KeyError) as exc:
-                logger.warning("The backend's stream cannot be translated to the Messages API: %r", exc)
-                yield anthropic.anthropic_error_event(
-                    502, f"The backend sent a stream event that is not a chat chunk: {exc}"
-                )
-                return
-            if out:
-                yield out
-        tail = translator.close()
-        if tail:
-            yield tail
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+_TRANSLATION_ERRORS = (TypeError, ValueError, AttributeError, KeyError)
+"""What translating a backend's answer that is not a chat completion (or a stream event that is not a chunk) raises."""
+
+
+@dataclass
+class _MessagesTranslation:
+    """How the chat answer to a ``/v1/messages`` call becomes the Messages answer its client asked for.
+
+    Translating happens before the call is recorded: an answer the client cannot be given (a 502 instead) is
+    recorded as failed, not as a sample the agent saw.
+    """
+
+    model: str
+    stop_sequences: List[str]
+
+    def answer(self, completion: Dict[str, Any]) -> bytes:
+        """The Messages response for a complete chat answer.
+
+        Raises:
+            GatewayError: 502 when ``completion`` is not a chat completion the translation can read.
+        """
+        try:
+            return orjson.dumps(anthropic.chat_to_message(completion, self.model, self.stop_sequences))
+        except _TRANSLATION_ERRORS as exc:
+            raise GatewayError(
+                502,
+                f"The backend's answer is not a chat completion the gateway can translate: {exc}",
+                "upstream_malformed_response",
+            ) from exc
+
+    def stream(self) -> _StreamTranslation:
+        """A translator for one streamed answer."""
+        return _StreamTranslation(anthropic.ChatStreamTranslator(self.model, self.stop_sequences))
+
+
+class _StreamTranslation:
+    """A chat completion stream turned into a Messages event stream, as the relay forwards it."""
+
+    def __init__(self, translator: anthropic.ChatStreamTranslator) -> None:
+        self._translator = translator
+
+    def feed(self, events: bytes) -> bytes:
+        """The Messages events for complete chat ``events``.
+
+        Raises:
+            GatewayError: 502 when an event is not a chat chunk the translation can read.
+        """
+        try:
+            return self._translator.feed(events)
+        except _TRANSLATION_ERRORS as exc:
+            raise GatewayError(
+                502, f"The backend sent a stream event that is not a chat chunk: {exc}", "upstream_malformed_response"
+            ) from exc
+
+    def close(self) -> bytes:
+        """The events still owed once the chat stream ended (see :meth:`ChatStreamTranslator.close`).
+
+        Raises:
+            GatewayError: 502 when the stream's last event is not a chat chunk the translation can read.
+        """
+        try:
+            return self._translator.close()
+        except _TRANSLATION_ERRORS as exc:
+            raise GatewayError(
+                502, f"The backend sent a stream event that is not a chat chunk: {exc}", "upstream_malformed_response"
+            ) from exc
+
+    def fail(self, error: GatewayError, partial: bytes) -> bytes:
+        """The events ending a stream broken by ``error``: ``partial`` (the lines of an event whose blank line never
+        came) if it translates, then Anthropic's ``error`` event (nothing once the message was complete)."""
+        out = b""
+        if partial:
+            with contextlib.suppress(GatewayError):
+                out = self.feed(partial)
+        # Once an error event is fed the translator is finished and translates nothing more: these cannot fail.
+        return out + self._translator.feed(_translatable_error_event(error)) + self._translator.close()
 
 
 @dataclass
@@ -541,7 +604,8 @@ class _Handler:
         try:
             candidates = gateway.router.candidates(model)
         except UnknownModelError as exc:
-            return _error_response(GatewayError(404, str(exc), "model_not_found"), available_models=exc.available)
+            error = ApiError(404, str(exc), "not_found_error", "model", code="model_not_found")
+            return _error_response(error, available_models=exc.available)
         if candidates[0].speaks_messages:
             message = f"Model {model!r} is served by an Anthropic Messages API backend: call POST /v1/messages"
             return _error_response(GatewayError(400, message, "invalid_request_error", "model"))
@@ -581,21 +645,9 @@ class _Handler:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:
             return _anthropic_error(exc.status, exc.message)
-        response = await self._forward(incoming, "chat/completions", chat, model, candidates, for_messages=True)
-        if isinstance(response, StreamingResponse):
-            translator = anthropic.ChatStreamTranslator(model, stops)
-            response.body_iterator = _translated(response.body_iterator, translator)
-            return response
-        if response.status_code >= 400:
-            return _as_anthropic_error(response)
-        try:
-            message = anthropic.chat_to_message(orjson.loads(bytes(response.body)), model, stops)
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            logger.warning("The backend's answer cannot be translated to the Messages API: %r", exc)
-            return _anthropic_error(
-                502, f"The backend's answer is not a chat completion the gateway can translate: {exc}"
-            )
-        return Response(orjson.dumps(message), status_code=response.status_code, media_type=_JSON)
+        translation = _MessagesTranslation(model, list(stops))
+        response = await self._forward(incoming, "chat/completions", chat, model, candidates, translation=translation)
+        return _as_anthropic_error(response)
 
     async def _forward(
         self,
@@ -605,12 +657,12 @@ class _Handler:
         model: str,
         candidates: Sequence[Deployment],
         headers: Optional[Mapping[str, str]] = None,
-        for_messages: bool = False,
+        translation: Optional[_MessagesTranslation] = None,
     ) -> Response:
         """Send a checked request to ``candidates``, record the call, and relay the answer.
 
-        ``for_messages``: the answer is translated for a ``/v1/messages`` client afterwards, so a stream's error
-        event also carries the HTTP status the translation maps to Anthropic's error type.
+        ``translation``: the chat answer is for a ``/v1/messages`` client, and is translated before the call is
+        recorded (an answer that cannot be translated fails the call).
         """
         gateway = self.gateway
         rollout_id, outcome = incoming.rollout_id, incoming.outcome
@@ -651,8 +703,8 @@ class _Handler:
             await self._await_sequence_id(call)
             if messages_api:
                 relay = self._relay(upstream, call, outcome, _MESSAGE_STOP_EVENT, _anthropic_error_event)
-            elif for_messages:
-                relay = self._relay(upstream, call, outcome, error_event=_translatable_error_event)
+            elif translation is not None:
+                relay = self._relay(upstream, call, outcome, translation=translation.stream())
             else:
                 relay = self._relay(upstream, call, outcome)
             return StreamingResponse(
@@ -661,7 +713,7 @@ class _Handler:
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        return await self._complete(upstream, call, outcome, incoming.request)
+        return await self._complete(upstream, call, outcome, incoming.request, translation)
 
     async def _complete(
         self,
@@ -669,8 +721,10 @@ class _Handler:
         call: Optional[CallRecord],
         outcome: Optional[CallOutcome] = None,
         request: Optional[Request] = None,
+        translation: Optional[_MessagesTranslation] = None,
     ) -> Response:
-        """Read a whole upstream body, check it, record it, and answer with it unchanged.
+        """Read a whole upstream body, check it, record it, and answer with it unchanged (or translated for a
+        Messages client: an answer that cannot be translated is a 502, recorded with the answer but as failed).
 
         A client that went away while the backend answered (it timed out, say) never saw the answer: the call is
         recorded with its answer but as failed (499 ``client_closed``), as a stream the client left is, so that a
@@ -707,6 +761,13 @@ class _Handler:
             return await self._fail(call, error, outcome)
         if self.gateway.settings.log_messages:
             logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
+        if translation is not None:
+            try:
+                data = translation.answer(parsed)
+            except GatewayError as error:
+                if call is not None:
+                    call.succeed(status, parsed)
+                return await self._fail(call, error, outcome)
         if call is not None:
             call.succeed(status, parsed)
             if request is not None and await request.is_disconnected():
@@ -736,17 +797,24 @@ class _Handler:
         outcome: Optional[CallOutcome] = None,
         done_marker: bytes = _DONE_EVENT,
         error_event: Callable[[GatewayError], bytes] = lambda error: b"data: " + error.to_body() + b"\n\n",
+        translation: Optional[_StreamTranslation] = None,
     ) -> AsyncIterator[bytes]:
         """Forward complete server-sent events as they arrive; keep a copy for the span.
 
         ``done_marker`` is how the stream's last event starts; ``error_event`` writes the event that ends a stream
-        broken by the backend.
+        broken by the backend. With ``translation`` the client gets the events translated (for a Messages client);
+        an event that cannot be translated breaks the stream like a backend failure, before the span is handed
+        over.
         """
         received: List[bytes] = []
         pending = b""
         error: Optional[GatewayError] = None
         submitted = False
         finished = False
+
+        def relayed(events: bytes) -> bytes:
+            return events if translation is None else translation.feed(events)
+
         self.gateway.stream_opened(upstream)
         try:
             try:
@@ -758,6 +826,7 @@ class _Handler:
                     cut = _complete_events(pending)
                     if cut:
                         out, pending = pending[:cut], pending[cut:]
+                        sent = relayed(out)
                         if not finished and _has_event(out, done_marker):
                             finished = True
                             if call is not None:
@@ -766,21 +835,32 @@ class _Handler:
                                 call.stream_finished(b"".join(received), None)
                                 self._submit(call)
                                 submitted = True
-                        yield out
-                if pending:  # a last event without its blank line
+                        if sent:
+                            yield sent
+                if pending:  # a last event without its blank line: ended here, so that it reaches the client
                     finished = finished or _has_event(pending, done_marker)
-                    yield pending
+                    sent, pending = relayed(_ended(pending)), b""
+                    if sent:
+                        yield sent
                 if not finished:
                     raise GatewayError(502, "The backend's stream ended before its last event", "stream_incomplete")
+                if translation is not None:
+                    tail = translation.close()
+                    if tail:
+                        yield tail
             except GatewayError as exc:
                 # Events already sent cannot be taken back: end the stream with an error event the SDKs raise.
                 error = shutdown_error() if self.gateway.cut_off else exc
                 logger.warning("%s", error.message)
-                if pending.endswith(b"\n"):
-                    # A last event whose lines are whole but whose blank line never came: ended here, so that the
-                    # error event stays an event of its own.
-                    yield pending + b"\n"
-                yield error_event(error)
+                # A last event whose lines are whole but whose blank line never came: ended here, so that the
+                # error event stays an event of its own.
+                partial = pending + b"\n" if pending.endswith(b"\n") else b""
+                if translation is not None:
+                    yield translation.fail(error, partial)
+                else:
+                    if partial:
+                        yield partial
+                    yield error_event(error)
         except BaseException:
             # The client went away (or the server is shutting down) before the stream ended.
             if error is None:

@@ -32,7 +32,8 @@ async def test_unknown_model_is_404_listing_models(make_proxy: ProxyFactory) -> 
     error = response.json()["error"]
     assert "'nope'" in error["message"] and "echo" in error["message"]
     assert error["available_models"][:2] == ["echo", "slow"]
-    assert error["type"] == "model_not_found"
+    # The shape of OpenAI's and agentbolt serve's answer, so clients that test ``code`` recognise it
+    assert (error["type"], error["param"], error["code"]) == ("not_found_error", "model", "model_not_found")
 
 
 async def test_bad_request_bodies_are_400(make_proxy: ProxyFactory, backend: FakeBackend) -> None:

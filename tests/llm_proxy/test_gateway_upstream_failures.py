@@ -260,6 +260,22 @@ async def test_a_last_event_without_its_blank_line_is_forwarded_as_an_event_befo
     assert "dropped the stream connection" in str(error)
 
 
+@pytest.mark.parametrize("cut", [1, 2], ids=["blank-line-missing", "line-end-missing"])
+async def test_a_stream_ending_cleanly_within_its_last_event_forwards_it_once_then_the_error_event(
+    make_proxy: ProxyFactory, cut: int
+) -> None:
+    """The backend ends its answer properly (last chunk of the chunked body) but in the middle of its last event."""
+    unterminated = chunk_event("re")[:-cut]
+    answer = sse_answer(chunk_event("Hel"), unterminated) + b"0\r\n\r\n"
+    async with (
+        FakeHandWrittenBackend(Answer(answer)) as backend,
+        make_proxy(model_list=backend.model_list()) as proxy,
+    ):
+        received, error = await _stream_until_error(proxy.endpoint)
+    assert received == ["Hel", "re"]
+    assert isinstance(error, openai.APIError) and "ended before its last event" in str(error)
+
+
 @pytest.mark.parametrize(
     ("status", "error_type"), [("507 Insufficient Storage", "insufficient_storage"), ("529 Overloaded", "overloaded")]
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import signal
 from pathlib import Path
 from typing import AsyncIterator, Dict, List
@@ -224,8 +225,9 @@ async def test_flush_waits_for_the_store_and_times_out_cleanly(
     store = LightningStoreClient(store_process.endpoint)
     proxy = LLMProxy(model_list=model_list_for(backend), store=store, launch_mode="asyncio", api_key="k")  # type: ignore[arg-type]
     assert await proxy.flush(1.0)  # not running: nothing to wait for
-    with pytest.raises(ValueError, match="timeout"):
-        await proxy.flush(-1.0)
+    for wrong in (-1.0, math.nan):
+        with pytest.raises(ValueError, match="timeout"):
+            await proxy.flush(wrong)
     await proxy.start()
     try:
         url = f"{proxy.endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
@@ -240,7 +242,7 @@ async def test_flush_waits_for_the_store_and_times_out_cleanly(
                 assert not await proxy.flush(0.5)  # the store cannot take the span: flush gives up after 0.5 s
             finally:
                 _send(store_process, signal.SIGCONT)
-            assert await proxy.flush(60.0)
+            assert await asyncio.wait_for(proxy.flush(math.inf), 60.0)  # no limit: until the store took the span
             # No polling: once flush returned, the span is in the store.
             spans = await store.query_spans(rollout_id)
             assert [span.attributes["gen_ai.response.id"] for span in spans] == [response.json()["id"]]
