@@ -166,9 +166,10 @@ async def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
     assert rows(path, "SELECT x FROM notes") == [("keep me",)]
 
 
-async def test_non_sqlite_file_gives_clear_error_and_is_untouched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content", [b"this is not a database at all\n" * 200, b"x", b"SQLite"])
+async def test_non_sqlite_file_gives_clear_error_and_is_untouched(tmp_path: Path, content: bytes) -> None:
+    # SQLite itself takes a file shorter than its header for a new database and writes over it.
     path = tmp_path / "garbage.db"
-    content = b"this is not a database at all\n" * 200
     path.write_bytes(content)
     with pytest.raises(SqliteDatabaseCorruptError) as info:
         SqliteLightningCollections(path)

@@ -265,6 +265,22 @@ def _refuse_folder(path: str) -> None:
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def _refuse_other_file(path: str) -> None:
+    """Refuse a file that holds something other than a SQLite database before SQLite opens it for writing: SQLite
+    reports most such files, but takes one shorter than its header for a new database and writes over it.
+
+    Raises:
+        SqliteDatabaseCorruptError: ``path`` is not empty and does not start with SQLite's header.
+    """
+    try:
+        with open(path, "rb") as file:
+            header = file.read(len(_SQLITE_HEADER))
+    except OSError:  # missing (a new store), or unreadable: SQLite's own open reports it
+        return
+    if header and header != _SQLITE_HEADER:
+        raise SqliteDatabaseCorruptError(path, "Not an SQLite database")
+
+
 def _read_only_uri(path: str) -> Tuple[str, bool]:
     """The URI that opens the database ``path`` for reading only, and whether it opens it ``immutable``.
 
@@ -407,6 +423,7 @@ class _Database:
 
     def _open(self, cache_size_mb: float) -> sqlite3.Connection:
         _refuse_folder(self.path)
+        _refuse_other_file(self.path)
         try:
             conn = _connect(self.path, self._busy_timeout, max(256, int(cache_size_mb * 1024)), self._synchronous)
         except SqliteStoreError:
