@@ -669,6 +669,13 @@ class TraceTree:
                 if candidates:
                     target = max(candidates, key=lambda c: (c.end_time, _time_or(c.start_time, 0.0)))
                     assigned[target.id] = value
+                else:
+                    logger.debug(
+                        "Reward %s (span %s) goes to no LLM call: none %s finished before it without a reward",
+                        value,
+                        reward_node.id,
+                        "in the trace" if policy == RewardMatchPolicy.FIRST_OCCURRENCE else "among its siblings",
+                    )
         return assigned
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 
 import pytest
@@ -240,7 +241,7 @@ def test_reward_match_policies_differ_on_nested_calls() -> None:
     assert [(t.metadata["response_id"], t.reward) for t in sibling] == [("c1", 1.0), ("c2", None)]
 
 
-def test_each_reward_goes_to_one_earlier_call() -> None:
+def test_each_reward_goes_to_one_earlier_call(caplog: pytest.LogCaptureFixture) -> None:
     f = SpanFactory()
     root = f.agent("solo", 0, 20)
     early_reward = f.reward(9.0, 0.5, parent=root)  # before any call: matched to nothing
@@ -250,8 +251,10 @@ def test_each_reward_goes_to_one_earlier_call() -> None:
     c3 = f.llm_call(6, 7, parent=root, response_id="c3")
     r2 = f.reward(0.3, 8, parent=root)
     r3 = f.reward(0.2, 9, parent=root)
-    triplets = TracerTraceToTriplet()([root, early_reward, c1, r1, c2, c3, r2, r3])
+    with caplog.at_level(logging.DEBUG, logger="agentbolt.adapter.triplet"):
+        triplets = TracerTraceToTriplet()([root, early_reward, c1, r1, c2, c3, r2, r3])
     assert [t.reward for t in triplets] == [0.1, 0.2, 0.3]
+    assert f"Reward 9.0 (span {early_reward.span_id}) goes to no LLM call" in caplog.text
 
     tree = TraceTree.from_spans([root, c1, c2, r1])
     assert tree.to_trajectory(final_reward=5.0)[-1].reward == 5.0
