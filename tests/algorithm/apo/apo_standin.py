@@ -214,3 +214,21 @@ def fit(
         agent or capital_agent, train_dataset=TRAIN if train is None else train, val_dataset=VAL if val is None else val
     )
     return store
+
+
+def make_apo(client: Any, **overrides: Any) -> agl.APO:
+    """An APO of one small beam round on the stand-in's critic and editor models, ``overrides`` applied."""
+    options: Dict[str, Any] = {
+        "gradient_model": "critic",
+        "apply_edit_model": "editor",
+        "gradient_batch_size": 2,
+        "val_batch_size": 2,
+        "beam_width": 1,
+        "branch_factor": 1,
+        "beam_rounds": 1,
+        "optimizer_backoff": 0.01,
+        "seed": 0,
+        "use_poml": False,  # POML itself is covered by test_apo_prompts.py
+    }
+    options.update(overrides)
+    return agl.APO(client, **options)

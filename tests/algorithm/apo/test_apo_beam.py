@@ -10,28 +10,11 @@ import re
 from typing import Any
 
 import pytest
-from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit
+from apo_standin import GOOD_TEMPLATE, SEED_TEMPLATE, TRAIN, VAL, Script, fit, make_apo
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import APO, OptimizerError, ParetoAPO, load_search_run
 from agentbolt.algorithm.apo.search import keyed
-
-
-def make_apo(client: Any, **overrides: Any) -> APO:
-    options = {
-        "gradient_model": "critic",
-        "apply_edit_model": "editor",
-        "gradient_batch_size": 2,
-        "val_batch_size": 2,
-        "beam_width": 1,
-        "branch_factor": 1,
-        "beam_rounds": 1,
-        "optimizer_backoff": 0.01,
-        "seed": 0,
-        "use_poml": False,  # POML itself is covered by test_apo_prompts.py and the first test below
-    }
-    options.update(overrides)
-    return APO(client, **options)
 
 
 def test_apo_is_the_class_behind_agl_and_keeps_the_contract_defaults() -> None:

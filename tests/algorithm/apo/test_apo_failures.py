@@ -6,28 +6,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from apo_standin import VAL, Script, fit
+from apo_standin import VAL, Script, fit, make_apo
 
 import agentbolt as agl
 from agentbolt.algorithm.apo import APO, APPLY_EDIT_PROMPT_FILES, GRADIENT_PROMPT_FILES, FewShotAPO, ParetoAPO
 from agentbolt.algorithm.apo.search import METADATA_KEY
-
-
-def make_apo(client: Any, **overrides: Any) -> APO:
-    options = {
-        "gradient_model": "critic",
-        "apply_edit_model": "editor",
-        "gradient_batch_size": 2,
-        "val_batch_size": 2,
-        "beam_width": 1,
-        "branch_factor": 1,
-        "beam_rounds": 1,
-        "optimizer_backoff": 0.01,
-        "seed": 0,
-        "use_poml": False,
-    }
-    options.update(overrides)
-    return APO(client, **options)
 
 
 def _tagged_rollouts(store: Any) -> list:
