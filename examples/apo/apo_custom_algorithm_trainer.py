@@ -17,7 +17,8 @@ import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.apo_custom_algorithm import pick_best_prompt, setup_logging
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, count, embedded_model
+from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
+from examples.common.arguments import count
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

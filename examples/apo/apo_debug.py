@@ -20,7 +20,8 @@ from typing import Any, Optional, Sequence
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.apo.room_selector import load_room_tasks, prompt_template_baseline, room_selector
-from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, count, embedded_model
+from examples.apo.room_selector_apo import EMBEDDED_MODEL, check_hosted, embedded_model
+from examples.common.arguments import count
 
 
 class DebugHook(agl.Hook):

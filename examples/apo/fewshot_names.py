@@ -34,10 +34,10 @@ from examples.apo.room_selector_apo import (
     add_run_options,
     agent_endpoint,
     check_hosted,
-    count,
     fit,
     write_report,
 )
+from examples.common.arguments import count
 
 logger = logging.getLogger("examples.apo.fewshot_names")
 

@@ -39,26 +39,12 @@ from examples.apo.room_selector import (
     room_selector,
     room_selector_lookup,
 )
+from examples.common.arguments import count
 from examples.common.environment import require_openai_service
 
 logger = logging.getLogger("examples.apo.room_selector_apo")
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-
-
-def count(minimum: int = 1) -> Callable[[str], int]:
-    """An argparse ``type`` for a whole number of at least ``minimum``: anything else is a usage error (exit 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def check_hosted(parser: argparse.ArgumentParser, hosted: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, TypedDict
 from openai import AsyncOpenAI
 
 import agentbolt as agl
+from examples.common.arguments import count
 from examples.common.environment import require_openai_service
 
 SAMPLES = Path(__file__).with_name("capital_samples.csv")
@@ -115,7 +116,7 @@ async def _debug(model: str, limit: int) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.azure.capital_agent", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="the model (on Azure: the deployment name)")
-    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--limit", type=count(1), default=5, help="questions to ask (default: 5)")
     args = parser.parse_args(argv)
     require_openai_service(
         parser,

@@ -18,6 +18,7 @@ import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.azure.aoai_finetune import AzureOpenAIConfig, AzureOpenAIFinetune
 from examples.azure.capital_agent import capital_agent, load_tasks
+from examples.common.arguments import count, number
 
 
 def train(args: argparse.Namespace, config: AzureOpenAIConfig) -> AzureOpenAIFinetune:
@@ -42,13 +43,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m examples.azure.train_capital_agent", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--base-deployment", default="gpt-4.1-mini")
-    parser.add_argument("--base-model", default="gpt-4.1-mini-2025-04-14")
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--data-filter-ratio", type=float, default=0.5)
-    parser.add_argument("--max-deployments", type=int, default=2)
-    parser.add_argument("--poll-interval", type=float, default=30.0)
-    parser.add_argument("--n-runners", type=int, default=2)
+    parser.add_argument("--base-deployment", default="gpt-4.1-mini", help="the deployment the first rollouts use")
+    parser.add_argument("--base-model", default="gpt-4.1-mini-2025-04-14", help="the model the first job fine-tunes")
+    parser.add_argument("--iterations", type=count(1), default=3, help="fine-tune -> deploy -> evaluate iterations")
+    parser.add_argument(
+        "--data-filter-ratio",
+        type=number(above=0.0, maximum=1.0),
+        default=0.5,
+        help="share of the rewarded rollouts kept as training examples, in (0, 1]",
+    )
+    parser.add_argument(
+        "--max-deployments", type=count(1), default=2, help="fine-tuned deployments of this loop kept at once"
+    )
+    parser.add_argument("--poll-interval", type=number(above=0.0), default=30.0, help="seconds between status checks")
+    parser.add_argument("--n-runners", type=count(1), default=2, help="runner processes")
     args = parser.parse_args(argv)
     agl.setup_logging("INFO")
     try:

@@ -31,6 +31,7 @@ from openai import AsyncOpenAI
 import agentbolt as agl
 from examples.calc.task import parse_answer
 from examples.chartqa.charts import ChartTask, data_url, make_tasks
+from examples.common.arguments import count
 from examples.common.environment import require_openai_service
 
 OBSERVE_PROMPT = "Describe this bar chart: how many bars there are and how tall each one is, from left to right."
@@ -92,7 +93,7 @@ async def _debug(model: str, limit: int) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.chartqa.agent", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a vision-language model the endpoint serves")
-    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--limit", type=count(1), default=4, help="charts to ask about (default: 4)")
     args = parser.parse_args(argv)
     require_openai_service(
         parser,

@@ -35,6 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, TypedDict
 
 import agentbolt as agl
 from examples.claude_code.hook_reporter import ENV_ATTEMPT, ENV_ROLLOUT, ENV_STORE
+from examples.common.arguments import count
+from examples.common.environment import require_reachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TASKS = Path(__file__).with_name("tasks.jsonl")
@@ -168,14 +170,15 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the shipped tasks; returns 0 when every rollout succeeded, 1 when one did not, 2 without the CLI."""
+    """Run the shipped tasks; returns 0 when every rollout succeeded, 1 when one did not, 2 without the CLI (and exits 2
+    when the store or the gateway does not answer)."""
     parser = argparse.ArgumentParser(
         prog="python -m examples.claude_code.claude_code_agent", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--store", default="http://127.0.0.1:4747", help="a running agl store")
     parser.add_argument("--claude", default="claude", help="the Claude Code CLI command")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--max-turns", type=int, default=10)
+    parser.add_argument("--max-turns", type=count(1), default=10)
     parser.add_argument("--gateway", default=None, help="an agentbolt LLM gateway recording the CLI's model calls")
     args = parser.parse_args(argv)
     claude_command = shlex.split(args.claude)
@@ -186,6 +189,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return 2
+    require_reachable(
+        parser,
+        args.store,
+        service="the store",
+        configure="start one (agl store --port PORT) and give its URL with --store",
+    )
+    if args.gateway is not None:
+        require_reachable(
+            parser,
+            args.gateway,
+            service="the LLM gateway",
+            configure="start one (agentbolt proxy --config models.yaml --store URL --port PORT) or drop --gateway",
+        )
     agl.setup_logging("INFO")
     agent = ClaudeCodeAgent(
         args.store,

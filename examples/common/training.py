@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
+import re
 import shlex
 import sys
 import time
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from agentbolt.demo.run import GrpoRunConfig, fit_grpo, new_run_dir, resolve_demo_dtype, step_time_split
+from examples.common.arguments import count, number, torch_device
+from examples.common.environment import CONFIGURATION_ERROR
 from examples.common.heldout import SliceChange, TaskScore, compare, format_table
 
 _BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
@@ -249,19 +253,64 @@ def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -
     return result
 
 
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# The values each option accepts, checked as the command line is read (a usage error, exit 2) rather than after the
+# model has loaded; unlisted options take any value of their type.
+_OPTION_TYPES: Dict[str, Callable[[str], Any]] = {
+    "steps": count(0),
+    "batch_size": count(1),
+    "group_size": count(2),  # GRPO's advantages compare the rollouts of a group
+    "learning_rate": number(above=0.0),
+    "lora_r": count(1),
+    "temperature": number(above=0.0),  # greedy training rollouts agree, leaving GRPO no advantage to train on
+    "max_tokens": count(1),
+    "runners": count(1),
+    "threads": count(1),
+    "device": torch_device,
+    "micro_batch_size": count(1),
+    "seed": int,
+    "n_train": count(1),
+    "n_test": count(1),
+    "format_credit": number(minimum=0.0),
+}
+
+
+def _field_help() -> Dict[str, str]:
+    """Each configuration field's description, from the ``Attributes:`` sections of the config classes."""
+    described: Dict[str, str] = {}
+    for cls in reversed(TrainingConfig.__mro__):
+        doc = inspect.getdoc(cls) if cls.__module__ != "builtins" else None
+        if not doc or "Attributes:" not in doc:
+            continue
+        name = ""
+        for line in doc.split("Attributes:", 1)[1].splitlines():
+            match = re.match(r"^    (\w+): (.*)$", line)
+            if match:
+                name, described[match[1]] = match[1], match[2]
+            elif name and line.startswith("        "):
+                described[name] += " " + line.strip()
+            elif line.strip():
+                name = ""
+    return {key: text.replace("``", "").replace("%", "%%") for key, text in described.items()}
+
+
 def _parser(spec: ExampleSpec) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m examples.{spec.name}.train", description=spec.description)
     defaults = spec.defaults
+    described = _field_help()
     for item in fields(TrainingConfig):
         if item.name == "console":
             continue
         flag = "--" + item.name.replace("_", "-")
         default = getattr(defaults, item.name)
+        text = f"{described.get(item.name, '')} (default: {default})".lstrip()
         if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            continue
-        kind = {"int": int, "float": float, "str": str}.get(str(item.type).replace("Optional[", "").rstrip("]"), str)
-        parser.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif item.name == "dtype":
+            parser.add_argument(flag, choices=_DTYPES, default=default, help=text)
+        else:
+            parser.add_argument(flag, type=_OPTION_TYPES.get(item.name, str), default=default, help=text)
     parser.add_argument("--output-dir", type=Path, default=Path(f"runs/{spec.name}"), help="where runs are written")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress bar")
     add_result_options(parser)
@@ -271,12 +320,22 @@ def _parser(spec: ExampleSpec) -> argparse.ArgumentParser:
 def main(spec: ExampleSpec, argv: Optional[Sequence[str]] = None) -> TrainingResult:
     """The command line of an example's ``train.py``: train, print the held-out table, write a result file.
 
-    Exits with status 130 (no table, no result file) when the run was interrupted before its final validation.
+    Exits with status 2 and one line when an option is out of range or the model cannot be found (before anything
+    starts), and with status 130 (no table, no result file) when the run was interrupted before its final validation.
 
     Every :class:`TrainingConfig` field is an option (``--steps``, ``--learning-rate``, ``--n-test``...).
     """
+    from agentbolt.models import ModelNotAvailableError, resolve_model
+
     words = list(sys.argv[1:] if argv is None else argv)
-    args = _parser(spec).parse_args(words)
+    parser = _parser(spec)
+    args = parser.parse_args(words)
+    if args.output_dir.exists() and not args.output_dir.is_dir():
+        parser.exit(CONFIGURATION_ERROR, f"error: --output-dir {args.output_dir} is a file, not a directory\n")
+    try:  # before the run directory, the runners and the engine
+        resolve_model(args.model)
+    except ModelNotAvailableError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: --model: {exc}\n")
     record = replace(
         RunRecord.start(f"{spec.name}_train", words),
         command=shlex.join(["python", "-m", f"examples.{spec.name}.train", *words]),

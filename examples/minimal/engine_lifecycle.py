@@ -21,7 +21,9 @@ from typing import List, Optional
 
 import httpx
 
-from agentbolt.serving.process import LocalModelServer, ModelServerProcess
+from agentbolt.models import ModelNotAvailableError, resolve_model
+from agentbolt.serving.process import LocalModelServer, ModelServerProcess, ServerProcessError
+from examples.common.environment import CONFIGURATION_ERROR
 
 
 @dataclass
@@ -74,9 +76,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local directory or hub id")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     args = parser.parse_args(argv)
-    report = run(args.engine, args.model, args.dtype)
+    if args.engine == "transformers":  # vLLM resolves its own models
+        try:
+            resolve_model(args.model)
+        except ModelNotAvailableError as exc:
+            parser.exit(CONFIGURATION_ERROR, f"error: --model: {exc}\n")
+    try:
+        report = run(args.engine, args.model, args.dtype)
+    except ServerProcessError as exc:
+        parser.exit(1, f"error: {exc}\n")
     print(f"served by pid {report.pid}: {report.reply!r}")
     print(f"after the block: exit code {report.exit_code}, process gone: {report.process_gone}")
 

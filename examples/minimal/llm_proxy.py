@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import agentbolt as agl
 from agentbolt.serving.process import LocalModelServer
 from agentbolt.utils.server_launcher import pick_free_port
+from examples.common.environment import require_openai_service, require_reachable
 
 DEFAULT_HOSTED_BASE_URL = "https://api.openai.com/v1"
 
@@ -126,8 +127,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     hosted.add_argument("--model", default="gpt-4o-mini")
     args = parser.parse_args(argv)
     if args.backend == "hosted":
+        environ = dict(os.environ)
+        if args.base_url is not None:
+            environ["OPENAI_BASE_URL"] = args.base_url
+        require_openai_service(
+            parser,
+            needed_by="hosted",
+            alternative="use the local backend (python -m examples.minimal.llm_proxy local), which needs no key",
+            environ=environ,
+        )
         call = asyncio.run(call_through_gateway(hosted_backend(args.model, args.base_url), args.question))
     else:
+        if args.base_url is not None:
+            require_reachable(
+                parser,
+                f"{args.base_url.rstrip('/')}/models",
+                service="the local engine",
+                configure="start one (agentbolt serve smollm2-135m-instruct --port PORT) or drop --base-url to let "
+                "this script start one",
+            )
         with local_server(args.base_url, args.start) as base_url:
             backend = local_backend(base_url, args.model or served_model(base_url))
             call = asyncio.run(call_through_gateway(backend, args.question))

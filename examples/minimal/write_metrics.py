@@ -22,6 +22,7 @@ from typing import List, Optional
 
 from agentbolt.utils.metrics import ConsoleMetricsBackend, MultiMetricsBackend, PrometheusMetricsBackend
 from agentbolt.utils.server_launcher import pick_free_port
+from examples.common.arguments import count, number, require_port_free, tcp_port
 
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0)
 
@@ -65,10 +66,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m examples.minimal.write_metrics", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--port", type=int, default=None, help="port of /metrics (default: a free one)")
-    parser.add_argument("--events", type=int, default=30)
-    parser.add_argument("--keep-serving", type=float, default=0.0, help="seconds to keep /metrics up afterwards")
+    parser.add_argument("--port", type=tcp_port, default=None, help="port of /metrics (default: a free one)")
+    parser.add_argument("--events", type=count(0), default=30, help="simulated requests recorded (default: 30)")
+    parser.add_argument(
+        "--keep-serving", type=number(minimum=0.0), default=0.0, help="seconds to keep /metrics up afterwards"
+    )
     args = parser.parse_args(argv)
+    if args.port is not None:
+        require_port_free(parser, "--port", "127.0.0.1", args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     port = args.port or pick_free_port("127.0.0.1")
     print(f"Prometheus metrics at http://127.0.0.1:{port}/metrics")

@@ -31,6 +31,7 @@ from opentelemetry import trace
 import agentbolt as agl
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.utils.server_launcher import pick_free_port
+from examples.common.environment import CONFIGURATION_ERROR, require_reachable
 
 TRACERS = {"otel": agl.OtelTracer, "agentops": agl.AgentOpsTracer}
 
@@ -104,6 +105,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--llm-base-url", default=None, help="an OpenAI-compatible endpoint to call once (optional)")
     parser.add_argument("--model", default="gpt-4o-mini")
     args = parser.parse_args(argv)
+    if args.store not in ("memory", "server"):
+        if not args.store.startswith(("http://", "https://")):
+            parser.exit(
+                CONFIGURATION_ERROR,
+                f"error: --store must be 'memory', 'server' or an http(s) URL, not {args.store!r}\n",
+            )
+        require_reachable(
+            parser,
+            args.store,
+            service="the store server",
+            configure="start one (agl store --port PORT) or use --store memory or --store server",
+        )
+    if args.llm_base_url is not None:
+        require_reachable(
+            parser,
+            f"{args.llm_base_url.rstrip('/')}/models",
+            service="the OpenAI-compatible endpoint",
+            configure="start one (agentbolt serve smollm2-135m-instruct --port PORT) or drop --llm-base-url",
+        )
     spans = asyncio.run(write_traces(args.tracer, args.store, args.llm_base_url, args.model))
     names = {span.span_id: span.name for span in spans}
     for span in spans:

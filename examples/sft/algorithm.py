@@ -21,24 +21,30 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from examples.common.arguments import count
+from examples.common.environment import CONFIGURATION_ERROR
 from examples.sft.data import load_split
-from examples.sft.settings import CONFIG_FILE, load_options, parse_options
+from examples.sft.settings import CONFIG_FILE, check_options, load_options, parse_options
 
 __all__ = ["main"]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run SFT against the store at ``--store``; prints the summary as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m examples.sft.algorithm", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="URL of the store server, e.g. http://127.0.0.1:4747")
     parser.add_argument("--config", type=Path, default=CONFIG_FILE, help="Config file whose options are used.")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="Override an option.")
-    parser.add_argument("--n-val", type=int, default=None, help="Held-out problems (default: all 200).")
+    parser.add_argument("--n-val", type=count(1), default=None, help="Held-out problems (default: all 200).")
     parser.add_argument("--verbose", "-v", action="store_true", help="Show library logs.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    options, _ = load_options(args.config)
-    options.update(parse_options(args.option))
+    try:
+        options, _ = load_options(args.config)
+        options.update(parse_options(args.option))
+        check_options(options)
+    except ValueError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
 
     from agentbolt.serving.transformers_engine import configure_openmp
 

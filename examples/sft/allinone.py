@@ -30,10 +30,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from agentbolt.demo.run import new_run_dir
 from agentbolt.utils.stats import wilson_interval
+from examples.common.arguments import count
+from examples.common.environment import CONFIGURATION_ERROR
 from examples.common.heldout import compare, format_table
 from examples.common.training import RunRecord, TrainingInterrupted, add_result_options, read_validation_passes
 from examples.sft.data import family_of, load_split
-from examples.sft.settings import CONFIG_FILE, load_options, parse_options
+from examples.sft.settings import CONFIG_FILE, check_options, load_options, parse_options
 
 __all__ = ["main", "run", "summarize"]
 
@@ -165,12 +167,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     record = replace(
         RunRecord.start("sft_allinone", words), command=shlex.join(["python", "-m", "examples.sft.allinone", *words])
     )
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m examples.sft.allinone", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=CONFIG_FILE, help="Config file whose options are used.")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="Override an option.")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/sft"), help="Runs go under this directory.")
-    parser.add_argument("--n-val", type=int, default=None, help="Held-out problems (default: all 200).")
-    parser.add_argument("--runners", type=int, default=None, help="Runner processes (default: the config's).")
+    parser.add_argument("--n-val", type=count(1), default=None, help="Held-out problems (default: all 200).")
+    parser.add_argument("--runners", type=count(1), default=None, help="Runner processes (default: the config's).")
     parser.add_argument("--summary-json", type=Path, default=None, help="Also write the summary here.")
     parser.add_argument("--verbose", "-v", action="store_true", help="Show library logs.")
     add_result_options(parser)
@@ -178,8 +180,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    options, trainer_config = load_options(args.config)
-    options.update(parse_options(args.option))
+    try:
+        options, trainer_config = load_options(args.config)
+        options.update(parse_options(args.option))
+        check_options(options)
+    except ValueError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
     n_runners = args.runners or trainer_config.n_runners
     try:
         summary = run(

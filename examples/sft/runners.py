@@ -44,7 +44,7 @@ def run_runner(store_url: str, worker_id: int) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Start ``--runners`` runner processes and wait for them."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m examples.sft.runners", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="URL of the store server, e.g. http://127.0.0.1:4747")
     parser.add_argument("--runners", type=int, default=4, help="Runner processes.")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ import yaml  # type: ignore[import-untyped]
 if TYPE_CHECKING:
     from agentbolt.cli.train import RunnerConfig
 
-__all__ = ["CONFIG_FILE", "load_options", "parse_options"]
+__all__ = ["CONFIG_FILE", "check_options", "load_options", "parse_options"]
 
 CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
 """The example's configuration, also run by ``agentbolt train examples/sft/config.yaml``."""
@@ -52,3 +52,25 @@ def parse_options(pairs: Sequence[str]) -> Dict[str, Any]:
         key, _, value = pair.partition("=")
         options[key.strip()] = yaml.safe_load(value)
     return options
+
+
+def check_options(options: Dict[str, Any]) -> None:
+    """Return when ``options`` are valid :class:`agentbolt.algorithm.sft.SFTConfig` fields (checked before any model
+    loads).
+
+    Raises:
+        ValueError: One line naming the first option refused and why (an unknown key, a value out of range).
+    """
+    from pydantic import ValidationError
+
+    from agentbolt.algorithm.sft.config import SFTConfig
+
+    try:
+        SFTConfig(**options)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "options"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "not an option of SFT"
+        raise ValueError(f"option {where}: {message}, got {first.get('input')!r}") from None

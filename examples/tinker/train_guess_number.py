@@ -18,6 +18,7 @@ from typing import List, Optional
 
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
+from examples.common.arguments import count, number
 from examples.common.environment import CONFIGURATION_ERROR, PROBE_TIMEOUT, require_reachable, require_variables
 from examples.tinker.bridge import TinkerGRPO, tinker_base_url
 from examples.tinker.guess_number import guess_number_agent, make_tasks
@@ -31,15 +32,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         prog="python -m examples.tinker.train_guess_number", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--base-model", default="Qwen/Qwen3-4B-Instruct-2507")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--tasks-per-step", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=4e-5)
-    parser.add_argument("--lora-rank", type=int, default=32)
-    parser.add_argument("--n-runners", type=int, default=8)
+    parser.add_argument("--steps", type=count(1), default=20)
+    parser.add_argument("--group-size", type=count(2), default=8)
+    parser.add_argument("--tasks-per-step", type=count(1), default=8)
+    parser.add_argument("--learning-rate", type=number(above=0.0), default=4e-5)
+    parser.add_argument("--lora-rank", type=count(1), default=32)
+    parser.add_argument("--n-runners", type=count(1), default=8)
     parser.add_argument(
         "--connect-timeout",
-        type=float,
+        type=number(above=0.0),
         default=PROBE_TIMEOUT,
         help="seconds the Tinker service has to answer the start-up check (default: %(default)s)",
     )

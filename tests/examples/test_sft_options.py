@@ -1,0 +1,52 @@
+"""The command lines of the SFT example (``allinone``, ``algorithm``): a count out of range, a missing config file or an
+option SFT does not have stops the command at once with exit code 2 and one error line, before a run directory exists
+or a model loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+from support.servers import REPO, free_port
+
+
+def error_line(args: List[str]) -> str:
+    """The one error line of ``python -m ARGS`` run from the repository root (argparse prints its usage before it);
+    fails unless the command exited 2 without a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if "error:" in line]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n-val", "-1"], "argument --n-val: must be at least 1, got -1"),
+        (["--runners", "0"], "argument --runners: must be at least 1, got 0"),
+        (["--option", "no_such_option=1"], "error: option no_such_option: not an option of SFT, got 1"),
+        (["--option", "batch_size=0"], "error: option batch_size: Input should be greater than or equal to 1, got 0"),
+        (["--config", "no-such-config.yaml"], "error: no-such-config.yaml: no such config file"),
+    ],
+)
+def test_allinone_refuses_a_bad_option_before_a_run_starts(args: List[str], message: str, tmp_path: Path) -> None:
+    assert message in error_line(["examples.sft.allinone", *args, "--output-dir", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_algorithm_process_refuses_an_option_sft_does_not_have() -> None:
+    store = f"http://127.0.0.1:{free_port()}"
+    line = error_line(["examples.sft.algorithm", "--store", store, "--option", "no_such_option=1"])
+    assert line == "error: option no_such_option: not an option of SFT, got 1"

@@ -1,0 +1,81 @@
+"""The command line of the trained examples' ``train.py``: a value out of range, an unknown dtype or model stops the
+command at once with exit code 2 and one error line, before a run directory, a runner or the engine exists."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_train(example: str, args: List[str], output_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m examples.EXAMPLE.train ARGS`` from the repository root (the timeout only guards the test run
+    against a command that trains instead of refusing)."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", f"examples.{example}.train", *args, "--output-dir", str(output_dir), "--no-result"],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("example", "args", "message"),
+    [
+        ("calc", ["--steps", "-1"], "argument --steps: must be at least 0, got -1"),
+        ("rag", ["--n-test", "-3"], "argument --n-test: must be at least 1, got -3"),
+        ("sql", ["--n-train", "0"], "argument --n-train: must be at least 1, got 0"),
+        ("search_r1", ["--runners", "0"], "argument --runners: must be at least 1, got 0"),
+        ("calc", ["--group-size", "1"], "argument --group-size: must be at least 2, got 1"),
+        ("calc", ["--temperature", "0"], "argument --temperature: must be greater than 0, got 0"),
+        ("calc", ["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+        ("calc", ["--device", "tpu"], "argument --device: expected a torch device name"),
+        ("calc", ["--model", "no-such-model"], "error: --model: model 'no-such-model' is neither a registry name"),
+    ],
+)
+def test_a_bad_option_exits_2_with_one_error_line_before_anything_starts(
+    example: str, args: List[str], message: str, tmp_path: Path
+) -> None:
+    result = run_train(example, args, tmp_path / "runs")
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_dir_that_is_a_file_exits_2_naming_it(tmp_path: Path) -> None:
+    output = tmp_path / "runs"
+    output.write_text("", encoding="utf-8")
+    result = run_train("calc", [], output)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"error: --output-dir {output} is a file, not a directory"
+
+
+def test_help_describes_every_configuration_option() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.calc.train", "--help"],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = " ".join(result.stdout.split())
+    for description in (
+        "--steps STEPS GRPO training steps. (default: 4)",
+        "--group-size GROUP_SIZE Rollouts per task (one GRPO group). (default: 8)",
+        "--n-test N_TEST Use the first N held-out tasks (None: all). (default: 64)",
+        "--dtype {auto,float32,bfloat16,float16}",
+    ):
+        assert description in text
