@@ -146,6 +146,8 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="Local engine CPU threads.")
     parser.add_argument("--json", type=Path, default=None, help="Write one JSON record per solve here.")
     args = parser.parse_args(argv)
+    if args.split not in ("train", "val") and not Path(args.split).is_file():
+        parser.error(f"--split {args.split}: not 'train', 'val' or a task file")
     for name in ("limit", "samples", "max_turns", "workers"):
         value = getattr(args, name)
         if value is not None and value < 1:

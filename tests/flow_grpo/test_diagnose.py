@@ -146,3 +146,10 @@ def test_oracle_needs_a_tool_for_every_source(tmp_path: Path, capsys: pytest.Cap
         {"role": "assistant", "content": '{"tool_name": "search", "sub_goal": "q?"}'},
     ]
     assert planner.turns[1][-1]["content"] == '{"tool_name": "finish", "sub_goal": ""}'
+
+
+def test_a_split_that_is_no_task_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--split", str(tmp_path / "missing.jsonl")])
+    assert exit_info.value.code == 2
+    assert "missing.jsonl: not 'train', 'val' or a task file" in capsys.readouterr().err
