@@ -64,7 +64,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         finally:
             await store.close()
 
-    asyncio.run(train())
+    try:
+        asyncio.run(train())
+    except ValueError as exc:  # what SFT.run refuses before it trains: a log_dir holding another run's metrics...
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
     run_dir = Path(options.get("log_dir") or ".")
     print(json.dumps(summarize(algorithm.history, time.perf_counter() - started, run_dir), indent=1))
     return 0

@@ -50,3 +50,13 @@ def test_the_algorithm_process_refuses_an_option_sft_does_not_have() -> None:
     store = f"http://127.0.0.1:{free_port()}"
     line = error_line(["examples.sft.algorithm", "--store", store, "--option", "no_such_option=1"])
     assert line == "error: option no_such_option: not an option of SFT, got 1"
+
+
+def test_the_algorithm_process_over_another_runs_log_is_one_error_line(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "metrics.jsonl").write_text('{"step": 0, "val/reward": 0.5}\n')
+    store = f"http://127.0.0.1:{free_port()}"
+    options = ["--option", f"log_dir={logs}", "--option", f"checkpoint_dir={tmp_path / 'checkpoints'}"]
+    line = error_line(["examples.sft.algorithm", "--store", store, *options])
+    assert "already holds the metrics of another run" in line
