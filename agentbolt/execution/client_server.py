@@ -99,6 +99,8 @@ async def _stopped_by_sigint(side: Callable[[], Coroutine[Any, Any, None]], hand
 
     def on_sigint() -> None:
         global _got_sigint
+        if _got_sigint:  # a terminal's Ctrl-C and the parent's forwarded one: the clean-up must not be cut short
+            return
         _got_sigint = True
         task.cancel()
 
@@ -130,6 +132,8 @@ def _run_in_event_loop(side: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if not _got_sigint:
             raise
         _exit_interrupted()
+    # The side is done and the process exits: a SIGINT the parent forwards now must not turn that into a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _exit_interrupted() -> NoReturn:
@@ -252,6 +256,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         server_id: Optional[str] = None,
     ) -> None:
         server: Optional[LightningStoreServer] = None
+        interrupted = False
         try:
             with stopping_on_failure(stop_evt):
                 if self.managed_store:
@@ -268,9 +273,31 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                     # The algorithm is done: keep serving while the local runners finish their current rollout and
                     # exit, so their last writes do not hit a store that is already gone.
                     await asyncio.to_thread(self._join_until_deadline, list(runner_processes), self.graceful_timeout)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            interrupted = True
+            raise
         finally:
-            if server is not None:
-                await server.stop()
+            try:
+                if server is not None and interrupted:
+                    await self._interrupt_runners_while_serving(runner_processes)
+            finally:
+                if server is not None:
+                    await server.stop()
+
+    async def _interrupt_runners_while_serving(self, runner_processes: Sequence[BaseProcess]) -> None:
+        """Pass an interruption of this process (Ctrl-C, SIGTERM) on to the runner processes, and wait for them.
+
+        A runner does not watch the stop event while its agent runs; SIGINT cancels the agent, and the runner
+        records the attempt as failed. The store is still served meanwhile (for up to ``graceful_timeout`` seconds),
+        so those last writes reach it: the rollouts are not left running in a durable store, and the runners do not
+        wait for a store that is gone.
+        """
+        alive = [process for process in runner_processes if process.is_alive()]
+        if not alive:
+            return
+        logger.info("Stopping %s", ", ".join(process.name for process in alive))
+        self._signal_processes(alive, "sigint")
+        await asyncio.to_thread(self._join_until_deadline, alive, self.graceful_timeout)
 
     async def _execute_runner(
         self,
@@ -430,20 +457,30 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             raise
         finally:
             try:
-                self._shutdown_processes(processes, stop_evt)
+                self._shutdown_processes(processes, stop_evt, interrupted=self.interrupted)
             finally:
                 stack.close()  # SIGTERM kills again only once the children are stopped
             if any_port:
                 self.server_port = 0
             self._check_process_exitcodes(processes, warn_only=failed)
 
-    def _shutdown_processes(self, processes: List[BaseProcess], stop_evt: ExecutionEvent) -> None:
-        """Stop children: event, then SIGINT, terminate and kill, each followed by a bounded wait."""
+    def _shutdown_processes(
+        self, processes: List[BaseProcess], stop_evt: ExecutionEvent, *, interrupted: bool = False
+    ) -> None:
+        """Stop children: event, then SIGINT, terminate and kill, each followed by a bounded wait.
+
+        When this process was interrupted (Ctrl-C, SIGTERM), the children get SIGINT at once with the event, as a
+        Ctrl-C in a terminal would give it to them: a runner does not watch the event while its agent runs.
+        """
         stop_evt.set()
         if not processes:
             return
+        actions: Tuple[Literal["sigint", "terminate", "kill"], ...] = ("sigint", "terminate", "kill")
+        if interrupted:
+            self._signal_processes([process for process in processes if process.is_alive()], "sigint")
+            actions = ("terminate", "kill")
         alive = self._join_until_deadline(processes, self.graceful_timeout)
-        for action in ("sigint", "terminate", "kill"):
+        for action in actions:
             if not alive:
                 return
             logger.warning("Sending %s to %s", action, ", ".join(p.name for p in alive))

@@ -25,6 +25,9 @@ T = TypeVar("T")
 class SharedMemoryExecutionStrategy(ExecutionStrategy):
     """Algorithm and runners as threads sharing one store (alias ``"shm"``).
 
+    The run ends when the algorithm returns, or when every runner has returned (e.g. after ``max_rollouts``): the
+    algorithm then gets ``graceful_delay`` seconds to return before it is cancelled.
+
     Args:
         n_runners: Number of runner threads.
         main_thread: Which side runs on the main thread. ``"runner"`` requires exactly one runner.
@@ -131,10 +134,26 @@ class SharedMemoryExecutionStrategy(ExecutionStrategy):
         threads: List[threading.Thread] = []
         try:
             if self.main_thread == "algorithm":
+                running = [self.n_runners]
+                running_lock = threading.Lock()
+
+                def run_runner(worker_id: int) -> None:
+                    try:
+                        self._run_runner(runner, store, worker_id, stop_evt, thread_exceptions)
+                    finally:
+                        with running_lock:
+                            running[0] -= 1
+                            last = running[0] == 0
+                        if last and not stop_evt.is_set():
+                            # Nobody runs the rollouts the algorithm may still wait for: it is stopped (and cancelled
+                            # after graceful_delay), as it is when the one runner of main_thread="runner" returns.
+                            logger.info("Every runner has returned (e.g. after max_rollouts); stopping the algorithm")
+                            stop_evt.set()
+
                 for worker_id in range(self.n_runners):
                     thread = threading.Thread(
-                        target=self._run_runner,
-                        args=(runner, store, worker_id, stop_evt, thread_exceptions),
+                        target=run_runner,
+                        args=(worker_id,),
                         name=f"runner-{worker_id}",
                         daemon=True,
                     )

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import inspect
 import logging
 import random
 import threading
@@ -546,6 +547,13 @@ class LitAgentRunner(Runner[T_task]):
             spans = list(self._tracer.get_last_trace())
             await self._store_core_spans(rollout, [emit_reward(raw_result, propagate=False)])
             return spans
+        if inspect.iscoroutine(raw_result):
+            raw_result.close()  # never awaited: closed, so that Python does not warn about it later
+            raise TypeError(
+                f"{type(self.get_agent()).__name__}'s rollout returned a coroutine: a LitAgent's coroutine methods are "
+                "named rollout_async, training_rollout_async or validation_rollout_async (the runner awaits only "
+                "those); rollout, training_rollout and validation_rollout are synchronous"
+            )
         if not isinstance(raw_result, list):
             raise TypeError(
                 f"A rollout must return None, a float reward or a list of spans; got {type(raw_result).__name__}"

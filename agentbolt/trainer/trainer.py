@@ -455,6 +455,19 @@ class Trainer(TrainerLegacy):
                 stacklevel=2,
             )
             return self.fit_v0(agent, train_dataset, val_data=val_dataset)
+        if self.algorithm is None and getattr(self.strategy, "role", "both") == "both":
+            # A process of the runner (or algorithm) role alone has no algorithm by design; one running both would wait
+            # for rollouts nobody queues, in silence.
+            unused = " and ".join(
+                name
+                for name, dataset in (("train_dataset", train_dataset), ("val_dataset", val_dataset))
+                if dataset is not None
+            )
+            logger.warning(
+                "Trainer.fit() without an algorithm: %sthe runners serve the store's queue until the run is stopped "
+                "(Ctrl-C). Give the Trainer an algorithm to train, or call Trainer.dev() for a dry run.",
+                f"{unused} not used; " if unused else "",
+            )
         with _console_progress(progress):
             self._run(agent, train_dataset, val_dataset, self.algorithm, follow_rollouts=progress)
         return None

@@ -84,6 +84,35 @@ def test_shm_main_thread_runner_needs_exactly_one_runner() -> None:
         SharedMemoryExecutionStrategy(n_runners=2, main_thread="runner")
 
 
+def test_shm_runners_that_all_return_end_an_algorithm_still_waiting() -> None:
+    """As when the one runner of main_thread="runner" returns: nobody is left to run what the algorithm waits for."""
+    released = threading.Event()
+    outcome: List[str] = []
+
+    async def algorithm(store: Any, event: ExecutionEvent) -> None:
+        try:
+            while not released.is_set():  # waits for rollouts, not for the event
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None:
+        await asyncio.sleep(0.1 * worker_id)  # e.g. done with its max_rollouts
+
+    execute = threading.Thread(
+        target=_shm("algorithm", n_runners=2).execute, args=(algorithm, runner, InMemoryLightningStore()), daemon=True
+    )
+    try:
+        execute.start()
+        execute.join(20)
+        assert not execute.is_alive(), "execute still waits for an algorithm no runner works for"
+        assert outcome == ["cancelled"]
+    finally:
+        released.set()
+        execute.join(10)
+
+
 SIGINT_SCRIPT = """
 import asyncio, sys
 from agentbolt.execution import SharedMemoryExecutionStrategy

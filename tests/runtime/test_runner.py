@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from typing import Any, List
 
 import pytest
@@ -138,6 +140,26 @@ async def test_invalid_results_fail_the_attempt() -> None:
     for agent, error in ((bad_type, TypeError), (bad_list, ValueError)):
         with pytest.raises(error):
             await _step(agent)
+
+
+class _AsyncRolloutUnderTheSyncName(agl.LitAgent[Any]):
+    async def rollout(self, task: Any, resources: Any, rollout: Any) -> float:  # type: ignore[override]
+        return 1.0
+
+
+async def test_an_async_rollout_under_a_sync_name_fails_naming_the_async_methods() -> None:
+    store = InMemoryLightningStore()
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), heartbeat_interval=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the coroutine is closed, not left "never awaited"
+        with runner.run_context(agent=_AsyncRolloutUnderTheSyncName(), store=store):
+            with pytest.raises(TypeError, match="rollout_async"):
+                await runner.step({"word": "hi"}, resources=PROMPT, mode="train")
+            gc.collect()
+    (rollout,) = await store.query_rollouts()
+    assert rollout.status == "failed"
+    exception_spans = [s for s in await store.query_spans(rollout.rollout_id) if s.name == "agentlightning.exception"]
+    assert "rollout_async" in exception_spans[0].attributes["exception.message"]
 
 
 async def test_readable_span_results_are_converted() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -130,3 +131,37 @@ async def test_baseline_without_resources_says_how_to_give_them(caplog: pytest.L
             await running
     warnings = [r.getMessage() for r in caplog.records if "No initial resources" in r.getMessage()]
     assert len(warnings) == 1 and "initial_resources" in warnings[0]
+
+
+def test_fit_without_an_algorithm_says_the_datasets_are_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    store = agl.InMemoryLightningStore()
+
+    async def queue_one() -> None:
+        resources_id = (await store.add_resources({})).resources_id
+        await store.enqueue_rollout(input={"n": 1}, resources_id=resources_id)
+
+    asyncio.run(queue_one())
+    trainer = agl.Trainer(strategy="shm", store=store, runner={**FAST_RUNNER, "max_rollouts": 1})
+    with caplog.at_level(logging.WARNING, logger="agentbolt.trainer"):
+        trainer.fit(_NeedsNoResources(), [{"n": 2}], progress=False)  # ends when the runner's one rollout is done
+    (warning,) = [r.getMessage() for r in caplog.records if "without an algorithm" in r.getMessage()]
+    assert "train_dataset not used" in warning and "Ctrl-C" in warning
+
+
+def test_dev_ends_when_runner_threads_reach_max_rollouts_before_the_tasks_are_done() -> None:
+    store = agl.InMemoryLightningStore()
+    trainer = agl.Trainer(
+        strategy={"type": "shm", "main_thread": "algorithm", "graceful_delay": 0.5},
+        n_runners=2,
+        max_rollouts=1,
+        store=store,
+        runner=FAST_RUNNER,
+        algorithm=agl.Baseline(polling_interval=0.05, span_verbosity="none"),
+        initial_resources={},
+    )
+    running = threading.Thread(target=trainer.dev, args=(_NeedsNoResources(), TASKS * 2), daemon=True)
+    running.start()
+    running.join(30)
+    assert not running.is_alive(), "Trainer.dev waits for rollouts no runner is left to run"
+    statuses = sorted(r.status for r in asyncio.run(store.query_rollouts()))
+    assert statuses.count("succeeded") == 2 and "running" not in statuses
