@@ -243,6 +243,10 @@ def _serve_transformers(
     resolve_dtype(dtype)
     check_port_free(host, port)
     resolved = resolve_model(model, progress=_progress)
+    if resolved.source == "gguf":
+        raise CliError(
+            f"the transformers engine serves model directories, not the GGUF file {model!r}: add --engine llamacpp"
+        )
     engine = TransformersEngine(
         resolved.path,
         dtype=dtype,

@@ -232,6 +232,10 @@ def resolve_model(
         ModelNotAvailableError: The name cannot be resolved here.
     """
     text = os.fspath(name)
+    if not text.strip():
+        raise ModelNotAvailableError(
+            f"model name is empty; pass a registry name ({', '.join(sorted(REGISTRY))}), a model directory or a hub id"
+        )
     if text in REGISTRY:
         target = model_cache_dir(text)
         if not is_complete(target):
@@ -245,7 +249,7 @@ def resolve_model(
             raise ModelNotAvailableError(f"directory {text!r} is not a Hugging Face model (no config.json)")
         return ResolvedModel(name=text, path=path.resolve(), source="local")
     if path.is_file() and path.suffix == ".gguf":
-        return ResolvedModel(name=text, path=path.resolve(), source="gguf")
+        return ResolvedModel(name=text, path=_checked_gguf(path), source="gguf")
     if path.exists() or text.startswith((".", "/", "~")) or not _HUB_ID.match(text):
         raise ModelNotAvailableError(
             f"model {text!r} is neither a registry name ({', '.join(sorted(REGISTRY))}), "
@@ -272,16 +276,50 @@ def resolve_gguf(name: str | os.PathLike[str]) -> Path:
         return found
     path = Path(text).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return path.resolve()
+        return _checked_gguf(path)
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
         if len(files) == 1:
-            return files[0].resolve()
+            return _checked_gguf(files[0])
         if len(files) > 1:
             raise ModelNotAvailableError(f"directory {text!r} holds several .gguf files; pass one of them")
     raise ModelNotAvailableError(
         f"llama.cpp needs a GGUF file; {text!r} is not a registry name, .gguf file or directory with one"
     )
+
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def _checked_gguf(path: Path) -> Path:
+    """``path`` resolved, once its first bytes show a GGUF file (a misnamed or truncated download does not)."""
+    try:
+        with path.open("rb") as file:
+            magic = file.read(len(_GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelNotAvailableError(f"cannot read {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    if magic != _GGUF_MAGIC:
+        raise ModelNotAvailableError(
+            f"{os.fspath(path)!r} is not a GGUF file: it starts with {magic!r}, not {_GGUF_MAGIC!r}"
+        )
+    return path.resolve()
+
+
+def _read_json_object(path: Path) -> Dict[str, object]:
+    """The JSON object in ``path``.
+
+    Raises:
+        ModelNotAvailableError: The file cannot be read or holds something other than a JSON object.
+    """
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelNotAvailableError(f"cannot read {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # invalid JSON or UTF-8
+        raise ModelNotAvailableError(f"{os.fspath(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ModelNotAvailableError(f"{os.fspath(path)!r} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def list_models() -> List[Dict[str, object]]:
@@ -319,7 +357,8 @@ def model_info(name: str) -> Dict[str, object]:
         A JSON-serialisable dict.
 
     Raises:
-        ModelNotAvailableError: The name cannot be resolved or the model is not pulled yet.
+        ModelNotAvailableError: The name cannot be resolved, the model is not pulled yet, or its ``config.json`` (or
+            ``tokenizer_config.json``) is not a JSON object.
     """
     resolved = resolve_model(name, pull=False)
     info: Dict[str, object] = {"name": resolved.name, "source": resolved.source, "path": str(resolved.path)}
@@ -327,7 +366,7 @@ def model_info(name: str) -> Dict[str, object]:
     if entry is not None:
         info.update({"description": entry.description, "package": entry.package, "license": entry.license})
     if resolved.path.is_dir():
-        config = json.loads((resolved.path / "config.json").read_text())
+        config = _read_json_object(resolved.path / "config.json")
         for key in (
             "model_type",
             "hidden_size",
@@ -355,5 +394,5 @@ def _has_chat_template(path: Path) -> bool:
         return True
     config_file = path / "tokenizer_config.json"
     if config_file.is_file():
-        return bool(json.loads(config_file.read_text()).get("chat_template"))
+        return bool(_read_json_object(config_file).get("chat_template"))
     return False

@@ -11,6 +11,7 @@ __all__ = [
     "EngineError",
     "EngineOverloadedError",
     "ContextOverflowError",
+    "AdapterNotLoadedError",
     "GenerationFailedError",
     "SamplingParams",
     "SequenceDelta",
@@ -27,6 +28,10 @@ class EngineError(ValueError):
 
 class ContextOverflowError(EngineError):
     """Prompt plus requested tokens do not fit in the model's context (served as HTTP 400)."""
+
+
+class AdapterNotLoadedError(EngineError):
+    """The request names a LoRA adapter that is not loaded, or was unloaded before it started (HTTP 404)."""
 
 
 class EngineOverloadedError(EngineError):

@@ -70,6 +70,7 @@ from agentbolt.openai_api.responses import (
     StatusResponse,
 )
 from agentbolt.serving.params import (
+    AdapterNotLoadedError,
     ContextOverflowError,
     EngineError,
     EngineOverloadedError,
@@ -296,7 +297,14 @@ class _Handler:
             offset += len(token)
         top = None
         if tops:
-            top = [{self._token_text(alt): _logprob(lp) for alt, lp in entry} for entry in tops]
+            top = []
+            for entry in tops:
+                # Alternatives come most likely first; tokens with the same text (byte tokens that are each part
+                # of a character all read "\ufffd") keep the most likely one's value.
+                alternatives: Dict[str, float] = {}
+                for alt, lp in entry:
+                    alternatives.setdefault(self._token_text(alt), _logprob(lp))
+                top.append(alternatives)
         values = [_logprob(lp) for lp in logprobs]
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
@@ -663,6 +671,8 @@ def create_app(
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> Response:
+        if isinstance(exc, AdapterNotLoadedError):  # e.g. unloaded while the request waited for the batch
+            return error_response(ApiError(404, str(exc), "not_found_error", "model", code="model_not_found"))
         if isinstance(exc, ContextOverflowError):
             param = _PROMPT_FIELDS.get(getattr(request.scope.get("route"), "path", ""))
             return error_response(ApiError(400, str(exc), param=param, code="context_length_exceeded"))

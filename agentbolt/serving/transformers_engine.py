@@ -57,6 +57,7 @@ from agentbolt.serving.fast_forward import BlockModel
 from agentbolt.serving.guided import RegexGuide, TokenTexts, guided_row
 from agentbolt.serving.kv_cache import KVCache
 from agentbolt.serving.params import (
+    AdapterNotLoadedError,
     ContextOverflowError,
     EngineError,
     EngineOverloadedError,
@@ -310,6 +311,7 @@ class TransformersEngine:
         self._batch_adapter: Optional[str] = None
         self._loaded = threading.Event()
         self._wrapped = False
+        self._adapter_lock = threading.Lock()  # one adapter load or unload at a time
         self.fast_forward = fast_forward
         self._fast: Dict[Optional[str], Optional[FastForward]] = {}  # per adapter (None: base weights)
         self._fast_version = -1
@@ -604,14 +606,14 @@ class TransformersEngine:
     def load_adapter(self, name: str, path: Union[str, os.PathLike[str]]) -> None:
         """Load a PEFT LoRA adapter from ``path``; requests select it by using ``name`` as the model.
 
+        Loads and unloads run one at a time. An adapter that fails to load leaves the model as it was.
+
         Raises:
             EngineError: Name taken, clashes with the served model, or the adapter cannot be loaded.
         """
         self._require_float_weights("LoRA adapters")
         if not name or name == self.served_name:
             raise EngineError(f"invalid adapter name {name!r}")
-        if name in self.adapters:
-            raise EngineError(f"adapter {name!r} is already loaded")
         if not (Path(path) / "adapter_config.json").is_file():
             raise EngineError(f"{os.fspath(path)!r} is not a PEFT adapter directory (no adapter_config.json)")
         if not any((Path(path) / weights).is_file() for weights in ("adapter_model.safetensors", "adapter_model.bin")):
@@ -621,45 +623,77 @@ class TransformersEngine:
             from peft import PeftModel
         except ImportError:  # pragma: no cover - depends on the environment
             raise EngineError("LoRA adapters need peft: pip install 'agentbolt[train]'") from None
-        with self.weights_update():
-            try:
-                if isinstance(self.model, PeftModel):
-                    self.model.load_adapter(os.fspath(path), adapter_name=name)
-                else:
-                    self.model = PeftModel.from_pretrained(self.model, os.fspath(path), adapter_name=name)
-                    self._wrapped = True
-                self.model.eval()
-            except Exception as exc:
-                raise EngineError(f"cannot load adapter {name!r} from {os.fspath(path)!r}: {exc}") from exc
-            self.adapters[name] = os.fspath(path)
+        with self._adapter_lock:
+            if name in self.adapters:  # checked under the lock: two loads of one name must not both proceed
+                raise EngineError(f"adapter {name!r} is already loaded")
+            with self.weights_update():
+                try:
+                    if isinstance(self.model, PeftModel):
+                        try:
+                            self.model.load_adapter(os.fspath(path), adapter_name=name)
+                        except Exception:
+                            if name in self.model.peft_config:  # the layers were added before the weights failed
+                                self.model.delete_adapter(name)
+                            raise
+                    else:
+                        self.model = self._wrap_with_adapter(name, os.fspath(path))
+                        self._wrapped = True
+                    self.model.eval()
+                except Exception as exc:
+                    raise EngineError(f"cannot load adapter {name!r} from {os.fspath(path)!r}: {exc}") from exc
+                self.adapters[name] = os.fspath(path)
+
+    def _wrap_with_adapter(self, name: str, path: str) -> Any:
+        """The plain model wrapped in a PEFT model with adapter ``name`` loaded (``PeftModel.from_pretrained``'s
+        steps), or the plain model unchanged, LoRA layers removed, when the adapter's weights do not fit it."""
+        from peft import PeftConfig, PeftModel
+        from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+
+        config = PeftConfig.from_pretrained(path)
+        config.inference_mode = True
+        wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, PeftModel)
+        wrapped = wrapper(self.model, config, name)
+        try:
+            wrapped.load_adapter(path, name, is_trainable=False)
+        except Exception:
+            wrapped.unload()  # the base model's layers were replaced by LoRA layers: put them back
+            raise
+        return wrapped
 
     def unload_adapter(self, name: str) -> None:
-        """Remove a loaded adapter (waits until no running sequence uses it).
+        """Remove a loaded adapter (waits until no running sequence uses it; waiting requests for it fail with
+        :class:`~agentbolt.serving.params.AdapterNotLoadedError`).
 
         Raises:
             EngineError: Unknown adapter.
         """
-        if name not in self.adapters:
-            raise EngineError(f"adapter {name!r} is not loaded")
-        with self._cond:
-            self._pausers += 1
-            while self._stepping or (self._batch is not None and self._batch_adapter == name):
-                self._pausers -= 1
-                self._cond.wait(0.05)
-                self._pausers += 1
-        try:
-            self.model.delete_adapter(name)
-            del self.adapters[name]
-            if not self.adapters and self._wrapped:
-                self.model = self.model.unload()  # back to the plain base model, LoRA layers removed
-                self._wrapped = False
-            if self.default_adapter == name:
-                self.default_adapter = None
-        finally:
+        with self._adapter_lock:
+            if name not in self.adapters:
+                raise EngineError(f"adapter {name!r} is not loaded")
             with self._cond:
-                self._pausers -= 1
-                self.weight_version += 1
-                self._cond.notify_all()
+                self._pausers += 1
+                while True:
+                    while self._stepping:  # held paused: the next step waits for this check
+                        self._cond.wait()
+                    if self._batch is None or self._batch_adapter != name:
+                        break
+                    self._pausers -= 1  # let the batch using the adapter run to its end
+                    self._cond.notify_all()  # the scheduler may be asleep, paused by this very call
+                    self._cond.wait(0.05)
+                    self._pausers += 1
+            try:
+                self.model.delete_adapter(name)
+                del self.adapters[name]
+                if not self.adapters and self._wrapped:
+                    self.model = self.model.unload()  # back to the plain base model, LoRA layers removed
+                    self._wrapped = False
+                if self.default_adapter == name:
+                    self.default_adapter = None
+            finally:
+                with self._cond:
+                    self._pausers -= 1
+                    self.weight_version += 1
+                    self._cond.notify_all()
 
     # ------------------------------------------------------------------ requests
 
@@ -741,7 +775,7 @@ class TransformersEngine:
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
             raise EngineError(f"stop_token_ids must be in [0, {vocab}), got {max(params.stop_token_ids)}")
         if adapter is not None and adapter not in self.adapters:
-            raise EngineError(f"adapter {adapter!r} is not loaded")
+            raise AdapterNotLoadedError(f"adapter {adapter!r} is not loaded")
         budget = self.max_model_len - len(prompt)
         if budget < 1 or (params.max_tokens is not None and params.max_tokens > budget):
             requested = len(prompt) + (params.max_tokens or 1)
@@ -922,6 +956,13 @@ class TransformersEngine:
         while self._waiting:
             request = self._waiting.popleft()
             if request.cancelled:
+                continue
+            if request.adapter is not None and request.adapter not in self.adapters:
+                # unloaded while the request waited: never run it on other weights
+                self._fail_request(
+                    request,
+                    AdapterNotLoadedError(f"adapter {request.adapter!r} was unloaded before this request started"),
+                )
                 continue
             if running == 0 and not taken:
                 adapter = request.adapter

@@ -60,3 +60,38 @@ def test_a_cache_that_cannot_be_written_is_one_line(
     assert run(["models", "pull"]) == 2
     err = capsys.readouterr().err
     assert "cannot write model 'smollm2-135m-instruct' to the cache" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("files", "fragment"),
+    [
+        ({"config.json": "{oops"}, "config.json' is not valid JSON"),
+        ({"config.json": "[1, 2]"}, "config.json' holds a JSON list, not an object"),
+        ({"config.json": "{}", "tokenizer_config.json": "{oops"}, "tokenizer_config.json' is not valid JSON"),
+    ],
+    ids=["invalid config", "config not an object", "invalid tokenizer config"],
+)
+def test_info_of_a_broken_model_directory_is_one_line(
+    tmp_path: Path, files: dict[str, str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    for name, text in files.items():
+        (model / name).write_text(text)
+    assert run(["models", "info", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_info_of_a_file_that_is_not_gguf_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_text("<html>not found</html>")
+    assert run(["models", "info", str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a GGUF file" in err and err.count("\n") == 1
+
+
+def test_an_empty_model_name_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["models", "info", ""]) == 2
+    err = capsys.readouterr().err
+    assert "model name is empty" in err and err.count("\n") == 1

@@ -77,6 +77,29 @@ def test_bad_arguments_give_one_line_errors(argv: list[str], fragment: str, caps
     assert fragment in err and err.count("\n") == 1
 
 
+def test_a_gguf_file_for_the_transformers_engine_is_refused_before_listening(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    port = find_free_port()
+    assert run(["serve", str(gguf), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert "not the GGUF file" in err and "--engine llamacpp" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("engine", ["transformers", "llamacpp"])
+def test_a_file_named_gguf_that_is_not_one_is_refused(
+    tmp_path: Path, engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_text("<html>rate limited</html>")
+    argv = ["serve", str(fake), "--engine", engine, "--port", str(find_free_port())]
+    assert run(argv + (["--dry-run"] if engine == "llamacpp" else [])) == 2
+    err = capsys.readouterr().err
+    assert "is not a GGUF file" in err and err.count("\n") == 1
+
+
 def test_port_in_use_is_reported(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with taken_port() as port:
         assert run(["serve", str(tiny_model_dir), "--port", str(port)]) == 2
