@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "COMPLETION_DEFAULT_MAX_TOKENS",
@@ -182,6 +182,13 @@ class SamplingRequest(_Strict):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
         return stop
 
+    @field_validator("stream_options")
+    @classmethod
+    def _options_of_a_stream(cls, options: Optional[StreamOptions], info: ValidationInfo) -> Optional[StreamOptions]:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return options
+
     @field_validator("stop_token_ids")
     @classmethod
     def _token_ids_are_non_negative(cls, ids: Optional[List[int]]) -> Optional[List[int]]:
@@ -260,12 +267,18 @@ class ChatCompletionRequest(SamplingRequest):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"tools: function names must be unique, {duplicates} appear more than once")
-        choice = self.tool_choice
+        return self
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_of_an_offered_tool(cls, choice: Any, info: ValidationInfo) -> Any:
+        names = [tool.function.name for tool in info.data.get("tools") or []]
         if choice not in (None, "none") and not names:
-            raise ValueError(f"tool_choice {self.tool_choice_name!r} needs 'tools'")
+            named = f"function:{choice.function.name}" if isinstance(choice, NamedToolChoice) else choice
+            raise ValueError(f"tool_choice {named!r} needs 'tools'")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools {names}")
-        return self
+        return choice
 
     @property
     def tool_choice_name(self) -> str:

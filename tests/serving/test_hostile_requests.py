@@ -120,6 +120,13 @@ CASES: List[Case] = [
     ),
     Case("tool_choice required without tools", CHAT, _chat(tool_choice="required"), 400, "needs 'tools'"),
     Case("tool_choice unknown word", CHAT, _chat(tools=[TOOL], tool_choice="sometimes"), 400, "tool_choice"),
+    Case(
+        "stream_options without a stream",
+        CHAT,
+        _chat(stream_options={"include_usage": True}),
+        400,
+        "only allowed when stream is true",
+    ),
     # token ids and work: serve's to judge (the gateway passes its answer through)
     Case("stop token out of vocabulary", CHAT, _chat(stop_token_ids=[10**9]), 400, "stop_token_ids"),
     Case("negative stop token", CHAT, _chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
@@ -193,6 +200,21 @@ def test_hostile_requests_get_a_clear_4xx_and_leave_the_server_healthy(root: str
         assert error["type"] and "param" in error
         assert error["code"] is None or (isinstance(error["code"], str) and error["code"]), error  # OpenAI's form
         _healthy(client)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_a_field_refused_for_what_another_says_is_the_param_of_the_error(
+    root: str, fields: Dict[str, Any], param: str
+) -> None:
+    response = httpx.post(f"{root}{CHAT}", content=_chat(**fields), headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 def test_both_servers_publish_an_openapi_document_of_what_they_return(root: str) -> None:
