@@ -856,11 +856,18 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         now: float,
         changes: RolloutChanges,
     ) -> None:
-        """A span is a sign of life: the attempt (and, if latest, a preparing/requeuing rollout) becomes running."""
+        """A span is a sign of life: the attempt (and, if latest, a preparing/requeuing rollout) becomes running.
+
+        A span of an attempt that ended (``timeout``, ``failed``, ...) is stored but revives nothing: that attempt
+        stays ended, so a rollout it drove to ``requeuing`` stays queued for its next attempt instead of running
+        on an attempt nobody finishes.
+        """
         updates: Dict[str, Any] = {"last_heartbeat_time": now}
         if attempt.status in ("preparing", "unresponsive"):
             updates["status"] = "running"
         await collections.attempts.update([attempt.model_copy(update=updates)])
+        if updates.get("status", attempt.status) != "running":
+            return
         if rollout.status in ("preparing", "requeuing"):
             latest = await self._latest_attempt(collections, rollout.rollout_id)
             if latest is not None and latest.attempt_id == attempt.attempt_id:

@@ -374,8 +374,7 @@ class SqlQuery:
             matches = memory_predicate()
             items = [item for item in items if matches(item, self.filters, self.aggregate, self.must)]
         if self.sort_name is not None:
-            key = memory.sort_key_function(self.spec.item_type, self.sort_name)
-            items.sort(key=key, reverse=self.order == "desc")
+            memory.sort_items(items, self.spec.item_type, self.sort_name, "desc" if self.order == "desc" else "asc")
         page = memory.paginate(items, limit, offset)
         return ([item.model_dump_json().encode() for item in page] if raw else page), len(items)
 
