@@ -4,31 +4,12 @@ or a model loads."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
-from support.servers import REPO, free_port
-
-
-def error_line(args: List[str]) -> str:
-    """The one error line of ``python -m ARGS`` run from the repository root (argparse prints its usage before it);
-    fails unless the command exited 2 without a traceback."""
-    result = subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    [line] = [line for line in result.stderr.splitlines() if "error:" in line]
-    return line
+from support.examples import error_line, run_example
+from support.servers import free_port
 
 
 @pytest.mark.parametrize(
@@ -42,13 +23,13 @@ def error_line(args: List[str]) -> str:
     ],
 )
 def test_allinone_refuses_a_bad_option_before_a_run_starts(args: List[str], message: str, tmp_path: Path) -> None:
-    assert message in error_line(["examples.sft.allinone", *args, "--output-dir", str(tmp_path / "runs")])
+    assert message in error_line(run_example(["examples.sft.allinone", *args, "--output-dir", str(tmp_path / "runs")]))
     assert not (tmp_path / "runs").exists()
 
 
 def test_the_algorithm_process_refuses_an_option_sft_does_not_have() -> None:
     store = f"http://127.0.0.1:{free_port()}"
-    line = error_line(["examples.sft.algorithm", "--store", store, "--option", "no_such_option=1"])
+    line = error_line(run_example(["examples.sft.algorithm", "--store", store, "--option", "no_such_option=1"]))
     assert line == "error: option no_such_option: not an option of SFT, got 1"
 
 
@@ -58,5 +39,5 @@ def test_the_algorithm_process_over_another_runs_log_is_one_error_line(tmp_path:
     (logs / "metrics.jsonl").write_text('{"step": 0, "val/reward": 0.5}\n')
     store = f"http://127.0.0.1:{free_port()}"
     options = ["--option", f"log_dir={logs}", "--option", f"checkpoint_dir={tmp_path / 'checkpoints'}"]
-    line = error_line(["examples.sft.algorithm", "--store", store, *options])
+    line = error_line(run_example(["examples.sft.algorithm", "--store", store, *options]))
     assert "already holds the metrics of another run" in line

@@ -4,32 +4,17 @@ before any key is checked or any service is called."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import List
 
 import pytest
+from support.examples import error_line, run_example
 from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE_STAND_IN = shlex.join([sys.executable, str(Path(__file__).with_name("claude_stand_in") / "claude")])
-
-
-def error_line(args: List[str]) -> str:
-    """The one error line of ``python -m ARGS`` run from the repository root (argparse prints its usage before it);
-    fails unless the command exited 2 without a traceback."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "AZURE_", "TINKER_"))}
-    environ["PYTHONPATH"] = str(REPO)
-    result = subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    [line] = [line for line in result.stderr.splitlines() if "error:" in line]
-    return line
 
 
 @pytest.mark.parametrize(
@@ -51,10 +36,12 @@ def error_line(args: List[str]) -> str:
     ],
 )
 def test_a_value_out_of_range_is_refused_before_anything_else(args: List[str], message: str) -> None:
-    assert message in error_line(args)
+    assert message in error_line(run_example(args))
 
 
 def test_claude_code_with_a_store_that_refuses_connections_names_its_url() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    line = error_line(["examples.claude_code.claude_code_agent", "--claude", CLAUDE_STAND_IN, "--store", url])
+    line = error_line(
+        run_example(["examples.claude_code.claude_code_agent", "--claude", CLAUDE_STAND_IN, "--store", url])
+    )
     assert line.startswith(f"error: cannot reach the store at {url} (")

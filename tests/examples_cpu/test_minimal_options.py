@@ -3,40 +3,16 @@ stops the script at once with exit code 2 and one error line naming it, never a 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List
 
 import pytest
+from support.examples import error_line, run_example
 from support.servers import free_port, taken_port
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_script(args: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
-    """``python -m ARGS`` from the repository root without the OpenAI variables, plus ``env`` (the timeout only
-    guards the test run against a script that hangs)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    environ["PYTHONPATH"] = str(REPO)
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=120
-    )
-
-
-def error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The one line of stderr that reports the error (argparse prints its usage before it)."""
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    [line] = [line for line in result.stderr.splitlines() if "error:" in line]
-    return line
 
 
 def test_write_metrics_on_a_taken_port_names_the_port() -> None:
     with taken_port() as port:
-        line = error_line(run_script(["examples.minimal.write_metrics", "--port", str(port)]))
+        line = error_line(run_example(["examples.minimal.write_metrics", "--port", str(port)]))
     assert line.startswith(f"error: --port {port}: cannot listen on 127.0.0.1:{port}")
 
 
@@ -49,42 +25,42 @@ def test_write_metrics_on_a_taken_port_names_the_port() -> None:
     ],
 )
 def test_write_metrics_refuses_a_value_out_of_range(args: List[str], message: str) -> None:
-    assert message in error_line(run_script(["examples.minimal.write_metrics", *args]))
+    assert message in error_line(run_example(["examples.minimal.write_metrics", *args]))
 
 
 def test_write_traces_refuses_a_store_that_is_neither_memory_server_nor_url() -> None:
-    line = error_line(run_script(["examples.minimal.write_traces", "--store", "sqlite.db"]))
+    line = error_line(run_example(["examples.minimal.write_traces", "--store", "sqlite.db"]))
     assert line == "error: --store must be 'memory', 'server' or an http(s) URL, not 'sqlite.db'"
 
 
 def test_write_traces_to_a_store_url_that_refuses_connections_names_the_url() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    line = error_line(run_script(["examples.minimal.write_traces", "--store", url]))
+    line = error_line(run_example(["examples.minimal.write_traces", "--store", url]))
     assert line.startswith(f"error: cannot reach the store server at {url} (")
 
 
 def test_write_traces_with_an_llm_that_refuses_connections_names_the_url() -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    line = error_line(run_script(["examples.minimal.write_traces", "--llm-base-url", url]))
+    line = error_line(run_example(["examples.minimal.write_traces", "--llm-base-url", url]))
     assert line.startswith(f"error: cannot reach the OpenAI-compatible endpoint at {url}/models (")
 
 
 def test_llm_proxy_hosted_without_a_key_names_the_variable_and_the_local_backend() -> None:
-    line = error_line(run_script(["examples.minimal.llm_proxy", "hosted"]))
+    line = error_line(run_example(["examples.minimal.llm_proxy", "hosted"]))
     assert line.startswith("error: hosted needs OPENAI_API_KEY") and "llm_proxy local" in line
 
 
 def test_llm_proxy_local_with_a_base_url_that_refuses_connections_names_it() -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    line = error_line(run_script(["examples.minimal.llm_proxy", "local", "--base-url", url]))
+    line = error_line(run_example(["examples.minimal.llm_proxy", "local", "--base-url", url]))
     assert line.startswith(f"error: cannot reach the local engine at {url}/models (")
 
 
 def test_engine_lifecycle_with_an_unknown_model_names_it() -> None:
-    line = error_line(run_script(["examples.minimal.engine_lifecycle", "--model", "no-such-model"]))
+    line = error_line(run_example(["examples.minimal.engine_lifecycle", "--model", "no-such-model"]))
     assert line.startswith("error: --model: model 'no-such-model' is neither a registry name")
 
 
 def test_engine_lifecycle_refuses_an_unknown_dtype() -> None:
-    line = error_line(run_script(["examples.minimal.engine_lifecycle", "--dtype", "fp8"]))
+    line = error_line(run_example(["examples.minimal.engine_lifecycle", "--dtype", "fp8"]))
     assert "argument --dtype: invalid choice: 'fp8'" in line

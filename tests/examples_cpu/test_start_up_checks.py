@@ -6,14 +6,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Iterator
 
 import pytest
+from support.examples import run_example
 from support.servers import free_port, taken_port
 
 from examples.common.environment import (
@@ -23,8 +20,6 @@ from examples.common.environment import (
     require_variables,
     unreachable_reason,
 )
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Every command with a hosted mode, and what its message offers instead of the hosted service.
 HOSTED_COMMANDS = {
@@ -36,17 +31,6 @@ HOSTED_COMMANDS = {
     "apo custom algorithm runner": (["examples.apo.apo_custom_algorithm", "runner", "--hosted"], "drop --hosted"),
     "apo custom algorithm trainer": (["examples.apo.apo_custom_algorithm_trainer", "--hosted"], "drop --hosted"),
 }
-
-
-def run_example(args: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``python -m ARGS`` from the repository root with only ``env`` of the OpenAI variables set (the timeout only
-    guards the test run against a command that hangs)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    environ["PYTHONPATH"] = str(REPO)
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.mark.parametrize("name", sorted(HOSTED_COMMANDS))

@@ -3,29 +3,17 @@ command at once with exit code 2 and one error line, before a run directory, a r
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from support.examples import run_example
 
 
 def run_train(example: str, args: List[str], output_dir: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m examples.EXAMPLE.train ARGS`` from the repository root (the timeout only guards the test run
-    against a command that trains instead of refusing)."""
-    environ = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", f"examples.{example}.train", *args, "--output-dir", str(output_dir), "--no-result"],
-        cwd=REPO,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``python -m examples.EXAMPLE.train ARGS`` (no result file, runs under ``output_dir``)."""
+    return run_example([f"examples.{example}.train", *args, "--output-dir", str(output_dir), "--no-result"])
 
 
 @pytest.mark.parametrize(
@@ -62,14 +50,7 @@ def test_an_output_dir_that_is_a_file_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_help_describes_every_configuration_option() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "examples.calc.train", "--help"],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_example(["examples.calc.train", "--help"])
     assert result.returncode == 0, result.stderr[-2000:]
     text = " ".join(result.stdout.split())
     for description in (
