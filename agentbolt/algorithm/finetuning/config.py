@@ -9,6 +9,7 @@ Each algorithm's config adds its own options and says how long its learning-rate
 
 from __future__ import annotations
 
+import os
 import re
 import types
 from typing import Any, Dict, List, Literal, Optional, Union, get_args, get_origin
@@ -180,6 +181,12 @@ class FinetuningConfig(BaseModel):
     console: bool = Field(default=True, description="Show a rich progress bar and per-step metrics.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard under log_dir.")
     wandb_project: Optional[str] = Field(default=None, description="Also log to this Weights & Biases project.")
+
+    @field_validator("model", "init_adapter", "adapter_dir", "checkpoint_dir", "log_dir", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        """A model or directory given as a path object (``pathlib.Path``) is kept as its text."""
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("*", mode="before")
     @classmethod

@@ -190,7 +190,5 @@ def test_a_log_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path: Pa
     log_file = tmp_path / "logs"
     log_file.write_text("not a directory\n")
     with pytest.raises(ValueError, match=r"log_dir: .*logs is a file, not a directory"):
-        train_from_messages(
-            data, model=str(tmp_path / "no-such-model"), output_dir=tmp_path / "out", log_dir=str(log_file)
-        )
+        train_from_messages(data, model=str(tmp_path / "no-such-model"), output_dir=tmp_path / "out", log_dir=log_file)
     assert log_file.read_text() == "not a directory\n"
