@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +105,13 @@ def test_a_boolean_where_a_number_goes_is_refused(field: str, value: bool) -> No
 def test_a_policy_server_url_that_is_not_http_is_refused(url: str) -> None:
     assert _refused_field(policy_server_url=url) == "policy_server_url"
     assert GRPOConfig(policy_server_url="http://127.0.0.1:8000/v1").policy_server_url == "http://127.0.0.1:8000/v1"
+
+
+def test_models_and_directories_may_be_given_as_path_objects(tmp_path: Path) -> None:
+    config = GRPOConfig(
+        model=tmp_path / "model", checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs", adapter_dir=tmp_path
+    )
+    assert (config.model, config.checkpoint_dir, config.log_dir) == tuple(
+        str(tmp_path / name) for name in ("model", "ckpt", "logs")
+    )
+    assert config.adapter_dir == str(tmp_path)
