@@ -7,6 +7,7 @@ that time out of whichever test happens to start the first inference engine.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import signal
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,6 +35,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def _results_outside_the_repository(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Benchmarks run by tests write their result files to a temporary folder, never to benchmarks/results/."""
     monkeypatch.setenv("AGENTBOLT_RESULTS_DIR", str(tmp_path_factory.mktemp("results", numbered=True)))
+
+
+@pytest.fixture(autouse=True)
+def _library_logging_restored() -> Iterator[None]:
+    """A command line run in process configures the ``agentbolt`` logger (its handler writes to the console of that
+    test); later tests must find it as it was, or their console output holds its log lines."""
+    logger = logging.getLogger("agentbolt")
+    saved = (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate, logger.disabled = saved[2], saved[3]
 
 
 @pytest.fixture
