@@ -24,7 +24,7 @@ from typing import List, Optional
 from examples.common.arguments import count
 from examples.common.environment import CONFIGURATION_ERROR
 from examples.sft.data import load_split
-from examples.sft.settings import CONFIG_FILE, check_options, load_options, parse_options
+from examples.sft.settings import CONFIG_FILE, run_options
 
 __all__ = ["main"]
 
@@ -40,9 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     try:
-        options, _ = load_options(args.config)
-        options.update(parse_options(args.option))
-        check_options(options)
+        options, _ = run_options(args.config, args.option)
     except ValueError as exc:
         parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
 

@@ -35,7 +35,7 @@ from examples.common.environment import CONFIGURATION_ERROR
 from examples.common.heldout import compare, format_table
 from examples.common.training import RunRecord, TrainingInterrupted, add_result_options, read_validation_passes
 from examples.sft.data import family_of, load_split
-from examples.sft.settings import CONFIG_FILE, check_options, load_options, parse_options
+from examples.sft.settings import CONFIG_FILE, run_options
 
 __all__ = ["main", "run", "summarize"]
 
@@ -181,9 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        options, trainer_config = load_options(args.config)
-        options.update(parse_options(args.option))
-        check_options(options)
+        options, trainer_config = run_options(args.config, args.option)
     except ValueError as exc:
         parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
     n_runners = args.runners or trainer_config.n_runners

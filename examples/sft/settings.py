@@ -10,7 +10,7 @@ import yaml  # type: ignore[import-untyped]
 if TYPE_CHECKING:
     from agentbolt.cli.train import RunnerConfig
 
-__all__ = ["CONFIG_FILE", "check_options", "load_options", "parse_options"]
+__all__ = ["CONFIG_FILE", "check_options", "load_options", "parse_options", "run_options"]
 
 CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
 """The example's configuration, also run by ``agentbolt train examples/sft/config.yaml``."""
@@ -74,3 +74,16 @@ def check_options(options: Dict[str, Any]) -> None:
         if first["type"] == "extra_forbidden":
             message = "not an option of SFT"
         raise ValueError(f"option {where}: {message}, got {first.get('input')!r}") from None
+
+
+def run_options(path: Path, overrides: Sequence[str]) -> Tuple[Dict[str, Any], RunnerConfig]:
+    """The checked SFT options of the config file ``path`` with the ``KEY=VALUE`` ``overrides``, and its ``trainer``
+    section (:func:`load_options`, :func:`parse_options`, :func:`check_options`).
+
+    Raises:
+        ValueError: The file, an override or an option is refused (one line naming it).
+    """
+    options, trainer = load_options(path)
+    options.update(parse_options(overrides))
+    check_options(options)
+    return options, trainer
