@@ -22,7 +22,21 @@ import math
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+)
 
 import orjson
 from fastapi import FastAPI, Request
@@ -355,8 +369,17 @@ def _translatable_error_event(error: GatewayError) -> bytes:
     return b"data: " + error.to_body(http_status=error.status_code) + b"\n\n"
 
 
-_TRANSLATION_ERRORS = (TypeError, ValueError, AttributeError, KeyError)
-"""What translating a backend's answer that is not a chat completion (or a stream event that is not a chunk) raises."""
+_NOT_A_CHUNK = "The backend sent a stream event that is not a chat chunk"
+
+
+@contextlib.contextmanager
+def _untranslatable(what: str) -> Iterator[None]:
+    """Turn what translating a backend's answer that is not a chat completion (or a stream event that is not a chunk)
+    raises into a 502 ``upstream_malformed_response`` saying ``what``."""
+    try:
+        yield
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise GatewayError(502, f"{what}: {exc}", "upstream_malformed_response") from exc
 
 
 @dataclass
@@ -376,14 +399,8 @@ class _MessagesTranslation:
         Raises:
             GatewayError: 502 when ``completion`` is not a chat completion the translation can read.
         """
-        try:
+        with _untranslatable("The backend's answer is not a chat completion the gateway can translate"):
             return orjson.dumps(anthropic.chat_to_message(completion, self.model, self.stop_sequences))
-        except _TRANSLATION_ERRORS as exc:
-            raise GatewayError(
-                502,
-                f"The backend's answer is not a chat completion the gateway can translate: {exc}",
-                "upstream_malformed_response",
-            ) from exc
 
     def stream(self) -> _StreamTranslation:
         """A translator for one streamed answer."""
@@ -402,12 +419,8 @@ class _StreamTranslation:
         Raises:
             GatewayError: 502 when an event is not a chat chunk the translation can read.
         """
-        try:
+        with _untranslatable(_NOT_A_CHUNK):
             return self._translator.feed(events)
-        except _TRANSLATION_ERRORS as exc:
-            raise GatewayError(
-                502, f"The backend sent a stream event that is not a chat chunk: {exc}", "upstream_malformed_response"
-            ) from exc
 
     def close(self) -> bytes:
         """The events still owed once the chat stream ended (see :meth:`ChatStreamTranslator.close`).
@@ -415,12 +428,8 @@ class _StreamTranslation:
         Raises:
             GatewayError: 502 when the stream's last event is not a chat chunk the translation can read.
         """
-        try:
+        with _untranslatable(_NOT_A_CHUNK):
             return self._translator.close()
-        except _TRANSLATION_ERRORS as exc:
-            raise GatewayError(
-                502, f"The backend sent a stream event that is not a chat chunk: {exc}", "upstream_malformed_response"
-            ) from exc
 
     def fail(self, error: GatewayError, partial: bytes) -> bytes:
         """The events ending a stream broken by ``error``: ``partial`` (the lines of an event whose blank line never
