@@ -375,29 +375,6 @@ def _check_options(algorithm_class: Type[Any], options: Dict[str, Any]) -> None:
         raise CliError(_first_error(exc, config_class, "options", algorithm_class.__name__)) from None
 
 
-def _check_init_adapter(config: Any) -> None:
-    """Refuse an ``init_adapter`` that is not a PEFT adapter directory of the configured rank and alpha.
-
-    Raises:
-        CliError: No ``adapter_config.json`` in it, or another ``r`` / ``lora_alpha`` than ``lora_r`` / ``lora_alpha``.
-    """
-    if config.init_adapter is None:
-        return
-    settings = Path(config.init_adapter) / "adapter_config.json"
-    if not settings.is_file():
-        raise CliError(f"options.init_adapter: {config.init_adapter} holds no adapter_config.json (a PEFT adapter)")
-    try:
-        saved = json.loads(settings.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise CliError(f"options.init_adapter: cannot read {settings}: {exc}") from None
-    found = (saved.get("r"), saved.get("lora_alpha"))
-    if found != (config.lora_r, config.lora_alpha):
-        raise CliError(
-            f"options.init_adapter: {config.init_adapter} has rank {found[0]} and alpha {found[1]}, but lora_r is "
-            f"{config.lora_r} and lora_alpha {config.lora_alpha:g}: set them to the adapter's"
-        )
-
-
 def _check_metrics_sinks(config: Any) -> None:
     """Refuse a metrics sink whose package is not installed (it would fail after the model loads).
 
@@ -428,7 +405,7 @@ def _check_before_start(algorithm: Any, train: Optional[List[Any]]) -> None:
         check_run_directories,
         check_writable_dir,
     )
-    from agentbolt.algorithm.finetuning.trainer import CheckpointError, resolve_device
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_init_adapter, resolve_device
     from agentbolt.models import DEFAULT_MODEL, ModelNotAvailableError, resolve_model
 
     if not isinstance(algorithm, FinetuningAlgorithm):
@@ -444,7 +421,10 @@ def _check_before_start(algorithm: Any, train: Optional[List[Any]]) -> None:
         resolve_device(config.device)
     except ValueError as exc:
         raise CliError(f"options.device: {exc}") from None
-    _check_init_adapter(config)
+    try:
+        check_init_adapter(config)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"options.{exc}") from None
     _check_metrics_sinks(config)
     try:
         check_writable_dir(config.adapter_dir, "adapter_dir")

@@ -35,6 +35,7 @@ __all__ = [
     "ModelTrainer",
     "RUN_FILE",
     "check_checkpoint_dir",
+    "check_init_adapter",
     "checkpoint_state",
     "chunks",
     "interrupted_run",
@@ -77,6 +78,31 @@ def resolve_device(name: Optional[str]) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} is not available on this machine")
     return device
+
+
+def check_init_adapter(config: FinetuningConfig) -> None:
+    """Refuse an ``init_adapter`` that is not a PEFT adapter directory of the configured rank and alpha (read from its
+    ``adapter_config.json``, so that it is checked before any model loads). No ``init_adapter`` passes.
+
+    Raises:
+        FileNotFoundError: No ``adapter_config.json`` in it.
+        ValueError: The file cannot be read, or the adapter's rank or alpha differs from ``lora_r`` / ``lora_alpha``.
+    """
+    if config.init_adapter is None:
+        return
+    settings = Path(config.init_adapter) / "adapter_config.json"
+    if not settings.is_file():
+        raise FileNotFoundError(f"init_adapter: {config.init_adapter} holds no adapter_config.json (a PEFT adapter)")
+    try:
+        saved = json.loads(settings.read_text(encoding="utf-8"))
+        found = (saved.get("r"), float(saved.get("lora_alpha") or 0.0))
+    except (ValueError, TypeError, AttributeError, OSError) as exc:
+        raise ValueError(f"init_adapter: cannot read {settings}: {exc}") from None
+    if found != (config.lora_r, float(config.lora_alpha)):
+        raise ValueError(
+            f"init_adapter: {config.init_adapter} has rank {found[0]} and alpha {found[1]:g}, but lora_r is "
+            f"{config.lora_r} and lora_alpha {config.lora_alpha:g}: set them to the adapter's"
+        )
 
 
 def lr_multiplier(optimizer_step: int, config: FinetuningConfig) -> float:
@@ -360,17 +386,9 @@ class ModelTrainer:
             FileNotFoundError: No ``adapter_config.json`` in ``adapter_dir``.
             ValueError: The adapter's rank or alpha differs from ``lora_r`` / ``lora_alpha``.
         """
-        from peft import PeftConfig, PeftModel
+        from peft import PeftModel
 
-        if not (Path(adapter_dir) / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"init_adapter {adapter_dir!r} holds no adapter_config.json (a PEFT adapter)")
-        saved = PeftConfig.from_pretrained(adapter_dir)
-        found = (getattr(saved, "r", None), float(getattr(saved, "lora_alpha", 0.0)))
-        if found != (self.config.lora_r, float(self.config.lora_alpha)):
-            raise ValueError(
-                f"init_adapter {adapter_dir!r} has rank {found[0]} and alpha {found[1]:g}, but lora_r is "
-                f"{self.config.lora_r} and lora_alpha {self.config.lora_alpha:g}: set them to the adapter's"
-            )
+        check_init_adapter(self.config.model_copy(update={"init_adapter": adapter_dir}))
         logger.info("Starting from the LoRA adapter in %s", adapter_dir)
         return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
 
