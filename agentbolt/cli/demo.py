@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +13,10 @@ import typer
 
 from agentbolt.cli.errors import CliError
 
-__all__ = ["HELP", "demo_command"]
+__all__ = ["HELP", "INTERRUPTED_EXIT_CODE", "demo_command"]
+
+INTERRUPTED_EXIT_CODE = 130
+"""Exit code of a run stopped by Ctrl-C (or SIGTERM)."""
 
 HELP = (
     "Train SmolLM2-135M-Instruct with GRPO to answer arithmetic questions with a calculator tool, and report "
@@ -28,7 +33,13 @@ def demo_command(
         Path("agentbolt-demo"), "--output-dir", help="Each run gets a new directory under this one."
     ),
     quick: bool = typer.Option(False, "--quick", help="Fewer steps and held-out questions, for a first look."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the generated data, sampling and training."),
+    seed: int = typer.Option(
+        0,
+        "--seed",
+        min=-(2**63),  # torch's range of seeds (GRPO's seed option)
+        max=2**64 - 1,
+        help="Seed of the generated data, sampling and training.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show library logs."),
 ) -> int:
     """Pull the embedded model, start the store, engine, gateway and runners, train, and print the summary."""
@@ -50,11 +61,9 @@ def demo_command(
     from agentbolt.algorithm.grpo.distributed import launched_rank
 
     console = Console()
-    # Checked before minutes of training, not after.
-    if output_dir.exists() and not output_dir.is_dir():
-        raise CliError(f"--output-dir {output_dir} is a file, not a directory")
-    if summary_json is not None and summary_json.is_dir():
-        raise CliError(f"--summary-json {summary_json} is a directory, not a file")
+    output_dir = output_dir.expanduser()  # "--output-dir=~/runs" reaches us unexpanded
+    summary_json = summary_json.expanduser() if summary_json is not None else None
+    _check_outputs(output_dir, summary_json)  # before minutes of training, not after
     overrides = {"output_dir": output_dir, "seed": seed}
     if steps is not None:
         overrides["steps"] = steps
@@ -73,6 +82,8 @@ def demo_command(
         f"[bold]agentbolt demo[/bold]: GRPO on {config.model}, {config.steps} steps x {config.batch_size} questions "
         f"x {config.group_size} rollouts; {config.n_val} held-out questions. Output under {output_dir}/"
     )
+    from agentbolt.demo.run import DemoInterrupted
+
     try:
         with console.status("Preparing the model and the inference engine's decoding kernels ..."):
             from agentbolt.models import resolve_model
@@ -83,6 +94,12 @@ def demo_command(
         result = run_demo(config)
     except ModelNotAvailableError as exc:
         raise CliError(str(exc)) from None
+    except DemoInterrupted as exc:
+        print(f"agentbolt demo: {exc}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt:  # before the runners started: the model was loading
+        print("agentbolt demo: interrupted before training started", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     assert result is not None  # rank 0, or a run alone
     if summary_json is not None:
         summary_json.parent.mkdir(parents=True, exist_ok=True)
@@ -112,3 +129,27 @@ def demo_command(
     for name, path in outputs:
         console.print(f"{name + ':':14} {path}", soft_wrap=True, highlight=False)
     return 0
+
+
+def _check_outputs(output_dir: Path, summary_json: Optional[Path]) -> None:
+    """Refuse an ``--output-dir`` or ``--summary-json`` the run could not write into once it has trained.
+
+    Raises:
+        CliError: The option at fault and why (exit code 2).
+    """
+    from agentbolt.algorithm.finetuning.algorithm import check_writable_dir
+
+    try:
+        check_writable_dir(output_dir, "--output-dir")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if summary_json is None:
+        return
+    if summary_json.is_dir():
+        raise CliError(f"--summary-json {summary_json} is a directory, not a file")
+    if summary_json.exists() and not os.access(summary_json, os.W_OK):
+        raise CliError(f"--summary-json {summary_json} is not writable")
+    try:
+        check_writable_dir(summary_json.parent, f"--summary-json {summary_json}")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None

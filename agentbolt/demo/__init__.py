@@ -16,7 +16,7 @@ from agentbolt.demo.agent import (
     calculate,
     score,
 )
-from agentbolt.demo.run import DemoConfig, DemoResult, run_demo, step_time_split
+from agentbolt.demo.run import DemoConfig, DemoInterrupted, DemoResult, run_demo, step_time_split
 from agentbolt.demo.task import ArithmeticTask, make_splits, parse_answer
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "CALCULATOR_TOOL",
     "CalculatorAgent",
     "DemoConfig",
+    "DemoInterrupted",
     "DemoResult",
     "Episode",
     "RewardConfig",

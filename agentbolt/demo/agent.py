@@ -14,7 +14,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from agentbolt.demo.task import ArithmeticTask, parse_answer
+from agentbolt.demo.task import DEMONSTRATIONS, ArithmeticTask, parse_answer
 from agentbolt.litagent import LitAgent
 from agentbolt.types import LLM, AttemptedRollout, NamedResources, Rollout
 
@@ -54,14 +54,10 @@ CALCULATOR_TOOL: Dict[str, Any] = {
 """The OpenAI function-tool schema of the calculator."""
 
 
-def _demonstration(call_id: str, a: int, op: str, b: int, result: int) -> List[Dict[str, Any]]:
-    expression = f"{a} {op} {b}"
-    arguments = json.dumps({"expression": expression})
+def _demonstration(call_id: str, task: ArithmeticTask) -> List[Dict[str, Any]]:
+    arguments = json.dumps({"expression": task["expression"]})
     return [
-        {
-            "role": "user",
-            "content": f"What is {expression}? Use the calculator tool, then reply with 'ANSWER: <number>'.",
-        },
+        {"role": "user", "content": task["question"]},
         {
             "role": "assistant",
             "content": "",
@@ -69,15 +65,19 @@ def _demonstration(call_id: str, a: int, op: str, b: int, result: int) -> List[D
                 {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
             ],
         },
-        {"role": "tool", "tool_call_id": call_id, "content": str(result)},
-        {"role": "assistant", "content": f"ANSWER: {result}"},
+        {"role": "tool", "tool_call_id": call_id, "content": str(task["answer"])},
+        {"role": "assistant", "content": f"ANSWER: {task['answer']}"},
     ]
 
 
-FEW_SHOT: List[Dict[str, Any]] = _demonstration("call_demo_1", 11, "*", 13, 143) + _demonstration(
-    "call_demo_2", 250, "+", 375, 625
-)
-"""Two worked conversations shown before the question (a 135M model does not call tools from a description alone)."""
+FEW_SHOT: List[Dict[str, Any]] = [
+    message
+    for number, task in enumerate(DEMONSTRATIONS, start=1)
+    for message in _demonstration(f"call_demo_{number}", task)
+]
+"""Two worked conversations shown before the question (a 135M model does not call tools from a description alone).
+
+Their questions are :data:`agentbolt.demo.task.DEMONSTRATIONS`, which no generated question repeats."""
 
 _BINARY: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -99,11 +99,12 @@ def calculate(expression: str) -> str:
         The result as text: an integer when the value is whole, else rounded to 6 decimals.
 
     Raises:
-        CalculatorError: Anything but arithmetic on numbers, division by zero, or a result beyond 1e12.
+        CalculatorError: Anything but arithmetic on numbers, division by zero, a result beyond 1e12, or an
+            expression nested or long beyond what Python parses.
     """
     try:
         tree = ast.parse(expression.replace("x", "*").replace("\u00d7", "*"), mode="eval")
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # the parser's limits: nesting, digits
         raise CalculatorError(f"not an arithmetic expression: {expression!r}") from exc
 
     def bounded(value: float) -> float:
@@ -126,7 +127,10 @@ def calculate(expression: str) -> str:
             return bounded(_BINARY[type(node.op)](left, right))
         raise CalculatorError(f"not an arithmetic expression: {expression!r}")
 
-    value = evaluate(tree)
+    try:
+        value = evaluate(tree)
+    except RecursionError as exc:
+        raise CalculatorError("expression nested too deeply") from exc
     return str(int(value)) if float(value).is_integer() else str(round(value, 6))
 
 
@@ -184,7 +188,7 @@ def _run_tool(name: str, arguments: str) -> tuple[Optional[str], str]:
         return None, f"error: unknown tool {name!r}"
     try:
         payload = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, nested too deeply, or a number of thousands of digits
         return None, "error: arguments are not JSON"
     expression = payload.get("expression") if isinstance(payload, dict) else None
     if not isinstance(expression, (str, int, float)):

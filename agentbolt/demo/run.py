@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DemoConfig",
+    "DemoInterrupted",
     "DemoResult",
     "GrpoRunConfig",
     "fit_grpo",
@@ -156,6 +157,22 @@ class DemoResult:
         return asdict(self)
 
 
+class DemoInterrupted(RuntimeError):
+    """The run stopped (Ctrl-C, SIGTERM) before its final validation, so it has no "after" accuracy.
+
+    Attributes:
+        run_dir: The run directory, holding what the run wrote until then (store, metrics, checkpoints).
+        steps_done: Training steps completed.
+        steps: Training steps the run was to take.
+    """
+
+    def __init__(self, run_dir: Path, steps_done: int, steps: int) -> None:
+        super().__init__(f"interrupted after {steps_done} of {steps} training steps; the partial run is in {run_dir}")
+        self.run_dir = run_dir
+        self.steps_done = steps_done
+        self.steps = steps
+
+
 def step_time_split(metrics_path: str | Path) -> Dict[str, float]:
     """Sum GRPO's per-step timings from a ``metrics.jsonl``: rollout generation vs policy update.
 
@@ -186,15 +203,18 @@ def resolve_demo_dtype(dtype: str) -> str:
 
 
 def new_run_dir(output_dir: Path) -> Path:
-    """A new, empty ``run-<date>-<time>[-N]`` directory under ``output_dir``."""
+    """A new, empty ``run-<date>-<time>[-N]`` directory under ``output_dir``, this call's alone even when other
+    runs create theirs at the same time."""
     output_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir, suffix = output_dir / f"run-{stamp}", 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = output_dir / f"run-{stamp}-{suffix}"
-    run_dir.mkdir()
-    return run_dir
+    while True:
+        try:
+            run_dir.mkdir()  # fails if another run took the name: creating is the check
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+            run_dir = output_dir / f"run-{stamp}-{suffix}"
 
 
 def follow_grpo_updates(config: GrpoRunConfig) -> bool:
@@ -316,14 +336,18 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
 
     Raises:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
+        DemoInterrupted: Ctrl-C (or SIGTERM) stopped the run before its final validation.
+        ValueError: ``n_val`` is below 1, or the split sizes cannot be generated (:func:`make_splits`).
         RuntimeError: Validation did not run (no accuracy to report).
     """
     started = time.perf_counter()
     if follow_grpo_updates(config):
         return None
+    if config.n_val < 1:
+        raise ValueError(f"n_val must be at least 1 (the demo reports held-out accuracy), got {config.n_val}")
+    train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
     run_dir = new_run_dir(Path(config.output_dir))
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
-    train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
     (run_dir / "data.json").write_text(json.dumps({"train": train, "val": val}, indent=1), encoding="utf-8")
     (run_dir / "config.json").write_text(json.dumps(asdict(config), default=str, indent=1), encoding="utf-8")
     dtype = resolve_demo_dtype(config.dtype)
@@ -336,10 +360,13 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
     )
     algorithm = fit_grpo(config, agent, train, val, run_dir)
 
+    train_records = [r for r in algorithm.history if "train/reward_mean" in r]
+    # Trainer.fit returns normally after Ctrl-C; the final validation (at step ``steps``) then never ran.
+    if not any(r.get("step") == config.steps and "val/accuracy" in r for r in algorithm.history):
+        raise DemoInterrupted(run_dir, len(train_records), config.steps)
     accuracies = _val_accuracies(algorithm.history)
     if len(accuracies) < (2 if config.steps > 0 else 1):
         raise RuntimeError("the demo did not complete its validations; see the log for the failure")
-    train_records = [r for r in algorithm.history if "train/reward_mean" in r]
     split = step_time_split(log_dir / "metrics.jsonl")
     curve = log_dir / "reward_curve.png"
     checkpoints = sorted(checkpoint_dir.glob("step_*")) if checkpoint_dir.exists() else []

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +40,38 @@ def test_quick_demo_completes_and_improves(tmp_path: Path) -> None:
     assert Path(summary["curve_path"]).stat().st_size > 0
     assert (Path(summary["checkpoint_dir"]) / "adapter").is_dir()
     assert Path(summary["store_path"]).stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_ctrl_c_during_training_exits_130_with_one_line_and_leaves_no_process(tmp_path: Path) -> None:
+    if not embedded_model_available():
+        pytest.skip(SKIP_REASON)
+    output_dir = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt", "demo", "--quick", "--steps", "2", "--output-dir", str(output_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal, whatever started us
+    )
+    try:
+        # The baseline validation is logged as step 0: training has started, Ctrl-C now.
+        while not any(path.read_text().strip() for path in output_dir.glob("run-*/logs/metrics.jsonl")):
+            assert process.poll() is None, process.communicate()[1].decode()
+            time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = (stream.decode() for stream in process.communicate(timeout=600))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    (run_dir,) = output_dir.glob("run-*")
+    assert f"agentbolt demo: interrupted after 0 of 2 training steps; the partial run is in {run_dir}" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "held-out accuracy after" not in out
+    with pytest.raises(ProcessLookupError):  # no process of the group is left: runners, store server, engine
+        os.killpg(process.pid, 0)
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)

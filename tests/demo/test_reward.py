@@ -47,6 +47,8 @@ def _reward(task: ArithmeticTask, final_text: str, config: RewardConfig = Reward
         pytest.param("ANSWER: 9^9^9^9", id="tower of powers"),
         pytest.param("ANSWER: \uff14\uff14\uff14", id="full-width digits"),
         pytest.param('{"ANSWER": 444}', id="JSON blob"),
+        pytest.param("ANSWER: " + "9" * 5000, id="number beyond int conversion limit"),
+        pytest.param("ANSWER: 444" + ",444" * 2000, id="grouped number beyond int conversion limit"),
     ],
 )
 def test_gameable_final_messages_score_0(final_text: str) -> None:

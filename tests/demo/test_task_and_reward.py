@@ -6,13 +6,21 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from agentbolt.demo.agent import FEW_SHOT, CalculatorError, Episode, RewardConfig, calculate, run_episode, score
-from agentbolt.demo.run import step_time_split
-from agentbolt.demo.task import make_splits, parse_answer
+from agentbolt.demo.agent import (
+    FEW_SHOT,
+    CalculatorError,
+    Episode,
+    RewardConfig,
+    calculate,
+    run_episode,
+    score,
+)
+from agentbolt.demo.run import new_run_dir, step_time_split
+from agentbolt.demo.task import DEMONSTRATIONS, make_splits, parse_answer, question_key
 
 
 def test_splits_are_deterministic_disjoint_and_correct() -> None:
@@ -58,7 +66,21 @@ def test_calculator(expression: str, expected: str) -> None:
     assert calculate(expression) == expected
 
 
-@pytest.mark.parametrize("expression", ["__import__('os')", "2 ** 8", "1 / 0", "abc", "9" * 20, "", "[1]"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os')",
+        "2 ** 8",
+        "1 / 0",
+        "abc",
+        "9" * 20,
+        "",
+        "[1]",
+        pytest.param("9" * 5000, id="literal beyond int conversion limit"),
+        pytest.param("-" * 100_000 + "1", id="deeply nested signs"),
+        pytest.param("+".join(["1"] * 100_000), id="very long sum"),
+    ],
+)
 def test_calculator_rejects_non_arithmetic(expression: str) -> None:
     with pytest.raises(CalculatorError):
         calculate(expression)
@@ -77,6 +99,18 @@ def test_reward_is_strict_for_correct_answers_and_credits_format_below_one() -> 
     assert score(broken_tool, task, credit) == 0.0
     both = Episode(tool_calls=["1"], tool_results=["1"], answer=task["answer"] + 1)
     assert score(both, task, RewardConfig(tool_credit=0.6, format_credit=0.6)) < 1.0
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_no_generated_question_is_a_worked_example(seed: int) -> None:
+    demonstrated = {question_key(t) for t in DEMONSTRATIONS}
+    train, val = make_splits(256, 48, seed=seed)
+    assert not demonstrated & {question_key(t) for t in train + val}
+
+
+def test_split_sizes_beyond_the_distinct_questions_are_refused() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        make_splits(10**6, 48)
 
 
 def test_few_shot_demonstrations_are_consistent() -> None:
@@ -188,6 +222,27 @@ async def test_agent_reports_bad_tool_calls_to_the_model(scripted_server: str) -
     assert _ScriptedChat.requests[1]["messages"][-1]["content"] == "error: arguments are not JSON"
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param('{"expression": %s}' % ("9" * 5000), id="number beyond int conversion limit"),
+        pytest.param('{"expression": "%s"}' % ("-" * 100_000 + "1"), id="deeply nested signs"),
+        pytest.param("[" * 100_000, id="deeply nested JSON"),
+    ],
+)
+async def test_hostile_tool_arguments_are_reported_to_the_model(scripted_server: str, arguments: str) -> None:
+    from openai import AsyncOpenAI
+
+    task = make_splits(0, 1)[1][0]
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    _ScriptedChat.replies = [{"content": "", "tool_calls": [call]}, {"content": f"ANSWER: {task['answer']}"}]
+    _ScriptedChat.requests = []
+    async with AsyncOpenAI(base_url=scripted_server, api_key="unused", max_retries=0) as client:
+        episode = await run_episode(client, "m", task)
+    assert len(episode.tool_results) == 1 and episode.tool_results[0].startswith("error")
+    assert _ScriptedChat.requests[1]["messages"][-1]["content"] == episode.tool_results[0]
+
+
 def test_cli_rejects_bad_arguments_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agentbolt.cli.app import run
 
@@ -201,3 +256,95 @@ def test_cli_rejects_bad_arguments_before_loading_anything(tmp_path: Path, capsy
     assert "is a directory, not a file" in capsys.readouterr().err
     assert run(["demo", "--help"]) == 0
     assert "--summary-json" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--steps", "-1"), ("--steps", "two"), ("--seed", str(2**64)), ("--seed", str(-(2**63) - 1)), ("--seed", "1.5")],
+)
+def test_cli_rejects_numbers_out_of_range_before_loading_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    from agentbolt.cli.app import run
+
+    argv = ["demo", "--quick", "--steps", "0", "--output-dir", str(tmp_path / "runs"), option, value]
+    assert run(argv) == 2
+    assert f"'{option}'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        pytest.param("--output-dir", "a-file/out cannot be created: ", id="output directory under a file"),
+        pytest.param("--summary-json", "a-file is a file, not a directory", id="summary file under a file"),
+    ],
+)
+def test_cli_rejects_unwritable_outputs_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, message: str
+) -> None:
+    from agentbolt.cli.app import run
+
+    (tmp_path / "a-file").write_text("")
+    paths = {"--output-dir": str(tmp_path / "runs"), "--summary-json": str(tmp_path / "summary.json")}
+    paths[option] = str(tmp_path / "a-file" / "out")
+    argv = ["demo", "--quick", "--steps", "0", *(part for pair in paths.items() for part in pair)]
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert f"agentbolt: error: {option}" in err and message in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--summary-json"])
+def test_cli_expands_a_tilde_in_output_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    from agentbolt.cli.app import run
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    (home / "a-file").write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    # "--option=~/..." reaches the command unexpanded: the shell expands a tilde only at the start of a word.
+    argv = ["demo", "--quick", "--steps", "0", f"{option}=~/a-file/out"]
+    assert run(argv) == 2
+    assert str(home / "a-file") in capsys.readouterr().err
+    assert not (cwd / "~").exists()
+
+
+def test_a_demo_without_held_out_questions_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from agentbolt.demo.run import DemoConfig, run_demo
+
+    with pytest.raises(ValueError, match="n_val"):
+        run_demo(DemoConfig(n_val=0, steps=0, runners=1, output_dir=tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
+
+
+def _new_run_dirs_at_once(output_dir: Path, runs: int) -> Tuple[List[Path], List[BaseException]]:
+    """Call ``new_run_dir(output_dir)`` from ``runs`` threads released together; the directories and the errors."""
+    start = threading.Barrier(runs)
+    made: List[Path] = []
+    errors: List[BaseException] = []
+
+    def make() -> None:
+        start.wait()
+        try:
+            made.append(new_run_dir(output_dir))
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return made, errors
+
+
+def test_runs_started_at_once_each_get_a_new_directory(tmp_path: Path) -> None:
+    for round_ in range(10):
+        made, errors = _new_run_dirs_at_once(tmp_path / f"round-{round_}", 16)
+        assert errors == [] and len(set(made)) == 16
+        assert all(path.is_dir() and not any(path.iterdir()) for path in made)
