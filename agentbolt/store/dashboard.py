@@ -428,9 +428,17 @@ class _AssetFiles(StaticFiles):
 
 
 def _relative_base(path: str) -> str:
-    """``<base href>`` leading from ``path`` back to the app's root, whatever prefix a proxy serves it under."""
+    """``<base href>`` leading from ``path`` (as the browser sent it, still percent-encoded) back to the app's root,
+    whatever prefix a proxy serves it under."""
     depth = path.count("/") - 1
     return "./" if depth <= 0 else "../" * depth
+
+
+def _sent_path(request: Request) -> str:
+    """The request's path as the browser wrote it: an encoded ``/`` (``%2F``, as in the address of a resources id
+    holding a slash) stays one segment there, so it must not count as a level of the address."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if raw else request.url.path
 
 
 def _index_page(index_html: str, path: str) -> Response:
@@ -459,7 +467,7 @@ def _mount_app(app: FastAPI, directory: Path) -> None:
     @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def dashboard_page(request: Request, path: str) -> Response:
         if request.method in ("GET", "HEAD") and is_public_page(request.url.path):
-            return _index_page(index_html, request.url.path)
+            return _index_page(index_html, _sent_path(request))
         allowed = _methods_of_other_routes(request)
         if allowed:
             raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"allow": ", ".join(allowed)})

@@ -101,6 +101,13 @@ export async function request<T>(method: "GET" | "POST", path: string, options: 
       body = text;
     }
   }
+  if (response.ok && typeof body === "string") {
+    // Not the store's JSON: a page a proxy or a login wall answers with, or an endpoint that is not a store.
+    const type = response.headers.get("content-type") ?? "no content type";
+    const error = new ApiError(`${url.pathname} answered with something that is not JSON (${type}): is ${apiRoot()} a store?`, response.status);
+    notify(error);
+    throw error;
+  }
   if (!response.ok) {
     const detail = detailOf(body);
     const message = messageOf(detail) ?? `${response.status} ${response.statusText}`;
@@ -212,8 +219,11 @@ export const api = {
   rollouts: (query: Query) => request<RolloutPage>("GET", "dashboard/rollouts", { query }),
   rollout: (id: string) => request<Rollout | null>("GET", `rollouts/${encodeURIComponent(id)}`),
   attempts: (id: string) => request<Page<Attempt>>("GET", `rollouts/${encodeURIComponent(id)}/attempts`),
-  spans: (rolloutId: string, attemptId: string) =>
-    request<Page<Span>>("POST", "spans/search", { body: { rollout_id: rolloutId, attempt_id: attemptId } }),
+  /** The spans of an attempt by sequence id: the first `limit` (all when none), only those named `name`, or one. */
+  spans: (rolloutId: string, attemptId: string, options: { limit?: number; name?: string; spanId?: string } = {}) =>
+    request<Page<Span>>("POST", "spans/search", {
+      body: { rollout_id: rolloutId, attempt_id: attemptId, limit: options.limit, name: options.name, span_id: options.spanId },
+    }),
   resources: () => request<Page<ResourcesUpdate>>("GET", "resources", { query: { sort_by: "update_time", sort_order: "desc" } }),
   resourcesById: (id: string) => request<ResourcesUpdate | null>("GET", `resources/${encodeURIComponent(id)}`),
   workers: () => request<{ items: Worker[]; window_seconds: number; now: number }>("GET", "dashboard/workers"),

@@ -1,5 +1,5 @@
 // The dashboard app: navigation, the connection banner, the API key prompt, and the pages.
-import { render } from "preact";
+import { Component, render, type ComponentChildren } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, apiRoot, onConnection, request } from "./api";
 import { retryAll } from "./hooks";
@@ -42,6 +42,35 @@ function Page(props: { location: Location }) {
       </p>
     </NotFound>
   );
+}
+
+/** A page that fails to render (data the page did not expect) says so, and the rest of the app keeps working. */
+class PageBoundary extends Component<{ children: ComponentChildren }, { error: Error | null }> {
+  state = { error: null as Error | null };
+
+  static getDerivedStateFromError(error: unknown) {
+    return { error: error instanceof Error ? error : new Error(String(error)) };
+  }
+
+  componentDidCatch(error: unknown) {
+    console.error("The page failed to render:", error);
+  }
+
+  render() {
+    if (!this.state.error) return this.props.children;
+    return (
+      <NotFound title="This page could not be shown">
+        <p>
+          It failed on what the store answered: <code>{this.state.error.message}</code>
+        </p>
+        <p>
+          <button type="button" onClick={() => this.setState({ error: null })}>
+            Try again
+          </button>
+        </p>
+      </NotFound>
+    );
+  }
 }
 
 function Redirect(props: { to: string }) {
@@ -161,7 +190,9 @@ function App() {
         />
       )}
       <main id="main" tabIndex={-1}>
-        <Page key={`${epoch}:${location.path}`} location={location} />
+        <PageBoundary key={`${epoch}:${location.path}`}>
+          <Page location={location} />
+        </PageBoundary>
       </main>
     </>
   );

@@ -60,15 +60,21 @@ export function withQuery(path: string, params: Record<string, string | number |
   return text ? `${path}?${text}` : path;
 }
 
-/** Route matching: "/rollouts/:id" against "/rollouts/ro-1" gives {id: "ro-1"}. */
+/** Route matching: "/rollouts/:id" against "/rollouts/ro-1" gives {id: "ro-1"}. A parameter that is not valid
+ * percent-encoding ("/rollouts/%E0%A4") matches nothing: the address then shows the not-found page. */
 export function match(pattern: string, path: string): Record<string, string> | null {
   const p = pattern.split("/").filter(Boolean);
   const s = path.split("/").filter(Boolean);
   if (p.length !== s.length) return null;
   const result: Record<string, string> = {};
   for (let i = 0; i < p.length; i++) {
-    if (p[i].startsWith(":")) result[p[i].slice(1)] = decodeURIComponent(s[i]);
-    else if (p[i] !== s[i]) return null;
+    if (p[i].startsWith(":")) {
+      try {
+        result[p[i].slice(1)] = decodeURIComponent(s[i]);
+      } catch {
+        return null;
+      }
+    } else if (p[i] !== s[i]) return null;
   }
   return result;
 }

@@ -14,9 +14,14 @@ function listify(node: unknown): unknown {
   return Object.fromEntries(entries);
 }
 
-/** The attributes under `prefix` as a nested value ("a.0.b" keys become [{b: ...}]); undefined when none. */
+/**
+ * The attributes under `prefix` as a nested value ("a.0.b" keys become [{b: ...}]); undefined when none.
+ *
+ * The nodes have no prototype: an agent writes the keys, and one such as "gen_ai.prompt.__proto__.x" must make a
+ * node named "__proto__", not write into Object.prototype (which would change every object of the page).
+ */
 export function unflatten(attributes: Record<string, unknown>, prefix: string): unknown {
-  const root: Record<string, unknown> = {};
+  const root: Record<string, unknown> = Object.create(null);
   let found = false;
   for (const [key, value] of Object.entries(attributes)) {
     if (key !== prefix && !key.startsWith(prefix + ".")) continue;
@@ -27,7 +32,7 @@ export function unflatten(attributes: Record<string, unknown>, prefix: string): 
     parts.forEach((part, i) => {
       if (i === parts.length - 1) node[part] = value;
       else {
-        if (node[part] === null || typeof node[part] !== "object") node[part] = {};
+        if (node[part] === null || typeof node[part] !== "object") node[part] = Object.create(null);
         node = node[part] as Record<string, unknown>;
       }
     });
@@ -53,15 +58,23 @@ export function spanTree(spans: Span[]): TreeRow[] {
   const order = (a: Span, b: Span) => (a.start_time ?? 0) - (b.start_time ?? 0) || a.sequence_id - b.sequence_id;
   const rows: TreeRow[] = [];
   const seen = new Set<string>();
-  const visit = (parent: string | null, depth: number) => {
-    for (const span of (children.get(parent) ?? []).sort(order)) {
+  // Depth first with a stack of its own, not recursion: a chain of spans each the child of the one before may be
+  // deeper than the JavaScript call stack.
+  const stack: Array<{ span: Span; depth: number }> = [];
+  const visit = (roots: Span[]) => {
+    for (let i = roots.length - 1; i >= 0; i--) stack.push({ span: roots[i], depth: 0 });
+    while (stack.length) {
+      const { span, depth } = stack.pop()!;
       if (seen.has(span.span_id)) continue;
       seen.add(span.span_id);
-      rows.push({ span, depth, childCount: (children.get(span.span_id) ?? []).length });
-      visit(span.span_id, depth + 1);
+      const kids = (children.get(span.span_id) ?? []).sort(order);
+      rows.push({ span, depth, childCount: kids.length });
+      for (let i = kids.length - 1; i >= 0; i--) stack.push({ span: kids[i], depth: depth + 1 });
     }
   };
-  visit(null, 0);
+  visit((children.get(null) ?? []).sort(order));
+  // Spans whose parents form a cycle (a's parent b, b's parent a) hang from no root: they are listed as roots.
+  for (const span of [...spans].sort(order)) if (!seen.has(span.span_id)) visit([span]);
   return rows;
 }
 
@@ -134,6 +147,9 @@ export function llmCall(span: Span): LlmCall | null {
   };
 }
 
+/** The name of the spans `emit_reward` records (annotation spans), where the store reads a rollout's reward. */
+export const REWARD_SPAN_NAME = "agentlightning.annotation";
+
 export interface Reward {
   name: string;
   value: number;
@@ -150,7 +166,7 @@ export function rewards(span: Span): Reward[] {
       .map((r) => ({ name: String((r as Record<string, unknown>).name ?? "reward"), value: fromWire((r as Record<string, unknown>).value)! }));
   }
   const legacy = fromWire(a["reward"]);
-  if (span.name === "agentlightning.annotation" && legacy !== null) return [{ name: "reward", value: legacy }];
+  if (span.name === REWARD_SPAN_NAME && legacy !== null) return [{ name: "reward", value: legacy }];
   return [];
 }
 

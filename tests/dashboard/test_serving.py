@@ -61,6 +61,15 @@ async def test_every_page_path_gets_the_app_without_the_key(server: LightningSto
         assert '<base href="../../../">' in nested.text
 
 
+async def test_an_encoded_slash_in_an_id_is_not_a_level_of_the_base_href(server: LightningStoreServer) -> None:
+    # A resources id may hold a "/": its page's address escapes it ("%2F"), and the browser resolves the base from that
+    # address, where the id is one segment. Counted as two, the base would lead above a proxy's path prefix.
+    async with httpx.AsyncClient(base_url=server.endpoint) as http:
+        answer = await http.get("/resources/team%2Fprompt%2Fv2")
+    assert answer.status_code == 200
+    assert '<base href="../">' in answer.text
+
+
 async def test_assets_are_cached_for_a_year_and_unknown_ones_are_404(server: LightningStoreServer) -> None:
     script = next(p.name for p in (DASHBOARD_DIR / "assets").iterdir() if p.suffix == ".js")
     async with httpx.AsyncClient(base_url=server.endpoint) as http:

@@ -82,7 +82,7 @@ export function ResourcesPage(props: { location: Location; resourcesId?: string 
                 const score = scoreOf.get(r.resources_id);
                 return (
                   <tr key={r.resources_id} class={r.resources_id === props.resourcesId ? "selected" : ""}>
-                    <td>
+                    <td class="clip" title={r.resources_id}>
                       <Link to={`/resources/${encodeURIComponent(r.resources_id)}`} class="mono">
                         {r.resources_id}
                       </Link>

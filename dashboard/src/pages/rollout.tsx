@@ -5,7 +5,7 @@ import { ErrorNote, KeyValues, Link, Loading, NotFound, StatusBadge, TextBlock }
 import { formatAge, formatDuration, formatReward, formatTime } from "../format";
 import { useData } from "../hooks";
 import { navigate, type Location } from "../router";
-import { finalReward } from "../spans";
+import { finalReward, REWARD_SPAN_NAME } from "../spans";
 import { TraceView } from "./trace";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -88,15 +88,19 @@ export function RolloutPage(props: { rolloutId: string; attemptId?: string; loca
         <AttemptTimeline rollout={r} attempts={list} selected={selected?.attempt_id} />
         <AttemptTable rollout={r} attempts={list} selected={selected?.attempt_id} />
       </section>
-      {selected && <TraceView rollout={r} attempt={selected} location={props.location} live={!TERMINAL.has(r.status)} />}
+      {selected && (
+        <TraceView key={selected.attempt_id} rollout={r} attempt={selected} location={props.location} live={!TERMINAL.has(r.status)} />
+      )}
     </article>
   );
 }
 
+/** The attempt's last reward, read from its reward spans as the store reads it for the rollout lists (an attempt may
+ * hold many other spans, which are not read for it). */
 function FinalReward(props: { rollout: Rollout; attempt?: Attempt }) {
   const { rollout, attempt } = props;
   const spans = useData(
-    () => (attempt ? api.spans(rollout.rollout_id, attempt.attempt_id) : Promise.resolve(null)),
+    () => (attempt ? api.spans(rollout.rollout_id, attempt.attempt_id, { name: REWARD_SPAN_NAME }) : Promise.resolve(null)),
     `reward:${rollout.rollout_id}:${attempt?.attempt_id}`,
     !TERMINAL.has(rollout.status),
   );

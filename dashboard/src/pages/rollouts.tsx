@@ -225,17 +225,33 @@ export function RolloutsPage(props: { location: Location }) {
                     </td>
                     <td class="num">{formatReward(r.reward)}</td>
                     <td class="num">{r.attempt?.sequence_id ?? 0}</td>
-                    <td class="mono">{r.attempt?.worker_id ?? "–"}</td>
+                    <td class="mono clip" title={r.attempt?.worker_id ?? undefined}>
+                      {r.attempt?.worker_id ?? "–"}
+                    </td>
                     <td>{formatTime(r.start_time)}</td>
                     <td class="num">{formatDuration(r.duration)}</td>
-                    <td class="mono">
+                    <td class="mono clip" title={r.resources_id ?? undefined}>
                       {r.resources_id ? <Link to={`/resources/${encodeURIComponent(r.resources_id)}`}>{r.resources_id}</Link> : "–"}
                     </td>
                   </tr>
                 ))}
               </tbody>
             </table>
-            {!data.items.length && <p class="muted empty">No rollout matches.</p>}
+            {!data.items.length &&
+              (data.total > 0 ? (
+                <p class="muted empty">
+                  This page is past the last of the {data.total.toLocaleString()} rollouts that match.{" "}
+                  <button
+                    type="button"
+                    class="link-button"
+                    onClick={() => update({ offset: String(Math.floor((data.total - 1) / data.limit) * data.limit) }, true)}
+                  >
+                    Go to the last page
+                  </button>
+                </p>
+              ) : (
+                <p class="muted empty">No rollout matches.</p>
+              ))}
           </div>
           <div class="table-foot">
             <Pagination total={data.total} offset={data.offset} limit={data.limit} onPage={(o) => update({ offset: String(Math.max(0, o)) }, true)} />

@@ -1,5 +1,6 @@
 // The trace of one attempt: the span tree on a time axis, and the selected span's details (LLM call messages, tool
 // calls, response, token counts, token ids and logprobs; rewards; annotations; links; attributes).
+import { useEffect, useMemo, useState } from "preact/hooks";
 import { api, type Attempt, type Rollout, type Span } from "../api";
 import { ErrorNote, KeyValues, Loading, TextBlock, Truncated } from "../components/common";
 import { formatDuration, formatNumber, toText } from "../format";
@@ -7,13 +8,24 @@ import { useData } from "../hooks";
 import { navigate, withQuery, type Location } from "../router";
 import { linkedSpans, llmCall, rewards, spanKind, spanTree, tags, type ChatMessage, type LlmCall } from "../spans";
 
+/** Spans read at a time: an attempt may hold tens of thousands, and the tree shows the first ones by sequence id. */
+const SPAN_PAGE = 1000;
+/** Deepest indent drawn in the tree: deeper spans line up at it (their level is still announced). */
+const MAX_INDENT_LEVELS = 24;
+
 export function TraceView(props: { rollout: Rollout; attempt: Attempt; location: Location; live: boolean }) {
   const { rollout, attempt } = props;
-  const spans = useData(() => api.spans(rollout.rollout_id, attempt.attempt_id), `spans:${attempt.attempt_id}`, props.live);
+  const [limit, setLimit] = useState(SPAN_PAGE);
+  const spans = useData(() => api.spans(rollout.rollout_id, attempt.attempt_id, { limit }), `spans:${attempt.attempt_id}`, props.live);
+  // More spans are read into the same data, so the tree stays on screen while they load.
+  useEffect(() => {
+    if (limit > SPAN_PAGE) spans.reload();
+  }, [limit]);
   const selectedId = props.location.params.get("span");
   const select = (spanId: string | null) =>
     navigate(withQuery(props.location.path, { span: spanId }), { replace: true });
   const items = spans.data?.items ?? [];
+  const total = spans.data?.total ?? items.length;
   const selected = items.find((s) => s.span_id === selectedId) ?? null;
   return (
     <section aria-labelledby="trace-title" class="card trace">
@@ -25,9 +37,25 @@ export function TraceView(props: { rollout: Rollout; attempt: Attempt; location:
       {spans.data && !items.length && <p class="muted">This attempt has no span yet.</p>}
       {items.length > 0 && (
         <div class="trace-layout">
-          <SpanTree spans={items} selected={selected?.span_id ?? null} onSelect={select} />
+          <div>
+            <SpanTree spans={items} selected={selected?.span_id ?? null} onSelect={select} />
+            {total > items.length && (
+              <p class="muted more-spans">
+                The first {items.length.toLocaleString()} of {total.toLocaleString()} spans, by sequence id.{" "}
+                <button type="button" class="link-button" disabled={spans.loading} onClick={() => setLimit(items.length + SPAN_PAGE)}>
+                  show {Math.min(SPAN_PAGE, total - items.length).toLocaleString()} more
+                </button>
+              </p>
+            )}
+          </div>
           <div class="span-details" aria-live="polite">
-            {selected ? <SpanDetails span={selected} spans={items} onSelect={select} /> : <p class="muted">Select a span to see its details.</p>}
+            {selected ? (
+              <SpanDetails span={selected} spans={items} onSelect={select} />
+            ) : selectedId && spans.data ? (
+              <UnlistedSpan rollout={rollout} attempt={attempt} spanId={selectedId} spans={items} onSelect={select} />
+            ) : (
+              <p class="muted">Select a span to see its details.</p>
+            )}
           </div>
         </div>
       )}
@@ -35,12 +63,36 @@ export function TraceView(props: { rollout: Rollout; attempt: Attempt; location:
   );
 }
 
+/** The selected span when it is not among the spans read for the tree (a link to a late span of a long trace). */
+function UnlistedSpan(props: { rollout: Rollout; attempt: Attempt; spanId: string; spans: Span[]; onSelect: (id: string) => void }) {
+  const { rollout, attempt, spanId } = props;
+  const one = useData(
+    () => api.spans(rollout.rollout_id, attempt.attempt_id, { spanId, limit: 1 }),
+    `span:${attempt.attempt_id}:${spanId}`,
+    false,
+  );
+  if (!one.data) return one.error ? <ErrorNote error={one.error} what={`span ${spanId}`} /> : <Loading what={`span ${spanId}`} />;
+  const span = one.data.items[0];
+  if (!span)
+    return (
+      <p class="error-note">
+        This attempt has no span <span class="mono">{spanId}</span>.
+      </p>
+    );
+  return <SpanDetails span={span} spans={props.spans} onSelect={props.onSelect} />;
+}
+
 function SpanTree(props: { spans: Span[]; selected: string | null; onSelect: (id: string) => void }) {
-  const rows = spanTree(props.spans);
-  const times = props.spans.flatMap((s) => [s.start_time, s.end_time]).filter((t): t is number => t !== null);
-  const start = times.length ? Math.min(...times) : 0;
-  const end = times.length ? Math.max(...times) : 1;
-  const total = Math.max(end - start, 1e-6);
+  // Worked out once per answer of the store, not on each render (selecting a span renders the page again).
+  const { rows, start, total } = useMemo(() => {
+    let [first, last] = [Infinity, -Infinity];
+    for (const s of props.spans)
+      for (const t of [s.start_time, s.end_time])
+        if (t !== null && Number.isFinite(t)) [first, last] = [Math.min(first, t), Math.max(last, t)];
+    if (first > last) [first, last] = [0, 1];
+    const rows = spanTree(props.spans).map((row) => ({ ...row, kind: spanKind(row.span), reward: rewards(row.span)[0] }));
+    return { rows, start: first, total: Math.max(last - first, 1e-6) };
+  }, [props.spans]);
   return (
     <div class="span-tree">
       <div class="span-axis" aria-hidden="true">
@@ -49,11 +101,9 @@ function SpanTree(props: { spans: Span[]; selected: string | null; onSelect: (id
         <span>{formatDuration(total)}</span>
       </div>
       <ul role="tree" aria-label="span tree">
-        {rows.map(({ span, depth, childCount }) => {
+        {rows.map(({ span, depth, childCount, kind, reward }) => {
           const s = span.start_time ?? start;
           const e = span.end_time ?? s;
-          const kind = spanKind(span);
-          const reward = rewards(span)[0];
           return (
             <li
               key={span.span_id}
@@ -64,7 +114,7 @@ function SpanTree(props: { spans: Span[]; selected: string | null; onSelect: (id
               class={`span-row kind-${kind} ${span.span_id === props.selected ? "selected" : ""}`}
             >
               <button type="button" class="span-button" onClick={() => props.onSelect(span.span_id)} data-span-id={span.span_id}>
-                <span class="span-name" style={{ paddingLeft: `${depth * 14}px` }}>
+                <span class="span-name" style={{ paddingLeft: `${Math.min(depth, MAX_INDENT_LEVELS) * 14}px` }}>
                   <span class={`kind-dot kind-${kind}`} aria-hidden="true" />
                   {span.name}
                   {typeof span.attributes?.["agentlightning.operation.name"] === "string" && (
@@ -96,7 +146,9 @@ function SpanDetails(props: { span: Span; spans: Span[]; onSelect: (id: string) 
   const spanTags = tags(span);
   return (
     <div>
-      <h3>{span.name}</h3>
+      <h3>
+        <Truncated text={span.name} limit={300} label="the span name" />
+      </h3>
       <KeyValues
         label="span"
         rows={[

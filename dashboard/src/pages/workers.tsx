@@ -35,7 +35,9 @@ export function WorkersPage(props: { location: Location }) {
             <tbody>
               {items.map((w) => (
                 <tr key={w.worker_id} class={w.worker_id === highlight ? "selected" : ""}>
-                  <td class="mono">{w.worker_id}</td>
+                  <td class="mono clip" title={w.worker_id}>
+                    {w.worker_id}
+                  </td>
                   <td>
                     <StatusBadge status={w.status} />
                   </td>
