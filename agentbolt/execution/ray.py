@@ -19,10 +19,11 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
 from agentbolt.env_var import (
     API_KEY_ENV_VAR,
@@ -30,8 +31,9 @@ from agentbolt.env_var import (
     resolve_int_env_var,
     resolve_str_env_var,
 )
+from agentbolt.utils.checks import check_count, check_finite, check_port
 from agentbolt.utils.imports import import_extra
-from agentbolt.utils.server_launcher import pick_free_port
+from agentbolt.utils.server_launcher import bind_socket, pick_free_port
 
 from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
 from .events import ExecutionEvent, ThreadingEvent
@@ -182,7 +184,8 @@ class RayExecutionStrategy(ExecutionStrategy):
         poll_interval: Seconds between two checks of the actors' health.
 
     Raises:
-        ValueError: A count or resource amount out of range.
+        TypeError: A setting of the wrong type (a count that is not an integer, an amount that is not a number...).
+        ValueError: A count, amount, timeout or port out of range, or an ``address`` of none of the forms above.
     """
 
     alias = "ray"
@@ -207,25 +210,36 @@ class RayExecutionStrategy(ExecutionStrategy):
         startup_timeout: float = 120.0,
         poll_interval: float = 0.5,
     ) -> None:
-        if n_runners < 1:
-            raise ValueError(f"n_runners must be at least 1, got {n_runners}")
-        if num_cpus_per_runner < 0 or num_gpus_per_runner < 0:
-            raise ValueError(
-                f"num_cpus_per_runner and num_gpus_per_runner must be >= 0, got {num_cpus_per_runner} and "
-                f"{num_gpus_per_runner}"
-            )
+        check_count(n_runners, "n_runners")
+        check_finite(num_cpus_per_runner, "num_cpus_per_runner", minimum=0)
+        check_finite(num_gpus_per_runner, "num_gpus_per_runner", minimum=0)
+        for name, mapping in (
+            ("resources_per_runner", resources_per_runner),
+            ("runtime_env", runtime_env),
+            ("init_kwargs", init_kwargs),
+        ):
+            if mapping is not None and not isinstance(mapping, Mapping):
+                raise TypeError(f"{name} must be a dict, got {type(mapping).__name__} {mapping!r}")
+        if init_kwargs and "address" in init_kwargs:
+            raise ValueError("init_kwargs must not hold 'address': pass it as address=")
         for name, amount in (resources_per_runner or {}).items():
-            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not amount >= 0:
                 raise ValueError(f"resources_per_runner[{name!r}] must be a number >= 0, got {amount!r}")
-        if max_restarts < -1:
+        if check_count(max_restarts, "max_restarts", minimum=-2) == -2:
             raise ValueError(f"max_restarts must be -1 (no limit) or >= 0, got {max_restarts}")
         for name, value in (
             ("graceful_timeout", graceful_timeout),
             ("startup_timeout", startup_timeout),
             ("poll_interval", poll_interval),
         ):
-            if value <= 0:
+            if check_finite(value, name) <= 0:  # type: ignore[operator]
                 raise ValueError(f"{name} must be positive, got {value}")
+        if address is not None:
+            if not isinstance(address, str):
+                raise TypeError(f"address must be a string ('auto', 'HOST:PORT', 'ray://HOST:PORT'), got {address!r}")
+            if not address.strip():
+                raise ValueError("address must not be empty (None starts a local Ray instance)")
+            _cluster_endpoint(address)
         self.n_runners = n_runners
         self.address = address
         self.num_cpus_per_runner = float(num_cpus_per_runner)
@@ -237,6 +251,7 @@ class RayExecutionStrategy(ExecutionStrategy):
         self.init_kwargs = dict(init_kwargs or {})
         self.server_host = resolve_str_env_var(LightningEnvVar.AGL_SERVER_HOST, override=server_host)
         self.server_port = resolve_int_env_var(LightningEnvVar.AGL_SERVER_PORT, override=server_port)
+        check_port(self.server_port, "server_port")
         self.advertised_host = advertised_host
         self.api_key = api_key
         self.managed_store = resolve_managed_store(managed_store)
@@ -249,6 +264,9 @@ class RayExecutionStrategy(ExecutionStrategy):
         """Where each runner's actor last reported running (pid, node ip, node id)."""
         self.given_up: List[int] = []
         """Runners whose actor died more often than ``max_restarts`` during the last :meth:`execute`."""
+        self.interrupted = False
+        """Whether the last :meth:`execute` was stopped by Ctrl-C (it then returns normally, having stopped the
+        actors, as the client-server strategy does)."""
 
     # ------------------------------------------------------------------ placement
 
@@ -297,17 +315,50 @@ class RayExecutionStrategy(ExecutionStrategy):
             logger.info("The store server listens on %s: requests need the bearer token made for this run", bind)
         return bind, advertised, api_key
 
+    def _check_port_free(self) -> None:
+        """Fail before Ray starts when the store server's fixed port is already taken.
+
+        Raises:
+            RuntimeError: Nothing can listen on ``server_port`` (or ``AGL_SERVER_PORT``): in use, or ``server_host``
+                is not an address of this machine.
+        """
+        if not self.managed_store or not self.server_port:
+            return
+        host = self.server_host or "0.0.0.0"  # taken on any interface: the store server's bind host is not known yet
+        try:
+            bind_socket(host, self.server_port).close()
+        except OSError as exc:
+            raise RuntimeError(
+                f"server_port {self.server_port}: the store server cannot listen on {host}:{self.server_port} "
+                f"({exc.strerror or exc}). Choose a free port (server_port= or AGL_SERVER_PORT), or leave it unset "
+                "for any free port."
+            ) from None
+
     # ------------------------------------------------------------------ orchestration
 
     def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
         """Start Ray if needed, serve the store, run the actors and the algorithm; always stop the actors.
 
+        Ctrl-C stops the run and returns normally with :attr:`interrupted` set.
+
         Raises:
             ImportError: Ray is not installed.
+            RuntimeError: A fixed ``server_port`` is taken (checked before Ray starts).
+            ConnectionError: Nothing answers at ``address`` (checked before Ray starts).
+            ValueError: ``managed_store`` is False and the store cannot be shared with other processes.
             RunnerActorFailure: Every runner actor died beyond ``max_restarts``, or actors could not be placed.
             Exception: What the algorithm or a runner bundle raised.
         """
         ray = _import_ray()
+        if not self.managed_store and not store.capabilities.get("zero_copy", False):
+            raise ValueError(
+                f"managed_store=False hands the store to every actor as it is, and {type(store).__name__} cannot be "
+                "shared across processes: keep managed_store=True (the default), or pass a LightningStoreClient of an "
+                "`agentbolt store` server."
+            )
+        self._check_port_free()
+        if not ray.is_initialized():
+            _check_cluster_answers(self.address)
         started_ray = False
         if not ray.is_initialized():
             kwargs = dict(self.init_kwargs)
@@ -318,9 +369,11 @@ class RayExecutionStrategy(ExecutionStrategy):
         self.restarts = {}
         self.actor_info = {}
         self.given_up = []
+        self.interrupted = False
         try:
             asyncio.run(self._execute(ray, algorithm, runner, store))
         except KeyboardInterrupt:
+            self.interrupted = True
             logger.warning("Interrupted; the runner actors were stopped")
         finally:
             if started_ray:
@@ -510,6 +563,43 @@ class RayExecutionStrategy(ExecutionStrategy):
                 ray.kill(actor, no_restart=True)
             except Exception as exc:
                 logger.debug("Could not kill runner %d's actor: %s", worker_id, exc)
+
+
+def _cluster_endpoint(address: str) -> Optional[tuple[str, int]]:
+    """``(host, port)`` of a cluster address (``HOST:PORT`` or ``ray://HOST[:PORT]``); None for ``auto`` / ``local``.
+
+    Raises:
+        ValueError: ``address`` is none of those forms, naming it.
+    """
+    if address in ("auto", "local"):
+        return None
+    text, default_port = (address[len("ray://") :], "10001") if address.startswith("ray://") else (address, "")
+    host, _, port = text.rpartition(":") if ":" in text else (text, "", default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() or c in "/@" for c in host):
+        raise ValueError(
+            f"address {address!r} is not a Ray cluster address: use 'auto', 'HOST:PORT' (the head's GCS port, "
+            "6379 by default) or 'ray://HOST:PORT' (Ray Client, 10001 by default)"
+        )
+    return host, int(port)
+
+
+def _check_cluster_answers(address: Optional[str], timeout: float = 5.0) -> None:
+    """Fail at once when nothing listens at a cluster address (``ray.init`` would retry for minutes).
+
+    Raises:
+        ConnectionError: Nothing accepts a connection at the address's host and port.
+    """
+    endpoint = _cluster_endpoint(address) if address else None
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"address {address!r}: nothing answers at {endpoint[0]}:{endpoint[1]} ({exc.strerror or exc}). Start the "
+            "cluster's head (`ray start --head`) or correct the address."
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from agentbolt.serving.launchers import vllm_command
 from agentbolt.serving.process import ModelServerProcess, ServerProcessError
+from agentbolt.utils.checks import check_count, check_finite, check_list_of_str, check_port
 
 __all__ = ["INSTRUMENTED_VLLM", "VllmServer", "VllmServerError"]
 
@@ -58,6 +59,9 @@ class VllmServer(ModelServerProcess):
 
     Raises:
         EngineError: An unknown dtype.
+        TypeError: An argument of the wrong type (a port that is not an integer, ``extra_args`` or ``program``
+            given as one string instead of a list of strings...); the message names it.
+        ValueError: A port outside 0-65535, a count below 1, a timeout of 0 or less, an empty ``program``.
     """
 
     error_type = VllmServerError
@@ -83,6 +87,16 @@ class VllmServer(ModelServerProcess):
     ) -> None:
         from agentbolt.utils.server_launcher import pick_free_port
 
+        check_port(port, "port")
+        check_count(max_batch_size, "max_batch_size")
+        check_count(max_lora_rank, "max_lora_rank")
+        check_count(max_model_len, "max_model_len", optional=True)
+        for name, value in (("startup_timeout", startup_timeout), ("stop_timeout", stop_timeout)):
+            if check_finite(value, name) <= 0:  # type: ignore[operator]
+                raise ValueError(f"{name} must be positive, got {value}")
+        extra_args = check_list_of_str(extra_args, "extra_args")
+        if program is not None and not check_list_of_str(program, "program"):
+            raise ValueError("program must not be empty: give the command that takes vLLM's arguments, e.g. ['vllm']")
         port = port if port is not None else pick_free_port(host)
         served_name = served_name or model
         command = vllm_command(

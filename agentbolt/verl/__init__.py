@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, List
 
+from agentbolt.utils.imports import import_extra
 from agentbolt.utils.lazy import LazyExports
 
 _LAZY = LazyExports(
@@ -29,8 +30,22 @@ _LAZY = LazyExports(
 
 __all__ = sorted(_LAZY.names())
 
+_NEED_VERL = {"AgentLightningTrainer", "TaskRunner", "run_ppo", "main"}
+"""Names whose modules import VERL (and Ray, Hydra) when they load."""
+
+
+def require_verl(feature: str) -> None:
+    """Fail with the extra to install when VERL is missing.
+
+    Raises:
+        ImportError: VERL is not installed (``pip install 'agentbolt[verl]'``).
+    """
+    import_extra("verl.trainer", feature=feature, extra="verl")
+
 
 def __getattr__(name: str) -> Any:
+    if name in _NEED_VERL:
+        require_verl(f"agentbolt.verl.{name}")
     return _LAZY.load(name)
 
 

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import random
-import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ __all__ = [
     "TrainingSample",
     "aggregate_rollout",
     "build_batch",
+    "check_gateway_port",
     "trim_to_multiple",
 ]
 
@@ -287,6 +287,26 @@ def trim_to_multiple(samples: List[TrainingSample], multiple: int, seed: int = 0
     return [samples[i] for i in chosen]
 
 
+def check_gateway_port(host: str, port: Optional[int]) -> None:
+    """Fail early when the gateway's port (``agentbolt.port``) is taken on ``host``: the trainer checks it before
+    VERL's workers load the model, not at the first step.
+
+    Raises:
+        RuntimeError: Nothing can listen on ``host:port`` (in use, or ``host`` is not an address of this machine).
+    """
+    from agentbolt.utils.server_launcher import bind_socket
+
+    if not port:
+        return
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"agentbolt.port {port}: the gateway cannot listen on {host}:{port} ({exc.strerror or exc}). Choose a free "
+            "port for agentbolt.port (or agentbolt.gateway_host for the interface)."
+        ) from None
+
+
 class AgentModeDaemon:
     """Runs VERL's rollouts through the store and builds its training batches (see the module docstring).
 
@@ -315,6 +335,7 @@ class AgentModeDaemon:
 
     Raises:
         ValueError: An unknown level.
+        RuntimeError: The daemon is to start the gateway and ``port`` is taken (see :func:`check_gateway_port`).
     """
 
     def __init__(
@@ -345,6 +366,8 @@ class AgentModeDaemon:
             raise ValueError(f"trace_aggregator.level must be 'transition' or 'trajectory', got {level!r}")
         if train_rollout_n < 1 or val_rollout_n < 1:
             raise ValueError("the number of rollouts per task must be at least 1")
+        if llm_proxy is None:
+            check_gateway_port(host, port)
         self.store = store
         self.adapter = adapter
         self.llm_proxy = llm_proxy
@@ -459,9 +482,8 @@ class AgentModeDaemon:
         self._rollouts = {}
         self._finished = {}
         params = self.sampling_parameters if is_train else self.val_sampling_parameters
+        # On 0.0.0.0 the gateway announces this node's outbound address, which agents on other nodes can reach.
         resource = self.llm_proxy.as_resource(model=self.model_name, sampling_parameters=params)
-        if self.host in ("0.0.0.0", "::"):  # agents on other nodes reach the gateway at this node's address
-            resource.endpoint = f"http://{socket.gethostbyname(socket.gethostname())}:{self.llm_proxy.port}"
         resources_id = (await self.store.add_resources({self.resource_name: resource})).resources_id
         repeats = self.train_rollout_n if is_train else self.val_rollout_n
         mode = "train" if is_train else "val"

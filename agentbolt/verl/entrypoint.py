@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 from agentbolt.verl.configuration import compose_config
-from agentbolt.verl.daemon import AgentModeDaemon
+from agentbolt.verl.daemon import AgentModeDaemon, check_gateway_port
 from agentbolt.verl.dataset import AgentDataset, LoadedDataset
 
 __all__ = ["TaskRunner", "main", "run_ppo"]
@@ -52,6 +52,9 @@ class AgentTaskRunner(BaseTaskRunner):
 
         logger.info("Agent-mode task runner on %s, pid %d", socket.gethostname(), os.getpid())
         OmegaConf.resolve(config)
+        # The gateway starts in this process at the first step: a taken port must fail now, not after the workers
+        # loaded the model.
+        check_gateway_port(config.agentbolt.get("gateway_host", "127.0.0.1"), config.agentbolt.port)
         if config.agentbolt.get("instrument_vllm", True):
             from agentbolt.verl.async_server import use_patched_vllm_server
 
@@ -149,10 +152,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     ``agentbolt.store=http://HOST:PORT`` names the store (its runners are started separately, e.g. with
     ``AGL_CURRENT_ROLE=runner``); tasks come from ``data.train_files`` / ``data.val_files``.
+
+    Raises:
+        SystemExit: A malformed override, an unknown or invalid ``agentbolt`` setting, or no store (one line).
     """
+    from hydra.errors import HydraException
+
     from agentbolt.store.client_server import LightningStoreClient
 
-    config = compose_config(cli_overrides=list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = compose_config(cli_overrides=list(sys.argv[1:] if argv is None else argv))
+    except (HydraException, TypeError, ValueError) as exc:  # a malformed override, an unknown or invalid setting
+        raise SystemExit(f"agentbolt.verl: error: {exc}") from None
     address = config.agentbolt.get("store")
     if not address:
         raise SystemExit("agentbolt.verl: error: set agentbolt.store=http://HOST:PORT (the store the runners serve)")

@@ -34,3 +34,13 @@ class FailingBundle:
 
     async def __call__(self, store: Any, worker_id: int, event: Any) -> None:
         raise ValueError(f"runner {worker_id} is broken")
+
+
+class IdleBundle:
+    """A runner bundle that does nothing until the run stops."""
+
+    async def __call__(self, store: Any, worker_id: int, event: Any) -> None:
+        import asyncio
+
+        while not event.is_set():
+            await asyncio.sleep(0.05)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator
@@ -25,7 +26,7 @@ from agentbolt.emitter.object import get_object_value
 from agentbolt.execution.ray import RayExecutionStrategy, RunnerActorFailure
 from agentbolt.instrumentation.openai import SPAN_NAME as OPENAI_SPAN
 from agentbolt.store.memory import InMemoryLightningStore
-from runtime.ray_agents import CrashFirstAttemptAgent, FailingBundle, PidAgent
+from runtime.ray_agents import CrashFirstAttemptAgent, FailingBundle, IdleBundle, PidAgent
 from runtime.test_faults import FAST_RUNNER, EnqueueAndWait
 
 RUNTIME_ENV = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}}
@@ -150,6 +151,37 @@ def test_a_failing_runner_bundle_stops_the_run_with_its_error(cluster: LocalRayC
     assert time.monotonic() - started < 60
 
 
+def test_ctrl_c_stops_the_runner_actors_and_is_recorded(cluster: LocalRayCluster) -> None:
+    """SIGINT in the driver (a Ctrl-C) stops the run: execute returns, ``interrupted`` is set, the actors are gone."""
+    strategy = _strategy(cluster, n_runners=2)
+
+    async def algorithm(store: Any, event: Any) -> None:
+        while not strategy.actor_info:
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        while True:
+            await asyncio.sleep(0.05)
+
+    strategy.execute(algorithm, IdleBundle(), InMemoryLightningStore())
+    assert strategy.interrupted
+    for info in strategy.actor_info.values():
+        with pytest.raises(ProcessLookupError):
+            _wait_until_gone(info["pid"])
+
+    async def finished_algorithm(store: Any, event: Any) -> None:
+        return None
+
+    strategy.execute(finished_algorithm, IdleBundle(), InMemoryLightningStore())
+    assert not strategy.interrupted
+
+
+def _wait_until_gone(pid: int) -> None:
+    """Raise ProcessLookupError once ``pid`` is gone (the test's timeout fails it otherwise)."""
+    while True:
+        os.kill(pid, 0)
+        time.sleep(0.1)
+
+
 MAIN_SCRIPT_AGENT = """
 import asyncio, json, sys
 import agentbolt as agl
@@ -197,7 +229,7 @@ def test_the_trainer_selects_the_ray_strategy_by_name(cluster: LocalRayCluster) 
     "kwargs, message",
     [
         ({"n_runners": 0}, "n_runners must be at least 1"),
-        ({"num_cpus_per_runner": -1}, "must be >= 0"),
+        ({"num_cpus_per_runner": -1}, "num_cpus_per_runner must be at least 0"),
         ({"resources_per_runner": {"x": "one"}}, r"resources_per_runner\['x'\]"),
         ({"max_restarts": -2}, "max_restarts"),
         ({"graceful_timeout": 0}, "graceful_timeout must be positive"),
@@ -206,6 +238,74 @@ def test_the_trainer_selects_the_ray_strategy_by_name(cluster: LocalRayCluster) 
 def test_invalid_settings_are_refused(kwargs: Dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RayExecutionStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"n_runners": "2"}, TypeError, "n_runners must be an integer"),
+        ({"n_runners": 1.5}, TypeError, "n_runners must be an integer"),
+        ({"n_runners": -3}, ValueError, "n_runners must be at least 1"),
+        ({"num_gpus_per_runner": "1"}, TypeError, "num_gpus_per_runner must be a number"),
+        ({"num_cpus_per_runner": float("nan")}, ValueError, "num_cpus_per_runner must be a finite number"),
+        ({"max_restarts": 1.5}, TypeError, "max_restarts must be an integer"),
+        ({"startup_timeout": float("nan")}, ValueError, "startup_timeout must be a finite number"),
+        ({"poll_interval": "1"}, TypeError, "poll_interval must be a number"),
+        ({"server_port": 70000}, ValueError, "server_port must be at most 65535"),
+        ({"server_port": "8000"}, TypeError, "server_port must be an integer"),
+        ({"resources_per_runner": ["agent_node"]}, TypeError, "resources_per_runner must be a dict"),
+        ({"address": 6379}, TypeError, "address must be a string"),
+        ({"address": ""}, ValueError, "address must not be empty"),
+        ({"address": "not an address"}, ValueError, "address 'not an address' is not"),
+        ({"address": "head:port"}, ValueError, "address 'head:port' is not"),
+        ({"address": "head:70000"}, ValueError, "address 'head:70000' is not"),
+        ({"init_kwargs": {"address": "auto"}}, ValueError, "init_kwargs must not hold 'address'"),
+        ({"init_kwargs": ["num_cpus", 2]}, TypeError, "init_kwargs must be a dict"),
+        ({"runtime_env": "env.yaml"}, TypeError, "runtime_env must be a dict"),
+    ],
+)
+def test_wrongly_typed_or_out_of_range_settings_are_refused_naming_the_option(
+    kwargs: Dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        RayExecutionStrategy(**kwargs)
+
+
+def test_a_taken_store_port_is_refused_before_ray_starts() -> None:
+    import socket
+
+    import ray
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        strategy = RayExecutionStrategy(server_port=port, init_kwargs={"num_cpus": 1})
+        with pytest.raises(RuntimeError, match=f"server_port {port}: .*Address already in use"):
+            strategy.execute(EnqueueAndWait(), FailingBundle(), InMemoryLightningStore())
+    assert not ray.is_initialized()
+
+
+def test_an_unshareable_store_without_managed_store_is_refused_before_ray_starts() -> None:
+    import ray
+
+    strategy = RayExecutionStrategy(managed_store=False)
+    with pytest.raises(ValueError, match=r"managed_store=False.*InMemoryLightningStore cannot be shared"):
+        strategy.execute(EnqueueAndWait(), FailingBundle(), InMemoryLightningStore())
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_where_no_cluster_answers_is_refused_before_ray_starts(scheme: str) -> None:
+    import ray
+
+    from agentbolt.utils.server_launcher import pick_free_port
+
+    address = f"{scheme}127.0.0.1:{pick_free_port()}"  # nothing listens there
+    strategy = RayExecutionStrategy(address=address)
+    with pytest.raises(ConnectionError, match=f"address {address!r}: nothing answers at 127.0.0.1"):
+        strategy.execute(EnqueueAndWait(), FailingBundle(), InMemoryLightningStore())
+    assert not ray.is_initialized()
 
 
 def test_the_demo_agent_runs_on_runner_actors_against_a_served_model(

@@ -239,9 +239,33 @@ def test_a_server_that_exits_while_starting_fails_with_its_output() -> None:
 
 def test_a_server_not_ready_in_time_is_stopped_and_reported() -> None:
     launcher = stand_in_server(env={"STAND_IN_VLLM_LOAD_SECONDS": "30"}, startup_timeout=2.0)
-    with pytest.raises(VllmServerError, match=r"did not serve 'policy'.* within 2 seconds"):
+    with pytest.raises(VllmServerError, match=r"did not serve 'policy'.* within 2 seconds") as failure:
         launcher.start()
     assert not launcher.is_running()
+    assert str(launcher.log_path) in str(failure.value)
+    (engine,) = (int(pid) for pid in _log_lines(launcher, "engine pid "))
+    assert not _alive(engine)  # the engine process the server had started is not orphaned
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"port": 70000}, ValueError, "port must be at most 65535"),
+        ({"port": "8000"}, TypeError, "port must be an integer"),
+        ({"extra_args": "--tensor-parallel-size 2"}, TypeError, "extra_args must be a list of strings"),
+        ({"extra_args": ["--tensor-parallel-size", 2]}, TypeError, "extra_args must be a list of strings"),
+        ({"program": "vllm"}, TypeError, "program must be a list of strings"),
+        ({"program": []}, ValueError, "program must not be empty"),
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be at least 1"),
+        ({"max_lora_rank": "64"}, TypeError, "max_lora_rank must be an integer"),
+        ({"max_model_len": -1}, ValueError, "max_model_len must be at least 1"),
+        ({"startup_timeout": 0}, ValueError, "startup_timeout must be positive"),
+        ({"stop_timeout": float("nan")}, ValueError, "stop_timeout must be a finite number"),
+    ],
+)
+def test_bad_launcher_arguments_are_refused_naming_them(kwargs: Dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        VllmServer("stand-in/model", **kwargs)
 
 
 def test_a_taken_port_is_refused() -> None:

@@ -90,11 +90,30 @@ def test_command_line_overrides_apply_before_the_dict() -> None:
         ("not a dict", TypeError, "must be a dict"),
         ({"actor_rollout_ref": {"rollout": {"name": "sglang"}}}, ValueError, "must be 'vllm'"),
         ({"agentbolt": {"trace_aggregator": {"level": "step"}}}, ValueError, "trace_aggregator.level"),
+        ({"agentbolt": {"rollout_timout": 60}}, ValueError, r"unknown key agentbolt\.rollout_timout"),
+        ({"agentlightning": {"port": "x"}}, TypeError, r"agentbolt\.port must be an integer"),
     ],
 )
 def test_a_broken_config_is_refused_with_the_key_named(overrides: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         agl.VERL(overrides)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["agentbolt.store=http://127.0.0.1:1", "agentbolt.port=abc"], r"agentbolt\.port must be an integer"),
+        (["agentbolt.store=http://127.0.0.1:1", "agentbolt.rollout_timout=5"], "rollout_timout"),
+        (["data.train_batch_size=["], "train_batch_size"),
+        ([], "set agentbolt.store"),
+    ],
+)
+def test_the_command_line_refuses_bad_overrides_in_one_line(argv: List[str], message: str) -> None:
+    from agentbolt.verl.entrypoint import main
+
+    with pytest.raises(SystemExit, match=message) as failure:
+        main(argv)
+    assert str(failure.value.code).startswith("agentbolt.verl: error:")
 
 
 def test_run_without_a_store_or_with_an_unshareable_one_is_refused() -> None:
