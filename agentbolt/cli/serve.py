@@ -190,7 +190,7 @@ def serve_command(
         else:
             command = launchers.llamacpp_command(str(resolve_gguf(model)), threads=threads, **server)
         if dry_run:
-            print(command.shell())
+            print(command.shell(redact=False))  # asked for: the line as it runs
             return 0
         launchers.check_available(engine.value)
         _progress(f"exec {command.shell()}")

@@ -24,6 +24,8 @@ from agentbolt.serving.params import EngineError
 
 __all__ = ["LaunchCommand", "check_available", "exec_command", "llamacpp_command", "vllm_command"]
 
+_SECRET_OPTIONS = frozenset({"--api-key", "--api_key"})
+"""Options whose value :meth:`LaunchCommand.shell` hides."""
 _VLLM_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 _VLLM_DTYPES.update({"half": "float16", "float32": "float32", "fp32": "float32", "float": "float32", "auto": "auto"})
 
@@ -40,12 +42,22 @@ class LaunchCommand:
     argv: List[str]
     env: Dict[str, str] = field(default_factory=dict)
 
-    def shell(self) -> str:
-        """The command as one shell-quoted line (for display)."""
+    def shell(self, *, redact: bool = True) -> str:
+        """The command as one shell-quoted line, for display.
+
+        Args:
+            redact: Show the value of an API-key option (``--api-key``, ``--api_key``) as ``***``, so that a log or
+                a progress line does not carry the token. False gives the line as it runs.
+        """
         import shlex
 
+        argv = list(self.argv)
+        if redact:
+            for index, arg in enumerate(argv[:-1]):
+                if arg in _SECRET_OPTIONS:
+                    argv[index + 1] = "***"
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
-        line = " ".join(shlex.quote(arg) for arg in self.argv)
+        line = " ".join(shlex.quote(arg) for arg in argv)
         return f"{prefix} {line}" if prefix else line
 
 

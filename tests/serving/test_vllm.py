@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -278,3 +279,15 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_api_key_stays_out_of_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    launcher = stand_in_server(api_key="sk-not-for-logs")
+    with caplog.at_level(logging.INFO, logger="agentbolt.serving.process"):
+        launcher.start()
+        try:
+            assert httpx.get(f"{launcher.base_url}/models", timeout=10).status_code == 401  # the key is required
+        finally:
+            launcher.stop()
+    (started,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Starting")]
+    assert "--api-key '***'" in started and "sk-not-for-logs" not in caplog.text
