@@ -124,8 +124,9 @@ class ModelServerProcess:
         """Start the server and wait until it serves the model.
 
         Raises:
-            ServerProcessError: Already started, the port is taken, the process exited, or it was not ready within
-                ``startup_timeout`` seconds (it is stopped then); the message ends with the server's last lines.
+            ServerProcessError: Already started, the port is taken, the program cannot be run, the process exited,
+                or it was not ready within ``startup_timeout`` seconds (it is stopped then); the message ends with
+                the server's last lines, or says its log is empty.
                 Subclasses raise their own subclass (:attr:`error_type`).
         """
         from agentbolt.utils.server_launcher import bind_socket
@@ -143,14 +144,18 @@ class ModelServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         logger.info("Starting %s: %s (output in %s)", self.label, self.command.shell(), self.log_path)
-        self._process = subprocess.Popen(
-            self.command.argv,
-            env={**os.environ, **self.command.env},
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() reaches the engine's processes too
-        )
+        try:
+            self._process = subprocess.Popen(
+                self.command.argv,
+                env={**os.environ, **self.command.env},
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() reaches the engine's processes too
+            )
+        except OSError as exc:  # no such program, not executable
+            self.stop()
+            raise self.error_type(f"cannot run {self.label} ({self.command.argv[0]}): {exc.strerror or exc}") from None
         try:
             self._wait_until_ready()
         except BaseException:
@@ -201,7 +206,7 @@ class ModelServerProcess:
         if self.log_path is None or not self.log_path.exists():
             return ""
         text = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-lines:]
-        return f" Last lines of {self.log_path}:\n" + "\n".join(text) if text else ""
+        return f" Last lines of {self.log_path}:\n" + "\n".join(text) if text else f" {self.log_path} is empty."
 
     def stop(self) -> Optional[int]:
         """Stop the server (SIGTERM to its process group, SIGKILL after ``stop_timeout``); returns its exit code.

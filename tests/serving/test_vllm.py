@@ -291,3 +291,17 @@ def test_the_api_key_stays_out_of_the_log(caplog: pytest.LogCaptureFixture) -> N
             launcher.stop()
     (started,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Starting")]
     assert "--api-key '***'" in started and "sk-not-for-logs" not in caplog.text
+
+
+def test_a_program_that_does_not_exist_is_one_error_naming_it() -> None:
+    launcher = stand_in_server(program=["/nonexistent/vllm"])
+    with pytest.raises(VllmServerError, match=r"cannot run .*\(/nonexistent/vllm\): No such file"):
+        launcher.start()
+    assert launcher._log is None  # the log file is closed again
+
+
+def test_a_server_that_exits_silently_names_its_empty_log() -> None:
+    launcher = stand_in_server(program=[sys.executable, "-c", "pass"])
+    with pytest.raises(VllmServerError, match=r"exited with code 0 before it was ready") as failure:
+        launcher.start()
+    assert f"{launcher.log_path} is empty" in str(failure.value)
