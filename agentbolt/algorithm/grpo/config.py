@@ -32,7 +32,21 @@ _DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "presence_penalty": (lambda v: _number(v) and v == 0, "0"),
     "frequency_penalty": (lambda v: _number(v) and v == 0, "0"),
     "logit_bias": (lambda v: not v, "{}"),
+    "best_of": (lambda v: _number(v) and v <= 1, "1"),
+    "use_beam_search": (lambda v: v is False, "False"),
 }
+
+
+def _checked_temperature(value: Dict[str, Any], option: str) -> Optional[float]:
+    """The ``temperature`` of the sampling parameters ``value`` of ``option``: None or a finite number >= 0.
+
+    Raises:
+        ValueError: Any other value (a string, a boolean, a negative number, NaN), which no engine takes.
+    """
+    temperature = value.get("temperature")
+    if temperature is not None and (not _number(temperature) or not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"{option}['temperature'] must be a number >= 0, got {temperature!r}")
+    return temperature
 
 
 class GRPOConfig(FinetuningConfig):
@@ -143,18 +157,25 @@ class GRPOConfig(FinetuningConfig):
 
         The trainer scores every sampled token under ``softmax(logits / T)`` itself (the old log-probs are its own,
         never the engine's), so a sampler that truncates or reshapes that distribution would make the importance
-        ratio and the policy gradient biased; and a greedy sampler gives every rollout of a task the same answer.
-        ``val_sampling_parameters`` are not checked: validation may decode greedily or truncate.
+        ratio and the policy gradient biased; a greedy sampler, or one seed shared by every call, gives every rollout
+        of a task the same answer. ``val_sampling_parameters`` are only checked for a valid temperature: validation
+        may decode greedily, seed or truncate.
         """
-        temperature = value.get("temperature")
-        if temperature is not None and (not _number(temperature) or not math.isfinite(temperature)):
-            raise ValueError(f"sampling_parameters['temperature'] must be a number > 0, got {temperature!r}")
+        temperature = _checked_temperature(value, "sampling_parameters")
         if temperature is not None and temperature <= 0:
             raise ValueError(
                 f"sampling_parameters['temperature']={temperature!r} samples training rollouts greedily: the rollouts "
                 "of a task all give the same answer, every group's rewards are equal and GRPO has no advantage to "
                 "train on. Use a temperature > 0 (1.0 samples the policy itself); val_sampling_parameters may stay "
                 "greedy."
+            )
+        seed = value.get("seed")
+        if seed is not None:
+            raise ValueError(
+                f"sampling_parameters['seed']={seed!r} seeds every training call alike: the rollouts of a task send "
+                "the same prompt, so they all sample the same answer, every group's rewards are equal and GRPO has "
+                "no advantage to train on. Remove it (an agent may seed each of its calls differently); "
+                "val_sampling_parameters may set one."
             )
         for name, (unchanged, neutral) in _DISTRIBUTION_CHANGING.items():
             setting = value.get(name)
@@ -167,6 +188,30 @@ class GRPOConfig(FinetuningConfig):
                     "val_sampling_parameters may use it."
                 )
         return value
+
+    @field_validator("val_sampling_parameters")
+    @classmethod
+    def _valid_temperature(cls, value: Dict[str, Any]) -> Dict[str, Any]:
+        """Validation may decode greedily or truncate, but its temperature must be one an engine takes."""
+        _checked_temperature(value, "val_sampling_parameters")
+        return value
+
+    @model_validator(mode="after")
+    def _warmup_within_the_schedule(self) -> GRPOConfig:
+        """The learning rate reaches ``learning_rate`` after ``warmup_steps`` optimizer steps: a warmup as long as
+        the schedule (the run, or ``total_optimizer_steps``) never reaches it and never decays."""
+        if self.max_steps > 0 and self.warmup_steps >= self.schedule_steps():
+            span = (
+                f"total_optimizer_steps={self.total_optimizer_steps}"
+                if self.total_optimizer_steps is not None
+                else f"the run's {self.schedule_steps()} optimizer steps (max_steps={self.max_steps} x "
+                f"{self.optimizer_steps_per_step} per step)"
+            )
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} is not shorter than {span}: the learning rate would never reach "
+                "learning_rate. Use fewer warmup_steps (they count optimizer steps)."
+            )
+        return self
 
     @model_validator(mode="after")
     def _shardable(self) -> GRPOConfig:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+import agentbolt as agl
 from agentbolt.algorithm.grpo.algorithm import GRPO
 from agentbolt.algorithm.grpo.config import GRPOConfig
 
@@ -115,3 +116,59 @@ def test_models_and_directories_may_be_given_as_path_objects(tmp_path: Path) -> 
         str(tmp_path / name) for name in ("model", "ckpt", "logs")
     )
     assert config.adapter_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize("seed", [0, 42])
+def test_a_seed_shared_by_every_training_call_is_refused(seed: int) -> None:
+    # Every rollout of a task sends the same first prompt; with one seed they all sample the same answer.
+    with pytest.raises(ValidationError, match=r"sampling_parameters\['seed'\].* same answer") as caught:
+        GRPOConfig(sampling_parameters={"temperature": 1.0, "seed": seed})
+    assert caught.value.errors()[0]["loc"] == ("sampling_parameters",)
+    assert GRPOConfig(sampling_parameters={"temperature": 1.0, "seed": None}).sampling_parameters["seed"] is None
+    assert (
+        GRPOConfig(val_sampling_parameters={"temperature": 0.0, "seed": seed}).val_sampling_parameters["seed"] == seed
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), [("best_of", 4), ("use_beam_search", True)])
+def test_training_sampling_that_picks_among_several_samples_is_refused(name: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=rf"sampling_parameters\['{name}'\].* biased"):
+        GRPOConfig(sampling_parameters={"temperature": 1.0, name: value})
+    neutral = {"temperature": 1.0, "best_of": 1, "use_beam_search": False}
+    assert GRPOConfig(sampling_parameters=neutral).sampling_parameters == neutral
+
+
+@pytest.mark.parametrize("temperature", [-0.5, "0.7", math.nan, True])
+def test_a_validation_temperature_no_engine_takes_is_refused(temperature: object) -> None:
+    with pytest.raises(ValidationError, match=r"val_sampling_parameters\['temperature'\]") as caught:
+        GRPOConfig(val_sampling_parameters={"temperature": temperature})
+    assert caught.value.errors()[0]["loc"] == ("val_sampling_parameters",)
+
+
+async def test_a_run_with_a_checkpoint_interval_but_no_checkpoint_dir_is_refused_before_the_model_loads() -> None:
+    # A script may still fill checkpoint_dir in, so the config alone accepts it; the model is never reached.
+    algorithm = GRPO(checkpoint_interval=5, max_steps=10, model=object(), tokenizer=object())
+    algorithm.set_store(agl.InMemoryLightningStore())
+    with pytest.raises(ValueError, match="checkpoint_interval=5 needs a checkpoint_dir"):
+        await algorithm.run(train_dataset=[{"prompt": "ping"}])
+    assert algorithm.trainer is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"warmup_steps": 10, "max_steps": 5},  # one optimizer step per training step: 5 in the run
+        {"warmup_steps": 5, "max_steps": 5},  # the peak would be reached after the last step
+        {"warmup_steps": 8, "max_steps": 100, "total_optimizer_steps": 8, "lr_scheduler": "cosine"},
+    ],
+)
+def test_a_warmup_that_outlasts_the_schedule_is_refused(options: dict) -> None:
+    with pytest.raises(ValidationError, match="warmup_steps"):
+        GRPOConfig(**options)
+
+
+def test_a_warmup_shorter_than_the_schedule_is_accepted() -> None:
+    assert GRPOConfig(warmup_steps=4, max_steps=5).warmup_steps == 4
+    assert GRPOConfig(warmup_steps=10, max_steps=0).warmup_steps == 10  # validation only: no schedule to run
+    config = GRPOConfig(warmup_steps=5, max_steps=5, batch_size=2, group_size=2, minibatch_size=2)  # 2 per step
+    assert config.schedule_steps() == 10

@@ -42,7 +42,10 @@ def _grpo(word_model: Path, tmp_path: Path, **options: Any) -> GRPO:
         "log_dir": str(tmp_path / "logs"),
         "rollout_timeout": 60,
     }
-    return GRPO(**{**base, **options})
+    merged = {**base, **options}
+    if merged["checkpoint_dir"] is None:
+        merged["checkpoint_interval"] = 0  # no checkpoints to take
+    return GRPO(**merged)
 
 
 def _step(rollout: agl.Rollout) -> int:
