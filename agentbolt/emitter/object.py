@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from agentbolt.emitter.annotation import resolve_tracer, to_attributes
 from agentbolt.semconv import AGL_OBJECT, LightningSpanAttributes
@@ -17,7 +17,8 @@ __all__ = ["emit_object", "get_object_value", "encode_object"]
 _TYPE = LightningSpanAttributes.OBJECT_TYPE.value
 _LITERAL = LightningSpanAttributes.OBJECT_LITERAL.value
 _JSON = LightningSpanAttributes.OBJECT_JSON.value
-_LITERAL_TYPES = (str, int, float, bool)
+# bool before int: it is an int subclass. Subclasses (``IntEnum``, ``np.float64``...) are recorded as their base type.
+_LITERAL_TYPES: Tuple[type, ...] = (bool, str, int, float)
 
 
 def encode_object(obj: Any) -> Attributes:
@@ -26,8 +27,11 @@ def encode_object(obj: Any) -> Attributes:
     Raises:
         RuntimeError: ``obj`` is neither a literal, bytes, nor JSON-serialisable.
     """
-    if isinstance(obj, _LITERAL_TYPES):
-        return {_TYPE: type(obj).__name__, _LITERAL: str(obj)}
+    for literal_type in _LITERAL_TYPES:
+        if isinstance(obj, literal_type):
+            # The base type's own conversion: ``str()`` of an enum member would give its name, not its value.
+            text = literal_type.__str__(obj) if literal_type is str else str(literal_type(obj))
+            return {_TYPE: literal_type.__name__, _LITERAL: text}
     if isinstance(obj, (bytes, bytearray)):
         return {_TYPE: "bytes", _LITERAL: base64.b64encode(bytes(obj)).decode("ascii")}
     try:

@@ -87,13 +87,14 @@ def emit_reward(
         dimensions = [{"name": name, "value": values[name]} for name in order]
     else:
         dimensions = [{"name": "primary", "value": _as_number(reward, "Reward", TypeError)}]
-    for dimension in dimensions:
+    primary, *secondary = dimensions
+    if not math.isfinite(primary["value"]):
+        logger.warning(
+            "Reward %s is %r: it is recorded, and training reads it as no reward.", primary["name"], primary["value"]
+        )
+    for dimension in secondary:
         if not math.isfinite(dimension["value"]):
-            logger.warning(
-                "Reward %s is %r: it is recorded, and training reads it as no reward.",
-                dimension["name"],
-                dimension["value"],
-            )
+            logger.warning("Reward dimension %r is %r: it is recorded.", dimension["name"], dimension["value"])
     for key in attributes or {}:
         if key == _REWARD_PREFIX or str(key).startswith(_REWARD_PREFIX + "."):
             raise ValueError(

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
+import re
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
@@ -68,6 +71,23 @@ def _validate_labels(
             raise ValueError(f"Label '{name}' is required for {kind.capitalize()} '{metric_name}'.")
         result.append((name, str(given[name])))
     return tuple(result)
+
+
+def _validate_value(kind: str, metric_name: str, value: Any) -> float:
+    """A recording's value as a float: a real number, and for a counter an increase (finite, not negative).
+
+    Raises:
+        ValueError: Not a number, NaN or infinite, or a negative counter increase. Prometheus would keep a NaN or
+            an infinity in the metric's total for the rest of the process.
+    """
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"{kind.capitalize()} '{metric_name}' records numbers, got {type(value).__name__}: {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{kind.capitalize()} '{metric_name}' cannot record {number!r}.")
+    if kind == "counter" and number < 0:
+        raise ValueError(f"Counter '{metric_name}' can only increase, got the amount {number!r}.")
+    return number
 
 
 @dataclass(frozen=True)
@@ -158,10 +178,29 @@ class MetricsBackend:
         )
         self._declare(name, spec)
 
-    def _declare(self, name: str, spec: _MetricSpec) -> None:
-        """Register ``spec`` under ``name``; a new metric is then handed to :meth:`_on_register`."""
-        if self._register(name, spec):
+    def _declare(self, name: str, spec: _MetricSpec) -> bool:
+        """Register ``spec`` under ``name``; a new metric is then handed to :meth:`_on_register`.
+
+        Returns:
+            Whether the metric is new (False: an identical one was registered before).
+
+        Raises:
+            ValueError: A conflicting registration, or :meth:`_on_register` refused the metric (which is then
+                forgotten, so that a corrected registration can follow).
+        """
+        if not self._register(name, spec):
+            return False
+        try:
             self._on_register(name, spec)
+        except BaseException:
+            self._undeclare(name)
+            raise
+        return True
+
+    def _undeclare(self, name: str) -> None:
+        """Forget a metric whose registration failed part way."""
+        with self._registry_lock:
+            self._specs.pop(name, None)
 
     def _on_register(self, name: str, spec: _MetricSpec) -> None:
         """Hook for backends that create objects per metric."""
@@ -170,7 +209,7 @@ class MetricsBackend:
         """Increase a counter.
 
         Raises:
-            ValueError: Unregistered counter or missing label.
+            ValueError: Unregistered counter, missing label, or an amount that is not a finite number >= 0.
         """
         raise NotImplementedError()
 
@@ -178,7 +217,7 @@ class MetricsBackend:
         """Record one histogram observation.
 
         Raises:
-            ValueError: Unregistered histogram or missing label.
+            ValueError: Unregistered histogram, missing label, or a value that is not a finite number.
         """
         raise NotImplementedError()
 
@@ -347,13 +386,13 @@ class ConsoleMetricsBackend(MetricsBackend):
         """Count ``amount`` for the series identified by ``labels``."""
         spec = self._spec("counter", name)
         key = _validate_labels("counter", name, labels, spec.label_names)
-        self._record(self._counter_state, (name, key), float(amount))
+        self._record(self._counter_state, (name, key), _validate_value("counter", name, amount))
 
     async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
         """Record ``value`` for the series identified by ``labels``."""
         spec = self._spec("histogram", name)
         key = _validate_labels("histogram", name, labels, spec.label_names)
-        self._record(self._hist_state, (name, key), float(value))
+        self._record(self._hist_state, (name, key), _validate_value("histogram", name, value))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -422,22 +461,58 @@ def shutdown_metrics(server: Any = None, worker: Any = None, *args: Any, **kwarg
     multiprocess.mark_process_dead(pid)
 
 
+_PROMETHEUS_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+# The collectors of each registry, shared by every backend registering there: a name is one metric per registry.
+_shared_collectors: weakref.WeakKeyDictionary[Any, Dict[str, Tuple[Tuple[Any, ...], Any]]] = weakref.WeakKeyDictionary()
+_shared_collectors_lock = threading.Lock()
+
+
+def _check_multiprocess_setup() -> None:
+    """With ``PROMETHEUS_MULTIPROC_DIR`` set: create the directory, and warn when this process cannot write to it.
+
+    Raises:
+        ValueError: The directory cannot be created.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return
+    make_metrics_dir(directory)
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        logger.warning(
+            "PROMETHEUS_MULTIPROC_DIR=%s was set after prometheus_client was imported: this process keeps its "
+            "metrics in memory and does not write them to the directory. Set the variable before the process starts.",
+            directory,
+        )
+
+
 class PrometheusMetricsBackend(MetricsBackend):
     """Exports metrics through ``prometheus_client`` (names get ``.`` replaced by ``_``).
+
+    Backends registering the same metric in one registry share it (their recordings add up); registering it there
+    with another kind, other labels or other buckets raises ``ValueError``. With ``PROMETHEUS_MULTIPROC_DIR`` set,
+    the directory is created when missing. A recording that cannot be written there (a directory removed or not
+    writable) is dropped with a warning (logged once per backend) rather than failing the caller.
 
     Args:
         registry: The ``prometheus_client`` registry to register metrics in (default: the global registry).
 
     Raises:
         ImportError: ``prometheus_client`` is not installed.
+        ValueError: ``PROMETHEUS_MULTIPROC_DIR`` names a directory that cannot be created.
     """
 
     def __init__(self, registry: Any = None) -> None:
         super().__init__()
         self._prometheus = _import_prometheus()
+        _check_multiprocess_setup()
         self._registry = registry if registry is not None else self._prometheus.REGISTRY
         self._metrics: Dict[str, Any] = {}
         self._normalized: Dict[str, str] = {}
+        self._write_failed = False
 
     def has_prometheus(self) -> bool:
         """Always True."""
@@ -449,40 +524,96 @@ class PrometheusMetricsBackend(MetricsBackend):
 
     def _register(self, name: str, spec: _MetricSpec) -> bool:
         normalized = self._normalize_name(name)
-        owner = self._normalized.get(normalized)
-        if owner is not None and owner != name:
-            raise ValueError(f"Metric '{name}' conflicts with '{owner}': both map to Prometheus name '{normalized}'.")
-        created = super()._register(name, spec)
-        self._normalized[normalized] = name
-        return created
+        if not _PROMETHEUS_NAME.fullmatch(normalized):
+            raise ValueError(
+                f"Metric name {name!r} is not a Prometheus name: letters, digits, '_', ':' and '.', "
+                "not starting with a digit."
+            )
+        for label in spec.label_names:
+            if not _PROMETHEUS_LABEL.fullmatch(label) or label.startswith("__"):
+                raise ValueError(
+                    f"Label name {label!r} of metric {name!r} is not a Prometheus label name: letters, digits and "
+                    "'_', not starting with a digit or '__'."
+                )
+        with self._registry_lock:
+            owner = self._normalized.get(normalized)
+            if owner is not None and owner != name:
+                raise ValueError(
+                    f"Metric '{name}' conflicts with '{owner}': both map to Prometheus name '{normalized}'."
+                )
+            self._normalized[normalized] = name
+        try:
+            return super()._register(name, spec)
+        except ValueError:
+            if owner is None:
+                with self._registry_lock:
+                    self._normalized.pop(normalized, None)
+            raise
+
+    def _undeclare(self, name: str) -> None:
+        super()._undeclare(name)
+        with self._registry_lock:
+            self._normalized.pop(self._normalize_name(name), None)
 
     def _on_register(self, name: str, spec: _MetricSpec) -> None:
         normalized = self._normalize_name(name)
-        if spec.kind == "counter":
-            metric = self._prometheus.Counter(normalized, name, labelnames=spec.label_names, registry=self._registry)
-        else:
-            metric = self._prometheus.Histogram(
-                normalized,
-                name,
-                labelnames=spec.label_names,
-                buckets=spec.buckets or DEFAULT_BUCKETS,
-                registry=self._registry,
-            )
+        signature = (spec.kind, spec.label_names, spec.buckets)
+        with _shared_collectors_lock:
+            collectors = _shared_collectors.setdefault(self._registry, {})
+            shared = collectors.get(normalized)
+            if shared is not None:
+                if shared[0] != signature:
+                    raise ValueError(
+                        f"Prometheus metric '{normalized}' is already registered in this registry as a "
+                        f"{shared[0][0]} with labels {list(shared[0][1])}; cannot register '{name}' as a "
+                        f"{spec.kind} with labels {list(spec.label_names)}."
+                    )
+                self._metrics[name] = shared[1]
+                return
+            if spec.kind == "counter":
+                metric = self._prometheus.Counter(
+                    normalized, name, labelnames=spec.label_names, registry=self._registry
+                )
+            else:
+                metric = self._prometheus.Histogram(
+                    normalized,
+                    name,
+                    labelnames=spec.label_names,
+                    buckets=spec.buckets or DEFAULT_BUCKETS,
+                    registry=self._registry,
+                )
+            collectors[normalized] = (signature, metric)
         self._metrics[name] = metric
 
-    def _child(self, kind: str, name: str, labels: Optional[Dict[str, str]]) -> Any:
+    def _write(self, kind: str, name: str, value: Any, labels: Optional[Dict[str, str]]) -> None:
         spec = self._spec(kind, name)
         key = _validate_labels(kind, name, labels, spec.label_names)
+        number = _validate_value(kind, name, value)
         metric = self._metrics[name]
-        return metric.labels(*(value for _, value in key)) if key else metric
+        try:
+            child = metric.labels(*(label for _, label in key)) if key else metric
+            if kind == "counter":
+                child.inc(number)
+            else:
+                child.observe(number)
+        except OSError as exc:  # multiprocess mode: the directory's files cannot be written
+            first, self._write_failed = not self._write_failed, True
+            logger.log(
+                logging.WARNING if first else logging.DEBUG,
+                "Prometheus metric %s is not recorded: cannot write to PROMETHEUS_MULTIPROC_DIR=%s (%s)%s",
+                name,
+                os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+                exc,
+                "; further failures are logged at DEBUG level" if first else "",
+            )
 
     async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
         """Increase the Prometheus counter."""
-        self._child("counter", name, labels).inc(amount)
+        self._write("counter", name, amount, labels)
 
     async def observe_histogram(self, name: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
         """Observe a value on the Prometheus histogram."""
-        self._child("histogram", name, labels).observe(value)
+        self._write("histogram", name, value, labels)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -509,10 +640,18 @@ class MultiMetricsBackend(MetricsBackend):
         """True when any backend exports to Prometheus."""
         return any(backend.has_prometheus() for backend in self.backends)
 
-    def _declare(self, name: str, spec: _MetricSpec) -> None:
-        """Register the metric on every backend."""
-        for backend in self.backends:
-            backend._declare(name, spec)
+    def _declare(self, name: str, spec: _MetricSpec) -> bool:
+        """Register the metric on every backend (or, when one refuses it, on none)."""
+        declared: List[MetricsBackend] = []
+        try:
+            for backend in self.backends:
+                if backend._declare(name, spec):
+                    declared.append(backend)
+        except BaseException:
+            for backend in declared:
+                backend._undeclare(name)
+            raise
+        return bool(declared)
 
     async def inc_counter(self, name: str, amount: float = 1.0, labels: Optional[Dict[str, str]] = None) -> None:
         """Increase the counter on every backend."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import math
 import warnings
@@ -96,6 +97,17 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
     assert training_reward(spans, "ro-1") is None
     assert "ro-1 reported the reward nan" in caplog.text
     assert training_reward(spans[:1], "ro-2") == 0.25
+
+
+def test_a_secondary_dimension_that_is_not_finite_keeps_the_training_reward(
+    tracer: OtelTracer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentbolt.utils.reward_spans import training_reward
+
+    emit_reward({"accuracy": 0.75, "length": float("inf")}, primary_key="accuracy")
+    assert "Reward dimension 'length' is inf: it is recorded" in caplog.text
+    assert "training reads it as no reward" not in caplog.text
+    assert training_reward(spans_of(tracer), "ro-1") == 0.75
 
 
 def test_numpy_scalar_rewards_are_numbers(tracer: OtelTracer) -> None:
@@ -209,6 +221,26 @@ def test_object_round_trip(tracer: OtelTracer, value: Any) -> None:
     assert span.attributes == core.attributes
     assert get_object_value(span) == value
     assert type(get_object_value(span)) is type(value)
+
+
+class _Level(enum.IntEnum):
+    HIGH = 2
+
+
+class _Color(str, enum.Enum):
+    RED = "red"
+
+
+def test_objects_of_literal_subclasses_read_back_as_their_literal(tracer: OtelTracer) -> None:
+    np = pytest.importorskip("numpy")
+    emit_object(np.float64(0.5))
+    emit_object(_Level.HIGH)
+    emit_object(_Color.RED)
+    spans = spans_of(tracer)
+    assert [span.attributes["agentlightning.object.type"] for span in spans] == ["float", "int", "str"]
+    values = [get_object_value(span) for span in spans]
+    assert values == [0.5, 2, "red"]
+    assert [type(value) for value in values] == [float, int, str]
 
 
 def test_object_decoding_errors() -> None:

@@ -100,3 +100,23 @@ async def test_metrics_path_labels_are_bounded_by_the_routes(tmp_path: Path) -> 
     assert 'path="/v1/agl/rollouts/{rollout_id}"' in text
     assert 'path="/v1/agl/workers/{worker_id}"' in text and "gpu0" not in text
     assert 'path="/v1/agl/queues/rollouts/enqueue"' in text and 'path="/v1/prometheus/"' in text
+
+
+async def test_metrics_method_labels_are_bounded(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agentbolt.utils.metrics import PrometheusMetricsBackend
+
+    registry = CollectorRegistry()
+    tracker = PrometheusMetricsBackend(registry=registry)
+    unusual = ["PROPFIND", "MKCOL", "PURGE", "LOCK", "SEARCH"]
+    async with serve(InMemoryLightningStore(thread_safe=True), tracker=tracker) as running:
+        for method in unusual:
+            status, _ = await running.request(method, f"{PREFIX}/health")
+            assert status == 405
+        await running.request("GET", f"{PREFIX}/health")
+
+    text = generate_latest(registry).decode()
+    assert not [method for method in unusual if f'method="{method}"' in text]
+    assert f'agl_http_total{{method="OTHER",path="{PREFIX}/health",status="405"}} 5.0' in text
+    assert 'method="GET"' in text

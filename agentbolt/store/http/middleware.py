@@ -19,7 +19,7 @@ from agentbolt.store.http.routes import API_V1_AGL_PREFIX, STORE_ID_HEADER
 if TYPE_CHECKING:
     from agentbolt.utils.metrics import MetricsBackend
 
-__all__ = ["GuardMiddleware", "MetricsMiddleware", "UNMATCHED_PATH_LABEL", "DASHBOARD_PAGE_LABEL"]
+__all__ = ["GuardMiddleware", "MetricsMiddleware", "UNMATCHED_PATH_LABEL", "DASHBOARD_PAGE_LABEL", "OTHER_METHOD_LABEL"]
 
 logger = logging.getLogger("agentbolt.store.server")
 
@@ -134,6 +134,9 @@ UNMATCHED_PATH_LABEL = "{unmatched}"
 """Path label of requests to no route of the server (a 404): one label for them all."""
 DASHBOARD_PAGE_LABEL = "{dashboard_page}"
 """Path label of the dashboard's pages, whose paths (``/rollouts/...``) are the page app's own."""
+OTHER_METHOD_LABEL = "OTHER"
+"""Method label of requests with a method outside :data:`_METHOD_LABELS` (WebDAV's, made-up ones)."""
+_METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _templated_path(path: str) -> str:
@@ -159,7 +162,8 @@ class MetricsMiddleware:
 
     The path label is a route's template (``/v1/agl/rollouts/{rollout_id}``), a mount's path followed by ``/``, or,
     for any other path, :data:`DASHBOARD_PAGE_LABEL` or :data:`UNMATCHED_PATH_LABEL`: the labels a client can cause
-    are bounded by the server's routes, so requests to made-up paths never grow the metrics without end.
+    are bounded by the server's routes, so requests to made-up paths never grow the metrics without end. Likewise
+    the method label is the method for the common ones, else :data:`OTHER_METHOD_LABEL`.
 
     Args:
         app: The wrapped ASGI app.
@@ -213,7 +217,8 @@ class MetricsMiddleware:
             raise
         finally:
             path = self.path_label(scope["path"], scope.get("raw_path"))
-            labels = {"path": path, "method": scope["method"], "status": status}
+            method = scope["method"] if scope["method"] in _METHOD_LABELS else OTHER_METHOD_LABEL
+            labels = {"path": path, "method": method, "status": status}
             elapsed = time.perf_counter() - start
             try:
                 await self.tracker.inc_counter("agl.http.total", labels=labels)
