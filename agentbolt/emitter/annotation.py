@@ -6,7 +6,7 @@ import functools
 import inspect
 import logging
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Type, TypeVar, Union, overload
+from typing import Any, Callable, Dict, Generator, List, Optional, Type, TypeVar, Union, overload
 
 from pydantic import BaseModel
 
@@ -182,6 +182,48 @@ def _wrap_function(fn: F, span_name: str, attributes: Dict[str, Any], propagate:
         context._recording.record_attributes(_argument_attributes(fn, args, kwargs))
         return context
 
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+            context = open_context(args, kwargs)  # when iteration starts: the span covers the body's run
+            with _Closing(context):
+                produced: List[Any] = []
+                try:
+                    return (yield from _recording_items(fn(*args, **kwargs), produced))
+                finally:  # also when the caller stops early or the body fails: what it yielded so far
+                    context.set_output(produced)
+
+        return generator_wrapper  # type: ignore[return-value]
+
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        async def async_generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+            context = open_context(args, kwargs)
+            with _Closing(context):
+                produced: List[Any] = []
+                generator = fn(*args, **kwargs)
+                try:
+                    item = await generator.__anext__()
+                    while True:
+                        produced.append(item)
+                        try:
+                            sent = yield item
+                        except GeneratorExit:
+                            await generator.aclose()
+                            raise
+                        except BaseException as exc:  # thrown in by the caller: hand it to the body
+                            item = await generator.athrow(exc)
+                        else:
+                            item = await generator.asend(sent)
+                except StopAsyncIteration:
+                    pass
+                finally:  # also when the caller stops early or the body fails: what it yielded so far
+                    context.set_output(produced)
+
+        return async_generator_wrapper  # type: ignore[return-value]
+
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -203,6 +245,25 @@ def _wrap_function(fn: F, span_name: str, attributes: Dict[str, Any], propagate:
             return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def _recording_items(generator: Generator[Any, Any, Any], produced: List[Any]) -> Generator[Any, Any, Any]:
+    """Delegate to ``generator`` (values sent and exceptions thrown in included), appending each item it yields."""
+    try:
+        item = next(generator)
+        while True:
+            produced.append(item)
+            try:
+                sent = yield item
+            except GeneratorExit:
+                generator.close()
+                raise
+            except BaseException as exc:  # thrown in by the caller: hand it to the body
+                item = generator.throw(exc)
+            else:
+                item = generator.send(sent)
+    except StopIteration as stop:
+        return stop.value
 
 
 class _Closing:

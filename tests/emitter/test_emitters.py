@@ -312,3 +312,55 @@ def test_operation_argument_errors() -> None:
         operation(42)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="not both"):
         operation(name="a", **{"agentlightning.operation.name": "b"})
+
+
+def test_operation_decorator_on_generators_spans_the_iteration(tracer: OtelTracer) -> None:
+    @operation
+    def count(n: int) -> Iterator[int]:
+        for i in range(n):
+            emit_annotation({"step": i})  # inside the body: a child of the operation
+            yield i
+
+    @operation
+    def echo() -> Any:
+        received = yield "ready"
+        yield f"got {received}"
+
+    @operation(name="stream")
+    async def stream(n: int) -> Any:
+        for i in range(n):
+            yield i * 10
+
+    assert list(count(2)) == [0, 1]
+    conversation = echo()
+    assert next(conversation) == "ready" and conversation.send("x") == "got x"
+    conversation.close()
+
+    async def consume() -> List[int]:
+        return [item async for item in stream(3)]
+
+    assert asyncio.run(consume()) == [0, 10, 20]
+    spans = spans_of(tracer)
+    operations = [span for span in spans if span.name == semconv.AGL_OPERATION]
+    counted, echoed, streamed = operations
+    assert counted.attributes["agentlightning.operation.input.n"] == 2
+    assert counted.attributes["agentlightning.operation.output"] == [0, 1]
+    steps = [span for span in spans if span.name != semconv.AGL_OPERATION]
+    assert len(steps) == 2 and all(step.parent_id == counted.span_id for step in steps)
+    assert counted.start_time is not None and counted.end_time is not None
+    assert all(counted.start_time <= step.start_time <= counted.end_time for step in steps)  # type: ignore[operator]
+    assert echoed.attributes["agentlightning.operation.output"] == ["ready", "got x"]
+    assert streamed.attributes["agentlightning.operation.name"] == "stream"
+    assert streamed.attributes["agentlightning.operation.output"] == [0, 10, 20]
+
+
+def test_operation_decorator_on_a_generator_records_its_failure(tracer: OtelTracer) -> None:
+    @operation
+    def broken() -> Iterator[int]:
+        yield 1
+        raise ValueError("mid-stream")
+
+    with pytest.raises(ValueError, match="mid-stream"):
+        list(broken())
+    (span,) = spans_of(tracer)
+    assert span.status.status_code == "ERROR" and span.attributes["exception.type"] == "ValueError"
