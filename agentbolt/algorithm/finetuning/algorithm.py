@@ -617,7 +617,20 @@ class FinetuningAlgorithm(Algorithm):
         raise NotImplementedError(f"{type(self).__name__} must implement _train_step()")
 
     def _check_run(self) -> None:
-        """Refuse options that cannot run, before any model is loaded (nothing to check by default)."""
+        """Refuse options that cannot run, before any model is loaded; subclasses check theirs after these.
+
+        The config alone does not refuse periodic checkpoints without a directory: a script may fill
+        ``checkpoint_dir`` in after validating the rest.
+
+        Raises:
+            ValueError: ``checkpoint_interval > 0`` and no ``checkpoint_dir``.
+        """
+        config = self.config
+        if config.checkpoint_interval > 0 and not config.checkpoint_dir:
+            raise ValueError(
+                f"checkpoint_interval={config.checkpoint_interval} needs a checkpoint_dir to write checkpoints to: "
+                "without one no checkpoint is saved and the run cannot be resumed"
+            )
 
     def _new_run_id(self) -> str:
         return new_run_id(self.config.log_dir, self.title.lower())

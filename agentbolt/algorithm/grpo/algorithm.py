@@ -159,21 +159,6 @@ class GRPO(FinetuningAlgorithm):
             )
         return LlmProxyTraceToTriplet()
 
-    def _check_run(self) -> None:
-        """Refuse, before any model loads, periodic checkpoints without a directory to write them to.
-
-        The config alone does not refuse them: a script may fill ``checkpoint_dir`` in after validating the rest.
-
-        Raises:
-            ValueError: ``checkpoint_interval > 0`` and no ``checkpoint_dir``.
-        """
-        config = self.config
-        if config.checkpoint_interval > 0 and not config.checkpoint_dir:
-            raise ValueError(
-                f"checkpoint_interval={config.checkpoint_interval} needs a checkpoint_dir to write checkpoints to: "
-                "without one no checkpoint is saved and the run cannot be resumed"
-            )
-
     # -------------------------------------------------------------------------------------------------- phases
     def _score(self, outcome: RolloutOutcome) -> Optional[float]:
         """The final reward a rollout counts with: its own, else ``failed_rollout_reward`` (None: not counted)."""

@@ -230,9 +230,11 @@ class SFT(FinetuningAlgorithm):
         step selects), and a student prompt must be importable before anything runs.
 
         Raises:
-            ValueError: ``lr_scheduler`` is not constant and ``total_optimizer_steps`` is not set.
+            ValueError: ``lr_scheduler`` is not constant and ``total_optimizer_steps`` is not set, or periodic
+                checkpoints have no directory (the base class's checks).
             agentbolt.utils.imports.ImportReferenceError: ``student_prompt`` names no importable function.
         """
+        super()._check_run()
         config = self.config
         self._student_prompt = load_student_prompt(config.student_prompt)
         if config.lr_scheduler != "constant" and config.total_optimizer_steps is None:

@@ -141,3 +141,10 @@ def test_a_decaying_schedule_without_its_length_is_refused_before_training(tmp_p
     algorithm = _sft(tmp_path, lr_scheduler="cosine")
     with pytest.raises(ValueError, match="needs total_optimizer_steps"):
         fit(algorithm, PingAgent(), train=TASKS)
+
+
+def test_checkpoints_without_a_directory_are_refused_before_training(tmp_path: Path) -> None:
+    algorithm = _sft(tmp_path, checkpoint_interval=2)
+    with pytest.raises(ValueError, match="checkpoint_interval=2 needs a checkpoint_dir"):
+        fit(algorithm, PingAgent(), train=TASKS)
+    assert algorithm.trainer is None
