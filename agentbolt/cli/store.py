@@ -142,6 +142,8 @@ def store_command(
     setup_logging(log_level.value, apply_to=["uvicorn.access"] if debug else None)
     if backend is not Backend.sqlite and path is not None:
         raise CliError("--path only applies to --backend sqlite")
+    if backend is not Backend.postgres:
+        _refuse_postgres_options(ctx)
     if backend is Backend.postgres and not dsn:
         raise CliError(f"--backend postgres needs --dsn (or ${DSN_ENV_VAR})")
     if backend is Backend.memory and workers > 1:
@@ -166,6 +168,20 @@ def store_command(
             access_log=debug,
         )
     )
+
+
+def _refuse_postgres_options(ctx: typer.Context) -> None:
+    """Refuse the PostgreSQL options given on the command line to another backend (``$AGENTBOLT_STORE_DSN`` may be
+    set for other commands, so it is ignored here).
+
+    Raises:
+        CliError: ``--dsn``, ``--schema`` or ``--pool-size`` was given.
+    """
+    for name in ("dsn", "schema", "pool_size"):
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            option = "--" + name.replace("_", "-")
+            raise CliError(f"{option} only applies to --backend postgres (add --backend postgres)")
 
 
 def _trackers(flagged: Optional[List[Tracker]], extra_words: List[str]) -> List[str]:
@@ -222,6 +238,8 @@ def _make_tracker(names: List[str], n_workers: int) -> Any:
                 backends.append(metrics.PrometheusMetricsBackend())
             except ImportError as exc:
                 raise CliError(f"--tracker prometheus needs prometheus-client ({exc})") from exc
+            except ValueError as exc:  # a PROMETHEUS_MULTIPROC_DIR that cannot be created
+                raise CliError(f"--tracker prometheus: {exc}") from None
         else:
             backends.append(metrics.ConsoleMetricsBackend())
     return backends[0] if len(backends) == 1 else metrics.MultiMetricsBackend(backends)

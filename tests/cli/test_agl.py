@@ -153,3 +153,12 @@ def test_prometheus_directory_that_cannot_be_created_is_a_clear_error(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(file_in_the_way / "metrics"))
     assert agl_main(["prometheus", "--port", str(free_port())]) == 2
     assert capsys.readouterr().err.endswith("cannot create it (Not a directory)\n")
+
+
+def test_store_tracker_with_a_directory_that_cannot_be_created_is_a_clear_error(
+    file_in_the_way: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(file_in_the_way / "metrics"))
+    args = ["store", "--backend", "memory", "--port", str(free_port()), "--tracker", "prometheus"]
+    assert agl_main(args) == 2
+    assert capsys.readouterr().err.endswith("cannot create it (Not a directory)\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, Iterator, Optional, Tuple, Type
@@ -45,10 +46,17 @@ def _sqlite_store(path: Path, scan_debounce_seconds: float) -> LightningStore:
 
 
 _POSTGRES: Dict[str, Any] = {}
+_POSTGRES_LOCK = threading.Lock()
 
 
 def postgres_server() -> LocalPostgres:
-    """The PostgreSQL server of this test session (started on first use; skips when none can be started)."""
+    """The PostgreSQL server of this test session (started on first use, by one thread; skips when none can be
+    started)."""
+    with _POSTGRES_LOCK:
+        return _postgres_server()
+
+
+def _postgres_server() -> LocalPostgres:
     if "server" not in _POSTGRES:
         reason = _POSTGRES.get("reason") or postgres_unavailable_reason()
         if reason is None:

@@ -688,3 +688,185 @@ async def test_postgres_restart_mid_load_loses_nothing_and_applies_nothing_twice
 
 async def _closed(store: Any) -> None:
     await store.close()
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=127.0.0.1 password=s3cret dbname",  # libpq cannot parse it
+        "postgresql://agentbolt:s3cret@[::1/agentbolt",  # libpq's message quotes the whole URI
+        "postgresql://agentbolt:s3cr%zzet@127.0.0.1/agentbolt",  # libpq's message quotes the bad token
+    ],
+)
+def test_a_dsn_libpq_cannot_parse_is_refused_without_its_password(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentbolt.cli.app import run
+
+    with pytest.raises(postgres.PostgresConnectionError) as info:
+        postgres.PostgresLightningStore(dsn)
+    assert "s3cr" not in str(info.value) and "***" in str(info.value)
+    assert run(["store", "--port", str(free_port()), "--backend", "postgres", "--dsn", dsn]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open the store" in err and "s3cr" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("agentbolt\n", "Invalid schema name"),
+        ('a"b', "Invalid schema name"),
+        ("a.b", "Invalid schema name"),
+        ("x; DROP SCHEMA public CASCADE; --", "Invalid schema name"),
+        ("s" * 54, "at most 53"),  # its notification channel would not fit PostgreSQL's 63-byte names
+    ],
+)
+def test_schema_names_that_cannot_work_are_refused_before_connecting(schema: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        postgres.PostgresLightningStore("host=127.0.0.1 port=1 dbname=never_reached", schema=schema)
+
+
+async def test_the_longest_and_mixed_case_schema_names_work(schema: str) -> None:
+    for name in ("s" * 53, "Mixed_" + schema):
+        store = open_store(name)
+        try:
+            rollout = await store.enqueue_rollout({"q": 1})
+            waiter = asyncio.ensure_future(store.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=30))
+            await store.update_rollout(rollout.rollout_id, status="succeeded")
+            assert [r.rollout_id for r in await waiter] == [rollout.rollout_id]
+        finally:
+            await store.close()
+            postgres_server().psql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pool_timeout": 0},
+        {"connect_timeout": -1},
+        {"connect_timeout": float("inf")},
+        {"pool_timeout": float("nan")},
+        {"pool_min_size": 3, "pool_max_size": 2},
+        {"pool_max_size": 0},
+    ],
+)
+def test_out_of_range_pool_options_are_one_clear_error(options: Dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"pool|timeout"):
+        postgres.PostgresLightningStore("host=127.0.0.1 port=1 dbname=never_reached", **options)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"pool_min_size": 1.5}, {"pool_max_size": "3"}, {"pool_min_size": True}, {"pool_timeout": "5"}],
+)
+def test_pool_options_of_the_wrong_type_are_one_clear_error(options: Dict[str, Any]) -> None:
+    (name,) = options
+    with pytest.raises(TypeError, match=f"{name} must be"):
+        postgres.PostgresLightningStore("host=127.0.0.1 port=1 dbname=never_reached", **options)
+
+
+def test_a_schema_that_cannot_be_migrated_is_left_as_it_was(schema: str) -> None:
+    server = postgres_server()
+    server.psql(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.rollouts (x integer)")
+    with pytest.raises(postgres.PostgresStoreError, match='relation "rollouts" already exists'):
+        open_store(schema)
+    tables = server.psql(f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'")
+    assert tables.split() == ["rollouts"]
+    fresh = postgres_schema()
+    role = "noschema_" + uuid.uuid4().hex[:8]
+    server.psql(f"CREATE ROLE {role} LOGIN")
+    try:
+        with pytest.raises(postgres.PostgresPermissionError):
+            postgres.PostgresLightningStore(server.dsn().replace("user=agentbolt", f"user={role}"), schema=fresh)
+        assert server.psql(f"SELECT count(*) FROM pg_namespace WHERE nspname = '{fresh}'").strip() == "0"
+    finally:
+        server.psql(f"DROP ROLE {role}")
+
+
+async def test_a_role_that_may_only_read_and_write_opens_an_up_to_date_schema(schema: str) -> None:
+    await _closed(open_store(schema))
+    server = postgres_server()
+    role = "dml_" + uuid.uuid4().hex[:8]
+    server.psql(
+        f"CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; "
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+    )
+    try:
+        store = postgres.PostgresLightningStore(server.dsn().replace("user=agentbolt", f"user={role}"), schema=schema)
+        try:
+            rollout = await store.enqueue_rollout({"q": 1})
+            assert (await store.dequeue_rollout()).rollout_id == rollout.rollout_id  # type: ignore[union-attr]
+        finally:
+            await store.close()
+    finally:
+        server.psql(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dsn", "host=127.0.0.1 dbname=x"], "--dsn only applies to --backend postgres"),
+        (["--backend", "memory", "--dsn", "host=127.0.0.1 dbname=x"], "--dsn only applies to --backend postgres"),
+        (["--backend", "sqlite", "--schema", "runs"], "--schema only applies to --backend postgres"),
+        (["--backend", "memory", "--pool-size", "3"], "--pool-size only applies to --backend postgres"),
+        (["--backend", "postgres", "--dsn", "host=127.0.0.1 dbname=x", "--path", "x.db"], "--path only applies"),
+        (["--backend", "postgres", "--dsn", "host=127.0.0.1 dbname=x", "--workers", "0"], "'--workers'"),
+        (["--backend", "postgres", "--dsn", "host=127.0.0.1 dbname=x", "--workers", "two"], "'--workers'"),
+        (["--backend", "postgres", "--dsn", "host=127.0.0.1 dbname=x", "--pool-size", "0"], "'--pool-size'"),
+        (["--backend", "postgres", "--dsn", "host=127.0.0.1 dbname=x", "--schema", "a.b"], "Invalid schema name"),
+    ],
+)
+def test_contradictory_or_bad_postgres_options_exit_2(
+    args: List[str], message: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentbolt.cli.app import run
+
+    monkeypatch.chdir(tmp_path)
+    assert run(["store", "--port", str(free_port()), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("agentbolt: error: ") and message in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no database file was created
+
+
+def test_servers_migrating_one_fresh_schema_at_once_all_open_it(schema: str) -> None:
+    import threading
+
+    dsn = postgres_server().dsn()  # started here, not by the threads
+    outcomes: List[Any] = []
+    start = threading.Barrier(4)
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            outcomes.append(postgres.PostgresLightningStore(dsn, schema=schema).collections.migrated_from)
+        except Exception as exc:  # recorded, then reported by the assertion below
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [0] + [collection.SCHEMA_VERSION] * 3
+    rows = postgres_server().psql(f"SELECT version FROM {schema}.schema_migrations ORDER BY version")
+    assert rows.split() == [str(m.version) for m in collection.MIGRATIONS]
+
+
+async def test_calls_while_postgres_is_down_fail_cleanly_and_the_store_recovers(schema: str) -> None:
+    server = postgres_server()
+    store = postgres.PostgresLightningStore(
+        server.dsn(password="s3cret"), schema=schema, pool_timeout=2.0, connect_timeout=2.0
+    )
+    try:
+        before = await store.enqueue_rollout({"i": 0})
+        server.stop("immediate")
+        try:
+            for _ in range(3):
+                with pytest.raises(postgres.PostgresUnavailableError, match="nothing was applied") as info:
+                    await store.enqueue_rollout({"i": 1})
+                assert "s3cret" not in str(info.value)
+        finally:
+            server.start()
+        after = await store.enqueue_rollout({"i": 2})
+        claimed = [await store.dequeue_rollout(), await store.dequeue_rollout(), await store.dequeue_rollout()]
+        assert [r.rollout_id if r else None for r in claimed] == [before.rollout_id, after.rollout_id, None]
+    finally:
+        await store.close()

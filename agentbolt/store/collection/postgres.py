@@ -35,6 +35,7 @@ import asyncio
 import contextvars
 import hashlib
 import logging
+import math
 import os
 import re
 import threading
@@ -117,7 +118,9 @@ _ALL_LABELS: Tuple[AtomicLabels, ...] = (
     "spans",
     "workers",
 )
-_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,52}")
+"""Valid schema names (matched whole): the notification channel ``agentbolt:<schema>`` must fit PostgreSQL's 63-byte
+identifiers."""
 _MAX_ROWS_PER_STATEMENT = 1000
 """Rows per multi-row ``INSERT`` (PostgreSQL accepts at most 65,535 parameters per statement)."""
 
@@ -154,6 +157,33 @@ class PostgresCommitUnknownError(PostgresStoreError, StorageOutcomeUnknownError)
     """The connection failed while committing: the operation may or may not have been applied."""
 
 
+_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^/\s]*)@")
+"""The password of a URI (``postgresql://user:password@host/...``), up to the last ``@`` of its authority."""
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&'\"]+)", re.IGNORECASE)
+"""A ``password=value`` pair of a key-value string or of a URI's query."""
+
+
+def _dsn_passwords(dsn: str) -> Set[str]:
+    """The passwords ``dsn`` holds, as written and as libpq reads them (even where libpq cannot parse ``dsn``)."""
+    from urllib.parse import unquote
+
+    found = {m.group(2) for pattern in (_URI_PASSWORD, _KEYWORD_PASSWORD) for m in pattern.finditer(dsn)}
+    found |= {unquote(password.strip("'")) for password in found}
+    with suppress(Exception):
+        from psycopg.conninfo import conninfo_to_dict
+
+        found.add(str(conninfo_to_dict(dsn).get("password") or ""))
+    return {password for password in found if password}
+
+
+def _redact(text: str, dsn: str) -> str:
+    """``text`` (a message about ``dsn``, e.g. libpq's, which may quote it) without the passwords of ``dsn``."""
+    text = _KEYWORD_PASSWORD.sub(r"\1***", _URI_PASSWORD.sub(r"\1***@", text))
+    for password in sorted(_dsn_passwords(dsn), key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
+
+
 def redact_dsn(dsn: str) -> str:
     """``dsn`` without its password, for messages and logs."""
     try:
@@ -161,7 +191,7 @@ def redact_dsn(dsn: str) -> str:
 
         params = conninfo_to_dict(dsn)
     except Exception:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+        return _redact(dsn, dsn)
     if "password" in params:
         params["password"] = "***"
     return make_conninfo(**params)  # type: ignore[arg-type]
@@ -278,6 +308,32 @@ def _lock_key_sql(text: str) -> str:
     return f"('x' || encode(substring(sha256(convert_to({text}, 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint"
 
 
+def _schema_version(conn: Any, schema: str) -> int:
+    """The last migration applied to ``schema`` (0 when it or its ``schema_migrations`` table is missing).
+
+    Reads only: a role that may read and write the tables but not create any opens an up-to-date schema.
+    """
+    table = f"{_quote(schema)}.schema_migrations"
+    (present,) = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not present:
+        return 0
+    row = conn.execute(f"SELECT max(version) FROM {table}").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _create_schema(conn: Any, schema: str) -> None:
+    """Create ``schema`` (when missing) and its ``schema_migrations`` table."""
+    quoted = _quote(schema)
+    # CREATE SCHEMA IF NOT EXISTS would still need the CREATE privilege on the database, which a role given a
+    # schema made for it lacks.
+    if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+        conn.execute(f"CREATE SCHEMA {quoted}")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {quoted}.schema_migrations (version integer PRIMARY KEY, "
+        "description text NOT NULL, applied_at double precision NOT NULL)"
+    )
+
+
 def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
     """Create the schema when missing and apply the migrations it lacks; returns the version found before.
 
@@ -291,22 +347,14 @@ def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
     except psycopg.Error as exc:
-        raise PostgresConnectionError(f"Cannot connect to PostgreSQL ({where}): {_one_line(exc)}") from exc
+        raise PostgresConnectionError(f"Cannot connect to PostgreSQL ({where}): {_one_line(exc, dsn)}") from exc
     quoted = _quote(schema)
     try:
         with conn:
             # Several processes may open the store at once: one applies the migrations, the others wait.
             conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema, "migrations"),))
             try:
-                exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
-                if not exists:
-                    conn.execute(f"CREATE SCHEMA {quoted}")
-                conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {quoted}.schema_migrations (version integer PRIMARY KEY, "
-                    "description text NOT NULL, applied_at double precision NOT NULL)"
-                )
-                row = conn.execute(f"SELECT max(version) FROM {quoted}.schema_migrations").fetchone()
-                found = int(row[0]) if row and row[0] is not None else 0
+                found = _schema_version(conn, schema)
                 if found > SCHEMA_VERSION:
                     raise PostgresSchemaVersionError(
                         f"Schema {schema!r} of {where} was written by a newer version of agentbolt (schema version "
@@ -320,6 +368,9 @@ def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
                     )
                     started = time.monotonic()
                     with conn.transaction():
+                        if found == 0 and migration is MIGRATIONS[0]:
+                            # In the first migration's transaction: a migration that fails leaves nothing behind.
+                            _create_schema(conn, schema)
                         conn.execute(f"SET LOCAL search_path TO {quoted}")
                         for statement in migration.statements:
                             conn.execute(statement)
@@ -335,17 +386,28 @@ def apply_migrations(dsn: str, schema: str, connect_timeout: float) -> int:
         raise
     except psycopg.errors.InsufficientPrivilege as exc:
         raise PostgresPermissionError(
-            f"The database role lacks a privilege the store needs on schema {schema!r} of {where}: {_one_line(exc)}. "
-            "Grant it CREATE on the database (or create the schema for it and grant ALL on it)."
+            f"The database role lacks a privilege the store needs on schema {schema!r} of {where}: "
+            f"{_one_line(exc, dsn)}. Grant it CREATE on the database (or create the schema for it and grant ALL on it)."
         ) from exc
     except psycopg.Error as exc:
         if _is_connection_failure(exc):
-            raise PostgresConnectionError(f"Lost the connection to PostgreSQL ({where}): {_one_line(exc)}") from exc
-        raise PostgresStoreError(f"Cannot prepare schema {schema!r} of {where}: {_one_line(exc)}") from exc
+            raise PostgresConnectionError(
+                f"Lost the connection to PostgreSQL ({where}): {_one_line(exc, dsn)}"
+            ) from exc
+        raise PostgresStoreError(f"Cannot prepare schema {schema!r} of {where}: {_one_line(exc, dsn)}") from exc
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def _ensure_integer(value: Any, description: str) -> int:
+    """``value`` if it is an integer (not a boolean), else a ``TypeError`` naming ``description``."""
+    ensure_numeric(value, description=description)
+    if not isinstance(value, int):
+        raise TypeError(f"{description} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _one_line(exc: BaseException, dsn: str) -> str:
+    """The message of ``exc`` on one line, without the passwords of ``dsn`` (libpq's messages may quote it)."""
+    return _redact(" ".join(str(exc).split()), dsn) or type(exc).__name__
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -491,12 +553,12 @@ class _Database:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise PostgresUnavailableError(
-                    f"PostgreSQL is unavailable ({self.where}): {_one_line(exc)}; nothing was applied"
+                    f"PostgreSQL is unavailable ({self.where}): {_one_line(exc, self.dsn)}; nothing was applied"
                 ) from exc
             if isinstance(exc, _psycopg().DataError) and "NUL" in str(exc):
                 raise ValueError(
                     "PostgreSQL cannot hold the NUL character (0x00) in ids, names and the other indexed text "
-                    f"fields; nothing was applied ({_one_line(exc)})"
+                    f"fields; nothing was applied ({_one_line(exc, self.dsn)})"
                 ) from exc
             raise
 
@@ -521,7 +583,7 @@ class _Database:
                 try:
                     await asyncio.wait_for(asyncio.wrap_future(future), timeout=10.0)
                 except Exception as exc:
-                    logger.debug("Could not close a pool of another event loop: %r", exc)
+                    logger.debug("Could not close a pool of another event loop: %s", _one_line(exc, self.dsn))
 
     # -- sections ----------------------------------------------------------------------------------------------
 
@@ -601,7 +663,7 @@ class _Database:
                 try:
                     await conn.execute("ROLLBACK")
                 except Exception as rollback_error:  # the connection is gone: the server rolls back by itself
-                    logger.debug("Rollback on %s failed: %r", self.where, rollback_error)
+                    logger.debug("Rollback on %s failed: %s", self.where, _one_line(rollback_error, self.dsn))
                 raise
             _current_section.reset(token)
             try:
@@ -609,8 +671,8 @@ class _Database:
             except Exception as exc:
                 if _is_connection_failure(exc):
                     raise PostgresCommitUnknownError(
-                        f"The connection to PostgreSQL ({self.where}) failed while committing: {_one_line(exc)}; "
-                        "the operation may or may not have been applied"
+                        f"The connection to PostgreSQL ({self.where}) failed while committing: "
+                        f"{_one_line(exc, self.dsn)}; the operation may or may not have been applied"
                     ) from exc
                 raise
 
@@ -711,7 +773,11 @@ class _Listener:
             except Exception as exc:
                 if self._stopping:
                     return
-                logger.debug("Notification listener on %s failed (%r); reconnecting", self.database.where, exc)
+                logger.debug(
+                    "Notification listener on %s failed (%s); reconnecting",
+                    self.database.where,
+                    _one_line(exc, self.database.dsn),
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -1119,10 +1185,7 @@ class PostgresCounters(_Backed, KeyValue[str, int]):
 
     @staticmethod
     def _integer(value: Any, description: str) -> int:
-        ensure_numeric(value, description=description)
-        if not isinstance(value, int):
-            raise TypeError(f"{description} must be an integer, got {type(value).__name__}")
-        return value
+        return _ensure_integer(value, description)
 
     async def has(self, key: str) -> bool:
         """Whether ``key`` exists."""
@@ -1185,7 +1248,8 @@ class PostgresLightningCollections(LightningCollections):
         tracker: Optional metrics backend.
 
     Raises:
-        ValueError: Invalid schema name or pool sizes.
+        ValueError: Invalid schema name, pool sizes or timeouts.
+        TypeError: A pool size or timeout of the wrong type.
         PostgresConnectionError: The database cannot be reached or refuses the connection.
         PostgresPermissionError: The role may not create the schema or its tables.
         PostgresSchemaVersionError: The schema was written by a newer version of agentbolt.
@@ -1203,12 +1267,21 @@ class PostgresLightningCollections(LightningCollections):
         tracker: Any = None,
     ) -> None:
         super().__init__(tracker=tracker)
-        if not _SCHEMA_NAME.match(schema):
-            raise ValueError(f"Invalid schema name {schema!r}: use letters, digits and _ (at most 63, not first digit)")
+        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(
+                f"Invalid schema name {schema!r}: use letters, digits and _ (at most 53, the first not a digit)"
+            )
+        _ensure_integer(pool_min_size, "pool_min_size")
+        _ensure_integer(pool_max_size, "pool_max_size")
+        ensure_numeric(pool_timeout, description="pool_timeout")
+        ensure_numeric(connect_timeout, description="connect_timeout")
         if pool_min_size < 0 or pool_max_size < 1 or pool_min_size > pool_max_size:
             raise ValueError(f"Invalid pool sizes: min {pool_min_size}, max {pool_max_size}")
-        if pool_timeout <= 0 or connect_timeout <= 0:
-            raise ValueError("pool_timeout and connect_timeout must be positive")
+        if not all(0 < timeout < math.inf for timeout in (pool_timeout, connect_timeout)):
+            raise ValueError(
+                f"pool_timeout and connect_timeout must be positive numbers of seconds, got {pool_timeout} and "
+                f"{connect_timeout}"
+            )
         self.schema = schema
         self.migrated_from = apply_migrations(dsn, schema, connect_timeout)
         self._db = _Database(
