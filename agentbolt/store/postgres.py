@@ -62,6 +62,8 @@ class PostgresLightningStore(CollectionBasedLightningStore[PostgresLightningColl
         read_snapshot: Run multi-read operations on one consistent snapshot.
 
     Raises:
+        ValueError: Invalid schema name, pool sizes or timeouts (checked before connecting).
+        TypeError: A pool size or timeout of the wrong type.
         PostgresConnectionError: The database cannot be reached or refuses the connection.
         PostgresPermissionError: The role may not create the schema or its tables.
         PostgresSchemaVersionError: The schema was written by a newer version of agentbolt.
