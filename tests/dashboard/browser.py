@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
-from typing import Any, Optional
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, Optional, Tuple, TypeVar
 
 import pytest
+from support.servers import free_port, start_store_process, wait_healthy
+
+T = TypeVar("T")
 
 LAUNCH_ARGS = [
     "--headless",
@@ -41,3 +49,26 @@ def launch(playwright: Any) -> Any:
 
 
 requires_browser = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+@contextlib.contextmanager
+def seeded_store_process(path: Path, seed: Callable[[str], Awaitable[T]]) -> Iterator[Tuple[str, T]]:
+    """An ``agentbolt store`` over the SQLite file ``path``, seeded by ``seed(url)``: its URL and what ``seed`` returned.
+
+    Skips the test when the browser tests cannot run here (nothing is started then).
+    """
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    port = free_port()
+    process = start_store_process(path, port, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url + "/v1/agl/health", process)
+        # The browser's event loop runs in this thread: seed from another one.
+        with ThreadPoolExecutor(1) as pool:
+            seeded = pool.submit(asyncio.run, seed(url)).result()  # type: ignore[arg-type]
+        yield url, seeded
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

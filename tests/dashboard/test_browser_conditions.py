@@ -3,20 +3,20 @@ serving it under a path prefix, and a store of 10,000 rollouts."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, List
 
 import httpx
 import pytest
-from support.servers import REPO, free_port, start_store_process, wait_healthy
+from support.servers import REPO, free_port, wait_healthy
 
 from agentbolt.store.client_server import LightningStoreClient
 from agentbolt.types import EnqueueRolloutRequest
+
+from .browser import seeded_store_process
 
 pytestmark = pytest.mark.browser
 
@@ -149,22 +149,8 @@ async def _seed_large(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def large_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from .browser import skip_reason
-
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    port = free_port()
-    process = start_store_process(tmp_path_factory.mktemp("large") / "store.db", port, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url + "/v1/agl/health", process)
-        # The browser's event loop runs in this thread: seed from another one.
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, _seed_large(url)).result()
+    with seeded_store_process(tmp_path_factory.mktemp("large") / "store.db", _seed_large) as (url, _):
         yield url
-    finally:
-        _stop(process)
 
 
 def test_ten_thousand_rollouts_are_paged_not_loaded_at_once(page: Any, large_store: str) -> None:

@@ -3,17 +3,14 @@ attempt of thousands of spans, an address that is not valid, and answers the pag
 
 from __future__ import annotations
 
-import asyncio
 import re
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator
 
 import pytest
-from support.servers import free_port, start_store_process, wait_healthy
 
 from agentbolt.store.client_server import LightningStoreClient
 
+from .browser import seeded_store_process
 from .seeding import reward_span
 
 pytestmark = pytest.mark.browser
@@ -72,23 +69,8 @@ async def _seed(url: str) -> Dict[str, str]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
-    from .browser import skip_reason
-
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    port = free_port()
-    process = start_store_process(tmp_path_factory.mktemp("hostile") / "store.db", port, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url + "/v1/agl/health", process)
-        # The browser's event loop runs in this thread: seed from another one.
-        with ThreadPoolExecutor(1) as pool:
-            ids = pool.submit(asyncio.run, _seed(url)).result()
+    with seeded_store_process(tmp_path_factory.mktemp("hostile") / "store.db", _seed) as (url, ids):
         yield {"url": url, **ids}
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_span_attribute_keys_cannot_reach_the_objects_of_the_page(page: Any, store: Dict[str, str]) -> None:
