@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from support.embedded import SKIP_REASON, embedded_model_available
+from support.interrupt import ctrl_c_when
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -48,24 +46,12 @@ def test_ctrl_c_during_training_exits_130_with_one_line_and_leaves_no_process(tm
     if not embedded_model_available():
         pytest.skip(SKIP_REASON)
     output_dir = tmp_path / "out"
-    process = subprocess.Popen(
+    # The baseline validation is logged as step 0: training has started, Ctrl-C then.
+    process, out, err = ctrl_c_when(
         [sys.executable, "-m", "agentbolt", "demo", "--quick", "--steps", "2", "--output-dir", str(output_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal, whatever started us
+        lambda: any(path.read_text().strip() for path in output_dir.glob("run-*/logs/metrics.jsonl")),
+        wait_seconds=1500,
     )
-    try:
-        # The baseline validation is logged as step 0: training has started, Ctrl-C now.
-        while not any(path.read_text().strip() for path in output_dir.glob("run-*/logs/metrics.jsonl")):
-            assert process.poll() is None, process.communicate()[1].decode()
-            time.sleep(0.5)
-        os.killpg(process.pid, signal.SIGINT)
-        out, err = (stream.decode() for stream in process.communicate(timeout=600))
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert process.returncode == 130, err
     (run_dir,) = output_dir.glob("run-*")
     assert f"agentbolt demo: interrupted after 0 of 2 training steps; the partial run is in {run_dir}" in err

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
 import pytest
 import yaml
+from support.interrupt import ctrl_c_when
 from support.word_model import build_word_model
 
 from agentbolt.algorithm.registry import (
@@ -203,26 +202,13 @@ def _train_command_env() -> Dict[str, str]:
 def _train_until_stalled_then_ctrl_c(tmp_path: Path, config: Path) -> Tuple[int, str, str]:
     """Run ``agentbolt train CONFIG`` in ``tmp_path`` until its agent writes ``stalled``, then Ctrl-C it; its exit
     code, stdout and stderr."""
-    process = subprocess.Popen(
+    process, out, err = ctrl_c_when(
         [sys.executable, "-m", "agentbolt", "train", config.name],
+        lambda: (tmp_path / "stalled").exists(),
         cwd=tmp_path,
         env=_train_command_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
+        exit_seconds=300,
     )
-    try:
-        deadline = time.monotonic() + 600
-        while not (tmp_path / "stalled").exists():
-            assert process.poll() is None, process.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the agent never stalled"
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGINT)
-        out, err = (stream.decode() for stream in process.communicate(timeout=300))
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     return process.returncode, out, err
 
 
