@@ -1,16 +1,18 @@
 """A tool-calling agent for the Azure OpenAI fine-tuning loop: it must look capitals up with a tool.
 
 The agent offers one function tool, ``country_capital_lookup(country)``, answers from a fixed table, and is rewarded
-1.0 when its final answer names the expected capital (0.0 otherwise). It is written with the OpenAI SDK against any
-OpenAI-compatible endpoint: Azure OpenAI's v1 API (``https://RESOURCE.openai.azure.com/openai/v1``, the deployment
-name as the model) in the fine-tuning loop.
+1.0 when its brief final answer names the expected capital and no other (0.0 otherwise: a hedge with "or", a list of
+cities, an answer of over 30 words). It is written with the OpenAI SDK against any OpenAI-compatible endpoint:
+Azure OpenAI's v1 API (``https://RESOURCE.openai.azure.com/openai/v1``, the deployment name as the model) in the
+fine-tuning loop.
 
 Run it once against an endpoint of your own::
 
     OPENAI_BASE_URL=https://RESOURCE.openai.azure.com/openai/v1 OPENAI_API_KEY=... \\
         python -m examples.azure.capital_agent --model gpt-4.1-mini
 
-Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2.
+Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2;
+a call the service refuses (a wrong key, a model it does not serve) stops it with one line and exit code 2 too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TypedDict
 
@@ -27,7 +30,7 @@ from openai import AsyncOpenAI
 
 import agentbolt as agl
 from examples.common.arguments import count
-from examples.common.environment import require_openai_service
+from examples.common.environment import reporting_refusals, require_openai_service
 
 SAMPLES = Path(__file__).with_name("capital_samples.csv")
 SYSTEM_PROMPT = "You answer questions about capital cities. Always call country_capital_lookup, then answer briefly."
@@ -69,9 +72,26 @@ def country_capital_lookup(country: str) -> str:
     return CAPITALS.get(country.strip().lower(), f"unknown country: {country}")
 
 
+MAX_ANSWER_WORDS = 30
+"""Longer answers score 0: a brief answer names one city, and length is how a reply lists them all."""
+_HEDGE = re.compile(r"\bor\b", re.IGNORECASE)
+
+
+def _names(answer: str, city: str) -> bool:
+    """Whether ``answer`` holds ``city`` as whole words (case-insensitive), not inside a longer word."""
+    return re.search(rf"(?<!\w){re.escape(city)}(?!\w)", answer, re.IGNORECASE) is not None
+
+
 def capital_reward(answer: str, task: CapitalTask) -> float:
-    """1.0 when the answer names the expected capital (case-insensitive), else 0.0."""
-    return 1.0 if task["capital"].lower() in answer.lower() else 0.0
+    """1.0 when a brief answer commits to the expected capital, else 0.0.
+
+    The capital must appear as whole words (case-insensitive); an answer naming another capital of the table too,
+    hedging with "or", or longer than :data:`MAX_ANSWER_WORDS` words scores 0.
+    """
+    if len(answer.split()) > MAX_ANSWER_WORDS or _HEDGE.search(answer) or not _names(answer, task["capital"]):
+        return 0.0
+    others = {capital for capital in CAPITALS.values() if capital.lower() != task["capital"].lower()}
+    return 0.0 if any(_names(answer, capital) for capital in others) else 1.0
 
 
 async def answer_question(client: AsyncOpenAI, model: str, question: str) -> str:
@@ -124,7 +144,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         alternative="point OPENAI_BASE_URL at an Azure OpenAI resource (https://RESOURCE.openai.azure.com/openai/v1) "
         "and set OPENAI_API_KEY to its key",
     )
-    asyncio.run(_debug(args.model, args.limit))
+    with reporting_refusals(
+        parser,
+        service="the OpenAI-compatible service",
+        configure="check OPENAI_API_KEY (the key of the service at OPENAI_BASE_URL) and --model (a model it serves)",
+    ):
+        asyncio.run(_debug(args.model, args.limit))
 
 
 if __name__ == "__main__":

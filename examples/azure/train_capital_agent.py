@@ -16,9 +16,10 @@ from typing import List, Optional
 
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
-from examples.azure.aoai_finetune import AzureOpenAIConfig, AzureOpenAIFinetune
+from examples.azure.aoai_finetune import AzureFineTuningError, AzureOpenAIConfig, AzureOpenAIFinetune, management_token
 from examples.azure.capital_agent import capital_agent, load_tasks
 from examples.common.arguments import count, number
+from examples.common.environment import CONFIGURATION_ERROR, require_reachable
 
 
 def train(args: argparse.Namespace, config: AzureOpenAIConfig) -> AzureOpenAIFinetune:
@@ -62,7 +63,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         config = AzureOpenAIConfig.from_env()
     except ValueError as exc:
-        parser.exit(2, f"error: {exc}\n")
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
+    require_reachable(
+        parser,
+        f"{config.inference_base_url}/models",
+        service="the Azure OpenAI resource",
+        configure="set AZURE_OPENAI_ENDPOINT to the resource's endpoint (https://RESOURCE.openai.azure.com)",
+    )
+    try:  # before a fine-tuning job is paid for: deploying its model needs the token
+        management_token(config)
+    except AzureFineTuningError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
     algorithm = train(args, config)
     for record in algorithm.history:
         logging.getLogger(__name__).info("%s", record)

@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, TypedDict
 
+from examples.common.tasks import read_tasks
+
 __all__ = [
     "DATA_DIR",
     "FRAMES",
@@ -174,11 +176,11 @@ def load_split(name: str, data_dir: Path = DATA_DIR) -> List[CalcTask]:
 
     Raises:
         ValueError: ``name`` is not a split.
+        examples.common.tasks.TaskFileError: The file is missing or not a file of calc tasks.
     """
     if name not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {name!r}")
-    lines = (data_dir / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_tasks(data_dir / f"{name}.jsonl", CalcTask)  # type: ignore[return-value]
 
 
 _ANSWER_LINE = re.compile(r"ANSWER:[ \t]*(-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+))[ \t]*\.?")

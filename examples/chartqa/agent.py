@@ -13,7 +13,8 @@ Run the agent once against an endpoint of your own::
 
     OPENAI_BASE_URL=https://api.openai.com/v1 OPENAI_API_KEY=sk-... python -m examples.chartqa.agent --model gpt-4o-mini
 
-Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2.
+Without ``OPENAI_API_KEY``, or when ``OPENAI_BASE_URL`` does not answer, the command stops at once with exit code 2;
+a call the service refuses (a wrong key, a model it does not serve) stops it with one line and exit code 2 too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import agentbolt as agl
 from examples.calc.task import parse_answer
 from examples.chartqa.charts import ChartTask, data_url, make_tasks
 from examples.common.arguments import count
-from examples.common.environment import require_openai_service
+from examples.common.environment import reporting_refusals, require_openai_service
 
 OBSERVE_PROMPT = "Describe this bar chart: how many bars there are and how tall each one is, from left to right."
 ANSWER_PROMPT = "{question}\nThink briefly, then end with a last line of the form ANSWER: <number>."
@@ -79,15 +80,16 @@ class ChartQAAgent(agl.LitAgent[ChartTask]):
 
 
 async def _debug(model: str, limit: int) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="chartqa-"))
-    tasks = make_tasks(directory, n=limit)
+    """Ask the endpoint about ``limit`` charts drawn in a temporary directory (removed afterwards)."""
     async with AsyncOpenAI(
         base_url=os.environ.get("OPENAI_BASE_URL"), api_key=os.environ.get("OPENAI_API_KEY")
     ) as client:
-        for task in tasks:
-            reply = await answer_chart(client, model, task, directory)
-            print(json.dumps({"id": task["id"], "question": task["question"], "gold": task["answer"],
-                              "reply": reply, "reward": chart_reward(reply, task)}))  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="chartqa-") as folder:
+            directory = Path(folder)
+            for task in make_tasks(directory, n=limit):
+                reply = await answer_chart(client, model, task, directory)
+                print(json.dumps({"id": task["id"], "question": task["question"], "gold": task["answer"],
+                                  "reply": reply, "reward": chart_reward(reply, task)}))  # fmt: skip
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -101,7 +103,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         alternative="serve a vision-language model locally (vllm serve Qwen/Qwen2-VL-2B-Instruct) and point "
         "OPENAI_BASE_URL at its /v1",
     )
-    asyncio.run(_debug(args.model, args.limit))
+    with reporting_refusals(
+        parser,
+        service="the OpenAI-compatible service",
+        configure="check OPENAI_API_KEY (the key of the service at OPENAI_BASE_URL) and --model (a model it serves)",
+    ):
+        asyncio.run(_debug(args.model, args.limit))
 
 
 if __name__ == "__main__":

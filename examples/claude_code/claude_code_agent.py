@@ -10,8 +10,9 @@ For a task (a few files, an instruction, a test command) the agent
    the CLI can talk to Anthropic or to any Anthropic-compatible endpoint. Given an LLM gateway (``gateway_url``),
    ``ANTHROPIC_BASE_URL`` is the gateway's URL for this rollout's attempt, so every model call of the session is
    recorded as an LLM-call span of the rollout (with token ids when the model is served by agentbolt or vLLM);
-3. runs the task's test command in the directory: the reward is 1.0 when it exits 0, else 0.0; the CLI's JSON result
-   (turns, cost, session id) is recorded as a span too.
+3. writes the task's test scripts (its files the test command names) again as shipped, so a session that edits the
+   tests instead of the code gains nothing, and runs the test command in the directory: the reward is 1.0 when it
+   exits 0, else 0.0; the CLI's JSON result (turns, cost, session id) is recorded as a span too.
 
 Run it on the shipped tasks (needs the ``claude`` CLI, ``npm install -g @anthropic-ai/claude-code``, and a store)::
 
@@ -68,14 +69,37 @@ def hook_settings(python: str = sys.executable) -> Dict[str, Any]:
     return {"hooks": hooks}
 
 
-def prepare_workdir(task: CodingTask, directory: Path) -> Path:
-    """Write the task's files and the hook settings; returns the settings file."""
-    for name, content in task["files"].items():
+def shipped_tests(task: CodingTask) -> List[str]:
+    """The task's files its test command names (the test scripts): the session must pass them, not edit them."""
+    return [name for name in task["files"] if name in task["test_command"]]
+
+
+def tests_command(task: CodingTask) -> List[str]:
+    """The task's test command, a leading ``python`` or ``python3`` being the Python running this agent (the one
+    ``python`` on the PATH may be missing or another)."""
+    command = list(task["test_command"])
+    if command and command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
+
+
+def write_files(task: CodingTask, directory: Path, names: Sequence[str]) -> None:
+    """Write the task's files ``names`` into ``directory`` as the task ships them.
+
+    Raises:
+        ValueError: A file would land outside ``directory``.
+    """
+    for name in names:
         target = (directory / name).resolve()
         if not target.is_relative_to(directory.resolve()):
             raise ValueError(f"task {task['id']}: file {name!r} is outside the working directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        target.write_text(task["files"][name], encoding="utf-8")
+
+
+def prepare_workdir(task: CodingTask, directory: Path) -> Path:
+    """Write the task's files and the hook settings; returns the settings file."""
+    write_files(task, directory, list(task["files"]))
     settings = directory / ".claude" / "settings.json"
     settings.parent.mkdir(exist_ok=True)
     settings.write_text(json.dumps(hook_settings(), indent=2), encoding="utf-8")
@@ -165,7 +189,8 @@ class ClaudeCodeAgent(agl.LitAgent[CodingTask]):
             agl.emit_object(
                 {key: result.get(key) for key in ("subtype", "is_error", "num_turns", "total_cost_usd", "session_id")}
             )
-            test = subprocess.run(task["test_command"], cwd=directory, capture_output=True, timeout=120)
+            write_files(task, directory, shipped_tests(task))  # an edited test proves nothing: run the shipped one
+            test = subprocess.run(tests_command(task), cwd=directory, capture_output=True, timeout=120)
             return 1.0 if test.returncode == 0 and not result.get("is_error") else 0.0
 
 

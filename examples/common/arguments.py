@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 from typing import Callable, Optional
 
 from examples.common.environment import CONFIGURATION_ERROR
 
-__all__ = ["count", "number", "require_port_free", "tcp_port", "torch_device"]
+__all__ = ["count", "number", "require_port_free", "require_writable_directory", "tcp_port", "torch_device"]
 
 
 def count(minimum: int = 1) -> Callable[[str], int]:
@@ -82,3 +84,17 @@ def require_port_free(parser: argparse.ArgumentParser, option: str, host: str, p
         parser.exit(
             CONFIGURATION_ERROR, f"error: {option} {port}: cannot listen on {host}:{port}: {exc.strerror or exc}\n"
         )
+
+
+def require_writable_directory(parser: argparse.ArgumentParser, option: str, path: Path) -> None:
+    """Return when ``path`` is (now) a directory this process can write in, creating it if needed; else exit 2 with
+    ``error: OPTION PATH is a file, not a directory`` or ``error: OPTION PATH: cannot create it: REASON`` or
+    ``error: OPTION PATH: not writable``."""
+    if path.exists() and not path.is_dir():
+        parser.exit(CONFIGURATION_ERROR, f"error: {option} {path} is a file, not a directory\n")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {option} {path}: cannot create it: {exc.strerror or exc}\n")
+    if not os.access(path, os.W_OK | os.X_OK):
+        parser.exit(CONFIGURATION_ERROR, f"error: {option} {path}: not writable\n")

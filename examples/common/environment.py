@@ -10,15 +10,17 @@ minutes later as an SDK traceback, a run of failed rollouts or a client retrying
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 __all__ = [
     "CONFIGURATION_ERROR",
     "OPENAI_DEFAULT_BASE_URL",
     "PROBE_TIMEOUT",
     "missing_variables",
+    "reporting_refusals",
     "require_openai_service",
     "require_reachable",
     "require_variables",
@@ -124,3 +126,19 @@ def require_openai_service(
         f"or {alternative}",
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def reporting_refusals(parser: argparse.ArgumentParser, *, service: str, configure: str) -> Iterator[None]:
+    """Run the block; when the OpenAI-compatible service answers a call with an HTTP error (``openai.APIStatusError``:
+    a wrong key, a model it does not serve...), exit with one line instead of the SDK's traceback:
+    ``error: SERVICE refused the request (HTTP STATUS: MESSAGE); CONFIGURE``, code 2 for a 4xx answer (the
+    configuration is wrong), 1 for a 5xx one (the service failed)."""
+    import openai
+
+    try:
+        yield
+    except openai.APIStatusError as exc:
+        message = " ".join(str(exc.message).split())
+        code = CONFIGURATION_ERROR if 400 <= exc.status_code < 500 else 1
+        parser.exit(code, f"error: {service} refused the request (HTTP {exc.status_code}: {message}); {configure}\n")

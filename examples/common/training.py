@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from agentbolt.demo.run import GrpoRunConfig, fit_grpo, new_run_dir, resolve_demo_dtype, step_time_split
-from examples.common.arguments import count, number, torch_device
+from examples.common.arguments import count, number, require_writable_directory, torch_device
 from examples.common.environment import CONFIGURATION_ERROR
 from examples.common.heldout import SliceChange, TaskScore, compare, format_table
+from examples.common.tasks import TaskFileError
 
 _BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
 if _BENCHMARKS not in sys.path:
@@ -320,8 +321,9 @@ def _parser(spec: ExampleSpec) -> argparse.ArgumentParser:
 def main(spec: ExampleSpec, argv: Optional[Sequence[str]] = None) -> TrainingResult:
     """The command line of an example's ``train.py``: train, print the held-out table, write a result file.
 
-    Exits with status 2 and one line when an option is out of range or the model cannot be found (before anything
-    starts), and with status 130 (no table, no result file) when the run was interrupted before its final validation.
+    Exits with status 2 and one line when an option is out of range, a task file is missing or malformed, the model
+    cannot be found or ``--output-dir`` cannot be written (before anything starts), and with status 130 (no table, no result file) when the run was
+    interrupted before its final validation.
 
     Every :class:`TrainingConfig` field is an option (``--steps``, ``--learning-rate``, ``--n-test``...).
     """
@@ -330,12 +332,16 @@ def main(spec: ExampleSpec, argv: Optional[Sequence[str]] = None) -> TrainingRes
     words = list(sys.argv[1:] if argv is None else argv)
     parser = _parser(spec)
     args = parser.parse_args(words)
-    if args.output_dir.exists() and not args.output_dir.is_dir():
-        parser.exit(CONFIGURATION_ERROR, f"error: --output-dir {args.output_dir} is a file, not a directory\n")
     try:  # before the run directory, the runners and the engine
+        spec.load_train()
+        spec.load_test()
+    except TaskFileError as exc:
+        parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
+    try:
         resolve_model(args.model)
     except ModelNotAvailableError as exc:
         parser.exit(CONFIGURATION_ERROR, f"error: --model: {exc}\n")
+    require_writable_directory(parser, "--output-dir", args.output_dir)
     record = replace(
         RunRecord.start(f"{spec.name}_train", words),
         command=shlex.join(["python", "-m", f"examples.{spec.name}.train", *words]),

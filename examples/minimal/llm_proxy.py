@@ -27,11 +27,18 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
 import agentbolt as agl
+from agentbolt.models import ModelNotAvailableError, resolve_model
 from agentbolt.serving.process import LocalModelServer
 from agentbolt.utils.server_launcher import pick_free_port
-from examples.common.environment import require_openai_service, require_reachable
+from examples.common.environment import (
+    CONFIGURATION_ERROR,
+    reporting_refusals,
+    require_openai_service,
+    require_reachable,
+)
 
 DEFAULT_HOSTED_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -93,7 +100,7 @@ def local_server(base_url: Optional[str], start: Optional[str]) -> Iterator[str]
     if base_url is not None:
         yield base_url
         return
-    with LocalModelServer(start or "smollm2-135m-instruct", served_name="local") as server:
+    with LocalModelServer(start or DEFAULT_LOCAL_MODEL, served_name="local") as server:
         yield server.base_url
 
 
@@ -119,8 +126,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--question", default="What is the capital of France?")
     backends = parser.add_subparsers(dest="backend", required=True)
     local = backends.add_parser("local", help="in front of agentbolt serve")
-    local.add_argument("--base-url", default=None, help="a running server's /v1 URL (default: start one)")
-    local.add_argument("--start", default=None, help="model to serve when no --base-url is given")
+    where = local.add_mutually_exclusive_group()
+    where.add_argument("--base-url", default=None, help="a running server's /v1 URL (default: start one)")
+    where.add_argument("--start", default=None, help="model to serve when no --base-url is given")
     local.add_argument("--model", default=None, help="served model name (default: the server's first)")
     hosted = backends.add_parser("hosted", help="in front of a hosted OpenAI-compatible API")
     hosted.add_argument("--base-url", default=None, help="default: $OPENAI_BASE_URL, else OpenAI")
@@ -136,7 +144,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             alternative="use the local backend (python -m examples.minimal.llm_proxy local), which needs no key",
             environ=environ,
         )
-        call = asyncio.run(call_through_gateway(hosted_backend(args.model, args.base_url), args.question))
+        with reporting_refusals(
+            parser,
+            service="the hosted API (through the gateway)",
+            configure="check OPENAI_API_KEY (the key of the hosted API) and --model (a model it serves)",
+        ):
+            call = asyncio.run(call_through_gateway(hosted_backend(args.model, args.base_url), args.question))
     else:
         if args.base_url is not None:
             require_reachable(
@@ -146,6 +159,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                 configure="start one (agentbolt serve smollm2-135m-instruct --port PORT) or drop --base-url to let "
                 "this script start one",
             )
+        else:
+            try:  # before a server process is started for it
+                resolve_model(args.start or DEFAULT_LOCAL_MODEL)
+            except ModelNotAvailableError as exc:
+                parser.exit(CONFIGURATION_ERROR, f"error: --start: {exc}\n")
         with local_server(args.base_url, args.start) as base_url:
             backend = local_backend(base_url, args.model or served_model(base_url))
             call = asyncio.run(call_through_gateway(backend, args.question))

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
 
+from examples.common.tasks import read_tasks
+
 __all__ = [
     "DATA_DIR",
     "Passage",
@@ -202,13 +204,13 @@ def make_dataset(n_towns: int = 64, test_fraction: float = 0.25, seed: int = SEE
     return {"corpus": passages, **splits}
 
 
-def _read_jsonl(path: Path) -> List[Any]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def load_corpus(data_dir: Path = DATA_DIR) -> List[Passage]:
-    """The shipped passages."""
-    return _read_jsonl(data_dir / "corpus.jsonl")
+    """The shipped passages.
+
+    Raises:
+        examples.common.tasks.TaskFileError: The file is missing or not a file of passages.
+    """
+    return read_tasks(data_dir / "corpus.jsonl", Passage)  # type: ignore[return-value]
 
 
 def load_questions(split: str, kinds: Optional[Sequence[str]] = None, data_dir: Path = DATA_DIR) -> List[QATask]:
@@ -216,13 +218,14 @@ def load_questions(split: str, kinds: Optional[Sequence[str]] = None, data_dir: 
 
     Raises:
         ValueError: Unknown split or kind.
+        examples.common.tasks.TaskFileError: The file is missing or not a file of questions.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     unknown = set(kinds or ()) - set(ONE_HOP_KINDS + TWO_HOP_KINDS)
     if unknown:
         raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {ONE_HOP_KINDS + TWO_HOP_KINDS}")
-    questions: List[QATask] = _read_jsonl(data_dir / f"{split}.jsonl")
+    questions: List[QATask] = read_tasks(data_dir / f"{split}.jsonl", QATask)  # type: ignore[assignment]
     return [q for q in questions if kinds is None or q["kind"] in kinds]
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
 
+from examples.common.tasks import read_tasks
+
 __all__ = [
     "DATA_DIR",
     "DATABASES",
@@ -250,12 +252,13 @@ def load_split(name: str, data_dir: Path = DATA_DIR) -> List[SqlTask]:
 
     Raises:
         ValueError: ``name`` is not a split.
+        examples.common.tasks.TaskFileError: The file is missing or not a file of sql tasks.
     """
     if name not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+    tasks: List[SqlTask] = read_tasks(data_dir / f"{name}.jsonl", SqlTask)  # type: ignore[assignment]
     ensure_databases(data_dir)
-    lines = (data_dir / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return tasks
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -7,6 +7,7 @@ import json
 from typing import Iterator
 
 import pytest
+from support.examples import error_line, run_example
 from support.fake_openai import FakeOpenAIServer
 from support.servers import free_port
 
@@ -132,3 +133,54 @@ def test_selection_keeps_the_best_rewarded_share_and_the_reward_is_strict() -> N
     task = load_tasks()[0]
     assert capital_reward("It is PARIS.", task) == 1.0
     assert capital_reward("", task) == 0.0 and capital_reward(task["question"], task) == 0.0
+
+
+CAPITAL_TASK = load_tasks()[0]  # France, Paris
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("It is PARIS.", 1.0),
+        ("The capital of France is Paris.", 1.0),
+        ("Paris", 1.0),
+        ("", 0.0),
+        (CAPITAL_TASK["question"], 0.0),  # the question copied back
+        ("Paris, Tokyo, Nairobi, Lima", 0.0),  # several capitals of the table
+        ("It is Lyon or Paris.", 0.0),  # the gold among distractors
+        ("Parisian cafés are famous.", 0.0),  # only inside a longer word
+        ("The capital is Paris. " * 40, 0.0),  # very long
+    ],
+)
+def test_the_capital_reward_pays_one_committed_answer_only(answer: str, expected: float) -> None:
+    assert capital_reward(answer, CAPITAL_TASK) == expected
+
+
+def test_the_capital_reward_matches_whole_words_of_multi_word_capitals() -> None:
+    mexico = next(task for task in load_tasks() if task["country"] == "Mexico")
+    assert capital_reward("The capital is Mexico City.", mexico) == 1.0
+    assert capital_reward(mexico["question"], mexico) == 0.0
+
+
+def azure_environment(endpoint: str, **extra: str) -> dict[str, str]:
+    """Every required Azure variable, the resource at ``endpoint``, plus ``extra``."""
+    required = {AzureOpenAIConfig.ENV[name]: "v" for name in AzureOpenAIConfig.REQUIRED}
+    return required | {"AZURE_OPENAI_ENDPOINT": endpoint} | extra
+
+
+def test_the_loop_with_an_endpoint_that_refuses_connections_exits_2_naming_it() -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = azure_environment(endpoint, AZURE_MANAGEMENT_TOKEN="t")
+    line = error_line(run_example(["examples.azure.train_capital_agent"], env))
+    assert line.startswith(f"error: cannot reach the Azure OpenAI resource at {endpoint}/openai/v1/models (")
+    assert "AZURE_OPENAI_ENDPOINT" in line
+
+
+def test_the_loop_without_a_management_token_exits_2_before_fine_tuning(
+    azure: tuple[AzureState, AzureOpenAIConfig],
+) -> None:
+    state, config = azure
+    env = azure_environment(config.endpoint, PATH="/nonexistent")  # no Azure CLI to ask for a token
+    line = error_line(run_example(["examples.azure.train_capital_agent"], env))
+    assert line.startswith("error: no AZURE_MANAGEMENT_TOKEN and the Azure CLI gave no token")
+    assert not state.jobs and not state.file_contents

@@ -104,3 +104,19 @@ def test_the_image_goes_through_the_gateway_into_spans_and_adapters(tmp_path: Pa
 def test_the_reward_is_strict(reply: str, expected: float) -> None:
     task = ChartTask(id="t", image="x.png", question="How many bars does the chart have?", answer="3")
     assert chart_reward(reply, task) == expected
+
+
+def test_the_command_asks_the_endpoint_and_leaves_no_chart_files_behind(tmp_path: Path) -> None:
+    import json
+
+    from support.examples import run_example
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    with FakeOpenAIServer(app=stand_in_vlm([])) as server:
+        env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "unused", "TMPDIR": str(scratch)}
+        result = run_example(["examples.chartqa.agent", "--model", "vlm", "--limit", "2"], env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["reward"] for row in rows] == [1.0, 1.0]
+    assert list(scratch.iterdir()) == []

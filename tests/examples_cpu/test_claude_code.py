@@ -90,6 +90,27 @@ def test_an_unfixed_task_scores_zero(tmp_path: Path) -> None:
     assert reward == 0.0 and not [span for span in spans if span.name.startswith("claude_code.")]
 
 
+def test_a_session_that_rewrites_the_tests_instead_of_the_code_scores_zero(tmp_path: Path) -> None:
+    # A CLI that makes the test script pass by emptying it (and breaks nothing else): the tests the task ships run.
+    task = load_tasks()[0]
+    script = tmp_path / "cheating-claude"
+    script.write_text(
+        "import json, pathlib\n"
+        "pathlib.Path('test_mathutils.py').write_text(\"print('ok')\\n\")\n"
+        'print(json.dumps({"type": "result", "subtype": "success", "is_error": False}))\n'
+    )
+    reward, _ = asyncio.run(run_task(task, [sys.executable, str(script)]))
+    assert reward == 0.0
+
+
+def test_the_tests_run_with_this_python_when_python_is_not_on_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `python` there: only python3 on some systems
+    reward, _ = asyncio.run(run_task(load_tasks()[0], STAND_IN))
+    assert reward == 1.0
+
+
 def test_a_failing_cli_fails_the_rollout_with_its_message(tmp_path: Path) -> None:
     script = tmp_path / "broken-claude"
     script.write_text("import sys\nsys.stderr.write('Invalid API key')\nsys.exit(1)\n")

@@ -64,3 +64,14 @@ def test_engine_lifecycle_with_an_unknown_model_names_it() -> None:
 def test_engine_lifecycle_refuses_an_unknown_dtype() -> None:
     line = error_line(run_example(["examples.minimal.engine_lifecycle", "--dtype", "fp8"]))
     assert "argument --dtype: invalid choice: 'fp8'" in line
+
+
+def test_llm_proxy_local_with_an_unknown_model_to_start_names_it() -> None:
+    line = error_line(run_example(["examples.minimal.llm_proxy", "local", "--start", "no-such-model"]))
+    assert line.startswith("error: --start: model 'no-such-model' is neither a registry name")
+
+
+def test_llm_proxy_local_refuses_both_a_server_to_attach_to_and_one_to_start() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ["examples.minimal.llm_proxy", "local", "--base-url", url, "--start", "smollm2-135m-instruct"]
+    assert "argument --start: not allowed with argument --base-url" in error_line(run_example(args))

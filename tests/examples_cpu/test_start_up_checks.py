@@ -10,7 +10,10 @@ import threading
 from typing import Iterator
 
 import pytest
-from support.examples import run_example
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from support.examples import error_line, run_example
+from support.fake_openai import FakeOpenAIServer
 from support.servers import free_port, taken_port
 
 from examples.common.environment import (
@@ -125,3 +128,36 @@ def test_the_openai_check_names_the_default_address_when_openai_base_url_is_unse
     assert stopped.value.code == CONFIGURATION_ERROR
     message = capsys.readouterr().err
     assert "needs OPENAI_API_KEY" in message and "https://api.openai.com/v1" in message
+
+
+def refusing_service(status: int, message: str) -> FastAPI:
+    """A stand-in for a hosted OpenAI-compatible API that refuses every chat call with ``status`` and ``message``
+    (a wrong key: 401; a model it does not serve: 404)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+    return app
+
+
+REFUSED_COMMANDS = {
+    "chartqa agent": ["examples.chartqa.agent", "--model", "vlm", "--limit", "1"],
+    "azure capital agent": ["examples.azure.capital_agent", "--model", "gpt-4.1-mini", "--limit", "1"],
+    "minimal llm_proxy hosted": ["examples.minimal.llm_proxy", "hosted"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_COMMANDS))
+@pytest.mark.parametrize(
+    ("status", "message", "names"),
+    [(401, "Incorrect API key provided: wrong.", "OPENAI_API_KEY"), (404, "The model does not exist.", "--model")],
+)
+def test_a_hosted_command_whose_service_refuses_the_call_exits_2_with_its_reason(
+    name: str, status: int, message: str, names: str
+) -> None:
+    with FakeOpenAIServer(app=refusing_service(status, message)) as server:
+        env = {"OPENAI_API_KEY": "wrong", "OPENAI_BASE_URL": server.base_url}
+        line = error_line(run_example(REFUSED_COMMANDS[name], env))
+    assert f"refused the request (HTTP {status}" in line and message in line and names in line

@@ -49,6 +49,15 @@ def test_an_output_dir_that_is_a_file_exits_2_naming_it(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"error: --output-dir {output} is a file, not a directory"
 
 
+def test_an_output_dir_under_a_file_exits_2_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "runs"
+    blocker.write_text("", encoding="utf-8")
+    output = blocker / "calc"
+    result = run_train("calc", [], output)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"error: --output-dir {output}: cannot create it: Not a directory"
+
+
 def test_help_describes_every_configuration_option() -> None:
     result = run_example(["examples.calc.train", "--help"])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -60,3 +69,50 @@ def test_help_describes_every_configuration_option() -> None:
         "--dtype {auto,float32,bfloat16,float16}",
     ):
         assert description in text
+
+
+BROKEN_TASK_FILES = [
+    ("", "no tasks"),
+    ('{"id": "train-0", "question": "q"\n', ":1: not valid JSON"),
+    ('["a list"]\n', ":1: expected a JSON object, got list"),
+    ('{"id": "train-0", "question": "q", "answer": 1}\n', ":1: missing key(s) expression, frame, operation"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BROKEN_TASK_FILES)
+def test_a_broken_task_file_is_named_with_what_is_wrong(text: str, message: str, tmp_path: Path) -> None:
+    from examples.calc.task import load_split
+    from examples.common.tasks import TaskFileError
+
+    (tmp_path / "train.jsonl").write_text(text, encoding="utf-8")
+    with pytest.raises(TaskFileError) as raised:
+        load_split("train", tmp_path)
+    assert str(raised.value).startswith(str(tmp_path / "train.jsonl")) and message in str(raised.value)
+
+
+@pytest.mark.parametrize("example", ["rag", "sql"])
+def test_every_examples_task_loader_names_a_missing_file(example: str, tmp_path: Path) -> None:
+    from examples.common.tasks import TaskFileError
+    from examples.rag.corpus import load_questions
+    from examples.sql.databases import load_split
+
+    load = load_questions if example == "rag" else load_split
+    with pytest.raises(TaskFileError, match=r"test\.jsonl: no such file"):
+        load("test", data_dir=tmp_path)
+
+
+def test_train_with_a_broken_task_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from examples.calc.task import load_split
+    from examples.calc.train import SPEC
+    from examples.common.training import main
+
+    (tmp_path / "train.jsonl").write_text("{not json\n", encoding="utf-8")
+    spec = replace(SPEC, load_train=lambda: load_split("train", tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        main(spec, ["--output-dir", str(tmp_path / "runs"), "--no-result"])
+    assert stopped.value.code == 2
+    message = "not valid JSON (Expecting property name enclosed in double quotes)"
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'train.jsonl'}:1: {message}"
+    assert not (tmp_path / "runs").exists()
