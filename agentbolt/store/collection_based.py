@@ -262,6 +262,10 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         scan_debounce_seconds: Minimum interval between two watchdog scans; ``<= 0`` scans before every
             health-checked call.
 
+    Raises:
+        TypeError: ``scan_debounce_seconds`` is not a number.
+        ValueError: ``scan_debounce_seconds`` is NaN or infinite.
+
     Note:
         ``cancelled`` is final with respect to attempts: a late attempt update does not change a cancelled
         rollout's status (an explicit ``update_rollout`` still can).
@@ -285,7 +289,7 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
         self.collections: T_collections = collections
         self._read_snapshot = read_snapshot
         self._tracker = tracker
-        self._scan_debounce_seconds = float(scan_debounce_seconds)
+        self._scan_debounce_seconds = float(check_finite(scan_debounce_seconds, "scan_debounce_seconds"))  # type: ignore[arg-type]
         self._last_scan_entry: Optional[float] = None
         self._scan_lock = threading.Lock()
         self._start_time = time.time()

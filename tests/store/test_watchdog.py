@@ -341,3 +341,11 @@ async def test_current_store_method_labels_outside_and_inside() -> None:
     await store.update_rollout(rollout.rollout_id, status="failed")
     assert seen == [("update_rollout", None)]
     assert get_current_store_methods() == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(float("nan"), ValueError), (float("inf"), ValueError), ("10", TypeError)]
+)
+def test_a_scan_interval_that_is_not_a_finite_number_is_refused(value: Any, error: type) -> None:
+    with pytest.raises(error, match="scan_debounce_seconds"):
+        InMemoryLightningStore(scan_debounce_seconds=value)
