@@ -55,6 +55,14 @@ def _resolve(
     return fallback if raw is None else parse(raw)
 
 
+def setting_source(env_var: LightningEnvVar | str, override: object, argument: str) -> str:
+    """The name an error about a setting should give: the variable's when its value came from the variable (no
+    ``override`` given and the variable set), else ``argument`` (the constructor argument's name)."""
+    if override is None and _name(env_var) in os.environ:
+        return _name(env_var)
+    return argument
+
+
 def resolve_bool_env_var(
     env_var: LightningEnvVar | str, override: Optional[bool] = None, fallback: Optional[bool] = None
 ) -> Optional[bool]:

@@ -272,6 +272,10 @@ def fit_grpo(
     from agentbolt.models import resolve_model
     from agentbolt.runner.agent import TRAINING_POLL_INTERVAL
 
+    # One process per runner: a tracer records one rollout at a time per process, and separate processes let the
+    # runners' rollouts overlap so the engine decodes them as one batch. Built first, so that a malformed or
+    # contradictory AGL_* variable fails the run before the model is resolved (perhaps pulled) and loaded.
+    strategy = agl.ClientServerExecutionStrategy(n_runners=config.runners, server_port=0)
     algorithm = GRPO(
         model=str(resolve_model(config.model).path),
         served_model_name=config.model,
@@ -304,10 +308,7 @@ def fit_grpo(
         algorithm=algorithm,
         store=run_dir / "store.sqlite",
         tracer=tracer,
-        # One process per runner: a tracer records one rollout at a time per process, and separate processes let
-        # the runners' rollouts overlap so the engine decodes them as one batch.
-        n_runners=config.runners,
-        port=0,
+        strategy=strategy,
         runner=agl.LitAgentRunner(tracer=tracer, poll_interval=TRAINING_POLL_INTERVAL),
     )
     # The runner processes are forked from this one: with the agents' OpenAI SDK imported here they share its

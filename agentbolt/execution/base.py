@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Awaitable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Optional, Protocol
 
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
 
@@ -13,7 +13,14 @@ from .events import ExecutionEvent
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
 
-__all__ = ["AlgorithmBundle", "RunnerBundle", "ExecutionStrategy", "resolve_managed_store", "stopping_on_failure"]
+__all__ = [
+    "AlgorithmBundle",
+    "RunnerBundle",
+    "ExecutionStrategy",
+    "check_unmanaged_store_shareable",
+    "resolve_managed_store",
+    "stopping_on_failure",
+]
 
 
 class AlgorithmBundle(Protocol):
@@ -41,6 +48,29 @@ class ExecutionStrategy:
 def resolve_managed_store(managed_store: Optional[bool]) -> bool:
     """Whether a strategy manages the store: ``managed_store`` when given, else ``AGL_MANAGED_STORE``, else True."""
     return bool(resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True))
+
+
+def check_unmanaged_store_shareable(store: Any, managed_store: bool, source: str) -> None:
+    """Refuse to hand a store that lives in this process (in memory, SQLite) as it is to other processes.
+
+    Args:
+        store: The store given to ``execute``.
+        managed_store: Whether the strategy manages the store; only an unmanaged store is checked.
+        source: Where ``managed_store`` came from (``"managed_store"`` or ``"AGL_MANAGED_STORE"``), for the message.
+
+    Raises:
+        ValueError: The store is unmanaged and cannot be shared across processes (not ``zero_copy``).
+    """
+    from agentbolt.store.base import LightningStore
+
+    if managed_store or not isinstance(store, LightningStore) or store.capabilities.get("zero_copy", False):
+        return
+    setting = "managed_store=False" if source == "managed_store" else f"{source}=false"
+    raise ValueError(
+        f"{setting} hands the store to the processes of the other side as it is, and {type(store).__name__} cannot "
+        "be shared across processes: keep the store managed (the default), or pass a store every process can reach "
+        "(a LightningStoreClient of an `agentbolt store` server)."
+    )
 
 
 @contextmanager

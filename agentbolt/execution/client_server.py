@@ -17,12 +17,19 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, NoReturn, Optional, Sequence, Tuple
 
-from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var
+from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var, setting_source
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.utils.checks import check_count, check_port
 from agentbolt.utils.server_launcher import bind_socket
 
-from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store, stopping_on_failure
+from .base import (
+    AlgorithmBundle,
+    ExecutionStrategy,
+    RunnerBundle,
+    check_unmanaged_store_shareable,
+    resolve_managed_store,
+    stopping_on_failure,
+)
 from .events import ExecutionEvent, MultiprocessingEvent
 
 __all__ = ["ClientServerExecutionStrategy", "run_runner_with_client", "wait_for_own_server"]
@@ -174,7 +181,9 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
 
     Roles and addresses come from the arguments or from ``AGL_CURRENT_ROLE``, ``AGL_SERVER_HOST``,
     ``AGL_SERVER_PORT`` and ``AGL_MANAGED_STORE``, so the same script can run as the algorithm on one machine and as
-    runners on others. Shutdown escalates: stop event, then SIGINT, then terminate, then kill.
+    runners on others. An argument wins over its variable; a variable's value is read without surrounding whitespace
+    (the role in any case). A malformed value, or settings that contradict each other, is a :class:`ValueError`
+    naming the variable (or argument) each setting came from, raised here, before anything starts. Shutdown escalates: stop event, then SIGINT, then terminate, then kill.
 
     Runners only ever work for the store they were started with. With ``role="both"`` and a managed store, each
     :meth:`execute` gives its store server a fresh random id and hands it to its runners: a runner waits until the
@@ -218,32 +227,59 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         allowed_exit_codes: Iterable[int] = (0, -15),
         startup_timeout: float = 120.0,
     ) -> None:
+        # Values read from the environment may carry surrounding whitespace; a role is read in any case. Errors name
+        # the variable a value came from, or the argument.
+        self._role_source = setting_source(LightningEnvVar.AGL_CURRENT_ROLE, role, "role")
         resolved_role = resolve_str_env_var(LightningEnvVar.AGL_CURRENT_ROLE, override=role, fallback="both")
+        if self._role_source != "role":
+            resolved_role = resolved_role.strip().lower()  # type: ignore[union-attr]
         if resolved_role not in ("algorithm", "runner", "both"):
-            raise ValueError(f"role must be 'algorithm', 'runner' or 'both', got {resolved_role!r}")
+            raise ValueError(f"{self._role_source} must be 'algorithm', 'runner' or 'both', got {resolved_role!r}")
         if main_process not in ("algorithm", "runner"):
             raise ValueError(f"main_process must be 'algorithm' or 'runner', got {main_process!r}")
         if main_process == "runner" and (resolved_role != "both" or n_runners != 1):
-            raise ValueError("main_process='runner' requires role='both' and n_runners == 1")
+            raise ValueError(
+                "main_process='runner' requires role='both' and n_runners == 1, got "
+                f"{self._role_source}={resolved_role!r} and n_runners={n_runners!r}"
+            )
         check_count(n_runners, "n_runners")
         self.role: Role = resolved_role  # type: ignore[assignment]
-        self.server_host: str = resolve_str_env_var(
-            LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback="localhost"
-        )  # type: ignore[assignment]
-        self.server_port: int = resolve_int_env_var(
-            LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747
-        )  # type: ignore[assignment]
-        check_port(self.server_port, "server_port")
-        if self.server_port == 0 and self.role != "both":
-            raise ValueError("server_port=0 (any free port) needs role='both': separate processes cannot agree on it")
+        host_source = setting_source(LightningEnvVar.AGL_SERVER_HOST, server_host, "server_host")
+        host = resolve_str_env_var(LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback="localhost")
+        if host_source != "server_host":
+            host = host.strip()  # type: ignore[union-attr]
+        if not isinstance(host, str) or not host.strip():
+            raise ValueError(f"{host_source} must be a host name or an IP address, got {host!r}")
+        self.server_host: str = host
+        self.server_port: int = 0
+        self._set_server_port(
+            resolve_int_env_var(LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747),  # type: ignore[arg-type]
+            setting_source(LightningEnvVar.AGL_SERVER_PORT, server_port, "server_port"),
+        )
         self.n_runners = n_runners
         self.graceful_timeout = graceful_timeout
         self.terminate_timeout = terminate_timeout
         self.main_process = main_process
         self.managed_store = resolve_managed_store(managed_store)
+        self._managed_store_source = setting_source(LightningEnvVar.AGL_MANAGED_STORE, managed_store, "managed_store")
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
         self.startup_timeout = startup_timeout
         self.interrupted = False
+
+    def _set_server_port(self, port: int, source: str = "port") -> None:
+        """Use ``port`` for the store server; ``source`` names the setting it came from in the errors.
+
+        Raises:
+            TypeError: ``port`` is not an integer.
+            ValueError: ``port`` is outside 0-65535, or 0 (any free port) while this process has one role only.
+        """
+        check_port(port, source)
+        if port == 0 and self.role != "both":
+            raise ValueError(
+                f"{source}=0 (any free port) needs role='both', got {self._role_source}={self.role!r}: separate "
+                "processes cannot agree on a port picked at random; give the algorithm and the runners one fixed port"
+            )
+        self.server_port = port
 
     # ------------------------------------------------------------------ bundles in the current process
 
@@ -410,7 +446,15 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     # ------------------------------------------------------------------ orchestration
 
     def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
-        """Run this process's role; spawn and supervise the other processes; always clean them up."""
+        """Run this process's role; spawn and supervise the other processes; always clean them up.
+
+        Raises:
+            ValueError: The store is unmanaged (``managed_store=False`` or ``AGL_MANAGED_STORE=false``) and cannot be
+                shared across processes (checked before anything starts).
+            RuntimeError: The store server's port is taken (checked before any process starts), or a child process
+                exited with a code outside ``allowed_exit_codes``.
+        """
+        check_unmanaged_store_shareable(store, self.managed_store, self._managed_store_source)
         ctx = multiprocessing.get_context()
         stop_evt = MultiprocessingEvent(ctx=ctx)
         processes: List[BaseProcess] = []

@@ -250,7 +250,8 @@ class Trainer(TrainerLegacy):
             instance stays open: its owner closes it.
         runner: Default :class:`~agentbolt.runner.LitAgentRunner`.
         strategy: ``"cs"`` (client-server, default), ``"shm"`` (threads), an instance or a dict.
-        port: Port of the store server for the client-server strategy.
+        port: Port of the store server for the client-server strategy; wins over ``AGL_SERVER_PORT`` and over the
+            port of a strategy instance given as ``strategy`` (0, any free port, needs the strategy's role ``"both"``).
         algorithm: The algorithm to run (optional for ``fit``; ``dev`` defaults to ``Baseline``).
         llm_proxy: An :class:`~agentbolt.llm_proxy.LLMProxy` (or spec) the algorithm can start and update.
         n_workers: Deprecated alias of ``n_runners``.
@@ -364,7 +365,7 @@ class Trainer(TrainerLegacy):
 
         if isinstance(spec, ExecutionStrategy):
             if self.port is not None and isinstance(spec, ClientServerExecutionStrategy):
-                spec.server_port = self.port
+                spec._set_server_port(self.port, "port")
             return spec
         defaults: Dict[str, Any] = {"n_runners": self.n_runners}
         if self.port is not None:

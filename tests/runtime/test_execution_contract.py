@@ -173,6 +173,10 @@ def test_shm_real_ctrl_c_stops_both_sides_and_the_process_exits_cleanly(main_thr
 # ---------------------------------------------------------------------------------------------------------------
 # Client-server: roles
 
+NO_STORE: Any = None
+"""The store of the unmanaged client-server runs below, whose bundles use none (an unmanaged store that lives in this
+process, such as the in-memory one, is refused: see test_cs_environment.py)."""
+
 
 @pytest.mark.parametrize(
     "kwargs",
@@ -213,7 +217,7 @@ def test_cs_algorithm_role_runs_only_the_algorithm_in_process() -> None:
         ran.append("runner")
 
     strategy = ClientServerExecutionStrategy(role="algorithm", managed_store=False)
-    strategy.execute(algorithm, runner, InMemoryLightningStore())
+    strategy.execute(algorithm, runner, NO_STORE)
     assert ran == [f"algorithm pid={os.getpid()}"]
 
 
@@ -223,9 +227,7 @@ def test_cs_keyboard_interrupt_is_swallowed() -> None:
 
     async def runner(store: Any, worker_id: int, event: ExecutionEvent) -> None: ...
 
-    ClientServerExecutionStrategy(role="algorithm", managed_store=False).execute(
-        algorithm, runner, InMemoryLightningStore()
-    )
+    ClientServerExecutionStrategy(role="algorithm", managed_store=False).execute(algorithm, runner, NO_STORE)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,13 +287,13 @@ async def _idle_algorithm(store: Any, event: ExecutionEvent) -> None: ...
 
 def test_cs_unexpected_exit_code_of_a_child_is_a_runtime_error_naming_it() -> None:
     with pytest.raises(RuntimeError, match=r"Subprocesses failed with unexpected exit codes: .*runner-1.*3"):
-        _runner_strategy().execute(_idle_algorithm, _runner_exiting_with, InMemoryLightningStore())
+        _runner_strategy().execute(_idle_algorithm, _runner_exiting_with, NO_STORE)
 
 
 def test_cs_allowed_exit_codes_are_accepted() -> None:
     strategy = _runner_strategy(allowed_exit_codes=[0, 3])
     assert strategy.allowed_exit_codes == (0, 3)
-    strategy.execute(_idle_algorithm, _runner_exiting_with, InMemoryLightningStore())
+    strategy.execute(_idle_algorithm, _runner_exiting_with, NO_STORE)
 
 
 def test_cs_exit_codes_only_warn_when_another_error_already_happened(caplog: pytest.LogCaptureFixture) -> None:
@@ -303,7 +305,7 @@ def test_cs_exit_codes_only_warn_when_another_error_already_happened(caplog: pyt
         role="both", n_runners=2, managed_store=False, graceful_timeout=5, terminate_timeout=5
     )
     with pytest.raises(ValueError, match="algorithm bug"):
-        strategy.execute(failing_algorithm, _runner_exiting_with, InMemoryLightningStore())
+        strategy.execute(failing_algorithm, _runner_exiting_with, NO_STORE)
     assert any("unexpected exit codes" in r.getMessage() for r in caplog.records)
 
 
@@ -325,7 +327,7 @@ def _both_sides(**kwargs: Any) -> ClientServerExecutionStrategy:
 def test_cs_a_runner_process_that_dies_stops_the_algorithm_and_is_reported() -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"unexpected exit codes: .*runner-1=3"):
-        _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_exiting_with, InMemoryLightningStore())
+        _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_exiting_with, NO_STORE)
     assert time.monotonic() - started < 60  # it used to wait for ever
 
 
@@ -334,7 +336,7 @@ async def _runner_done_at_once(store: Any, worker_id: int, event: ExecutionEvent
 
 
 def test_cs_runners_that_all_finish_end_an_algorithm_still_waiting(caplog: pytest.LogCaptureFixture) -> None:
-    _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_done_at_once, InMemoryLightningStore())
+    _both_sides(n_runners=2).execute(_algorithm_waiting_for_ever, _runner_done_at_once, NO_STORE)
     assert any("cancelling it" in record.getMessage() for record in caplog.records)
 
 
@@ -346,7 +348,7 @@ def test_cs_an_algorithm_process_that_dies_stops_the_runner_in_the_main_process(
         await _wait_for(event)
 
     with pytest.raises(RuntimeError, match=r"unexpected exit codes: algorithm=4"):
-        _both_sides(main_process="runner").execute(algorithm_dying, runner_waiting, InMemoryLightningStore())
+        _both_sides(main_process="runner").execute(algorithm_dying, runner_waiting, NO_STORE)
 
 
 CHILDREN_SCRIPT = """

@@ -18,7 +18,6 @@ _SCRIPT = textwrap.dedent(
     """
     import asyncio, gc, json, multiprocessing, sys
     from agentbolt.execution import ClientServerExecutionStrategy
-    from agentbolt.store.memory import InMemoryLightningStore
 
     objects = [{"index": i, "payload": [i, str(i)]} for i in range(300_000)]
 
@@ -38,7 +37,7 @@ _SCRIPT = textwrap.dedent(
 
     multiprocessing.set_start_method("fork")
     strategy = ClientServerExecutionStrategy(role="runner", n_runners=2, managed_store=False)
-    strategy.execute(algorithm, runner, InMemoryLightningStore())
+    strategy.execute(algorithm, runner, None)  # the bundles use no store
     print(json.dumps({"objects": len(objects), "frozen": gc.get_freeze_count()}))
     """
 )
