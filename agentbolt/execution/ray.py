@@ -30,12 +30,19 @@ from agentbolt.env_var import (
     LightningEnvVar,
     resolve_int_env_var,
     resolve_str_env_var,
+    setting_source,
 )
 from agentbolt.utils.checks import check_count, check_finite, check_port
 from agentbolt.utils.imports import import_extra
 from agentbolt.utils.server_launcher import bind_socket, pick_free_port
 
-from .base import AlgorithmBundle, ExecutionStrategy, RunnerBundle, resolve_managed_store
+from .base import (
+    AlgorithmBundle,
+    ExecutionStrategy,
+    RunnerBundle,
+    check_unmanaged_store_shareable,
+    resolve_managed_store,
+)
 from .events import ExecutionEvent, ThreadingEvent
 
 if TYPE_CHECKING:
@@ -255,6 +262,7 @@ class RayExecutionStrategy(ExecutionStrategy):
         self.advertised_host = advertised_host
         self.api_key = api_key
         self.managed_store = resolve_managed_store(managed_store)
+        self._managed_store_source = setting_source(LightningEnvVar.AGL_MANAGED_STORE, managed_store, "managed_store")
         self.graceful_timeout = graceful_timeout
         self.startup_timeout = startup_timeout
         self.poll_interval = poll_interval
@@ -350,12 +358,7 @@ class RayExecutionStrategy(ExecutionStrategy):
             Exception: What the algorithm or a runner bundle raised.
         """
         ray = _import_ray()
-        if not self.managed_store and not store.capabilities.get("zero_copy", False):
-            raise ValueError(
-                f"managed_store=False hands the store to every actor as it is, and {type(store).__name__} cannot be "
-                "shared across processes: keep managed_store=True (the default), or pass a LightningStoreClient of an "
-                "`agentbolt store` server."
-            )
+        check_unmanaged_store_shareable(store, self.managed_store, self._managed_store_source)
         self._check_port_free()
         if not ray.is_initialized():
             _check_cluster_answers(self.address)
