@@ -1,6 +1,6 @@
 """Sampling defaults: the ``sampling_parameters`` of a rollout's LLM resource, applied to its calls.
 
-An algorithm publishes an ``LLM`` resource with ``sampling_parameters`` (GRPO: ``temperature=0.7`` for training,
+An algorithm publishes an ``LLM`` resource with ``sampling_parameters`` (GRPO by default: ``temperature=1.0`` for training,
 ``0.0`` for validation) and expects every call of the rollout to sample that way. An agent that forgets to pass
 ``**llm.sampling_parameters`` would otherwise sample at the backend's default (temperature 1.0). For a call bound
 to a rollout, the gateway reads the rollout's resources (``rollout.resources_id``, the snapshot that was latest when
