@@ -26,13 +26,36 @@ from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.utils import event_loop
 
-__all__ = ["CONTEXT_SETTINGS", "HELP", "DEFAULT_DB_FILE", "DSN_ENV_VAR", "StoreSpec", "main", "store_command"]
+__all__ = [
+    "CONTEXT_SETTINGS",
+    "HELP",
+    "DEFAULT_DB_FILE",
+    "DSN_ENV_VAR",
+    "WORKERS_PER_CPU",
+    "StoreSpec",
+    "main",
+    "max_workers",
+    "store_command",
+]
 
 logger = logging.getLogger(__name__)
 
 HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
 DEFAULT_DB_FILE = "agentbolt-store.db"
 DSN_ENV_VAR = "AGENTBOLT_STORE_DSN"
+
+WORKERS_PER_CPU = 4
+"""``--workers`` may ask for at most this many server processes per CPU of the machine."""
+
+
+def max_workers() -> int:
+    """The largest ``--workers`` accepted on this machine: :data:`WORKERS_PER_CPU` per CPU.
+
+    Workers pay off up to about one per core; far more only fill the machine with processes (each holding its own
+    database connections) and, with a typo such as ``--workers 1000``, would fork until the machine chokes.
+    """
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
 
 CONTEXT_SETTINGS: Dict[str, Any] = {"allow_extra_args": True}
 """Words after the options reach the command, which accepts them only as further ``--tracker`` values: the reference
@@ -148,6 +171,11 @@ def store_command(
         raise CliError(f"--backend postgres needs --dsn (or ${DSN_ENV_VAR})")
     if backend is Backend.memory and workers > 1:
         raise CliError("--workers > 1 needs a store shared between processes: --backend sqlite or postgres")
+    if workers > max_workers():
+        raise CliError(
+            f"--workers {workers} is too many: at most {max_workers()} on this machine "
+            f"({WORKERS_PER_CPU} per CPU; about one per core is best)"
+        )
     spec = StoreSpec(
         backend=backend.value,
         path=str(_resolve_db_path(path)) if backend is Backend.sqlite else None,

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import multiprocessing
+import os
 import queue
 import signal
 import socket
@@ -346,23 +347,46 @@ def run_uvicorn_subprocess(
     health_url: Optional[str] = None,
     *,
     sockets: Optional[List[socket.socket]] = None,
+    parent_pid: Optional[int] = None,
 ) -> None:
-    """Process body: serve until SIGTERM or SIGINT, reporting start-up on the (multiprocessing) queue."""
+    """Process body: serve until SIGTERM or SIGINT, reporting start-up on the (multiprocessing) queue.
+
+    With ``parent_pid``, the process also stops (cleanly, as on SIGTERM) once that process is gone, so that a
+    launcher killed with SIGKILL leaves no worker serving its port on its own.
+    """
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        task = await _serve_and_report(uvicorn_server, serve_context, event_queue, timeout, health_url, sockets)
-        if task is None:
-            return
-        stop_task = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        stop_task.cancel()
-        await shutdown_uvicorn_server(uvicorn_server, task)
+        watch = asyncio.ensure_future(_stop_when_orphaned(parent_pid, stop)) if parent_pid is not None else None
+        try:
+            task = await _serve_and_report(uvicorn_server, serve_context, event_queue, timeout, health_url, sockets)
+            if task is None:
+                return
+            stop_task = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            stop_task.cancel()
+            await shutdown_uvicorn_server(uvicorn_server, task)
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     event_loop.run(main())
+
+
+ORPHAN_CHECK_SECONDS = 0.5
+"""How often a worker process checks that its launcher is still alive."""
+
+
+async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once this process's parent is no longer ``parent_pid`` (the parent died; the process was
+    re-parented)."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(ORPHAN_CHECK_SECONDS)
+    logger.warning("The server's main process (pid %d) is gone; this worker stops.", parent_pid)
+    stop.set()
 
 
 class PythonServerLauncher:
@@ -456,7 +480,14 @@ class PythonServerLauncher:
         return self._serving_loop
 
     def is_running(self) -> bool:
-        """Whether the server is currently serving."""
+        """Whether the server is currently serving (with several workers: while it replaces those that die, even
+        when all of them died at once)."""
+        if self._supervisor is not None and not self._supervisor.done():
+            return True
+        return self._alive()
+
+    def _alive(self) -> bool:
+        """Whether the serving task, thread or any worker process is alive."""
         if self._serve_task is not None:
             return not self._serve_task.done()
         if self._thread is not None:
@@ -576,7 +607,7 @@ class PythonServerLauncher:
         process = self._mp_context.Process(
             target=run_uvicorn_subprocess,
             args=(self._make_server(), self.serve_context, self._events, self.args.startup_timeout),
-            kwargs={"sockets": [self._socket]},
+            kwargs={"sockets": [self._socket], "parent_pid": os.getpid()},
             name=f"agentbolt-server-{self._port}-{index}",
             daemon=False,
         )
@@ -610,7 +641,7 @@ class PythonServerLauncher:
                 try:
                     return get(timeout=0.1)
                 except queue.Empty:
-                    if not self.is_running():
+                    if not self._alive():
                         return ChildEvent(kind="error", message="Server exited during start-up.")
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"Server did not start up within {timeout:g} seconds.") from None
