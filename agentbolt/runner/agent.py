@@ -33,7 +33,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.semconv import AGL_EXCEPTION
 from agentbolt.store.base import MAX_QUEUE_WAIT_SECONDS, is_finished
-from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT, StoreUnreachableError, ride_out_outages
+from agentbolt.store.outage import (
+    DEFAULT_STORE_OUTAGE_TIMEOUT,
+    StoreUnreachableError,
+    ride_out_outages,
+    without_retries,
+)
 from agentbolt.tracer.base import Tracer
 from agentbolt.tracer.dummy import DummyTracer
 from agentbolt.tracer.otel import OtelTracer
@@ -115,6 +120,13 @@ async def _run_in_daemon_thread(name: str, func: Callable[..., T_result], *args:
         raise
 
 
+STOPPING_WRITE_TIMEOUT = 5.0
+"""Seconds each of a stopping runner's last writes (an interrupted attempt's outcome) may take at most.
+
+Those writes are sent once (see :func:`~agentbolt.store.outage.without_retries`); the bound also covers a store that
+accepts connections but does not answer (paused).
+"""
+
 _ENDED_ATTEMPT_STATUSES: Tuple[AttemptStatus, ...] = ("failed", "succeeded", "timeout")
 """Attempt statuses after which the store no longer takes the attempt's outcome into account.
 
@@ -166,6 +178,14 @@ class LitAgentRunner(Runner[T_task]):
             logged error (see :func:`~agentbolt.store.outage.ride_out_outages`). A write that still fails is kept
             and made when the store is back, before the runner claims another rollout. ``None`` or ``0``: the
             store client's own retry policy only.
+
+    Stopping: once the runner is asked to stop (Ctrl-C, or its task cancelled), it no longer rides out store outages.
+    The interrupted attempt's outcome (and the writes kept from an earlier outage) are sent once each, bounded by
+    :data:`STOPPING_WRITE_TIMEOUT`; what the store could not take is reported in one error line. The tracer stops
+    retrying too: spans the store cannot take are given up and counted in one warning (see
+    :meth:`~agentbolt.tracer.otel.OtelTracer.stop_retrying`). While the store is unreachable and the runner is idle,
+    it keeps polling every ``poll_interval`` (and sending heartbeats); the outage is logged when it starts and when it
+    ends, the failed calls in between at DEBUG level.
     """
 
     def __init__(
@@ -199,6 +219,8 @@ class LitAgentRunner(Runner[T_task]):
         self._store_outage_timeout = store_outage_timeout
         self._unwritten: Deque[_StoreWrite] = deque()
         self._claim_in_doubt = False
+        self._stopping = False
+        self._heartbeat_failing = False
         self._hooks: List[Hook] = []
         self._agent: Optional[LitAgent[T_task]] = None
         self._store: Optional[LightningStore] = None
@@ -416,6 +438,7 @@ class LitAgentRunner(Runner[T_task]):
         except BaseException as exc:
             error = exc
             if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):  # the runner is stopping, as asked
+                self._stopping = True  # the attempt's outcome is sent once (see _write)
                 logger.info("[Rollout %s] The agent was stopped (%s)", rollout_id, type(exc).__name__)
             else:
                 logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
@@ -479,7 +502,7 @@ class LitAgentRunner(Runner[T_task]):
         """
         if not self._unwritten:
             try:
-                return await write()
+                return await self._write(write)
             except StoreUnreachableError as exc:
                 reason = str(exc)
             except Exception:
@@ -487,11 +510,26 @@ class LitAgentRunner(Runner[T_task]):
                 return None
         else:
             reason = f"{len(self._unwritten)} earlier writes are waiting for the store"
-        logger.error(
-            "[Rollout %s] Could not write %s: %s; it is written once the store is back.", rollout_id, what, reason
-        )
+        if not self._stopping:  # a stopping runner reports what it could not write once, when it stops
+            logger.error(
+                "[Rollout %s] Could not write %s: %s; it is written once the store is back.", rollout_id, what, reason
+            )
         self._unwritten.append(_StoreWrite(rollout_id, what, write))
         return None
+
+    async def _write(self, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Make one write: as the current context says, or once and bounded when the runner is stopping.
+
+        Raises:
+            StoreUnreachableError: The store could not take the write (while stopping: did not answer in time).
+        """
+        if not self._stopping:
+            return await write()
+        with without_retries():
+            try:
+                return await asyncio.wait_for(write(), timeout=STOPPING_WRITE_TIMEOUT)
+            except asyncio.TimeoutError as exc:
+                raise StoreUnreachableError(f"no answer within {STOPPING_WRITE_TIMEOUT:g} s") from exc
 
     async def _write_kept(self) -> bool:
         """Make the writes kept during an outage, oldest first; whether none is left.
@@ -502,7 +540,7 @@ class LitAgentRunner(Runner[T_task]):
         while self._unwritten:
             kept = self._unwritten[0]
             try:
-                await kept.write()
+                await self._write(kept.write)
             except StoreUnreachableError:
                 return False
             except Exception:
@@ -513,18 +551,23 @@ class LitAgentRunner(Runner[T_task]):
         return True
 
     async def _write_kept_before_stopping(self) -> None:
-        """Give the kept writes one last bounded chance; log those the store still could not take."""
+        """Give the kept writes one last bounded chance; log those the store still could not take, in one line.
+
+        Stopped by the stop event, the runner rides out an outage of up to ``store_outage_timeout`` seconds for
+        them; asked to stop (Ctrl-C), it sends each once (see :meth:`_write`).
+        """
         if not self._unwritten:
             return
         with ride_out_outages(self._store_outage_timeout):
             await self._write_kept()
-        for kept in self._unwritten:
+        if self._unwritten:
             logger.error(
-                "[Rollout %s] %s is not written: the store was still unreachable when %s stopped.",
-                kept.rollout_id,
-                kept.what,
+                "%s stopped with %d write(s) the store could not take (it is unreachable); they are not written: %s",
                 self.get_worker_id(),
+                len(self._unwritten),
+                "; ".join(f"{kept.what} of rollout {kept.rollout_id}" for kept in self._unwritten),
             )
+            self._unwritten.clear()
 
     async def _post_process_rollout_result(
         self, rollout: AttemptedRollout, raw_result: RolloutRawResult
@@ -617,7 +660,14 @@ class LitAgentRunner(Runner[T_task]):
         try:
             await asyncio.wait_for(store.update_worker(self.get_worker_id(), snapshot), timeout=timeout)
         except Exception as exc:
-            logger.warning("Heartbeat of %s failed: %s", self.get_worker_id(), exc)
+            # One warning per spell of failures (a store that is down fails every heartbeat until it is back).
+            level = logging.DEBUG if self._heartbeat_failing else logging.WARNING
+            self._heartbeat_failing = True
+            logger.log(level, "Heartbeat of %s failed: %s", self.get_worker_id(), str(exc) or repr(exc))
+            return
+        if self._heartbeat_failing:
+            self._heartbeat_failing = False
+            logger.info("Heartbeats of %s reach the store again", self.get_worker_id())
 
     def _start_heartbeat_loop(self, store: LightningStore) -> Optional[Callable[[], Awaitable[None]]]:
         """Start sending heartbeats; returns an async function that stops them (None when disabled)."""
@@ -707,6 +757,7 @@ class LitAgentRunner(Runner[T_task]):
     async def iter(self, *, event: Optional[ExecutionEvent] = None) -> None:
         """Serve the store's queue until ``event`` is set or ``max_rollouts`` rollouts have run."""
         store = self.get_store()
+        self._stopping = False
         stop_heartbeat = self._start_heartbeat_loop(store)
         completed = 0
         try:
@@ -742,6 +793,12 @@ class LitAgentRunner(Runner[T_task]):
                 except Exception:
                     logger.exception("[Rollout %s] Runner step failed", next_rollout.rollout_id)
                 completed += 1
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # Asked to stop: the last writes are sent once, and spans the store cannot take are given up.
+            self._stopping = True
+            if isinstance(self._tracer, OtelTracer):
+                self._tracer.stop_retrying()
+            raise
         finally:
             await self._write_kept_before_stopping()
             if stop_heartbeat is not None:
@@ -802,6 +859,7 @@ class LitAgentRunner(Runner[T_task]):
         That is the finished rollout, unless the store ended the attempt while the agent ran (see the class).
         """
         store = self.get_store()
+        self._stopping = False
         resources_id = (await store.add_resources(resources)).resources_id if resources is not None else None
         attempted = await store.start_rollout(
             input=input, mode=mode, resources_id=resources_id, worker_id=self.get_worker_id()

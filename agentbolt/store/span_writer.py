@@ -11,7 +11,9 @@ hand over :class:`PendingSpan` objects and go on; a task on the writer's event l
 * **Outages delay spans, they do not lose them.** When a write fails for a reason retrying can cure (connection
   refused or reset, a timeout, a 5xx), the batch stays at the head of the buffer and is retried with backoff
   (``retry_initial_delay`` doubling to ``retry_max_delay``) until the store answers. One warning is logged when
-  the outage starts and one when the store is back.
+  the outage starts and one when the store is back. A process that is stopping calls :meth:`SpanWriter.stop_retrying`:
+  from then on a write the store cannot take is not retried, and the spans waiting are given up (``lost``) with one
+  warning that counts them.
 * **Bounded memory.** At most ``max_buffered`` spans wait. A span handed over while the buffer is full is dropped:
   that is the only case where spans are dropped for lack of room; drops are counted (``dropped``) and logged
   (the first one of each full spell, then a total once there is room again).
@@ -182,6 +184,8 @@ class SpanWriter:
         self._waiters: List[Tuple[int, asyncio.Future[None]]] = []
         self._isolate = 0  # spans still to write one by one after a batch was rejected
         self._outage_since: Optional[float] = None
+        self._retrying = True
+        self._retries_stopped: Optional[asyncio.Event] = None
 
     # ---- lifecycle ----
 
@@ -205,6 +209,9 @@ class SpanWriter:
         assert self._loop is not None
         self._loop_thread = threading.get_ident()
         self._wakeup = asyncio.Event()
+        self._retries_stopped = asyncio.Event()
+        if not self._retrying:
+            self._retries_stopped.set()
         # A fresh context: the writer has its own retry policy and must not inherit the context of whichever caller
         # started it (a runner's ride_out_outages block, a rollout's trace context).
         self._task = self._loop.create_task(self._run(), name="agentbolt-span-writer", context=contextvars.Context())
@@ -228,7 +235,28 @@ class SpanWriter:
                 await task
         return self._abandon()
 
-    def _abandon(self) -> int:
+    def stop_retrying(self) -> None:
+        """Give up the spans the store cannot take instead of retrying them: the process is stopping (any thread).
+
+        Spans are still written while the store takes them. Once a write fails for a reason a retry could cure (the
+        store is gone), or at once when the writer is already retrying such a failure, every span waiting is given up
+        and counted in ``lost``, with one warning. Calls that wait for spans (:meth:`flush`, :meth:`close`) then
+        return.
+        """
+        self._retrying = False
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is retried any more anyway
+            loop.call_soon_threadsafe(self._set_retries_stopped)
+
+    def _set_retries_stopped(self) -> None:
+        if self._retries_stopped is not None:
+            self._retries_stopped.set()
+
+    def _abandon(self, why: Optional[str] = None) -> int:
+        """Give up every span waiting (counted in ``lost``); one warning says how many (and ``why``, when not at
+        shutdown)."""
         with self._lock:
             left = list(self._pending)
             self._pending.clear()
@@ -236,10 +264,17 @@ class SpanWriter:
             self.lost += len(left)
         for queued in left:
             self._finish(queued.item, None)
-        if left:
+        if left and why is None:
             self._logger.warning(
                 "Shutting down with %d span(s) never written to the store (oldest: %s); they are lost.",
                 len(left),
+                left[0].item.describe(),
+            )
+        elif left:
+            self._logger.warning(
+                "Giving up %d span(s) never written to the store (%s; oldest: %s); they are lost.",
+                len(left),
+                why,
                 left[0].item.describe(),
             )
         self._release_waiters()
@@ -436,9 +471,14 @@ class SpanWriter:
                 raise
             except Exception as exc:
                 if not is_permanent_store_error(exc):
-                    self._enter_outage(exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.retry_max_delay)
+                    if self._retrying:
+                        self._enter_outage(exc)
+                        await self._wait_before_retry(delay)
+                        delay = min(delay * 2, self.retry_max_delay)
+                    if not self._retrying:  # the process is stopping: no more retries (see stop_retrying)
+                        self._abandon(
+                            f"the store cannot take them ({type(exc).__name__}: {exc}) and the process is stopping"
+                        )
                     continue
                 if len([q for q in batch if not q.written]) > 1:
                     self._isolate = len(batch)  # write them one by one to find the rejected span
@@ -454,6 +494,12 @@ class SpanWriter:
             if self._isolate:
                 self._isolate = max(0, self._isolate - len(batch))
             self._complete(batch)
+
+    async def _wait_before_retry(self, delay: float) -> None:
+        """Sleep ``delay`` seconds before retrying a write, or until :meth:`stop_retrying` is called."""
+        assert self._retries_stopped is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._retries_stopped.wait(), delay)
 
     async def _prepare(self, batch: Sequence[_Queued]) -> None:
         """Build the spans not built yet, waiting for sequence ids issued up front.

@@ -23,6 +23,7 @@ answer is retried until it does; an export the store answered with an error is g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -114,6 +115,8 @@ class _OtlpStoreTarget(LightningStore):
 
     def __init__(self, exporter: LightningStoreOTLPExporter) -> None:
         self.exporter = exporter
+        self.stopped = False
+        """Set once the exporter was shut down because the process is stopping: exports fail without being sent."""
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
@@ -122,6 +125,8 @@ class _OtlpStoreTarget(LightningStore):
 
     async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
         """Export the spans (the store issues their sequence ids on arrival); nothing is returned."""
+        if self.stopped:
+            raise ConnectionError(f"the store at {self.exporter.endpoint} does not answer")
         for (rollout_id, attempt_id), group in groupby(spans, key=lambda span: (span.rollout_id, span.attempt_id)):
             otel_spans = [span._otel_span for span in group if isinstance(span, _ExportedSpan)]
             exported = [otel_span for otel_span in otel_spans if otel_span is not None]
@@ -400,7 +405,8 @@ class LightningSpanProcessor(SpanProcessor):
         """Collect spans and write them to ``store`` for the given attempt while the context is open.
 
         The context is bound to the calling thread or task (see the class docstring). On exit, waits (up to
-        ``flush_timeout``, default ``write_timeout``) for the spans still queued to reach the store; what is left
+        ``flush_timeout``, default ``write_timeout``) for the spans still queued to reach the store (not when the
+        context is left by a cancellation or a ``KeyboardInterrupt``: a stopped rollout does not wait); what is left
         stays buffered and is retried. Spans are written from a background thread, so the store must be
         thread-safe (``LightningStoreThreaded``, ``InMemoryLightningStore(thread_safe=True)``, the SQLite store or
         the HTTP client); a warning is logged otherwise.
@@ -414,11 +420,15 @@ class LightningSpanProcessor(SpanProcessor):
             )
         timeout = self._write_timeout if flush_timeout is None else flush_timeout
         binding = self._bind(store, rollout_id, attempt_id)
+        stopped = False
         try:
             yield self
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            stopped = True  # the rollout was stopped (Ctrl-C): its spans are written in the background, or given up
+            raise
         finally:
             self._unbind(binding)
-            if not self.force_flush(int(timeout * 1000)):
+            if not stopped and not self.force_flush(int(timeout * 1000)):
                 logger.warning(
                     "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
                     "and are retried in the background.",
@@ -592,6 +602,29 @@ class LightningSpanProcessor(SpanProcessor):
             flushed = writer.flush_threadsafe(max(0.0, deadline - time.monotonic())) and flushed
         return flushed
 
+    def stop_retrying(self) -> None:
+        """Give up the spans the store cannot take instead of retrying them: the process is stopping (Ctrl-C).
+
+        Spans are still written while their store takes them; those waiting for a store that does not answer are
+        given up, and counted in one warning per store (see :meth:`SpanWriter.stop_retrying`). When spans wait for
+        an OTLP store that does not answer (asked once, for at most a second), the exporter is shut down, which cuts
+        its own retries short: the shutdown does not wait them out.
+        """
+        writers = self._current_writers()
+        for writer in writers:
+            writer.stop_retrying()
+        with self._lock:
+            exporter, target = self._otlp_exporter, self._otlp_target
+        if exporter is None or target is None:
+            return
+        otlp_writers = [writer for writer in writers if writer.store is target]
+        # A first export to a store that just went away is not known to fail yet: asking the store tells.
+        if any(writer.unreachable for writer in otlp_writers) or (
+            any(writer.queued for writer in otlp_writers) and not exporter.store_reachable(timeout=1.0)
+        ):
+            target.stopped = True
+            exporter.shutdown()
+
     def shutdown(self) -> None:
         """Flush (bounded by ``write_timeout``), report what could not be written, and stop the writer thread."""
         if self._loop is None:
@@ -603,10 +636,24 @@ class LightningSpanProcessor(SpanProcessor):
         self._loop = None
         if loop is None or thread is None or not thread.is_alive():
             return
+        # Tasks still running on the loop (a writer that did not stop in time) are cancelled and awaited: a loop
+        # closed with pending tasks makes asyncio report each one as destroyed.
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(timeout=5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
         if not thread.is_alive():
             loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    """Cancel every task of the running loop but the current one, and wait (briefly) until they end."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=2.0)
 
 
 class OtelSpanRecordingContext:
@@ -716,6 +763,14 @@ class OtelTracer(Tracer):
         if self._lightning_span_processor is not None:
             self._lightning_span_processor.force_flush(int(self._write_timeout * 1000))
 
+    def stop_retrying(self) -> None:
+        """The process is stopping (Ctrl-C): spans the store cannot take are given up, not retried.
+
+        See :meth:`LightningSpanProcessor.stop_retrying`; does nothing before :meth:`init_worker`.
+        """
+        if self._lightning_span_processor is not None:
+            self._lightning_span_processor.stop_retrying()
+
     def _require_initialized(self) -> tuple[TracerProvider, LightningSpanProcessor]:
         if self._tracer_provider is None or self._lightning_span_processor is None:
             raise RuntimeError(f"{type(self).__name__} is not initialized: call init_worker() first.")
@@ -790,11 +845,18 @@ class OtelTracer(Tracer):
         """Collect spans (written to the store when both ids are given); yields an OpenTelemetry tracer."""
         _, processor = self._require_initialized()
         with self._collect(store, rollout_id, attempt_id, flush_timeout=0) as tracer:
+            cancelled = False
             try:
                 with self._root_span(tracer, name, rollout_id, attempt_id):
                     yield tracer
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
             finally:
-                await processor.flush_async()
+                # A cancelled context (a runner asked to stop) does not wait for its spans: they stay buffered and
+                # are written in the background, or given up by stop_retrying() when the store is gone.
+                if not cancelled:
+                    await processor.flush_async()
 
     @contextmanager
     def _trace_sync(

@@ -17,7 +17,7 @@ from support.servers import free_port
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreHTTPError, LightningStoreServer
 from agentbolt.store.http.errors import NOT_APPLIED_HEADER
 from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.store.outage import StoreUnreachableError, outage_tolerance, ride_out_outages
+from agentbolt.store.outage import StoreUnreachableError, outage_tolerance, ride_out_outages, without_retries
 from agentbolt.types import PromptTemplate
 
 RESOURCES: Any = {"prompt": PromptTemplate(template="{x}", engine="f-string")}
@@ -97,3 +97,40 @@ async def test_inside_the_block_a_server_failure_gets_only_the_usual_retries() -
 def test_the_block_refuses_a_negative_time() -> None:
     with pytest.raises(ValueError, match="at least 0"), ride_out_outages(-1.0):
         pass
+
+
+async def test_without_retries_a_call_fails_at_once_even_inside_a_block_riding_out_outages(
+    client: LightningStoreClient,
+) -> None:
+    starting = asyncio.create_task(_serve_later(client, 0.5))  # the store comes back: a retry would reach it
+    try:
+        with ride_out_outages(30.0), without_retries():
+            assert outage_tolerance() == 0
+            with pytest.raises(StoreUnreachableError):  # a read too: "no answer" is not taken for "none"
+                await client.get_rollout_by_id("ro-1")
+        assert outage_tolerance() is None
+    finally:
+        server = await starting
+    try:
+        with without_retries():  # a store that answers takes the call as usual
+            assert (await client.add_resources(RESOURCES)).resources_id
+    finally:
+        await server.stop()
+
+
+async def test_an_outage_is_logged_when_it_starts_and_when_it_ends_not_per_call(
+    client: LightningStoreClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("DEBUG", logger="agentbolt.store.client"):
+        for _ in range(3):
+            assert await client.get_rollout_by_id("ro-any") is None
+        warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+        # The first call's failure and its giving up; the calls after it log at DEBUG level only.
+        assert len(warnings) == 2 and "not healthy" in warnings[1], warnings
+        server = await _serve_later(client, 0.0)
+        try:
+            await client.query_resources()
+        finally:
+            await server.stop()
+    back = [record.getMessage() for record in caplog.records if "answers again" in record.getMessage()]
+    assert len(back) == 1, caplog.text

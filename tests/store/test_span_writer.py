@@ -217,3 +217,54 @@ async def test_a_span_with_lone_surrogates_is_repaired_not_lost(caplog: pytest.L
         assert "writing it again with U+FFFD" in caplog.text
     finally:
         await writer.close()
+
+
+class GoneStore(InMemoryLightningStore):
+    """A store that cannot be reached: every write fails as a connection does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def add_spans_with_new_sequence_ids(self, spans: Sequence[Span]) -> Sequence[Span]:
+        self.calls += 1
+        raise ConnectionError("connection refused")
+
+
+async def test_stop_retrying_gives_up_the_spans_a_gone_store_cannot_take_in_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = GoneStore()
+    writer = SpanWriter(store, retry_initial_delay=60.0)  # a retry would come long after the test ended
+    items = [Item("ro-1", "at-1", name) for name in "abc"]
+    writer.start()
+    for item in items:
+        writer.submit(item)
+    while not writer.unreachable:  # the first write failed: the writer now waits to retry
+        await asyncio.sleep(0.01)
+    calls = store.calls
+    with caplog.at_level("WARNING", logger="agentbolt.store.span_writer"):
+        writer.stop_retrying()
+        assert await writer.flush(30.0)  # returns once the spans are given up, without waiting for the retry
+    assert store.calls == calls  # not tried again
+    assert writer.stats()["lost"] == 3 and writer.queued == 0
+    assert all(item.stored == [None] for item in items)
+    given_up = [record.getMessage() for record in caplog.records if "Giving up" in record.getMessage()]
+    assert len(given_up) == 1 and "3 span(s)" in given_up[0], given_up
+    # Spans handed over afterwards are tried once, and given up the same way when the store still cannot take them.
+    writer.submit(Item("ro-1", "at-1", "d"))
+    assert await writer.flush(30.0)
+    assert store.calls == calls + 1 and writer.stats()["lost"] == 4
+    assert await writer.close() == 0
+
+
+async def test_stop_retrying_still_writes_to_a_store_that_answers() -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.start_rollout(input={})
+    writer = SpanWriter(store)
+    writer.start()
+    writer.stop_retrying()
+    writer.submit(Item(rollout.rollout_id, rollout.attempt.attempt_id, "a"))
+    assert await writer.flush(30.0)
+    assert writer.stats()["written"] == 1 and writer.stats()["lost"] == 0
+    await writer.close()

@@ -92,7 +92,13 @@ class LightningStoreClient(LightningStore):
     Inside :func:`~agentbolt.store.outage.ride_out_outages` (as a runner opens around each rollout), retryable
     calls keep retrying for the block's total time instead, whether or not the health endpoint answers, and a call
     that still fails raises :class:`~agentbolt.store.outage.StoreUnreachableError` rather than returning ``None``:
-    a store paused or restarted for a few seconds only delays the caller.
+    a store paused or restarted for a few seconds only delays the caller. Inside
+    :func:`~agentbolt.store.outage.without_retries` (a process that was asked to stop), calls are sent once: a
+    retryable failure raises :class:`~agentbolt.store.outage.StoreUnreachableError` at once, without retries or
+    health probes.
+
+    An outage is logged as a warning when the client first meets it and when the store answers again; the calls that
+    fail in between log at DEBUG level, so a process waiting for its store does not log a warning per retry.
 
     Errors answered by the server raise :class:`~agentbolt.store.http.errors.LightningStoreHTTPError` (an
     :class:`aiohttp.ClientResponseError`) carrying the server's message.
@@ -147,6 +153,7 @@ class LightningStoreClient(LightningStore):
         self._dequeue_succeeded = False
         self._dequeue_failure_logged = False
         self._queue_waits_unsupported = False
+        self._unreachable_since: Optional[float] = None  # when a call last gave up on an unreachable store
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
@@ -245,6 +252,7 @@ class LightningStoreClient(LightningStore):
             # An id "." or "..": as sent, without the normalization that would make it step out of the path.
             url = yarl.URL(url, encoded=True)
         async with session.request(method, url, **kwargs) as response:
+            self._store_answered()
             payload = await response.read()
             if response.status >= 400:
                 raise error_from_response(response, payload)
@@ -260,12 +268,33 @@ class LightningStoreClient(LightningStore):
             try:
                 async with session.get(self.server_address + "/health", timeout=timeout) as response:
                     if response.status == 200:
+                        self._store_answered()
                         return True
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
             if delay is not None:
                 await asyncio.sleep(delay)
         return False
+
+    def _store_answered(self) -> None:
+        """Note that the server answered; log it once when calls had been giving up on it."""
+        since, self._unreachable_since = self._unreachable_since, None
+        if since is not None:
+            logger.warning(
+                "The store at %s answers again (after %.1f s unreachable)",
+                self.server_address_root,
+                time.monotonic() - since,
+            )
+
+    def _store_unreachable(self) -> None:
+        """Note that a call gave up on an unreachable server (from now on, failures log at DEBUG level)."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+
+    def _log_failure(self, message: str, *args: Any) -> None:
+        """Log a failed call: a warning, or DEBUG while the server is known to be unreachable (one line per outage)."""
+        level = logging.DEBUG if self._unreachable_since is not None else logging.WARNING
+        logger.log(level, message, *args)
 
     @staticmethod
     def _may_resend(exc: BaseException, idempotent: bool) -> bool:
@@ -328,9 +357,16 @@ class LightningStoreClient(LightningStore):
                 if attempt >= len(delays) or not self._may_resend(exc, idempotent):
                     raise
                 failure: BaseException = exc
-                logger.warning("%s %s failed (%s); will retry", method.upper(), path, _describe(exc))
+                self._log_failure("%s %s failed (%s); will retry", method.upper(), path, _describe(exc))
             if not await self._probe_health():
-                logger.warning("Server %s is not healthy; giving up %s %s", self.server_address_root, method, path)
+                self._log_failure(
+                    "Server %s is not healthy; giving up %s %s (later failures while it is unreachable are logged "
+                    "at DEBUG level)",
+                    self.server_address_root,
+                    method,
+                    path,
+                )
+                self._store_unreachable()
                 raise failure
             await asyncio.sleep(delays[attempt])
             attempt += 1
@@ -350,9 +386,10 @@ class LightningStoreClient(LightningStore):
         """Send a request inside :func:`~agentbolt.store.outage.ride_out_outages`: retry for up to ``tolerance`` s.
 
         The health endpoint is not consulted (a server being restarted does not answer it either); the waits are
-        ``delays`` with the last one repeated, cut to the time left. Which failures may be retried is decided as
-        outside the block (:meth:`_may_resend`); a 500 answer (the server failing rather than unreachable) is retried
-        only ``len(delays)`` times, as outside the block.
+        ``delays`` with the last one repeated, cut to the time left; a ``tolerance`` of 0 (inside
+        :func:`~agentbolt.store.outage.without_retries`) allows no retry at all. Which failures may be retried is
+        decided as outside the block (:meth:`_may_resend`); a 500 answer (the server failing rather than unreachable)
+        is retried only ``len(delays)`` times, as outside the block.
 
         Raises:
             StoreUnreachableError: Retryable failures went on for ``tolerance`` seconds.
@@ -370,15 +407,21 @@ class LightningStoreClient(LightningStore):
                 if isinstance(exc, LightningStoreHTTPError) and exc.status == 500 and attempt >= len(delays):
                     raise
                 waited = time.monotonic() - started
+                if not tolerance:  # sent once, as asked: the caller reports what could not be done
+                    self._store_unreachable()
+                    message = f"{verb} {path} failed (not retried): {_describe(exc)}"
+                    logger.debug("%s", message)
+                    raise StoreUnreachableError(message) from exc
                 if waited >= tolerance:
                     message = (
                         f"{verb} {path} gave up: the store at {self.server_address_root} stayed unreachable for "
                         f"{waited:.1f} s (limit {tolerance:g} s); last error: {_describe(exc)}"
                     )
                     logger.error("%s", message)
+                    self._store_unreachable()
                     raise StoreUnreachableError(message) from exc
                 if attempt == 0:
-                    logger.warning(
+                    self._log_failure(
                         "%s %s failed (%s); retrying for up to %g s while the store is unreachable",
                         verb,
                         path,
