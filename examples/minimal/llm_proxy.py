@@ -105,10 +105,20 @@ def local_server(base_url: Optional[str], start: Optional[str]) -> Iterator[str]
 
 
 def served_model(base_url: str) -> str:
-    """The first model a server lists in ``/v1/models``."""
+    """The first model a server lists in ``/v1/models``.
+
+    Raises:
+        ValueError: The server's answer is not an OpenAI model list with a model in it.
+    """
     import httpx
 
-    return httpx.get(f"{base_url}/models", timeout=10).json()["data"][0]["id"]
+    answer = httpx.get(f"{base_url}/models", timeout=10)
+    try:
+        return str(answer.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(
+            f"{base_url}/models answered HTTP {answer.status_code} without a model list: {answer.text[:120]!r}"
+        ) from None
 
 
 def summary(call: ProxiedCall) -> str:
@@ -165,7 +175,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             except ModelNotAvailableError as exc:
                 parser.exit(CONFIGURATION_ERROR, f"error: --start: {exc}\n")
         with local_server(args.base_url, args.start) as base_url:
-            backend = local_backend(base_url, args.model or served_model(base_url))
+            try:
+                model = args.model or served_model(base_url)
+            except ValueError as exc:
+                parser.exit(CONFIGURATION_ERROR, f"error: --base-url: {exc}; pass --model, or a server's /v1 URL\n")
+            backend = local_backend(base_url, model)
             call = asyncio.run(call_through_gateway(backend, args.question))
     print(summary(call))
 

@@ -3,11 +3,14 @@ stops the script at once with exit code 2 and one error line naming it, never a 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import List
 
 import pytest
 from support.examples import error_line, run_example
-from support.servers import free_port, taken_port
+from support.servers import free_port, taken_port, wait_healthy
 
 
 def test_write_metrics_on_a_taken_port_names_the_port() -> None:
@@ -75,3 +78,21 @@ def test_llm_proxy_local_refuses_both_a_server_to_attach_to_and_one_to_start() -
     url = f"http://127.0.0.1:{free_port()}/v1"
     args = ["examples.minimal.llm_proxy", "local", "--base-url", url, "--start", "smollm2-135m-instruct"]
     assert "argument --start: not allowed with argument --base-url" in error_line(run_example(args))
+
+
+def test_llm_proxy_local_with_a_base_url_that_lists_no_model_names_it(tmp_path: Path) -> None:
+    (tmp_path / "models").write_text("<html>sign in</html>")  # a web page where the model list should be
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/models", server)
+        result = run_example(["examples.minimal.llm_proxy", "local", "--base-url", f"http://127.0.0.1:{port}"])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    line = error_line(result)
+    assert line.startswith(f"error: --base-url: http://127.0.0.1:{port}/models answered HTTP 200 without a model list")
