@@ -62,6 +62,17 @@ def test_bad_worker_counts_exit_2_with_one_line(
     assert not db.exists()  # refused before the store is opened or any worker started
 
 
+def _stop_cleanly(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server, which must exit with code 0 (killed, and the test failed, if it does not exit)."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        assert server.wait(timeout=60) == 0
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        raise
+
+
 async def test_every_rollout_is_claimed_exactly_once_by_many_clients(backend_args: List[str]) -> None:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
@@ -109,13 +120,7 @@ async def test_every_rollout_is_claimed_exactly_once_by_many_clients(backend_arg
             await check.close()
         assert len({w.pid for w in psutil.Process(server.pid).children()}) == WORKERS
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            assert server.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
+        _stop_cleanly(server)
 
 
 async def test_a_zero_copy_store_is_served_from_several_processes() -> None:
@@ -229,13 +234,7 @@ async def test_kill_9_of_one_worker_under_load_loses_nothing_acknowledged(backen
             await asyncio.sleep(0.1)
         assert replaced, pids
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            assert server.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
+        _stop_cleanly(server)
 
 
 async def test_waits_on_any_worker_are_woken_by_writes_served_by_another(backend_args: List[str]) -> None:
@@ -265,13 +264,7 @@ async def test_waits_on_any_worker_are_woken_by_writes_served_by_another(backend
     finally:
         for client in clients:
             await client.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            assert server.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
+        _stop_cleanly(server)
 
 
 async def test_timeouts_fire_once_after_the_workers_are_killed(tmp_path: Path) -> None:
@@ -304,10 +297,4 @@ async def test_timeouts_fire_once_after_the_workers_are_killed(tmp_path: Path) -
         assert len(await client.query_attempts(started.rollout_id)) == 2
     finally:
         await client.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            assert server.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
+        _stop_cleanly(server)
