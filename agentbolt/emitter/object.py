@@ -30,7 +30,10 @@ def encode_object(obj: Any) -> Attributes:
     for literal_type in _LITERAL_TYPES:
         if isinstance(obj, literal_type):
             # The base type's own conversion: ``str()`` of an enum member would give its name, not its value.
-            text = literal_type.__str__(obj) if literal_type is str else str(literal_type(obj))
+            try:
+                text = literal_type.__str__(obj) if literal_type is str else str(literal_type(obj))
+            except ValueError as exc:  # an integer with more digits than Python turns into text
+                raise RuntimeError(f"Cannot record object of type {full_qualified_name(type(obj))}: {exc}") from exc
             return {_TYPE: literal_type.__name__, _LITERAL: text}
     if isinstance(obj, (bytes, bytearray)):
         return {_TYPE: "bytes", _LITERAL: base64.b64encode(bytes(obj)).decode("ascii")}

@@ -6,7 +6,7 @@ import asyncio
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Optional, Protocol
 
-from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
+from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_str_env_var, setting_source
 
 from .events import ExecutionEvent
 
@@ -19,6 +19,7 @@ __all__ = [
     "ExecutionStrategy",
     "check_unmanaged_store_shareable",
     "resolve_managed_store",
+    "resolve_server_host",
     "stopping_on_failure",
 ]
 
@@ -48,6 +49,24 @@ class ExecutionStrategy:
 def resolve_managed_store(managed_store: Optional[bool]) -> bool:
     """Whether a strategy manages the store: ``managed_store`` when given, else ``AGL_MANAGED_STORE``, else True."""
     return bool(resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True))
+
+
+def resolve_server_host(server_host: Optional[str], fallback: Optional[str]) -> Optional[str]:
+    """The store server's host: ``server_host``, else ``AGL_SERVER_HOST`` (spaces around it ignored), else
+    ``fallback``.
+
+    Raises:
+        ValueError: The host is empty or blank, naming where it came from (an empty host would bind every interface).
+    """
+    source = setting_source(LightningEnvVar.AGL_SERVER_HOST, server_host, "server_host")
+    host = resolve_str_env_var(LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback=fallback)
+    if host is None:
+        return None
+    if source != "server_host":
+        host = host.strip()
+    if not isinstance(host, str) or not host.strip():
+        raise ValueError(f"{source} must be a host name or an IP address, got {host!r}")
+    return host
 
 
 def check_unmanaged_store_shareable(store: Any, managed_store: bool, source: str) -> None:

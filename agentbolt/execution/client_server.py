@@ -28,6 +28,7 @@ from .base import (
     RunnerBundle,
     check_unmanaged_store_shareable,
     resolve_managed_store,
+    resolve_server_host,
     stopping_on_failure,
 )
 from .events import ExecutionEvent, MultiprocessingEvent
@@ -244,13 +245,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
             )
         check_count(n_runners, "n_runners")
         self.role: Role = resolved_role  # type: ignore[assignment]
-        host_source = setting_source(LightningEnvVar.AGL_SERVER_HOST, server_host, "server_host")
-        host = resolve_str_env_var(LightningEnvVar.AGL_SERVER_HOST, override=server_host, fallback="localhost")
-        if host_source != "server_host":
-            host = host.strip()  # type: ignore[union-attr]
-        if not isinstance(host, str) or not host.strip():
-            raise ValueError(f"{host_source} must be a host name or an IP address, got {host!r}")
-        self.server_host: str = host
+        self.server_host: str = resolve_server_host(server_host, "localhost")  # type: ignore[assignment]
         self.server_port: int = 0
         self._set_server_port(
             resolve_int_env_var(LightningEnvVar.AGL_SERVER_PORT, override=server_port, fallback=4747),  # type: ignore[arg-type]

@@ -29,7 +29,6 @@ from agentbolt.env_var import (
     API_KEY_ENV_VAR,
     LightningEnvVar,
     resolve_int_env_var,
-    resolve_str_env_var,
     setting_source,
 )
 from agentbolt.utils.checks import check_count, check_finite, check_port
@@ -42,6 +41,7 @@ from .base import (
     RunnerBundle,
     check_unmanaged_store_shareable,
     resolve_managed_store,
+    resolve_server_host,
 )
 from .events import ExecutionEvent, ThreadingEvent
 
@@ -256,7 +256,7 @@ class RayExecutionStrategy(ExecutionStrategy):
         self.scheduling_strategy = scheduling_strategy
         self.runtime_env = runtime_env
         self.init_kwargs = dict(init_kwargs or {})
-        self.server_host = resolve_str_env_var(LightningEnvVar.AGL_SERVER_HOST, override=server_host)
+        self.server_host = resolve_server_host(server_host, None)
         self.server_port = resolve_int_env_var(LightningEnvVar.AGL_SERVER_PORT, override=server_port)
         check_port(self.server_port, "server_port")
         self.advertised_host = advertised_host

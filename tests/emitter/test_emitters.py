@@ -364,3 +364,9 @@ def test_operation_decorator_on_a_generator_records_its_failure(tracer: OtelTrac
         list(broken())
     (span,) = spans_of(tracer)
     assert span.status.status_code == "ERROR" and span.attributes["exception.type"] == "ValueError"
+
+
+def test_an_integer_too_long_for_text_is_the_contracts_runtime_error(tracer: OtelTracer) -> None:
+    with pytest.raises(RuntimeError, match="Cannot record object of type int"):
+        emit_object(10**5000)
+    assert spans_of(tracer) == []

@@ -285,3 +285,17 @@ def test_the_demo_refuses_the_variables_before_it_resolves_or_loads_the_model(
     # An empty model name fails as soon as the model is resolved: the variables must be refused before that.
     with pytest.raises(ValueError, match="AGL_CURRENT_ROLE"):
         fit_grpo(GrpoRunConfig(model=""), object(), [], [], tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["cs", "ray"])
+def test_every_strategy_refuses_a_blank_server_host_and_ignores_spaces_around_one(
+    monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    from agentbolt.execution.ray import RayExecutionStrategy
+
+    make = ClientServerExecutionStrategy if strategy == "cs" else RayExecutionStrategy
+    _set(monkeypatch, {"AGL_SERVER_HOST": "   "})
+    with pytest.raises(ValueError, match="AGL_SERVER_HOST must be a host name"):
+        make()
+    _set(monkeypatch, {"AGL_SERVER_HOST": " 127.0.0.1 "})
+    assert make().server_host == "127.0.0.1"
