@@ -11,6 +11,7 @@ import ast
 import json
 import logging
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -86,6 +87,8 @@ _BINARY: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Div: operator.truediv,
 }
 _MAX_MAGNITUDE = 10**12
+_TIMES = re.compile("[xX\u00d7]")
+_NON_DECIMAL_LITERAL = re.compile(r"(?<![\w.])0[xXbBoO]\w")
 
 
 class CalculatorError(ValueError):
@@ -93,7 +96,8 @@ class CalculatorError(ValueError):
 
 
 def calculate(expression: str) -> str:
-    """Evaluate ``+ - * /`` arithmetic on numbers, safely (no names, no calls, bounded size).
+    """Evaluate ``+ - * /`` arithmetic on decimal numbers, safely (no names, no calls, bounded size); ``x``, ``X`` and
+    ``\u00d7`` also mean times.
 
     Returns:
         The result as text: an integer when the value is whole, else rounded to 6 decimals.
@@ -102,8 +106,10 @@ def calculate(expression: str) -> str:
         CalculatorError: Anything but arithmetic on numbers, division by zero, a result beyond 1e12, or an
             expression nested or long beyond what Python parses.
     """
+    if _NON_DECIMAL_LITERAL.search(expression):  # "0x10": hexadecimal 16, or 0 times 10?
+        raise CalculatorError(f"write numbers in decimal: {expression!r} reads as a hexadecimal, octal or binary one")
     try:
-        tree = ast.parse(expression.replace("x", "*").replace("\u00d7", "*"), mode="eval")
+        tree = ast.parse(_TIMES.sub("*", expression), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # the parser's limits: nesting, digits
         raise CalculatorError(f"not an arithmetic expression: {expression!r}") from exc
 

@@ -60,7 +60,8 @@ def test_parse_answer(text: Any, expected: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("expression", "expected"), [("37 * 12", "444"), ("(2 + 3) * -4", "-20"), ("7 / 2", "3.5"), ("3 x 4", "12")]
+    ("expression", "expected"),
+    [("37 * 12", "444"), ("(2 + 3) * -4", "-20"), ("7 / 2", "3.5"), ("3 x 4", "12"), ("3X4", "12"), ("10x0", "0")],
 )
 def test_calculator(expression: str, expected: str) -> None:
     assert calculate(expression) == expected
@@ -79,6 +80,10 @@ def test_calculator(expression: str, expected: str) -> None:
         pytest.param("9" * 5000, id="literal beyond int conversion limit"),
         pytest.param("-" * 100_000 + "1", id="deeply nested signs"),
         pytest.param("+".join(["1"] * 100_000), id="very long sum"),
+        pytest.param("0x10", id="hexadecimal or zero times ten"),
+        pytest.param("0X1f", id="upper-case hexadecimal"),
+        pytest.param("0b11 + 1", id="binary"),
+        pytest.param("2 * 0o17", id="octal"),
     ],
 )
 def test_calculator_rejects_non_arithmetic(expression: str) -> None:
