@@ -14,12 +14,14 @@ import argparse
 import logging
 from typing import List, Optional
 
+import httpx
+
 import agentbolt as agl
 from agentbolt.utils.server_launcher import pick_free_port
 from examples.azure.aoai_finetune import AzureFineTuningError, AzureOpenAIConfig, AzureOpenAIFinetune, management_token
 from examples.azure.capital_agent import capital_agent, load_tasks
 from examples.common.arguments import count, number
-from examples.common.environment import CONFIGURATION_ERROR, require_reachable
+from examples.common.environment import CONFIGURATION_ERROR, reporting_refusals, require_reachable
 
 
 def train(args: argparse.Namespace, config: AzureOpenAIConfig) -> AzureOpenAIFinetune:
@@ -74,7 +76,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         management_token(config)
     except AzureFineTuningError as exc:
         parser.exit(CONFIGURATION_ERROR, f"error: {exc}\n")
-    algorithm = train(args, config)
+    with reporting_refusals(
+        parser,
+        service="Azure OpenAI",
+        configure="check AZURE_OPENAI_API_KEY, the deployments named and the resource's fine-tuning quota",
+    ):
+        try:
+            algorithm = train(args, config)
+        except AzureFineTuningError as exc:  # a job or deployment failed on Azure's side: the run cannot go on
+            parser.exit(1, f"error: {exc}\n")
+        except httpx.HTTPError as exc:
+            parser.exit(1, f"error: lost the connection to Azure mid-run ({type(exc).__name__}: {exc})\n")
     for record in algorithm.history:
         logging.getLogger(__name__).info("%s", record)
         print(f"iteration {record.iteration}: {record.deployment} ({record.model}), train reward "

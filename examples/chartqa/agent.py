@@ -37,6 +37,7 @@ from examples.common.environment import reporting_refusals, require_openai_servi
 
 OBSERVE_PROMPT = "Describe this bar chart: how many bars there are and how tall each one is, from left to right."
 ANSWER_PROMPT = "{question}\nThink briefly, then end with a last line of the form ANSWER: <number>."
+MAX_CHARTS = 1000  # each is drawn and written before the first question: a typo must not fill the disk
 
 
 def chart_reward(reply: Optional[str], task: ChartTask) -> float:
@@ -95,7 +96,12 @@ async def _debug(model: str, limit: int) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.chartqa.agent", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a vision-language model the endpoint serves")
-    parser.add_argument("--limit", type=count(1), default=4, help="charts to ask about (default: 4)")
+    parser.add_argument(
+        "--limit",
+        type=count(1, maximum=MAX_CHARTS),
+        default=4,
+        help=f"charts to ask about (default: 4, at most {MAX_CHARTS})",
+    )
     args = parser.parse_args(argv)
     require_openai_service(
         parser,

@@ -14,8 +14,8 @@ from examples.common.environment import CONFIGURATION_ERROR
 __all__ = ["count", "number", "require_port_free", "require_writable_directory", "tcp_port", "torch_device"]
 
 
-def count(minimum: int = 1) -> Callable[[str], int]:
-    """A whole number of at least ``minimum``."""
+def count(minimum: int = 1, maximum: Optional[int] = None) -> Callable[[str], int]:
+    """A whole number of at least ``minimum`` (and, when given, at most ``maximum``)."""
 
     def parse(text: str) -> int:
         try:
@@ -24,6 +24,8 @@ def count(minimum: int = 1) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse

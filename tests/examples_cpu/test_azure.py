@@ -184,3 +184,24 @@ def test_the_loop_without_a_management_token_exits_2_before_fine_tuning(
     line = error_line(run_example(["examples.azure.train_capital_agent"], env))
     assert line.startswith("error: no AZURE_MANAGEMENT_TOKEN and the Azure CLI gave no token")
     assert not state.jobs and not state.file_contents
+
+
+def test_a_job_failing_mid_run_ends_the_command_with_one_line(azure: tuple[AzureState, AzureOpenAIConfig]) -> None:
+    state, config = azure
+    state.fail_jobs = True
+    env = azure_environment(
+        config.endpoint,
+        AZURE_OPENAI_API_KEY=API_KEY,
+        AZURE_SUBSCRIPTION_ID="sub",
+        AZURE_RESOURCE_GROUP="rg",
+        AZURE_OPENAI_RESOURCE_NAME="acct",
+        AZURE_MANAGEMENT_ENDPOINT=config.endpoint,
+        AZURE_MANAGEMENT_TOKEN=MANAGEMENT_TOKEN,
+    )
+    argv = ["examples.azure.train_capital_agent", "--iterations", "1", "--n-runners", "1", "--poll-interval", "0.01"]
+    result = run_example(argv, env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "ended failed: stand-in failure" in line
+    assert state.jobs  # the failure came from the fine-tuning job, after the rollouts

@@ -21,6 +21,10 @@ CLAUDE_STAND_IN = shlex.join([sys.executable, str(Path(__file__).with_name("clau
     ("args", "message"),
     [
         (["examples.chartqa.agent", "--model", "m", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
+        (
+            ["examples.chartqa.agent", "--model", "m", "--limit", "1000000000"],
+            "argument --limit: must be at most 1000, got 1000000000",
+        ),
         (["examples.azure.capital_agent", "--model", "m", "--limit", "-1"], "argument --limit: must be at least 1"),
         (["examples.azure.train_capital_agent", "--iterations", "0"], "argument --iterations: must be at least 1"),
         (
