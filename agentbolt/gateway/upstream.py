@@ -1,9 +1,7 @@
 """Upstream client: one pooled keep-alive HTTP session shared by every request, with retries and error mapping.
 
-The transport is aiohttp rather than httpx: measured on the 2-core machines this project targets, httpx's
-connection pool spends ~5 ms of CPU per request at 32 concurrent requests (its pool scans every connection on
-each request), which capped the gateway at ~150 requests/s; aiohttp sustains >2000 requests/s there. See
-``docs/gateway.md``.
+The transport is aiohttp, the library the store client uses too. The gateway's figures are in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
