@@ -710,6 +710,24 @@ def test_a_dsn_libpq_cannot_parse_is_refused_without_its_password(dsn: str, caps
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://bob:pw1@pw2@db.example/agentbolt",  # libpq reads the password "pw1" and the host "pw2@db..."
+        "postgresql://bob:pw1@pw2@pw3@db.example:5432/agentbolt?sslmode=require",
+        "postgresql://bob:pw1@pw2/pw3@db.example/agentbolt",
+        "postgresql://bob:pw1@pw2#pw3@db.example/agentbolt",
+    ],
+)
+def test_a_uri_password_with_an_unescaped_at_sign_is_hidden_whole(dsn: str) -> None:
+    password = dsn.split("//bob:")[1].rsplit("@", 1)[0]
+    redacted = collection.redact_dsn(dsn)
+    assert redacted.startswith("postgresql://bob:***@db.example")
+    message = collection._redact(f'connection to server at "{dsn}" failed', dsn)
+    assert message == redacted.join(['connection to server at "', '" failed'])
+    assert "pw" not in redacted and "pw" not in message, password
+
+
+@pytest.mark.parametrize(
     ("schema", "message"),
     [
         ("agentbolt\n", "Invalid schema name"),

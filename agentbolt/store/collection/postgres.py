@@ -157,8 +157,9 @@ class PostgresCommitUnknownError(PostgresStoreError, StorageOutcomeUnknownError)
     """The connection failed while committing: the operation may or may not have been applied."""
 
 
-_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^/\s]*)@")
-"""The password of a URI (``postgresql://user:password@host/...``), up to the last ``@`` of its authority."""
+_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)(\S*)@")
+"""The password of a URI (``postgresql://user:password@host/...``), up to the URI's last ``@``: a password written
+with an unescaped ``@`` (or ``/``) is hidden whole, though libpq reads its rest as the host."""
 _KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&'\"]+)", re.IGNORECASE)
 """A ``password=value`` pair of a key-value string or of a URI's query."""
 
@@ -173,7 +174,9 @@ def _dsn_passwords(dsn: str) -> Set[str]:
         from psycopg.conninfo import conninfo_to_dict
 
         found.add(str(conninfo_to_dict(dsn).get("password") or ""))
-    return {password for password in found if password}
+    # libpq's reading of a password with an unescaped "@" is a part of the whole one, which hides it already; replacing
+    # that part on its own would also cut it out of words of the message ("p" of "postgresql").
+    return {p for p in found if p and not any(p != other and p in other for other in found)}
 
 
 def _redact(text: str, dsn: str) -> str:
@@ -186,6 +189,9 @@ def _redact(text: str, dsn: str) -> str:
 
 def redact_dsn(dsn: str) -> str:
     """``dsn`` without its password, for messages and logs."""
+    written = _URI_PASSWORD.search(dsn)
+    if written is not None and "@" in written.group(2):  # libpq would show the password's rest as the host
+        return _redact(dsn, dsn)
     try:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
