@@ -38,6 +38,7 @@ __all__ = [
     "check_init_adapter",
     "checkpoint_state",
     "chunks",
+    "grad_norm_metrics",
     "interrupted_run",
     "latest_checkpoint",
     "lr_multiplier",
@@ -228,6 +229,20 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Consecutive slices of ``items`` of ``size`` elements (the last one may be shorter)."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def grad_norm_metrics(norms: Sequence[float]) -> Dict[str, float]:
+    """Metrics of the gradient norms that optimizer steps returned (:meth:`ModelTrainer._clip_and_step`).
+
+    Returns:
+        ``grad_norm``: the mean of the finite norms, those of the steps taken (NaN when there is none);
+        ``nonfinite_grad_steps``: how many steps were skipped because their norm was NaN or infinite.
+    """
+    finite = [norm for norm in norms if math.isfinite(norm)]
+    return {
+        "grad_norm": sum(finite) / len(finite) if finite else math.nan,
+        "nonfinite_grad_steps": float(len(norms) - len(finite)),
+    }
 
 
 def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:

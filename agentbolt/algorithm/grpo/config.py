@@ -6,14 +6,16 @@ page ``docs/grpo.md`` explains each option together with the maths it controls.
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any, Callable, Dict, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Literal, Optional, Tuple
 
 from pydantic import Field, field_validator, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "SAMPLING_PARAMETER_NAMES"]
 
 
 def _number(value: Any) -> bool:
@@ -35,6 +37,64 @@ _DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: _number(v) and v <= 1, "1"),
     "use_beam_search": (lambda v: v is False, "False"),
 }
+
+# Guided decoding, logits processors and token lists: the engine masks (or reshapes) the logits before sampling, so
+# it draws from another distribution than softmax(logits / T). name -> whether a value constrains nothing.
+_CONSTRAINING: Dict[str, Callable[[Any], bool]] = {
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "guided_json": lambda v: False,
+    "guided_regex": lambda v: False,
+    "guided_choice": lambda v: False,
+    "guided_grammar": lambda v: False,
+    "structured_outputs": lambda v: False,
+    "structural_tag": lambda v: False,
+    "logits_processors": lambda v: v == [],
+    "allowed_token_ids": lambda v: v == [],
+    "bad_words": lambda v: v == [],
+}
+
+# vLLM's sampling extensions of the OpenAI request (agentbolt serve implements some and refuses the others by name).
+_ENGINE_EXTENSIONS = frozenset(
+    {
+        "add_generation_prompt",
+        "add_special_tokens",
+        "continue_final_message",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        "include_stop_str_in_output",
+        "length_penalty",
+        "priority",
+        "prompt_logprobs",
+        "return_tokens_as_token_ids",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+    }
+)
+
+SAMPLING_PARAMETER_NAMES: FrozenSet[str] = frozenset(
+    (set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)) - {"model", "messages", "prompt"}
+).union(_ENGINE_EXTENSIONS, _DISTRIBUTION_CHANGING, _CONSTRAINING)
+"""The keys ``sampling_parameters`` and ``val_sampling_parameters`` may hold: the fields of the OpenAI chat and text
+completion requests (:mod:`agentbolt.openai_api.schema`) other than the model, messages and prompt, and vLLM's
+sampling extensions. The gateway adds them to each request of a rollout that does not set them itself."""
+
+
+def _check_names(value: Dict[str, Any], option: str) -> None:
+    """Refuse a key of the sampling parameters ``value`` of ``option`` that no serving engine knows.
+
+    Raises:
+        ValueError: The first unknown key, with the closest known name (or every known name when none is close).
+    """
+    for name in value:
+        if name in SAMPLING_PARAMETER_NAMES:
+            continue
+        close = difflib.get_close_matches(name, SAMPLING_PARAMETER_NAMES, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(SAMPLING_PARAMETER_NAMES))}"
+        raise ValueError(
+            f"{option} has an unknown key {name!r} ({hint}): the serving engines would ignore or refuse it. Use the "
+            "names of the OpenAI completion request or of vLLM's sampling extensions."
+        )
 
 
 def _checked_temperature(value: Dict[str, Any], option: str) -> Optional[float]:
@@ -153,14 +213,17 @@ class GRPOConfig(FinetuningConfig):
     @field_validator("sampling_parameters")
     @classmethod
     def _samples_the_policy(cls, value: Dict[str, Any]) -> Dict[str, Any]:
-        """Training rollouts must be sampled from the policy's own (tempered) distribution.
+        """Training rollouts must be sampled from the policy's own (tempered) distribution, one choice per call.
 
-        The trainer scores every sampled token under ``softmax(logits / T)`` itself (the old log-probs are its own,
-        never the engine's), so a sampler that truncates or reshapes that distribution would make the importance
-        ratio and the policy gradient biased; a greedy sampler, or one seed shared by every call, gives every rollout
-        of a task the same answer. ``val_sampling_parameters`` are only checked for a valid temperature: validation
-        may decode greedily, seed or truncate.
+        Every key must be one the serving engines know (:data:`SAMPLING_PARAMETER_NAMES`). The trainer scores every
+        sampled token under ``softmax(logits / T)`` itself (the old log-probs are its own, never the engine's), so a
+        sampler that truncates or reshapes that distribution, or guided decoding that constrains it, would make the
+        importance ratio and the policy gradient biased; a greedy sampler, or one seed shared by every call, gives
+        every rollout of a task the same answer; and of ``n > 1`` choices only the first is recorded and trained on.
+        ``val_sampling_parameters`` are only checked for known keys and a valid temperature: validation may decode
+        greedily, seed, truncate or guide.
         """
+        _check_names(value, "sampling_parameters")
         temperature = _checked_temperature(value, "sampling_parameters")
         if temperature is not None and temperature <= 0:
             raise ValueError(
@@ -187,12 +250,33 @@ class GRPOConfig(FinetuningConfig):
                     f"biased towards what the sampler favours. Remove it (or set {name}={neutral}) for training; "
                     "val_sampling_parameters may use it."
                 )
+        for name, unconstrained in _CONSTRAINING.items():
+            setting = value.get(name)
+            if setting is not None and not unconstrained(setting):
+                raise ValueError(
+                    f"sampling_parameters[{name!r}]={setting!r} constrains the decoding of training rollouts (guided "
+                    "decoding, logits processors, token lists): the engine masks or reshapes the logits, so the tokens "
+                    "are drawn from another distribution than the policy's softmax(logits / T), under which GRPO "
+                    "scores them (the trainer computes the old log-probs itself), and the importance ratio and the "
+                    "policy gradient would be biased. Remove it for training (reward or parse the format the task "
+                    "needs instead); val_sampling_parameters may use it."
+                )
+        choices = value.get("n")
+        if choices is not None and not (_number(choices) and choices == 1):
+            raise ValueError(
+                f"sampling_parameters['n']={choices!r} asks for several choices per call, but a call's recorded span "
+                "holds the token ids of its first choice only and the rollout's reward is for the answer its agent "
+                "used: the other choices would be sampled and never trained on. Remove it (or set n=1) and raise "
+                "group_size for more rollouts per task; val_sampling_parameters may set it."
+            )
         return value
 
     @field_validator("val_sampling_parameters")
     @classmethod
     def _valid_temperature(cls, value: Dict[str, Any]) -> Dict[str, Any]:
-        """Validation may decode greedily or truncate, but its temperature must be one an engine takes."""
+        """Validation may decode greedily, truncate or guide, but its keys must be known and its temperature one an
+        engine takes."""
+        _check_names(value, "val_sampling_parameters")
         _checked_temperature(value, "val_sampling_parameters")
         return value
 

@@ -30,6 +30,7 @@ from agentbolt.algorithm.finetuning.trainer import (
     CHECKPOINT_PREFIX,
     ModelTrainer,
     chunks,
+    grad_norm_metrics,
     latest_checkpoint,
     lr_multiplier,
     resolve_device,
@@ -557,7 +558,9 @@ class PolicyTrainer(ModelTrainer):
             optimizer step per update, else the rounding between the scoring pass and the training forward),
             ``logprob_engine_diff_mean`` and ``logprob_engine_diff_max`` (see :func:`engine_logprob_diff`: the
             engine's untempered log-probs of the sampled tokens against the trainer's, before the update),
-            ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_optimizer_steps``, ``samples``, ``response_tokens``,
+            ``grad_norm`` and ``nonfinite_grad_steps`` (see :func:`grad_norm_metrics`: the mean norm of the steps
+            taken, and the steps skipped for a NaN or infinite gradient), ``lr``, ``optimizer_steps``,
+            ``skipped_optimizer_steps``, ``samples``, ``response_tokens``,
             ``update_tokens`` (prompt + response tokens of the samples, times ``ppo_epochs``), ``forward_tokens`` (tokens
             the training forwards computed: fewer when packing shares prefixes), ``update_seconds``,
             ``tokens_per_second`` (``update_tokens`` per second).
@@ -688,7 +691,7 @@ class PolicyTrainer(ModelTrainer):
             "ratio_mean": totals["ratio"] / tokens,
             "first_minibatch_ratio_max_dev": first_dev,
             **engine_logprob_diff(samples, [row for row in untempered if row is not None]),
-            "grad_norm": sum(grad_norms) / len(grad_norms),
+            **grad_norm_metrics(grad_norms),
             **self.schedule_metrics(),
             "samples": float(len(samples)),
             "response_tokens": float(sum(len(s.response_ids) for s in samples)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from pydantic import ValidationError
 
 import agentbolt as agl
 from agentbolt.algorithm.grpo.algorithm import GRPO
-from agentbolt.algorithm.grpo.config import GRPOConfig
+from agentbolt.algorithm.grpo.config import SAMPLING_PARAMETER_NAMES, GRPOConfig
+from agentbolt.serving.params import SamplingParams
 
 
 def _refused_field(**options: object) -> str:
@@ -136,6 +138,61 @@ def test_training_sampling_that_picks_among_several_samples_is_refused(name: str
         GRPOConfig(sampling_parameters={"temperature": 1.0, name: value})
     neutral = {"temperature": 1.0, "best_of": 1, "use_beam_search": False}
     assert GRPOConfig(sampling_parameters=neutral).sampling_parameters == neutral
+
+
+@pytest.mark.parametrize("field", ["sampling_parameters", "val_sampling_parameters"])
+@pytest.mark.parametrize(
+    ("key", "meant"), [("temprature", "temperature"), ("max_token", "max_tokens"), ("topp", "top_p")]
+)
+def test_a_misspelt_sampling_key_is_refused_with_the_closest_name(field: str, key: str, meant: str) -> None:
+    with pytest.raises(ValidationError, match=rf"unknown key '{key}' \(did you mean '{meant}'\?\)") as caught:
+        GRPOConfig(**{field: {"temperature": 1.0, key: 8}})  # type: ignore[arg-type]
+    assert caught.value.errors()[0]["loc"] == (field,)
+
+
+def test_an_unknown_sampling_key_with_no_close_name_lists_the_known_keys() -> None:
+    with pytest.raises(ValidationError, match=r"unknown key 'extra_body' \(known keys: .*max_tokens.*temperature"):
+        GRPOConfig(sampling_parameters={"extra_body": {"top_k": 20}})
+
+
+def test_every_parameter_the_serving_engine_takes_is_a_known_sampling_key() -> None:
+    assert {f.name for f in dataclasses.fields(SamplingParams)} <= SAMPLING_PARAMETER_NAMES
+    request = {"temperature": 1.0, "max_completion_tokens": 8, "stop": ["\n"], "logprobs": True, "top_logprobs": 2}
+    assert GRPOConfig(sampling_parameters=request).sampling_parameters == request
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("guided_json", {"type": "object"}),
+        ("guided_regex", "[0-9]+"),
+        ("guided_choice", ["yes", "no"]),
+        ("guided_grammar", "root ::= 'a'"),
+        ("logits_processors", ["my.processor"]),
+        ("allowed_token_ids", [1, 2]),
+    ],
+)
+def test_guided_decoding_of_training_rollouts_is_refused_and_allowed_in_validation(name: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=rf"sampling_parameters\['{name}'\].* constrains the decoding.* biased"):
+        GRPOConfig(sampling_parameters={"temperature": 1.0, name: value})
+    assert GRPOConfig(val_sampling_parameters={"temperature": 0.0, name: value}).val_sampling_parameters[name] == value
+
+
+def test_a_plain_text_response_format_is_accepted_for_training() -> None:
+    text = {"temperature": 1.0, "response_format": {"type": "text"}}
+    assert GRPOConfig(sampling_parameters=text).sampling_parameters == text
+
+
+@pytest.mark.parametrize("choices", [2, 8])
+def test_several_choices_per_training_call_are_refused_pointing_to_group_size(choices: int) -> None:
+    # The gateway records the token ids of a call's first choice only: the others could never be trained on.
+    with pytest.raises(ValidationError, match=rf"sampling_parameters\['n'\]={choices} .*first choice.*group_size"):
+        GRPOConfig(sampling_parameters={"temperature": 1.0, "n": choices})
+    assert GRPOConfig(sampling_parameters={"temperature": 1.0, "n": 1}).sampling_parameters["n"] == 1
+    assert (
+        GRPOConfig(val_sampling_parameters={"temperature": 0.0, "n": choices}).val_sampling_parameters["n"] == choices
+    )
 
 
 @pytest.mark.parametrize("temperature", [-0.5, "0.7", math.nan, True])

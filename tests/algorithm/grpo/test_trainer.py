@@ -352,3 +352,26 @@ def test_a_gradient_that_is_not_finite_skips_the_step_and_keeps_the_weights(capl
     assert trainer.optimizer_steps == 0 and trainer.skipped_optimizer_steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.trainable_parameters, strict=True))
     assert all(p.grad is None for p in trainer.trainable_parameters)
+
+
+def test_grad_norm_averages_the_steps_taken_and_counts_those_skipped_for_a_non_finite_gradient(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = tiny_llama()
+    samples = make_samples(8, model=model)
+    samples[0].advantage = math.inf  # overflows the loss of the one minibatch holding rollout ro-0
+    trainer = PolicyTrainer(model, _config(batch_size=2, group_size=4, minibatch_size=4))
+    metrics = trainer.train_step(samples)
+    assert "this optimizer step is skipped" in caplog.text
+    assert metrics["nonfinite_grad_steps"] == 1
+    assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    assert (metrics["optimizer_steps"], metrics["skipped_optimizer_steps"]) == (1, 1)
+    assert all(torch.isfinite(p).all() for p in trainer.trainable_parameters)
+
+
+def test_no_gradient_step_skipped_counts_zero() -> None:
+    model = tiny_llama()
+    metrics = PolicyTrainer(model, _config(batch_size=2, group_size=4, minibatch_size=4)).train_step(
+        make_samples(8, model=model)
+    )
+    assert metrics["nonfinite_grad_steps"] == 0 and math.isfinite(metrics["grad_norm"])
