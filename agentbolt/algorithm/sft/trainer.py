@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from agentbolt.algorithm.finetuning.trainer import ModelTrainer, chunks
+from agentbolt.algorithm.finetuning.trainer import ModelTrainer, chunks, grad_norm_metrics
 from agentbolt.algorithm.grpo.packing import (
     PrefixTree,
     attention_implementation,
@@ -287,9 +287,11 @@ class SFTTrainer(ModelTrainer):
         ``train_batch_size``; the step counter advances by one.
 
         Returns:
-            Metrics averaged over the optimizer steps (``loss`` weighted by target tokens), plus ``first_loss`` and
-            ``last_loss`` (of the first and last optimizer step), ``optimizer_steps_taken``, ``samples_per_second``
-            and ``tokens_per_second``.
+            Metrics averaged over the optimizer steps (``loss`` weighted by target tokens; ``grad_norm`` over the
+            steps taken, with ``nonfinite_grad_steps`` counting those skipped for a NaN or infinite gradient: see
+            :func:`~agentbolt.algorithm.finetuning.trainer.grad_norm_metrics`), plus ``first_loss`` and ``last_loss``
+            (of the first and last optimizer step), ``optimizer_steps_taken``, ``samples_per_second`` and
+            ``tokens_per_second``.
         """
         if not samples:
             raise ValueError("a training step needs at least one sample")
@@ -308,7 +310,7 @@ class SFTTrainer(ModelTrainer):
             "loss": sum(s["loss"] * s["target_tokens"] for s in steps) / targets,
             "first_loss": steps[0]["loss"],
             "last_loss": steps[-1]["loss"],
-            "grad_norm": sum(s["grad_norm"] for s in steps) / len(steps),
+            **grad_norm_metrics([s["grad_norm"] for s in steps]),
             **self.schedule_metrics(),
             "optimizer_steps_taken": float(len(steps)),
             "samples": float(len(samples)),

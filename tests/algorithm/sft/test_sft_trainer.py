@@ -260,3 +260,20 @@ def test_training_can_start_from_a_saved_adapter_and_refuses_a_mismatched_one(
         _trainer(tiny_model_dir, init_adapter=str(tmp_path))
     with pytest.raises(ValueError, match="init_adapter starts from LoRA adapters"):
         SFTConfig(init_adapter=str(saved), finetune="full")
+
+
+def test_grad_norm_averages_the_steps_taken_and_counts_those_skipped_for_a_non_finite_gradient(
+    tiny_model_dir: Path,
+) -> None:
+    trainer = _trainer(tiny_model_dir, finetune="full", train_batch_size=1, max_grad_norm=1.0)
+    backward_passes = []
+
+    def overflow_first_step(grad: torch.Tensor) -> torch.Tensor:  # as a float16 overflow would
+        backward_passes.append(1)
+        return grad * math.inf if len(backward_passes) == 1 else grad
+
+    next(p for p in trainer.model.parameters() if p.requires_grad).register_hook(overflow_first_step)
+    metrics = trainer.train_epochs(_samples(2))
+    assert metrics["optimizer_steps_taken"] == 2 and metrics["nonfinite_grad_steps"] == 1
+    assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
