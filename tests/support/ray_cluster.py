@@ -57,7 +57,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)  # `ray start --block` stops its node's processes on SIGTERM
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(20)
+            process.wait(5)  # a test cluster: what has not stopped by then is killed
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # whatever of that node's group is left
     with contextlib.suppress(subprocess.TimeoutExpired):
