@@ -207,6 +207,21 @@ class FinetuningConfig(BaseModel):
             raise ValueError(f"policy_server_url must be an http:// or https:// URL (ending in /v1), got {value!r}")
         return value
 
+    @field_validator("sampling_parameters")
+    @classmethod
+    def _one_choice_per_call(cls, value: Dict[str, Any]) -> Dict[str, Any]:
+        """Training rollouts ask for one choice per call: a call's recorded span holds its first choice only."""
+        choices = value.get("n")
+        if choices is not None and (isinstance(choices, bool) or choices != 1):
+            raise ValueError(
+                f"sampling_parameters['n']={choices!r} asks for several choices per call, but a call's recorded span "
+                "holds the token ids of its first choice only and the rollout's reward is for the answer its agent "
+                "used: the other choices would be sampled and never trained on. Remove it (or set n=1) and ask for "
+                "more rollouts per task (GRPO's group_size, SFT's rollouts_per_task); val_sampling_parameters may "
+                "set it."
+            )
+        return value
+
     @field_validator("lora_target_modules")
     @classmethod
     def _non_empty_targets(cls, value: Union[List[str], str]) -> Union[List[str], str]:

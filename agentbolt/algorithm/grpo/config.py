@@ -261,14 +261,6 @@ class GRPOConfig(FinetuningConfig):
                     "policy gradient would be biased. Remove it for training (reward or parse the format the task "
                     "needs instead); val_sampling_parameters may use it."
                 )
-        choices = value.get("n")
-        if choices is not None and not (_number(choices) and choices == 1):
-            raise ValueError(
-                f"sampling_parameters['n']={choices!r} asks for several choices per call, but a call's recorded span "
-                "holds the token ids of its first choice only and the rollout's reward is for the answer its agent "
-                "used: the other choices would be sampled and never trained on. Remove it (or set n=1) and raise "
-                "group_size for more rollouts per task; val_sampling_parameters may set it."
-            )
         return value
 
     @field_validator("val_sampling_parameters")

@@ -277,3 +277,14 @@ def test_grad_norm_averages_the_steps_taken_and_counts_those_skipped_for_a_non_f
     assert metrics["optimizer_steps_taken"] == 2 and metrics["nonfinite_grad_steps"] == 1
     assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("choices", [2, 0, True, "2"])
+def test_several_choices_per_collecting_call_are_refused(choices: object) -> None:
+    # A call's span records its first choice: the other choices would be sampled and never become samples.
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"sampling_parameters\['n'\]=.*first choice.*rollouts_per_task"):
+        SFTConfig(sampling_parameters={"temperature": 0.5, "n": choices})
+    assert SFTConfig(sampling_parameters={"n": 1}).sampling_parameters == {"n": 1}
+    assert SFTConfig(val_sampling_parameters={"n": 3}).val_sampling_parameters == {"n": 3}
