@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Optional, Protocol, Tuple
 
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var, resolve_str_env_var, setting_source
+from agentbolt.utils.server_launcher import bind_socket
 
 from .events import ExecutionEvent
 
@@ -17,8 +18,10 @@ __all__ = [
     "AlgorithmBundle",
     "RunnerBundle",
     "ExecutionStrategy",
+    "check_store_port_free",
     "check_unmanaged_store_shareable",
     "resolve_managed_store",
+    "resolve_managed_store_setting",
     "resolve_server_host",
     "stopping_on_failure",
 ]
@@ -49,6 +52,13 @@ class ExecutionStrategy:
 def resolve_managed_store(managed_store: Optional[bool]) -> bool:
     """Whether a strategy manages the store: ``managed_store`` when given, else ``AGL_MANAGED_STORE``, else True."""
     return bool(resolve_bool_env_var(LightningEnvVar.AGL_MANAGED_STORE, override=managed_store, fallback=True))
+
+
+def resolve_managed_store_setting(managed_store: Optional[bool]) -> Tuple[bool, str]:
+    """:func:`resolve_managed_store`, and where the value came from (``"managed_store"`` or ``"AGL_MANAGED_STORE"``),
+    as :func:`check_unmanaged_store_shareable` names it."""
+    source = setting_source(LightningEnvVar.AGL_MANAGED_STORE, managed_store, "managed_store")
+    return resolve_managed_store(managed_store), source
 
 
 def resolve_server_host(server_host: Optional[str], fallback: Optional[str]) -> Optional[str]:
@@ -90,6 +100,28 @@ def check_unmanaged_store_shareable(store: Any, managed_store: bool, source: str
         "be shared across processes: keep the store managed (the default), or pass a store every process can reach "
         "(a LightningStoreClient of an `agentbolt store` server)."
     )
+
+
+def check_store_port_free(host: str, port: int, *, failure: str, option: str) -> None:
+    """Fail before anything starts when the store server could not listen on ``host:port``.
+
+    Args:
+        host: The address the store server will listen on.
+        port: Its port.
+        failure: How the message reports the failure (it is followed by the address and the reason).
+        option: The setting a user changes to choose another port (``AGL_SERVER_PORT`` is named as well).
+
+    Raises:
+        RuntimeError: Nothing can listen there: another process holds the port, or ``host`` is not an address of
+            this machine.
+    """
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"{failure}: cannot listen on {host}:{port} ({exc.strerror or exc}). Another process (another Trainer's "
+            f"store?) holds the port; choose a free one with {option} or AGL_SERVER_PORT."
+        ) from exc
 
 
 @contextmanager

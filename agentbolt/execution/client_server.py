@@ -20,14 +20,14 @@ from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, 
 from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var, setting_source
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.utils.checks import check_count, check_port
-from agentbolt.utils.server_launcher import bind_socket
 
 from .base import (
     AlgorithmBundle,
     ExecutionStrategy,
     RunnerBundle,
+    check_store_port_free,
     check_unmanaged_store_shareable,
-    resolve_managed_store,
+    resolve_managed_store_setting,
     resolve_server_host,
     stopping_on_failure,
 )
@@ -255,8 +255,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.graceful_timeout = graceful_timeout
         self.terminate_timeout = terminate_timeout
         self.main_process = main_process
-        self.managed_store = resolve_managed_store(managed_store)
-        self._managed_store_source = setting_source(LightningEnvVar.AGL_MANAGED_STORE, managed_store, "managed_store")
+        self.managed_store, self._managed_store_source = resolve_managed_store_setting(managed_store)
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
         self.startup_timeout = startup_timeout
         self.interrupted = False
@@ -391,17 +390,6 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    def _check_port_free(self) -> None:
-        """Fail before starting any process when the store server's port is already taken."""
-        try:
-            bind_socket(self.server_host, self.server_port).close()
-        except OSError as exc:
-            raise RuntimeError(
-                f"The store server did not start up within its start-up time: cannot listen on "
-                f"{self.server_host}:{self.server_port} ({exc.strerror or exc}). Another process (another Trainer's "
-                f"store?) holds the port; choose a free one with Trainer(port=...) or AGL_SERVER_PORT."
-            ) from exc
-
     # ------------------------------------------------------------------ child processes
 
     @staticmethod
@@ -466,7 +454,12 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         try:
             stack.enter_context(_sigterm_interrupts())
             if self.managed_store and self.role != "runner":
-                self._check_port_free()
+                check_store_port_free(
+                    self.server_host,
+                    self.server_port,
+                    failure="The store server did not start up within its start-up time",
+                    option="Trainer(port=...)",
+                )
             if self.role == "algorithm":
                 asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
             elif self.role == "runner":

@@ -29,18 +29,18 @@ from agentbolt.env_var import (
     API_KEY_ENV_VAR,
     LightningEnvVar,
     resolve_int_env_var,
-    setting_source,
 )
 from agentbolt.utils.checks import check_count, check_finite, check_port
 from agentbolt.utils.imports import import_extra
-from agentbolt.utils.server_launcher import bind_socket, pick_free_port
+from agentbolt.utils.server_launcher import pick_free_port
 
 from .base import (
     AlgorithmBundle,
     ExecutionStrategy,
     RunnerBundle,
+    check_store_port_free,
     check_unmanaged_store_shareable,
-    resolve_managed_store,
+    resolve_managed_store_setting,
     resolve_server_host,
 )
 from .events import ExecutionEvent, ThreadingEvent
@@ -261,8 +261,7 @@ class RayExecutionStrategy(ExecutionStrategy):
         check_port(self.server_port, "server_port")
         self.advertised_host = advertised_host
         self.api_key = api_key
-        self.managed_store = resolve_managed_store(managed_store)
-        self._managed_store_source = setting_source(LightningEnvVar.AGL_MANAGED_STORE, managed_store, "managed_store")
+        self.managed_store, self._managed_store_source = resolve_managed_store_setting(managed_store)
         self.graceful_timeout = graceful_timeout
         self.startup_timeout = startup_timeout
         self.poll_interval = poll_interval
@@ -323,25 +322,6 @@ class RayExecutionStrategy(ExecutionStrategy):
             logger.info("The store server listens on %s: requests need the bearer token made for this run", bind)
         return bind, advertised, api_key
 
-    def _check_port_free(self) -> None:
-        """Fail before Ray starts when the store server's fixed port is already taken.
-
-        Raises:
-            RuntimeError: Nothing can listen on ``server_port`` (or ``AGL_SERVER_PORT``): in use, or ``server_host``
-                is not an address of this machine.
-        """
-        if not self.managed_store or not self.server_port:
-            return
-        host = self.server_host or "0.0.0.0"  # taken on any interface: the store server's bind host is not known yet
-        try:
-            bind_socket(host, self.server_port).close()
-        except OSError as exc:
-            raise RuntimeError(
-                f"server_port {self.server_port}: the store server cannot listen on {host}:{self.server_port} "
-                f"({exc.strerror or exc}). Choose a free port (server_port= or AGL_SERVER_PORT), or leave it unset "
-                "for any free port."
-            ) from None
-
     # ------------------------------------------------------------------ orchestration
 
     def execute(self, algorithm: AlgorithmBundle, runner: RunnerBundle, store: Any) -> None:
@@ -359,7 +339,14 @@ class RayExecutionStrategy(ExecutionStrategy):
         """
         ray = _import_ray()
         check_unmanaged_store_shareable(store, self.managed_store, self._managed_store_source)
-        self._check_port_free()
+        if self.managed_store and self.server_port:
+            # Taken on any interface counts: the store server's bind host is not known before Ray starts.
+            check_store_port_free(
+                self.server_host or "0.0.0.0",
+                self.server_port,
+                failure=f"server_port {self.server_port}",
+                option="server_port=",
+            )
         if not ray.is_initialized():
             _check_cluster_answers(self.address)
         started_ray = False

@@ -74,7 +74,7 @@ def test_if_the_port_is_taken_after_the_check_the_runner_still_refuses_the_other
 ) -> None:
     # Another store server may take the port between the check and this run's own server binding it; this run's
     # server is slow to start, so its runner finds the other one first.
-    monkeypatch.setattr(ClientServerExecutionStrategy, "_check_port_free", lambda self: None)
+    monkeypatch.setattr("agentbolt.execution.client_server.check_store_port_free", lambda *args, **kwargs: None)
     start = LightningStoreServer.start
 
     async def slow_start(self: LightningStoreServer) -> None:
