@@ -13,7 +13,7 @@ hand over :class:`PendingSpan` objects and go on; a task on the writer's event l
   (``retry_initial_delay`` doubling to ``retry_max_delay``) until the store answers. One warning is logged when
   the outage starts and one when the store is back. A process that is stopping calls :meth:`SpanWriter.stop_retrying`:
   from then on a write the store cannot take is not retried, and the spans waiting are given up (``lost``) with one
-  warning that counts them.
+  warning that counts them; :meth:`SpanWriter.resume_retrying` ends that when the writer serves a new run.
 * **Bounded memory.** At most ``max_buffered`` spans wait. A span handed over while the buffer is full is dropped:
   that is the only case where spans are dropped for lack of room; drops are counted (``dropped``) and logged
   (the first one of each full spell, then a total once there is room again).
@@ -210,8 +210,7 @@ class SpanWriter:
         self._loop_thread = threading.get_ident()
         self._wakeup = asyncio.Event()
         self._retries_stopped = asyncio.Event()
-        if not self._retrying:
-            self._retries_stopped.set()
+        self._signal_retrying()
         # A fresh context: the writer has its own retry policy and must not inherit the context of whichever caller
         # started it (a runner's ride_out_outages block, a rollout's trace context).
         self._task = self._loop.create_task(self._run(), name="agentbolt-span-writer", context=contextvars.Context())
@@ -241,17 +240,32 @@ class SpanWriter:
         Spans are still written while the store takes them. Once a write fails for a reason a retry could cure (the
         store is gone), or at once when the writer is already retrying such a failure, every span waiting is given up
         and counted in ``lost``, with one warning. Calls that wait for spans (:meth:`flush`, :meth:`close`) then
-        return.
+        return. This lasts until :meth:`resume_retrying`.
         """
-        self._retrying = False
+        self._set_retrying(False)
+
+    def resume_retrying(self) -> None:
+        """Retry the writes the store cannot take again, as before :meth:`stop_retrying` (any thread).
+
+        For a writer that outlives the stop it was told about and serves a new run of the process.
+        """
+        self._set_retrying(True)
+
+    def _set_retrying(self, retrying: bool) -> None:
+        self._retrying = retrying
         loop = self._loop
         if loop is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is retried any more anyway
-            loop.call_soon_threadsafe(self._set_retries_stopped)
+            loop.call_soon_threadsafe(self._signal_retrying)
 
-    def _set_retries_stopped(self) -> None:
-        if self._retries_stopped is not None:
+    def _signal_retrying(self) -> None:
+        """Make :attr:`_retries_stopped` (on the writer's loop) follow :attr:`_retrying`."""
+        if self._retries_stopped is None:
+            return
+        if self._retrying:
+            self._retries_stopped.clear()
+        else:
             self._retries_stopped.set()
 
     def _abandon(self, why: Optional[str] = None) -> int:

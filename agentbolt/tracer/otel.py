@@ -625,6 +625,21 @@ class LightningSpanProcessor(SpanProcessor):
             target.stopped = True
             exporter.shutdown()
 
+    def resume_retrying(self) -> bool:
+        """Undo :meth:`stop_retrying` for a new run of the process: writes ride out store outages again.
+
+        Returns:
+            Whether :meth:`stop_retrying` shut the OTLP exporter down: its spans stay given up, and OTLP export needs a
+            new exporter (:attr:`otlp_exporter`).
+        """
+        with self._lock:
+            target = self._otlp_target
+        exporter_shut_down = target is not None and target.stopped
+        for writer in self._current_writers():
+            if not (exporter_shut_down and writer.store is target):
+                writer.resume_retrying()
+        return exporter_shut_down
+
     def shutdown(self) -> None:
         """Flush (bounded by ``write_timeout``), report what could not be written, and stop the writer thread."""
         if self._loop is None:
@@ -730,11 +745,19 @@ class OtelTracer(Tracer):
         self._lightning_span_processor: Optional[LightningSpanProcessor] = None
 
     def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
-        """Install the tracer provider and span processor (once per tracer) and remember the store."""
+        """Install the tracer provider and span processor (once per tracer) and remember the store.
+
+        A tracer started again after :meth:`stop_retrying` (a second run in the same process) retries through store
+        outages again.
+        """
         super().init_worker(worker_id, store)
         with _provider_lock:  # runner threads sharing the tracer start their workers at the same time
             if self._tracer_provider is None:
                 self._initialize_tracer_provider()
+            elif self._lightning_span_processor is not None and self._lightning_span_processor.resume_retrying():
+                from agentbolt.utils.otlp import LightningStoreOTLPExporter
+
+                self._lightning_span_processor.otlp_exporter = LightningStoreOTLPExporter()
 
     def _initialize_tracer_provider(self) -> None:
         # A chat span carries several attributes per message: OpenTelemetry's default limit (128 attributes per
@@ -766,7 +789,8 @@ class OtelTracer(Tracer):
     def stop_retrying(self) -> None:
         """The process is stopping (Ctrl-C): spans the store cannot take are given up, not retried.
 
-        See :meth:`LightningSpanProcessor.stop_retrying`; does nothing before :meth:`init_worker`.
+        See :meth:`LightningSpanProcessor.stop_retrying`; does nothing before :meth:`init_worker`, and lasts until
+        the next :meth:`init_worker`.
         """
         if self._lightning_span_processor is not None:
             self._lightning_span_processor.stop_retrying()
