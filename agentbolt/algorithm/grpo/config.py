@@ -23,8 +23,10 @@ def _number(value: Any) -> bool:
 
 
 # Sampling parameters that make an engine draw from another distribution than the policy's softmax(logits / T):
-# name -> (whether a value leaves the distribution unchanged, the value that does).
-_DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+# truncating or reshaping it, keeping the best of several samples, or constraining the decoding (guided decoding,
+# logits processors, token lists: the engine masks the logits). name -> (whether a value leaves the distribution
+# unchanged, the value that does, if any).
+_DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], Optional[str]]] = {
     "top_p": (lambda v: _number(v) and v >= 1, "1"),
     "top_k": (lambda v: _number(v) and v in (0, -1), "-1"),
     "min_p": (lambda v: _number(v) and v == 0, "0"),
@@ -36,21 +38,16 @@ _DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (lambda v: not v, "{}"),
     "best_of": (lambda v: _number(v) and v <= 1, "1"),
     "use_beam_search": (lambda v: v is False, "False"),
-}
-
-# Guided decoding, logits processors and token lists: the engine masks (or reshapes) the logits before sampling, so
-# it draws from another distribution than softmax(logits / T). name -> whether a value constrains nothing.
-_CONSTRAINING: Dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
-    "guided_json": lambda v: False,
-    "guided_regex": lambda v: False,
-    "guided_choice": lambda v: False,
-    "guided_grammar": lambda v: False,
-    "structured_outputs": lambda v: False,
-    "structural_tag": lambda v: False,
-    "logits_processors": lambda v: v == [],
-    "allowed_token_ids": lambda v: v == [],
-    "bad_words": lambda v: v == [],
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text", '{"type": "text"}'),
+    "guided_json": (lambda v: False, None),
+    "guided_regex": (lambda v: False, None),
+    "guided_choice": (lambda v: False, None),
+    "guided_grammar": (lambda v: False, None),
+    "structured_outputs": (lambda v: False, None),
+    "structural_tag": (lambda v: False, None),
+    "logits_processors": (lambda v: v == [], "[]"),
+    "allowed_token_ids": (lambda v: v == [], "[]"),
+    "bad_words": (lambda v: v == [], "[]"),
 }
 
 # vLLM's sampling extensions of the OpenAI request (agentbolt serve implements some and refuses the others by name).
@@ -74,7 +71,7 @@ _ENGINE_EXTENSIONS = frozenset(
 
 SAMPLING_PARAMETER_NAMES: FrozenSet[str] = frozenset(
     (set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)) - {"model", "messages", "prompt"}
-).union(_ENGINE_EXTENSIONS, _DISTRIBUTION_CHANGING, _CONSTRAINING)
+).union(_ENGINE_EXTENSIONS, _DISTRIBUTION_CHANGING)
 """The keys ``sampling_parameters`` and ``val_sampling_parameters`` may hold: the fields of the OpenAI chat and text
 completion requests (:mod:`agentbolt.openai_api.schema`) other than the model, messages and prompt, and vLLM's
 sampling extensions. The gateway adds them to each request of a rollout that does not set them itself."""
@@ -243,23 +240,13 @@ class GRPOConfig(FinetuningConfig):
         for name, (unchanged, neutral) in _DISTRIBUTION_CHANGING.items():
             setting = value.get(name)
             if setting is not None and not unchanged(setting):
+                instead = f" (or set {name}={neutral})" if neutral is not None else ""
                 raise ValueError(
                     f"sampling_parameters[{name!r}]={setting!r} makes training rollouts sample from another "
                     "distribution than the policy's softmax(logits / T), under which GRPO scores them (the trainer "
                     "computes the old log-probs itself): the importance ratio and the policy gradient would be "
-                    f"biased towards what the sampler favours. Remove it (or set {name}={neutral}) for training; "
-                    "val_sampling_parameters may use it."
-                )
-        for name, unconstrained in _CONSTRAINING.items():
-            setting = value.get(name)
-            if setting is not None and not unconstrained(setting):
-                raise ValueError(
-                    f"sampling_parameters[{name!r}]={setting!r} constrains the decoding of training rollouts (guided "
-                    "decoding, logits processors, token lists): the engine masks or reshapes the logits, so the tokens "
-                    "are drawn from another distribution than the policy's softmax(logits / T), under which GRPO "
-                    "scores them (the trainer computes the old log-probs itself), and the importance ratio and the "
-                    "policy gradient would be biased. Remove it for training (reward or parse the format the task "
-                    "needs instead); val_sampling_parameters may use it."
+                    f"biased towards what the sampler favours. Remove it{instead} for training (reward or parse a "
+                    "format the task needs instead of guiding the decoding); val_sampling_parameters may use it."
                 )
         return value
 
