@@ -268,6 +268,9 @@ def _make_tracker(names: List[str], n_workers: int) -> Any:
                 raise CliError(f"--tracker prometheus needs prometheus-client ({exc})") from exc
             except ValueError as exc:  # a PROMETHEUS_MULTIPROC_DIR that cannot be created
                 raise CliError(f"--tracker prometheus: {exc}") from None
+            dead = metrics.mark_exited_processes_dead()
+            if dead:
+                logger.info("Marked %d exited processes dead in PROMETHEUS_MULTIPROC_DIR", len(dead))
         else:
             backends.append(metrics.ConsoleMetricsBackend())
     return backends[0] if len(backends) == 1 else metrics.MultiMetricsBackend(backends)
@@ -382,6 +385,13 @@ async def _serve(
         finally:
             if store is not None:
                 await _close_store(store)
+            if trackers:
+                from agentbolt.utils.metrics import mark_process_dead
+
+                mark_process_dead(os.getpid())
+    failure = getattr(server, "failure", None)
+    if failure is not None:
+        raise CliError(f"the server stopped: {failure}", exit_code=1)
     print("agentbolt store: stopped", flush=True)
     return 0
 
@@ -408,6 +418,7 @@ def _worker_server(spec: StoreSpec, launcher_args: Any, api_key: Optional[str], 
     starts, with one message.
     """
     from agentbolt.store.http import build_store_app
+    from agentbolt.store.http.server import background_watchdog
     from agentbolt.utils.server_launcher import PythonServerLauncher
 
     _check_store_opens(spec)
@@ -420,7 +431,8 @@ def _worker_server(spec: StoreSpec, launcher_args: Any, api_key: Optional[str], 
     async def worker_store() -> AsyncIterator[None]:
         stores["store"] = spec.open(tracker)
         try:
-            yield
+            async with background_watchdog(stores["store"]):
+                yield
         finally:
             await _close_store(stores.pop("store"))
 

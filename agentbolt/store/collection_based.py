@@ -216,6 +216,10 @@ def _check_worker_id(worker_id: Optional[str]) -> None:
     check_addressable_id(worker_id, "worker_id")
 
 
+IDLE_WATCHDOG_SECONDS = 1.0
+"""Period of a server's background watchdog over a store that scans before every call (``scan_debounce_seconds``
+``<= 0``)."""
+
 MAX_DEQUEUE_LIMIT = 2**31
 """Largest number of rollouts one dequeue claims; larger limits claim this many (the SQL stores' integers are 64-bit)."""
 
@@ -317,6 +321,20 @@ class CollectionBasedLightningStore(LightningStore, Generic[T_collections]):
     # =================================================================================================================
     # Watchdog
     # =================================================================================================================
+
+    @property
+    def watchdog_period(self) -> float:
+        """Seconds between two calls of :meth:`run_watchdog` by a server: ``scan_debounce_seconds``, or
+        :data:`IDLE_WATCHDOG_SECONDS` when that is ``<= 0`` (a scan before every call)."""
+        return self._scan_debounce_seconds if self._scan_debounce_seconds > 0 else IDLE_WATCHDOG_SECONDS
+
+    async def run_watchdog(self) -> None:
+        """Run the watchdog scan if one is due, exactly as before a store call: debounced, and over storage shared
+        by several processes done by one of them per debounce period; a read-only store never scans.
+
+        A server calls it every :attr:`watchdog_period`, so that time limits apply while no request comes in.
+        """
+        await self._healthcheck()
 
     async def _healthcheck(self) -> None:
         if _in_healthcheck.get():

@@ -31,6 +31,8 @@ __all__ = [
     "make_metrics_dir",
     "get_prometheus_registry",
     "shutdown_metrics",
+    "mark_process_dead",
+    "mark_exited_processes_dead",
     "default_tracker",
     "set_default_tracker",
     "tracker_from_names",
@@ -451,14 +453,74 @@ def shutdown_metrics(server: Any = None, worker: Any = None, *args: Any, **kwarg
 
     In multiprocess mode, marks the worker's Prometheus files dead so gauges stop counting it.
     """
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    mark_process_dead(getattr(worker, "pid", None) or os.getpid())
+
+
+def mark_process_dead(pid: int) -> None:
+    """Tell prometheus-client that process ``pid`` has exited, as its multiprocess mode asks of whoever starts
+    processes: the process's ``livesum``/``liveall`` (and other ``live*``) gauge files are removed. Its counters and
+    histograms keep counting in the aggregate, as prometheus-client means them to (a total must not drop when a
+    process exits).
+
+    Does nothing unless ``PROMETHEUS_MULTIPROC_DIR`` is set and prometheus-client is installed; a failure to remove
+    a file is logged, never raised.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
         return
     try:
         from prometheus_client import multiprocess
     except ImportError:
         return
-    pid = getattr(worker, "pid", None) or os.getpid()
-    multiprocess.mark_process_dead(pid)
+    try:
+        multiprocess.mark_process_dead(pid, directory)
+    except OSError as exc:
+        logger.warning("Cannot remove the Prometheus files of exited process %d in %s: %s", pid, directory, exc)
+
+
+_PROCESS_FILE = re.compile(r"_(\d+)\.db$")
+"""prometheus-client's per-process file names end with ``_<pid>.db``."""
+
+
+def mark_exited_processes_dead() -> List[int]:
+    """:func:`mark_process_dead` for every process that left files in ``PROMETHEUS_MULTIPROC_DIR`` and is no longer
+    running (an earlier run's, or one killed before anyone could mark it), so that its live gauges stop counting.
+
+    Counter and histogram files are kept: prometheus-client sums them with the living processes' (emptying the
+    directory before a deployment starts, as prometheus-client documents, is what starts totals from zero).
+
+    Returns:
+        The process ids marked dead (none without the variable or prometheus-client).
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory or not os.path.isdir(directory):
+        return []
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return []
+    pids = set()
+    for name in os.listdir(directory):
+        match = _PROCESS_FILE.search(name)
+        if match is not None:
+            pids.add(int(match.group(1)))
+    dead = sorted(pid for pid in pids if not _process_exists(pid))
+    for pid in dead:
+        mark_process_dead(pid)
+    return dead
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this machine (of any user)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    return True
 
 
 _PROMETHEUS_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

@@ -28,6 +28,7 @@ import uvicorn
 
 from agentbolt.utils import event_loop
 from agentbolt.utils.checks import check_port
+from agentbolt.utils.metrics import mark_process_dead
 
 __all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode", "on_shutdown_start"]
 
@@ -355,6 +356,13 @@ def run_uvicorn_subprocess(
     launcher killed with SIGKILL leaves no worker serving its port on its own.
     """
 
+    # A forked process inherits the launcher's signal set-up, including the wake-up socket of the launcher's event
+    # loop: a signal sent to this process before its own loop handles signals (or after that loop closed) would be
+    # written to that socket and taken by the launcher as its own (a SIGTERM to a failed worker stopping the server).
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -378,6 +386,29 @@ def run_uvicorn_subprocess(
 
 ORPHAN_CHECK_SECONDS = 0.5
 """How often a worker process checks that its launcher is still alive."""
+
+SUPERVISE_INTERVAL_SECONDS = 0.5
+"""How often the launcher checks that its worker processes are alive."""
+
+MAX_FAILED_STARTS = 5
+"""Failed starts in a row of one worker after which the launcher gives up and stops the whole server."""
+
+RESTART_DELAY_SECONDS = 0.5
+"""Wait before the second start of a worker that failed to start; it doubles with each further failure."""
+
+MAX_RESTART_DELAY_SECONDS = 4.0
+"""Longest wait between two starts of a worker that keeps failing."""
+
+WORKER_HEALTHY_SECONDS = 30.0
+"""A worker that served this long before it exited had started well: its replacement starts at once, with a fresh
+run of :data:`MAX_FAILED_STARTS`. One that exits sooner counts as a failed start."""
+
+
+def restart_delay(failures: int) -> float:
+    """Seconds to wait before starting a worker again after ``failures`` failed starts in a row."""
+    if failures <= 0:
+        return 0.0
+    return min(RESTART_DELAY_SECONDS * 2 ** (failures - 1), MAX_RESTART_DELAY_SECONDS)
 
 
 async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event) -> None:
@@ -424,6 +455,7 @@ class PythonServerLauncher:
         self._supervisor: Optional[asyncio.Future[None]] = None
         self._socket: Optional[socket.socket] = None
         self._serving_loop: Optional[asyncio.AbstractEventLoop] = None
+        self._failure: Optional[str] = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -479,9 +511,16 @@ class PythonServerLauncher:
         """Event loop serving requests in this process (asyncio and thread modes), or ``None``."""
         return self._serving_loop
 
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the server stopped on its own (a worker that kept failing to start), or ``None``."""
+        return self._failure
+
     def is_running(self) -> bool:
         """Whether the server is currently serving (with several workers: while it replaces those that die, even
-        when all of them died at once)."""
+        when all of them died at once; no longer once it gave up replacing one, see :attr:`failure`)."""
+        if self._failure is not None:
+            return False
         if self._supervisor is not None and not self._supervisor.done():
             return True
         return self._alive()
@@ -615,34 +654,100 @@ class PythonServerLauncher:
         return process
 
     async def _supervise(self) -> None:
-        """Replace workers that die while the server runs (the others keep serving meanwhile)."""
+        """Replace workers that die while the server runs (the others keep serving meanwhile).
+
+        A worker that fails to start, or exits within :data:`WORKER_HEALTHY_SECONDS` of its start, counts as a
+        failed start; each further start of it waits longer (:func:`restart_delay`). After
+        :data:`MAX_FAILED_STARTS` failed starts in a row the launcher gives up: it stops every worker, logs one
+        error naming the worker and its last error, and :attr:`failure` says why (:meth:`is_running` is then
+        False).
+        """
+        started = [time.monotonic()] * len(self._processes)
+        failures = [0] * len(self._processes)
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(SUPERVISE_INTERVAL_SECONDS)
             for index, process in enumerate(self._processes):
                 if process.is_alive():
                     continue
-                logger.error(
-                    "Server worker %d (pid %s) exited with code %s; starting a new one.",
-                    index,
-                    process.pid,
-                    process.exitcode,
-                )
-                process.join(0)
-                self._processes[index] = self._fork_worker(index)
-                assert self._events is not None
-                event = await self._wait_event(self._events.get, self.args.startup_timeout * 2)
-                if event.kind != "ready":
-                    logger.error("Replacing server worker %d failed: %s", index, event.message)
+                await self._reap(process)
+                lived = time.monotonic() - started[index]
+                failures[index] = 0 if lived >= WORKER_HEALTHY_SECONDS else failures[index] + 1
+                error = f"exited with code {process.exitcode} after {lived:.1f} seconds"
+                logger.error("Server worker %d (pid %s) %s; starting a new one.", index, process.pid, error)
+                while failures[index] < MAX_FAILED_STARTS:
+                    await asyncio.sleep(restart_delay(failures[index]))
+                    started[index] = time.monotonic()
+                    start_error = await self._start_replacement(index)
+                    if start_error is None:
+                        break
+                    error = start_error
+                    failures[index] += 1
+                    logger.error(
+                        "Server worker %d failed to start (%d of %d failed starts in a row): %s",
+                        index,
+                        failures[index],
+                        MAX_FAILED_STARTS,
+                        error,
+                    )
+                if failures[index] >= MAX_FAILED_STARTS:
+                    await self._give_up(index, failures[index], error)
+                    return
 
-    async def _wait_event(self, get: Callable[..., ChildEvent], timeout: float) -> ChildEvent:
+    async def _start_replacement(self, index: int) -> Optional[str]:
+        """Start a new worker ``index``; ``None`` once it is serving, else its error (the process is then gone)."""
+        assert self._events is not None
+        process = self._processes[index] = self._fork_worker(index)
+        try:
+            event = await self._wait_event(self._events.get, self.args.startup_timeout * 2, process)
+        except RuntimeError as exc:  # start-up timed out
+            event = ChildEvent(kind="error", message=str(exc))
+        if event.kind == "ready":
+            return None
+        if event.traceback:
+            logger.debug("Server worker %d (pid %s) failed to start:\n%s", index, process.pid, event.traceback)
+        await self._reap(process)
+        return event.message or "no error message"
+
+    async def _give_up(self, index: int, failures: int, error: str) -> None:
+        """Stop the whole server because worker ``index`` failed to start ``failures`` times in a row."""
+        failure = f"server worker {index} failed to start {failures} times in a row (last error: {error})"
+        logger.error("Stopping the server: %s.", failure)
+        try:
+            await self._terminate_workers()
+        except RuntimeError as exc:
+            logger.error("%s", exc)
+        self._failure = failure
+
+    async def _reap(self, process: Any) -> None:
+        """Wait for an exiting worker (killing it if it lingers) and mark it dead for prometheus-client."""
+        await asyncio.to_thread(process.join, self.args.process_join_timeout)
+        if process.is_alive():
+            logger.warning("Server process %s did not exit; killing it.", process.pid)
+            process.kill()
+            await asyncio.to_thread(process.join, self.args.process_join_timeout)
+        mark_process_dead(process.pid)
+
+    async def _wait_event(
+        self, get: Callable[..., ChildEvent], timeout: float, process: Optional[Any] = None
+    ) -> ChildEvent:
+        """The next start-up event; an error event once ``process`` (default: every thread or process of the
+        server) has exited without posting one."""
+
+        def exited() -> bool:
+            return not process.is_alive() if process is not None else not self._alive()
+
         def wait() -> ChildEvent:
             deadline = time.monotonic() + timeout
             while True:
                 try:
                     return get(timeout=0.1)
                 except queue.Empty:
-                    if not self._alive():
-                        return ChildEvent(kind="error", message="Server exited during start-up.")
+                    if exited():
+                        try:  # an event posted just before the exit may still be on its way
+                            return get(timeout=0.1)
+                        except queue.Empty:
+                            code = f" with code {process.exitcode}" if process is not None else ""
+                            return ChildEvent(kind="error", message=f"Server exited{code} during start-up.")
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"Server did not start up within {timeout:g} seconds.") from None
 
@@ -676,12 +781,16 @@ class PythonServerLauncher:
             self._serving_loop = None
 
     async def _stop_processes(self) -> None:
-        """SIGTERM every worker, wait, then SIGKILL those still alive."""
+        """Stop replacing workers, then stop them all (:meth:`_terminate_workers`)."""
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._supervisor
             self._supervisor = None
+        await self._terminate_workers()
+
+    async def _terminate_workers(self) -> None:
+        """SIGTERM every worker, wait, then SIGKILL those still alive; mark each dead for prometheus-client."""
         processes, self._processes = self._processes, []
         for process in processes:
             if process.is_alive():
@@ -698,6 +807,8 @@ class PythonServerLauncher:
             await asyncio.to_thread(process.join, self.args.process_join_timeout)
             if process.is_alive():
                 raise RuntimeError(f"Server process {process.pid} could not be stopped.")
+        for process in processes:
+            mark_process_dead(process.pid)
 
     async def reload(self) -> None:
         """Stop (if running) and start again on the same port."""
@@ -706,7 +817,12 @@ class PythonServerLauncher:
         await self.start()
 
     async def run_forever(self) -> None:
-        """Start, then block until the server exits; on cancellation (also during start-up) stop it and re-raise."""
+        """Start, then block until the server exits; on cancellation (also during start-up) stop it and re-raise.
+
+        Raises:
+            RuntimeError: The server could not start, or stopped on its own because a worker kept failing to start
+                (the message is :attr:`failure`).
+        """
         try:
             await self.start()
             while self.is_running():
@@ -718,6 +834,8 @@ class PythonServerLauncher:
             await self.stop()
             raise
         await self.stop()
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
 
 
 def _url_host(host: str) -> str:

@@ -21,6 +21,7 @@ from agentbolt.cli.app import run
 from agentbolt.cli.store import max_workers
 from agentbolt.store.http import LightningStoreClient, LightningStoreServer
 from agentbolt.types import EnqueueRolloutRequest, RolloutConfig
+from agentbolt.utils.server_launcher import MAX_FAILED_STARTS
 
 from .conftest import drop_postgres_schema, make_span, postgres_schema, postgres_server
 
@@ -298,3 +299,31 @@ async def test_timeouts_fire_once_after_the_workers_are_killed(tmp_path: Path) -
     finally:
         await client.close()
         _stop_cleanly(server)
+
+
+async def test_a_worker_that_cannot_reopen_the_store_stops_the_server_with_one_error_line(tmp_path: Path) -> None:
+    """The database file is replaced by one that is no database, then a worker is killed: its replacements cannot
+    open the store, and after a few failed starts the whole server stops with a non-zero exit code."""
+    port = free_port()
+    db = tmp_path / "replaced.db"
+    server = start_store_process(db, port, ["--workers", "2"])
+    try:
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/v1/agl/health", server)
+        workers = psutil.Process(server.pid).children()
+        broken = tmp_path / "broken.db"
+        broken.write_bytes(b"not a database " * 100)
+        broken.replace(db)  # the running workers keep the old file open; a new one opens this
+        workers[0].kill()
+        _, stderr = await asyncio.to_thread(server.communicate, None, 300)
+        assert server.returncode == 1, stderr.decode()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    last_line = stderr.decode().splitlines()[-1]
+    assert last_line.startswith(
+        f"agentbolt: error: the server stopped: server worker 0 failed to start {MAX_FAILED_STARTS} times in a row"
+    )
+    assert f"Not an SQLite database (database file: {db})" in last_line
+    _, alive = await asyncio.to_thread(psutil.wait_procs, workers, 60)
+    assert not alive

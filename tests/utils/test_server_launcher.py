@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pickle
 import signal
+from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List
 
 import aiohttp
 import pytest
 from support.servers import taken_port
 
+from agentbolt.utils import server_launcher
 from agentbolt.utils.server_launcher import (
+    MAX_FAILED_STARTS,
+    RESTART_DELAY_SECONDS,
     LaunchMode,
     PythonServerLauncher,
     PythonServerLauncherArgs,
@@ -232,3 +237,101 @@ async def test_several_workers_share_the_port_and_dead_ones_are_replaced() -> No
         await launcher.stop()
     assert not launcher.is_running()
     assert all(not process.is_alive() for process in processes)
+
+
+def _fails_while(marker: Path) -> Any:
+    """A serve context factory whose context fails to open while ``marker`` exists (a store that cannot open)."""
+
+    @contextlib.asynccontextmanager
+    async def context() -> AsyncIterator[None]:
+        if marker.exists():
+            raise RuntimeError(f"cannot open the store: {marker} is in the way")
+        yield
+
+    return context
+
+
+async def _wait_until_stopped(launcher: PythonServerLauncher) -> None:
+    for _ in range(1200):
+        if not launcher.is_running():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the server kept running")
+
+
+async def test_a_worker_that_can_never_restart_stops_the_whole_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "broken"
+    launcher = PythonServerLauncher(app, args("mp", n_workers=2), serve_context=_fails_while(marker))
+    await launcher.start()
+    try:
+        workers = list(launcher._processes)
+        marker.touch()
+        with caplog.at_level(logging.ERROR, logger="agentbolt.utils.server_launcher"):
+            os.kill(workers[0].pid, signal.SIGKILL)
+            await _wait_until_stopped(launcher)
+        assert launcher.failure is not None
+        assert f"worker 0 failed to start {MAX_FAILED_STARTS} times in a row" in launcher.failure
+        assert f"{marker} is in the way" in launcher.failure
+        given_up = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Stopping the server")]
+        assert given_up == [f"Stopping the server: {launcher.failure}."]
+        # The killed worker had just started: its death is the first failed start of the run.
+        failed_starts = [r.getMessage() for r in caplog.records if "failed to start (" in r.getMessage()]
+        assert len(failed_starts) == MAX_FAILED_STARTS - 1
+        assert f"({MAX_FAILED_STARTS} of {MAX_FAILED_STARTS} failed starts in a row)" in failed_starts[-1]
+        assert not workers[1].is_alive()  # the healthy worker was stopped with the rest
+    finally:
+        await launcher.stop()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await get(launcher.access_endpoint + "/health")
+
+
+async def test_run_forever_raises_when_a_worker_can_never_restart(tmp_path: Path) -> None:
+    marker = tmp_path / "broken"
+    launcher = PythonServerLauncher(app, args("mp", n_workers=2), serve_context=_fails_while(marker))
+    running = asyncio.ensure_future(launcher.run_forever())
+    try:
+        while len(launcher._processes) < 2 or not launcher.is_running():
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # past start-up: both workers serve
+        marker.touch()
+        os.kill(launcher._processes[1].pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=f"worker 1 failed to start {MAX_FAILED_STARTS} times"):
+            await asyncio.wait_for(running, 120)
+    finally:
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        await launcher.stop()
+
+
+async def test_a_worker_that_served_for_a_while_is_replaced_however_often_it_dies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every worker counts as having served long enough: deaths never add up to a run of failed starts.
+    monkeypatch.setattr(server_launcher, "WORKER_HEALTHY_SECONDS", 0.0)
+    launcher = PythonServerLauncher(app, args("mp", n_workers=2))
+    await launcher.start()
+    try:
+        for _ in range(MAX_FAILED_STARTS + 1):
+            killed = launcher._processes[0].pid
+            os.kill(killed, signal.SIGKILL)
+            for _ in range(1200):  # until the replacement answers (each request is a new connection)
+                replacement = launcher._processes[0].pid
+                with contextlib.suppress(aiohttp.ClientError):
+                    if replacement != killed and (await get(launcher.access_endpoint + "/pid"))[1] == str(replacement):
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the killed worker was not replaced")
+        assert launcher.is_running() and launcher.failure is None
+    finally:
+        await launcher.stop()
+
+
+def test_restarts_back_off_up_to_a_few_seconds() -> None:
+    delays = [server_launcher.restart_delay(failures) for failures in range(8)]
+    assert delays[0] == 0.0
+    assert delays[1:4] == [RESTART_DELAY_SECONDS, 2 * RESTART_DELAY_SECONDS, 4 * RESTART_DELAY_SECONDS]
+    assert max(delays) == server_launcher.MAX_RESTART_DELAY_SECONDS

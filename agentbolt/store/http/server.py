@@ -8,6 +8,7 @@ the store; store exceptions are mapped by :func:`agentbolt.store.http.errors.sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
@@ -17,7 +18,21 @@ import re
 import types
 import typing
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 from urllib.parse import parse_qs, unquote
 
 from fastapi import FastAPI, Request
@@ -31,6 +46,7 @@ from starlette.routing import Mount, Route
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.store.base import LightningStore, LightningStoreCapabilities, forward_store_api
 from agentbolt.store.collection.base import StorageUnavailableError
+from agentbolt.store.collection_based import CollectionBasedLightningStore
 from agentbolt.store.dashboard import install_dashboard
 from agentbolt.store.http.errors import (
     NOT_APPLIED_HEADER,
@@ -68,6 +84,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_MAX_REQUEST_BYTES",
     "ServerShuttingDownError",
+    "background_watchdog",
     "build_store_app",
 ]
 
@@ -682,6 +699,41 @@ def _add_otlp_routes(app: FastAPI, call: StoreCall) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The background watchdog
+
+
+@contextlib.asynccontextmanager
+async def background_watchdog(store: Optional[LightningStore]) -> AsyncIterator[None]:
+    """Within the block, run ``store``'s watchdog in the background every
+    :attr:`~agentbolt.store.collection_based.CollectionBasedLightningStore.watchdog_period`, so that rollouts time
+    out while no request comes in; several server processes sharing the storage scan once per period among them.
+
+    A failed scan is logged and the next period scans again. Nothing runs for a store without a watchdog (not
+    collection-based) or a read-only one. The background task ends with the block.
+    """
+    if not isinstance(store, CollectionBasedLightningStore) or getattr(store, "read_only", False):
+        yield
+        return
+    task = asyncio.ensure_future(_watch(store))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _watch(store: CollectionBasedLightningStore[Any]) -> None:
+    period = store.watchdog_period
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await store.run_watchdog()
+        except Exception:
+            logger.exception("The store's background watchdog scan failed; it runs again in %g seconds.", period)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The server object
 
 _PROCESS_LOCAL: Dict[str, Any] = {
@@ -702,7 +754,8 @@ class LightningStoreServer(LightningStore):
     """Serve a :class:`LightningStore` over HTTP, and act as that store in the creating process.
 
     In the process that created it, calling a store method on the server calls the wrapped store directly; in
-    other processes (after pickling) calls go over HTTP through a :class:`LightningStoreClient`.
+    other processes (after pickling) calls go over HTTP through a :class:`LightningStoreClient`. While it serves, the
+    store's watchdog also runs in the background (:func:`background_watchdog`).
 
     Args:
         store: The store to serve; must be async-safe.
@@ -778,7 +831,9 @@ class LightningStoreServer(LightningStore):
         self._zero_copy = bool(capabilities.get("zero_copy", False))
         self._client: Optional[LightningStoreClient] = None
         self.app: Optional[FastAPI] = self._build_app()
-        self.server_launcher: Optional[PythonServerLauncher] = PythonServerLauncher(self.app, launcher_args)
+        self.server_launcher: Optional[PythonServerLauncher] = PythonServerLauncher(
+            self.app, launcher_args, serve_context=self._serving
+        )
         self._endpoint = self.server_launcher.access_endpoint
 
     # -- pickling / lifecycle -----------------------------------------------------------------------------------
@@ -830,6 +885,10 @@ class LightningStoreServer(LightningStore):
     def is_running(self) -> bool:
         """Whether the server is serving."""
         return self.server_launcher is not None and self.server_launcher.is_running()
+
+    def _serving(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """What runs around serving, in each serving loop: the store's background watchdog."""
+        return background_watchdog(self.store)
 
     # -- store access -------------------------------------------------------------------------------------------
 
