@@ -199,8 +199,8 @@ def store_command(
 
 
 def _refuse_postgres_options(ctx: typer.Context) -> None:
-    """Refuse the PostgreSQL options given on the command line to another backend (``$AGENTBOLT_STORE_DSN`` may be
-    set for other commands, so it is ignored here).
+    """Refuse the PostgreSQL options given on the command line to another backend. ``$AGENTBOLT_STORE_DSN`` may be set
+    for other commands, so it only earns a warning here.
 
     Raises:
         CliError: ``--dsn``, ``--schema`` or ``--pool-size`` was given.
@@ -210,6 +210,13 @@ def _refuse_postgres_options(ctx: typer.Context) -> None:
         if source is not None and source.name == "COMMANDLINE":
             option = "--" + name.replace("_", "-")
             raise CliError(f"{option} only applies to --backend postgres (add --backend postgres)")
+    source = ctx.get_parameter_source("dsn")
+    if source is not None and source.name == "ENVIRONMENT":
+        logger.warning(
+            "$%s is set but the backend is %s: the DSN is not used (add --backend postgres to serve PostgreSQL)",
+            DSN_ENV_VAR,
+            ctx.params.get("backend", Backend.sqlite).value,
+        )
 
 
 def _trackers(flagged: Optional[List[Tracker]], extra_words: List[str]) -> List[str]:

@@ -215,3 +215,16 @@ async def test_module_entry_point_reports_errors() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2
     assert err.decode().startswith("agentbolt: error: Invalid value for '--backend'")
+
+
+def test_a_dsn_in_the_environment_with_another_backend_is_named_in_a_warning(tmp_path: Path) -> None:
+    import subprocess
+
+    env = dict(os.environ, AGENTBOLT_STORE_DSN="host=127.0.0.1 dbname=runs", COLUMNS="400")
+    # --workers 2 on the memory backend is refused right after the options are read: nothing is served.
+    command = [sys.executable, "-m", "agentbolt", "store", "--port", str(free_port()), "--backend", "memory"]
+    result = subprocess.run([*command, "--workers", "2"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    output = result.stdout + result.stderr
+    assert "$AGENTBOLT_STORE_DSN is set but the backend is memory: the DSN is not used" in output
+    assert "add --backend postgres" in output and "dbname=runs" not in output
