@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 HELP = "Serve a LightningStore over HTTP (SQLite by default: data survives restarts)."
 DEFAULT_DB_FILE = "agentbolt-store.db"
 DSN_ENV_VAR = "AGENTBOLT_STORE_DSN"
+SQLITE_WRITE_LOCK_WAIT_SECONDS = 30.0
+"""How long a write waits while another process (a worker, another server on the same file) holds the SQLite file's
+write lock, before it fails as locked."""
 
 WORKERS_PER_CPU = 4
 """``--workers`` may ask for at most this many server processes per CPU of the machine."""
@@ -151,6 +155,11 @@ def store_command(
         min=1,
         help="Server processes sharing the port (sqlite or postgres; each opens its own connections).",
     ),
+    scan_debounce_seconds: float = typer.Option(
+        10.0,
+        help="Seconds between two watchdog scans for timed-out and unresponsive rollouts (among all workers; also "
+        "run in the background while no request comes in). 0 scans before every call.",
+    ),
     mongo_uri: Optional[str] = typer.Option(None, hidden=True, help="The reference's MongoDB URI (not supported)."),
 ) -> int:
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
@@ -171,6 +180,8 @@ def store_command(
         raise CliError(f"--backend postgres needs --dsn (or ${DSN_ENV_VAR})")
     if backend is Backend.memory and workers > 1:
         raise CliError("--workers > 1 needs a store shared between processes: --backend sqlite or postgres")
+    if not math.isfinite(scan_debounce_seconds) or scan_debounce_seconds < 0:
+        raise CliError(f"--scan-debounce-seconds must be a finite number >= 0, got {scan_debounce_seconds}")
     if workers > max_workers():
         raise CliError(
             f"--workers {workers} is too many: at most {max_workers()} on this machine "
@@ -183,6 +194,7 @@ def store_command(
         schema=schema,
         pool_size=pool_size,
         workers=workers,
+        scan_debounce_seconds=scan_debounce_seconds,
     )
     check_port_free(host, port)
     return event_loop.run(
@@ -293,6 +305,7 @@ class StoreSpec:
     schema: str = "agentbolt"
     pool_size: int = 10
     workers: int = 1
+    scan_debounce_seconds: float = 10.0
 
     def describe(self) -> str:
         """Where the data lives, for the start-up message ("data in ..."): a path, a database or ``memory``."""
@@ -310,21 +323,30 @@ class StoreSpec:
         Raises:
             CliError: The store cannot be opened (the message says why).
         """
+        scan = self.scan_debounce_seconds
         if self.backend == "memory":
             from agentbolt.store.memory import InMemoryLightningStore
 
-            return InMemoryLightningStore(thread_safe=True, tracker=tracker)
+            return InMemoryLightningStore(thread_safe=True, tracker=tracker, scan_debounce_seconds=scan)
         try:
             if self.backend == "sqlite":
                 from agentbolt.store.sqlite import SqliteLightningStore
 
-                # Workers wait for each other's write transactions: give them more than the default 5 s.
-                busy_timeout = 5.0 if self.workers == 1 else 30.0
-                return SqliteLightningStore(self.path or DEFAULT_DB_FILE, tracker=tracker, busy_timeout=busy_timeout)
+                # Other processes on the file (workers, another server) take turns with their write transactions.
+                return SqliteLightningStore(
+                    self.path or DEFAULT_DB_FILE,
+                    tracker=tracker,
+                    busy_timeout=SQLITE_WRITE_LOCK_WAIT_SECONDS,
+                    scan_debounce_seconds=scan,
+                )
             from agentbolt.store.postgres import PostgresLightningStore
 
             return PostgresLightningStore(
-                self.dsn or "", schema=self.schema, pool_max_size=self.pool_size, tracker=tracker
+                self.dsn or "",
+                schema=self.schema,
+                pool_max_size=self.pool_size,
+                tracker=tracker,
+                scan_debounce_seconds=scan,
             )
         except ImportError as exc:
             raise CliError(f"cannot open the store: {exc}") from exc

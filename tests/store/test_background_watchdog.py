@@ -76,11 +76,12 @@ async def test_a_failing_background_scan_is_logged_and_the_server_keeps_serving(
 
 
 async def test_worker_processes_time_out_rollouts_while_nobody_calls_them(tmp_path: Path) -> None:
-    """``agentbolt store --workers 2`` with its default debounce period: the timeout is applied within a period or
-    two of it passing, with no request after the rollout started."""
+    """``agentbolt store --workers 2 --scan-debounce-seconds 0.3``: the timeout is applied within a period or two of
+    it passing, with no request after the rollout started."""
     db = tmp_path / "workers.db"
     port = free_port()
-    server = start_store_process(db, port, ["--workers", "2"], stderr=subprocess.DEVNULL)
+    options = ["--workers", "2", "--scan-debounce-seconds", "0.3"]
+    server = start_store_process(db, port, options, stderr=subprocess.DEVNULL)
     try:
         await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/v1/agl/health", server)
         client = LightningStoreClient(f"http://127.0.0.1:{port}")
@@ -92,3 +93,17 @@ async def test_worker_processes_time_out_rollouts_while_nobody_calls_them(tmp_pa
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_scan_period_that_cannot_work_is_refused(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentbolt.cli.app import run
+
+    assert (
+        run(["store", "--port", str(free_port()), "--path", str(tmp_path / "s.db"), "--scan-debounce-seconds", value])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "--scan-debounce-seconds must be a finite number >= 0" in err and not list(tmp_path.iterdir())
