@@ -30,7 +30,7 @@ from agentbolt.env_var import (
     LightningEnvVar,
     resolve_int_env_var,
 )
-from agentbolt.utils.checks import check_count, check_finite, check_port
+from agentbolt.utils.checks import check_count, check_finite, check_port, check_positive
 from agentbolt.utils.imports import import_extra
 from agentbolt.utils.server_launcher import pick_free_port
 
@@ -239,8 +239,7 @@ class RayExecutionStrategy(ExecutionStrategy):
             ("startup_timeout", startup_timeout),
             ("poll_interval", poll_interval),
         ):
-            if check_finite(value, name) <= 0:  # type: ignore[operator]
-                raise ValueError(f"{name} must be positive, got {value}")
+            check_positive(value, name)
         if address is not None:
             if not isinstance(address, str):
                 raise TypeError(f"address must be a string ('auto', 'HOST:PORT', 'ray://HOST:PORT'), got {address!r}")

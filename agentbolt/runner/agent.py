@@ -54,7 +54,7 @@ from agentbolt.types import (
     SpanCoreFields,
     TraceStatus,
 )
-from agentbolt.utils.checks import check_count, check_finite
+from agentbolt.utils.checks import check_count, check_positive
 from agentbolt.utils.otel import format_exception_attributes
 from agentbolt.utils.system_snapshot import system_snapshot
 
@@ -207,8 +207,7 @@ class LitAgentRunner(Runner[T_task]):
         if not isinstance(tracer, Tracer):
             raise TypeError(f"tracer must be a Tracer (e.g. agl.OtelTracer()), got {type(tracer).__name__}")
         check_count(max_rollouts, "max_rollouts", optional=True)
-        if check_finite(poll_interval, "poll_interval") <= 0:  # type: ignore[operator]
-            raise ValueError(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
+        check_positive(poll_interval, "poll_interval")
         self._tracer = tracer
         self._max_rollouts = max_rollouts
         self._poll_interval = poll_interval

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from agentbolt.serving.launchers import vllm_command
 from agentbolt.serving.process import ModelServerProcess, ServerProcessError
-from agentbolt.utils.checks import check_count, check_finite, check_list_of_str, check_port
+from agentbolt.utils.checks import check_count, check_list_of_str, check_port, check_positive
 
 __all__ = ["INSTRUMENTED_VLLM", "VllmServer", "VllmServerError"]
 
@@ -92,8 +92,7 @@ class VllmServer(ModelServerProcess):
         check_count(max_lora_rank, "max_lora_rank")
         check_count(max_model_len, "max_model_len", optional=True)
         for name, value in (("startup_timeout", startup_timeout), ("stop_timeout", stop_timeout)):
-            if check_finite(value, name) <= 0:  # type: ignore[operator]
-                raise ValueError(f"{name} must be positive, got {value}")
+            check_positive(value, name)
         extra_args = check_list_of_str(extra_args, "extra_args")
         if program is not None and not check_list_of_str(program, "program"):
             raise ValueError("program must not be empty: give the command that takes vLLM's arguments, e.g. ['vllm']")

@@ -6,7 +6,15 @@ import math
 import typing
 from typing import Any, Callable, List, Optional, Sequence
 
-__all__ = ["check_choices", "check_count", "check_finite", "check_list_of", "check_list_of_str", "check_port"]
+__all__ = [
+    "check_choices",
+    "check_count",
+    "check_finite",
+    "check_list_of",
+    "check_list_of_str",
+    "check_port",
+    "check_positive",
+]
 
 
 def check_count(value: Any, name: str, *, minimum: int = 1, optional: bool = False) -> Optional[int]:
@@ -55,6 +63,18 @@ def check_finite(value: Any, name: str, *, minimum: Optional[float] = None, opti
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+    return value
+
+
+def check_positive(value: Any, name: str) -> float:
+    """``value`` if it is a finite number greater than 0.
+
+    Raises:
+        TypeError: ``value`` is not a number (a bool is not one).
+        ValueError: ``value`` is NaN, infinite, 0 or negative.
+    """
+    if check_finite(value, name) <= 0:  # type: ignore[operator]
+        raise ValueError(f"{name} must be greater than 0, got {value!r}")
     return value
 
 

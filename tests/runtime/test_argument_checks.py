@@ -69,7 +69,7 @@ def test_run_refuses_datasets_without_length_and_index(dataset: Any) -> None:
     [
         ({"tracer": None}, TypeError, "tracer must be a Tracer"),
         ({"max_rollouts": 0}, ValueError, "max_rollouts must be at least 1"),
-        ({"poll_interval": 0}, ValueError, "poll_interval must be more than 0"),
+        ({"poll_interval": 0}, ValueError, "poll_interval must be greater than 0"),
         ({"poll_interval": float("nan")}, ValueError, "poll_interval must be a finite number"),
     ],
 )

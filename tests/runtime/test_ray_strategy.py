@@ -232,7 +232,7 @@ def test_the_trainer_selects_the_ray_strategy_by_name(cluster: LocalRayCluster) 
         ({"num_cpus_per_runner": -1}, "num_cpus_per_runner must be at least 0"),
         ({"resources_per_runner": {"x": "one"}}, r"resources_per_runner\['x'\]"),
         ({"max_restarts": -2}, "max_restarts"),
-        ({"graceful_timeout": 0}, "graceful_timeout must be positive"),
+        ({"graceful_timeout": 0}, "graceful_timeout must be greater than 0"),
     ],
 )
 def test_invalid_settings_are_refused(kwargs: Dict[str, Any], message: str) -> None:

@@ -260,7 +260,7 @@ def test_a_server_not_ready_in_time_is_stopped_and_reported() -> None:
         ({"max_batch_size": 0}, ValueError, "max_batch_size must be at least 1"),
         ({"max_lora_rank": "64"}, TypeError, "max_lora_rank must be an integer"),
         ({"max_model_len": -1}, ValueError, "max_model_len must be at least 1"),
-        ({"startup_timeout": 0}, ValueError, "startup_timeout must be positive"),
+        ({"startup_timeout": 0}, ValueError, "startup_timeout must be greater than 0"),
         ({"stop_timeout": float("nan")}, ValueError, "stop_timeout must be a finite number"),
     ],
 )
