@@ -10,15 +10,25 @@ import logging
 import time
 import urllib.parse
 import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any, Dict, List, Optional, Union
 
+from pydantic import BaseModel, ValidationError
+
 from agentbolt.types import NamedResources, ResourcesUpdate, RolloutLegacy, Task, TaskIfAny, TaskInput
+from agentbolt.utils.checks import check_finite, check_positive
 
 __all__ = ["AgentLightningClient", "DevTaskLoader"]
 
 logger = logging.getLogger("agentbolt.client")
 
 _CLIENT_HEADER = {"X-AgentLightning-Client": "true"}
+
+
+def _check_rollout(rollout: Any) -> RolloutLegacy:
+    if not isinstance(rollout, RolloutLegacy):
+        raise TypeError(f"rollout must be a RolloutLegacy, got {type(rollout).__name__} {rollout!r:.200}")
+    return rollout
 
 
 class AgentLightningClient:
@@ -32,9 +42,14 @@ class AgentLightningClient:
 
     def __init__(self, endpoint: str, poll_interval: float = 5.0, timeout: float = 10.0) -> None:
         warnings.warn("AgentLightningClient is deprecated; use LightningStoreClient.", DeprecationWarning, stacklevel=2)
+        if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be a URL starting with http:// or https://, got {endpoint!r}")
+        self._init_state(endpoint, poll_interval, timeout)
+
+    def _init_state(self, endpoint: str, poll_interval: float, timeout: float) -> None:
         self.endpoint = endpoint
-        self.poll_interval = poll_interval
-        self.timeout = timeout
+        self.poll_interval = check_finite(poll_interval, "poll_interval", minimum=0)
+        self.timeout = check_positive(timeout, "timeout")
         self.task_count = 0
         self._resources_cache: Dict[str, ResourcesUpdate] = {}
         self._latest_resources: Optional[ResourcesUpdate] = None
@@ -68,10 +83,27 @@ class AgentLightningClient:
             logger.warning("%s %s failed: %s", method, path, exc)
             return None
 
-    def _parse_task(self, payload: Any) -> Optional[Task]:
+    @staticmethod
+    def _resources_path(resource_id: str) -> str:
+        if not isinstance(resource_id, str):
+            raise TypeError(f"resource_id must be a str, got {type(resource_id).__name__} {resource_id!r}")
+        # Quoted as one path segment: an id such as "../task" must not reach (and claim from) another route.
+        return "/resources/" + urllib.parse.quote(resource_id, safe="")
+
+    def _validate(self, model: type[BaseModel], path: str, payload: Any) -> Any:
+        """``payload`` as ``model``, or None (logged) when it is missing or not such an answer."""
         if payload is None:
             return None
-        answer = TaskIfAny.model_validate(payload)
+        try:
+            return model.model_validate(payload)
+        except ValidationError as exc:
+            logger.warning("GET %s returned an answer that is not a %s: %s", path, model.__name__, exc)
+            return None
+
+    def _parse_task(self, payload: Any) -> Optional[Task]:
+        answer = self._validate(TaskIfAny, "/task", payload)
+        if answer is None:
+            return None
         if answer.is_available and answer.task is not None:
             self.task_count += 1
             return answer.task
@@ -94,23 +126,25 @@ class AgentLightningClient:
             await asyncio.sleep(self.poll_interval)
 
     def _cache_resources(self, resource_id: Optional[str], payload: Any) -> Optional[ResourcesUpdate]:
-        if payload is None:
+        update = self._validate(ResourcesUpdate, "/resources", payload)
+        if update is None:
             return None
-        update = ResourcesUpdate.model_validate(payload)
         self._resources_cache[resource_id or update.resources_id] = update
         return update
 
     def get_resources_by_id(self, resource_id: str) -> Optional[ResourcesUpdate]:
         """Resources with this id (cached)."""
+        path = self._resources_path(resource_id)
         if resource_id in self._resources_cache:
             return self._resources_cache[resource_id]
-        return self._cache_resources(resource_id, self._request("GET", f"/resources/{resource_id}"))
+        return self._cache_resources(resource_id, self._request("GET", path))
 
     async def get_resources_by_id_async(self, resource_id: str) -> Optional[ResourcesUpdate]:
         """Resources with this id (cached)."""
+        path = self._resources_path(resource_id)
         if resource_id in self._resources_cache:
             return self._resources_cache[resource_id]
-        return self._cache_resources(resource_id, await self._request_async("GET", f"/resources/{resource_id}"))
+        return self._cache_resources(resource_id, await self._request_async("GET", path))
 
     def get_latest_resources(self) -> Optional[ResourcesUpdate]:
         """The server's latest resources (cached for ``poll_interval`` seconds)."""
@@ -132,11 +166,11 @@ class AgentLightningClient:
 
     def post_rollout(self, rollout: RolloutLegacy) -> Optional[Dict[str, Any]]:
         """Report a finished rollout."""
-        return self._request("POST", "/rollout", json=rollout.model_dump(mode="json"))
+        return self._request("POST", "/rollout", json=_check_rollout(rollout).model_dump(mode="json"))
 
     async def post_rollout_async(self, rollout: RolloutLegacy) -> Optional[Dict[str, Any]]:
         """Report a finished rollout."""
-        return await self._request_async("POST", "/rollout", json=rollout.model_dump(mode="json"))
+        return await self._request_async("POST", "/rollout", json=_check_rollout(rollout).model_dump(mode="json"))
 
 
 class DevTaskLoader(AgentLightningClient):
@@ -153,16 +187,21 @@ class DevTaskLoader(AgentLightningClient):
         resources: Union[NamedResources, ResourcesUpdate],
         **kwargs: Any,
     ) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            super().__init__(endpoint="local://", **kwargs)
         warnings.warn("DevTaskLoader is deprecated; use Trainer.dev().", DeprecationWarning, stacklevel=2)
-        if not tasks:
-            raise ValueError("DevTaskLoader needs at least one task")
-        n_tasks = sum(isinstance(t, Task) for t in tasks)
-        if 0 < n_tasks < len(tasks):
-            raise ValueError("DevTaskLoader tasks must be all Task objects or all plain inputs, not a mix")
+        unknown = sorted(set(kwargs) - {"poll_interval", "timeout"})
+        if unknown:
+            raise TypeError(
+                f"DevTaskLoader got unexpected keyword arguments {unknown}; it accepts poll_interval, timeout"
+            )
+        self._init_state("local://", kwargs.get("poll_interval", 5.0), kwargs.get("timeout", 10.0))
+        if isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Iterable):
+            raise TypeError(f"tasks must be a list of task inputs or of Task objects, got {type(tasks).__name__}")
         self._tasks: List[Any] = list(tasks)
+        if not self._tasks:
+            raise ValueError("DevTaskLoader needs at least one task")
+        n_tasks = sum(isinstance(t, Task) for t in self._tasks)
+        if 0 < n_tasks < len(self._tasks):
+            raise ValueError("DevTaskLoader tasks must be all Task objects or all plain inputs, not a mix")
         if isinstance(resources, ResourcesUpdate):
             self._resources_update = resources
         else:
@@ -214,7 +253,7 @@ class DevTaskLoader(AgentLightningClient):
 
     def post_rollout(self, rollout: RolloutLegacy) -> Dict[str, Any]:
         """Keep the rollout in :attr:`rollouts`."""
-        self.rollouts.append(rollout)
+        self.rollouts.append(_check_rollout(rollout))
         return {"status": "received", "rollout_id": rollout.rollout_id}
 
     async def post_rollout_async(self, rollout: RolloutLegacy) -> Dict[str, Any]:

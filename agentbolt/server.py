@@ -23,6 +23,7 @@ from agentbolt.types import (
     Task,
     TaskIfAny,
 )
+from agentbolt.utils.checks import check_positive
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -43,6 +44,10 @@ class ServerDataStore:
         self._completed: Dict[str, RolloutLegacy] = {}
         self._resources: Dict[str, ResourcesUpdate] = {}
         self._latest_resources_id: Optional[str] = None
+        self.bind_to_running_loop()
+
+    def bind_to_running_loop(self) -> None:
+        """Make new lock and event; asyncio's bind to the loop that first waits on them, which a restart may change."""
         self._completed_event = asyncio.Event()
         self._lock = asyncio.Lock()
 
@@ -136,6 +141,7 @@ class AgentLightningServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, task_timeout_seconds: float = 300.0) -> None:
         warnings.warn("AgentLightningServer is deprecated; use LightningStoreServer.", DeprecationWarning, stacklevel=2)
+        check_positive(task_timeout_seconds, "task_timeout_seconds")
         self.host = host
         self.port = port
         self.endpoint = f"http://{host}:{port}"
@@ -193,7 +199,11 @@ class AgentLightningServer:
 
         if self._launcher is not None and self._launcher.is_running():
             raise RuntimeError("The server is already running")
-        self._store = ServerDataStore()
+        # A restart keeps the queued tasks, resources and finished rollouts of the previous run.
+        if self._store is None:
+            self._store = ServerDataStore()
+        else:
+            self._store.bind_to_running_loop()
         args = PythonServerLauncherArgs(
             host=self.host, port=self.port, launch_mode="asyncio", log_level=logging.WARNING, startup_timeout=30.0
         )

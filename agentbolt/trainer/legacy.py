@@ -83,6 +83,14 @@ class TrainerLegacy(ParallelWorkerBase):
         if val_data is not None:
             logger.warning("val_data is not used by the v0.1 protocol; the server decides the task modes.")
         client = self._legacy_client(train_data, dev_data, dev_backend)
+        from agentbolt.client import DevTaskLoader
+
+        if isinstance(client, DevTaskLoader) and self.n_workers > 1:
+            logger.warning(
+                "With n_workers=%d each worker process posts its rollouts to its own copy of the DevTaskLoader: the "
+                "loader of this process keeps none of them. Use n_workers=1 to keep them.",
+                self.n_workers,
+            )
         agent.set_trainer(self)  # type: ignore[arg-type]
         self.tracer.init()
         try:
@@ -106,5 +114,9 @@ class TrainerLegacy(ParallelWorkerBase):
                     process.terminate()
                 for process in processes:
                     process.join(10)
+                raise
+            failed = {worker_id: p.exitcode for worker_id, p in enumerate(processes) if p.exitcode != 0}
+            if failed:
+                raise RuntimeError(f"v0.1 workers failed (worker id: exit code): {failed}; see their logged errors")
         finally:
             self.tracer.teardown()
