@@ -205,6 +205,21 @@ def _instantiate_classes(
     return tuple(instances)
 
 
+def _check_classes(classes: Tuple[Any, ...]) -> None:
+    """Raise unless every item is a class and no two classes map to the same ``--{name}.`` option prefix."""
+    seen: Dict[str, type] = {}
+    for cls in classes:
+        if not inspect.isclass(cls):
+            raise TypeError(f"lightning_cli expects classes, got {type(cls).__name__} {cls!r}")
+        prefix = cls.__name__.lower()
+        if prefix in seen:
+            raise ValueError(
+                f"lightning_cli got {seen[prefix].__qualname__} and {cls.__qualname__}, which share the option "
+                f"prefix --{prefix}.; pass each class once, and rename one of two classes with the same name"
+            )
+        seen[prefix] = cls
+
+
 def lightning_cli(*classes: Type[Any]) -> Any:
     """Parse ``sys.argv`` into instances of the given classes.
 
@@ -213,7 +228,12 @@ def lightning_cli(*classes: Type[Any]) -> Any:
 
     Returns:
         The instance for one class, a tuple of instances for several, ``()`` for none.
+
+    Raises:
+        TypeError: If an argument is not a class.
+        ValueError: If two classes share an option prefix (the same lower-cased name).
     """
+    _check_classes(classes)
     parser = _create_argument_parser()
     maps: Dict[type, Dict[str, str]] = {}
     for cls in classes:

@@ -38,6 +38,13 @@ def _callable_name(func: Callable[..., Any]) -> str:
     return getattr(func, "__name__", None) or repr(func)
 
 
+def _is_coroutine_callable(func: Callable[..., Any]) -> bool:
+    """Whether calling ``func`` returns a coroutine: a coroutine function, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(func):
+        return True
+    return callable(func) and not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__)
+
+
 def _module_attribute(module_name: Optional[str], qualname: Optional[str]) -> Any:
     """The object ``qualname`` (dotted for nested names) names in the imported module ``module_name``, or None."""
     obj: Any = sys.modules.get(module_name) if module_name else None
@@ -61,7 +68,7 @@ class FunctionalLitAgent(LitAgent[T]):
         super().__init__()
         self._rollout_func = rollout_func
         self._strip_proxy = strip_proxy
-        self._is_async = inspect.iscoroutinefunction(rollout_func)
+        self._is_async = _is_coroutine_callable(rollout_func)
         self._parameters = set(_parameter_names(rollout_func))
         functools.update_wrapper(self, rollout_func)  # type: ignore[arg-type]
 
@@ -170,9 +177,44 @@ def _validate_rollout_func(func: RolloutFunc, resource_param: str) -> None:
     if len(names) < 2:
         raise ValueError(f"{name} must take at least two parameters, `task` and `{resource_param}`; got {names}.")
     if names[0] != "task":
-        raise ValueError(f"The first parameter of {name} must be named `task`, got `{names[0]}`.")
+        hint = (
+            "; for a method, decorate the bound method instead (`llm_rollout(obj.method)`)"
+            if names[0] == "self"
+            else ""
+        )
+        raise ValueError(f"The first parameter of {name} must be named `task`, got `{names[0]}`{hint}.")
     if resource_param not in names:
         raise ValueError(f"{name} must have a parameter named `{resource_param}`; got {names}.")
+    _check_callable_as_rollout(func, name)
+
+
+_INJECTED_PARAMS = ("llm", "prompt_template", "rollout")
+
+
+def _check_callable_as_rollout(func: RolloutFunc, name: str) -> None:
+    """Raise ``TypeError`` unless ``func(task, llm=..., prompt_template=..., rollout=...)`` can bind its parameters.
+
+    The runner passes the task positionally and the injected values by keyword; every other parameter needs a
+    default, or the call would fail on every rollout instead of here.
+    """
+    params = list(inspect.signature(func).parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if params[0].kind not in positional:
+        raise TypeError(f"`task` of {name} must be positional (the task is passed positionally); it is keyword-only.")
+    for param in params[1:]:
+        if param.name in _INJECTED_PARAMS:
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise TypeError(
+                    f"`{param.name}` of {name} is positional-only, but it is passed by keyword; remove the `/`."
+                )
+        elif param.default is inspect.Parameter.empty and param.kind in (
+            *positional,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
+            raise TypeError(
+                f"{name} has a required parameter `{param.name}` that the runner cannot fill: give it a default, "
+                f"or accept only `task` plus any of {list(_INJECTED_PARAMS)}."
+            )
 
 
 def _validate_llm_rollout_func(func: RolloutFunc) -> None:
@@ -217,6 +259,8 @@ def llm_rollout(
 
     Raises:
         ValueError: If the function does not take ``task`` first and an ``llm`` parameter.
+        TypeError: If it is a generator function, or has parameters a rollout call cannot fill (another
+            parameter without a default, a positional-only ``llm``/``rollout``, a keyword-only ``task``).
     """
     return _agent_or_decorator(func, _validate_llm_rollout_func, strip_proxy)
 
@@ -242,6 +286,7 @@ def prompt_rollout(
 
     Raises:
         ValueError: If the function does not take ``task`` first and a ``prompt_template`` parameter.
+        TypeError: As for :func:`llm_rollout`.
     """
     return _agent_or_decorator(func, _validate_prompt_rollout_func, strip_proxy=False)
 
@@ -257,6 +302,7 @@ def rollout(func: RolloutFunc) -> FunctionalLitAgent[Any]:
 
     Raises:
         NotImplementedError: If the signature matches neither supported pattern.
+        TypeError: As for :func:`llm_rollout`.
     """
     try:
         return llm_rollout(func)
