@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
 from agentbolt.types import Attempt, AttemptedRollout, RolloutLegacy, Span, Task, Triplet
+from agentbolt.utils.checks import check_finite
 
 if TYPE_CHECKING:
     from agentbolt.adapter import TraceAdapter
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["LegacyAgentRunner"]
 
 logger = logging.getLogger("agentbolt.runner.legacy")
+
+DEFAULT_POST_RETRY_DELAYS = (1.0, 2.0, 5.0)
+"""Seconds before each new attempt to post a result the v0.1 server did not take."""
 
 
 class LegacyAgentRunner:
@@ -32,6 +37,9 @@ class LegacyAgentRunner:
         triplet_exporter: Adapter turning spans into triplets.
         worker_id: Id of this worker (for logs).
         max_tasks: Stop after this many tasks (None: forever).
+        post_retry_delays: Seconds to wait before each new attempt to post a result the server did not take (it is
+            restarting, say); once they are used up the result is dropped with an error, and the server hands the
+            task out again after its task timeout.
     """
 
     def __init__(
@@ -42,6 +50,8 @@ class LegacyAgentRunner:
         triplet_exporter: TraceAdapter[List[Triplet]],
         worker_id: Optional[int] = None,
         max_tasks: Optional[int] = None,
+        *,
+        post_retry_delays: Sequence[float] = DEFAULT_POST_RETRY_DELAYS,
     ) -> None:
         warnings.warn("LegacyAgentRunner is deprecated; use LitAgentRunner.", DeprecationWarning, stacklevel=2)
         self.agent = agent
@@ -50,6 +60,7 @@ class LegacyAgentRunner:
         self.triplet_exporter = triplet_exporter
         self.worker_id = worker_id
         self.max_tasks = max_tasks
+        self.post_retry_delays = tuple(check_finite(d, "post_retry_delays", minimum=0) for d in post_retry_delays)
 
     def _rollout_of(self, task: Task) -> AttemptedRollout:
         now = time.time()
@@ -128,8 +139,7 @@ class LegacyAgentRunner:
             method = self.agent.training_rollout if task.mode == "train" else self.agent.validation_rollout
             with self.tracer._trace_context_sync(name=task.rollout_id):
                 result = method(task.input, **self._agent_kwargs(task, resources))
-            self.client.post_rollout(self._to_legacy_result(task, result))
-            return True
+            return self._post(self._to_legacy_result(task, result))
         except Exception:
             logger.exception("[Worker %s] Task %s failed", self.worker_id, task.rollout_id)
             return False
@@ -144,11 +154,40 @@ class LegacyAgentRunner:
             method = self.agent.training_rollout_async if task.mode == "train" else self.agent.validation_rollout_async
             async with self.tracer.trace_context(name=task.rollout_id):
                 result = await method(task.input, **self._agent_kwargs(task, resources))
-            await self.client.post_rollout_async(self._to_legacy_result(task, result))
-            return True
+            return await self._post_async(self._to_legacy_result(task, result))
         except Exception:
             logger.exception("[Worker %s] Task %s failed", self.worker_id, task.rollout_id)
             return False
+
+    def _post(self, result: RolloutLegacy) -> bool:
+        """Post ``result``, again after each of :attr:`post_retry_delays` while the server does not take it."""
+        delays = iter(self.post_retry_delays)
+        while self.client.post_rollout(result) is None:
+            delay = next(delays, None)
+            if delay is None:
+                return self._result_dropped(result)
+            time.sleep(delay)
+        return True
+
+    async def _post_async(self, result: RolloutLegacy) -> bool:
+        """:meth:`_post` for async agents."""
+        delays = iter(self.post_retry_delays)
+        while await self.client.post_rollout_async(result) is None:
+            delay = next(delays, None)
+            if delay is None:
+                return self._result_dropped(result)
+            await asyncio.sleep(delay)
+        return True
+
+    def _result_dropped(self, result: RolloutLegacy) -> bool:
+        logger.error(
+            "[Worker %s] The server took none of %d attempts to post the result of task %s; it is dropped, and the "
+            "server hands the task out again after its task timeout",
+            self.worker_id,
+            len(self.post_retry_delays) + 1,
+            result.rollout_id,
+        )
+        return False
 
     def iter(self) -> int:
         """Process tasks until ``max_tasks``; returns the number processed."""

@@ -185,3 +185,53 @@ def test_fit_v0_reports_workers_that_failed() -> None:
     trainer = agl.Trainer(n_runners=2, max_rollouts=1, tracer=_TracerFailingInWorkers())
     with pytest.raises(RuntimeError, match=r"v0.1 workers failed \(worker id: exit code\): \{0: 1, 1: 1\}"):
         trainer.fit_v0(LegacyAgent(), f"http://127.0.0.1:{free_port()}")
+
+
+def _runner(client: Any, delays: Any) -> Any:
+    from agentbolt.adapter import TracerTraceToTriplet
+    from agentbolt.runner.legacy import LegacyAgentRunner
+
+    tracer = OtelTracer()
+    tracer.init()
+    tracer.init_worker(0)
+    agent = LegacyAgent()
+    runner = LegacyAgentRunner(agent, client, tracer, TracerTraceToTriplet(), worker_id=0, post_retry_delays=delays)
+    agent.set_runner(runner)  # type: ignore[arg-type]
+    return runner, tracer
+
+
+def test_a_result_the_restarting_server_could_not_take_is_posted_again(legacy_server: ServerThread) -> None:
+    server = legacy_server.server
+    assert server is not None
+    resources_id = legacy_server.call(server.update_resources(RESOURCES))
+    rollout_id = legacy_server.call(server.queue_task({"name": "ok"}, mode="train", resources_id=resources_id))
+    client = agl.AgentLightningClient(server.endpoint, poll_interval=0.05)
+    runner, tracer = _runner(client, (0.5, 0.5, 1.0, 2.0))
+    task = client.poll_next_task()
+    assert task is not None and task.rollout_id == rollout_id
+    legacy_server.call(server.stop())  # the server restarts while the agent runs: the first post meets nobody
+    restart = threading.Timer(0.7, lambda: legacy_server.call(server.start()))
+    restart.start()
+    try:
+        result = runner._to_legacy_result(task, 1.0)
+        assert runner._post(result)
+    finally:
+        restart.join()
+        tracer.teardown_worker(0)
+        tracer.teardown()
+    completed = legacy_server.call(server.get_completed_rollout(rollout_id))
+    assert completed is not None and completed.final_reward == 1.0
+
+
+def test_a_result_no_server_takes_is_dropped_with_one_error(caplog: pytest.LogCaptureFixture) -> None:
+    client = agl.AgentLightningClient(f"http://127.0.0.1:{free_port()}", timeout=1.0)
+    runner, tracer = _runner(client, (0.05, 0.05))
+    try:
+        task = agl.Task(rollout_id="rollout-gone", input={"name": "ok"}, mode="train")
+        with caplog.at_level(logging.ERROR, logger="agentbolt.runner.legacy"):
+            assert not asyncio.run(runner._post_async(runner._to_legacy_result(task, 1.0)))
+    finally:
+        tracer.teardown_worker(0)
+        tracer.teardown()
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "took none of 3 attempts to post the result of task rollout-gone" in record.getMessage()
