@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
-import threading
 from typing import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from support.examples import error_line, run_example
 from support.fake_openai import FakeOpenAIServer
-from support.servers import free_port, taken_port
+from support.servers import free_port, serving_in_thread, taken_port
 
 from examples.common.environment import (
     CONFIGURATION_ERROR,
@@ -99,14 +98,8 @@ def answering_server(status: int) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_in_thread(Handler) as url:
+        yield f"{url}/v1"
 
 
 def test_any_http_answer_counts_as_reachable() -> None:

@@ -11,7 +11,7 @@ import warnings
 from typing import Any, Iterator
 
 import pytest
-from support.servers import free_port
+from support.servers import free_port, serving_in_thread
 
 import agentbolt as agl
 from agentbolt.tracer import OtelTracer
@@ -44,15 +44,8 @@ class _WrongShapeHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def wrong_shape_endpoint() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongShapeHandler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serving_in_thread(_WrongShapeHandler) as url:
+        yield url
 
 
 def test_a_resources_id_is_one_path_segment_and_never_claims_a_task(legacy_server: ServerThread) -> None:

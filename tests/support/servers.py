@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
 import socket
@@ -33,6 +34,20 @@ def taken_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         yield int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving_in_thread(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A ``ThreadingHTTPServer`` on 127.0.0.1 with ``handler``, in a thread; yields its base URL (no trailing /)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def start_store_process(
