@@ -11,6 +11,10 @@ __all__ = ["LightningEnvVar", "resolve_bool_env_var", "resolve_int_env_var", "re
 API_KEY_ENV_VAR = "AGENTBOLT_API_KEY"
 """Bearer token protecting a store server; read by the server, its clients and the store's OTLP exporter."""
 
+STORE_SERVER_ID_ENV_VAR = "AGENTBOLT_STORE_SERVER_ID"
+"""The identity of a run's store server when the algorithm and the runners are started separately
+(``AGL_CURRENT_ROLE``): the algorithm's store server reports it, and runners given it work only for that server."""
+
 METRICS_ENV_VAR = "AGENTBOLT_METRICS"
 """Metrics backends (``prometheus``, ``console``, comma-separated) that the gateway, runners and trainers record to
 when they are given no tracker (see ``docs/metrics.md``)."""

@@ -17,7 +17,13 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Coroutine, Iterable, Iterator, List, Literal, NoReturn, Optional, Sequence, Tuple
 
-from agentbolt.env_var import LightningEnvVar, resolve_int_env_var, resolve_str_env_var, setting_source
+from agentbolt.env_var import (
+    STORE_SERVER_ID_ENV_VAR,
+    LightningEnvVar,
+    resolve_int_env_var,
+    resolve_str_env_var,
+    setting_source,
+)
 from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
 from agentbolt.utils.checks import check_count, check_port
 
@@ -90,6 +96,21 @@ async def run_runner_with_client(
             await runner(client, worker_id, stop_evt)
     finally:
         await client.close()
+
+
+def _split_role_server_id() -> Optional[str]:
+    """``$AGENTBOLT_STORE_SERVER_ID``, the identity an algorithm and its runners started separately agree on.
+
+    Raises:
+        ValueError: The variable is empty, holds spaces or unprintable characters, or is longer than 128 characters.
+    """
+    value = resolve_str_env_var(STORE_SERVER_ID_ENV_VAR)
+    if value is not None and (not value or len(value) > 128 or not value.isprintable() or " " in value):
+        raise ValueError(
+            f"{STORE_SERVER_ID_ENV_VAR}={value!r} cannot name a store server: give 1 to 128 printable characters "
+            "without spaces (the same value for the algorithm and its runners)."
+        )
+    return value
 
 
 _SUPERVISE_INTERVAL_SECONDS = 0.2
@@ -190,7 +211,9 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     :meth:`execute` gives its store server a fresh random id and hands it to its runners: a runner waits until the
     server at its address reports that id, and every request it sends carries the id, so the store server of
     another run at the same address (another ``Trainer`` on the default port, say) refuses it instead of handing
-    it work. Before any runner starts, the algorithm side checks that its port is free; a taken port is a
+    it work. With the roles started separately, set the same ``AGENTBOLT_STORE_SERVER_ID`` for the algorithm and its
+    runners to get the same guarantee (unset, a split-role runner works for whichever store answers at its address).
+    Before any runner starts, the algorithm side checks that its port is free; a taken port is a
     :class:`RuntimeError` naming it.
 
     Args:
@@ -259,6 +282,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         self.allowed_exit_codes: Tuple[int, ...] = tuple(allowed_exit_codes)
         self.startup_timeout = startup_timeout
         self.interrupted = False
+        self._split_role_server_id = None if self.role == "both" else _split_role_server_id()
 
     def _set_server_port(self, port: int, source: str = "port") -> None:
         """Use ``port`` for the store server; ``source`` names the setting it came from in the errors.
@@ -390,6 +414,13 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    def _run_server_id(self) -> Optional[str]:
+        """The store server's identity for this run: with both roles, a fresh random one known to this run's runners
+        only; with the roles started separately, ``$AGENTBOLT_STORE_SERVER_ID`` (None when unset)."""
+        if self.role == "both":
+            return uuid.uuid4().hex if self.managed_store else None
+        return self._split_role_server_id
+
     # ------------------------------------------------------------------ child processes
 
     @staticmethod
@@ -444,8 +475,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         failed = False
         self.interrupted = False
         stack = contextlib.ExitStack()
-        # A fresh identity per run, known to this run's runners only (see the class docstring).
-        server_id = uuid.uuid4().hex if self.managed_store and self.role == "both" else None
+        server_id = self._run_server_id()
         any_port = self.server_port == 0
         if any_port:
             from agentbolt.utils.server_launcher import pick_free_port
@@ -461,12 +491,12 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                     option="Trainer(port=...)",
                 )
             if self.role == "algorithm":
-                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt))
+                asyncio.run(self._execute_algorithm(algorithm, store, stop_evt, server_id=server_id))
             elif self.role == "runner":
                 if self.n_runners == 1:
-                    asyncio.run(self._execute_runner(runner, 0, store, stop_evt))
+                    asyncio.run(self._execute_runner(runner, 0, store, stop_evt, server_id))
                 else:
-                    processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx)
+                    processes = self._spawn_runners(runner, store, stop_evt, ctx=ctx, server_id=server_id)
                     for process in processes:
                         process.join()
             elif self.main_process == "algorithm":

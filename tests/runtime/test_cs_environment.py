@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from support.servers import STORE_HEALTH_PATH, free_port, wait_healthy
@@ -203,13 +203,17 @@ SPLIT_SCRIPT = textwrap.dedent(
 )
 
 
-def _start_role(role: str, port: int, started: Path, *tasks: str) -> subprocess.Popen[str]:
+def _start_role(
+    role: str, port: int, started: Path, *tasks: str, server_id: Optional[str] = None
+) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "AGL_CURRENT_ROLE": role,
         "AGL_SERVER_HOST": "127.0.0.1",
         "AGL_SERVER_PORT": str(port),
     }
+    if server_id is not None:
+        env["AGENTBOLT_STORE_SERVER_ID"] = server_id
     return subprocess.Popen(
         [sys.executable, "-c", SPLIT_SCRIPT, role, str(started), *tasks],
         env=env,
@@ -240,8 +244,8 @@ def test_an_algorithm_and_a_runner_started_with_the_variables_find_each_other_an
 ) -> None:
     port = free_port()
     started = tmp_path / "started"
-    runner = _start_role("runner", port, started)
-    algorithm = _start_role("algorithm", port, started, "a", "b", "wait")
+    runner = _start_role("runner", port, started, server_id="run-1")
+    algorithm = _start_role("algorithm", port, started, "a", "b", "wait", server_id="run-1")
     try:
         _wait_until_exists(started, algorithm, runner)  # the runner ran "a" and "b" and is in "wait"
         code, stdout, stderr = _interrupted(runner)
@@ -299,3 +303,35 @@ def test_every_strategy_refuses_a_blank_server_host_and_ignores_spaces_around_on
         make()
     _set(monkeypatch, {"AGL_SERVER_HOST": " 127.0.0.1 "})
     assert make().server_host == "127.0.0.1"
+
+
+def test_a_split_role_runner_given_a_server_id_never_works_for_a_store_with_another(tmp_path: Path) -> None:
+    port = free_port()
+    started = tmp_path / "started"
+    algorithm = _start_role("algorithm", port, started, "wait", server_id="run-1")
+    runner = _start_role("runner", port, started, server_id="run-2")
+    try:
+        assert runner.stderr is not None
+        deadline = time.monotonic() + 120
+        line = ""
+        while "belongs to another run" not in line:
+            assert time.monotonic() < deadline and runner.poll() is None, runner.communicate()
+            line = runner.stderr.readline()
+        assert "(id run-1)" in line
+        time.sleep(1.0)
+        assert not started.exists()  # the other run's rollout was never handed to this runner
+    finally:
+        for process in (algorithm, runner):
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+@pytest.mark.parametrize("value", ["", "two words", "x" * 129])
+def test_a_server_id_that_cannot_name_a_store_is_refused_when_the_strategy_is_built(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTBOLT_STORE_SERVER_ID", value)
+    with pytest.raises(ValueError, match=r"AGENTBOLT_STORE_SERVER_ID=.* cannot name a store server"):
+        ClientServerExecutionStrategy(role="runner")
+    ClientServerExecutionStrategy(role="both")  # a run with both roles makes its own
