@@ -763,13 +763,13 @@ class _Handler:
         if not isinstance(parsed, dict):
             error = GatewayError(
                 502,
-                f"Upstream {deployment.api_base} returned malformed JSON (HTTP {status}, expected an object): "
+                f"Upstream {deployment.shown_base} returned malformed JSON (HTTP {status}, expected an object): "
                 f"{data[:200].decode('utf-8', errors='replace')!r}",
                 "upstream_malformed_response",
             )
             return await self._fail(call, error, outcome)
         if self.gateway.settings.log_messages:
-            logger.debug("Response from %s: %s", deployment.api_base, data[:4000])
+            logger.debug("Response from %s: %s", deployment.shown_base, data[:4000])
         if translation is not None:
             try:
                 data = translation.answer(parsed)

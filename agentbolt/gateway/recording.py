@@ -180,7 +180,7 @@ def call_attributes(call: CallRecord, response: Optional[CompletionRecord]) -> D
         provider=deployment.provider if deployment is not None else None,
     )
     if deployment is not None:
-        attributes["server.address"] = deployment.api_base
+        attributes["server.address"] = deployment.shown_base
     if call.agent_name:
         attributes[LLM_AGENT_NAME] = call.agent_name
     if call.call_id:

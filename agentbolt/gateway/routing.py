@@ -20,6 +20,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "ANTHROPIC_PROVIDER",
@@ -81,9 +82,23 @@ class Deployment:
         return f"{self.api_base}/{endpoint}"
 
     @property
+    def shown_base(self) -> str:
+        """``api_base`` as error answers, logs and spans show it: credentials a URL can carry (user info, query
+        string) are masked, since clients and the store must not see them."""
+        return _without_url_credentials(self.api_base)
+
+    @property
     def speaks_messages(self) -> bool:
         """Whether the backend speaks Anthropic's Messages API rather than OpenAI's."""
         return self.provider == ANTHROPIC_PROVIDER
+
+
+def _without_url_credentials(url: str) -> str:
+    """``url`` with its user info and query string, where credentials can hide, replaced by ``***``."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    return urlunsplit(parts._replace(netloc=netloc, query="***" if parts.query else ""))
 
 
 def _resolve_secret(value: Any, where: str) -> Optional[str]:

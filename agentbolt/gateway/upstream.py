@@ -107,7 +107,7 @@ def _failed_before_answer(exc: aiohttp.ClientError) -> bool:
 
 def _send_error(exc: aiohttp.ClientError, deployment: Deployment, attempts: int) -> GatewayError:
     """The 502 reporting ``exc``, raised by :meth:`UpstreamClient.send` after ``attempts`` attempt(s)."""
-    where = f"Upstream {deployment.api_base} ({deployment.upstream_model})"
+    where = f"Upstream {deployment.shown_base} ({deployment.upstream_model})"
     if _failed_before_answer(exc):
         reached = not isinstance(exc, aiohttp.ClientConnectorError)
         what = "closed the connection without answering" if reached else "is unreachable"
@@ -182,7 +182,7 @@ class UpstreamResponse:
         return self._response.headers.get("content-type", "")
 
     def _read_error(self, exc: BaseException, streaming: bool) -> GatewayError:
-        where = f"Upstream {self.deployment.api_base}"
+        where = f"Upstream {self.deployment.shown_base}"
         if isinstance(exc, asyncio.TimeoutError):
             what = "stopped sending stream data" if streaming else "did not finish its answer"
             return GatewayError(504, f"{where} {what} within the {self._timeout:g} s timeout", "upstream_timeout")
@@ -316,13 +316,13 @@ class UpstreamClient:
             except asyncio.TimeoutError as exc:
                 raise GatewayError(
                     504,
-                    f"Upstream {deployment.api_base} ({deployment.upstream_model}) timed out after {timeout:g} s",
+                    f"Upstream {deployment.shown_base} ({deployment.upstream_model}) timed out after {timeout:g} s",
                     "upstream_timeout",
                 ) from exc
             except aiohttp.ClientError as exc:
                 if last or not _failed_before_answer(exc):
                     raise _send_error(exc, deployment, attempt + 1) from exc
-                logger.info("Retrying %s after %s", deployment.api_base, _describe(exc))
+                logger.info("Retrying %s after %s", deployment.shown_base, _describe(exc))
                 await asyncio.sleep(_backoff(attempt, None, None))
                 continue
             status = response.status
@@ -340,15 +340,15 @@ class UpstreamClient:
                 if status == 429:
                     raise GatewayError(
                         429,
-                        f"Upstream {deployment.api_base} kept rate-limiting after {attempt + 1} attempt(s): {detail}",
+                        f"Upstream {deployment.shown_base} kept rate-limiting after {attempt + 1} attempt(s): {detail}",
                         "upstream_rate_limited",
                     )
                 raise GatewayError(
                     502,
-                    f"Upstream {deployment.api_base} ({deployment.upstream_model}) answered HTTP {status} after "
+                    f"Upstream {deployment.shown_base} ({deployment.upstream_model}) answered HTTP {status} after "
                     f"{attempt + 1} attempt(s): {detail}",
                     "upstream_error",
                 )
-            logger.info("Retrying %s after HTTP %d", deployment.api_base, status)
+            logger.info("Retrying %s after HTTP %d", deployment.shown_base, status)
             await asyncio.sleep(_backoff(attempt, status, response.headers.get("retry-after")))
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns or raises

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type, T
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "BearerAuthMiddleware",
     "bearer_token_matches",
+    "client_closed",
     "error_response",
     "install_error_handlers",
     "parse_json_object",
@@ -78,12 +79,23 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise _too_large(int(announced), limit)
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # A client that leaves mid-body is no server error: answered (to no one) without an error log and traceback.
+        logger.info("Client disconnected from %s before sending its whole body", request.url.path)
+        raise client_closed("the client closed the connection before sending the whole request body") from None
     return b"".join(chunks)
+
+
+def client_closed(message: str) -> ApiError:
+    """The 499 for a client that closed its connection before its answer (nobody reads it; never logged as an
+    error)."""
+    return ApiError(499, message, "client_closed")
 
 
 def _too_large(size: int, limit: int) -> ApiError:

@@ -53,6 +53,7 @@ from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
+    client_closed,
     error_response,
     install_error_handlers,
     off_loop_if_large,
@@ -816,7 +817,7 @@ async def _until_disconnected(request: Request, work: Callable[[], Awaitable[T]]
     if task not in done:
         await asyncio.wait({task})  # let the cancellation reach the engine's stream, which drops the request
         logger.info("Client disconnected from %s: generation cancelled", request.url.path)
-        raise ApiError(499, "the client closed the connection before the answer was ready", "client_closed")
+        raise client_closed("the client closed the connection before the answer was ready")
     return task.result()
 
 

@@ -41,11 +41,14 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         content_length: Optional[bytes] = None
+        chunked = False
         authorization: Optional[bytes] = None
         expected_id: Optional[bytes] = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 content_length = value
+            elif key == b"transfer-encoding":
+                chunked = True
             elif key == b"authorization":
                 authorization = value
             elif key == _STORE_ID_HEADER_BYTES:
@@ -57,12 +60,10 @@ class GuardMiddleware:
             )
             await _send_error(send, 409, detail, "StoreIdentityMismatch", "")
             return
-        if (
-            self.api_key is not None
-            and scope["method"] != "OPTIONS"
-            and scope["path"] not in _PUBLIC_PATHS
-            and not is_public_page(scope["path"])
-        ):
+        # No method is exempt: CORS preflights are answered by the CORS middleware, which runs before this one, and
+        # an OPTIONS request reaching this far would otherwise be served unguarded (the Prometheus mount answers
+        # every method).
+        if self.api_key is not None and scope["path"] not in _PUBLIC_PATHS and not is_public_page(scope["path"]):
             token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.api_key):
                 await _send_error(
@@ -80,7 +81,7 @@ class GuardMiddleware:
                 return
             await self.app(scope, receive, send)
             return
-        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        if not chunked:  # HTTP/1.1 has a body only with a Content-Length or a Transfer-Encoding, whatever the method
             await self.app(scope, receive, send)
             return
         # Body without a declared length (chunked): read it up to the limit before handing it on.
@@ -89,7 +90,9 @@ class GuardMiddleware:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                # The client went away before the last chunk: its request is incomplete, so nothing of it is applied.
+                logger.debug("Client left %s %s before the end of its chunked body", scope["method"], scope["path"])
+                return
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_request_bytes:
