@@ -297,6 +297,10 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
                 continue
             if identities.claim(*call_identity(record.attributes)):
                 kept.add(position)
+        children: Dict[str, List[Span]] = {}
+        for span in spans:
+            if span.parent_id is not None:
+                children.setdefault(span.parent_id, []).append(span)
         raw_calls: List[Dict[str, Any]] = []
         for position, span in enumerate(records):
             if position not in kept:
@@ -325,7 +329,7 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
                     "completion": completion,
                     "request": request,
                     "response": response,
-                    "tool_calls": get_tool_calls(span, spans),
+                    "tool_calls": get_tool_calls(span, children.get(span.span_id, [])),
                 }
             )
         return list(convert_to_openai_messages(raw_calls))

@@ -43,6 +43,9 @@ span name                                      ``agentbolt.llm_call`` (:data:`~a
 from __future__ import annotations
 
 import ast
+import bisect
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -84,6 +87,7 @@ __all__ = [
     "TracerTraceToTriplet",
     "LlmProxyTraceToTriplet",
     "triplet_token_ids",
+    "is_token_id_list",
     "parse_logprobs",
 ]
 
@@ -130,11 +134,10 @@ class Transition(BaseModel):
 
 
 def triplet_token_ids(part: Any) -> List[int]:
-    """The ``token_ids`` of a triplet's ``prompt`` or ``response`` dict; ``[]`` when absent or not a list of ints."""
+    """The ``token_ids`` of a triplet's ``prompt`` or ``response`` dict; ``[]`` when absent or not a list of token ids
+    (see :func:`is_token_id_list`)."""
     ids = part.get("token_ids") if isinstance(part, dict) else None
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return []
-    return list(ids)
+    return list(ids) if is_token_id_list(ids) else []
 
 
 def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:
@@ -160,23 +163,40 @@ def parse_logprobs(raw: Any, expected_length: int) -> Optional[List[float]]:
 # -- attribute helpers ----------------------------------------------------------------------------------------------
 
 
+def is_token_id_list(value: Any) -> bool:
+    """Whether ``value`` is a list (or tuple) of token ids: ints (not bools) that are not negative."""
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
+    )
+
+
 def _as_token_ids(value: Any) -> Optional[List[int]]:
-    """``value`` as a list of ints (lists, tuples, or their string repr), else None."""
+    """``value`` as a list of token ids (a list, a tuple, or their string repr), else None."""
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
-    if isinstance(value, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-        return list(value)
-    return None
+    return list(value) if is_token_id_list(value) else None
 
 
-def _first_token_ids(attributes: Dict[str, Any], keys: Iterable[str]) -> Optional[List[int]]:
+def _first_token_ids(span: Span, keys: Iterable[str]) -> Optional[List[int]]:
+    """The token ids under the first of ``keys`` that holds a valid list; a key holding something else is skipped
+    with a warning (the call then has no token ids to train on, rather than wrong ones)."""
     for key in keys:
-        ids = _as_token_ids(attributes.get(key))
+        value = span.attributes.get(key)
+        if value is None:
+            continue
+        ids = _as_token_ids(value)
         if ids is not None:
             return ids
+        logger.warning(
+            "Span %s (%s): %r is not a list of non-negative integer token ids (%.80r); ignored.",
+            span.span_id,
+            span.name,
+            key,
+            value,
+        )
     return None
 
 
@@ -235,11 +255,17 @@ def span_reward_value(span: Span) -> Optional[float]:
     """The primary reward recorded on ``span``, or None when it is not a reward span.
 
     Uses :func:`agentbolt.emitter.reward.get_reward_value`, and also reads the output of a legacy
-    ``agentlightning.operation`` span named ``agentlightning.reward``.
+    ``agentlightning.operation`` span named ``agentlightning.reward``. A malformed reward (a string that is not a
+    number...) counts as none, with a warning.
     """
     from agentbolt.emitter.reward import get_reward_value
 
-    value = get_reward_value(span)
+    try:
+        value = get_reward_value(span)
+    except (ValueError, TypeError) as exc:  # e.g. a reward recorded as a string that is not a number
+        reason = " ".join(str(exc).split())
+        logger.warning("Span %s (%s) has a malformed reward, ignored: %.200s", span.span_id, span.name, reason)
+        return None
     if value is None and _is_reward_operation(span):
         output = span.attributes.get(_OPERATION_OUTPUT)
         if isinstance(output, (int, float)) and not isinstance(output, bool):
@@ -295,6 +321,57 @@ def _enclosing_span(span_id: str, name: str, nodes: Sequence[TraceTree]) -> Span
         start_time=min(starts) if starts else None,
         end_time=max(ends) if ends else None,
     )
+
+
+def _has_time_range(node: TraceTree) -> bool:
+    start, end = node.start_time, node.end_time
+    return start is not None and end is not None and start <= end
+
+
+def _tightest_enclosing(candidates: Sequence[TraceTree], nodes: Sequence[TraceTree]) -> Dict[int, TraceTree]:
+    """For each of ``nodes`` (keyed by ``id(node)``), the shortest of ``candidates`` (the first in their order among
+    equally short ones) whose time range contains the node's with a positive slack, if any.
+
+    A positive slack means starting strictly earlier, or ending strictly later. Both cases are found by a sweep over
+    start times with a Fenwick tree of the shortest candidate per end time, so a trace of ``n`` spans takes
+    ``O(n log n)``. All time ranges must be known and not end before they start.
+    """
+    ends = sorted({node.end_time for node in candidates})  # type: ignore[type-var]
+    by_start = sorted(range(len(candidates)), key=lambda i: candidates[i].start_time)  # type: ignore[arg-type,return-value]
+    queries = sorted(nodes, key=lambda node: node.start_time)  # type: ignore[arg-type,return-value]
+    best: Dict[int, Tuple[float, int]] = {}
+    for strict_start in (True, False):
+        # tree[r] holds the smallest (duration, index) among inserted candidates of end rank <= r, where rank 1 is
+        # the latest end; a prefix over ranks is then "ends at or after a time".
+        tree: List[Optional[Tuple[float, int]]] = [None] * (len(ends) + 1)
+        inserted = 0
+        for query in queries:
+            start, end = query.start_time, query.end_time
+            while inserted < len(by_start):
+                index = by_start[inserted]
+                candidate = candidates[index]
+                if candidate.start_time > start or (strict_start and candidate.start_time == start):  # type: ignore[operator]
+                    break
+                key = (candidate.end_time - candidate.start_time, index)  # type: ignore[operator]
+                rank = len(ends) - bisect.bisect_left(ends, candidate.end_time)
+                while rank < len(tree):
+                    current = tree[rank]
+                    if current is None or key < current:
+                        tree[rank] = key
+                    rank += rank & -rank
+                inserted += 1
+            # With a strictly earlier start the candidate may end with the node; otherwise it must end later.
+            cut = bisect.bisect_left(ends, end) if strict_start else bisect.bisect_right(ends, end)
+            rank = len(ends) - cut
+            found: Optional[Tuple[float, int]] = None
+            while rank > 0:
+                current = tree[rank]
+                if current is not None and (found is None or current < found):
+                    found = current
+                rank -= rank & -rank
+            if found is not None and (id(query) not in best or found < best[id(query)]):
+                best[id(query)] = found
+    return {key: candidates[index] for key, (_, index) in best.items()}
 
 
 class TraceTree:
@@ -492,36 +569,52 @@ class TraceTree:
 
         Spans recorded in another thread, process or service often lose their parent link and end up as roots.
         Starting from the first node with more than one child, each direct child is moved under the tightest other
-        node (outside its own subtree) whose time range contains it with a positive total slack.
+        node (outside its own subtree) whose time range contains it with a positive total slack; among equally
+        tight ones, the first in depth-first order. Spans without a time range, or ending before they start, are
+        neither moved nor chosen as parents.
         """
         node = self
         while len(node.children) == 1:
             node = node.children[0]
-        for child in list(node.children):
-            if child.start_time is None or child.end_time is None:
+        candidates = [n for n in node.traverse() if n is not node and _has_time_range(n)]
+        movable = [child for child in node.children if _has_time_range(child)]
+        tightest = _tightest_enclosing(candidates, movable)
+        moved: Set[int] = set()
+        adopters: Dict[int, Tuple[TraceTree, int]] = {}  # new parent -> (itself, its number of children before)
+        for child in movable:
+            best = tightest.get(id(child))
+            if best is None:
                 continue
-            own_subtree = {n.id for n in child.traverse()}
-            best: Optional[TraceTree] = None
-            best_slack = float("inf")
-            for candidate in node.traverse():
-                if candidate is node or candidate.id in own_subtree:
+            own_subtree = {id(n) for n in child.traverse()}
+            if id(best) in own_subtree:  # a descendant outliving the child: look again, outside the subtree
+                outside = [c for c in candidates if id(c) not in own_subtree]
+                best = _tightest_enclosing(outside, [child]).get(id(child))
+                if best is None:
                     continue
-                start, end = candidate.start_time, candidate.end_time
-                if start is None or end is None or start > child.start_time or end < child.end_time:
-                    continue
-                slack = (child.start_time - start) + (end - child.end_time)
-                if 0 < slack < best_slack:
-                    best, best_slack = candidate, slack
-            if best is not None:
-                node.children.remove(child)
-                best._insert_chronologically(child)
+            moved.add(id(child))
+            adopters.setdefault(id(best), (best, len(best.children)))
+            best.children.append(child)
+        node.children = [child for child in node.children if id(child) not in moved]
+        for adopter, kept in adopters.values():
+            adopter._place_chronologically(kept)
 
-    def _insert_chronologically(self, child: TraceTree) -> None:
-        start = _time_or(child.start_time, float("inf"))
-        index = len(self.children)
-        while index > 0 and _time_or(self.children[index - 1].start_time, float("-inf")) > start:
-            index -= 1
-        self.children.insert(index, child)
+    def _place_chronologically(self, kept: int) -> None:
+        """Move the children after the first ``kept`` ones to their place in time: each after the last earlier child
+        that started no later than it (a stable merge when the children were in chronological order)."""
+
+        def start(node: TraceTree) -> float:
+            return _time_or(node.start_time, float("-inf"))
+
+        old, new = self.children[:kept], self.children[kept:]
+        if all(start(a) <= start(b) for a, b in itertools.pairwise(old)):
+            self.children = sorted(old + new, key=start)
+            return
+        self.children = old
+        for child in new:
+            index = len(self.children)
+            while index > 0 and start(self.children[index - 1]) > start(child):
+                index -= 1
+            self.children.insert(index, child)
 
     # -- semantics -----------------------------------------------------------------------------------------------
 
@@ -584,7 +677,7 @@ class TraceTree:
             within_llm_call: None disables de-duplication; otherwise a call recorded several times (same call id,
                 or same response id, see :mod:`agentbolt.adapter.calls`) is kept once, and a nested call without
                 either id under an accepted call is skipped.
-            existing_llm_call_response_ids: Identities of the calls already accepted (shared across the recursion):
+            existing_llm_call_response_ids: Identities of the calls already accepted (updated in place):
                 response ids of records without a call id, plus the call identities of the others.
 
         Returns:
@@ -594,43 +687,43 @@ class TraceTree:
             within_matching_subtree = ""
         if within_llm_call is not None and existing_llm_call_response_ids is None:
             existing_llm_call_response_ids = set()
+        identities = (
+            CallIdentities(existing_llm_call_response_ids) if existing_llm_call_response_ids is not None else None
+        )
+        call_pattern = re.compile(llm_call_match)
+        agent_pattern = re.compile(agent_match) if agent_match is not None else None
 
-        agent = self.agent_name()
-        if agent is not None:
-            within_matching_subtree = agent if agent_match is None or re.search(agent_match, agent) else None
-        if within_reward is not None and self.is_reward_span():
-            within_reward = True
-
+        # Depth-first with an explicit stack (traces can nest deeper than Python's recursion limit); each entry
+        # carries the state inherited from its parent.
         results: List[Tuple[TraceTree, str]] = []
-        if not within_reward and re.search(llm_call_match, self.span.name):
-            call_agent = within_matching_subtree
-            own_agent = self.span.attributes.get(LLM_AGENT_NAME)
-            if isinstance(own_agent, str) and own_agent:
-                call_agent = own_agent if agent_match is None or re.search(agent_match, own_agent) else None
-            if call_agent is not None:
-                accepted = True
-                if existing_llm_call_response_ids is not None:
-                    call_id, response_id = call_identity(self.span.attributes, _RESPONSE_ID_KEYS)
-                    if call_id is None and response_id is None:
-                        accepted = not within_llm_call
-                    else:
-                        accepted = CallIdentities(existing_llm_call_response_ids).claim(call_id, response_id)
-                if accepted:
-                    results.append((self, call_agent))
-                    if within_llm_call is not None:
-                        within_llm_call = True
-
-        for child in self.children:
-            results.extend(
-                child.find_llm_calls(
-                    llm_call_match=llm_call_match,
-                    agent_match=agent_match,
-                    within_matching_subtree=within_matching_subtree,
-                    within_reward=within_reward,
-                    within_llm_call=within_llm_call,
-                    existing_llm_call_response_ids=existing_llm_call_response_ids,
-                )
-            )
+        stack: List[Tuple[TraceTree, Optional[str], Optional[bool], Optional[bool]]] = [
+            (self, within_matching_subtree, within_reward, within_llm_call)
+        ]
+        while stack:
+            node, subtree_agent, in_reward, in_call = stack.pop()
+            agent = node.agent_name()
+            if agent is not None:
+                subtree_agent = agent if agent_pattern is None or agent_pattern.search(agent) else None
+            if in_reward is not None and node.is_reward_span():
+                in_reward = True
+            if not in_reward and call_pattern.search(node.span.name):
+                call_agent = subtree_agent
+                own_agent = node.span.attributes.get(LLM_AGENT_NAME)
+                if isinstance(own_agent, str) and own_agent:
+                    call_agent = own_agent if agent_pattern is None or agent_pattern.search(own_agent) else None
+                if call_agent is not None:
+                    accepted = True
+                    if identities is not None:
+                        call_id, response_id = call_identity(node.span.attributes, _RESPONSE_ID_KEYS)
+                        if call_id is None and response_id is None:
+                            accepted = not in_call
+                        else:
+                            accepted = identities.claim(call_id, response_id)
+                    if accepted:
+                        results.append((node, call_agent))
+                        if in_call is not None:
+                            in_call = True
+            stack.extend((child, subtree_agent, in_reward, in_call) for child in reversed(node.children))
         return results
 
     def match_rewards(self, reward_match: str, llm_calls: List[TraceTree]) -> Dict[str, Optional[float]]:
@@ -661,13 +754,21 @@ class TraceTree:
                 if value is not None and n.id not in call_ids:
                     rewards.append((n, value))
             rewards.sort(key=lambda item: _time_or(item[0].start_time, float("inf")))
+            # Calls by end time; those ended by a reward's start wait in a heap, latest end (then latest start, then
+            # first in the group) on top.
+            by_end = sorted(calls, key=lambda c: c.end_time)  # type: ignore[arg-type,return-value]
+            ended: List[Tuple[float, float, int, TraceTree]] = []
+            position = {id(c): i for i, c in enumerate(calls)}
+            next_call = 0
             for reward_node, value in rewards:
                 reward_start = _time_or(reward_node.start_time, float("inf"))
-                candidates = [
-                    c for c in calls if assigned[c.id] is None and c.end_time is not None and c.end_time <= reward_start
-                ]
-                if candidates:
-                    target = max(candidates, key=lambda c: (c.end_time, _time_or(c.start_time, 0.0)))
+                while next_call < len(by_end) and by_end[next_call].end_time <= reward_start:  # type: ignore[operator]
+                    call = by_end[next_call]
+                    entry = (-call.end_time, -_time_or(call.start_time, 0.0), position[id(call)], call)  # type: ignore[operator]
+                    heapq.heappush(ended, entry)
+                    next_call += 1
+                if ended:
+                    target = heapq.heappop(ended)[3]
                     assigned[target.id] = value
                 else:
                     logger.debug(
@@ -714,8 +815,8 @@ class TraceTree:
             "logprobs"]}, metadata={"request", "response", "response_id", "agent_name"})``.
         """
         attrs = dict(span.attributes)
-        prompt_ids = _first_token_ids(attrs, _PROMPT_TOKEN_KEYS) or []
-        response_ids = _first_token_ids(attrs, _RESPONSE_TOKEN_KEYS) or []
+        prompt_ids = _first_token_ids(span, _PROMPT_TOKEN_KEYS) or []
+        response_ids = _first_token_ids(span, _RESPONSE_TOKEN_KEYS) or []
         prompt_raw = _unflatten_first(attrs, (GEN_AI_PROMPT, f"{_OPERATION_INPUT}.messages"))
         response_raw = _unflatten_first(attrs, (GEN_AI_COMPLETION, f"{_OPERATION_OUTPUT}.choices"))
 
@@ -877,10 +978,10 @@ def _literal(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             try:
                 return json.loads(value)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return None
     return value
 
@@ -898,7 +999,7 @@ def _request_parameters(span: Span) -> Dict[str, Any]:
 def _gateway_token_ids(span: Span) -> Tuple[Optional[List[int]], Optional[List[int]]]:
     attrs = span.attributes
     if span.name == "raw_gen_ai_request":
-        prompt = _as_token_ids(attrs.get(f"{_VLLM}.prompt_token_ids"))
+        prompt = _first_token_ids(span, (f"{_VLLM}.prompt_token_ids",))
         response: Optional[List[int]] = None
         nested = _literal(attrs.get(f"{_VLLM}.response_token_ids"))
         if isinstance(nested, (list, tuple)) and nested:
@@ -908,7 +1009,7 @@ def _gateway_token_ids(span: Span) -> Tuple[Optional[List[int]], Optional[List[i
             if isinstance(choices, (list, tuple)) and choices and isinstance(choices[0], dict):
                 response = _as_token_ids(choices[0].get("token_ids"))
         return prompt, response
-    return _as_token_ids(attrs.get(PROMPT_TOKEN_IDS)), _as_token_ids(attrs.get(RESPONSE_TOKEN_IDS))
+    return _first_token_ids(span, (PROMPT_TOKEN_IDS,)), _first_token_ids(span, (RESPONSE_TOKEN_IDS,))
 
 
 class LlmProxyTraceToTriplet(TraceToTripletBase):
@@ -936,8 +1037,8 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
             source: The rollout's spans (gateway spans, plus tracer spans for rewards and agent structure).
 
         Returns:
-            One triplet per LLM call that has both prompt and response token ids. Its ``metadata`` holds
-            ``response_id``, ``agent_name`` and ``request`` (the request's model and sampling parameters, e.g.
+            One triplet per LLM call that has both prompt and response token ids (calls without them are skipped,
+            with a warning counting them). Its ``metadata`` holds ``response_id``, ``agent_name`` and ``request`` (the request's model and sampling parameters, e.g.
             ``{"model": ..., "temperature": 0.7}``).
         """
         source = span_list(source)
@@ -952,12 +1053,14 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
         }
 
         items: List[Tuple[Span, Triplet]] = []
+        without_token_ids = 0
         identities = CallIdentities()
         rewards: List[Tuple[Span, float]] = []
         for span in spans:
             if span.span_id in call_agents:
                 prompt_ids, response_ids = _gateway_token_ids(span)
                 if prompt_ids is None or response_ids is None:
+                    without_token_ids += 1
                     continue
                 call_id, request_id = call_identity(span.attributes, (GEN_AI_RESPONSE_ID, f"{_VLLM}.id"))
                 if not identities.claim(call_id, request_id):
@@ -985,9 +1088,28 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
             if value is not None:
                 rewards.append((span, value))
 
+        if without_token_ids:
+            logger.warning(
+                "%d LLM call(s) of rollout %s were skipped: their spans have no valid prompt and response token ids "
+                "(an errored or cut-off call, or a backend that does not return token ids).",
+                without_token_ids,
+                spans[0].rollout_id,
+            )
+        # Spans are in sequence order: the calls before a reward that are still without one wait on a stack, the
+        # latest on top.
+        waiting: List[Triplet] = []
+        next_item = 0
         for reward_span, value in rewards:
-            for span, triplet in reversed(items):
-                if span.sequence_id < reward_span.sequence_id and triplet.reward is None:
-                    triplet.reward = value
-                    break
+            while next_item < len(items) and items[next_item][0].sequence_id < reward_span.sequence_id:
+                waiting.append(items[next_item][1])
+                next_item += 1
+            if waiting:
+                waiting.pop().reward = value
+            else:
+                logger.debug(
+                    "Reward %s (span %s, sequence id %s) goes to no LLM call: none before it is without a reward",
+                    value,
+                    reward_span.span_id,
+                    reward_span.sequence_id,
+                )
         return [triplet for _, triplet in items]

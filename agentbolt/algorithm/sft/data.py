@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 from agentbolt.adapter.messages import convert_to_openai_messages
+from agentbolt.adapter.triplet import is_token_id_list
 from agentbolt.algorithm.utils import task_key
 from agentbolt.types import Triplet
 from agentbolt.utils.counters import Counters
@@ -211,7 +212,7 @@ class ChatSample:
 
 
 def _is_id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    return isinstance(value, list) and is_token_id_list(value)
 
 
 def _checked_conversation(
