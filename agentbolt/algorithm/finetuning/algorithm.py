@@ -59,6 +59,7 @@ __all__ = [
     "check_writable_dir",
     "forget_interrupted_log",
     "mean_std",
+    "model_vocab_size",
     "new_run_id",
     "padding_token_id",
 ]
@@ -162,6 +163,15 @@ def mean_std(values: Sequence[float]) -> Tuple[float, float]:
         return float("nan"), float("nan")
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def model_vocab_size(model: Any) -> Optional[int]:
+    """Rows of ``model``'s input embedding: a token id at or above it does not exist for the model (None: unknown)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(rows) if isinstance(rows, int) else None
 
 
 def padding_token_id(tokenizer: Any) -> int:

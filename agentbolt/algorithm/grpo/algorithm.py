@@ -32,6 +32,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     RolloutOutcome,
     TaskSampler,
     mean_std,
+    model_vocab_size,
     padding_token_id,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
@@ -164,8 +165,11 @@ class GRPO(FinetuningAlgorithm):
         """The final reward a rollout counts with: its own, else ``failed_rollout_reward`` (None: not counted)."""
         return outcome.reward if outcome.usable else self.config.failed_rollout_reward
 
-    def _samples(self, outcomes: Sequence[RolloutOutcome]) -> Tuple[List[TokenSample], SampleStats, List[RolloutScore]]:
-        """The samples of every counted rollout, what was skipped, and each counted rollout's score."""
+    def _samples(
+        self, outcomes: Sequence[RolloutOutcome], vocab_size: Optional[int] = None
+    ) -> Tuple[List[TokenSample], SampleStats, List[RolloutScore]]:
+        """The samples of every counted rollout (calls with a token id outside the model's ``vocab_size`` left out),
+        what was skipped, and each counted rollout's score."""
         samples: List[TokenSample] = []
         stats = SampleStats()
         scores: List[RolloutScore] = []
@@ -182,6 +186,7 @@ class GRPO(FinetuningAlgorithm):
                 credit=self.config.credit,
                 agent_match=self.config.agent_match,
                 max_sequence_length=self.config.max_sequence_length,
+                vocab_size=vocab_size,
             )
             samples.extend(found)
             stats.add(found_stats)
@@ -254,7 +259,14 @@ class GRPO(FinetuningAlgorithm):
             )
             groups_run += len(more)
         rollout_seconds = time.perf_counter() - started
-        samples, sample_stats, scores = self._samples(outcomes)
+        samples, sample_stats, scores = self._samples(outcomes, model_vocab_size(trainer.model))
+        if sample_stats.out_of_vocabulary:
+            logger.warning(
+                "%d LLM call(s) of step %d hold token ids outside the vocabulary of the model being trained: their ids "
+                "were made by another model's tokenizer, so they are not trained on (samples/out_of_vocabulary)",
+                sample_stats.out_of_vocabulary,
+                step,
+            )
         kept, adv_stats = assign_advantages(
             samples, rollouts=scores, mode=config.advantage_mode, eps=config.advantage_eps
         )
@@ -273,6 +285,7 @@ class GRPO(FinetuningAlgorithm):
             "samples/other_agents": float(sample_stats.other_agents),
             "samples/missing_tokens": float(sample_stats.missing_tokens),
             "samples/too_long": float(sample_stats.too_long),
+            "samples/out_of_vocabulary": float(sample_stats.out_of_vocabulary),
             "samples/missing_logprobs": float(sample_stats.missing_logprobs),
             "groups/total": float(adv_stats.groups),
             "groups/zero_variance": float(adv_stats.zero_variance_groups),

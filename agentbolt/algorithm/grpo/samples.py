@@ -91,6 +91,8 @@ class SampleStats(Counters):
     """Calls skipped because the trace has no prompt or response token ids."""
     too_long: int = 0
     """Calls skipped because prompt + response exceed ``max_sequence_length``."""
+    out_of_vocabulary: int = 0
+    """Calls skipped because a token id is not in the trained model's vocabulary (recorded by another model)."""
     missing_logprobs: int = 0
     """Kept calls whose behaviour log-probs are missing or malformed (recomputed by the trainer)."""
 
@@ -143,6 +145,7 @@ def triplets_to_samples(
     credit: Literal["final", "per_call"] = "final",
     agent_match: Optional[str] = None,
     max_sequence_length: Optional[int] = None,
+    vocab_size: Optional[int] = None,
 ) -> tuple[List[TokenSample], SampleStats]:
     """Samples of one finished rollout.
 
@@ -155,6 +158,8 @@ def triplets_to_samples(
         agent_match: Regex over agent names; calls of other agents are skipped. A call without an agent name is
             kept only when ``agent_match`` is None.
         max_sequence_length: Calls longer than this (prompt + response) are skipped.
+        vocab_size: Rows of the trained model's embedding: a call holding a token id at or above it is skipped (its
+            ids come from another tokenizer, and the model would fail to embed them). None: not checked.
 
     Returns:
         The samples and counters of skipped calls.
@@ -174,6 +179,9 @@ def triplets_to_samples(
             continue
         if max_sequence_length is not None and len(prompt_ids) + len(response_ids) > max_sequence_length:
             stats.too_long += 1
+            continue
+        if vocab_size is not None and max(*prompt_ids, *response_ids) >= vocab_size:
+            stats.out_of_vocabulary += 1
             continue
         raw_logprobs = triplet.response.get("logprobs") if isinstance(triplet.response, dict) else None
         logprobs = parse_logprobs(raw_logprobs, len(response_ids))

@@ -31,6 +31,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     PolicyServer,
     RolloutOutcome,
     mean_std,
+    model_vocab_size,
     padding_token_id,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
@@ -262,15 +263,6 @@ def sample_length_limit(model: Any, config: SFTConfig) -> int:
     if context and limit > int(context):
         logger.warning("max_sequence_length=%d exceeds the model's context (%d tokens)", limit, context)
     return limit
-
-
-def model_vocab_size(model: Any) -> Optional[int]:
-    """Rows of ``model``'s input embedding: a token id at or above it does not exist for the model (None: unknown)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    rows = getattr(embeddings, "num_embeddings", None)
-    if rows is None:
-        rows = getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(rows) if isinstance(rows, int) else None
 
 
 def build_sft_trainer(model: Any, tokenizer: Any, config: SFTConfig) -> SFTTrainer:

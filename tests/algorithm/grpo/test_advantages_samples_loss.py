@@ -320,3 +320,13 @@ def test_group_advantages_take_rewards_of_any_size_and_refuse_non_numbers() -> N
     for bad in (float("nan"), float("inf"), None, "1"):
         with pytest.raises(ValueError, match="values must be finite numbers"):
             group_advantages([1.0, bad], ["g", "g"])  # type: ignore[list-item]
+
+
+def test_calls_with_ids_outside_the_vocabulary_are_skipped_and_counted() -> None:
+    # Token ids made by another model's tokenizer: the trained model has no row to embed them.
+    triplets = [_triplet([1, 2], [3]), _triplet([1, 2], [31_999]), _triplet([40_000, 2], [3])]
+    samples, stats = triplets_to_samples(triplets, rollout_id="r", group_id="g", final_reward=1.0, vocab_size=32_000)
+    assert [s.response_ids for s in samples] == [[3], [31_999]]
+    assert stats.out_of_vocabulary == 1
+    unchecked, _ = triplets_to_samples(triplets, rollout_id="r", group_id="g", final_reward=1.0)
+    assert len(unchecked) == 3
