@@ -38,6 +38,7 @@ the nested ``function.name`` / ``function.arguments`` layout of older gateway sp
 from __future__ import annotations
 
 import ast
+import json
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import orjson
@@ -63,6 +64,7 @@ from agentbolt.semconv import (
     RESPONSE_LOGPROBS,
     RESPONSE_TOKEN_IDS,
 )
+from agentbolt.types.wire import without_lone_surrogates
 
 __all__ = [
     "CONTENT_IS_TEXT",
@@ -124,7 +126,26 @@ def _json_default(value: Any) -> Any:
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value, default=_json_default).decode()
+    try:
+        return orjson.dumps(value, default=_json_default).decode()
+    except TypeError:  # what orjson refuses (lone surrogates, integers beyond 64 bits) the standard library writes
+        return without_lone_surrogates(json.dumps(value, default=_json_default, ensure_ascii=False))
+
+
+def _writable(attributes: Dict[str, Any]) -> Dict[str, Any]:
+    """``attributes`` with the lone surrogates of their strings replaced (see
+    :func:`~agentbolt.types.wire.without_lone_surrogates`), in place.
+
+    A server's JSON may escape half of a surrogate pair (``"\\ud83d"``), which decodes to a string with no UTF-8 form;
+    the OTLP encoder and the JSON writers refuse such strings, which would lose the whole span on its way to the store.
+    """
+    for key, value in attributes.items():
+        if type(value) is str:
+            if not value.isascii():
+                attributes[key] = without_lone_surrogates(value)
+        elif type(value) is list and value and type(value[0]) is str:
+            attributes[key] = without_lone_surrogates(value)
+    return attributes
 
 
 def _text(value: Any) -> Optional[str]:
@@ -277,7 +298,7 @@ def request_attributes(
         parameters = _text(_get(function, "parameters"))
         if parameters is not None:
             attributes[f"{prefix}.parameters"] = parameters
-    return attributes
+    return _writable(attributes)
 
 
 class _Choice:
@@ -466,7 +487,7 @@ class CompletionRecord:
             attributes[GEN_AI_USAGE_INPUT_TOKENS] = int(input_tokens)
         if output_tokens is not None:
             attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = int(output_tokens)
-        return attributes
+        return _writable(attributes)
 
 
 def _tool_call(call: Any) -> Dict[str, Any]:

@@ -134,11 +134,16 @@ def _set_attributes(span: trace_api.Span, attributes: Dict[str, Any]) -> None:
             setter(key, tuple(values))
 
 
-def _finish(span: trace_api.Span, response: _Response, end_time: Optional[int] = None) -> None:
+def _record_response(span: trace_api.Span, response: _Response) -> None:
+    """Set the response's attributes on ``span``; a failure is logged, never raised into the caller."""
     try:
         _set_attributes(span, response.attributes())
-    except Exception:  # attribute extraction must never break the caller
+    except Exception:
         logger.exception("Failed to record the chat completion response on the span")
+
+
+def _finish(span: trace_api.Span, response: _Response, end_time: Optional[int] = None) -> None:
+    _record_response(span, response)
     span.set_status(Status(StatusCode.OK))
     span.end(end_time=end_time)
 
@@ -174,14 +179,17 @@ class _StreamRecorder:
             return
         self._ended = True
         if exc is not None:
-            _set_attributes(self._span, self._response.attributes())
+            _record_response(self._span, self._response)
             _fail(self._span, exc)
         else:
             _finish(self._span, self._response, end_time)
 
     def _received(self, chunk: Any) -> None:
         self._last_read_ns = time.time_ns()
-        self._response.add_chunk(chunk)
+        try:
+            self._response.add_chunk(chunk)
+        except Exception:  # the caller gets its chunk whatever recording it did
+            logger.exception("Failed to record a chat completion stream chunk")
 
     def __del__(self) -> None:
         # A caller that stops reading early (``break`` in its loop) and never closes the stream would otherwise leave
@@ -375,8 +383,17 @@ def _hand_over(
 
 
 def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrapper of a sync ``create`` / ``parse``.
+
+    The SDK's ``with_raw_response`` and ``with_streaming_response`` keep the method they were first built with, bound
+    to the client: one built while instrumented keeps calling this wrapper after :func:`uninstrument_openai`, which
+    then records nothing.
+    """
+
     @functools.wraps(original)
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _originals:  # uninstrumented, called through a method bound while instrumented (see _wrap_sync)
+            return original(self, *args, **kwargs)
         span = _start_span(kwargs)
         with _call_in_span(span):
             result = original(self, *args, **kwargs)
@@ -389,6 +406,8 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _originals:
+            return await original(self, *args, **kwargs)
         span = _start_span(kwargs)
         with _call_in_span(span):
             result = await original(self, *args, **kwargs)

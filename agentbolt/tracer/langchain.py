@@ -93,6 +93,7 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         super().__init__()
         self.tags = list(tags or [])
         self._spans: Dict[UUID, trace_api.Span] = {}
+        self._parents: Dict[UUID, Optional[UUID]] = {}
         self._lock = threading.Lock()
 
     def _start(self, name: str, run_id: UUID, parent_run_id: Optional[UUID], attributes: Dict[str, Any]) -> None:
@@ -103,20 +104,52 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         span = tracer.start_span(name, context=context, attributes={**make_tag_attributes(self.tags), **attributes})
         with self._lock:
             self._spans[run_id] = span
+            self._parents[run_id] = parent_run_id
+
+    def _open_descendants(self, run_id: UUID) -> List[UUID]:
+        """The runs still open below ``run_id``, deepest first (the caller holds the lock)."""
+        found: List[UUID] = []
+        frontier = [run_id]
+        while frontier:
+            parent = frontier.pop()
+            children = [child for child, of in self._parents.items() if of == parent]
+            found.extend(children)
+            frontier.extend(children)
+        return found[::-1]
 
     def _end(
         self, run_id: UUID, attributes: Optional[Dict[str, Any]] = None, error: Optional[BaseException] = None
     ) -> None:
+        """End the span of ``run_id``, and before it those of its runs LangChain never reported the end of.
+
+        A cancelled run (``asyncio.CancelledError``) reports its error on the chain it cancelled but not on the model
+        call awaited inside it; that call's span ends with the chain's error instead of staying open forever.
+        """
         with self._lock:
+            orphans = [(child, self._spans.pop(child)) for child in self._open_descendants(run_id)]
+            for child, _ in orphans:
+                del self._parents[child]
             span = self._spans.pop(run_id, None)
-        if span is None:
-            return
+            self._parents.pop(run_id, None)
+        for _, orphan in orphans:  # their outcome is unknown unless the parent failed
+            self._close(orphan, None, error, reported=False)
+        if span is not None:
+            self._close(span, attributes, error)
+
+    @staticmethod
+    def _close(
+        span: trace_api.Span,
+        attributes: Optional[Dict[str, Any]],
+        error: Optional[BaseException],
+        *,
+        reported: bool = True,
+    ) -> None:
         if attributes:
             span.set_attributes(attributes)
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, str(error)))
-        else:
+        elif reported:
             span.set_status(Status(StatusCode.OK))
         span.end()
 
