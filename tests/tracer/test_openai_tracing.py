@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import threading
@@ -36,18 +37,26 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield running
 
 
-@pytest.fixture
-async def traced(
-    server: FakeOpenAIServer,
-) -> AsyncIterator[Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]]:
-    server.config.token_ids = True
-    server.config.fail_next = 0
+Traced = Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]
+
+
+@contextlib.asynccontextmanager
+async def traced_rollout() -> AsyncIterator[Traced]:
+    """A started rollout in an in-memory store, with an AgentOps tracer instrumenting the OpenAI SDK meanwhile."""
     store = InMemoryLightningStore(thread_safe=True)
     rollout = await store.start_rollout(input={"task": "test"})
     tracer = AgentOpsTracer()
     with tracer.lifespan(store):
         yield tracer, store, rollout
     assert not is_openai_instrumented()
+
+
+@pytest.fixture
+async def traced(server: FakeOpenAIServer) -> AsyncIterator[Traced]:
+    server.config.token_ids = True
+    server.config.fail_next = 0
+    async with traced_rollout() as running:
+        yield running
 
 
 async def run_traced(

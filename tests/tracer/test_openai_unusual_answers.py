@@ -17,10 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from support.fake_openai import FakeOpenAIServer
 
-from agentbolt.instrumentation.openai import SPAN_NAME, instrument_openai, is_openai_instrumented, uninstrument_openai
-from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.tracer import AgentOpsTracer
-from agentbolt.types import AttemptedRollout, Span
+from agentbolt.instrumentation.openai import SPAN_NAME, instrument_openai, uninstrument_openai
+
+from .test_openai_tracing import Traced, llm_spans, run_traced, traced_rollout
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -97,29 +96,10 @@ def server(script: Script) -> Iterator[FakeOpenAIServer]:
 
 
 @pytest.fixture
-async def traced(script: Script) -> AsyncIterator[Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]]:
+async def traced(script: Script) -> AsyncIterator[Traced]:
     script.answers.clear()
-    store = InMemoryLightningStore(thread_safe=True)
-    rollout = await store.start_rollout(input={"task": "test"})
-    tracer = AgentOpsTracer()
-    with tracer.lifespan(store):
-        yield tracer, store, rollout
-    assert not is_openai_instrumented()
-
-
-async def run_traced(traced: Any, body: Any) -> List[Span]:
-    tracer, store, rollout = traced
-    async with tracer.trace_context(
-        rollout.rollout_id, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
-    ):
-        result = body()
-        if hasattr(result, "__await__"):
-            await result
-    return list(await store.query_spans(rollout.rollout_id))
-
-
-def llm_spans(spans: List[Span]) -> List[Span]:
-    return [span for span in spans if span.name == SPAN_NAME]
+    async with traced_rollout() as running:
+        yield running
 
 
 # A JSON escape of half a surrogate pair decodes to a string with no UTF-8 form.
@@ -142,7 +122,7 @@ async def test_lone_surrogates_in_a_response_are_recorded_replaced(
         contents.append(answer.choices[0].message.content or "")
 
     script.json(BROKEN_COMPLETION)
-    (span,) = llm_spans(await run_traced(traced, call))
+    (span,) = llm_spans(await run_traced(*traced, call))
     assert contents == ["bad \ud800 text"]  # the caller's answer is the SDK's, as it is
     attrs = span.attributes
     assert attrs["gen_ai.completion.0.content"] == "bad \ufffd text"
@@ -172,7 +152,7 @@ async def test_a_stream_dropped_after_unrecordable_chunks_raises_the_sdk_error(
             for piece in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
                 received.append(piece.choices[0].delta.content)
 
-    (span,) = llm_spans(await run_traced(traced, call))
+    (span,) = llm_spans(await run_traced(*traced, call))
     assert received == ["He", [{"type": "text", "text": "\ud83d"}], "llo"]
     assert span.status.status_code == "ERROR"
     assert span.attributes["error.type"] == "APIConnectionError"
@@ -199,7 +179,7 @@ async def test_error_answers_reach_the_caller_unchanged(traced: Any, server: Fak
         except openai.APIConnectionError as exc:
             raised.append(exc)
 
-    spans = llm_spans(await run_traced(traced, call))
+    spans = llm_spans(await run_traced(*traced, call))
     assert [type(exc) for exc in raised] == [openai.BadRequestError, openai.APIConnectionError]
     assert [span.attributes["error.type"] for span in spans] == ["BadRequestError", "APIConnectionError"]
     assert spans[1].attributes["gen_ai.completion.0.content"] == "partial"
@@ -229,7 +209,7 @@ async def test_a_raw_response_method_kept_after_uninstrumenting_records_nothing(
         finally:
             instrument_openai()
 
-    spans = llm_spans(await run_traced(traced, call))
+    spans = llm_spans(await run_traced(*traced, call))
     assert len(spans) == 1
 
 
@@ -259,7 +239,7 @@ async def test_a_cancelled_langchain_agent_leaves_no_model_call_open(
             await task
 
     try:
-        spans = await run_traced(traced, call)
+        spans = await run_traced(*traced, call)
     finally:
         script.release.set()
     by_name = {span.name: span for span in spans}
