@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import heapq
 import itertools
 import json
@@ -75,6 +76,7 @@ from agentbolt.types.wire import NON_FINITE_FLOATS
 
 from .base import TraceToTripletBase, span_list
 from .calls import CallIdentities, call_identity
+from .fenwick import MinimumTree
 from .messages import decode_content, group_genai_dict
 
 if TYPE_CHECKING:
@@ -341,9 +343,9 @@ def _tightest_enclosing(candidates: Sequence[TraceTree], nodes: Sequence[TraceTr
     queries = sorted(nodes, key=lambda node: node.start_time)  # type: ignore[arg-type,return-value]
     best: Dict[int, Tuple[float, int]] = {}
     for strict_start in (True, False):
-        # tree[r] holds the smallest (duration, index) among inserted candidates of end rank <= r, where rank 1 is
-        # the latest end; a prefix over ranks is then "ends at or after a time".
-        tree: List[Optional[Tuple[float, int]]] = [None] * (len(ends) + 1)
+        # Slot r holds the smallest (duration, index) among inserted candidates of end rank r, where rank 1 is the
+        # latest end; slots 1..r are then "ends at or after a time".
+        tree: MinimumTree[Tuple[float, int]] = MinimumTree(len(ends))
         inserted = 0
         for query in queries:
             start, end = query.start_time, query.end_time
@@ -353,22 +355,11 @@ def _tightest_enclosing(candidates: Sequence[TraceTree], nodes: Sequence[TraceTr
                 if candidate.start_time > start or (strict_start and candidate.start_time == start):  # type: ignore[operator]
                     break
                 key = (candidate.end_time - candidate.start_time, index)  # type: ignore[operator]
-                rank = len(ends) - bisect.bisect_left(ends, candidate.end_time)
-                while rank < len(tree):
-                    current = tree[rank]
-                    if current is None or key < current:
-                        tree[rank] = key
-                    rank += rank & -rank
+                tree.lower(len(ends) - bisect.bisect_left(ends, candidate.end_time), key)
                 inserted += 1
             # With a strictly earlier start the candidate may end with the node; otherwise it must end later.
             cut = bisect.bisect_left(ends, end) if strict_start else bisect.bisect_right(ends, end)
-            rank = len(ends) - cut
-            found: Optional[Tuple[float, int]] = None
-            while rank > 0:
-                current = tree[rank]
-                if current is not None and (found is None or current < found):
-                    found = current
-                rank -= rank & -rank
+            found = tree.minimum(len(ends) - cut)
             if found is not None and (id(query) not in best or found < best[id(query)]):
                 best[id(query)] = found
     return {key: candidates[index] for key, (_, index) in best.items()}
@@ -642,9 +633,17 @@ class TraceTree:
             return text("lc_name") or (self.span.name[len(prefix) :] or None)
         return None
 
+    @functools.cached_property
+    def _reward_value(self) -> Optional[float]:
+        # Read once per node: finding the calls and matching the rewards both ask, and a malformed reward warns.
+        return span_reward_value(self.span)
+
     def maybe_reward_dict(self) -> Dict[str, Any]:
-        """``{"type": "reward", "value": v}`` when this is a reward span, else ``{}``."""
-        value = span_reward_value(self.span)
+        """``{"type": "reward", "value": v}`` when this is a reward span, else ``{}``.
+
+        The span's reward is read on the first call (a malformed one is reported then) and remembered.
+        """
+        value = self._reward_value
         return {"type": "reward", "value": value} if value is not None else {}
 
     def is_reward_span(self) -> bool:

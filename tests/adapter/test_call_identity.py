@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import random
+from typing import Any, Dict, List, Optional, Set
 
 import pytest
 from span_factory import SpanFactory
 
 from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet, TraceToMessages
-from agentbolt.adapter.calls import CallIdentities
+from agentbolt.adapter.calls import CallIdentities, call_identity
 from agentbolt.types import Span
 
 CALL_ID = "agentbolt.llm.call_id"
@@ -89,3 +90,88 @@ def test_a_framework_record_without_ids_around_an_sdk_record_is_the_same_call() 
     later = f.llm_call(4, 5, response_id=None, name="langchain.llm.ChatAnthropic", prompt="another call")
     conversations = TraceToMessages()([framework, sdk, later])
     assert [c["messages"][1]["content"] for c in conversations] == ["same call", "another call"]
+
+
+def _kept_records_pairwise_reference(records: List[Span]) -> List[int]:
+    """The positions of the records :class:`TraceToMessages` keeps, by its rule read literally, comparing each
+    framework record with every record kept before it: records by rank (the gateway's, then other records carrying a
+    call id or token ids, then framework records; recorded order within a rank), a framework record that encloses in
+    time any record kept so far is dropped, the others are kept when their call is new."""
+
+    def encloses(outer: Span, inner: Span) -> bool:
+        if None in (outer.start_time, outer.end_time, inner.start_time, inner.end_time):
+            return False
+        return outer.start_time <= inner.start_time and inner.end_time <= outer.end_time  # type: ignore[operator]
+
+    def rank(span: Span) -> int:
+        if span.name == "agentbolt.llm_call":
+            return 0
+        if CALL_ID in span.attributes or "prompt_token_ids" in span.attributes:
+            return 1
+        return 2
+
+    identities = CallIdentities()
+    kept: Set[int] = set()
+    for position in sorted(range(len(records)), key=lambda i: rank(records[i])):
+        record = records[position]
+        if rank(record) == 2 and any(encloses(record, records[other]) for other in kept):
+            continue
+        if identities.claim(*call_identity(record.attributes)):
+            kept.add(position)
+    return sorted(kept)
+
+
+def _random_time(rng: random.Random) -> Optional[float]:
+    """A time on a coarse grid (so that ranges often coincide or nest), sometimes unknown or not a number."""
+    roll = rng.random()
+    if roll < 0.05:
+        return None
+    if roll < 0.08:
+        return float("nan")
+    return float(rng.randint(0, 5))
+
+
+def _random_records(rng: random.Random) -> List[Span]:
+    """Records of a few calls by the gateway, the SDK instrumentation and framework callbacks, each with its own
+    prompt, with ids drawn from small pools so that they often name the same call."""
+    spans: List[Span] = []
+    for position in range(rng.randint(1, 9)):
+        attributes: Dict[str, Any] = {
+            "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": f"record {position}",
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": "answer",
+        }
+        call_id = rng.choice([None, None, "c1", "c2"])
+        if call_id is not None:
+            attributes[CALL_ID] = call_id
+        response_id = rng.choice([None, "r1", "r2", "r3"])
+        if response_id is not None:
+            attributes["gen_ai.response.id"] = response_id
+        if rng.random() < 0.2:
+            attributes["prompt_token_ids"] = [1, 2]
+        name = rng.choice(["agentbolt.llm_call", "openai.chat.completion", "langchain.llm.ChatOpenAI"])
+        spans.append(
+            Span.from_attributes(
+                attributes=attributes,
+                rollout_id="ro-test",
+                attempt_id="at-test",
+                sequence_id=position + 1,
+                name=name,
+                trace_id="1" * 32,
+                span_id=f"{position + 1:016x}",
+                parent_id=None,
+                start_time=_random_time(rng),
+                end_time=_random_time(rng),
+            )
+        )
+    return spans
+
+
+def test_messages_keep_the_records_the_pairwise_enclosure_rule_keeps() -> None:
+    rng = random.Random(20240611)
+    for trace in range(3000):
+        records = _random_records(rng)
+        expected = [f"record {position}" for position in _kept_records_pairwise_reference(records)]
+        kept = [conversation["messages"][0]["content"] for conversation in TraceToMessages()(records)]
+        assert kept == expected, f"trace {trace}: {[(s.name, s.start_time, s.end_time) for s in records]}"

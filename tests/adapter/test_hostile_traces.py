@@ -11,7 +11,8 @@ import pytest
 from span_factory import SpanFactory
 
 from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet, TraceToMessages
-from agentbolt.adapter.triplet import TraceTree, triplet_token_ids
+from agentbolt.adapter.base import TraceToTripletBase
+from agentbolt.adapter.triplet import RewardMatchPolicy, TraceTree, triplet_token_ids
 from agentbolt.types import Span
 
 
@@ -42,6 +43,33 @@ def test_a_reward_that_is_not_a_number_is_ignored_with_a_warning(caplog: pytest.
         assert _tokens(TracerTraceToTriplet()(spans)) == [([1, 2], [3], 0.5)]
         assert _tokens(LlmProxyTraceToTriplet()(spans)) == [([1, 2], [3], 0.5)]
     assert any("malformed reward" in r.getMessage() and bad.span_id in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "adapter",
+    [
+        TracerTraceToTriplet(),
+        TracerTraceToTriplet(reward_match=RewardMatchPolicy.FIRST_SIBLING),
+        TracerTraceToTriplet(exclude_llm_call_in_reward=False),
+        LlmProxyTraceToTriplet(),
+    ],
+    ids=["tracer", "tracer-first-sibling", "tracer-calls-in-rewards-kept", "llm-proxy"],
+)
+def test_each_malformed_reward_is_reported_once_per_adaptation(
+    adapter: TraceToTripletBase, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = SpanFactory()
+    agent = f.agent("solver", 0, 10)
+    call = f.llm_call(1, 2, response_id="r1", prompt_token_ids=[1, 2], response_token_ids=[3], parent=agent)
+    gateway = f.gateway_call(1, 2, response_id="r1", prompt_token_ids=[1, 2], response_token_ids=[3])
+    bad = [_reward_span(f, "not a number", 3, parent=agent), _reward_span(f, [1, 2], 4, parent=agent)]
+    spans = [agent, call, gateway, *bad]
+
+    with caplog.at_level(logging.WARNING, logger="agentbolt.adapter.triplet"):
+        assert _tokens(adapter(spans)) == [([1, 2], [3], None)]
+    reported = [r.getMessage() for r in caplog.records if "malformed reward" in r.getMessage()]
+    assert len(reported) == 2
+    assert [sum(span.span_id in message for message in reported) for span in bad] == [1, 1]
 
 
 @pytest.mark.parametrize("bad_ids", [[-1, 5], [1, "2"], [1.0, 2.0], [True, 2], "[1, 2", "[[[[", "not ids"])
