@@ -183,6 +183,8 @@ SPLIT_SCRIPT = textwrap.dedent(
 
     @agl.rollout
     async def agent(task, prompt_template: agl.PromptTemplate) -> float:
+        with agl.operation(name="work"):  # a span of the rollout's own
+            pass
         if task == "wait":
             open(started, "w").write("1")
             await asyncio.sleep(3600)
@@ -203,17 +205,18 @@ SPLIT_SCRIPT = textwrap.dedent(
 )
 
 
+def split_role_environment(role: str, port: int, server_id: Optional[str] = None) -> Dict[str, str]:
+    """This process's environment, plus the variables that start :data:`SPLIT_SCRIPT` as ``role`` on ``port``."""
+    env = {**os.environ, "AGL_CURRENT_ROLE": role, "AGL_SERVER_HOST": "127.0.0.1", "AGL_SERVER_PORT": str(port)}
+    if server_id is not None:
+        env["AGENTBOLT_STORE_SERVER_ID"] = server_id
+    return env
+
+
 def _start_role(
     role: str, port: int, started: Path, *tasks: str, server_id: Optional[str] = None
 ) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "AGL_CURRENT_ROLE": role,
-        "AGL_SERVER_HOST": "127.0.0.1",
-        "AGL_SERVER_PORT": str(port),
-    }
-    if server_id is not None:
-        env["AGENTBOLT_STORE_SERVER_ID"] = server_id
+    env = split_role_environment(role, port, server_id)
     return subprocess.Popen(
         [sys.executable, "-c", SPLIT_SCRIPT, role, str(started), *tasks],
         env=env,

@@ -8,54 +8,22 @@ one count of lost spans), and the process exits without tracebacks or asyncio wa
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from support.interrupt import ctrl_c_when
 from support.servers import StoreServerProcess, free_port
 
 from agentbolt.store.client_server import LightningStoreClient
 
-SCRIPT = textwrap.dedent(
-    """
-    import asyncio, sys
-    import agentbolt as agl
-
-    role, started = sys.argv[1], sys.argv[2]
-
-    @agl.rollout
-    async def agent(task, prompt_template: agl.PromptTemplate) -> float:
-        with agl.operation(name="work"):
-            pass
-        if task == "wait":
-            open(started, "w").write("1")
-            await asyncio.sleep(3600)
-        return 1.0
-
-    trainer = agl.Trainer(
-        runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.1, "heartbeat_interval": 1.0},
-        initial_resources={"p": agl.PromptTemplate(template="x", engine="f-string")},
-    )
-    if role == "algorithm":
-        trainer.dev(agent, sys.argv[3:], progress=False)
-    else:
-        trainer.fit(agent)
-    print("returned", role, flush=True)
-    """
-)
+from .test_cs_environment import SPLIT_SCRIPT, split_role_environment
 
 STOP_SECONDS = 30.0
 """How long the runner may take to exit after Ctrl-C before the test fails (a bound for the test, not a target)."""
-
-
-def _environment(role: str, port: int) -> Dict[str, str]:
-    return {**os.environ, "AGL_CURRENT_ROLE": role, "AGL_SERVER_HOST": "127.0.0.1", "AGL_SERVER_PORT": str(port)}
 
 
 def _problems(stderr: str) -> List[str]:
@@ -67,8 +35,8 @@ def test_ctrl_c_stops_a_runner_in_a_rollout_promptly_when_the_store_is_gone(tmp_
     port = free_port()
     started = tmp_path / "started"
     algorithm = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, "algorithm", str(started), "a", "b", "wait"],
-        env=_environment("algorithm", port),
+        [sys.executable, "-c", SPLIT_SCRIPT, "algorithm", str(started), "a", "b", "wait"],
+        env=split_role_environment("algorithm", port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -87,9 +55,9 @@ def test_ctrl_c_stops_a_runner_in_a_rollout_promptly_when_the_store_is_gone(tmp_
 
     try:
         runner, stdout, stderr = ctrl_c_when(
-            [sys.executable, "-c", SCRIPT, "runner", str(started)],
+            [sys.executable, "-c", SPLIT_SCRIPT, "runner", str(started)],
             store_gone,
-            env=_environment("runner", port),
+            env=split_role_environment("runner", port),
             wait_seconds=120,
             exit_seconds=STOP_SECONDS,
         )
@@ -133,9 +101,9 @@ def test_an_idle_runner_whose_store_was_killed_waits_quietly_and_stops_on_ctrl_c
         return time.monotonic() - killed_at > 6.0  # about six heartbeats and sixty polls of a store that is gone
 
     runner, stdout, stderr = ctrl_c_when(
-        [sys.executable, "-c", SCRIPT, "runner", str(tmp_path / "started")],
+        [sys.executable, "-c", SPLIT_SCRIPT, "runner", str(tmp_path / "started")],
         store_killed_a_while_ago,
-        env=_environment("runner", server.port),
+        env=split_role_environment("runner", server.port),
         wait_seconds=120,
         exit_seconds=STOP_SECONDS,
     )
