@@ -205,7 +205,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
     ``AGL_SERVER_PORT`` and ``AGL_MANAGED_STORE``, so the same script can run as the algorithm on one machine and as
     runners on others. An argument wins over its variable; a variable's value is read without surrounding whitespace
     (the role in any case). A malformed value, or settings that contradict each other, is a :class:`ValueError`
-    naming the variable (or argument) each setting came from, raised here, before anything starts. Shutdown escalates: stop event, then SIGINT, then terminate, then kill.
+    naming the variable (or argument) each setting came from, raised here, before anything starts. Shutdown
+    escalates: stop event, then SIGINT, then terminate, then kill.
 
     Runners only ever work for the store they were started with. With ``role="both"`` and a managed store, each
     :meth:`execute` gives its store server a fresh random id and hands it to its runners: a runner waits until the
