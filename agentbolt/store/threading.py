@@ -55,6 +55,19 @@ class LightningStoreThreaded(LightningStore):
         with healthcheck_suppressed():
             return await self.store.wait_for_queued_rollouts(timeout)
 
+    @property
+    def watchdog_period(self) -> Optional[float]:
+        """The wrapped store's watchdog period, or None when it has no watchdog (see :meth:`run_watchdog`)."""
+        if isinstance(self.store, CollectionBasedLightningStore):
+            return self.store.watchdog_period
+        return None
+
+    async def run_watchdog(self) -> None:
+        """Run the wrapped store's watchdog scan, if it has one and one is due, holding the facade's lock."""
+        if isinstance(self.store, CollectionBasedLightningStore):
+            async with self._lock:
+                await self.store.run_watchdog()
+
     async def _call_locked(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         async with self._lock:
             return await getattr(self.store, name)(*args, **kwargs)

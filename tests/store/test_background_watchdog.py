@@ -14,8 +14,10 @@ import httpx
 import pytest
 from support.servers import free_port, start_store_process, wait_healthy
 
+from agentbolt.store.base import LightningStore
 from agentbolt.store.http import LightningStoreClient, LightningStoreServer
 from agentbolt.store.sqlite import SqliteLightningStore
+from agentbolt.store.threading import LightningStoreThreaded
 from agentbolt.types import RolloutConfig
 
 
@@ -35,10 +37,13 @@ async def _attempt_statuses_on_disk(db: Path, rollout_id: str, wanted: str) -> L
         await reader.close()
 
 
-async def test_a_rollout_times_out_while_nobody_calls_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threaded", [False, True], ids=["store", "threaded-store"])
+async def test_a_rollout_times_out_while_nobody_calls_the_server(tmp_path: Path, threaded: bool) -> None:
+    """Also when the served store is wrapped in a :class:`LightningStoreThreaded`."""
     db = tmp_path / "idle.db"
     store = SqliteLightningStore(str(db), scan_debounce_seconds=0.2)
-    server = LightningStoreServer(store, "127.0.0.1", free_port())
+    served: LightningStore = LightningStoreThreaded(store) if threaded else store
+    server = LightningStoreServer(served, "127.0.0.1", free_port())
     await server.start()
     try:
         client = LightningStoreClient(server.endpoint)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from agentbolt.store.base import LightningStore
 from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.store.threading import LightningStoreThreaded
 
 
@@ -56,10 +58,12 @@ def _facade() -> Tuple[LightningStoreThreaded, RecordingStore]:
 
 
 def test_every_public_store_method_is_overridden_and_nothing_else_is_public() -> None:
+    """Besides the store API, only the watchdog hooks a server calls (as it does on a collection-based store)."""
+    watchdog_hooks = {"watchdog_period", "run_watchdog"}
     own = {name for name in vars(LightningStoreThreaded) if not name.startswith("_")}
-    assert sorted(own - {"capabilities", "otlp_traces_endpoint"}) == STORE_METHODS
+    assert sorted(own - {"capabilities", "otlp_traces_endpoint"} - watchdog_hooks) == STORE_METHODS
     public = {name for name in dir(LightningStoreThreaded) if not name.startswith("_")}
-    assert public == {name for name in dir(LightningStore) if not name.startswith("_")}
+    assert public == {name for name in dir(LightningStore) if not name.startswith("_")} | watchdog_hooks
 
 
 UNLOCKED_WAITS = ("wait_for_rollouts", "wait_for_queued_rollouts")
@@ -127,3 +131,22 @@ async def test_calls_from_many_threads_share_one_real_store() -> None:
     for thread in threads:
         thread.join()
     assert await facade.get_next_span_sequence_id(rid, aid) == 4 * 50 + 1
+
+
+async def test_the_watchdog_runs_under_the_facade_lock_and_only_for_a_store_that_has_one(tmp_path: Path) -> None:
+    facade, _ = _facade()
+    assert facade.watchdog_period is None
+    await facade.run_watchdog()  # nothing to run
+
+    store = SqliteLightningStore(str(tmp_path / "w.db"), scan_debounce_seconds=0.5)
+    try:
+        threaded = LightningStoreThreaded(store)
+        assert threaded.watchdog_period == store.watchdog_period == 0.5
+        await threaded._lock.acquire()
+        scan = asyncio.ensure_future(threaded.run_watchdog())
+        await asyncio.sleep(0.05)
+        assert not scan.done(), "the scan waits for the facade's lock"
+        threaded._lock.release()
+        await asyncio.wait_for(scan, timeout=30)
+    finally:
+        await store.close()

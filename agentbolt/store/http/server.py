@@ -53,6 +53,7 @@ from agentbolt.store.http.routes import (
     paginated_content,
 )
 from agentbolt.store.requests import _PaginationFields
+from agentbolt.store.threading import LightningStoreThreaded
 from agentbolt.store.utils import LATENCY_BUCKETS
 from agentbolt.types.wire import decode_json, encode_json_repairing
 from agentbolt.utils.server_launcher import (
@@ -696,12 +697,14 @@ async def background_watchdog(store: Optional[LightningStore]) -> AsyncIterator[
     out while no request comes in; several server processes sharing the storage scan once per period among them.
 
     A failed scan is logged and the next period scans again. Nothing runs for a store without a watchdog (not
-    collection-based) or a read-only one. The background task ends with the block.
+    collection-based, directly or inside a :class:`~agentbolt.store.threading.LightningStoreThreaded`) or a read-only
+    one. The background task ends with the block.
     """
-    if not isinstance(store, CollectionBasedLightningStore) or getattr(store, "read_only", False):
+    watched = store.store if isinstance(store, LightningStoreThreaded) else store
+    if not isinstance(watched, CollectionBasedLightningStore) or getattr(watched, "read_only", False):
         yield
         return
-    task = asyncio.ensure_future(_watch(store))
+    task = asyncio.ensure_future(_watch(store, watched.watchdog_period))
     try:
         yield
     finally:
@@ -710,8 +713,7 @@ async def background_watchdog(store: Optional[LightningStore]) -> AsyncIterator[
             await task
 
 
-async def _watch(store: CollectionBasedLightningStore[Any]) -> None:
-    period = store.watchdog_period
+async def _watch(store: Union[CollectionBasedLightningStore[Any], LightningStoreThreaded], period: float) -> None:
     while True:
         await asyncio.sleep(period)
         try:
