@@ -1,9 +1,9 @@
 """The span attributes of one LLM call, built in one place for every recorder of LLM calls.
 
-The OpenAI SDK instrumentation (``openai.chat.completion`` spans) and the LLM gateway (``agentbolt.llm_call`` spans)
-both build their attributes here, so one call records the same keys whichever way it was traced. Requests are read
-as the OpenAI API defines them; responses and stream chunks may be parsed JSON (dicts) or the SDK's objects
-(including the extra fields servers add, such as vLLM's ``token_ids``).
+The OpenAI SDK instrumentation (``openai.chat.completion`` and ``openai.completion`` spans) and the LLM gateway
+(``agentbolt.llm_call`` spans) both build their attributes here, so one call records the same keys whichever way it
+was traced. Requests are read as the OpenAI API defines them; responses and stream chunks may be parsed JSON (dicts)
+or the SDK's objects (including the extra fields servers add, such as vLLM's ``token_ids``).
 
 Where the OpenTelemetry GenAI semantic conventions name a value, their key is used:
 
@@ -16,7 +16,9 @@ request ``model``                               ``gen_ai.request.model``
 ``stop``                                        ``gen_ai.request.stop_sequences`` (always a list of strings)
 ``stream``                                      ``gen_ai.request.stream`` (always recorded, bool)
 ``messages`` / ``prompt``                       ``gen_ai.prompt.<i>.role/content/name/tool_call_id/reasoning_content``
-                                                and ``gen_ai.prompt.<i>.tool_calls.<j>.id/type/name/arguments``
+                                                and ``gen_ai.prompt.<i>.tool_calls.<j>.id/type/name/arguments`` (a
+                                                text completion's ``prompt`` is one ``user`` message; a prompt that is
+                                                not a string, such as token ids, is its JSON)
 ``tools`` / ``functions``                       ``gen_ai.request.functions.<i>.name/description/parameters``
 response ``id`` / ``model``                     ``gen_ai.response.id`` / ``gen_ai.response.model``
 choices                                         ``gen_ai.completion.<i>.*`` (as messages, plus ``finish_reason``) and
@@ -27,6 +29,11 @@ token ids (vLLM ``return_token_ids``)           ``prompt_token_ids``, ``response
 logprobs of the first choice                    ``logprobs.content`` (chat: JSON of the entries) and
                                                 ``response_logprobs`` (one float per token)
 ==============================================  ======================================================================
+
+Strings with lone surrogates (a server's JSON escaping half of a surrogate pair, ``"\\ud83d"``) are recorded with
+U+FFFD in their place (see :func:`~agentbolt.types.wire.without_lone_surrogates`): they have no UTF-8 form, and the
+OTLP encoder and the JSON writers refuse them. The same rule applies to the ``exception`` event of a failed call
+(:func:`~agentbolt.utils.otel.record_exception_event`).
 
 Content that is not a string (content parts, tool parameters) is recorded as JSON. Text content that would read back
 as content parts (see :func:`parse_content_parts`) also records ``<prefix>.content_is_text``: ``True`` (next to

@@ -72,8 +72,9 @@ class LinkPydanticModel(BaseModel):
 
 # --- LLM call span format ----------------------------------------------------------------------------------------
 # Attribute keys of one LLM call, built by ``agentbolt.llm_call_attributes`` for both the OpenAI SDK instrumentation
-# (``openai.chat.completion`` spans) and the LLM gateway (one ``agentbolt.llm_call`` span per proxied call, streaming
-# included). ``agentbolt.adapter`` reads them; the full layout is documented in ``agentbolt/adapter/triplet.py``.
+# (``openai.chat.completion`` spans; ``openai.completion`` for text completions) and the LLM gateway (one
+# ``agentbolt.llm_call`` span per proxied call, streaming included). ``agentbolt.adapter`` reads them; the full
+# layout is documented in ``agentbolt/adapter/triplet.py``.
 
 AGL_LLM_CALL = "agentbolt.llm_call"
 """Name of the span the gateway records for one LLM call."""

@@ -1,7 +1,8 @@
 """Which spans record the same LLM call, so that one call gives one training sample.
 
 One call can be recorded several times: by the LLM gateway (an ``agentbolt.llm_call`` span), by the OpenAI SDK
-instrumentation (``openai.chat.completion``) and by a framework's callbacks (LangChain's ``langchain.llm.<name>``).
+instrumentation (``openai.chat.completion``, or ``openai.completion`` for a text completion) and by a framework's
+callbacks (LangChain's ``langchain.llm.<name>``).
 Two records are of the same call when
 
 * both carry a call id (``agentbolt.llm.call_id``: the ``x-request-id`` of the call's HTTP response, which the

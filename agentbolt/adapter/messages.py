@@ -303,12 +303,14 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
     """One OpenAI conversation per traced LLM call, ready for SFT datasets or prompt optimization.
 
     Works with any span carrying ``gen_ai.prompt`` / ``gen_ai.completion`` attributes: the tracer's
-    ``openai.chat.completion`` spans, the LLM gateway's ``agentbolt.llm_call`` spans and the LangChain handler's
-    ``langchain.llm.<name>`` spans. A call recorded by several of them (same call id, or same response id, see
+    ``openai.chat.completion`` spans (and ``openai.completion`` spans of text completions, whose prompt is one user
+    message), the LLM gateway's ``agentbolt.llm_call`` spans and the LangChain handler's ``langchain.llm.<name>``
+    spans. A call recorded by several of them (same call id, or same response id, see
     :mod:`agentbolt.adapter.calls`) gives one conversation, taken from the gateway's record when there is one, else
-    from the SDK's, else from the framework's. A framework's record that encloses in time a record kept before it (an
-    SDK or gateway record, or an earlier framework record) is of the same call too (framework callbacks do not always
-    learn the response id, e.g. when streaming). Selecting the records takes ``O(n log n)`` for ``n`` records.
+    from the SDK's, else from the framework's. A framework's record that encloses in time a record kept before it
+    (an SDK or gateway record, or an earlier framework record) is of the same call too (framework callbacks do not
+    always learn the response id, e.g. when streaming). Selecting the records takes ``O(n log n)`` for ``n``
+    records.
     """
 
     def adapt(self, source: Sequence[Span], /) -> List[OpenAIMessages]:

@@ -903,7 +903,10 @@ class TracerTraceToTriplet(TraceToTripletBase):
 
     Args:
         repair_hierarchy: Re-attach spans that lost their parent to the span enclosing them in time.
-        llm_call_match: Regex on span names identifying LLM calls.
+        llm_call_match: Regex (``re.search``) on span names identifying LLM calls. The default,
+            ``openai\\.chat\\.completion``, matches the OpenAI SDK instrumentation's chat completions; its legacy text
+            completions (``client.completions.create``) are ``openai.completion`` spans, which
+            ``r"openai\\.(chat\\.)?completion"`` matches too.
         agent_match: Regex on agent names; only calls made by matching agents are kept (None keeps all). This
             selects which agents of a multi-agent system are trained.
         exclude_llm_call_in_reward: Skip LLM calls made inside reward computations.

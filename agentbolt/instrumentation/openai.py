@@ -1,18 +1,26 @@
-"""OpenTelemetry instrumentation of the OpenAI Python SDK's chat completions (sync, async, streaming, tools).
+"""OpenTelemetry instrumentation of the OpenAI Python SDK's completions (chat and text; sync, async, streaming, tools).
 
-Each ``client.chat.completions.create(...)`` (and ``parse``) call becomes one ``openai.chat.completion`` span. Its
-attributes (OpenTelemetry GenAI keys plus the token ids and logprobs agentbolt's adapters read) are built by
-:mod:`agentbolt.llm_call_attributes`, the module the LLM gateway uses too, so a call records the same keys whether
-the SDK or the gateway traced it.
+Each chat completion (``client.chat.completions.create(...)``, ``parse``, the ``stream()`` helper) becomes one
+``openai.chat.completion`` span, and each legacy text completion (``client.completions.create(...)``) one
+``openai.completion`` span. Their attributes (OpenTelemetry GenAI keys plus the token ids and logprobs agentbolt's
+adapters read) are built by :mod:`agentbolt.llm_call_attributes`, the module the LLM gateway uses too, so a call
+records the same keys whether the SDK or the gateway traced it.
+
+The SDK is patched where every API call of every client passes: the ``request`` method of its base clients
+(``SyncAPIClient`` / ``AsyncAPIClient``). A POST to ``/chat/completions`` or ``/completions`` is recorded from the JSON
+body the SDK sends (its ``extra_body`` included); other calls pass through untouched. The resource methods
+(``create``, ``with_raw_response.create``...) are left as they are, so a method a client bound before instrumenting
+(the SDK's ``with_raw_response`` keeps the ``create`` it was first built with, as LangChain's ``ChatOpenAI`` does) is
+recorded too, and nothing is recorded once uninstrumented.
 
 Streaming responses are wrapped: chunks pass through unchanged while content, tool-call fragments, usage, token
 ids and logprobs are accumulated; the span ends when the stream is exhausted, closed, or fails, or when the caller
 drops a stream it stopped reading (it then ends at the time of the last chunk read).
 
-``client.chat.completions.with_raw_response.create(...)`` (what LangChain's ``ChatOpenAI`` calls) is recorded the same
-way: the response side is read from the raw response's JSON body, without parsing it for the caller; for a raw
-streaming response, the stream its ``parse()`` returns is the wrapped one. ``with_streaming_response`` too: its body is
-read when the call returns (httpx keeps it for the caller's ``parse()``).
+``with_raw_response`` calls (what LangChain's ``ChatOpenAI`` makes) are recorded the same way: the response side is
+read from the raw response's JSON body, without parsing it for the caller; for a raw streaming response, the stream
+its ``parse()`` returns is the wrapped one. ``with_streaming_response`` too: its body is read when the call returns
+(httpx keeps it for the caller's ``parse()``).
 
 While instrumented, the SDK's default HTTP clients also share one TLS context per trust configuration. Building
 one parses the system CA bundle (~20 ms of CPU), and the SDK builds a fresh one for every ``OpenAI()`` /
@@ -40,7 +48,7 @@ import sys
 import threading
 import time
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Type
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -48,12 +56,22 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from agentbolt.llm_call_attributes import CompletionRecord as _Response
 from agentbolt.llm_call_attributes import request_attributes
 from agentbolt.semconv import LLM_CALL_ID, LLM_CALL_ID_HEADER
+from agentbolt.utils.otel import record_exception_event
 
-__all__ = ["instrument_openai", "uninstrument_openai", "is_openai_instrumented", "SPAN_NAME"]
+__all__ = [
+    "instrument_openai",
+    "uninstrument_openai",
+    "is_openai_instrumented",
+    "SPAN_NAME",
+    "TEXT_COMPLETION_SPAN_NAME",
+]
 
 logger = logging.getLogger(__name__)
 
 SPAN_NAME = "openai.chat.completion"
+"""Name of the span of one chat completion (``POST /chat/completions``)."""
+TEXT_COMPLETION_SPAN_NAME = "openai.completion"
+"""Name of the span of one legacy text completion (``POST /completions``)."""
 _SCOPE = "agentbolt.instrumentation.openai"
 
 _lock = threading.Lock()
@@ -103,9 +121,11 @@ def _record_call_id(span: trace_api.Span, outcome: Any) -> None:
 
 
 def _fail(span: trace_api.Span, exc: BaseException) -> None:
-    span.record_exception(exc)
+    """End ``span`` as failed: ``error.type``, an ``exception`` event and an ``ERROR`` status, all writable (see
+    :func:`~agentbolt.utils.otel.record_exception_event`)."""
+    message = record_exception_event(span, exc)
     span.set_attribute("error.type", type(exc).__name__)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"))
     span.end()
 
 
@@ -139,7 +159,7 @@ def _record_response(span: trace_api.Span, response: _Response) -> None:
     try:
         _set_attributes(span, response.attributes())
     except Exception:
-        logger.exception("Failed to record the chat completion response on the span")
+        logger.exception("Failed to record the LLM call's response on the span")
 
 
 def _finish(span: trace_api.Span, response: _Response, end_time: Optional[int] = None) -> None:
@@ -148,19 +168,46 @@ def _finish(span: trace_api.Span, response: _Response, end_time: Optional[int] =
     span.end(end_time=end_time)
 
 
-def _start_span(kwargs: Dict[str, Any]) -> trace_api.Span:
-    # The SDK accepts any iterable: materialise one-shot iterables so that recording them does not consume what
-    # the SDK is about to send (``kwargs`` is the call's own dict, passed on to the SDK afterwards).
-    for key in ("messages", "tools", "functions"):
-        value = kwargs.get(key)
-        if isinstance(value, Iterator):
-            kwargs[key] = list(value)
-    span = _get_tracer().start_span(SPAN_NAME, kind=SpanKind.CLIENT)
+class _Endpoint(NamedTuple):
+    """An API endpoint whose calls are recorded: the span name and ``gen_ai.operation.name`` of its calls."""
+
+    span_name: str
+    operation: str
+
+
+_CHAT = _Endpoint(SPAN_NAME, "chat")
+_TEXT_COMPLETION = _Endpoint(TEXT_COMPLETION_SPAN_NAME, "text_completion")
+
+
+def _endpoint(options: Any) -> Optional[_Endpoint]:
+    """The recorded endpoint a request of the SDK (its ``FinalRequestOptions``) calls, or None for any other call."""
+    method = getattr(options, "method", None)
+    url = getattr(options, "url", None)
+    if not isinstance(method, str) or method.lower() != "post" or not isinstance(url, str):
+        return None
+    path = url.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        return _CHAT
+    if path.endswith("/completions"):
+        return _TEXT_COMPLETION
+    return None
+
+
+def _request_body(options: Any) -> Mapping[str, Any]:
+    """The JSON body the SDK sends: its parameters (already made JSON-ready by the SDK) and the call's ``extra_body``."""
+    body = getattr(options, "json_data", None)
+    extra = getattr(options, "extra_json", None)
+    body = body if isinstance(body, Mapping) else {}
+    return {**body, **extra} if isinstance(extra, Mapping) and extra else body
+
+
+def _start_span(endpoint: _Endpoint, body: Mapping[str, Any]) -> trace_api.Span:
+    span = _get_tracer().start_span(endpoint.span_name, kind=SpanKind.CLIENT)
     if span.is_recording():
         try:
-            span.set_attributes(request_attributes(kwargs, provider="openai"))
+            span.set_attributes(request_attributes(body, operation=endpoint.operation, provider="openai"))
         except Exception:
-            logger.exception("Failed to record the chat completion request on the span")
+            logger.exception("Failed to record the LLM call's request on the span")
     return span
 
 
@@ -189,7 +236,7 @@ class _StreamRecorder:
         try:
             self._response.add_chunk(chunk)
         except Exception:  # the caller gets its chunk whatever recording it did
-            logger.exception("Failed to record a chat completion stream chunk")
+            logger.exception("Failed to record a completion stream chunk")
 
     def __del__(self) -> None:
         # A caller that stops reading early (``break`` in its loop) and never closes the stream would otherwise leave
@@ -367,59 +414,67 @@ def _call_in_span(span: trace_api.Span) -> Iterator[None]:
 
 
 def _hand_over(
-    span: trace_api.Span, result: Any, kwargs: Dict[str, Any], stream_wrapper: Callable[[Any, trace_api.Span], Any]
+    span: trace_api.Span, result: Any, streaming: bool, stream_wrapper: Callable[[Any, trace_api.Span], Any]
 ) -> Any:
-    """What the caller of ``create`` receives: a stream traced by ``stream_wrapper``, or the result (span finished)."""
+    """What the caller receives: a stream traced by ``stream_wrapper``, or the result (span finished)."""
     if not span.is_recording():
         return result
     _record_call_id(span, result)
-    if kwargs.get("stream") and _is_stream(result):
+    if streaming and _is_stream(result):
         return stream_wrapper(result, span)
     if _is_raw_response(result):
-        _record_raw(result, span, bool(kwargs.get("stream")), stream_wrapper)
+        _record_raw(result, span, streaming, stream_wrapper)
         return result
     _finish(span, _Response.from_completion(result) if hasattr(result, "choices") else _Response())
     return result
 
 
-def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrapper of a sync ``create`` / ``parse``.
+def _is_streaming(body: Mapping[str, Any], kwargs: Dict[str, Any]) -> bool:
+    """Whether the SDK asked for a stream (``request``'s own ``stream`` argument, else the body's)."""
+    return bool(kwargs.get("stream", body.get("stream") is True))
 
-    The SDK's ``with_raw_response`` and ``with_streaming_response`` keep the method they were first built with, bound
-    to the client: one built while instrumented keeps calling this wrapper after :func:`uninstrument_openai`, which
-    then records nothing.
-    """
+
+def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrapper of ``SyncAPIClient.request``: records the calls of the recorded endpoints (see :func:`_endpoint`)."""
 
     @functools.wraps(original)
-    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _originals:  # uninstrumented, called through a method bound while instrumented (see _wrap_sync)
-            return original(self, *args, **kwargs)
-        span = _start_span(kwargs)
+    def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        # ``_originals`` is empty when uninstrumented, for a method bound to a client while instrumented.
+        endpoint = _endpoint(options) if _originals else None
+        if endpoint is None:
+            return original(self, cast_to, options, *args, **kwargs)
+        body = _request_body(options)
+        span = _start_span(endpoint, body)
         with _call_in_span(span):
-            result = original(self, *args, **kwargs)
-        return _hand_over(span, result, kwargs, _TracedStream)
+            result = original(self, cast_to, options, *args, **kwargs)
+        return _hand_over(span, result, _is_streaming(body, kwargs), _TracedStream)
 
-    create.__agentbolt_original__ = original  # type: ignore[attr-defined]
-    return create
+    request.__agentbolt_original__ = original  # type: ignore[attr-defined]
+    return request
 
 
 def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrapper of ``AsyncAPIClient.request`` (see :func:`_wrap_sync`)."""
+
     @functools.wraps(original)
-    async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _originals:
-            return await original(self, *args, **kwargs)
-        span = _start_span(kwargs)
+    async def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        endpoint = _endpoint(options) if _originals else None
+        if endpoint is None:
+            return await original(self, cast_to, options, *args, **kwargs)
+        body = _request_body(options)
+        streaming = _is_streaming(body, kwargs)
+        span = _start_span(endpoint, body)
         with _call_in_span(span):
-            result = await original(self, *args, **kwargs)
+            result = await original(self, cast_to, options, *args, **kwargs)
         received = not (span.is_recording() and _is_raw_response(result)) or await _read_raw_async(
-            result, span, bool(kwargs.get("stream"))
+            result, span, streaming
         )
         if not received:  # the span has been ended as failed; the caller's own reads will report the error
             return result
-        return _hand_over(span, result, kwargs, _AsyncTracedStream)
+        return _hand_over(span, result, streaming, _AsyncTracedStream)
 
-    create.__agentbolt_original__ = original  # type: ignore[attr-defined]
-    return create
+    request.__agentbolt_original__ = original  # type: ignore[attr-defined]
+    return request
 
 
 def _shared_ssl_context(library: ModuleType, trust_env: bool) -> ssl.SSLContext:
@@ -461,15 +516,12 @@ def _wrap_http_client_init(library: ModuleType) -> Callable[[Callable[..., Any]]
 
 
 def _targets() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
-    from openai.resources.chat.completions import AsyncCompletions, Completions
+    from openai import _base_client
 
     targets: List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
-        (Completions, "create", _wrap_sync),
-        (Completions, "parse", _wrap_sync),
-        (AsyncCompletions, "create", _wrap_async),
-        (AsyncCompletions, "parse", _wrap_async),
+        (_base_client.SyncAPIClient, "request", _wrap_sync),
+        (_base_client.AsyncAPIClient, "request", _wrap_async),
     ]
-    from openai import _base_client
 
     for name in ("_DefaultHttpxClient", "_DefaultAsyncHttpxClient"):
         cls = getattr(_base_client, name, None)
@@ -480,7 +532,7 @@ def _targets() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[
 
 
 def instrument_openai() -> None:
-    """Patch the OpenAI SDK so chat completions produce spans. Idempotent.
+    """Patch the OpenAI SDK so chat and text completions produce spans. Idempotent.
 
     Raises:
         ImportError: The ``openai`` package is not installed.
@@ -494,7 +546,7 @@ def instrument_openai() -> None:
             setattr(cls, name, wrap(original))
         if _track_collection not in gc.callbacks:
             gc.callbacks.append(_track_collection)
-    logger.debug("OpenAI chat completions instrumented")
+    logger.debug("OpenAI chat and text completions instrumented")
 
 
 def uninstrument_openai() -> None:

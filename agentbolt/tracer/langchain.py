@@ -22,7 +22,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
 
 from agentbolt.llm_call_attributes import CompletionRecord, request_attributes
-from agentbolt.utils.otel import make_tag_attributes
+from agentbolt.utils.otel import make_tag_attributes, record_exception_event
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -147,8 +147,8 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         if attributes:
             span.set_attributes(attributes)
         if error is not None:
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, str(error)))
+            message = record_exception_event(span, error)  # lone surrogates replaced, as in the call's attributes
+            span.set_status(Status(StatusCode.ERROR, message))
         elif reported:
             span.set_status(Status(StatusCode.OK))
         span.end()

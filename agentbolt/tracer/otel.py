@@ -48,7 +48,7 @@ from agentbolt.store.base import LightningStore, LightningStoreCapabilities
 from agentbolt.store.span_writer import DEFAULT_MAX_BUFFERED, PendingSpan, SpanWriter
 from agentbolt.tracer.base import Tracer, is_untraced
 from agentbolt.types.tracer import Attributes, Span, SpanCoreFields, StatusCode, TraceStatus, convert_timestamp
-from agentbolt.utils.otel import format_exception_attributes
+from agentbolt.utils.otel import format_exception_attributes, record_exception_event
 
 if TYPE_CHECKING:
     from agentbolt.utils.otlp import LightningStoreOTLPExporter
@@ -679,8 +679,8 @@ class OtelSpanRecordingContext:
 
     def record_exception(self, exception: BaseException) -> None:
         """Record the exception and mark the span failed."""
-        self._span.record_exception(exception)
-        self._span.set_status(Status(OtelStatusCode.ERROR, str(exception)))
+        message = record_exception_event(self._span, exception)
+        self._span.set_status(Status(OtelStatusCode.ERROR, message))
 
     def record_attributes(self, attributes: Attributes) -> None:
         """Add or overwrite attributes."""

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from agentbolt.env_var import LightningEnvVar, resolve_bool_env_var
 from agentbolt.semconv import LightningSpanAttributes, LinkAttributes, LinkPydanticModel
 from agentbolt.types.tracer import Attributes, AttributeValue, Span
+from agentbolt.types.wire import without_lone_surrogates
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -42,6 +43,7 @@ __all__ = [
     "sanitize_list_attribute_sanity",
     "check_attributes_sanity",
     "format_exception_attributes",
+    "record_exception_event",
     "get_span_processors",
 ]
 
@@ -404,17 +406,37 @@ def format_exception_attributes(exception: BaseException) -> Attributes:
 
     Returns:
         ``exception.type``, ``exception.message``, ``exception.escaped`` and, when available,
-        ``exception.stacktrace``.
+        ``exception.stacktrace``; lone surrogates in the message or the stack trace (an error body's ``"\\ud800"``)
+        replaced by U+FFFD (:func:`~agentbolt.types.wire.without_lone_surrogates`), since the OTLP encoder drops
+        strings without a UTF-8 form, and with them the span.
     """
     attributes: Attributes = {
         "exception.type": type(exception).__name__,
-        "exception.message": str(exception),
+        "exception.message": without_lone_surrogates(str(exception)),
         "exception.escaped": True,
     }
     stacktrace = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
     if stacktrace.strip():
-        attributes["exception.stacktrace"] = stacktrace
+        attributes["exception.stacktrace"] = without_lone_surrogates(stacktrace)
     return attributes
+
+
+def record_exception_event(span: trace_api.Span, exception: BaseException) -> str:
+    """Record ``exception`` on ``span`` as OpenTelemetry's ``exception`` event, its message and stack trace writable.
+
+    OpenTelemetry's ``span.record_exception`` records them as they are, and the OTLP encoder drops a string without
+    a UTF-8 form (an error body's lone surrogate ``"\\ud800"``) and with it the span. Here they are the ones of
+    :func:`format_exception_attributes`, lone surrogates replaced by U+FFFD; the event's other attributes are
+    OpenTelemetry's own.
+
+    Returns:
+        The recorded message, for the span's status description.
+    """
+    attributes = format_exception_attributes(exception)
+    message = str(attributes["exception.message"])
+    written = {key: attributes[key] for key in ("exception.message", "exception.stacktrace") if key in attributes}
+    span.record_exception(exception, attributes=written)
+    return message
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible chat completions server for tests and benchmarks.
+"""A small OpenAI-compatible chat and text completions server for tests and benchmarks.
 
 This is a stand-in for a hosted OpenAI API, which cannot be reached here. It is a real HTTP server (FastAPI +
 uvicorn on 127.0.0.1, free port) that the real ``openai`` SDK talks to. Behaviour:
@@ -7,6 +7,11 @@ uvicorn on 127.0.0.1, free port) that the real ``openai`` SDK talks to. Behaviou
   message is from the user, it calls the first tool instead (arguments ``{"query": <last user message>}``).
   ``stream: true`` returns server-sent events (role chunk, content or tool-call fragments, a final chunk with the
   finish reason, an optional usage chunk, ``[DONE]``).
+* ``POST /v1/completions`` (the legacy text-completion API): answers ``"Echo: <prompt>"`` (a prompt given as token ids
+  is read back as characters), as JSON or, with ``stream: true``, as server-sent events (text chunks, a final chunk
+  with the finish reason, an optional usage chunk, ``[DONE]``). Token ids come as vLLM returns them for this API:
+  ``prompt_token_ids`` and ``token_ids`` on each choice (the prompt ids in the first chunk of a stream); ``logprobs: k``
+  gives the legacy ``tokens`` / ``token_logprobs`` layout.
 * vLLM-style token ids (``prompt_token_ids`` on the response / first chunk, ``token_ids`` per choice / per delta)
   when the request has ``return_token_ids: true`` or :attr:`FakeOpenAIConfig.token_ids` is set; per-token
   ``logprobs`` when the request asks for them. "Tokens" are the characters' code points.
@@ -67,6 +72,25 @@ def _logprobs(text: str) -> Dict[str, Any]:
             {"token": c, "logprob": -0.01 * (i + 1), "bytes": list(c.encode()), "top_logprobs": []}
             for i, c in enumerate(text)
         ]
+    }
+
+
+def _prompt_of(body: Dict[str, Any]) -> str:
+    """The text of a text-completion request's prompt: a string, the first of a list, or token ids as characters."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return "".join(chr(token) for token in prompt)
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _text_logprobs(text: str, offset: int = 0) -> Dict[str, Any]:
+    return {
+        "tokens": list(text),
+        "token_logprobs": [-0.01 * (offset + i + 1) for i in range(len(text))],
+        "top_logprobs": [{c: -0.01 * (offset + i + 1)} for i, c in enumerate(text)],
+        "text_offset": [offset + i for i in range(len(text))],
     }
 
 
@@ -209,6 +233,81 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Any:
+        body = await request.json()
+        config.requests.append(body)
+        if config.delay:
+            await asyncio.sleep(config.delay)
+        if config.fail_next > 0:
+            config.fail_next -= 1
+            return JSONResponse(
+                {"error": {"message": "injected failure", "type": "server_error", "code": None}},
+                status_code=config.fail_status,
+            )
+        prompt = _prompt_of(body)
+        text = f"Echo: {prompt}"
+        with_ids = bool(body.get("return_token_ids")) or config.token_ids
+        with_logprobs = isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool)
+        completion_id = f"cmpl-{uuid.uuid4().hex[:12]}"
+        model = body.get("model") or MODEL
+        prompt_ids = tokenize(prompt)
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(text),
+            "total_tokens": len(prompt_ids) + len(text),
+        }
+        if not body.get("stream"):
+            choice: Dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
+            if with_ids:
+                choice["prompt_token_ids"] = prompt_ids
+                choice["token_ids"] = tokenize(text)
+            if with_logprobs:
+                choice["logprobs"] = _text_logprobs(text)
+            return JSONResponse(
+                {
+                    "id": completion_id,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[str]:
+            def chunk(choices: List[Dict[str, Any]], **extra: Any) -> str:
+                payload = {
+                    "id": completion_id,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": choices,
+                    **extra,
+                }
+                return f"data: {json.dumps(payload)}\n\n"
+
+            offset = 0
+            for i, word in enumerate(text.split(" ")):
+                piece = word if i == 0 else " " + word
+                choice: Dict[str, Any] = {"index": 0, "text": piece, "finish_reason": None, "logprobs": None}
+                if with_ids:
+                    choice["token_ids"] = tokenize(piece)
+                    if i == 0:
+                        choice["prompt_token_ids"] = prompt_ids
+                if with_logprobs:
+                    choice["logprobs"] = _text_logprobs(piece, offset)
+                offset += len(piece)
+                yield chunk([choice])
+            yield chunk([{"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}])
+            if include_usage:
+                yield chunk([], usage=usage)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     return app
 
 
@@ -260,7 +359,7 @@ def main() -> None:
     """Serve the fake API in the foreground: ``python tests/fake_openai.py --port 8000 [--token-ids]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible chat completions server.")
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible chat and text completions server.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--token-ids", action="store_true", help="Always return vLLM-style token ids.")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 pytest.importorskip("langchain_core")
 
+from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
@@ -126,3 +128,32 @@ async def test_tool_calls_and_tool_results_keep_their_ids_through_spans_and_mess
         {"role": "tool", "content": "result for cats", "tool_call_id": "call_7"},
         {"role": "assistant", "content": "Cats are animals."},
     ]
+
+
+class FailingChatModel(BaseChatModel):
+    """A chat model whose every call fails with a message holding a lone surrogate (as a server's JSON may)."""
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        raise RuntimeError("bad \ud800 answer")
+
+    @property
+    def _llm_type(self) -> str:
+        return "failing"
+
+
+async def test_a_failed_model_call_records_its_error_with_lone_surrogates_replaced() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    rollout = await store.start_rollout(input={})
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0, store)
+    async with tracer.trace_context("lc", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+        with pytest.raises(RuntimeError):
+            FailingChatModel().invoke("q", config={"callbacks": [tracer.get_langchain_handler()]})
+    (llm_span,) = [
+        span for span in await store.query_spans(rollout.rollout_id) if span.name.startswith("langchain.llm.")
+    ]
+    (event,) = [event for event in llm_span.events if event.name == "exception"]
+    assert event.attributes["exception.message"] == "bad \ufffd answer"
+    assert "bad \ufffd answer" in str(event.attributes["exception.stacktrace"])
+    assert llm_span.status.status_code == "ERROR" and llm_span.status.description == "bad \ufffd answer"
+    llm_span.model_dump_json()  # writable as JSON

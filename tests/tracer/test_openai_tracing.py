@@ -6,15 +6,16 @@ import contextlib
 import gc
 import json
 import threading
-from typing import Any, AsyncIterator, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import openai
 import pytest
 from support.fake_openai import FakeOpenAIServer, tokenize
 
-from agentbolt.adapter import TracerTraceToTriplet
+from agentbolt.adapter import TracerTraceToTriplet, TraceToMessages
 from agentbolt.emitter import emit_reward, find_final_reward
-from agentbolt.instrumentation.openai import SPAN_NAME, is_openai_instrumented
+from agentbolt.instrumentation.openai import SPAN_NAME, TEXT_COMPLETION_SPAN_NAME, is_openai_instrumented
+from agentbolt.store.base import LightningStore
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.tracer import AgentOpsTracer, get_active_tracer
 from agentbolt.types import AttemptedRollout, Span
@@ -37,13 +38,14 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield running
 
 
-Traced = Tuple[AgentOpsTracer, InMemoryLightningStore, AttemptedRollout]
+Traced = Tuple[AgentOpsTracer, LightningStore, AttemptedRollout]
 
 
 @contextlib.asynccontextmanager
-async def traced_rollout() -> AsyncIterator[Traced]:
-    """A started rollout in an in-memory store, with an AgentOps tracer instrumenting the OpenAI SDK meanwhile."""
-    store = InMemoryLightningStore(thread_safe=True)
+async def traced_rollout(store: Optional[LightningStore] = None) -> AsyncIterator[Traced]:
+    """A started rollout in ``store`` (by default a new in-memory store), with an AgentOps tracer instrumenting the
+    OpenAI SDK meanwhile."""
+    store = store if store is not None else InMemoryLightningStore(thread_safe=True)
     rollout = await store.start_rollout(input={"task": "test"})
     tracer = AgentOpsTracer()
     with tracer.lifespan(store):
@@ -59,9 +61,7 @@ async def traced(server: FakeOpenAIServer) -> AsyncIterator[Traced]:
         yield running
 
 
-async def run_traced(
-    tracer: AgentOpsTracer, store: InMemoryLightningStore, rollout: AttemptedRollout, body: Any
-) -> List[Span]:
+async def run_traced(tracer: AgentOpsTracer, store: LightningStore, rollout: AttemptedRollout, body: Any) -> List[Span]:
     async with tracer.trace_context(
         rollout.rollout_id, rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
     ):
@@ -249,16 +249,19 @@ async def test_calls_outside_a_trace_context_are_not_stored(traced: Any, server:
 
 
 def test_uninstrumented_sdk_is_untouched(server: FakeOpenAIServer) -> None:
+    from openai._base_client import AsyncAPIClient, SyncAPIClient
     from openai.resources.chat.completions import Completions
 
     from agentbolt.instrumentation import instrument_all, uninstrument_all
 
-    original = Completions.create
+    originals = (SyncAPIClient.request, AsyncAPIClient.request)
+    create = Completions.create
     instrument_all()
     instrument_all()  # idempotent
-    assert Completions.create is not original
+    assert SyncAPIClient.request is not originals[0] and AsyncAPIClient.request is not originals[1]
+    assert Completions.create is create  # the resource methods stay the SDK's own
     uninstrument_all()
-    assert Completions.create is original
+    assert (SyncAPIClient.request, AsyncAPIClient.request) == originals
 
 
 async def test_long_conversation_keeps_every_message(traced: Any, server: FakeOpenAIServer) -> None:
@@ -531,3 +534,186 @@ async def test_async_streaming_response_helper_records_the_response(traced: Any,
     assert texts == ["Echo: plain", "Echo: streamed"]
     assert [span.attributes.get("gen_ai.completion.0.content") for span in spans] == texts
     assert all(span.attributes.get("response_token_ids") for span in spans)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Legacy text completions (client.completions.create)
+
+OPENAI_CALLS = r"openai\.(chat\.)?completion"
+"""The ``llm_call_match`` that trains on chat and text completions alike (the default matches chat completions)."""
+
+
+def text_spans(spans: Sequence[Span]) -> List[Span]:
+    return [span for span in spans if span.name == TEXT_COMPLETION_SPAN_NAME]
+
+
+async def test_text_completion_is_recorded_with_token_ids_and_logprobs(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    answers: List[str] = []
+
+    def call() -> None:
+        answer = client.completions.create(
+            model="fake-model", prompt="Once upon", max_tokens=16, temperature=0.25, stop="\n", logprobs=1
+        )
+        answers.append(answer.choices[0].text)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    assert llm_spans(spans) == []
+    (span,) = text_spans(spans)
+    attrs = span.attributes
+    assert answers == ["Echo: Once upon"]
+    assert attrs["gen_ai.operation.name"] == "text_completion"
+    assert attrs["gen_ai.system"] == "openai"
+    assert attrs["gen_ai.request.model"] == "fake-model"
+    assert attrs["gen_ai.request.max_tokens"] == 16
+    assert attrs["gen_ai.request.temperature"] == 0.25
+    assert list(attrs["gen_ai.request.stop_sequences"]) == ["\n"]
+    assert attrs["gen_ai.request.stream"] is False
+    assert attrs["gen_ai.prompt.0.role"] == "user"
+    assert attrs["gen_ai.prompt.0.content"] == "Once upon"
+    assert attrs["gen_ai.completion.0.content"] == "Echo: Once upon"
+    assert attrs["gen_ai.completion.0.finish_reason"] == "stop"
+    assert str(attrs["gen_ai.response.id"]).startswith("cmpl-")
+    assert attrs["gen_ai.response.model"] == "fake-model"
+    assert list(attrs["prompt_token_ids"]) == tokenize("Once upon")
+    assert list(attrs["response_token_ids"]) == tokenize("Echo: Once upon")
+    assert list(attrs["response_logprobs"]) == pytest.approx([-0.01 * (i + 1) for i in range(len("Echo: Once upon"))])
+    assert attrs["gen_ai.usage.input_tokens"] == len("Once upon")
+    assert attrs["gen_ai.usage.output_tokens"] == len("Echo: Once upon")
+    assert span.status.status_code == "OK"
+    assert span.rollout_id == rollout.rollout_id
+
+
+async def test_streamed_text_completion_accumulates_text_and_ids(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    received: List[str] = []
+
+    def call() -> None:
+        stream = client.completions.create(
+            model="fake-model", prompt="stream this", stream=True, stream_options={"include_usage": True}
+        )
+        for chunk in stream:
+            received.extend(choice.text for choice in chunk.choices)
+
+    (span,) = text_spans(await run_traced(tracer, store, rollout, call))
+    attrs = span.attributes
+    assert "".join(received) == attrs["gen_ai.completion.0.content"] == "Echo: stream this"
+    assert attrs["gen_ai.request.stream"] is True
+    assert attrs["gen_ai.completion.0.finish_reason"] == "stop"
+    assert list(attrs["prompt_token_ids"]) == tokenize("stream this")
+    assert list(attrs["response_token_ids"]) == tokenize("Echo: stream this")
+    assert attrs["gen_ai.usage.input_tokens"] == len("stream this")
+    assert span.status.status_code == "OK"
+
+
+async def test_async_text_completions_plain_and_streamed(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+    texts: List[str] = []
+
+    async def call() -> None:
+        # A prompt given as token ids, as agents that tokenize themselves send it.
+        answer = await client.completions.create(model="fake-model", prompt=tokenize("ids"))
+        texts.append(answer.choices[0].text)
+        stream = await client.completions.create(model="fake-model", prompt="async stream", stream=True)
+        async with stream:
+            texts.append("".join([choice.text async for chunk in stream for choice in chunk.choices]))
+
+    spans = text_spans(await run_traced(tracer, store, rollout, call))
+    assert texts == ["Echo: ids", "Echo: async stream"]
+    assert [span.attributes["gen_ai.completion.0.content"] for span in spans] == texts
+    assert json.loads(str(spans[0].attributes["gen_ai.prompt.0.content"])) == tokenize("ids")
+    assert [list(span.attributes["response_token_ids"]) for span in spans] == [tokenize(text) for text in texts]
+    assert list(spans[1].attributes["prompt_token_ids"]) == tokenize("async stream")
+    assert [span.attributes["gen_ai.request.stream"] for span in spans] == [False, True]
+
+
+async def test_failed_text_completion_is_recorded_as_error(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    server.config.fail_next = 1
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+
+    async def call() -> None:
+        with pytest.raises(openai.InternalServerError):
+            await client.completions.create(model="fake-model", prompt="x")
+
+    (span,) = text_spans(await run_traced(tracer, store, rollout, call))
+    assert span.status.status_code == "ERROR"
+    assert span.attributes["error.type"] == "InternalServerError"
+    assert span.attributes["gen_ai.prompt.0.content"] == "x"
+    assert any(event.name == "exception" for event in span.events)
+
+
+async def test_text_completion_raw_and_streaming_responses_are_recorded(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    texts: List[str] = []
+
+    def call() -> None:
+        raw = client.completions.with_raw_response.create(model="fake-model", prompt="raw")
+        texts.append(raw.parse().choices[0].text)
+        raw_stream = client.completions.with_raw_response.create(model="fake-model", prompt="raw stream", stream=True)
+        texts.append("".join(choice.text for chunk in raw_stream.parse() for choice in chunk.choices))
+        with client.completions.with_streaming_response.create(model="fake-model", prompt="lazy") as response:
+            texts.append(response.parse().choices[0].text)
+
+    spans = text_spans(await run_traced(tracer, store, rollout, call))
+    assert texts == ["Echo: raw", "Echo: raw stream", "Echo: lazy"]
+    assert [span.attributes["gen_ai.completion.0.content"] for span in spans] == texts
+    assert [list(span.attributes["response_token_ids"]) for span in spans] == [tokenize(text) for text in texts]
+
+
+async def test_text_completion_spans_become_triplets_with_the_openai_calls_match(
+    traced: Any, server: FakeOpenAIServer
+) -> None:
+    tracer, store, rollout = traced
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    messages = [{"role": "user", "content": "chat"}]
+
+    def call() -> None:
+        client.completions.create(model="fake-model", prompt="text")
+        client.chat.completions.create(model="fake-model", messages=messages)
+        for _ in client.completions.create(model="fake-model", prompt="more text", stream=True):
+            pass
+        emit_reward(0.5)
+
+    spans = await run_traced(tracer, store, rollout, call)
+    # The contract's default match is chat completions only.
+    assert [t.response["token_ids"] for t in TracerTraceToTriplet().adapt(spans)] == [tokenize("Echo: chat")]
+    triplets = TracerTraceToTriplet(llm_call_match=OPENAI_CALLS).adapt(spans)
+    assert [t.prompt["token_ids"] for t in triplets] == [tokenize("text"), prompt_ids(messages), tokenize("more text")]
+    assert triplets[0].response["token_ids"] == tokenize("Echo: text")
+    assert triplets[0].prompt["raw_content"] == [{"role": "user", "content": "text"}]
+    assert triplets[0].response["raw_content"][0]["content"] == "Echo: text"
+    assert triplets[2].response["token_ids"] == tokenize("Echo: more text")
+    assert [t.reward for t in triplets] == [None, None, 0.5]
+    conversations = TraceToMessages().adapt(spans)
+    assert conversations[0]["messages"] == [
+        {"role": "user", "content": "text"},
+        {"role": "assistant", "content": "Echo: text"},
+    ]
+
+
+async def test_a_raw_response_method_bound_before_instrumenting_is_recorded(server: FakeOpenAIServer) -> None:
+    server.config.token_ids = True
+    server.config.fail_next = 0
+    client = openai.OpenAI(base_url=server.base_url, api_key="test")
+    # What LangChain's ChatOpenAI keeps after its first call: the SDK builds with_raw_response once per client, bound
+    # to the create method of that moment.
+    chat = client.chat.completions.with_raw_response.create
+    text = client.completions.with_streaming_response.create
+    async with traced_rollout() as traced:
+
+        def call() -> None:
+            assert chat(model="fake-model", messages=[{"role": "user", "content": "bound"}]).parse().choices
+            with text(model="fake-model", prompt="bound early") as response:
+                assert response.parse().choices[0].text == "Echo: bound early"
+
+        spans = await run_traced(*traced, call)
+    (chat_span,) = llm_spans(spans)
+    (text_span,) = text_spans(spans)
+    assert chat_span.attributes["gen_ai.completion.0.content"] == "Echo: bound"
+    assert list(chat_span.attributes["response_token_ids"]) == tokenize("Echo: bound")
+    assert text_span.attributes["gen_ai.completion.0.content"] == "Echo: bound early"

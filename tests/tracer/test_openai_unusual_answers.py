@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from typing import Any, AsyncIterator, Dict, Iterator, List, Tuple, Union
 
@@ -16,8 +17,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from support.fake_openai import FakeOpenAIServer
+from support.servers import free_port
 
 from agentbolt.instrumentation.openai import SPAN_NAME, instrument_openai, uninstrument_openai
+from agentbolt.store.client_server import LightningStoreClient, LightningStoreServer
+from agentbolt.store.memory import InMemoryLightningStore
 
 from .test_openai_tracing import Traced, llm_spans, run_traced, traced_rollout
 
@@ -130,6 +134,43 @@ async def test_lone_surrogates_in_a_response_are_recorded_replaced(
     assert list(attrs["response_logprobs"]) == [-1.0]
     assert attrs["gen_ai.usage.output_tokens"] == 1
     span.model_dump_json()  # writable as JSON
+
+
+async def test_a_lone_surrogate_in_an_error_message_is_recorded_replaced(
+    server: FakeOpenAIServer, script: Script, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Spans travel to a store server over OTLP, whose encoder drops (and logs) strings UTF-8 cannot carry.
+    script.answers.clear()
+    script.json('{"error": {"message": "bad \\ud800 request", "type": "invalid_request_error"}}', status=400)
+    store_server = LightningStoreServer(InMemoryLightningStore(thread_safe=True), host="127.0.0.1", port=free_port())
+    await store_server.start()
+    store = LightningStoreClient(store_server.endpoint)
+    client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    raised: List[str] = []
+
+    def call() -> None:
+        try:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        except openai.BadRequestError as exc:
+            raised.append(str(exc))
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            async with traced_rollout(store) as traced:
+                spans = llm_spans(await run_traced(*traced, call))
+    finally:
+        await store.close()
+        await store_server.stop()
+    assert raised == ["Error code: 400 - bad \ud800 request"]  # the caller's error is the SDK's, as it is
+    (span,) = spans
+    (event,) = [event for event in span.events if event.name == "exception"]
+    assert event.attributes["exception.message"] == "Error code: 400 - bad \ufffd request"
+    assert "bad \ufffd request" in str(event.attributes["exception.stacktrace"])
+    assert event.attributes["exception.type"] == "openai.BadRequestError"
+    assert span.status.status_code == "ERROR"
+    assert span.status.description == "BadRequestError: Error code: 400 - bad \ufffd request"
+    assert span.attributes["error.type"] == "BadRequestError"
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
 async def test_a_stream_dropped_after_unrecordable_chunks_raises_the_sdk_error(

@@ -142,6 +142,26 @@ def test_otel_create_span_and_operation_context() -> None:
     assert outer.get_recorded_span().end_time <= time.time()
 
 
+def test_otel_exception_records_with_lone_surrogates_stay_writable() -> None:
+    """A message with half a surrogate pair is recorded with U+FFFD: the OTLP encoder would drop the span."""
+    tracer = OtelTracer()
+    tracer.init_worker(0)
+    with tracer._trace_context_sync():
+        with tracer.operation_context("recorded") as recording:
+            recording.record_exception(ValueError("bad \ud800 input"))
+        with pytest.raises(ValueError), tracer.operation_context("raised"):
+            raise ValueError("bad \udfff input")
+    spans = {span.name: span for span in tracer.get_last_trace()}
+    recorded, raised = spans["recorded"], spans["raised"]
+    (event,) = recorded.events
+    assert event.attributes["exception.message"] == "bad \ufffd input"
+    assert "bad \ufffd input" in str(event.attributes["exception.stacktrace"])
+    assert recorded.status.description == "bad \ufffd input"
+    assert raised.attributes["exception.message"] == "bad \ufffd input"
+    for span in (recorded, raised):
+        span.model_dump_json()  # writable as JSON
+
+
 async def test_agentops_tracer_requires_store_and_ids_together() -> None:
     store = InMemoryLightningStore(thread_safe=True)
     tracer = AgentOpsTracer(instrument_managed=False)
