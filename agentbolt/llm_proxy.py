@@ -363,16 +363,18 @@ class LLMProxy:
             sampling_parameters: Default sampling parameters for agents.
 
         Raises:
-            ValueError: Exactly one id given, or the model cannot be chosen.
+            ValueError: Exactly one id given, an id that cannot be one URL path segment (see
+                :meth:`~agentbolt.types.ProxyLLM.get_base_url`), or the model cannot be chosen.
         """
         resolved = self._resolve_model(model)
         params = dict(sampling_parameters or {})
+        proxy = ProxyLLM(endpoint=self.endpoint, model=resolved, api_key=self.api_key, sampling_parameters=params)
         if rollout_id is None and attempt_id is None:
-            return ProxyLLM(endpoint=self.endpoint, model=resolved, api_key=self.api_key, sampling_parameters=params)
+            return proxy
         if rollout_id is None or attempt_id is None:
             raise ValueError("Pass both rollout_id and attempt_id, or neither.")
         return LLM(
-            endpoint=f"{self.endpoint}/rollout/{rollout_id}/attempt/{attempt_id}",
+            endpoint=proxy.get_base_url(rollout_id, attempt_id),
             model=resolved,
             api_key=self.api_key,
             sampling_parameters=params,

@@ -17,7 +17,7 @@ import logging
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union, overload
 
-from agentbolt.types import LLM, AttemptedRollout, NamedResources, PromptTemplate, ProxyLLM, Rollout, RolloutRawResult
+from agentbolt.types import LLM, NamedResources, PromptTemplate, ProxyLLM, Rollout, RolloutRawResult
 
 from .litagent import LitAgent
 
@@ -114,12 +114,7 @@ class FunctionalLitAgent(LitAgent[T]):
             )
         llm = llms[0][1]
         if self._strip_proxy and isinstance(llm, ProxyLLM):
-            if not isinstance(rollout, AttemptedRollout):
-                raise ValueError(
-                    "A ProxyLLM can only be bound to an AttemptedRollout (a rollout with its current attempt); "
-                    f"got {type(rollout).__name__}."
-                )
-            llm = llm.with_attempted_rollout(rollout)
+            llm = llm.with_attempted_rollout(rollout)  # type: ignore[arg-type]  # it checks the type
         return llm
 
     @staticmethod

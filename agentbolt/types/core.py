@@ -21,7 +21,7 @@ from typing import (
     overload,
 )
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .wire import WireModel
 
@@ -131,7 +131,7 @@ class Attempt(WireModel):
 
     rollout_id: str
     attempt_id: str
-    sequence_id: int
+    sequence_id: int = Field(ge=1)
     """1-based position of this attempt among the rollout's attempts."""
     start_time: float
     end_time: Optional[float] = None
@@ -142,7 +142,15 @@ class Attempt(WireModel):
 
 
 class RolloutConfig(WireModel):
-    """Retry and health-check policy of a rollout."""
+    """Retry and health-check policy of a rollout.
+
+    A bool is refused for every number (lax parsing would read ``True`` as 1 second or 1 attempt), an unknown field
+    (a misspelt ``timeout=``, say) is refused rather than ignored, and assigning a field checks the new value. The
+    store refuses time limits its watchdog cannot apply (NaN, infinite, negative) when a rollout is enqueued or
+    updated.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     timeout_seconds: Optional[float] = None
     """An attempt running longer than this is marked ``timeout``."""
@@ -152,6 +160,13 @@ class RolloutConfig(WireModel):
     """Total number of attempts allowed, the first one included."""
     retry_condition: List[AttemptStatus] = Field(default_factory=list)
     """Attempt statuses that trigger a retry while attempts remain."""
+
+    @field_validator("timeout_seconds", "unresponsive_seconds", "max_attempts", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(f"{info.field_name} must be a number, got bool {value!r}")
+        return value
 
 
 class Rollout(WireModel):

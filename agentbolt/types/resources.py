@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextvars
 import copy
 import logging
-from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Union
+import urllib.parse
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
+from .core import AttemptedRollout
 from .wire import WireModel
-
-if TYPE_CHECKING:
-    from .core import AttemptedRollout
 
 __all__ = ["Resource", "LLM", "ProxyLLM", "PromptTemplate", "ResourceUnion", "NamedResources", "ResourcesUpdate"]
 
@@ -58,7 +57,15 @@ class ProxyLLM(LLM):
         return super().__getattribute__(name)
 
     def get_base_url(self, rollout_id: Optional[str], attempt_id: Optional[str]) -> str:  # type: ignore[override]
-        """Endpoint with ``/rollout/{rollout_id}/attempt/{attempt_id}`` inserted before a trailing ``/v1``."""
+        """Endpoint with ``/rollout/{rollout_id}/attempt/{attempt_id}`` inserted before a trailing ``/v1``.
+
+        The ids are inserted into the endpoint's path (before a query string or fragment, if any), percent-encoded
+        (``"r 1"`` becomes ``r%201``), so that the gateway reads them back as given.
+
+        Raises:
+            ValueError: Only one id is None, an id is not a string, or an id cannot be one path segment (it is
+                empty, ``.`` or ``..``, or holds a ``/``).
+        """
         token = _ALLOWED_ENDPOINT_READERS.set(True)
         try:
             endpoint = self.endpoint
@@ -68,15 +75,26 @@ class ProxyLLM(LLM):
             return endpoint
         if not isinstance(rollout_id, str) or not isinstance(attempt_id, str):
             raise ValueError("rollout_id and attempt_id must both be strings (or both None)")
-        base = endpoint[:-1] if endpoint.endswith("/") else endpoint
-        has_v1 = base.endswith("/v1")
-        if has_v1:
-            base = base[: -len("/v1")]
-        base = f"{base}/rollout/{rollout_id}/attempt/{attempt_id}"
-        return f"{base}/v1" if has_v1 else base
+        rollout_part, attempt_part = _path_segment(rollout_id, "rollout_id"), _path_segment(attempt_id, "attempt_id")
+        segment = f"/rollout/{rollout_part}/attempt/{attempt_part}"
+        cut = min((i for i in (endpoint.find("?"), endpoint.find("#")) if i >= 0), default=len(endpoint))
+        base, suffix = endpoint[:cut], endpoint[cut:]
+        base = base[:-1] if base.endswith("/") else base
+        if base.endswith("/v1"):
+            return f"{base[: -len('/v1')]}{segment}/v1{suffix}"
+        return f"{base}{segment}{suffix}"
 
     def with_attempted_rollout(self, rollout: AttemptedRollout) -> LLM:
-        """A plain :class:`LLM` whose endpoint is bound to this rollout's current attempt."""
+        """A plain :class:`LLM` whose endpoint is bound to this rollout's current attempt.
+
+        Raises:
+            ValueError: ``rollout`` is not an :class:`~agentbolt.types.AttemptedRollout` (it has no attempt).
+        """
+        if not isinstance(rollout, AttemptedRollout):
+            raise ValueError(
+                "A ProxyLLM can only be bound to an AttemptedRollout (a rollout with its current attempt); "
+                f"got {type(rollout).__name__}."
+            )
         return LLM(
             endpoint=self.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
             model=self.model,
@@ -102,6 +120,18 @@ class ProxyLLM(LLM):
 
 
 _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _path_segment(value: str, name: str) -> str:
+    """``value`` percent-encoded as one URL path segment.
+
+    Raises:
+        ValueError: ``value`` cannot be one segment: empty, a dot segment (which clients resolve away) or holding a
+            ``/`` (which the server decodes before routing, so it would split the segment).
+    """
+    if value in ("", ".", "..") or "/" in value:
+        raise ValueError(f"{name} {value!r} cannot be a URL path segment: it must be non-empty, not . or .., no '/'")
+    return urllib.parse.quote(value, safe="")
 
 
 class PromptTemplate(Resource):

@@ -99,8 +99,8 @@ def encode_json(value: Any) -> bytes:
 
 
 def without_lone_surrogates(value: Any) -> Any:
-    """``value`` with its strings (dict keys included, in nested dicts, lists, tuples and pydantic models) made writable
-    as JSON.
+    """``value`` with its strings (dict keys included, in nested dicts, lists, tuples, sets and pydantic models) made
+    writable as JSON.
 
     A Python string may hold surrogate code points, which have no UTF-8 form: bytes decoded with
     ``errors="surrogateescape"`` produce them, and so does ``json.loads`` of a ``"\\ud83d"`` escape without its pair. JSON
@@ -122,11 +122,15 @@ def without_lone_surrogates(value: Any) -> Any:
         if all(k is old_k and v is old_v for (k, v), (old_k, old_v) in zip(items, value.items(), strict=True)):
             return value
         return dict(items)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):
         cleaned = [without_lone_surrogates(item) for item in value]
         if all(new is old for new, old in zip(cleaned, value, strict=True)):
             return value
-        return type(value)(cleaned) if isinstance(value, tuple) else cleaned
+        if isinstance(value, list):
+            return cleaned
+        if hasattr(value, "_fields"):  # a named tuple takes its fields as arguments
+            return type(value)(*cleaned)
+        return type(value)(cleaned)
     if isinstance(value, BaseModel):
         fields = value.model_dump()
         repaired = without_lone_surrogates(fields)
@@ -154,8 +158,12 @@ def encode_repairing(encode: Callable[[T], R], value: T, what: str) -> R:
             if isinstance(exc, pydantic_core.PydanticSerializationError):
                 raise TypeError(f"{what} holds a value JSON cannot carry: {exc}") from exc
             raise
+    try:
+        encoded = encode(repaired)
+    except pydantic_core.PydanticSerializationError as exc:  # something else too, besides the lone surrogates
+        raise TypeError(f"{what} holds a value JSON cannot carry: {exc}") from exc
     logger.warning("%s held strings with lone surrogates, which UTF-8 cannot carry; wrote U+FFFD in their place", what)
-    return encode(repaired)
+    return encoded
 
 
 def encode_json_repairing(value: Any) -> bytes:

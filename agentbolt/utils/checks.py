@@ -51,7 +51,8 @@ def check_finite(value: Any, name: str, *, minimum: Optional[float] = None, opti
 
     Raises:
         TypeError: ``value`` is not a number (a bool is not one).
-        ValueError: ``value`` is NaN, infinite or below ``minimum``.
+        ValueError: ``value`` is NaN, infinite (an integer too large for a float counts as infinite) or below
+            ``minimum``.
     """
     if value is None and optional:
         return None
@@ -59,7 +60,11 @@ def check_finite(value: Any, name: str, *, minimum: Optional[float] = None, opti
         raise TypeError(
             f"{name} must be a number{' or None' if optional else ''}, got {type(value).__name__} {value!r}"
         )
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer beyond the float range
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value!r}")

@@ -75,6 +75,11 @@ def test_as_resource() -> None:
     assert type(bound) is LLM and bound.endpoint == "http://127.0.0.1:4321/rollout/ro-1/attempt/at-1"
     with pytest.raises(ValueError, match="both"):
         proxy.as_resource("ro-1")
+    # Ids are escaped as ProxyLLM.get_base_url escapes them: one rule for both ways of binding.
+    assert proxy.as_resource("ro 1?", "at-1").endpoint == resource.get_base_url("ro 1?", "at-1")
+    assert proxy.as_resource("ro 1?", "at-1").endpoint == "http://127.0.0.1:4321/rollout/ro%201%3F/attempt/at-1"
+    with pytest.raises(ValueError, match="path segment"):
+        proxy.as_resource("ro/1", "at-1")
     with pytest.raises(ValueError, match="No models found"):
         LLMProxy().as_resource()
     two = LLMProxy(model_list=[*ONE_MODEL, {**ONE_MODEL[0], "model_name": "n"}])

@@ -11,7 +11,7 @@ import pydantic_core
 import pytest
 
 from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.types import ProxyLLM
+from agentbolt.types import ProxyLLM, Rollout
 
 LOGGER = "agentbolt.types.resources"
 
@@ -92,3 +92,53 @@ async def test_storing_and_reading_back_a_proxy_llm_does_not_warn(caplog: pytest
     assert latest is not None and isinstance(latest.resources["llm"], ProxyLLM)
     assert latest.resources["llm"].get_base_url("R", "A") == "http://h:1/rollout/R/attempt/A/v1"
     assert _endpoint_warnings(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        ("http://h:1/v1?x=1", "http://h:1/rollout/R/attempt/A/v1?x=1"),
+        ("http://h:1/v1/?x=1", "http://h:1/rollout/R/attempt/A/v1?x=1"),
+        ("http://h:1?x=1", "http://h:1/rollout/R/attempt/A?x=1"),
+        ("http://h:1/v1#top", "http://h:1/rollout/R/attempt/A/v1#top"),
+        ("http://u:p@h:1/v1", "http://u:p@h:1/rollout/R/attempt/A/v1"),
+    ],
+)
+def test_get_base_url_inserts_the_rollout_into_the_path_before_a_query_or_fragment(
+    endpoint: str, expected: str
+) -> None:
+    assert ProxyLLM(endpoint=endpoint, model="m").get_base_url("R", "A") == expected
+
+
+@pytest.mark.parametrize(
+    ("rollout_id", "attempt_id", "expected"),
+    [
+        ("ro-1", "at-1", "http://h:1/rollout/ro-1/attempt/at-1/v1"),
+        ("r?x", "a#b", "http://h:1/rollout/r%3Fx/attempt/a%23b/v1"),
+        ("r x", "é", "http://h:1/rollout/r%20x/attempt/%C3%A9/v1"),
+        ("r%2F", "a", "http://h:1/rollout/r%252F/attempt/a/v1"),
+    ],
+)
+def test_get_base_url_percent_encodes_the_ids(rollout_id: str, attempt_id: str, expected: str) -> None:
+    assert _llm().get_base_url(rollout_id, attempt_id) == expected
+
+
+@pytest.mark.parametrize(
+    ("rollout_id", "attempt_id", "named"),
+    [
+        ("", "A", "rollout_id"),
+        ("R", "", "attempt_id"),
+        ("r/1", "A", "rollout_id"),
+        ("..", "A", "rollout_id"),
+        ("R", ".", "attempt_id"),
+    ],
+)
+def test_get_base_url_rejects_ids_that_are_not_one_path_segment(rollout_id: str, attempt_id: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        _llm().get_base_url(rollout_id, attempt_id)
+
+
+def test_with_attempted_rollout_rejects_a_rollout_without_attempt() -> None:
+    rollout = Rollout(rollout_id="ro-1", input=1, start_time=0.0)
+    with pytest.raises(ValueError, match="AttemptedRollout"):
+        _llm().with_attempted_rollout(rollout)  # type: ignore[arg-type]
