@@ -4,6 +4,9 @@ Every process started with ``PROMETHEUS_MULTIPROC_DIR`` set (and ``AGENTBOLT_MET
 with ``--tracker prometheus``) writes its counters and histograms there; this command aggregates them across processes
 (prometheus-client's multiprocess collector) and serves them for Prometheus to scrape at ``--metrics-path``, with
 ``GET /health`` for liveness. The metric names are listed in ``docs/metrics.md``.
+
+With ``--api-key`` (or ``$AGENTBOLT_PROMETHEUS_API_KEY``) every path but ``/health`` requires
+``Authorization: Bearer <key>``, refused as the store server refuses it (401 and the store's error body).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 __all__ = [
     "HELP",
     "DEFAULT_METRICS_PATH",
+    "PROMETHEUS_API_KEY_ENV_VAR",
     "create_prometheus_app",
     "ensure_prometheus_dir",
     "main",
@@ -33,6 +37,9 @@ logger = logging.getLogger(__name__)
 HELP = "Serve the Prometheus metrics of every agentbolt process sharing $PROMETHEUS_MULTIPROC_DIR."
 DEFAULT_METRICS_PATH = "/v1/prometheus"
 MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+PROMETHEUS_API_KEY_ENV_VAR = "AGENTBOLT_PROMETHEUS_API_KEY"
+"""Bearer token ``agentbolt prometheus`` requires (``--api-key``)."""
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def ensure_prometheus_dir() -> str:
@@ -52,13 +59,20 @@ def ensure_prometheus_dir() -> str:
     return make_metrics_dir(directory)
 
 
-def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH) -> Any:
+def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH, api_key: Optional[str] = None) -> Any:
     """A FastAPI app serving the multiprocess registry at ``metrics_path`` and ``GET /health``.
 
+    Args:
+        metrics_path: Path Prometheus scrapes.
+        api_key: When set, every path but ``/health`` requires ``Authorization: Bearer <api_key>`` (401 otherwise,
+            with the store server's error body; compared in constant time).
+
     Raises:
-        ValueError: ``metrics_path`` does not start with ``/`` or is the root.
+        ValueError: ``metrics_path`` does not start with ``/`` or is the root, or ``api_key`` is empty.
         ImportError: ``prometheus-client`` is not installed.
     """
+    if api_key is not None and not api_key:
+        raise ValueError("the API key must not be empty")
     if not metrics_path.startswith("/"):
         raise ValueError(f"metrics path must start with '/', got {metrics_path!r}")
     path = metrics_path.rstrip("/")
@@ -91,6 +105,10 @@ def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH) -> Any:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.mount(path, make_asgi_app(registry=registry))
+    if api_key is not None:
+        from agentbolt.store.http.middleware import ApiKeyMiddleware
+
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
     return app
 
 
@@ -100,6 +118,12 @@ def prometheus_command(
     metrics_path: str = typer.Option(DEFAULT_METRICS_PATH, help="Path Prometheus scrapes."),
     log_level: str = typer.Option("INFO", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        envvar=PROMETHEUS_API_KEY_ENV_VAR,
+        show_envvar=True,
+        help="Require this bearer token on every path but /health.",
+    ),
 ) -> int:
     """Serve the aggregated Prometheus metrics until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -110,9 +134,16 @@ def prometheus_command(
     setup_logging(level, apply_to=["uvicorn.access"] if access_log else None)
     try:
         directory = ensure_prometheus_dir()
-        app = create_prometheus_app(metrics_path)
+        app = create_prometheus_app(metrics_path, api_key or None)
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from exc
+    if host not in _LOOPBACK_HOSTS and not api_key:
+        logger.warning(
+            "Serving metrics on %s without an API key: anyone who reaches this address can read them "
+            "(set --api-key or %s).",
+            host,
+            PROMETHEUS_API_KEY_ENV_VAR,
+        )
     return asyncio.run(_serve(app, host, port, metrics_path.rstrip("/"), directory, access_log))
 
 

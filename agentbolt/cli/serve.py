@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import typer
 
 from agentbolt.cli.errors import CliError, check_port_free
+from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT
 
 if TYPE_CHECKING:
     from agentbolt.serving.server import ServingLimits
@@ -108,6 +109,11 @@ def serve_command(
         1_048_576, min=1, help="Tokens of work (prompt + n x max_tokens) queued and running at once; 429 beyond."
     ),
     max_request_bytes: int = typer.Option(32 * 1024 * 1024, min=1, help="Largest request body (413 beyond)."),
+    body_timeout: float = typer.Option(
+        DEFAULT_BODY_TIMEOUT,
+        min=0.001,
+        help="Seconds a request body may take to arrive after its headers (408 beyond, and the connection is closed).",
+    ),
     quantization: Quantization = typer.Option(
         Quantization.auto,
         case_sensitive=False,
@@ -141,7 +147,9 @@ def serve_command(
         if engine is Engine.transformers:
             from agentbolt.serving.server import ServingLimits
 
-            limits = ServingLimits(max_prompts_per_request, max_sequences_per_request, max_request_bytes)
+            limits = ServingLimits(
+                max_prompts_per_request, max_sequences_per_request, max_request_bytes, body_timeout=body_timeout
+            )
             for directory in lora_dirs or []:
                 if not directory.is_dir():
                     raise CliError(f"--lora-dir {directory} is not a directory")

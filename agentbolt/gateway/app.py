@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 import secrets
@@ -43,6 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.background import BackgroundTask
+from starlette.types import Scope
 
 from agentbolt.gateway import anthropic
 from agentbolt.gateway.metrics import CallOutcome, GatewayMetrics
@@ -53,9 +53,12 @@ from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
 from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
-    bearer_token_matches,
+    BearerAuthMiddleware,
+    body_timeout_error,
     error_response,
+    install_body_timeout,
     install_error_handlers,
     off_loop_if_large,
     parse_json_object,
@@ -98,8 +101,9 @@ class GatewaySettings:
         record_spans: Write one span per call bound to a rollout to the store.
         rollout_routes: Serve the ``/rollout/{rollout_id}/attempt/{attempt_id}`` prefixed routes.
         log_messages: Log request and response bodies at DEBUG level.
-        api_key: When set, every route except ``/health`` requires ``Authorization: Bearer <api_key>`` (or
-            Anthropic's ``x-api-key: <api_key>``).
+        api_key: When set, every request except to ``/health`` and ``/openapi.json`` requires
+            ``Authorization: Bearer <api_key>`` (or Anthropic's ``x-api-key: <api_key>``); it is checked before
+            routing, so without the key an unknown route or a wrong method is a 401 too.
         max_queued_spans: Most calls waiting to be written (while the store is slow or down); beyond that new
             spans are dropped, counted and logged.
         sequence_wait: Longest time an answer is held back waiting for the store's sequence id; past it the answer
@@ -111,6 +115,8 @@ class GatewaySettings:
         sampling_defaults: For a call bound to a rollout, add the ``sampling_parameters`` of the rollout's LLM
             resource that the request does not set (see :mod:`agentbolt.gateway.sampling`).
         max_request_bytes: Largest request body accepted (413 beyond).
+        body_timeout: Seconds a request body may take to arrive after its headers (408 beyond, and the connection
+            is closed).
     """
 
     num_retries: int = 0
@@ -127,6 +133,7 @@ class GatewaySettings:
     tracker: Any = None
     sampling_defaults: bool = True
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
 
 
 class Gateway:
@@ -346,6 +353,30 @@ def _ended(event: bytes) -> bytes:
     return event + (b"\n" if event.endswith(b"\n") else b"\n\n")
 
 
+_OPEN_PATHS = ("/health", "/openapi.json")
+"""Paths served without the API key."""
+
+
+def _is_messages_path(path: str) -> bool:
+    """Whether ``path`` is one of the Anthropic Messages routes (whose errors are in Anthropic's shape)."""
+    return path.endswith("/messages")
+
+
+def _refusal(scope: Scope) -> Response:
+    """The 401 for a request without the API key: Anthropic's shape on the Messages routes, OpenAI's elsewhere."""
+    if _is_messages_path(scope["path"]):
+        message = "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
+        return _anthropic_error(401, message)
+    return _error_response(unauthorized())
+
+
+def _body_timeout_error(scope: Dict[str, Any], message: str) -> bytes:
+    """The 408's body for a request whose body did not arrive in time, in the shape of its route's errors."""
+    if _is_messages_path(scope["path"]):
+        return anthropic.anthropic_error_body(408, message)
+    return body_timeout_error(scope, message)
+
+
 def _anthropic_error(status: int, message: str) -> Response:
     """An error response in Anthropic's shape."""
     return Response(anthropic.anthropic_error_body(status, message), status_code=status, media_type=_JSON)
@@ -503,20 +534,7 @@ class _Handler:
             call_id=incoming.call_id,
         )
 
-    def _unauthorized(self, request: Request) -> Optional[Response]:
-        """A 401 answer when an API key is configured and the request carries it in neither accepted header."""
-        key = self.gateway.settings.api_key
-        if key is None or bearer_token_matches(request.headers.get("authorization"), key):
-            return None
-        x_api_key = request.headers.get("x-api-key")
-        if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), key.encode()):
-            return None
-        return _error_response(unauthorized())
-
     async def models(self, request: Request) -> Response:
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "agentbolt"}
             for name in self.gateway.router.model_names
@@ -527,9 +545,6 @@ class _Handler:
         return Response(orjson.dumps(self.gateway.health()), media_type=_JSON)
 
     async def flush(self, request: Request) -> Response:
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
         try:
             raw = await read_body(request, self.gateway.settings.max_request_bytes)
             body = parse_json_object(raw, request.headers.get("content-type")) if raw.strip() else {}
@@ -588,9 +603,6 @@ class _Handler:
 
     async def _completion(self, incoming: _IncomingCall, endpoint: str) -> Response:
         request = incoming.request
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
         gateway = self.gateway
         try:
             # The same door as agentbolt serve's: size, content type, JSON, nesting, then the strict schema.
@@ -623,9 +635,6 @@ class _Handler:
     async def _messages(self, incoming: _IncomingCall, endpoint: str) -> Response:
         """A Messages call: passed through to Anthropic-compatible backends, translated for the others."""
         request = incoming.request
-        if self._unauthorized(request) is not None:
-            message = "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
-            return _anthropic_error(401, message)
         gateway = self.gateway
         try:
             raw = await read_body(request, gateway.settings.max_request_bytes)
@@ -908,6 +917,15 @@ def create_app(gateway: Gateway) -> FastAPI:
     on_shutdown_start(app, lambda grace: gateway.cut_off_calls(grace - min(1.0, grace / 4)))
     handler = _Handler(gateway)
     install_error_handlers(app)
+    if gateway.settings.api_key is not None:
+        app.add_middleware(
+            BearerAuthMiddleware,
+            api_key=gateway.settings.api_key,
+            open_paths=_OPEN_PATHS,
+            x_api_key=True,
+            refusal=_refusal,
+        )
+    install_body_timeout(app, gateway.settings.body_timeout, _body_timeout_error)
     document = openapi_document(
         "agentbolt LLM gateway",
         "1",

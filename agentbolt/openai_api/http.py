@@ -5,7 +5,10 @@
   :data:`MAX_JSON_DEPTH` and integers beyond 64 bits, which orjson would turn into floats (400), and :func:`validate_request` applies a schema of :mod:`agentbolt.openai_api.schema`
   (400 naming the field).
 * :func:`bearer_token_matches` compares an ``Authorization`` header with the configured key in constant time; the
-  scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says.
+  scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says. :class:`BearerAuthMiddleware` checks it on
+  every request before routing, so that a client without the key learns nothing of the routes.
+* :func:`install_body_timeout` bounds the time a request body may take to arrive (408 beyond, see
+  :mod:`agentbolt.utils.read_timeouts`).
 * :func:`install_error_handlers` makes every error of a FastAPI app an OpenAI-style body: :class:`ApiError`,
   unknown routes (404), wrong methods (405), FastAPI's own validation errors (400) and unexpected exceptions (500).
 """
@@ -27,15 +30,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbolt.openai_api.errors import ApiError, error_body
 from agentbolt.openai_api.schema import validation_message
+from agentbolt.utils.checks import check_positive
+from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT, BodyTimeoutMiddleware, ErrorBody
 
 __all__ = [
     "off_loop_if_large",
+    "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_JSON_DEPTH",
     "BearerAuthMiddleware",
     "bearer_token_matches",
     "client_closed",
     "error_response",
+    "body_timeout_error",
+    "install_body_timeout",
     "install_error_handlers",
     "parse_json_object",
     "read_body",
@@ -203,22 +211,75 @@ def unauthorized() -> ApiError:
 
 
 class BearerAuthMiddleware:
-    """Require ``Authorization: Bearer <api_key>`` on every HTTP route except ``open_paths`` (ASGI middleware)."""
+    """Require ``Authorization: Bearer <api_key>`` on every HTTP request except to ``open_paths`` (ASGI middleware).
 
-    def __init__(self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/health",)) -> None:
+    The check runs before routing: without the key, an unknown route or a wrong method is a 401 like any other.
+
+    Args:
+        app: The wrapped ASGI app.
+        api_key: The key (not empty).
+        open_paths: Paths served without the key.
+        x_api_key: Also accept the key in an ``x-api-key`` header (what Anthropic's SDK sends).
+        refusal: The answer to a request of ``scope`` without the key (default: the OpenAI-style 401 of
+            :func:`unauthorized`).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        open_paths: Iterable[str] = ("/health",),
+        *,
+        x_api_key: bool = False,
+        refusal: Optional[Callable[[Scope], Response]] = None,
+    ) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
         self.app = app
         self.api_key = api_key
         self.open_paths = frozenset(open_paths)
+        self.x_api_key = x_api_key
+        self.refusal = refusal
+
+    def _authorized(self, headers: Iterable[Tuple[bytes, bytes]]) -> bool:
+        authorization: Optional[bytes] = None
+        x_api_key: Optional[bytes] = None
+        for key, value in headers:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"x-api-key":
+                x_api_key = value
+        if bearer_token_matches(authorization.decode("latin-1") if authorization else None, self.api_key):
+            return True
+        return (
+            self.x_api_key and x_api_key is not None and hmac.compare_digest(x_api_key.strip(), self.api_key.encode())
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            header = next((value for key, value in scope["headers"] if key == b"authorization"), None)
-            if not bearer_token_matches(header.decode("latin-1") if header else None, self.api_key):
-                await error_response(unauthorized())(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["path"] not in self.open_paths and not self._authorized(scope["headers"]):
+            response = self.refusal(scope) if self.refusal is not None else error_response(unauthorized())
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def body_timeout_error(scope: Scope, message: str) -> bytes:
+    """The OpenAI-style body of the 408 for a request whose body did not arrive in time."""
+    return error_body(408, message, "invalid_request_error", code="request_timeout")
+
+
+def install_body_timeout(app: Any, timeout: float, error_body: ErrorBody = body_timeout_error) -> None:
+    """Answer 408 (body from ``error_body``) and close the connection when a request body is not whole within
+    ``timeout`` seconds of its headers (:class:`~agentbolt.utils.read_timeouts.BodyTimeoutMiddleware`).
+
+    Added last, it wraps every other middleware of ``app``.
+
+    Raises:
+        TypeError: ``timeout`` is not a number.
+        ValueError: ``timeout`` is not positive and finite.
+    """
+    timeout = check_positive(timeout, "body_timeout")
+    app.add_middleware(BodyTimeoutMiddleware, timeout=timeout, error_body=error_body)
 
 
 def install_error_handlers(app: Any) -> None:

@@ -51,10 +51,12 @@ from pydantic import BaseModel
 
 from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
     client_closed,
     error_response,
+    install_body_timeout,
     install_error_handlers,
     off_loop_if_large,
     parse_json_object,
@@ -95,6 +97,7 @@ from agentbolt.serving.token_bytes import TokenBytes
 from agentbolt.serving.tool_parser import TOOL_CALL_OPEN, ParsedToolCall, ToolCallParser, parse_tool_calls
 from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.utils import event_loop
+from agentbolt.utils.checks import check_positive
 from agentbolt.utils.id import generate_id
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs, pick_free_port
 
@@ -131,6 +134,8 @@ class ServingLimits:
         max_sequences_per_request: Sequences one request may start: prompts x ``n``
             (``--max-sequences-per-request``).
         max_request_bytes: Largest request body (``--max-request-bytes``; 413 beyond).
+        body_timeout: Seconds a request body may take to arrive after its headers (``--body-timeout``; 408 beyond,
+            and the connection is closed).
 
     The engine's ``max_queued_tokens`` (``--max-queued-tokens``) bounds the work queued and running at once.
     """
@@ -138,12 +143,14 @@ class ServingLimits:
     max_prompts_per_request: int = 64
     max_sequences_per_request: int = 256
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
 
     def __post_init__(self) -> None:
         for name in ("max_prompts_per_request", "max_sequences_per_request", "max_request_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.body_timeout = check_positive(self.body_timeout, "body_timeout")
 
 
 def _dumps(payload: Any) -> bytes:
@@ -655,6 +662,7 @@ def create_app(
     install_error_handlers(app)
     if api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=api_key, open_paths=("/health", "/openapi.json"))
+    install_body_timeout(app, handler.limits.body_timeout)
     document = openapi_document(
         "agentbolt inference server",
         "1",

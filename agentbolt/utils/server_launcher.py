@@ -27,8 +27,9 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 import uvicorn
 
 from agentbolt.utils import event_loop
-from agentbolt.utils.checks import check_port
+from agentbolt.utils.checks import check_port, check_positive
 from agentbolt.utils.metrics import mark_process_dead
+from agentbolt.utils.read_timeouts import DEFAULT_HEADER_TIMEOUT, header_timeout_protocol
 
 __all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode", "on_shutdown_start"]
 
@@ -61,6 +62,9 @@ class PythonServerLauncherArgs:
         thread_join_timeout: Seconds to wait for the server thread on stop.
         process_join_timeout: Seconds to wait for server processes on stop before killing them.
         timeout_keep_alive: Seconds an idle keep-alive connection stays open.
+        timeout_request_headers: Seconds a request's head (request line and headers) may take to arrive, from the
+            connection's opening or the request's first byte; a client that misses it gets a 408 and the connection
+            is closed (see :mod:`agentbolt.utils.read_timeouts`).
     """
 
     port: Optional[int] = None
@@ -76,9 +80,11 @@ class PythonServerLauncherArgs:
     thread_join_timeout: float = 10.0
     process_join_timeout: float = 10.0
     timeout_keep_alive: int = 30
+    timeout_request_headers: float = DEFAULT_HEADER_TIMEOUT
 
     def __post_init__(self) -> None:
         check_port(self.port)
+        check_positive(self.timeout_request_headers, "timeout_request_headers")
 
 
 @dataclass
@@ -541,6 +547,7 @@ class PythonServerLauncher:
             log_level=self.args.log_level,
             access_log=self.args.access_log,
             timeout_keep_alive=self.args.timeout_keep_alive,
+            http=header_timeout_protocol(self.args.timeout_request_headers),
             timeout_graceful_shutdown=max(1, int(self.args.thread_join_timeout / 2)),
             lifespan="off",
             log_config=None,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List, Tuple
 
 import httpx
 import pytest
@@ -177,3 +177,91 @@ def test_the_grafana_dashboard_queries_only_metrics_agentbolt_records() -> None:
     assert used and used <= known, used - known
     documented = (REPO / "docs" / "metrics.md").read_text()
     assert all(f"`{name}`" in documented or name in documented for name in [*GATEWAY_METRICS, *RUNNER_METRICS])
+
+
+KEY = "prometheus-key"
+
+
+@pytest.fixture
+def store_refusal() -> Dict[str, object]:
+    """What the store server answers a request without its key: the status, WWW-Authenticate and the body."""
+    import asyncio
+
+    from agentbolt.store.client_server import LightningStoreServer
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    async def refusal() -> Dict[str, object]:
+        server = LightningStoreServer(
+            InMemoryLightningStore(thread_safe=True), "127.0.0.1", free_port(), launch_mode="asyncio", api_key=KEY
+        )
+        await server.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(server.endpoint + "/v1/agl/rollouts")
+        finally:
+            await server.stop()
+        return {"status": answer.status_code, "www-authenticate": answer.headers["www-authenticate"], **answer.json()}
+
+    return asyncio.run(refusal())
+
+
+def _start_exporter(multiproc_dir: Path, args: List[str], **env: str) -> Tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [sys.executable, "-m", "agentbolt", "prometheus", "--port", str(port), "--log-level", "WARNING", *args]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=_env(PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir), **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url + "/health", process)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
+    return process, url
+
+
+@pytest.mark.parametrize("given_by", ["flag", "environment"])
+def test_with_an_api_key_every_path_but_health_is_refused_as_the_store_refuses(
+    multiproc_dir: Path, store_refusal: Dict[str, object], given_by: str
+) -> None:
+    if given_by == "flag":
+        process, url = _start_exporter(multiproc_dir, ["--api-key", KEY])
+    else:
+        process, url = _start_exporter(multiproc_dir, [], AGENTBOLT_PROMETHEUS_API_KEY=KEY)
+    try:
+        paths = [
+            ("GET", "/v1/prometheus"),
+            ("GET", "/v1/prometheus/"),
+            ("OPTIONS", "/v1/prometheus"),
+            ("GET", "/no-such-path"),
+            ("POST", "/health/../v1/prometheus"),
+        ]
+        refused = [
+            httpx.request(method, url + path, headers=headers, timeout=10)
+            for method, path in paths
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": KEY})
+        ]
+        scraped = httpx.get(url + "/v1/prometheus", headers={"authorization": f"bearer {KEY}"}, timeout=10)
+        health = httpx.get(url + "/health", timeout=10)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    for answer in refused:
+        seen = {"status": answer.status_code, "www-authenticate": answer.headers.get("www-authenticate")}
+        assert {**seen, **answer.json()} == store_refusal, (answer.request.url, answer.text)
+    assert scraped.status_code == 200 and "text/plain" in scraped.headers["content-type"]
+    assert health.json() == {"status": "ok"}
+
+
+def test_without_an_api_key_the_metrics_are_open(exporter: str) -> None:
+    assert httpx.get(exporter + "/v1/prometheus", timeout=10).status_code == 200
+
+
+def test_an_empty_api_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        create_prometheus_app(api_key="")

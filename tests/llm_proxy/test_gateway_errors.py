@@ -310,6 +310,38 @@ async def test_api_key_is_required_when_configured(make_proxy: ProxyFactory, bac
     assert backend.count("echo") == 1
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/no-such-route"),  # unknown route
+        ("GET", "/v1/chat/completions"),  # wrong method
+        ("DELETE", "/v1/models"),
+        ("POST", "/flush"),
+        ("GET", "/rollout/ro-1/attempt/at-1/v1/models"),
+    ],
+)
+async def test_without_the_key_every_request_is_401_before_routing(
+    make_proxy: ProxyFactory, method: str, path: str
+) -> None:
+    async with make_proxy(api_key="s3cret") as proxy, httpx.AsyncClient() as client:
+        missing = await client.request(method, proxy.endpoint + path)
+        wrong = await client.request(method, proxy.endpoint + path, headers={"authorization": "Bearer nope"})
+        keyed = await client.request(method, proxy.endpoint + path, headers={"authorization": "Bearer s3cret"})
+    for answer in (missing, wrong):
+        assert answer.status_code == 401, (path, answer.text)
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+    assert keyed.status_code != 401
+
+
+async def test_health_and_the_openapi_document_are_open_with_a_key(make_proxy: ProxyFactory) -> None:
+    async with make_proxy(api_key="s3cret") as proxy, httpx.AsyncClient() as client:
+        health = await client.get(f"{proxy.endpoint}/health")
+        document = await client.get(f"{proxy.endpoint}/openapi.json")
+    assert health.status_code == 200 and document.status_code == 200
+    assert "bearer" in str(document.json()["components"]).lower()
+
+
 async def test_large_bodies_are_decoded_off_the_event_loop(
     make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout, monkeypatch: pytest.MonkeyPatch
 ) -> None:

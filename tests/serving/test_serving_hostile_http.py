@@ -6,6 +6,7 @@ byte.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -20,8 +21,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from support.models import serving
+from support.slow_clients import trickle
 
-from agentbolt.serving.server import InferenceServer
+from agentbolt.serving.server import InferenceServer, ServingLimits
 
 KEY = "serving-hostile-key"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -101,3 +103,46 @@ def test_idle_and_half_sent_connections_do_not_hold_up_others(protected: Inferen
         for connection in idle + stalled:
             connection.close()
     _wait_for(lambda: protected.engine.queued_tokens == 0, "no work held for the stalled requests")
+
+
+@pytest.fixture(scope="module")
+def impatient(tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    """A server that waits half a second for a request body."""
+    options = {"api_key": KEY, "limits": ServingLimits(body_timeout=0.5)}
+    with serving(tiny_model_dir, max_batch_size=4, server_options=options) as server:
+        yield server
+
+
+def _head(path: str, declared: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: serve\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {declared}\r\n\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_body_that_does_not_arrive_in_time_is_408_and_starts_no_work(
+    impatient: InferenceServer, route: str
+) -> None:
+    body = json.dumps({**CHAT, "prompt": "hi"}).encode() + b" " * 10_000
+    before = impatient.engine.stats()["generated_tokens"]
+    slow = asyncio.ensure_future(trickle(f"http://{impatient.host}:{impatient.port}", _head(route, len(body)), body))
+    async with httpx.AsyncClient(timeout=120) as client:
+        other = await client.post(
+            f"{impatient.base_url}/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
+        )
+    assert not slow.done()  # still in flight while the other request is answered
+    answer = await slow
+    assert other.status_code == 200
+    assert answer.status == 408, answer
+    error = answer.json()["error"]  # type: ignore[index]
+    assert error["code"] == "request_timeout" and "did not arrive within 0.5 seconds" in error["message"]
+    assert answer.headers["connection"] == "close" and answer.closed
+    assert impatient.engine.stats()["generated_tokens"] - before == other.json()["usage"]["completion_tokens"]
+    assert impatient.engine.queued_tokens == 0
+
+
+def test_the_body_timeout_must_be_positive() -> None:
+    for value in (0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="body_timeout"):
+            ServingLimits(body_timeout=value)

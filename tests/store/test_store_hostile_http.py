@@ -14,9 +14,14 @@ import time
 from pathlib import Path
 from typing import Tuple
 
+import aiohttp
 import pytest
+from support.servers import free_port
+from support.slow_clients import trickle
 
+from agentbolt.store.client_server import LightningStoreServer
 from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.utils.server_launcher import PythonServerLauncherArgs
 
 from .test_http import PREFIX, serve
 
@@ -133,3 +138,101 @@ async def test_a_chunked_request_the_client_abandons_is_not_applied(caplog: pyte
         # The server goes on answering.
         rollout = await running.client.enqueue_rollout("after")
         assert [r.rollout_id for r in await running.client.query_rollouts()] == [rollout.rollout_id]
+
+
+def _head(method: str, path: str, *, length: int, key: str = KEY) -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: store\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_refused_with_408_and_not_applied() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    async with serve(store, api_key=KEY, body_timeout=0.5) as running:
+        body = b'{"rollouts": [{"input": "trickled"}]}' + b" " * 10_000
+        answer = await trickle(running.base, _head("POST", PREFIX + "/queues/rollouts/enqueue", length=len(body)), body)
+        assert answer.status == 408, answer
+        assert answer.json() == {
+            "detail": "The request body did not arrive within 0.5 seconds of the request headers",
+            "error_type": "RequestTimeout",
+            "error_kind": "TimeoutError",
+        }
+        assert answer.headers["x-agentbolt-not-applied"] == "1"
+        assert answer.headers["connection"] == "close" and answer.closed
+        assert not await store.query_rollouts()
+        # The server goes on answering.
+        assert (await running.client.enqueue_rollout("after")).input == "after"
+
+
+async def test_a_chunked_body_that_does_not_arrive_in_time_is_refused_with_408() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    async with serve(store, api_key=KEY, body_timeout=0.5) as running:
+        body = b'{"rollouts": [{"input": "trickled"}]}'
+        request = _chunked("POST", PREFIX + "/queues/rollouts/enqueue", body, chunk_size=1, last_chunk=False)
+        head, chunks = request.split(b"\r\n\r\n", 1)
+        answer = await trickle(running.base, head + b"\r\n\r\n", chunks * 100)
+        assert answer.status == 408 and answer.json()["error_type"] == "RequestTimeout", answer
+        assert answer.closed
+        assert not await store.query_rollouts()
+
+
+async def test_a_slow_body_does_not_hold_up_other_requests() -> None:
+    store = InMemoryLightningStore(thread_safe=True)
+    async with serve(store, api_key=KEY, body_timeout=0.5) as running:
+        body = b'{"rollouts": [{"input": "trickled"}]}' + b" " * 10_000
+        slow = asyncio.ensure_future(
+            trickle(running.base, _head("POST", PREFIX + "/queues/rollouts/enqueue", length=len(body)), body)
+        )
+        fast = [await running.client.enqueue_rollout(f"fast-{index}") for index in range(5)]
+        assert not slow.done()  # the slow request is still in flight while the others are answered
+        assert (await slow).status == 408
+        assert sorted(r.input for r in await store.query_rollouts()) == sorted(r.input for r in fast)
+
+
+async def test_an_answer_given_before_the_body_arrives_closes_the_connection() -> None:
+    """A client without the key is refused at once; trickling the rest of its body cannot hold the connection."""
+    store = InMemoryLightningStore(thread_safe=True)
+    async with serve(store, api_key=KEY, body_timeout=60) as running:
+        body = b" " * 10_000
+        answer = await trickle(
+            running.base, _head("POST", PREFIX + "/queues/rollouts/enqueue", length=len(body), key="wrong"), body
+        )
+        assert answer.status == 401 and answer.headers["connection"] == "close" and answer.closed
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_request_headers_that_do_not_arrive_in_time_close_the_connection(
+    http: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if http == "h11":  # the protocol uvicorn picks where httptools is not installed
+        from uvicorn.protocols.http import auto
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        monkeypatch.setattr(auto, "AutoHTTPProtocol", H11Protocol)
+    store = InMemoryLightningStore(thread_safe=True)
+    args = PythonServerLauncherArgs(
+        host="127.0.0.1",
+        port=free_port(),
+        launch_mode="asyncio",
+        healthcheck_url=PREFIX + "/health",
+        timeout_request_headers=0.5,
+    )
+    server = LightningStoreServer(store, launcher_args=args, api_key=KEY)
+    await server.start()
+    try:
+        head = _head("POST", PREFIX + "/queues/rollouts/enqueue", length=2)
+        answer = await trickle(server.endpoint, head[:20], head[20:] * 100)
+        assert answer.status == 408 and answer.closed, answer
+        assert b"request headers did not arrive within 0.5 seconds" in answer.body
+        silent = await trickle(server.endpoint, b"", b"")  # connects and sends nothing
+        assert silent.status == 408 and silent.closed
+        # The server goes on answering.
+        async with (
+            aiohttp.ClientSession() as http_session,
+            http_session.get(server.endpoint + PREFIX + "/health") as response,
+        ):
+            assert response.status == 200
+    finally:
+        await server.stop()
+    assert not await store.query_rollouts()

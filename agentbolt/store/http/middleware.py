@@ -1,4 +1,5 @@
-"""ASGI middlewares of the store server: the guard (token, store identity, body size) and HTTP metrics.
+"""ASGI middlewares of the store server: the guard (token, store identity, body size), HTTP metrics, and the
+bearer-token check alone (:class:`ApiKeyMiddleware`, for other servers that answer refusals as the store does).
 
 Both are plain ASGI callables rather than Starlette ``BaseHTTPMiddleware`` subclasses: they cost a few attribute
 reads per request, which matters at thousands of requests per second.
@@ -19,7 +20,15 @@ from agentbolt.store.http.routes import API_V1_AGL_PREFIX, STORE_ID_HEADER
 if TYPE_CHECKING:
     from agentbolt.utils.metrics import MetricsBackend
 
-__all__ = ["GuardMiddleware", "MetricsMiddleware", "UNMATCHED_PATH_LABEL", "DASHBOARD_PAGE_LABEL", "OTHER_METHOD_LABEL"]
+__all__ = [
+    "ApiKeyMiddleware",
+    "GuardMiddleware",
+    "MetricsMiddleware",
+    "UNMATCHED_PATH_LABEL",
+    "DASHBOARD_PAGE_LABEL",
+    "OTHER_METHOD_LABEL",
+    "body_timeout_error",
+]
 
 logger = logging.getLogger("agentbolt.store.server")
 
@@ -63,13 +72,14 @@ class GuardMiddleware:
         # No method is exempt: CORS preflights are answered by the CORS middleware, which runs before this one, and
         # an OPTIONS request reaching this far would otherwise be served unguarded (the Prometheus mount answers
         # every method).
-        if self.api_key is not None and scope["path"] not in _PUBLIC_PATHS and not is_public_page(scope["path"]):
-            token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
-            if not hmac.compare_digest(token, self.api_key):
-                await _send_error(
-                    send, 401, "Missing or invalid API key.", "Unauthorized", "", [(b"www-authenticate", b"Bearer")]
-                )
-                return
+        if (
+            self.api_key is not None
+            and scope["path"] not in _PUBLIC_PATHS
+            and not is_public_page(scope["path"])
+            and not _token_matches(authorization, self.api_key)
+        ):
+            await _send_unauthorized(send)
+            return
         if content_length is not None:
             try:
                 length = int(content_length)
@@ -112,6 +122,46 @@ class GuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class ApiKeyMiddleware:
+    """Require ``Authorization: Bearer <api_key>`` on every HTTP request except to ``open_paths``, refusing others as
+    the store server does (401, ``WWW-Authenticate: Bearer``, the store's error body); the key is compared in
+    constant time and the scheme in any case.
+
+    Raises:
+        ValueError: ``api_key`` is empty.
+    """
+
+    def __init__(self, app: Any, api_key: str, open_paths: Iterable[str] = ("/health",)) -> None:
+        if not api_key:
+            raise ValueError("api_key must not be empty")
+        self.app = app
+        self.api_key = api_key.encode()
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            authorization = next((value for key, value in scope["headers"] if key == b"authorization"), None)
+            if not _token_matches(authorization, self.api_key):
+                await _send_unauthorized(send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _token_matches(authorization: Optional[bytes], api_key: bytes) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer <api_key>`` (scheme in any case; constant time)."""
+    token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
+    return hmac.compare_digest(token, api_key)
+
+
+async def _send_unauthorized(send: Any) -> None:
+    await _send_error(send, 401, "Missing or invalid API key.", "Unauthorized", "", [(b"www-authenticate", b"Bearer")])
+
+
+def body_timeout_error(scope: Dict[str, Any], message: str) -> bytes:
+    """The store's error body for a request whose body did not arrive in time (answered 408, nothing applied)."""
+    return error_body(message, "RequestTimeout", "TimeoutError")
 
 
 def _too_large(limit: int) -> Tuple[str, str, str]:

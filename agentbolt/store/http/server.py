@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
@@ -42,7 +43,7 @@ from agentbolt.store.http.errors import (
     exception_detail,
     status_for_exception,
 )
-from agentbolt.store.http.middleware import GuardMiddleware, MetricsMiddleware
+from agentbolt.store.http.middleware import GuardMiddleware, MetricsMiddleware, body_timeout_error
 from agentbolt.store.http.routes import (
     API_V1_AGL_PREFIX,
     API_V1_PREFIX,
@@ -56,6 +57,8 @@ from agentbolt.store.requests import _PaginationFields
 from agentbolt.store.threading import LightningStoreThreaded
 from agentbolt.store.utils import LATENCY_BUCKETS
 from agentbolt.types.wire import decode_json, encode_json_repairing
+from agentbolt.utils.checks import check_positive
+from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT, BodyTimeoutMiddleware
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -147,6 +150,11 @@ class _StoreRoute(APIRoute):
                 return await handler(request)
             except (HTTPException, RequestValidationError):
                 raise
+            except ClientDisconnect:
+                # The client left (or its body did not arrive in time) before the end of its body: nothing applied,
+                # and nobody reads the answer.
+                logger.debug("Client left %s %s before the end of its body", request.method, request.url.path)
+                return _error_response(499, "The client closed the connection mid-request.", "ClientDisconnect", "")
             except Exception as exc:
                 return _exception_response(exc)
 
@@ -574,6 +582,7 @@ def build_store_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     cors_origins: Sequence[str] = (),
     tracker: Optional[MetricsBackend] = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     """The store's FastAPI app; ``call(method_name, *args, **kwargs)`` runs each store call.
 
@@ -584,7 +593,10 @@ def build_store_app(
         max_request_bytes: Largest accepted request body.
         cors_origins: Allowed CORS origins (``["*"]`` for any; empty disables CORS).
         tracker: Metrics backend (HTTP metrics middleware and, when it supports it, the Prometheus mount).
+        body_timeout: Seconds a request body may take to arrive after its headers; a client that misses it gets a
+            408 (nothing applied) and its connection is closed.
     """
+    check_positive(body_timeout, "body_timeout")
     app = _new_app(title="LightningStore Server", version="0.3.1")
     long_waits = _LongWaits()
     on_shutdown_start(app, long_waits.end_long_ones)
@@ -610,6 +622,13 @@ def build_store_app(
     if tracker is not None:
         _install_metrics(app, tracker)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_request_bytes=max_request_bytes, server_id=server_id)
+    # Outside the guard, which reads chunked bodies itself.
+    app.add_middleware(
+        BodyTimeoutMiddleware,
+        timeout=body_timeout,
+        error_body=body_timeout_error,
+        extra_headers=[(NOT_APPLIED_HEADER.encode(), b"1")],
+    )
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -734,6 +753,7 @@ _PROCESS_LOCAL: Dict[str, Any] = {
     "_client": None,
     "_cors_origins": [],
     "_max_request_bytes": DEFAULT_MAX_REQUEST_BYTES,
+    "_body_timeout": DEFAULT_BODY_TIMEOUT,
 }
 """Attributes of a :class:`LightningStoreServer` that stay with the creating process, each with the value a pickled
 copy holds instead."""
@@ -757,6 +777,8 @@ class LightningStoreServer(LightningStore):
         tracker: Metrics backend recording HTTP metrics (and exposing Prometheus when it supports it).
         api_key: Bearer token required on every route except health checks; defaults to ``$AGENTBOLT_API_KEY``.
         max_request_bytes: Largest accepted request body; larger ones get 413.
+        body_timeout: Seconds a request body may take to arrive after its headers; a client that misses it gets a
+            408 (nothing applied) and its connection is closed.
         server_id: Identity of this server (default: a random one), reported by the health routes. Requests
             carrying another id in the :data:`STORE_ID_HEADER` header are refused with 409, so a client started for
             one store never works for another store that took over its address.
@@ -779,6 +801,7 @@ class LightningStoreServer(LightningStore):
         api_key: Optional[str] = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         server_id: Optional[str] = None,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
     ) -> None:
         if not isinstance(store, LightningStore):
             raise TypeError(f"store must be a LightningStore, got {type(store).__name__}")
@@ -798,6 +821,7 @@ class LightningStoreServer(LightningStore):
             )
         if max_request_bytes <= 0:
             raise ValueError("max_request_bytes must be positive")
+        check_positive(body_timeout, "body_timeout")
         capabilities = store.capabilities
         if not capabilities.get("async_safe", False):
             raise ValueError("The store is not async-safe; wrap it (e.g. LightningStoreThreaded) before serving it.")
@@ -814,6 +838,7 @@ class LightningStoreServer(LightningStore):
         self.tracker = tracker
         self._api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV_VAR) or None)
         self._max_request_bytes = max_request_bytes
+        self._body_timeout = body_timeout
         self._cors_origins = _normalize_origins(cors_allow_origins)
         self._owner_pid = os.getpid()
         self.server_id = server_id or uuid.uuid4().hex
@@ -913,6 +938,7 @@ class LightningStoreServer(LightningStore):
             max_request_bytes=self._max_request_bytes,
             cors_origins=self._cors_origins,
             tracker=self.tracker,
+            body_timeout=self._body_timeout,
         )
 
 
