@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import typer
 
 from agentbolt.cli.errors import CliError, check_port_free
-from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT
 
 if TYPE_CHECKING:
     from agentbolt.serving.server import ServingLimits

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 import typer
 
@@ -26,6 +26,7 @@ from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.utils import event_loop
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 
 __all__ = [
     "CONTEXT_SETTINGS",
@@ -160,6 +161,13 @@ def store_command(
         help="Seconds between two watchdog scans for timed-out and unresponsive rollouts (among all workers; also "
         "run in the background while no request comes in). 0 scans before every call.",
     ),
+    max_request_bytes: int = typer.Option(
+        DEFAULT_MAX_REQUEST_BYTES, min=1, help="Largest request body accepted (larger ones get 413)."
+    ),
+    body_timeout: float = typer.Option(
+        DEFAULT_BODY_TIMEOUT,
+        help="Seconds a request body may take to arrive after its headers (a slower client gets 408, nothing applied).",
+    ),
     mongo_uri: Optional[str] = typer.Option(None, hidden=True, help="The reference's MongoDB URI (not supported)."),
 ) -> int:
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
@@ -182,6 +190,8 @@ def store_command(
         raise CliError("--workers > 1 needs a store shared between processes: --backend sqlite or postgres")
     if not math.isfinite(scan_debounce_seconds) or scan_debounce_seconds < 0:
         raise CliError(f"--scan-debounce-seconds must be a finite number >= 0, got {scan_debounce_seconds}")
+    if not math.isfinite(body_timeout) or body_timeout <= 0:
+        raise CliError(f"--body-timeout must be a finite number > 0, got {body_timeout}")
     if workers > max_workers():
         raise CliError(
             f"--workers {workers} is too many: at most {max_workers()} on this machine "
@@ -202,8 +212,12 @@ def store_command(
             host=host,
             port=port,
             spec=spec,
-            api_key=api_key or None,
-            cors_origins=list(cors_origin or []),
+            limits=_RequestLimits(
+                api_key=api_key or None,
+                cors_origins=tuple(cors_origin or ()),
+                max_request_bytes=max_request_bytes,
+                body_timeout=body_timeout,
+            ),
             trackers=trackers,
             access_log=debug,
         )
@@ -296,6 +310,16 @@ def _make_tracker(names: List[str], n_workers: int) -> Any:
 
 
 @dataclass(frozen=True)
+class _RequestLimits:
+    """Who may call the server and what a request may be: the options every launch mode passes to the store's app."""
+
+    api_key: Optional[str]
+    cors_origins: Tuple[str, ...]
+    max_request_bytes: int
+    body_timeout: float
+
+
+@dataclass(frozen=True)
 class StoreSpec:
     """How to open the served store: in the server process, or in each worker process (picklable)."""
 
@@ -367,8 +391,7 @@ async def _serve(
     host: str,
     port: int,
     spec: StoreSpec,
-    api_key: Optional[str],
-    cors_origins: List[str],
+    limits: _RequestLimits,
     trackers: List[str],
     access_log: bool,
 ) -> int:
@@ -387,10 +410,10 @@ async def _serve(
     )
     async with shutdown_signals() as stop:
         if spec.workers > 1:
-            server, store = _worker_server(spec, launcher_args, api_key, cors_origins, tracker), None
+            server, store = _worker_server(spec, launcher_args, limits, tracker), None
         else:
             store = spec.open(tracker)
-            server = _single_server(store, launcher_args, api_key, cors_origins, tracker)
+            server = _single_server(store, launcher_args, limits, tracker)
         try:
             try:
                 await server.start()
@@ -406,7 +429,7 @@ async def _serve(
             print(f"agentbolt store: data in {spec.describe()}", flush=True)
             if spec.workers > 1:
                 print(f"agentbolt store: {spec.workers} worker processes", flush=True)
-            if api_key:
+            if limits.api_key:
                 print("agentbolt store: bearer token required", flush=True)
             print(f"agentbolt store: serving {_endpoint(server)}/v1/agl", flush=True)
             print(f"agentbolt store: dashboard at {_endpoint(server)}/", flush=True)
@@ -429,18 +452,24 @@ def _endpoint(server: Any) -> str:
     return str(getattr(server, "endpoint", None) or server.access_endpoint)
 
 
-def _single_server(store: Any, launcher_args: Any, api_key: Optional[str], cors: List[str], tracker: Any) -> Any:
+def _single_server(store: Any, launcher_args: Any, limits: _RequestLimits, tracker: Any) -> Any:
     from agentbolt.store.http import LightningStoreServer
 
     try:
         return LightningStoreServer(
-            store, cors_allow_origins=cors or None, launcher_args=launcher_args, tracker=tracker, api_key=api_key
+            store,
+            cors_allow_origins=list(limits.cors_origins) or None,
+            launcher_args=launcher_args,
+            tracker=tracker,
+            api_key=limits.api_key,
+            max_request_bytes=limits.max_request_bytes,
+            body_timeout=limits.body_timeout,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
 
-def _worker_server(spec: StoreSpec, launcher_args: Any, api_key: Optional[str], cors: List[str], tracker: Any) -> Any:
+def _worker_server(spec: StoreSpec, launcher_args: Any, limits: _RequestLimits, tracker: Any) -> Any:
     """A launcher serving one app from ``spec.workers`` forked processes, each opening its own store object.
 
     The store is opened (and closed) once here first, so that a bad path, DSN or schema fails before any worker
@@ -465,7 +494,15 @@ def _worker_server(spec: StoreSpec, launcher_args: Any, api_key: Optional[str], 
         finally:
             await _close_store(stores.pop("store"))
 
-    app = build_store_app(call, server_id=uuid.uuid4().hex, api_key=api_key, cors_origins=cors, tracker=tracker)
+    app = build_store_app(
+        call,
+        server_id=uuid.uuid4().hex,
+        api_key=limits.api_key,
+        cors_origins=limits.cors_origins,
+        tracker=tracker,
+        max_request_bytes=limits.max_request_bytes,
+        body_timeout=limits.body_timeout,
+    )
     return PythonServerLauncher(app, launcher_args, serve_context=worker_store)
 
 

@@ -8,7 +8,7 @@
   scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says. :class:`BearerAuthMiddleware` checks it on
   every request before routing, so that a client without the key learns nothing of the routes.
 * :func:`install_body_timeout` bounds the time a request body may take to arrive (408 beyond, see
-  :mod:`agentbolt.utils.read_timeouts`).
+  :mod:`agentbolt.utils.request_limits`).
 * :func:`install_error_handlers` makes every error of a FastAPI app an OpenAI-style body: :class:`ApiError`,
   unknown routes (404), wrong methods (405), FastAPI's own validation errors (400) and unexpected exceptions (500).
 """
@@ -31,7 +31,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt.openai_api.errors import ApiError, error_body
 from agentbolt.openai_api.schema import validation_message
 from agentbolt.utils.checks import check_positive
-from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT, BodyTimeoutMiddleware, ErrorBody
+from agentbolt.utils.request_limits import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_REQUEST_BYTES,
+    BodyTimeoutMiddleware,
+    ErrorBody,
+)
 
 __all__ = [
     "off_loop_if_large",
@@ -68,8 +73,6 @@ async def off_loop_if_large(size: int, inline_below: int, work: Callable[[], R])
     return await asyncio.to_thread(work)
 
 
-DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
-"""Largest request body accepted by default (32 MiB)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of objects and arrays accepted in a request body (tool schemas need a few levels, not hundreds)."""
 _JSON = "application/json"
@@ -270,7 +273,7 @@ def body_timeout_error(scope: Scope, message: str) -> bytes:
 
 def install_body_timeout(app: Any, timeout: float, error_body: ErrorBody = body_timeout_error) -> None:
     """Answer 408 (body from ``error_body``) and close the connection when a request body is not whole within
-    ``timeout`` seconds of its headers (:class:`~agentbolt.utils.read_timeouts.BodyTimeoutMiddleware`).
+    ``timeout`` seconds of its headers (:class:`~agentbolt.utils.request_limits.BodyTimeoutMiddleware`).
 
     Added last, it wraps every other middleware of ``app``.
 

@@ -29,7 +29,7 @@ import uvicorn
 from agentbolt.utils import event_loop
 from agentbolt.utils.checks import check_port, check_positive
 from agentbolt.utils.metrics import mark_process_dead
-from agentbolt.utils.read_timeouts import DEFAULT_HEADER_TIMEOUT, header_timeout_protocol
+from agentbolt.utils.request_limits import DEFAULT_HEADER_TIMEOUT, header_timeout_protocol
 
 __all__ = ["PythonServerLauncher", "PythonServerLauncherArgs", "LaunchMode", "on_shutdown_start"]
 
@@ -64,7 +64,7 @@ class PythonServerLauncherArgs:
         timeout_keep_alive: Seconds an idle keep-alive connection stays open.
         timeout_request_headers: Seconds a request's head (request line and headers) may take to arrive, from the
             connection's opening or the request's first byte; a client that misses it gets a 408 and the connection
-            is closed (see :mod:`agentbolt.utils.read_timeouts`).
+            is closed (see :mod:`agentbolt.utils.request_limits`).
     """
 
     port: Optional[int] = None

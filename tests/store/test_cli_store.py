@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 import aiohttp
 import pytest
 from support.servers import free_port, taken_port
+from support.slow_clients import trickle
 
 from agentbolt.cli.app import run
 from agentbolt.cli.store import main as store_main
@@ -154,6 +155,33 @@ async def test_memory_backend_and_api_key_from_environment() -> None:
         assert await proc.stop(signal.SIGINT) == 0
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_request_limits_apply_in_every_launch_mode(tmp_path: Path, workers: str) -> None:
+    """``--max-request-bytes`` and ``--body-timeout`` reach the app, whether one process serves it or several."""
+    proc = await StoreProcess.start(
+        "--path", str(tmp_path / "s.db"), "--workers", workers, "--max-request-bytes", "2000", "--body-timeout", "0.5"
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            too_large = {"input": "x" * 3000}
+            async with http.post(f"{proc.endpoint}/v1/agl/rollouts", json=too_large) as response:
+                assert response.status == 413
+        body = b'{"input": "slow"}'
+        head = (
+            f"POST /v1/agl/rollouts HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode()
+        answer = await trickle(proc.endpoint, head, body, interval=0.2)
+        assert answer.status == 408 and answer.closed
+        client = client_for(proc.endpoint)
+        try:
+            assert (await client.query_rollouts()).total == 0  # neither request stored anything
+        finally:
+            await client.close()
+    finally:
+        assert await proc.stop(signal.SIGTERM) == 0, proc.text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -171,6 +199,9 @@ async def test_memory_backend_and_api_key_from_environment() -> None:
             "cannot open the store: Cannot connect to PostgreSQL",
         ),
         (["--backend", "postgres", "--dsn", "x=1", "--schema", "1bad"], "Invalid schema name"),
+        (["--body-timeout", "0"], "--body-timeout must be a finite number > 0"),
+        (["--body-timeout", "nan"], "--body-timeout must be a finite number > 0"),
+        (["--max-request-bytes", "0"], "Invalid value for '--max-request-bytes'"),
     ],
 )
 def test_bad_arguments_exit_2(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

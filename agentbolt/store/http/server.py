@@ -58,7 +58,7 @@ from agentbolt.store.threading import LightningStoreThreaded
 from agentbolt.store.utils import LATENCY_BUCKETS
 from agentbolt.types.wire import decode_json, encode_json_repairing
 from agentbolt.utils.checks import check_positive
-from agentbolt.utils.read_timeouts import DEFAULT_BODY_TIMEOUT, BodyTimeoutMiddleware
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, BodyTimeoutMiddleware
 from agentbolt.utils.server_launcher import (
     LaunchMode,
     PythonServerLauncher,
@@ -82,7 +82,6 @@ __all__ = [
 logger = logging.getLogger("agentbolt.store.server")
 
 DEFAULT_PORT = 4747
-DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------------------------------------------

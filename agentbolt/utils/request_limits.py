@@ -1,6 +1,7 @@
-"""How long a client may take to send its request: one deadline for the headers, one for the body.
+"""What a request to an agentbolt server may be: how large its body, and how long it may take to send.
 
-uvicorn bounds neither: a client may open a connection and send its request head one byte at a time, or send its
+:data:`DEFAULT_MAX_REQUEST_BYTES` is the body size limit every server applies by default. As for time, uvicorn bounds
+neither part of a request: a client may open a connection and send its request head one byte at a time, or send its
 headers and then trickle the body (staying within the body size limit), and hold a connection and a request task
 for as long as it likes. agentbolt's servers bound both:
 
@@ -24,6 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from agentbolt.utils.checks import check_positive
 
 __all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_HEADER_TIMEOUT",
     "BodyTimeoutMiddleware",
@@ -32,6 +34,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+"""Largest request body accepted by default (32 MiB)."""
 DEFAULT_BODY_TIMEOUT = 60.0
 """Seconds a request body may take to arrive, counted from the end of its headers (32 MiB, the default body limit,
 at about 560 KB/s)."""
