@@ -52,7 +52,7 @@ import logging
 import math
 import re
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 from pydantic import BaseModel
 
@@ -914,6 +914,9 @@ class TracerTraceToTriplet(TraceToTripletBase):
         _skip_empty_token_spans: Drop calls without prompt or response token ids.
     """
 
+    tree_type: Type[TraceTree] = TraceTree
+    """The trace tree the spans are read into; a subclass of :class:`TraceTree` may build its triplets otherwise."""
+
     def __init__(
         self,
         repair_hierarchy: bool = True,
@@ -934,7 +937,7 @@ class TracerTraceToTriplet(TraceToTripletBase):
                 re.compile(pattern)  # fail early on an invalid regex
 
     def _tree(self, source: Sequence[Union[Span, ReadableSpan]]) -> TraceTree:
-        tree = TraceTree.from_spans(_to_spans(source))
+        tree = self.tree_type.from_spans(_to_spans(source))
         if self.repair_hierarchy:
             tree.repair_hierarchy()
         return tree

@@ -41,6 +41,9 @@ SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", "": "j
 """Output suffixes and the format each one means when ``--format`` is not given (a name without a suffix, such as
 ``/dev/stdout``, is JSONL); any other suffix needs ``--format``."""
 
+STDOUT = "-"
+"""The ``--output`` that means the standard output (as ``/dev/stdout``)."""
+
 PROGRESS_LOG_SECONDS = 10.0
 """Seconds between progress lines when stderr is not a terminal."""
 
@@ -112,7 +115,7 @@ def export_command(
         "--output",
         "-o",
         help="File to write: .jsonl (or .ndjson, or no suffix) or .parquet; any other name with --format (its "
-        "directory must exist).",
+        "directory must exist); - for the standard output.",
     ),
     what: What = typer.Option(What.samples, "--what", case_sensitive=False, help="What each record is."),
     format: Optional[Format] = typer.Option(
@@ -146,6 +149,8 @@ def export_command(
     from agentbolt.types import RolloutStatus
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    if str(output) == STDOUT:  # the usual name of the standard output, never a file called "-"
+        output = Path("/dev/stdout")
 
     known_modes = ("train", "val", "test")
     for value in mode or []:
@@ -205,7 +210,8 @@ def export_command(
         raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
     finally:
         progress.close()
-    print(f"agentbolt export: {count} {what.value} written to {output} ({chosen_format})")
+    # On stderr, like the progress: the records may be going to stdout, and nothing else may be mixed into them.
+    print(f"agentbolt export: {count} {what.value} written to {output} ({chosen_format})", file=sys.stderr)
     return 0
 
 

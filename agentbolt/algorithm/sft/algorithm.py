@@ -56,8 +56,9 @@ __all__ = ["SFT", "LLM_CALL_SPANS", "model_vocab_size", "resolve_backend"]
 
 logger = logging.getLogger(__name__)
 
-LLM_CALL_SPANS = r"^(agentbolt\.llm_call|openai\.chat\.completion)$"
-"""Span names SFT reads LLM calls from: the gateway's records and the OpenAI SDK instrumentation's."""
+LLM_CALL_SPANS = r"^(agentbolt\.llm_call|openai\.(chat\.)?completion)$"
+"""Span names SFT reads LLM calls from: the gateway's records and the OpenAI SDK instrumentation's, of chat and of
+text completions (a text completion is learned as raw text, see :class:`~agentbolt.algorithm.sft.data.ChatSample`)."""
 
 
 def resolve_backend(config: SFTConfig) -> str:
@@ -92,8 +93,9 @@ class SFT(FinetuningAlgorithm):
             transformers causal LM (then ``tokenizer`` is required). Default: the embedded model.
         tokenizer: Tokenizer of a model object (its chat template renders prompts and training messages).
         adapter: Spans-to-triplets adapter; it must keep each call's messages (``raw_content``) and token ids.
-            Default: :class:`agentbolt.adapter.TracerTraceToTriplet` over the gateway's and the OpenAI SDK's call
-            spans (:data:`LLM_CALL_SPANS`), every agent kept (``agent_match`` filters after reward propagation).
+            Default: :class:`~agentbolt.algorithm.sft.data.CallTraceToTriplet` over the gateway's and the OpenAI
+            SDK's call spans (:data:`LLM_CALL_SPANS`), every agent kept (``agent_match`` filters after reward
+            propagation).
         **overrides: Config fields overriding ``config`` (``SFT(batch_size=16, min_reward=1.0)``).
 
     Raises:
@@ -113,9 +115,9 @@ class SFT(FinetuningAlgorithm):
         return False
 
     def _default_adapter(self) -> Any:
-        from agentbolt.adapter import TracerTraceToTriplet
+        from agentbolt.algorithm.sft.data import CallTraceToTriplet
 
-        return TracerTraceToTriplet(llm_call_match=LLM_CALL_SPANS)
+        return CallTraceToTriplet(llm_call_match=LLM_CALL_SPANS)
 
     def _load_policy(self) -> Tuple[Any, Any]:
         if self._model is None and resolve_backend(self.config) == "unsloth":
@@ -218,7 +220,7 @@ class SFT(FinetuningAlgorithm):
                 step,
                 len(chat_samples),
                 len(outcomes),
-                _why_empty(call_stats, token_stats, selection),
+                empty_selection_reasons(call_stats, token_stats, selection),
             )
         record.update({f"update/{k}": v for k, v in metrics.items()})
         record["time/collect_seconds"] = collect_seconds
@@ -245,8 +247,8 @@ class SFT(FinetuningAlgorithm):
             )
 
 
-def _why_empty(calls: CallStats, tokens: TokenizeStats, selection: SelectionStats) -> str:
-    """The non-zero drop counters, for the empty-selection warning."""
+def empty_selection_reasons(calls: CallStats, tokens: TokenizeStats, selection: SelectionStats) -> str:
+    """The non-zero drop counters (``"too long: 4, below_min_reward: 2"``), saying why a selection is empty."""
     reasons = {
         "without usable data": tokens.unusable + tokens.missing_tokens + calls.without_data,
         "too long": tokens.too_long,

@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 from agentbolt.adapter.messages import convert_to_openai_messages
-from agentbolt.adapter.triplet import is_token_id_list
+from agentbolt.adapter.triplet import TracerTraceToTriplet, TraceTree, is_token_id_list
 from agentbolt.algorithm.utils import task_key
-from agentbolt.types import Triplet
+from agentbolt.semconv import GEN_AI_OPERATION_NAME
+from agentbolt.types import Span, Triplet
 from agentbolt.utils.counters import Counters
 
 __all__ = [
     "CallStats",
+    "CallTraceToTriplet",
     "Counters",
     "ChatSample",
     "DataError",
@@ -95,6 +97,10 @@ class ChatSample:
         agent_name: The agent that made the call, when the trace names it.
         model: The model that answered the call, as its trace names it (``gen_ai.response.model``); its token ids
             belong to that model's tokenizer.
+        raw_text: The call was a text completion (``/v1/completions``): ``messages`` are its prompt text (as one
+            ``user`` message) and the generated text (as the ``assistant`` reply), learned as raw text, never
+            rendered with a chat template. Written as TRL's standard layout, ``{"prompt": "...", "completion":
+            "..."}``.
         rollout_id: The rollout it comes from.
         task_id: Id of the task; rollouts of the same task share it (best-of-n compares them).
         metadata: Anything else kept with the sample (attempt id, mode, status...).
@@ -112,6 +118,7 @@ class ChatSample:
     task_id: Optional[str] = None
     metadata: Dict[str, Any] = field(default_factory=dict)
     model: Optional[str] = None
+    raw_text: bool = False
 
     @property
     def has_token_ids(self) -> bool:
@@ -132,7 +139,9 @@ class ChatSample:
     def to_record(self) -> Dict[str, Any]:
         """The JSON record: TRL's prompt-completion layout for a call, its messages layout for a conversation."""
         record: Dict[str, Any]
-        if self.train_turns == "last":
+        if self.raw_text and self.messages:
+            record = {"prompt": self.messages[0]["content"], "completion": self.messages[-1]["content"]}
+        elif self.train_turns == "last":
             record = {"prompt": self.messages[:-1], "completion": self.messages[-1:]}
         else:
             record = {"messages": self.messages}
@@ -152,7 +161,9 @@ class ChatSample:
 
         A record with no messages (``"prompt": [], "completion": []``, what a call recorded as token ids only is
         written as) is read when it holds both ``prompt_token_ids`` and ``response_token_ids``: it is trained on
-        them. A reward that is not a finite number (NaN, an infinity) is read as no reward, with a warning.
+        them. A record whose ``prompt`` and ``completion`` are strings (TRL's standard layout; a text completion)
+        is raw text (:attr:`raw_text`). A reward that is not a finite number (NaN, an infinity) is read as no
+        reward, with a warning.
 
         Raises:
             DataError: The record is not a dict, has neither layout, or holds a malformed message or id list.
@@ -167,10 +178,13 @@ class ChatSample:
             ids[name] = list(value) if value else None
         tokens_only = bool(ids["prompt_token_ids"]) and bool(ids["response_token_ids"])
         # A field that is null is absent: a parquet table of both layouts has every column in every row.
+        prompt, completion = record.get("prompt"), record.get("completion")
+        raw_text = record.get("messages") is None and isinstance(prompt, str) and isinstance(completion, str)
+        if raw_text:  # a text completion: its two texts as a user and an assistant message, never templated
+            prompt, completion = [{"role": "user", "content": prompt}], [{"role": "assistant", "content": completion}]
         if record.get("messages") is not None:
             raw, turns = record["messages"], "all"
-        elif record.get("prompt") is not None and record.get("completion") is not None:
-            prompt, completion = record["prompt"], record["completion"]
+        elif prompt is not None and completion is not None:
             empty = prompt == [] and completion == []
             if (
                 not isinstance(prompt, list)
@@ -195,7 +209,7 @@ class ChatSample:
                     f"{where}: the conversation has no assistant message to learn"
                     + (" (every one has weight 0)" if any(m["role"] == "assistant" for m in messages) else "")
                 )
-        sample = cls(messages=messages, tools=tools, train_turns=turns, **ids)  # type: ignore[arg-type]
+        sample = cls(messages=messages, tools=tools, train_turns=turns, raw_text=raw_text, **ids)  # type: ignore[arg-type]
         for name in ("reward", "final_reward"):
             value = record.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -312,9 +326,27 @@ class CallStats(Counters):
     other_agents: int = 0
     """Skipped: made by an agent ``agent_match`` does not select."""
     without_data: int = 0
-    """Skipped: the trace holds neither the call's messages nor its token ids (with a student prompt: no messages)."""
+    """Skipped: the trace holds neither the call's messages nor its token ids (with a student prompt: no messages,
+    or a text completion, whose prompt is no chat to rewrite)."""
     student_prompts: int = 0
     """Calls whose prompt was replaced by the student prompt (learned from messages)."""
+
+
+class _CallTree(TraceTree):
+    """A trace tree whose call triplets also say what kind of call each was (``metadata["operation"]``)."""
+
+    def span_to_triplet(self, span: Span, agent_name: str) -> Triplet:
+        triplet = super().span_to_triplet(span, agent_name)
+        triplet.metadata["operation"] = span.attributes.get(GEN_AI_OPERATION_NAME)
+        return triplet
+
+
+class CallTraceToTriplet(TracerTraceToTriplet):
+    """:class:`~agentbolt.adapter.TracerTraceToTriplet` whose triplets keep each call's operation
+    (``metadata["operation"]``: ``"chat"`` or ``"text_completion"``, from ``gen_ai.operation.name``), so a text
+    completion is learned as raw text, not as a chat."""
+
+    tree_type = _CallTree
 
 
 def _first_choice(raw: Any) -> List[Any]:
@@ -428,6 +460,9 @@ def samples_from_triplets(
             continue
         conversation = _triplet_messages(triplet)
         prompt_ids, response_ids = _token_ids(triplet.prompt), _token_ids(triplet.response)
+        raw_text = triplet.metadata.get("operation") == "text_completion"
+        if raw_text and student_prompt is not None:
+            conversation = None  # a text prompt has no chat messages to rewrite
         if conversation is None and (student_prompt is not None or not (prompt_ids and response_ids)):
             stats.without_data += 1
             continue
@@ -447,6 +482,7 @@ def samples_from_triplets(
             task_id=task_id,
             metadata=dict(metadata or {}),
             model=model if isinstance(model, str) and model else None,
+            raw_text=raw_text and conversation is not None,
         )
         if student_prompt is not None:
             sample = with_student_prompt(sample, student_prompt)
@@ -466,7 +502,7 @@ class TokenSample:
     Attributes:
         input_ids: The tokens.
         loss_mask: One flag per token: True where the token is a target of the loss (predicted from the tokens
-            before it). The first token is never a target.
+            before it). The first token is never a target, even when flagged.
         reward: The sample's reward (selection ranks by it).
         final_reward: The final reward of its rollout (best-of-n compares it).
         task: Key of the task (rollouts of one task share it).
@@ -482,8 +518,8 @@ class TokenSample:
 
     @property
     def num_targets(self) -> int:
-        """Tokens the loss is computed on."""
-        return sum(self.loss_mask)
+        """Tokens the loss is computed on: the flagged ones after the first (nothing predicts the first token)."""
+        return sum(self.loss_mask[1:])
 
     def dedup_key(self) -> str:
         """Equal for samples with the same tokens and targets."""
@@ -599,6 +635,16 @@ def _tokenize_messages(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], L
     return ids, mask
 
 
+def _tokenize_text(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], List[bool]]:
+    """The token ids of a text completion (:attr:`ChatSample.raw_text`) and which of them are targets: the prompt
+    tokenized as ``agentbolt serve`` tokenizes a completion prompt (with the tokenizer's usual special tokens, such as
+    BOS), then the generated text (without any: no end token is added, as the record does not say how the
+    generation ended); no chat template."""
+    prompt = list(tokenizer(sample.messages[0]["content"] or "").input_ids)
+    completion = list(tokenizer(sample.messages[-1]["content"] or "", add_special_tokens=False).input_ids)
+    return [*prompt, *completion], [False] * len(prompt) + [True] * len(completion)
+
+
 def tokenize_sample(
     sample: ChatSample,
     tokenizer: Any,
@@ -653,7 +699,7 @@ def tokenize_sample(
             stats.unusable = 1
             return None, stats
         try:
-            ids, mask = _tokenize_messages(tokenizer, sample)
+            ids, mask = _tokenize_text(tokenizer, sample) if sample.raw_text else _tokenize_messages(tokenizer, sample)
         except Exception as exc:  # jinja errors on odd messages, or a template that rewrites history
             logger.warning(
                 "%s is skipped: its messages cannot be rendered for training (%s)", where[:1].upper() + where[1:], exc

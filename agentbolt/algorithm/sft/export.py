@@ -187,10 +187,10 @@ async def close_store(store: Any) -> None:
 
 
 def _default_adapter() -> Any:
-    from agentbolt.adapter import TracerTraceToTriplet
     from agentbolt.algorithm.sft.algorithm import LLM_CALL_SPANS
+    from agentbolt.algorithm.sft.data import CallTraceToTriplet
 
-    return TracerTraceToTriplet(llm_call_match=LLM_CALL_SPANS)
+    return CallTraceToTriplet(llm_call_match=LLM_CALL_SPANS)
 
 
 async def _selected_rollouts(store: LightningStore, filters: ExportFilter) -> List[Rollout]:

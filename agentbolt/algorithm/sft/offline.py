@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import (
+    CallStats,
     ChatSample,
     DataError,
     TokenSample,
@@ -396,7 +397,12 @@ def _train(
     from agentbolt.algorithm.finetuning.algorithm import check_run_directories, forget_interrupted_log, new_run_id
     from agentbolt.algorithm.finetuning.trainer import interrupted_run, latest_checkpoint, write_run_file
     from agentbolt.algorithm.grpo.metrics import JsonlSink
-    from agentbolt.algorithm.sft.algorithm import build_sft_trainer, model_vocab_size, sample_length_limit
+    from agentbolt.algorithm.sft.algorithm import (
+        build_sft_trainer,
+        empty_selection_reasons,
+        model_vocab_size,
+        sample_length_limit,
+    )
 
     out = Path(output_dir) if output_dir is not None else None
     checkpoint_dir = out / "checkpoints" if out is not None else None
@@ -416,7 +422,10 @@ def _train(
     selected, selection = select_samples(tokenized, **settings.selection_options(), rng=random.Random(settings.seed))
     counters = {**token_stats.as_metrics("samples/"), **selection.as_metrics("select/")}
     if not selected:
-        raise DataError(f"no usable sample to train on: {counters}")
+        raise DataError(
+            f"no usable sample to train on: of {len(samples)} samples, "
+            f"{empty_selection_reasons(CallStats(), token_stats, selection)}"
+        )
     total = settings.optimizer_steps_for(len(selected))
     if settings.total_optimizer_steps is None:
         settings = settings.model_copy(update={"total_optimizer_steps": total})

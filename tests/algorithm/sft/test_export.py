@@ -430,7 +430,8 @@ def test_progress_is_redrawn_on_a_terminal_and_erased_at_the_end(store_file: Pat
     shown = shown.decode()
     total = len(_records(store_file, "rollouts"))
     assert f"\ragentbolt export: {total}/{total} rollouts read, {total} rollouts" in shown
-    assert shown.endswith("\r\x1b[K")  # the line is erased once the export is done
+    # The line is erased once the export is done, and the closing line takes its place.
+    assert shown.endswith(f"\r\x1b[Kagentbolt export: {total} rollouts written to {tmp_path / 'r.jsonl'} (jsonl)\r\n")
 
 
 def test_progress_is_a_periodic_line_when_stderr_is_not_a_terminal(
@@ -443,7 +444,8 @@ def test_progress_is_a_periodic_line_when_stderr_is_not_a_terminal(
     lines = capsys.readouterr().err.splitlines()
     total = len(_records(store_file, "rollouts"))
     assert lines[0] == f"agentbolt export: 1/{total} rollouts read, 1 rollouts"
-    assert lines[-1] == f"agentbolt export: {total}/{total} rollouts read, {total} rollouts" and len(lines) == total
+    assert lines[-2] == f"agentbolt export: {total}/{total} rollouts read, {total} rollouts" and len(lines) == total + 1
+    assert lines[-1] == f"agentbolt export: {total} rollouts written to {tmp_path / 'r.jsonl'} (jsonl)"
 
 
 def test_an_output_suffix_of_no_known_format_exits_2_unless_the_format_is_given(

@@ -192,3 +192,19 @@ def test_a_log_dir_that_is_a_file_is_refused_before_the_model_loads(tmp_path: Pa
     with pytest.raises(ValueError, match=r"log_dir: .*logs is a file, not a directory"):
         train_from_messages(data, model=str(tmp_path / "no-such-model"), output_dir=tmp_path / "out", log_dir=log_file)
     assert log_file.read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"max_sequence_length": 3}, "of 4 samples, too long: 4"),
+        ({"min_reward": 1.0}, "of 4 samples, no_reward: 4"),
+    ],
+)
+def test_data_of_which_nothing_is_kept_is_refused_naming_only_the_reasons(
+    tmp_path: Path, tiny_model_dir: Path, options: Dict[str, Any], reason: str
+) -> None:
+    data = _conversations(tmp_path / "chat.jsonl")
+    with pytest.raises(DataError) as raised:
+        train_from_messages(data, model=str(tiny_model_dir), **options)
+    assert str(raised.value) == f"no usable sample to train on: {reason}"

@@ -77,6 +77,22 @@ def test_loss_is_the_mean_nll_of_exactly_the_target_tokens(tiny_model_dir: Path)
     assert metrics["loss"] == pytest.approx(expected, abs=1e-5) and metrics["target_tokens"] == 2
 
 
+def test_a_flag_on_the_first_token_is_no_target_and_does_not_dilute_the_mean(tiny_model_dir: Path) -> None:
+    # Nothing predicts the first token, so a loss mask that flags it has the same targets as one that does not.
+    flagged = TokenSample(input_ids=[5, 6, 7, 8], loss_mask=[True, False, True, True])
+    plain = TokenSample(input_ids=[5, 6, 7, 8], loss_mask=[False, False, True, True])
+    assert flagged.num_targets == plain.num_targets == 2
+    results = []
+    for sample in (flagged, plain):
+        trainer = _trainer(tiny_model_dir, finetune="full")
+        expected = _reference_loss(trainer.model, [plain])
+        metrics = trainer.optimizer_step([sample])
+        assert metrics["loss"] == pytest.approx(expected, abs=1e-5) and metrics["target_tokens"] == 2
+        results.append(_trainable(trainer))
+    for name, value in results[0].items():
+        assert torch.allclose(value, results[1][name], atol=1e-6), name
+
+
 def test_layout_marks_the_positions_that_predict_targets(tiny_model_dir: Path) -> None:
     a = TokenSample(input_ids=[5, 6, 7], loss_mask=[False, False, True])
     b = TokenSample(input_ids=[8, 9, 10, 11], loss_mask=[False, True, True, False])
