@@ -28,10 +28,12 @@ from .prompts import (
     format_experiments,
 )
 from .search import (
+    CandidateRecord,
     PromptSearch,
     RolloutResultForAPO,
     VersionedPromptTemplate,
     keyed,
+    template_key,
 )
 from .templates import format_placeholders
 
@@ -422,33 +424,49 @@ class APO(PromptSearch, Generic[T_task]):
                 beam = await self._evaluate_and_select_beam(beam + candidates, resource_name, val_iter, round_num)
                 await self._update_best_prompt(beam, resource_name, val_dataset, round_num)
 
-    _rounds_done = 0
+    def _reset_run_state(self) -> None:
+        super()._reset_run_state()
+        self._rounds_done = 0
+
+    def _kept_beam(self, records: Sequence[CandidateRecord], round_num: int) -> List[VersionedPromptTemplate]:
+        """The beam round ``round_num`` kept: its candidates ranked by their scores on the validation batch they
+        shared that round (ties in version order), the ``beam_width`` best. Empty for round 0."""
+        scored = [
+            (sum(rewards.values()) / len(rewards), record)
+            for record in records
+            if record.template is not None and (rewards := record.batch_scores.get(round_num))
+        ]
+        scored.sort(key=lambda item: item[0], reverse=True)
+        return [
+            VersionedPromptTemplate(r.version, r.template, score, self._lineage_of(r))
+            for score, r in scored[: self.beam_width]
+            if r.template is not None
+        ]
 
     async def _start_beam(self, seed: PromptTemplate, val_dataset: Dataset[T_task]) -> List[VersionedPromptTemplate]:
         """The first beam: the stored beam when resuming, else the seed as ``v0`` (validated if asked)."""
         if self.resume:
             records = await self._resume_state()
-            scored = [r for r in records if r.template is not None and r.mean("val-batch") is not None]
-            scored.sort(key=lambda r: r.mean("val-batch") or 0.0, reverse=True)
-            beam = [
-                VersionedPromptTemplate(r.version, r.template, r.mean("val-batch"), self._lineage_of(r))
-                for r in scored
-                if r.template is not None
-            ]
             # A round counts as done once its leader was scored on the full validation set, or its stored
             # full-validation scores were reused for it (tagged on their rollouts by evaluate()).
             self._rounds_done = max((r.validated_in_round for r in records), default=0)
+            beam = self._kept_beam(records, self._rounds_done)
             if beam:
                 if self._rounds_done >= self.beam_rounds:
                     self._log(logging.INFO, f"All {self.beam_rounds} rounds are done; nothing to resume.")
-                elif self._rounds_done > 0:
+                else:
                     self._log(
                         logging.INFO,
                         f"Rounds 1-{self._rounds_done} of {self.beam_rounds} are done; continuing with round "
-                        f"{self._rounds_done + 1}.",
+                        f"{self._rounds_done + 1}. Beam {[c.version for c in beam]}: the one round {self._rounds_done} "
+                        "kept.",
                     )
-                return beam[: self.beam_width]
-        seed_version = self._create_seed_version(seed)
+                return beam
+        stored = self._known_templates.get(template_key(seed)) if self.resume else None
+        if stored is not None:  # no round finished: start again from the stored seed
+            seed_version = VersionedPromptTemplate(stored, seed, lineage={"origin": "seed", "parents": [], "round": 0})
+        else:
+            seed_version = self._create_seed_version(seed)
         if self.run_initial_validation:
             await self._validate_full(
                 seed_version,

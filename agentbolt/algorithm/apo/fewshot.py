@@ -306,6 +306,9 @@ class FewShotAPO(PromptSearch):
         self.demo_header = demo_header
         self.demo_position = demo_position
         self.max_demo_chars = max_demo_chars
+
+    def _reset_run_state(self) -> None:
+        super()._reset_run_state()
         self.demonstrations: List[Demonstration] = []
         self.echo_checks: Dict[str, EchoCheck] = {}
         """The repetition guard's verdict per candidate version (on the full validation set for finalists)."""

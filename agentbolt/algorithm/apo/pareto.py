@@ -124,6 +124,9 @@ class ParetoAPO(PromptSearch):
         self.merge_prompt_files = self._prompt_files(
             merge_prompt_files, MERGE_PROMPT_FILES, names=MERGE_CONTEXT, option="merge_prompt_files"
         )
+
+    def _reset_run_state(self) -> None:
+        super()._reset_run_state()
         self.pool: Dict[str, VersionedPromptTemplate] = {}
         self.val_scores: Dict[str, Dict[str, float]] = {}
 

@@ -37,7 +37,7 @@ from agentbolt.utils.checks import check_count
 from agentbolt.utils.imports import import_extra
 from agentbolt.utils.reward_spans import candidate_score, training_reward
 
-from .optimizer import OptimizerCalls, OptimizerError, SearchBudgetExhausted, check_positive
+from .optimizer import OptimizerCalls, OptimizerError, OptimizerUsage, SearchBudgetExhausted, check_positive
 from .prompts import check_prompt_file, conversation_of, render_prompt_file
 from .templates import PlaceholderMismatchError, check_placeholders, template_placeholders
 
@@ -57,6 +57,8 @@ METADATA_KEY = "prompt_search"
 
 FULL_VAL = "val-full"
 """Purpose of evaluations on the whole validation set: the scores that decide the best prompt."""
+VAL_BATCH = "val-batch"
+"""Purpose of evaluations on a validation batch shared by the candidates of one round."""
 
 
 class RolloutResultForAPO(TypedDict):
@@ -100,6 +102,7 @@ class Evaluation:
         outcomes: Per task, the finished rollout as the optimizer reads it (None: timed out).
         failed: Rollouts that ended failed or cancelled.
         timed_out: Rollouts unfinished at the deadline (cancelled, scored 0).
+        unrewarded: Rollouts that succeeded without a finite reward (scored 0).
         rollout_ids: The rollouts, in task order.
     """
 
@@ -111,6 +114,7 @@ class Evaluation:
     failed: int = 0
     timed_out: int = 0
     rollout_ids: List[str] = field(default_factory=list)
+    unrewarded: int = 0
 
     @property
     def results(self) -> List[RolloutResultForAPO]:
@@ -142,6 +146,8 @@ class CandidateRecord:
         validated_in_round: Last round in which it was scored on the full validation set, or in which its stored
             full-validation scores stood for it again (-1: never).
         rollout_ids: The rollout behind each score, per purpose and task key.
+        batch_scores: Reward per task key on the validation batch a round shared among its candidates
+            (``val-batch``), per round: the scores that round compared the candidate by.
     """
 
     version: str
@@ -153,6 +159,7 @@ class CandidateRecord:
     scores: Dict[str, Dict[str, float]] = field(default_factory=dict)
     validated_in_round: int = -1
     rollout_ids: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    batch_scores: Dict[int, Dict[str, float]] = field(default_factory=dict)
 
     def mean(self, purpose: str = FULL_VAL) -> Optional[float]:
         """Average reward for ``purpose``, or None if the candidate was not evaluated for it."""
@@ -160,6 +167,10 @@ class CandidateRecord:
         if not rewards:
             return None
         return sum(rewards.values()) / len(rewards)
+
+
+def _new_run_id() -> str:
+    return f"apo-{secrets.token_hex(4)}"
 
 
 def _version_number(version: str) -> int:
@@ -190,6 +201,8 @@ async def load_search_run(store: Any, run_id: str) -> List[CandidateRecord]:
             purpose, task = str(tag.get("purpose")), str(tag.get("task"))
             record.scores.setdefault(purpose, {})[task] = float(tag["reward"])
             record.rollout_ids.setdefault(purpose, {})[task] = rollout.rollout_id
+            if purpose == VAL_BATCH:
+                record.batch_scores.setdefault(int(tag.get("eval_round") or 0), {})[task] = float(tag["reward"])
             if purpose == FULL_VAL:
                 rounds = (int(tag.get("eval_round") or 0), int(tag.get("reused_in_round") or 0))
                 record.validated_in_round = max(record.validated_in_round, *rounds)
@@ -302,12 +315,12 @@ class PromptSearch(Algorithm):
         async_openai_client = optimizer_client(async_openai_client)
         self.async_openai_client = async_openai_client
         self.rollout_batch_timeout = rollout_batch_timeout
-        self.run_id = run_id or f"apo-{secrets.token_hex(4)}"
+        self._given_run_id = run_id
+        self.run_id = run_id or _new_run_id()
         self.resume = resume
         self.max_rollouts = max_rollouts
         self.seed = seed
         self.use_poml = use_poml
-        self.rng = random.Random(seed)
         self.optimizer = OptimizerCalls(
             async_openai_client,
             timeout=optimizer_timeout,
@@ -316,28 +329,37 @@ class PromptSearch(Algorithm):
             max_tokens=max_optimizer_tokens,
             completion_tokens=optimizer_max_tokens,
         )
+        self._history_best_prompt: Optional[PromptTemplate] = None
+        self._resource_name: Optional[str] = None
+        self._placeholders: frozenset[str] = frozenset()
+        self._val_keys: List[str] = []
+        self._seed: Optional[PromptTemplate] = None
+        self._runs_started = 0
+        self._reset_run_state()
+        self._logger = logging.getLogger(self.log_name)
+
+    def _reset_run_state(self) -> None:
+        """Forget what an earlier run of this optimizer counted, cached and found: every run starts afresh, with its
+        own budgets (a resumed run reads its past back from the store)."""
+        self.rng = random.Random(self.seed)
+        self.optimizer.usage = OptimizerUsage()
         self.rollouts_enqueued = 0
         self.rollouts_failed = 0
         self.rollouts_timed_out = 0
+        self.rollouts_unrewarded = 0
         self.skipped_candidates = 0
         self.duplicate_candidates = 0
         self.evaluations: List[Evaluation] = []
-        self._history_best_prompt: Optional[PromptTemplate] = None
         self._history_best_score = float("-inf")
         self._history_best_version: Optional[str] = None
         self._version_counter = 0
         self.current_round = 0
-        self._resource_name: Optional[str] = None
-        self._placeholders: frozenset[str] = frozenset()
-        self._val_keys: List[str] = []
         self._full_val_cache: Dict[str, Dict[str, float]] = {}  # by template_key
         self._full_val_rollouts: Dict[str, Dict[str, str]] = {}  # by template_key: task key -> rollout behind it
         self._known_templates: Dict[str, str] = {}  # template_key -> the version holding it
-        self._seed: Optional[PromptTemplate] = None
         self._seed_checked = False
         self._seed_error: Optional[ValueError] = None
         self._resumed = False
-        self._logger = logging.getLogger(self.log_name)
 
     # -- logging ---------------------------------------------------------------------------------------------------
 
@@ -474,17 +496,14 @@ class PromptSearch(Algorithm):
                 f"{type(self).__name__} asks an optimizer model, but async_openai_client is None: pass an "
                 "openai.AsyncOpenAI client, a base URL or the keyword arguments of one."
             )
+        if self._runs_started and self._given_run_id is None:
+            self.run_id = _new_run_id()  # a run of its own in the store, not a second one under the first's id
+        self._runs_started += 1
+        self._reset_run_state()
         self._resource_name = name
         self._placeholders = placeholders
         self._seed = seed
-        self._seed_checked = False
-        self._seed_error = None
-        self._resumed = False
-        self._known_templates = {}
         self._history_best_prompt = seed
-        self._history_best_score = float("-inf")
-        self._history_best_version = None
-        self._version_counter = 0
         assert train_dataset is not None and val_dataset is not None
         train, val = keyed(train_dataset), keyed(val_dataset)
         self._val_keys = [key for key, _ in val]
@@ -598,16 +617,26 @@ class PromptSearch(Algorithm):
             evaluation.outcomes.append(result)
             if result["status"] != "succeeded":
                 evaluation.failed += 1
+            elif result["final_reward"] is None:
+                evaluation.unrewarded += 1
             evaluation.rewards.append(candidate_score(result["status"], result["final_reward"]))
         for rollout_id, reward in zip(rollout_ids, evaluation.rewards, strict=True):
             await self._record_reward(rollout_id, reward)
         self.rollouts_failed += evaluation.failed
         self.rollouts_timed_out += evaluation.timed_out
+        self.rollouts_unrewarded += evaluation.unrewarded
         if evaluation.failed or evaluation.timed_out:
             self._log(
                 logging.WARNING,
                 f"{evaluation.failed} rollout(s) failed and {evaluation.timed_out} timed out of {len(tasks)}; "
                 "each scored 0.",
+                prefix=prefix,
+            )
+        if evaluation.unrewarded:
+            self._log(
+                logging.WARNING,
+                f"{evaluation.unrewarded} rollout(s) of {len(tasks)} succeeded without a reward; each scored 0 "
+                "(the agent must return a number or call emit_reward).",
                 prefix=prefix,
             )
         if purpose == FULL_VAL:
@@ -803,19 +832,18 @@ class PromptSearch(Algorithm):
         """Wrap a search: a spent budget ends it quietly; whatever ends it, the best prompt is stored and reported.
 
         Raises:
+            ValueError: Not resuming, and the store already holds a run ``run_id`` (nothing is written).
             OptimizerError: The search ended and every optimizer call in it failed (none gave a text).
         """
+        if not self.resume:
+            await self._check_run_id_is_new()
         try:
             yield
         except SearchBudgetExhausted as exc:
             self._log(logging.WARNING, f"Stopping the search: {exc}. Keeping the best prompt so far.")
         finally:
             await self._publish_best()
-            self._log(
-                logging.INFO,
-                f"Best prompt {self._history_best_version} (full validation score {self._history_best_score:.3f}); "
-                f"{self.summary()}",
-            )
+            self._log(logging.INFO, f"{self._best_report()}; {self.summary()}")
         usage = self.optimizer.usage
         if usage.failed_calls and not usage.calls:
             message = (
@@ -824,6 +852,30 @@ class PromptSearch(Algorithm):
             )
             self._log(logging.WARNING, message)
             raise OptimizerError(message)
+
+    def _best_report(self) -> str:
+        """The best prompt in one sentence: its version and its mean reward on how many validation tasks."""
+        if self._history_best_version is None:
+            return "Best prompt: the seed, never scored on the whole validation set"
+        return (
+            f"Best prompt {self._history_best_version}: mean reward {self._history_best_score:.3f} on the "
+            f"{len(self._val_keys)} validation tasks"
+        )
+
+    async def _check_run_id_is_new(self) -> None:
+        """Refuse to write a second run under the ``run_id`` of one the store holds: their candidates would share
+        versions, and the store could tell neither run apart to compare, inspect or resume it.
+
+        Raises:
+            ValueError: The store holds the run's seed (``{run_id}-v0``) or best prompt (``{run_id}-best``).
+        """
+        store = self.get_store()
+        for suffix in ("v0", "best"):
+            if await store.get_resources_by_id(f"{self.run_id}-{suffix}") is not None:
+                raise ValueError(
+                    f"The store already holds run {self.run_id!r}: pass resume=True to continue it, or another "
+                    "run_id to start a new run."
+                )
 
     @staticmethod
     def _check_counts(minimum: int, **counts: Any) -> None:
@@ -889,6 +941,7 @@ class PromptSearch(Algorithm):
     def summary(self) -> Dict[str, Any]:
         """What the run spent and found: best version and score, rollouts, optimizer calls and tokens.
 
+        ``best_score`` is the best prompt's mean reward over the ``validation_tasks`` tasks of the validation set.
         ``best_version`` and ``best_score`` are None while no candidate has been scored on the whole validation set
         (so that the summary is plain JSON; :attr:`best_score` is ``-inf`` then).
         """
@@ -898,12 +951,14 @@ class PromptSearch(Algorithm):
             "run_id": self.run_id,
             "best_version": self._history_best_version,
             "best_score": self._history_best_score if validated else None,
+            "validation_tasks": len(self._val_keys),
             "candidates": self._version_counter,
             "skipped_candidates": self.skipped_candidates,
             "duplicate_candidates": self.duplicate_candidates,
             "rollouts": self.rollouts_enqueued,
             "rollouts_failed": self.rollouts_failed,
             "rollouts_timed_out": self.rollouts_timed_out,
+            "rollouts_unrewarded": self.rollouts_unrewarded,
             "optimizer_calls": usage.calls,
             "optimizer_failed_calls": usage.failed_calls,
             "optimizer_prompt_tokens": usage.prompt_tokens,

@@ -216,6 +216,51 @@ def test_a_resumed_run_continues_after_the_last_finished_round(
     assert second.best_version == "v1" and second.best_score == 1.0
 
 
+def _batches_in_order(dataset: Any, batch_size: int) -> Any:
+    """Consecutive slices of ``dataset`` in turn: batches a test can name, instead of random draws."""
+    start = 0
+    while True:
+        yield [dataset[(start + i) % len(dataset)] for i in range(batch_size)]
+        start += batch_size
+
+
+def test_a_resumed_run_continues_from_the_beam_its_last_round_kept(
+    script: Script, standin: Any, sqlite_path: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    from openai import AsyncOpenAI
+
+    import agentbolt.algorithm.apo.apo as apo_module
+
+    monkeypatch.setattr(apo_module, "batch_iter_over_dataset", _batches_in_order)
+    # One validation task per round: Kenya (which every prompt solves), then Peru (which these prompts miss).
+    # Round 1: v1 ties with the seed on Kenya, the seed stays. Round 2: v2 ties with it on Peru, the seed stays.
+    # v1's score on Kenya alone is the best of the run, but on another task than the seed's scores: the beam
+    # round 2 kept is the seed.
+    script.push("editor", "Be brief. Capital of {country}?", "Be short. Capital of {country}?")
+    first = make_apo(
+        AsyncOpenAI(base_url=standin.base_url, api_key="stand-in", max_retries=0),
+        run_id="kept",
+        val_batch_size=1,
+        beam_rounds=2,
+    )
+    fit(first, store=agl.SqliteLightningStore(sqlite_path))
+    assert [c["messages"][-1]["content"].count(SEED_TEMPLATE) > 0 for c in script.calls("critic")] == [True, True]
+
+    second = make_apo(
+        AsyncOpenAI(base_url=standin.base_url, api_key="stand-in", max_retries=0),
+        run_id="kept",
+        val_batch_size=1,
+        beam_rounds=3,
+        resume=True,
+    )
+    with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
+        store = fit(second, store=agl.SqliteLightningStore(sqlite_path))
+    records = asyncio.run(load_search_run(store, "kept"))
+    assert records[3].round == 3 and records[3].parents == ["v0"]
+    assert "continuing with round 3. Beam ['v0']: the one round 2 kept." in caplog.text
+    assert records[1].batch_scores == {1: {keyed(VAL)[0][0]: 1.0}}
+
+
 def test_resume_of_an_unknown_run_is_an_error(optimizer_client: Any) -> None:
     apo = make_apo(optimizer_client, run_id="never-ran", resume=True)
     with pytest.raises(ValueError, match="no candidates of run 'never-ran'"):
@@ -438,3 +483,21 @@ def test_the_summary_of_a_run_that_validated_nothing_is_plain_json(script: Scrip
     summary = apo.summary()
     assert (summary["best_version"], summary["best_score"], apo.best_score) == (None, None, float("-inf"))
     json.dumps(summary, allow_nan=False)  # a strict reader refuses -Infinity
+
+
+def test_the_run_ends_reporting_the_best_prompt_and_how_many_validation_tasks_score_it(
+    optimizer_client: Any, caplog: Any
+) -> None:
+    apo = make_apo(optimizer_client)
+    with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
+        fit(apo)
+    assert f"Best prompt v1: mean reward 1.000 on the {len(VAL)} validation tasks; " in caplog.text
+    assert apo.summary()["validation_tasks"] == len(VAL)
+
+
+def test_a_run_that_validated_nothing_says_so_instead_of_an_infinite_score(optimizer_client: Any, caplog: Any) -> None:
+    apo = make_apo(optimizer_client, beam_rounds=0, run_initial_validation=False)
+    with caplog.at_level(logging.INFO, logger="agentbolt.algorithm.apo.apo"):
+        fit(apo)
+    assert "Best prompt: the seed, never scored on the whole validation set; " in caplog.text
+    assert "-inf" not in caplog.text and "Best prompt None" not in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -137,3 +138,53 @@ def test_the_shipped_prompt_files_pass_the_check_when_given_explicitly() -> None
     apo = APO(None, gradient_prompt_files=GRADIENT_PROMPT_FILES, apply_edit_prompt_files=APPLY_EDIT_PROMPT_FILES)
     pareto = ParetoAPO(None, reflect_prompt_files=REFLECT_PROMPT_FILES, merge_prompt_files=MERGE_PROMPT_FILES)
     assert apo.gradient_prompt_files == GRADIENT_PROMPT_FILES and pareto.merge_prompt_files == MERGE_PROMPT_FILES
+
+
+def test_a_new_run_under_the_run_id_of_a_stored_run_is_refused(standin: Any, sqlite_path: Any) -> None:
+    fit(make_apo(None, run_id="exp", beam_rounds=0), store=agl.SqliteLightningStore(sqlite_path))
+    store = agl.SqliteLightningStore(sqlite_path)
+    stored = len(_tagged_rollouts(store))
+    with pytest.raises(ValueError, match="already holds run 'exp': pass resume=True to continue it, or another run_id"):
+        fit(make_apo(None, run_id="exp", beam_rounds=0), store=store)
+    assert len(_tagged_rollouts(store)) == stored
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: make_apo(None, beam_rounds=0),
+        lambda: ParetoAPO(None, rounds=0, use_poml=False),
+        lambda: FewShotAPO(None, bootstrap_tasks=2, val_batch_size=2, seed=0),
+    ],
+)
+def test_each_run_of_one_optimizer_is_a_run_of_its_own(standin: Any, build: Any) -> None:
+    store = agl.InMemoryLightningStore()
+    algorithm = build()
+    fit(algorithm, store=store)
+    first_id, first = algorithm.run_id, algorithm.summary()
+    fit(algorithm, store=store)
+    second = algorithm.summary()
+    assert algorithm.run_id != first_id
+    assert (second["best_version"], second["best_score"]) == (first["best_version"], first["best_score"])
+    # the second run's counts and budgets are its own, and the store keeps the two runs apart
+    assert second["rollouts"] == first["rollouts"] > 0
+    runs = [r.metadata[METADATA_KEY]["run_id"] for r in _tagged_rollouts(store)]
+    assert (runs.count(first_id), runs.count(algorithm.run_id)) == (first["rollouts"], second["rollouts"])
+
+
+@agl.rollout
+async def _reward_from_task(task: Any, prompt_template: agl.PromptTemplate) -> Any:
+    """Fills the template and returns the task's own ``reward``: None (no reward), NaN, or a number."""
+    prompt_template.format(country=task["country"])
+    return task["reward"]
+
+
+def test_rollouts_that_succeed_without_a_reward_score_zero_and_are_counted(standin: Any, caplog: Any) -> None:
+    val = [{"country": "Peru", "reward": None}, {"country": "Chile", "reward": float("nan")}]
+    val.append({"country": "Kenya", "reward": 1.0})
+    apo = make_apo(None, beam_rounds=0)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.algorithm.apo.apo"):
+        fit(apo, val=val, agent=_reward_from_task)
+    assert apo.best_score == pytest.approx(1 / 3)
+    assert (apo.summary()["rollouts_unrewarded"], apo.summary()["rollouts_failed"]) == (2, 0)
+    assert "2 rollout(s) of 3 succeeded without a reward; each scored 0" in caplog.text
