@@ -43,7 +43,9 @@ __all__ = ["ParetoAPO", "pareto_front"]
 def pareto_front(scores: Mapping[str, Mapping[str, float]]) -> Dict[str, List[str]]:
     """The Pareto front of candidates scored task by task, with the tasks each one is best on.
 
-    A task nobody scores above 0 on tells nothing and is ignored. A candidate is on the front when it has the top
+    A task on which every candidate scores the same, 0 or less, tells nothing and is ignored (with rewards of 0 or
+    more: a task nobody solved; with negative rewards, a task whose top score is 0 or less still counts when the
+    candidates differ on it). A candidate is on the front when it has the top
     score on at least one task and no other candidate dominates it (at least as good on every task, better on
     one); a missing score counts as 0.
 
@@ -61,7 +63,7 @@ def pareto_front(scores: Mapping[str, Mapping[str, float]]) -> Dict[str, List[st
     wins: Dict[str, List[str]] = {candidate: [] for candidate in scores}
     for task in tasks:
         top = max(score(c, task) for c in scores)
-        if top <= 0:
+        if top <= 0 and all(score(c, task) == top for c in scores):
             continue
         for candidate in scores:
             if score(candidate, task) == top:

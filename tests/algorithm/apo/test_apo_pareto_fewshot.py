@@ -61,6 +61,13 @@ def test_ties_count_for_every_tied_candidate_and_unsolved_tasks_are_ignored() ->
     assert pareto_front({}) == {}
 
 
+def test_negative_rewards_still_make_a_front() -> None:
+    """With -1 for wrong and 0 for right, the top score of a task is 0: the task counts when candidates differ."""
+    scores = {"v0": {"a": 0.0, "b": -1.0, "c": -1.0}, "v1": {"a": -1.0, "b": 0.0, "c": -1.0}}
+    assert pareto_front(scores) == {"v0": ["a"], "v1": ["b"]}  # "c", failed by both, tells nothing
+    assert pareto_front({"v0": {"a": -0.5}, "v1": {"a": -1.0}}) == {"v0": ["a"]}
+
+
 def test_a_missing_score_counts_as_zero() -> None:
     assert pareto_front({"v0": {"a": 1.0}, "v1": {"b": 1.0}}) == {"v0": ["a"], "v1": ["b"]}
 
