@@ -88,23 +88,22 @@ def group_advantages(
     advantages: List[Optional[float]] = [None] * len(values)
     zero_variance = 0
     for indices in members.values():
-        total = sum(weights[i] for i in indices)
-        mean = sum(weights[i] / total * float(values[i]) for i in indices)
-        deviations = [float(values[i]) - mean for i in indices]
-        largest = max(abs(d) for d in deviations)
-        # Scaled by the largest deviation, so that squaring rewards of any size cannot overflow.
-        std = (
-            0.0
-            if largest == 0
-            else largest
-            * math.sqrt(sum(weights[i] / total * (d / largest) ** 2 for i, d in zip(indices, deviations, strict=True)))
-        )
-        if std <= ZERO_VARIANCE_TOL:
+        # Computed on the rewards divided by the largest of them, so that neither a deviation from the mean nor its
+        # square can overflow (or underflow) whatever the rewards' size.
+        magnitude = max(abs(float(values[i])) for i in indices)
+        if magnitude == 0:
             zero_variance += 1
             continue
-        scale = std + eps if mode == "std" else 1.0
+        total = sum(weights[i] for i in indices)
+        scaled = {i: float(values[i]) / magnitude for i in indices}
+        mean = sum(weights[i] / total * scaled[i] for i in indices)
+        std = math.sqrt(sum(weights[i] / total * (scaled[i] - mean) ** 2 for i in indices))
+        if magnitude * std <= ZERO_VARIANCE_TOL:
+            zero_variance += 1
+            continue
         for i in indices:
-            advantages[i] = (float(values[i]) - mean) / scale
+            deviation = scaled[i] - mean
+            advantages[i] = deviation / (std + eps / magnitude) if mode == "std" else deviation * magnitude
     return advantages, len(members), zero_variance
 
 
