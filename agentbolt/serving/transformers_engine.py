@@ -68,6 +68,7 @@ from agentbolt.serving.params import (
     SequenceOutput,
 )
 from agentbolt.serving.prefix_cache import CachedBlock, PrefixCache
+from agentbolt.utils.imports import peft_wrapping
 
 if TYPE_CHECKING:
     import torch
@@ -652,7 +653,8 @@ class TransformersEngine:
         config = PeftConfig.from_pretrained(path)
         config.inference_mode = True
         wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, PeftModel)
-        wrapped = wrapper(self.model, config, name)
+        with peft_wrapping():
+            wrapped = wrapper(self.model, config, name)
         try:
             wrapped.load_adapter(path, name, is_trainable=False)
         except Exception:

@@ -2,18 +2,20 @@
 
 :func:`import_extra` is the one place that words the error for a missing optional dependency (which package, which
 ``agentbolt[extra]`` installs it); :func:`import_reference` resolves the references config files use to name agents,
-datasets and functions.
+datasets and functions. :func:`peft_wrapping` quiets a notice that peft's model wrapper makes transformers print.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+import warnings
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
-__all__ = ["ImportReferenceError", "import_extra", "import_reference"]
+__all__ = ["ImportReferenceError", "import_extra", "import_reference", "peft_wrapping"]
 
 
 def import_extra(module: str, *, feature: str, extra: str, package: Optional[str] = None, note: str = "") -> ModuleType:
@@ -66,3 +68,15 @@ def import_reference(reference: str, what: str) -> Any:
             raise ImportReferenceError(f"{what} {reference!r}: {module_name} has no attribute {attribute!r}")
         found = getattr(found, part)
     return found
+
+
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Within the block, wrap models with peft without transformers' ``is_gradient_checkpointing`` deprecation notice.
+
+    peft's model wrapper reads that deprecated property of transformers models, so every LoRA model built printed a
+    ``FutureWarning`` addressed to peft's authors, not to the user. Only that notice is silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield

@@ -281,6 +281,27 @@ def test_openmp_wait_policy_is_set_before_torch_loads(policy: str, preset: dict,
     assert json.loads(result.stdout) == expected
 
 
+@pytest.mark.parametrize("name", ["GRPO", "SFT"])
+def test_the_top_level_training_algorithms_set_the_wait_policy_before_torch_loads(name: str) -> None:
+    """``agl.GRPO(...)`` / ``agl.SFT(...)`` load their class without the package hooks: the constructor sets it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os, sys\n"
+        "import agentbolt as agl\n"
+        f"agl.{name}(model='smollm2-135m-instruct')\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(json.dumps(os.environ.get('OMP_WAIT_POLICY')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == "PASSIVE"
+    assert "OpenMP wait policy" not in result.stderr
+
+
 def test_unknown_openmp_wait_policy_is_rejected() -> None:
     from agentbolt.serving.transformers_engine import configure_openmp
 

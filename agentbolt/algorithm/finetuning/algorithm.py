@@ -288,6 +288,11 @@ class FinetuningAlgorithm(Algorithm):
         **overrides: Any,
     ) -> None:
         super().__init__()
+        # Before torch loads (training imports it): idle OpenMP threads must sleep, since the engine, the trainer and
+        # the runners share the CPUs. Here too, since the package-level hooks are skipped by ``agl.GRPO``.
+        from agentbolt.serving.transformers_engine import configure_openmp
+
+        configure_openmp()
         if config is not None and not isinstance(config, (FinetuningConfig, Mapping)):
             raise TypeError(
                 f"config must be a {self.config_class.__name__} or a dict of its fields, got {type(config).__name__}"

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.utils.imports import peft_wrapping
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -392,7 +393,8 @@ class ModelTrainer:
             target_modules=self.config.lora_target_modules,
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(model, lora)
+        with peft_wrapping():
+            return get_peft_model(model, lora)
 
     def _load_adapter(self, model: Any, adapter_dir: str) -> Any:
         """``model`` wrapped with the trainable LoRA adapter saved in ``adapter_dir`` (PEFT format).
@@ -405,7 +407,8 @@ class ModelTrainer:
 
         check_init_adapter(self.config.model_copy(update={"init_adapter": adapter_dir}))
         logger.info("Starting from the LoRA adapter in %s", adapter_dir)
-        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+        with peft_wrapping():
+            return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
 
     def _checkpoint_blocks(self) -> None:
         """Recompute every transformer block in the backward pass instead of keeping its activations.

@@ -210,7 +210,14 @@ class GRPO(FinetuningAlgorithm):
         if advantages.groups == 0 or advantages.zero_variance_groups < advantages.groups:
             return "no sample has a non-zero advantage (the groups with different rewards made no trainable call)."
         configured = self.config.sampling_parameters.get("temperature")
-        used = ", ".join(f"{t:g}" for t in sorted({sample.temperature for sample in samples}))
+        temperatures = sorted({sample.temperature for sample in samples})
+        used = ", ".join(f"{t:g}" for t in temperatures)
+        if configured is None:
+            setting = " (sampling_parameters sets no temperature)"
+        elif temperatures != [configured]:  # the agent did not sample as configured
+            setting = f" (sampling_parameters sets {configured:g})"
+        else:
+            setting = ""
         cause = (
             "the calls were sampled greedily, so the rollouts of a task all give the same answer: sample training "
             "calls at a temperature > 0 (the agent should pass the main_llm resource's sampling_parameters)"
@@ -222,8 +229,8 @@ class GRPO(FinetuningAlgorithm):
         seen = ", ".join(f"{r:g}" for r in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
         return (
             f"in each of the {advantages.groups} group(s) every rollout got the same reward (rewards seen: {seen}), "
-            f"so no rollout has an advantage. The step's LLM calls were sampled at temperature {used} "
-            f"(sampling_parameters: {'not set' if configured is None else f'{configured:g}'}); likely cause: {cause}."
+            f"so no rollout has an advantage. The step's LLM calls were sampled at temperature {used}{setting}; "
+            f"likely cause: {cause}."
         )
 
     async def _train_step(

@@ -161,7 +161,7 @@ def test_a_step_whose_groups_all_score_alike_warns_naming_equal_rewards_and_the_
     (warning,) = _unchanged_warnings(caplog)
     assert "Step 1" in warning
     assert "in each of the 2 group(s) every rollout got the same reward (rewards seen: 1)" in warning
-    assert "sampled at temperature 0.7 (sampling_parameters: 0.7)" in warning
+    assert "sampled at temperature 0.7; likely cause" in warning  # as configured: nothing more to say
     assert "always or never solves these tasks at this temperature" in warning
 
 
@@ -179,5 +179,5 @@ def test_a_step_without_signal_from_greedy_calls_names_greedy_sampling_as_the_ca
         fit(algorithm, greedy_agent, train=[{"prompt": "ping"}])
 
     (warning,) = _unchanged_warnings(caplog)
-    assert "sampled at temperature 0 (sampling_parameters: 1)" in warning
+    assert "sampled at temperature 0 (sampling_parameters sets 1)" in warning
     assert "sampled greedily, so the rollouts of a task all give the same answer" in warning

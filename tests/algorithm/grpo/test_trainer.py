@@ -375,3 +375,20 @@ def test_no_gradient_step_skipped_counts_zero() -> None:
         make_samples(8, model=model)
     )
     assert metrics["nonfinite_grad_steps"] == 0 and math.isfinite(metrics["grad_norm"])
+
+
+def test_wrapping_a_model_with_lora_prints_no_deprecation_notice_of_peft() -> None:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing``; that notice is not the user's to read."""
+    import warnings
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from agentbolt.utils.imports import peft_wrapping
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with peft_wrapping():
+            model = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+        warnings.warn("still shown after the block", FutureWarning, stacklevel=1)
+    assert isinstance(model, PeftModel)
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == ["still shown after the block"]
