@@ -123,6 +123,7 @@ class OptimizeThenTest(agl.Algorithm):
         started = time.perf_counter()
         await optimizer.run(train_dataset=train_dataset, val_dataset=val_dataset)
         search_seconds = time.perf_counter() - started
+        search = optimizer.summary()  # before the test rollouts below, which the optimizer counts too
         _, seed = optimizer.get_seed_prompt_template()
         best = optimizer.get_best_prompt()
         tasks = [(str(i), task) for i, task in enumerate(self.test_tasks)]
@@ -134,7 +135,7 @@ class OptimizeThenTest(agl.Algorithm):
         self.report = {
             "algorithm": type(optimizer).__name__,
             "search_seconds": search_seconds,
-            "search": optimizer.summary(),
+            "search": search,
             "best_prompt": best.template,
             "test_seed": slice_report(self.test_tasks, seed_eval.rewards, self.slices_of),
             "test_best": slice_report(self.test_tasks, best_eval.rewards, self.slices_of),

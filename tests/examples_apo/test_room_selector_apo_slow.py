@@ -14,6 +14,6 @@ def test_fewshot_optimization_on_the_embedded_model(tmp_path: pytest.TempPathFac
     report = main(["--algorithm", "fewshot", "--limit", "8", "--val-batch-size", "4", "--runners", "2"])
     search = report["search"]
     assert report["variant"] == "lookup" and report["agent_model"] == "smollm2-135m-instruct"
-    assert search["rollouts"] >= 8 + 16 and search["rollouts_failed"] == 0
+    assert search["rollouts"] >= 8 and search["rollouts_failed"] == 0  # the search alone; the test rollouts below
     assert report["test_seed"]["all"]["total"] == report["test_best"]["all"]["total"] == 8
     assert search["best_score"] >= 0.0 and report["best_prompt"]
