@@ -129,8 +129,10 @@ def _preview(text: str) -> str:
     return text if len(text) <= _INPUT_PREVIEW_CHARS else text[: _INPUT_PREVIEW_CHARS - 1] + "…"
 
 
-def _duration(rollout: Rollout) -> Optional[float]:
-    return None if rollout.end_time is None else rollout.end_time - rollout.start_time
+def _duration(rollout: Rollout, now: float) -> float:
+    """How long the rollout took, or, while it has not ended, how long it has been going by the server's clock (so
+    that the longest-running rollouts sort first, and a browser's clock does not skew it)."""
+    return (now if rollout.end_time is None else rollout.end_time) - rollout.start_time
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,7 @@ class _Summaries:
         """The reward of the last reward span of the rollout's latest attempt, as emitted."""
         return (await self.rewards(rollout)).final
 
-    def summary(self, rollout: Rollout, reward: Optional[float]) -> Dict[str, Any]:
+    def summary(self, rollout: Rollout, reward: Optional[float], now: float) -> Dict[str, Any]:
         attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
         return {
             "rollout_id": rollout.rollout_id,
@@ -271,10 +273,11 @@ class _Summaries:
             "resources_id": rollout.resources_id,
             "start_time": rollout.start_time,
             "end_time": rollout.end_time,
-            "duration": _duration(rollout),
+            "duration": _duration(rollout, now),
             "input_preview": _preview(_input_text(rollout)),
             "reward": reward,
-            "attempt": None if attempt is None else attempt.model_dump(mode="json"),
+            # Without its metadata, which may be of any size (the rollout page reads it from the attempts route).
+            "attempt": None if attempt is None else attempt.model_dump(mode="json", exclude={"metadata"}),
         }
 
     async def status_counts(self) -> Dict[str, int]:
@@ -312,7 +315,8 @@ class _Summaries:
                 limit=query.limit,
                 offset=query.offset,
             )
-            items = [self.summary(r, await self.final_reward(r)) for r in page]
+            now = time.time()
+            items = [self.summary(r, await self.final_reward(r), now) for r in page]
             total = int(getattr(page, "total", len(items)))
         else:
             items, total = await self._scan(query)
@@ -357,16 +361,17 @@ class _Summaries:
             if query.reward_max is not None and (comparable is None or comparable > query.reward_max):
                 continue
             kept.append((rollout, reward))
+        now = time.time()
         if query.sort_by in ("duration", "reward"):
             # Missing values go last in both directions.
             def key(item: Tuple[Rollout, Optional[float]]) -> Any:
-                value = _orderable(_duration(item[0]) if query.sort_by == "duration" else item[1])
+                value = _orderable(_duration(item[0], now) if query.sort_by == "duration" else item[1])
                 return (value is None, (-value if query.sort_order == "desc" else value) if value is not None else 0)
 
             kept.sort(key=key)
         page = kept[query.offset : query.offset + query.limit]
         items = [
-            self.summary(rollout, reward if wants_reward else await self.final_reward(rollout))
+            self.summary(rollout, reward if wants_reward else await self.final_reward(rollout), now)
             for rollout, reward in page
         ]
         return items, len(kept)
@@ -441,9 +446,31 @@ def _sent_path(request: Request) -> str:
     return raw.decode("latin-1") if raw else request.url.path
 
 
+_PAGE_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src *",  # Settings may point the app at another store
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+    )
+)
+"""Content-Security-Policy of the app's pages: only the app's own files run, so that text an agent wrote which ever
+reached the page as markup would run no script and could not lead the page's forms or relative addresses elsewhere."""
+
+
 def _index_page(index_html: str, path: str) -> Response:
     html = index_html.replace("<head>", f'<head><base href="{_relative_base(path)}">', 1)
-    return Response(html, media_type="text/html", headers={"cache-control": "no-cache"})
+    headers = {
+        "cache-control": "no-cache",
+        "content-security-policy": _PAGE_POLICY,
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "same-origin",
+    }
+    return Response(html, media_type="text/html", headers=headers)
 
 
 def _mount_app(app: FastAPI, directory: Path) -> None:

@@ -62,7 +62,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    """A tab that ignores the pages' Content-Security-Policy: Playwright's ``wait_for_function`` evaluates a string,
+    which the policy refuses. The payload tests then show that the page itself renders markup as text; the policy,
+    the second line, is checked on its own (``test_every_page_works_under_its_content_security_policy``)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
     tab = context.new_page()
     tab.set_default_timeout(15_000)
     try:

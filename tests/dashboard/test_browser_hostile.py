@@ -144,3 +144,35 @@ def test_addresses_and_answers_the_page_cannot_use_leave_the_app_working(page: A
     page.get_by_role("heading", name="This page could not be shown").wait_for()
     page.get_by_role("navigation", name="main").get_by_role("link", name="Settings").click()
     page.get_by_role("heading", name="Settings").wait_for()
+
+
+@pytest.fixture
+def enforcing(browser: Any) -> Iterator[Any]:
+    """A tab that applies the pages' Content-Security-Policy (the ``page`` fixture bypasses it)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    tab = context.new_page()
+    tab.set_default_timeout(15_000)
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
+def test_every_page_works_under_its_content_security_policy(enforcing: Any, store: Dict[str, str]) -> None:
+    # The policy lets only the app's own files run: the app itself must need nothing more.
+    page = enforcing
+    page.add_init_script(
+        "window.__violations = [];"
+        "document.addEventListener('securitypolicyviolation', e => window.__violations.push(e.violatedDirective))"
+    )
+    url = store["url"]
+    page.goto(f"{url}/rollouts/{store['hostile']}")
+    page.get_by_role("tree", name="span tree").locator(".span-name", has_text="llm call").click()
+    page.locator(".span-details").get_by_role("heading", name="LLM call", exact=True).wait_for()
+    page.locator(".timeline-bar").first.wait_for()
+    nav = page.get_by_role("navigation", name="main")
+    for name in ("Rollouts", "Resources", "Workers", "Training", "Settings"):
+        nav.get_by_role("link", name=name).click()
+        page.get_by_role("heading", name=name, exact=True).first.wait_for()
+    page.get_by_label("Theme").select_option("dark")
+    assert page.evaluate("window.__violations") == []

@@ -107,3 +107,14 @@ async def test_a_server_without_a_built_dashboard_still_serves_the_api(
     install_dashboard(app, call, directory=tmp_path / "missing")
     assert "not built" in caplog.text
     assert not any(getattr(route, "path", "") == "/{path:path}" for route in app.routes)
+
+
+async def test_pages_run_only_the_apps_own_scripts(server: LightningStoreServer) -> None:
+    # Agents' text is rendered as text; should any ever reach the page as markup, the browser still runs no inline
+    # script or handler, and nothing can re-point the page's relative addresses through a <base> element.
+    async with httpx.AsyncClient(base_url=server.endpoint) as http:
+        answer = await http.get("/rollouts/ro-1")
+    policy = {d.split()[0]: d.split()[1:] for d in answer.headers["content-security-policy"].split("; ")}
+    assert policy["script-src"] == ["'self'"] and policy["object-src"] == ["'none'"]
+    assert policy["base-uri"] == ["'self'"]
+    assert answer.headers["x-content-type-options"] == "nosniff"
