@@ -180,18 +180,27 @@ def _end_with_parent() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM handler of ``execute``: stop the run as Ctrl-C does, so the children are shut down too."""
-    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While the block runs (in the main thread), SIGTERM raises :class:`KeyboardInterrupt` instead of killing."""
+def _sigterm_interrupts(children: Callable[[], Sequence[BaseProcess]]) -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM stops the run as a Ctrl-C in a terminal does.
+
+    A Ctrl-C reaches every process of the group at once: the runners stop their agents while this process stops
+    the algorithm (and the model server the agents call). A SIGTERM reaches this process only, so it passes SIGINT
+    on to the live ``children()`` first, then raises :class:`KeyboardInterrupt` here; otherwise the agents would see
+    their model server vanish mid-call and fail with connection errors before being told to stop.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        for child in children():
+            if child.pid is not None and child.is_alive():
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    os.kill(child.pid, signal.SIGINT)
+        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
@@ -483,7 +492,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
 
             self.server_port = pick_free_port(self.server_host)
         try:
-            stack.enter_context(_sigterm_interrupts())
+            stack.enter_context(_sigterm_interrupts(lambda: processes))
             if self.managed_store and self.role != "runner":
                 check_store_port_free(
                     self.server_host,

@@ -428,6 +428,70 @@ def test_cs_sigterm_stops_the_run_and_its_children(tmp_path: Path) -> None:
         assert all(_gone(pid, 5) for pid in children)
 
 
+ORDER_SCRIPT = """
+import asyncio, os, sys, time
+from agentbolt.execution.client_server import ClientServerExecutionStrategy
+
+folder = sys.argv[1]
+pids = os.path.join(folder, "pids")
+
+def interrupted():
+    return [name for name in os.listdir(folder) if name.startswith("interrupted-")]
+
+async def algorithm(store, event):
+    while not os.path.exists(pids) or len(open(pids).read().split()) < 2:
+        await asyncio.sleep(0.05)
+    try:
+        open(os.path.join(folder, "algorithm-waiting"), "w").close()
+        await asyncio.sleep(3600)
+    finally:  # the algorithm's clean-up (its model server would stop here): are the runners told already?
+        deadline = time.monotonic() + 10
+        while len(interrupted()) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        print(f"runners interrupted before the algorithm's clean-up ended: {len(interrupted())}", flush=True)
+
+async def runner(store, worker_id, event):
+    with open(pids, "a") as f:
+        f.write(f"{os.getpid()} ")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        open(os.path.join(folder, f"interrupted-{os.getpid()}"), "w").close()
+        raise
+
+strategy = ClientServerExecutionStrategy(
+    role="both", n_runners=2, managed_store=False, graceful_timeout=5, terminate_timeout=2
+)
+strategy.execute(algorithm, runner, None)
+print("execute returned", flush=True)
+"""
+
+
+def test_cs_sigterm_interrupts_the_runners_before_the_algorithm_cleans_up(tmp_path: Path) -> None:
+    """As a Ctrl-C in a terminal does: otherwise agents would see the algorithm's model server vanish mid-call."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", ORDER_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    children: List[int] = []
+    try:
+        children = _children_started(tmp_path / "pids", process)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "algorithm-waiting").exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the algorithm did not start"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "runners interrupted before the algorithm's clean-up ended: 2" in stdout, stdout + stderr
+    assert "execute returned" in stdout, stderr
+
+
 def test_cs_children_end_with_a_killed_parent(tmp_path: Path) -> None:
     with _run_with_two_children(tmp_path) as (process, children):
         process.kill()  # no chance to clean up
