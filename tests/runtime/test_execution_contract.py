@@ -355,7 +355,7 @@ CHILDREN_SCRIPT = """
 import asyncio, os, sys
 from agentbolt.execution.client_server import ClientServerExecutionStrategy
 
-pids = sys.argv[1]
+pids = os.path.join(sys.argv[1], "pids")
 
 async def algorithm(store, event):
     while not os.path.exists(pids) or len(open(pids).read().split()) < 2:
@@ -398,18 +398,20 @@ def _gone(pid: int, within: float) -> bool:
 
 
 @contextlib.contextmanager
-def _run_with_two_children(tmp_path: Path) -> Iterator[Tuple[subprocess.Popen[str], List[int]]]:
-    """A process running a client-server strategy with two runner children; yields it and the children's pids.
+def _run_with_two_children(
+    tmp_path: Path, script: str = CHILDREN_SCRIPT
+) -> Iterator[Tuple[subprocess.Popen[str], List[int]]]:
+    """A process running ``script`` (a client-server strategy with two runner children, which write their pids to
+    ``tmp_path / "pids"``); yields it and the children's pids.
 
     Every process is killed on the way out, whatever the test did to them.
     """
-    pids = tmp_path / "pids"
     process = subprocess.Popen(
-        [sys.executable, "-c", CHILDREN_SCRIPT, str(pids)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     children: List[int] = []
     try:
-        children = _children_started(pids, process)
+        children = _children_started(tmp_path / "pids", process)
         yield process, children
     finally:
         if process.poll() is None:
@@ -469,25 +471,13 @@ print("execute returned", flush=True)
 
 def test_cs_sigterm_interrupts_the_runners_before_the_algorithm_cleans_up(tmp_path: Path) -> None:
     """As a Ctrl-C in a terminal does: otherwise agents would see the algorithm's model server vanish mid-call."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", ORDER_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    children: List[int] = []
-    try:
-        children = _children_started(tmp_path / "pids", process)
+    with _run_with_two_children(tmp_path, ORDER_SCRIPT) as (process, _):
         deadline = time.monotonic() + 60
         while not (tmp_path / "algorithm-waiting").exists():
             assert process.poll() is None and time.monotonic() < deadline, "the algorithm did not start"
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
     assert "runners interrupted before the algorithm's clean-up ended: 2" in stdout, stdout + stderr
     assert "execute returned" in stdout, stderr
 

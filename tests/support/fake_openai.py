@@ -99,6 +99,19 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
     # The server runs inside the test process: keep FastAPI from tracing its requests into the tracer under test.
     app = FastAPI(telemetry={"tracing": False, "metrics": False, "logs": False})
 
+    async def received(body: Dict[str, Any]) -> Optional[JSONResponse]:
+        """Record a completion request and apply the configured delay; the injected failure, if one is due."""
+        config.requests.append(body)
+        if config.delay:
+            await asyncio.sleep(config.delay)
+        if config.fail_next <= 0:
+            return None
+        config.fail_next -= 1
+        return JSONResponse(
+            {"error": {"message": "injected failure", "type": "server_error", "code": None}},
+            status_code=config.fail_status,
+        )
+
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
         return {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}]}
@@ -106,15 +119,9 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
         body = await request.json()
-        config.requests.append(body)
-        if config.delay:
-            await asyncio.sleep(config.delay)
-        if config.fail_next > 0:
-            config.fail_next -= 1
-            return JSONResponse(
-                {"error": {"message": "injected failure", "type": "server_error", "code": None}},
-                status_code=config.fail_status,
-            )
+        failure = await received(body)
+        if failure is not None:
+            return failure
         messages = body.get("messages") or []
         user_text = _last_user_text(messages)
         tools = body.get("tools") or []
@@ -236,15 +243,9 @@ def create_app(config: FakeOpenAIConfig) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Any:
         body = await request.json()
-        config.requests.append(body)
-        if config.delay:
-            await asyncio.sleep(config.delay)
-        if config.fail_next > 0:
-            config.fail_next -= 1
-            return JSONResponse(
-                {"error": {"message": "injected failure", "type": "server_error", "code": None}},
-                status_code=config.fail_status,
-            )
+        failure = await received(body)
+        if failure is not None:
+            return failure
         prompt = _prompt_of(body)
         text = f"Echo: {prompt}"
         with_ids = bool(body.get("return_token_ids")) or config.token_ids
