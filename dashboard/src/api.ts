@@ -1,5 +1,6 @@
 // The store's HTTP API as the dashboard uses it. Every request goes to `<endpoint>/v1/agl/...`; the bearer token,
 // when one is needed, travels in the Authorization header (never in a URL).
+import { noteServerDate, noteServerNow } from "./clock";
 import type { WireNumber } from "./format";
 import { loadSettings, loadToken } from "./settings";
 
@@ -92,6 +93,7 @@ export async function request<T>(method: "GET" | "POST", path: string, options: 
     notify(error);
     throw error;
   }
+  noteServerDate(response.headers.get("date"));
   let body: unknown = null;
   const text = await response.text();
   if (text) {
@@ -226,7 +228,11 @@ export const api = {
     }),
   resources: () => request<Page<ResourcesUpdate>>("GET", "resources", { query: { sort_by: "update_time", sort_order: "desc" } }),
   resourcesById: (id: string) => request<ResourcesUpdate | null>("GET", `resources/${encodeURIComponent(id)}`),
-  workers: () => request<{ items: Worker[]; window_seconds: number; now: number }>("GET", "dashboard/workers"),
+  workers: () =>
+    request<{ items: Worker[]; window_seconds: number; now: number }>("GET", "dashboard/workers").then((answer) => {
+      noteServerNow(answer?.now);
+      return answer;
+    }),
   metrics: () => request<Page<MetricsRecord>>("GET", "metrics"),
   statistics: () => request<Record<string, unknown>>("GET", "statistics"),
   health: () => request<{ status: string }>("GET", "health"),

@@ -1,25 +1,48 @@
 // Formatting of times, durations and numbers.
-export function formatTime(seconds: number | null | undefined): string {
-  if (seconds === null || seconds === undefined) return "–";
-  const d = new Date(seconds * 1000);
-  const pad = (n: number, w = 2) => String(n).padStart(w, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+import { serverNow } from "./clock";
+
+const pad = (n: number, w = 2) => String(n).padStart(w, "0");
+
+/** The browser's time zone at `d` as its offset from UTC ("UTC", "UTC+05:30", "UTC-04:00"): a shown time always says
+ * which zone it is in, and the offset is the same in every locale. */
+export function zoneOf(d: Date = new Date()): string {
+  const minutes = -d.getTimezoneOffset();
+  if (minutes === 0) return "UTC";
+  const abs = Math.abs(minutes);
+  return `UTC${minutes > 0 ? "+" : "-"}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
 }
 
+/** A time (seconds since the epoch) in the browser's zone, with the zone: "2025-03-01 14:05:09 UTC+05:30". */
+export function formatTime(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  const d = new Date(seconds * 1000);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${formatClock(seconds)}`;
+}
+
+/** The time of day only (seconds since the epoch), with the zone: "14:05:09 UTC+05:30". */
+export function formatClock(seconds: number): string {
+  const d = new Date(seconds * 1000);
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zoneOf(d)}`;
+}
+
+/** A duration; never negative (clocks of different machines can disagree by a little): below zero reads "0 s". */
 export function formatDuration(seconds: number | null | undefined): string {
   if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  if (seconds <= 0) return "0 s";
   if (seconds < 0.001) return `${(seconds * 1e6).toFixed(0)} µs`;
   if (seconds < 1) return `${(seconds * 1000).toFixed(seconds < 0.01 ? 2 : 0)} ms`;
   if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
   const minutes = Math.floor(seconds / 60);
-  if (minutes < 60) return `${minutes} min ${Math.round(seconds - minutes * 60)} s`;
+  if (minutes < 60) return `${minutes} min ${Math.floor(seconds - minutes * 60)} s`;
   const hours = Math.floor(minutes / 60);
   return `${hours} h ${minutes - hours * 60} min`;
 }
 
-export function formatAge(seconds: number | null | undefined, now: number = Date.now() / 1000): string {
+/** How long ago a time of the server was, by the server's clock (`now`, by default the page's estimate of it). */
+export function formatAge(seconds: number | null | undefined, now: number = serverNow()): string {
   if (seconds === null || seconds === undefined) return "never";
-  return `${formatDuration(Math.max(0, now - seconds))} ago`;
+  const age = now - seconds;
+  return age < 0.001 ? "just now" : `${formatDuration(age)} ago`;
 }
 
 const NON_FINITE = new Map<string, number>([

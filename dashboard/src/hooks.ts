@@ -1,7 +1,7 @@
 // Data loading with live refresh.
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { ApiError } from "./api";
-import { loadSettings } from "./settings";
+import { loadSettings, refreshInterval } from "./settings";
 
 export interface Loaded<T> {
   data: T | undefined;
@@ -53,7 +53,7 @@ export function useData<T>(load: () => Promise<T>, key: string, live = true): Lo
 
   useEffect(() => {
     run();
-    const seconds = loadSettings().refreshSeconds;
+    const seconds = refreshInterval(loadSettings().refreshSeconds) ?? 0;
     if (!live || seconds <= 0) return;
     const timer = window.setInterval(() => {
       if (document.visibilityState === "visible") run();

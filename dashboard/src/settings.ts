@@ -7,6 +7,21 @@ export interface Settings {
   theme: Theme;
 }
 
+/** Live updates come at most this often: each one asks the store for the page's data again. */
+export const MIN_REFRESH_SECONDS = 1;
+export const MAX_REFRESH_SECONDS = 3600;
+
+/**
+ * A refresh interval the page can use: 0 (no live updates), or `MIN_REFRESH_SECONDS` to `MAX_REFRESH_SECONDS` (a
+ * value between 0 and the least is raised to it, a larger one lowered to the most); null for one that is not a
+ * number of seconds at all (NaN, negative, infinite).
+ */
+export function refreshInterval(seconds: unknown): number | null {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds) || seconds < 0) return null;
+  if (seconds === 0) return 0;
+  return Math.min(MAX_REFRESH_SECONDS, Math.max(MIN_REFRESH_SECONDS, seconds));
+}
+
 const KEY = "agentbolt.dashboard.settings";
 const TOKEN_KEY = "agentbolt.dashboard.token";
 const DEFAULTS: Settings = { endpoint: "", refreshSeconds: 3, theme: "system" };
@@ -18,8 +33,7 @@ export function loadSettings(): Settings {
     const parsed = JSON.parse(raw) as Partial<Settings>;
     return {
       endpoint: typeof parsed.endpoint === "string" ? parsed.endpoint : DEFAULTS.endpoint,
-      refreshSeconds:
-        typeof parsed.refreshSeconds === "number" && parsed.refreshSeconds >= 0 ? parsed.refreshSeconds : DEFAULTS.refreshSeconds,
+      refreshSeconds: refreshInterval(parsed.refreshSeconds) ?? DEFAULTS.refreshSeconds,
       theme: parsed.theme === "light" || parsed.theme === "dark" ? parsed.theme : "system",
     };
   } catch {

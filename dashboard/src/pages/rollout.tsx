@@ -1,7 +1,8 @@
 // A rollout: its attempts on a timeline (with why each retry happened), its input, its final reward, and the trace
 // of the selected attempt.
 import { api, type Attempt, type Rollout } from "../api";
-import { ErrorNote, KeyValues, Link, Loading, NotFound, StatusBadge, TextBlock } from "../components/common";
+import { serverNow } from "../clock";
+import { ErrorNote, KeyValues, Link, Loading, NotFound, StatusBadge, TextBlock, Truncated } from "../components/common";
 import { formatAge, formatDuration, formatReward, formatTime } from "../format";
 import { useData } from "../hooks";
 import { navigate, type Location } from "../router";
@@ -9,6 +10,10 @@ import { finalReward, REWARD_SPAN_NAME } from "../spans";
 import { TraceView } from "./trace";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+/** Attempt statuses of an attempt still at work: its duration runs up to now. */
+const ACTIVE_ATTEMPT = new Set(["preparing", "running"]);
+/** Characters of an attempt's metadata shown in the attempts table before "show all". */
+const OUTCOME_PREVIEW_CHARS = 160;
 
 export function RolloutPage(props: { rolloutId: string; attemptId?: string; location: Location }) {
   const { rolloutId } = props;
@@ -63,7 +68,7 @@ export function RolloutPage(props: { rolloutId: string; attemptId?: string; loca
               ["Final reward", <FinalReward rollout={r} attempt={selected} />],
               ["Started", formatTime(r.start_time)],
               ["Ended", formatTime(r.end_time)],
-              ["Duration", formatDuration((r.end_time ?? Date.now() / 1000) - r.start_time) + (r.end_time ? "" : " (running)")],
+              ["Duration", rolloutDuration(r)],
               ["Resources", r.resources_id ? <Link to={`/resources/${encodeURIComponent(r.resources_id)}`}>{r.resources_id}</Link> : "latest"],
               ["Attempts", `${list.length} of at most ${r.config.max_attempts}`],
               ["Retried on", r.config.retry_condition.length ? r.config.retry_condition.join(", ") : "never"],
@@ -109,18 +114,62 @@ function FinalReward(props: { rollout: Rollout; attempt?: Attempt }) {
   return <strong class="reward">{value === null ? "none recorded" : formatReward(value)}</strong>;
 }
 
-function attemptEnd(a: Attempt): number {
-  return a.end_time ?? a.last_heartbeat_time ?? Date.now() / 1000;
+/** How long the rollout took, or, while it has not ended, how long it has been going by the server's clock. */
+function rolloutDuration(r: Rollout): string {
+  if (r.end_time !== null) return formatDuration(r.end_time - r.start_time);
+  const soFar = formatDuration(serverNow() - r.start_time);
+  return `${soFar} (${r.status === "preparing" ? "running" : r.status})`;
 }
 
-function retryReason(a: Attempt, next: Attempt | undefined): string {
-  if (!next) return "";
-  const why: Record<string, string> = {
-    failed: "the agent raised an error",
-    timeout: "the attempt ran past the rollout's timeout",
-    unresponsive: "no heartbeat or span within the unresponsive limit",
-  };
-  return `retried as attempt ${next.sequence_id}: ${why[a.status] ?? a.status}`;
+function attemptRunning(a: Attempt): boolean {
+  return a.end_time === null && ACTIVE_ATTEMPT.has(a.status);
+}
+
+/** When the attempt ended: for one still at work, now (by the server's clock); for one that went silent without an
+ * end, its last heartbeat. */
+function attemptEnd(a: Attempt): number {
+  if (a.end_time !== null) return a.end_time;
+  if (attemptRunning(a)) return serverNow();
+  return a.last_heartbeat_time ?? serverNow();
+}
+
+function attemptDuration(a: Attempt): string {
+  return formatDuration(attemptEnd(a) - a.start_time) + (attemptRunning(a) ? " (running)" : "");
+}
+
+const RETRY_CAUSE: Record<string, string> = {
+  failed: "the agent raised an error",
+  timeout: "the attempt ran past the rollout's timeout",
+  unresponsive: "no heartbeat or span within the unresponsive limit",
+};
+
+/** Why an attempt was followed by another: told by the next attempt, or, before it exists, by the rollout's status
+ * (`requeuing`: the store has put the rollout back in the queue for another attempt). */
+function retryReason(rollout: Rollout, a: Attempt, next: Attempt | undefined, latest: boolean): string {
+  const why = RETRY_CAUSE[a.status] ?? a.status;
+  if (next) return `retried as attempt ${next.sequence_id}: ${why}`;
+  if (latest && rollout.status === "requeuing" && !attemptRunning(a)) return `will be retried: ${why}`;
+  return "";
+}
+
+/** An attempt's metadata in one line, cut to a preview with a button showing it all. */
+function Outcome(props: { attempt: Attempt; reason: string }) {
+  const { metadata } = props.attempt;
+  const hasMetadata = metadata !== null && typeof metadata === "object" && Object.keys(metadata).length > 0;
+  return (
+    <>
+      {props.reason && <span class="retry-reason">{props.reason}</span>}
+      {hasMetadata && (
+        <div class="mono">
+          <Truncated
+            text={JSON.stringify(metadata)}
+            limit={OUTCOME_PREVIEW_CHARS}
+            label={`the metadata of attempt ${props.attempt.sequence_id}`}
+          />
+        </div>
+      )}
+    </>
+  );
 }
 
 function AttemptTable(props: { rollout: Rollout; attempts: Attempt[]; selected?: string }) {
@@ -154,9 +203,11 @@ function AttemptTable(props: { rollout: Rollout; attempts: Attempt[]; selected?:
               {a.worker_id ? <Link to={`/workers?worker=${encodeURIComponent(a.worker_id)}`}>{a.worker_id}</Link> : "–"}
             </td>
             <td>{formatTime(a.start_time)}</td>
-            <td class="num">{formatDuration(attemptEnd(a) - a.start_time)}</td>
+            <td class="num">{attemptDuration(a)}</td>
             <td>{formatAge(a.last_heartbeat_time)}</td>
-            <td>{retryReason(a, props.attempts[i + 1]) || (a.metadata && Object.keys(a.metadata).length ? JSON.stringify(a.metadata) : "")}</td>
+            <td class="outcome">
+              <Outcome attempt={a} reason={retryReason(props.rollout, a, props.attempts[i + 1], i === props.attempts.length - 1)} />
+            </td>
           </tr>
         ))}
       </tbody>
@@ -187,8 +238,8 @@ function AttemptTimeline(props: { rollout: Rollout; attempts: Attempt[]; selecte
                 type="button"
                 class={`timeline-bar status-${a.status} ${a.attempt_id === props.selected ? "selected" : ""}`}
                 style={{ left: `${left}%`, width: `${width}%` }}
-                title={`attempt ${a.sequence_id}: ${a.status}, ${formatDuration(attemptEnd(a) - a.start_time)}`}
-                aria-label={`attempt ${a.sequence_id}, ${a.status}, ${formatDuration(attemptEnd(a) - a.start_time)}`}
+                title={`attempt ${a.sequence_id}: ${a.status}, ${attemptDuration(a)}`}
+                aria-label={`attempt ${a.sequence_id}, ${a.status}, ${attemptDuration(a)}`}
                 onClick={() => navigate(`/rollouts/${encodeURIComponent(a.rollout_id)}/attempts/${encodeURIComponent(a.attempt_id)}`)}
               />
             </div>

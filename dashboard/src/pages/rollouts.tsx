@@ -2,7 +2,8 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, validationIssues, type ApiError, type Query } from "../api";
 import { ErrorNote, Link, Loading, Pagination, StatusBadge } from "../components/common";
-import { formatDuration, formatReward, formatTime } from "../format";
+import { toServerTime } from "../clock";
+import { formatClock, formatDuration, formatReward, formatTime, zoneOf } from "../format";
 import { useData } from "../hooks";
 import { navigate, withQuery, type Location } from "../router";
 
@@ -176,7 +177,7 @@ export function RolloutsPage(props: { location: Location }) {
       <div class="page-head">
         <h1 id="rollouts-title">Rollouts</h1>
         <span class="muted live" aria-live="off">
-          {updatedAt ? `updated ${new Date(updatedAt).toLocaleTimeString()}` : ""}
+          {updatedAt ? `updated ${formatClock(toServerTime(updatedAt))}` : ""}
         </span>
       </div>
       <StatusChips counts={data?.counts} selected={status} onSelect={(s) => update({ status: s })} />
@@ -349,11 +350,11 @@ function Filters(props: { params: URLSearchParams; onChange: (changes: Record<st
         <input type="number" step="any" value={draft.reward_max ?? ""} onInput={set("reward_max")} class="short" />
       </label>
       <label>
-        Started after
+        Started after ({zoneOf()})
         <input type="datetime-local" step="1" value={draft.start_after ?? ""} onInput={set("start_after")} />
       </label>
       <label>
-        Started before
+        Started before ({zoneOf()})
         <input type="datetime-local" step="1" value={draft.start_before ?? ""} onInput={set("start_before")} />
       </label>
       <div class="filter-actions">

@@ -1,26 +1,51 @@
 // Settings: the store endpoint, the refresh interval, the theme, and the API key.
 import { useState } from "preact/hooks";
 import { api, apiRoot } from "../api";
-import { applyTheme, loadSettings, loadToken, saveSettings, saveToken, type Settings, type Theme } from "../settings";
+import {
+  applyTheme,
+  loadSettings,
+  loadToken,
+  MAX_REFRESH_SECONDS,
+  MIN_REFRESH_SECONDS,
+  refreshInterval,
+  saveSettings,
+  saveToken,
+  type Settings,
+  type Theme,
+} from "../settings";
 
 export function SettingsPage() {
   const [settings, setSettings] = useState<Settings>(loadSettings);
+  const [refreshText, setRefreshText] = useState(() => String(settings.refreshSeconds));
   const [saved, setSaved] = useState("");
   const [check, setCheck] = useState("");
   const hasToken = Boolean(loadToken());
-  const save = (next: Settings) => {
+  const save = (next: Settings, message = "Saved.") => {
     setSettings(next);
     saveSettings(next);
     applyTheme(next.theme);
-    setSaved("Saved.");
+    setSaved(message);
+  };
+  const limits = `0 (no live updates) or ${MIN_REFRESH_SECONDS} to ${MAX_REFRESH_SECONDS} seconds`;
+  const submit = () => {
+    const wanted = refreshText.trim() === "" ? NaN : Number(refreshText);
+    const seconds = refreshInterval(wanted);
+    if (seconds === null) {
+      setSaved(`Not saved: the refresh interval is ${limits}, not "${refreshText}".`);
+      return;
+    }
+    setRefreshText(String(seconds));
+    const note = seconds === wanted ? "Saved." : `Saved, refreshing every ${seconds} s: the interval is ${limits}.`;
+    save({ ...settings, refreshSeconds: seconds }, note);
   };
   return (
     <section aria-labelledby="settings-title" class="settings">
       <h1 id="settings-title">Settings</h1>
       <form
+        noValidate
         onSubmit={(e) => {
           e.preventDefault();
-          save(settings);
+          submit();
         }}
       >
         <label>
@@ -38,10 +63,15 @@ export function SettingsPage() {
           <input
             type="number"
             min="0"
-            max="3600"
-            value={String(settings.refreshSeconds)}
-            onInput={(e) => setSettings({ ...settings, refreshSeconds: Math.max(0, Number((e.target as HTMLInputElement).value) || 0) })}
+            max={String(MAX_REFRESH_SECONDS)}
+            step="any"
+            value={refreshText}
+            aria-describedby="refresh-limits"
+            onInput={(e) => setRefreshText((e.target as HTMLInputElement).value)}
           />
+          <span class="hint" id="refresh-limits">
+            At least {MIN_REFRESH_SECONDS} s and at most {MAX_REFRESH_SECONDS} s between live updates; 0 turns them off.
+          </span>
         </label>
         <label>
           Theme

@@ -1,6 +1,7 @@
 // Workers: status, heartbeat age, current rollout, throughput, and their last system snapshot.
 import { api } from "../api";
 import { ErrorNote, Link, Loading, StatusBadge, TextBlock } from "../components/common";
+import { serverNow } from "../clock";
 import { formatAge, formatNumber } from "../format";
 import { useData } from "../hooks";
 import type { Location } from "../router";
@@ -9,7 +10,7 @@ export function WorkersPage(props: { location: Location }) {
   const workers = useData(() => api.workers(), "workers");
   const highlight = props.location.params.get("worker");
   const items = workers.data?.items ?? [];
-  const now = workers.data?.now ?? Date.now() / 1000;
+  const now = workers.data?.now ?? serverNow();
   return (
     <section aria-labelledby="workers-title">
       <div class="page-head">
