@@ -27,8 +27,9 @@ answer written exactly as a gold (up to case and spaces around symbols) always m
   same value (rationals exactly, irrational values to a relative 1e-9), optionally after a currency sign, and not
   an expression copied from the question (``5/2`` for "What is 5/2?");
 * or it is a short sentence (one line, at most 15 words, no ``! = + * ^ < > : ; " [ ] { }``) holding exactly one
-  number, equal to the gold, and no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...)
-  nor number word (``It was completed in 1889.``, ``1307 dollars``, ``It is 1/2.``).
+  number, equal to the gold, and no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...),
+  number word, nor bound or estimate (``after``, ``until``, ``c.``, ``-ish``, ``≥``...) (``It was completed in
+  1889.``, ``1307 dollars``, ``It is 1/2.``).
 
 Signs matter: ``-735`` is not ``735`` (U+2212 and dashes are minus signs). ``%`` or ``percent`` counts only when the
 gold is a percentage or the question speaks of percent; a percentage gold also accepts the bare number. A unit of
@@ -276,6 +277,9 @@ _HEDGES = _word_set(
     positive ish"""
 )
 _HEDGE_SYMBOLS = ("\u00b1", "+/-", "~", "\u2248", "\u2026", "...")
+_BOUNDS = _word_set("after before since until till up latest earliest later earlier prior pre post c est abt ish")
+"""Words that make the one number of a sentence a bound or an estimate (``after 1889``, ``c. 1889``, ``735-ish``)."""
+_BOUND_SYMBOLS = ("\u2265", "\u2264", "\u2a7e", "\u2a7d", "\u2273", "\u2272", "\u2260")
 _NUMBER_WORDS = _word_set(
     """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
     seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million
@@ -435,6 +439,9 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
     if _hedged(text):
         return _Verdict(False, "a hedge or negation", refused=True)
     words = _words(text)
+    parts = {part for word in words for part in word.split("-")}  # "735-ish", "pre-1889"
+    if parts & _BOUNDS or any(symbol in text for symbol in _BOUND_SYMBOLS):
+        return _Verdict(False, "a bound or an estimate", refused=True)
     if set(words) & _NUMBER_WORDS:
         return _Verdict(
             False, "a number word besides the number" if tokens else "a number in words", refused=bool(tokens)

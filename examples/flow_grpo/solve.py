@@ -14,13 +14,16 @@ Examples::
 
 ``--checkpoint`` accepts a checkpoint written by agentbolt's GRPO (``step_*`` with ``adapter/`` or
 ``model.safetensors``), a directory of such checkpoints (the latest is used), or a PEFT adapter directory. The
-prompts, tools and tool names are the ones used in training.
+prompts, tools and tool names are the ones used in training, and so is the solve loop when the checkpoint lies in a
+training run's directory: its ``config.json`` gives the ``solver`` settings the planner was trained with (turns,
+worked examples, decoding guide, memory budget); ``--max-turns`` overrides the turns only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,7 +32,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from examples.flow_grpo.agents import RoleLLM
 from examples.flow_grpo.solver import FlowSolver, SolverConfig
 
-__all__ = ["local_endpoints", "main", "open_endpoints", "resolve_checkpoint", "resolve_checkpoint_argument"]
+__all__ = [
+    "local_endpoints",
+    "main",
+    "open_endpoints",
+    "resolve_checkpoint",
+    "resolve_checkpoint_argument",
+    "training_solver_config",
+]
 
 _STEP_PREFIX = "step_"
 
@@ -72,6 +82,27 @@ def resolve_checkpoint(path: Path) -> Tuple[str, Path]:
     )
 
 
+def training_solver_config(checkpoint: Optional[Path]) -> Tuple[SolverConfig, Optional[Path]]:
+    """The solve loop a planner checkpoint was trained in, and the file it was read from.
+
+    It is the ``flow.solver`` section of the training run's ``config.json``, the nearest one in ``checkpoint`` or up
+    to three folders above it (``RUN/checkpoints/step_N/adapter``). Without one (no checkpoint, or an adapter from
+    elsewhere): the :class:`SolverConfig` defaults and None.
+    """
+    if checkpoint is not None:
+        for folder in [checkpoint, *checkpoint.resolve().parents][:4]:
+            path = folder / "config.json"
+            try:
+                data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+            except ValueError:
+                continue
+            flow = data.get("flow") if isinstance(data, dict) else None
+            solver = flow.get("solver") if isinstance(flow, dict) else None
+            if isinstance(solver, dict):
+                return SolverConfig(**solver), path
+    return SolverConfig(), None
+
+
 def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m examples.flow_grpo.solve", description="Solve one question with the multi-agent solver."
@@ -84,7 +115,12 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--fixed-url", help="Base URL of the fixed model for the other roles (default: --planner-url).")
     parser.add_argument("--fixed-model", help="Model name at --fixed-url (default: --planner-model).")
     parser.add_argument("--api-key", default=None, help="API key for the endpoints.")
-    parser.add_argument("--max-turns", type=int, default=4, help="Planner turns at most (default 4).")
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="Planner turns at most (default: the checkpoint's training run's, else 4).",
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="Planner sampling temperature (default 0).")
     parser.add_argument(
         "--dtype",
@@ -94,7 +130,7 @@ def _parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="Local engine CPU threads.")
     parser.add_argument("--json", action="store_true", help="Print the result as one JSON object at the end.")
     args = parser.parse_args(argv)
-    if args.max_turns < 1:
+    if args.max_turns is not None and args.max_turns < 1:
         parser.error("--max-turns must be at least 1")
     if (args.planner_url is None) != (args.planner_model is None):
         parser.error("--planner-url and --planner-model go together")
@@ -202,7 +238,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         fixed = RoleLLM.from_endpoint(fixed_url, fixed_model, api_key=args.api_key)
         stack.callback(planner.close)
         stack.callback(fixed.close)
-        result = FlowSolver(SolverConfig(max_turns=args.max_turns)).solve(args.question, planner, fixed, _printer)
+        solver_config, source = training_solver_config(args.checkpoint)
+        if source is not None:
+            print(f"Solve loop settings of the training run: {source}", file=sys.stderr)
+        if args.max_turns is not None:
+            solver_config = dataclasses.replace(solver_config, max_turns=args.max_turns)
+        result = FlowSolver(solver_config).solve(args.question, planner, fixed, _printer)
     if args.json:
         summary = {
             "question": result.question,

@@ -303,6 +303,33 @@ def test_year_answers(answer: str, expected: float) -> None:
 @pytest.mark.parametrize(
     ("task", "answer"),
     [
+        pytest.param(YEAR, "after 1889", id="after"),
+        pytest.param(YEAR, "It was completed before 1889.", id="before"),
+        pytest.param(YEAR, "since 1889", id="since"),
+        pytest.param(YEAR, "until 1889", id="until"),
+        pytest.param(YEAR, "1889 at the latest", id="at the latest"),
+        pytest.param(YEAR, "It was completed in 1889 at the earliest.", id="at the earliest"),
+        pytest.param(YEAR, "pre-1889", id="pre-"),
+        pytest.param(YEAR, "post-1889", id="post-"),
+        pytest.param(YEAR, "c. 1889", id="c."),
+        pytest.param(YEAR, "c.1889", id="c. glued"),
+        pytest.param(ARITHMETIC, "c 735", id="c"),
+        pytest.param(ARITHMETIC, "est. 735", id="est."),
+        pytest.param(ARITHMETIC, "abt. 735", id="abt."),
+        pytest.param(ARITHMETIC, "up to 735", id="up to"),
+        pytest.param(ARITHMETIC, "735-ish", id="-ish"),
+        pytest.param(ARITHMETIC, "\u2265735", id="at least sign"),
+        pytest.param(ARITHMETIC, "\u2264 735", id="at most sign"),
+    ],
+)
+def test_a_bound_or_estimate_of_the_gold_number_scores_0(task: Dict[str, Any], answer: str) -> None:
+    # The right number stated as a bound or an estimate commits to no single value.
+    assert _score(task, answer) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("task", "answer"),
+    [
         (PLACE, "Paris"),
         (PLACE, "Paris."),
         (PLACE, "paris"),

@@ -203,6 +203,22 @@ def test_three_turn_rollout_trains_three_planner_samples_on_the_final_reward(
     assert {s.agent_name for s in samples} == {"planner"} and stats.other_agents == len(expected) - 3
     # Each later turn's prompt holds the earlier turns' tool results: every turn is trained in its own state.
     assert len(samples[0].prompt_ids) < len(samples[1].prompt_ids) < len(samples[2].prompt_ids)
+    # Token-level alignment: each sample's prompt ids are the chat template of that turn's own messages, exactly as
+    # the engine tokenized them, and its response ids are the tokens the model sampled (the answer token, then
+    # end-of-turn), not a re-tokenization of the answer text.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    planner_triplets = LlmProxyTraceToTriplet(agent_match="planner").adapt(spans)
+    sent = TracerTraceToTriplet(agent_match="planner").adapt(spans)  # the messages each planner call sent
+    answer_id = tokenizer.convert_tokens_to_ids(UNIVERSAL)
+    for sample, triplet in zip(samples, sent, strict=True):
+        messages = [{"role": m["role"], "content": m["content"]} for m in triplet.prompt["raw_content"]]
+        expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        assert sample.prompt_ids == list(expected)
+        assert sample.response_ids[0] == answer_id
+        assert sample.response_ids[-1] == tokenizer.eos_token_id and len(sample.response_ids) <= 2
+    assert [s.prompt_ids for s in samples] == [t.prompt["token_ids"] for t in planner_triplets]
     # The solve record for evaluation is in the trace too.
     records = [get_object_value(s) for s in spans if s.attributes.get("flow_grpo.kind") == SOLVE_RECORD_KIND]
     assert [(r["planner_turns"], r["tool_calls"], r["stop_reason"], r["reward"]) for r in records] == [

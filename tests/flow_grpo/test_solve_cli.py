@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.flow_grpo.solve import main, resolve_checkpoint
+from examples.flow_grpo.solve import main, resolve_checkpoint, training_solver_config
 
 from .scripted_llm import ScriptedLLM
 
@@ -85,6 +85,30 @@ def test_checkpoint_resolution(tmp_path: Path) -> None:
     (full / "model.safetensors").write_bytes(b"")
     (full / "trainer_state.json").write_text("{}")
     assert resolve_checkpoint(full) == ("full", full / "model.safetensors")
+
+
+def test_a_checkpoint_is_solved_in_the_solve_loop_it_was_trained_in(tmp_path: Path) -> None:
+    from examples.flow_grpo.solver import SolverConfig
+    from examples.flow_grpo.train import load_config
+
+    # A run directory as the training script writes it: config.json beside checkpoints/step_N/adapter.
+    trained = load_config("cpu")
+    adapter = tmp_path / "run" / "checkpoints" / "step_000003" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter.parent / "trainer_state.json").write_text("{}")
+    config_json = tmp_path / "run" / "config.json"
+    config_json.write_text(json.dumps({"flow": trained.model_dump(), "grpo": {}}, default=str), encoding="utf-8")
+
+    expected = SolverConfig(**trained.solver.model_dump())
+    assert expected != SolverConfig()  # the defaults are not what the cpu planner was trained with
+    for given in (tmp_path / "run" / "checkpoints", adapter.parent, adapter):
+        kind, path = resolve_checkpoint(given)
+        assert (kind, path) == ("adapter", adapter)
+        assert training_solver_config(path) == (expected, config_json)
+    # An adapter from outside a training run: the defaults, and nothing claimed about its training.
+    assert training_solver_config(tmp_path / "elsewhere") == (SolverConfig(), None)
+    assert training_solver_config(None) == (SolverConfig(), None)
 
 
 @pytest.mark.slow

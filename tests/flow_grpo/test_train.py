@@ -15,7 +15,7 @@ import pytest
 from agentbolt.algorithm.grpo.advantages import assign_advantages
 from agentbolt.algorithm.grpo.samples import TokenSample, triplets_to_samples
 from agentbolt.types import Triplet
-from examples.flow_grpo.train import CONFIG_DIR, build_grpo_config, load_config, load_split, main
+from examples.flow_grpo.train import CONFIG_DIR, build_grpo_config, build_solver, load_config, load_split, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,40 @@ def test_named_configurations_train_only_the_planner_with_trajectory_credit(tmp_
         assert grpo.val_before_train and grpo.resume is False and grpo.console is False
         assert grpo.val_sampling_parameters["temperature"] == 0.0
     assert build_grpo_config(cpu, "m", tmp_path).dtype == cpu.dtype == "float32"
+
+
+@pytest.mark.parametrize("name", ["cpu", "cpu-warmstart", "gpu"])
+def test_every_shipped_configuration_runs_a_multi_turn_loop(name: str) -> None:
+    # A planner that never stops and a verifier that always continues: the solver the training script builds from
+    # the configuration must call the planner once per turn, more than once (a one-turn loop trains no planning).
+    from examples.flow_grpo import RoleLLM
+    from examples.flow_grpo.tools import Document, SearchTool
+
+    from .scripted_llm import ScriptedLLM
+
+    config = load_config(name)
+    solver = build_solver(config)
+    solver.search = SearchTool([Document("d1", "Garford", "Garford was founded in 1345.")])
+    question = "In what year was Garford founded?"
+    step = (
+        json.dumps({"tool_name": "search", "sub_goal": question})
+        if config.solver.planner_guide != "none"
+        else ('{"sub_goal": "Find when Garford was founded", "tool_name": "search"}')
+    )
+    script = {
+        "query_analyzer": ['{"summary": "look up", "tools": ["search"]}'],
+        "planner": [step],
+        "executor": ['{"tool_input": "Garford founded"}'],
+        "verifier": ['{"analysis": "not yet", "stop": false}'],
+        "solution_generator": ['{"answer": "1345"}'],
+    }
+    with ScriptedLLM(script) as llm:
+        planner = RoleLLM.from_endpoint(llm.base_url, "planner")
+        fixed = RoleLLM.from_endpoint(llm.base_url, "fixed")
+        result = solver.solve(question, planner, fixed)
+    assert config.solver.max_turns > 1
+    assert result.planner_calls == config.solver.max_turns and result.stop_reason == "max_turns"
+    assert llm.roles().count("planner") == config.solver.max_turns
 
 
 def test_overrides_replace_fields_and_merge_into_the_grpo_section() -> None:
