@@ -25,6 +25,7 @@ from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
 from agentbolt.env_var import API_KEY_ENV_VAR
+from agentbolt.store.mongo import MONGO_REFUSAL
 from agentbolt.utils import event_loop
 from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 
@@ -79,7 +80,7 @@ _BACKEND_CHOICES = "<" + "|".join(backend.value for backend in Backend) + ">"
 """The choices ``--help`` shows for ``--backend``."""
 
 _MONGO_REFUSAL = (
-    "MongoDB is not a store backend of agentbolt: use --backend sqlite (the default, durable), "
+    f"{MONGO_REFUSAL}: use --backend sqlite (the default, durable), "
     "--backend postgres --dsn URI (shared by many processes and machines) or --backend memory"
 )
 """Answer to the reference's ``--backend mongo`` and ``--mongo-uri``: accepted only to be refused with this message."""
