@@ -15,6 +15,10 @@ request ``model``                               ``gen_ai.request.model``
 ``n``                                           ``gen_ai.request.choice.count``
 ``stop``                                        ``gen_ai.request.stop_sequences`` (always a list of strings)
 ``stream``                                      ``gen_ai.request.stream`` (always recorded, bool)
+guided decoding, ``top_p`` < 1, penalties...    ``gen_ai.request.distribution_changing``: the names of the parameters
+                                                set to change the sampled distribution
+                                                (:mod:`agentbolt.openai_api.sampling`), sorted; absent when none is
+                                                set
 ``messages`` / ``prompt``                       ``gen_ai.prompt.<i>.role/content/name/tool_call_id/reasoning_content``
                                                 and ``gen_ai.prompt.<i>.tool_calls.<j>.id/type/name/arguments`` (a
                                                 text completion's ``prompt`` is one ``user`` message; a prompt that is
@@ -50,11 +54,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import orjson
 
+from agentbolt.openai_api.sampling import distribution_changing_parameters
 from agentbolt.semconv import (
     GEN_AI_COMPLETION,
     GEN_AI_OPERATION_NAME,
     GEN_AI_PROMPT,
     GEN_AI_REQUEST_CHOICE_COUNT,
+    GEN_AI_REQUEST_DISTRIBUTION_CHANGING,
     GEN_AI_REQUEST_FUNCTIONS,
     GEN_AI_REQUEST_MAX_TOKENS,
     GEN_AI_REQUEST_MODEL,
@@ -278,6 +284,9 @@ def request_attributes(
         value = _number(request.get(name))
         if value is not None and key not in attributes:
             attributes[key] = value
+    changing = distribution_changing_parameters(request)
+    if changing:
+        attributes[GEN_AI_REQUEST_DISTRIBUTION_CHANGING] = changing
     stop = request.get("stop")
     if isinstance(stop, str):
         attributes[GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]

@@ -91,6 +91,10 @@ GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
 """Number of choices asked for (the request's ``n``)."""
 GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
 """Stop sequences (the request's ``stop``), always a list of strings."""
+GEN_AI_REQUEST_DISTRIBUTION_CHANGING = "gen_ai.request.distribution_changing"
+"""Names of the request's parameters that make the engine sample from another distribution than the model's tempered
+softmax (guided decoding, ``top_p`` < 1, penalties...: :mod:`agentbolt.openai_api.sampling`), sorted; absent when none
+is set."""
 GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
 """Whether the answer was streamed (bool, always recorded)."""
 GEN_AI_REQUEST_FUNCTIONS = "gen_ai.request.functions"

@@ -273,3 +273,10 @@ def test_malformed_answers_are_recorded_as_far_as_they_go(chunk: Dict[str, Any])
     attributes = streamed.attributes()
     assert attributes["gen_ai.completion.0.content"].startswith("ok ")
     CompletionRecord.from_completion(chunk).attributes()
+
+
+def test_parameters_that_change_the_sampled_distribution_are_named() -> None:
+    plain = request_attributes({"model": "m", "messages": [], "temperature": 0.7, "top_p": 1.0, "top_k": -1})
+    assert "gen_ai.request.distribution_changing" not in plain
+    guided = request_attributes({"model": "m", "prompt": "x", "top_p": 0.9, "guided_regex": "a+", "logit_bias": {}})
+    assert guided["gen_ai.request.distribution_changing"] == ["guided_regex", "top_p"]

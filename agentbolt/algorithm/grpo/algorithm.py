@@ -78,6 +78,7 @@ class GRPO(FinetuningAlgorithm):
     trainer: Optional[PolicyTrainer] = None
     _start_position: int = 0  # optimizer steps (taken or skipped) when the run started or resumed
     _data_parallel: Optional[DataParallel] = None  # this process's place in a torchrun launch, once joined
+    _warned_off_distribution: bool = False  # the warning on calls sampled off the policy's distribution, given once
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _build_trainer(self) -> Tuple[PolicyTrainer, Any]:
@@ -274,6 +275,16 @@ class GRPO(FinetuningAlgorithm):
                 sample_stats.out_of_vocabulary,
                 step,
             )
+        if sample_stats.off_distribution and not self._warned_off_distribution:
+            self._warned_off_distribution = True
+            logger.warning(
+                "%d LLM call(s) of step %d were sampled with parameters that change the sampled distribution "
+                "(guided decoding, top_p < 1, penalties...), set by the agent on its requests: their tokens were not "
+                "drawn from the policy GRPO scores them under, so updating on them is a heuristic, not the policy "
+                "gradient (samples/off_distribution counts them every step; docs/grpo.md)",
+                sample_stats.off_distribution,
+                step,
+            )
         kept, adv_stats = assign_advantages(
             samples, rollouts=scores, mode=config.advantage_mode, eps=config.advantage_eps
         )
@@ -294,6 +305,7 @@ class GRPO(FinetuningAlgorithm):
             "samples/too_long": float(sample_stats.too_long),
             "samples/out_of_vocabulary": float(sample_stats.out_of_vocabulary),
             "samples/missing_logprobs": float(sample_stats.missing_logprobs),
+            "samples/off_distribution": float(sample_stats.off_distribution),
             "groups/total": float(adv_stats.groups),
             "groups/zero_variance": float(adv_stats.zero_variance_groups),
             "groups/resampled": float(groups_run - len(tasks)),

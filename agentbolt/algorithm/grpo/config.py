@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Callable, Dict, FrozenSet, Literal, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
+from agentbolt.openai_api.sampling import DISTRIBUTION_CHANGING
 from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["GRPOConfig", "SAMPLING_PARAMETER_NAMES"]
@@ -21,34 +22,6 @@ __all__ = ["GRPOConfig", "SAMPLING_PARAMETER_NAMES"]
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-
-# Sampling parameters that make an engine draw from another distribution than the policy's softmax(logits / T):
-# truncating or reshaping it, keeping the best of several samples, or constraining the decoding (guided decoding,
-# logits processors, token lists: the engine masks the logits). name -> (whether a value leaves the distribution
-# unchanged, the value that does, if any).
-_DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], Optional[str]]] = {
-    "top_p": (lambda v: _number(v) and v >= 1, "1"),
-    "top_k": (lambda v: _number(v) and v in (0, -1), "-1"),
-    "min_p": (lambda v: _number(v) and v == 0, "0"),
-    "typical_p": (lambda v: _number(v) and v >= 1, "1"),
-    "min_tokens": (lambda v: _number(v) and v == 0, "0"),
-    "repetition_penalty": (lambda v: _number(v) and v == 1, "1"),
-    "presence_penalty": (lambda v: _number(v) and v == 0, "0"),
-    "frequency_penalty": (lambda v: _number(v) and v == 0, "0"),
-    "logit_bias": (lambda v: not v, "{}"),
-    "best_of": (lambda v: _number(v) and v <= 1, "1"),
-    "use_beam_search": (lambda v: v is False, "False"),
-    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text", '{"type": "text"}'),
-    "guided_json": (lambda v: False, None),
-    "guided_regex": (lambda v: False, None),
-    "guided_choice": (lambda v: False, None),
-    "guided_grammar": (lambda v: False, None),
-    "structured_outputs": (lambda v: False, None),
-    "structural_tag": (lambda v: False, None),
-    "logits_processors": (lambda v: v == [], "[]"),
-    "allowed_token_ids": (lambda v: v == [], "[]"),
-    "bad_words": (lambda v: v == [], "[]"),
-}
 
 # vLLM's sampling extensions of the OpenAI request (agentbolt serve implements some and refuses the others by name).
 _ENGINE_EXTENSIONS = frozenset(
@@ -71,7 +44,7 @@ _ENGINE_EXTENSIONS = frozenset(
 
 SAMPLING_PARAMETER_NAMES: FrozenSet[str] = frozenset(
     (set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)) - {"model", "messages", "prompt"}
-).union(_ENGINE_EXTENSIONS, _DISTRIBUTION_CHANGING)
+).union(_ENGINE_EXTENSIONS, DISTRIBUTION_CHANGING)
 """The keys ``sampling_parameters`` and ``val_sampling_parameters`` may hold: the fields of the OpenAI chat and text
 completion requests (:mod:`agentbolt.openai_api.schema`) other than the model, messages and prompt, and vLLM's
 sampling extensions. The gateway adds them to each request of a rollout that does not set them itself."""
@@ -237,7 +210,7 @@ class GRPOConfig(FinetuningConfig):
                 "no advantage to train on. Remove it (an agent may seed each of its calls differently); "
                 "val_sampling_parameters may set one."
             )
-        for name, (unchanged, neutral) in _DISTRIBUTION_CHANGING.items():
+        for name, (unchanged, neutral) in DISTRIBUTION_CHANGING.items():
             setting = value.get(name)
             if setting is not None and not unchanged(setting):
                 instead = f" (or set {name}={neutral})" if neutral is not None else ""

@@ -21,6 +21,7 @@ __all__ = [
     "SampleStats",
     "TokenSample",
     "assign_credit",
+    "distribution_changing",
     "parse_logprobs",
     "sampling_temperature",
     "triplets_to_samples",
@@ -95,11 +96,22 @@ class SampleStats(Counters):
     """Calls skipped because a token id is not in the trained model's vocabulary (recorded by another model)."""
     missing_logprobs: int = 0
     """Kept calls whose behaviour log-probs are missing or malformed (recomputed by the trainer)."""
+    off_distribution: int = 0
+    """Kept calls whose request changed the sampled distribution (guided decoding, ``top_p`` < 1...: see
+    :func:`distribution_changing`): their tokens were not drawn from the policy the trainer scores them under."""
 
 
 def _agent_name(triplet: Triplet) -> Optional[str]:
     name = triplet.metadata.get("agent_name")
     return name if isinstance(name, str) else None
+
+
+def distribution_changing(triplet: Triplet) -> List[str]:
+    """The parameters the call's recorded request set to sample from another distribution than the policy's
+    (``gen_ai.request.distribution_changing``, :mod:`agentbolt.openai_api.sampling`); empty for a plain call."""
+    request = triplet.metadata.get("request")
+    names = request.get("distribution_changing") if isinstance(request, dict) else None
+    return [name for name in names if isinstance(name, str)] if isinstance(names, (list, tuple)) else []
 
 
 def sampling_temperature(triplet: Triplet) -> float:
@@ -187,6 +199,8 @@ def triplets_to_samples(
         logprobs = parse_logprobs(raw_logprobs, len(response_ids))
         if logprobs is None:
             stats.missing_logprobs += 1
+        if distribution_changing(triplet):
+            stats.off_distribution += 1
         samples.append(
             TokenSample(
                 prompt_ids=prompt_ids,

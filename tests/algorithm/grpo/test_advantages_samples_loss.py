@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from agentbolt.algorithm.grpo.loss import (
     policy_loss,
     token_logprobs,
 )
-from agentbolt.algorithm.grpo.samples import TokenSample, parse_logprobs, triplets_to_samples
+from agentbolt.algorithm.grpo.samples import TokenSample, parse_logprobs, sampling_temperature, triplets_to_samples
 from agentbolt.algorithm.grpo.trainer import sample_weights
 from agentbolt.types import Triplet
 
@@ -330,3 +331,31 @@ def test_calls_with_ids_outside_the_vocabulary_are_skipped_and_counted() -> None
     assert stats.out_of_vocabulary == 1
     unchecked, _ = triplets_to_samples(triplets, rollout_id="r", group_id="g", final_reward=1.0)
     assert len(unchecked) == 3
+
+
+def test_calls_sampled_off_the_policys_distribution_are_counted_from_their_recorded_request() -> None:
+    """A guided or truncated request (set by the agent, out of GRPOConfig's sight) is recorded, read back by the
+    adapter and counted: its tokens were not drawn from the policy the trainer scores them under."""
+    from agentbolt.adapter import TracerTraceToTriplet
+    from agentbolt.llm_call_attributes import request_attributes
+    from agentbolt.types import Span
+
+    def call(span_id: str, sequence_id: int, **sampling: Any) -> Span:
+        request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, **sampling}
+        attributes = {**request_attributes(request), "prompt_token_ids": [1, 2], "response_token_ids": [3, 4]}
+        return Span.from_attributes(
+            attributes=attributes,
+            name="openai.chat.completion",
+            span_id=span_id,
+            rollout_id="ro",
+            attempt_id="at",
+            sequence_id=sequence_id,
+            start_time=float(sequence_id),
+            end_time=sequence_id + 0.5,
+        )
+
+    spans = [call("a", 1), call("b", 2, guided_regex="[0-9]+"), call("c", 3, top_p=0.9), call("d", 4, top_p=1.0)]
+    triplets = TracerTraceToTriplet().adapt(spans)
+    samples, stats = triplets_to_samples(triplets, rollout_id="ro", group_id="task", final_reward=1.0)
+    assert len(samples) == 4 and stats.off_distribution == 2  # top_p=1.0 leaves the distribution as it is
+    assert [sampling_temperature(t) for t in triplets] == [0.7] * 4
