@@ -53,8 +53,6 @@ from agentbolt.gateway.sequence import SequenceAllocator
 from agentbolt.gateway.upstream import GatewayError, UpstreamClient, UpstreamResponse, upstream_error_message
 from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
     body_timeout_error,
     error_response,
@@ -72,6 +70,7 @@ from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 from agentbolt.semconv import LLM_AGENT_NAME_HEADER, LLM_CALL_ID_HEADER
 from agentbolt.store.base import LightningStore
 from agentbolt.store.span_writer import SpanWriter
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from agentbolt.utils.server_launcher import on_shutdown_start
 
 __all__ = ["GatewaySettings", "Gateway", "create_app"]
@@ -313,6 +312,8 @@ def _error_response(error: ApiError, **extra: Any) -> Response:
 
 
 _REQUEST_MODELS = {"chat/completions": ChatCompletionRequest, "completions": CompletionRequest}
+_Model = TypeVar("_Model", str, Optional[str])
+"""The model a request names: a Messages request must name one; an OpenAI one is checked after reading."""
 
 
 def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
@@ -601,19 +602,33 @@ class _Handler:
             response.background = BackgroundTask(metrics.record, outcome, time.perf_counter())
         return response
 
+    async def _checked_body(
+        self, request: Request, validate: Callable[[Dict[str, Any]], _Model]
+    ) -> Tuple[Dict[str, Any], _Model, int]:
+        """The request's JSON object, the model ``validate`` reads from it, and the body's size in bytes.
+
+        The same door as agentbolt serve's: size, content type, JSON, nesting, then ``validate`` (the strict schema);
+        off the event loop for a large body.
+
+        Raises:
+            ApiError: The body fails one of the checks.
+        """
+        raw = await read_body(request, self.gateway.settings.max_request_bytes)
+        content_type = request.headers.get("content-type")
+
+        def checked() -> Tuple[Dict[str, Any], _Model]:
+            body = parse_json_object(raw, content_type)
+            return body, validate(body)
+
+        body, model = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, checked)
+        return body, model, len(raw)
+
     async def _completion(self, incoming: _IncomingCall, endpoint: str) -> Response:
-        request = incoming.request
         gateway = self.gateway
         try:
-            # The same door as agentbolt serve's: size, content type, JSON, nesting, then the strict schema.
-            raw = await read_body(request, gateway.settings.max_request_bytes)
-            content_type = request.headers.get("content-type")
-
-            def checked() -> Tuple[Dict[str, Any], Optional[str]]:
-                body = parse_json_object(raw, content_type)
-                return body, validate_request(_REQUEST_MODELS[endpoint], body).model
-
-            body, model = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, checked)
+            body, model, _ = await self._checked_body(
+                incoming.request, lambda body: validate_request(_REQUEST_MODELS[endpoint], body).model
+            )
         except ApiError as exc:
             return _error_response(exc)
         if model is None:
@@ -635,17 +650,9 @@ class _Handler:
     async def _messages(self, incoming: _IncomingCall, endpoint: str) -> Response:
         """A Messages call: passed through to Anthropic-compatible backends, translated for the others."""
         request = incoming.request
-        gateway = self.gateway
         try:
-            raw = await read_body(request, gateway.settings.max_request_bytes)
-            content_type = request.headers.get("content-type")
-
-            def checked() -> Tuple[Dict[str, Any], str]:
-                body = parse_json_object(raw, content_type)
-                return body, anthropic.validate_messages_request(body)
-
-            body, model = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, checked)
-            candidates = gateway.router.candidates(model)
+            body, model, size = await self._checked_body(request, anthropic.validate_messages_request)
+            candidates = self.gateway.router.candidates(model)
             if candidates[0].speaks_messages:
                 headers = {
                     "anthropic-version": request.headers.get("anthropic-version", _ANTHROPIC_VERSION),
@@ -658,7 +665,7 @@ class _Handler:
                 response = await self._forward(incoming, "v1/messages", body, model, candidates, headers)
                 return _as_anthropic_error(response)
             stops = body.get("stop_sequences") or []
-            chat = await off_loop_if_large(len(raw), _LARGE_BODY_BYTES, lambda: anthropic.messages_to_chat(body))
+            chat = await off_loop_if_large(size, _LARGE_BODY_BYTES, lambda: anthropic.messages_to_chat(body))
         except UnknownModelError as exc:
             return _anthropic_error(404, str(exc))
         except ApiError as exc:

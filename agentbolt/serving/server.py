@@ -51,8 +51,6 @@ from pydantic import BaseModel
 
 from agentbolt.openai_api.errors import ApiError
 from agentbolt.openai_api.http import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_REQUEST_BYTES,
     BearerAuthMiddleware,
     client_closed,
     error_response,
@@ -99,6 +97,7 @@ from agentbolt.serving.transformers_engine import TransformersEngine
 from agentbolt.utils import event_loop
 from agentbolt.utils.checks import check_positive
 from agentbolt.utils.id import generate_id
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs, pick_free_port
 
 __all__ = ["create_app", "InferenceServer", "ServerError", "ServingLimits", "find_free_port"]
