@@ -13,24 +13,25 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["DISTRIBUTION_CHANGING", "distribution_changing_parameters"]
+__all__ = ["DISTRIBUTION_CHANGING", "distribution_changing_parameters", "is_number"]
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or a float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 DISTRIBUTION_CHANGING: Dict[str, Tuple[Callable[[Any], bool], Optional[str]]] = {
-    "top_p": (lambda v: _number(v) and v >= 1, "1"),
-    "top_k": (lambda v: _number(v) and v in (0, -1), "-1"),
-    "min_p": (lambda v: _number(v) and v == 0, "0"),
-    "typical_p": (lambda v: _number(v) and v >= 1, "1"),
-    "min_tokens": (lambda v: _number(v) and v == 0, "0"),
-    "repetition_penalty": (lambda v: _number(v) and v == 1, "1"),
-    "presence_penalty": (lambda v: _number(v) and v == 0, "0"),
-    "frequency_penalty": (lambda v: _number(v) and v == 0, "0"),
+    "top_p": (lambda v: is_number(v) and v >= 1, "1"),
+    "top_k": (lambda v: is_number(v) and v in (0, -1), "-1"),
+    "min_p": (lambda v: is_number(v) and v == 0, "0"),
+    "typical_p": (lambda v: is_number(v) and v >= 1, "1"),
+    "min_tokens": (lambda v: is_number(v) and v == 0, "0"),
+    "repetition_penalty": (lambda v: is_number(v) and v == 1, "1"),
+    "presence_penalty": (lambda v: is_number(v) and v == 0, "0"),
+    "frequency_penalty": (lambda v: is_number(v) and v == 0, "0"),
     "logit_bias": (lambda v: not v, "{}"),
-    "best_of": (lambda v: _number(v) and v <= 1, "1"),
+    "best_of": (lambda v: is_number(v) and v <= 1, "1"),
     "use_beam_search": (lambda v: v is False, "False"),
     "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text", '{"type": "text"}'),
     "guided_json": (lambda v: False, None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -60,15 +61,22 @@ def browser() -> Iterator[Any]:
             instance.close()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A tab that ignores the pages' Content-Security-Policy: Playwright's ``wait_for_function`` evaluates a string,
-    which the policy refuses. The payload tests then show that the page itself renders markup as text; the policy,
-    the second line, is checked on its own (``test_every_page_works_under_its_content_security_policy``)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+@contextlib.contextmanager
+def browser_tab(browser: Any, *, bypass_csp: bool) -> Iterator[Any]:
+    """A tab in a context of its own (closed on the way out), 1400 x 900, with a 15 s default timeout."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=bypass_csp)
     tab = context.new_page()
     tab.set_default_timeout(15_000)
     try:
         yield tab
     finally:
         context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A tab that ignores the pages' Content-Security-Policy: Playwright's ``wait_for_function`` evaluates a string,
+    which the policy refuses. The payload tests then show that the page itself renders markup as text; the policy,
+    the second line, is checked on its own (``test_every_page_works_under_its_content_security_policy``)."""
+    with browser_tab(browser, bypass_csp=True) as tab:
+        yield tab

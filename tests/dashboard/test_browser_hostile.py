@@ -11,6 +11,7 @@ import pytest
 from agentbolt.store.client_server import LightningStoreClient
 
 from .browser import seeded_store_process
+from .conftest import browser_tab
 from .seeding import reward_span
 
 pytestmark = pytest.mark.browser
@@ -149,13 +150,8 @@ def test_addresses_and_answers_the_page_cannot_use_leave_the_app_working(page: A
 @pytest.fixture
 def enforcing(browser: Any) -> Iterator[Any]:
     """A tab that applies the pages' Content-Security-Policy (the ``page`` fixture bypasses it)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    tab = context.new_page()
-    tab.set_default_timeout(15_000)
-    try:
+    with browser_tab(browser, bypass_csp=False) as tab:
         yield tab
-    finally:
-        context.close()
 
 
 def test_every_page_works_under_its_content_security_policy(enforcing: Any, store: Dict[str, str]) -> None:

@@ -13,14 +13,10 @@ from typing import Any, Dict, FrozenSet, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
-from agentbolt.openai_api.sampling import DISTRIBUTION_CHANGING
+from agentbolt.openai_api.sampling import DISTRIBUTION_CHANGING, is_number
 from agentbolt.openai_api.schema import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["GRPOConfig", "SAMPLING_PARAMETER_NAMES"]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # vLLM's sampling extensions of the OpenAI request (agentbolt serve implements some and refuses the others by name).
@@ -74,7 +70,7 @@ def _checked_temperature(value: Dict[str, Any], option: str) -> Optional[float]:
         ValueError: Any other value (a string, a boolean, a negative number, NaN), which no engine takes.
     """
     temperature = value.get("temperature")
-    if temperature is not None and (not _number(temperature) or not math.isfinite(temperature) or temperature < 0):
+    if temperature is not None and (not is_number(temperature) or not math.isfinite(temperature) or temperature < 0):
         raise ValueError(f"{option}['temperature'] must be a number >= 0, got {temperature!r}")
     return temperature
 
