@@ -39,7 +39,6 @@ DEFAULT_METRICS_PATH = "/v1/prometheus"
 MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 PROMETHEUS_API_KEY_ENV_VAR = "AGENTBOLT_PROMETHEUS_API_KEY"
 """Bearer token ``agentbolt prometheus`` requires (``--api-key``)."""
-_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def ensure_prometheus_dir() -> str:
@@ -106,9 +105,12 @@ def create_prometheus_app(metrics_path: str = DEFAULT_METRICS_PATH, api_key: Opt
 
     app.mount(path, make_asgi_app(registry=registry))
     if api_key is not None:
-        from agentbolt.store.http.middleware import ApiKeyMiddleware
+        from agentbolt.store.http.middleware import unauthorized_response
+        from agentbolt.utils.http_auth import BearerAuthMiddleware
 
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=("/health",))
+        app.add_middleware(
+            BearerAuthMiddleware, api_key=api_key, open_paths=("/health",), refusal=unauthorized_response
+        )
     return app
 
 
@@ -127,6 +129,7 @@ def prometheus_command(
 ) -> int:
     """Serve the aggregated Prometheus metrics until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
+    from agentbolt.utils.server_launcher import LOOPBACK_HOSTS
 
     level = log_level.upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -137,7 +140,7 @@ def prometheus_command(
         app = create_prometheus_app(metrics_path, api_key or None)
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from exc
-    if host not in _LOOPBACK_HOSTS and not api_key:
+    if host not in LOOPBACK_HOSTS and not api_key:
         logger.warning(
             "Serving metrics on %s without an API key: anyone who reaches this address can read them "
             "(set --api-key or %s).",

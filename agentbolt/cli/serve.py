@@ -247,6 +247,7 @@ def _serve_transformers(
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
     from agentbolt.serving.transformers_engine import TransformersEngine, resolve_dtype
+    from agentbolt.utils.server_launcher import LOOPBACK_HOSTS
 
     resolve_dtype(dtype)
     check_port_free(host, port)
@@ -272,7 +273,7 @@ def _serve_transformers(
     server = InferenceServer(
         engine, host=host, port=port, log_level="warning", api_key=api_key, adapter_dirs=lora_dirs, limits=limits
     )
-    if host not in {"127.0.0.1", "localhost", "::1"} and api_key is None:
+    if host not in LOOPBACK_HOSTS and api_key is None:
         _progress(f"warning: listening on {host} without --api-key: anyone who can reach it may use it")
     _progress(f"loading {resolved.path} ({dtype}); /health answers 503 until it is ready")
     _progress(f"serving {name!r} at http://{host}:{port}/v1 (OpenAI-compatible)")

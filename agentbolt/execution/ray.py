@@ -32,7 +32,7 @@ from agentbolt.env_var import (
 )
 from agentbolt.utils.checks import check_count, check_finite, check_port, check_positive
 from agentbolt.utils.imports import import_extra
-from agentbolt.utils.server_launcher import pick_free_port
+from agentbolt.utils.server_launcher import LOOPBACK_HOSTS, pick_free_port
 
 from .base import (
     AlgorithmBundle,
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["RayExecutionStrategy", "RunnerActorFailure"]
 
 logger = logging.getLogger("agentbolt.execution.ray")
-
-_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def _ship_function_agents_by_value(ray: Any) -> None:
@@ -303,7 +301,7 @@ class RayExecutionStrategy(ExecutionStrategy):
     def _cluster_is_this_machine(ray: Any) -> bool:
         own = ray.util.get_node_ip_address()
         addresses = {node.get("NodeManagerAddress") for node in ray.nodes() if node.get("Alive")}
-        return addresses <= {own, *_LOCAL_HOSTS}
+        return addresses <= {own, *LOOPBACK_HOSTS}
 
     def _store_endpoint(self, ray: Any) -> tuple[str, str, Optional[str]]:
         """(bind host, advertised host, api key) of the store server for this cluster."""
@@ -311,12 +309,12 @@ class RayExecutionStrategy(ExecutionStrategy):
         bind = self.server_host or ("127.0.0.1" if local else "0.0.0.0")
         if self.advertised_host is not None:
             advertised = self.advertised_host
-        elif bind in _LOCAL_HOSTS:
+        elif bind in LOOPBACK_HOSTS:
             advertised = "127.0.0.1"
         else:
             advertised = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "::") else bind
         api_key = self.api_key or os.environ.get(API_KEY_ENV_VAR) or None
-        if api_key is None and bind not in _LOCAL_HOSTS:
+        if api_key is None and bind not in LOOPBACK_HOSTS:
             api_key = secrets.token_urlsafe(24)
             logger.info("The store server listens on %s: requests need the bearer token made for this run", bind)
         return bind, advertised, api_key

@@ -4,9 +4,8 @@
   orjson (invalid UTF-8, lone surrogate escapes and malformed JSON are 400) and refuses nesting deeper than
   :data:`MAX_JSON_DEPTH` and integers beyond 64 bits, which orjson would turn into floats (400), and :func:`validate_request` applies a schema of :mod:`agentbolt.openai_api.schema`
   (400 naming the field).
-* :func:`bearer_token_matches` compares an ``Authorization`` header with the configured key in constant time; the
-  scheme is case-insensitive (``Bearer``, ``bearer``), as HTTP says. :class:`BearerAuthMiddleware` checks it on
-  every request before routing, so that a client without the key learns nothing of the routes.
+* :func:`unauthorized_response` is the OpenAI-style 401 that :class:`~agentbolt.utils.http_auth.BearerAuthMiddleware`
+  (re-exported here with :func:`bearer_token_matches`) answers without the key.
 * :func:`install_body_timeout` bounds the time a request body may take to arrive (408 beyond, see
   :mod:`agentbolt.utils.request_limits`).
 * :func:`install_error_handlers` makes every error of a FastAPI app an OpenAI-style body: :class:`ApiError`,
@@ -16,21 +15,21 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from agentbolt.openai_api.errors import ApiError, error_body
 from agentbolt.openai_api.schema import validation_message
 from agentbolt.utils.checks import check_positive
+from agentbolt.utils.http_auth import BearerAuthMiddleware, bearer_token_matches
 from agentbolt.utils.request_limits import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -52,6 +51,8 @@ __all__ = [
     "install_error_handlers",
     "parse_json_object",
     "read_body",
+    "unauthorized",
+    "unauthorized_response",
     "validate_request",
 ]
 
@@ -197,12 +198,6 @@ def validate_request(model: Type[M], body: Dict[str, Any]) -> M:
         raise ApiError(400, message, param=param) from None
 
 
-def bearer_token_matches(authorization: Optional[str], api_key: str) -> bool:
-    """Whether an ``Authorization`` header value carries ``api_key`` (scheme ``Bearer``, any case; constant time)."""
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-
-
 def unauthorized() -> ApiError:
     """The 401 for a missing or wrong key."""
     return ApiError(
@@ -213,57 +208,9 @@ def unauthorized() -> ApiError:
     )
 
 
-class BearerAuthMiddleware:
-    """Require ``Authorization: Bearer <api_key>`` on every HTTP request except to ``open_paths`` (ASGI middleware).
-
-    The check runs before routing: without the key, an unknown route or a wrong method is a 401 like any other.
-
-    Args:
-        app: The wrapped ASGI app.
-        api_key: The key (not empty).
-        open_paths: Paths served without the key.
-        x_api_key: Also accept the key in an ``x-api-key`` header (what Anthropic's SDK sends).
-        refusal: The answer to a request of ``scope`` without the key (default: the OpenAI-style 401 of
-            :func:`unauthorized`).
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        api_key: str,
-        open_paths: Iterable[str] = ("/health",),
-        *,
-        x_api_key: bool = False,
-        refusal: Optional[Callable[[Scope], Response]] = None,
-    ) -> None:
-        if not api_key:
-            raise ValueError("api_key must not be empty")
-        self.app = app
-        self.api_key = api_key
-        self.open_paths = frozenset(open_paths)
-        self.x_api_key = x_api_key
-        self.refusal = refusal
-
-    def _authorized(self, headers: Iterable[Tuple[bytes, bytes]]) -> bool:
-        authorization: Optional[bytes] = None
-        x_api_key: Optional[bytes] = None
-        for key, value in headers:
-            if key == b"authorization":
-                authorization = value
-            elif key == b"x-api-key":
-                x_api_key = value
-        if bearer_token_matches(authorization.decode("latin-1") if authorization else None, self.api_key):
-            return True
-        return (
-            self.x_api_key and x_api_key is not None and hmac.compare_digest(x_api_key.strip(), self.api_key.encode())
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths and not self._authorized(scope["headers"]):
-            response = self.refusal(scope) if self.refusal is not None else error_response(unauthorized())
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+def unauthorized_response(scope: Scope) -> Response:
+    """The OpenAI-style 401 answered to a request of ``scope`` without the key."""
+    return error_response(unauthorized())
 
 
 def body_timeout_error(scope: Scope, message: str) -> bytes:

@@ -59,6 +59,7 @@ from agentbolt.openai_api.http import (
     off_loop_if_large,
     parse_json_object,
     read_body,
+    unauthorized_response,
     validate_request,
 )
 from agentbolt.openai_api.openapi import Operation, openapi_document
@@ -660,7 +661,12 @@ def create_app(
     app.state.handler = handler
     install_error_handlers(app)
     if api_key:
-        app.add_middleware(BearerAuthMiddleware, api_key=api_key, open_paths=("/health", "/openapi.json"))
+        app.add_middleware(
+            BearerAuthMiddleware,
+            api_key=api_key,
+            open_paths=("/health", "/openapi.json"),
+            refusal=unauthorized_response,
+        )
     install_body_timeout(app, handler.limits.body_timeout)
     document = openapi_document(
         "agentbolt inference server",

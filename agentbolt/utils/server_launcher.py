@@ -40,6 +40,9 @@ LaunchMode = Literal["asyncio", "thread", "mp"]
 
 DEFAULT_HOST = "127.0.0.1"
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Host names that reach only this machine: a server bound to one needs no API key to be safe."""
+
 ServeContext = Union[AsyncContextManager[Any], Callable[[], AsyncContextManager[Any]]]
 """An async context manager entered around serving, or a factory of one (a factory allows restarts)."""
 

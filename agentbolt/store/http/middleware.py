@@ -1,5 +1,6 @@
-"""ASGI middlewares of the store server: the guard (token, store identity, body size), HTTP metrics, and the
-bearer-token check alone (:class:`ApiKeyMiddleware`, for other servers that answer refusals as the store does).
+"""ASGI middlewares of the store server: the guard (token, store identity, body size) and HTTP metrics; and the
+store's 401 (:func:`unauthorized_response`), which other servers answering refusals as the store does give
+:class:`~agentbolt.utils.http_auth.BearerAuthMiddleware`.
 
 Both are plain ASGI callables rather than Starlette ``BaseHTTPMiddleware`` subclasses: they cost a few attribute
 reads per request, which matters at thousands of requests per second.
@@ -8,26 +9,28 @@ reads per request, which matters at thousands of requests per second.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
+from starlette.responses import Response
+
 from agentbolt.store.dashboard import is_public_page
 from agentbolt.store.http.errors import error_body
 from agentbolt.store.http.routes import API_V1_AGL_PREFIX, STORE_ID_HEADER
+from agentbolt.utils.http_auth import bearer_token_matches
 
 if TYPE_CHECKING:
     from agentbolt.utils.metrics import MetricsBackend
 
 __all__ = [
-    "ApiKeyMiddleware",
     "GuardMiddleware",
     "MetricsMiddleware",
     "UNMATCHED_PATH_LABEL",
     "DASHBOARD_PAGE_LABEL",
     "OTHER_METHOD_LABEL",
     "body_timeout_error",
+    "unauthorized_response",
 ]
 
 logger = logging.getLogger("agentbolt.store.server")
@@ -41,7 +44,7 @@ class GuardMiddleware:
 
     def __init__(self, app: Any, api_key: Optional[str], max_request_bytes: int, server_id: str) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        self.api_key = api_key or None
         self.max_request_bytes = max_request_bytes
         self.server_id = server_id.encode()
 
@@ -76,9 +79,9 @@ class GuardMiddleware:
             self.api_key is not None
             and scope["path"] not in _PUBLIC_PATHS
             and not is_public_page(scope["path"])
-            and not _token_matches(authorization, self.api_key)
+            and not bearer_token_matches(authorization, self.api_key)
         ):
-            await _send_unauthorized(send)
+            await unauthorized_response(scope)(scope, receive, send)
             return
         if content_length is not None:
             try:
@@ -124,39 +127,10 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
 
-class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <api_key>`` on every HTTP request except to ``open_paths``, refusing others as
-    the store server does (401, ``WWW-Authenticate: Bearer``, the store's error body); the key is compared in
-    constant time and the scheme in any case.
-
-    Raises:
-        ValueError: ``api_key`` is empty.
-    """
-
-    def __init__(self, app: Any, api_key: str, open_paths: Iterable[str] = ("/health",)) -> None:
-        if not api_key:
-            raise ValueError("api_key must not be empty")
-        self.app = app
-        self.api_key = api_key.encode()
-        self.open_paths = frozenset(open_paths)
-
-    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            authorization = next((value for key, value in scope["headers"] if key == b"authorization"), None)
-            if not _token_matches(authorization, self.api_key):
-                await _send_unauthorized(send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _token_matches(authorization: Optional[bytes], api_key: bytes) -> bool:
-    """Whether an ``Authorization`` header value is ``Bearer <api_key>`` (scheme in any case; constant time)."""
-    token = authorization[7:].strip() if authorization and authorization[:7].lower() == b"bearer " else b""
-    return hmac.compare_digest(token, api_key)
-
-
-async def _send_unauthorized(send: Any) -> None:
-    await _send_error(send, 401, "Missing or invalid API key.", "Unauthorized", "", [(b"www-authenticate", b"Bearer")])
+def unauthorized_response(scope: Dict[str, Any]) -> Response:
+    """The store's 401 for a request without the API key (``WWW-Authenticate: Bearer``, the store's error body)."""
+    body = error_body("Missing or invalid API key.", "Unauthorized", "")
+    return Response(body, 401, headers={"www-authenticate": "Bearer"}, media_type="application/json")
 
 
 def body_timeout_error(scope: Dict[str, Any], message: str) -> bytes:
@@ -174,12 +148,11 @@ async def _send_error(
     detail: str,
     error_type: str,
     error_kind: str,
-    extra_headers: Optional[List[Tuple[bytes, bytes]]] = None,
 ) -> None:
     """Send an error response from ASGI middleware, in the common error format."""
     body = error_body(detail, error_type, error_kind)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
