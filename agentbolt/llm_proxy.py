@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from agentbolt.store.base import LightningStore
 from agentbolt.types import LLM, ProxyLLM
+from agentbolt.utils.checks import check_count, check_positive
+from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from agentbolt.utils.server_launcher import LaunchMode, PythonServerLauncher, PythonServerLauncherArgs
 
 if TYPE_CHECKING:
@@ -114,9 +116,14 @@ class LLMProxy:
             :data:`CALLBACK_ALIASES`).
         api_key: Require ``Authorization: Bearer <api_key>`` on every route but ``/health`` (for non-local use);
             :meth:`as_resource` hands the key to agents.
+        body_timeout: Seconds a request body may take to arrive after its headers; a slower client gets a 408 (the
+            call is neither forwarded nor recorded) and its connection is closed.
+        max_request_bytes: Largest request body accepted; a larger one gets a 413.
 
     Raises:
-        ValueError: Conflicting launcher settings, an unknown alias, or a malformed ``model_list``.
+        ValueError: Conflicting launcher settings, an unknown alias, a malformed ``model_list``, or a
+            ``body_timeout`` or ``max_request_bytes`` that is not positive.
+        TypeError: ``body_timeout`` is not a number, or ``max_request_bytes`` not an integer (a bool is neither).
     """
 
     def __init__(
@@ -134,6 +141,8 @@ class LLMProxy:
         callbacks: Optional[Sequence[str]] = None,
         *,
         api_key: Optional[str] = None,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         from agentbolt.gateway.app import Gateway, create_app
 
@@ -143,6 +152,10 @@ class LLMProxy:
             raise ValueError("Pass either launcher_args or port/host/launch_mode/num_workers, not both.")
         if num_retries < 0:
             raise ValueError("num_retries must be >= 0")
+        check_positive(body_timeout, "body_timeout")
+        check_count(max_request_bytes, "max_request_bytes")
+        self.body_timeout = float(body_timeout)
+        self.max_request_bytes = max_request_bytes
         self.store = store
         self.model_list: List[ModelConfig] = list(model_list or [])
         if litellm_config is not None and not isinstance(litellm_config, Mapping):
@@ -186,6 +199,8 @@ class LLMProxy:
             rollout_routes="rollout_attempt" in self.middlewares,
             log_messages="message_inspection" in self.middlewares,
             api_key=self.api_key,
+            max_request_bytes=self.max_request_bytes,
+            body_timeout=self.body_timeout,
         )
 
     # -- configuration ---------------------------------------------------------------------------------------------

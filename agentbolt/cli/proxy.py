@@ -22,6 +22,7 @@ import typer
 from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
+from agentbolt.cli.request_limits import body_timeout_option, max_request_bytes_option
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.utils import event_loop
 
@@ -125,6 +126,8 @@ def proxy_command(
     store_api_key: Optional[str] = typer.Option(
         None, envvar=API_KEY_ENV_VAR, show_envvar=True, help="Bearer token of a store server that requires one."
     ),
+    max_request_bytes: int = max_request_bytes_option(),
+    body_timeout: float = body_timeout_option(),
 ) -> int:
     """Serve the LLM gateway until SIGINT or SIGTERM."""
     from agentbolt.logging import setup as setup_logging
@@ -141,7 +144,19 @@ def proxy_command(
         settings["request_timeout"] = timeout
     litellm_config["litellm_settings"] = settings
     check_port_free(host, port, "--port")
-    return event_loop.run(_serve(model_list, litellm_config, store, host, port, api_key or None, store_api_key or None))
+    return event_loop.run(
+        _serve(
+            model_list,
+            litellm_config,
+            store,
+            host,
+            port,
+            api_key or None,
+            store_api_key or None,
+            body_timeout=body_timeout,
+            max_request_bytes=max_request_bytes,
+        )
+    )
 
 
 async def _serve(
@@ -152,6 +167,9 @@ async def _serve(
     port: int,
     api_key: Optional[str],
     store_api_key: Optional[str],
+    *,
+    body_timeout: float,
+    max_request_bytes: int,
 ) -> int:
     from agentbolt.llm_proxy import LLMProxy
 
@@ -163,6 +181,8 @@ async def _serve(
             litellm_config=litellm_config,
             launch_mode="asyncio",
             api_key=api_key,
+            body_timeout=body_timeout,
+            max_request_bytes=max_request_bytes,
         )
     except ValueError as exc:
         raise CliError(f"--config: {exc}") from exc

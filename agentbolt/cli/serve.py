@@ -12,12 +12,12 @@ import logging
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional
 
 import typer
 
 from agentbolt.cli.errors import CliError, check_port_free
-from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT
+from agentbolt.cli.request_limits import body_timeout_option, max_request_bytes_option
 
 if TYPE_CHECKING:
     from agentbolt.serving.server import ServingLimits
@@ -56,11 +56,63 @@ class OmpWait(str, Enum):
     passive = "passive"
 
 
+_TRANSFORMERS = frozenset({Engine.transformers})
+_LAUNCHED = frozenset({Engine.vllm, Engine.llamacpp})
+_ENGINE_OPTIONS: Dict[str, FrozenSet[Engine]] = {
+    "dtype": frozenset({Engine.transformers, Engine.vllm}),
+    "threads": frozenset({Engine.transformers, Engine.llamacpp}),
+    "max_batch_size": frozenset({Engine.transformers, Engine.vllm}),
+    "omp_wait": _TRANSFORMERS,
+    "fast_forward": _TRANSFORMERS,
+    "prefix_cache_mb": _TRANSFORMERS,
+    "device": _TRANSFORMERS,
+    "lora_dirs": _TRANSFORMERS,
+    "quantization": _TRANSFORMERS,
+    "int8_activations": _TRANSFORMERS,
+    "max_prompts_per_request": _TRANSFORMERS,
+    "max_sequences_per_request": _TRANSFORMERS,
+    "max_queued_tokens": _TRANSFORMERS,
+    "max_request_bytes": _TRANSFORMERS,
+    "body_timeout": _TRANSFORMERS,
+    "dry_run": _LAUNCHED,
+    "extra": _LAUNCHED,
+}
+"""The options (by parameter name) that only some engines honour, and those engines; every other option applies to
+all three. vLLM and llama-cpp-python's server have no equivalent of the transformers engine's work limits (request
+body size and deadline, prompts, sequences and queued tokens per request), so those are not passed on."""
+
+
 def _progress(message: str) -> None:
     print(f"agentbolt serve: {message}", file=sys.stderr, flush=True)
 
 
+def _refuse_options_of_other_engines(ctx: typer.Context, engine: Engine) -> None:
+    """Refuse the options given on the command line that ``engine`` does not honour, rather than ignore them.
+
+    Raises:
+        CliError: Naming each such option, the engines it applies to, and ``engine``.
+    """
+    by_engines: Dict[FrozenSet[Engine], List[str]] = {}
+    for param in ctx.command.params:
+        engines = _ENGINE_OPTIONS.get(param.name or "")
+        source = ctx.get_parameter_source(param.name or "")
+        if engines is None or engine in engines or source is None or source.name in {"DEFAULT", "DEFAULT_MAP"}:
+            continue
+        by_engines.setdefault(engines, []).append("/".join([*param.opts, *param.secondary_opts]))
+    if not by_engines:
+        return
+    reasons = []
+    for engines, flags in by_engines.items():
+        names = [e.value for e in Engine if e in engines]
+        verb = "applies" if len(flags) == 1 else "apply"
+        reasons.append(
+            f"{' and '.join(flags)} {verb} to the {' and '.join(names)} engine{'s' if len(names) > 1 else ''} only"
+        )
+    raise CliError(f"{'; '.join(reasons)}, not --engine {engine.value}")
+
+
 def serve_command(
+    ctx: typer.Context,
     model: str = typer.Argument("smollm2-135m-instruct", help="Registry name, model directory or hub id."),
     engine: Engine = typer.Option(Engine.transformers, case_sensitive=False, help="Inference engine."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; use 0.0.0.0 to accept remote clients."),
@@ -108,12 +160,8 @@ def serve_command(
     max_queued_tokens: int = typer.Option(
         1_048_576, min=1, help="Tokens of work (prompt + n x max_tokens) queued and running at once; 429 beyond."
     ),
-    max_request_bytes: int = typer.Option(32 * 1024 * 1024, min=1, help="Largest request body (413 beyond)."),
-    body_timeout: float = typer.Option(
-        DEFAULT_BODY_TIMEOUT,
-        min=0.001,
-        help="Seconds a request body may take to arrive after its headers (408 beyond, and the connection is closed).",
-    ),
+    max_request_bytes: int = max_request_bytes_option(),
+    body_timeout: float = body_timeout_option(),
     quantization: Quantization = typer.Option(
         Quantization.auto,
         case_sensitive=False,
@@ -138,6 +186,7 @@ def serve_command(
         setup_logging(log_level.upper())
     except ValueError as exc:
         raise CliError(f"--log-level: {exc}") from None
+    _refuse_options_of_other_engines(ctx, engine)  # before any engine is imported or launched
     if engine is Engine.transformers:
         from agentbolt.serving.transformers_engine import configure_openmp
 
@@ -174,15 +223,6 @@ def serve_command(
             )
         from agentbolt.serving import launchers
 
-        transformers_only = {
-            "--lora-dir": bool(lora_dirs),
-            "--device": device is not None,
-            "--quantization": quantization is not Quantization.auto,
-            "--int8-activations": int8_activations,
-        }
-        for flag, given in transformers_only.items():
-            if given:
-                raise CliError(f"{flag} applies to the transformers engine only, not --engine {engine.value}")
         # What either launched server is told the same way; each engine adds its own options.
         server: Dict[str, Any] = {
             "host": host,

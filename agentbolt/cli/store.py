@@ -24,10 +24,10 @@ import typer
 from agentbolt.cli.errors import CliError, check_port_free
 from agentbolt.cli.invocation import run_command
 from agentbolt.cli.lifecycle import shutdown_signals, stop_when_asked
+from agentbolt.cli.request_limits import body_timeout_option, max_request_bytes_option
 from agentbolt.env_var import API_KEY_ENV_VAR
 from agentbolt.store.mongo import MONGO_REFUSAL
 from agentbolt.utils import event_loop
-from agentbolt.utils.request_limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 
 __all__ = [
     "CONTEXT_SETTINGS",
@@ -162,13 +162,8 @@ def store_command(
         help="Seconds between two watchdog scans for timed-out and unresponsive rollouts (among all workers; also "
         "run in the background while no request comes in). 0 scans before every call.",
     ),
-    max_request_bytes: int = typer.Option(
-        DEFAULT_MAX_REQUEST_BYTES, min=1, help="Largest request body accepted (larger ones get 413)."
-    ),
-    body_timeout: float = typer.Option(
-        DEFAULT_BODY_TIMEOUT,
-        help="Seconds a request body may take to arrive after its headers (a slower client gets 408, nothing applied).",
-    ),
+    max_request_bytes: int = max_request_bytes_option(),
+    body_timeout: float = body_timeout_option(),
     mongo_uri: Optional[str] = typer.Option(None, hidden=True, help="The reference's MongoDB URI (not supported)."),
 ) -> int:
     """Serve a LightningStore over HTTP until SIGINT or SIGTERM."""
@@ -191,8 +186,6 @@ def store_command(
         raise CliError("--workers > 1 needs a store shared between processes: --backend sqlite or postgres")
     if not math.isfinite(scan_debounce_seconds) or scan_debounce_seconds < 0:
         raise CliError(f"--scan-debounce-seconds must be a finite number >= 0, got {scan_debounce_seconds}")
-    if not math.isfinite(body_timeout) or body_timeout <= 0:
-        raise CliError(f"--body-timeout must be a finite number > 0, got {body_timeout}")
     if workers > max_workers():
         raise CliError(
             f"--workers {workers} is too many: at most {max_workers()} on this machine "

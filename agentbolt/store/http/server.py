@@ -618,8 +618,6 @@ def build_store_app(
         _mount_prometheus(app)
     install_dashboard(app, call)
     app.add_middleware(_StoreDispatcher, call=call)
-    if tracker is not None:
-        _install_metrics(app, tracker)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_request_bytes=max_request_bytes, server_id=server_id)
     # Outside the guard, which reads chunked bodies itself.
     app.add_middleware(
@@ -628,6 +626,10 @@ def build_store_app(
         error_body=body_timeout_error,
         extra_headers=[(NOT_APPLIED_HEADER.encode(), b"1")],
     )
+    if tracker is not None:
+        # Outside the guard and the body deadline: a request is counted with the status its client gets (the 408 of
+        # a body that did not arrive in time, not the disconnect the layers within see; the guard's refusals too).
+        _install_metrics(app, tracker)
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -644,7 +646,7 @@ def build_store_app(
 
 def _install_metrics(app: FastAPI, tracker: MetricsBackend) -> None:
     """HTTP metrics: ``agl.http.*`` per templated path, method and status, counted by a middleware outside every
-    route (the store dispatcher included)."""
+    route (the store dispatcher included), the guard and the body deadline."""
     tracker.register_counter("agl.http.total", ["path", "method", "status"], group_level=2)
     tracker.register_histogram("agl.http.latency", ["path", "method", "status"], buckets=LATENCY_BUCKETS, group_level=2)
     # Labels come from the routes registered so far (all of them: this runs last), never from the request alone.
