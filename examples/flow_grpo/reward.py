@@ -29,7 +29,11 @@ answer written exactly as a gold (up to case and spaces around symbols) always m
 * or it is a short sentence (one line, at most 15 words, no ``! = + * ^ < > : ; " [ ] { }``) holding exactly one
   number, equal to the gold, and no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...),
   number word, nor bound or estimate (``after``, ``until``, ``c.``, ``-ish``, ``≥``...) (``It was completed in
-  1889.``, ``1307 dollars``, ``It is 1/2.``).
+  1889.``, ``1307 dollars``, ``It is 1/2.``). A word right before the number that makes it a part of a period or an
+  estimate (``early 1889``, ``mid-1889``, ``at the end of 1889``, ``close to 735``) is refused, and so is ``by 1889``
+  (a bound) when the question asks for a time, unless it asks "by" itself (``By what year...?``).
+
+A number written with a leading zero (``0735``, ``01,307``; not ``0.5``) is refused unless a gold writes it so.
 
 Signs matter: ``-735`` is not ``735`` (U+2212 and dashes are minus signs). ``%`` or ``percent`` counts only when the
 gold is a percentage or the question speaks of percent; a percentage gold also accepts the bare number. A unit of
@@ -277,8 +281,19 @@ _HEDGES = _word_set(
     positive ish"""
 )
 _HEDGE_SYMBOLS = ("\u00b1", "+/-", "~", "\u2248", "\u2026", "...")
-_BOUNDS = _word_set("after before since until till up latest earliest later earlier prior pre post c est abt ish")
+_BOUNDS = _word_set(
+    "after before since until till up latest earliest later earlier prior pre post c est abt ish onward onwards beyond"
+)
 """Words that make the one number of a sentence a bound or an estimate (``after 1889``, ``c. 1889``, ``735-ish``)."""
+_QUALIFIERS = _word_set("early late mid middle end beginning start close")
+"""Words that make the number right after them a part of a period or an estimate (``early 1889``, ``at the end of
+1889``, ``close to 735``)."""
+_TIME_QUESTION = re.compile(r"\bwhen\b|\b(?:what|which)\s+(?:year|date|day|month|century|decade)\b", re.IGNORECASE)
+"""A question asking for a time: ``by`` before the number is then a bound (``by 1889``), not an amount (``by 12%``)."""
+_BY_QUESTION = re.compile(r"\bby\s+(?:what|which|when|how)\b", re.IGNORECASE)
+"""A question that asks "by" itself (``By what year...?``): ``by 1889`` is then its exact answer."""
+_QUALIFIED_FILLERS = _word_set("the a an of in to year")
+"""Words that may stand between a qualifier and its number (``late in the year 1889``)."""
 _BOUND_SYMBOLS = ("\u2265", "\u2264", "\u2a7e", "\u2a7d", "\u2273", "\u2272", "\u2260")
 _NUMBER_WORDS = _word_set(
     """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
@@ -340,10 +355,18 @@ class _Number:
     value: Value
     percent: bool = False
     unit: Optional[str] = None
+    padded: FrozenSet[str] = frozenset()
+    """The gold's numerals written with a leading zero (``0735``): an answer may write only these so."""
 
 
 _CURRENCY = "$\u20ac\u00a3"
 _NUMBER_TOKEN = re.compile(r"(?<![\w.])-?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])|[0-9]+)(?:\.[0-9]+)?(?:/[0-9]+)?")
+_PADDED_NUMERAL = re.compile(r"(?<![\w.,])0,?[0-9][0-9,]*")
+
+
+def _padded_numerals(text: str) -> FrozenSet[str]:
+    """The numerals of ``text`` written with a leading zero (``0735``, ``01,307``; not ``0.5``), without commas."""
+    return frozenset(match.group(0).replace(",", "") for match in _PADDED_NUMERAL.finditer(text))
 
 
 def _read_gold_number(gold: str) -> Optional[_Number]:
@@ -364,7 +387,7 @@ def _read_gold_number(gold: str) -> Optional[_Number]:
             unit = None if percent else _UNIT_OF[word]
             text = match.group(1)
     try:
-        return _Number(evaluate(parse_expression(text)), percent, unit)
+        return _Number(evaluate(parse_expression(text)), percent, unit, _padded_numerals(text))
     except ExpressionError:
         return None
 
@@ -408,6 +431,12 @@ def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verd
         plain = latex_to_plain(answer).strip()
     except ExpressionError as exc:
         return _Verdict(False, str(exc), refused=True)
+    # A leading zero is not how a number is written (``0735`` for 735), unless the gold writes it so.
+    padded = _padded_numerals(plain)
+    if padded:
+        golds = [gold for gold in golds if padded <= gold.padded]
+        if not golds:
+            return _Verdict(False, "a number written with a leading zero", refused=True)
     # One closed form, with an optional currency sign before it and % after it.
     core = plain.lstrip(_CURRENCY).strip()
     percent = core.endswith("%")
@@ -431,6 +460,21 @@ def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verd
 _BEFORE_COMMON_ERA = re.compile(r"\s*b\.?\s?c\.?(?:e\.?)?(?![a-z])", re.IGNORECASE)
 
 
+def _qualified(before: str, question: str) -> bool:
+    """Whether the words ``before`` a number end with a qualifier (``in early``, ``at the end of``).
+
+    ``by`` qualifies in a question asking for a time, or when the question is not known, unless the question asks
+    "by" itself (``By what year...?``).
+    """
+    for word in reversed([part for token in _words(before) for part in token.split("-")]):
+        if word in _QUALIFIED_FILLERS:
+            continue
+        if word == "by":
+            return not _BY_QUESTION.search(question) and (not question.strip() or bool(_TIME_QUESTION.search(question)))
+        return word in _QUALIFIERS
+    return False
+
+
 def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Verdict:
     """A short sentence holding exactly one number (``It was completed in 1889.``)."""
     tokens = list(_NUMBER_TOKEN.finditer(text))
@@ -442,6 +486,8 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
     parts = {part for word in words for part in word.split("-")}  # "735-ish", "pre-1889"
     if parts & _BOUNDS or any(symbol in text for symbol in _BOUND_SYMBOLS):
         return _Verdict(False, "a bound or an estimate", refused=True)
+    if tokens and _qualified(text[: tokens[0].start()], question):
+        return _Verdict(False, "a bound, an estimate or a part of a period", refused=True)
     if set(words) & _NUMBER_WORDS:
         return _Verdict(
             False, "a number word besides the number" if tokens else "a number in words", refused=bool(tokens)

@@ -12,7 +12,9 @@ rewards. Rollouts that produced no sample (they failed before any LLM call, or a
 still count, with weight one, when they are passed as ``rollouts``.
 
 A group whose rewards are all equal carries no learning signal (every advantage is 0); it is skipped and counted
-instead of being trained on, so it neither costs compute nor dilutes the token mean of the loss.
+instead of being trained on, so it neither costs compute nor dilutes the token mean of the loss. "Equal" is relative
+to the rewards' size, so that the rule holds at any reward scale: a group is all-equal when every reward is 0 or when
+``std(r) <= ZERO_VARIANCE_RTOL * max|r|`` (rewards 1e-9 and 3e-9 differ; 0.1 + 0.2 and 0.3 are equal).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from agentbolt.algorithm.grpo.samples import TokenSample
 
 __all__ = ["AdvantageStats", "RolloutScore", "assign_advantages", "group_advantages"]
 
-ZERO_VARIANCE_TOL = 1e-8
-"""Groups whose reward standard deviation is at most this are treated as all-equal."""
+ZERO_VARIANCE_RTOL = 1e-9
+"""Groups whose reward standard deviation is at most this times their largest absolute reward are all-equal."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def group_advantages(
         scaled = {i: float(values[i]) / magnitude for i in indices}
         mean = sum(weights[i] / total * scaled[i] for i in indices)
         std = math.sqrt(sum(weights[i] / total * (scaled[i] - mean) ** 2 for i in indices))
-        if magnitude * std <= ZERO_VARIANCE_TOL:
+        if std <= ZERO_VARIANCE_RTOL:  # the scaled std is std(r) / max|r|
             zero_variance += 1
             continue
         for i in indices:

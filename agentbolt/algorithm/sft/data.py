@@ -104,6 +104,9 @@ class ChatSample:
         rollout_id: The rollout it comes from.
         task_id: Id of the task; rollouts of the same task share it (best-of-n compares them).
         metadata: Anything else kept with the sample (attempt id, mode, status...).
+        finish_reason: Why the call's generation ended, as its trace records it (``"stop"``: the model ended it;
+            ``"length"``: the token budget did), None when unknown. A raw-text sample whose generation the model
+            ended learns to end it with the tokenizer's EOS token.
     """
 
     messages: List[Dict[str, Any]]
@@ -119,6 +122,7 @@ class ChatSample:
     metadata: Dict[str, Any] = field(default_factory=dict)
     model: Optional[str] = None
     raw_text: bool = False
+    finish_reason: Optional[str] = None
 
     @property
     def has_token_ids(self) -> bool:
@@ -151,6 +155,8 @@ class ChatSample:
         record["rollout_id"], record["task_id"] = self.rollout_id, self.task_id
         if self.model is not None:
             record["model"] = self.model
+        if self.finish_reason is not None:
+            record["finish_reason"] = self.finish_reason
         if self.metadata:
             record["metadata"] = self.metadata
         return record
@@ -217,7 +223,7 @@ class ChatSample:
             if value is not None and finite_reward(value) is None:
                 logger.warning("%s: %s %s is not a finite number: read as no reward", where, name, value)
             setattr(sample, name, finite_reward(value))
-        for name in ("agent_name", "rollout_id", "task_id", "model"):
+        for name in ("agent_name", "rollout_id", "task_id", "model", "finish_reason"):
             value = record.get(name)
             setattr(sample, name, value if isinstance(value, str) and value else None)
         metadata = record.get("metadata")
@@ -377,6 +383,18 @@ def _triplet_messages(triplet: Triplet) -> Optional[Tuple[List[Dict[str, Any]], 
     return messages, converted["tools"]  # type: ignore[return-value]
 
 
+def _finish_reason(triplet: Triplet) -> Optional[str]:
+    """Why the call's (first) generation ended: its choice's ``finish_reason``, else the response's first
+    ``finish_reasons`` entry (``gen_ai.response.finish_reasons``); None when the trace records neither."""
+    choice = _first_choice(triplet.response.get("raw_content") if isinstance(triplet.response, dict) else None)
+    reason = choice[0].get("finish_reason") if choice and isinstance(choice[0], dict) else None
+    if not isinstance(reason, str) or not reason:
+        answered = triplet.metadata.get("response")
+        reasons = answered.get("finish_reasons") if isinstance(answered, dict) else None
+        reason = reasons[0] if isinstance(reasons, list) and reasons else reasons
+    return reason if isinstance(reason, str) and reason else None
+
+
 def _token_ids(part: Any) -> Optional[List[int]]:
     ids = part.get("token_ids") if isinstance(part, dict) else None
     return list(ids) if _is_id_list(ids) and ids else None
@@ -483,6 +501,7 @@ def samples_from_triplets(
             metadata=dict(metadata or {}),
             model=model if isinstance(model, str) and model else None,
             raw_text=raw_text and conversation is not None,
+            finish_reason=_finish_reason(triplet),
         )
         if student_prompt is not None:
             sample = with_student_prompt(sample, student_prompt)
@@ -635,13 +654,25 @@ def _tokenize_messages(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], L
     return ids, mask
 
 
+def _ended_by_the_model(sample: ChatSample, eos_id: int) -> bool:
+    """Whether the sample's generation ended naturally: its finish reason is ``stop``, or, when the reason is not
+    recorded, its recorded response ids end with ``eos_id``."""
+    if sample.finish_reason is not None:
+        return sample.finish_reason == "stop"
+    return bool(sample.response_token_ids) and sample.response_token_ids[-1] == eos_id  # type: ignore[index]
+
+
 def _tokenize_text(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], List[bool]]:
     """The token ids of a text completion (:attr:`ChatSample.raw_text`) and which of them are targets: the prompt
     tokenized as ``agentbolt serve`` tokenizes a completion prompt (with the tokenizer's usual special tokens, such as
-    BOS), then the generated text (without any: no end token is added, as the record does not say how the
-    generation ended); no chat template."""
+    BOS), then the generated text (without any), then, when the model ended the generation
+    (:func:`_ended_by_the_model`), the tokenizer's EOS token unless the text already ends with it; no chat
+    template. A generation cut by the token budget, or whose end is unknown, gets no EOS."""
     prompt = list(tokenizer(sample.messages[0]["content"] or "").input_ids)
     completion = list(tokenizer(sample.messages[-1]["content"] or "", add_special_tokens=False).input_ids)
+    eos_id = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos_id, int) and _ended_by_the_model(sample, eos_id) and completion[-1:] != [eos_id]:
+        completion.append(eos_id)
     return [*prompt, *completion], [False] * len(prompt) + [True] * len(completion)
 
 

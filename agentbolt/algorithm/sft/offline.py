@@ -394,6 +394,39 @@ def _train(
     merge: bool,
     stop_after: Optional[int],
 ) -> OfflineResult:
+    """Train on ``samples`` (see :func:`train_from_messages`); on Ctrl-C, log which checkpoint the run left, then
+    re-raise the ``KeyboardInterrupt``."""
+    try:
+        return _run(samples, settings, model, tokenizer, output_dir, val_samples, merge, stop_after)
+    except KeyboardInterrupt:
+        checkpoint_dir = Path(output_dir) / "checkpoints" if output_dir is not None else None
+        logger.warning(_interrupted_message(checkpoint_dir, settings.resume))
+        raise
+
+
+def _interrupted_message(checkpoint_dir: Optional[Path], resume: bool) -> str:
+    """The line an interrupted run logs: the last checkpoint saved (the one a rerun resumes from), or that none was."""
+    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+
+    if checkpoint_dir is None:
+        return "SFT interrupted: no output_dir was given, so no checkpoint was saved."
+    last = latest_checkpoint(checkpoint_dir)
+    if last is None:
+        return f"SFT interrupted before any checkpoint was saved in {checkpoint_dir}."
+    rerun = "; a rerun with the same output_dir resumes from it" if resume else ""
+    return f"SFT interrupted: the last checkpoint saved is {last}{rerun}."
+
+
+def _run(
+    samples: List[ChatSample],
+    settings: SFTConfig,
+    model: Any,
+    tokenizer: Any,
+    output_dir: Union[str, os.PathLike[str], None],
+    val_samples: Optional[List[ChatSample]],
+    merge: bool,
+    stop_after: Optional[int],
+) -> OfflineResult:
     from agentbolt.algorithm.finetuning.algorithm import check_run_directories, forget_interrupted_log, new_run_id
     from agentbolt.algorithm.finetuning.trainer import interrupted_run, latest_checkpoint, write_run_file
     from agentbolt.algorithm.grpo.metrics import JsonlSink

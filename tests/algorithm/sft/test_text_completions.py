@@ -103,9 +103,10 @@ def test_a_text_completion_without_token_ids_is_learned_as_raw_text_not_as_a_cha
     tokenizer = _tokenizer(tiny_model_dir)
     tokenized, stats = tokenize_sample(sample, tokenizer)
     assert tokenized is not None and stats.from_messages == 1
-    # The prompt as a completions server tokenizes it, then the generated text; no chat template around either.
+    # The prompt as a completions server tokenizes it, then the generated text and, as the model ended it
+    # (finish_reason "stop"), the EOS token; no chat template around either.
     prompt = tokenizer(PROMPT).input_ids
-    completion = tokenizer(COMPLETION, add_special_tokens=False).input_ids
+    completion = [*tokenizer(COMPLETION, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
     assert tokenized.input_ids == [*prompt, *completion]
     assert tokenized.loss_mask == [False] * len(prompt) + [True] * len(completion)
 
