@@ -268,34 +268,100 @@ def _record_rank(span: Span) -> int:
     return 2
 
 
-def _kept_records(records: Sequence[Span]) -> Set[int]:
-    """Positions of the records that give a conversation, one per call: records are taken by :func:`_record_rank`
-    (in recorded order within a rank); a framework record that encloses in time a record taken before it is of the
-    same call and is dropped; the others are taken when their call is new.
+def _request_signature(span: Span) -> Optional[str]:
+    """The request messages of an LLM-call record as comparable text (roles and decoded contents), None when the
+    record has no (well-formed) prompt: two records of one call carry the same request."""
+    prompt = group_genai_dict(span.attributes, GEN_AI_PROMPT)
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    messages = [
+        [m.get("role"), decode_content(m.get("content"), text=m.get(CONTENT_IS_TEXT) is True)]
+        if isinstance(m, dict)
+        else m
+        for m in prompt
+    ]
+    return json.dumps(messages, sort_keys=True, default=str)
 
-    The end times of the records taken so far sit in a Fenwick tree by start time, so that "does this record enclose
-    one of them" takes ``O(log n)`` and the whole selection ``O(n log n)`` for ``n`` records.
+
+class _EnclosedRecords:
+    """Time ranges of records taken so far, answering "does ``[start, end]`` enclose one of them" in ``O(log n)``.
+
+    The end times sit in a Fenwick tree of minimums by start time.
+
+    Args:
+        starts: Every start time a range added later may have.
+    """
+
+    def __init__(self, starts: Sequence[float]) -> None:
+        self._starts = sorted(set(starts))
+        self._earliest_end: MinimumTree[float] = MinimumTree(len(self._starts))
+
+    def _slot(self, start: float) -> int:
+        # Slot 1 is the latest start, so slots 1..slot(start) hold the records starting at or after ``start``.
+        return len(self._starts) - bisect.bisect_left(self._starts, start)
+
+    def add(self, time_range: Tuple[float, float]) -> None:
+        """Take the record with this time range."""
+        self._earliest_end.lower(self._slot(time_range[0]), time_range[1])
+
+    def encloses_one(self, time_range: Tuple[float, float]) -> bool:
+        """Whether ``time_range`` encloses the time range of a record taken."""
+        end = self._earliest_end.minimum(self._slot(time_range[0]))
+        return end is not None and end <= time_range[1]
+
+
+_ANY_REQUEST = "\x00any"
+
+
+def _kept_records(records: Sequence[Span]) -> Set[int]:
+    """Positions of the records that give a conversation, one per call.
+
+    Records are taken by :func:`_record_rank` (in recorded order within a rank). A framework record that encloses in
+    time a record taken before it is of the same call, and dropped, unless the two tell their calls apart: both carry
+    a response id (and these differ: equal ones are the same call anyway), or both are framework records carrying
+    request messages and these differ. The other records are taken when their call is new (:class:`~agentbolt.adapter.calls.CallIdentities`).
+
+    The records taken are indexed by request (each framework request, records without one or of another source,
+    and all records), each index split
+    into all records and those without a response id, so that the whole selection takes ``O(n log n)`` for ``n``
+    records.
     """
     time_ranges = [_time_range(record) for record in records]
-    starts = sorted({time_range[0] for time_range in time_ranges if time_range is not None})
-
-    def slot(start: float) -> int:
-        # Slot 1 is the latest start, so slots 1..slot(start) hold the records starting at or after ``start``.
-        return len(starts) - bisect.bisect_left(starts, start)
-
-    earliest_end: MinimumTree[float] = MinimumTree(len(starts))
+    # Only framework records are told apart by their requests: a gateway or SDK record of the same call may write
+    # its request differently (LangChain's messages are not the SDK's), so it sits with the records without one.
+    requests = [_request_signature(record) if _record_rank(record) == 2 else None for record in records]
+    starts_by_request: Dict[Optional[str], List[float]] = {_ANY_REQUEST: []}
+    for request, time_range in zip(requests, time_ranges, strict=True):
+        if time_range is not None:
+            starts_by_request.setdefault(request, []).append(time_range[0])
+            starts_by_request[_ANY_REQUEST].append(time_range[0])
+    # (request, only records without a response id) -> the time ranges of the records taken
+    taken: Dict[Tuple[Optional[str], bool], _EnclosedRecords] = {
+        (request, without_response_id): _EnclosedRecords(starts)
+        for request, starts in starts_by_request.items()
+        for without_response_id in (False, True)
+    }
     identities = CallIdentities()
     kept: Set[int] = set()
     for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):
-        record, time_range = records[position], time_ranges[position]
+        record, time_range, request = records[position], time_ranges[position], requests[position]
+        call_id, response_id = call_identity(record.attributes)
         if time_range is not None and _record_rank(record) == 2:
-            end = earliest_end.minimum(slot(time_range[0]))
-            if end is not None and end <= time_range[1]:
+            # A record with a response id is told apart from taken records with another response id.
+            pools = [_ANY_REQUEST] if request is None else [request, None]
+            if any(
+                (pool, response_id is not None) in taken
+                and taken[pool, response_id is not None].encloses_one(time_range)
+                for pool in pools
+            ):
                 continue
-        if identities.claim(*call_identity(record.attributes)):
+        if identities.claim(call_id, response_id):
             kept.add(position)
             if time_range is not None:
-                earliest_end.lower(slot(time_range[0]), time_range[1])
+                for pool in (request, _ANY_REQUEST):
+                    taken[pool, False].add(time_range)
+                    if response_id is None:
+                        taken[pool, True].add(time_range)
     return kept
 
 
@@ -309,8 +375,9 @@ class TraceToMessages(TraceAdapter[List[OpenAIMessages]]):
     :mod:`agentbolt.adapter.calls`) gives one conversation, taken from the gateway's record when there is one, else
     from the SDK's, else from the framework's. A framework's record that encloses in time a record kept before it
     (an SDK or gateway record, or an earlier framework record) is of the same call too (framework callbacks do not
-    always learn the response id, e.g. when streaming). Selecting the records takes ``O(n log n)`` for ``n``
-    records.
+    always learn the response id, e.g. when streaming), unless their response ids or their request messages differ:
+    two distinct calls recorded with the same time range give two conversations. Selecting the records takes
+    ``O(n log n)`` for ``n`` records.
     """
 
     def adapt(self, source: Sequence[Span], /) -> List[OpenAIMessages]:

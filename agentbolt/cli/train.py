@@ -29,7 +29,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Tuple, Type
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -88,11 +88,11 @@ class TrainRunConfig(BaseModel):
     trainer: RunnerConfig = Field(default_factory=RunnerConfig)
 
 
-def load_run_config(path: Path) -> TrainRunConfig:
-    """Read and validate a run config file.
+def _read_config(path: Path) -> Dict[str, Any]:
+    """The mapping a config file holds.
 
     Raises:
-        CliError: The file is missing, not YAML, or not a valid run config (the message names the field).
+        CliError: The file is missing, not UTF-8 YAML, or does not hold a mapping.
     """
     import yaml  # type: ignore[import-untyped]
 
@@ -108,10 +108,40 @@ def load_run_config(path: Path) -> TrainRunConfig:
         raise CliError(f"{path} is not UTF-8 text") from None
     if not isinstance(raw, dict):
         raise CliError(f"{path}: expected a mapping with 'algorithm', 'agent', ... at the top")
+    return raw
+
+
+def _validated_run_config(raw: Dict[str, Any]) -> Tuple[Optional[TrainRunConfig], List[str]]:
+    """The run config ``raw`` describes, or None with one message for each field at fault."""
     try:
-        return TrainRunConfig(**raw)
+        return TrainRunConfig(**raw), []
     except ValidationError as exc:
-        raise CliError(f"{path}: {_first_error(exc, TrainRunConfig)}") from None
+        return None, _field_errors(exc, TrainRunConfig)
+
+
+def _config_error(path: Path, file_mistakes: List[str], option_mistakes: Sequence[str] = ()) -> CliError:
+    """One line for all the mistakes found in a config file.
+
+    ``file_mistakes`` concern the file's own keys (the message names the file), ``option_mistakes`` the algorithm's
+    options; a single option mistake is reported alone, as ``options.<key>: ...``.
+    """
+    mistakes = [*file_mistakes, *option_mistakes]
+    if len(mistakes) == 1:
+        return CliError(f"{path}: {mistakes[0]}" if file_mistakes else mistakes[0])
+    listed = "; ".join(f"({number}) {mistake}" for number, mistake in enumerate(mistakes, start=1))
+    return CliError(f"{path}: {len(mistakes)} mistakes: {listed}")
+
+
+def load_run_config(path: Path) -> TrainRunConfig:
+    """Read and validate a run config file.
+
+    Raises:
+        CliError: The file is missing, not YAML, or not a valid run config (the message names every field at fault).
+    """
+    run, mistakes = _validated_run_config(_read_config(path))
+    if run is None:
+        raise _config_error(path, mistakes)
+    return run
 
 
 def _field_path(loc: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -133,35 +163,41 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def _first_error(
+def _field_errors(
     exc: ValidationError, model: Optional[Type[BaseModel]] = None, prefix: str = "", owner: str = ""
-) -> str:
-    """One line for the first field ``exc`` refuses: ``where: what is expected, got the value given``.
+) -> List[str]:
+    """One message for each field ``exc`` refuses, in the order pydantic reports them:
+    ``where: what is expected, got the value given``.
 
     ``model`` is the validated class, whose field names are suggested for an unknown key (a misspelt one);
     ``prefix`` is prepended to the field's path (``options``); ``owner`` names whose option an unknown key is not.
     The messages of the config's own validators name the value themselves.
     """
-    errors = exc.errors()
-    loc = _field_path(tuple(errors[0]["loc"]))
-    same = [e for e in errors if _field_path(tuple(e["loc"])) == loc]
-    fields = {_field_path(tuple(e["loc"])) for e in errors}
+    by_field: Dict[Tuple[Any, ...], List[Any]] = {}
+    for error in exc.errors():
+        by_field.setdefault(_field_path(tuple(error["loc"])), []).append(error)
+    return [_field_error(loc, same, model, prefix, owner) for loc, same in by_field.items()]
+
+
+def _field_error(
+    loc: Tuple[Any, ...], same: List[Any], model: Optional[Type[BaseModel]], prefix: str, owner: str
+) -> str:
+    """The message for the field at ``loc``, which the errors ``same`` refuse."""
     where = ".".join(str(part) for part in (prefix, *loc) if part != "")
     head = f"{where}: " if where else ""
-    more = f" (and {len(fields) - 1} more)" if len(fields) > 1 else ""
     first = same[0]
     if first["type"] == "extra_forbidden":
         key = str(loc[-1]) if loc else ""
         close = difflib.get_close_matches(key, _names_at(model, loc), n=1, cutoff=0.75)
         what = f"not an option of {owner}" if owner else "unknown key"
         hint = f"; did you mean {close[0]}?" if close else ""
-        return f"{head}{first['msg']} ({what}{hint}){more}"
+        return f"{head}{first['msg']} ({what}{hint})"
     message = " or ".join(dict.fromkeys(str(e["msg"]).removeprefix("Value error, ") for e in same))
     if first["type"] in ("missing", "value_error", "assertion_error") or not loc:
-        return f"{head}{message}{more}"
+        return f"{head}{message}"
     shown = _shown(first.get("input"))
     got = f": {shown}" if ", got " in message else f", got {shown}"
-    return f"{head}{message}{got}{more}"
+    return f"{head}{message}{got}"
 
 
 def _import(reference: str, what: str) -> Any:
@@ -298,13 +334,12 @@ def train_command(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    run = load_run_config(config)
-    _check_address(run.trainer)
+    raw = _read_config(config)
+    run, mistakes = _validated_run_config(raw)
     base = config.resolve().parent
-    options = dict(run.options)
+    # The options are checked even when other sections are at fault, so that one run reports every mistake.
+    options = dict(raw["options"]) if isinstance(raw.get("options"), dict) else {}
     if resume is not None:
-        if resume and not options.get("checkpoint_dir"):
-            raise CliError("--resume needs options.checkpoint_dir in the config")
         options["resume"] = resume
     for key in ("checkpoint_dir", "log_dir", "adapter_dir", "init_adapter"):
         if isinstance(options.get(key), str):
@@ -312,15 +347,22 @@ def train_command(
     model = options.get("model")
     if isinstance(model, str) and model and (base / model).expanduser().is_dir():  # a model directory near the file
         options["model"] = str((base / model).expanduser())
-    algorithm_class = _algorithm_class(run.algorithm)
-    if algorithm_class is not None:
-        _check_options(algorithm_class, options)
+    algorithm_class = _algorithm_class(raw["algorithm"]) if isinstance(raw.get("algorithm"), str) else None
+    options_given = isinstance(raw.get("options", {}), dict)  # else the file's own check names the section
+    option_mistakes = (
+        _option_mistakes(algorithm_class, options) if algorithm_class is not None and options_given else []
+    )
+    if run is None or option_mistakes:
+        raise _config_error(config, mistakes, option_mistakes)
+    if resume and not options.get("checkpoint_dir"):
+        raise CliError("--resume needs options.checkpoint_dir in the config")
+    _check_address(run.trainer)
     try:
         algorithm = build_algorithm(run.algorithm, options)
     except UnknownAlgorithmError as exc:
         raise CliError(f"algorithm: {exc}") from None
     except ValidationError as exc:
-        raise CliError(_first_error(exc, prefix="options")) from None
+        raise CliError("; ".join(_field_errors(exc, prefix="options"))) from None
     except (TypeError, ValueError, ImportError) as exc:
         raise CliError(f"algorithm {run.algorithm!r}: {exc}") from None
     agent = _agent(run.agent)
@@ -359,20 +401,21 @@ def _algorithm_class(name: str) -> Optional[Type[Any]]:
     return None
 
 
-def _check_options(algorithm_class: Type[Any], options: Dict[str, Any]) -> None:
+def _option_mistakes(algorithm_class: Type[Any], options: Dict[str, Any]) -> List[str]:
     """Validate ``options`` as the fields of the algorithm's config, as a config file can only give those.
 
     The constructor's other arguments (a model object and its ``tokenizer``, an ``adapter``, a whole ``config``)
     are Python objects: a config file that names them is refused rather than half used.
 
-    Raises:
-        CliError: The first option at fault, its value and what is valid (a close name for a misspelt key).
+    Returns:
+        One message for each option at fault, its value and what is valid (a close name for a misspelt key).
     """
     config_class = algorithm_class.config_class
     try:
         config_class.model_validate(options)
     except ValidationError as exc:
-        raise CliError(_first_error(exc, config_class, "options", algorithm_class.__name__)) from None
+        return _field_errors(exc, config_class, "options", algorithm_class.__name__)
+    return []
 
 
 def _check_metrics_sinks(config: Any) -> None:

@@ -61,7 +61,8 @@ def emit_reward(
     Args:
         reward: One number (an int, float or bool, NumPy scalars included; stored as a float), or several named
             dimensions (``{"accuracy": 1.0, "length": 0.2}``).
-        primary_key: With several dimensions, the one that is the reward (stored first).
+        primary_key: With several dimensions, the one that is the reward (stored first). A single number is
+            always the ``primary`` dimension: ``primary_key`` is then ignored, with a warning.
         attributes: Extra span attributes.
         propagate: Send the span to the active tracer; False only builds the core fields.
 
@@ -87,6 +88,12 @@ def emit_reward(
         dimensions = [{"name": name, "value": values[name]} for name in order]
     else:
         dimensions = [{"name": "primary", "value": _as_number(reward, "Reward", TypeError)}]
+        if primary_key is not None:
+            logger.warning(
+                "primary_key %r is ignored: it applies only to a dict of rewards; a single reward is recorded as %r.",
+                primary_key,
+                "primary",
+            )
     primary, *secondary = dimensions
     if not math.isfinite(primary["value"]):
         logger.warning(

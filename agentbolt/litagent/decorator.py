@@ -15,9 +15,11 @@ import functools
 import inspect
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union, overload
 
 from agentbolt.types import LLM, NamedResources, PromptTemplate, ProxyLLM, Rollout, RolloutRawResult
+from agentbolt.utils.checks import check_bool
 
 from .litagent import LitAgent
 
@@ -62,12 +64,15 @@ class FunctionalLitAgent(LitAgent[T]):
         rollout_func: The function; its first parameter receives the task, the parameters named ``llm``,
             ``prompt_template`` and ``rollout`` receive the matching resources / the rollout.
         strip_proxy: Convert a :class:`~agentbolt.types.ProxyLLM` into a plain LLM bound to the current attempt.
+
+    Raises:
+        TypeError: ``strip_proxy`` is not a bool.
     """
 
     def __init__(self, rollout_func: RolloutFunc, *, strip_proxy: bool = True) -> None:
         super().__init__()
         self._rollout_func = rollout_func
-        self._strip_proxy = strip_proxy
+        self._strip_proxy = check_bool(strip_proxy, "strip_proxy")
         self._is_async = _is_coroutine_callable(rollout_func)
         self._parameters = set(_parameter_names(rollout_func))
         functools.update_wrapper(self, rollout_func)  # type: ignore[arg-type]
@@ -127,6 +132,16 @@ class FunctionalLitAgent(LitAgent[T]):
         return templates[0]
 
     def _build_kwargs(self, resources: NamedResources, rollout: Rollout) -> Dict[str, Any]:
+        """The keyword arguments for the wrapped function; every rollout entry point passes its resources here.
+
+        Raises:
+            TypeError: ``resources`` is not a mapping.
+        """
+        if not isinstance(resources, Mapping):
+            raise TypeError(
+                f"resources must be NamedResources (a mapping of names to resources, such as "
+                f"{{'main_llm': LLM(...)}}), got {type(resources).__name__}"
+            )
         kwargs: Dict[str, Any] = {}
         if self._accepts_rollout():
             kwargs["rollout"] = rollout
@@ -141,6 +156,7 @@ class FunctionalLitAgent(LitAgent[T]):
 
         Raises:
             RuntimeError: If the wrapped function is a coroutine function.
+            TypeError: If ``resources`` is not a mapping of names to resources.
         """
         if self._is_async:
             raise RuntimeError(f"{_callable_name(self._rollout_func)} is async; call rollout_async() instead.")
@@ -151,6 +167,7 @@ class FunctionalLitAgent(LitAgent[T]):
 
         Raises:
             RuntimeError: If the wrapped function is synchronous.
+            TypeError: If ``resources`` is not a mapping of names to resources.
         """
         if not self._is_async:
             raise RuntimeError(f"{_callable_name(self._rollout_func)} is synchronous; call rollout() instead.")
@@ -224,6 +241,7 @@ def _agent_or_decorator(
     func: Optional[RolloutFunc], validate: Callable[[RolloutFunc], None], strip_proxy: bool
 ) -> Union[FunctionalLitAgent[Any], Callable[[RolloutFunc], FunctionalLitAgent[Any]]]:
     """The agent made from ``func`` after ``validate`` accepts it; a decorator doing that when ``func`` is None."""
+    check_bool(strip_proxy, "strip_proxy")
 
     def decorator(f: RolloutFunc) -> FunctionalLitAgent[Any]:
         validate(f)
@@ -255,7 +273,8 @@ def llm_rollout(
     Raises:
         ValueError: If the function does not take ``task`` first and an ``llm`` parameter.
         TypeError: If it is a generator function, or has parameters a rollout call cannot fill (another
-            parameter without a default, a positional-only ``llm``/``rollout``, a keyword-only ``task``).
+            parameter without a default, a positional-only ``llm``/``rollout``, a keyword-only ``task``); or if
+            ``strip_proxy`` is not a bool.
     """
     return _agent_or_decorator(func, _validate_llm_rollout_func, strip_proxy)
 

@@ -104,6 +104,52 @@ class _ExportedSpan(Span):
     _otel_span: Optional[ReadableSpan] = PrivateAttr(default=None)
 
 
+_OTEL_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+)
+"""The loggers OpenTelemetry's OTLP/HTTP span exporter reports its retries, timeouts and shutdown on."""
+
+
+class _HeldExporterRecords(logging.Filter):
+    """Holds back the records OpenTelemetry's exporter logs while the current thread runs one of our exports.
+
+    Installed once on :data:`_OTEL_EXPORTER_LOGGERS`; records of other threads (other exporters of the process)
+    pass unchanged. See :meth:`_OtlpStoreTarget.export`.
+    """
+
+    _local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep ``record`` aside (and drop it here) while this thread holds records."""
+        held: Optional[List[logging.LogRecord]] = getattr(self._local, "held", None)
+        if held is None:
+            return True
+        held.append(record)
+        return False
+
+    @classmethod
+    @contextmanager
+    def holding(cls) -> Iterator[List[logging.LogRecord]]:
+        """Hold the exporter's records of this thread for the duration; yields the list they are put in."""
+        held: List[logging.LogRecord] = []
+        cls._local.held = held
+        try:
+            yield held
+        finally:
+            cls._local.held = None
+
+
+_held_exporter_records = _HeldExporterRecords()
+
+
+def _install_held_exporter_records() -> None:
+    for name in _OTEL_EXPORTER_LOGGERS:
+        otel_logger = logging.getLogger(name)
+        if _held_exporter_records not in otel_logger.filters:
+            otel_logger.addFilter(_held_exporter_records)
+
+
 class _OtlpStoreTarget(LightningStore):
     """Write-only store that delivers spans to a store's OTLP/HTTP endpoint through a LightningStoreOTLPExporter.
 
@@ -117,6 +163,27 @@ class _OtlpStoreTarget(LightningStore):
         self.exporter = exporter
         self.stopped = False
         """Set once the exporter was shut down because the process is stopping: exports fail without being sent."""
+        self.closing = False
+        """Set once the processor is stopping (shut down, or asked to stop retrying): see :meth:`export`."""
+        _install_held_exporter_records()
+
+    def export(self, spans: Sequence[ReadableSpan], rollout_id: str, attempt_id: str) -> SpanExportResult:
+        """Export ``spans`` bound to the attempt (on a worker thread).
+
+        OpenTelemetry's exporter logs each retry, timeout and its shutdown cutting a retry short. Those records are
+        held until the export ends: they are logged then, unless the export failed while the processor is stopping,
+        when the writer reports the spans it gives up in one line of its own and the exporter's lines would only
+        repeat it.
+        """
+        with _HeldExporterRecords.holding() as held:
+            result = self.exporter.export_bound(spans, rollout_id, attempt_id)
+        if result is not SpanExportResult.SUCCESS and (self.closing or self.stopped):
+            if held:
+                logger.debug("Dropped %d OpenTelemetry exporter record(s) of a failed export at shutdown", len(held))
+            return result
+        for record in held:
+            logging.getLogger(record.name).handle(record)
+        return result
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
@@ -130,7 +197,7 @@ class _OtlpStoreTarget(LightningStore):
         for (rollout_id, attempt_id), group in groupby(spans, key=lambda span: (span.rollout_id, span.attempt_id)):
             otel_spans = [span._otel_span for span in group if isinstance(span, _ExportedSpan)]
             exported = [otel_span for otel_span in otel_spans if otel_span is not None]
-            result = await asyncio.to_thread(self.exporter.export_bound, exported, rollout_id, attempt_id)
+            result = await asyncio.to_thread(self.export, exported, rollout_id, attempt_id)
             if result is SpanExportResult.SUCCESS:
                 continue
             endpoint = self.exporter.endpoint
@@ -617,6 +684,7 @@ class LightningSpanProcessor(SpanProcessor):
             exporter, target = self._otlp_exporter, self._otlp_target
         if exporter is None or target is None:
             return
+        target.closing = True
         otlp_writers = [writer for writer in writers if writer.store is target]
         # A first export to a store that just went away is not known to fail yet: asking the store tells.
         if any(writer.unreachable for writer in otlp_writers) or (
@@ -634,6 +702,8 @@ class LightningSpanProcessor(SpanProcessor):
         """
         with self._lock:
             target = self._otlp_target
+        if target is not None:
+            target.closing = False
         exporter_shut_down = target is not None and target.stopped
         for writer in self._current_writers():
             if not (exporter_shut_down and writer.store is target):
@@ -644,6 +714,9 @@ class LightningSpanProcessor(SpanProcessor):
         """Flush (bounded by ``write_timeout``), report what could not be written, and stop the writer thread."""
         if self._loop is None:
             return
+        with self._lock:
+            if self._otlp_target is not None:
+                self._otlp_target.closing = True
         deadline = time.monotonic() + self._write_timeout
         for writer in self._current_writers():
             writer.stop_threadsafe(max(0.0, deadline - time.monotonic()))

@@ -7,6 +7,7 @@ import typing
 from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = [
+    "check_bool",
     "check_choices",
     "check_count",
     "check_finite",
@@ -15,6 +16,17 @@ __all__ = [
     "check_port",
     "check_positive",
 ]
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False``; a truthy string such as ``"no"`` is refused, not read as true.
+
+    Raises:
+        TypeError: ``value`` is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
 
 
 def check_count(value: Any, name: str, *, minimum: int = 1, optional: bool = False) -> Optional[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from agentbolt.utils.checks import check_count, check_finite, check_port
+from agentbolt.utils.checks import check_bool, check_count, check_finite, check_port
 from agentbolt.utils.imports import import_extra
 from agentbolt.verl import require_verl
 
@@ -39,11 +39,6 @@ def _check_keys(section: Any, name: str, known: Sequence[str]) -> None:
         raise ValueError(
             f"unknown key {', '.join(f'{name}.{key}' for key in unknown)}; {name} takes {', '.join(known)}"
         )
-
-
-def _check_bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be true or false, got {type(value).__name__} {value!r}")
 
 
 def _check_text(value: Any, name: str, optional: bool = False) -> None:
@@ -81,7 +76,7 @@ def check_agentbolt_settings(settings: Any) -> None:
         except re.error as exc:
             raise ValueError(f"agentbolt.agent_match is not a valid regular expression ({exc}): {pattern!r}") from None
     if "instrument_vllm" in settings:
-        _check_bool(settings["instrument_vllm"], "agentbolt.instrument_vllm")
+        check_bool(settings["instrument_vllm"], "agentbolt.instrument_vllm")
     store = settings.get("store")
     if store is not None and not (isinstance(store, str) and re.match(r"https?://[^/\s]", store)):
         raise ValueError(f"agentbolt.store must be an http:// or https:// URL (or null), got {store!r}")
@@ -94,7 +89,7 @@ def check_agentbolt_settings(settings: Any) -> None:
         if length in aggregator:
             check_count(aggregator[length], f"agentbolt.trace_aggregator.{length}")
     if "debug" in aggregator:
-        _check_bool(aggregator["debug"], "agentbolt.trace_aggregator.debug")
+        check_bool(aggregator["debug"], "agentbolt.trace_aggregator.debug")
     if "mismatch_log_dir" in aggregator:
         _check_text(aggregator["mismatch_log_dir"], "agentbolt.trace_aggregator.mismatch_log_dir")
 

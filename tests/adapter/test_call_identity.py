@@ -92,16 +92,70 @@ def test_a_framework_record_without_ids_around_an_sdk_record_is_the_same_call() 
     assert [c["messages"][1]["content"] for c in conversations] == ["same call", "another call"]
 
 
+def test_two_framework_calls_with_the_same_time_range_give_two_conversations() -> None:
+    # Two LangChain calls made in parallel, recorded with identical start and end times and no response id.
+    f = SpanFactory()
+    first = f.llm_call(0, 2, response_id=None, name="langchain.llm.ChatOpenAI", prompt="first question")
+    second = f.llm_call(0, 2, response_id=None, name="langchain.llm.ChatOpenAI", prompt="second question")
+    conversations = TraceToMessages()([first, second])
+    assert [c["messages"][1]["content"] for c in conversations] == ["first question", "second question"]
+
+
+def test_two_sdk_calls_with_the_same_time_range_and_prompt_but_other_response_ids_give_two_conversations() -> None:
+    f = SpanFactory()
+    first = f.llm_call(0, 2, response_id="r1", prompt="same question", answer="one")
+    second = f.llm_call(0, 2, response_id="r2", prompt="same question", answer="two")
+    conversations = TraceToMessages()([first, second])
+    assert [c["messages"][-1]["content"] for c in conversations] == ["one", "two"]
+
+
+def test_one_call_recorded_by_a_framework_and_the_sdk_with_the_same_time_range_gives_one_conversation() -> None:
+    f = SpanFactory()
+    framework = f.llm_call(0, 2, response_id=None, name="langchain.llm.ChatOpenAI", prompt="one question")
+    sdk = _with_call_id(f.llm_call(0, 2, response_id="r1", prompt="one question", prompt_token_ids=[1]), "c1")
+    (conversation,) = TraceToMessages()([framework, sdk])
+    assert conversation["messages"][1]["content"] == "one question"
+
+
+def test_a_framework_record_writing_the_request_otherwise_than_the_sdk_is_still_the_same_call() -> None:
+    # LangChain's handler writes a call's messages its own way (content parts, tool calls, system prompt placement),
+    # so a framework record is not told apart from a gateway or SDK record by its request.
+    f = SpanFactory()
+    framework = f.llm_call(0, 2, response_id=None, name="langchain.llm.ChatOpenAI", prompt="[{'type': 'text'}]")
+    sdk = _with_call_id(f.llm_call(0.5, 1.5, response_id="r1", prompt="one question", prompt_token_ids=[1]), "c1")
+    (conversation,) = TraceToMessages()([framework, sdk])
+    assert conversation["messages"][1]["content"] == "one question"
+
+
+def test_one_call_recorded_by_two_framework_callbacks_with_the_same_time_range_gives_one_conversation() -> None:
+    f = SpanFactory()
+    outer = f.llm_call(0, 2, response_id=None, name="langchain.llm.Wrapper", prompt="one question")
+    inner = f.llm_call(0, 2, response_id=None, name="langchain.llm.ChatOpenAI", prompt="one question")
+    assert len(TraceToMessages()([outer, inner])) == 1
+
+
 def _kept_records_pairwise_reference(records: List[Span]) -> List[int]:
     """The positions of the records :class:`TraceToMessages` keeps, by its rule read literally, comparing each
     framework record with every record kept before it: records by rank (the gateway's, then other records carrying a
     call id or token ids, then framework records; recorded order within a rank), a framework record that encloses in
-    time any record kept so far is dropped, the others are kept when their call is new."""
+    time a record kept so far is dropped unless both carry response ids that differ or both are framework records
+    carrying prompts that differ, the others are kept when their call is new."""
 
     def encloses(outer: Span, inner: Span) -> bool:
-        if None in (outer.start_time, outer.end_time, inner.start_time, inner.end_time):
+        times = (outer.start_time, outer.end_time, inner.start_time, inner.end_time)
+        if any(t is None or t != t for t in times):  # unknown or NaN
             return False
         return outer.start_time <= inner.start_time and inner.end_time <= outer.end_time  # type: ignore[operator]
+
+    def told_apart(first: Span, second: Span) -> bool:
+        keys = ["gen_ai.response.id"]
+        if rank(first) == rank(second) == 2:
+            keys.append("gen_ai.prompt.0.content")
+        for key in keys:
+            one, other = first.attributes.get(key), second.attributes.get(key)
+            if one is not None and other is not None and one != other:
+                return True
+        return False
 
     def rank(span: Span) -> int:
         if span.name == "agentbolt.llm_call":
@@ -114,7 +168,9 @@ def _kept_records_pairwise_reference(records: List[Span]) -> List[int]:
     kept: Set[int] = set()
     for position in sorted(range(len(records)), key=lambda i: rank(records[i])):
         record = records[position]
-        if rank(record) == 2 and any(encloses(record, records[other]) for other in kept):
+        if rank(record) == 2 and any(
+            encloses(record, records[other]) and not told_apart(record, records[other]) for other in kept
+        ):
             continue
         if identities.claim(*call_identity(record.attributes)):
             kept.add(position)
@@ -133,15 +189,16 @@ def _random_time(rng: random.Random) -> Optional[float]:
 
 def _random_records(rng: random.Random) -> List[Span]:
     """Records of a few calls by the gateway, the SDK instrumentation and framework callbacks, each with its own
-    prompt, with ids drawn from small pools so that they often name the same call."""
+    answer, with ids and prompts (sometimes none) drawn from small pools so that they often name the same call."""
     spans: List[Span] = []
     for position in range(rng.randint(1, 9)):
         attributes: Dict[str, Any] = {
-            "gen_ai.prompt.0.role": "user",
-            "gen_ai.prompt.0.content": f"record {position}",
             "gen_ai.completion.0.role": "assistant",
-            "gen_ai.completion.0.content": "answer",
+            "gen_ai.completion.0.content": f"record {position}",
         }
+        prompt = rng.choice([None, "question a", "question b"])
+        if prompt is not None:
+            attributes.update({"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": prompt})
         call_id = rng.choice([None, None, "c1", "c2"])
         if call_id is not None:
             attributes[CALL_ID] = call_id
@@ -173,5 +230,5 @@ def test_messages_keep_the_records_the_pairwise_enclosure_rule_keeps() -> None:
     for trace in range(3000):
         records = _random_records(rng)
         expected = [f"record {position}" for position in _kept_records_pairwise_reference(records)]
-        kept = [conversation["messages"][0]["content"] for conversation in TraceToMessages()(records)]
+        kept = [conversation["messages"][-1]["content"] for conversation in TraceToMessages()(records)]
         assert kept == expected, f"trace {trace}: {[(s.name, s.start_time, s.end_time) for s in records]}"

@@ -80,7 +80,7 @@ def test_the_packaged_settings_are_accepted() -> None:
         ({"rollout_timeout": "1h"}, TypeError, r"agentbolt\.rollout_timeout must be a number"),
         ({"reward_fillna_value": float("nan")}, ValueError, r"agentbolt\.reward_fillna_value must be a finite"),
         ({"agent_match": "solver("}, ValueError, r"agentbolt\.agent_match is not a valid regular expression"),
-        ({"instrument_vllm": "no"}, TypeError, r"agentbolt\.instrument_vllm must be true or false"),
+        ({"instrument_vllm": "no"}, TypeError, r"agentbolt\.instrument_vllm must be True or False"),
         ({"store": "head:4747"}, ValueError, r"agentbolt\.store must be an http:// or https:// URL"),
         ({"trace_aggregator": "trajectory"}, TypeError, r"agentbolt\.trace_aggregator must be a mapping"),
         ({"trace_aggregator__level": "step"}, ValueError, r"agentbolt\.trace_aggregator\.level must be one of"),
@@ -89,7 +89,7 @@ def test_the_packaged_settings_are_accepted() -> None:
             ValueError,
             r"agentbolt\.trace_aggregator\.trajectory_max_prompt_length must be at least 1",
         ),
-        ({"trace_aggregator__debug": 1}, TypeError, r"agentbolt\.trace_aggregator\.debug must be true or false"),
+        ({"trace_aggregator__debug": 1}, TypeError, r"agentbolt\.trace_aggregator\.debug must be True or False"),
     ],
 )
 def test_broken_settings_are_refused_naming_the_key(changes: Dict[str, Any], error: type, message: str) -> None:
