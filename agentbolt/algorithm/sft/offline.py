@@ -14,6 +14,7 @@ trained on, so a run is only resumed on the same data, and the metrics of every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,7 +24,7 @@ import random
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Union
 
 from agentbolt.algorithm.sft.config import SFTConfig
 from agentbolt.algorithm.sft.data import (
@@ -384,6 +385,27 @@ def _load_model(settings: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, A
     return SFT(settings.model_copy(update={"model": name}))._load_policy()
 
 
+@contextlib.contextmanager
+def _naming_last_checkpoint(output_dir: Union[str, os.PathLike[str], None], resume: bool) -> Iterator[None]:
+    """On Ctrl-C, log the last checkpoint saved (the one a rerun resumes from) or that none was, then re-raise."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+
+        if output_dir is None:
+            logger.warning("SFT interrupted: no output_dir was given, so no checkpoint was saved.")
+            raise
+        checkpoint_dir = Path(output_dir) / "checkpoints"
+        last = latest_checkpoint(checkpoint_dir)
+        if last is None:
+            logger.warning("SFT interrupted before any checkpoint was saved in %s.", checkpoint_dir)
+        else:
+            rerun = "; a rerun with the same output_dir resumes from it" if resume else ""
+            logger.warning("SFT interrupted: the last checkpoint saved is %s%s.", last, rerun)
+        raise
+
+
 def _train(
     samples: List[ChatSample],
     settings: SFTConfig,
@@ -396,37 +418,6 @@ def _train(
 ) -> OfflineResult:
     """Train on ``samples`` (see :func:`train_from_messages`); on Ctrl-C, log which checkpoint the run left, then
     re-raise the ``KeyboardInterrupt``."""
-    try:
-        return _run(samples, settings, model, tokenizer, output_dir, val_samples, merge, stop_after)
-    except KeyboardInterrupt:
-        checkpoint_dir = Path(output_dir) / "checkpoints" if output_dir is not None else None
-        logger.warning(_interrupted_message(checkpoint_dir, settings.resume))
-        raise
-
-
-def _interrupted_message(checkpoint_dir: Optional[Path], resume: bool) -> str:
-    """The line an interrupted run logs: the last checkpoint saved (the one a rerun resumes from), or that none was."""
-    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
-
-    if checkpoint_dir is None:
-        return "SFT interrupted: no output_dir was given, so no checkpoint was saved."
-    last = latest_checkpoint(checkpoint_dir)
-    if last is None:
-        return f"SFT interrupted before any checkpoint was saved in {checkpoint_dir}."
-    rerun = "; a rerun with the same output_dir resumes from it" if resume else ""
-    return f"SFT interrupted: the last checkpoint saved is {last}{rerun}."
-
-
-def _run(
-    samples: List[ChatSample],
-    settings: SFTConfig,
-    model: Any,
-    tokenizer: Any,
-    output_dir: Union[str, os.PathLike[str], None],
-    val_samples: Optional[List[ChatSample]],
-    merge: bool,
-    stop_after: Optional[int],
-) -> OfflineResult:
     from agentbolt.algorithm.finetuning.algorithm import check_run_directories, forget_interrupted_log, new_run_id
     from agentbolt.algorithm.finetuning.trainer import interrupted_run, latest_checkpoint, write_run_file
     from agentbolt.algorithm.grpo.metrics import JsonlSink
@@ -437,85 +428,88 @@ def _run(
         sample_length_limit,
     )
 
-    out = Path(output_dir) if output_dir is not None else None
-    checkpoint_dir = out / "checkpoints" if out is not None else None
-    # Before the model loads: another run's checkpoints or metrics, or no room for checkpoints.
-    resume_from = check_run_directories(checkpoint_dir, settings.log_dir, resume=settings.resume)
-    if checkpoint_dir is not None and resume_from is None:
-        restarted = interrupted_run(checkpoint_dir, settings.log_dir) if settings.resume else None
-        if restarted:
-            forget_interrupted_log(restarted, settings.log_dir)
-        write_run_file(checkpoint_dir, restarted or new_run_id(settings.log_dir, "sft"), settings.log_dir)
-    loaded, tokenizer = _load_model(settings, model, tokenizer)
-    vocab_size = model_vocab_size(loaded)
-    if settings.trains_tokens():
-        _warn_other_models(samples, vocab_size, *_trained_names(settings, model, loaded))
-    options = settings.tokenize_options(sample_length_limit(loaded, settings), vocab_size)
-    tokenized, token_stats = tokenize_samples(samples, tokenizer, **options)
-    selected, selection = select_samples(tokenized, **settings.selection_options(), rng=random.Random(settings.seed))
-    counters = {**token_stats.as_metrics("samples/"), **selection.as_metrics("select/")}
-    if not selected:
-        raise DataError(
-            f"no usable sample to train on: of {len(samples)} samples, "
-            f"{empty_selection_reasons(CallStats(), token_stats, selection)}"
+    with _naming_last_checkpoint(output_dir, settings.resume):
+        out = Path(output_dir) if output_dir is not None else None
+        checkpoint_dir = out / "checkpoints" if out is not None else None
+        # Before the model loads: another run's checkpoints or metrics, or no room for checkpoints.
+        resume_from = check_run_directories(checkpoint_dir, settings.log_dir, resume=settings.resume)
+        if checkpoint_dir is not None and resume_from is None:
+            restarted = interrupted_run(checkpoint_dir, settings.log_dir) if settings.resume else None
+            if restarted:
+                forget_interrupted_log(restarted, settings.log_dir)
+            write_run_file(checkpoint_dir, restarted or new_run_id(settings.log_dir, "sft"), settings.log_dir)
+        loaded, tokenizer = _load_model(settings, model, tokenizer)
+        vocab_size = model_vocab_size(loaded)
+        if settings.trains_tokens():
+            _warn_other_models(samples, vocab_size, *_trained_names(settings, model, loaded))
+        options = settings.tokenize_options(sample_length_limit(loaded, settings), vocab_size)
+        tokenized, token_stats = tokenize_samples(samples, tokenizer, **options)
+        selected, selection = select_samples(
+            tokenized, **settings.selection_options(), rng=random.Random(settings.seed)
         )
-    total = settings.optimizer_steps_for(len(selected))
-    if settings.total_optimizer_steps is None:
-        settings = settings.model_copy(update={"total_optimizer_steps": total})
-    trainer = build_sft_trainer(loaded, tokenizer, settings)
-    earlier: List[Dict[str, float]] = []
-    extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
-    if checkpoint_dir is not None and resume_from is not None:
-        _check_same_data(resume_from, extra["data_sha256"], len(selected), checkpoint_dir)
-        saved = trainer.load_checkpoint(resume_from).get("history")
-        earlier = list(saved) if isinstance(saved, list) else []
-    complete = trainer.global_step >= total
-    if complete:
-        logger.warning(
-            "This run is already complete: its checkpoint %s holds all %d optimizer steps, so nothing is trained. "
-            "To train again, use another output_dir.",
-            latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
-            total,
+        counters = {**token_stats.as_metrics("samples/"), **selection.as_metrics("select/")}
+        if not selected:
+            raise DataError(
+                f"no usable sample to train on: of {len(samples)} samples, "
+                f"{empty_selection_reasons(CallStats(), token_stats, selection)}"
+            )
+        total = settings.optimizer_steps_for(len(selected))
+        if settings.total_optimizer_steps is None:
+            settings = settings.model_copy(update={"total_optimizer_steps": total})
+        trainer = build_sft_trainer(loaded, tokenizer, settings)
+        earlier: List[Dict[str, float]] = []
+        extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
+        if checkpoint_dir is not None and resume_from is not None:
+            _check_same_data(resume_from, extra["data_sha256"], len(selected), checkpoint_dir)
+            saved = trainer.load_checkpoint(resume_from).get("history")
+            earlier = list(saved) if isinstance(saved, list) else []
+        complete = trainer.global_step >= total
+        if complete:
+            logger.warning(
+                "This run is already complete: its checkpoint %s holds all %d optimizer steps, so nothing is trained. "
+                "To train again, use another output_dir.",
+                latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
+                total,
+            )
+        val_tokens: List[TokenSample] = []
+        if val_samples is not None:
+            val_tokens, _ = tokenize_samples(val_samples, tokenizer, **options)
+            counters["val/loss_before"] = trainer.evaluate(val_tokens) if val_tokens else math.nan
+        # The run's log, as online runs keep it: a resumed run continues it from its checkpoint's step.
+        log = (
+            JsonlSink(Path(settings.log_dir), trainer.global_step if resume_from is not None else None)
+            if settings.log_dir
+            else None
         )
-    val_tokens: List[TokenSample] = []
-    if val_samples is not None:
-        val_tokens, _ = tokenize_samples(val_samples, tokenizer, **options)
-        counters["val/loss_before"] = trainer.evaluate(val_tokens) if val_tokens else math.nan
-    # The run's log, as online runs keep it: a resumed run continues it from its checkpoint's step.
-    log = (
-        JsonlSink(Path(settings.log_dir), trainer.global_step if resume_from is not None else None)
-        if settings.log_dir
-        else None
-    )
-    try:
-        history = train_samples(
-            selected,
-            trainer,
-            checkpoint_dir=checkpoint_dir,
-            stop_after=stop_after,
-            checkpoint_extra=extra,
-            earlier_history=earlier,
-            on_step=log.log if log is not None else None,
+        try:
+            history = train_samples(
+                selected,
+                trainer,
+                checkpoint_dir=checkpoint_dir,
+                stop_after=stop_after,
+                checkpoint_extra=extra,
+                earlier_history=earlier,
+                on_step=log.log if log is not None else None,
+            )
+        finally:
+            if log is not None:
+                log.close()
+        if val_tokens:
+            counters["val/loss_after"] = trainer.evaluate(val_tokens)
+        result = OfflineResult(
+            model=trainer.model,
+            tokenizer=tokenizer,
+            checkpoint=latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
+            history=earlier if complete else history,
+            data=counters,
+            optimizer_steps=trainer.global_step,
+            total_optimizer_steps=total,
         )
-    finally:
-        if log is not None:
-            log.close()
-    if val_tokens:
-        counters["val/loss_after"] = trainer.evaluate(val_tokens)
-    result = OfflineResult(
-        model=trainer.model,
-        tokenizer=tokenizer,
-        checkpoint=latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
-        history=earlier if complete else history,
-        data=counters,
-        optimizer_steps=trainer.global_step,
-        total_optimizer_steps=total,
-    )
-    if out is not None and result.finished:
-        _save_outputs(result, trainer, out, merge)
-    elif merge and result.finished:
-        result.model = trainer.model.merge_and_unload() if trainer.uses_lora else trainer.model
-    return result
+        if out is not None and result.finished:
+            _save_outputs(result, trainer, out, merge)
+        elif merge and result.finished:
+            result.model = trainer.model.merge_and_unload() if trainer.uses_lora else trainer.model
+        return result
 
 
 def _check_same_data(checkpoint: Path, digest: str, count: int, checkpoint_dir: Path) -> None:
