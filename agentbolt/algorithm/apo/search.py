@@ -626,10 +626,24 @@ class PromptSearch(Algorithm):
         self.rollouts_timed_out += evaluation.timed_out
         self.rollouts_unrewarded += evaluation.unrewarded
         if evaluation.failed or evaluation.timed_out:
+            below_zero = sum(
+                1
+                for outcome in evaluation.outcomes
+                if outcome is not None
+                and outcome["status"] == "succeeded"
+                and outcome["final_reward"] is not None
+                and outcome["final_reward"] < 0
+            )
+            ranking = (
+                f" {below_zero} rollout(s) that worked scored below 0, so a prompt whose rollouts fail outranks "
+                "them: have the agent catch its own errors and return a reward for them."
+                if below_zero
+                else ""
+            )
             self._log(
                 logging.WARNING,
                 f"{evaluation.failed} rollout(s) failed and {evaluation.timed_out} timed out of {len(tasks)}; "
-                "each scored 0.",
+                f"each scored 0.{ranking}",
                 prefix=prefix,
             )
         if evaluation.unrewarded:

@@ -188,3 +188,32 @@ def test_rollouts_that_succeed_without_a_reward_score_zero_and_are_counted(stand
     assert apo.best_score == pytest.approx(1 / 3)
     assert (apo.summary()["rollouts_unrewarded"], apo.summary()["rollouts_failed"]) == (2, 0)
     assert "2 rollout(s) of 3 succeeded without a reward; each scored 0" in caplog.text
+
+
+@agl.rollout
+async def _fails_or_scores_below_zero(task: Any, prompt_template: agl.PromptTemplate) -> Any:
+    """Fills the template; fails for a task without a ``reward``, else returns it."""
+    prompt_template.format(country=task["country"])
+    if task["reward"] is None:
+        raise RuntimeError("the agent crashed")
+    return task["reward"]
+
+
+def test_failures_scoring_above_negative_rewards_are_pointed_out(standin: Any, caplog: Any) -> None:
+    val = [{"country": "Peru", "reward": None}, {"country": "Chile", "reward": -1.0}]
+    apo = make_apo(None, beam_rounds=0)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.algorithm.apo.apo"):
+        fit(apo, val=val, agent=_fails_or_scores_below_zero)
+    assert apo.summary()["rollouts_failed"] == 1
+    assert "1 rollout(s) failed and 0 timed out of 2; each scored 0. 1 rollout(s) that worked scored below 0" in (
+        caplog.text
+    )
+
+
+def test_failures_with_non_negative_rewards_say_no_more(standin: Any, caplog: Any) -> None:
+    val = [{"country": "Peru", "reward": None}, {"country": "Chile", "reward": 0.0}]
+    apo = make_apo(None, beam_rounds=0)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.algorithm.apo.apo"):
+        fit(apo, val=val, agent=_fails_or_scores_below_zero)
+    assert "timed out of 2; each scored 0." in caplog.text
+    assert "scored below 0" not in caplog.text
