@@ -208,6 +208,16 @@ class _VersionScores:
         }
 
 
+def _read_rewards(rollout_id: str, spans: List[Span]) -> _Rewards:
+    """The rewards of one attempt from its reward spans; a reward span an agent wrote wrongly is logged and shown as
+    no reward (of this attempt only)."""
+    try:
+        return _Rewards(final=find_final_reward(spans), training=training_reward(spans, rollout_id, warn=False))
+    except (ValueError, TypeError) as exc:
+        logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout_id, exc)
+        return _NO_REWARDS
+
+
 class _RewardCache:
     """Rewards of rollouts that ended a while ago, by ``(rollout_id, attempt_id)`` (least recently used out)."""
 
@@ -235,34 +245,39 @@ class _Summaries:
         self._call = call
         self._rewards = _RewardCache()
 
-    async def rewards(self, rollout: Rollout) -> _Rewards:
-        """The rewards of the last reward span of the rollout's latest attempt."""
-        if not isinstance(rollout, AttemptedRollout):
-            return _NO_REWARDS
-        key = (rollout.rollout_id, rollout.attempt.attempt_id)
-        cached = self._rewards.get(key)
-        if cached is not None:
-            return cached
-        spans: List[Span] = list(
-            await self._call(
-                "query_spans", rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name=REWARD_SPAN_NAME
-            )
-        )
-        try:
-            value = _Rewards(
-                final=find_final_reward(spans), training=training_reward(spans, rollout.rollout_id, warn=False)
-            )
-        except (ValueError, TypeError) as exc:  # a reward span an agent wrote wrongly: shown as no reward
-            logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout.rollout_id, exc)
-            value = _NO_REWARDS
-        settled = rollout.end_time is not None and time.time() - rollout.end_time > _REWARD_SETTLE_SECONDS
-        if settled and rollout.status in _TERMINAL:
-            self._rewards.put(key, value)
-        return value
+    async def rewards(self, rollouts: Sequence[Rollout]) -> List[_Rewards]:
+        """The rewards of the last reward span of each rollout's latest attempt, in order.
 
-    async def final_reward(self, rollout: Rollout) -> Optional[float]:
-        """The reward of the last reward span of the rollout's latest attempt, as emitted."""
-        return (await self.rewards(rollout)).final
+        The reward spans of every attempt not in the cache are read in one store call.
+        """
+        keys: List[Optional[Tuple[str, str]]] = []
+        known: Dict[Tuple[str, str], _Rewards] = {}
+        unread: Dict[Tuple[str, str], AttemptedRollout] = {}
+        for rollout in rollouts:
+            if not isinstance(rollout, AttemptedRollout):
+                keys.append(None)
+                continue
+            key = (rollout.rollout_id, rollout.attempt.attempt_id)
+            keys.append(key)
+            if key not in known and key not in unread:
+                cached = self._rewards.get(key)
+                if cached is None:
+                    unread[key] = rollout
+                else:
+                    known[key] = cached
+        if unread:
+            spans_per_attempt = await self._call("query_spans_of_attempts", list(unread), name=REWARD_SPAN_NAME)
+            now = time.time()
+            for (key, rollout), spans in zip(unread.items(), spans_per_attempt, strict=True):
+                known[key] = value = _read_rewards(rollout.rollout_id, list(spans))
+                settled = rollout.end_time is not None and now - rollout.end_time > _REWARD_SETTLE_SECONDS
+                if settled and rollout.status in _TERMINAL:
+                    self._rewards.put(key, value)
+        return [_NO_REWARDS if key is None else known[key] for key in keys]
+
+    async def final_rewards(self, rollouts: Sequence[Rollout]) -> List[Optional[float]]:
+        """The reward of the last reward span of each rollout's latest attempt, as emitted, in order."""
+        return [rewards.final for rewards in await self.rewards(rollouts)]
 
     def summary(self, rollout: Rollout, reward: Optional[float], now: float) -> Dict[str, Any]:
         attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
@@ -316,7 +331,8 @@ class _Summaries:
                 offset=query.offset,
             )
             now = time.time()
-            items = [self.summary(r, await self.final_reward(r), now) for r in page]
+            rewards = await self.final_rewards(page)
+            items = [self.summary(r, reward, now) for r, reward in zip(page, rewards, strict=True)]
             total = int(getattr(page, "total", len(items)))
         else:
             items, total = await self._scan(query)
@@ -337,8 +353,8 @@ class _Summaries:
         modes = None if query.mode is None else {None if m == "none" else m for m in query.mode}
         text = query.text.lower() if query.text else None
         worker = query.worker_id
-        kept: List[Tuple[Rollout, Optional[float]]] = []
         wants_reward = query.reward_min is not None or query.reward_max is not None or query.sort_by == "reward"
+        matching: List[Rollout] = []
         for rollout in candidates:
             if modes is not None and rollout.mode not in modes:
                 continue
@@ -354,7 +370,10 @@ class _Summaries:
                     continue
             if text is not None and text not in rollout.rollout_id.lower() and text not in _input_text(rollout).lower():
                 continue
-            reward = await self.final_reward(rollout) if wants_reward else None
+            matching.append(rollout)
+        rewards: List[Optional[float]] = await self.final_rewards(matching) if wants_reward else [None] * len(matching)
+        kept: List[Tuple[Rollout, Optional[float]]] = []
+        for rollout, reward in zip(matching, rewards, strict=True):
             comparable = _orderable(reward)
             if query.reward_min is not None and (comparable is None or comparable < query.reward_min):
                 continue
@@ -370,10 +389,10 @@ class _Summaries:
 
             kept.sort(key=key)
         page = kept[query.offset : query.offset + query.limit]
-        items = [
-            self.summary(rollout, reward if wants_reward else await self.final_reward(rollout), now)
-            for rollout, reward in page
-        ]
+        if not wants_reward:
+            shown = [rollout for rollout, _ in page]
+            page = list(zip(shown, await self.final_rewards(shown), strict=True))
+        items = [self.summary(rollout, reward, now) for rollout, reward in page]
         return items, len(kept)
 
     async def resource_scores(self) -> Dict[str, Any]:
@@ -386,11 +405,11 @@ class _Summaries:
         the mean of the finite final rewards of the rollouts that have one, whatever their status.
         """
         finished: Sequence[Rollout] = await self._call("query_rollouts", status_in=list(_TERMINAL))
+        versioned = [(rollout.resources_id, rollout) for rollout in finished if rollout.resources_id is not None]
+        rewards = await self.rewards([rollout for _, rollout in versioned])
         versions: Dict[str, _VersionScores] = {}
-        for rollout in finished:
-            if rollout.resources_id is not None:
-                version = versions.setdefault(rollout.resources_id, _VersionScores())
-                version.add(rollout, await self.rewards(rollout))
+        for (resources_id, rollout), rollout_rewards in zip(versioned, rewards, strict=True):
+            versions.setdefault(resources_id, _VersionScores()).add(rollout, rollout_rewards)
         return {"items": [version.as_json(resources_id) for resources_id, version in versions.items()]}
 
     async def workers(self) -> Dict[str, Any]:

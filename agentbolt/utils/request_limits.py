@@ -14,6 +14,15 @@ for as long as it likes. agentbolt's servers bound both:
   yet would hold its request open for hours. A client that misses it gets a 408 in the JSON error format of the
   server (the app, told that the client went away, applies nothing of the request), and the connection is closed.
   Each server that reads request bodies (the store server, the LLM gateway, ``agentbolt serve``) installs it.
+
+An answer sent before the request was whole (a 413 from the Content-Length header, a 401, a 408) closes the
+connection while the client may still be sending. Closing a socket with unread input makes the kernel reset the
+connection instead of closing it in order, and a client still writing its body then sees the reset (and may lose the
+answer already on its way) instead of the answer. So the protocol of :func:`header_timeout_protocol` closes such a
+connection by *lingering*: it sends the answer, shuts down its sending side, and reads and discards what the client
+still sends until the client closes its side too, for at most :data:`LINGER_SECONDS` and
+:data:`LINGER_MAX_BYTES`, and only then closes. A connection closed between requests (keep-alive timeout, shutdown)
+closes at once.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_HEADER_TIMEOUT",
+    "LINGER_SECONDS",
+    "LINGER_MAX_BYTES",
     "BodyTimeoutMiddleware",
     "header_timeout_protocol",
 ]
@@ -41,6 +52,11 @@ DEFAULT_BODY_TIMEOUT = 60.0
 at about 560 KB/s)."""
 DEFAULT_HEADER_TIMEOUT = 30.0
 """Seconds a request head (request line and headers) may take to arrive."""
+LINGER_SECONDS = 2.0
+"""Longest a connection answered before its request was whole keeps reading (and discarding) the client's input
+before it closes, so that the client reads the answer instead of a connection reset."""
+LINGER_MAX_BYTES = 2 * DEFAULT_MAX_REQUEST_BYTES
+"""Most bytes such a connection reads and discards before it closes all the same."""
 
 Scope = Dict[str, Any]
 ErrorBody = Callable[[Scope, str], bytes]
@@ -61,7 +77,8 @@ class BodyTimeoutMiddleware:
     The deadline applies while the app waits for the body. When it passes, the app receives ``http.disconnect``
     (ASGI's word for a client that went away: the request is incomplete and nothing of it is applied), whatever it
     answers is dropped, and the client gets the 408 with ``Connection: close``. An answer that starts before the
-    body has been read (a 401, a 413) also carries ``Connection: close``: the server does not wait for the rest.
+    body has been read (a 401, a 413) also carries ``Connection: close``: the server does not wait for the rest
+    (the protocol of :func:`header_timeout_protocol` discards it while the connection closes).
 
     Args:
         app: The wrapped ASGI app.
@@ -153,16 +170,107 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown client"
 
 
-class _HeaderDeadline:
-    """Mixin of a uvicorn HTTP protocol: a deadline for each request head (see :func:`header_timeout_protocol`)."""
+class _LingeringTransport:
+    """The transport uvicorn's protocol writes to and closes: closing it lingers while the client is still sending.
 
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    _header_timer: Optional[asyncio.TimerHandle] = None
+    Everything but :meth:`close` and :meth:`is_closing` goes to the socket's own transport.
+    """
+
+    def __init__(self, transport: asyncio.Transport, protocol: _LingeringClose) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        if self._protocol._lingering or self._transport.is_closing() or not self._protocol._client_is_sending():
+            self._transport.close()
+        else:
+            self._protocol._linger()
+
+    def is_closing(self) -> bool:
+        # Lingering counts as closing: uvicorn starts no keep-alive timer, no next request and no 100 Continue.
+        return self._protocol._lingering or self._transport.is_closing()
+
+
+class _LingeringClose:
+    """Mixin of a uvicorn HTTP protocol: a connection answered before its request was whole closes by lingering
+    (see the module's documentation).
+
+    The linger is bounded per connection (:data:`LINGER_SECONDS`, :data:`LINGER_MAX_BYTES`), runs on the event loop
+    (a timer, no thread or task), and ends at once when the server shuts down.
+    """
+
+    _lingering: bool = False
+    _linger_bytes: int = 0
+    _linger_timer: Optional[asyncio.TimerHandle] = None
+    _socket_transport: asyncio.Transport
+    _idle_close: bool = False
     # Attributes of uvicorn's protocols.
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     cycle: Any
-    client: Optional[Tuple[str, int]]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._socket_transport = transport
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[misc]
+
+    def _client_is_sending(self) -> bool:
+        """Whether the request in progress has not arrived whole (its body, or more of it, may still come)."""
+        return (
+            not self._idle_close
+            and self.cycle is not None
+            and self.cycle.more_body
+            and self._socket_transport.get_protocol() is self  # not handed over to a WebSocket protocol
+        )
+
+    def _linger(self) -> None:
+        """Send what is buffered, shut down the sending side, and close once the client stops sending (or the
+        linger's bounds are reached)."""
+        transport = self._socket_transport
+        if self._lingering or transport.is_closing():
+            return
+        if not transport.can_write_eof():  # TLS cannot half-close
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()  # after the buffered answer
+        transport.resume_reading()  # uvicorn pauses reading while a request body waits for the app
+        self._linger_timer = self.loop.call_later(LINGER_SECONDS, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:
+            super().data_received(data)  # type: ignore[misc]
+            return
+        self._linger_bytes += len(data)
+        if self._linger_bytes > LINGER_MAX_BYTES:
+            self._socket_transport.close()
+
+    def shutdown(self) -> None:
+        self._idle_close = True  # the server is stopping: closes from now on are immediate
+        if self._lingering:
+            self._socket_transport.close()
+        else:
+            super().shutdown()  # type: ignore[misc]
+
+    def timeout_keep_alive_handler(self) -> None:
+        self._idle_close = True  # between requests, whatever the last request left behind
+        super().timeout_keep_alive_handler()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class _HeaderDeadline(_LingeringClose):
+    """Mixin of a uvicorn HTTP protocol: a deadline for each request head (see :func:`header_timeout_protocol`)."""
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    _header_timer: Optional[asyncio.TimerHandle] = None
+    client: Optional[Tuple[str, int]]  # an attribute of uvicorn's protocols
 
     def _arm_header_deadline(self) -> None:
         if self._header_timer is None:
@@ -187,7 +295,9 @@ class _HeaderDeadline:
                 b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
             )
-        self.transport.close()
+            self._linger()  # the client may still be sending its head
+        else:
+            self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -229,7 +339,8 @@ class _H11HeaderDeadline(_HeaderDeadline):
 
 def header_timeout_protocol(timeout: float, base: Optional[Type[asyncio.Protocol]] = None) -> Type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base`` (default: the one uvicorn picks, httptools when installed, else h11), with
-    a deadline of ``timeout`` seconds for each request head.
+    a deadline of ``timeout`` seconds for each request head, and a lingering close of a connection answered before
+    its request was whole (see the module's documentation).
 
     The deadline runs from the connection's opening and, on a kept-alive connection, from a request's first byte
     (uvicorn's keep-alive timeout bounds the idle time between requests) to the end of the request's headers.

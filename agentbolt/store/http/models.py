@@ -34,6 +34,7 @@ __all__ = [
     "NextSequenceIdResponse",
     "ManySequenceIdsRequest",
     "ManySequenceIdsResponse",
+    "SpansOfAttemptsRequest",
     "AddManySpansRequest",
     "AddManySpansResponse",
     "AddSequencedSpansResponse",
@@ -107,6 +108,13 @@ class ManySequenceIdsResponse(WireModel):
     """Answer of ``POST /spans/next/batch``."""
 
     sequence_ids: List[int]
+
+
+class SpansOfAttemptsRequest(WireModel):
+    """Body of ``POST /spans/search/batch`` (extension): the spans of each pair, optionally of one name only."""
+
+    rollout_attempt_ids: List[Tuple[str, str]]
+    name: Optional[str] = None
 
 
 class AddManySpansRequest(WireModel):

@@ -34,6 +34,7 @@ from agentbolt.store.http.models import (
     NamedResourcesBody,
     NextSequenceIdRequest,
     QueryMetricsRequest,
+    SpansOfAttemptsRequest,
     StartAttemptRequest,
     UpdateAttemptRequest,
     UpdateRolloutRequest,
@@ -303,6 +304,13 @@ ROUTES: Tuple[StoreRoute, ...] = (
         page_of=Span,
         get_path="/spans",
         serve=_serve_query_spans,
+    ),
+    StoreRoute(
+        "query_spans_of_attempts",
+        "POST",
+        "/spans/search/batch",
+        TypeAdapter(List[List[Span]]).validate_json,
+        body=SpansOfAttemptsRequest,
     ),
     StoreRoute(
         "get_next_span_sequence_id",
