@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +45,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from dashboard.browser import LAUNCH_ARGS, chromium_path  # noqa: E402
 from dashboard.seeding import reward_span  # noqa: E402
+from result_files import RunRecord, add_result_options  # noqa: E402
 
 
 def _free_port() -> int:
@@ -140,11 +139,13 @@ def _browser_timings(url: str, repeats: int) -> Dict[str, Any]:
 
 
 def main() -> None:
+    record = RunRecord.start(__file__)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--finished", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--api-only", action="store_true", help="measure the API calls only (no browser)")
+    add_result_options(parser)
     args = parser.parse_args()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -174,21 +175,16 @@ def main() -> None:
         finally:
             store.terminate()
             store.wait(timeout=30)
-    print(
-        json.dumps(
-            {
-                "benchmark": "dashboard",
-                "rollouts": args.rollouts,
-                "finished_with_reward": args.finished,
-                "repeats": args.repeats,
-                "seed_seconds": round(seed_seconds, 1),
-                **api,
-                **browser,
-                "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-                "date": time.strftime("%Y-%m-%d"),
-            },
-            indent=2,
-        )
+    record.finish(
+        {
+            "rollouts": args.rollouts,
+            "finished_with_reward": args.finished,
+            "repeats": args.repeats,
+            "seed_seconds": round(seed_seconds, 1),
+            **api,
+            **browser,
+        },
+        args,
     )
 
 
