@@ -122,17 +122,41 @@ def lr_multiplier(optimizer_step: int, config: FinetuningConfig) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
-    """The complete checkpoint with the highest step in ``checkpoint_dir`` (None if there is none)."""
-    root = Path(checkpoint_dir)
+def _step_entries(root: Path) -> List[Tuple[int, Path]]:
+    """The entries of ``root`` named as checkpoints are (``step_`` and digits), with their step, complete or not."""
     if not root.is_dir():
-        return None
+        return []
     found = []
     for child in root.iterdir():
         suffix = child.name[len(CHECKPOINT_PREFIX) :]
-        if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() and (child / STATE_FILE).exists():
+        if child.name.startswith(CHECKPOINT_PREFIX) and suffix.isascii() and suffix.isdigit():
             found.append((int(suffix), child))
+    return found
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Optional[Path]:
+    """The complete checkpoint with the highest step in ``checkpoint_dir`` (None if there is none)."""
+    found = [(step, child) for step, child in _step_entries(Path(checkpoint_dir)) if (child / STATE_FILE).exists()]
     return max(found)[1] if found else None
+
+
+def _unreadable(checkpoint: Path, problem: str) -> CheckpointError:
+    """The error for a checkpoint whose file is missing or corrupt (``problem`` names the file). For a checkpoint of
+    a checkpoint directory it names the earlier checkpoint a run resumes from once this one is moved away."""
+    entries = _step_entries(checkpoint.parent)
+    own = [step for step, child in entries if child.name == checkpoint.name]
+    if not own:
+        return CheckpointError(problem)
+    earlier = [(step, child) for step, child in entries if step < own[0] and (child / STATE_FILE).exists()]
+    resumes = (
+        f"a resumed run then continues from the checkpoint before it, {max(earlier)[1].name}"
+        if earlier
+        else "it has no earlier checkpoint to resume from"
+    )
+    return CheckpointError(
+        f"{problem}; so checkpoint {checkpoint} cannot be resumed. Move {checkpoint.name} out of "
+        f"{checkpoint.parent} (keep it to inspect it): {resumes}."
+    )
 
 
 def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
@@ -150,7 +174,7 @@ def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
         state = json.loads(state_file.read_text(encoding="utf-8"))
         int(state["global_step"]), int(state["optimizer_steps"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{state_file} is corrupt: {exc}") from exc
+        raise _unreadable(Path(path), f"{state_file} is corrupt: {exc}") from exc
     return state
 
 
@@ -203,17 +227,38 @@ def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], *, resume: bool
     run: a run that does not resume (``resume=False``) refuses one that already holds checkpoints, whose steps it
     would overwrite one by one, leaving the later ones of the other run to be resumed from.
 
+    An entry named as a checkpoint (``step_000012``) that is not a complete one (a file, or a directory without its
+    ``trainer_state.json``), of a step after the checkpoint the run resumes from, is refused too: the run would
+    write its own checkpoint of that step in its place.
+
     Raises:
-        CheckpointError: The directory cannot be created or written to, or it holds another run's checkpoints and
-            ``resume`` is False (the message names it).
+        CheckpointError: The directory cannot be created or written to, it holds another run's checkpoints and
+            ``resume`` is False, it holds an entry named as a later checkpoint that is not one, or it is itself a
+            checkpoint (the message names it).
     """
     root = Path(checkpoint_dir)
+    if (root / STATE_FILE).is_file():
+        raise CheckpointError(
+            f"checkpoint_dir {str(root)!r} is a checkpoint, not a directory of checkpoints: to resume from it, set "
+            f"checkpoint_dir to the directory that holds it, {str(root.parent)!r} (a run resumes from the latest "
+            "checkpoint there)."
+        )
     existing = latest_checkpoint(root)
     if not resume and existing is not None:
         raise CheckpointError(
             f"checkpoint_dir {str(root)!r} already holds another run's checkpoints (latest: {existing.name}), and "
             "this run does not resume. Use a new checkpoint_dir, delete those checkpoints to start over in it, or "
             "resume that run (resume=True)."
+        )
+    start = int(existing.name[len(CHECKPOINT_PREFIX) :]) if existing is not None else 0
+    in_the_way = sorted(str(child) for step, child in _step_entries(root) if step > start)
+    if in_the_way:
+        resumes = f"resumes from {existing.name}" if existing is not None else "starts from step 0"
+        them = "them" if len(in_the_way) > 1 else "it"
+        raise CheckpointError(
+            f"checkpoint_dir {str(root)!r} holds {', '.join(in_the_way)}: named as a checkpoint, but without a "
+            f"{STATE_FILE} (a file, or an incomplete copy), and this run would write its own checkpoint of that step "
+            f"there. Move {them} out of checkpoint_dir (keep {them} if needed); the run then {resumes}."
         )
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -586,10 +631,17 @@ class ModelTrainer:
             )
         self._check_policy_identity(path, state.get("policy"))
         weights_file = path / "adapter" / "adapter_model.safetensors" if self.uses_lora else path / "model.safetensors"
-        self._check_weights(weights_file)
-        optimizer_state = self._read_torch(path / "optimizer.pt", weights_only=True)
-        scheduler_state = self._read_torch(path / "scheduler.pt", weights_only=True)
-        rng = self._read_torch(path / "rng.pt", weights_only=False)
+        self._check_weights(path, weights_file)
+        optimizer_state = self._read_torch(path, "optimizer.pt", weights_only=True)
+        scheduler_state = self._read_torch(path, "scheduler.pt", weights_only=True)
+        rng = self._read_torch(path, "rng.pt", weights_only=False)
+        for name, content, keys in (
+            ("optimizer.pt", optimizer_state, ("state", "param_groups")),
+            ("scheduler.pt", scheduler_state, ("last_epoch",)),
+            ("rng.pt", rng, ("python", "torch", "generator")),
+        ):
+            if not isinstance(content, dict) or not all(key in content for key in keys):
+                raise _unreadable(path, f"{path / name} is corrupt: it does not hold the {', '.join(keys)} it should")
         saved_groups = [len(group["params"]) for group in optimizer_state.get("param_groups", [])]
         current_groups = [len(group["params"]) for group in self.optimizer.param_groups]
         if saved_groups != current_groups:
@@ -699,25 +751,26 @@ class ModelTrainer:
         self.optimizer.load_state_dict(state)
 
     @staticmethod
-    def _read_torch(path: Path, *, weights_only: bool) -> Any:
+    def _read_torch(checkpoint: Path, name: str, *, weights_only: bool) -> Any:
+        path = checkpoint / name
         if not path.exists():
-            raise CheckpointError(f"{path} is missing")
+            raise _unreadable(checkpoint, f"{path} is missing")
         try:
             return torch.load(path, weights_only=weights_only)
         except Exception as exc:  # torch raises several types for truncated or foreign files
-            raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+            raise _unreadable(checkpoint, f"{path} is corrupt: {exc}") from exc
 
-    def _check_weights(self, path: Path) -> None:
+    def _check_weights(self, checkpoint: Path, path: Path) -> None:
         """Check that ``path`` holds exactly the trained weights' tensors, with their shapes (headers only)."""
         from safetensors import safe_open
 
         if not path.exists():
-            raise CheckpointError(f"{path} is missing")
+            raise _unreadable(checkpoint, f"{path} is missing")
         try:
             with safe_open(str(path), framework="pt") as handle:
                 shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+            raise _unreadable(checkpoint, f"{path} is corrupt: {exc}") from exc
         groups = self._saved_weight_groups()
         expected = {name: shape for names, shape in groups for name in names}
         unexpected = sorted(set(shapes) - set(expected))

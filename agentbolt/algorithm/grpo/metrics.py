@@ -59,12 +59,18 @@ class MetricsSink(Protocol):
         """Flush and release resources."""
 
 
+def _record_of(line: str) -> Optional[Dict[str, Any]]:
+    """One ``metrics.jsonl`` line as a record (None when it is not a JSON object: a line cut short, say)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _step_of(line: str) -> Optional[int]:
     """The ``step`` of one ``metrics.jsonl`` line (None when the line is not a record)."""
-    try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError):
-        return None
+    step = (_record_of(line) or {}).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
@@ -96,13 +102,22 @@ def check_log_dir_unused(log_dir: Optional[str | os.PathLike[str]]) -> None:
 
 def drop_logged_steps_after(log_dir: str | os.PathLike[str], step: int) -> int:
     """Drop the records of the steps after ``step`` from ``log_dir/metrics.jsonl`` (written by an interrupted process
-    before it stopped; the run logs those steps again); how many were dropped. The file is replaced atomically."""
+    before it stopped; the run logs those steps again); how many were dropped. The file is replaced atomically.
+
+    A last line cut short (a process killed while writing it, a full disk) is dropped too, with a warning: the
+    records appended next would otherwise continue it, making one line that no reader can parse.
+    """
     path = Path(log_dir) / METRICS_FILE
     if not path.is_file():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     kept = [line for line in lines if (_step_of(line) or 0) <= step]
-    if len(kept) < len(lines):
+    if kept and not kept[-1].endswith("\n"):
+        if _record_of(kept[-1]) is None:
+            logger.warning("%s ends with a line cut short; it is dropped: %.80s", path, kept.pop())
+        else:
+            kept[-1] += "\n"
+    if kept != lines:
         staging = path.with_name(f".{METRICS_FILE}.tmp")
         staging.write_text("".join(kept), encoding="utf-8")
         os.replace(staging, path)
@@ -345,10 +360,20 @@ def _default_run_id(log_dir: Optional[Path], algorithm: str) -> str:
 
 
 def read_metrics(path: Path) -> List[Dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` file, in order."""
+    """Records of a ``metrics.jsonl`` file, in order; a line that is not a record (cut short by a process killed while
+    writing it, say) is skipped with a warning naming it."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        record = _record_of(line)
+        if record is None:
+            logger.warning("%s line %d is not a metrics record; it is skipped: %.80s", path, number, line)
+            continue
+        records.append(record)
+    return records
 
 
 def plot_reward_curve(records: List[Dict[str, Any]], path: Path, title: str = "GRPO") -> Optional[Path]:

@@ -458,17 +458,21 @@ def _train(
             settings = settings.model_copy(update={"total_optimizer_steps": total})
         trainer = build_sft_trainer(loaded, tokenizer, settings)
         earlier: List[Dict[str, float]] = []
-        extra = {"data_sha256": data_digest(selected)} if checkpoint_dir is not None else {}
+        extra: Dict[str, Any] = {}
+        if checkpoint_dir is not None:
+            extra = {"data_sha256": data_digest(selected), **{name: getattr(settings, name) for name in _BATCH_OPTIONS}}
         if checkpoint_dir is not None and resume_from is not None:
             _check_same_data(resume_from, extra["data_sha256"], len(selected), checkpoint_dir)
+            _check_same_batches(resume_from, settings, checkpoint_dir)
             saved = trainer.load_checkpoint(resume_from).get("history")
             earlier = list(saved) if isinstance(saved, list) else []
         complete = trainer.global_step >= total
         if complete:
             logger.warning(
-                "This run is already complete: its checkpoint %s holds all %d optimizer steps, so nothing is trained. "
-                "To train again, use another output_dir.",
+                "This run is already complete: its checkpoint %s holds %d optimizer steps, and this run has %d, so "
+                "nothing is trained. To train again, use another output_dir.",
                 latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None,
+                trainer.global_step,
                 total,
             )
         val_tokens: List[TokenSample] = []
@@ -510,6 +514,37 @@ def _train(
         elif merge and result.finished:
             result.model = trainer.model.merge_and_unload() if trainer.uses_lora else trainer.model
         return result
+
+
+_BATCH_OPTIONS = ("train_batch_size", "seed")
+"""The options that say which samples each optimizer step takes, saved with each checkpoint: a checkpoint's step
+counts batches of its ``train_batch_size``, drawn in its ``seed``'s order."""
+
+
+def _check_same_batches(checkpoint: Path, settings: SFTConfig, checkpoint_dir: Path) -> None:
+    """Refuse to resume ``checkpoint`` with another ``train_batch_size`` or ``seed`` than it was trained with.
+
+    A checkpoint's position in the data is its step, counted in its own batches and order: with other ones the run
+    would skip some samples and repeat others without a word. Checkpoints that do not record them are not checked.
+
+    Raises:
+        CheckpointError: An option differs; the message names the checkpoint's value and this run's.
+    """
+    from agentbolt.algorithm.finetuning.trainer import CheckpointError, checkpoint_state
+
+    extra = checkpoint_state(checkpoint).get("extra")
+    extra = extra if isinstance(extra, dict) else {}
+    differences = [
+        f"{name}={extra[name]!r} (this run: {getattr(settings, name)!r})"
+        for name in _BATCH_OPTIONS
+        if name in extra and extra[name] != getattr(settings, name)
+    ]
+    if differences:
+        raise CheckpointError(
+            f"{checkpoint} was trained with {', '.join(differences)}: its step counts the batches those options "
+            "draw, so resuming with other ones would skip some samples and repeat others. Resume with the "
+            f"checkpoint's values, or use another output_dir (or delete {checkpoint_dir}) to train with these."
+        )
 
 
 def _check_same_data(checkpoint: Path, digest: str, count: int, checkpoint_dir: Path) -> None:
