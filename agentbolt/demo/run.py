@@ -341,6 +341,8 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
         ValueError: ``n_val`` is below 1, or the split sizes cannot be generated (:func:`make_splits`).
         RuntimeError: Validation did not run (no accuracy to report).
     """
+    from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
+
     started = time.perf_counter()
     if follow_grpo_updates(config):
         return None
@@ -370,7 +372,7 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
         raise RuntimeError("the demo did not complete its validations; see the log for the failure")
     split = step_time_split(log_dir / "metrics.jsonl")
     curve = log_dir / "reward_curve.png"
-    checkpoints = sorted(checkpoint_dir.glob("step_*")) if checkpoint_dir.exists() else []
+    checkpoint = latest_checkpoint(checkpoint_dir)
     return DemoResult(
         model=config.model,
         dtype=dtype,
@@ -384,6 +386,6 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
         run_dir=str(run_dir),
         metrics_path=str(log_dir / "metrics.jsonl"),
         curve_path=str(curve) if curve.exists() else None,
-        checkpoint_dir=str(checkpoints[-1]) if checkpoints else None,
+        checkpoint_dir=str(checkpoint) if checkpoint is not None else None,
         store_path=str(store_path),
     )
