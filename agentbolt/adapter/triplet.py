@@ -74,8 +74,9 @@ from agentbolt.semconv import (
 from agentbolt.types import Span, Triplet
 from agentbolt.types.wire import NON_FINITE_FLOATS
 
+from .agent_match import agent_selected, compile_agent_match, report_agent_selection
 from .base import TraceToTripletBase, span_list
-from .calls import CallIdentities, call_identity
+from .calls import CallAgentNames, CallIdentities, call_identity
 from .fenwick import MinimumTree
 from .messages import decode_content, group_genai_dict
 
@@ -668,8 +669,11 @@ class TraceTree:
 
         Args:
             llm_call_match: Regex (``re.search``) on span names identifying LLM calls.
-            agent_match: Regex on agent names; only calls made inside a matching agent's subtree are kept. An LLM
-                span carrying ``agentbolt.llm.agent_name`` is attributed to that agent instead. None keeps all calls.
+            agent_match: Regex searched in agent names (:mod:`agentbolt.adapter.agent_match`); only calls of
+                matching agents are kept. A call's agent is the ``agentbolt.llm.agent_name`` (the gateway's
+                header) carried by any record of the call (:mod:`agentbolt.adapter.calls`), else the innermost agent
+                span enclosing it (a LangChain composition such as ``RunnableSequence`` inside a named agent does not
+                rename its calls). A call without an agent name is kept only when this is None (None keeps all).
             within_matching_subtree: Name of the enclosing matching agent (``""`` for "no agent, but everything
                 matches"); None when outside any matching agent.
             within_reward: None disables the check; otherwise calls nested under a reward span are skipped.
@@ -690,27 +694,34 @@ class TraceTree:
             CallIdentities(existing_llm_call_response_ids) if existing_llm_call_response_ids is not None else None
         )
         call_pattern = re.compile(llm_call_match)
-        agent_pattern = re.compile(agent_match) if agent_match is not None else None
+        agent_pattern = compile_agent_match(agent_match)
 
         # Depth-first with an explicit stack (traces can nest deeper than Python's recursion limit); each entry
-        # carries the state inherited from its parent.
+        # carries the state inherited from its parent: the innermost agent's name (None: no agent) and whether
+        # agent_match selects it.
+        header_names = self._call_agent_names()
         results: List[Tuple[TraceTree, str]] = []
-        stack: List[Tuple[TraceTree, Optional[str], Optional[bool], Optional[bool]]] = [
-            (self, within_matching_subtree, within_reward, within_llm_call)
+        excluded: List[Optional[str]] = []  # agent names of the calls agent_match leaves out
+        stack: List[Tuple[TraceTree, Optional[str], bool, Optional[bool], Optional[bool]]] = [
+            (self, within_matching_subtree, within_matching_subtree is not None, within_reward, within_llm_call)
         ]
         while stack:
-            node, subtree_agent, in_reward, in_call = stack.pop()
+            node, subtree_agent, subtree_selected, in_reward, in_call = stack.pop()
             agent = node.agent_name()
-            if agent is not None:
-                subtree_agent = agent if agent_pattern is None or agent_pattern.search(agent) else None
+            if agent is not None and not (subtree_agent and _is_langchain_composition(node.span)):
+                subtree_agent, subtree_selected = agent, agent_selected(agent_pattern, agent)
             if in_reward is not None and node.is_reward_span():
                 in_reward = True
             if not in_reward and call_pattern.search(node.span.name):
-                call_agent = subtree_agent
-                own_agent = node.span.attributes.get(LLM_AGENT_NAME)
-                if isinstance(own_agent, str) and own_agent:
-                    call_agent = own_agent if agent_pattern is None or agent_pattern.search(own_agent) else None
-                if call_agent is not None:
+                call_agent, call_selected = subtree_agent, subtree_selected
+                own_agent = _own_agent_name(node.span)
+                if own_agent is None and header_names is not None:  # another record of the call may carry it
+                    own_agent = header_names.get(*call_identity(node.span.attributes, _RESPONSE_ID_KEYS))
+                if own_agent is not None:  # the gateway's header name wins over the enclosing agent spans
+                    call_agent, call_selected = own_agent, agent_selected(agent_pattern, own_agent)
+                if not call_selected:
+                    excluded.append(call_agent)
+                else:
                     accepted = True
                     if identities is not None:
                         call_id, response_id = call_identity(node.span.attributes, _RESPONSE_ID_KEYS)
@@ -719,11 +730,26 @@ class TraceTree:
                         else:
                             accepted = identities.claim(call_id, response_id)
                     if accepted:
-                        results.append((node, call_agent))
+                        results.append((node, call_agent or ""))
                         if in_call is not None:
                             in_call = True
-            stack.extend((child, subtree_agent, in_reward, in_call) for child in reversed(node.children))
+            stack.extend(
+                (child, subtree_agent, subtree_selected, in_reward, in_call) for child in reversed(node.children)
+            )
+        report_agent_selection(
+            agent_pattern, [name for _, name in results] + excluded, len(results), self.span.rollout_id
+        )
         return results
+
+    def _call_agent_names(self) -> Optional[CallAgentNames]:
+        """The agent names the subtree's call records carry (``agentbolt.llm.agent_name``), by call; None if none."""
+        names: Optional[CallAgentNames] = None
+        for node in self.traverse():
+            name = _own_agent_name(node.span)
+            if name is not None:
+                names = names or CallAgentNames()
+                names.add(*call_identity(node.span.attributes, _RESPONSE_ID_KEYS), name)
+        return names
 
     def match_rewards(self, reward_match: str, llm_calls: List[TraceTree]) -> Dict[str, Optional[float]]:
         """Assign each reward span of the tree to at most one LLM call.
@@ -894,6 +920,27 @@ class TraceTree:
 # -- adapters -------------------------------------------------------------------------------------------------------
 
 
+_LANGCHAIN_CHAIN = "langchain.Chain."
+_LANGCHAIN_COMPOSITION = re.compile(r"Runnable[A-Z]\w*")
+
+
+def _is_langchain_composition(span: Span) -> bool:
+    """Whether the span is one of LangChain's or LangGraph's anonymous building blocks (``RunnableSequence``,
+    ``RunnableLambda``, ``RunnableCallable``...: ``prompt | model`` inside a graph node), which names no agent of its
+    own: the calls inside it belong to the node or agent that runs it."""
+    if not span.name.startswith(_LANGCHAIN_CHAIN):
+        return False
+    name = span.attributes.get("lc_name")
+    name = name if isinstance(name, str) and name else span.name[len(_LANGCHAIN_CHAIN) :]
+    return _LANGCHAIN_COMPOSITION.fullmatch(name) is not None
+
+
+def _own_agent_name(span: Span) -> Optional[str]:
+    """The agent name an LLM-call record carries itself (the gateway copies it from the request's header)."""
+    name = span.attributes.get(LLM_AGENT_NAME)
+    return name if isinstance(name, str) and name else None
+
+
 def _to_spans(source: Sequence[Union[Span, ReadableSpan]]) -> List[Span]:
     return [s if isinstance(s, Span) else Span.from_opentelemetry(s, "dummy", "dummy", 0) for s in source]
 
@@ -907,8 +954,8 @@ class TracerTraceToTriplet(TraceToTripletBase):
             ``openai\\.chat\\.completion``, matches the OpenAI SDK instrumentation's chat completions; its legacy text
             completions (``client.completions.create``) are ``openai.completion`` spans, which
             ``r"openai\\.(chat\\.)?completion"`` matches too.
-        agent_match: Regex on agent names; only calls made by matching agents are kept (None keeps all). This
-            selects which agents of a multi-agent system are trained.
+        agent_match: Regex searched in agent names; only calls made by matching agents are kept (None keeps all,
+            see :mod:`agentbolt.adapter.agent_match`). This selects which agents of a multi-agent system are trained.
         exclude_llm_call_in_reward: Skip LLM calls made inside reward computations.
         reward_match: How reward spans are assigned to LLM calls.
         _skip_empty_token_spans: Drop calls without prompt or response token ids.
@@ -932,9 +979,8 @@ class TracerTraceToTriplet(TraceToTripletBase):
         self.exclude_llm_call_in_reward = exclude_llm_call_in_reward
         self.reward_match = RewardMatchPolicy(reward_match)
         self._skip_empty_token_spans = _skip_empty_token_spans
-        for pattern in (llm_call_match, agent_match):
-            if pattern is not None:
-                re.compile(pattern)  # fail early on an invalid regex
+        re.compile(llm_call_match)  # fail early on an invalid regex
+        compile_agent_match(agent_match)
 
     def _tree(self, source: Sequence[Union[Span, ReadableSpan]]) -> TraceTree:
         tree = self.tree_type.from_spans(_to_spans(source))
@@ -1025,15 +1071,15 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
     response id; each reward span goes to the latest earlier call without a reward.
 
     Args:
-        agent_match: Regex on agent names; only matching agents' calls are kept (None keeps all). A call's agent is
-            the span's ``agentbolt.llm.agent_name`` or, when absent, the nearest enclosing agent span of the
-            rollout's tracer spans (by parent link, or by time when the gateway span has no parent).
+        agent_match: Regex searched in agent names; only matching agents' calls are kept (None keeps all, see
+            :mod:`agentbolt.adapter.agent_match`). A call's agent is the span's ``agentbolt.llm.agent_name`` or,
+            when absent, the nearest enclosing agent span of the rollout's tracer spans (by parent link, or by time
+            when the gateway span has no parent).
     """
 
     def __init__(self, agent_match: Optional[str] = None) -> None:
         self.agent_match = agent_match
-        if agent_match is not None:
-            re.compile(agent_match)
+        compile_agent_match(agent_match)  # fail early on an invalid regex
 
     def adapt(self, source: Sequence[Span], /) -> List[Triplet]:
         """Convert the spans of one rollout into triplets, in call order.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Sequence
 
+from agentbolt.adapter.agent_match import compile_agent_match
 from agentbolt.utils.checks import check_bool, check_count, check_finite, check_port
 from agentbolt.utils.imports import import_extra
 from agentbolt.verl import require_verl
@@ -71,10 +72,7 @@ def check_agentbolt_settings(settings: Any) -> None:
     pattern = settings.get("agent_match")
     if pattern is not None:
         _check_text(pattern, "agentbolt.agent_match", optional=True)
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"agentbolt.agent_match is not a valid regular expression ({exc}): {pattern!r}") from None
+        compile_agent_match(pattern, "agentbolt.agent_match")
     if "instrument_vllm" in settings:
         check_bool(settings["instrument_vllm"], "agentbolt.instrument_vllm")
     store = settings.get("store")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
+from agentbolt.adapter.agent_match import compile_agent_match, select_calls
 from agentbolt.adapter.triplet import parse_logprobs, triplet_token_ids
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Rollout, RolloutConfig, Triplet
@@ -90,7 +91,7 @@ class AggregationStats:
     calls_without_tokens: int = 0
     """Calls without prompt or response token ids (not trained on)."""
     calls_of_other_agents: int = 0
-    """Calls of agents that ``agent_match`` excludes."""
+    """Calls of agents that ``agent_match`` excludes (calls without an agent name included)."""
     mismatches: int = 0
     """Calls whose prompt did not continue the trajectory so far (each starts a new sample)."""
     prompts_too_long: int = 0
@@ -138,7 +139,8 @@ def aggregate_rollout(
             call's prompt continues the previous context (prompt + response so far); the tokens it adds (tool
             results, the next user turn, the chat template's glue) join the response with mask 0. A call whose
             prompt does not continue it starts a new sample (counted as a mismatch).
-        agent_match: Regex over agent names; calls of other agents are skipped (None: every call).
+        agent_match: Regex searched in agent names (:mod:`agentbolt.adapter.agent_match`); calls of other agents,
+            and calls without an agent name, are skipped (None: every call).
         max_prompt_length: Samples with longer prompts are dropped.
         max_response_length: Longer responses are cut to this many tokens.
         debug: Record the token ids of every mismatch in the stats.
@@ -146,15 +148,11 @@ def aggregate_rollout(
     Returns:
         The samples and what happened to the calls.
     """
-    import re
-
     stats = AggregationStats()
-    pattern = re.compile(agent_match) if agent_match is not None else None
     calls: List[Tuple[List[int], List[int], Optional[List[float]]]] = []
-    for triplet in triplets:
+    for triplet, (_, selected) in zip(triplets, select_calls(triplets, agent_match, rollout_id), strict=True):
         stats.calls += 1
-        agent = triplet.metadata.get("agent_name")
-        if pattern is not None and not (isinstance(agent, str) and pattern.search(agent)):
+        if not selected:
             stats.calls_of_other_agents += 1
             continue
         prompt, response, logprobs = _call_tokens(triplet)
@@ -366,6 +364,9 @@ class AgentModeDaemon:
             raise ValueError(f"trace_aggregator.level must be 'transition' or 'trajectory', got {level!r}")
         if train_rollout_n < 1 or val_rollout_n < 1:
             raise ValueError("the number of rollouts per task must be at least 1")
+        compile_agent_match(
+            agent_match, "agentbolt.agent_match"
+        )  # an invalid pattern fails here, not after the first step's rollouts
         if llm_proxy is None:
             check_gateway_port(host, port)
         self.store = store
@@ -605,6 +606,7 @@ class AgentModeDaemon:
             "agent_mode/samples": float(len(samples)),
             "agent_mode/calls": float(stats.calls),
             "agent_mode/calls_without_tokens": float(stats.calls_without_tokens),
+            "agent_mode/calls_of_other_agents": float(stats.calls_of_other_agents),
             "agent_mode/mismatches": float(stats.mismatches),
             "agent_mode/prompts_too_long": float(stats.prompts_too_long),
             "agent_mode/responses_cut": float(stats.responses_cut),

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Literal, Optional, Union, get_args, get_orig
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from agentbolt.adapter.agent_match import compile_agent_match
 from agentbolt.store.outage import DEFAULT_STORE_OUTAGE_TIMEOUT
 
 __all__ = ["FinetuningConfig"]
@@ -232,11 +233,7 @@ class FinetuningConfig(BaseModel):
     @field_validator("agent_match")
     @classmethod
     def _compiles(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"agent_match must be a regular expression; {value!r} is not: {exc}") from None
+        compile_agent_match(value)
         return value
 
     @field_validator("device")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
+from agentbolt.adapter.agent_match import select_calls
 from agentbolt.adapter.triplet import parse_logprobs, triplet_token_ids
 from agentbolt.types import Triplet
 from agentbolt.utils.counters import Counters
@@ -87,7 +87,7 @@ class SampleStats(Counters):
     calls: int = 0
     """LLM calls seen in the triplets."""
     other_agents: int = 0
-    """Calls skipped because their agent does not match ``agent_match``."""
+    """Calls skipped because their agent does not match ``agent_match`` (calls without an agent name included)."""
     missing_tokens: int = 0
     """Calls skipped because the trace has no prompt or response token ids."""
     too_long: int = 0
@@ -99,11 +99,6 @@ class SampleStats(Counters):
     off_distribution: int = 0
     """Kept calls whose request changed the sampled distribution (guided decoding, ``top_p`` < 1...: see
     :func:`distribution_changing`): their tokens were not drawn from the policy the trainer scores them under."""
-
-
-def _agent_name(triplet: Triplet) -> Optional[str]:
-    name = triplet.metadata.get("agent_name")
-    return name if isinstance(name, str) else None
 
 
 def distribution_changing(triplet: Triplet) -> List[str]:
@@ -167,22 +162,24 @@ def triplets_to_samples(
         group_id: Id shared by all rollouts of the same task.
         final_reward: The rollout's final reward.
         credit: Credit rule, see :func:`assign_credit`.
-        agent_match: Regex over agent names; calls of other agents are skipped. A call without an agent name is
-            kept only when ``agent_match`` is None.
+        agent_match: Regex searched in agent names (:mod:`agentbolt.adapter.agent_match`); calls of other agents
+            are skipped. A call without an agent name is kept only when ``agent_match`` is None.
         max_sequence_length: Calls longer than this (prompt + response) are skipped.
         vocab_size: Rows of the trained model's embedding: a call holding a token id at or above it is skipped (its
             ids come from another tokenizer, and the model would fail to embed them). None: not checked.
 
     Returns:
         The samples and counters of skipped calls.
+
+    Raises:
+        ValueError: ``agent_match`` is not a valid regular expression.
     """
     stats = SampleStats(calls=len(triplets))
-    pattern = re.compile(agent_match) if agent_match is not None else None
+    selection = select_calls(triplets, agent_match, rollout_id)
     rewards = assign_credit(triplets, final_reward, credit)
     samples: List[TokenSample] = []
-    for triplet, reward in zip(triplets, rewards, strict=True):
-        agent = _agent_name(triplet)
-        if pattern is not None and (agent is None or not pattern.search(agent)):
+    for triplet, reward, (agent, selected) in zip(triplets, rewards, selection, strict=True):
+        if not selected:
             stats.other_agents += 1
             continue
         prompt_ids, response_ids = triplet_token_ids(triplet.prompt), triplet_token_ids(triplet.response)

@@ -250,6 +250,7 @@ class SFT(FinetuningAlgorithm):
 def empty_selection_reasons(calls: CallStats, tokens: TokenizeStats, selection: SelectionStats) -> str:
     """The non-zero drop counters (``"too long: 4, below_min_reward: 2"``), saying why a selection is empty."""
     reasons = {
+        "other agents' calls (agent_match)": calls.other_agents,
         "without usable data": tokens.unusable + tokens.missing_tokens + calls.without_data,
         "too long": tokens.too_long,
         **selection.as_metrics(""),

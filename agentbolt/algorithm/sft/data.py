@@ -23,11 +23,11 @@ import json
 import logging
 import math
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
+from agentbolt.adapter.agent_match import select_calls
 from agentbolt.adapter.messages import convert_to_openai_messages
 from agentbolt.adapter.triplet import TracerTraceToTriplet, TraceTree, is_token_id_list
 from agentbolt.algorithm.utils import task_key
@@ -330,7 +330,7 @@ class CallStats(Counters):
     calls: int = 0
     """LLM calls seen."""
     other_agents: int = 0
-    """Skipped: made by an agent ``agent_match`` does not select."""
+    """Skipped: made by an agent ``agent_match`` does not select, or by no named agent while it is set."""
     without_data: int = 0
     """Skipped: the trace holds neither the call's messages nor its token ids (with a student prompt: no messages,
     or a text completion, whose prompt is no chat to rewrite)."""
@@ -456,7 +456,8 @@ def samples_from_triplets(
         triplets: The rollout's calls in order (from an adapter that keeps ``raw_content`` and token ids).
         final_reward: The rollout's final reward.
         propagation: See :func:`propagate_rewards`.
-        agent_match: Regex over the call's agent name (a call without one is kept only when this is None).
+        agent_match: Regex searched in the call's agent name (a call without one is kept only when this is None;
+            see :mod:`agentbolt.adapter.agent_match`).
         rollout_id: Recorded on each sample.
         task_id: Recorded on each sample.
         metadata: Recorded on each sample.
@@ -466,14 +467,12 @@ def samples_from_triplets(
     Returns:
         The samples, and the calls skipped (:class:`CallStats`).
     """
-    pattern = re.compile(agent_match) if agent_match is not None else None
+    selection = select_calls(triplets, agent_match, rollout_id)
     rewards = propagate_rewards([t.reward for t in triplets], final_reward, propagation)
     samples: List[ChatSample] = []
     stats = CallStats(calls=len(triplets))
-    for triplet, reward in zip(triplets, rewards, strict=True):
-        agent = triplet.metadata.get("agent_name")
-        agent = agent if isinstance(agent, str) and agent else None
-        if pattern is not None and (agent is None or not pattern.search(agent)):
+    for triplet, reward, (agent, selected) in zip(triplets, rewards, selection, strict=True):
+        if not selected:
             stats.other_agents += 1
             continue
         conversation = _triplet_messages(triplet)

@@ -52,6 +52,7 @@ from typing import (
     Union,
 )
 
+from agentbolt.adapter.agent_match import compile_agent_match
 from agentbolt.algorithm.sft.data import (
     ChatSample,
     RewardPropagation,
@@ -123,11 +124,7 @@ class ExportFilter:
         self.status = check_choices(self.status, "status", RolloutStatus)
         check_finite(self.min_reward, "min_reward", optional=True)
         check_finite(self.max_reward, "max_reward", optional=True)
-        if self.agent is not None:
-            try:
-                re.compile(self.agent)
-            except re.error as exc:
-                raise ValueError(f"invalid agent regex {self.agent!r}: {exc}") from None
+        compile_agent_match(self.agent, "agent")
         if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
             raise ValueError(f"min_reward {self.min_reward} is above max_reward {self.max_reward}")
 

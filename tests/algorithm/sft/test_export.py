@@ -278,7 +278,7 @@ def test_an_export_filter_of_modes_skips_rollouts_without_one() -> None:
         (["--what", "traces"], "'traces' is not one of"),
         (["--mode", "dev"], "--mode 'dev' is not one of train, val, test"),
         (["--status", "done"], "--status 'done' is not one of"),
-        (["--agent", "(unclosed"], "invalid agent regex '(unclosed'"),
+        (["--agent", "(unclosed"], "agent must be a regular expression; '(unclosed' is not"),
         (["--min-reward", "1", "--max-reward", "0"], "min_reward 1.0 is above max_reward 0.0"),
         (["--format", "csv"], "'csv' is not one of"),
     ],

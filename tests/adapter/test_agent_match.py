@@ -1,0 +1,194 @@
+"""``agent_match``: one rule for which agent made a call and whether it is trained, in every adapter."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import List
+
+import openai
+import pytest
+from span_factory import SpanFactory
+from support.fake_openai import FakeOpenAIConfig, FakeOpenAIServer
+
+from agentbolt.adapter import LlmProxyTraceToTriplet, TracerTraceToTriplet
+from agentbolt.adapter.agent_match import AgentMatchError, compile_agent_match
+from agentbolt.algorithm.sft.data import CallTraceToTriplet
+from agentbolt.emitter import operation
+from agentbolt.llm_proxy import LLMProxy
+from agentbolt.semconv import LLM_AGENT_NAME_HEADER
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.tracer.agentops import AgentOpsTracer
+from agentbolt.types import Span
+
+GATEWAY_AND_SDK_CALLS = r"^(agentbolt\.llm_call|openai\.chat\.completion)$"
+
+
+def _nested_trace() -> List[Span]:
+    """planner > executor > call r1; planner > call r2 (header: critic); a call r3 outside any agent."""
+    f = SpanFactory()
+    planner = f.agent("planner", 0, 10)
+    executor = f.agent("executor", 1, 5, parent=planner)
+    return [
+        planner,
+        executor,
+        f.llm_call(2, 3, response_id="r1", parent=executor),
+        f.llm_call(6, 7, response_id="r2", parent=planner, extra={"agentbolt.llm.agent_name": "critic"}),
+        f.llm_call(11, 12, response_id="r3"),
+    ]
+
+
+def _calls(triplets: list) -> List[tuple]:
+    return [(t.metadata["response_id"], t.metadata["agent_name"]) for t in triplets]
+
+
+def test_a_call_belongs_to_the_innermost_agent_and_the_header_name_wins() -> None:
+    assert _calls(TracerTraceToTriplet()(_nested_trace())) == [("r1", "executor"), ("r2", "critic"), ("r3", "")]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kept"),
+    [
+        ("planner", []),  # the planner's own call is tagged critic, the nested one belongs to executor
+        ("exec", ["r1"]),  # searched, not matched in full
+        ("^(executor|critic)$", ["r1", "r2"]),
+        ("", ["r1", "r2"]),  # every named call; the unnamed one only with agent_match=None
+    ],
+)
+def test_agent_match_is_searched_and_never_keeps_an_unnamed_call(pattern: str, kept: List[str]) -> None:
+    triplets = TracerTraceToTriplet(agent_match=pattern)(_nested_trace())
+    assert [t.metadata["response_id"] for t in triplets] == kept
+
+
+def test_a_pattern_searches_inside_longer_names() -> None:
+    f = SpanFactory()
+    spans: List[Span] = []
+    for i, name in enumerate(["planner_v2", "sub-planner", "plan"]):
+        agent = f.agent(name, 10 * i, 10 * i + 5)
+        spans += [agent, f.llm_call(10 * i + 1, 10 * i + 2, response_id=name, parent=agent)]
+    assert [t.metadata["response_id"] for t in TracerTraceToTriplet(agent_match="planner")(spans)] == [
+        "planner_v2",
+        "sub-planner",
+    ]
+    assert TracerTraceToTriplet(agent_match="^planner$")(spans) == []
+
+
+@pytest.mark.parametrize("make", [TracerTraceToTriplet, LlmProxyTraceToTriplet], ids=["tracer", "gateway"])
+def test_an_invalid_agent_match_fails_at_construction_naming_the_pattern(make: type) -> None:
+    with pytest.raises(ValueError, match=r"agent_match must be a regular expression; '\(planner' is not"):
+        make(agent_match="(planner")
+    with pytest.raises(re.error):  # what re.compile raises, as before
+        make(agent_match="[a")
+    with pytest.raises(TypeError, match="agent_match must be a regular expression string or None, got int 3"):
+        make(agent_match=3)
+
+
+def test_the_invalid_pattern_error_keeps_the_pattern_and_position() -> None:
+    with pytest.raises(AgentMatchError) as caught:
+        compile_agent_match("ab(", "agentbolt.agent_match")
+    assert (caught.value.pattern, caught.value.pos) == ("ab(", 2)
+    assert str(caught.value).startswith("agentbolt.agent_match must be a regular expression; 'ab(' is not")
+
+
+def test_a_pattern_that_selects_nothing_is_reported_once_with_the_names_seen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pattern = f"planer-{uuid.uuid4().hex[:6]}"  # a misspelt name, unique to this test
+    adapter = TracerTraceToTriplet(agent_match=pattern)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.adapter.agent_match"):
+        assert adapter(_nested_trace()) == []
+        assert adapter(_nested_trace()) == []
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert f"agent_match {pattern!r} selects none of the 3 LLM call(s) of rollout ro-test" in message
+    assert "'critic', 'executor', 1 call(s) without an agent name" in message
+
+
+def test_a_pattern_that_selected_a_call_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:
+    pattern = f"^executor$|{uuid.uuid4().hex[:6]}"
+    adapter = TracerTraceToTriplet(agent_match=pattern)
+    f = SpanFactory()
+    other = f.agent("critic", 0, 2)
+    with caplog.at_level(logging.WARNING, logger="agentbolt.adapter.agent_match"):
+        assert len(adapter(_nested_trace())) == 1
+        assert adapter([other, f.llm_call(0.5, 1, response_id="x", parent=other)]) == []
+    assert caplog.records == []
+
+
+async def test_the_gateway_header_names_the_call_in_every_adapter() -> None:
+    """A call sent with the agent-name header from inside another agent's span: every adapter names it after the
+    header, whichever record of the call (the gateway's or the OpenAI SDK's) it reads."""
+    store = InMemoryLightningStore(thread_safe=True)
+    rollout = await store.start_rollout(input={"task": "plan"})
+    with FakeOpenAIServer(FakeOpenAIConfig(token_ids=True)) as backend:
+        model_list = [
+            {"model_name": "policy", "litellm_params": {"model": "hosted_vllm/m", "api_base": backend.base_url}}
+        ]
+        proxy = LLMProxy(model_list=model_list, store=store, launch_mode="asyncio")
+        await proxy.start()
+        try:
+            llm = proxy.as_resource(model="policy")
+            base_url = llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)  # type: ignore[call-arg]
+            tracer = AgentOpsTracer()
+            with tracer.lifespan(store):
+                async with tracer.trace_context(
+                    "plan", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
+                ):
+                    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+                    with operation(name="planner", **{"agent.name": "planner"}):
+                        await client.chat.completions.create(
+                            model="policy",
+                            messages=[{"role": "user", "content": "go"}],
+                            extra_headers={LLM_AGENT_NAME_HEADER: "executor"},
+                        )
+                    await client.close()
+        finally:
+            await proxy.stop()
+    spans = list(await store.query_spans(rollout.rollout_id))
+    assert {"agentbolt.llm_call", "openai.chat.completion"} <= {s.name for s in spans}
+
+    adapters = {
+        "tracer (SDK record)": TracerTraceToTriplet(),
+        "gateway record": LlmProxyTraceToTriplet(),
+        "sft (both records)": CallTraceToTriplet(llm_call_match=GATEWAY_AND_SDK_CALLS),
+    }
+    for label, adapter in adapters.items():
+        assert [t.metadata["agent_name"] for t in adapter(spans)] == ["executor"], label
+        selected = type(adapter)(agent_match="^executor$")  # type: ignore[call-arg]
+        if isinstance(adapter, TracerTraceToTriplet):
+            selected.llm_call_match = adapter.llm_call_match
+        assert len(selected(spans)) == 1, label
+
+
+async def test_a_langgraph_node_names_the_calls_of_the_chains_it_runs() -> None:
+    """``prompt | model`` inside a node runs as a ``RunnableSequence``: its call still belongs to the node."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    store = InMemoryLightningStore(thread_safe=True)
+    rollout = await store.start_rollout(input={"task": "plan"})
+    with FakeOpenAIServer(FakeOpenAIConfig(token_ids=True)) as backend:
+        model = ChatOpenAI(base_url=backend.base_url, api_key="unused", model="m", max_retries=0)
+        prompt = ChatPromptTemplate.from_messages([("placeholder", "{messages}")])
+        graph = StateGraph(MessagesState)
+        graph.add_node("planner", lambda state: {"messages": [model.invoke(state["messages"])]})
+        graph.add_node("writer", lambda state: {"messages": [(prompt | model).invoke(state)]})
+        graph.add_edge(START, "planner")
+        graph.add_edge("planner", "writer")
+        graph.add_edge("writer", END)
+        tracer = AgentOpsTracer()
+        with tracer.lifespan(store):
+            async with tracer.trace_context(
+                "plan", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id
+            ):
+                await graph.compile().ainvoke(
+                    {"messages": [("user", "hi")]}, {"callbacks": [tracer.get_langchain_handler()]}
+                )
+    spans = list(await store.query_spans(rollout.rollout_id))
+    assert "langchain.Chain.RunnableSequence" in {s.name for s in spans}
+    assert [t.metadata["agent_name"] for t in TracerTraceToTriplet()(spans)] == ["planner", "writer"]
+    assert len(TracerTraceToTriplet(agent_match="^writer$")(spans)) == 1
