@@ -55,7 +55,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agentbolt.llm_call_attributes import CompletionRecord as _Response
 from agentbolt.llm_call_attributes import request_attributes
-from agentbolt.semconv import LLM_CALL_ID, LLM_CALL_ID_HEADER
+from agentbolt.semconv import LLM_AGENT_NAME, LLM_AGENT_NAME_HEADER, LLM_CALL_ID, LLM_CALL_ID_HEADER
 from agentbolt.utils.otel import record_exception_event
 
 __all__ = [
@@ -201,11 +201,25 @@ def _request_body(options: Any) -> Mapping[str, Any]:
     return {**body, **extra} if isinstance(extra, Mapping) and extra else body
 
 
-def _start_span(endpoint: _Endpoint, body: Mapping[str, Any]) -> trace_api.Span:
+def _agent_name(client: Any, options: Any) -> Optional[str]:
+    """The agent name a request carries in the :data:`~agentbolt.semconv.LLM_AGENT_NAME_HEADER` header (the call's
+    ``extra_headers`` first, then the client's ``default_headers``), as the gateway reads it; None without one."""
+    for headers in (getattr(options, "headers", None), getattr(client, "default_headers", None)):
+        if not isinstance(headers, Mapping):
+            continue
+        for key, value in headers.items():
+            if isinstance(key, str) and key.lower() == LLM_AGENT_NAME_HEADER and isinstance(value, str) and value:
+                return value
+    return None
+
+
+def _start_span(endpoint: _Endpoint, body: Mapping[str, Any], agent_name: Optional[str]) -> trace_api.Span:
     span = _get_tracer().start_span(endpoint.span_name, kind=SpanKind.CLIENT)
     if span.is_recording():
         try:
             span.set_attributes(request_attributes(body, operation=endpoint.operation, provider="openai"))
+            if agent_name is not None:
+                span.set_attribute(LLM_AGENT_NAME, agent_name)
         except Exception:
             logger.exception("Failed to record the LLM call's request on the span")
     return span
@@ -444,7 +458,7 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
         if endpoint is None:
             return original(self, cast_to, options, *args, **kwargs)
         body = _request_body(options)
-        span = _start_span(endpoint, body)
+        span = _start_span(endpoint, body, _agent_name(self, options))
         with _call_in_span(span):
             result = original(self, cast_to, options, *args, **kwargs)
         return _hand_over(span, result, _is_streaming(body, kwargs), _TracedStream)
@@ -463,7 +477,7 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
             return await original(self, cast_to, options, *args, **kwargs)
         body = _request_body(options)
         streaming = _is_streaming(body, kwargs)
-        span = _start_span(endpoint, body)
+        span = _start_span(endpoint, body, _agent_name(self, options))
         with _call_in_span(span):
             result = await original(self, cast_to, options, *args, **kwargs)
         received = not (span.is_recording() and _is_raw_response(result)) or await _read_raw_async(

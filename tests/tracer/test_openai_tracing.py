@@ -717,3 +717,25 @@ async def test_a_raw_response_method_bound_before_instrumenting_is_recorded(serv
     assert chat_span.attributes["gen_ai.completion.0.content"] == "Echo: bound"
     assert list(chat_span.attributes["response_token_ids"]) == tokenize("Echo: bound")
     assert text_span.attributes["gen_ai.completion.0.content"] == "Echo: bound early"
+
+
+async def test_the_agent_name_header_names_the_call_without_a_gateway(traced: Any, server: FakeOpenAIServer) -> None:
+    tracer, store, rollout = traced
+    writer = openai.OpenAI(
+        base_url=server.base_url, api_key="test", default_headers={"X-Agentbolt-Agent-Name": "writer"}
+    )
+    plain = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+    async def call() -> None:
+        writer.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "draft"}])
+        await plain.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "check"}],
+            extra_headers={"x-agentbolt-agent-name": "critic"},
+        )
+        await plain.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "anyone"}])
+
+    spans = await run_traced(tracer, store, rollout, call)
+    assert [span.attributes.get("agentbolt.llm.agent_name") for span in llm_spans(spans)] == ["writer", "critic", None]
+    triplets = TracerTraceToTriplet(agent_match="^writer$")(spans)
+    assert [t.prompt["token_ids"] for t in triplets] == [prompt_ids([{"role": "user", "content": "draft"}])]
