@@ -268,7 +268,23 @@ def check_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], *, resume: bool
         probe.unlink()
     except OSError as exc:
         raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot hold checkpoints: {exc}") from exc
+    _remove_staging_left_behind(root)
     return root
+
+
+def _remove_staging_left_behind(root: Path) -> None:
+    """Remove the staging directories (``.step_N.tmp``) a run killed while saving a checkpoint left in ``root``.
+
+    They are never checkpoints (a checkpoint is renamed into place whole) and each may hold a full model; a run
+    that resumes with another ``checkpoint_interval`` would never write over them.
+    """
+    for child in root.iterdir():
+        name = child.name
+        step = name[len("." + CHECKPOINT_PREFIX) : -len(".tmp")]
+        staging = name.startswith("." + CHECKPOINT_PREFIX) and name.endswith(".tmp") and step.isdigit()
+        if staging and step.isascii() and child.is_dir() and not child.is_symlink():
+            logger.info("Removing %s, a checkpoint left half-written by an interrupted run", child)
+            shutil.rmtree(child, ignore_errors=True)
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 import torch
 
-from agentbolt.algorithm.finetuning.trainer import CheckpointError, latest_checkpoint
+from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_checkpoint_dir, latest_checkpoint
 from agentbolt.algorithm.grpo.metrics import read_metrics
 from agentbolt.algorithm.sft.offline import train_from_messages
 
@@ -214,3 +214,15 @@ def test_a_checkpoint_given_as_the_checkpoint_dir_is_refused_naming_the_director
     ):
         check_run_directories(checkpoint, None, resume=True)
     assert sorted(path.name for path in checkpoint.iterdir()) == kept  # nothing written into it
+
+
+def test_the_staging_directory_of_a_checkpoint_an_interrupted_run_was_writing_is_removed(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    (root / ".step_000009.tmp" / "adapter").mkdir(parents=True)
+    (root / ".step_000009.tmp" / "adapter" / "adapter_model.safetensors").write_bytes(b"half")
+    kept = [root / ".step_abc.tmp", root / "step_000003.tmp", root / ".step_000004.bak"]
+    for path in kept:
+        path.mkdir()
+    check_checkpoint_dir(root)
+    assert not (root / ".step_000009.tmp").exists()
+    assert all(path.is_dir() for path in kept)
