@@ -1,8 +1,11 @@
 """The gateway against clients that send their request bodies too slowly: a 408 in the route's error shape, the
-connection closed, nothing forwarded or recorded, and other calls unaffected.
+connection closed, nothing forwarded or recorded, and other calls unaffected. And against clients still sending a
+large body when the gateway answers early (a 401 for a missing key, a 413 for a body over the limit): an httpx client
+that sends its whole body before it reads still reads the answer.
 
 Each test runs a real gateway on a free 127.0.0.1 port in front of the fake backend, with a body deadline of half a
-second, and trickles bodies over raw sockets.
+second, and trickles bodies over raw sockets or posts bodies far larger than the socket buffers (8 MB against a
+1 KB limit).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from .conftest import model_list_for
 from .fake_backend import FakeBackend
 
 KEY = "gateway-key"
+LARGE_BODY = b'{"model": "echo", "messages": []' + b" " * (8 * 1024 * 1024) + b"}"
+TRIES = 10
 CHAT: Dict[str, Any] = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -118,3 +123,31 @@ def test_the_body_timeout_must_be_positive() -> None:
     for value in (0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="body_timeout"):
             create_app(Gateway([], None, GatewaySettings(body_timeout=value)))
+
+
+async def test_httpx_reads_the_413_of_an_oversized_body(backend: FakeBackend, store: InMemoryLightningStore) -> None:
+    async with (
+        _gateway(backend, store, max_request_bytes=1024) as endpoint,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        for _ in range(TRIES):
+            answer = await client.post(f"{endpoint}/v1/chat/completions", content=LARGE_BODY)
+            assert answer.status_code == 413 and "limit of 1024 bytes" in answer.text, answer.text
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: refused once the limit is passed
+                for start in range(0, len(LARGE_BODY), 64 * 1024):
+                    yield LARGE_BODY[start : start + 64 * 1024]
+
+            answer = await client.post(f"{endpoint}/v1/chat/completions", content=chunks())
+            assert answer.status_code == 413 and "limit of 1024 bytes" in answer.text, answer.text
+    assert backend.count("echo") == 0
+
+
+async def test_httpx_reads_the_401_of_a_large_body_without_the_key(
+    backend: FakeBackend, store: InMemoryLightningStore
+) -> None:
+    async with _gateway(backend, store, api_key=KEY) as endpoint, httpx.AsyncClient(timeout=60) as client:
+        for _ in range(TRIES):
+            answer = await client.post(f"{endpoint}/v1/chat/completions", content=LARGE_BODY)
+            assert answer.status_code == 401, answer.text
+    assert backend.count("echo") == 0
