@@ -7,8 +7,9 @@ test uses them.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -52,3 +53,13 @@ def serving(
         yield server
     finally:
         server.stop()
+
+
+def write_conversations(path: Path, n: int) -> List[Dict[str, Any]]:
+    """Write ``n`` one-turn conversations ("question i" -> "answer i") to ``path`` as chat JSONL; the records."""
+    records = [
+        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return records

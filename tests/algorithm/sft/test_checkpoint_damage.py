@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
+from support.models import write_conversations
 
 from agentbolt.algorithm.finetuning.trainer import CheckpointError, check_checkpoint_dir, latest_checkpoint
 from agentbolt.algorithm.grpo.metrics import read_metrics
@@ -51,11 +52,7 @@ def _two_threads() -> None:
 
 
 def _conversations(path: Path) -> Path:
-    records = [
-        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
-        for i in range(4)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_conversations(path, 4)
     return path
 
 

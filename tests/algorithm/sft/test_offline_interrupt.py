@@ -6,7 +6,6 @@ the test is about (its first checkpoint, or its first optimizer step without any
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from support.models import write_conversations
 
 from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
 
@@ -35,11 +35,7 @@ STARTUP_SECONDS = 180.0  # a generous bound on importing torch and loading the m
 
 
 def _data(path: Path) -> Path:
-    records = [
-        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
-        for i in range(2)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_conversations(path, 2)
     return path
 
 

@@ -3,7 +3,6 @@ checkpoints (resume equality, corrupt or incompatible files, a full disk)."""
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import signal
@@ -12,6 +11,7 @@ from typing import Dict, List
 
 import pytest
 import torch
+from support.models import write_conversations
 
 from agentbolt.algorithm.finetuning.trainer import CheckpointError, latest_checkpoint
 from agentbolt.algorithm.sft.config import SFTConfig
@@ -151,20 +151,11 @@ def test_bad_batches_are_refused(tiny_model_dir: Path) -> None:
         trainer.optimizer_step([TokenSample(input_ids=[3] * 65, loss_mask=[False] + [True] * 64)])
 
 
-def _records(path: Path, n: int = 6) -> List[dict]:
-    records = [
-        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
-        for i in range(n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
-
-
 def test_a_resumed_offline_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path: Path, tiny_model_dir) -> None:
     from agentbolt.algorithm.sft.offline import train_from_messages
 
     data = tmp_path / "chat.jsonl"
-    _records(data)
+    write_conversations(data, 6)
     options = {"epochs": 2, "train_batch_size": 2, "learning_rate": 1e-2, "checkpoint_interval": 2, "seed": 3}
     whole = train_from_messages(data, model=str(tiny_model_dir), output_dir=tmp_path / "whole", **options)
     assert whole.finished and whole.optimizer_steps == 6 and len(whole.history) == 6
