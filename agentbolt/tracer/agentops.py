@@ -18,6 +18,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from agentbolt.instrumentation import instrument_all, uninstrument_all
 from agentbolt.semconv import LightningResourceAttributes
+from agentbolt.tracer.openai_agents import instrument_openai_agents, uninstrument_openai_agents
 from agentbolt.tracer.otel import DEFAULT_MAX_BUFFERED_SPANS, STORE_WRITE_TIMEOUT_SECONDS, OtelTracer
 
 if TYPE_CHECKING:
@@ -34,12 +35,14 @@ _instrumentation_lock = threading.Lock()
 
 
 class AgentOpsTracer(OtelTracer):
-    """OpenTelemetry tracer that instruments the OpenAI SDK while workers run.
+    """OpenTelemetry tracer that instruments the OpenAI SDK (and records OpenAI Agents SDK agents) while workers run.
 
     Args:
         agentops_managed: Accepted for compatibility; AgentOps is not used.
-        instrument_managed: Instrument SDKs in :meth:`init_worker` and undo it in :meth:`teardown_worker`.
-            When False, call :func:`agentbolt.instrumentation.instrument_all` yourself.
+        instrument_managed: Instrument SDKs in :meth:`init_worker` and undo it in :meth:`teardown_worker`: the
+            OpenAI SDK's calls, and the OpenAI Agents SDK's agent runs (:mod:`agentbolt.tracer.openai_agents`).
+            When False, call :func:`agentbolt.instrumentation.instrument_all` (and
+            :func:`~agentbolt.tracer.openai_agents.instrument_openai_agents`) yourself.
         daemon: Accepted for compatibility; there is no background AgentOps service to run.
         max_buffered_spans: See :class:`~agentbolt.tracer.otel.LightningSpanProcessor`.
         write_timeout: See :class:`~agentbolt.tracer.otel.LightningSpanProcessor`.
@@ -66,11 +69,13 @@ class AgentOpsTracer(OtelTracer):
             )
 
     def instrument(self, worker_id: int) -> None:
-        """Instrument the supported SDKs (OpenAI)."""
+        """Instrument the supported SDKs (OpenAI) and record OpenAI Agents SDK agents as spans."""
         instrument_all()
+        instrument_openai_agents()
 
     def uninstrument(self, worker_id: int) -> None:
-        """Remove the SDK instrumentation."""
+        """Remove the SDK instrumentation and the agent recording."""
+        uninstrument_openai_agents()
         uninstrument_all()
 
     def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:

@@ -117,6 +117,11 @@ def test_openai_agents_sdk_agent(mcp: bool, tool_server: InferenceServer, tmp_pa
     _require("agents", "mcp")
     for spans in run_dev(openai_agents_agent, [{"question": QUESTION, "mcp": mcp}] * 2, tool_server, tmp_path):
         check_rollout(spans)
+        # The SDK's tracing is disabled in the agent; the agent's run is recorded all the same, and names its calls.
+        (agent,) = _by_name(spans, "openai_agents.agent.calculator")
+        assert agent.attributes["agent.name"] == "calculator"
+        triplets = TracerTraceToTriplet(agent_match="^calculator$").adapt(spans)
+        assert [t.metadata["agent_name"] for t in triplets] == ["calculator", "calculator"]
 
 
 @pytest.mark.slow
