@@ -79,7 +79,11 @@ def test_the_packaged_settings_are_accepted() -> None:
         ({"rollout_timeout": 0}, ValueError, r"agentbolt\.rollout_timeout must be positive"),
         ({"rollout_timeout": "1h"}, TypeError, r"agentbolt\.rollout_timeout must be a number"),
         ({"reward_fillna_value": float("nan")}, ValueError, r"agentbolt\.reward_fillna_value must be a finite"),
-        ({"agent_match": "solver("}, ValueError, r"agentbolt\.agent_match must be a regular expression; 'solver\(' is not"),
+        (
+            {"agent_match": "solver("},
+            ValueError,
+            r"agentbolt\.agent_match must be a regular expression; 'solver\(' is not",
+        ),
         ({"instrument_vllm": "no"}, TypeError, r"agentbolt\.instrument_vllm must be True or False"),
         ({"store": "head:4747"}, ValueError, r"agentbolt\.store must be an http:// or https:// URL"),
         ({"trace_aggregator": "trajectory"}, TypeError, r"agentbolt\.trace_aggregator must be a mapping"),
