@@ -116,6 +116,8 @@ def test_a_union_option_names_the_option_not_its_member_types(config: Path, caps
     )
 
 
+# A user's module of agents, not named "agents": the OpenAI Agents SDK (the agents extra) is a package of that name,
+# and the suite imports it when it collects the SDK's tracing tests.
 AGENTS = """
 def raises():
     raise RuntimeError("no key for the agent's tool")
@@ -145,24 +147,24 @@ def tasks_fail():
             "agent 'fails:agent': importing fails raised RuntimeError: no GPU here",
         ),
         (
-            {"agents.py": AGENTS},
-            lambda c: c.update(agent="agents:raises"),
-            "agent 'agents:raises': calling it raised RuntimeError: no key for the agent's tool",
+            {"team_agents.py": AGENTS},
+            lambda c: c.update(agent="team_agents:raises"),
+            "agent 'team_agents:raises': calling it raised RuntimeError: no key for the agent's tool",
         ),
         (
-            {"agents.py": AGENTS},
-            lambda c: c.update(agent="agents:needs"),
-            "agent 'agents:needs' needs arguments (tool)",
+            {"team_agents.py": AGENTS},
+            lambda c: c.update(agent="team_agents:needs"),
+            "agent 'team_agents:needs' needs arguments (tool)",
         ),
         (
-            {"agents.py": AGENTS},
-            lambda c: c["data"].update(train="agents:tasks_fail"),
-            "data.train 'agents:tasks_fail': calling it raised OSError: the task server is down",
+            {"team_agents.py": AGENTS},
+            lambda c: c["data"].update(train="team_agents:tasks_fail"),
+            "data.train 'team_agents:tasks_fail': calling it raised OSError: the task server is down",
         ),
         (
-            {"agents.py": AGENTS},
-            lambda c: c["data"].update(train="agents:no_tasks"),
-            "data.train: agents:no_tasks holds no tasks",
+            {"team_agents.py": AGENTS},
+            lambda c: c["data"].update(train="team_agents:no_tasks"),
+            "data.train: team_agents:no_tasks holds no tasks",
         ),
     ],
 )
