@@ -14,7 +14,14 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
-__all__ = ["ALGORITHMS", "UnknownAlgorithmError", "algorithm_names", "build_algorithm", "register_algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "UnknownAlgorithmError",
+    "algorithm_names",
+    "build_algorithm",
+    "check_algorithm_name",
+    "register_algorithm",
+]
 
 AlgorithmFactory = Union[str, Callable[..., Any]]
 
@@ -53,10 +60,19 @@ def algorithm_names() -> List[str]:
     return sorted(ALGORITHMS)
 
 
-def _constructor(name: str) -> Callable[..., Any]:
-    factory = ALGORITHMS.get(name)
-    if factory is None:
+def check_algorithm_name(name: str) -> None:
+    """Refuse a name no algorithm is registered under (nothing is imported).
+
+    Raises:
+        UnknownAlgorithmError: No such name; the message lists the registered ones.
+    """
+    if name not in ALGORITHMS:
         raise UnknownAlgorithmError(f"unknown algorithm {name!r}; registered: {', '.join(algorithm_names())}")
+
+
+def _constructor(name: str) -> Callable[..., Any]:
+    check_algorithm_name(name)
+    factory = ALGORITHMS[name]
     if callable(factory):
         return factory
     module_name, attribute = factory.split(":")

@@ -112,11 +112,30 @@ def _read_config(path: Path) -> Dict[str, Any]:
 
 
 def _validated_run_config(raw: Dict[str, Any]) -> Tuple[Optional[TrainRunConfig], List[str]]:
-    """The run config ``raw`` describes, or None with one message for each field at fault."""
+    """The run config ``raw`` describes, or None with one message for each field at fault, an algorithm name that
+    is not registered among them."""
+    mistakes = _algorithm_name_mistakes(raw)
     try:
-        return TrainRunConfig(**raw), []
+        run = TrainRunConfig(**raw)
     except ValidationError as exc:
-        return None, _field_errors(exc, TrainRunConfig)
+        return None, [*mistakes, *_field_errors(exc, TrainRunConfig)]
+    return (None, mistakes) if mistakes else (run, [])
+
+
+def _algorithm_name_mistakes(raw: Dict[str, Any]) -> List[str]:
+    """The mistake of an ``algorithm`` that names no registered algorithm (one that is not a name at all is the
+    run config's own mistake); its options, if any, cannot be checked without it."""
+    from agentbolt.algorithm.registry import UnknownAlgorithmError, check_algorithm_name
+
+    name = raw.get("algorithm")
+    if not isinstance(name, str):
+        return []
+    try:
+        check_algorithm_name(name)
+    except UnknownAlgorithmError as exc:
+        unchecked = " (its options are checked once it names one of these)" if raw.get("options") else ""
+        return [f"algorithm: {exc}{unchecked}"]
+    return []
 
 
 def _config_error(path: Path, file_mistakes: List[str], option_mistakes: Sequence[str] = ()) -> CliError:
@@ -136,7 +155,8 @@ def load_run_config(path: Path) -> TrainRunConfig:
     """Read and validate a run config file.
 
     Raises:
-        CliError: The file is missing, not YAML, or not a valid run config (the message names every field at fault).
+        CliError: The file is missing, not YAML, or not a valid run config (the message names every field at fault,
+            an algorithm name that is not registered among them).
     """
     run, mistakes = _validated_run_config(_read_config(path))
     if run is None:
@@ -329,7 +349,7 @@ def train_command(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show library logs (INFO)."),
 ) -> int:
     """Build the algorithm, agent, data and runners that CONFIG describes and train."""
-    from agentbolt.algorithm.registry import UnknownAlgorithmError, build_algorithm
+    from agentbolt.algorithm.registry import build_algorithm
 
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -358,9 +378,7 @@ def train_command(
         raise CliError("--resume needs options.checkpoint_dir in the config")
     _check_address(run.trainer)
     try:
-        algorithm = build_algorithm(run.algorithm, options)
-    except UnknownAlgorithmError as exc:
-        raise CliError(f"algorithm: {exc}") from None
+        algorithm = build_algorithm(run.algorithm, options)  # its name is registered: the run config checked it
     except ValidationError as exc:
         raise CliError("; ".join(_field_errors(exc, prefix="options"))) from None
     except (TypeError, ValueError, ImportError) as exc:
@@ -385,7 +403,8 @@ def train_command(
 def _algorithm_class(name: str) -> Optional[Type[Any]]:
     """The class registered as ``name`` when it trains a model's weights (GRPO, SFT), else None.
 
-    None too when the name is unknown or its module does not import: building the algorithm reports those.
+    None too when the name is unknown (the run config reports it) or its module does not import (building the
+    algorithm reports that).
     """
     from agentbolt.algorithm.finetuning.algorithm import FinetuningAlgorithm
     from agentbolt.algorithm.registry import ALGORITHMS

@@ -116,6 +116,28 @@ def test_a_union_option_names_the_option_not_its_member_types(config: Path, caps
     )
 
 
+def test_an_unknown_algorithm_is_named_with_the_other_mistakes_of_the_file(config: Path, capsys) -> None:
+    def edit(content: Dict[str, Any]) -> None:
+        content.update(algorithm="grpoo")
+        content["options"]["learing_rate"] = 1e-3  # not checked: whose option it would be is unknown
+        content["trainer"]["n_runners"] = 0
+        content["data"]["tran"] = "tasks.jsonl"
+
+    assert _refused(config, edit, capsys) == (
+        f"{config}: 3 mistakes: (1) algorithm: unknown algorithm 'grpoo'; registered: grpo, sft (its options are "
+        "checked once it names one of these); (2) data.tran: Extra inputs are not permitted (unknown key; did you "
+        "mean train?); (3) trainer.n_runners: Input should be greater than or equal to 1, got 0"
+    )
+
+
+def test_an_unknown_algorithm_without_options_is_named_alone(config: Path, capsys) -> None:
+    def edit(content: Dict[str, Any]) -> None:
+        content.update(algorithm="dpo")
+        del content["options"]
+
+    assert _refused(config, edit, capsys) == f"{config}: algorithm: unknown algorithm 'dpo'; registered: grpo, sft"
+
+
 # A user's module of agents, not named "agents": the OpenAI Agents SDK (the agents extra) is a package of that name,
 # and the suite imports it when it collects the SDK's tracing tests.
 AGENTS = """

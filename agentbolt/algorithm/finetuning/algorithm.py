@@ -88,6 +88,12 @@ class PolicyServer(Protocol):
         """Release the server."""
 
 
+_DATA_ORDER_OPTIONS = ("seed",)
+"""The options that decide which tasks a resumed step draws, saved with each checkpoint and checked on resume: the
+sampler's position is counted in the order its ``seed`` draws. ``batch_size`` is not one: the position counts tasks,
+not batches."""
+
+
 class TaskSampler:
     """Deterministic, resumable batches of dataset indices.
 
@@ -647,6 +653,10 @@ class FinetuningAlgorithm(Algorithm):
                 "without one no checkpoint is saved and the run cannot be resumed"
             )
 
+    def _data_order(self) -> Dict[str, Any]:
+        """This run's values of ``_DATA_ORDER_OPTIONS``, as its checkpoints save them."""
+        return {name: getattr(self.config, name) for name in _DATA_ORDER_OPTIONS}
+
     def _new_run_id(self) -> str:
         return new_run_id(self.config.log_dir, self.title.lower())
 
@@ -699,8 +709,9 @@ class FinetuningAlgorithm(Algorithm):
                 new run (not resumed from a checkpoint) whose ``log_dir`` already holds another run's metrics
                 (checked before the model loads).
             CheckpointError: ``checkpoint_dir`` cannot be created or written to (checked before the model loads), the
-                checkpoint to resume from is corrupt or belongs to another policy (another base model or LoRA
-                settings), or one cannot be written.
+                checkpoint to resume from is corrupt, was trained with another ``seed`` (checked before the model
+                loads: its sampler's position is in that seed's order) or belongs to another policy (another base
+                model or LoRA settings), or one cannot be written.
         """
         config = self.config
         store = self.get_store()
@@ -709,7 +720,12 @@ class FinetuningAlgorithm(Algorithm):
         if config.max_steps > 0 and not train:
             raise ValueError(f"{self.title} needs a non-empty train_dataset (or max_steps=0 to only validate)")
         self._check_run()
-        from agentbolt.algorithm.finetuning.trainer import checkpoint_state, interrupted_run, write_run_file
+        from agentbolt.algorithm.finetuning.trainer import (
+            check_data_order,
+            checkpoint_state,
+            interrupted_run,
+            write_run_file,
+        )
 
         # Checked before the model loads, not after the last step.
         checkpoint = check_run_directories(config.checkpoint_dir, config.log_dir, resume=config.resume)
@@ -719,6 +735,7 @@ class FinetuningAlgorithm(Algorithm):
             if config.checkpoint_dir:
                 write_run_file(config.checkpoint_dir, self.run_id, config.log_dir)
         else:
+            check_data_order(checkpoint, self._data_order(), "use a new checkpoint_dir (and log_dir)")
             saved = checkpoint_state(checkpoint).get("extra")
             saved_id = saved.get("run_id") if isinstance(saved, dict) else None
             self.run_id = saved_id if isinstance(saved_id, str) and saved_id else self._new_run_id()
@@ -801,7 +818,7 @@ class FinetuningAlgorithm(Algorithm):
                     if config.checkpoint_dir and (
                         last or (config.checkpoint_interval and step % config.checkpoint_interval == 0)
                     ):
-                        extra = {"sampler": sampler.state(), "run_id": self.run_id}
+                        extra = {"sampler": sampler.state(), "run_id": self.run_id, **self._data_order()}
                         await asyncio.to_thread(trainer.save_checkpoint, config.checkpoint_dir, extra)
                 self._after_last_step(trainer, start_step)
             if config.checkpoint_dir:

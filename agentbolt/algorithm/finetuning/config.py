@@ -172,7 +172,7 @@ class FinetuningConfig(BaseModel):
     resume: bool = Field(
         default=True,
         description="Resume from the latest checkpoint in checkpoint_dir when there is one: the same run, with its "
-        "run id and log (a checkpoint of another base model or LoRA settings is refused).",
+        "run id and log (a checkpoint of another base model, LoRA settings or seed is refused).",
     )
     log_dir: Optional[str] = Field(
         default=None,

@@ -23,7 +23,7 @@ import random
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,6 +36,7 @@ __all__ = [
     "ModelTrainer",
     "RUN_FILE",
     "check_checkpoint_dir",
+    "check_data_order",
     "check_init_adapter",
     "checkpoint_state",
     "chunks",
@@ -176,6 +177,38 @@ def checkpoint_state(path: str | os.PathLike[str]) -> Dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise _unreadable(Path(path), f"{state_file} is corrupt: {exc}") from exc
     return state
+
+
+def check_data_order(checkpoint: str | os.PathLike[str], options: Mapping[str, Any], new_run: str) -> None:
+    """Refuse to resume ``checkpoint`` with other values of ``options`` than those saved in its ``extra`` state.
+
+    ``options`` are the run's values of the options that decide which data each step draws (an order drawn from
+    ``seed``, batches of ``train_batch_size``...): a checkpoint's position in the data is counted in the order and
+    batches its own values draw, so with other ones the run would skip some data and repeat the rest without a word.
+    An option the checkpoint does not record (one written before it was saved) is not checked, with a debug log.
+    ``new_run`` says how to start a new run with these values instead (``"use another output_dir"``).
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` holds no ``trainer_state.json``.
+        CheckpointError: The state file is corrupt, or an option differs; the message names the option, the
+            checkpoint's value and this run's.
+    """
+    extra = checkpoint_state(checkpoint).get("extra")
+    saved = extra if isinstance(extra, dict) else {}
+    unrecorded = [name for name in options if name not in saved]
+    if unrecorded:
+        logger.debug("Checkpoint %s does not record %s; resuming without checking them.", checkpoint, unrecorded)
+    differences = [
+        f"{name}={saved[name]!r} (this run: {value!r})"
+        for name, value in options.items()
+        if name in saved and saved[name] != value
+    ]
+    if differences:
+        raise CheckpointError(
+            f"{checkpoint} was trained with {', '.join(differences)}: its position in the data is counted in the "
+            "order and batches those options draw, so resuming with other ones would skip some data and repeat the "
+            f"rest. Resume with the checkpoint's values, or {new_run} to train with these."
+        )
 
 
 def interrupted_run(

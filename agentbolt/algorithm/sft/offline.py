@@ -419,7 +419,12 @@ def _train(
     """Train on ``samples`` (see :func:`train_from_messages`); on Ctrl-C, log which checkpoint the run left, then
     re-raise the ``KeyboardInterrupt``."""
     from agentbolt.algorithm.finetuning.algorithm import check_run_directories, forget_interrupted_log, new_run_id
-    from agentbolt.algorithm.finetuning.trainer import interrupted_run, latest_checkpoint, write_run_file
+    from agentbolt.algorithm.finetuning.trainer import (
+        check_data_order,
+        interrupted_run,
+        latest_checkpoint,
+        write_run_file,
+    )
     from agentbolt.algorithm.grpo.metrics import JsonlSink
     from agentbolt.algorithm.sft.algorithm import (
         build_sft_trainer,
@@ -459,11 +464,12 @@ def _train(
         trainer = build_sft_trainer(loaded, tokenizer, settings)
         earlier: List[Dict[str, float]] = []
         extra: Dict[str, Any] = {}
+        batches = {name: getattr(settings, name) for name in _BATCH_OPTIONS}
         if checkpoint_dir is not None:
-            extra = {"data_sha256": data_digest(selected), **{name: getattr(settings, name) for name in _BATCH_OPTIONS}}
+            extra = {"data_sha256": data_digest(selected), **batches}
         if checkpoint_dir is not None and resume_from is not None:
             _check_same_data(resume_from, extra["data_sha256"], len(selected), checkpoint_dir)
-            _check_same_batches(resume_from, settings, checkpoint_dir)
+            check_data_order(resume_from, batches, f"use another output_dir (or delete {checkpoint_dir})")
             saved = trainer.load_checkpoint(resume_from).get("history")
             earlier = list(saved) if isinstance(saved, list) else []
         complete = trainer.global_step >= total
@@ -519,32 +525,6 @@ def _train(
 _BATCH_OPTIONS = ("train_batch_size", "seed")
 """The options that say which samples each optimizer step takes, saved with each checkpoint: a checkpoint's step
 counts batches of its ``train_batch_size``, drawn in its ``seed``'s order."""
-
-
-def _check_same_batches(checkpoint: Path, settings: SFTConfig, checkpoint_dir: Path) -> None:
-    """Refuse to resume ``checkpoint`` with another ``train_batch_size`` or ``seed`` than it was trained with.
-
-    A checkpoint's position in the data is its step, counted in its own batches and order: with other ones the run
-    would skip some samples and repeat others without a word. Checkpoints that do not record them are not checked.
-
-    Raises:
-        CheckpointError: An option differs; the message names the checkpoint's value and this run's.
-    """
-    from agentbolt.algorithm.finetuning.trainer import CheckpointError, checkpoint_state
-
-    extra = checkpoint_state(checkpoint).get("extra")
-    extra = extra if isinstance(extra, dict) else {}
-    differences = [
-        f"{name}={extra[name]!r} (this run: {getattr(settings, name)!r})"
-        for name in _BATCH_OPTIONS
-        if name in extra and extra[name] != getattr(settings, name)
-    ]
-    if differences:
-        raise CheckpointError(
-            f"{checkpoint} was trained with {', '.join(differences)}: its step counts the batches those options "
-            "draw, so resuming with other ones would skip some samples and repeat others. Resume with the "
-            f"checkpoint's values, or use another output_dir (or delete {checkpoint_dir}) to train with these."
-        )
 
 
 def _check_same_data(checkpoint: Path, digest: str, count: int, checkpoint_dir: Path) -> None:
