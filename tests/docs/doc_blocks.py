@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from markdown_it import MarkdownIt
+from support.processes import die_with_parent
 from support.servers import wait_healthy
 
 from agentbolt.utils.server_launcher import pick_free_port
@@ -285,6 +286,7 @@ class PageRun:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         try:
             stdout, stderr = process.communicate(timeout=self.timeout)
@@ -323,6 +325,7 @@ class PageRun:
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         server = Server(process, port, block.section, log, command)
         self.servers.append(server)

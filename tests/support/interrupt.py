@@ -9,6 +9,13 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from support.processes import die_with_parent
+
+
+def _default_sigint_dying_with_parent() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent()
+
 
 def ctrl_c_when(
     command: List[str],
@@ -32,7 +39,7 @@ def ctrl_c_when(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals as a whole
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_sigint_dying_with_parent,
     )
     try:
         deadline = time.monotonic() + wait_seconds

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List
 
+from support.processes import die_with_parent
 from support.servers import REPO, free_port
 
 AUTH_MODE = "disabled"
@@ -49,7 +50,14 @@ class LocalRayCluster:
 def _ray_start(args: List[str], env: Dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *args]
     with open(log, "wb") as output:
-        return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
