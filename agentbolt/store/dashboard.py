@@ -135,23 +135,6 @@ def _duration(rollout: Rollout, now: float) -> float:
     return (now if rollout.end_time is None else rollout.end_time) - rollout.start_time
 
 
-@dataclass(frozen=True)
-class _Rewards:
-    """The rewards of a rollout's latest attempt, read from its reward spans.
-
-    Attributes:
-        final: Its last reward as emitted (NaN and infinities kept): what the rollout lists show.
-        training: The same through :func:`~agentbolt.utils.reward_spans.training_reward`, which algorithms train and
-            select on (a reward that is not a finite number is none).
-    """
-
-    final: Optional[float]
-    training: Optional[float]
-
-
-_NO_REWARDS = _Rewards(final=None, training=None)
-
-
 def _search_purpose(rollout: Rollout) -> Optional[str]:
     """Why a prompt optimizer ran the rollout (``train``, ``val-batch``, ``val-full``...), from its tag; None when no
     optimizer tagged it."""
@@ -177,15 +160,16 @@ class _VersionScores:
     rewards: List[float] = field(default_factory=list)
     groups: Dict[Tuple[Optional[str], Optional[str]], _PurposeScores] = field(default_factory=dict)
 
-    def add(self, rollout: Rollout, rewards: _Rewards) -> None:
+    def add(self, rollout: Rollout, reward: Optional[float]) -> None:
+        """Count one rollout with its training reward (see :func:`_training_reward`)."""
         self.rollouts += 1
-        if rewards.training is not None:
-            self.rewards.append(rewards.training)
+        if reward is not None:
+            self.rewards.append(reward)
         group = self.groups.setdefault((_search_purpose(rollout), rollout.mode), _PurposeScores())
         group.rollouts += 1
-        if rollout.status == "succeeded" and rewards.training is not None:
+        if rollout.status == "succeeded" and reward is not None:
             group.with_reward += 1
-        group.total += candidate_score(rollout.status, rewards.training)
+        group.total += candidate_score(rollout.status, reward)
 
     def as_json(self, resources_id: str) -> Dict[str, Any]:
         # Tagged purposes first (alphabetical), then untagged rollouts by mode.
@@ -208,14 +192,19 @@ class _VersionScores:
         }
 
 
-def _read_rewards(rollout_id: str, spans: List[Span]) -> _Rewards:
-    """The rewards of one attempt from its reward spans; a reward span an agent wrote wrongly is logged and shown as
-    no reward (of this attempt only)."""
-    try:
-        return _Rewards(final=find_final_reward(spans), training=training_reward(spans, rollout_id, warn=False))
-    except (ValueError, TypeError) as exc:
-        logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout_id, exc)
-        return _NO_REWARDS
+_RewardRule = Callable[[Sequence[Span], str], Optional[float]]
+"""How one reward is read from the reward spans of a rollout's attempt (the spans, the rollout id)."""
+
+
+def _final_reward(spans: Sequence[Span], rollout_id: str) -> Optional[float]:
+    """The last reward as emitted (NaN and infinities kept): what the rollout lists show, filter and sort by."""
+    return find_final_reward(spans)
+
+
+def _training_reward(spans: Sequence[Span], rollout_id: str) -> Optional[float]:
+    """The reward algorithms train and select on (:func:`~agentbolt.utils.reward_spans.training_reward`: one that is
+    not a finite number is none): what the resource scores count."""
+    return training_reward(spans, rollout_id, warn=False)
 
 
 class _RewardCache:
@@ -223,35 +212,50 @@ class _RewardCache:
 
     def __init__(self, size: int = _REWARD_CACHE_SIZE) -> None:
         self._size = size
-        self._items: OrderedDict[Tuple[str, str], _Rewards] = OrderedDict()
+        self._items: OrderedDict[Tuple[str, str], Optional[float]] = OrderedDict()
 
-    def get(self, key: Tuple[str, str]) -> Optional[_Rewards]:
+    def lookup(self, key: Tuple[str, str]) -> Tuple[bool, Optional[float]]:
+        """Whether ``key`` is cached, and its reward (None: the attempt has none)."""
         if key in self._items:
             self._items.move_to_end(key)
-            return self._items[key]
-        return None
+            return True, self._items[key]
+        return False, None
 
-    def put(self, key: Tuple[str, str], value: _Rewards) -> None:
+    def put(self, key: Tuple[str, str], value: Optional[float]) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
 
 
-class _Summaries:
-    """Builds the rollout and worker summaries of the dashboard from the store's public methods."""
+class _AttemptRewards:
+    """One reward of each rollout's latest attempt, read from its reward spans by one :data:`_RewardRule`.
 
-    def __init__(self, call: StoreCall) -> None:
+    Each page needs one kind of reward (the rollout lists the final one, the resource scores the training one), so
+    each kind has its own reader and cache, and every reward span is parsed once per read.
+    """
+
+    def __init__(self, call: StoreCall, rule: _RewardRule, size: int = _REWARD_CACHE_SIZE) -> None:
         self._call = call
-        self._rewards = _RewardCache()
+        self._rule = rule
+        self._cache = _RewardCache(size)
 
-    async def rewards(self, rollouts: Sequence[Rollout]) -> List[_Rewards]:
-        """The rewards of the last reward span of each rollout's latest attempt, in order.
+    def _read(self, rollout_id: str, spans: Sequence[Span]) -> Optional[float]:
+        """The reward of one attempt; a reward span an agent wrote wrongly is logged and counts as no reward (of this
+        attempt only)."""
+        try:
+            return self._rule(spans, rollout_id)
+        except (ValueError, TypeError) as exc:
+            logger.warning("Rollout %s has a reward span that cannot be read: %s", rollout_id, exc)
+            return None
+
+    async def of(self, rollouts: Sequence[Rollout]) -> List[Optional[float]]:
+        """The reward of each rollout's latest attempt, in order (None: no attempt, or no reward).
 
         The reward spans of every attempt not in the cache are read in one store call.
         """
         keys: List[Optional[Tuple[str, str]]] = []
-        known: Dict[Tuple[str, str], _Rewards] = {}
+        known: Dict[Tuple[str, str], Optional[float]] = {}
         unread: Dict[Tuple[str, str], AttemptedRollout] = {}
         for rollout in rollouts:
             if not isinstance(rollout, AttemptedRollout):
@@ -259,25 +263,31 @@ class _Summaries:
                 continue
             key = (rollout.rollout_id, rollout.attempt.attempt_id)
             keys.append(key)
-            if key not in known and key not in unread:
-                cached = self._rewards.get(key)
-                if cached is None:
-                    unread[key] = rollout
-                else:
-                    known[key] = cached
+            if key in known or key in unread:
+                continue
+            cached, value = self._cache.lookup(key)
+            if cached:
+                known[key] = value
+            else:
+                unread[key] = rollout
         if unread:
             spans_per_attempt = await self._call("query_spans_of_attempts", list(unread), name=REWARD_SPAN_NAME)
             now = time.time()
             for (key, rollout), spans in zip(unread.items(), spans_per_attempt, strict=True):
-                known[key] = value = _read_rewards(rollout.rollout_id, list(spans))
+                known[key] = value = self._read(rollout.rollout_id, spans)
                 settled = rollout.end_time is not None and now - rollout.end_time > _REWARD_SETTLE_SECONDS
                 if settled and rollout.status in _TERMINAL:
-                    self._rewards.put(key, value)
-        return [_NO_REWARDS if key is None else known[key] for key in keys]
+                    self._cache.put(key, value)
+        return [None if key is None else known[key] for key in keys]
 
-    async def final_rewards(self, rollouts: Sequence[Rollout]) -> List[Optional[float]]:
-        """The reward of the last reward span of each rollout's latest attempt, as emitted, in order."""
-        return [rewards.final for rewards in await self.rewards(rollouts)]
+
+class _Summaries:
+    """Builds the rollout and worker summaries of the dashboard from the store's public methods."""
+
+    def __init__(self, call: StoreCall) -> None:
+        self._call = call
+        self.final_rewards = _AttemptRewards(call, _final_reward)
+        self.training_rewards = _AttemptRewards(call, _training_reward)
 
     def summary(self, rollout: Rollout, reward: Optional[float], now: float) -> Dict[str, Any]:
         attempt = rollout.attempt if isinstance(rollout, AttemptedRollout) else None
@@ -331,7 +341,7 @@ class _Summaries:
                 offset=query.offset,
             )
             now = time.time()
-            rewards = await self.final_rewards(page)
+            rewards = await self.final_rewards.of(page)
             items = [self.summary(r, reward, now) for r, reward in zip(page, rewards, strict=True)]
             total = int(getattr(page, "total", len(items)))
         else:
@@ -347,6 +357,12 @@ class _Summaries:
     async def _scan(self, query: DashboardRolloutsRequest) -> Tuple[List[Dict[str, Any]], int]:
         """Filters the store cannot apply: read the candidates (status-filtered by the store), filter them here."""
         store_sort = query.sort_by if query.sort_by in _STORE_SORTABLE else "start_time"
+        # A reward sort or filter reads the whole list the store's own filters leave: a reward lives in the spans of
+        # a rollout's latest attempt, and the store can neither order nor filter rollouts by a span's value, nor list
+        # reward spans without naming each (rollout, attempt) pair; every candidate's reward decides the total and
+        # which rollouts the page shows, and the store's order is the order of ties and of rollouts without one.
+        # Beyond being listed, a rollout costs its pair in the one span read of all of them and one parse of its
+        # reward span; only the shown page is summarised.
         candidates: Sequence[Rollout] = await self._call(
             "query_rollouts", status_in=query.status, sort_by=store_sort, sort_order=query.sort_order
         )
@@ -371,27 +387,33 @@ class _Summaries:
             if text is not None and text not in rollout.rollout_id.lower() and text not in _input_text(rollout).lower():
                 continue
             matching.append(rollout)
-        rewards: List[Optional[float]] = await self.final_rewards(matching) if wants_reward else [None] * len(matching)
-        kept: List[Tuple[Rollout, Optional[float]]] = []
+        rewards: List[Optional[float]] = (
+            await self.final_rewards.of(matching) if wants_reward else [None] * len(matching)
+        )
+        # Each kept rollout with its reward as shown, and the value it sorts by (None: missing, NaN included).
+        kept: List[Tuple[Rollout, Optional[float], Optional[float]]] = []
+        now = time.time()
         for rollout, reward in zip(matching, rewards, strict=True):
             comparable = _orderable(reward)
             if query.reward_min is not None and (comparable is None or comparable < query.reward_min):
                 continue
             if query.reward_max is not None and (comparable is None or comparable > query.reward_max):
                 continue
-            kept.append((rollout, reward))
-        now = time.time()
+            sort_value = _orderable(_duration(rollout, now)) if query.sort_by == "duration" else comparable
+            kept.append((rollout, reward, sort_value))
         if query.sort_by in ("duration", "reward"):
-            # Missing values go last in both directions.
-            def key(item: Tuple[Rollout, Optional[float]]) -> Any:
-                value = _orderable(_duration(item[0], now) if query.sort_by == "duration" else item[1])
-                return (value is None, (-value if query.sort_order == "desc" else value) if value is not None else 0)
+            # Missing values go last in both directions; the sort is stable, so ties keep the store's order.
+            descending = query.sort_order == "desc"
+
+            def key(item: Tuple[Rollout, Optional[float], Optional[float]]) -> Tuple[bool, float]:
+                value = item[2]
+                return (value is None, 0.0 if value is None else -value if descending else value)
 
             kept.sort(key=key)
-        page = kept[query.offset : query.offset + query.limit]
+        page = [(rollout, reward) for rollout, reward, _ in kept[query.offset : query.offset + query.limit]]
         if not wants_reward:
             shown = [rollout for rollout, _ in page]
-            page = list(zip(shown, await self.final_rewards(shown), strict=True))
+            page = list(zip(shown, await self.final_rewards.of(shown), strict=True))
         items = [self.summary(rollout, reward, now) for rollout, reward in page]
         return items, len(kept)
 
@@ -406,10 +428,10 @@ class _Summaries:
         """
         finished: Sequence[Rollout] = await self._call("query_rollouts", status_in=list(_TERMINAL))
         versioned = [(rollout.resources_id, rollout) for rollout in finished if rollout.resources_id is not None]
-        rewards = await self.rewards([rollout for _, rollout in versioned])
+        rewards = await self.training_rewards.of([rollout for _, rollout in versioned])
         versions: Dict[str, _VersionScores] = {}
-        for (resources_id, rollout), rollout_rewards in zip(versioned, rewards, strict=True):
-            versions.setdefault(resources_id, _VersionScores()).add(rollout, rollout_rewards)
+        for (resources_id, rollout), reward in zip(versioned, rewards, strict=True):
+            versions.setdefault(resources_id, _VersionScores()).add(rollout, reward)
         return {"items": [version.as_json(resources_id) for resources_id, version in versions.items()]}
 
     async def workers(self) -> Dict[str, Any]:
