@@ -149,34 +149,21 @@ _WRITER_OPERATIONS = (
 """Operations that write: each runs as a whole on the database's writer thread (see ``run_on_writer``)."""
 
 
-_READER_OPERATIONS = ("query_rollouts",)
+_READER_OPERATIONS = ("get_rollout_by_id", "query_rollouts", "get_latest_resources")
 """Operations that read more than once: each runs as a whole on a reader thread (see ``run_on_reader``), unless
 ``read_snapshot`` makes its reads one transaction of the writer."""
 
-_LOOKUP_OPERATIONS = (
-    "get_rollout_by_id",
-    "get_latest_attempt",
-    "get_latest_resources",
-    "get_resources_by_id",
-    "get_worker_by_id",
-)
-"""Operations of a few indexed lookups: each runs on the caller's loop with its thread's own connection (see
-``run_here``), unless ``read_snapshot`` makes its reads one transaction of the writer. A lookup takes less time than
-a hand-off to a reader thread and back."""
 
-
-def _run_whole(name: str, place: Literal["writer", "reader", "here"]) -> Callable[..., Coroutine[Any, Any, Any]]:
-    """The store operation ``name`` run as a whole on the writer thread, on a reader thread or on the caller's loop."""
+def _run_whole(name: str, thread: Literal["writer", "reader"]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """The store operation ``name`` run as a whole on the writer thread or on a reader thread."""
     implementation = getattr(CollectionBasedLightningStore, name)
 
     @functools.wraps(implementation)
     async def operation(self: SqliteLightningStore, *args: Any, **kwargs: Any) -> Any:
-        if place == "writer":
+        if thread == "writer":
             return await self.collections.run_on_writer(implementation, self, *args, **kwargs)
         if self._read_snapshot:
             return await implementation(self, *args, **kwargs)
-        if place == "here":
-            return await self.collections.run_here(implementation, self, *args, **kwargs)
         return await self.collections.run_on_reader(implementation, self, *args, **kwargs)
 
     return operation
@@ -186,5 +173,3 @@ for _name in _WRITER_OPERATIONS:
     setattr(SqliteLightningStore, _name, _run_whole(_name, "writer"))
 for _name in _READER_OPERATIONS:
     setattr(SqliteLightningStore, _name, _run_whole(_name, "reader"))
-for _name in _LOOKUP_OPERATIONS:
-    setattr(SqliteLightningStore, _name, _run_whole(_name, "here"))

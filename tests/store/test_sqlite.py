@@ -743,7 +743,7 @@ async def test_store_acknowledges_only_committed_writes(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_writes_and_scans_hand_work_over_once_and_lookups_run_on_the_callers_thread(
+async def test_operations_hand_work_over_once_and_never_run_sqlite_on_the_callers_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
@@ -779,71 +779,17 @@ async def test_writes_and_scans_hand_work_over_once_and_lookups_run_on_the_calle
             await call
             return list(reader_jobs)
 
-        # A scan runs as a whole on one reader thread.
+        # Reads of several queries run as a whole on one reader thread.
+        assert await jobs_of(store.get_rollout_by_id(started.rollout_id)) == ["_run_read_operation"]
         assert await jobs_of(store.query_rollouts()) == ["_run_read_operation"]
+        assert await jobs_of(store.get_latest_resources()) == ["_run_read_operation"]
         # Dequeue checks the queue on the writer thread's own read-only connection.
         claimed = await jobs_of(store.dequeue_rollout())
         assert claimed == []
-        assert threading.get_ident() not in sqlite_threads  # no write, no scan ran SQLite on the caller's thread
-
-        # Lookups by id run on the caller's thread, with its own read-only connection: no hand-off.
-        sqlite_threads.clear()
-        assert await jobs_of(store.get_rollout_by_id(started.rollout_id)) == []
-        assert await jobs_of(store.get_latest_attempt(started.rollout_id)) == []
-        assert await jobs_of(store.get_latest_resources()) == []
-        assert set(sqlite_threads) == {threading.get_ident()}
-        own = database._reader_local.conn
-        assert own in database._reader_conns
-        with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            own.execute("DELETE FROM rollouts")
+        assert (await store.get_rollout_by_id(started.rollout_id)) is not None
+        assert threading.get_ident() not in sqlite_threads
     finally:
         await store.close()
-
-
-async def test_a_lookup_on_the_callers_thread_sees_each_write_once_acknowledged(tmp_path: Path) -> None:
-    import threading
-
-    from agentbolt.store.sqlite import SqliteLightningStore
-
-    store = SqliteLightningStore(tmp_path / "fresh.db")
-    seen: List[Any] = []
-    errors: List[BaseException] = []
-
-    def other_thread() -> None:
-        async def run() -> None:
-            for i in range(30):
-                rollout = await store.start_rollout({"i": i})
-                await store.update_attempt(rollout.rollout_id, "latest", status="running")
-                seen.append(await store.get_rollout_by_id(rollout.rollout_id))
-
-        try:
-            asyncio.run(run())
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    try:
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        for i in range(30):  # lookups on this loop meanwhile, each seeing its own write at once
-            rollout = await store.enqueue_rollout({"main": i})
-            assert (await store.get_rollout_by_id(rollout.rollout_id)) is not None
-            assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "queuing"  # type: ignore[union-attr]
-        await asyncio.to_thread(thread.join)
-        assert errors == []
-        assert [r.attempt.status for r in seen] == ["running"] * 30  # type: ignore[union-attr]
-    finally:
-        connections = list(store.collections._db._reader_conns)
-        await store.close()
-    assert len(connections) >= 2  # this thread's and the other thread's, each closed with the store
-    assert all(_is_closed(conn) for conn in connections)
-
-
-def _is_closed(conn: sqlite3.Connection) -> bool:
-    try:
-        conn.execute("SELECT 1")
-    except sqlite3.ProgrammingError:
-        return True
-    return False
 
 
 async def test_reads_on_the_writer_thread_see_only_committed_writes(

@@ -19,8 +19,7 @@ Threads and transactions:
   deferred and the next section joins the same transaction (group commit); the last section of a group commits
   and only then are all the sections of the group acknowledged. A write is never acknowledged before its commit.
 * Reads outside write sections run on a small pool of reader threads, each with its own connection; in WAL mode
-  they see the last committed state and never block the writer. Lookups of one item by its id can run on the
-  caller's own thread instead (``run_here``), with that thread's own read-only connection.
+  they see the last committed state and never block the writer.
 
 Durability: WAL mode with ``synchronous=NORMAL`` (the default) keeps every committed transaction across a crash or
 kill of the process; only an operating-system crash or power loss may lose the last commits. ``synchronous="FULL"``
@@ -330,9 +329,6 @@ _current_section: contextvars.ContextVar[Optional[_Section]] = contextvars.Conte
     "agentbolt_sqlite_section", default=None
 )
 
-_reading_here: contextvars.ContextVar[bool] = contextvars.ContextVar("agentbolt_sqlite_reading_here", default=False)
-"""Set while an operation runs through :meth:`_Database.run_here`: its reads use the calling thread's connection."""
-
 
 class _Database:
     """The database file: a writer thread running a private event loop, reader threads, the write gate.
@@ -571,12 +567,11 @@ class _Database:
     async def read_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on a read-only connection, which sees the last committed state.
 
-        Operations running on a reader thread (see :meth:`run_on_reader`), on the writer loop or through
-        :meth:`run_here` call their thread's own read-only connection directly; calls from any other loop are handed
-        to a reader thread.
+        Operations running on a reader thread (see :meth:`run_on_reader`) or on the writer loop call their thread's
+        own read-only connection directly; calls from any other loop are handed to a reader thread.
         """
         self._check_open()
-        if self._on_reader_loop() or self.on_writer_loop() or _reading_here.get():
+        if self._on_reader_loop() or self.on_writer_loop():
             return self._read_job(fn)
         return await asyncio.wrap_future(self._readers.submit(self._read_job, fn))
 
@@ -603,21 +598,6 @@ class _Database:
             return await fn(*args, **kwargs)
         self._check_open()
         return await asyncio.wrap_future(self._readers.submit(self._run_read_operation, fn, args, kwargs))
-
-    async def run_here(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
-        """Await ``fn(*args, **kwargs)`` on the caller's loop, its reads on the calling thread's own connection.
-
-        For operations of a few indexed lookups only: the loop is blocked while SQLite reads (tens of microseconds for
-        such a lookup), which costs less than handing the operation to a reader thread and back.
-        """
-        if self.on_writer_loop() or self._on_reader_loop():
-            return await fn(*args, **kwargs)
-        self._check_open()
-        token = _reading_here.set(True)
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            _reading_here.reset(token)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1505,14 +1485,6 @@ class SqliteLightningCollections(LightningCollections):
         total. Use it for whole read operations that do not wait for anything else; the caller's loop is never blocked.
         """
         return await self._db.run_on_reader(fn, *args, **kwargs)
-
-    async def run_here(self, fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> T:
-        """Await ``fn(*args, **kwargs)`` on the caller's loop, its reads on the calling thread's own connection.
-
-        Use it for whole read operations of a few indexed lookups, where a hand-off to a reader thread would cost more
-        than the lookups; the caller's loop is blocked while they run.
-        """
-        return await self._db.run_here(fn, *args, **kwargs)
 
     async def close(self) -> None:
         """Commit what is pending and close every connection."""
