@@ -235,10 +235,10 @@ class _AttemptRewards:
     each kind has its own reader and cache, and every reward span is parsed once per read.
     """
 
-    def __init__(self, call: StoreCall, rule: _RewardRule, size: int = _REWARD_CACHE_SIZE) -> None:
+    def __init__(self, call: StoreCall, rule: _RewardRule) -> None:
         self._call = call
         self._rule = rule
-        self._cache = _RewardCache(size)
+        self._cache = _RewardCache()
 
     def _read(self, rollout_id: str, spans: Sequence[Span]) -> Optional[float]:
         """The reward of one attempt; a reward span an agent wrote wrongly is logged and counts as no reward (of this
