@@ -12,7 +12,7 @@ from typing import List
 
 import httpx
 import pytest
-from support.servers import free_port, start_store_process, wait_healthy
+from support.servers import free_port, start_store_process, wait_serving
 
 from agentbolt.store.base import LightningStore
 from agentbolt.store.http import LightningStoreClient, LightningStoreServer
@@ -88,7 +88,7 @@ async def test_worker_processes_time_out_rollouts_while_nobody_calls_them(tmp_pa
     options = ["--workers", "2", "--scan-debounce-seconds", "0.3"]
     server = start_store_process(db, port, options, stderr=subprocess.DEVNULL)
     try:
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         client = LightningStoreClient(f"http://127.0.0.1:{port}")
         try:
             started = await client.start_rollout({"task": "slow"}, config=RolloutConfig(timeout_seconds=0.5))

@@ -16,7 +16,7 @@ from typing import List
 import httpx
 import psutil
 import pytest
-from support.servers import free_port, start_store_process, wait_healthy
+from support.servers import free_port, start_store_process, wait_serving
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
@@ -68,7 +68,7 @@ async def test_files_of_exited_processes_follow_prometheus_client_rules(
         tmp_path / "store.db", port, ["--workers", "2", "--tracker", "prometheus"], stderr=subprocess.DEVNULL
     )
     try:
-        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         # At start, the earlier process's live gauges are gone; everything else it wrote is kept.
         assert sorted(p.name for p in metrics_dir.iterdir() if p.name.endswith(f"_{earlier}.db")) == [
             f"counter_{earlier}.db",

@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List
 
 import psutil
 import pytest
-from support.servers import free_port, start_store_process, wait_healthy
+from support.servers import free_port, start_store_process, wait_healthy, wait_serving
 
 from agentbolt.cli.app import run
 from agentbolt.cli.store import max_workers
@@ -79,7 +79,7 @@ async def test_every_rollout_is_claimed_exactly_once_by_many_clients(backend_arg
     endpoint = f"http://127.0.0.1:{port}"
     server = start_store_process(None, port, ["--workers", str(WORKERS)], backend_args=backend_args)
     try:
-        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         workers = psutil.Process(server.pid).children()
         assert len(workers) == WORKERS, [w.pid for w in workers]
         setup = LightningStoreClient(endpoint)
@@ -149,7 +149,7 @@ async def test_workers_exit_when_the_main_process_is_killed(tmp_path: Path) -> N
     db = tmp_path / "orphans.db"
     server = start_store_process(db, port, ["--workers", "2"], stderr=subprocess.DEVNULL)
     try:
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         workers = psutil.Process(server.pid).children()
         assert len(workers) == 2
     finally:
@@ -174,7 +174,7 @@ async def test_kill_9_of_one_worker_under_load_loses_nothing_acknowledged(backen
     endpoint = f"http://127.0.0.1:{port}"
     server = start_store_process(None, port, ["--workers", "3"], backend_args=backend_args, stderr=subprocess.DEVNULL)
     try:
-        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         first_workers = psutil.Process(server.pid).children()
         setup = LightningStoreClient(endpoint)
         try:
@@ -247,7 +247,7 @@ async def test_waits_on_any_worker_are_woken_by_writes_served_by_another(backend
     clients = [LightningStoreClient(endpoint, long_waits=True) for _ in range(7)]
     writer, waiters = clients[0], clients[1:]
     try:
-        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         queue_waits = [asyncio.ensure_future(c.wait_for_queued_rollouts(timeout=120)) for c in waiters]
         await asyncio.sleep(0.5)  # let the waits reach the workers (the answer is the same if they come later)
         rollout = await writer.enqueue_rollout({"task": 1})
@@ -276,7 +276,7 @@ async def test_timeouts_fire_once_after_the_workers_are_killed(tmp_path: Path) -
     server = start_store_process(tmp_path / "watchdog.db", port, ["--workers", "2"], stderr=subprocess.DEVNULL)
     client = LightningStoreClient(endpoint)
     try:
-        await asyncio.to_thread(wait_healthy, f"{endpoint}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         config = RolloutConfig(timeout_seconds=0.5, max_attempts=2, retry_condition=["timeout"])
         started = await client.start_rollout({"task": "slow"}, config=config)
         first_workers = psutil.Process(server.pid).children()
@@ -308,7 +308,7 @@ async def test_a_worker_that_cannot_reopen_the_store_stops_the_server_with_one_e
     db = tmp_path / "replaced.db"
     server = start_store_process(db, port, ["--workers", "2"])
     try:
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/v1/agl/health", server)
+        await asyncio.to_thread(wait_serving, server)
         workers = psutil.Process(server.pid).children()
         broken = tmp_path / "broken.db"
         broken.write_bytes(b"not a database " * 100)

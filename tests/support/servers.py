@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -61,14 +62,39 @@ def start_store_process(
     (e.g. ``["--backend", "postgres", "--dsn", dsn]``).
 
     ``stderr`` is piped by default, for failure reports; a process that logs much while nobody reads the pipe
-    should pass ``subprocess.DEVNULL``.
+    should pass ``subprocess.DEVNULL``. stdout is piped for :func:`wait_serving` (the command prints a few lines).
     """
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if backend_args is None:
         backend_args = ["--backend", "sqlite", "--path", str(path)]
     command = [sys.executable, "-m", "agentbolt", "store", *backend_args]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING", *extra_args]
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
+
+
+def wait_serving(process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Wait for the line ``agentbolt store: serving ...`` of a :func:`start_store_process` server.
+
+    The command prints it once every worker process is up, while the health route answers as soon as one is: a test
+    that kills workers must wait for this line, or it may kill one still starting, which fails the server's start.
+
+    Raises:
+        AssertionError: ``process`` exited first (with its stderr), or ``timeout`` seconds passed.
+    """
+    assert process.stdout is not None, "start the server with stdout=PIPE"
+    deadline = time.monotonic() + timeout
+    fd = process.stdout.fileno()
+    printed = b""
+    while b"agentbolt store: serving" not in printed:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"the store did not say it was serving within {timeout:g} seconds: {printed!r}")
+        readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        chunk = os.read(fd, 4096) if readable else b""
+        if readable and not chunk:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            raise AssertionError(f"server exited early: {stderr}")
+        printed += chunk
 
 
 def wait_healthy(url: str, process: Optional[subprocess.Popen[bytes]] = None, timeout: float = 60.0) -> None:
