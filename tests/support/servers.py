@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -85,16 +85,20 @@ def wait_serving(process: subprocess.Popen[bytes], timeout: float = 60.0) -> Non
     deadline = time.monotonic() + timeout
     fd = process.stdout.fileno()
     printed = b""
-    while b"agentbolt store: serving" not in printed:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"the store did not say it was serving within {timeout:g} seconds: {printed!r}")
-        readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-        chunk = os.read(fd, 4096) if readable else b""
-        if readable and not chunk:
-            stderr = process.stderr.read().decode() if process.stderr else ""
-            raise AssertionError(f"server exited early: {stderr}")
-        printed += chunk
+    # A selector, not select.select: a long test run can hold more than 1,024 descriptors.
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while b"agentbolt store: serving" not in printed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"the store did not say it was serving within {timeout:g} seconds: {printed!r}")
+            if not selector.select(min(remaining, 0.5)):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                stderr = process.stderr.read().decode() if process.stderr else ""
+                raise AssertionError(f"server exited early: {stderr}")
+            printed += chunk
 
 
 def wait_healthy(url: str, process: Optional[subprocess.Popen[bytes]] = None, timeout: float = 60.0) -> None:
