@@ -410,7 +410,7 @@ def test_parquet_is_written_in_batches_with_each_columns_type_taken_over_all_of_
 def test_progress_is_redrawn_on_a_terminal_and_erased_at_the_end(store_file: Path, tmp_path: Path, monkeypatch) -> None:
     import os
     import pty
-    import select
+    import selectors
     import sys
 
     master, replica = pty.openpty()
@@ -418,14 +418,17 @@ def test_progress_is_redrawn_on_a_terminal_and_erased_at_the_end(store_file: Pat
         monkeypatch.setattr(sys, "stderr", terminal)
         assert export_main([str(store_file), "--what", "rollouts", "--output", str(tmp_path / "r.jsonl")]) == 0
     shown = b""
-    while select.select([master], [], [], 0.5)[0]:  # a pty hands out what was written in pieces
-        try:
-            piece = os.read(master, 65536)
-        except OSError:  # the other end is closed and everything was read
-            break
-        if not piece:
-            break
-        shown += piece
+    # A selector, not select.select, which refuses descriptors above 1,024 (a long test run can hold more).
+    with selectors.DefaultSelector() as selector:
+        selector.register(master, selectors.EVENT_READ)
+        while selector.select(0.5):  # a pty hands out what was written in pieces
+            try:
+                piece = os.read(master, 65536)
+            except OSError:  # the other end is closed and everything was read
+                break
+            if not piece:
+                break
+            shown += piece
     os.close(master)
     shown = shown.decode()
     total = len(_records(store_file, "rollouts"))
