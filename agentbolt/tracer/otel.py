@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
@@ -816,6 +816,7 @@ class OtelTracer(Tracer):
         self._write_timeout = write_timeout
         self._tracer_provider: Optional[TracerProvider] = None
         self._lightning_span_processor: Optional[LightningSpanProcessor] = None
+        self._workers: Set[int] = set()  # workers initialized and not yet torn down
 
     def init_worker(self, worker_id: int, store: Optional[LightningStore] = None) -> None:
         """Install the tracer provider and span processor (once per tracer) and remember the store.
@@ -825,6 +826,7 @@ class OtelTracer(Tracer):
         """
         super().init_worker(worker_id, store)
         with _provider_lock:  # runner threads sharing the tracer start their workers at the same time
+            self._workers.add(worker_id)
             if self._tracer_provider is None:
                 self._initialize_tracer_provider()
             elif self._lightning_span_processor is not None and self._lightning_span_processor.resume_retrying():
@@ -854,10 +856,22 @@ class OtelTracer(Tracer):
         self._lightning_span_processor = processor
 
     def teardown_worker(self, worker_id: int) -> None:
-        """Flush buffered spans (bounded); the provider stays installed."""
+        """Flush buffered spans (bounded); the provider stays installed.
+
+        Once no worker of this tracer runs (runner threads of one process share it), the span processor's writer
+        thread stops as well, so that a process running one training after another keeps no thread per run. The
+        collected spans stay readable, and spans that end later start the thread again.
+        """
         super().teardown_worker(worker_id)
-        if self._lightning_span_processor is not None:
-            self._lightning_span_processor.force_flush(int(self._write_timeout * 1000))
+        processor = self._lightning_span_processor
+        if processor is None:
+            return
+        with _provider_lock:  # a worker starting meanwhile waits, and finds the processor stopped and restartable
+            self._workers.discard(worker_id)
+            if not self._workers:
+                processor.shutdown()
+                return
+        processor.force_flush(int(self._write_timeout * 1000))
 
     def stop_retrying(self) -> None:
         """The process is stopping (Ctrl-C): spans the store cannot take are given up, not retried.

@@ -280,3 +280,43 @@ def test_agentops_tracer_keeps_the_instrumentation_while_one_of_its_workers_runs
     finally:
         tracer.teardown_worker(1)
     assert not is_openai_instrumented()
+
+
+def writer_threads() -> List[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "otel-loop"]
+
+
+@pytest.mark.parametrize("tracer_class", [OtelTracer, AgentOpsTracer], ids=["otel", "agentops"])
+def test_the_writer_thread_stops_with_the_last_worker_and_starts_again_for_the_next_run(
+    tracer_class: Callable[[], OtelTracer], store: InMemoryLightningStore
+) -> None:
+    threads_before = set(writer_threads())
+    tracer = tracer_class()
+    rollouts = asyncio.run(start_rollouts(store, 3))
+
+    async def record(index: int) -> None:
+        rollout = rollouts[index]
+        async with tracer.trace_context(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+            emit_reward(float(index))
+
+    def stored_rewards(index: int) -> List[Optional[float]]:
+        return rewards(list(asyncio.run(store.query_spans(rollouts[index].rollout_id))))
+
+    tracer.init()
+    tracer.init_worker(0, store)
+    tracer.init_worker(1, store)  # a second runner thread of the same process
+    asyncio.run(record(0))
+    tracer.teardown_worker(0)
+    assert set(writer_threads()) - threads_before, "the writer stopped while another worker runs"
+    asyncio.run(record(1))
+    tracer.teardown_worker(1)
+    assert not set(writer_threads()) - threads_before
+    assert stored_rewards(0) == [0.0] and stored_rewards(1) == [1.0]
+    assert rewards(tracer.get_last_trace()) == [1.0]  # what the last context collected stays readable
+
+    tracer.init_worker(0, store)  # the next run of the same tracer in this process
+    asyncio.run(record(2))
+    assert stored_rewards(2) == [2.0]
+    tracer.teardown_worker(0)
+    tracer.teardown()
+    assert not set(writer_threads()) - threads_before
