@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= --disable-pip-version-check --quiet
+# Processes the default suite runs on (pytest-xdist; each test file stays on one process). 0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: venv postgres bench-reference bench-store test test-slow test-all test-demo test-examples test-frameworks test-weave test-verl test-browser browser dashboard dashboard-screenshots demo docs lint format bench clean
 
@@ -21,7 +23,7 @@ postgres:
 	@bash scripts/install-postgres.sh
 
 test: $(STAMP) browser postgres
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=40
 
 test-slow: $(STAMP) postgres
 	$(PY) -m pytest -q -m slow -p no:cacheprovider
