@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
@@ -380,6 +383,40 @@ async def test_closed_store_rejects_calls(tmp_path: Path) -> None:
     await collections.close()
     with pytest.raises(RuntimeError, match="closed"):
         await collections.rollouts.size()
+
+
+def test_collections_dropped_without_closing_close_their_file_and_stop_their_threads(tmp_path: Path) -> None:
+    path = tmp_path / "dropped.db"
+
+    def store_threads() -> Set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name.startswith("agentbolt-sqlite")}
+
+    threads_before = store_threads()
+    collections = SqliteLightningCollections(path)
+
+    async def use(opened: SqliteLightningCollections) -> None:
+        async with opened.atomic() as c:
+            await c.rollout_queue.enqueue(["ro-kept"])
+        assert await opened.rollout_queue.peek(1) == ["ro-kept"]  # a read starts a reader thread
+
+    asyncio.run(use(collections))
+    assert store_threads() - threads_before
+    del collections
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while store_threads() - threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not store_threads() - threads_before
+    assert not Path(f"{path}-wal").exists()  # the last connection closed, which checkpoints and removes the log
+
+    async def reopen() -> None:
+        reopened = SqliteLightningCollections(path)
+        try:
+            assert await reopened.rollout_queue.peek(1) == ["ro-kept"]
+        finally:
+            await reopened.close()
+
+    asyncio.run(reopen())
 
 
 # ---------------------------------------------------------------------------------------------------------------------

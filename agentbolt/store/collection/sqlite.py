@@ -54,6 +54,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
@@ -598,6 +599,11 @@ class _Database:
             return await fn(*args, **kwargs)
         self._check_open()
         return await asyncio.wrap_future(self._readers.submit(self._run_read_operation, fn, args, kwargs))
+
+    @property
+    def closed(self) -> bool:
+        """Whether the database was closed."""
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1337,6 +1343,18 @@ class SqliteKeyValue(_Backed, KeyValue[K, V], Generic[K, V]):
             return await self._read(lambda conn: int(conn.execute(f"SELECT COUNT(*) FROM {self._table}").fetchone()[0]))
 
 
+def _close_dropped_database(db: _Database, pid: int) -> None:
+    """Close the database of collections that were garbage-collected open.
+
+    It is closed on a thread of its own: the last reference may go on one of the database's own threads, which
+    closing stops and joins. Nothing is closed in a forked child, which has none of the parent's threads.
+    """
+    if os.getpid() != pid or db.closed:
+        return
+    logger.debug("Closing %s: its store was garbage-collected without being closed", db.path)
+    threading.Thread(target=db.close_sync, name="agentbolt-sqlite-close", daemon=True).start()
+
+
 class SqliteLightningCollections(LightningCollections):
     """All store collections in one SQLite file (see the module docstring for threads, durability, group commit).
 
@@ -1405,6 +1423,9 @@ class SqliteLightningCollections(LightningCollections):
             self._db, tracker=tracker, kept_when=rollout_stored_condition("?", "rollouts")
         )
         self._meta = _Backed(self._db)
+        # Collections dropped without being closed (a notebook cell that opens the store run again) still close the
+        # file and stop its threads, which hold the database but not the collections.
+        weakref.finalize(self, _close_dropped_database, self._db, os.getpid()).atexit = False
 
     @property
     def read_only(self) -> bool:
