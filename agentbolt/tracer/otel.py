@@ -209,12 +209,12 @@ class _OtlpStoreTarget(LightningStore):
 
 @dataclass(eq=False, slots=True)
 class _PendingWrite(PendingSpan):
-    """A finished span waiting to be written, with the store and ids it belongs to.
+    """A finished span waiting to be written, with the ids it belongs to.
 
-    ``exported`` spans are bound for an :class:`_OtlpStoreTarget`: they carry their OpenTelemetry span.
+    ``exported`` spans are bound for an :class:`_OtlpStoreTarget`: they carry their OpenTelemetry span. The store is
+    not kept: a trace kept for :meth:`LightningSpanProcessor.spans` must not keep its store alive.
     """
 
-    store: LightningStore
     rollout_id: str
     attempt_id: str
     span: ReadableSpan
@@ -343,6 +343,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._loop_thread: Optional[threading.Thread] = None
         self._loop_pid: Optional[int] = None
         self._writers: Dict[int, SpanWriter] = {}  # one per store, by identity
+        self._given_up_by_stopped_writers = 0  # writers dropped by shutdown()
 
     # ---- properties ----
 
@@ -392,7 +393,7 @@ class LightningSpanProcessor(SpanProcessor):
     @property
     def given_up_count(self) -> int:
         """Spans that could not be written and were given up (see the module docstring)."""
-        return sum(writer.dropped + writer.failed + writer.lost for writer in self._current_writers())
+        return self._given_up_by_stopped_writers + sum(_given_up(writer) for writer in self._current_writers())
 
     def _current_writers(self) -> List[SpanWriter]:
         with self._lock:
@@ -562,9 +563,7 @@ class LightningSpanProcessor(SpanProcessor):
             )
             self._add_to_trace(binding, local)
             return
-        item = _PendingWrite(
-            target, rollout_id, attempt_id, span, sequence_id, exported=isinstance(target, _OtlpStoreTarget)
-        )
+        item = _PendingWrite(rollout_id, attempt_id, span, sequence_id, exported=isinstance(target, _OtlpStoreTarget))
         self._add_to_trace(binding, item)
         self._submit(target, item)
 
@@ -717,9 +716,12 @@ class LightningSpanProcessor(SpanProcessor):
         with self._lock:
             if self._otlp_target is not None:
                 self._otlp_target.closing = True
+            # Stopped writers are dropped: they hold their stores, which the caller may close and drop.
+            writers, self._writers = list(self._writers.values()), {}
         deadline = time.monotonic() + self._write_timeout
-        for writer in self._current_writers():
+        for writer in writers:
             writer.stop_threadsafe(max(0.0, deadline - time.monotonic()))
+            self._given_up_by_stopped_writers += _given_up(writer)
         loop, thread = self._loop, self._loop_thread
         self._loop = None
         if loop is None or thread is None or not thread.is_alive():
@@ -732,6 +734,11 @@ class LightningSpanProcessor(SpanProcessor):
         thread.join(timeout=5)
         if not thread.is_alive():
             loop.close()
+
+
+def _given_up(writer: SpanWriter) -> int:
+    """Spans ``writer`` could not write and gave up."""
+    return writer.dropped + writer.failed + writer.lost
 
 
 async def _cancel_other_tasks() -> None:
