@@ -452,7 +452,8 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         if ctx.get_start_method() == "fork":
             # Forked runners share this process's memory until a page is written, and a garbage collection writes to
             # every object it visits. Frozen objects are never visited, so their pages stay shared; they stay frozen
-            # here too, since this process's collections would otherwise copy the same pages.
+            # here too while the runners live, since this process's collections would otherwise copy the same pages
+            # (``execute`` thaws them once the runners are gone).
             gc.collect()
             gc.freeze()
         # Managed runners connect a client of their own: the store stays here (under the spawn and forkserver start
@@ -484,6 +485,7 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
         processes: List[BaseProcess] = []
         failed = False
         self.interrupted = False
+        frozen_before = gc.get_freeze_count()
         stack = contextlib.ExitStack()
         server_id = self._run_server_id()
         any_port = self.server_port == 0
@@ -532,6 +534,10 @@ class ClientServerExecutionStrategy(ExecutionStrategy):
                 self._shutdown_processes(processes, stop_evt, interrupted=self.interrupted)
             finally:
                 stack.close()  # SIGTERM kills again only once the children are stopped
+                if not frozen_before and gc.get_freeze_count():
+                    # Frozen for the forked runners, which are gone: what became garbage since is collected again
+                    # (frozen, it would never be, in a process that trains one run after another).
+                    gc.unfreeze()
             if any_port:
                 self.server_port = 0
             self._check_process_exitcodes(processes, warn_only=failed)
