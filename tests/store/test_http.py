@@ -12,6 +12,7 @@ import json
 import pickle
 import re
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict
 
@@ -523,6 +524,27 @@ async def test_client_retries_until_a_late_server_is_up(tmp_path: Path) -> None:
         await client.close()
         await server.stop()
         await store.close()
+
+
+async def test_a_stopped_and_dropped_server_leaves_its_store_free_to_be_collected() -> None:
+    # FastAPI caches route endpoints process-wide: endpoints holding their server kept every server and its store.
+    store = InMemoryLightningStore()
+    port = free_port()
+    server = LightningStoreServer(store, "127.0.0.1", port, launch_mode="asyncio")
+    await server.start()
+    try:
+        client = LightningStoreClient(f"http://127.0.0.1:{port}")
+        try:
+            rollout = await client.enqueue_rollout({"served": True})
+            assert (await store.get_rollout_by_id(rollout.rollout_id)) is not None
+        finally:
+            await client.close()
+    finally:
+        await server.stop()
+    dropped = weakref.ref(store)
+    del server, store
+    gc.collect()
+    assert dropped() is None
 
 
 async def test_client_gives_up_when_no_server_answers() -> None:

@@ -18,6 +18,7 @@ import re
 import types
 import typing
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 from urllib.parse import parse_qs, unquote
@@ -933,7 +934,7 @@ class LightningStoreServer(LightningStore):
 
     def _build_app(self) -> FastAPI:
         return build_store_app(
-            self._call_store,
+            _weakly_bound(self._call_store),
             server_id=self.server_id,
             api_key=self._api_key,
             max_request_bytes=self._max_request_bytes,
@@ -941,6 +942,23 @@ class LightningStoreServer(LightningStore):
             tracker=self.tracker,
             body_timeout=self._body_timeout,
         )
+
+
+def _weakly_bound(call_store: StoreCall) -> StoreCall:
+    """``call_store`` (a server's bound method) without holding the server.
+
+    FastAPI keeps route endpoints in a process-wide cache (of thousands of callables), so endpoints holding their
+    server would keep every server built in the process alive, and with it its store, the store's threads and files.
+    """
+    method = weakref.WeakMethod(call_store)
+
+    async def call(method_name: str, /, *args: Any, **kwargs: Any) -> Any:
+        bound = method()
+        if bound is None:
+            raise RuntimeError("The store server that built this app was garbage-collected")
+        return await bound(method_name, *args, **kwargs)
+
+    return call
 
 
 # Every other LightningStore method is the wrapped store's, reached as described in _delegate.
