@@ -67,6 +67,13 @@ def _seconds(text: str) -> float:
     return float(shown.group(3)) / (1000 if shown.group(4) == "ms" else 1)
 
 
+def _least_shown(before: float, after: float) -> float:
+    """The least duration the page may show for one the store put at ``before`` just before the page loaded and at
+    ``after`` once it showed: the page knows the store's time to the second (the Date header of its answers), as of
+    when an answer arrived, so it may be behind by a second plus the time that answer took, which lies between."""
+    return before - 1 - (after - before)
+
+
 def _cell(table: Any, row: Any, column: str) -> Any:
     headers = [text.rstrip(" ▲▼") for text in table.locator("thead th").all_inner_texts()]  # a sorted column's arrow
     index = headers.index(column)
@@ -83,9 +90,7 @@ def test_ages_and_running_durations_follow_the_store_clock_not_the_browser(page:
     attempts = page.get_by_role("table", name="attempts")
     heartbeat = _cell(attempts, attempts.locator("tbody tr").first, "Last heartbeat").inner_text()
     after = _summary(store["url"], store["running"])["duration"]
-    # The page knows the store's time to the second (the Date header of its answers), as of when an answer arrived:
-    # it may be behind by a second plus the time the answer took, which lies between the two reads above.
-    least = before - 1 - (after - before)
+    least = _least_shown(before, after)
     assert least <= _seconds(duration.inner_text()) <= after + 1, duration.inner_text()
     assert least <= _seconds(heartbeat.removesuffix(" ago")) <= after + 1, heartbeat
 
@@ -99,7 +104,7 @@ def test_a_running_attempt_lasts_until_now_not_until_its_last_heartbeat(page: An
     shown = _cell(attempts, row, "Duration").inner_text()
     after = _summary(store["url"], store["running"])["duration"]
     assert shown.endswith("(running)"), shown
-    assert before - 1 - (after - before) <= _seconds(shown) <= after + 1, shown  # see the test above
+    assert _least_shown(before, after) <= _seconds(shown) <= after + 1, shown
 
 
 def test_times_are_shown_with_their_zone(browser: Any, store: Dict[str, str]) -> None:
