@@ -314,6 +314,58 @@ async def test_failed_section_is_rolled_back_while_its_group_commits(
     assert not await c.span_sequence_ids.has("bad")
 
 
+async def test_a_section_cancelled_while_its_transaction_opens_leaves_the_writer_usable(tmp_path: Path) -> None:
+    # The writer thread is kept busy, so the section's BEGIN is still queued when its task is cancelled; the BEGIN
+    # runs afterwards all the same, and must not leave a transaction open behind the next section's back.
+    collections = SqliteLightningCollections(tmp_path / "cancelled.db")
+    try:
+        await collections.rollouts.insert([Rollout(rollout_id="ro", input=None, start_time=0.0)])
+
+        async def section(name: str) -> None:
+            async with collections.atomic() as c:
+                await c.rollout_queue.enqueue([name])
+
+        collections._db._loop.call_soon_threadsafe(time.sleep, 0.3)
+        cancelled = asyncio.create_task(section("cancelled"))
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await section("after")
+        assert await collections.rollout_queue.peek(10) == ["after"]
+    finally:
+        await collections.close()
+
+
+async def test_sections_cancelled_at_any_moment_never_break_the_ones_that_finish(tmp_path: Path) -> None:
+    collections = SqliteLightningCollections(tmp_path / "cancelled-many.db")
+    rng = random.Random(7)
+    finished: List[str] = []
+
+    async def section(name: str) -> None:
+        async with collections.atomic() as c:
+            await c.rollout_queue.enqueue([name])
+            await c.rollout_queue.enqueue([f"{name}/second"])
+        finished.append(name)
+
+    try:
+        for round_ in range(30):
+            tasks = [asyncio.create_task(section(f"r{round_}-{i}")) for i in range(8)]
+            await asyncio.sleep(rng.random() * 0.002)
+            for task in rng.sample(tasks, 3):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await section("last")
+        queued = await collections.rollout_queue.peek(1000)
+        # Every section that finished is stored; a cancelled one is stored whole or not at all.
+        firsts = [name for name in queued if not name.endswith("/second")]
+        assert set(finished) <= set(firsts)
+        assert queued == [item for name in firsts for item in (name, f"{name}/second")]
+        assert firsts[-1] == "last"
+    finally:
+        await collections.close()
+
+
 async def test_duplicate_insert_inserts_nothing(sqlite_collections: SqliteLightningCollections) -> None:
     from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
 

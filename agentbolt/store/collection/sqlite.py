@@ -537,11 +537,31 @@ class _Database:
         self._loop.call_soon_threadsafe(run)
         return await result
 
-    async def _protected_write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Like :meth:`write_call`, but the caller's cancellation cannot interrupt bookkeeping statements."""
+    async def _write_to_the_end(self, fn: Callable[[sqlite3.Connection], T]) -> Tuple[T, bool]:
+        """Run a bookkeeping statement on the writer and wait for its outcome even if the caller is cancelled.
+
+        Returns the statement's value and whether the caller was cancelled meanwhile: the caller first accounts for
+        what the statement did (a transaction it opened, a commit it made), then raises the cancellation.
+        """
         if self.on_writer_loop():
-            return await self.write_call(fn)  # completes without suspending
-        return await asyncio.shield(self.write_call(fn))
+            return await self.write_call(fn), False  # completes without suspending
+        work = asyncio.ensure_future(self.write_call(fn))
+        cancelled = False
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:  # the caller's cancellation, possibly just as the work finished
+                if work.cancelled():
+                    raise
+                cancelled = True
+        return work.result(), cancelled
+
+    async def _protected_write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Like :meth:`write_call`, but a cancellation of the caller is raised only once the statement is done."""
+        value, cancelled = await self._write_to_the_end(fn)
+        if cancelled:
+            raise asyncio.CancelledError()
+        return value
 
     def _connect_reader(self) -> sqlite3.Connection:
         """A new connection of a reader thread (it never writes)."""
@@ -671,23 +691,25 @@ class _Database:
                 raise asyncio.CancelledError()
             await ack
             return
-        commit_error = await self._commit_group()
+        commit_error, cancelled_in_commit = await self._commit_group()
         with self._gate_lock:
             self._hand_over_locked()
         if commit_error is not None:
             raise commit_error
-        if cancelled:
+        if cancelled or cancelled_in_commit:
             raise asyncio.CancelledError()
 
-    async def _commit_group(self) -> Optional[BaseException]:
+    async def _commit_group(self) -> Tuple[Optional[BaseException], bool]:
         """Commit the open transaction (the gate owner's call) and acknowledge the sections waiting for it.
 
-        Returns the commit error, which the waiting sections also receive.
+        Returns the commit error, which the waiting sections also receive, and whether the caller was cancelled
+        while the commit ran (the commit is finished and acknowledged all the same).
         """
         commit_error: Optional[BaseException] = None
+        cancelled = False
         if self._in_transaction:
             try:
-                await self._protected_write_call(_commit)
+                _, cancelled = await self._write_to_the_end(_commit)
                 self.commits += 1
             except BaseException as exc:
                 commit_error = exc
@@ -697,7 +719,7 @@ class _Database:
             group, self._group = self._group, []
         for waiter_loop, waiter in group:
             _settle(waiter_loop, waiter, error=commit_error)
-        return commit_error
+        return commit_error, cancelled
 
     @asynccontextmanager
     async def write_section(self) -> AsyncIterator[None]:
@@ -712,7 +734,9 @@ class _Database:
             conn.execute("BEGIN IMMEDIATE" if opens_transaction else "SAVEPOINT section")
 
         try:
-            await self._protected_write_call(begin)
+            # Once handed over, the statement runs even if this task is cancelled: wait for it, so that a
+            # transaction or savepoint it opens is always rolled back below.
+            _, cancelled = await self._write_to_the_end(begin)
         except BaseException:
             await self._finish_section(None)
             raise
@@ -720,11 +744,13 @@ class _Database:
         self.sections += 1
         token = _current_section.set(_Section(self, writes=True))
         try:
+            if cancelled:
+                raise asyncio.CancelledError()
             yield
         except BaseException as exc:
             _current_section.reset(token)
             try:
-                await self._protected_write_call(_rollback_transaction if opens_transaction else _rollback_savepoint)
+                await self._write_to_the_end(_rollback_transaction if opens_transaction else _rollback_savepoint)
                 if opens_transaction:
                     self._in_transaction = False
             except BaseException as rollback_error:  # the transaction cannot be trusted any more
@@ -733,14 +759,17 @@ class _Database:
             await self._finish_section(exc)
             raise
         _current_section.reset(token)
+        cancelled_in_release = False
         if not opens_transaction:
             try:
-                await self._protected_write_call(_release_savepoint)
+                _, cancelled_in_release = await self._write_to_the_end(_release_savepoint)
             except BaseException:
                 await self._abort_transaction()
                 await self._finish_section(None)
                 raise
         await self._finish_section(None)
+        if cancelled_in_release:  # the section's writes are in the group's transaction: they commit with it
+            raise asyncio.CancelledError()
 
     async def _abort_transaction(self) -> None:
         def abort(conn: sqlite3.Connection) -> None:
@@ -765,7 +794,8 @@ class _Database:
             raise RuntimeError("The store cannot be closed from its own writer thread")
         await self._acquire_gate()
         try:
-            commit_error = await self._commit_group()  # sections waiting for a group commit get their answer
+            # Sections waiting for a group commit get their answer; a cancellation meanwhile still closes the file.
+            commit_error, _ = await self._commit_group()
             if commit_error is not None:
                 logger.error("Committing the last writes to %s failed: %s", self.path, commit_error)
         finally:
