@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Coroutine, Dict, List
 
 import pytest
 
@@ -263,3 +264,38 @@ async def test_unlocked_readers_survive_writers_in_other_threads() -> None:
     assert errors == []
     stats = await store.statistics()
     assert stats["total_rollouts"] == 150
+
+
+async def test_calls_cancelled_at_any_moment_leave_the_store_whole(inproc_backend: str, tmp_path: Path) -> None:
+    # Callers give up on calls (a runner being stopped, a client gone): what a cancelled call did is stored whole or
+    # not at all, and every later call works.
+    rng = random.Random(11)
+
+    async def cancel_some(calls: List[Coroutine[Any, Any, Any]]) -> List[Any]:
+        tasks = [asyncio.create_task(call) for call in calls]
+        await asyncio.sleep(rng.random() * 0.003)
+        for task in rng.sample(tasks, len(tasks) // 3):
+            task.cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    async with make_store(inproc_backend, tmp_path) as store:
+        enqueued: List[str] = []
+        for round_ in range(15):
+            results = await cancel_some([store.enqueue_rollout(round_ * 8 + i) for i in range(8)])
+            enqueued += [r.rollout_id for r in results if not isinstance(r, BaseException)]
+        stored = {r.rollout_id for r in await store.query_rollouts()}
+        assert set(enqueued) <= stored
+
+        claimed = await store.dequeue_many_rollouts(limit=len(stored) + 5)
+        assert sorted(r.rollout_id for r in claimed) == sorted(stored)
+        for start in range(0, len(claimed), 8):
+            batch = claimed[start : start + 8]
+            await cancel_some(
+                [store.update_attempt(r.rollout_id, r.attempt.attempt_id, status="succeeded") for r in batch]
+            )
+        # A rollout and its attempt always agree: the rollout finished with its attempt, or neither moved.
+        for rollout in await store.query_rollouts():
+            (attempt,) = await store.query_attempts(rollout.rollout_id)
+            assert (rollout.status, attempt.status) in {("succeeded", "succeeded"), ("preparing", "preparing")}
+        late = await store.enqueue_rollout("late")
+        assert (await store.dequeue_rollout()).rollout_id == late.rollout_id  # type: ignore[union-attr]

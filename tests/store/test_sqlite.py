@@ -366,6 +366,39 @@ async def test_sections_cancelled_at_any_moment_never_break_the_ones_that_finish
         await collections.close()
 
 
+async def test_a_group_is_committed_when_the_section_that_was_to_commit_it_gives_up(tmp_path: Path) -> None:
+    # The first section finishes while a second waits at the gate, so it leaves its commit to the second; the second
+    # is cancelled before it gets the gate. The first must still be committed and answered.
+    collections = SqliteLightningCollections(tmp_path / "left.db")
+    in_body, finish = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        async with collections.atomic() as c:
+            await c.rollout_queue.enqueue(["first"])
+            in_body.set()
+            await finish.wait()
+
+    async def second() -> None:
+        async with collections.atomic() as c:
+            await c.rollout_queue.enqueue(["second"])
+
+    try:
+        first_task = asyncio.create_task(first())
+        await in_body.wait()
+        second_task = asyncio.create_task(second())
+        await asyncio.sleep(0.05)  # the second section waits at the gate
+        finish.set()
+        await asyncio.sleep(0)  # the first section ends and hands the gate to the second...
+        second_task.cancel()  # ...which gives up before it runs
+        await asyncio.wait_for(first_task, timeout=10)
+        with pytest.raises(asyncio.CancelledError):
+            await second_task
+        assert rows(tmp_path / "left.db", "SELECT COUNT(*) FROM rollout_queue") == [(1,)]
+        assert await collections.rollout_queue.peek(10) == ["first"]
+    finally:
+        await collections.close()
+
+
 async def test_duplicate_insert_inserts_nothing(sqlite_collections: SqliteLightningCollections) -> None:
     from agentbolt.store.collection.base import DuplicatedPrimaryKeyError
 

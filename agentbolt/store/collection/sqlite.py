@@ -356,6 +356,7 @@ class _Database:
         self._gate_waiters: Deque[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
         self._group: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._in_transaction = False  # only touched by the gate owner
+        self._left_group_commits: Set[asyncio.Task[None]] = set()
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_writer_loop, name="agentbolt-sqlite-writer", daemon=True)
         self._thread.start()
@@ -668,7 +669,26 @@ class _Database:
             except RuntimeError:  # the waiter's event loop is closed
                 continue
             return
+        if self._in_transaction:
+            # Sections that joined the open transaction wait for the next owner to commit it, and every waiter gave
+            # up meanwhile: the writer loop takes the gate over and commits the group.
+            try:
+                self._loop.call_soon_threadsafe(self._commit_left_group)
+                return
+            except RuntimeError:  # the writer loop is stopped: the store is closed
+                pass
         self._gate_owned = False
+
+    def _commit_left_group(self) -> None:
+        """Finish, as the gate's owner, a section with no writes of its own: commit the group (writer loop only)."""
+        task = self._loop.create_task(self._finish_section(None))
+        self._left_group_commits.add(task)
+        task.add_done_callback(self._left_group_committed)
+
+    def _left_group_committed(self, task: asyncio.Task[None]) -> None:
+        self._left_group_commits.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the group's sections received the error
+            logger.debug("Committing a group of sections of %s failed: %s", self.path, task.exception())
 
     async def _finish_section(self, error: Optional[BaseException]) -> None:
         """End the owner's section: join the next section's commit, or commit the group now."""
