@@ -211,10 +211,12 @@ class ModelServerProcess:
     def stop(self) -> Optional[int]:
         """Stop the server (SIGTERM to its process group, SIGKILL after ``stop_timeout``); returns its exit code.
 
-        Safe to call more than once and when the process already exited.
+        Returns once every process of the group (the server's engine processes too) has ended. Safe to call more
+        than once and when the process already exited.
         """
         process = self._process
         if process is not None and process.poll() is None:
+            deadline = time.monotonic() + self.stop_timeout
             self._signal_group(process, signal.SIGTERM)
             try:
                 process.wait(self.stop_timeout)
@@ -222,8 +224,13 @@ class ModelServerProcess:
                 logger.warning("%s did not exit %g s after SIGTERM; killing it", self.label, self.stop_timeout)
                 self._signal_group(process, signal.SIGKILL)
                 process.wait()
+            if not _wait_for_group(process.pid, deadline):  # engine processes still ending after the server
+                logger.warning("Processes of %s outlived it by the grace period; killing them", self.label)
+                self._signal_group(process, signal.SIGKILL)
+                _wait_for_group(process.pid, time.monotonic() + _KILLED_GROUP_WAIT_SECONDS)
         elif process is not None:
             self._signal_group(process, signal.SIGKILL)  # leftover engine processes of a server that died
+            _wait_for_group(process.pid, time.monotonic() + _KILLED_GROUP_WAIT_SECONDS)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -240,6 +247,37 @@ class ModelServerProcess:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+
+
+_KILLED_GROUP_WAIT_SECONDS = 5.0
+
+
+def _wait_for_group(group_id: int, deadline: float) -> bool:
+    """Wait until process group ``group_id`` has no running process left; False if some still run at ``deadline``."""
+    while _group_runs(group_id):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _group_runs(group_id: int) -> bool:
+    """Whether a process of the group still runs (zombies waiting for their new parent to reap them do not count)."""
+    try:
+        os.killpg(group_id, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    import psutil  # type: ignore[import-untyped]
+
+    for member in psutil.process_iter():
+        try:
+            if os.getpgid(member.pid) == group_id and member.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):  # ended meanwhile
+            continue
+    return False
 
 
 class LocalModelServer(ModelServerProcess):

@@ -112,6 +112,16 @@ def _app(args: argparse.Namespace) -> FastAPI:
     return app
 
 
+# The engine process: ends on SIGTERM, after STAND_IN_VLLM_ENGINE_EXIT_SECONDS when set (a negative value: never).
+_ENGINE = """
+import signal, sys, time
+if sys.argv[1]:
+    delay = float(sys.argv[1])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if delay < 0 else lambda *_: (time.sleep(delay), sys.exit(0)))
+time.sleep(3600)
+"""
+
+
 def main() -> None:
     """Parse ``sys.argv`` like vLLM and serve; exits 2 on unknown options."""
     args = _parser().parse_args(sys.argv[1:])
@@ -121,7 +131,7 @@ def main() -> None:
     if failure:
         print(failure, flush=True)
         raise SystemExit(1)
-    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    engine = subprocess.Popen([sys.executable, "-c", _ENGINE, os.environ.get("STAND_IN_VLLM_ENGINE_EXIT_SECONDS", "")])
     print(f"engine pid {engine.pid}", flush=True)
     time.sleep(float(os.environ.get("STAND_IN_VLLM_LOAD_SECONDS", "0")))
     import uvicorn
