@@ -557,13 +557,6 @@ class _Database:
                 cancelled = True
         return work.result(), cancelled
 
-    async def _protected_write_call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Like :meth:`write_call`, but a cancellation of the caller is raised only once the statement is done."""
-        value, cancelled = await self._write_to_the_end(fn)
-        if cancelled:
-            raise asyncio.CancelledError()
-        return value
-
     def _connect_reader(self) -> sqlite3.Connection:
         """A new connection of a reader thread (it never writes)."""
         conn = _connect(self.path, self._busy_timeout, self._reader_cache_kib, self._synchronous)
@@ -792,12 +785,17 @@ class _Database:
             raise asyncio.CancelledError()
 
     async def _abort_transaction(self) -> None:
+        """Roll the whole transaction back and fail its group. Never raises: its callers still hand the gate over,
+        then raise their own error (a cancellation meanwhile included)."""
+
         def abort(conn: sqlite3.Connection) -> None:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
         try:
-            await self._protected_write_call(abort)
+            await self._write_to_the_end(abort)
+        except BaseException as abort_error:
+            logger.error("Rolling back the transaction of %s failed: %s", self.path, abort_error)
         finally:
             self._in_transaction = False
             error = SqliteStoreError(self.path, "The transaction was rolled back after an error")
