@@ -1068,7 +1068,8 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
 
     Reads agentbolt gateway spans (``agentbolt.llm_call``, see the module docs) and the reference LiteLLM proxy's
     ``raw_gen_ai_request`` / ``litellm_request`` spans. Calls are ordered by sequence id and de-duplicated by
-    response id; each reward span goes to the latest earlier call without a reward.
+    response id; each reward span goes to the latest earlier call without a reward (spans of equal sequence ids, as a
+    tracer counting ids on its own may write, are ordered by start time).
 
     Args:
         agent_match: Regex searched in agent names; only matching agents' calls are kept (None keeps all, see
@@ -1103,10 +1104,12 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
             for node, agent in tree.find_llm_calls(llm_call_match=_GATEWAY_SPAN_MATCH, agent_match=self.agent_match)
         }
 
-        items: List[Tuple[Span, Triplet]] = []
+        triplets: List[Triplet] = []
+        # Spans are in sequence order (then start time, for spans of equal sequence ids): the calls before a reward
+        # that are still without one wait on a stack, the latest on top.
+        waiting: List[Triplet] = []
         without_token_ids = 0
         identities = CallIdentities()
-        rewards: List[Tuple[Span, float]] = []
         for span in spans:
             if span.span_id in call_agents:
                 prompt_ids, response_ids = _gateway_token_ids(span)
@@ -1133,11 +1136,21 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
                         "request": _request_parameters(span),
                     },
                 )
-                items.append((span, triplet))
+                triplets.append(triplet)
+                waiting.append(triplet)
                 continue
             value = span_reward_value(span)
-            if value is not None:
-                rewards.append((span, value))
+            if value is None:
+                continue
+            if waiting:
+                waiting.pop().reward = value
+            else:
+                logger.debug(
+                    "Reward %s (span %s, sequence id %s) goes to no LLM call: none before it is without a reward",
+                    value,
+                    span.span_id,
+                    span.sequence_id,
+                )
 
         if without_token_ids:
             logger.warning(
@@ -1146,21 +1159,4 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
                 without_token_ids,
                 spans[0].rollout_id,
             )
-        # Spans are in sequence order: the calls before a reward that are still without one wait on a stack, the
-        # latest on top.
-        waiting: List[Triplet] = []
-        next_item = 0
-        for reward_span, value in rewards:
-            while next_item < len(items) and items[next_item][0].sequence_id < reward_span.sequence_id:
-                waiting.append(items[next_item][1])
-                next_item += 1
-            if waiting:
-                waiting.pop().reward = value
-            else:
-                logger.debug(
-                    "Reward %s (span %s, sequence id %s) goes to no LLM call: none before it is without a reward",
-                    value,
-                    reward_span.span_id,
-                    reward_span.sequence_id,
-                )
-        return [triplet for _, triplet in items]
+        return triplets

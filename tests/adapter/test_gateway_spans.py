@@ -121,3 +121,33 @@ def test_gateway_spans_become_triplets_and_conversations() -> None:
         "tools": [WEATHER_TOOL],
     }
     assert conversations[1]["messages"][-1] == {"role": "assistant", "content": "Done"}
+
+
+def _answered_call(response_id: str, start: float) -> CallRecord:
+    call = _record({"model": "policy", "messages": [{"role": "user", "content": "Hi"}]}, "solver", start, start + 1)
+    call.response = {
+        "id": response_id,
+        "model": "policy",
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "token_ids": [3], "message": {"role": "assistant", "content": "x"}}
+        ],
+    }
+    return call
+
+
+def test_a_reward_sharing_its_calls_sequence_id_goes_to_the_call_that_started_before_it() -> None:
+    # A tracer counting sequence ids on its own (the contract allows a local counter) can give a reward span the id
+    # the gateway gave a call: start times order them.
+    now = time.time()
+    first = build_span(_answered_call("chatcmpl-1", now), sequence_id=1)
+    second = build_span(_answered_call("chatcmpl-2", now + 2), sequence_id=2)
+    reward = SpanFactory(rollout_id="ro-gw", attempt_id="at-gw").reward(1.0, 0, sequence_id=2)
+    reward.start_time = reward.end_time = now + 4
+
+    triplets = LlmProxyTraceToTriplet()([reward, second, first])
+    assert [(t.metadata["response_id"], t.reward) for t in triplets] == [("chatcmpl-1", None), ("chatcmpl-2", 1.0)]
+
+    reward.start_time = reward.end_time = now + 1.5  # before the second call, at its sequence id
+    triplets = LlmProxyTraceToTriplet()([reward, second, first])
+    assert [(t.metadata["response_id"], t.reward) for t in triplets] == [("chatcmpl-1", 1.0), ("chatcmpl-2", None)]
