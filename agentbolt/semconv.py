@@ -125,6 +125,10 @@ LLM_AGENT_NAME = "agentbolt.llm.agent_name"
 """Name of the agent that made the call (optional); used to train selected agents of a multi-agent system."""
 LLM_AGENT_NAME_HEADER = "x-agentbolt-agent-name"
 """HTTP request header from which the gateway copies :data:`LLM_AGENT_NAME`."""
+LANGGRAPH_NODE_PATH = "langgraph.node_path"
+"""On the span of a LangGraph node's run (recorded by the LangChain handler): the names of the graph nodes leading to
+it, joined by ``/`` (``"researcher/agent"`` for the ``agent`` node of a subgraph run as node ``researcher``; a node of
+the outermost graph is its own name). The adapters name the agent of the calls inside the node by it."""
 LLM_CALL_ID = "agentbolt.llm.call_id"
 """Identity of one LLM call across recorders: the ``x-request-id`` of its HTTP response. The gateway issues a unique
 one per call and records it on its span; the OpenAI SDK instrumentation records the one its call received, so the

@@ -65,6 +65,7 @@ from agentbolt.semconv import (
     GEN_AI_COMPLETION,
     GEN_AI_PROMPT,
     GEN_AI_RESPONSE_ID,
+    LANGGRAPH_NODE_PATH,
     LLM_AGENT_NAME,
     PROMPT_TOKEN_IDS,
     RESPONSE_LOGPROBS,
@@ -630,8 +631,10 @@ class TraceTree:
         if attrs.get("type") == "agent" and text(f"{_OPERATION_INPUT}.name") is not None:
             return text(f"{_OPERATION_INPUT}.name")
         prefix = "langchain.Chain."
-        if self.span.name.startswith(prefix):  # the chain's name: its lc_name attribute, else the rest of the span name
-            return text("lc_name") or (self.span.name[len(prefix) :] or None)
+        if self.span.name.startswith(prefix):
+            # A LangGraph node by its path ("researcher/agent": the prebuilt agents of a multi-agent graph all call
+            # their model node "agent"), another chain by its name: the lc_name attribute, else the span name's rest.
+            return text(LANGGRAPH_NODE_PATH) or text("lc_name") or (self.span.name[len(prefix) :] or None)
         return None
 
     @functools.cached_property

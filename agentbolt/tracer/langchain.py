@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 from uuid import UUID
 
 from opentelemetry import context as otel_context
@@ -22,6 +22,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Status, StatusCode
 
 from agentbolt.llm_call_attributes import CompletionRecord, request_attributes
+from agentbolt.semconv import LANGGRAPH_NODE_PATH
 from agentbolt.utils.otel import make_tag_attributes, record_exception_event
 
 try:
@@ -48,6 +49,23 @@ def _run_name(serialized: Optional[Dict[str, Any]], kwargs: Dict[str, Any], defa
     if not name and serialized:
         name = serialized.get("name") or (serialized.get("id") or [None])[-1]
     return str(name or default)
+
+
+def _langgraph_node_path(name: str, kwargs: Dict[str, Any]) -> Optional[str]:
+    """For the run of a LangGraph node, the names of the nodes leading to it (``"researcher/agent"``); else None.
+
+    LangGraph gives every run inside a node the node's name (``langgraph_node``) and its checkpoint namespace, the
+    nodes from the outermost graph down, each with its task id (``"researcher:<id>|agent:<id>"``). The node's own run
+    is the one named after the node.
+    """
+    metadata = kwargs.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("langgraph_node") != name:
+        return None
+    namespace = metadata.get("langgraph_checkpoint_ns")
+    nodes = [part.split(":", 1)[0] for part in namespace.split("|")] if isinstance(namespace, str) else []
+    if not nodes or nodes[-1] != name:
+        nodes.append(name)
+    return "/".join(node for node in nodes if node)
 
 
 def _openai_message(message: Any) -> Dict[str, Any]:
@@ -89,14 +107,22 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         tags: Tags recorded on every span (``agentlightning.tag.<i>``).
     """
 
+    run_inline = True
+    """Called in the run's own context, asynchronous runs included (LangChain otherwise calls a synchronous handler
+    of an asynchronous run in a thread pool): a model run's span can then be the current span while the model's
+    client calls the LLM."""
+
     def __init__(self, tags: Optional[List[str]] = None) -> None:
         super().__init__()
         self.tags = list(tags or [])
         self._spans: Dict[UUID, trace_api.Span] = {}
         self._parents: Dict[UUID, Optional[UUID]] = {}
+        self._current: Dict[UUID, Tuple[object, trace_api.Span]] = {}
         self._lock = threading.Lock()
 
-    def _start(self, name: str, run_id: UUID, parent_run_id: Optional[UUID], attributes: Dict[str, Any]) -> None:
+    def _start(
+        self, name: str, run_id: UUID, parent_run_id: Optional[UUID], attributes: Dict[str, Any]
+    ) -> trace_api.Span:
         with self._lock:
             parent = self._spans.get(parent_run_id) if parent_run_id is not None else None
         context = trace_api.set_span_in_context(parent) if parent is not None else otel_context.get_current()
@@ -105,6 +131,27 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         with self._lock:
             self._spans[run_id] = span
             self._parents[run_id] = parent_run_id
+        return span
+
+    def _make_current(self, run_id: UUID, span: trace_api.Span) -> None:
+        """Make ``span`` the current span of this context until its run ends.
+
+        The model's client (the OpenAI SDK, instrumented) records the LLM call inside the model run: its span then
+        nests under the run's, and so under the graph nodes and agents around it, which name the call's agent.
+        """
+        token = otel_context.attach(trace_api.set_span_in_context(span))
+        with self._lock:
+            self._current[run_id] = (token, span)
+
+    def _restore_context(self, run_ids: Sequence[UUID]) -> None:
+        """Undo :meth:`_make_current` for the runs that ended, where their span is still the current one (a run
+        ended from another context, e.g. a chain cancelling it, leaves the context it changed to the task that
+        died with it)."""
+        with self._lock:
+            current = [self._current.pop(run_id) for run_id in run_ids if run_id in self._current]
+        for token, span in current:  # deepest first
+            if trace_api.get_current_span() is span:
+                otel_context.detach(token)  # type: ignore[arg-type]
 
     def _open_descendants(self, run_id: UUID) -> List[UUID]:
         """The runs still open below ``run_id``, deepest first (the caller holds the lock)."""
@@ -131,6 +178,7 @@ class LangchainCallbackHandler(BaseCallbackHandler):
                 del self._parents[child]
             span = self._spans.pop(run_id, None)
             self._parents.pop(run_id, None)
+        self._restore_context([child for child, _ in orphans] + [run_id])
         for _, orphan in orphans:  # their outcome is unknown unless the parent failed
             self._close(orphan, None, error, reported=False)
         if span is not None:
@@ -166,12 +214,11 @@ class LangchainCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """Open a chain span."""
         name = _run_name(serialized, kwargs, "chain")
-        self._start(
-            f"langchain.Chain.{name}",
-            run_id,
-            parent_run_id,
-            {"lc_name": name, "langchain.chain.inputs": _json(inputs)},
-        )
+        attributes = {"lc_name": name, "langchain.chain.inputs": _json(inputs)}
+        node_path = _langgraph_node_path(name, kwargs)
+        if node_path is not None:
+            attributes[LANGGRAPH_NODE_PATH] = node_path
+        self._start(f"langchain.Chain.{name}", run_id, parent_run_id, attributes)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         """Close a chain span with its outputs."""
@@ -202,7 +249,7 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         except Exception:  # recording must never break the agent
             logger.exception("Failed to record the LangChain model request on the span")
             attributes = {}
-        self._start(f"langchain.llm.{name}", run_id, parent_run_id, attributes)
+        self._make_current(run_id, self._start(f"langchain.llm.{name}", run_id, parent_run_id, attributes))
 
     def on_llm_start(
         self,

@@ -48,6 +48,53 @@ def langgraph_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
     return _reward(result["messages"][-1].content)
 
 
+def _langgraph_team(task: Dict[str, Any], llm: agl.LLM) -> Any:
+    """Two prebuilt LangGraph agents in one graph: a researcher with the ``add`` tool, then a writer without tools."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = ChatOpenAI(
+        base_url=llm.endpoint,
+        api_key="unused",
+        model=llm.model,
+        temperature=0.7,
+        streaming=bool(task.get("streaming")),
+        max_retries=0,
+    )
+    team = StateGraph(MessagesState)
+    team.add_node("researcher", create_react_agent(model, [add], name="researcher"))
+    team.add_node("writer", create_react_agent(model, [], name="writer"))
+    team.add_edge(START, "researcher")
+    team.add_edge("researcher", "writer")
+    team.add_edge("writer", END)
+    return team.compile()
+
+
+@agl.rollout
+def langgraph_team_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
+    """The LangGraph team, run synchronously."""
+    handler = get_active_tracer().get_langchain_handler()  # type: ignore[attr-defined]
+    messages = {"messages": [("user", task["question"])]}
+    result = _langgraph_team(task, llm).invoke(messages, config={"callbacks": [handler]})
+    return _reward(result["messages"][-1].content)
+
+
+@agl.rollout
+async def langgraph_team_agent_async(task: Dict[str, Any], llm: agl.LLM) -> float:
+    """The LangGraph team, run asynchronously."""
+    handler = get_active_tracer().get_langchain_handler()  # type: ignore[attr-defined]
+    messages = {"messages": [("user", task["question"])]}
+    result = await _langgraph_team(task, llm).ainvoke(messages, config={"callbacks": [handler]})
+    return _reward(result["messages"][-1].content)
+
+
 @agl.rollout
 async def openai_agents_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
     """An OpenAI Agents SDK agent with a function tool, or with the tools of an MCP server over stdio."""

@@ -20,7 +20,13 @@ from agentbolt.emitter import find_final_reward
 from agentbolt.serving.server import InferenceServer
 from agentbolt.types import Span
 
-from .agents import langgraph_agent, openai_agents_agent, openai_mcp_agent
+from .agents import (
+    langgraph_agent,
+    langgraph_team_agent,
+    langgraph_team_agent_async,
+    openai_agents_agent,
+    openai_mcp_agent,
+)
 from .conftest import run_dev
 from .tool_model import ANSWER, TOOL_ARGUMENTS
 
@@ -100,6 +106,32 @@ def test_langgraph_agent_in_one_process(tool_server: InferenceServer, tmp_path: 
     _require("langgraph", "langchain_openai")
     for spans in run_dev(langgraph_agent, [{"question": QUESTION}], tool_server, tmp_path, strategy="shm"):
         check_rollout(spans, framework_spans="langchain.llm.ChatOpenAI")
+
+
+@pytest.mark.parametrize(
+    "agent, streaming",
+    [(langgraph_team_agent, False), (langgraph_team_agent_async, True)],
+    ids=["invoke", "ainvoke-streaming"],
+)
+def test_one_agent_of_a_langgraph_team_is_selected_by_its_name(
+    agent: Any, streaming: bool, tool_server: InferenceServer, tmp_path: Path
+) -> None:
+    # Both prebuilt agents call their model node "agent": the calls are named by the node's path in the graph.
+    _require("langgraph", "langchain_openai")
+    tasks = [{"question": QUESTION, "streaming": streaming}]
+    for spans in run_dev(agent, tasks, tool_server, tmp_path, strategy="shm"):
+        assert find_final_reward(spans) == 1.0
+        gateway = _by_name(spans, "agentbolt.llm_call")
+        assert len(gateway) == 3  # the researcher calls the tool, then answers; the writer answers
+        everyone = TracerTraceToTriplet().adapt(spans)
+        assert [t.metadata["agent_name"] for t in everyone] == ["researcher/agent"] * 2 + ["writer/agent"]
+        for triplet, record in zip(everyone, gateway, strict=True):
+            assert triplet.response["token_ids"] == list(record.attributes["response_token_ids"])
+        researcher = TracerTraceToTriplet(agent_match="researcher").adapt(spans)
+        assert [t.prompt["token_ids"] for t in researcher] == [t.prompt["token_ids"] for t in everyone[:2]]
+        (writer,) = TracerTraceToTriplet(agent_match="^writer/").adapt(spans)
+        assert writer.response["token_ids"] == everyone[2].response["token_ids"]
+        assert writer.reward == 1.0
 
 
 @pytest.mark.slow

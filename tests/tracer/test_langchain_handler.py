@@ -157,3 +157,67 @@ async def test_a_failed_model_call_records_its_error_with_lone_surrogates_replac
     assert "bad \ufffd answer" in str(event.attributes["exception.stacktrace"])
     assert llm_span.status.status_code == "ERROR" and llm_span.status.description == "bad \ufffd answer"
     llm_span.model_dump_json()  # writable as JSON
+
+
+class ClientCallingChatModel(BaseChatModel):
+    """A chat model that, like one on the instrumented OpenAI SDK, records its LLM call as a span of its own."""
+
+    def _record_call(self) -> Any:
+        from langchain_core.messages import AIMessage
+        from langchain_core.outputs import ChatGeneration, ChatResult
+        from opentelemetry import trace
+
+        with trace.get_tracer("client").start_as_current_span("openai.chat.completion"):
+            pass
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content="done"))])
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        return self._record_call()
+
+    async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        return self._record_call()
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "client-calling"
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved:DeprecationWarning")
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["invoke", "ainvoke"])
+async def test_langgraph_nodes_name_the_calls_inside_them_by_their_path(asynchronous: bool) -> None:
+    pytest.importorskip("langgraph")
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import create_react_agent
+    from opentelemetry import trace
+
+    from agentbolt.adapter.triplet import TraceTree
+
+    team = StateGraph(MessagesState)
+    team.add_node("lead", create_react_agent(ClientCallingChatModel(), [lookup], name="planner"))
+    team.add_node("writer", create_react_agent(ClientCallingChatModel(), [], name="writer"))
+    team.add_edge(START, "lead")
+    team.add_edge("lead", "writer")
+    team.add_edge("writer", END)
+    graph = team.compile()
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0)
+    config = {"callbacks": [tracer.get_langchain_handler()]}
+    async with tracer.trace_context("lc"):
+        outside = trace.get_current_span()
+        if asynchronous:
+            await graph.ainvoke({"messages": [("user", "go")]}, config=config)
+        else:
+            graph.invoke({"messages": [("user", "go")]}, config=config)
+        assert trace.get_current_span() is outside  # the model runs' spans are current only while they run
+    spans = tracer.get_last_trace()
+    by_id = {span.span_id: span for span in spans}
+    paths = sorted({str(s.attributes["langgraph.node_path"]) for s in spans if "langgraph.node_path" in s.attributes})
+    # A node is named by the nodes leading to it: the subgraph node's name, not the graph's ("lead", not "planner").
+    assert paths == ["lead", "lead/agent", "writer", "writer/agent"]
+    calls = [span for span in spans if span.name == "openai.chat.completion"]
+    assert len(calls) == 2 and all(by_id[str(call.parent_id)].name.startswith("langchain.llm.") for call in calls)
+    found = TraceTree.from_spans(spans).find_llm_calls(llm_call_match=r"openai\.chat", agent_match="lead")
+    assert [agent for _, agent in found] == ["lead/agent"]
