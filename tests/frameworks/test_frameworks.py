@@ -125,6 +125,8 @@ def test_one_agent_of_a_langgraph_team_is_selected_by_its_name(
         assert len(gateway) == 3  # the researcher calls the tool, then answers; the writer answers
         everyone = TracerTraceToTriplet().adapt(spans)
         assert [t.metadata["agent_name"] for t in everyone] == ["researcher/agent"] * 2 + ["writer/agent"]
+        from_gateway = LlmProxyTraceToTriplet(agent_match="researcher").adapt(spans)
+        assert [t.metadata["agent_name"] for t in from_gateway] == ["researcher/agent"] * 2
         for triplet, record in zip(everyone, gateway, strict=True):
             assert triplet.response["token_ids"] == list(record.attributes["response_token_ids"])
         researcher = TracerTraceToTriplet(agent_match="researcher").adapt(spans)
