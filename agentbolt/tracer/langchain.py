@@ -11,6 +11,7 @@ instrumentation, and by the gateway when they go through it; the adapters keep o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -100,6 +101,62 @@ def _completion(response: Any) -> Dict[str, Any]:
     }
 
 
+def _where() -> Tuple[int, Optional[int]]:
+    """The running thread and asyncio task: a context attached here can be detached only from the same place."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        task = None
+    return threading.get_ident(), id(task) if task is not None else None
+
+
+class _CurrentWhileOpen(trace_api.Span):
+    """The current span during a model run: the run's span while it is open, then the span current before it.
+
+    What a run's start makes current in a context it cannot restore (see
+    :meth:`LangchainCallbackHandler._restore_context`) thus never parents spans started there after the run.
+    """
+
+    def __init__(self, span: trace_api.Span, before: trace_api.Span) -> None:
+        self._span = span
+        self._before = before
+
+    def _target(self) -> trace_api.Span:
+        return self._span if self._span.is_recording() else self._before
+
+    def get_span_context(self) -> trace_api.SpanContext:
+        return self._target().get_span_context()
+
+    def is_recording(self) -> bool:
+        return self._target().is_recording()
+
+    def set_attributes(self, attributes: Dict[str, Any]) -> None:
+        self._target().set_attributes(attributes)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._target().set_attribute(key, value)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:
+        self._target().add_event(name, attributes, timestamp)
+
+    def add_link(self, context: trace_api.SpanContext, attributes: Any = None) -> None:
+        self._target().add_link(context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self._target().update_name(name)
+
+    def set_status(self, status: Any, description: Optional[str] = None) -> None:
+        self._target().set_status(status, description)
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: Optional[int] = None, escaped: bool = False
+    ) -> None:
+        self._target().record_exception(exception, attributes, timestamp, escaped)
+
+    def end(self, end_time: Optional[int] = None) -> None:
+        self._target().end(end_time)
+
+
 class LangchainCallbackHandler(BaseCallbackHandler):
     """Turns LangChain runs into spans: ``langchain.Chain.<name>``, ``langchain.llm.<name>``, ``tool.<name>``.
 
@@ -117,7 +174,7 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         self.tags = list(tags or [])
         self._spans: Dict[UUID, trace_api.Span] = {}
         self._parents: Dict[UUID, Optional[UUID]] = {}
-        self._current: Dict[UUID, Tuple[object, trace_api.Span]] = {}
+        self._current: Dict[UUID, Tuple[object, _CurrentWhileOpen, Tuple[int, Optional[int]]]] = {}
         self._lock = threading.Lock()
 
     def _start(
@@ -134,23 +191,26 @@ class LangchainCallbackHandler(BaseCallbackHandler):
         return span
 
     def _make_current(self, run_id: UUID, span: trace_api.Span) -> None:
-        """Make ``span`` the current span of this context until its run ends.
+        """Make ``span`` the current span of this context while its run is open.
 
         The model's client (the OpenAI SDK, instrumented) records the LLM call inside the model run: its span then
         nests under the run's, and so under the graph nodes and agents around it, which name the call's agent.
         """
-        token = otel_context.attach(trace_api.set_span_in_context(span))
+        stand_in = _CurrentWhileOpen(span, trace_api.get_current_span())
+        token = otel_context.attach(trace_api.set_span_in_context(stand_in))
         with self._lock:
-            self._current[run_id] = (token, span)
+            self._current[run_id] = (token, stand_in, _where())
 
     def _restore_context(self, run_ids: Sequence[UUID]) -> None:
-        """Undo :meth:`_make_current` for the runs that ended, where their span is still the current one (a run
-        ended from another context, e.g. a chain cancelling it, leaves the context it changed to the task that
-        died with it)."""
+        """Undo :meth:`_make_current` for the runs that ended, where the run ends in the context it started in.
+
+        LangChain ends an asynchronous run in a copy of that context, where it cannot be undone; the stand-in left
+        in the start's context then stands for the span that was current before.
+        """
         with self._lock:
             current = [self._current.pop(run_id) for run_id in run_ids if run_id in self._current]
-        for token, span in current:  # deepest first
-            if trace_api.get_current_span() is span:
+        for token, stand_in, where in current:  # deepest first
+            if where == _where() and trace_api.get_current_span() is stand_in:
                 otel_context.detach(token)  # type: ignore[arg-type]
 
     def _open_descendants(self, run_id: UUID) -> List[UUID]:

@@ -221,3 +221,30 @@ async def test_langgraph_nodes_name_the_calls_inside_them_by_their_path(asynchro
     assert len(calls) == 2 and all(by_id[str(call.parent_id)].name.startswith("langchain.llm.") for call in calls)
     found = TraceTree.from_spans(spans).find_llm_calls(llm_call_match=r"openai\.chat", agent_match="lead")
     assert [agent for _, agent in found] == ["lead/agent"]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["invoke", "ainvoke"])
+async def test_a_model_call_nests_the_clients_record_and_leaves_the_current_span_as_it_was(asynchronous: bool) -> None:
+    # LangChain ends an asynchronous model run in a copy of the context it started in: what the run's start made the
+    # current span must not outlive the run in the caller's context (a reward emitted next would nest under it).
+    from opentelemetry import trace
+
+    tracer = AgentOpsTracer(instrument_managed=False)
+    tracer.init_worker(0)
+    config = {"callbacks": [tracer.get_langchain_handler()]}
+    async with tracer.trace_context("lc"):
+        outside = trace.get_current_span()
+        for _ in range(2):
+            if asynchronous:
+                await ClientCallingChatModel().ainvoke("q", config=config)
+            else:
+                ClientCallingChatModel().invoke("q", config=config)
+            assert trace.get_current_span().get_span_context() == outside.get_span_context()
+            with trace.get_tracer("user").start_as_current_span("after the call"):
+                pass
+    spans = tracer.get_last_trace()
+    by_id = {span.span_id: span for span in spans}
+    (root,) = [span for span in spans if span.name == "lc"]
+    calls = [span for span in spans if span.name == "openai.chat.completion"]
+    assert len(calls) == 2 and all(by_id[str(call.parent_id)].name.startswith("langchain.llm.") for call in calls)
+    assert [span.parent_id for span in spans if span.name == "after the call"] == [root.span_id] * 2
