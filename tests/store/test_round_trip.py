@@ -215,3 +215,60 @@ async def test_a_value_json_cannot_carry_is_named_by_stores_that_write_json(
     else:
         raise AssertionError("a store writing JSON accepted an object JSON cannot carry")
     assert len(await store.query_rollouts()) == 0
+
+
+async def test_what_a_store_holds_changes_only_through_the_store(store: LightningStore) -> None:
+    # Every backend keeps its own copy: neither the value a caller wrote nor one it read back is the stored value,
+    # so an agent that changes its task in place changes nothing for the other rollouts of the same task.
+    from agentbolt.types import PromptTemplate
+
+    task: Dict[str, Any] = {"question": "2 + 2?", "history": [{"role": "user"}]}
+    metadata: Dict[str, Any] = {"tags": ["a"]}
+    first = await store.enqueue_rollout(task, metadata=metadata)
+    await store.enqueue_rollout(task)
+    task["history"].append({"role": "caller"})
+    metadata["tags"].append("caller")
+    first.input["question"] = "returned by enqueue"
+    claimed = await store.dequeue_rollout(worker_id="w")
+    assert claimed is not None and claimed.rollout_id == first.rollout_id
+    claimed.input["history"][0]["role"] = "agent"
+    claimed.input["history"].append({"role": "agent"})
+    claimed.metadata["tags"].append("agent")
+    claimed.config.retry_condition.append("timeout")
+    second = await store.dequeue_rollout(worker_id="w")
+    assert second is not None
+    for rollout in (await store.get_rollout_by_id(first.rollout_id), second):
+        assert rollout is not None and rollout.input == {"question": "2 + 2?", "history": [{"role": "user"}]}
+    stored = await store.get_rollout_by_id(first.rollout_id)
+    assert stored is not None and stored.metadata == {"tags": ["a"]} and stored.config.retry_condition == []
+
+    attempt_metadata: Dict[str, Any] = {"notes": ["n"]}
+    updated = await store.update_attempt(first.rollout_id, claimed.attempt.attempt_id, metadata=attempt_metadata)
+    attempt_metadata["notes"].append("caller")
+    updated.metadata["notes"].append("returned")
+    (attempt,) = await store.query_attempts(first.rollout_id)
+    assert attempt.metadata == {"notes": ["n"]}
+
+    span = make_span(first.rollout_id, claimed.attempt.attempt_id, 1, "s1", attributes={"ids": [1, 2]})
+    await store.add_span(span)
+    span.attributes["ids"].append(3)
+    (read,) = await store.query_spans(first.rollout_id)
+    read.attributes["ids"].append(4)
+    read.status.description = "changed"
+    (again,) = await store.query_spans(first.rollout_id)
+    assert again.attributes["ids"] == [1, 2] and again.status.description is None
+
+    resources = {"prompt": PromptTemplate(template="Q: {q}", engine="f-string")}
+    update = await store.add_resources(resources)
+    resources["prompt"].template = "caller"
+    update.resources["prompt"].template = "returned"  # type: ignore[attr-defined]
+    latest = await store.get_latest_resources()
+    assert latest is not None and latest.resources["prompt"].template == "Q: {q}"  # type: ignore[attr-defined]
+
+    stats: Dict[str, Any] = {"gpu": [1]}
+    worker = await store.update_worker("w", heartbeat_stats=stats)
+    stats["gpu"].append(2)
+    assert worker.heartbeat_stats is not None
+    worker.heartbeat_stats["gpu"].append(3)
+    stored_worker = await store.get_worker_by_id("w")
+    assert stored_worker is not None and stored_worker.heartbeat_stats == {"gpu": [1]}
