@@ -390,3 +390,19 @@ def test_collections_pickle_without_locks() -> None:
     assert asyncio.run(use()) == 1
     with pytest.raises(ValueError, match="lock_type"):
         InMemoryLightningCollections("process")  # type: ignore[arg-type]
+
+
+async def test_the_in_memory_store_shares_only_what_cannot_be_copied() -> None:
+    # A task input the SQL stores would refuse (it is no JSON) still works in memory: what cannot be copied (a lock,
+    # a client...) is shared, everything around it is copied.
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    lock = threading.Lock()
+    task = {"history": [1], "lock": lock}
+    store = InMemoryLightningStore()
+    await store.enqueue_rollout(task)
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None and claimed.input["lock"] is lock
+    claimed.input["history"].append(2)
+    stored = await store.get_rollout_by_id(claimed.rollout_id)
+    assert stored is not None and stored.input["history"] == [1] and stored.input["lock"] is lock

@@ -104,7 +104,10 @@ def _detached_value(value: Any) -> Any:
         return {key: _detached_value(item) for key, item in value.items()}
     if isinstance(value, BaseModel):
         return _detached(value)
-    return copy.deepcopy(value)
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error):  # a lock, a client, an open file...: shared, as the store shared all before
+        return value
 
 
 def _attributes_copy(attributes: Any) -> Any:
