@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import agentbolt as agl
 from agentbolt.tracer import get_active_tracer
@@ -22,12 +22,10 @@ def _reward(answer: Any) -> float:
     return 1.0 if "5" in str(answer) else 0.0
 
 
-@agl.rollout
-def langgraph_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
-    """A LangGraph ReAct agent on ``ChatOpenAI``, traced by the LangChain handler too."""
+def _langchain_model_and_tool(task: Dict[str, Any], llm: agl.LLM) -> Tuple[Any, Any]:
+    """``ChatOpenAI`` on the served model (streaming when the task asks) and the ``add`` tool."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
 
     @tool
     def add(a: int, b: int) -> int:
@@ -42,6 +40,15 @@ def langgraph_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
         streaming=bool(task.get("streaming")),
         max_retries=0,
     )
+    return model, add
+
+
+@agl.rollout
+def langgraph_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
+    """A LangGraph ReAct agent on ``ChatOpenAI``, traced by the LangChain handler too."""
+    from langgraph.prebuilt import create_react_agent
+
+    model, add = _langchain_model_and_tool(task, llm)
     graph = create_react_agent(model, [add])
     handler = get_active_tracer().get_langchain_handler()  # type: ignore[attr-defined]
     result = graph.invoke({"messages": [("user", task["question"])]}, config={"callbacks": [handler]})
@@ -50,24 +57,10 @@ def langgraph_agent(task: Dict[str, Any], llm: agl.LLM) -> float:
 
 def _langgraph_team(task: Dict[str, Any], llm: agl.LLM) -> Any:
     """Two prebuilt LangGraph agents in one graph: a researcher with the ``add`` tool, then a writer without tools."""
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import create_react_agent
 
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-    model = ChatOpenAI(
-        base_url=llm.endpoint,
-        api_key="unused",
-        model=llm.model,
-        temperature=0.7,
-        streaming=bool(task.get("streaming")),
-        max_retries=0,
-    )
+    model, add = _langchain_model_and_tool(task, llm)
     team = StateGraph(MessagesState)
     team.add_node("researcher", create_react_agent(model, [add], name="researcher"))
     team.add_node("writer", create_react_agent(model, [], name="writer"))
