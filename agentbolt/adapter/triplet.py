@@ -944,6 +944,45 @@ def _own_agent_name(span: Span) -> Optional[str]:
     return name if isinstance(name, str) and name else None
 
 
+def calls_under_their_twins(spans: Sequence[Span]) -> List[Span]:
+    """The spans, with each record of an LLM call that has no parent moved under another record of the same call.
+
+    The gateway records a call in a trace of its own, without a parent, and :meth:`TraceTree.repair_hierarchy` would
+    put it under the tightest span enclosing it in time: when agents call the LLM at the same moment, that can be
+    another agent's call. A record of the same call made where the call was made (the OpenAI SDK's, with the same call
+    id or, without one, the same response id: :mod:`agentbolt.adapter.calls`) knows its place; the tightest such
+    record becomes the parent. The spans given are not changed (moved ones are copies).
+    """
+    twins: Dict[Tuple[str, str], Span] = {}
+    for span in spans:
+        if span.parent_id is None:
+            continue
+        for key in _identity_keys(span):
+            current = twins.get(key)
+            if current is None or _duration(span) < _duration(current):
+                twins[key] = span
+    if not twins:
+        return list(spans)
+    placed: List[Span] = []
+    for span in spans:
+        if span.parent_id is None:
+            twin = next((twins[key] for key in _identity_keys(span) if key in twins), None)
+            if twin is not None and twin.span_id != span.span_id:
+                span = span.model_copy(update={"parent_id": twin.span_id})
+        placed.append(span)
+    return placed
+
+
+def _identity_keys(span: Span) -> List[Tuple[str, str]]:
+    """How another record of the span's LLM call can name it: its call id first, then its response id."""
+    call_id, response_id = call_identity(span.attributes, _RESPONSE_ID_KEYS)
+    return [(kind, value) for kind, value in (("call", call_id), ("response", response_id)) if value is not None]
+
+
+def _duration(span: Span) -> float:
+    return _time_or(span.end_time, float("inf")) - _time_or(span.start_time, float("-inf"))
+
+
 def _to_spans(source: Sequence[Union[Span, ReadableSpan]]) -> List[Span]:
     return [s if isinstance(s, Span) else Span.from_opentelemetry(s, "dummy", "dummy", 0) for s in source]
 
@@ -986,9 +1025,11 @@ class TracerTraceToTriplet(TraceToTripletBase):
         compile_agent_match(agent_match)
 
     def _tree(self, source: Sequence[Union[Span, ReadableSpan]]) -> TraceTree:
-        tree = self.tree_type.from_spans(_to_spans(source))
-        if self.repair_hierarchy:
-            tree.repair_hierarchy()
+        spans = _to_spans(source)
+        if not self.repair_hierarchy:
+            return self.tree_type.from_spans(spans)
+        tree = self.tree_type.from_spans(calls_under_their_twins(spans))
+        tree.repair_hierarchy()
         return tree
 
     def adapt(self, source: Sequence[Union[Span, ReadableSpan]], /) -> List[Triplet]:  # type: ignore[override]
@@ -1100,7 +1141,7 @@ class LlmProxyTraceToTriplet(TraceToTripletBase):
         if not source:
             return []
         spans = sorted(source, key=lambda s: (s.sequence_id, _time_or(s.start_time, 0.0)))
-        tree = TraceTree.from_spans(spans)
+        tree = TraceTree.from_spans(calls_under_their_twins(spans))
         tree.repair_hierarchy()
         call_agents = {
             node.id: agent

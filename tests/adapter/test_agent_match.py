@@ -192,3 +192,28 @@ async def test_a_langgraph_node_names_the_calls_of_the_chains_it_runs() -> None:
     assert "langchain.Chain.RunnableSequence" in {s.name for s in spans}
     assert [t.metadata["agent_name"] for t in TracerTraceToTriplet()(spans)] == ["planner", "writer"]
     assert len(TracerTraceToTriplet(agent_match="^writer$")(spans)) == 1
+
+
+def test_gateway_records_of_concurrent_agents_are_named_by_their_sdk_twin() -> None:
+    # Two agents call the LLM at the same moment. The gateway's record of the first call lies inside both SDK records
+    # in time, and the second agent's is the tighter one: only the call id the two records share says whose it is.
+    factory = SpanFactory()
+    root = factory.span("rollout", 0, 10)
+    first_agent = factory.agent("first", 0.5, 9, parent=root)
+    second_agent = factory.agent("second", 0.5, 9, parent=root)
+    spans = [root, first_agent, second_agent]
+    agents = {"first": first_agent, "second": second_agent}
+    timings = {"first": ((1.0, 3.0), (1.001, 2.998)), "second": ((1.0005, 2.9995), (1.0015, 2.999))}
+    for name, ((sdk_start, sdk_end), (gw_start, gw_end)) in timings.items():
+        agent = agents[name]
+        ids = {"agentbolt.llm.call_id": f"call-{name}"}
+        spans.append(factory.llm_call(sdk_start, sdk_end, response_id=f"resp-{name}", parent=agent, extra=ids))
+        gateway = factory.gateway_call(
+            gw_start, gw_end, response_id=f"resp-{name}", prompt_token_ids=[1], response_token_ids=[2]
+        )
+        gateway.attributes.update(ids)
+        spans.append(gateway)
+    for adapter in (LlmProxyTraceToTriplet(), TracerTraceToTriplet()):
+        named = {t.metadata["response_id"]: t.metadata["agent_name"] for t in adapter.adapt(spans)}
+        assert named == {"resp-first": "first", "resp-second": "second"}, type(adapter).__name__
+    assert [s.parent_id for s in spans if s.name == "agentbolt.llm_call"] == [None, None]  # the spans given unchanged
