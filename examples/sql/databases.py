@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sqlite3
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,20 +144,33 @@ def schema_text(db_id: str) -> str:
 
 
 def ensure_databases(data_dir: Path = DATA_DIR, seed: int = SEED) -> None:
-    """Build every database that is missing (the same content for the same seed)."""
+    """Build every database that is missing (the same content for the same seed).
+
+    Several processes may build them at once (test workers importing the example): each writes a file of its own
+    and moves it into place, so a reader only ever opens a whole database, and the last one in wins with the same
+    content.
+    """
     for index, (db_id, table) in enumerate(sorted(DATABASES.items())):
         path = database_path(db_id, data_dir)
         if path.exists():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.unlink(missing_ok=True)
-        rows = _rows(random.Random(seed + index), db_id, table)
-        with sqlite3.connect(partial) as connection:
-            connection.execute(_create_statement(table))
-            marks = ", ".join("?" for _ in rows[0])
-            connection.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows)
-        partial.replace(path)
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".partial")
+        os.close(handle)
+        partial = Path(name)
+        try:
+            rows = _rows(random.Random(seed + index), db_id, table)
+            connection = sqlite3.connect(partial)
+            try:
+                with connection:
+                    connection.execute(_create_statement(table))
+                    marks = ", ".join("?" for _ in rows[0])
+                    connection.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows)
+            finally:
+                connection.close()
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 def execute(db_id: str, query: str, data_dir: Path = DATA_DIR, timeout: float = 2.0) -> List[Tuple[Any, ...]]:

@@ -22,6 +22,8 @@ from examples.sql.databases import (
     DATA_DIR,
     TEST_DATABASES,
     TRAIN_DATABASES,
+    database_path,
+    ensure_databases,
     execute,
     execution_match,
     load_split,
@@ -37,6 +39,24 @@ def test_databases_and_questions_are_regenerated_identically(tmp_path: Path) -> 
         expected = "".join(json.dumps(task, sort_keys=True) + "\n" for task in tasks[name])
         assert (DATA_DIR / f"{name}.jsonl").read_text(encoding="utf-8") == expected
     for db_id in TRAIN_DATABASES + TEST_DATABASES:
+        assert execute(db_id, "SELECT * FROM sqlite_master", tmp_path) == execute(db_id, "SELECT * FROM sqlite_master")
+
+
+def test_processes_building_the_databases_at_once_each_leave_them_whole(tmp_path: Path) -> None:
+    # Test workers import the example at the same moment, and each builds the databases that are missing.
+    import multiprocessing
+
+    workers = [multiprocessing.get_context("fork").Process(target=ensure_databases, args=(tmp_path,)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [worker.exitcode for worker in workers] == [0] * 4
+    databases = TRAIN_DATABASES + TEST_DATABASES
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        database_path(d, tmp_path) for d in databases
+    )
+    for db_id in databases:
         assert execute(db_id, "SELECT * FROM sqlite_master", tmp_path) == execute(db_id, "SELECT * FROM sqlite_master")
 
 
