@@ -248,23 +248,29 @@ def test_a_server_not_ready_in_time_is_stopped_and_reported() -> None:
     assert not _alive(engine)  # the engine process the server had started is not orphaned
 
 
+ENGINE_STARTED_WITHIN = 10.0
+"""Seconds the stand-in is given to start its engine process before its start-up times out."""
+
+
 def test_stop_waits_for_engine_processes_that_end_after_the_server() -> None:
-    # Killed while loading, the server ends at once; its engine takes a second more, within the grace period.
+    # Killed while loading, the server ends at once; its engine takes a second more, within the grace period. The
+    # start-up timeout leaves the stand-in time to start its engine (its imports take seconds on a busy machine).
     launcher = stand_in_server(
-        env={"STAND_IN_VLLM_LOAD_SECONDS": "30", "STAND_IN_VLLM_ENGINE_EXIT_SECONDS": "1"}, startup_timeout=1.0
+        env={"STAND_IN_VLLM_LOAD_SECONDS": "60", "STAND_IN_VLLM_ENGINE_EXIT_SECONDS": "1"},
+        startup_timeout=ENGINE_STARTED_WITHIN,
     )
     started = time.monotonic()
     with pytest.raises(VllmServerError):
         launcher.start()
     (engine,) = (int(pid) for pid in _log_lines(launcher, "engine pid "))
     assert not _alive(engine)
-    assert time.monotonic() - started >= 2.0  # the start-up timeout, then the engine's second
+    assert time.monotonic() - started >= ENGINE_STARTED_WITHIN + 1.0  # the start-up timeout, then the engine's second
 
 
 def test_engine_processes_ignoring_sigterm_are_killed_after_the_grace_period(caplog: pytest.LogCaptureFixture) -> None:
     launcher = stand_in_server(
-        env={"STAND_IN_VLLM_LOAD_SECONDS": "30", "STAND_IN_VLLM_ENGINE_EXIT_SECONDS": "-1"},
-        startup_timeout=1.0,
+        env={"STAND_IN_VLLM_LOAD_SECONDS": "60", "STAND_IN_VLLM_ENGINE_EXIT_SECONDS": "-1"},
+        startup_timeout=ENGINE_STARTED_WITHIN,
         stop_timeout=1.0,
     )
     with caplog.at_level(logging.WARNING, logger="agentbolt.serving.process"), pytest.raises(VllmServerError):
