@@ -5,8 +5,9 @@ One training step:
 1. take ``batch_size`` tasks and enqueue each ``group_size`` times (one group per task) with the current
    ``main_llm`` resource;
 2. wait for the rollouts; failed, cancelled, late and reward-less ones are counted and scored with
-   ``failed_rollout_reward`` (or dropped when it is None); with ``resample_rounds``, groups whose rewards are all
-   equal are made up for by more rounds of fresh tasks (dynamic sampling);
+   ``failed_rollout_reward`` (or dropped when it is None); with ``resample_rounds``, groups none of whose samples
+   would get an advantage (their rewards are all equal) are made up for by more rounds of fresh tasks (dynamic
+   sampling);
 3. adapt each rollout's spans to triplets and turn every LLM call of the trained agent(s) into a token sample
    carrying the rollout's reward (credit rule) — see :mod:`~agentbolt.algorithm.grpo.samples`;
 4. normalise rewards within each group, each rollout weighing one (zero-variance groups are skipped) —
@@ -36,7 +37,7 @@ from agentbolt.algorithm.finetuning.algorithm import (
     padding_token_id,
 )
 from agentbolt.algorithm.finetuning.config import FinetuningConfig
-from agentbolt.algorithm.grpo.advantages import AdvantageStats, RolloutScore, assign_advantages, group_advantages
+from agentbolt.algorithm.grpo.advantages import AdvantageStats, RolloutScore, assign_advantages
 from agentbolt.algorithm.grpo.config import GRPOConfig
 from agentbolt.algorithm.grpo.samples import SampleStats, TokenSample, triplets_to_samples
 
@@ -193,12 +194,15 @@ class GRPO(FinetuningAlgorithm):
             stats.add(found_stats)
         return samples, stats, scores
 
-    def _flat_groups(self, outcomes: Sequence[RolloutOutcome]) -> int:
-        """Groups of ``outcomes`` whose counted rollouts all have the same score (no learning signal)."""
-        scored = [(o.group_id, score) for o in outcomes if (score := self._score(o)) is not None]
-        _, _, flat = group_advantages([s for _, s in scored], [g for g, _ in scored])
-        uncounted = {o.group_id for o in outcomes} - {g for g, _ in scored}  # every rollout dropped
-        return flat + len(uncounted)
+    def _groups_without_signal(self, outcomes: Sequence[RolloutOutcome], vocab_size: Optional[int]) -> int:
+        """Groups of ``outcomes`` the update would train no sample of, judged as the update judges them: by the
+        advantages of their samples (so by per-call rewards under ``credit="per_call"``), a group whose rollouts
+        made no trainable call or were all dropped counting as one without a signal."""
+        samples, _, scores = self._samples(outcomes, vocab_size)
+        kept, _ = assign_advantages(
+            samples, rollouts=scores, mode=self.config.advantage_mode, eps=self.config.advantage_eps
+        )
+        return len({o.group_id for o in outcomes} - {sample.group_id for sample in kept})
 
     def _nothing_trained(self, samples: Sequence[TokenSample], advantages: AdvantageStats) -> str:
         """Why a step with ``samples`` and these group statistics has no sample to train on."""
@@ -251,8 +255,10 @@ class GRPO(FinetuningAlgorithm):
             store, tasks, mode="train", step=step, resources_id=resources_id, copies=config.group_size
         )
         groups_run = len(tasks)
+        vocab_size = model_vocab_size(trainer.model)
         for _ in range(config.resample_rounds):
-            missing = len(tasks) - (groups_run - self._flat_groups(outcomes))  # groups with a signal still wanted
+            # groups with a signal still wanted
+            missing = len(tasks) - (groups_run - self._groups_without_signal(outcomes, vocab_size))
             if missing <= 0 or self._draw_tasks is None:
                 break
             more = self._draw_tasks(missing)
@@ -267,7 +273,7 @@ class GRPO(FinetuningAlgorithm):
             )
             groups_run += len(more)
         rollout_seconds = time.perf_counter() - started
-        samples, sample_stats, scores = self._samples(outcomes, model_vocab_size(trainer.model))
+        samples, sample_stats, scores = self._samples(outcomes, vocab_size)
         if sample_stats.out_of_vocabulary:
             logger.warning(
                 "%d LLM call(s) of step %d hold token ids outside the vocabulary of the model being trained: their ids "

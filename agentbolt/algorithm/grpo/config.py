@@ -102,8 +102,9 @@ class GRPOConfig(FinetuningConfig):
         default=0,
         ge=0,
         description="Dynamic sampling: while fewer than batch_size of a step's groups carry a learning signal (the "
-        "others have equal rewards), run up to this many more rounds, each with as many fresh training tasks as "
-        "signal-carrying groups are missing (each rolled out group_size times); the update trains on every group "
+        "rewards their samples train on, final or per call by credit, are all equal in the others), run up to this "
+        "many more rounds, each with as many fresh training tasks as signal-carrying groups are missing (each "
+        "rolled out group_size times); the update trains on every group "
         "with a signal. The extra tasks come from the same sampler (they count towards its epoch) and the step's "
         "minibatches grow instead of multiplying, so the learning-rate schedule is unchanged. 0: off.",
     )

@@ -140,6 +140,26 @@ def test_dynamic_sampling_stops_after_its_rounds(word_model: Path) -> None:
     assert (counts["rollouts/total"], counts["samples/trained"]) == (12, 0)
 
 
+def test_dynamic_sampling_judges_groups_by_the_rewards_it_trains_on(word_model: Path) -> None:
+    counter = itertools.count()
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        n = next(counter)  # rollouts 0-3: the first group, 4-7 the group drawn to make up for it
+        await ask(llm, task["prompt"])
+        # Per-call credit trains on this reward: alike in the first group, different in the second.
+        agl.emit_reward(0.5 if n < 4 else float(n % 2))
+        return float(n % 2)  # final rewards that differ in both groups
+
+    algorithm = _algorithm(word_model, batch_size=1, group_size=4, max_steps=1, resample_rounds=2, credit="per_call")
+    fit(algorithm, agent, train=[{"prompt": "ping"}, {"prompt": "pong"}])
+
+    # The first group's final rewards differ, but the samples it would train on all got 0.5: it has no signal.
+    [counts] = _step_counts(algorithm)
+    assert (counts["groups/total"], counts["groups/zero_variance"], counts["groups/resampled"]) == (2, 1, 1)
+    assert (counts["rollouts/total"], counts["samples/trained"]) == (8, 4)
+
+
 def _unchanged_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "the policy is unchanged" in r.getMessage()]
 
