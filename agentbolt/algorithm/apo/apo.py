@@ -215,9 +215,9 @@ class APO(PromptSearch, Generic[T_task]):
         """Critique, then rewrite ``current_prompt`` along the critique.
 
         Returns:
-            The new template text (the last fenced block of the reply if it has one, else the whole reply, stripped:
-            :func:`~agentbolt.algorithm.apo.prompts.extract_template_text`); the current text when the critique is
-            empty; None when a call failed.
+            The new template text (the reply's last fenced block if it has one that keeps the placeholders, else
+            the whole reply, stripped: :func:`~agentbolt.algorithm.apo.prompts.extract_template_text`); the current
+            text when the critique is empty; None when a call failed.
         """
         text, _ = await self._critique_and_edit(current_prompt, rollout, prefix=prefix)
         return text
@@ -243,7 +243,8 @@ class APO(PromptSearch, Generic[T_task]):
         )
         if reply is None:
             return None, critique
-        return extract_template_text(reply) or "", critique
+        like = current_prompt.prompt_template
+        return extract_template_text(reply, usable=lambda text: self._keeps_placeholders(text, like)) or "", critique
 
     # -- store-backed evaluation (contract names) --------------------------------------------------------------------
 

@@ -153,7 +153,7 @@ class ParetoAPO(PromptSearch):
             purpose=purpose,
             option="reflection_model",
         )
-        return extract_template_text(reply)
+        return extract_template_text(reply, usable=lambda text: self._keeps_placeholders(text, like))
 
     async def _admit(self, candidate: VersionedPromptTemplate, val: Sequence[Tuple[str, Any]], prefix: str) -> None:
         evaluation = await self._validate_full(candidate, val, prefix=prefix)

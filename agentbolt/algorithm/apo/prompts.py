@@ -15,7 +15,7 @@ import logging
 import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "PROMPTS_DIR",
@@ -58,7 +58,7 @@ _BOUND_NAME = re.compile(
     r"""\bfor\s*=\s*["']\s*([A-Za-z_][A-Za-z0-9_]*)\s+in\b|<let\b[^>]*\bname\s*=\s*["']([A-Za-z_][A-Za-z0-9_]*)"""
 )
 _ROLES = {"system-msg": "system", "human-msg": "user", "ai-msg": "assistant"}
-_FENCED = re.compile(r"```[A-Za-z0-9_-]*\n(.*?)\n?```", re.DOTALL)
+_FENCE_OPENING = re.compile(r"```[A-Za-z0-9_+.-]*")
 
 
 def _poml_module() -> Any:
@@ -225,15 +225,50 @@ def format_experiments(experiments: Sequence[Mapping[str, Any]], *, max_message_
     return "\n\n".join(blocks) if blocks else "(no runs)"
 
 
-def extract_template_text(reply: Optional[str]) -> Optional[str]:
-    """The template in an optimizer reply: the last fenced block if there is one, else the whole reply, stripped.
+def _top_level_blocks(lines: Sequence[str]) -> List[Tuple[int, int]]:
+    """``(first, last)`` line indices of the reply's outermost fenced blocks, fences included.
+
+    A fence line naming a language (```` ```json ````) always opens a block, nested in an open one if any; a bare
+    ```` ``` ```` closes the innermost open block, or opens one when none is open. A template holding a fenced
+    example inside the fence around it thus stays whole. An unclosed block is not a block.
+    """
+    blocks: List[Tuple[int, int]] = []
+    open_at: List[int] = []
+    for index, line in enumerate(lines):
+        fence = line.strip()
+        if not _FENCE_OPENING.fullmatch(fence):
+            continue
+        if fence == "```" and open_at:
+            first = open_at.pop()
+            if not open_at:
+                blocks.append((first, index))
+        else:
+            open_at.append(index)
+    return blocks
+
+
+def extract_template_text(reply: Optional[str], usable: Optional[Callable[[str], bool]] = None) -> Optional[str]:
+    """The template in an optimizer reply, stripped.
+
+    That is the reply's last outermost fenced block (a fenced example inside it stays part of it) when it has one
+    and ``usable`` accepts it (a template without the placeholders to keep is a fenced example of the template, not
+    the template), else the whole reply.
+
+    Args:
+        reply: The optimizer model's reply.
+        usable: Whether a fenced block's text is a usable template; None accepts any.
 
     Returns:
         None for an empty reply.
     """
     if reply is None:
         return None
-    blocks = _FENCED.findall(reply)
-    text = blocks[-1] if blocks else reply
-    text = text.strip()
+    lines = reply.strip().splitlines()
+    blocks = _top_level_blocks(lines)
+    if blocks:
+        first, last = blocks[-1]
+        block = "\n".join(lines[first + 1 : last]).strip()
+        if block and (usable is None or usable(block) or (first, last) == (0, len(lines) - 1)):
+            return block
+    text = reply.strip()
     return text or None

@@ -442,6 +442,14 @@ class PromptSearch(Algorithm):
         seed_version.lineage = {"origin": "seed", "parents": [], "round": 0}
         return seed_version
 
+    def _keeps_placeholders(self, text: str, like: PromptTemplate) -> bool:
+        """Whether ``text``, in ``like``'s engine, fills exactly the seed's placeholders (:func:`check_placeholders`)."""
+        try:
+            check_placeholders(PromptTemplate(template=text, engine=like.engine), self._placeholders, seed=self._seed)
+        except PlaceholderMismatchError:
+            return False
+        return True
+
     def _candidate_from_text(
         self, text: Optional[str], like: PromptTemplate, *, prefix: Optional[str] = None
     ) -> Optional[VersionedPromptTemplate]:

@@ -403,6 +403,14 @@ def test_the_edit_is_taken_out_of_the_code_fence_the_model_wraps_it_in(script: S
     assert apo.get_best_prompt().template == GOOD_TEMPLATE and apo.best_score == 1.0
 
 
+def test_a_fenced_output_format_in_the_edit_stays_part_of_the_template(script: Script, optimizer_client: Any) -> None:
+    edited = f"{GOOD_TEMPLATE}\nFormat:\n```text\n<city>\n```"
+    script.push("editor", edited)  # the bare template, as the edit prompt asks, holding a fenced block of its own
+    apo = make_apo(optimizer_client)
+    fit(apo)
+    assert apo.get_best_prompt().template == edited and apo.best_score == 1.0
+
+
 def _placeholders_to_keep(request: Any) -> str:
     """The placeholder list an edit, reflection or merge request tells the optimizer model to keep."""
     content = request["messages"][-1]["content"]

@@ -119,6 +119,24 @@ def test_the_template_is_taken_from_the_last_fenced_block() -> None:
     assert extract_template_text("   ") is None and extract_template_text(None) is None
 
 
+TEMPLATE_WITH_A_FENCED_EXAMPLE = 'Solve: {question}\nReply in this format:\n```json\n{{"answer": 1}}\n```\nNo prose.'
+
+
+def test_a_fenced_example_inside_the_template_stays_part_of_it() -> None:
+    def keeps_question(text: str) -> bool:
+        return "{question}" in text
+
+    # The outer fence is removed and the inner one kept, the commentary around dropped.
+    reply = f"Here is the new template:\n```\n{TEMPLATE_WITH_A_FENCED_EXAMPLE}\n```\nIt asks for JSON."
+    assert extract_template_text(reply, usable=keeps_question) == TEMPLATE_WITH_A_FENCED_EXAMPLE
+    assert extract_template_text(f"```text\n{TEMPLATE_WITH_A_FENCED_EXAMPLE}\n```") == TEMPLATE_WITH_A_FENCED_EXAMPLE
+    # Without a fence around it, the template's own fenced example is not the template: it lacks the placeholder.
+    assert (
+        extract_template_text(TEMPLATE_WITH_A_FENCED_EXAMPLE, usable=keeps_question) == TEMPLATE_WITH_A_FENCED_EXAMPLE
+    )
+    assert extract_template_text("```\nunclosed {x}") == "```\nunclosed {x}"
+
+
 def test_prompt_template_formats_with_every_engine() -> None:
     assert agl.PromptTemplate(template="Hi {name}", engine="f-string").format(name="Ann") == "Hi Ann"
     jinja = agl.PromptTemplate(template="Hi {{ name }}{% if vip %}!{% endif %}", engine="jinja")
