@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from agentbolt.semconv import GEN_AI_RESPONSE_ID, LLM_CALL_ID
 
-__all__ = ["CallAgentNames", "CallIdentities", "call_identity"]
+__all__ = ["CallAgentNames", "CallIdentities", "call_identity", "matching_keys", "stored_keys"]
 
 _CALL = "\x00call:"
 _RESPONSE_OF_CALL = "\x00response:"
@@ -56,13 +56,13 @@ class CallIdentities:
 
     def seen(self, call_id: Optional[str], response_id: Optional[str]) -> bool:
         """Whether a record with these ids is of a call already taken."""
-        return any(key in self.keys for key in _matching_keys(call_id, response_id))
+        return any(key in self.keys for key in matching_keys(call_id, response_id))
 
     def claim(self, call_id: Optional[str], response_id: Optional[str]) -> bool:
         """Take the call of a record: True when it is new (it is remembered), False when it was already taken."""
         if self.seen(call_id, response_id):
             return False
-        self.keys.update(_stored_keys(call_id, response_id))
+        self.keys.update(stored_keys(call_id, response_id))
         return True
 
 
@@ -76,22 +76,22 @@ class CallAgentNames:
 
     def add(self, call_id: Optional[str], response_id: Optional[str], agent_name: str) -> None:
         """Record the agent of a call (the first name recorded for a call is kept)."""
-        for key in _stored_keys(call_id, response_id):
+        for key in stored_keys(call_id, response_id):
             self._names.setdefault(key, agent_name)
 
     def get(self, call_id: Optional[str], response_id: Optional[str]) -> Optional[str]:
         """The agent name recorded for the call of a record with these ids, if any."""
-        return next((self._names[key] for key in _matching_keys(call_id, response_id) if key in self._names), None)
+        return next((self._names[key] for key in matching_keys(call_id, response_id) if key in self._names), None)
 
 
-def _stored_keys(call_id: Optional[str], response_id: Optional[str]) -> List[str]:
+def stored_keys(call_id: Optional[str], response_id: Optional[str]) -> List[str]:
     """The keys a record with these ids is remembered by."""
     if call_id is not None:
         return [_CALL + call_id] + ([_RESPONSE_OF_CALL + response_id] if response_id is not None else [])
     return [response_id] if response_id is not None else []
 
 
-def _matching_keys(call_id: Optional[str], response_id: Optional[str]) -> List[str]:
+def matching_keys(call_id: Optional[str], response_id: Optional[str]) -> List[str]:
     """The keys whose presence means a record with these ids is of a call already remembered."""
     if call_id is not None:
         return [_CALL + call_id] + ([response_id] if response_id is not None else [])

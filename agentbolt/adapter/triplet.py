@@ -77,7 +77,7 @@ from agentbolt.types.wire import NON_FINITE_FLOATS
 
 from .agent_match import agent_selected, compile_agent_match, report_agent_selection
 from .base import TraceToTripletBase, span_list
-from .calls import CallAgentNames, CallIdentities, call_identity
+from .calls import CallAgentNames, CallIdentities, call_identity, matching_keys, stored_keys
 from .fenwick import MinimumTree
 from .messages import decode_content, group_genai_dict
 
@@ -953,11 +953,11 @@ def calls_under_their_twins(spans: Sequence[Span]) -> List[Span]:
     id or, without one, the same response id: :mod:`agentbolt.adapter.calls`) knows its place; the tightest such
     record becomes the parent. The spans given are not changed (moved ones are copies).
     """
-    twins: Dict[Tuple[str, str], Span] = {}
+    twins: Dict[str, Span] = {}
     for span in spans:
         if span.parent_id is None:
             continue
-        for key in _identity_keys(span):
+        for key in stored_keys(*call_identity(span.attributes, _RESPONSE_ID_KEYS)):
             current = twins.get(key)
             if current is None or _duration(span) < _duration(current):
                 twins[key] = span
@@ -966,17 +966,12 @@ def calls_under_their_twins(spans: Sequence[Span]) -> List[Span]:
     placed: List[Span] = []
     for span in spans:
         if span.parent_id is None:
-            twin = next((twins[key] for key in _identity_keys(span) if key in twins), None)
+            keys = matching_keys(*call_identity(span.attributes, _RESPONSE_ID_KEYS))
+            twin = next((twins[key] for key in keys if key in twins), None)
             if twin is not None and twin.span_id != span.span_id:
                 span = span.model_copy(update={"parent_id": twin.span_id})
         placed.append(span)
     return placed
-
-
-def _identity_keys(span: Span) -> List[Tuple[str, str]]:
-    """How another record of the span's LLM call can name it: its call id first, then its response id."""
-    call_id, response_id = call_identity(span.attributes, _RESPONSE_ID_KEYS)
-    return [(kind, value) for kind, value in (("call", call_id), ("response", response_id)) if value is not None]
 
 
 def _duration(span: Span) -> float:

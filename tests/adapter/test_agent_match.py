@@ -217,3 +217,27 @@ def test_gateway_records_of_concurrent_agents_are_named_by_their_sdk_twin() -> N
         named = {t.metadata["response_id"]: t.metadata["agent_name"] for t in adapter.adapt(spans)}
         assert named == {"resp-first": "first", "resp-second": "second"}, type(adapter).__name__
     assert [s.parent_id for s in spans if s.name == "agentbolt.llm_call"] == [None, None]  # the spans given unchanged
+
+
+def test_a_gateway_record_never_goes_under_another_calls_record_that_shares_its_response_id() -> None:
+    # A backend that numbers responses per process gave both calls the id chatcmpl-1; their call ids differ. The
+    # executor's gateway record lies inside the executor's span only, the planner's SDK record elsewhere in time.
+    factory = SpanFactory()
+    root = factory.span("rollout", 0, 30)
+    planner = factory.agent("planner", 1, 10, parent=root)
+    executor = factory.agent("executor", 11, 29, parent=root)
+    planner_call = {"agentbolt.llm.call_id": "req-P"}
+    sdk = factory.llm_call(2, 3, response_id="chatcmpl-1", parent=planner, extra=planner_call)
+    planner_gateway = factory.gateway_call(
+        2.001, 2.999, response_id="chatcmpl-1", prompt_token_ids=[1], response_token_ids=[2]
+    )
+    planner_gateway.attributes.update(planner_call)
+    executor_gateway = factory.gateway_call(
+        12, 21, response_id="chatcmpl-1", prompt_token_ids=[3], response_token_ids=[4]
+    )
+    executor_gateway.attributes["agentbolt.llm.call_id"] = "req-E"
+    spans = [root, planner, executor, sdk, planner_gateway, executor_gateway]
+    every_record = TracerTraceToTriplet(llm_call_match=r"^(agentbolt\.llm_call|openai\.chat\.completion)$")
+    for adapter in (LlmProxyTraceToTriplet(), every_record):
+        named = sorted((t.metadata["agent_name"], t.response["token_ids"]) for t in adapter.adapt(spans))
+        assert ("executor", [4]) in named and all(name == "planner" for name, ids in named if ids != [4]), named
