@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from agentbolt.algorithm.sft.data import Counters, TokenSample, finite_reward
@@ -136,7 +137,9 @@ def select_samples(
         order = list(range(len(kept)))
         rng.shuffle(order)
         order.sort(key=lambda i: -_rank(kept[i]))  # stable: ties stay in the shuffled order
-        limit = top_k if top_k is not None else max(1, math.ceil(top_fraction * len(kept)))  # type: ignore[operator]
+        # The fraction as written (0.07, not the float just above it), so that 7% of 100 samples is 7, not 8.
+        fraction = Fraction(str(float(top_fraction))) if top_fraction is not None else None
+        limit = top_k if top_k is not None else max(1, math.ceil(fraction * len(kept)))  # type: ignore[operator]
         chosen_indices = sorted(order[:limit])
         stats.below_rank = len(kept) - len(chosen_indices)
         kept = [kept[i] for i in chosen_indices]

@@ -158,6 +158,7 @@ def layout_rows(rows: Sequence[Sequence[TokenSample]], pad_token_id: int, packed
             position_ids[b, start : start + size] = torch.arange(size)
             attention_mask[b, start : start + size] = 1
             mask[b, start : start + size] = torch.tensor(sample.loss_mask, dtype=torch.bool)
+            mask[b, start] = False  # a sample's first token has nothing of its own before it to be predicted from
             start += size
         if start < length:
             position_ids[b, start:] = torch.arange(length - start)

@@ -73,6 +73,14 @@ def test_top_k_and_top_fraction_keep_the_highest_rewards() -> None:
     assert len(kept) == 1
 
 
+@pytest.mark.parametrize("fraction, expected", [(0.07, 7), (0.14, 14), (0.29, 29), (0.575, 58)])
+def test_top_fraction_keeps_the_fraction_as_written(fraction: float, expected: int) -> None:
+    # 0.07 * 100 is 7.000000000000001 in floating point, which must not round up to 8.
+    samples = [_sample(i / 100, rollout=f"r{i}", token=i) for i in range(100)]
+    kept, stats = select_samples(samples, top_fraction=fraction)
+    assert len(kept) == expected and stats.below_rank == 100 - expected
+
+
 def test_duplicates_are_dropped_before_ranking() -> None:
     same = [_sample(1.0, rollout=f"r{i}") for i in range(3)]  # identical tokens and targets
     other = _sample(0.5, rollout="r9", token=7)

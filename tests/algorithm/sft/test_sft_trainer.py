@@ -105,6 +105,11 @@ def test_layout_marks_the_positions_that_predict_targets(tiny_model_dir: Path) -
     assert packed.attention_mask is None
     assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3]]  # each sample restarts its positions
     assert packed.input_ids[0][packed.targets[0].roll(1)].tolist() == [7, 9, 10]
+    # A flagged first token is no target (nothing of its sample precedes it), packed after another sample too.
+    flagged = TokenSample(input_ids=[8, 9, 10, 11], loss_mask=[True, True, True, False])
+    packed = layout_rows([[a, flagged]], pad_token_id=0, packed=True)
+    assert packed.input_ids[0][packed.targets[0].roll(1)].tolist() == [7, 9, 10]
+    assert int(packed.targets.sum()) == a.num_targets + flagged.num_targets
 
 
 def test_packing_first_fit_never_exceeds_the_row_length() -> None:
