@@ -497,8 +497,8 @@ class CompletionRecord:
         output_tokens = _number(_get(self.usage, "completion_tokens"))
         if input_tokens is None and self.prompt_token_ids:
             input_tokens = len(self.prompt_token_ids)
-        if output_tokens is None and first is not None and first.token_ids:
-            output_tokens = len(first.token_ids)
+        if output_tokens is None and self.choices and all(choice.token_ids for choice in self.choices.values()):
+            output_tokens = sum(len(choice.token_ids) for choice in self.choices.values())  # all choices count
         if input_tokens is not None:
             attributes[GEN_AI_USAGE_INPUT_TOKENS] = int(input_tokens)
         if output_tokens is not None:

@@ -179,6 +179,14 @@ def test_usage_is_counted_from_token_ids_when_the_backend_sends_none() -> None:
     attributes = CompletionRecord.from_completion(completion).attributes()
     assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (3, 2)
     assert "gen_ai.usage.input_tokens" not in CompletionRecord.from_completion({"choices": []}).attributes()
+    # With several choices every choice's tokens count, as the backend's completion_tokens counts them.
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": "x"}, "token_ids": [i] * (i + 1)} for i in range(3)
+    ]
+    attributes = CompletionRecord.from_completion({"choices": choices}).attributes()
+    assert attributes["gen_ai.usage.output_tokens"] == 1 + 2 + 3
+    choices[1]["token_ids"] = []  # one choice's count unknown: so is the total
+    assert "gen_ai.usage.output_tokens" not in CompletionRecord.from_completion({"choices": choices}).attributes()
 
 
 def test_text_completion_stream_matches_the_complete_answer() -> None:

@@ -868,15 +868,17 @@ async def _completion_stream(
 
     def to_choice(delta: SequenceDelta) -> Dict[str, Any]:
         nonlocal sent_prompt
+        logprobs = handler.completion_logprobs(
+            delta.token_ids, delta.logprobs, delta.top_logprobs, offsets[delta.index]
+        )
         choice: Dict[str, Any] = {
             "index": delta.index,
             "text": delta.text,
-            "logprobs": handler.completion_logprobs(
-                delta.token_ids, delta.logprobs, delta.top_logprobs, offsets[delta.index]
-            ),
+            "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
         }
-        offsets[delta.index] += len(delta.text)
+        if logprobs is not None:  # offsets step by the tokens' text, as in the whole answer (text may be held back)
+            offsets[delta.index] += sum(len(token) for token in logprobs["tokens"])
         if body.return_token_ids:
             choice["token_ids"] = delta.token_ids
             if not sent_prompt:

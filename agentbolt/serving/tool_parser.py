@@ -70,12 +70,29 @@ def _parse_block(body: str) -> Optional[ParsedToolCall]:
 class ToolCallParser:
     """Incremental parser: feed text as it is generated, get content to release and completed calls.
 
-    Content that might be the start of ``<tool_call>`` is held back until it is decided.
+    Content that might be the start of ``<tool_call>`` is held back until it is decided, and so is trailing
+    whitespace, until text follows it: an answer with calls ends its content without the whitespace around them,
+    so the streamed content adds up to what :func:`parse_tool_calls` gives for the whole text (except for whitespace
+    an answer with calls starts with, released before any call is known).
     """
 
     def __init__(self) -> None:
         self._pending = ""
         self._inside = False
+        self._whitespace = ""
+        self._called = False
+
+    def _release(self, content: str, calls: List[ParsedToolCall], *, last: bool) -> Tuple[str, List[ParsedToolCall]]:
+        """``content`` after the whitespace held back, less the whitespace it ends with (held back in turn, or, at
+        the end of an answer with calls, dropped)."""
+        self._called = self._called or bool(calls)
+        text = self._whitespace + content
+        if last:
+            self._whitespace = ""
+            return (text.rstrip() if self._called else text), calls
+        released = text.rstrip()
+        self._whitespace = text[len(released) :]
+        return released, calls
 
     def feed(self, text: str) -> Tuple[str, List[ParsedToolCall]]:
         """Consume new text.
@@ -114,18 +131,18 @@ class ToolCallParser:
             content.append(self._pending[: len(self._pending) - keep])
             self._pending = self._pending[len(self._pending) - keep :]
             break
-        return "".join(content), calls
+        return self._release("".join(content), calls, last=False)
 
     def finish(self) -> Tuple[str, List[ParsedToolCall]]:
         """Flush at the end of generation; an unterminated block is parsed if its JSON is complete."""
         pending, inside = self._pending, self._inside
         self._pending, self._inside = "", False
         if not inside:
-            return pending, []
+            return self._release(pending, [], last=True)
         call = _parse_block(pending.strip())
         if call is None:
-            return TOOL_CALL_OPEN + pending, []
-        return "", [call]
+            return self._release(TOOL_CALL_OPEN + pending, [], last=True)
+        return self._release("", [call], last=True)
 
 
 def parse_tool_calls(text: str) -> Tuple[Optional[str], List[ParsedToolCall]]:

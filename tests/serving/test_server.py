@@ -95,6 +95,20 @@ def test_streaming_chat_matches_non_streaming(http: httpx.Client) -> None:
         assert mine[-1]["finish_reason"] == expected["finish_reason"]
 
 
+def test_streamed_completion_logprobs_have_the_whole_answers_text_offsets(http: httpx.Client) -> None:
+    body = {"prompt": "abc", "max_tokens": 12, "temperature": 0, "logprobs": 1}
+    text = http.post("/completions", json=body).json()["choices"][0]["text"]
+    assert len(text) >= 4
+    # A stop string that never matches but whose start does: the text from there on is held back a while.
+    body["stop"] = text[len(text) // 2 : len(text) // 2 + 2] + "\u0001"
+    whole = http.post("/completions", json=body).json()["choices"][0]["logprobs"]
+    with http.stream("POST", "/completions", json={**body, "stream": True}) as response:
+        chunks = [event for event in _events(response) if event != "[DONE]" and event["choices"]]
+    streamed = [lp for c in chunks if (lp := c["choices"][0]["logprobs"]) is not None]
+    assert [t for lp in streamed for t in lp["tokens"]] == whole["tokens"]
+    assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"]
+
+
 def test_openai_sdk_client(server: InferenceServer) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
     completion = client.chat.completions.create(
@@ -231,6 +245,22 @@ def test_required_tool_choice_calls_a_declared_tool(http: httpx.Client) -> None:
     text = "".join(delta.get("content") or "" for delta in streamed)
     calls = [call["function"]["name"] for delta in streamed for call in delta.get("tool_calls", [])]
     assert set(calls or _CALLED_NAME.findall(text)) <= set(TOOL_NAMES) and (calls or text)
+
+
+def test_streamed_tool_call_answers_add_up_to_the_whole_answers(http: httpx.Client) -> None:
+    body = {"messages": MESSAGES, "tools": CHOICE_TOOLS, "tool_choice": "required", "max_tokens": 96, "n": 6}
+    body.update(seed=1, return_token_ids=True)
+    whole = http.post("/chat/completions", json=body).json()["choices"]
+    with http.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+        chunks = [event for event in _events(response)[:-1] if event["choices"]]
+    for expected in whole:
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == expected["index"]]
+        assert [t for c in mine for t in c.get("token_ids", [])] == expected["token_ids"]  # the same answer, streamed
+        content = "".join(c["delta"].get("content") or "" for c in mine) or None
+        names = [call["function"]["name"] for c in mine for call in c["delta"].get("tool_calls", [])]
+        message = expected["message"]
+        assert content == message["content"], expected  # no whitespace between or after the calls
+        assert names == [call["function"]["name"] for call in message.get("tool_calls") or []]
 
 
 def test_named_tool_choice_calls_that_tool(http: httpx.Client) -> None:

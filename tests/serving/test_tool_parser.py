@@ -58,14 +58,34 @@ def test_streaming_in_pieces_matches_whole(size: int) -> None:
     rest, more = parser.finish()
     content += rest
     names += [c.name for c in more]
-    assert content.strip() == "Let me check."
+    assert content == "Let me check."  # exactly the whole text's content: no whitespace around the calls
     assert names == ["get_weather", "add"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n\n<tool_call>{"name": "b", "arguments": {}}</tool_call>\n',
+        'Checking.\n<tool_call>{"name": "a", "arguments": {}}</tool_call>\nDone. \n',
+        "no calls, trailing space \n",
+        '<tool_call>{"name": "a", "argu',
+    ],
+)
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_streamed_content_adds_up_to_the_whole_texts(text: str, size: int) -> None:
+    parser = ToolCallParser()
+    pieces = [parser.feed(text[start : start + size]) for start in range(0, len(text), size)]
+    pieces.append(parser.finish())
+    content = "".join(piece for piece, _ in pieces)
+    whole, calls = parse_tool_calls(text)
+    assert (content or None if calls else content) == whole
+    assert [c.name for _, found in pieces for c in found] == [c.name for c in calls]
 
 
 def test_streaming_releases_text_that_cannot_start_a_call() -> None:
     parser = ToolCallParser()
-    assert parser.feed("hello <to") == ("hello ", [])
-    assert parser.feed("day") == ("<today", [])
+    assert parser.feed("hello <to") == ("hello", [])  # the space waits for what follows it
+    assert parser.feed("day") == (" <today", [])
     assert parser.finish() == ("", [])
 
 
