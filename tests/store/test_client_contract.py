@@ -20,6 +20,8 @@ from agentbolt.store.http import LightningStoreClient, LightningStoreHTTPError, 
 from agentbolt.store.http.errors import NOT_APPLIED_HEADER
 from agentbolt.store.memory import InMemoryLightningStore
 
+from .conftest import make_span
+
 FAST = (0.01, 0.01, 0.01)
 
 
@@ -162,6 +164,50 @@ async def test_ambiguous_failures_never_apply_a_call_twice(proxied) -> None:  # 
         # Each call was sent once: the server holds exactly what reached it.
         assert proxy.count("POST /v1/agl/rollouts ") == 1 and proxy.count("/queues/rollouts/enqueue") == 2
         assert sorted(r.input for r in await store.query_rollouts()) == ["applied, answer lost"] * 2
+    finally:
+        await client.close()
+
+
+async def test_updates_a_second_send_could_apply_elsewhere_are_not_resent(proxied) -> None:  # type: ignore[no-untyped-def]
+    store, _, proxy = proxied
+    client = client_for(proxy)
+    try:
+        first = await store.start_rollout("x")
+        rid = first.rollout_id
+        # "latest" names another attempt once a worker has claimed the rollout again: not resent.
+        proxy.fail_next("drop_answer", f"/rollouts/{rid}/attempts/latest", count=1)
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await client.update_attempt(rid, "latest", status="failed")
+        assert proxy.count(f"/rollouts/{rid}/attempts/latest") == 1
+        # A status that queues the rollout would queue it again beside a worker that claimed it: not resent.
+        proxy.fail_next("drop_answer", f"/rollouts/{rid}", count=1)
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await client.update_rollout(rid, status="requeuing")
+        claimed = await store.dequeue_rollout(worker_id="w")
+        assert claimed is not None and claimed.attempt.sequence_id == 2
+        assert await store.dequeue_rollout(worker_id="w") is None  # queued once
+        # An update naming its attempt, or setting a final status, is resent.
+        proxy.fail_next("drop_answer", f"/rollouts/{rid}/attempts/{claimed.attempt.attempt_id}", count=1)
+        updated = await client.update_attempt(rid, claimed.attempt.attempt_id, status="succeeded")
+        assert updated.status == "succeeded" and proxy.count(f"/attempts/{claimed.attempt.attempt_id}") == 2
+        proxy.fail_next("drop_answer", f"/rollouts/{rid}", count=1)
+        assert (await client.update_rollout(rid, status="cancelled")).status == "cancelled"
+    finally:
+        await client.close()
+
+
+async def test_a_resent_span_returns_the_span_its_first_send_stored(proxied) -> None:  # type: ignore[no-untyped-def]
+    store, _, proxy = proxied
+    client = client_for(proxy)
+    try:
+        rollout = await store.start_rollout("x")
+        span = make_span(rollout.rollout_id, rollout.attempt.attempt_id, 1, "s-1")
+        proxy.fail_next("drop_answer", "POST /v1/agl/spans ", count=1)  # stored, answer lost, sent again
+        stored = await client.add_span(span)
+        assert stored is not None and stored.span_id == span.span_id
+        assert proxy.count("POST /v1/agl/spans ") == 2
+        assert len(await store.query_spans(rollout.rollout_id)) == 1
+        assert await client.add_span(span) is None  # a true duplicate stays None
     finally:
         await client.close()
 

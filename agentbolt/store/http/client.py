@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import time
+from contextvars import ContextVar
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 from urllib.parse import quote
 
@@ -71,6 +72,9 @@ async def _release(session: aiohttp.ClientSession) -> None:
 
 _RETRYABLE_STATUSES = frozenset({408, 500, 502, 503, 504})
 """Answers after which a request may be sent again (the contract's 5xx and 408; 501 is final)."""
+
+_maybe_applied: ContextVar[bool] = ContextVar("agentbolt_store_request_maybe_applied", default=False)
+"""Whether the current task's last request was sent again after a failure that may have left it applied."""
 
 
 class LightningStoreClient(LightningStore):
@@ -298,17 +302,21 @@ class LightningStoreClient(LightningStore):
 
     @staticmethod
     def _may_resend(exc: BaseException, idempotent: bool) -> bool:
-        """Whether a request that failed with ``exc`` may be sent again."""
+        """Whether a request that failed with ``exc`` may be sent again (noted in :data:`_maybe_applied` when the
+        failed send may have been applied)."""
         if isinstance(exc, LightningStoreHTTPError):
             if exc.status not in _RETRYABLE_STATUSES:
                 return False
             # 408: the server gave up before reading the whole request, so it did nothing with it.
-            return idempotent or exc.not_applied or exc.status == 408
-        if isinstance(exc, aiohttp.ClientConnectorError):
+            if exc.not_applied or exc.status == 408:
+                return True
+        elif isinstance(exc, aiohttp.ClientConnectorError):
             return True  # the connection was never opened: nothing was sent
-        if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError)):
-            return idempotent
-        return False
+        elif not isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError)):
+            return False
+        if idempotent:
+            _maybe_applied.set(True)
+        return idempotent
 
     async def _request_json(self, method: Literal["get", "post"], path: str, **options: Any) -> Any:
         """Send a request (see :meth:`_request`) and return its answer parsed (``None`` for an empty answer)."""
@@ -345,6 +353,7 @@ class LightningStoreClient(LightningStore):
             aiohttp.ClientError: The server could not be reached.
         """
         body = encode_json_repairing(json) if json is not None else None
+        _maybe_applied.set(False)
         delays = self._retry_delays if retry else ()
         tolerance = outage_tolerance() if delays else None
         if tolerance is not None:
@@ -437,6 +446,8 @@ class LightningStoreClient(LightningStore):
 
     async def _call_route(self, route: StoreRoute, values: Dict[str, Any]) -> Any:
         """Run one store call through its route: build the request from the call's arguments, decode the answer."""
+        idempotent = route.resendable(values)
+        arguments = dict(values)
         for name in set(route.path_params) & ADDRESSED_IDS:
             if route.verb == "GET" and values[name] in ROUTE_WORDS:
                 return None  # no stored id is a route word (see check_addressable_id); the path would name the route
@@ -455,11 +466,15 @@ class LightningStoreClient(LightningStore):
                 path,
                 json=json,
                 params=params,
-                idempotent=route.idempotent,
+                idempotent=idempotent,
                 retry=route.retried,
             )
             with collection_paused():
-                return route.decode(raw)
+                answer = route.decode(raw)
+            if answer is None and route.refetch is not None and _maybe_applied.get():
+                # An earlier send was applied and its answer lost: the resend found its own result already there.
+                return await route.refetch(self, arguments)
+            return answer
         except Exception as exc:
             # Inside ride_out_outages a call that still fails raises, so that "no answer" is not taken for "none".
             if route.on_failure == "raise" or is_auth_error(exc) or (route.retried and outage_tolerance() is not None):

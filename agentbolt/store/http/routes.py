@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from pydantic import BaseModel, RootModel, TypeAdapter
 from typing_extensions import TypedDict
@@ -156,7 +156,8 @@ class StoreRoute:
         body_optional: An empty body stands for ``body()``.
         status: Status of a successful answer.
         idempotent: Sending the request twice has the effect of sending it once, so the client may resend it after a
-            failure whose outcome is unknown. Other requests are resent only when certainly not applied.
+            failure whose outcome is unknown. Other requests are resent only when certainly not applied. A function
+            of the call's arguments decides it per call.
         retried: Whether the client retries the request at all (dequeues are never retried).
         on_failure: What the client returns when the call finally fails (other than authentication errors):
             ``"raise"``, ``"none"`` or ``"empty"`` (an empty list).
@@ -165,6 +166,8 @@ class StoreRoute:
         only_given: Only the body fields present in the request are passed on (updates).
         not_null: Fields that may be absent but not ``null``.
         serve: Server side replacing the plain store call: ``serve(call, path_values, body) -> content``.
+        refetch: Client side, for a call answered ``null`` after it was sent again following a failure that may have
+            left the first send applied: ``refetch(store, arguments)`` reads what the first send made.
     """
 
     method: str
@@ -175,7 +178,7 @@ class StoreRoute:
     body_param: Optional[str] = None
     body_optional: bool = False
     status: int = 200
-    idempotent: bool = True
+    idempotent: Union[bool, Callable[[Mapping[str, Any]], bool]] = True
     retried: bool = True
     on_failure: Literal["raise", "none", "empty"] = "raise"
     page_of: Optional[Type[BaseModel]] = None
@@ -183,6 +186,11 @@ class StoreRoute:
     only_given: bool = False
     not_null: Tuple[str, ...] = ()
     serve: Optional[Callable[[StoreCall, Dict[str, str], Any], Awaitable[Any]]] = None
+    refetch: Optional[Callable[[Any, Mapping[str, Any]], Awaitable[Any]]] = None
+
+    def resendable(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether the call with these arguments may be sent again after a failure whose outcome is unknown."""
+        return self.idempotent(arguments) if callable(self.idempotent) else self.idempotent
 
     @property
     def store_method(self) -> str:
@@ -207,6 +215,28 @@ class StoreRoute:
             return {self.body_param: body.root if isinstance(body, RootModel) else body}
         names = body.model_fields_set if self.only_given else type(body).model_fields
         return {name: getattr(body, name) for name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Updates that a second send could apply to something else
+
+
+def _queues_nothing(arguments: Mapping[str, Any]) -> bool:
+    """An update that puts the rollout back in the queue is not resent: a worker may have claimed it in between,
+    and the second send would queue it again beside that worker's attempt."""
+    return arguments["fields"].get("status") not in ("queuing", "requeuing")
+
+
+def _names_its_attempt(arguments: Mapping[str, Any]) -> bool:
+    """An update of the ``"latest"`` attempt is not resent: the latest attempt may be another one by then."""
+    return arguments["attempt_id"] != "latest"
+
+
+async def _stored_span(store: Any, arguments: Mapping[str, Any]) -> Optional[Span]:
+    """The span an ``add_span`` sent twice stored with its first send (the second was a duplicate of it)."""
+    span: Span = arguments["span"]
+    found = await store.query_spans(span.rollout_id, span.attempt_id, span_id=span.span_id)
+    return found[0] if found else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -276,7 +306,16 @@ def _decode_positions(data: Dict[str, Any]) -> List[int]:
 
 
 ROUTES: Tuple[StoreRoute, ...] = (
-    StoreRoute("add_span", "POST", "/spans", _optional(_model(Span)), body=Span, body_param="span", status=201),
+    StoreRoute(
+        "add_span",
+        "POST",
+        "/spans",
+        _optional(_model(Span)),
+        body=Span,
+        body_param="span",
+        status=201,
+        refetch=_stored_span,
+    ),
     StoreRoute(
         "add_many_spans",
         "POST",
@@ -394,6 +433,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         body=UpdateRolloutRequest,
         only_given=True,
         not_null=("status", "config"),
+        idempotent=_queues_nothing,
     ),
     StoreRoute(
         "start_attempt",
@@ -430,6 +470,7 @@ ROUTES: Tuple[StoreRoute, ...] = (
         body=UpdateAttemptRequest,
         only_given=True,
         not_null=("status", "worker_id", "last_heartbeat_time"),
+        idempotent=_names_its_attempt,
     ),
     StoreRoute(
         "_query_workers",
