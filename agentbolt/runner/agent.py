@@ -236,9 +236,17 @@ class LitAgentRunner(Runner[T_task]):
         self._tracer.init()
 
     def init_worker(self, worker_id: int, store: LightningStore, **kwargs: Any) -> None:  # type: ignore[override]
-        """Bind this worker to ``store`` and initialise the tracer for it."""
+        """Bind this worker to ``store`` and initialise the tracer for it.
+
+        The worker's own state starts afresh: runners of the shared-memory strategy are copies of one runner, and
+        each keeps its own writes for the store (during an outage) and knows its own claims.
+        """
         self._store = store
         self.worker_id = worker_id
+        self._unwritten = deque()
+        self._claim_in_doubt = False
+        self._stopping = False
+        self._heartbeat_failing = False
         self._tracer.init_worker(worker_id, store)
         self._metrics = runner_metrics()
 

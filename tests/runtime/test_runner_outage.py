@@ -19,6 +19,7 @@ import agentbolt as agl
 from agentbolt.execution import ThreadingEvent
 from agentbolt.runner import LitAgentRunner
 from agentbolt.store.client_server import LightningStoreClient
+from agentbolt.store.outage import StoreUnreachableError
 from agentbolt.tracer import OtelTracer
 from agentbolt.types import AttemptedRollout
 
@@ -215,3 +216,48 @@ async def test_a_check_the_store_answers_with_an_error_does_not_stop_the_runner(
 def test_store_outage_timeout_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="store_outage_timeout"):
         LitAgentRunner(OtelTracer(), store_outage_timeout=-1.0)
+
+
+class OutcomesUnreachableAtFirst(agl.InMemoryLightningStore):
+    """An in-memory store whose first ``outages`` attempt outcomes fail as an unreachable store's would (a fake of
+    a store server away for a while: the runners keep those writes and make them afterwards)."""
+
+    def __init__(self, outages: int) -> None:
+        super().__init__(thread_safe=True)
+        self.outages = outages
+        self._lock = threading.Lock()
+
+    async def update_attempt(self, rollout_id: str, attempt_id: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("status") in ("succeeded", "failed"):
+            with self._lock:
+                away, self.outages = self.outages > 0, self.outages - 1
+            if away:
+                raise StoreUnreachableError("the store is away")
+            await asyncio.sleep(0.1)  # answers slowly once back, so the runners' kept writes overlap
+        return await super().update_attempt(rollout_id, attempt_id, *args, **kwargs)
+
+
+class SleepyAgent(agl.LitAgent[Any]):
+    async def rollout_async(self, task: Any, resources: Any, rollout: Any) -> float:
+        await asyncio.sleep(0.05)
+        return 1.0
+
+
+def test_runner_threads_each_keep_and_make_their_own_writes() -> None:
+    # The runners of the shared-memory strategy are copies of one runner: they once shared the writes they keep
+    # during an outage, so both made the same writes and one then failed with IndexError.
+    store = OutcomesUnreachableAtFirst(outages=4)
+    trainer = agl.Trainer(
+        strategy={"type": "shm", "main_thread": "algorithm", "n_runners": 2},
+        store=store,
+        tracer=OtelTracer(),
+        runner={"type": "agentbolt.runner.LitAgentRunner", "poll_interval": 0.05, "heartbeat_interval": 0},
+        algorithm=agl.Baseline(polling_interval=0.05, span_verbosity="none"),
+        initial_resources={},
+    )
+    trainer.dev(SleepyAgent(), list(range(6)), progress=False)
+
+    async def outcomes() -> List[Any]:
+        return [[a.status for a in await store.query_attempts(r.rollout_id)] for r in await store.query_rollouts()]
+
+    assert asyncio.run(outcomes()) == [["succeeded"]] * 6
