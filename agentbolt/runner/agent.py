@@ -153,6 +153,17 @@ class _StoreWrite:
     write: Callable[[], Awaitable[Any]]
 
 
+def _runner_task_cancelled() -> bool:
+    """Whether the running task is being cancelled, as a stopping runner's is (Python 3.10 cannot tell: yes).
+
+    A ``CancelledError`` that the agent's own code raises or lets through (a task of its own it cancelled and
+    awaited) reaches the runner too, while its task is not being cancelled.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
+
+
 class LitAgentRunner(Runner[T_task]):
     """The standard runner for :class:`~agentbolt.litagent.LitAgent` agents.
 
@@ -444,12 +455,15 @@ class LitAgentRunner(Runner[T_task]):
             )
         except BaseException as exc:
             error = exc
-            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):  # the runner is stopping, as asked
+            stopped = isinstance(exc, KeyboardInterrupt) or (
+                isinstance(exc, asyncio.CancelledError) and _runner_task_cancelled()
+            )
+            if stopped:  # the runner is stopping, as asked
                 self._stopping = True  # the attempt's outcome is sent once (see _write)
                 logger.info("[Rollout %s] The agent was stopped (%s)", rollout_id, type(exc).__name__)
-            else:
+            else:  # a CancelledError of the agent's own (a task of its cancelled) fails the attempt like any error
                 logger.exception("[Rollout %s] Agent raised %s", rollout_id, type(exc).__name__)
-            if raise_on_exception or not isinstance(exc, Exception):
+            if raise_on_exception or stopped or not isinstance(exc, (Exception, asyncio.CancelledError)):
                 raise
         finally:
             await self._call_hooks("on_rollout_end", agent=agent, runner=self, rollout=next_rollout, spans=spans)

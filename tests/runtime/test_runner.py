@@ -223,6 +223,60 @@ async def test_iter_serves_queue_until_max_rollouts_with_heartbeats() -> None:
     assert worker is not None and worker.heartbeat_stats is not None and "cpu_usage_pct" in worker.heartbeat_stats
 
 
+@pytest.mark.parametrize("heartbeat_interval", [0, 0.05])
+async def test_a_cancelled_error_of_the_agents_own_fails_its_attempt_and_the_runner_goes_on(
+    heartbeat_interval: float,
+) -> None:
+    @agl.rollout
+    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        if task["i"] == 1:  # a task of the agent's own is cancelled, and the agent awaits it
+            inner = asyncio.ensure_future(asyncio.sleep(10))
+            asyncio.get_running_loop().call_later(0.01, inner.cancel)
+            await inner
+        return 1.0
+
+    store = InMemoryLightningStore()
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    for i in range(3):
+        await store.enqueue_rollout(input={"i": i}, mode="train", resources_id=resources_id)
+    runner: LitAgentRunner[Any] = LitAgentRunner(
+        OtelTracer(), max_rollouts=3, poll_interval=0.05, heartbeat_interval=heartbeat_interval
+    )
+    runner.init(agent=agent)
+    runner.init_worker(0, store)
+    try:
+        await asyncio.wait_for(runner.iter(event=ThreadingEvent()), timeout=30)
+    finally:
+        runner.teardown_worker(0)
+        runner.teardown()
+    assert [r.status for r in await store.query_rollouts()] == ["succeeded", "failed", "succeeded"]
+
+
+async def test_a_runner_cancelled_while_its_agent_runs_stops() -> None:
+    @agl.rollout
+    async def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
+        await asyncio.sleep(30)
+        return 1.0
+
+    store = InMemoryLightningStore()
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    for i in range(2):
+        await store.enqueue_rollout(input={"i": i}, mode="train", resources_id=resources_id)
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), poll_interval=0.05, heartbeat_interval=0)
+    runner.init(agent=agent)
+    runner.init_worker(0, store)
+    try:
+        task = asyncio.create_task(runner.iter(event=ThreadingEvent()))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+    finally:
+        runner.teardown_worker(0)
+        runner.teardown()
+    assert sorted(r.status for r in await store.query_rollouts()) == ["failed", "queuing"]
+
+
 async def test_an_idle_runner_starts_a_rollout_queued_while_it_waits_before_its_poll_interval() -> None:
     """With nothing queued, the runner waits on the store's queue rather than sleeping out its poll interval."""
 
