@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from html.parser import HTMLParser
@@ -169,10 +170,24 @@ def check_placeholders(
         raise PlaceholderMismatchError("the rewritten template " + " and ".join(parts))
 
 
+_JINJA_END_RAW = re.compile(r"\{%[-+]?\s*endraw\s*[-+]?%\}")
+"""What ends a jinja ``raw`` block, however it is spaced and trimmed."""
+_POML_SPECIAL = re.compile(r"\{\{+|[<>&]+")
+"""What POML would read as an expression or markup."""
+
+
+def _poml_string(text: str) -> str:
+    """A POML expression giving ``text`` (JSON string syntax; the markup characters escaped within it too)."""
+    quoted = json.dumps(text).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    return "{{ " + quoted + " }}"
+
+
 def escape_literal(text: str, engine: str) -> str:
     """``text`` written so that the engine reproduces it verbatim (no placeholder inside it is filled)."""
     if engine == "f-string":
         return text.replace("{", "{{").replace("}", "}}")
     if engine == "jinja":
-        return "{% raw %}" + text.replace("{% endraw %}", "{% endraw %}{{ '{% endraw %}' }}{% raw %}") + "{% endraw %}"
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("{{", "{ {")
+        # Whatever would end the raw block early is written as an expression giving that text.
+        ended = _JINJA_END_RAW.sub(lambda m: "{% endraw %}{{ " + json.dumps(m.group(0)) + " }}{% raw %}", text)
+        return "{% raw %}" + ended + "{% endraw %}"
+    return _POML_SPECIAL.sub(lambda m: _poml_string(m.group(0)), text)

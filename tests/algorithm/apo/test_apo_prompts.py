@@ -255,8 +255,20 @@ def test_jinja_templates_render_in_a_sandbox() -> None:
     assert plain.format(country="France") == "FRANCE F"
 
 
-@pytest.mark.parametrize("engine", ["f-string", "jinja"])
-def test_escaped_text_comes_out_verbatim(engine: str) -> None:
-    literal = 'Tool result: {"room": "Nova"} {{ x }} {% raw %} {% endraw %}'
-    template = agl.PromptTemplate(template=escape_literal(literal, engine), engine=engine)
-    assert template.format() == literal
+ESCAPE_ENGINES = ["f-string", "jinja", pytest.param("poml", marks=pytest.mark.skipif(not HAS_POML, reason="no poml"))]
+
+
+@pytest.mark.parametrize("engine", ESCAPE_ENGINES)
+@pytest.mark.parametrize(
+    "literal",
+    [
+        'Tool result: {"room": "Nova"} {{ x }} {% raw %} {% endraw %}',
+        "{%endraw%} {%- endraw -%} {%+ endraw %} {{ secret }}",
+        'a {{{ b }}} {"j": {{"x"}}} <b>bold</b> & &amp; "q" \\ 😀',
+    ],
+)
+def test_escaped_text_comes_out_verbatim(engine: str, literal: str) -> None:
+    placeholder = "{q}" if engine == "f-string" else "{{ q }}"
+    template = agl.PromptTemplate(template=f"{escape_literal(literal, engine)} {placeholder}", engine=engine)
+    assert template.format(q="Q", secret="leaked") == literal + " Q"
+    assert template_placeholders(template) == {"q"}
