@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from agentbolt.semconv import GEN_AI_RESPONSE_ID, LLM_CALL_ID
+from agentbolt.semconv import AGL_LLM_CALL, GEN_AI_RESPONSE_ID, LLM_CALL_ID, PROMPT_TOKEN_IDS
+from agentbolt.types import Span
 
-__all__ = ["CallAgentNames", "CallIdentities", "call_identity", "matching_keys", "stored_keys"]
+__all__ = ["CallAgentNames", "CallIdentities", "call_identity", "matching_keys", "record_rank", "stored_keys"]
 
 _CALL = "\x00call:"
 _RESPONSE_OF_CALL = "\x00response:"
@@ -96,3 +97,14 @@ def matching_keys(call_id: Optional[str], response_id: Optional[str]) -> List[st
     if call_id is not None:
         return [_CALL + call_id] + ([response_id] if response_id is not None else [])
     return [response_id, _RESPONSE_OF_CALL + response_id] if response_id is not None else []
+
+
+def record_rank(span: Span) -> int:
+    """Which record of a call to keep (lowest first): the gateway's, then other wire-level records (the SDK's,
+    which carry the call id or the backend's token ids), then framework callbacks' (rebuilt from the framework's
+    own message objects)."""
+    if span.name == AGL_LLM_CALL:
+        return 0
+    if LLM_CALL_ID in span.attributes or PROMPT_TOKEN_IDS in span.attributes:
+        return 1
+    return 2

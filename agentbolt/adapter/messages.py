@@ -14,12 +14,12 @@ import math
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Mapping, Optional, Sequence, Set, Tuple, TypedDict, Union
 
 from agentbolt.llm_call_attributes import CONTENT_IS_TEXT, parse_content_parts
-from agentbolt.semconv import AGL_LLM_CALL, GEN_AI_COMPLETION, GEN_AI_PROMPT, LLM_CALL_ID, PROMPT_TOKEN_IDS
+from agentbolt.semconv import GEN_AI_COMPLETION, GEN_AI_PROMPT
 from agentbolt.types import Span
 from agentbolt.utils.otel import filter_and_unflatten_attributes
 
 from .base import TraceAdapter, span_list
-from .calls import CallIdentities, call_identity
+from .calls import CallIdentities, call_identity, record_rank
 from .fenwick import MinimumTree
 
 if TYPE_CHECKING:
@@ -257,17 +257,6 @@ def _time_range(span: Span) -> Optional[Tuple[float, float]]:
     return start, end
 
 
-def _record_rank(span: Span) -> int:
-    """Which record of a call to keep (lowest first): the gateway's, then other wire-level records (the SDK's,
-    which carry the call id or the backend's token ids), then framework callbacks' (rebuilt from the framework's
-    own message objects)."""
-    if span.name == AGL_LLM_CALL:
-        return 0
-    if LLM_CALL_ID in span.attributes or PROMPT_TOKEN_IDS in span.attributes:
-        return 1
-    return 2
-
-
 def _request_signature(span: Span) -> Optional[str]:
     """The request messages of an LLM-call record as comparable text (roles and decoded contents), None when the
     record has no (well-formed) prompt: two records of one call carry the same request."""
@@ -316,7 +305,7 @@ _ANY_REQUEST = "\x00any"
 def _kept_records(records: Sequence[Span]) -> Set[int]:
     """Positions of the records that give a conversation, one per call.
 
-    Records are taken by :func:`_record_rank` (in recorded order within a rank). A framework record that encloses in
+    Records are taken by :func:`~agentbolt.adapter.calls.record_rank` (in recorded order within a rank). A framework record that encloses in
     time a record taken before it is of the same call, and dropped, unless the two tell their calls apart: both carry
     a response id (and these differ: equal ones are the same call anyway), or both are framework records carrying
     request messages and these differ. The other records are taken when their call is new (:class:`~agentbolt.adapter.calls.CallIdentities`).
@@ -329,7 +318,7 @@ def _kept_records(records: Sequence[Span]) -> Set[int]:
     time_ranges = [_time_range(record) for record in records]
     # Only framework records are told apart by their requests: a gateway or SDK record of the same call may write
     # its request differently (LangChain's messages are not the SDK's), so it sits with the records without one.
-    requests = [_request_signature(record) if _record_rank(record) == 2 else None for record in records]
+    requests = [_request_signature(record) if record_rank(record) == 2 else None for record in records]
     starts_by_request: Dict[Optional[str], List[float]] = {_ANY_REQUEST: []}
     for request, time_range in zip(requests, time_ranges, strict=True):
         if time_range is not None:
@@ -343,10 +332,10 @@ def _kept_records(records: Sequence[Span]) -> Set[int]:
     }
     identities = CallIdentities()
     kept: Set[int] = set()
-    for position in sorted(range(len(records)), key=lambda i: _record_rank(records[i])):
+    for position in sorted(range(len(records)), key=lambda i: record_rank(records[i])):
         record, time_range, request = records[position], time_ranges[position], requests[position]
         call_id, response_id = call_identity(record.attributes)
-        if time_range is not None and _record_rank(record) == 2:
+        if time_range is not None and record_rank(record) == 2:
             # A record with a response id is told apart from taken records with another response id.
             pools = [_ANY_REQUEST] if request is None else [request, None]
             if any(

@@ -77,7 +77,7 @@ from agentbolt.types.wire import NON_FINITE_FLOATS
 
 from .agent_match import agent_selected, compile_agent_match, report_agent_selection
 from .base import TraceToTripletBase, span_list
-from .calls import CallAgentNames, CallIdentities, call_identity, matching_keys, stored_keys
+from .calls import CallAgentNames, CallIdentities, call_identity, matching_keys, record_rank, stored_keys
 from .fenwick import MinimumTree
 from .messages import decode_content, group_genai_dict
 
@@ -681,8 +681,10 @@ class TraceTree:
                 matches"); None when outside any matching agent.
             within_reward: None disables the check; otherwise calls nested under a reward span are skipped.
             within_llm_call: None disables de-duplication; otherwise a call recorded several times (same call id,
-                or same response id, see :mod:`agentbolt.adapter.calls`) is kept once, and a nested call without
-                either id under an accepted call is skipped.
+                or same response id, see :mod:`agentbolt.adapter.calls`) is kept once, by its best record
+                (:func:`~agentbolt.adapter.calls.record_rank`: the gateway's, with the engine's token ids, before the
+                SDK's), in the place of its first; a nested call without either id under an accepted call is
+                skipped.
             existing_llm_call_response_ids: Identities of the calls already accepted (updated in place):
                 response ids of records without a call id, plus the call identities of the others.
 
@@ -704,6 +706,7 @@ class TraceTree:
         # agent_match selects it.
         header_names = self._call_agent_names()
         results: List[Tuple[TraceTree, str]] = []
+        taken: Dict[str, int] = {}  # identity key of a call taken here -> its place in results
         excluded: List[Optional[str]] = []  # agent names of the calls agent_match leaves out
         stack: List[Tuple[TraceTree, Optional[str], bool, Optional[bool], Optional[bool]]] = [
             (self, within_matching_subtree, within_matching_subtree is not None, within_reward, within_llm_call)
@@ -732,6 +735,15 @@ class TraceTree:
                             accepted = not in_call
                         else:
                             accepted = identities.claim(call_id, response_id)
+                            if accepted:
+                                taken.update(dict.fromkeys(stored_keys(call_id, response_id), len(results)))
+                            else:  # a better record of a call taken here (the gateway's) takes its place
+                                keys = matching_keys(call_id, response_id)
+                                earlier = next((taken[key] for key in keys if key in taken), None)
+                                if earlier is not None and record_rank(node.span) < record_rank(
+                                    results[earlier][0].span
+                                ):
+                                    results[earlier] = (node, results[earlier][1])
                     if accepted:
                         results.append((node, call_agent or ""))
                         if in_call is not None:

@@ -241,3 +241,21 @@ def test_a_gateway_record_never_goes_under_another_calls_record_that_shares_its_
     for adapter in (LlmProxyTraceToTriplet(), every_record):
         named = sorted((t.metadata["agent_name"], t.response["token_ids"]) for t in adapter.adapt(spans))
         assert ("executor", [4]) in named and all(name == "planner" for name, ids in named if ids != [4]), named
+
+
+@pytest.mark.parametrize("gateway_first", [False, True])
+def test_a_call_recorded_twice_is_kept_by_the_gateways_record(gateway_first: bool) -> None:
+    # The SDK record has no token ids (none returned, or cut by an attribute length limit); the gateway's has the
+    # engine's. One triplet, with the gateway's ids, wherever the records stand in the trace.
+    factory = SpanFactory()
+    root = factory.span("rollout", 0, 20)
+    agent = factory.agent("solver", 0.5, 19, parent=root)
+    sdk = factory.llm_call(1, 3, parent=agent, response_id="x1", extra={"agentbolt.llm.call_id": "req-1"})
+    gateway = factory.gateway_call(1.1, 2.9, response_id="x1", prompt_token_ids=[11, 12], response_token_ids=[13])
+    gateway.attributes["agentbolt.llm.call_id"] = "req-1"
+    reward = factory.reward(1.0, 4, parent=root)
+    spans = [gateway, root, agent, sdk, reward] if gateway_first else [root, agent, sdk, gateway, reward]
+    adapter = TracerTraceToTriplet(llm_call_match=r"^(agentbolt\.llm_call|openai\.chat\.completion)$")
+    [triplet] = adapter.adapt(spans)
+    assert (triplet.prompt["token_ids"], triplet.response["token_ids"]) == ([11, 12], [13])
+    assert (triplet.reward, triplet.metadata["agent_name"]) == (1.0, "solver")
