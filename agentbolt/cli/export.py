@@ -12,6 +12,7 @@ else a line every :data:`PROGRESS_LOG_SECONDS` seconds.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import sys
 import time
@@ -40,9 +41,6 @@ HELP = (
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", "": "jsonl"}
 """Output suffixes and the format each one means when ``--format`` is not given (a name without a suffix, such as
 ``/dev/stdout``, is JSONL); any other suffix needs ``--format``."""
-
-STDOUT = "-"
-"""The ``--output`` that means the standard output (as ``/dev/stdout``)."""
 
 PROGRESS_LOG_SECONDS = 10.0
 """Seconds between progress lines when stderr is not a terminal."""
@@ -138,6 +136,7 @@ def export_command(
     import aiohttp
 
     from agentbolt.algorithm.sft.export import (
+        STANDARD_OUTPUT,
         ExportFilter,
         ExportWriteError,
         close_store,
@@ -149,8 +148,11 @@ def export_command(
     from agentbolt.types import RolloutStatus
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    if str(output) == STDOUT:  # the usual name of the standard output, never a file called "-"
-        output = Path("/dev/stdout")
+    # "-" is the usual name of the standard output (never a file called "-"); /dev/stdout is written as it too,
+    # through file descriptor 1, so that a shell's `>>` appends.
+    to_stdout = str(output) in (STANDARD_OUTPUT, "/dev/stdout")
+    if to_stdout:
+        output = Path(STANDARD_OUTPUT)
 
     known_modes = ("train", "val", "test")
     for value in mode or []:
@@ -160,19 +162,27 @@ def export_command(
     for value in status or []:
         if value not in known_statuses:
             raise CliError(f"--status {value!r} is not one of {', '.join(known_statuses)}")
-    if output.is_dir():
+    if to_stdout:
+        if format is not None and format.value == "parquet":
+            raise CliError(
+                "--format parquet cannot be written to the standard output (it is not seekable): name a file"
+            )
+    elif output.is_dir():
         raise CliError(f"--output {output} is a directory: name the file to write")
-    if not output.parent.is_dir():
+    elif not output.parent.is_dir():
         raise CliError(f"--output {output}: directory {output.parent} does not exist")
-    if _is_part_of_store(output, store):
+    elif _is_part_of_store(output, store):
         raise CliError(f"--output {output} is the store being exported (or one of its files): choose another file")
-    if format is None and output.suffix.lower() not in SUFFIXES:
+    if format is None and not to_stdout and output.suffix.lower() not in SUFFIXES:
         raise CliError(
             f"--output {output}: cannot tell the format from {output.suffix!r}; name the file .jsonl or .parquet, or "
             "pass --format jsonl|parquet"
         )
     try:
-        chosen_format = resolve_format(output, format.value if format else SUFFIXES[output.suffix.lower()])
+        if format is not None:
+            chosen_format = resolve_format(output, format.value)
+        else:
+            chosen_format = resolve_format(output, "jsonl" if to_stdout else SUFFIXES[output.suffix.lower()])
     except ImportError as exc:
         raise CliError(str(exc)) from None
     try:
@@ -205,13 +215,16 @@ def export_command(
     try:
         count = asyncio.run(export(opened))
     except ExportWriteError as exc:
-        raise CliError(str(exc), exit_code=1) from None
+        if to_stdout and exc.errno == errno.EPIPE:  # the reader stopped early (`| head`): nothing to report
+            return 1
+        raise CliError(exc.strerror or str(exc), exit_code=1) from None
     except (OSError, aiohttp.ClientError, SqliteStoreError) as exc:  # server errors, a file changing under a reader
         raise CliError(f"cannot read the store at {store}: {_reason(exc)}", exit_code=1) from None
     finally:
         progress.close()
     # On stderr, like the progress: the records may be going to stdout, and nothing else may be mixed into them.
-    print(f"agentbolt export: {count} {what.value} written to {output} ({chosen_format})", file=sys.stderr)
+    where = "the standard output" if to_stdout else output
+    print(f"agentbolt export: {count} {what.value} written to {where} ({chosen_format})", file=sys.stderr)
     return 0
 
 

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from agentbolt.types import Rollout, Span
 
 __all__ = [
+    "STANDARD_OUTPUT",
     "ExportFilter",
     "ExportKind",
     "ExportProgress",
@@ -262,8 +263,9 @@ async def store_samples(
     filters = filters or ExportFilter()
     adapter = adapter or _default_adapter()
     found: List[ChatSample] = []
-    async for _, _, _, samples in _walk(store, filters, propagation, adapter, student_prompt):
-        found.extend(s for s in samples if filters.reward_ok(s.reward))
+    async with contextlib.aclosing(_walk(store, filters, propagation, adapter, student_prompt)) as walk:
+        async for _, _, _, samples in walk:
+            found.extend(s for s in samples if filters.reward_ok(s.reward))
     return found
 
 
@@ -298,20 +300,22 @@ async def iter_records(
         nonlocal total
         total = rollouts
 
-    async for rollout, spans, final, samples in _walk(store, filters, propagation, adapter, counted=counted):
-        records: List[Dict[str, Any]] = []
-        if kind == "samples":
-            records = [s.to_record() for s in samples if filters.reward_ok(s.reward)]
-        elif filters.reward_ok(final) and (filters.agent is None or samples):
-            if kind == "rollouts":
-                records = [_rollout_record(rollout, final)]
-            else:
-                records = [span.model_dump(mode="json") for span in spans]
-        for record in records:
-            yield record
-        done, count = done + 1, count + len(records)
-        if progress is not None:
-            progress(done, total, count)
+    # Closed here, in this context, when the caller stops early (the reader's context must be left where it was set).
+    async with contextlib.aclosing(_walk(store, filters, propagation, adapter, counted=counted)) as walk:
+        async for rollout, spans, final, samples in walk:
+            records: List[Dict[str, Any]] = []
+            if kind == "samples":
+                records = [s.to_record() for s in samples if filters.reward_ok(s.reward)]
+            elif filters.reward_ok(final) and (filters.agent is None or samples):
+                if kind == "rollouts":
+                    records = [_rollout_record(rollout, final)]
+                else:
+                    records = [span.model_dump(mode="json") for span in spans]
+            for record in records:
+                yield record
+            done, count = done + 1, count + len(records)
+            if progress is not None:
+                progress(done, total, count)
 
 
 async def export_records(
@@ -342,7 +346,8 @@ async def export_store(
 
     Args:
         store: The store to read.
-        path: Output file (its parent directory must exist).
+        path: Output file (its parent directory must exist); ``"-"`` writes JSON lines to the standard output as
+            they are read.
         kind: ``"rollouts"``, ``"spans"`` or ``"samples"``.
         format: ``"jsonl"`` or ``"parquet"`` (default: from the file suffix, ``.parquet`` or else JSONL).
         filters: Which rollouts and calls to export.
@@ -350,13 +355,15 @@ async def export_store(
         progress: Called after each rollout is read (see :data:`ExportProgress`).
 
     Raises:
-        ValueError: An unknown kind or format.
+        ValueError: An unknown kind or format, or parquet to the standard output.
         ImportError: Parquet without pyarrow.
         ExportWriteError: The file cannot be written (an ``OSError``).
     """
     if kind not in ("rollouts", "spans", "samples"):
         raise ValueError(f"unknown export kind {kind!r}; expected rollouts, spans or samples")
     chosen = resolve_format(path, format)
+    if str(path) == STANDARD_OUTPUT and chosen == "parquet":
+        raise ValueError("parquet cannot be written to the standard output (it is not seekable): name a file")
     reading = iter_records(store, kind, filters, propagation=propagation, progress=progress)
     async with contextlib.aclosing(reading) as records:
         return await _write_async(records, path, chosen)
@@ -369,6 +376,20 @@ async def _write_async(records: AsyncIterator[Dict[str, Any]], path: Union[str, 
         ExportWriteError: Writing failed (errors of reading ``records`` pass as they are).
     """
     count = 0
+    if str(path) == STANDARD_OUTPUT:
+        name = "the standard output"
+        # A handle of its own on file descriptor 1: the records go where it points (a pipe, a terminal, a file the
+        # shell opened, appending if it did), and closing it leaves sys.stdout open.
+        handle = _written(name, os.fdopen, os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+        try:
+            async for record in records:
+                _written(name, handle.write, json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
+            _written(name, handle.flush)
+        finally:
+            with contextlib.suppress(OSError):  # after a failed write (a closed pipe), closing fails the same way
+                handle.close()
+        return count
     with _writing(path) as temporary, _jsonl_destination(temporary, chosen) as lines:
         with _written(path, open, lines, "w", encoding="utf-8") as handle:
             async for record in records:
@@ -393,6 +414,10 @@ def _jsonl_destination(temporary: Path, chosen: str) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):
             spool.unlink()
+
+
+STANDARD_OUTPUT = "-"
+"""The output name of the standard output (never a file called ``-``)."""
 
 
 class ExportWriteError(OSError):
@@ -425,12 +450,15 @@ def atomic_output(path: Union[str, os.PathLike[str]]) -> Iterator[Path]:
 
     On an error or an interruption the temporary file is removed and ``path`` stays as it was. The new file gets
     the permissions of the file it replaces (of a new file, otherwise). A ``path`` that exists and is not a regular
-    file (``/dev/stdout``, a named pipe) is yielded as it is: it cannot be replaced.
+    file (a pipe, a terminal, ``/dev/null``) is yielded as it is: it cannot be replaced. A symbolic link is written
+    through: the file it names is replaced, never the link (``/dev/stdout`` redirected to a file replaces that file).
     """
     target = Path(path)
     if target.exists() and not target.is_file():
         yield target
         return
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
