@@ -81,8 +81,10 @@ _writer_logger = logging.getLogger("agentbolt.gateway.writer")
 
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_DONE_EVENT = b"data: [DONE]"
-_MESSAGE_STOP_EVENT = b"event: message_stop"
+_DONE_EVENT = (b"data: [DONE]", b"data:[DONE]")
+_MESSAGE_STOP_EVENT = (b"event: message_stop", b"event:message_stop")
+"""How the last event of a stream starts, with and without the space a server-sent event line may have after its
+colon."""
 _ANTHROPIC_VERSION = "2023-06-01"
 _PREFIXES = ("", "/v1", "/rollout/{rollout_id}/attempt/{attempt_id}", "/rollout/{rollout_id}/attempt/{attempt_id}/v1")
 
@@ -332,13 +334,13 @@ def _stream_usage(received: List[bytes]) -> Optional[Dict[str, Any]]:
     return usage if isinstance(usage, dict) else None
 
 
-def _has_event(events: bytes, marker: bytes) -> bool:
-    """Whether one of the complete server-sent ``events`` starts with ``marker``.
+def _has_event(events: bytes, markers: Tuple[bytes, ...]) -> bool:
+    """Whether one of the complete server-sent ``events`` starts with one of ``markers``.
 
     Only at the start of a line: the marker's text inside an event's JSON (an answer quoting ``data: [DONE]``) is
     escaped content, and JSON strings hold no raw line break.
     """
-    return events.startswith(marker) or b"\n" + marker in events
+    return any(events.startswith(marker) or b"\n" + marker in events for marker in markers)
 
 
 def _complete_events(buffer: bytes) -> int:
@@ -820,7 +822,7 @@ class _Handler:
         upstream: UpstreamResponse,
         call: Optional[CallRecord],
         outcome: Optional[CallOutcome] = None,
-        done_marker: bytes = _DONE_EVENT,
+        done_marker: Tuple[bytes, ...] = _DONE_EVENT,
         error_event: Callable[[GatewayError], bytes] = lambda error: b"data: " + error.to_body() + b"\n\n",
         translation: Optional[_StreamTranslation] = None,
     ) -> AsyncIterator[bytes]:

@@ -27,6 +27,7 @@ BEHAVIOURS = [
     "gated",
     "quotes_done",
     "nodone",
+    "compact",
     "oddchoices",
     "surrogate",
 ]

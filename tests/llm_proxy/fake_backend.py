@@ -13,6 +13,7 @@ per chunk). The behaviour is chosen by the model name the gateway forwards:
 ``malformed``   HTTP 200 with a body that is not JSON
 ``drop``        streams two events, then drops the connection (non-streaming: drops before answering)
 ``gated``       streams the first event, then waits until ``gate`` is set (at most 10 s) before the rest
+``compact``     normal answers, streamed without the optional space after ``data:`` (``data:[DONE]``)
 """
 
 from __future__ import annotations
@@ -156,8 +157,10 @@ class FakeBackend:
             "model": body.get("model"),
         }
 
+        data = b"data:" if body.get("model") == "compact" else b"data: "
+
         def event(choice: Dict[str, Any], **extra: Any) -> bytes:
-            return b"data: " + orjson.dumps({**base, **extra, "choices": [choice]}) + b"\n\n"
+            return data + orjson.dumps({**base, **extra, "choices": [choice]}) + b"\n\n"
 
         first: Dict[str, Any] = {"index": 0, "finish_reason": None}
         if chat:
@@ -202,7 +205,7 @@ class FakeBackend:
         last["delta" if chat else "text"] = {} if chat else ""
         yield event(last)
         if body.get("model") != "nodone":  # nodone: a backend that ends its stream without the last event
-            yield b"data: [DONE]\n\n"
+            yield data + b"[DONE]\n\n"
 
 
 @contextlib.asynccontextmanager

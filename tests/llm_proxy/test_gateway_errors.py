@@ -189,6 +189,19 @@ async def test_an_answer_quoting_the_end_marker_is_recorded_whole(
     assert span.attributes["gen_ai.completion.0.content"] == content
 
 
+async def test_a_stream_written_without_the_optional_spaces_ends_cleanly(
+    make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
+) -> None:
+    # "data:[DONE]" is the same event as "data: [DONE]" (the space after the colon is optional).
+    body = {"model": "compact", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with make_proxy() as proxy, httpx.AsyncClient(timeout=30) as client:
+        answer = await client.post(f"{_url(proxy, rollout)}/chat/completions", json=body)
+        spans = await wait_for_spans(store, rollout.rollout_id, 1)  # type: ignore[arg-type]
+    assert answer.status_code == 200 and answer.text.endswith("data:[DONE]\n\n"), answer.text[-200:]
+    assert spans[0].status.status_code == "OK"
+    assert spans[0].attributes["gen_ai.completion.0.content"] == "Hello there"
+
+
 async def test_a_stream_without_its_last_event_ends_with_an_error_event(
     make_proxy: ProxyFactory, store: object, rollout: AttemptedRollout
 ) -> None:
