@@ -25,8 +25,9 @@ guided decoding, ``top_p`` < 1, penalties...    ``gen_ai.request.distribution_ch
                                                 not a string, such as token ids, is its JSON)
 ``tools`` / ``functions``                       ``gen_ai.request.functions.<i>.name/description/parameters``
 response ``id`` / ``model``                     ``gen_ai.response.id`` / ``gen_ai.response.model``
-choices                                         ``gen_ai.completion.<i>.*`` (as messages, plus ``finish_reason``) and
-                                                ``gen_ai.response.finish_reasons``
+choices                                         ``gen_ai.completion.<i>.*`` (as messages, plus ``finish_reason`` and,
+                                                when the backend names it, vLLM's ``stop_reason``: the stop string or
+                                                token that ended the choice) and ``gen_ai.response.finish_reasons``
 ``usage``                                       ``gen_ai.usage.input_tokens`` / ``output_tokens`` (counted from the
                                                 token ids when the backend sends no usage)
 token ids (vLLM ``return_token_ids``)           ``prompt_token_ids``, ``response_token_ids`` (first choice)
@@ -327,6 +328,7 @@ class _Choice:
         "logprob_entries",
         "reasoning",
         "role",
+        "stop_reason",
         "token_ids",
         "token_logprobs",
         "tool_calls",
@@ -338,6 +340,7 @@ class _Choice:
         self.content_is_text: bool = True  # False when the content was a list of parts, recorded as JSON
         self.reasoning: Optional[str] = None
         self.finish_reason: Optional[str] = None
+        self.stop_reason: Union[int, str, None] = None  # vLLM's: the stop string or token that ended the choice
         self.token_ids: List[int] = []
         self.logprob_entries: List[Any] = []  # chat: {"token", "logprob", ...} per token
         self.token_logprobs: List[Any] = []  # legacy completions: one number per token
@@ -350,6 +353,12 @@ class _Choice:
         values = _get(logprobs, "token_logprobs")
         if isinstance(values, list):
             self.token_logprobs.extend(values)
+
+    def take_stop_reason(self, choice: Any) -> None:
+        """Keep the choice's ``stop_reason`` when it names a stop string or token (vLLM sends null otherwise)."""
+        value = _get(choice, "stop_reason")
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            self.stop_reason = value
 
     def add_token_ids(self, choice: Any) -> None:
         ids = _int_list(_get(choice, "token_ids")) or _int_list(
@@ -424,6 +433,7 @@ class CompletionRecord:
             else:
                 choice.content = _text(_get(raw, "text"))
             choice.finish_reason = _get(raw, "finish_reason")
+            choice.take_stop_reason(raw)
             choice.add_token_ids(raw)
             choice.add_logprobs(_get(raw, "logprobs"))
             if record.prompt_token_ids is None:
@@ -455,6 +465,7 @@ class CompletionRecord:
             finish_reason = _get(raw, "finish_reason")
             if finish_reason is not None:
                 choice.finish_reason = finish_reason
+            choice.take_stop_reason(raw)
             choice.add_token_ids(raw)
             choice.add_logprobs(_get(raw, "logprobs"))
             if self.prompt_token_ids is None:
@@ -478,6 +489,8 @@ class CompletionRecord:
             if choice.finish_reason is not None:
                 attributes[f"{prefix}.finish_reason"] = str(choice.finish_reason)
                 finish_reasons.append(str(choice.finish_reason))
+            if choice.stop_reason is not None:
+                attributes[f"{prefix}.stop_reason"] = choice.stop_reason
             if choice.tool_calls:
                 _put_tool_calls(attributes, prefix, [choice.tool_calls[j] for j in sorted(choice.tool_calls)])
         if finish_reasons:

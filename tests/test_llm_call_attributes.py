@@ -189,6 +189,18 @@ def test_usage_is_counted_from_token_ids_when_the_backend_sends_none() -> None:
     assert "gen_ai.usage.output_tokens" not in CompletionRecord.from_completion({"choices": choices}).attributes()
 
 
+def test_the_stop_string_or_token_a_backend_names_is_recorded_streamed_or_whole() -> None:
+    complete = {"choices": [{"index": 0, "text": "Hi", "finish_reason": "stop", "stop_reason": "\nQ:"}]}
+    assert CompletionRecord.from_completion(complete).attributes()["gen_ai.completion.0.stop_reason"] == "\nQ:"
+    streamed = CompletionRecord()
+    streamed.add_chunk({"choices": [{"index": 0, "text": "Hi", "finish_reason": None, "stop_reason": None}]})
+    streamed.add_chunk({"choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": 7}]})
+    assert streamed.attributes()["gen_ai.completion.0.stop_reason"] == 7
+    for unnamed in (None, True):  # null: an EOS token or another end; anything else is not a stop reason
+        answer = {"choices": [{"index": 0, "text": "Hi", "finish_reason": "stop", "stop_reason": unnamed}]}
+        assert "gen_ai.completion.0.stop_reason" not in CompletionRecord.from_completion(answer).attributes()
+
+
 def test_text_completion_stream_matches_the_complete_answer() -> None:
     complete = {
         "id": "cmpl-1",

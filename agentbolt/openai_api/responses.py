@@ -7,7 +7,7 @@ request. Extra keys are allowed everywhere, as OpenAI adds fields over time.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -102,6 +102,11 @@ class ChatChoice(_Open):
     message: AssistantMessage
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = Field(default=None, description="stop, length, tool_calls or abort.")
+    stop_reason: Union[int, str, None] = Field(
+        default=None,
+        description="What ended a stop choice other than an EOS token: the stop string matched or the stop token id "
+        "(vLLM's stop_reason; on the last chunk when streaming).",
+    )
     token_ids: Optional[List[int]] = Field(default=None, description="Generated token ids (return_token_ids).")
 
 
@@ -132,6 +137,7 @@ class ChunkChoice(_Open):
     delta: ChunkDelta
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
     token_ids: Optional[List[int]] = None
 
 
@@ -163,6 +169,7 @@ class CompletionChoice(_Open):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
     token_ids: Optional[List[int]] = None
     prompt_token_ids: Optional[List[int]] = None
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional, Tuple
+from typing import List, Literal, Optional, Tuple, Union
 
 from agentbolt.openai_api.schema import MAX_CHOICES, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN
 
@@ -126,6 +126,8 @@ class SequenceDelta:
         logprobs: Log-probabilities of ``token_ids`` (when requested).
         top_logprobs: Per new token, the most likely ``(token_id, logprob)`` pairs (when requested).
         finish_reason: Set on the last delta of the choice.
+        stop_reason: On the last delta, what stopped a ``stop`` choice other than an EOS token: the stop string
+            matched, or the token of ``stop_token_ids`` (vLLM's ``stop_reason``); None otherwise.
     """
 
     index: int
@@ -134,6 +136,7 @@ class SequenceDelta:
     logprobs: Optional[List[float]] = None
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
     finish_reason: Optional[FinishReason] = None
+    stop_reason: Union[int, str, None] = None
 
 
 @dataclass
@@ -147,6 +150,8 @@ class SequenceOutput:
         logprobs: Log-probabilities of ``token_ids`` under the untempered model distribution (when requested).
         top_logprobs: Per position, the most likely ``(token_id, logprob)`` pairs (when requested).
         finish_reason: ``stop`` (EOS, stop token or stop string), ``length`` or ``abort``.
+        stop_reason: The stop string or stop token that ended a ``stop`` choice, None for an EOS token (see
+            :class:`SequenceDelta`).
     """
 
     index: int
@@ -155,6 +160,7 @@ class SequenceOutput:
     logprobs: Optional[List[float]] = None
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
     finish_reason: Optional[FinishReason] = None
+    stop_reason: Union[int, str, None] = None
 
     def add(self, delta: SequenceDelta) -> None:
         """Append a streaming delta to this output."""
@@ -166,6 +172,7 @@ class SequenceOutput:
             self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
 
 
 @dataclass

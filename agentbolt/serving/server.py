@@ -477,6 +477,7 @@ class _Handler:
             "logprobs": self.chat_logprobs(sequence.token_ids, sequence.logprobs, sequence.top_logprobs),
             "finish_reason": finish,
         }
+        _put_stop_reason(choice, sequence)
         if body.return_token_ids:
             choice["token_ids"] = sequence.token_ids
         return choice
@@ -512,6 +513,7 @@ class _Handler:
             "logprobs": self.completion_logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs, 0),
             "finish_reason": choice.finish_reason,
         }
+        _put_stop_reason(entry, choice)
         if body.return_token_ids:
             entry["prompt_token_ids"] = prompt
             entry["token_ids"] = choice.token_ids
@@ -855,6 +857,13 @@ async def _open_stream(
     return stream, first
 
 
+def _put_stop_reason(choice: Dict[str, Any], sequence: Union[SequenceOutput, SequenceDelta]) -> None:
+    """vLLM's ``stop_reason`` on a finished choice: the stop string or stop token id that ended it, null for an EOS
+    token or another end."""
+    if sequence.finish_reason is not None:
+        choice["stop_reason"] = sequence.stop_reason
+
+
 async def _completion_stream(
     handler: _Handler,
     body: CompletionRequest,
@@ -877,6 +886,7 @@ async def _completion_stream(
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
         }
+        _put_stop_reason(choice, delta)
         if logprobs is not None:  # offsets step by the tokens' text, as in the whole answer (text may be held back)
             offsets[delta.index] += sum(len(token) for token in logprobs["tokens"])
         if body.return_token_ids:

@@ -1451,14 +1451,18 @@ class TransformersEngine:
         params = seq.request.params
         seq.token_ids.append(token)
         finish: Optional[str] = None
-        if (token in self._eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        stop_reason: Union[int, str, None] = None
+        if token in self._eos_ids and not params.ignore_eos:
             finish = "stop"
+        elif token in params.stop_token_ids:
+            finish, stop_reason = "stop", token
         seq.text += self._new_text(seq, last=finish is not None or len(seq.token_ids) >= seq.max_tokens)
         if params.stop:
             window_start = max(0, seq.released - max(len(s) for s in params.stop))
-            hits = [i for i in (seq.text.find(s, window_start) for s in params.stop) if i >= 0]
+            hits = [(at, stop) for stop in params.stop if (at := seq.text.find(stop, window_start)) >= 0]
             if hits:
-                seq.text = seq.text[: min(hits)]
+                at, stop_reason = min(hits, key=lambda hit: hit[0])  # the first in the text (ties: the first given)
+                seq.text = seq.text[:at]
                 finish = "stop"
         if finish is None and len(seq.token_ids) >= seq.max_tokens:
             finish = "length"
@@ -1469,4 +1473,10 @@ class TransformersEngine:
             seq.finished = True
         released = seq.text[seq.released : max(end, seq.released)]
         seq.released = max(end, seq.released)
-        return SequenceDelta(index=seq.index, token_ids=[token], text=released, finish_reason=finish)  # type: ignore[arg-type]
+        return SequenceDelta(
+            index=seq.index,
+            token_ids=[token],
+            text=released,
+            finish_reason=finish,  # type: ignore[arg-type]
+            stop_reason=stop_reason,
+        )

@@ -196,3 +196,30 @@ async def test_anthropic_messages_reach_the_engine_and_become_triplets_with_its_
     triplets = LlmProxyTraceToTriplet().adapt(spans)
     assert [t.prompt["token_ids"] for t in triplets] == [truth["prompt_token_ids"]] * 2
     assert [t.response["token_ids"] for t in triplets] == [answer["token_ids"]] * 2
+
+
+async def test_a_messages_call_ended_by_a_stop_sequence_names_it(
+    proxy: LLMProxy, serve: InferenceServer, rollout: AttemptedRollout
+) -> None:
+    import anthropic
+
+    truth = await _engine_answer(serve, {"messages": MESSAGES, **GREEDY})
+    text = truth["choices"][0]["message"]["content"]
+    stop = text[2:4]  # met in the greedy answer: the engine stops there and names it
+    base_url = f"{proxy.endpoint}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key="unused", max_retries=0)
+    request: Dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 8,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Count to three."}],
+        "stop_sequences": ["\u0001never", stop],
+        "extra_body": {"temperature": 0.0},
+    }
+    message = await client.messages.create(**request)
+    async with client.messages.stream(**request) as stream:
+        streamed = await stream.get_final_message()
+    await client.close()
+    for answer in (message, streamed):
+        assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", stop)
+        assert answer.content[0].text == text[: text.index(stop)]  # type: ignore[union-attr]

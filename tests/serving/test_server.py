@@ -109,6 +109,28 @@ def test_streamed_completion_logprobs_have_the_whole_answers_text_offsets(http: 
     assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"]
 
 
+def test_a_finished_choice_names_the_stop_string_or_token_that_ended_it(http: httpx.Client) -> None:
+    body = {"prompt": "abc", "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    whole = http.post("/completions", json=body).json()["choices"][0]
+    assert whole["finish_reason"] == "length" and whole["stop_reason"] is None
+    text, ids = whole["text"], whole["token_ids"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = http.post("/completions", json={**body, "stop": ["\u0001never", stop]}).json()["choices"][0]
+    assert (cut["finish_reason"], cut["stop_reason"], cut["text"]) == ("stop", stop, text[: text.index(stop)])
+    with http.stream("POST", "/completions", json={**body, "stop": stop, "stream": True}) as response:
+        chunks = [event for event in _events(response) if event != "[DONE]" and event["choices"]]
+    assert [c["choices"][0].get("stop_reason", "absent") for c in chunks][-1] == stop
+    assert all("stop_reason" not in c["choices"][0] for c in chunks[:-1])  # only a finished choice has one
+    token = ids[3]
+    by_token = http.post("/completions", json={**body, "stop_token_ids": [token]}).json()["choices"][0]
+    assert (by_token["finish_reason"], by_token["stop_reason"]) == ("stop", token)
+    chat = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    reply = http.post("/chat/completions", json=chat).json()["choices"][0]
+    stop = reply["message"]["content"][2:4]
+    ended = http.post("/chat/completions", json={**chat, "stop": stop}).json()["choices"][0]
+    assert (ended["finish_reason"], ended["stop_reason"]) == ("stop", stop)
+
+
 def test_openai_sdk_client(server: InferenceServer) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
     completion = client.chat.completions.create(

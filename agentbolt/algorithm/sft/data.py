@@ -106,7 +106,10 @@ class ChatSample:
         metadata: Anything else kept with the sample (attempt id, mode, status...).
         finish_reason: Why the call's generation ended, as its trace records it (``"stop"``: the model ended it;
             ``"length"``: the token budget did), None when unknown. A raw-text sample whose generation the model
-            ended learns to end it with the tokenizer's EOS token.
+            ended learns to end it with the tokenizer's EOS token, unless a stop string ended it.
+        stop_string: The stop string that ended the generation, when the backend named it (vLLM's and
+            ``agentbolt serve``'s ``stop_reason``); the generated text stops before it. A raw-text sample learns to
+            write it, as the model did (its recorded token ids hold it too), instead of an EOS token.
     """
 
     messages: List[Dict[str, Any]]
@@ -123,6 +126,7 @@ class ChatSample:
     model: Optional[str] = None
     raw_text: bool = False
     finish_reason: Optional[str] = None
+    stop_string: Optional[str] = None
 
     @property
     def has_token_ids(self) -> bool:
@@ -157,6 +161,8 @@ class ChatSample:
             record["model"] = self.model
         if self.finish_reason is not None:
             record["finish_reason"] = self.finish_reason
+        if self.stop_string is not None:
+            record["stop_string"] = self.stop_string
         if self.metadata:
             record["metadata"] = self.metadata
         return record
@@ -223,7 +229,7 @@ class ChatSample:
             if value is not None and finite_reward(value) is None:
                 logger.warning("%s: %s %s is not a finite number: read as no reward", where, name, value)
             setattr(sample, name, finite_reward(value))
-        for name in ("agent_name", "rollout_id", "task_id", "model", "finish_reason"):
+        for name in ("agent_name", "rollout_id", "task_id", "model", "finish_reason", "stop_string"):
             value = record.get(name)
             setattr(sample, name, value if isinstance(value, str) and value else None)
         metadata = record.get("metadata")
@@ -395,6 +401,14 @@ def _finish_reason(triplet: Triplet) -> Optional[str]:
     return reason if isinstance(reason, str) and reason else None
 
 
+def _stop_string(triplet: Triplet) -> Optional[str]:
+    """The stop string that ended the call's (first) generation, when its choice records the backend's
+    ``stop_reason`` as one (a stop token's id, or none, is not a string)."""
+    choice = _first_choice(triplet.response.get("raw_content") if isinstance(triplet.response, dict) else None)
+    stop = choice[0].get("stop_reason") if choice and isinstance(choice[0], dict) else None
+    return stop if isinstance(stop, str) and stop else None
+
+
 def _token_ids(part: Any) -> Optional[List[int]]:
     ids = part.get("token_ids") if isinstance(part, dict) else None
     return list(ids) if _is_id_list(ids) and ids else None
@@ -501,6 +515,7 @@ def samples_from_triplets(
             model=model if isinstance(model, str) and model else None,
             raw_text=raw_text and conversation is not None,
             finish_reason=_finish_reason(triplet),
+            stop_string=_stop_string(triplet),
         )
         if student_prompt is not None:
             sample = with_student_prompt(sample, student_prompt)
@@ -664,14 +679,17 @@ def _ended_by_the_model(sample: ChatSample, eos_id: int) -> bool:
 def _tokenize_text(tokenizer: Any, sample: ChatSample) -> Tuple[List[int], List[bool]]:
     """The token ids of a text completion (:attr:`ChatSample.raw_text`) and which of them are targets: the prompt
     tokenized as ``agentbolt serve`` tokenizes a completion prompt (with the tokenizer's usual special tokens, such as
-    BOS), then the generated text (without any), then, when the model ended the generation
-    (:func:`_ended_by_the_model`), the tokenizer's EOS token unless the text already ends with it; no chat
-    template. A generation cut by the token budget, or whose end is unknown, gets no EOS."""
+    BOS), then the generated text (without any), followed by the stop string that ended it when the trace names one
+    (:attr:`ChatSample.stop_string`), or else, when the model ended the generation (:func:`_ended_by_the_model`),
+    by the tokenizer's EOS token unless the text already ends with it; no chat template. A generation cut by the
+    token budget, or whose end is unknown, gets neither."""
     prompt = list(tokenizer(sample.messages[0]["content"] or "").input_ids)
-    completion = list(tokenizer(sample.messages[-1]["content"] or "", add_special_tokens=False).input_ids)
+    generated = (sample.messages[-1]["content"] or "") + (sample.stop_string or "")
+    completion = list(tokenizer(generated, add_special_tokens=False).input_ids)
     eos_id = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos_id, int) and _ended_by_the_model(sample, eos_id) and completion[-1:] != [eos_id]:
-        completion.append(eos_id)
+    ended = sample.stop_string is None and isinstance(eos_id, int) and _ended_by_the_model(sample, eos_id)
+    if ended and completion[-1:] != [eos_id]:
+        completion.append(eos_id)  # type: ignore[arg-type]
     return [*prompt, *completion], [False] * len(prompt) + [True] * len(completion)
 
 

@@ -24,13 +24,16 @@ PROMPT = "The capital of France is"
 COMPLETION = " Paris."
 
 
-async def _record_text_completion(path: Path, span_name: str, token_ids: bool) -> None:
-    """One succeeded rollout with one text completion (rewarded 1) recorded as a ``span_name`` span."""
+async def _record_text_completion(
+    path: Path, span_name: str, token_ids: bool, stop_reason: Optional[str] = None
+) -> None:
+    """One succeeded rollout with one text completion (rewarded 1) recorded as a ``span_name`` span (ended by the
+    stop string ``stop_reason`` when given, as vLLM and ``agentbolt serve`` name it)."""
     store = SqliteLightningStore(path)
     try:
         rollout = await store.start_rollout(input={"prompt": PROMPT}, mode="train")
         rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
-        choice = {"index": 0, "text": COMPLETION, "finish_reason": "stop"}
+        choice = {"index": 0, "text": COMPLETION, "finish_reason": "stop", "stop_reason": stop_reason}
         response = {"id": "cmpl-1", "model": "tiny", "choices": [choice]}
         if token_ids:
             choice["token_ids"] = [7, 8]
@@ -63,9 +66,9 @@ async def _record_text_completion(path: Path, span_name: str, token_ids: bool) -
         await store.close()
 
 
-def _store(tmp_path: Path, span_name: str, token_ids: bool) -> Path:
+def _store(tmp_path: Path, span_name: str, token_ids: bool, stop_reason: Optional[str] = None) -> Path:
     path = tmp_path / "store.db"
-    asyncio.run(_record_text_completion(path, span_name, token_ids))
+    asyncio.run(_record_text_completion(path, span_name, token_ids, stop_reason))
     return path
 
 
@@ -109,6 +112,22 @@ def test_a_text_completion_without_token_ids_is_learned_as_raw_text_not_as_a_cha
     completion = [*tokenizer(COMPLETION, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
     assert tokenized.input_ids == [*prompt, *completion]
     assert tokenized.loss_mask == [False] * len(prompt) + [True] * len(completion)
+
+
+@pytest.mark.parametrize("span_name", ["openai.completion", "agentbolt.llm_call"])
+def test_a_text_completion_a_stop_string_ended_learns_to_write_it_not_eos(
+    tmp_path: Path, tiny_model_dir: Path, span_name: str
+) -> None:
+    (sample,) = _samples(_store(tmp_path, span_name, token_ids=False, stop_reason="\nQ:"))
+    assert (sample.finish_reason, sample.stop_string) == ("stop", "\nQ:")
+    assert ChatSample.from_record(json.loads(json.dumps(sample.to_record()))).stop_string == "\nQ:"
+    tokenizer = _tokenizer(tiny_model_dir)
+    tokenized, _ = tokenize_sample(sample, tokenizer)
+    assert tokenized is not None
+    # The model wrote the stop string, which the server cut from the text: it is learned, and no EOS after it.
+    prompt = tokenizer(PROMPT).input_ids
+    completion = tokenizer(COMPLETION + "\nQ:", add_special_tokens=False).input_ids
+    assert tokenized.input_ids == [*prompt, *completion] and tokenizer.eos_token_id not in completion
 
 
 def test_a_recorded_text_completion_with_ids_is_rendered_as_raw_text_when_messages_are_asked_for(
