@@ -230,7 +230,7 @@ def export_command(
 
 def _is_part_of_store(output: Path, store: str) -> bool:
     """Whether writing ``output`` would overwrite the SQLite store ``store`` or its journal files."""
-    if store.startswith(("http://", "https://")):
+    if store.lower().startswith(("http://", "https://")):
         return False
     target = output.expanduser().resolve()
     database = Path(store).expanduser().resolve()

@@ -286,10 +286,12 @@ def _serve_transformers(
 ) -> int:
     from agentbolt.models import resolve_model
     from agentbolt.serving.server import InferenceServer
-    from agentbolt.serving.transformers_engine import TransformersEngine, resolve_dtype
+    from agentbolt.serving.transformers_engine import TransformersEngine, check_device, resolve_dtype
     from agentbolt.utils.server_launcher import LOOPBACK_HOSTS
 
     resolve_dtype(dtype)
+    if device is not None:
+        check_device(device)
     check_port_free(host, port)
     resolved = resolve_model(model, progress=_progress)
     if resolved.source == "gguf":

@@ -98,6 +98,24 @@ def resolve_dtype(name: str) -> torch.dtype:
     return getattr(torch, key)
 
 
+def check_device(name: str) -> None:
+    """Check that ``name`` is a torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``...) this machine has.
+
+    Raises:
+        EngineError: Not a device name, or a device this machine does not have.
+    """
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise EngineError(f"unknown device {name!r}: use cpu, cuda, cuda:1, mps...") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {name!r}: this machine has no CUDA device (torch sees none); use cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise EngineError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA devices")
+
+
 OPENMP_WAIT_POLICIES = ("passive", "spin")
 _OPENMP_CHECKED = False
 

@@ -63,6 +63,7 @@ def test_serve_subprocess_answers_and_stops_on_a_signal(
     [
         (["serve", "./no-such-model"], "neither a registry name"),
         (["serve", "--dtype", "int4"], "unknown dtype 'int4'"),
+        (["serve", "--device", "quantum"], "unknown device 'quantum'"),  # before anything loads or listens
         (["serve", "--engine", "llamacpp", "./no-such-model"], "llama.cpp needs a GGUF file"),
         (["serve", "--omp-wait", "busy"], "'busy' is not one of"),
         (["serve", "--log-level", "loud"], "--log-level: Unknown logging level 'LOUD'"),

@@ -164,10 +164,20 @@ def open_store(location: Union[str, os.PathLike[str]], *, api_key: Optional[str]
             f"{text}: {scheme.group(1)!r} URLs are not supported; give a SQLite store file or the http(s):// URL of "
             "a store server"
         )
-    if text.startswith(("http://", "https://")):
+    if scheme:  # http(s), in any case
+        from urllib.parse import urlsplit, urlunsplit
+
         from agentbolt.store.client_server import LightningStoreClient
 
-        return LightningStoreClient(text, api_key=api_key, retry_delays=(1.0,), request_timeout=10.0)
+        parts = urlsplit(text)
+        try:
+            parts.port  # noqa: B018 (raises for a port that is not a number, or out of range)
+        except ValueError as exc:
+            raise ValueError(f"{text} is not a valid store URL: {exc}") from None
+        if not parts.hostname:
+            raise ValueError(f"{text} is not a valid store URL: it names no host")
+        url = urlunsplit(parts._replace(scheme=parts.scheme.lower()))
+        return LightningStoreClient(url, api_key=api_key, retry_delays=(1.0,), request_timeout=10.0)
     from agentbolt.store.sqlite import SqliteLightningStore, SqliteStoreError
 
     path = Path(text).expanduser()

@@ -476,6 +476,28 @@ def test_a_store_url_of_another_scheme_is_named(tmp_path: Path, capsys) -> None:
     assert "ftp://example.org/store: 'ftp' URLs are not supported" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("http://127.0.0.1:99999", "not a valid store URL: Port out of range"),
+        ("http://127.0.0.1:port", "not a valid store URL"),
+        ("http:///store", "not a valid store URL: it names no host"),
+    ],
+)
+def test_a_malformed_store_url_is_refused_before_connecting(tmp_path: Path, capsys, url: str, fragment: str) -> None:
+    assert export_main([url, "--output", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_store_url_is_read_whatever_the_case_of_its_scheme(tmp_path: Path) -> None:
+    store = open_store("HTTP://127.0.0.1:8000")
+    try:
+        assert store.server_address_root.startswith("http://127.0.0.1:8000")  # type: ignore[attr-defined]
+    finally:
+        asyncio.run(close_store(store))
+
+
 def test_a_store_recorded_by_another_model_trains_with_a_warning_naming_it(
     store_file: Path, tiny_model_dir: Path, caplog
 ) -> None:
