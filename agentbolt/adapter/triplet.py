@@ -59,8 +59,6 @@ from pydantic import BaseModel
 from agentbolt.llm_call_attributes import CONTENT_IS_TEXT
 from agentbolt.semconv import (
     AGL_LLM_CALL,
-    AGL_OPERATION,
-    AGL_REWARD,
     AGL_VIRTUAL,
     GEN_AI_COMPLETION,
     GEN_AI_PROMPT,
@@ -74,6 +72,7 @@ from agentbolt.semconv import (
 )
 from agentbolt.types import Span, Triplet
 from agentbolt.types.wire import NON_FINITE_FLOATS
+from agentbolt.utils.reward_spans import is_reward_operation, recorded_reward
 
 from .agent_match import agent_selected, compile_agent_match, report_agent_selection
 from .base import TraceToTripletBase, span_list
@@ -258,27 +257,17 @@ def _response_logprobs(span: Span) -> Optional[List[Any]]:
 def span_reward_value(span: Span) -> Optional[float]:
     """The primary reward recorded on ``span``, or None when it is not a reward span.
 
-    Uses :func:`agentbolt.emitter.reward.get_reward_value`, and also reads the output of a legacy
-    ``agentlightning.operation`` span named ``agentlightning.reward``. A malformed reward (a string that is not a
-    number...) counts as none, with a warning.
+    Uses :func:`agentbolt.utils.reward_spans.recorded_reward`: the rewards of
+    :func:`agentbolt.emitter.reward.get_reward_value`, and the output of a legacy ``agentlightning.operation`` span
+    named ``agentlightning.reward``. A malformed reward (a string that is not a number...) counts as none, with a
+    warning.
     """
-    from agentbolt.emitter.reward import get_reward_value
-
     try:
-        value = get_reward_value(span)
+        return recorded_reward(span)
     except (ValueError, TypeError) as exc:  # e.g. a reward recorded as a string that is not a number
         reason = " ".join(str(exc).split())
         logger.warning("Span %s (%s) has a malformed reward, ignored: %.200s", span.span_id, span.name, reason)
         return None
-    if value is None and _is_reward_operation(span):
-        output = span.attributes.get(_OPERATION_OUTPUT)
-        if isinstance(output, (int, float)) and not isinstance(output, bool):
-            value = float(output)
-    return value
-
-
-def _is_reward_operation(span: Span) -> bool:
-    return span.name == AGL_OPERATION and span.attributes.get(_OPERATION_NAME) == AGL_REWARD
 
 
 def _message_image_urls(message: Any) -> List[str]:
@@ -652,7 +641,7 @@ class TraceTree:
 
     def is_reward_span(self) -> bool:
         """Whether this span records a reward."""
-        return _is_reward_operation(self.span) or bool(self.maybe_reward_dict())
+        return is_reward_operation(self.span) or bool(self.maybe_reward_dict())
 
     def response_id(self) -> Optional[str]:
         """The response id of an LLM-call span, if recorded."""

@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence
 
 from pydantic import TypeAdapter
 
-from agentbolt.semconv import AGL_ANNOTATION, LightningSpanAttributes, RewardPydanticModel
+from agentbolt.semconv import AGL_ANNOTATION, AGL_OPERATION, AGL_REWARD, LightningSpanAttributes, RewardPydanticModel
 from agentbolt.types.tracer import SpanLike
 from agentbolt.utils.otel import filter_and_unflatten_attributes, filter_attributes
 
@@ -23,6 +23,8 @@ __all__ = [
     "get_rewards_from_span",
     "get_reward_value",
     "find_final_reward",
+    "is_reward_operation",
+    "recorded_reward",
     "training_reward",
 ]
 
@@ -34,6 +36,8 @@ REWARD_SPAN_NAME = AGL_ANNOTATION
 _REWARD_PREFIX = LightningSpanAttributes.REWARD.value
 _REWARD_LIST: TypeAdapter[List[RewardPydanticModel]] = TypeAdapter(List[RewardPydanticModel])
 _LEGACY_OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
+_OPERATION_NAME = LightningSpanAttributes.OPERATION_NAME.value
+_OPERATION_OUTPUT = LightningSpanAttributes.OPERATION_OUTPUT.value
 
 
 def get_rewards_from_span(span: SpanLike) -> List[RewardPydanticModel]:
@@ -89,12 +93,34 @@ def find_final_reward(spans: Sequence[SpanLike]) -> Optional[float]:
     return None
 
 
+def recorded_reward(span: SpanLike) -> Optional[float]:
+    """The reward a span records for training: :func:`get_reward_value`'s, or the number a legacy
+    ``agentlightning.operation`` span named ``agentlightning.reward`` outputs, which the adapters take for a reward
+    span too (``TraceTree.is_reward_span``), so that a rollout's final reward and its calls' rewards agree.
+
+    Raises:
+        ValueError: A reward recorded as something that is not a number (as :func:`get_reward_value`).
+    """
+    value = get_reward_value(span)
+    if value is None and is_reward_operation(span):
+        output = (span.attributes or {}).get(_OPERATION_OUTPUT)
+        if isinstance(output, (int, float)) and not isinstance(output, bool):
+            value = float(output)
+    return value
+
+
+def is_reward_operation(span: SpanLike) -> bool:
+    """Whether ``span`` is a legacy ``agentlightning.operation`` span named ``agentlightning.reward``."""
+    return span.name == AGL_OPERATION and (span.attributes or {}).get(_OPERATION_NAME) == AGL_REWARD
+
+
 def training_reward(spans: Sequence[SpanLike], rollout_id: str, *, warn: bool = True) -> Optional[float]:
-    """The final reward an algorithm trains or selects on: :func:`find_final_reward`, except that a reward which is
-    not a finite number (NaN, an infinity) counts as none, with a warning (unless ``warn`` is False: a reader that
-    only shows scores, such as the dashboard, which reads the same rollouts at every refresh). One NaN in a group
-    would turn every advantage of the group, or a prompt's mean score, into NaN."""
-    reward = find_final_reward(spans)
+    """The final reward an algorithm trains or selects on: that of the last span recording one
+    (:func:`recorded_reward`, so :func:`find_final_reward`'s, legacy reward operations included), except that a
+    reward which is not a finite number (NaN, an infinity) counts as none, with a warning (unless ``warn`` is False: a
+    reader that only shows scores, such as the dashboard, which reads the same rollouts at every refresh). One NaN in
+    a group would turn every advantage of the group, or a prompt's mean score, into NaN."""
+    reward = next((value for span in reversed(spans) if (value := recorded_reward(span)) is not None), None)
     if reward is not None and not math.isfinite(reward):
         if warn:
             logger.warning("Rollout %s reported the reward %s: counted as a rollout without one", rollout_id, reward)

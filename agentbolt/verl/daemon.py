@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 import threading
 import uuid
@@ -525,7 +524,7 @@ class AgentModeDaemon:
     async def _rollout_samples(
         self, max_prompt_length: int, max_response_length: int
     ) -> Tuple[List[TrainingSample], AggregationStats, List[float]]:
-        from agentbolt.emitter import find_final_reward
+        from agentbolt.utils.reward_spans import training_reward
 
         samples: List[TrainingSample] = []
         stats = AggregationStats()
@@ -533,8 +532,9 @@ class AgentModeDaemon:
         for rollout_id, uid in self._rollouts.items():
             rollout = self._finished.get(rollout_id)
             spans = list(await self.store.query_spans(rollout_id, attempt_id="latest"))
-            reward = find_final_reward(spans) if rollout is not None and rollout.status == "succeeded" else None
-            value = self.reward_fillna_value if reward is None or not math.isfinite(reward) else float(reward)
+            succeeded = rollout is not None and rollout.status == "succeeded"
+            reward = training_reward(spans, rollout_id) if succeeded else None
+            value = self.reward_fillna_value if reward is None else float(reward)
             rewards.append(value)
             triplets = list(self.adapter.adapt(spans)) if spans else []
             rollout_samples, rollout_stats = aggregate_rollout(

@@ -99,6 +99,18 @@ def test_a_reward_that_is_not_finite_is_no_training_reward(
     assert training_reward(spans[:1], "ro-2") == 0.25
 
 
+def test_a_legacy_reward_operation_is_the_training_reward_the_adapters_give_the_calls(tracer: OtelTracer) -> None:
+    from agentbolt.adapter import TracerTraceToTriplet
+    from agentbolt.utils.reward_spans import training_reward
+
+    with operation(name="agentlightning.reward") as legacy:  # how rewards were once recorded by hand
+        legacy.set_output(0.5)
+    spans = spans_of(tracer)
+    assert find_final_reward(spans) is None  # the contract's reading does not know this form
+    assert training_reward(spans, "ro-1") == 0.5  # the algorithms' does, as the adapters do
+    assert TracerTraceToTriplet().tree_type.from_spans(spans).is_reward_span()
+
+
 def test_a_secondary_dimension_that_is_not_finite_keeps_the_training_reward(
     tracer: OtelTracer, caplog: pytest.LogCaptureFixture
 ) -> None:
