@@ -76,7 +76,8 @@ class SFTConfig(FinetuningConfig):
         default=0.5,
         gt=0,
         le=1,
-        description="Keep this share of the step's calls, highest rewards first (at least one); None keeps all.",
+        description="Keep this share of the step's calls, highest rewards first (at least one); None keeps all. "
+        "Setting top_k unsets the default share.",
     )
     dedup: bool = Field(default=True, description="Drop calls whose tokens and trained positions repeat another's.")
 
@@ -117,7 +118,9 @@ class SFTConfig(FinetuningConfig):
     @model_validator(mode="after")
     def _consistent(self) -> SFTConfig:
         if self.top_k is not None and self.top_fraction is not None:
-            raise ValueError("top_k and top_fraction both cut the ranked calls: set one of them (the other to None)")
+            if "top_fraction" in self.model_fields_set:
+                raise ValueError("top_k and top_fraction both cut the ranked calls: set one of them (the other to None)")
+            self.top_fraction = None  # top_k replaces the default share
         if (self.teacher_url is None) != (self.teacher_model is None):
             raise ValueError("distillation needs both teacher_url and teacher_model")
         if self.teacher_url is not None and self.data == "tokens":

@@ -148,3 +148,13 @@ def test_a_reward_that_is_not_a_finite_number_is_no_reward() -> None:
     runs = [_sample(0.2, task="a", rollout="a1", final=float("nan")), _sample(0.4, task="a", rollout="a2", token=1)]
     kept, _ = select_samples(runs, best_of_n=True)
     assert [s.rollout_id for s in kept] == ["a2"]
+
+
+def test_top_k_replaces_the_default_top_fraction_in_the_config() -> None:
+    from agentbolt.algorithm.sft.config import SFTConfig
+
+    config = SFTConfig(top_k=5)
+    assert (config.top_k, config.top_fraction) == (5, None)
+    assert SFTConfig().top_fraction == 0.5
+    with pytest.raises(ValueError, match="top_k and top_fraction both cut the ranked calls"):
+        SFTConfig(top_k=5, top_fraction=0.3)
