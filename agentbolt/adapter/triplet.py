@@ -1035,7 +1035,8 @@ class TracerTraceToTriplet(TraceToTripletBase):
             source: The spans; an empty trace gives no triplets.
 
         Returns:
-            The triplets in call order.
+            The triplets in the trace tree's depth-first (pre-)order: call order for calls made one after another;
+            the calls of agents running at once come grouped by their place in the tree (each agent's in order).
         """
         source = span_list(source)
         if not source:

@@ -306,7 +306,8 @@ def propagate_rewards(
     """The reward each call of one rollout is ranked by.
 
     Args:
-        rewards: The reward the adapter matched to each call (in call order), None where it has none.
+        rewards: The reward the adapter matched to each call, in the adapter's order (call order for calls made one
+            after another; see :meth:`~agentbolt.adapter.TracerTraceToTriplet.adapt`), None where it has none.
         final_reward: The rollout's final reward.
         mode: ``"backward"``: a call gets the first reward at or after it (a later call's, or the final reward
             when no call after it was rewarded); ``"final"``: every call gets ``final_reward``; ``"none"``: a call
