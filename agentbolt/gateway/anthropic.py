@@ -526,19 +526,22 @@ class ChatStreamTranslator:
             return tail + anthropic_error_event(502, "The backend's stream ended before it was complete")
         return tail
 
-    def _start(self, completion_id: Any) -> bytes:
+    def _start(self, chunk: Dict[str, Any]) -> bytes:
         if self._started:
             return b""
         self._started = True
+        # Messages streams count the input at their start: the first chunk's prompt token ids do when the backend
+        # returns them (the gateway asks for them); the final count comes with message_delta in any case.
+        prompt = chunk.get("prompt_token_ids")
         message = {
-            "id": _message_id(completion_id),
+            "id": _message_id(chunk.get("id")),
             "type": "message",
             "role": "assistant",
             "model": self.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": len(prompt) if isinstance(prompt, list) else 0, "output_tokens": 0},
         }
         return _event("message_start", {"message": message})
 
@@ -565,7 +568,7 @@ class ChatStreamTranslator:
             status = next((value for value in found if _is_status(value)), 502)
             self._finished = True
             return anthropic_error_event(status, str(message))
-        out = [self._start(chunk.get("id"))]
+        out = [self._start(chunk)]
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
         for choice in chunk.get("choices") or []:

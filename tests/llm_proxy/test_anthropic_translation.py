@@ -222,7 +222,7 @@ def _events(stream: bytes) -> List[Dict[str, Any]]:
 
 
 CHAT_STREAM = _sse(
-    {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+    {"id": "c", "prompt_token_ids": [1, 2, 3, 4, 5], "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
     {"id": "c", "choices": [{"index": 0, "delta": {"content": "Let me "}}]},
     {"id": "c", "choices": [{"index": 0, "delta": {"content": "check."}}]},
     {
@@ -263,6 +263,7 @@ def test_a_chat_stream_becomes_anthropics_events_however_it_is_cut() -> None:
         "message_stop",
     ]
     assert events[0]["message"]["model"] == "public" and events[0]["message"]["id"] == "msg_c"
+    assert events[0]["message"]["usage"] == {"input_tokens": 5, "output_tokens": 0}  # counted from the prompt's ids
     assert events[5]["content_block"] == {"type": "tool_use", "id": "c1", "name": "w", "input": {}}
     assert events[9]["delta"]["stop_reason"] == "tool_use"
     assert events[9]["usage"] == {"input_tokens": 5, "output_tokens": 9}

@@ -25,6 +25,14 @@ from .conftest import wait_for_spans
 
 GREEDY: Dict[str, Any] = {"temperature": 0.0, "max_tokens": 8, "seed": 0}
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count to three."}]
+ANTHROPIC_REQUEST: Dict[str, Any] = {
+    "model": "tiny",
+    "max_tokens": 8,
+    "system": "You are terse.",
+    "messages": [{"role": "user", "content": "Count to three."}],
+    "extra_body": {"temperature": 0.0},
+}
+"""The Messages request of :data:`MESSAGES`, greedy."""
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -171,13 +179,7 @@ async def test_anthropic_messages_reach_the_engine_and_become_triplets_with_its_
 
     base_url = f"{proxy.endpoint}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key="unused", max_retries=0)
-    request: Dict[str, Any] = {
-        "model": "tiny",
-        "max_tokens": 8,
-        "system": "You are terse.",
-        "messages": [{"role": "user", "content": "Count to three."}],
-        "extra_body": {"temperature": 0.0},
-    }
+    request: Dict[str, Any] = dict(ANTHROPIC_REQUEST)
     message = await client.messages.create(**request)
     async with client.messages.stream(**request) as stream:
         streamed = await stream.get_final_message()
@@ -208,14 +210,7 @@ async def test_a_messages_call_ended_by_a_stop_sequence_names_it(
     stop = text[2:4]  # met in the greedy answer: the engine stops there and names it
     base_url = f"{proxy.endpoint}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}"
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key="unused", max_retries=0)
-    request: Dict[str, Any] = {
-        "model": "tiny",
-        "max_tokens": 8,
-        "system": "You are terse.",
-        "messages": [{"role": "user", "content": "Count to three."}],
-        "stop_sequences": ["\u0001never", stop],
-        "extra_body": {"temperature": 0.0},
-    }
+    request: Dict[str, Any] = {**ANTHROPIC_REQUEST, "stop_sequences": ["\u0001never", stop]}
     message = await client.messages.create(**request)
     async with client.messages.stream(**request) as stream:
         streamed = await stream.get_final_message()

@@ -198,25 +198,30 @@ async def test_missing_resources_leave_rollout_untouched() -> None:
         assert attempt is not None and attempt.status == "preparing"
 
 
+async def _serve_queue(agent: Any, inputs: List[Any], worker_id: int = 0, **options: Any) -> InMemoryLightningStore:
+    """Enqueue ``inputs`` (with :data:`PROMPT`) and let one runner serve them all; the store afterwards."""
+    store = InMemoryLightningStore()
+    resources_id = (await store.add_resources(PROMPT)).resources_id
+    for task in inputs:
+        await store.enqueue_rollout(input=task, mode="train", resources_id=resources_id)
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), max_rollouts=len(inputs), poll_interval=0.05, **options)
+    runner.init(agent=agent)
+    runner.init_worker(worker_id, store)
+    try:
+        await asyncio.wait_for(runner.iter(event=ThreadingEvent()), timeout=30)
+    finally:
+        runner.teardown_worker(worker_id)
+        runner.teardown()
+    return store
+
+
 async def test_iter_serves_queue_until_max_rollouts_with_heartbeats() -> None:
     @agl.rollout
     def agent(task: Any, prompt_template: agl.PromptTemplate) -> float:
         return float(task["i"])
 
-    store = InMemoryLightningStore()
-    resources_id = (await store.add_resources(PROMPT)).resources_id
-    for i in range(3):
-        await store.enqueue_rollout(input={"i": i}, mode="train", resources_id=resources_id)
-    runner: LitAgentRunner[Any] = LitAgentRunner(
-        OtelTracer(), max_rollouts=3, poll_interval=0.05, heartbeat_interval=0.05, heartbeat_launch_mode="asyncio"
-    )
-    runner.init(agent=agent)
-    runner.init_worker(3, store)
-    try:
-        await asyncio.wait_for(runner.iter(event=ThreadingEvent()), timeout=30)
-    finally:
-        runner.teardown_worker(3)
-        runner.teardown()
+    inputs = [{"i": i} for i in range(3)]
+    store = await _serve_queue(agent, inputs, worker_id=3, heartbeat_interval=0.05, heartbeat_launch_mode="asyncio")
     rollouts = await store.query_rollouts()
     assert [r.status for r in rollouts] == ["succeeded"] * 3
     worker = await store.get_worker_by_id("Worker-3")
@@ -235,20 +240,7 @@ async def test_a_cancelled_error_of_the_agents_own_fails_its_attempt_and_the_run
             await inner
         return 1.0
 
-    store = InMemoryLightningStore()
-    resources_id = (await store.add_resources(PROMPT)).resources_id
-    for i in range(3):
-        await store.enqueue_rollout(input={"i": i}, mode="train", resources_id=resources_id)
-    runner: LitAgentRunner[Any] = LitAgentRunner(
-        OtelTracer(), max_rollouts=3, poll_interval=0.05, heartbeat_interval=heartbeat_interval
-    )
-    runner.init(agent=agent)
-    runner.init_worker(0, store)
-    try:
-        await asyncio.wait_for(runner.iter(event=ThreadingEvent()), timeout=30)
-    finally:
-        runner.teardown_worker(0)
-        runner.teardown()
+    store = await _serve_queue(agent, [{"i": i} for i in range(3)], heartbeat_interval=heartbeat_interval)
     assert [r.status for r in await store.query_rollouts()] == ["succeeded", "failed", "succeeded"]
 
 
