@@ -119,7 +119,9 @@ class SFTConfig(FinetuningConfig):
     def _consistent(self) -> SFTConfig:
         if self.top_k is not None and self.top_fraction is not None:
             if "top_fraction" in self.model_fields_set:
-                raise ValueError("top_k and top_fraction both cut the ranked calls: set one of them (the other to None)")
+                raise ValueError(
+                    "top_k and top_fraction both cut the ranked calls: set one of them (the other to None)"
+                )
             self.top_fraction = None  # top_k replaces the default share
         if (self.teacher_url is None) != (self.teacher_model is None):
             raise ValueError("distillation needs both teacher_url and teacher_model")
