@@ -140,7 +140,10 @@ def build_graph(llm: agl.LLM, base_url: str, *, max_turns: int = 1, max_tokens: 
     writer, checker, rewriter = model("write_query"), model("check_query"), model("rewrite_query")
 
     def ask(chat: Any, messages: List[Dict[str, str]]) -> str:
-        return str(chat.invoke(messages).content or "")
+        # A model may write a lone surrogate, which a request body cannot carry: it goes as a backslash escape. The
+        # query itself is kept as written, so it fails to run and earns nothing.
+        sendable = [{**m, "content": m["content"].encode("utf-8", "backslashreplace").decode()} for m in messages]
+        return str(chat.invoke(sendable).content or "")
 
     def write_query(state: SqlState) -> SqlState:
         content = _question_turn(schema_text(state["db_id"]), state["question"])

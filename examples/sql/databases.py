@@ -7,7 +7,11 @@ from the seed.
 As in Spider, the held-out questions are asked about **databases never seen in training** (``zoo``, ``airline``):
 a model must read the schema, not remember table names, so no held-out question is a reworded training question.
 Each question has a gold query; the reward is execution accuracy (:func:`execution_match`): the agent's query must
-return the same rows as the gold query (in order only when the gold query orders them).
+return the same rows as the gold query (in order only when the gold query orders them). Every question has one
+answer: a "which row has the highest ..." question whose highest value is shared by several rows is not asked.
+
+A query runs with the reading rights of a ``SELECT`` only (:func:`execute`): it cannot write, attach or copy a
+database, and it is stopped after its timeout in seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import random
 import sqlite3
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +47,18 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 SEED = 20251122
 TRAIN_DATABASES = ("company", "library", "school", "shop")
 TEST_DATABASES = ("zoo", "airline")
-MAX_RESULT_ROWS = 20
+MAX_RESULT_ROWS = 10_000
+"""Rows :func:`execute` returns at most."""
+MAX_VALUE_LENGTH = 1_000_000
+"""The longest string or blob a query may build (characters or bytes), on Python 3.11 and later."""
+MAX_RESULT_LENGTH = 10_000_000
+"""The most text and blob content, summed over every value, a query's rows may hold."""
+_READ_ACTIONS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+# printf('%.*c', n, 'x') appends its character n times within one step of the VM, which no deadline interrupts
+# (18 s for n = 2**31 - 1 with SQLite 3.40, whatever the length limit).
+_UNINTERRUPTIBLE_FUNCTIONS = frozenset({"printf", "format"})
 
 
 class SqlTask(TypedDict):
@@ -53,7 +69,8 @@ class SqlTask(TypedDict):
         db_id: The database (``company``).
         question: The question in English.
         query: The gold SQL query (never shown to the agent).
-        kind: The slice: ``count``, ``lookup``, ``max``, ``argmax`` or ``filter``.
+        kind: The slice: ``count``, ``lookup``, ``max``, ``argmax`` or ``filter``. An ``argmax`` question names the
+            one row with the highest (or lowest) value of a column: no other row has that value.
     """
 
     id: str
@@ -115,7 +132,7 @@ def database_path(db_id: str, data_dir: Path = DATA_DIR) -> Path:
 
 def _rows(rng: random.Random, db_id: str, table: _Table, count: int = 16) -> List[Tuple[Any, ...]]:
     names: set = set()
-    rows = []
+    rows: List[Tuple[Any, ...]] = []
     while len(rows) < count:
         name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}" if db_id in ("company", "school") else None
         if name is None:
@@ -173,25 +190,54 @@ def ensure_databases(data_dir: Path = DATA_DIR, seed: int = SEED) -> None:
             partial.unlink(missing_ok=True)
 
 
+def _allow_reads_only(action: int, _table: Optional[str], function_name: Optional[str], *_: Optional[str]) -> int:
+    # mode=ro only guards the database file itself: ATTACH and VACUUM INTO would write other files.
+    if action == sqlite3.SQLITE_FUNCTION and (function_name or "").lower() in _UNINTERRUPTIBLE_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
+
+
 def execute(db_id: str, query: str, data_dir: Path = DATA_DIR, timeout: float = 2.0) -> List[Tuple[Any, ...]]:
-    """Run ``query`` read-only on a database and return its rows.
+    """Run one query on a database with the rights of a ``SELECT`` and return its rows (at most ``MAX_RESULT_ROWS``).
+
+    The query may read tables and call scalar, aggregate and window functions (but ``printf`` and ``format``),
+    recursively or not; anything else is refused before it runs: writes, ``ATTACH``, ``VACUUM INTO``, ``PRAGMA``
+    (statements and table-valued functions alike), transactions, temporary tables, other table-valued functions.
+    A string or blob the query builds longer than ``MAX_VALUE_LENGTH`` is NULL or an error (Python 3.11 and later).
 
     Raises:
-        sqlite3.Error: The query fails, writes, or runs longer than ``timeout`` seconds.
+        sqlite3.Error: The query is not valid text, fails, does anything but read, returns no columns (a comment or
+            ``REINDEX`` is not a query), holds more than ``MAX_RESULT_LENGTH`` of text, or runs longer than
+            ``timeout`` seconds.
     """
     ensure_databases(data_dir)
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise sqlite3.ProgrammingError(f"the query is not valid text: {exc}") from None
     uri = f"file:{database_path(db_id, data_dir)}?mode=ro"
     connection = sqlite3.connect(uri, uri=True)
-    deadline = [0]
-    limit = int(timeout * 1000)
-
-    def progress() -> int:
-        deadline[0] += 1
-        return 1 if deadline[0] > limit else 0  # called every 1000 VM steps: a rough bound on work
-
-    connection.set_progress_handler(progress, 1000)
     try:
-        return connection.execute(query).fetchmany(10_000)
+        connection.set_authorizer(_allow_reads_only)
+        # setlimit is Python 3.11+; on 3.10 a value may grow to SQLite's compiled-in limit (1e9 bytes by default).
+        if hasattr(connection, "setlimit"):
+            connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_LENGTH)
+        # Checked every 100 VM steps, as one step may take a millisecond (a function over a 1 MB string).
+        deadline = time.monotonic() + timeout
+        connection.set_progress_handler(lambda: time.monotonic() > deadline, 100)
+        cursor = connection.execute(query)
+        if cursor.description is None:
+            raise sqlite3.ProgrammingError(f"not a query (it returns no columns): {query[:80]!r}")
+        rows: List[Tuple[Any, ...]] = []
+        length = 0
+        for row in cursor:
+            length += sum(len(value) for value in row if isinstance(value, (str, bytes)))
+            if length > MAX_RESULT_LENGTH:
+                raise sqlite3.DataError(f"the result holds more than {MAX_RESULT_LENGTH} characters of text")
+            rows.append(row)
+            if len(rows) == MAX_RESULT_ROWS:
+                break
+        return rows
     finally:
         connection.close()
 
@@ -199,7 +245,7 @@ def execute(db_id: str, query: str, data_dir: Path = DATA_DIR, timeout: float = 
 def execution_match(predicted: Optional[str], gold: str, db_id: str, data_dir: Path = DATA_DIR) -> bool:
     """Whether ``predicted`` returns the gold query's rows: as a multiset, or in order when the gold query orders.
 
-    A missing query, an error, or a query that only writes never matches.
+    A missing query, a query that is not valid text, an error, or a query that does anything but read never matches.
     """
     if not predicted or not predicted.strip():
         return False
@@ -213,15 +259,22 @@ def execution_match(predicted: Optional[str], gold: str, db_id: str, data_dir: P
     return Counter(mine) == Counter(expected)
 
 
-def _questions(rng: random.Random, db_id: str, table: _Table, rows: List[Tuple[Any, ...]]) -> List[SqlTask]:
+def _questions(
+    rng: random.Random, db_id: str, table: _Table, rows: List[Tuple[Any, ...]]
+) -> List[Tuple[SqlTask, bool]]:
+    """Every question asked of one table, each with whether it has a single answer.
+
+    An ``argmax`` question has several when several rows share the highest (or lowest) value: its gold query
+    (``ORDER BY ... LIMIT 1``) names one of them, and a query naming another would score 0.
+    """
     t = table.name
     text_cols = [c for c, _ in table.text_columns]
     num_cols = [c for c, _, _ in table.number_columns]
     values = {c: sorted({row[2 + i] for row in rows}) for i, c in enumerate(text_cols)}
-    tasks: List[SqlTask] = []
+    questions: List[Tuple[SqlTask, bool]] = []
 
-    def add(kind: str, question: str, query: str) -> None:
-        tasks.append(SqlTask(id="", db_id=db_id, question=question, query=query, kind=kind))
+    def add(kind: str, question: str, query: str, single_answer: bool = True) -> None:
+        questions.append((SqlTask(id="", db_id=db_id, question=question, query=query, kind=kind), single_answer))
 
     for column in text_cols:
         for value in values[column]:
@@ -230,32 +283,36 @@ def _questions(rng: random.Random, db_id: str, table: _Table, rows: List[Tuple[A
     for row in rng.sample(rows, 6):
         column = rng.choice(text_cols + num_cols)
         add("lookup", f"What is the {column} of {row[1]}?", f"SELECT {column} FROM {t} WHERE name = '{row[1]}'")
-    for column in num_cols:
+    for index, column in enumerate(num_cols):
+        numbers = [row[2 + len(text_cols) + index] for row in rows]
         add("max", f"What is the highest {column} of all {table.plural}?", f"SELECT MAX({column}) FROM {t}")
         add("max", f"What is the lowest {column} of all {table.plural}?", f"SELECT MIN({column}) FROM {t}")
         add("argmax", f"Which {table.singular} has the highest {column}? Give its name.",
-            f"SELECT name FROM {t} ORDER BY {column} DESC LIMIT 1")  # fmt: skip
+            f"SELECT name FROM {t} ORDER BY {column} DESC LIMIT 1", numbers.count(max(numbers)) == 1)  # fmt: skip
         add("argmax", f"Which {table.singular} has the lowest {column}? Give its name.",
-            f"SELECT name FROM {t} ORDER BY {column} ASC LIMIT 1")  # fmt: skip
-        threshold = sorted(row[2 + len(text_cols) + num_cols.index(column)] for row in rows)[-4]
+            f"SELECT name FROM {t} ORDER BY {column} ASC LIMIT 1", numbers.count(min(numbers)) == 1)  # fmt: skip
+        threshold = sorted(numbers)[-4]
         add("filter", f"List the names of the {table.plural} whose {column} is greater than {threshold}.",
             f"SELECT name FROM {t} WHERE {column} > {threshold}")  # fmt: skip
-    return tasks
+    return questions
 
 
 def make_tasks(data_dir: Path = DATA_DIR, seed: int = SEED) -> Dict[str, List[SqlTask]]:
-    """The training and held-out questions (the databases are built first when missing)."""
+    """The training and held-out questions, each with a single answer (the databases are built first when missing)."""
     ensure_databases(data_dir, seed)
     rng = random.Random(seed)
     splits: Dict[str, List[SqlTask]] = {}
     for split, db_ids in (("train", TRAIN_DATABASES), ("test", TEST_DATABASES)):
-        tasks: List[SqlTask] = []
+        questions: List[Tuple[SqlTask, bool]] = []
         for db_id in db_ids:
             connection = sqlite3.connect(database_path(db_id, data_dir))
             rows = connection.execute(f"SELECT * FROM {DATABASES[db_id].name} ORDER BY id").fetchall()
             connection.close()
-            tasks.extend(_questions(rng, db_id, DATABASES[db_id], rows))
-        rng.shuffle(tasks)
+            questions.extend(_questions(rng, db_id, DATABASES[db_id], rows))
+        # Dropped after the shuffle, so that dropping a question neither reorders the others nor changes what the
+        # generator draws next (the held-out questions, after the training ones).
+        rng.shuffle(questions)
+        tasks = [task for task, single_answer in questions if single_answer]
         for i, task in enumerate(tasks):
             task["id"] = f"{split}-{i}"
         splits[split] = tasks
