@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Any, List, Optional, Tuple, Union
 
 __all__ = [
+    "LATEX_COMMANDS",
     "ExpressionError",
     "Node",
     "Value",
@@ -74,6 +75,8 @@ _LATEX_COMMAND = re.compile(r"\\([A-Za-z]+|.)")
 _LATEX_DROPPED = {"left": "", "right": "", "displaystyle": "", "!": "", ";": "", ":": "", " ": " ", "quad": " "}
 _LATEX_TEXT = frozenset({"text", "textrm", "textbf", "textit", "mathrm", "mathbf", "mathit", "operatorname"})
 _LATEX_SYMBOLS = {"cdot": "*", "times": "*", "div": "/", "pi": "pi", "%": "%", "$": "$", ",": ",", "{": "(", "}": ")"}
+LATEX_COMMANDS = frozenset({"frac", "dfrac", "tfrac", "sqrt", *_LATEX_TEXT, *_LATEX_DROPPED, *_LATEX_SYMBOLS})
+"""The LaTeX commands :func:`latex_to_plain` reads (``\\frac``, ``\\sqrt``, ``\\text``...); any other is an error."""
 
 
 def _latex_argument(text: str, index: int) -> Tuple[str, int]:

@@ -3,7 +3,9 @@
 **The committed answer.** A text is judged by the ONE final answer it commits to:
 
 1. ``\\boxed{...}`` when present. Several boxes with different contents score 0, and so does a final-answer marker
-   that names something else than the box.
+   that names something else than the box: its line may hold, besides the box, only function words, the question's
+   words and units, no digit and no hedge (``The answer is $\\boxed{1345}$.``; not ``Answer: 1344 or \\boxed{1345}``,
+   ``The answer is \\boxed{1345}, but it may be 1344``).
 2. Else the text after an explicit final-answer marker (``Final answer:``, ``Answer:``, ``ANSWER:``, ``the answer
    is``), up to the end of its line (the next line when the marker ends its own). Several markers with different
    answers score 0.
@@ -25,32 +27,48 @@ answer written exactly as a gold (up to case and spaces around symbols) always m
 * it is one number or closed form with nothing left to evaluate (:mod:`examples.flow_grpo.expressions`: ``1/2``,
   ``\\frac{\\sqrt{2}}{2}``, ``e^{-1}``; not ``2/4``, ``3*4``, ``220 + 108 + 193``, ``\\sqrt{8}``, ``2^{10}``) of the
   same value (rationals exactly, irrational values to a relative 1e-9), optionally after a currency sign, and not
-  an expression copied from the question (``5/2`` for "What is 5/2?");
+  copied from the question (below);
 * or it is a short sentence (one line, at most 15 words, no ``! = + * ^ < > : ; " [ ] { }``) holding exactly one
-  number, equal to the gold, and no hedge or negation (``or``, ``not``, ``about``, ``between``, ``minus``, ``±``...),
-  number word, nor bound or estimate (``after``, ``until``, ``c.``, ``-ish``, ``≥``...) (``It was completed in
-  1889.``, ``1307 dollars``, ``It is 1/2.``). A word right before the number that makes it a part of a period or an
-  estimate (``early 1889``, ``mid-1889``, ``at the end of 1889``, ``close to 735``) is refused, and so is ``by 1889``
-  (a bound) when the question asks for a time, unless it asks "by" itself (``By what year...?``).
+  number, equal to the gold and not copied, and no hedge or negation (``or``, ``not``, ``about``, ``between``,
+  ``minus``, ``unless``, ``hardly``, ``±``...), word of doubt the question does not use itself (``mistake``,
+  ``typo``, ``seems``, ``near``...), number word, nor bound or estimate (``after``, ``until``, ``c.``, ``-ish``,
+  ``≥``...) (``It was completed in 1889.``, ``1307 dollars``, ``It is 1/2.``). A word right before the number that
+  makes it a part of a period or an estimate (``early 1889``, ``mid-1889``, ``at the end of 1889``, ``close to
+  735``) is refused, and so is ``by 1889`` (a bound) when the question asks for a time, unless it asks "by" itself
+  (``By what year...?``), and an adverb in -ly qualifying it (``Reputedly 1345``; not ``exactly``, ``only``). After
+  the number the sentence may only say what it counts: an era (``AD``, ``BC``) or one word (its unit, ``years``,
+  ``dollars``), then ``old``, ``long``, ``in total``..., function words and the question's words (``He was 56 years
+  old when the aqueduct was completed.``); anything else makes it a statement about the number (``1345 is a
+  typo``, ``1345 seems off``), which is refused.
 
 A number written with a leading zero (``0735``, ``01,307``; not ``0.5``) is refused unless a gold writes it so.
 
 Signs matter: ``-735`` is not ``735`` (U+2212 and dashes are minus signs). ``%`` or ``percent`` counts only when the
 gold is a percentage or the question speaks of percent; a percentage gold also accepts the bare number. A unit of
 measurement after the number (``12 km``, ``41 years``) must be the gold's or one the question names; when neither
-names a unit any unit passes (``56 years`` for "How old was she?") unless glued to the number (``1880s``). Other
-words after it are plain words (``206 bones``). A comma between groups of three digits is a thousands separator
+names a unit any unit passes (``56 years`` for "How old was she?") unless glued to the number (``1880s``). Another
+word there is a plain word (``206 bones``). A comma between groups of three digits is a thousands separator
 (``1,307``; ``1,889`` is the year 1889); a space is not (``1 307`` is two numbers). Full-width digits read as
 digits. Several numbers (``5 or 6``, ``5, 6``, ``1,307 or 1,308``, ``5 ± 1``) score 0.
+
+**Copied expressions.** The question is read as answers are (its LaTeX rewritten), and an answer whose expression
+equals one written in it, or inside one, is refused, up to parentheses, a unary ``+``, ``\\frac``/``\\div`` for ``/``
+and the order of terms and factors: ``5/2``, ``\\frac{5}{2}``, ``(5)/2``, ``+5/2`` or ``It is 5/2.`` for "What is 5/2?"
+or "What is $\\frac{5}{2}$ as a decimal?" (gold ``2.5``), ``\\frac{1}{\\sqrt{2}}`` for "Simplify
+$\\frac{1}{\\sqrt{2}}$". Unless that expression is the answer: a plain number of a gold's value ("What is 7?",
+"Which is larger, 7 or 5?"), or the expression a gold is written as ("What is 5/2 in lowest terms?", gold ``5/2``).
+A question offering expressions as choices must therefore list the choice among its golds as written.
 
 **Text.** The committed answer scores 1 when its SQuAD normalization (lower case, no punctuation, no articles,
 single spaces) equals a gold's and its math symbols ``+ - * / ^ = < > %`` are the gold's, in order (a hyphen
 joining two letters excepted: ``Saint-Etienne``; ``x^2 - 1`` is not ``x^2+1``), or when it is a short sentence
 holding the gold once whose other words are function words (``it``, ``was``, ``in``...) or words of the question
-(``It is Canberra.``, ``The capital of Australia is Canberra.``). A hedge, a list separator (``,`` ``;`` ``/``
-``&`` ``|``) or another capitalized name beside the gold scores 0 and is refused, unless the gold itself contains
-that word or separator; any other word (a number, ``painter``) only leaves the answer unmatched. When the question lists alternatives (a comma, ``or``, ``and``: "Which city is larger, Paris or
-Lyon?") only function words may stand beside the gold.
+(``It is Canberra.``, ``The capital of Australia is Canberra.``). A hedge or word of doubt (``Paris is a myth``,
+``Paris unless I misread``), a list separator (``,`` ``;`` ``/`` ``&`` ``|``) or another capitalized name beside the
+gold scores 0 and is refused, unless the gold itself contains that word or separator (or, for a word of doubt, the
+question); any other word (a number, ``painter``) only leaves the answer unmatched. When the question lists
+alternatives (a comma, ``or``, ``and``: "Which city is larger, Paris or Lyon?") only function words may stand beside
+the gold.
 
 **Refusals and the judge.** Hedges, several candidates, unevaluated or copied expressions, unreadable LaTeX and
 texts that commit to no single answer are *refused*, not merely unmatched. :class:`LLMJudge` asks its model neither
@@ -64,6 +82,7 @@ so a tower of powers (``9^9^9^9``) is refused without computing anything.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -71,10 +90,10 @@ import string
 import threading
 import warnings
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from examples.flow_grpo.expressions import (
+    LATEX_COMMANDS,
     ExpressionError,
     Node,
     Value,
@@ -105,6 +124,7 @@ __all__ = [
     "math_equivalent",
     "normalize_answer",
     "qa_match",
+    "question_copies",
 ]
 
 logger = logging.getLogger(__name__)
@@ -215,17 +235,48 @@ def _marked_answers(text: str) -> List[Tuple[str, int]]:
     return answers
 
 
-def committed_answer(text: str) -> Optional[str]:
+def committed_answer(text: str, question: str = "") -> Optional[str]:
     """The one answer ``text`` commits to (boxed, else after a final-answer marker, else the whole text).
+
+    Args:
+        text: The model's final answer text.
+        question: The question, whose words a marker line may use to introduce a box (``The sum is \\boxed{5}``).
 
     Returns:
         The committed answer with its wrappers removed, or None when the text commits to no single answer (empty,
-        too long, several different boxed or marked answers, a malformed box).
+        too long, several different boxed or marked answers, a marker line naming something besides its box, a
+        malformed box, a digit or hedge after the answer).
     """
-    return _commit(text).text
+    return _commit(text, question).text
 
 
-def _commit(text: str) -> _Committed:
+def _without_boxes(line: str) -> str:
+    """``line`` with every ``\\boxed{...}`` / ``\\fbox{...}`` group cut out."""
+    parts, index = [], 0
+    for match in _BOXED.finditer(line):
+        if match.start() < index:
+            continue
+        group = braced_group(line, match.end())
+        if group is None:
+            break
+        parts.append(line[index : match.start()])
+        index = group[1]
+    parts.append(line[index:])
+    return " ".join(parts)
+
+
+def _introduces_box(line: str, question: str) -> bool:
+    """Whether a marker line holding the box says nothing else: no digit, hedge or word besides function words, the
+    question's words and units (``The answer is $\\boxed{5}$.``; not ``Answer: 4 or \\boxed{5}``,
+    ``Answer: \\boxed{5}, but it may be 4``, ``Answer: Lyon \\boxed{Paris}``)."""
+    outside = re.sub(r"\\[A-Za-z]+", " ", _without_boxes(line))
+    if re.search(r"\d", outside) or _hedged(outside, question=question):
+        return False
+    allowed = _FUNCTION_WORDS | _sentence_vocabulary(question) | _UNIT_OF.keys() | _PERCENT_WORDS
+    return all(word in allowed for word in _words(outside))
+
+
+def _commit(text: str, question: str = "") -> _Committed:
     if not isinstance(text, str) or not text.strip():
         return _Committed(None, "empty answer")
     if len(text) > MAX_ANSWER_CHARS:
@@ -243,9 +294,14 @@ def _commit(text: str) -> _Committed:
             return _Committed(None, "several different boxed answers")
         if _BOXED.search(boxed[0][0]):
             return _Committed(None, "nested \\boxed")
-        # A marker may introduce the box ("The answer is \boxed{5}") but must not name another answer.
-        if any("\\boxed" not in m and "\\fbox" not in m and _compact(m) != _compact(boxed[0][0]) for m, _ in marked):
-            return _Committed(None, "a marked answer differs from the boxed one")
+        # A marker may introduce the box ("The answer is \boxed{5}") but must name nothing else, on its line or
+        # instead of the box.
+        for line, _ in marked:
+            if _BOXED.search(line) is None:
+                if _compact(line) != _compact(boxed[0][0]):
+                    return _Committed(None, "a marked answer differs from the boxed one")
+            elif not _introduces_box(line, question):
+                return _Committed(None, "the marker line holds more than the boxed answer")
         answer, end = _unwrap(boxed[0][0]), max(end for _, end in boxed + marked)
     elif marked:
         if len({_compact(m) for m, _ in marked}) > 1:
@@ -255,7 +311,7 @@ def _commit(text: str) -> _Committed:
         answer, end = _unwrap(text), len(text)
     # Reasoning may come before the final answer, but nothing after it may hedge or offer another number.
     tail = text[end:]
-    if re.search(r"[0-9]", tail) or _hedged(tail):
+    if re.search(r"\d", tail) or _hedged(tail, question=question):
         return _Committed(None, "text after the final answer hedges or adds a number")
     if not answer:
         return _Committed(None, "empty answer")
@@ -278,8 +334,18 @@ _HEDGES = _word_set(
     unsure unclear unknown guess guessing think believe might could would should cannot can't don't doesn't isn't
     wasn't aren't weren't won't range versus vs else otherwise except instead than over under above below least
     most more less upto several many few some any all each every other others another plus minus negative
-    positive ish"""
+    positive ish if unless though although but however hardly barely scarcely seemingly supposedly allegedly
+    reportedly purportedly apparently presumably arguably assuming supposing suppose"""
 )
+"""Words that hedge, negate or offer an alternative wherever they stand."""
+_DOUBTS = _word_set(
+    """mistake mistaken mistakenly typo error erroneous erroneously misread misremember misremembered lie myth
+    legend rumor rumour rumored rumoured claim claims claimed alleged fake bogus disputed dubious questionable
+    uncertain seems seem seemed appears hope hopefully estimate estimated guessed reckon like near nowhere
+    toward towards"""
+)
+"""Words that cast doubt on the answer beside them (``1345 is a typo``), unless the question uses them itself
+("Which claim...?")."""
 _HEDGE_SYMBOLS = ("\u00b1", "+/-", "~", "\u2248", "\u2026", "...")
 _BOUNDS = _word_set(
     "after before since until till up latest earliest later earlier prior pre post c est abt ish onward onwards beyond"
@@ -340,9 +406,15 @@ def _words(text: str) -> List[str]:
     return [word.lower() for word in _WORD.findall(text)]
 
 
-def _hedged(text: str, allowed: FrozenSet[str] = frozenset()) -> bool:
-    """Whether ``text`` hedges: a hedge or negation word (not in ``allowed``) or a symbol such as ``±``."""
-    return bool((set(_words(text)) - allowed) & _HEDGES) or any(symbol in text for symbol in _HEDGE_SYMBOLS)
+def _hedged(text: str, allowed: FrozenSet[str] = frozenset(), question: str = "") -> bool:
+    """Whether ``text`` hedges: a hedge or negation word (not in ``allowed``), a word of doubt the question does not
+    use itself, or a symbol such as ``±``."""
+    words = set(_words(text)) - allowed
+    return (
+        bool(words & _HEDGES)
+        or bool(words & _DOUBTS - _question_words(question))
+        or any(symbol in text for symbol in _HEDGE_SYMBOLS)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -357,6 +429,8 @@ class _Number:
     unit: Optional[str] = None
     padded: FrozenSet[str] = frozenset()
     """The gold's numerals written with a leading zero (``0735``): an answer may write only these so."""
+    form: Optional[_Form] = None
+    """The gold's expression as written (see :func:`_form`): an answer may copy it from the question."""
 
 
 _CURRENCY = "$\u20ac\u00a3"
@@ -387,7 +461,8 @@ def _read_gold_number(gold: str) -> Optional[_Number]:
             unit = None if percent else _UNIT_OF[word]
             text = match.group(1)
     try:
-        return _Number(evaluate(parse_expression(text)), percent, unit, _padded_numerals(text))
+        node = parse_expression(text)
+        return _Number(evaluate(node), percent, unit, _padded_numerals(text), _form(node))
     except ExpressionError:
         return None
 
@@ -420,10 +495,162 @@ def _unit_ok(word: str, gold: _Number, question: str, *, glued: bool = False) ->
     return unit in named or not (named or glued)
 
 
-def _copied(answer: str, question: str) -> bool:
-    """Whether ``answer`` is an expression (not a bare number) written in the question."""
-    compact = re.sub(r"\s+", "", answer).lower()
-    return not re.fullmatch(r"-?[\d.,]+", compact) and compact in re.sub(r"\s+", "", question).lower()
+_Form = Tuple[Any, ...]
+"""An expression up to trivial rewrites (:func:`_form`)."""
+
+
+def _form(node: Node) -> _Form:
+    """``node`` up to the rewrites that leave an expression as written: parentheses and a unary ``+`` (dropped by
+    the parser), ``\\frac`` or ``\\div`` for ``/`` (rewritten by :func:`latex_to_plain`), ``5.0`` for ``5``, the
+    order of the terms of a sum and of the factors of a product, and ``a - b`` for ``a + (-b)``."""
+    kind = node[0]
+    if kind == "num":
+        return ("num", node[1])
+    if kind == "neg":
+        inner = _form(node[1])
+        return ("num", -inner[1]) if inner[0] == "num" else ("neg", inner)
+    if kind == "sqrt":
+        return ("sqrt", _form(node[1]))
+    if kind in ("+", "-"):
+        terms: List[_Form] = []
+        pending: List[Tuple[Node, bool]] = [(node, False)]
+        while pending:
+            current, negated = pending.pop()
+            if current[0] in ("+", "-"):
+                pending.append((current[1], negated))
+                pending.append((current[2], negated != (current[0] == "-")))
+            else:
+                terms.append(_form(("neg", current) if negated else current))
+        return ("+", tuple(sorted(terms, key=repr)))
+    if kind == "*":
+        factors: List[_Form] = []
+        pending_factors = [node]
+        while pending_factors:
+            current = pending_factors.pop()
+            if current[0] == "*":
+                pending_factors.extend((current[1], current[2]))
+            else:
+                factors.append(_form(current))
+        return ("*", tuple(sorted(factors, key=repr)))
+    if kind in ("/", "^"):
+        return (kind, _form(node[1]), _form(node[2]))
+    return node  # an atom: pi or e
+
+
+def _subforms(node: Node) -> List[_Form]:
+    """The forms of ``node`` and of every expression inside it."""
+    forms, pending = [], [node]
+    while pending:
+        current = pending.pop()
+        forms.append(_form(current))
+        pending.extend(child for child in current[1:] if isinstance(child, tuple))
+    return forms
+
+
+_QUESTION_TOKEN = re.compile(
+    r"[0-9]+(?:,[0-9]{3})*(?![0-9])(?:\.[0-9]+)?|(?<![A-Za-z])(?:sqrt|pi|e)(?![A-Za-z])|[-+*/^()]"
+)
+_QUESTION_NUMBER = re.compile(r"[0-9]+(?:,[0-9]{3})*(?![0-9])(?:\.[0-9]+)?")
+_MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def _plain_question(question: str) -> str:
+    """The question as :func:`latex_to_plain` reads it; LaTeX it does not read becomes a barrier (``;``)."""
+    text = question.translate(_CHARACTERS)
+    try:
+        return latex_to_plain(text)
+    except ExpressionError:
+        pass
+    text = re.sub(r"\\([A-Za-z]+|.)", lambda m: m.group(0) if m.group(1) in LATEX_COMMANDS else " ; ", text)
+    try:
+        return latex_to_plain(text)
+    except ExpressionError:
+        return re.sub(r"[\\{}]", " ; ", text)
+
+
+def _balanced(text: str) -> str:
+    """``text`` without the operators and unmatched parentheses at its ends (``(5/2`` -> ``5/2``)."""
+    while True:
+        before = text
+        text = text.strip().lstrip("*/^)").rstrip("+-*/^(").strip()
+        if text.count("(") > text.count(")") and text.startswith("("):
+            text = text[1:]
+        elif text.count(")") > text.count("(") and text.endswith(")"):
+            text = text[:-1]
+        if text == before:
+            return text
+
+
+def _expression_spans(plain: str) -> List[str]:
+    """The expressions written in ``plain`` text: maximal runs of numbers, operators, parentheses, ``sqrt``, ``pi``
+    and ``e`` with only spaces between them, holding a digit."""
+    spans: List[str] = []
+    start = end = -1
+    for match in _QUESTION_TOKEN.finditer(plain):
+        if start >= 0 and not plain[end : match.start()].strip():
+            end = match.end()
+            continue
+        if start >= 0:
+            spans.append(plain[start:end])
+        start, end = match.start(), match.end()
+    if start >= 0:
+        spans.append(plain[start:end])
+    return [span for span in (_balanced(span) for span in spans) if re.search(r"[0-9]", span)]
+
+
+def _span_nodes(span: str) -> List[Node]:
+    """``span`` parsed; else its pieces between two side-by-side operands (``1 307``), else its numbers."""
+    for pieces in ([span], re.split(r"(?<=[0-9a-z)])\s+(?=[0-9a-z(])", span)):
+        try:
+            return [parse_expression(_balanced(piece)) for piece in pieces]
+        except ExpressionError:
+            continue
+    return [parse_expression(number.group(0)) for number in _QUESTION_NUMBER.finditer(span)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _question_forms(question: str) -> FrozenSet[_Form]:
+    """The forms of every expression written in the question, and of every expression inside one."""
+    forms: set[_Form] = set()
+    for span in _expression_spans(_plain_question(question)):
+        for node in _span_nodes(span):
+            forms.update(_subforms(node))
+    return frozenset(forms)
+
+
+def _copied(node: Node, question: str, golds: Sequence[_Number]) -> bool:
+    """Whether the answer ``node`` is an expression written in the question (up to :func:`_form`), and not the gold.
+
+    A plain number copied from the question is the answer when it has a gold's value ("Which is larger, 7 or 5?"); any
+    other expression only when a gold is written as that expression ("What is 5/2 in lowest terms?", gold ``5/2``).
+    So ``\\frac{5}{2}``, ``(5)/2`` or ``+5/2`` for "What is 5/2?" (gold ``2.5``) is a copy, and ``\\frac{1}{\\sqrt{2}}``
+    for "Simplify $\\frac{1}{\\sqrt{2}}$" (gold ``\\frac{\\sqrt{2}}{2}``).
+    """
+    form = _form(node)
+    if not question or form not in _question_forms(question):
+        return False
+    if form[0] == "num":
+        return not any(same_value(form[1], gold.value) for gold in golds)
+    return not any(gold.form == form for gold in golds)
+
+
+def question_copies(question: str, golds: Sequence[str]) -> List[str]:
+    """The expressions of ``question`` an answer may not give back (:func:`_copied`), in plain text as the reward
+    reads them, each math segment also as written (``$\\frac{5}{2}$`` and ``(5)/(2)``); plain numbers and
+    expressions a gold is written as are left out."""
+    numbers = [number for gold in golds if (number := _read_gold_number(gold)) is not None]
+    copies: List[str] = []
+    candidates = [(span, span) for span in _expression_spans(_plain_question(question))]
+    for match in _MATH_SEGMENT.finditer(question):
+        candidates.append((match.group(0), _plain_question(next(g for g in match.groups() if g is not None))))
+    for written, plain in candidates:
+        try:
+            node = parse_expression(_balanced(plain))
+        except ExpressionError:
+            continue
+        if _form(node)[0] != "num" and _copied(node, question, numbers) and written not in copies:
+            copies.append(written)
+    return copies
 
 
 def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verdict:
@@ -448,7 +675,7 @@ def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verd
     if node is not None:
         if not is_closed_form(node):
             return _Verdict(False, "an expression left unevaluated", refused=True)
-        if _copied(core, question):
+        if _copied(node, question, golds):
             return _Verdict(False, "an expression copied from the question", refused=True)
         value = evaluate(node)
         if any(same_value(value, g.value) and _percent_ok(percent, g, question) for g in golds):
@@ -458,6 +685,13 @@ def _judge_number(answer: str, golds: Sequence[_Number], question: str) -> _Verd
 
 
 _BEFORE_COMMON_ERA = re.compile(r"\s*b\.?\s?c\.?(?:e\.?)?(?![a-z])", re.IGNORECASE)
+_ERA = re.compile(r"\s*(?:a\.?\s?d|c\.?\s?e|b\.?\s?c(?:\.?\s?e)?)\.?(?![a-z])", re.IGNORECASE)
+_WORD_AFTER_NUMBER = re.compile(r"\s*(%|[^\W\d_]+(?:['-][^\W\d_]+)*)")
+_TRAILING_WORDS = _word_set("old long tall high wide deep total altogether overall exactly precisely")
+"""Words that may follow a number's unit (``56 years old``, ``735 in total``)."""
+_COPULAS = _word_set("is was are were be been")
+_PLAIN_ADVERBS = _word_set("only exactly precisely finally eventually officially july")
+"""Words ending in -ly that may stand right before the number (``exactly 735``, ``in July 1889``)."""
 
 
 def _qualified(before: str, question: str) -> bool:
@@ -475,12 +709,55 @@ def _qualified(before: str, question: str) -> bool:
     return False
 
 
+def _plain_word(word: str, allowed: FrozenSet[str]) -> bool:
+    return word in allowed or (word.endswith("'s") and word[:-2] in allowed)
+
+
+def _plain_ending(after: str, question: str) -> bool:
+    """Whether the words after a sentence's number only say what it counts.
+
+    Allowed: an era (``AD``, ``BC``) or one word right after the number that is not a function word (its unit or
+    what it counts: ``years``, ``dollars``, ``%``), then only function words, the question's words and
+    :data:`_TRAILING_WORDS` (``56 years old when the aqueduct was completed``). Anything else makes the sentence a
+    statement about the number (``1345 is a typo``, ``1345 seems off``, ``1345 unless I misread``), not the answer.
+    """
+    era = _ERA.match(after)
+    following = _WORD_AFTER_NUMBER.match(after)
+    if era is not None:
+        after = after[era.end() :]
+    elif following is not None and following.group(1).lower() not in _FUNCTION_WORDS:
+        after = after[following.end() :]
+    allowed = _FUNCTION_WORDS | _TRAILING_WORDS | frozenset(_question_words(question))
+    return all(_plain_word(word, allowed) for word in _words(after))
+
+
+def _adverb_before(before: str, question: str) -> bool:
+    """Whether an adverb qualifies the number (``Reputedly 1345``, ``It is doubtfully 1345``): the last word before
+    it, past fillers and ``is``/``was``, ends in -ly, is not a name (capitalized inside the sentence), nor a word of
+    the question or of :data:`_PLAIN_ADVERBS`."""
+    words = _WORD.findall(before)
+    for index in range(len(words) - 1, -1, -1):
+        word, lowered = words[index], words[index].lower()
+        if lowered in _QUALIFIED_FILLERS or lowered in _COPULAS:
+            continue
+        return (
+            (word.islower() or (index == 0 and word[1:].islower()))  # not a name such as Italy, but Hardly 1345
+            and len(word) > 3
+            and lowered.endswith("ly")
+            and lowered not in _PLAIN_ADVERBS
+            and lowered not in _question_words(question)
+        )
+    return False
+
+
 def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Verdict:
     """A short sentence holding exactly one number (``It was completed in 1889.``)."""
     tokens = list(_NUMBER_TOKEN.finditer(text))
-    if len(tokens) > 1 or re.search(r"[0-9]", _NUMBER_TOKEN.sub(" ", text)):
+    rest = _NUMBER_TOKEN.sub(" ", text)
+    # Digits of another script count as another number beside one (``1345 ١٣٤٤``); alone they are no number.
+    if len(tokens) > 1 or re.search(r"[0-9]", rest) or (tokens and re.search(r"\d", rest)):
         return _Verdict(False, "several numbers", refused=True)
-    if _hedged(text):
+    if _hedged(text, question=question):
         return _Verdict(False, "a hedge or negation", refused=True)
     words = _words(text)
     parts = {part for word in words for part in word.split("-")}  # "735-ish", "pre-1889"
@@ -497,18 +774,20 @@ def _number_sentence(text: str, golds: Sequence[_Number], question: str) -> _Ver
     if "\n" in text or len(words) > _MAX_SENTENCE_WORDS or _SENTENCE_FORBIDDEN & set(text):
         return _Verdict(False, "not a short sentence")
     token = tokens[0]
-    number = token.group(0).replace(",", "")
-    if "/" in number:
-        try:
-            node = parse_expression(number)
-        except ExpressionError:
-            return _Verdict(False, "not a number")
-        if not is_closed_form(node):
-            return _Verdict(False, "an expression left unevaluated", refused=True)
-        value: Value = evaluate(node)
-    else:
-        value = Fraction(number)
+    if _adverb_before(text[: token.start()], question):
+        return _Verdict(False, "an adverb qualifying the number", refused=True)
     after = text[token.end() :]
+    if not _plain_ending(after, question):
+        return _Verdict(False, "words after the number that say something about it", refused=True)
+    try:
+        node = parse_expression(token.group(0))
+    except ExpressionError:
+        return _Verdict(False, "not a number")
+    if not is_closed_form(node):
+        return _Verdict(False, "an expression left unevaluated", refused=True)
+    if _copied(node, question, golds):
+        return _Verdict(False, "an expression copied from the question", refused=True)
+    value: Value = evaluate(node)
     if _BEFORE_COMMON_ERA.match(after):  # "1345 BC" is the year -1345: signs matter
         value = -value
     following = re.match(r"\s*(%|[^\W\d_]+)", after)
@@ -559,7 +838,7 @@ def _judge_text(answer: str, golds: Sequence[str], question: str) -> _Verdict:
     if any(_text_equal(plain, gold) for gold in golds):
         return _Verdict(True, "same text")
     gold_words = frozenset(word for gold in golds for word in _words(gold))
-    if _hedged(plain, allowed=gold_words):
+    if _hedged(plain, allowed=gold_words, question=question):
         return _Verdict(False, "a hedge or negation", refused=True)
     if any(sep in plain and not any(sep in gold for gold in golds) for sep in _SEPARATORS):
         return _Verdict(False, "a list of candidates", refused=True)
@@ -619,7 +898,7 @@ def assess_answer(answer: str, golds: Sequence[str], question: str = "") -> Asse
     Returns:
         The :class:`Assessment`.
     """
-    committed = _commit(answer)
+    committed = _commit(answer, question)
     if committed.text is None:
         return Assessment(0.0, None, committed.refusal or "no answer", refused=True)
     text = committed.text
@@ -650,7 +929,7 @@ def assess_answer(answer: str, golds: Sequence[str], question: str = "") -> Asse
 def math_equivalent(answer: str, golds: Sequence[str], question: str = "") -> bool:
     """Whether the answer's committed value equals a numeric gold answer (see the module docstring)."""
     numbers = [number for gold in golds if (number := _read_gold_number(gold)) is not None]
-    committed = committed_answer(answer)
+    committed = committed_answer(answer, question)
     if not numbers or committed is None:
         return False
     return _judge_number(committed, numbers, question).matched
@@ -658,7 +937,7 @@ def math_equivalent(answer: str, golds: Sequence[str], question: str = "") -> bo
 
 def qa_match(answer: str, golds: Sequence[str], question: str = "") -> bool:
     """Whether the committed answer matches a gold answer as text (normalized, or in a short sentence)."""
-    committed = committed_answer(answer)
+    committed = committed_answer(answer, question)
     return committed is not None and bool(golds) and _judge_text(committed, golds, question).matched
 
 

@@ -325,6 +325,8 @@ class TrainSummary(BaseModel):
         evaluation: Per-source success before and after training with 95 % Wilson intervals, loop statistics
             (planner turns, tool calls, stop reasons, first actions) and the example questions; a run that
             validated once (0 steps, or interrupted) has that pass on both sides (only its ``before`` is shown).
+            Every held-out question counts in both passes, one whose rollout failed or left no record as unsolved
+            (stop reason ``rollout failed``...).
         copied_question_check: How many copied-back questions the run's reward credits (must be 0).
         trajectories: Markdown file with the example questions' trajectories before and after training.
         warm_start: The warm start GRPO started from (adapter, whether reused, build time, reference-solve counts,
@@ -504,6 +506,7 @@ def _add_evaluation(summary: TrainSummary, store: Any, val: List[Dict[str, Any]]
     """Fill the summary's evaluation from the validation passes recorded in ``store``; write the trajectories."""
     from examples.flow_grpo.evaluation import (
         compare,
+        complete_pass,
         copied_question_credit,
         read_validation_records,
         trajectories_markdown,
@@ -517,8 +520,9 @@ def _add_evaluation(summary: TrainSummary, store: Any, val: List[Dict[str, Any]]
         return
     # With one pass (a run of 0 steps, such as --untrained, or an interrupted one) "before" and "after" are that
     # pass; only "before" is shown then, and there are no before/after trajectories.
-    before, after = passes[min(passes)], passes[max(passes)]
-    summary.evaluation = compare(before, after)
+    # Every held-out question counts in both passes: one whose rollout failed or is missing counts as unsolved.
+    before, after = complete_pass(passes[min(passes)], val), complete_pass(passes[max(passes)], val)
+    summary.evaluation = compare(before, after, val)
     if summary.final_val_success is None:
         return
     path = run_dir / "trajectories.md"

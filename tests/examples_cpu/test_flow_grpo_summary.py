@@ -56,3 +56,53 @@ def test_main_exits_130_and_writes_no_summary_when_interrupted(tmp_path: Path, m
     summary_json = tmp_path / "summary.json"
     assert flow_train.main(["--summary-json", str(summary_json), "--output-dir", str(tmp_path / "run")]) == 130
     assert not summary_json.exists()
+
+
+async def _store_with_validation_passes(tasks: List[Dict[str, Any]]) -> Any:
+    """Pass 0: every question recorded, the first solved. Pass 1: the first solved, the other rollouts failed."""
+    from agentbolt.emitter.object import encode_object
+    from agentbolt.store.memory import InMemoryLightningStore
+    from agentbolt.types import Span
+    from examples.flow_grpo.evaluation import SOLVE_RECORD_KIND
+
+    store = InMemoryLightningStore()
+    for step in (0, 1):
+        for index, task in enumerate(tasks):
+            rollout = await store.start_rollout(task, mode="val", metadata={"grpo_group": f"val-{step}-{index}"})
+            rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+            status = "succeeded" if step == 0 or index == 0 else "failed"
+            if status == "succeeded":
+                record = {
+                    "id": task["id"], "source": task["source"], "question": task["question"], "gold": ["g"],
+                    "answer": "g", "reward": 1.0 if index == 0 else 0.0, "planner_turns": 1, "tool_calls": 1,
+                    "stop_reason": "planner", "steps": [{"turn": 1, "tool": "search", "sub_goal": ""}],
+                }  # fmt: skip
+                attributes = {"flow_grpo.kind": SOLVE_RECORD_KIND, **encode_object(record)}
+                sequence_id = await store.get_next_span_sequence_id(rid, aid)
+                await store.add_span(
+                    Span.from_attributes(rollout_id=rid, attempt_id=aid, sequence_id=sequence_id, attributes=attributes)
+                )
+            await store.update_attempt(rid, aid, status=status)
+            await store.update_rollout(rid, status=status)
+    return store
+
+
+def test_the_summary_counts_a_held_out_question_whose_rollout_failed_as_unsolved(tmp_path: Path) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from examples.flow_grpo.reward import RuleReward
+
+    tasks = [
+        {"id": i, "question": f"Who founded town {i}?", "source": "multihop", "extra_info": {"ground_truth": ["g"]}}
+        for i in range(4)
+    ]
+    history = [{"step": 0, "val/accuracy": 0.25}, STEP_ONE_TRAIN, {"step": 1, "val/accuracy": 0.25}]
+    summary = _summary(history, 1, tmp_path)
+    store = asyncio.run(_store_with_validation_passes(tasks))
+    flow_train._add_evaluation(summary, store, tasks, SimpleNamespace(reward=RuleReward()), tmp_path)
+    assert summary.evaluation is not None
+    after = {row.source: (row.solved, row.total) for row in summary.evaluation.after}
+    assert after == {"multihop": (1, 4), "all": (1, 4)}  # not 1/1: the three failed rollouts count
+    assert summary.evaluation.after[-1].rate == summary.final_val_success
+    assert summary.evaluation.loop_after.stop_reasons == {"rollout failed": 3, "planner": 1}
