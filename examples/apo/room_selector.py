@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 import agentbolt as agl
+from examples.common.rewards import HEDGE, NEGATION
 
 __all__ = [
     "ROOMS",
@@ -116,15 +117,26 @@ def best_room(
     return min(fitting, key=lambda room: (room["capacity"], room["room"]))["room"]
 
 
-_ROOM_NAME = re.compile(r"\b(" + "|".join(ROOMS) + r")\b", re.IGNORECASE)
+_ROOM_NAME = re.compile(r"\b(" + "|".join(name for room in ROOMS for name in (room, room.upper())) + r")\b")
+"""A room named as the tool and the lookup list write it (``Harbor``) or in capitals: ``delta`` in "the time delta"
+is a word, not the room."""
+_BARE_ANSWER = re.compile(r"[\s\"'`*.!]*(\w+)[\s\"'`*.!]*")
 
 
 def room_selection_grader(final_message: Optional[str], expected_choice: str) -> float:
-    """1.0 when the answer names exactly one room and it is the expected one, else 0.0.
+    """1.0 when the answer commits to exactly one room and it is the expected one, else 0.0.
 
-    Naming several rooms (hedging), none, or another room scores 0, whatever else the answer says.
+    A room counts when it is written as the room list writes it (``Harbor``, or ``HARBOR``); a reply that is only a
+    room's name counts in any letter case (``harbor``). Naming several rooms (hedging), none, or another room scores
+    0, and so does an answer with a negation ("not", "n't", "no", "none", "unavailable"...) or a hedge ("maybe",
+    "perhaps"...) anywhere, since it may name the room to rule it out: "Do not book Harbor." scores 0.
     """
     if not final_message:
+        return 0.0
+    bare = _BARE_ANSWER.fullmatch(final_message)
+    if bare is not None and bare.group(1).capitalize() in ROOMS:
+        return 1.0 if bare.group(1).capitalize() == expected_choice else 0.0
+    if NEGATION.search(final_message) or HEDGE.search(final_message):
         return 0.0
     named = {match.capitalize() for match in _ROOM_NAME.findall(final_message)}
     return 1.0 if named == {expected_choice} else 0.0

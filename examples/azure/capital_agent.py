@@ -1,8 +1,8 @@
 """A tool-calling agent for the Azure OpenAI fine-tuning loop: it must look capitals up with a tool.
 
 The agent offers one function tool, ``country_capital_lookup(country)``, answers from a fixed table, and is rewarded
-1.0 when its brief final answer names the expected capital and no other (0.0 otherwise: a hedge with "or", a list of
-cities, an answer of over 30 words). It is written with the OpenAI SDK against any OpenAI-compatible endpoint:
+1.0 when its brief final answer commits to the expected capital (0.0 otherwise: a list of cities, a hedge, a
+negation, a question, an answer of over 30 words; see :func:`capital_reward`). It is written with the OpenAI SDK against any OpenAI-compatible endpoint:
 Azure OpenAI's v1 API (``https://RESOURCE.openai.azure.com/openai/v1``, the deployment name as the model) in the
 fine-tuning loop.
 
@@ -31,6 +31,7 @@ from openai import AsyncOpenAI
 import agentbolt as agl
 from examples.common.arguments import count
 from examples.common.environment import reporting_refusals, require_openai_service
+from examples.common.rewards import HEDGE, NEGATION, fold_accents
 
 SAMPLES = Path(__file__).with_name("capital_samples.csv")
 SYSTEM_PROMPT = "You answer questions about capital cities. Always call country_capital_lookup, then answer briefly."
@@ -74,7 +75,14 @@ def country_capital_lookup(country: str) -> str:
 
 MAX_ANSWER_WORDS = 30
 """Longer answers score 0: a brief answer names one city, and length is how a reply lists them all."""
-_HEDGE = re.compile(r"\bor\b", re.IGNORECASE)
+_SEVERAL = re.compile(r"[,;/&+?]|\b(?:and|or|vs|versus)\b", re.IGNORECASE)
+"""A separator between candidates, or a question mark: the answer lists cities or asks rather than commits."""
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
+_PLAIN_CAPITALISED = frozenset(
+    {"the", "it", "it's", "its", "i", "i'm", "this", "that", "that's", "here", "here's", "so", "yes", "sure",
+     "certainly", "answer", "final", "capital", "city", "country", "according", "based", "lookup", "tool", "result"}
+)  # fmt: skip
+"""Capitalised words an answer may hold beside the capital and the words of the question (sentence openers)."""
 
 
 def _names(answer: str, city: str) -> bool:
@@ -82,16 +90,44 @@ def _names(answer: str, city: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(city)}(?!\w)", answer, re.IGNORECASE) is not None
 
 
+def _names_another_place(answer: str, task: CapitalTask) -> bool:
+    """Whether ``answer`` (accent-folded) names a city other than the expected capital.
+
+    Any other capital of the table counts, in any letter case. So does any other capitalised word that is neither
+    part of the capital, the country or the question, nor a plain sentence opener ("The", "It"): in a brief answer
+    it is a place or a person, a second candidate either way. An answer written all in capitals is only checked
+    against the table.
+    """
+    capital = fold_accents(task["capital"])
+    others = {fold_accents(c) for c in CAPITALS.values()} - {capital}
+    if any(_names(answer, other) for other in others if other.lower() != capital.lower()):
+        return True
+    if answer.isupper():
+        return False
+    known = {word.lower() for word in _WORD.findall(fold_accents(f"{task['capital']} {task['question']}"))}
+    known |= {word.lower() for word in _WORD.findall(fold_accents(task["country"]))} | _PLAIN_CAPITALISED
+    for word in _WORD.findall(answer):
+        word = re.sub(r"'s$", "", word)
+        if word[0].isupper() and word.lower() not in known:
+            return True
+    return False
+
+
 def capital_reward(answer: str, task: CapitalTask) -> float:
     """1.0 when a brief answer commits to the expected capital, else 0.0.
 
-    The capital must appear as whole words (case-insensitive); an answer naming another capital of the table too,
-    hedging with "or", or longer than :data:`MAX_ANSWER_WORDS` words scores 0.
+    The capital must appear as whole words, compared case-insensitively on accent-folded text (``Brasilia`` is
+    ``Brasília``). The answer scores 0 when it is longer than :data:`MAX_ANSWER_WORDS` words, lists candidates
+    (commas, semicolons, slashes, ``&``, ``+``, "and", "or", "vs"), asks (a question mark), negates or hedges ("not",
+    "n't", "no", "maybe", "perhaps"... :data:`examples.common.rewards.NEGATION` and ``HEDGE``), or names a second
+    city (see :func:`_names_another_place`).
     """
-    if len(answer.split()) > MAX_ANSWER_WORDS or _HEDGE.search(answer) or not _names(answer, task["capital"]):
+    folded = fold_accents(answer)
+    if len(folded.split()) > MAX_ANSWER_WORDS or not _names(folded, fold_accents(task["capital"])):
         return 0.0
-    others = {capital for capital in CAPITALS.values() if capital.lower() != task["capital"].lower()}
-    return 0.0 if any(_names(answer, capital) for capital in others) else 1.0
+    if _SEVERAL.search(folded) or NEGATION.search(folded) or HEDGE.search(folded):
+        return 0.0
+    return 0.0 if _names_another_place(folded, task) else 1.0
 
 
 async def answer_question(client: AsyncOpenAI, model: str, question: str) -> str:

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, TypedDict
 
+from examples.common.rewards import check_format_credit
 from examples.common.tasks import read_tasks
 
 __all__ = [
@@ -205,9 +206,14 @@ def reward(reply: Optional[str], task: CalcTask, *, called_tool: bool = False, f
         reply: The model's final message.
         task: The problem.
         called_tool: Whether the calculator ran without error during the episode.
-        format_credit: Training-only credit (below 0.5) for a successful calculator call and for a well-formed
-            ``ANSWER:`` line when the answer is wrong; validation uses 0, so held-out accuracy is strict.
+        format_credit: Training-only credit for a successful calculator call and for a well-formed ``ANSWER:``
+            line when the answer is wrong; validation uses 0, so held-out accuracy is strict. It must be below 0.5,
+            so that a wrong answer (at most twice the credit) earns less than a right one.
+
+    Raises:
+        ValueError: ``format_credit`` is negative or not below 0.5.
     """
+    check_format_credit(format_credit)
     answer = parse_answer(reply)
     if answer is not None and answer == task["answer"]:
         return 1.0

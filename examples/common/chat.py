@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import agentbolt as agl
+from examples.common.rewards import check_format_credit
 
 __all__ = [
     "Episode",
@@ -176,9 +177,13 @@ class McpToolAgent(agl.LitAgent[T]):
     (:meth:`few_shot`), and turn the :class:`Episode` of :meth:`episode` into a reward.
 
     Args:
-        format_credit: Training-only partial credit for steps done right (subclasses decide which).
+        format_credit: Training-only partial credit for steps done right (subclasses decide which; a wrong answer
+            earns it at most twice, so it is below 0.5).
         max_turns: LLM calls per conversation at most.
         max_tokens: Completion budget per call.
+
+    Raises:
+        ValueError: ``format_credit`` is negative or not below 0.5.
     """
 
     system_prompt: ClassVar[str] = ""
@@ -186,7 +191,7 @@ class McpToolAgent(agl.LitAgent[T]):
 
     def __init__(self, *, format_credit: float = 0.1, max_turns: int = 2, max_tokens: int = 48) -> None:
         super().__init__()
-        self.format_credit = format_credit
+        self.format_credit = check_format_credit(format_credit)
         self.max_turns = max_turns
         self.max_tokens = max_tokens
 

@@ -31,6 +31,7 @@ from agentbolt.demo.run import GrpoRunConfig, fit_grpo, new_run_dir, resolve_dem
 from examples.common.arguments import count, number, require_writable_directory, torch_device
 from examples.common.environment import CONFIGURATION_ERROR
 from examples.common.heldout import SliceChange, TaskScore, compare, format_table
+from examples.common.rewards import check_format_credit
 from examples.common.tasks import TaskFileError
 
 _BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
@@ -58,12 +59,19 @@ class TrainingConfig(GrpoRunConfig):
     Attributes:
         n_train: Use the first N training tasks (None: all).
         n_test: Use the first N held-out tasks (None: all).
-        format_credit: Training-only partial credit the agent gives for steps done right (0: strict rewards).
+        format_credit: Training-only partial credit the agent gives for steps done right (0: strict rewards; below
+            0.5, so that a wrong answer, which can earn it twice, earns less than a right one).
+
+    Raises:
+        ValueError: ``format_credit`` is negative or not below 0.5 (:data:`examples.common.rewards.FORMAT_CREDIT_LIMIT`).
     """
 
     n_train: Optional[int] = None
     n_test: Optional[int] = None
     format_credit: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_format_credit(self.format_credit)
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,15 @@ def train_example(spec: ExampleSpec, config: TrainingConfig, output_dir: Path) -
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
+
+def _format_credit(text: str) -> float:
+    """A format credit: a number at least 0 and below :data:`examples.common.rewards.FORMAT_CREDIT_LIMIT`."""
+    try:
+        return check_format_credit(number()(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 # The values each option accepts, checked as the command line is read (a usage error, exit 2) rather than after the
 # model has loaded; unlisted options take any value of their type.
 _OPTION_TYPES: Dict[str, Callable[[str], Any]] = {
@@ -273,7 +290,7 @@ _OPTION_TYPES: Dict[str, Callable[[str], Any]] = {
     "seed": int,
     "n_train": count(1),
     "n_test": count(1),
-    "format_credit": number(minimum=0.0),
+    "format_credit": _format_credit,
 }
 
 

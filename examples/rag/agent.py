@@ -2,8 +2,9 @@
 
 The model searches with a query of its own, reads the passage the tool returns and answers on a last line
 ``ANSWER: <answer>``. Two worked conversations come first (question, ``retrieve`` call, passage, answer), about
-entities of the training split. The training reward is the answer's token F1 against the gold answers; held-out
-rollouts emit exact match (the primary score, so GRPO's ``val/accuracy`` is EM) and F1.
+entities of the training split. The training reward is the answer's token F1 against the gold answers, counted
+only for an answer no longer than the gold answer (:func:`training_f1`); held-out rollouts emit exact match (the
+primary score, so GRPO's ``val/accuracy`` is EM) and SQuAD's F1.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any, Dict, List, Optional
 
 import agentbolt as agl
 from examples.common.chat import McpToolAgent, worked_tool_call
-from examples.rag.corpus import QATask, exact_match, f1_score
+from examples.rag.corpus import QATask, exact_match, f1_score, normalize_answer
 
-__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer"]
+__all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer", "training_f1"]
 
 SERVER_SCRIPT = Path(__file__).resolve().with_name("retriever_server.py")
 SYSTEM_PROMPT = (
@@ -28,6 +29,8 @@ MAX_ANSWER_WORDS = 6
 
 _ANSWER_LINE = re.compile(r"ANSWER:\s*(.+?)\s*\.?\s*", re.IGNORECASE)
 _SEVERAL = re.compile(r",|;|/|\bor\b|\band\b", re.IGNORECASE)
+_DIGIT_GROUPS = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
+"""A number written with digit-group commas (``1,262``): one number, not a list."""
 
 
 def few_shot() -> List[Dict[str, Any]]:
@@ -51,14 +54,14 @@ def parse_answer(text: Optional[str]) -> Optional[str]:
 
     None when ``ANSWER:`` appears more than once (several answers), when the last line is not an answer line, or
     when the answer lists several candidates (commas, ``or``, ``and``, slashes) or is longer than
-    :data:`MAX_ANSWER_WORDS` words.
+    :data:`MAX_ANSWER_WORDS` words. A number's digit-group commas are not a list: ``1,262`` is read as ``1262``.
     """
     if not text or text.upper().count("ANSWER:") != 1:
         return None
     match = _ANSWER_LINE.fullmatch(text.strip().splitlines()[-1].strip())
     if match is None:
         return None
-    answer = match.group(1).strip()
+    answer = _DIGIT_GROUPS.sub(lambda number: number.group().replace(",", ""), match.group(1).strip())
     if not answer or _SEVERAL.search(answer) or len(answer.split()) > MAX_ANSWER_WORDS:
         return None
     return answer
@@ -68,6 +71,23 @@ def answer_scores(reply: Optional[str], task: QATask) -> Dict[str, float]:
     """``{"em", "f1"}`` of the reply's committed answer against the task's gold answers (0 without one)."""
     answer = parse_answer(reply)
     return {"em": exact_match(answer, task["answers"]), "f1": f1_score(answer, task["answers"])}
+
+
+def training_f1(reply: Optional[str], task: QATask) -> float:
+    """The training reward's answer score: the token F1 of the reply's committed answer, or 0 when that answer has
+    more words (after SQuAD normalisation) than the longest gold answer.
+
+    SQuAD's F1 pays a list: ``1262 1263`` scores 0.67 against ``1262``, and so do two names against one, so listing
+    two candidates would earn more on average than committing to the likelier one. Within the gold answer's length
+    a list earns at most what committing earns (each extra candidate's words displace the answer's own), so the
+    partial credit of F1 stays for a partly right answer (``Greta`` for ``Greta Vibeth``) and no longer for a list.
+    Held-out F1 (:func:`answer_scores`) stays SQuAD's.
+    """
+    answer = parse_answer(reply)
+    if answer is None:
+        return 0.0
+    longest = max((len(normalize_answer(gold).split()) for gold in task["answers"]), default=0)
+    return f1_score(answer, task["answers"]) if len(normalize_answer(answer).split()) <= longest else 0.0
 
 
 class RagAgent(McpToolAgent[QATask]):
@@ -87,9 +107,10 @@ class RagAgent(McpToolAgent[QATask]):
         return few_shot()
 
     async def training_rollout_async(self, task: QATask, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
-        """A training conversation: answer F1, or the format credit for a useful retrieval when F1 is 0."""
+        """A training conversation: the answer's :func:`training_f1`, or the format credit for a useful retrieval
+        when it is 0."""
         episode = await self.episode(task, resources, rollout)
-        f1 = answer_scores(episode.reply, task)["f1"]
+        f1 = training_f1(episode.reply, task)
         retrieved = any(name == "retrieve" and not result.startswith(("error", "no passage"))
                         for name, _, result in episode.tool_calls)  # fmt: skip
         return f1 if f1 > 0 else self.format_credit * float(retrieved)

@@ -44,6 +44,44 @@ def test_grader_against_adversarial_answers(answer: str, reward: float) -> None:
     assert room_selection_grader(answer, GOLD) == reward
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Do not book Harbor.",
+        "Harbor is unavailable, none fits",
+        "Harbor isn't free.",
+        "No room fits; Harbor is booked.",
+        "Never Harbor.",
+        "Maybe Harbor.",
+        "Perhaps Harbor would do.",
+        "Any room except Harbor.",
+    ],
+)
+def test_grader_refuses_negated_and_hedged_answers(answer: str) -> None:
+    assert room_selection_grader(answer, "Harbor") == 0.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Book Harbor; the time delta is fine",  # "delta" is a word here, not the room Delta
+        "Harbor fits: it has a cedar desk and gale-proof windows.",  # lowercase room words are words
+        "HARBOR",
+        "**Harbor**",
+        "harbor.",
+        "I booked Harbor for you: it has a projector, a screen and a conference phone.",
+        "The best room is Harbor.",
+    ],
+)
+def test_grader_pays_the_room_named_as_the_room_list_writes_it(answer: str) -> None:
+    assert room_selection_grader(answer, "Harbor") == 1.0
+
+
+def test_grader_reads_lowercase_room_words_in_a_sentence_as_words() -> None:
+    assert room_selection_grader("I would book harbor.", "Harbor") == 0.0  # no room named as the list writes it
+    assert room_selection_grader("Book Harbor, then Delta.", "Harbor") == 0.0  # two rooms
+
+
 def test_every_shipped_task_has_the_answer_of_the_rule() -> None:
     for split in ("train", "val", "test"):
         for task in load_room_tasks(split):

@@ -21,7 +21,7 @@ from examples.azure.aoai_finetune import (
     fine_tune_jsonl,
     select_examples,
 )
-from examples.azure.capital_agent import capital_agent, capital_reward, load_tasks
+from examples.azure.capital_agent import CapitalTask, capital_agent, capital_reward, load_tasks
 
 from .azure_stand_in import API_KEY, MANAGEMENT_TOKEN, AzureState, create_app
 
@@ -154,6 +154,52 @@ CAPITAL_TASK = load_tasks()[0]  # France, Paris
 )
 def test_the_capital_reward_pays_one_committed_answer_only(answer: str, expected: float) -> None:
     assert capital_reward(answer, CAPITAL_TASK) == expected
+
+
+def _task(country: str) -> CapitalTask:
+    return next(task for task in load_tasks() if task["country"] == country)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Sydney and Canberra",
+        "Sydney, Melbourne, Canberra, Perth",
+        "Maybe Canberra, maybe Melbourne",
+        "It is not Canberra.",
+        "Canberra is not the capital; it's something else.",
+        "I don't know. Canberra? Sydney?",
+        "Canberra?",
+        "Canberra / Sydney",
+        "Perhaps Canberra.",
+        "Sydney Canberra",  # a second city outside the table, capitalised
+        "Canberra. Sydney.",
+        "Canberra vs Melbourne",
+    ],
+)
+def test_the_capital_reward_refuses_lists_negations_hedges_and_questions(answer: str) -> None:
+    assert capital_reward(answer, _task("Australia")) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("country", "answer"),
+    [
+        ("Australia", "Canberra"),
+        ("Australia", "The capital of Australia is Canberra."),
+        ("Australia", "Canberra is Australia\u2019s capital."),  # a typographic apostrophe
+        ("Australia", "It's Canberra."),
+        ("France", "The answer is **Paris**."),
+        ("France", "According to the lookup tool the capital is Paris."),
+        ("Brazil", "Brasilia"),  # without the accent
+        ("Brazil", "The capital of Brazil is Brasília."),
+        ("Brazil", "Bras\u0069\u0301lia"),  # a decomposed accent (NFD)
+        ("Colombia", "Bogota"),
+        ("Colombia", "BOGOTÁ"),
+        ("Argentina", "Buenos Aires is the capital of Argentina."),
+    ],
+)
+def test_the_capital_reward_pays_ordinary_phrasings_and_unaccented_spellings(country: str, answer: str) -> None:
+    assert capital_reward(answer, _task(country)) == 1.0
 
 
 def test_the_capital_reward_matches_whole_words_of_multi_word_capitals() -> None:

@@ -65,6 +65,20 @@ def test_format_credit_only_for_steps_done_right() -> None:
     assert parse_answer("ANSWER: -12") == -12
 
 
+@pytest.mark.parametrize("credit", [0.5, 0.6, 1.0, -0.1])
+def test_a_format_credit_a_wrong_answer_could_earn_as_much_as_a_right_one_is_refused(credit: float) -> None:
+    with pytest.raises(ValueError, match=r"below 0\.5"):
+        reward("ANSWER: 1", TASK, called_tool=True, format_credit=credit)
+    with pytest.raises(ValueError, match=r"below 0\.5"):
+        CalcAgent(format_credit=credit)
+
+
+def test_a_wrong_answer_earns_less_than_a_right_one_at_the_largest_credit() -> None:
+    credit = 0.4999
+    wrong = reward(f"ANSWER: {TASK['answer'] + 1}", TASK, called_tool=True, format_credit=credit)
+    assert wrong < reward(f"ANSWER: {TASK['answer']}", TASK, called_tool=False, format_credit=credit) == 1.0
+
+
 def test_the_agent_runs_the_calculator_through_mcp() -> None:
     from openai import AsyncOpenAI
 

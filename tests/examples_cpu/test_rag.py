@@ -17,7 +17,7 @@ from .scripted_chat import ScriptedChat, tool_call
 pytest.importorskip("mcp")
 pytest.importorskip("rank_bm25")
 
-from examples.rag.agent import RagAgent, answer_scores, parse_answer
+from examples.rag.agent import RagAgent, answer_scores, parse_answer, training_f1
 from examples.rag.corpus import (
     DATA_DIR,
     ONE_HOP_KINDS,
@@ -83,6 +83,70 @@ def test_retrieval_finds_the_evidence_of_one_hop_questions() -> None:
 )
 def test_answer_scores(reply: str, em: float, f1: float) -> None:
     assert answer_scores(reply, TASK) == {"em": em, "f1": f1}
+
+
+YEAR = next(q for q in load_questions("test") if q["kind"] == "year")
+OTHER_NAME = next(  # another founder, sharing no word with the gold answer
+    q["answers"][0]
+    for q in load_questions("test")
+    if q["kind"] == "founder" and not set(q["answers"][0].split()) & set(GOLD.split())
+)
+
+
+@pytest.mark.parametrize(
+    ("reply", "task"),
+    [
+        (f"ANSWER: {YEAR['answers'][0]} {int(YEAR['answers'][0]) + 1}", YEAR),  # two years
+        (f"ANSWER: {int(YEAR['answers'][0]) - 1} {YEAR['answers'][0]} {int(YEAR['answers'][0]) + 1}", YEAR),
+        (f"ANSWER: {GOLD} {OTHER_NAME}", TASK),  # two people
+        (f"ANSWER: {OTHER_NAME} {GOLD}", TASK),
+        (f"ANSWER: {GOLD} {GOLD}", TASK),
+    ],
+)
+def test_listing_candidates_earns_no_training_credit(reply: str, task: dict) -> None:
+    assert answer_scores(reply, task)["em"] == 0.0
+    assert training_f1(reply, task) == 0.0
+
+
+def test_listing_two_candidates_never_beats_committing_to_the_likelier() -> None:
+    # The gold answer is one of two names, the first with probability p >= 0.5. Committing to the first earns p on
+    # average; a reply mixing both must earn no more, whichever words of the two it lists.
+    other_task = {**TASK, "answers": [OTHER_NAME]}
+    (first, last), (other_first, other_last) = GOLD.split(), OTHER_NAME.split()
+    mixes = [f"{GOLD} {OTHER_NAME}", f"{first} {other_first}", f"{first} {other_last}", f"{last} {other_first}"]
+    for p in (0.5, 0.6, 0.9):
+        committed = p * training_f1(f"ANSWER: {GOLD}", TASK)
+        for mix in mixes:
+            expected = p * training_f1(f"ANSWER: {mix}", TASK) + (1 - p) * training_f1(f"ANSWER: {mix}", other_task)
+            assert expected <= committed + 1e-9, (mix, p)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        (f"ANSWER: {GOLD}", 1.0),
+        (f"The passage says so.\nANSWER: {GOLD.lower()}.", 1.0),
+        (f"ANSWER: the {GOLD}", 1.0),  # an article is not a word of the answer
+        (f"ANSWER: {GOLD.split()[0]}", pytest.approx(2 / 3)),  # partly right: F1's partial credit stays
+        ("ANSWER: Ada Brook", 0.0),
+        ("no answer line", 0.0),
+    ],
+)
+def test_training_f1_pays_one_committed_answer(reply: str, score: float) -> None:
+    assert training_f1(reply, TASK) == score
+
+
+@pytest.mark.parametrize("written", ["1,262", "1262", "1,262."])
+def test_digit_group_commas_are_one_number(written: str) -> None:
+    task = {**YEAR, "answers": ["1262"]}
+    assert parse_answer(f"ANSWER: {written}") == "1262"
+    assert answer_scores(f"ANSWER: {written}", task) == {"em": 1.0, "f1": 1.0}  # type: ignore[arg-type]
+    assert training_f1(f"ANSWER: {written}", task) == 1.0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("listed", ["1262,1263", "1,262, 1263", "1262, 1263", "12,62"])
+def test_commas_between_numbers_are_still_a_list(listed: str) -> None:
+    assert parse_answer(f"ANSWER: {listed}") is None
 
 
 def test_scores_normalise_like_squad() -> None:

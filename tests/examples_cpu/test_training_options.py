@@ -16,6 +16,9 @@ def run_train(example: str, args: List[str], output_dir: Path) -> subprocess.Com
     return run_example([f"examples.{example}.train", *args, "--output-dir", str(output_dir), "--no-result"])
 
 
+CREDIT = "argument --format-credit: format credit must be at least 0 and"
+
+
 @pytest.mark.parametrize(
     ("example", "args", "message"),
     [
@@ -28,6 +31,9 @@ def run_train(example: str, args: List[str], output_dir: Path) -> subprocess.Com
         ("calc", ["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
         ("calc", ["--device", "tpu"], "argument --device: expected a torch device name"),
         ("calc", ["--model", "no-such-model"], "error: --model: model 'no-such-model' is neither a registry name"),
+        ("calc", ["--format-credit", "0.6"], f"{CREDIT} below 0.5 (a wrong answer can earn it twice"),
+        ("sql", ["--format-credit", "0.5"], f"{CREDIT} below 0.5"),
+        ("rag", ["--format-credit", "-0.1"], f"{CREDIT} below 0.5"),
     ],
 )
 def test_a_bad_option_exits_2_with_one_error_line_before_anything_starts(
@@ -56,6 +62,15 @@ def test_an_output_dir_under_a_file_exits_2_naming_it(tmp_path: Path) -> None:
     result = run_train("calc", [], output)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"error: --output-dir {output}: cannot create it: Not a directory"
+
+
+def test_a_format_credit_at_or_above_the_limit_is_refused_in_code_too() -> None:
+    from examples.common.training import TrainingConfig
+
+    assert TrainingConfig(format_credit=0.49).format_credit == 0.49
+    for credit in (0.5, 0.6, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"format credit must be at least 0 and below 0\.5 .*got"):
+            TrainingConfig(format_credit=credit)
 
 
 def test_help_describes_every_configuration_option() -> None:
