@@ -60,10 +60,9 @@ def test_main_exits_130_and_writes_no_summary_when_interrupted(tmp_path: Path, m
 
 async def _store_with_validation_passes(tasks: List[Dict[str, Any]]) -> Any:
     """Pass 0: every question recorded, the first solved. Pass 1: the first solved, the other rollouts failed."""
-    from agentbolt.emitter.object import encode_object
+    from support.flow_grpo import add_solve_record
+
     from agentbolt.store.memory import InMemoryLightningStore
-    from agentbolt.types import Span
-    from examples.flow_grpo.evaluation import SOLVE_RECORD_KIND
 
     store = InMemoryLightningStore()
     for step in (0, 1):
@@ -77,11 +76,7 @@ async def _store_with_validation_passes(tasks: List[Dict[str, Any]]) -> Any:
                     "answer": "g", "reward": 1.0 if index == 0 else 0.0, "planner_turns": 1, "tool_calls": 1,
                     "stop_reason": "planner", "steps": [{"turn": 1, "tool": "search", "sub_goal": ""}],
                 }  # fmt: skip
-                attributes = {"flow_grpo.kind": SOLVE_RECORD_KIND, **encode_object(record)}
-                sequence_id = await store.get_next_span_sequence_id(rid, aid)
-                await store.add_span(
-                    Span.from_attributes(rollout_id=rid, attempt_id=aid, sequence_id=sequence_id, attributes=attributes)
-                )
+                await add_solve_record(store, rid, aid, record)
             await store.update_attempt(rid, aid, status=status)
             await store.update_rollout(rid, status=status)
     return store

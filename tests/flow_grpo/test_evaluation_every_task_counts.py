@@ -6,12 +6,10 @@ import asyncio
 from typing import Any, Dict, List
 
 import pytest
+from support.flow_grpo import add_solve_record
 
-from agentbolt.emitter.object import encode_object
 from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.types import Span
 from examples.flow_grpo.evaluation import (
-    SOLVE_RECORD_KIND,
     compare,
     complete_pass,
     loop_stats,
@@ -96,11 +94,7 @@ async def _store_with_a_failed_validation_rollout() -> InMemoryLightningStore:
         rollout = await store.start_rollout(TASKS[index], mode="val", metadata={"grpo_group": f"val-0-{index}"})
         rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
         if reward is not None:  # the solve record (the third rollout records a solve, then fails)
-            attributes = {"flow_grpo.kind": SOLVE_RECORD_KIND, **encode_object(_record(index, reward))}
-            sequence_id = await store.get_next_span_sequence_id(rid, aid)
-            await store.add_span(
-                Span.from_attributes(rollout_id=rid, attempt_id=aid, sequence_id=sequence_id, attributes=attributes)
-            )
+            await add_solve_record(store, rid, aid, _record(index, reward))
         await store.update_attempt(rid, aid, status=status)
         await store.update_rollout(rid, status=status)
     return store
