@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["FORMAT_CREDIT_LIMIT", "HEDGE", "NEGATION", "check_format_credit", "fold_accents"]
+__all__ = ["FORMAT_CREDIT_LIMIT", "HEDGE", "NEGATION", "check_format_credit", "fold_accents", "join_digit_groups"]
 
 FORMAT_CREDIT_LIMIT = 0.5
 """A format credit must be below this. A wrong answer earns it at most twice (calc: once for a calculator call
@@ -46,3 +46,12 @@ NEGATION = re.compile(
 
 HEDGE = re.compile(r"\b(?:maybe|perhaps|possibly|probably|unsure|uncertain|either)\b", re.IGNORECASE)
 """A word that leaves the answer open."""
+
+
+_DIGIT_GROUPS = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
+
+
+def join_digit_groups(text: str) -> str:
+    """``text`` with the digit-group commas of its numbers removed (``1,262`` -> ``1262``): one number, not a list.
+    Commas between other numbers (``1262,1263``, ``12,3``) stay, to be read as a list."""
+    return _DIGIT_GROUPS.sub(lambda number: number.group().replace(",", ""), text)

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import agentbolt as agl
 from examples.common.chat import McpToolAgent, worked_tool_call
+from examples.common.rewards import join_digit_groups
 from examples.rag.corpus import QATask, exact_match, f1_score, normalize_answer
 
 __all__ = ["SERVER_SCRIPT", "SYSTEM_PROMPT", "RagAgent", "answer_scores", "few_shot", "parse_answer", "training_f1"]
@@ -29,8 +30,6 @@ MAX_ANSWER_WORDS = 6
 
 _ANSWER_LINE = re.compile(r"ANSWER:\s*(.+?)\s*\.?\s*", re.IGNORECASE)
 _SEVERAL = re.compile(r",|;|/|\bor\b|\band\b", re.IGNORECASE)
-_DIGIT_GROUPS = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
-"""A number written with digit-group commas (``1,262``): one number, not a list."""
 
 
 def few_shot() -> List[Dict[str, Any]]:
@@ -61,7 +60,7 @@ def parse_answer(text: Optional[str]) -> Optional[str]:
     match = _ANSWER_LINE.fullmatch(text.strip().splitlines()[-1].strip())
     if match is None:
         return None
-    answer = _DIGIT_GROUPS.sub(lambda number: number.group().replace(",", ""), match.group(1).strip())
+    answer = join_digit_groups(match.group(1).strip())
     if not answer or _SEVERAL.search(answer) or len(answer.split()) > MAX_ANSWER_WORDS:
         return None
     return answer

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import agentbolt as agl
 from examples.common.chat import rollout_client
+from examples.common.rewards import check_format_credit, join_digit_groups
 from examples.rag.corpus import QATask, Retriever, exact_match, f1_score
 
 __all__ = ["SYSTEM_PROMPT", "SearchR1Agent", "Trajectory", "few_shot", "parse_answer", "parse_search", "solve"]
@@ -64,12 +65,13 @@ def parse_answer(text: Optional[str]) -> Optional[str]:
     """The one answer a turn commits to, from ``<answer> ... </answer>``.
 
     None without an answer tag, with several answer tags, with an empty answer, with several candidates (commas,
-    ``or``, ``and``, slashes) or with more than :data:`MAX_ANSWER_WORDS` words.
+    ``or``, ``and``, slashes) or with more than :data:`MAX_ANSWER_WORDS` words. A number's digit-group commas are
+    not a list: ``1,262`` is read as ``1262``.
     """
     if not text or text.count("<answer>") != 1:
         return None
     found = _ANSWER.search(text)
-    answer = found.group(1).strip() if found else ""
+    answer = join_digit_groups(found.group(1).strip()) if found else ""
     if not answer or _SEVERAL.search(answer) or len(answer.split()) > MAX_ANSWER_WORDS:
         return None
     return answer
@@ -148,7 +150,7 @@ class SearchR1Agent(agl.LitAgent[QATask]):
 
     def __init__(self, *, format_credit: float = 0.1, max_turns: int = 3, max_tokens: int = 32) -> None:
         super().__init__()
-        self.format_credit = format_credit
+        self.format_credit = check_format_credit(format_credit)
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self._retriever: Optional[Retriever] = None

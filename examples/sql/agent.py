@@ -21,6 +21,7 @@ import sqlite3
 from typing import Any, Dict, List, TypedDict
 
 import agentbolt as agl
+from examples.common.rewards import check_format_credit
 from examples.sql.databases import SqlTask, execute, execution_match, schema_text
 
 __all__ = [
@@ -189,7 +190,7 @@ class SqlAgent(agl.LitAgent[SqlTask]):
         super().__init__()
         self.max_turns = max_turns
         self.max_tokens = max_tokens
-        self.format_credit = format_credit
+        self.format_credit = check_format_credit(format_credit)
 
     def _final_query(self, task: SqlTask, resources: agl.NamedResources, rollout: agl.Rollout) -> str:
         llm = resources.get("main_llm")

@@ -31,6 +31,8 @@ GOLD = TWO_HOP["answers"][0]
         ("<answer> Ada Brook </answer>", None, "Ada Brook"),
         ("<search> </search>", None, None),
         ("<answer> Ada Brook, Bram Holt </answer>", None, None),  # several candidates
+        ("<answer> 1,262 </answer>", None, "1262"),  # one number, written with a digit-group comma
+        ("<answer> 1262,1263 </answer>", None, None),  # two numbers
         ("<answer> x </answer><answer> y </answer>", None, None),
         ("<answer> " + "word " * 10 + "</answer>", None, None),
         ("no tags at all", None, None),

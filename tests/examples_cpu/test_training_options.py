@@ -67,10 +67,14 @@ def test_an_output_dir_under_a_file_exits_2_naming_it(tmp_path: Path) -> None:
 def test_a_format_credit_at_or_above_the_limit_is_refused_in_code_too() -> None:
     from examples.common.training import TrainingConfig
 
+    from examples.search_r1.agent import SearchR1Agent
+    from examples.sql.agent import SqlAgent
+
     assert TrainingConfig(format_credit=0.49).format_credit == 0.49
     for credit in (0.5, 0.6, -0.1, float("nan")):
-        with pytest.raises(ValueError, match=r"format credit must be at least 0 and below 0\.5 .*got"):
-            TrainingConfig(format_credit=credit)
+        for build in (TrainingConfig, SqlAgent, SearchR1Agent):  # the agents built directly, too
+            with pytest.raises(ValueError, match=r"format credit must be at least 0 and below 0\.5 .*got"):
+                build(format_credit=credit)
 
 
 def test_help_describes_every_configuration_option() -> None:
