@@ -66,7 +66,6 @@ def test_an_output_dir_under_a_file_exits_2_naming_it(tmp_path: Path) -> None:
 
 def test_a_format_credit_at_or_above_the_limit_is_refused_in_code_too() -> None:
     from examples.common.training import TrainingConfig
-
     from examples.search_r1.agent import SearchR1Agent
     from examples.sql.agent import SqlAgent
 
