@@ -698,6 +698,8 @@ def create_app(
     async def _generation_failed(_: Request, exc: GenerationFailedError) -> Response:
         return Response(ApiError(500, str(exc)).body(), status_code=500, media_type="application/json")
 
+    created = int(time.time())
+
     @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
     async def health() -> JSONResponse:
         if handler.load_error is not None:
@@ -707,9 +709,9 @@ def create_app(
         return JSONResponse({"status": "ok", "weight_version": engine.weight_version})
 
     def model_cards() -> List[Dict[str, Any]]:
-        """The served model, then each loaded adapter (its parent is the served model)."""
+        """The served model, then each loaded adapter (its parent is the served model); ``created`` is when this
+        server started, the same in every answer."""
         handler.require_loaded()
-        created = int(time.time())
         entries = [(engine.served_name, engine.model_ref, None)]
         entries += [(name, path, engine.served_name) for name, path in engine.adapters.items()]
         return [

@@ -65,6 +65,7 @@ async def _seed_run(run_dir: Path, outcomes: Dict[int, list[tuple[str, float]]])
             record = {"id": f"t{index}", "source": source, "question": f"q{index}?", "gold": ["g"], "answer": "g",
                       "reward": reward, "planner_turns": 1, "tool_calls": 1, "stop_reason": "planner", "steps": steps}  # fmt: skip
             await store.add_span(_solve_span(attempted.rollout_id, attempted.attempt.attempt_id, record))
+            await store.update_attempt(attempted.rollout_id, attempted.attempt.attempt_id, status="succeeded")
     await store.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,8 +148,12 @@ def test_launched_engines_get_the_api_key(
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_one_error(
-    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(["serve", str(tiny_model_dir), "--port", str(find_free_port()), "--device", "nowhere"]) == 1
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")  # found and read only once the server has started
+    assert run(["serve", str(broken), "--port", str(find_free_port())]) == 1
     err = capsys.readouterr().err
-    assert "agentbolt: error: the model failed to load" in err and "nowhere" in err
+    assert "agentbolt: error: the model failed to load" in err
