@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -159,6 +160,10 @@ class Episode:
     turns: int = 0
 
 
+WRONG_ANSWER_CREDIT_LIMIT = 0.5
+"""What a wrong answer may earn at most, exclusive: a correct answer (1.0) always earns more than twice as much."""
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     """How an episode is scored.
@@ -170,10 +175,25 @@ class RewardConfig:
     Attributes:
         tool_credit: Reward for a well-formed calculator call when the answer is wrong.
         format_credit: Reward for an ``ANSWER: <n>`` line when the answer is wrong (added to ``tool_credit``).
+
+    Raises:
+        ValueError: A credit is negative or not finite, or a wrong answer could earn :data:`WRONG_ANSWER_CREDIT_LIMIT`
+            or more (the two credits together).
     """
 
     tool_credit: float = 0.0
     format_credit: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("tool_credit", "format_credit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number of at least 0, got {value!r}")
+        if self.tool_credit + self.format_credit >= WRONG_ANSWER_CREDIT_LIMIT:
+            raise ValueError(
+                f"tool_credit + format_credit must be below {WRONG_ANSWER_CREDIT_LIMIT:g} so that a correct answer "
+                f"earns more than twice what a wrong one can, got {self.tool_credit:g} + {self.format_credit:g}"
+            )
 
 
 def score(episode: Episode, task: ArithmeticTask, config: RewardConfig = RewardConfig()) -> float:
@@ -185,7 +205,7 @@ def score(episode: Episode, task: ArithmeticTask, config: RewardConfig = RewardC
         reward += config.tool_credit
     if episode.answer is not None:
         reward += config.format_credit
-    return min(reward, 0.99)
+    return reward
 
 
 def _run_tool(name: str, arguments: str) -> tuple[Optional[str], str]:

@@ -338,7 +338,8 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
     Raises:
         agentbolt.models.ModelNotAvailableError: The model cannot be found or pulled.
         DemoInterrupted: Ctrl-C (or SIGTERM) stopped the run before its final validation.
-        ValueError: ``n_val`` is below 1, or the split sizes cannot be generated (:func:`make_splits`).
+        ValueError: ``n_val`` is below 1, the split sizes cannot be generated (:func:`make_splits`), or the credits
+            are out of range (:class:`RewardConfig`).
         RuntimeError: Validation did not run (no accuracy to report).
     """
     from agentbolt.algorithm.finetuning.trainer import latest_checkpoint
@@ -348,6 +349,7 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
         return None
     if config.n_val < 1:
         raise ValueError(f"n_val must be at least 1 (the demo reports held-out accuracy), got {config.n_val}")
+    reward = RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit)
     train, val = make_splits(config.n_train, config.n_val, seed=config.seed)
     run_dir = new_run_dir(Path(config.output_dir))
     log_dir, checkpoint_dir, store_path = run_dir / "logs", run_dir / "checkpoints", run_dir / "store.sqlite"
@@ -358,7 +360,7 @@ def run_demo(config: DemoConfig) -> Optional[DemoResult]:
         "Demo run directory %s (%d train / %d held-out questions, %s weights)", run_dir, len(train), len(val), dtype
     )
     agent = CalculatorAgent(
-        reward=RewardConfig(tool_credit=config.tool_credit, format_credit=config.format_credit),
+        reward=reward,
         max_tokens=config.max_tokens,
     )
     algorithm = fit_grpo(config, agent, train, val, run_dir)

@@ -19,7 +19,7 @@ from agentbolt.demo.agent import (
     run_episode,
     score,
 )
-from agentbolt.demo.run import new_run_dir, step_time_split
+from agentbolt.demo.run import DemoConfig, new_run_dir, run_demo, step_time_split
 from agentbolt.demo.task import DEMONSTRATIONS, make_splits, parse_answer, question_key
 
 
@@ -103,7 +103,24 @@ def test_reward_is_strict_for_correct_answers_and_credits_format_below_one() -> 
     assert score(tool_only, task, credit) == pytest.approx(0.2)
     assert score(broken_tool, task, credit) == 0.0
     both = Episode(tool_calls=["1"], tool_results=["1"], answer=task["answer"] + 1)
-    assert score(both, task, RewardConfig(tool_credit=0.6, format_credit=0.6)) < 1.0
+    assert score(both, task, credit) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("tool_credit", "format_credit"),
+    [(0.6, 0.6), (0.25, 0.25), (0.5, 0.0), (-0.1, 0.0), (0.0, float("nan")), (float("inf"), 0.0), (True, 0.0)],
+)
+def test_credits_a_wrong_answer_could_earn_half_a_correct_ones_reward_are_refused(
+    tool_credit: float, format_credit: float
+) -> None:
+    with pytest.raises(ValueError, match="credit"):
+        RewardConfig(tool_credit=tool_credit, format_credit=format_credit)
+
+
+def test_a_demo_with_credits_out_of_range_fails_before_it_creates_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"below 0\.5"):
+        run_demo(DemoConfig(output_dir=tmp_path / "runs", tool_credit=0.3, format_credit=0.3))
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -223,7 +240,7 @@ async def test_agent_reports_bad_tool_calls_to_the_model(scripted_server: str) -
     async with AsyncOpenAI(base_url=scripted_server, api_key="unused", max_retries=0) as client:
         episode = await run_episode(client, "m", task)
     assert episode.tool_results == ["error: arguments are not JSON"] and episode.answer is None
-    assert score(episode, task, RewardConfig(tool_credit=0.5)) == 0.0
+    assert score(episode, task, RewardConfig(tool_credit=0.4)) == 0.0
     assert _ScriptedChat.requests[1]["messages"][-1]["content"] == "error: arguments are not JSON"
 
 
