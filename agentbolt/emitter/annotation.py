@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from agentbolt.semconv import AGL_ANNOTATION, AGL_OPERATION, LightningSpanAttributes
 from agentbolt.tracer.base import Tracer, get_active_tracer
 from agentbolt.tracer.dummy import DummyTracer
-from agentbolt.types.tracer import Attributes, SpanCoreFields, SpanRecordingContext, TraceStatus
+from agentbolt.types.tracer import Attributes, SpanCoreFields, SpanRecordingContext
 from agentbolt.utils.otel import check_attributes_sanity, flatten_attributes, sanitize_attributes
 
 __all__ = ["emit_annotation", "operation", "OperationContext"]
@@ -58,6 +58,29 @@ def to_attributes(value: Any, prefix: str) -> Attributes:
     return sanitize_attributes(flatten_attributes({prefix: value} if prefix else value))
 
 
+def emit_span(
+    name: str, what: str, own_attributes: Attributes, extra_attributes: Optional[Dict[str, Any]], propagate: bool
+) -> SpanCoreFields:
+    """Record an instantaneous span (status OK) carrying an emitter's attributes over the caller's extra ones.
+
+    Args:
+        name: Span name.
+        what: What is being emitted, for the error message.
+        own_attributes: The emitter's span attributes; they win over extra attributes of the same key.
+        extra_attributes: The caller's extra attributes (nested values are flattened).
+        propagate: Send the span to the active tracer; False only builds the core fields.
+
+    Returns:
+        The span's core fields.
+
+    Raises:
+        RuntimeError: ``propagate`` is True and no tracer is active.
+    """
+    span_attributes = {**to_attributes(extra_attributes or {}, ""), **own_attributes}
+    tracer = resolve_tracer(propagate, what, get_active_tracer)
+    return tracer.create_span(name=name, attributes=span_attributes)
+
+
 def emit_annotation(annotation: Dict[str, Any], propagate: bool = True) -> SpanCoreFields:
     """Record an ``agentlightning.annotation`` span carrying ``annotation`` as (flattened) attributes.
 
@@ -74,9 +97,7 @@ def emit_annotation(annotation: Dict[str, Any], propagate: bool = True) -> SpanC
     """
     flat = flatten_attributes(annotation)
     check_attributes_sanity(flat)
-    attributes = sanitize_attributes(flat)
-    tracer = resolve_tracer(propagate, "an annotation", get_active_tracer)
-    return tracer.create_span(name=AGL_ANNOTATION, attributes=attributes, status=TraceStatus(status_code="OK"))
+    return emit_span(AGL_ANNOTATION, "an annotation", sanitize_attributes(flat), None, propagate)
 
 
 def _indexed(values: Any) -> Dict[str, Any]:

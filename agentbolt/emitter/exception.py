@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agentbolt.emitter.annotation import resolve_tracer, to_attributes
+from agentbolt.emitter.annotation import emit_span
 from agentbolt.semconv import AGL_EXCEPTION
-from agentbolt.tracer.base import get_active_tracer
-from agentbolt.types.tracer import TraceStatus
 from agentbolt.utils.otel import format_exception_attributes
 
 __all__ = ["emit_exception"]
@@ -29,6 +27,4 @@ def emit_exception(
     """
     if not isinstance(exception, BaseException):
         raise TypeError(f"exception must be an exception instance, got {type(exception).__name__}.")
-    span_attributes = {**to_attributes(attributes or {}, ""), **format_exception_attributes(exception)}
-    tracer = resolve_tracer(propagate, "an exception", get_active_tracer)
-    tracer.create_span(name=AGL_EXCEPTION, attributes=span_attributes, status=TraceStatus(status_code="OK"))
+    emit_span(AGL_EXCEPTION, "an exception", format_exception_attributes(exception), attributes, propagate)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agentbolt.emitter.annotation import resolve_tracer, to_attributes
+from agentbolt.emitter.annotation import emit_span
 from agentbolt.semconv import AGL_MESSAGE, LightningSpanAttributes
-from agentbolt.tracer.base import get_active_tracer
 from agentbolt.types.tracer import SpanLike
 
 __all__ = ["emit_message", "get_message_value"]
@@ -28,9 +27,7 @@ def emit_message(message: str, attributes: Optional[Dict[str, Any]] = None, prop
     """
     if not isinstance(message, str):
         raise TypeError(f"message must be a str, got {type(message).__name__}.")
-    span_attributes = {**to_attributes(attributes or {}, ""), _BODY: message}
-    tracer = resolve_tracer(propagate, "a message", get_active_tracer)
-    tracer.create_span(name=AGL_MESSAGE, attributes=span_attributes)
+    emit_span(AGL_MESSAGE, "a message", {_BODY: message}, attributes, propagate)
 
 
 def get_message_value(span: SpanLike) -> Optional[str]:

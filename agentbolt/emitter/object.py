@@ -6,9 +6,8 @@ import base64
 import json
 from typing import Any, Dict, Optional, Tuple
 
-from agentbolt.emitter.annotation import resolve_tracer, to_attributes
+from agentbolt.emitter.annotation import emit_span
 from agentbolt.semconv import AGL_OBJECT, LightningSpanAttributes
-from agentbolt.tracer.base import get_active_tracer
 from agentbolt.types.tracer import Attributes, SpanCoreFields, SpanLike
 from agentbolt.utils.otel import full_qualified_name
 
@@ -58,9 +57,7 @@ def emit_object(object: Any, attributes: Optional[Dict[str, Any]] = None, propag
     Raises:
         RuntimeError: The object cannot be encoded, or no tracer is active (with ``propagate=True``).
     """
-    span_attributes = {**to_attributes(attributes or {}, ""), **encode_object(object)}
-    tracer = resolve_tracer(propagate, "an object", get_active_tracer)
-    return tracer.create_span(name=AGL_OBJECT, attributes=span_attributes)
+    return emit_span(AGL_OBJECT, "an object", encode_object(object), attributes, propagate)
 
 
 def get_object_value(span: SpanLike) -> Any:

@@ -52,7 +52,7 @@ from agentbolt.store.base import (
     queue_wait_seconds,
     rollout_wait_arguments,
 )
-from agentbolt.store.collection.base import LightningCollections, resolve_error_type
+from agentbolt.store.collection.base import LightningCollections, record_outcome
 from agentbolt.store.collection.memory import missing_item_message
 from agentbolt.store.method_context import (
     current_private_method,
@@ -137,21 +137,9 @@ def tracked(name: str) -> Callable[[F], F]:
                 tracker = self._tracker
                 if tracker is None:
                     return await func(self, *args, **kwargs)
-                start = time.perf_counter()
-                error: Optional[BaseException] = None
-                try:
+                labels = {"method": name, "store_pubmeth": current_public_method.get() or "unknown"}
+                async with record_outcome(tracker, labels, counter="agl.store.total", histogram="agl.store.latency"):
                     return await func(self, *args, **kwargs)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    labels = {
-                        "method": name,
-                        "store_pubmeth": current_public_method.get() or "unknown",
-                        "status": resolve_error_type(error),
-                    }
-                    await tracker.inc_counter("agl.store.total", labels=labels)
-                    await tracker.observe_histogram("agl.store.latency", time.perf_counter() - start, labels=labels)
             finally:
                 variable.reset(token)
 

@@ -52,6 +52,7 @@ __all__ = [
     "resolve_sort_options",
     "ensure_numeric",
     "resolve_error_type",
+    "record_outcome",
     "FILTER_OPERATORS",
 ]
 
@@ -85,6 +86,28 @@ class StorageOutcomeUnknownError(RuntimeError):
 def resolve_error_type(exc: Optional[BaseException]) -> str:
     """Label of an outcome for metrics: ``"OK"`` or the exception's class name."""
     return "OK" if exc is None else type(exc).__name__
+
+
+@asynccontextmanager
+async def record_outcome(
+    tracker: MetricsBackend, labels: Mapping[str, str], *, counter: str, histogram: str
+) -> AsyncIterator[None]:
+    """Count the operation run in the ``async with`` body in ``counter`` and its seconds in ``histogram``.
+
+    Both are recorded once the body ends, however it ends, with ``labels`` plus ``status`` (see
+    :func:`resolve_error_type`); an exception of the body propagates.
+    """
+    start = time.perf_counter()
+    error: Optional[BaseException] = None
+    try:
+        yield
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        labelled = {**labels, "status": resolve_error_type(error)}
+        await tracker.inc_counter(counter, labels=labelled)
+        await tracker.observe_histogram(histogram, time.perf_counter() - start, labels=labelled)
 
 
 def ensure_numeric(value: Any, *, description: str) -> float | int:
@@ -203,23 +226,16 @@ class TrackedCollection:
         if self._tracker is None:
             yield
             return
-        start = time.perf_counter()
-        error: Optional[BaseException] = None
-        try:
+        labels = {
+            **current_store_method_labels(),
+            "operation": operation,
+            "collection": collection,
+            **self.extra_tracking_labels,
+        }
+        async with record_outcome(
+            self._tracker, labels, counter="agl.collections.total", histogram="agl.collections.latency"
+        ):
             yield
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            labels = {
-                **current_store_method_labels(),
-                "operation": operation,
-                "collection": collection,
-                "status": resolve_error_type(error),
-                **self.extra_tracking_labels,
-            }
-            await self._tracker.inc_counter("agl.collections.total", labels=labels)
-            await self._tracker.observe_histogram("agl.collections.latency", time.perf_counter() - start, labels=labels)
 
 
 class Collection(TrackedCollection, Generic[T]):
