@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
@@ -33,6 +33,7 @@ from agentbolt.adapter.agent_match import compile_agent_match, select_calls
 from agentbolt.adapter.triplet import parse_logprobs, triplet_token_ids
 from agentbolt.store.utils import wait_for_finished_rollouts
 from agentbolt.types import Rollout, RolloutConfig, Triplet
+from agentbolt.utils.counters import Counters
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,7 @@ class TrainingSample:
 
 
 @dataclass
-class AggregationStats:
+class AggregationStats(Counters):
     """What the aggregation kept, cut and dropped."""
 
     calls: int = 0
@@ -98,15 +99,12 @@ class AggregationStats:
     responses_cut: int = 0
     """Samples whose response was cut to the response length."""
     mismatch_cases: List[Dict[str, Any]] = field(default_factory=list)
-    """The calls behind each mismatch (filled when debugging)."""
+    """The calls behind each mismatch (filled when debugging); :meth:`add` joins the lists, :meth:`as_metrics` leaves
+    them out (``mismatches`` counts them)."""
 
-    def add(self, other: AggregationStats) -> None:
-        """Accumulate another counter set into this one."""
-        for name in ("calls", "calls_without_tokens", "calls_of_other_agents", "mismatches"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.prompts_too_long += other.prompts_too_long
-        self.responses_cut += other.responses_cut
-        self.mismatch_cases.extend(other.mismatch_cases)
+    def as_metrics(self, prefix: str) -> Dict[str, float]:
+        """The counts as ``{prefix + name: value}``."""
+        return {prefix + f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "mismatch_cases"}
 
 
 def _call_tokens(triplet: Triplet) -> Tuple[List[int], List[int], Optional[List[float]]]:
@@ -604,12 +602,7 @@ class AgentModeDaemon:
             "agent_mode/rollouts": float(len(self._rollouts)),
             "agent_mode/rollouts_succeeded": float(statuses.count("succeeded")),
             "agent_mode/samples": float(len(samples)),
-            "agent_mode/calls": float(stats.calls),
-            "agent_mode/calls_without_tokens": float(stats.calls_without_tokens),
-            "agent_mode/calls_of_other_agents": float(stats.calls_of_other_agents),
-            "agent_mode/mismatches": float(stats.mismatches),
-            "agent_mode/prompts_too_long": float(stats.prompts_too_long),
-            "agent_mode/responses_cut": float(stats.responses_cut),
+            **stats.as_metrics("agent_mode/"),
         }
         return tensors, non_tensors, metrics
 
