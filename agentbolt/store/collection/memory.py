@@ -935,7 +935,11 @@ class InMemoryLightningCollections(LightningCollections):
         labels: Optional[Sequence[AtomicLabels]] = None,
         **kwargs: Any,
     ) -> _AtomicSection:
-        """Hold the locks of ``labels`` (all when empty) in sorted order; plain reads take no lock.
+        """Hold the locks of ``labels`` (all when empty) in sorted order.
+
+        Plain reads take no lock with ``asyncio`` locks: no other coroutine runs while a read walks the collections, as
+        reads do not await in between. With ``thread`` locks they take the locks like a write, since another thread
+        may change a collection while a read walks it.
 
         ``rollout_ids`` (in ``kwargs``) is ignored: a section never waits on I/O while it holds its locks, so finer
         locks would save nothing.
@@ -943,7 +947,7 @@ class InMemoryLightningCollections(LightningCollections):
         There is no rollback: a section that raises after mutating keeps its mutations, so callers validate
         before writing.
         """
-        if mode == "r" and not snapshot:
+        if mode == "r" and not snapshot and self._lock_type == "asyncio":
             return _AtomicSection(self, ())
         key = tuple(labels) if labels else ()
         locks = self._lock_orders.get(key)
