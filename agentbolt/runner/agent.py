@@ -665,8 +665,10 @@ class LitAgentRunner(Runner[T_task]):
         jitter = min(self._interval_jitter, interval / 2)
         return max(0.01, interval + random.uniform(-jitter, jitter))
 
-    async def _emit_heartbeat(self, store: LightningStore) -> None:
-        """Send one heartbeat with a system snapshot; bounded by the heartbeat interval, never raises."""
+    async def _emit_heartbeat(self, store: LightningStore, worker_id: str) -> None:
+        """Send one heartbeat of ``worker_id`` (taken when the heartbeats started: a heartbeat still on its way
+        when the worker is torn down must not report for no worker) with a system snapshot; bounded by the
+        heartbeat interval, never raises."""
         timeout = max(self._heartbeat_interval, 0.1)
         try:
             snapshot = await asyncio.wait_for(
@@ -679,31 +681,32 @@ class LitAgentRunner(Runner[T_task]):
             logger.exception("System snapshot failed")
             return
         try:
-            await asyncio.wait_for(store.update_worker(self.get_worker_id(), snapshot), timeout=timeout)
+            await asyncio.wait_for(store.update_worker(worker_id, snapshot), timeout=timeout)
         except Exception as exc:
             # One warning per spell of failures (a store that is down fails every heartbeat until it is back).
             level = logging.DEBUG if self._heartbeat_failing else logging.WARNING
             self._heartbeat_failing = True
-            logger.log(level, "Heartbeat of %s failed: %s", self.get_worker_id(), str(exc) or repr(exc))
+            logger.log(level, "Heartbeat of %s failed: %s", worker_id, str(exc) or repr(exc))
             return
         if self._heartbeat_failing:
             self._heartbeat_failing = False
-            logger.info("Heartbeats of %s reach the store again", self.get_worker_id())
+            logger.info("Heartbeats of %s reach the store again", worker_id)
 
     def _start_heartbeat_loop(self, store: LightningStore) -> Optional[Callable[[], Awaitable[None]]]:
         """Start sending heartbeats; returns an async function that stops them (None when disabled)."""
         if self._heartbeat_interval <= 0 or self.worker_id is None:
             return None
+        worker_id = self.get_worker_id()
         if self._heartbeat_launch_mode == "asyncio":
             stop = asyncio.Event()
 
             async def loop() -> None:
                 while not stop.is_set():
-                    await self._emit_heartbeat(store)
+                    await self._emit_heartbeat(store, worker_id)
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), timeout=self._jittered(self._heartbeat_interval))
 
-            task = asyncio.create_task(loop(), name=f"heartbeat-{self.get_worker_id()}")
+            task = asyncio.create_task(loop(), name=f"heartbeat-{worker_id}")
 
             async def stop_asyncio() -> None:
                 stop.set()
@@ -716,23 +719,27 @@ class LitAgentRunner(Runner[T_task]):
         if self._heartbeat_launch_mode == "thread":
             stop_flag = threading.Event()
             main_loop = asyncio.get_running_loop()
+            in_flight: List[concurrent.futures.Future[None]] = []
 
             def run() -> None:
                 # Snapshots are taken in this thread; the store is only ever used from its own event loop.
                 while not stop_flag.is_set():
-                    future = asyncio.run_coroutine_threadsafe(self._emit_heartbeat(store), main_loop)
+                    future = asyncio.run_coroutine_threadsafe(self._emit_heartbeat(store, worker_id), main_loop)
+                    in_flight[:] = [future]
                     try:
                         future.result(timeout=2 * self._heartbeat_interval + 1)
-                    except Exception as exc:  # the loop is gone or too busy to answer in time
+                    except Exception as exc:  # the loop is gone or too busy to answer in time, or the worker stopped
                         future.cancel()
-                        logger.debug("Heartbeat of %s skipped: %r", self.get_worker_id(), exc)
+                        logger.debug("Heartbeat of %s skipped: %r", worker_id, exc)
                     stop_flag.wait(self._jittered(self._heartbeat_interval))
 
-            thread = threading.Thread(target=run, name=f"heartbeat-{self.get_worker_id()}", daemon=True)
+            thread = threading.Thread(target=run, name=f"heartbeat-{worker_id}", daemon=True)
             thread.start()
 
             async def stop_thread() -> None:
                 stop_flag.set()
+                for future in in_flight:  # a heartbeat on its way is not sent after the worker stopped
+                    future.cancel()
 
             return stop_thread
         raise ValueError(f"Unknown heartbeat_launch_mode {self._heartbeat_launch_mode!r}; use 'thread' or 'asyncio'.")

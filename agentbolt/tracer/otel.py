@@ -221,6 +221,7 @@ class _PendingWrite(PendingSpan):
     local_sequence_id: int
     exported: bool = False
     stored: Optional[Span] = field(default=None, init=False)
+    done: bool = field(default=False, init=False)
 
     def to_span(self, sequence_id: int) -> Span:
         """The span to store (the store issues its sequence id)."""
@@ -238,6 +239,7 @@ class _PendingWrite(PendingSpan):
     def completed(self, stored: Optional[Span]) -> None:
         """Keep the stored span (with its store-issued sequence id) for :meth:`LightningSpanProcessor.spans`."""
         self.stored = stored
+        self.done = True
 
     def result(self) -> Span:
         """The stored span, or a local conversion while (or if) it is not stored (or was exported over OTLP)."""
@@ -495,15 +497,19 @@ class LightningSpanProcessor(SpanProcessor):
             stopped = True  # the rollout was stopped (Ctrl-C): its spans are written in the background, or given up
             raise
         finally:
+            collected = binding.spans or []
             self._unbind(binding)
-            if not stopped and not self.force_flush(int(timeout * 1000)):
-                logger.warning(
-                    "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
-                    "and are retried in the background.",
-                    rollout_id,
-                    attempt_id,
-                    self.pending_count,
-                )
+            # Only this context's spans are waited for and reported: other threads' rollouts write theirs meanwhile.
+            if not stopped and _unwritten(collected) and not self.force_flush(int(timeout * 1000)):
+                left = _unwritten(collected)
+                if left:
+                    logger.warning(
+                        "Rollout %s attempt %s ended with %d span(s) not yet in the store; they stay buffered "
+                        "and are retried in the background.",
+                        rollout_id,
+                        attempt_id,
+                        left,
+                    )
 
     async def flush_async(self, timeout: Optional[float] = None) -> bool:
         """:meth:`force_flush` without blocking the event loop (waits in a worker thread).
@@ -581,8 +587,7 @@ class LightningSpanProcessor(SpanProcessor):
         the gateway takes the id of a call when the call arrives: a reward written late would sort after the next
         call. So ending an annotation span writes it, with every span that ended before it, at once.
         """
-        writer = self._writer_for(store)
-        writer.submit(item)  # a full buffer drops the span (counted and logged by the writer)
+        writer = self._hand_over(store, item)
         if item.span.name != AGL_ANNOTATION or writer.unreachable:
             return
         if threading.current_thread() is self._loop_thread:
@@ -629,16 +634,25 @@ class LightningSpanProcessor(SpanProcessor):
         ready.wait()
         return loop
 
-    def _writer_for(self, store: LightningStore) -> SpanWriter:
-        loop = self._ensure_loop()
-        with self._lock:
-            writer = self._writers.get(id(store))
-            if writer is not None and writer.store is store:
+    def _hand_over(self, store: LightningStore, item: _PendingWrite) -> SpanWriter:
+        """Queue ``item`` with the writer of ``store`` on the running loop; returns that writer.
+
+        A full buffer drops the span (counted and logged by the writer). The span is queued under the lock that
+        :meth:`shutdown` takes the writers and the loop under, so it never lands in a writer being shut down (whose
+        loop stops with it): a span ending while the last worker tears down starts a new loop and writer instead.
+        """
+        while True:
+            loop = self._ensure_loop()
+            with self._lock:
+                if self._loop is not loop:
+                    continue  # shut down since: start a new loop
+                writer = self._writers.get(id(store))
+                if writer is None or writer.store is not store:
+                    writer = self._new_writer(store)
+                    writer.start(loop)
+                    self._writers[id(store)] = writer
+                writer.submit(item)
                 return writer
-            writer = self._new_writer(store)
-            writer.start(loop)
-            self._writers[id(store)] = writer
-        return writer
 
     # ---- results and lifecycle ----
 
@@ -716,14 +730,14 @@ class LightningSpanProcessor(SpanProcessor):
         with self._lock:
             if self._otlp_target is not None:
                 self._otlp_target.closing = True
-            # Stopped writers are dropped: they hold their stores, which the caller may close and drop.
+            # Stopped writers are dropped: they hold their stores, which the caller may close and drop. The loop is
+            # taken with them, so a span ending from now on goes to a new loop and writer (see _hand_over).
             writers, self._writers = list(self._writers.values()), {}
+            loop, thread, self._loop = self._loop, self._loop_thread, None
         deadline = time.monotonic() + self._write_timeout
         for writer in writers:
             writer.stop_threadsafe(max(0.0, deadline - time.monotonic()))
             self._given_up_by_stopped_writers += _given_up(writer)
-        loop, thread = self._loop, self._loop_thread
-        self._loop = None
         if loop is None or thread is None or not thread.is_alive():
             return
         # Tasks still running on the loop (a writer that did not stop in time) are cancelled and awaited: a loop
@@ -734,6 +748,11 @@ class LightningSpanProcessor(SpanProcessor):
         thread.join(timeout=5)
         if not thread.is_alive():
             loop.close()
+
+
+def _unwritten(collected: Sequence[Union[Span, _PendingWrite]]) -> int:
+    """How many of a context's collected spans its writer has neither written nor given up yet."""
+    return sum(1 for entry in collected if isinstance(entry, _PendingWrite) and not entry.done)
 
 
 def _given_up(writer: SpanWriter) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import warnings
 from typing import Any, List
 
@@ -14,6 +15,7 @@ import agentbolt as agl
 from agentbolt.emitter import find_final_reward
 from agentbolt.execution import ThreadingEvent
 from agentbolt.runner import LitAgentRunner
+from agentbolt.runner import agent as agent_module
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.tracer import OtelTracer
 from agentbolt.types import Span, SpanCoreFields, TraceStatus
@@ -334,3 +336,29 @@ def test_poll_jitter_is_capped_at_half_the_interval() -> None:
     samples = [runner._jittered(0.05) for _ in range(500)]
     assert all(0.025 <= value <= 0.075 for value in samples)
     assert max(runner._jittered(10.0) for _ in range(500)) > 10.0
+
+
+async def test_a_heartbeat_on_its_way_when_the_worker_stops_reports_for_no_other_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thread heartbeats: one still taking its snapshot when the worker is torn down is not sent afterwards (it used
+    to be sent for ``Worker-Unknown``, a worker that does not exist)."""
+    snapshot_taken, release = threading.Event(), threading.Event()
+
+    def slow_snapshot(include_gpu: bool) -> dict[str, float]:
+        snapshot_taken.set()
+        release.wait(5)
+        return {"cpu_usage_pct": 1.0}
+
+    monkeypatch.setattr(agent_module, "system_snapshot", slow_snapshot)
+    store = InMemoryLightningStore()
+    runner: LitAgentRunner[Any] = LitAgentRunner(OtelTracer(), heartbeat_interval=0.5, heartbeat_launch_mode="thread")
+    runner.init_worker(0, store)
+    stop = runner._start_heartbeat_loop(store)
+    assert stop is not None
+    await asyncio.to_thread(snapshot_taken.wait, 5)
+    await stop()
+    runner.teardown_worker(0)
+    release.set()
+    await asyncio.sleep(0.3)  # time for a heartbeat that was not stopped to reach the store
+    assert [worker.worker_id for worker in await store.query_workers()] == []

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import AsyncIterator, List, Optional, Sequence
+from unittest.mock import patch
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -385,3 +387,69 @@ async def test_a_span_left_running_by_a_rollout_stays_with_that_rollout(inner: I
     assert "late" in await stored_names(inner, first.rollout_id)
     assert "late" not in await stored_names(inner, second.rollout_id)
     assert "own" in local and "late" not in local
+
+
+async def test_a_span_ending_while_the_last_worker_tears_down_is_stored(
+    inner: InMemoryLightningStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span that ends while ``shutdown`` stops the writers (a thread the agent left running) goes to a new writer.
+
+    It used to join a writer made on the loop being stopped, and was neither stored nor counted as given up.
+    """
+    started = await inner.start_rollout(input={})
+    tracer = OtelTracer()
+    tracer.init_worker(0, inner)
+    processor = tracer._lightning_span_processor
+    assert processor is not None
+    async with tracer.trace_context("r", rollout_id=started.rollout_id, attempt_id=started.attempt.attempt_id):
+        tracer.get_otel_tracer().start_span("inside").end()
+        late = tracer.get_otel_tracer().start_span("late")  # started in the rollout, ends during the shutdown
+    stop_threadsafe = otel_module.SpanWriter.stop_threadsafe
+
+    def end_late_span_then_stop(writer: otel_module.SpanWriter, timeout: float) -> int:
+        late.end()
+        return stop_threadsafe(writer, timeout)
+
+    monkeypatch.setattr(otel_module.SpanWriter, "stop_threadsafe", end_late_span_then_stop)
+    tracer.teardown_worker(0)
+    monkeypatch.undo()
+    try:
+        assert processor.force_flush(10_000)
+        assert await stored_names(inner, started.rollout_id) == ["inside", "late"]
+    finally:
+        processor.shutdown()
+
+
+async def test_leaving_a_context_reports_only_its_own_unwritten_spans(
+    inner: InMemoryLightningStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another rollout's spans still on their way do not make a context that wrote all of its own warn."""
+    mine, other = await inner.start_rollout(input={}), await inner.start_rollout(input={})
+    tracer = OtelTracer()
+    tracer.init_worker(0, inner)
+    processor = tracer._lightning_span_processor
+    assert processor is not None
+    release = threading.Event()
+    original_add_many_spans = inner.add_many_spans
+
+    async def add_many_spans(spans: Sequence[Span]) -> Sequence[Span]:
+        if any(span.rollout_id == other.rollout_id for span in spans):
+            await asyncio.to_thread(release.wait, 10)  # the other rollout's spans are slow to reach the store
+        return await original_add_many_spans(spans)
+
+    try:
+        with patch.object(inner, "add_many_spans", add_many_spans):
+            with processor.with_context(inner, other.rollout_id, other.attempt.attempt_id, flush_timeout=0):
+                tracer.get_otel_tracer().start_span("other's").end()
+            with (
+                caplog.at_level(logging.WARNING, logger=otel_module.__name__),
+                processor.with_context(inner, mine.rollout_id, mine.attempt.attempt_id, flush_timeout=5),
+            ):
+                tracer.get_otel_tracer().start_span("mine").end()
+            release.set()
+            assert processor.force_flush(10_000)
+    finally:
+        release.set()
+        tracer.teardown_worker(0)
+    assert [r.getMessage() for r in caplog.records if "not yet in the store" in r.getMessage()] == []
+    assert len(await inner.query_spans(mine.rollout_id)) == 1 and len(await inner.query_spans(other.rollout_id)) == 1
