@@ -11,10 +11,12 @@ import gc
 import json
 import pickle
 import re
+import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict
+from typing import Any, AsyncIterator, Dict, List
 
 import aiohttp
 import pytest
@@ -831,3 +833,38 @@ async def test_values_nested_near_the_parser_limit_are_refused_or_read_back(serv
         deep = [deep]
     with pytest.raises(LightningStoreHTTPError, match="nested more than"):
         await served.client.enqueue_rollout(input=deep)
+
+
+async def test_a_thread_opening_its_session_while_another_collects_stale_ones_fails_neither(served: Served) -> None:
+    """The client is shared by threads with event loops of their own: one of them opening its session while another
+    walks the sessions (to close those of finished loops) used to fail the walk with "dictionary changed size
+    during iteration", so the call raised, or a read answered a wrong "not found"."""
+    client = LightningStoreClient(served.server.endpoint, retry_delays=(), health_retry_delays=())
+    answers: List[int] = []
+
+    def other_thread() -> None:
+        answers.append(len(asyncio.run(client.query_rollouts())))
+
+    other = threading.Thread(target=other_thread)
+
+    class WalkedLoop:
+        """A stand-in for a loop the walk asks about: while it is asked, the other thread opens its session."""
+
+        def is_closed(self) -> bool:
+            if not other.is_alive() and other.ident is None:
+                other.start()
+                deadline = time.monotonic() + 0.5
+                while len(client._sessions) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return False
+
+    class ClosedSession:
+        closed = True
+
+    client._sessions[WalkedLoop()] = ClosedSession()  # type: ignore[index,assignment]
+    try:
+        assert len(await client.query_rollouts()) == 0
+        await asyncio.to_thread(other.join, 10)
+        assert answers == [0]
+    finally:
+        await client.close()

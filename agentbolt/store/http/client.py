@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import os
+import threading
 import time
 from contextvars import ContextVar
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
@@ -154,6 +155,7 @@ class LightningStoreClient(LightningStore):
         # Loops are held (not weakly referenced) so that a session outliving its loop is still closed, by the next
         # call from another loop or by close(), instead of being dropped open when the loop is collected.
         self._sessions: Dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._sessions_lock = threading.Lock()  # threads with loops of their own share the client
         self._dequeue_succeeded = False
         self._dequeue_failure_logged = False
         self._queue_waits_unsupported = False
@@ -162,11 +164,13 @@ class LightningStoreClient(LightningStore):
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_sessions"] = None
+        state["_sessions_lock"] = None
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._sessions = {}
+        self._sessions_lock = threading.Lock()
 
     @property
     def capabilities(self) -> LightningStoreCapabilities:
@@ -202,15 +206,22 @@ class LightningStoreClient(LightningStore):
         return server_id if isinstance(server_id, str) else None
 
     async def _get_session(self) -> aiohttp.ClientSession:
+        """The session of the running event loop (one per loop: a session cannot be used from another)."""
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
-        if session is None or session.closed:
-            for stale in [other for other in self._sessions if other.is_closed()]:
-                await _release(self._sessions.pop(stale))  # sessions of finished event loops cannot be used any more
-            timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
-            connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
-            session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
-            self._sessions[loop] = session
+        if session is not None and not session.closed:
+            return session
+        with self._sessions_lock:
+            # Sessions of finished event loops cannot be used any more.
+            stale = [self._sessions.pop(other) for other in list(self._sessions) if other.is_closed()]
+            session = self._sessions.get(loop)
+            if session is None or session.closed:
+                timeout = aiohttp.ClientTimeout(total=self._request_timeout, connect=self._connection_timeout)
+                connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=15.0)
+                session = aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers())
+                self._sessions[loop] = session
+        for old in stale:
+            await _release(old)
         return session
 
     async def close(self) -> None:
@@ -223,8 +234,9 @@ class LightningStoreClient(LightningStore):
             loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        sessions = list(self._sessions.items())
-        self._sessions = {}
+        with self._sessions_lock:
+            sessions = list(self._sessions.items())
+            self._sessions = {}
         for session_loop, session in sessions:
             if session.closed:
                 continue
