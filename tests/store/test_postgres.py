@@ -888,3 +888,34 @@ async def test_calls_while_postgres_is_down_fail_cleanly_and_the_store_recovers(
         assert [r.rollout_id if r else None for r in claimed] == [before.rollout_id, after.rollout_id, None]
     finally:
         await store.close()
+
+
+async def test_successive_event_loops_do_not_hold_a_pool_each(schema: str) -> None:
+    """A store used under ``asyncio.run`` again and again (or by threads whose loops end) opens a pool per loop; the
+    pools of finished loops used to keep their connections until the server refused more ("too many clients")."""
+    count_sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
+
+    def server_connections() -> int:
+        return int(postgres_server().psql(count_sql).strip())
+
+    store = open_store(schema, pool_min_size=1, pool_max_size=2)
+    before = await asyncio.to_thread(server_connections)
+
+    def one_loop(index: int) -> None:
+        async def work() -> None:
+            await store.enqueue_rollout(input=index)
+            claimed = await store.dequeue_rollout(worker_id="w")
+            assert claimed is not None
+            await store.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+
+        asyncio.run(work())
+
+    try:
+        for index in range(12):
+            await asyncio.to_thread(one_loop, index)
+        await asyncio.sleep(0.2)  # the server notices closed sockets at once; give its statistics a moment
+        assert await asyncio.to_thread(server_connections) - before <= 2 + 1  # one pool (and the listener)
+    finally:
+        await store.close()

@@ -32,6 +32,7 @@ commit raises :class:`PostgresUnavailableError` (nothing was applied, the call c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import logging
@@ -488,8 +489,37 @@ class _ConnectionSettings:
         return max(1, round(self.connect_timeout))
 
 
+@dataclass
+class _LoopPool:
+    """The connection pool of one event loop, and the connections it opened (to close them once the loop is gone)."""
+
+    loop: weakref.ref[asyncio.AbstractEventLoop]
+    pool: Any
+    connections: weakref.WeakSet[Any]
+
+    def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this is ``loop``'s pool (a finished loop's id may be given to a new loop)."""
+        return self.loop() is loop
+
+    @property
+    def loop_finished(self) -> bool:
+        """Whether the pool's event loop is closed or gone: the pool can no longer be used or closed normally."""
+        loop = self.loop()
+        return loop is None or loop.is_closed()
+
+    def close_without_loop(self) -> None:
+        """Close the pool's connections without its event loop (libpq closes each socket at once)."""
+        for conn in list(self.connections):
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
+
+
 class _Database:
-    """Connection pools (one per process and event loop), atomic sections, and the notification listener."""
+    """Connection pools (one per process and event loop), atomic sections, and the notification listener.
+
+    The pool of an event loop that finished (a thread's loop, an ``asyncio.run`` per call) is closed when the next
+    pool is opened, so successive loops do not hold connections until the server refuses more.
+    """
 
     def __init__(self, settings: _ConnectionSettings) -> None:
         self.settings = settings
@@ -497,7 +527,7 @@ class _Database:
         self.schema = settings.schema
         self.where = redact_dsn(settings.dsn)
         self.channel = f"agentbolt:{settings.schema}"
-        self._pools: Dict[Tuple[int, int], Tuple[weakref.ref[asyncio.AbstractEventLoop], Any]] = {}
+        self._pools: Dict[Tuple[int, int], _LoopPool] = {}
         self._pools_lock = threading.Lock()
         self._label_locks = {label: _lock_key(settings.schema, "label", label) for label in _ALL_LABELS}
         self._closed = False
@@ -518,14 +548,18 @@ class _Database:
         if self._closed:
             raise PostgresStoreError(f"The store is closed ({self.where})")
         loop = asyncio.get_running_loop()
-        key = (os.getpid(), id(loop))
+        pid = os.getpid()
+        key = (pid, id(loop))
         entry = self._pools.get(key)
-        if entry is not None and entry[0]() is loop:
-            return entry[1]
+        if entry is not None and entry.serves(loop):
+            return entry.pool
         from psycopg_pool import AsyncConnectionPool
+
+        connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
         async def configure(conn: Any) -> None:
             _configure_adapters(conn)
+            connections.add(conn)
 
         settings = self.settings
         pool = AsyncConnectionPool(
@@ -540,9 +574,14 @@ class _Database:
         )
         with self._pools_lock:
             entry = self._pools.get(key)
-            if entry is not None and entry[0]() is loop:
-                return entry[1]
-            self._pools[key] = (weakref.ref(loop), pool)
+            if entry is not None and entry.serves(loop):
+                return entry.pool
+            # A pool inherited through fork belongs to the parent: never touch its connections.
+            finished = [k for k, other in self._pools.items() if k[0] == pid and other.loop_finished]
+            stale = [self._pools.pop(k) for k in finished]
+            self._pools[key] = _LoopPool(weakref.ref(loop), pool, connections)
+        for other in stale:
+            other.close_without_loop()
         await pool.open(wait=False)
         return pool
 
@@ -578,18 +617,21 @@ class _Database:
             pools, self._pools = self._pools, {}
         pid = os.getpid()
         current = asyncio.get_running_loop()
-        for (owner_pid, _), (loop_ref, pool) in pools.items():
+        for (owner_pid, _), entry in pools.items():
             if owner_pid != pid:
                 continue  # a pool inherited through fork belongs to the parent: never touch its connections
-            loop = loop_ref()
+            loop = entry.loop()
             if loop is current:
-                await pool.close()
+                await entry.pool.close()
             elif loop is not None and loop.is_running():
-                future = asyncio.run_coroutine_threadsafe(pool.close(), loop)
+                future = asyncio.run_coroutine_threadsafe(entry.pool.close(), loop)
                 try:
                     await asyncio.wait_for(asyncio.wrap_future(future), timeout=10.0)
                 except Exception as exc:
                     logger.debug("Could not close a pool of another event loop: %s", _one_line(exc, self.dsn))
+                    entry.close_without_loop()
+            else:
+                entry.close_without_loop()
 
     # -- sections ----------------------------------------------------------------------------------------------
 
