@@ -118,6 +118,11 @@ _PROMPT_FIELDS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt
 """The request field holding the prompt on each generation route: what a context-length error names as its
 ``param``, as OpenAI's API does."""
 
+_ANSWER_INLINE_ENTRIES = 2048
+"""Answers with fewer log-probability entries than this (tokens and their alternatives) are built and encoded on the
+event loop; larger ones in a worker thread: an answer of n=10 x 1,900 tokens x 20 alternatives took seconds to
+build, during which ``/health`` and every other stream waited."""
+
 _PREPARE_INLINE_BYTES = 4096
 """Request bodies smaller than this have their prompts templated, tokenized and checked on the event loop; larger
 ones in a worker thread (:func:`asyncio.to_thread`), so that a huge prompt (tokenizing runs at about 1-4 MB/s)
@@ -185,6 +190,9 @@ class _Handler:
         self.adapter_dirs = [Path(directory).expanduser().resolve() for directory in adapter_dirs]
         self.load_error: Optional[BaseException] = None
         self._token_bytes: Optional[TokenBytes] = None  # built at the first logprobs answer
+        # Each token's text and bytes, decoded once: an answer with logprobs names thousands of tokens.
+        self._token_texts: Dict[int, str] = {}
+        self._token_byte_lists: Dict[int, List[int]] = {}
 
     async def read(self, request: Request, model: Type[M]) -> M:
         """Read, parse and validate a request body (the shared door of both OpenAI-compatible servers)."""
@@ -263,18 +271,20 @@ class _Handler:
     # ------------------------------------------------------------------ logprobs formatting
 
     def _token_text(self, token_id: int) -> str:
-        return str(self.engine.tokenizer.decode([token_id]))
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = str(self.engine.tokenizer.decode([token_id]))
+        return text
 
     def _token_entry(self, token_id: int, logprob: float) -> Dict[str, Any]:
         """A chat logprobs entry: the token's text decoded alone, its log-probability and its own bytes (a token
         holding part of a UTF-8 character has U+FFFD as its text, and that part of the character as its bytes)."""
-        if self._token_bytes is None:
-            self._token_bytes = TokenBytes(self.engine.tokenizer)
-        return {
-            "token": self._token_text(token_id),
-            "logprob": _logprob(logprob),
-            "bytes": list(self._token_bytes.of(token_id)),
-        }
+        byte_list = self._token_byte_lists.get(token_id)
+        if byte_list is None:
+            if self._token_bytes is None:
+                self._token_bytes = TokenBytes(self.engine.tokenizer)
+            byte_list = self._token_byte_lists[token_id] = list(self._token_bytes.of(token_id))
+        return {"token": self._token_text(token_id), "logprob": _logprob(logprob), "bytes": byte_list}
 
     def chat_logprobs(
         self, token_ids: List[int], logprobs: Optional[List[float]], tops: Optional[List[List[Tuple[int, float]]]]
@@ -745,12 +755,16 @@ def create_app(
         )
         forced, prompt = await handler.prepare(size, lambda: handler.prepare_chat(body, params, adapter))
         if body.streaming:
-            stream, first = await _open_stream(engine, prompt, params, adapter)
+            stream, first = await _until_disconnected(request, lambda: _open_stream(engine, prompt, params, adapter))
             return StreamingResponse(
                 handler.chat_stream(body, prompt, stream, first, forced), media_type="text/event-stream"
             )
         output = await _until_disconnected(request, lambda: engine.generate(prompt, params, adapter))
-        return _json(handler.chat_response(body, output, forced))
+        return await off_loop_if_large(
+            _logprob_entries(output.choices),
+            _ANSWER_INLINE_ENTRIES,
+            lambda: _json(handler.chat_response(body, output, forced)),
+        )
 
     @app.post("/v1/completions", include_in_schema=False)
     async def completions(request: Request) -> Response:
@@ -767,26 +781,33 @@ def create_app(
         if body.streaming:
             if len(prompts) != 1:
                 raise ApiError(400, "streaming supports a single prompt per request", param="prompt")
-            stream, first = await _open_stream(engine, prompts[0], params, adapter)
+            stream, first = await _until_disconnected(
+                request, lambda: _open_stream(engine, prompts[0], params, adapter)
+            )
             return StreamingResponse(
                 _completion_stream(handler, body, base, prompts[0], stream, first), media_type="text/event-stream"
             )
         outputs = await _until_disconnected(
             request, lambda: _gather_or_cancel([engine.generate(prompt, params, adapter) for prompt in prompts])
         )
-        choices = []
-        completion_tokens = prompt_tokens = 0
-        for number, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
-            prompt_tokens += len(prompt)
-            for choice in output.choices:
-                completion_tokens += len(choice.token_ids)
-                choices.append(handler.completion_choice(body, prompt, number * params.n + choice.index, choice))
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        return _json({**base, "choices": choices, "usage": usage})
+
+        def answer() -> Response:
+            choices = []
+            completion_tokens = prompt_tokens = 0
+            for number, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+                prompt_tokens += len(prompt)
+                for choice in output.choices:
+                    completion_tokens += len(choice.token_ids)
+                    choices.append(handler.completion_choice(body, prompt, number * params.n + choice.index, choice))
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
+            return _json({**base, "choices": choices, "usage": usage})
+
+        entries = sum(_logprob_entries(output.choices) for output in outputs)
+        return await off_loop_if_large(entries, _ANSWER_INLINE_ENTRIES, answer)
 
     @app.post("/v1/load_lora_adapter", include_in_schema=False)
     async def load_lora(request: Request) -> Response:
@@ -836,6 +857,15 @@ async def _until_disconnected(request: Request, work: Callable[[], Awaitable[T]]
         logger.info("Client disconnected from %s: generation cancelled", request.url.path)
         raise client_closed("the client closed the connection before the answer was ready")
     return task.result()
+
+
+def _logprob_entries(sequences: Sequence[SequenceOutput]) -> int:
+    """How many log-probability entries (tokens and their alternatives) an answer of ``sequences`` holds."""
+    return sum(
+        len(sequence.token_ids) + sum(len(alternatives) for alternatives in sequence.top_logprobs or ())
+        for sequence in sequences
+        if sequence.logprobs is not None
+    )
 
 
 async def _disconnected(request: Request) -> None:

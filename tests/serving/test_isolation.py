@@ -187,3 +187,32 @@ def test_a_disconnected_heavy_request_stops_generating(limited: InferenceServer)
     assert engine.queued_tokens == 0
     after = _post(limited, "chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
     assert after.status_code == 200 and after.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_a_stream_whose_client_leaves_while_it_is_queued_gives_its_tokens_back_at_once(tiny_model_dir: Path) -> None:
+    """A streaming request waiting for a batch slot whose client goes away is dropped then, not when a slot frees:
+    it used to keep its place and its queued tokens, so clients that time out and retry filled the queue with dead
+    requests and live ones got 429s."""
+    busy = {"prompt": "a", "max_tokens": 2000, "ignore_eos": True}
+    with serving(tiny_model_dir, max_batch_size=1, max_queued_tokens=100_000) as server:
+        engine = server.engine
+        threads = [threading.Thread(target=_post, args=(server, "completions", busy)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        _wait_for(lambda: engine.stats()["running"] == 1 and engine.stats()["waiting"] == 1)
+        held_by_busy = engine.queued_tokens
+        with (
+            pytest.raises(httpx.ReadTimeout),  # no first chunk: it waits behind the two busy requests
+            httpx.stream(
+                "POST",
+                f"{server.base_url}/completions",
+                json={**busy, "stream": True},
+                timeout=httpx.Timeout(120, read=0.2),
+            ) as response,
+        ):
+            response.read()
+        _wait_for(lambda: engine.queued_tokens <= held_by_busy or not all(t.is_alive() for t in threads), timeout=30)
+        assert all(t.is_alive() for t in threads), "a busy request ended before the stream's tokens were given back"
+        for thread in threads:
+            thread.join()
+        assert engine.queued_tokens == 0

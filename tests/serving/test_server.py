@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agentbolt.models.tiny import TINY_SPECIAL_TOKENS
+from agentbolt.serving import server as server_module
 from agentbolt.serving.params import GenerationOutput, SequenceOutput
 from agentbolt.serving.server import InferenceServer, create_app
 from agentbolt.serving.transformers_engine import TransformersEngine
@@ -437,3 +438,44 @@ def test_a_null_max_tokens_is_the_default_of_text_completions() -> None:
     for body in ({"prompt": "a"}, {"prompt": "a", "max_tokens": None}):
         params = completion_sampling_params(CompletionRequest.model_validate(body))
         assert params.max_tokens == COMPLETION_DEFAULT_MAX_TOKENS == 16
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_an_answer_too_large_to_build_on_the_event_loop_is_the_same_built_in_a_thread(
+    http: httpx.Client, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """Answers with many log-probability entries are built and encoded in a worker thread (one of n=10 x 1,900 tokens
+    x 20 alternatives held ``/health`` and every stream for seconds); what they say does not change."""
+    body: Dict[str, Any] = {"model": "tiny", "max_tokens": 40, "temperature": 0, "ignore_eos": True, "n": 2}
+    if route == "chat/completions":
+        body.update({"messages": MESSAGES, "logprobs": True, "top_logprobs": 3})
+    else:
+        body.update({"prompt": "Say something.", "logprobs": 3})
+    entries = 2 * 40 * (1 + 3)
+
+    def answer(inline_below: int) -> Dict[str, Any]:
+        monkeypatch.setattr(server_module, "_ANSWER_INLINE_ENTRIES", inline_below)
+        data = http.post(f"/{route}", json=body).json()
+        for volatile in ("id", "created"):
+            data.pop(volatile)
+        return data
+
+    in_a_thread, on_the_loop = answer(entries), answer(entries + 1)
+    assert len(in_a_thread["choices"]) == 2
+    thread_leaves, loop_leaves = _leaves(in_a_thread), _leaves(on_the_loop)
+    assert [path for path, _ in thread_leaves] == [path for path, _ in loop_leaves]
+    for (path, built_in_a_thread), (_, built_on_the_loop) in zip(thread_leaves, loop_leaves, strict=True):
+        if isinstance(built_on_the_loop, float):  # two runs of the same batch may differ in the last float bits
+            assert built_in_a_thread == pytest.approx(built_on_the_loop, abs=1e-4), path
+        else:
+            assert built_in_a_thread == built_on_the_loop, path
+    assert server_module._logprob_entries([]) == 0
+
+
+def _leaves(value: Any, path: str = "") -> List[Any]:
+    """``(path, value)`` of every scalar in a JSON document, in order."""
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in _leaves(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [leaf for index, item in enumerate(value) for leaf in _leaves(item, f"{path}[{index}]")]
+    return [(path, value)]
