@@ -76,6 +76,9 @@ class SamplingDefaults:
         self.timeout = timeout
         self.max_cached = max_cached
         self._by_rollout: collections.OrderedDict[str, ModelDefaults] = collections.OrderedDict()
+        # The read of each rollout under way: the calls arriving meanwhile wait for it instead of reading again, and
+        # go on in the order they arrived.
+        self._reading: Dict[str, asyncio.Future[ModelDefaults]] = {}
         self._warned: Set[str] = set()
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
@@ -98,13 +101,29 @@ class SamplingDefaults:
             )
         return defaults
 
+    def _reading_of(self, rollout_id: str) -> asyncio.Future[ModelDefaults]:
+        """The read of ``rollout_id``'s parameters under way, started if there is none."""
+        reading = self._reading.get(rollout_id)
+        if reading is None:
+            reading = self._reading[rollout_id] = asyncio.ensure_future(self._read(rollout_id))
+
+            def done(finished: asyncio.Future[ModelDefaults]) -> None:
+                if self._reading.get(rollout_id) is finished:
+                    del self._reading[rollout_id]
+                if not finished.cancelled():
+                    finished.exception()  # retrieved: every caller may have stopped waiting (it is logged by them)
+
+            reading.add_done_callback(done)
+        return reading
+
     async def for_call(self, rollout_id: str, model: str) -> Dict[str, Any]:
         """The sampling parameters for a call of ``rollout_id`` to ``model``; empty when none apply or the store
         does not answer in time."""
         defaults = self._by_rollout.get(rollout_id)
         if defaults is None:
             try:
-                defaults = await asyncio.wait_for(self._read(rollout_id), self.timeout)
+                # Shielded: a call that stops waiting leaves the read to the calls still waiting for it.
+                defaults = await asyncio.wait_for(asyncio.shield(self._reading_of(rollout_id)), self.timeout)
             except Exception as exc:  # a slow or failing store must not fail the agent's call
                 self._warn_once(
                     "store",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import httpx
 import pytest
@@ -139,3 +140,30 @@ def test_max_tokens_and_max_completion_tokens_count_as_one() -> None:
         "top_p": 0.9,
     }
     assert with_sampling_defaults({"max_tokens": 4}, {"max_completion_tokens": 16}) == {"max_tokens": 4}
+
+
+async def test_calls_arriving_while_a_rollouts_parameters_are_read_share_that_one_read() -> None:
+    """The first calls of a rollout arriving together used to read the store once each, and got their sequence ids in
+    the order those reads ended rather than the order they arrived."""
+    lookups: List[str] = []
+
+    class SlowStore(InMemoryLightningStore):
+        async def get_rollout_by_id(self, rollout_id: str) -> Any:
+            lookups.append(rollout_id)
+            await asyncio.sleep(0.05)  # a remote store's round trip
+            return await super().get_rollout_by_id(rollout_id)
+
+    store = SlowStore()
+    rollout = await _rollout_with(store, llm=LLM(endpoint="http://x/v1", model="m", sampling_parameters=GREEDY))
+    defaults = SamplingDefaults(store)
+    finished: List[int] = []
+
+    async def call(index: int) -> Dict[str, Any]:
+        found = await defaults.for_call(rollout.rollout_id, "m")
+        finished.append(index)
+        return found
+
+    assert await asyncio.gather(*(call(index) for index in range(20))) == [GREEDY] * 20
+    assert lookups == [rollout.rollout_id]
+    assert finished == list(range(20))  # they go on in the order they arrived
+    assert await defaults.for_call(rollout.rollout_id, "m") == GREEDY and len(lookups) == 1
